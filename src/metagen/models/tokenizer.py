@@ -1,0 +1,428 @@
+"""Text <-> token ids for a metagen model, with its chat template.
+
+`Tokenizer` wraps a Hugging Face `tokenizers.Tokenizer` (Rust, fast) built from either
+
+- GGUF metadata (`Tokenizer.from_gguf`): the vocabulary, merges and token types that llama.cpp
+  stores under `tokenizer.ggml.*`. `tokenizer.ggml.model = "gpt2"` is byte-level BPE, split first
+  by the pre-tokenizer regexes named by `tokenizer.ggml.pre`; `"llama"` is SentencePiece-style BPE
+  with byte fallback, whose merges are recovered from the token scores;
+- a Hugging Face tokenizer directory (`Tokenizer.from_hf_dir`): `tokenizer.json`, plus
+  `tokenizer_config.json`, `chat_template.jinja` and `generation_config.json` when present.
+
+Special tokens. GGUF tokens of type CONTROL (3) and UNKNOWN (2) become special added tokens and
+USER_DEFINED (4) plain added tokens: all are matched whole in the input text, never split, so
+`"<|im_start|>"` in a string encodes to its single id (as in the reference tokenizers).
+`decode(..., skip_special_tokens=True)` drops the special ones.
+
+BOS / EOS. `encode(text, add_special_tokens=True)` adds BOS when `tokenizer.ggml.add_bos_token` is
+true (EOS likewise with `add_eos_token`). When the key is absent we use llama.cpp's default: true
+for SentencePiece vocabularies and the Llama-3 pre-tokenizer family, false otherwise. SmolLM2's GGUF
+says false, and both llama.cpp and transformers (loading the same GGUF) add nothing, so neither do
+we; its chat template writes `<|im_start|>` itself. `encode_chat` never adds BOS/EOS: the template
+owns them (transformers' `apply_chat_template` encodes with `add_special_tokens=False` too).
+
+`eos_token_ids` is the set of ids that end a generation: the metadata EOS (plus the GGUF's
+`eot_token_id` / `eom_token_id`, or `generation_config.json`'s `eos_token_id` list), plus the special
+token the chat template writes right after an assistant message (`<|im_end|>` for ChatML,
+`<|eot_id|>` for Llama 3, `<end_of_turn>` for Gemma), found by rendering a probe conversation.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+
+from metagen.models.chat import render_chat_template
+
+if TYPE_CHECKING:
+    import gguf
+
+# llama.cpp token types (`tokenizer.ggml.token_type`).
+TOKEN_TYPE_NORMAL = 1
+TOKEN_TYPE_UNKNOWN = 2
+TOKEN_TYPE_CONTROL = 3
+TOKEN_TYPE_USER_DEFINED = 4
+TOKEN_TYPE_UNUSED = 5
+TOKEN_TYPE_BYTE = 6
+
+# Pre-tokenizer regexes. Each splits every piece the previous one produced, keeping both the matches
+# and the text between them ("isolated"), as llama.cpp's BPE tokenizer does.
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+DIGIT_SPLIT = r"\p{N}"  # every digit its own piece: "12345" -> 1 2 3 4 5
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+_GPT2_FAMILY = ("gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de")
+_SMOLLM_FAMILY = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b")
+_LLAMA3_FAMILY = ("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "dbrx", "smaug-bpe")
+_QWEN2_FAMILY = ("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez", "hunyuan")
+_GPT4O_FAMILY = ("gpt-4o", "llama4")
+
+PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
+    **{name: (GPT2_SPLIT,) for name in _GPT2_FAMILY},
+    **{name: (DIGIT_SPLIT, GPT2_SPLIT) for name in _SMOLLM_FAMILY},
+    **{name: (LLAMA3_SPLIT,) for name in _LLAMA3_FAMILY},
+    **{name: (QWEN2_SPLIT,) for name in _QWEN2_FAMILY},
+    **{name: (GPT4O_SPLIT,) for name in _GPT4O_FAMILY},
+}
+# Vocabularies whose BPE emits a whole pre-token as one id when it is in the vocabulary, before any
+# merge (`ignore_merges` in Llama 3's tokenizer.json and in llama.cpp); with llama.cpp's BOS default.
+_WHOLE_WORD_FIRST = frozenset(("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"))
+_ADD_BOS_BY_DEFAULT = _WHOLE_WORD_FIRST
+
+SENTENCEPIECE_SPACE = "\u2581"  # "▁", SentencePiece's spelling of a space
+
+
+def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+class Tokenizer:
+    """A model's tokenizer: `encode` / `decode`, special token ids and the chat template.
+
+    Build it with `Tokenizer.from_gguf(reader)` or `Tokenizer.from_hf_dir(path)`; the constructor takes
+    a ready `tokenizers.Tokenizer` (`backend`, not modified) and the facts the backend does not carry.
+
+    add_bos_token / add_eos_token: None keeps what the backend's post-processor does on
+        `encode(add_special_tokens=True)`; a bool overrides it (the backend is then asked for no
+        special tokens and metagen adds BOS / EOS itself).
+    extra_eos_token_ids: more ids that end a generation, besides `eos_token_id` and the chat
+        template's end-of-turn token.
+    """
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        chat_template: str | None = None,
+        add_bos_token: bool | None = None,
+        add_eos_token: bool | None = None,
+        extra_eos_token_ids: Sequence[int] = (),
+    ) -> None:
+        self._backend = backend
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.chat_template = chat_template
+        self.bos_token = None if bos_token_id is None else backend.id_to_token(bos_token_id)
+        self.eos_token = None if eos_token_id is None else backend.id_to_token(eos_token_id)
+        self._special_tokens = {
+            token.content: token_id for token_id, token in backend.get_added_tokens_decoder().items() if token.special
+        }
+
+        # BOS / EOS on encode(add_special_tokens=True): ours when told, else the backend's.
+        self._backend_adds_special = add_bos_token is None and add_eos_token is None
+        self._prefix_ids = [bos_token_id] if add_bos_token and bos_token_id is not None else []
+        self._suffix_ids = [eos_token_id] if add_eos_token and eos_token_id is not None else []
+        probe = self.encode("", add_special_tokens=True)
+        self.add_bos_token = bool(probe) and bos_token_id is not None and probe[0] == bos_token_id
+        self.add_eos_token = bool(probe) and eos_token_id is not None and probe[-1] == eos_token_id
+
+        eos_ids = {int(i) for i in extra_eos_token_ids}
+        if eos_token_id is not None:
+            eos_ids.add(eos_token_id)
+        end_of_turn = self._end_of_turn_token_id()
+        if end_of_turn is not None:
+            eos_ids.add(end_of_turn)
+        self.eos_token_ids: frozenset[int] = frozenset(eos_ids)
+
+    # -- construction -------------------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf(cls, reader: gguf.GGUFReader) -> Tokenizer:
+        """Build the tokenizer a GGUF file describes (see the module docstring for the rules).
+
+        Raises NotImplementedError for a `tokenizer.ggml.model` other than "gpt2" or "llama".
+        An unknown `tokenizer.ggml.pre` falls back to the GPT-2 regex with a warning.
+        """
+        model_type = _field(reader, "tokenizer.ggml.model")
+        tokens: list[str] = _field(reader, "tokenizer.ggml.tokens")
+        token_types: list[int] = _field(reader, "tokenizer.ggml.token_type") or [TOKEN_TYPE_NORMAL] * len(tokens)
+        pre_type = _field(reader, "tokenizer.ggml.pre")
+        if model_type == "gpt2":
+            backend = _byte_level_backend(tokens, _field(reader, "tokenizer.ggml.merges"), pre_type)
+            add_bos_default = pre_type in _ADD_BOS_BY_DEFAULT
+        elif model_type == "llama":
+            scores = _field(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens)
+            add_space_prefix = bool(_field(reader, "tokenizer.ggml.add_space_prefix", True))
+            backend = _sentencepiece_backend(tokens, scores, token_types, add_space_prefix)
+            add_bos_default = True
+        else:
+            raise NotImplementedError(
+                f"metagen cannot build a tokenizer for tokenizer.ggml.model = {model_type!r}; "
+                "supported: 'gpt2' (byte-level BPE) and 'llama' (SentencePiece BPE)"
+            )
+        _add_typed_tokens(backend, tokens, token_types)
+
+        extra_eos = [
+            token_id
+            for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+            if (token_id := _field(reader, key)) is not None
+        ]
+        return cls(
+            backend,
+            bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+            eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+            chat_template=_field(reader, "tokenizer.chat_template"),
+            add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token", add_bos_default)),
+            add_eos_token=bool(_field(reader, "tokenizer.ggml.add_eos_token", False)),
+            extra_eos_token_ids=extra_eos,
+        )
+
+    @classmethod
+    def from_hf_dir(cls, path: str | Path) -> Tokenizer:
+        """Build from a Hugging Face tokenizer directory.
+
+        Reads `tokenizer.json` (required); from `tokenizer_config.json` the `bos_token` / `eos_token`,
+        `add_bos_token` / `add_eos_token` (which override the post-processor, as transformers does),
+        missing `added_tokens_decoder` entries and `chat_template`; a `chat_template.jinja` file wins
+        over the config's template; `generation_config.json`'s `eos_token_id` (int or list) adds ids
+        to `eos_token_ids`.
+        """
+        path = Path(path)
+        backend = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+        config = _read_json(path / "tokenizer_config.json")
+        generation_config = _read_json(path / "generation_config.json")
+
+        for token in config.get("added_tokens_decoder", {}).values():
+            if backend.token_to_id(token["content"]) is None:
+                added = AddedToken(token["content"], special=bool(token.get("special")), normalized=False)
+                (backend.add_special_tokens if added.special else backend.add_tokens)([added])
+
+        chat_template = config.get("chat_template")
+        if isinstance(chat_template, list):  # named templates: [{"name": ..., "template": ...}]
+            named = {entry["name"]: entry["template"] for entry in chat_template}
+            chat_template = named.get("default")
+        if (path / "chat_template.jinja").is_file():
+            chat_template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+
+        bos_token_id = _special_id(backend, config.get("bos_token"), generation_config.get("bos_token_id"))
+        eos_token_id = _special_id(backend, config.get("eos_token"), None)
+        generation_eos = generation_config.get("eos_token_id")
+        extra_eos = generation_eos if isinstance(generation_eos, list) else [generation_eos]
+        extra_eos = [int(token_id) for token_id in extra_eos if token_id is not None]
+        if eos_token_id is None and extra_eos:
+            eos_token_id = extra_eos[0]
+
+        explicit = "add_bos_token" in config or "add_eos_token" in config
+        return cls(
+            backend,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            chat_template=chat_template,
+            add_bos_token=bool(config.get("add_bos_token", False)) if explicit else None,
+            add_eos_token=bool(config.get("add_eos_token", False)) if explicit else None,
+            extra_eos_token_ids=extra_eos,
+        )
+
+    # -- ids <-> text -------------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, added tokens included (ids are `0 .. vocab_size - 1`)."""
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`: (T,). Special tokens written in `text` map to their single ids.
+
+        `add_special_tokens` adds BOS / EOS when the model wants them (`add_bos_token`, `add_eos_token`).
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects a str, got {type(text).__name__}")
+        ids = self._backend.encode(text, add_special_tokens=add_special_tokens and self._backend_adds_special).ids
+        if add_special_tokens and (self._prefix_ids or self._suffix_ids):
+            ids = self._prefix_ids + ids + self._suffix_ids
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Text of token ids (T,). Bytes that do not form valid UTF-8 become U+FFFD."""
+        if type(ids) is not list:
+            ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        """Id of a vocabulary entry spelled as stored (byte-level: "Ġworld"), or None."""
+        return self._backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """Vocabulary entry of an id, spelled as stored (byte-level: "Ġworld"), or None if out of range."""
+        return self._backend.id_to_token(token_id)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
+        """`id_to_token` over a sequence of ids."""
+        return [self._backend.id_to_token(int(token_id)) for token_id in ids]
+
+    # -- chat ---------------------------------------------------------------------------------------
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **variables: Any
+    ) -> str:
+        """Render `messages` (dicts with `role`, `content`) to prompt text with the model's template.
+
+        Raises ValueError for malformed messages, or when the model has no chat template.
+        """
+        if self.chat_template is None:
+            raise ValueError(
+                "this model has no chat template; encode a plain prompt with encode(text) instead of messages"
+            )
+        return render_chat_template(
+            self.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+            **variables,
+        )
+
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **variables: Any
+    ) -> list[int]:
+        """Token ids (T,) of the rendered chat; BOS / EOS come from the template only."""
+        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **variables)
+        return self.encode(text, add_special_tokens=False)
+
+    def _end_of_turn_token_id(self) -> int | None:
+        """The special token the chat template writes right after an assistant message, if any."""
+        if self.chat_template is None or not self._special_tokens:
+            return None
+        marker = "metagenEndOfTurnProbe"
+        probe = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": marker}]
+        try:
+            text = self.apply_chat_template(probe, add_generation_prompt=False)
+        except Exception:  # a template may insist on other conversations; then there is no answer
+            return None
+        position = text.rfind(marker)
+        if position < 0:
+            return None
+        after = text[position + len(marker) :].lstrip()
+        matches = [token for token in self._special_tokens if after.startswith(token)]
+        return self._special_tokens[max(matches, key=len)] if matches else None
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, bos_token={self.bos_token!r}, "
+            f"eos_token_ids={sorted(self.eos_token_ids)}, add_bos_token={self.add_bos_token}, "
+            f"chat_template={'yes' if self.chat_template else 'no'})"
+        )
+
+
+def _byte_level_backend(tokens: list[str], merges: list[str], pre_type: str | None) -> tokenizers.Tokenizer:
+    """Byte-level BPE: text -> UTF-8 bytes spelled with GPT-2's printable alphabet -> merges."""
+    splits = PRE_TOKENIZER_SPLITS.get(pre_type)
+    if splits is None:
+        warnings.warn(
+            f"unknown tokenizer.ggml.pre {pre_type!r}: splitting text with the GPT-2 regex, "
+            "which may tokenize differently from the model's reference tokenizer",
+            stacklevel=3,
+        )
+        splits = (GPT2_SPLIT,)
+    vocab = {token: token_id for token_id, token in enumerate(tokens)}
+    model = models.BPE(
+        vocab=vocab,
+        merges=[_split_merge(merge) for merge in merges],
+        ignore_merges=pre_type in _WHOLE_WORD_FIRST,
+    )
+    backend = tokenizers.Tokenizer(model)
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(split), behavior="isolated") for split in splits]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def _split_merge(merge: str) -> tuple[str, str]:
+    # "Ġ t" -> ("Ġ", "t"); the first space after position 0 separates the pair (llama.cpp's rule).
+    cut = merge.find(" ", 1)
+    return merge[:cut], merge[cut + 1 :]
+
+
+def _sentencepiece_backend(
+    tokens: list[str], scores: list[float], token_types: list[int], add_space_prefix: bool
+) -> tokenizers.Tokenizer:
+    """SentencePiece BPE: spaces spelled "▁", merges by score, unknown characters as <0xNN> bytes.
+
+    SentencePiece merges the adjacent pair whose joined piece has the highest score. A BPE with the
+    merges ranked by that score does the same, so we recover the merges: every split of every normal
+    piece into two pieces of the vocabulary, best score first (ties: shorter left part first).
+    Time complexity: O(sum of piece lengths) lookups, then a sort of the merges.
+    """
+    vocab = {token: token_id for token_id, token in enumerate(tokens)}
+    mergeable = {
+        token: token_id
+        for token_id, token in enumerate(tokens)
+        if token_types[token_id] in (TOKEN_TYPE_NORMAL, TOKEN_TYPE_USER_DEFINED)
+    }
+    ranked = []
+    for token, token_id in mergeable.items():
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in mergeable and right in mergeable:
+                ranked.append((-scores[token_id], len(left), len(right), left, right))
+    ranked.sort()
+    unknown = next((t for t, kind in zip(tokens, token_types) if kind == TOKEN_TYPE_UNKNOWN), None)
+    model = models.BPE(
+        vocab=vocab,
+        merges=[(left, right) for *_, left, right in ranked],
+        unk_token=unknown,
+        fuse_unk=True,
+        byte_fallback=True,
+    )
+    backend = tokenizers.Tokenizer(model)
+    # llama.cpp prefixes a space to the text and to each piece after a special token ("legacy" SPM).
+    steps = [normalizers.Prepend(SENTENCEPIECE_SPACE)] if add_space_prefix else []
+    backend.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", SENTENCEPIECE_SPACE)])
+    decode_steps = [decoders.Replace(SENTENCEPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_space_prefix:
+        decode_steps.append(decoders.Strip(content=" ", left=1, right=0))
+    backend.decoder = decoders.Sequence(decode_steps)
+    return backend
+
+
+def _add_typed_tokens(backend: tokenizers.Tokenizer, tokens: list[str], token_types: list[int]) -> None:
+    """Control and unknown tokens become special added tokens, user-defined ones plain added tokens."""
+    special = [
+        AddedToken(token, special=True, normalized=False)
+        for token, kind in zip(tokens, token_types)
+        if kind in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN) and token
+    ]
+    user_defined = [
+        AddedToken(token, special=False, normalized=False)
+        for token, kind in zip(tokens, token_types)
+        if kind == TOKEN_TYPE_USER_DEFINED and token
+    ]
+    if special:
+        backend.add_special_tokens(special)
+    if user_defined:
+        backend.add_tokens(user_defined)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _special_id(backend: tokenizers.Tokenizer, token: str | dict | None, fallback: int | None) -> int | None:
+    # tokenizer_config.json spells a special token as "<s>" or {"content": "<s>", ...}.
+    if isinstance(token, dict):
+        token = token.get("content")
+    token_id = backend.token_to_id(token) if token else None
+    return token_id if token_id is not None else fallback
