@@ -1,0 +1,85 @@
+"""The `LanguageModel` interface every token-level algorithm runs on."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+LogitsMode = Literal["last", "all", "none"]
+
+
+@dataclass
+class ForwardOutput:
+    """What one forward returns.
+
+    logits: (B, V) float32 for `logits="last"` (each row's last new token), (B, T, V) for
+        `logits="all"` (T = the most new tokens in any row; row b's positions past
+        `num_new[b]` are padding), None for `"none"`.
+    hidden: final hidden states after the last norm at the same positions, float32, when asked.
+    num_new: new tokens per row in this call.
+    """
+
+    logits: torch.Tensor | None
+    hidden: torch.Tensor | None
+    num_new: list[int]
+
+
+class LanguageModel(ABC):
+    """A causal LM that extends cached rows with new tokens and returns next-token logits.
+
+    The cache (`new_cache()`) holds any number of rows of different lengths; `forward` appends
+    `tokens[b]` (one or more) to row b for every row at once. Rows are forked, reordered and
+    dropped with `cache.select(indices)` / `cache.fork(row, n)` and rolled back with
+    `cache.truncate(row, length)` — none of which recompute or copy cached keys and values.
+    """
+
+    name: str
+    tokenizer: object  # metagen.models.tokenizer.Tokenizer
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def max_context(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset(self.tokenizer.eos_token_ids)
+
+    @abstractmethod
+    def new_cache(self, batch_size: int = 1):
+        """An empty cache with `batch_size` rows."""
+
+    @abstractmethod
+    def forward(
+        self,
+        cache,
+        tokens: Sequence[Sequence[int]] | torch.Tensor,
+        *,
+        logits: LogitsMode = "last",
+        hidden: bool = False,
+    ) -> ForwardOutput:
+        """Append `tokens` (one sequence per cache row, each non-empty) and return logits.
+
+        tokens: (B, T) LongTensor or B lists of ids (ragged allowed).
+        """
+
+    def flops_per_token(self, context_length: int) -> float:
+        """Estimated forward FLOPs for one token attending to `context_length` keys."""
+        return 0.0
+
+    def prefill(self, token_ids: Sequence[int], batch_size: int = 1, **kwargs) -> tuple[object, ForwardOutput]:
+        """New cache holding `token_ids` once, forked into `batch_size` rows, and its output."""
+        cache = self.new_cache(1)
+        out = self.forward(cache, [list(token_ids)], **kwargs)
+        if batch_size > 1:
+            cache.select([0] * batch_size)
+            expand = lambda t: None if t is None else t.expand(batch_size, *t.shape[1:]).contiguous()  # noqa: E731
+            out = ForwardOutput(expand(out.logits), expand(out.hidden), out.num_new * batch_size)
+        return cache, out

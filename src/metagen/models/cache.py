@@ -1,0 +1,223 @@
+"""A paged key/value cache with token-granular pages and shared prefixes.
+
+Every cached token occupies one *slot* of a per-layer pool `(S, KVH, D)`. A row (one sequence)
+is a list of slot ids — its page table — plus a length. Slots are written once and never
+changed, so rows can share them freely:
+
+- **fork / select**: new rows copy page-table entries (integers), not keys and values; a
+  reference count per slot says how many rows use it. Forking a 1000-token prompt into 16 rows
+  copies 16·1000 integers and no tensors.
+- **truncate**: drop a row's tail entries and release slots nobody uses any more (speculative
+  rejection, tree-search backtracking).
+- **append several tokens**: the model writes one slot per new token, any number per row, rows
+  of different lengths in one batch.
+
+Attention gathers each row's keys through its page table (`pool[table]`), which costs one read
+of the keys it attends to anyway. The pool grows by doubling when free slots run out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+class KVCache:
+    """Key/value cache for a batch of rows over `num_layers` layers.
+
+    Shapes: pools `(S, KVH, D)` per layer; page table `(B, T_cap)` int64; lengths `(B,)`.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        max_length: int,
+        capacity: int = 1024,
+    ) -> None:
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.max_length = max_length
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._refcount = np.zeros(0, dtype=np.int32)
+        self._free = np.zeros(0, dtype=np.int64)  # stack of free slot ids
+        self._num_free = 0
+        self._grow(max(capacity, 16))
+        self._table = np.zeros((1, 64), dtype=np.int64)
+        self._lengths = np.zeros(1, dtype=np.int64)
+
+    # ------------------------------------------------------------------ rows
+    @property
+    def batch_size(self) -> int:
+        return len(self._lengths)
+
+    @property
+    def lengths(self) -> list[int]:
+        """Number of cached tokens per row."""
+        return self._lengths.tolist()
+
+    def length(self, row: int) -> int:
+        self._check_row(row)
+        return int(self._lengths[row])
+
+    def slots(self, row: int) -> np.ndarray:
+        """Slot ids of a row's cached tokens, `(length,)` (a copy)."""
+        self._check_row(row)
+        return self._table[row, : self._lengths[row]].copy()
+
+    def select(self, indices: Sequence[int]) -> None:
+        """Make the rows `[rows[i] for i in indices]`; repeated indices share their prefix.
+
+        Forking row r into n rows is `select([r] * n)`; beam search reorders with it; dropping
+        finished rows is a select of the survivors. Copies page-table entries only. O(B·T) ints.
+        """
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.ndim != 1:
+            raise ValueError(f"indices must be a flat sequence of row numbers, got shape {idx.shape}")
+        if idx.size and (idx.min() < 0 or idx.max() >= self.batch_size):
+            raise IndexError(f"row index out of range 0..{self.batch_size - 1}: {indices}")
+        uses = np.bincount(idx, minlength=self.batch_size) - 1  # change in users of each old row
+        for row in np.nonzero(uses)[0]:
+            slots = self._table[row, : self._lengths[row]]
+            self._refcount[slots] += uses[row]
+        dropped = self._slots_of_rows(np.nonzero(uses < 0)[0])
+        self._push_free(dropped[self._refcount[dropped] == 0])
+        self._table = self._table[idx] if idx.size else np.zeros((0, self._table.shape[1]), np.int64)
+        self._lengths = self._lengths[idx]
+
+    def fork(self, row: int, n: int) -> list[int]:
+        """Append `n` rows sharing `row`'s cached prefix; returns their row numbers."""
+        self._check_row(row)
+        if n < 0:
+            raise ValueError(f"n={n} must be >= 0")
+        first = self.batch_size
+        self.select(list(range(first)) + [row] * n)
+        return list(range(first, first + n))
+
+    def truncate(self, row: int, length: int) -> None:
+        """Keep the first `length` cached tokens of `row`, releasing the rest."""
+        self._check_row(row)
+        current = int(self._lengths[row])
+        if not 0 <= length <= current:
+            raise ValueError(f"length={length} is out of range for row {row}: must be in [0, {current}]")
+        dropped = self._table[row, length:current]
+        self._refcount[dropped] -= 1
+        self._push_free(dropped[self._refcount[dropped] == 0])
+        self._lengths[row] = length
+
+    def reset(self, batch_size: int = 1) -> None:
+        """Drop every row and start over with `batch_size` empty rows."""
+        self.select([])
+        self._table = np.zeros((batch_size, self._table.shape[1]), dtype=np.int64)
+        self._lengths = np.zeros(batch_size, dtype=np.int64)
+
+    @property
+    def num_cached_slots(self) -> int:
+        """Distinct slots in use (shared prefixes counted once)."""
+        return int((self._refcount > 0).sum())
+
+    # ------------------------------------------------------- used by the model
+    def allocate(self, new_counts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Reserve slots for `new_counts[b]` new tokens in each row and extend the rows.
+
+        Returns `(write_slots (N,), read_table (B, T_kv), positions (B, T_q))` where N is the
+        total of new tokens in row-major order, T_kv the longest row after the append and
+        T_q = max(new_counts); positions of padding queries continue past the row's end.
+        """
+        new_counts = np.asarray(new_counts, dtype=np.int64)
+        if new_counts.shape != self._lengths.shape:
+            raise ValueError(f"got new tokens for {new_counts.size} rows, the cache has {self.batch_size}")
+        start = self._lengths
+        end = start + new_counts
+        if end.max(initial=0) > self.max_length:
+            row = int(end.argmax())
+            raise ValueError(
+                f"row {row} would hold {int(end[row])} tokens, more than the model's context of "
+                f"{self.max_length}"
+            )
+        total = int(new_counts.sum())
+        if total > self._num_free:
+            self._grow(max(2 * len(self._refcount), len(self._refcount) + total))
+        slots = self._free[self._num_free - total : self._num_free][::-1].copy()
+        self._num_free -= total
+        self._refcount[slots] = 1
+        t_kv = int(end.max(initial=0))
+        if t_kv > self._table.shape[1]:
+            grown = np.zeros((self.batch_size, max(t_kv, 2 * self._table.shape[1])), dtype=np.int64)
+            grown[:, : self._table.shape[1]] = self._table
+            self._table = grown
+        offset = 0
+        for row in range(self.batch_size):
+            n = int(new_counts[row])
+            self._table[row, start[row] : end[row]] = slots[offset : offset + n]
+            offset += n
+        self._lengths = end
+        t_q = int(new_counts.max(initial=0))
+        positions = start[:, None] + np.arange(t_q)[None, :]
+        return (
+            torch.from_numpy(slots),
+            torch.from_numpy(np.ascontiguousarray(self._table[:, :t_kv])),
+            torch.from_numpy(positions),
+        )
+
+    def write(self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Store `key, value: (N, KVH, D)` of new tokens into `slots: (N,)` of `layer`."""
+        self.keys[layer].index_copy_(0, slots, key)
+        self.values[layer].index_copy_(0, slots, value)
+
+    def read(self, layer: int, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of `layer` gathered through `table (B, T)`: each `(B, KVH, T, D)`."""
+        return (
+            self.keys[layer][table].transpose(1, 2),
+            self.values[layer][table].transpose(1, 2),
+        )
+
+    # ------------------------------------------------------------ internals
+    def _check_row(self, row: int) -> None:
+        if not 0 <= row < self.batch_size:
+            raise IndexError(f"row={row} is out of range: the cache has rows 0..{self.batch_size - 1}")
+
+    def _slots_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Distinct slot ids used by `rows`."""
+        if rows.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.unique(np.concatenate([self._table[r, : self._lengths[r]] for r in rows]))
+
+    def _push_free(self, slots: np.ndarray) -> None:
+        n = slots.size
+        if n:
+            self._free[self._num_free : self._num_free + n] = slots
+            self._num_free += n
+
+    def _grow(self, capacity: int) -> None:
+        old = len(self._refcount)
+        if capacity <= old:
+            return
+        shape = (capacity, self.num_kv_heads, self.head_dim)
+        for store in (self.keys, self.values):
+            for layer in range(self.num_layers):
+                grown = torch.zeros(shape, dtype=self.dtype)
+                if old:
+                    grown[:old] = store[layer]
+                if len(store) <= layer:
+                    store.append(grown)
+                else:
+                    store[layer] = grown
+        refcount = np.zeros(capacity, dtype=np.int32)
+        refcount[:old] = self._refcount
+        self._refcount = refcount
+        free = np.zeros(capacity, dtype=np.int64)
+        free[: self._num_free] = self._free[: self._num_free]
+        # new slots go below the existing free ones so low ids are handed out first
+        new_slots = np.arange(capacity - 1, old - 1, -1, dtype=np.int64)
+        free = np.concatenate([new_slots, free[: self._num_free]])
+        self._free = np.zeros(capacity, dtype=np.int64)
+        self._free[: free.size] = free
+        self._num_free = free.size

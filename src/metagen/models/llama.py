@@ -1,0 +1,232 @@
+"""Native PyTorch implementation of the Llama family (Llama, SmolLM2, Mistral, Qwen2).
+
+Per layer (Touvron et al. 2023): h = x + Attn(RMSNorm(x)); out = h + SwiGLU(RMSNorm(h)), with
+RoPE (Su et al. 2021) on q and k, grouped-query attention (Ainslie et al. 2023), optional q/k/v
+bias (Qwen2), tied or untied LM head. Q·K·V and gate·up run as one fused matmul each.
+
+The code is plain tensor functions over weight objects (no nn.Module) so the per-token path is
+a short list of kernels: per layer 2 norms, 4 matmuls, RoPE, cache write/gather, attention.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode
+from metagen.models.cache import KVCache
+from metagen.models.config import ModelConfig
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # (H,)
+    qkv: object  # linear: H -> (heads + 2·kv_heads)·D
+    o: object  # linear: heads·D -> H
+    mlp_norm: torch.Tensor  # (H,)
+    gate_up: object  # linear: H -> 2·I
+    down: object  # linear: I -> H
+
+
+def rope_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse frequencies θ^(−2i/D), i < D/2, with the checkpoint's scaling. Returns (D/2,).
+
+    Scaling: "linear" divides all frequencies by `factor`; "llama3" (Llama 3.1) divides low
+    frequencies by `factor` and interpolates the band between; GGUF's `rope_freqs` tensor gives
+    the per-frequency divisors directly.
+    """
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    if freq_factors is not None:
+        return (inv_freq / freq_factors.double()).float()
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        pass
+    elif kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        original = scaling["original_max_position_embeddings"]
+        wavelength = 2 * math.pi / inv_freq
+        smooth = (original / wavelength - low) / (high - low)
+        scaled = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
+        middle = (wavelength <= original / low) & (wavelength >= original / high)
+        inv_freq = torch.where(middle, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+    else:
+        raise NotImplementedError(f"rope_scaling type {kind!r} is not supported (supported: linear, llama3)")
+    return inv_freq.float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. x: (B, T, heads, D); cos, sin: (B, T, 1, D)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaModel(LanguageModel):
+    """Llama-family decoder over a paged `KVCache`.
+
+    `dtype` names the weight format ("fp32", "bf16", "int8", "int4"); activations run in fp32
+    for "fp32" and in bf16 otherwise; logits are always returned as float32.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layers: list[LayerWeights],
+        embed: torch.Tensor,
+        norm: torch.Tensor,
+        lm_head: object,
+        tokenizer: object,
+        dtype: str,
+        freq_factors: torch.Tensor | None = None,
+        source: str = "",
+    ) -> None:
+        self.config = config
+        self.layers = layers
+        self.embed = embed  # (V, H) in the activation dtype
+        self.norm = norm
+        self.lm_head = lm_head
+        self.tokenizer = tokenizer
+        self.dtype = dtype
+        self.source = source
+        self.name = config.name
+        self.activation_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
+        self.freq_factors = freq_factors
+        self._rope_cache_length = 0
+        self._cos = self._sin = torch.zeros(0)
+        self._ensure_rope(min(config.max_position_embeddings, 4096))
+
+    # ------------------------------------------------------------ interface
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_context(self) -> int:
+        return self.config.max_position_embeddings
+
+    def new_cache(self, batch_size: int = 1, capacity: int = 1024) -> KVCache:
+        cache = KVCache(
+            self.config.num_hidden_layers,
+            self.config.num_key_value_heads,
+            self.config.head_dim,
+            self.activation_dtype,
+            self.max_context,
+            capacity,
+        )
+        cache.reset(batch_size)
+        return cache
+
+    def flops_per_token(self, context_length: int) -> float:
+        return self.config.flops_per_token(context_length)
+
+    @property
+    def num_parameters(self) -> int:
+        return self.config.num_parameters
+
+    # -------------------------------------------------------------- forward
+    def forward(
+        self,
+        cache: KVCache,
+        tokens: Sequence[Sequence[int]] | torch.Tensor,
+        *,
+        logits: LogitsMode = "last",
+        hidden: bool = False,
+    ) -> ForwardOutput:
+        ids, counts = self._pack(tokens, cache.batch_size)
+        past = cache._lengths.copy()
+        slots, table, positions = cache.allocate(counts)
+        batch, t_q = ids.shape
+        t_kv = table.shape[1]
+        self._ensure_rope(t_kv)
+        config = self.config
+        heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+
+        ragged = bool((counts != t_q).any())
+        if ragged:  # flat indices of real (non-padding) new tokens, row-major like `slots`
+            valid = torch.from_numpy((np.arange(t_q)[None, :] < counts[:, None]).reshape(-1))
+            valid_index = valid.nonzero().squeeze(1)
+        # Every query sees keys up to its own position; rows of equal length decoding one
+        # token each need no mask at all.
+        if t_q == 1 and not (past != past[0]).any():
+            mask = None
+        else:
+            mask = (torch.arange(t_kv)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # (B, 1, Tq, Tkv)
+        cos = self._cos[positions].unsqueeze(2)  # (B, Tq, 1, D)
+        sin = self._sin[positions].unsqueeze(2)
+        q_width = heads * head_dim
+        qk_width = (heads + kv_heads) * head_dim
+        eps = config.rms_norm_eps
+        width = (config.hidden_size,)
+
+        x = self.embed[ids]  # (B, Tq, H)
+        for index, layer in enumerate(self.layers):
+            h = F.rms_norm(x, width, layer.attn_norm, eps)
+            qkv = layer.qkv(h)  # (B, Tq, (heads + 2·kv_heads)·D)
+            qk = apply_rope(qkv[..., :qk_width].view(batch, t_q, heads + kv_heads, head_dim), cos, sin)
+            k_new = qk[:, :, heads:].reshape(batch * t_q, kv_heads, head_dim)
+            v_new = qkv[..., qk_width:].reshape(batch * t_q, kv_heads, head_dim)
+            if ragged:
+                k_new, v_new = k_new[valid_index], v_new[valid_index]
+            cache.write(index, slots, k_new, v_new)
+            keys, values = cache.read(index, table)  # (B, KVH, Tkv, D)
+            q = qk[:, :, :heads].transpose(1, 2)  # (B, heads, Tq, D)
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+            x = x + layer.o(attn.transpose(1, 2).reshape(batch, t_q, q_width))
+            h = F.rms_norm(x, width, layer.mlp_norm, eps)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+
+        if logits == "none" and not hidden:
+            return ForwardOutput(None, None, counts.tolist())
+        if logits == "last" or (logits == "none" and hidden):
+            x = x[torch.arange(batch), torch.from_numpy(counts - 1)]  # (B, H)
+        final = F.rms_norm(x, width, self.norm, eps)
+        out_logits = None if logits == "none" else self.lm_head(final).float()
+        if out_logits is not None and not torch.isfinite(out_logits).all():
+            raise FloatingPointError("the model produced NaN or infinite logits")
+        return ForwardOutput(out_logits, final.float() if hidden else None, counts.tolist())
+
+    # ------------------------------------------------------------ internals
+    def _pack(self, tokens, batch_size: int) -> tuple[torch.Tensor, np.ndarray]:
+        """Token rows -> (ids (B, Tq) padded with 0, counts (B,))."""
+        if isinstance(tokens, torch.Tensor):
+            if tokens.dim() != 2:
+                raise ValueError(f"tokens must be (batch, length), got shape {tuple(tokens.shape)}")
+            ids = tokens.long()
+            counts = np.full(ids.shape[0], ids.shape[1], dtype=np.int64)
+        else:
+            rows = [list(row) for row in tokens]
+            counts = np.array([len(row) for row in rows], dtype=np.int64)
+            t_q = int(counts.max(initial=0))
+            ids = torch.zeros(len(rows), t_q, dtype=torch.long)
+            for b, row in enumerate(rows):
+                ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+        if ids.shape[0] != batch_size:
+            raise ValueError(f"got tokens for {ids.shape[0]} rows but the cache has {batch_size} rows")
+        if (counts == 0).any():
+            raise ValueError(f"row {int(np.argmin(counts))} has no new tokens; every row needs at least one")
+        if ids.numel() and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            bad = ids[(ids < 0) | (ids >= self.vocab_size)][0].item()
+            raise ValueError(f"token id {bad} is out of range: must be in [0, {self.vocab_size})")
+        return ids, counts
+
+    def _ensure_rope(self, length: int) -> None:
+        if length <= self._rope_cache_length:
+            return
+        length = max(length, 2 * self._rope_cache_length)
+        inv_freq = rope_frequencies(self.config, self.freq_factors)
+        angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)  # (T, D)
+        self._cos = angles.cos().to(self.activation_dtype)
+        self._sin = angles.sin().to(self.activation_dtype)
+        self._rope_cache_length = length

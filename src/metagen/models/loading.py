@@ -1,0 +1,200 @@
+"""`load()`: a checkpoint (GGUF file or HF directory) -> a ready `LlamaModel`.
+
+Conversion (dequantize, fuse Q·K·V and gate·up, pack int8/int4) runs once per (file, dtype);
+the result is stored as safetensors under the cache directory ($METAGEN_CACHE, default
+~/.cache/metagen) together with the tokenizer, so the next load is a memory map.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from metagen.models.config import ModelConfig
+from metagen.models.embedded import embedded_model_path
+from metagen.models.linear import DenseLinear, Int4Linear, Int8Linear
+from metagen.models.llama import LayerWeights, LlamaModel
+
+DTYPES = ("fp32", "bf16", "int8", "int4")
+DEFAULT_DTYPE = "int8"
+_FORMAT_VERSION = "1"
+
+
+def cache_directory() -> Path:
+    return Path(os.environ.get("METAGEN_CACHE", Path.home() / ".cache" / "metagen"))
+
+
+def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use_cache: bool = True) -> LlamaModel:
+    """Load a Llama-family model.
+
+    path: a .gguf file or an HF directory (config.json, *.safetensors, tokenizer.json); None
+        loads the embedded SmolLM2-135M-Instruct.
+    dtype: "fp32", "bf16", "int8" or "int4" weights (default int8, see docs/ARCHITECTURE.md
+        for the measured faithfulness of each).
+    """
+    dtype = DEFAULT_DTYPE if dtype is None else dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported: choose one of {', '.join(DTYPES)}")
+    path = Path(path) if path is not None else embedded_model_path()
+    if not path.exists():
+        raise FileNotFoundError(f"model path {path} does not exist")
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    entry = _cache_entry(path, dtype) if use_cache else None
+    if entry is not None and (entry / "done").exists():
+        return _load_converted(entry, dtype, str(path))
+    config, sources, tokenizer = _read_checkpoint(path)
+    model = _build(config, sources, tokenizer, dtype, str(path))
+    if entry is not None:
+        _save_converted(model, entry)
+    return model
+
+
+def _read_checkpoint(path: Path):
+    from metagen.models.tokenizer import Tokenizer
+    from metagen.models.weights import read_gguf, read_hf_directory
+
+    if path.is_dir():
+        config, sources = read_hf_directory(path)
+        return config, sources, Tokenizer.from_hf_dir(path)
+    if path.suffix != ".gguf":
+        raise ValueError(f"{path} is neither a .gguf file nor an HF model directory")
+    config, sources, reader = read_gguf(path)
+    return config, sources, Tokenizer.from_gguf(reader)
+
+
+def _linear(sources: dict, names: list[str], dtype: str, bias_names: list[str] | None = None):
+    """One fused linear from the row-wise concatenation of `names` (out dims stacked)."""
+    missing = [n for n in names if n not in sources]
+    if missing:
+        raise KeyError(f"checkpoint is missing tensors: {', '.join(missing)}")
+    bias = None
+    if bias_names and all(n in sources for n in bias_names):
+        bias = torch.cat([sources[n].dense() for n in bias_names])
+    if dtype == "int4":
+        exact = [sources[n].int4_codes() for n in names]
+        if all(e is not None for e in exact):  # Q4_0 / Q4_1 blocks map onto the kernel exactly
+            codes, scales, zeros = (torch.cat(parts) for parts in zip(*exact))
+            if Int4Linear.supports(*codes.shape):
+                return Int4Linear.from_codes(codes, scales, zeros, bias)
+    weight = torch.cat([sources[n].dense() for n in names])
+    if dtype == "int4" and Int4Linear.supports(*weight.shape):
+        return Int4Linear.quantize(weight, bias)
+    if dtype in ("int4", "int8"):
+        return Int8Linear.quantize(weight, bias)
+    activation = torch.float32 if dtype == "fp32" else torch.bfloat16
+    return DenseLinear(weight.to(activation), None if bias is None else bias.to(activation))
+
+
+def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: str) -> LlamaModel:
+    activation = torch.float32 if dtype == "fp32" else torch.bfloat16
+    layers = []
+    for i in range(config.num_hidden_layers):
+        p = f"layers.{i}."
+        layers.append(
+            LayerWeights(
+                attn_norm=sources[p + "attn_norm"].dense().to(activation),
+                qkv=_linear(sources, [p + "q", p + "k", p + "v"], dtype, [p + "q_bias", p + "k_bias", p + "v_bias"]),
+                o=_linear(sources, [p + "o"], dtype),
+                mlp_norm=sources[p + "mlp_norm"].dense().to(activation),
+                gate_up=_linear(sources, [p + "gate", p + "up"], dtype),
+                down=_linear(sources, [p + "down"], dtype),
+            )
+        )
+    embed = sources["embed"].dense()
+    head_name = "embed" if config.tie_word_embeddings else "lm_head"
+    # The LM head reads V·H weights per token; int8 keeps it 4x smaller than fp32 (an int4
+    # head loses too much: GGUF ships it at 8 bits or more).
+    head_dtype = "int8" if dtype in ("int8", "int4") else dtype
+    lm_head = _linear(sources, [head_name], head_dtype)
+    freq_factors = sources["rope_freqs"].dense() if "rope_freqs" in sources else None
+    return LlamaModel(
+        config,
+        layers,
+        embed.to(activation),
+        sources["norm"].dense().to(activation),
+        lm_head,
+        tokenizer,
+        dtype,
+        freq_factors,
+        source,
+    )
+
+
+# ------------------------------------------------------------------ conversion cache
+def _cache_entry(path: Path, dtype: str) -> Path:
+    stat_of = [path] if path.is_file() else sorted(path.glob("*.safetensors")) + [path / "config.json"]
+    key = hashlib.sha256()
+    key.update(f"{_FORMAT_VERSION}|{path.resolve()}|{dtype}|{torch.__version__}".encode())
+    for item in stat_of:
+        stat = item.stat()
+        key.update(f"|{item.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return cache_directory() / key.hexdigest()[:24]
+
+
+def _linear_state(prefix: str, linear, tensors: dict, kinds: dict) -> None:
+    kinds[prefix] = {"kind": linear.kind, "in_features": linear.in_features}
+    for name, tensor in linear.state().items():
+        tensors[f"{prefix}.{name}"] = tensor.contiguous()
+
+
+def _save_converted(model: LlamaModel, entry: Path) -> None:
+    from safetensors.torch import save_file
+
+    try:
+        entry.mkdir(parents=True, exist_ok=True)
+        tensors: dict[str, torch.Tensor] = {"embed": model.embed, "norm": model.norm}
+        if model.freq_factors is not None:
+            tensors["rope_freqs"] = model.freq_factors
+        kinds: dict[str, dict] = {}
+        for i, layer in enumerate(model.layers):
+            tensors[f"layers.{i}.attn_norm"] = layer.attn_norm
+            tensors[f"layers.{i}.mlp_norm"] = layer.mlp_norm
+            for name in ("qkv", "o", "gate_up", "down"):
+                _linear_state(f"layers.{i}.{name}", getattr(layer, name), tensors, kinds)
+        _linear_state("lm_head", model.lm_head, tensors, kinds)
+        save_file(tensors, str(entry / "weights.safetensors"))
+        (entry / "config.json").write_text(model.config.to_json())
+        (entry / "linears.json").write_text(json.dumps(kinds))
+        model.tokenizer.save(entry / "tokenizer")
+        (entry / "done").write_text(model.source)
+    except OSError:
+        pass  # an unwritable cache only costs the next load its conversion time
+
+
+def _restore_linear(prefix: str, info: dict, tensors: dict):
+    bias = tensors.get(f"{prefix}.bias")
+    if info["kind"] == "dense":
+        return DenseLinear(tensors[f"{prefix}.weight"], bias)
+    if info["kind"] == "int8":
+        return Int8Linear(tensors[f"{prefix}.qweight"], tensors[f"{prefix}.scales"], bias)
+    return Int4Linear(tensors[f"{prefix}.packed"], tensors[f"{prefix}.scales_and_zeros"], info["in_features"], bias)
+
+
+def _load_converted(entry: Path, dtype: str, source: str) -> LlamaModel:
+    from safetensors.torch import load_file
+
+    from metagen.models.tokenizer import Tokenizer
+
+    config = ModelConfig.from_json((entry / "config.json").read_text())
+    kinds = json.loads((entry / "linears.json").read_text())
+    tensors = load_file(str(entry / "weights.safetensors"))
+    layers = [
+        LayerWeights(
+            attn_norm=tensors[f"layers.{i}.attn_norm"],
+            qkv=_restore_linear(f"layers.{i}.qkv", kinds[f"layers.{i}.qkv"], tensors),
+            o=_restore_linear(f"layers.{i}.o", kinds[f"layers.{i}.o"], tensors),
+            mlp_norm=tensors[f"layers.{i}.mlp_norm"],
+            gate_up=_restore_linear(f"layers.{i}.gate_up", kinds[f"layers.{i}.gate_up"], tensors),
+            down=_restore_linear(f"layers.{i}.down", kinds[f"layers.{i}.down"], tensors),
+        )
+        for i in range(config.num_hidden_layers)
+    ]
+    lm_head = _restore_linear("lm_head", kinds["lm_head"], tensors)
+    tokenizer = Tokenizer.load(entry / "tokenizer")
+    return LlamaModel(
+        config, layers, tensors["embed"], tensors["norm"], lm_head, tokenizer, dtype, tensors.get("rope_freqs"), source
+    )

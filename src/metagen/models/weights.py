@@ -1,0 +1,255 @@
+"""Checkpoint readers: GGUF files and HF safetensors directories -> config + weight sources.
+
+Both readers return a `ModelConfig` and a dict of `WeightSource`s under one naming scheme:
+`embed`, `norm`, `lm_head`, `rope_freqs` and `layers.{i}.{attn_norm, q, k, v, o, q_bias, k_bias,
+v_bias, mlp_norm, gate, up, down}`. Weights of linear layers are `(out_features, in_features)`
+with Q/K rows in the HF (rotate-half) order.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from metagen.models.config import ModelConfig
+
+_GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "attn_norm",
+    "attn_q.weight": "q",
+    "attn_k.weight": "k",
+    "attn_v.weight": "v",
+    "attn_q.bias": "q_bias",
+    "attn_k.bias": "k_bias",
+    "attn_v.bias": "v_bias",
+    "attn_output.weight": "o",
+    "ffn_norm.weight": "mlp_norm",
+    "ffn_gate.weight": "gate",
+    "ffn_up.weight": "up",
+    "ffn_down.weight": "down",
+}
+_GGUF_GLOBAL_NAMES = {
+    "token_embd.weight": "embed",
+    "output_norm.weight": "norm",
+    "output.weight": "lm_head",
+    "rope_freqs.weight": "rope_freqs",
+}
+_HF_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm",
+    "self_attn.q_proj.weight": "q",
+    "self_attn.k_proj.weight": "k",
+    "self_attn.v_proj.weight": "v",
+    "self_attn.q_proj.bias": "q_bias",
+    "self_attn.k_proj.bias": "k_bias",
+    "self_attn.v_proj.bias": "v_bias",
+    "self_attn.o_proj.weight": "o",
+    "post_attention_layernorm.weight": "mlp_norm",
+    "mlp.gate_proj.weight": "gate",
+    "mlp.up_proj.weight": "up",
+    "mlp.down_proj.weight": "down",
+}
+_HF_GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+
+@dataclass
+class WeightSource:
+    """One checkpoint tensor, dequantized on demand.
+
+    `raw`/`qtype` keep GGUF's packed blocks so Q4_0 / Q4_1 can map exactly onto int4 codes;
+    `row_order` is a permutation applied to output rows (GGUF stores Llama's Q/K interleaved).
+    """
+
+    name: str
+    dense_tensor: torch.Tensor | None = None
+    raw: np.ndarray | None = None
+    qtype: object = None  # gguf.GGMLQuantizationType
+    row_order: np.ndarray | None = None
+
+    @property
+    def type_name(self) -> str:
+        return "dense" if self.qtype is None else self.qtype.name
+
+    def dense(self) -> torch.Tensor:
+        """The weight as float32 (out, in) (or a 1-D vector)."""
+        if self.dense_tensor is not None:
+            tensor = self.dense_tensor.float()
+        else:
+            from gguf.quants import dequantize
+
+            try:
+                tensor = torch.from_numpy(np.ascontiguousarray(dequantize(self.raw, self.qtype), dtype=np.float32))
+            except NotImplementedError as error:
+                raise NotImplementedError(
+                    f"tensor {self.name!r} uses GGML type {self.qtype.name}, which the gguf package cannot dequantize"
+                ) from error
+        if self.row_order is not None:
+            tensor = tensor[torch.from_numpy(self.row_order)]
+        return tensor.contiguous()
+
+    def int4_codes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Exact (codes (N, K), scales (N, K/32), zeros (N, K/32)) for Q4_0 / Q4_1, else None.
+
+        Q4_1 block: d, m (fp16) + 32 nibbles, w = d·q + m  ->  scale d, zero m + 8d.
+        Q4_0 block: d (fp16) + 32 nibbles, w = d·(q − 8)    ->  scale d, zero 0.
+        Nibble j < 16 is the low half of byte j; nibble j ≥ 16 the high half of byte j − 16.
+        """
+        name = getattr(self.qtype, "name", None)
+        if name not in ("Q4_0", "Q4_1"):
+            return None
+        header = 4 if name == "Q4_1" else 2
+        rows = self.raw.shape[0]
+        blocks = self.raw.reshape(rows, -1, header + 16)
+        d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if name == "Q4_1" else None
+        qs = blocks[..., header:]
+        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)
+        zeros = m + 8.0 * d if m is not None else np.zeros_like(d)
+        out = [torch.from_numpy(codes.astype(np.int32)), torch.from_numpy(d), torch.from_numpy(zeros)]
+        if self.row_order is not None:
+            order = torch.from_numpy(self.row_order)
+            out = [t[order] for t in out]
+        return out[0], out[1], out[2]
+
+
+def _unpermute_rows(num_rows: int, num_heads: int) -> np.ndarray:
+    """Row order that undoes llama.cpp's Q/K permutation (interleaved pairs -> rotate-half).
+
+    GGUF row (h, i, j) with i < D/2, j < 2 holds HF row (h, j, i); we return, for each HF row,
+    the GGUF row it comes from.
+    """
+    head_dim = num_rows // num_heads
+    gguf_index = np.arange(num_rows).reshape(num_heads, head_dim // 2, 2)
+    return np.ascontiguousarray(gguf_index.transpose(0, 2, 1)).reshape(-1)
+
+
+def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "object"]:
+    """Config, weight sources and the open `gguf.GGUFReader` (for tokenizer metadata)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+
+    def field(key: str, default=None):
+        entry = reader.fields.get(key)
+        return default if entry is None else entry.contents()
+
+    arch = field("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise NotImplementedError(
+            f"GGUF architecture {arch!r} is not supported by the native backend "
+            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)}); load it through transformers instead"
+        )
+    heads = int(field(f"{arch}.attention.head_count"))
+    kv_heads = int(field(f"{arch}.attention.head_count_kv", heads))
+    hidden = int(field(f"{arch}.embedding_length"))
+    names = {t.name for t in reader.tensors}
+    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    vocab = int(field(f"{arch}.vocab_size", int(embed.shape[1])))
+    rope_scaling = None
+    scaling_type = field(f"{arch}.rope.scaling.type")
+    if scaling_type and scaling_type != "none":
+        rope_scaling = {"rope_type": scaling_type, "factor": float(field(f"{arch}.rope.scaling.factor", 1.0))}
+        original = field(f"{arch}.rope.scaling.original_context_length")
+        if original:
+            rope_scaling["original_max_position_embeddings"] = int(original)
+    config = ModelConfig(
+        architecture=arch,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(field(f"{arch}.feed_forward_length")),
+        num_hidden_layers=int(field(f"{arch}.block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=int(field(f"{arch}.attention.key_length", field(f"{arch}.rope.dimension_count", hidden // heads))),
+        max_position_embeddings=int(field(f"{arch}.context_length", 4096)),
+        rms_norm_eps=float(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling,
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+        name=str(field("general.name", Path(path).stem)),
+    )
+    # llama.cpp permutes Q/K rows of Llama-style checkpoints for its interleaved RoPE.
+    permuted = arch in ("llama", "mistral")
+    sources: dict[str, WeightSource] = {}
+    for tensor in reader.tensors:
+        if tensor.name in _GGUF_GLOBAL_NAMES:
+            key = _GGUF_GLOBAL_NAMES[tensor.name]
+        else:
+            parts = tensor.name.split(".", 2)
+            if parts[0] != "blk" or parts[2] not in _GGUF_LAYER_NAMES:
+                continue
+            key = f"layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}"
+        qtype = tensor.tensor_type
+        if qtype.name in ("F32", "F16", "BF16"):
+            array = np.asarray(tensor.data)
+            if qtype.name == "BF16":
+                array = (array.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            shape = tuple(int(s) for s in reversed(tensor.shape))
+            source = WeightSource(key, dense_tensor=torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape)))
+        else:
+            source = WeightSource(key, raw=np.asarray(tensor.data), qtype=qtype)
+        if permuted and key.rsplit(".", 1)[-1] in ("q", "k", "q_bias", "k_bias"):
+            rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else int(tensor.shape[0])
+            source.row_order = _unpermute_rows(rows, heads if key.endswith(("q", "q_bias")) else kv_heads)
+        sources[key] = source
+    return config, sources, reader
+
+
+def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource]]:
+    """Config and weight sources from an HF directory (config.json + *.safetensors)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{path} has no config.json; expected an HF model directory or a .gguf file")
+    raw = json.loads(config_path.read_text())
+    arch = raw.get("model_type", "llama")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise NotImplementedError(
+            f"model_type {arch!r} is not supported by the native backend (supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}); use metagen.models.TransformersModel instead"
+        )
+    heads = raw["num_attention_heads"]
+    config = ModelConfig(
+        architecture=arch,
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_hidden_layers=raw["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+        max_position_embeddings=raw.get("max_position_embeddings", 4096),
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
+        rope_theta=raw.get("rope_theta", 10000.0),
+        rope_scaling=raw.get("rope_scaling"),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
+        name=path.name,
+    )
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} holds no *.safetensors files")
+    sources: dict[str, WeightSource] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                if name in _HF_GLOBAL_NAMES:
+                    key = _HF_GLOBAL_NAMES[name]
+                elif name.startswith("model.layers."):
+                    _, _, index, rest = name.split(".", 3)
+                    if rest not in _HF_LAYER_NAMES:
+                        continue
+                    key = f"layers.{index}.{_HF_LAYER_NAMES[rest]}"
+                else:
+                    continue
+                sources[key] = WeightSource(key, dense_tensor=handle.get_tensor(name))
+    if config.tie_word_embeddings or "lm_head" not in sources:
+        sources.pop("lm_head", None)
+        config = ModelConfig(**{**config.__dict__, "tie_word_embeddings": True})
+    return config, sources
