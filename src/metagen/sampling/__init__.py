@@ -1,0 +1,67 @@
+"""Sampling adapters, token choice and the sampler chain.
+
+Every adapter is a pure function `(logits (..., V), ...) -> new float32 logits (..., V)` that sets
+removed tokens to -inf and never modifies its input. Stateful pieces (penalty counts, n-gram
+history, mirostat) carry their state explicitly and follow KV-cache reorders with `select`.
+`SamplerChain.from_params(SamplingParams(...), ...)` composes them for a decoding loop.
+"""
+
+from ._tokens import token_counts
+from .chain import SamplerChain
+from .contrastive import contrastive
+from .epsilon import epsilon
+from .eta import entropy, eta
+from .logit_bias import bias_vector, logit_bias
+from .min_p import min_p
+from .mirostat import Mirostat, mirostat_truncate, mirostat_update
+from .no_repeat_ngram import NoRepeatNgramState, banned_tokens, no_repeat_ngram
+from .params import SamplingParams
+from .penalties import (
+    frequency_penalty,
+    frequency_penalty_from_counts,
+    presence_penalty,
+    presence_penalty_from_counts,
+    repetition_penalty,
+    repetition_penalty_from_mask,
+)
+from .penalty_state import PenaltyState
+from .sample import TokenLogprobs, check_choosable, greedy, sample, token_logprobs
+from .temperature import temperature
+from .top_k import top_k
+from .top_p import top_p
+from .typical import typical
+
+__all__ = [
+    "Mirostat",
+    "NoRepeatNgramState",
+    "PenaltyState",
+    "SamplerChain",
+    "SamplingParams",
+    "TokenLogprobs",
+    "banned_tokens",
+    "bias_vector",
+    "check_choosable",
+    "contrastive",
+    "entropy",
+    "epsilon",
+    "eta",
+    "frequency_penalty",
+    "frequency_penalty_from_counts",
+    "greedy",
+    "logit_bias",
+    "min_p",
+    "mirostat_truncate",
+    "mirostat_update",
+    "no_repeat_ngram",
+    "presence_penalty",
+    "presence_penalty_from_counts",
+    "repetition_penalty",
+    "repetition_penalty_from_mask",
+    "sample",
+    "temperature",
+    "token_counts",
+    "token_logprobs",
+    "top_k",
+    "top_p",
+    "typical",
+]

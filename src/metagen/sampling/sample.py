@@ -1,0 +1,86 @@
+"""Choosing a token from logits: ancestral sampling, greedy argmax, and token log-probabilities.
+
+    sample:  x ~ softmax(z)          (multinomial; -inf logits have probability 0)
+    greedy:  x = argmax_v z_v        (the first index among ties)
+
+Both refuse logits that would produce garbage: a row containing NaN or +inf, or a row where every
+logit is -inf (nothing left to choose), raises ValueError. The check is one reduction over the
+logits and one host synchronisation per call.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ._common import float_logits
+
+
+def check_choosable(logits: Tensor) -> None:
+    """Raise ValueError unless every row of `logits (..., V)` has a finite maximum.
+
+    The row maximum is NaN if the row contains NaN, +inf if it contains +inf, and -inf if every
+    entry is -inf; a finite maximum therefore rules out all three. O(V) per row.
+    """
+    row_max = logits.amax(dim=-1)  # (...)
+    bad = ~torch.isfinite(row_max)
+    if bool(bad.any()):
+        row = tuple(int(i) for i in bad.nonzero()[0])
+        value = float(row_max[row])
+        reason = "contains NaN" if value != value else (
+            "contains +inf" if value > 0 else "is all -inf (every token was removed)")
+        raise ValueError(
+            f"logits row {row} {reason}: NaN/inf logits raise instead of sampling garbage"
+        )
+
+
+def sample(logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """Draw one token per row from softmax(logits).
+
+    Args:
+        logits: `(..., V)` scores; `-inf` marks removed tokens.
+        generator: source of randomness (pass one for reproducible draws).
+
+    Returns:
+        `(...)` LongTensor of token ids.
+
+    Time complexity: O(V) per row.
+    """
+    logits = float_logits(logits)
+    check_choosable(logits)
+    probs = torch.softmax(logits, dim=-1).reshape(-1, logits.shape[-1])  # (N, V)
+    tokens = torch.multinomial(probs, 1, generator=generator)  # (N, 1)
+    return tokens.reshape(logits.shape[:-1])
+
+
+def greedy(logits: Tensor) -> Tensor:
+    """The argmax token of each row: `(..., V) -> (...)` LongTensor; ties go to the lowest id.
+
+    Time complexity: O(V) per row.
+    """
+    logits = float_logits(logits)
+    check_choosable(logits)
+    return logits.argmax(dim=-1)
+
+
+class TokenLogprobs(NamedTuple):
+    """Log-probabilities reported with each chosen token (OpenAI `logprobs`)."""
+
+    chosen: Tensor  # (B,) log p(chosen token)
+    top_values: Tensor  # (B, k) the k largest log-probabilities, descending
+    top_ids: Tensor  # (B, k) their token ids
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, num_top: int = 0) -> TokenLogprobs:
+    """Log-probabilities of `tokens (...)` under softmax(logits (..., V)), plus the top `num_top`.
+
+    Which logits to pass is the caller's choice: the model's raw logits report the model's
+    probabilities (OpenAI and vLLM's default), processed logits report the sampled distribution.
+    Time complexity: O(V + k log k) per row.
+    """
+    log_probs = torch.log_softmax(float_logits(logits), dim=-1)
+    chosen = log_probs.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+    top = torch.topk(log_probs, min(num_top, log_probs.shape[-1]), dim=-1)
+    return TokenLogprobs(chosen, top.values, top.indices)
