@@ -5,6 +5,7 @@ Token histories are LongTensors `(..., T)` whose negative entries are padding an
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -47,13 +48,18 @@ def history_for(token_ids: TokenIds, logits: Tensor) -> Tensor:
     return ids
 
 
+def rows_of(token_ids: Tensor) -> Tensor:
+    """`(..., T) -> (N, T)` with N the product of the batch dims (also when T = 0)."""
+    return token_ids.reshape(math.prod(token_ids.shape[:-1]), token_ids.shape[-1])
+
+
 def token_counts(token_ids: Tensor, vocab_size: int) -> Tensor:
     """How often each token occurs: `(..., T) -> (..., V)` float32; negative ids are ignored.
 
     Time complexity: O(T + V) per row (one scatter-add).
     """
     check_in_vocab(token_ids, vocab_size)
-    flat = token_ids.reshape(-1, token_ids.shape[-1])  # (N, T)
+    flat = rows_of(token_ids)  # (N, T)
     counts = torch.zeros(flat.shape[0], vocab_size, dtype=torch.float32, device=token_ids.device)
     counts.scatter_add_(1, flat.clamp(min=0), (flat >= 0).float())
     return counts.reshape(*token_ids.shape[:-1], vocab_size)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ._common import NEG_INF, float_logits
-from ._tokens import PAD, PromptIds, TokenIds, history_for, left_aligned, prompt_matrix
+from ._tokens import PAD, PromptIds, TokenIds, history_for, left_aligned, prompt_matrix, rows_of
 
 
 def banned_tokens(history: Tensor, n: int, vocab_size: int) -> Tensor:
@@ -64,7 +64,7 @@ def no_repeat_ngram(logits: Tensor, token_ids: TokenIds, n: int) -> Tensor:
     n = _check_n(n)
     logits = float_logits(logits)
     history = history_for(token_ids, logits)
-    flat = left_aligned(history.reshape(-1, history.shape[-1]))  # (N, T)
+    flat = left_aligned(rows_of(history))  # (N, T)
     banned = banned_tokens(flat, n, logits.shape[-1]).reshape(logits.shape)
     return logits.masked_fill(banned, NEG_INF)
 
