@@ -49,7 +49,9 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     cleaned = []
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping):
-            raise ValueError(f"messages[{index}] must be a dict with 'role' and 'content', got {type(message).__name__}")
+            raise ValueError(
+                f"messages[{index}] must be a dict with 'role' and 'content', got {type(message).__name__}"
+            )
         role = message.get("role")
         if role not in ROLES:
             raise ValueError(f"messages[{index}]['role'] must be one of {ROLES}, got {role!r}")

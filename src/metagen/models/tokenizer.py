@@ -234,6 +234,37 @@ class Tokenizer:
             extra_eos_token_ids=extra_eos,
         )
 
+    def save(self, directory: str | Path) -> None:
+        """Write the tokenizer to `directory` (tokenizer.json + metagen_tokenizer.json) for `load`."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._backend.save(str(directory / "tokenizer.json"))
+        facts = {
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "chat_template": self.chat_template,
+            "add_bos_token": self.add_bos_token,
+            "add_eos_token": self.add_eos_token,
+            "eos_token_ids": sorted(self.eos_token_ids),
+        }
+        (directory / "metagen_tokenizer.json").write_text(json.dumps(facts), encoding="utf-8")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Tokenizer:
+        """Read a tokenizer written by `save` (used by the converted-model cache)."""
+        directory = Path(directory)
+        backend = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
+        facts = json.loads((directory / "metagen_tokenizer.json").read_text(encoding="utf-8"))
+        return cls(
+            backend,
+            bos_token_id=facts["bos_token_id"],
+            eos_token_id=facts["eos_token_id"],
+            chat_template=facts["chat_template"],
+            add_bos_token=facts["add_bos_token"],
+            add_eos_token=facts["add_eos_token"],
+            extra_eos_token_ids=facts["eos_token_ids"],
+        )
+
     # -- ids <-> text -------------------------------------------------------------------------------
 
     @property
@@ -363,8 +394,13 @@ def _sentencepiece_backend(
 
     SentencePiece merges the adjacent pair whose joined piece has the highest score. A BPE with the
     merges ranked by that score does the same, so we recover the merges: every split of every normal
-    piece into two pieces of the vocabulary, best score first (ties: shorter left part first).
-    Time complexity: O(sum of piece lengths) lookups, then a sort of the merges.
+    piece into two pieces of the vocabulary, best score first (ties: longer left part first, then
+    vocabulary order, as transformers ranks them). Time complexity: O(sum of piece lengths) lookups,
+    then a sort of the merges.
+
+    Like llama.cpp (and SentencePiece's "legacy" Hugging Face conversion), a space is prefixed to the
+    text and to each run of text after a special token, even one that already starts with a space;
+    transformers' GGUF loader prefixes only the start of the text, and only without a leading space.
     """
     vocab = {token: token_id for token_id, token in enumerate(tokens)}
     mergeable = {
@@ -377,7 +413,7 @@ def _sentencepiece_backend(
         for cut in range(1, len(token)):
             left, right = token[:cut], token[cut:]
             if left in mergeable and right in mergeable:
-                ranked.append((-scores[token_id], len(left), len(right), left, right))
+                ranked.append((-scores[token_id], -len(left), -len(right), token_id, left, right))
     ranked.sort()
     unknown = next((t for t, kind in zip(tokens, token_types) if kind == TOKEN_TYPE_UNKNOWN), None)
     model = models.BPE(
