@@ -1,0 +1,27 @@
+"""What produces logits: the LanguageModel interface, the native Llama backend, loaders."""
+
+from metagen.models.base import ForwardOutput, LanguageModel
+from metagen.models.cache import KVCache
+from metagen.models.config import ModelConfig
+from metagen.models.embedded import embedded_model_path
+from metagen.models.loading import DEFAULT_DTYPE, DTYPES, load
+
+__all__ = [
+    "DEFAULT_DTYPE",
+    "DTYPES",
+    "ForwardOutput",
+    "KVCache",
+    "LanguageModel",
+    "ModelConfig",
+    "TransformersModel",
+    "embedded_model_path",
+    "load",
+]
+
+
+def __getattr__(name: str):
+    if name == "TransformersModel":  # optional extra: imports transformers only when asked
+        from metagen.models.transformers_adapter import TransformersModel
+
+        return TransformersModel
+    raise AttributeError(f"module 'metagen.models' has no attribute {name!r}")

@@ -1,0 +1,220 @@
+"""Command line: `metagen generate`, `metagen info`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+_FLOAT_PARAMS = (
+    ("temperature", "0 = greedy"),
+    ("top-p", "nucleus mass in (0, 1]"),
+    ("min-p", "relative probability floor"),
+    ("typical-p", "locally typical mass"),
+    ("epsilon-cutoff", "absolute probability floor"),
+    ("eta-cutoff", "eta sampling"),
+    ("repetition-penalty", "CTRL penalty on prompt+generated tokens"),
+    ("frequency-penalty", "OpenAI frequency penalty"),
+    ("presence-penalty", "OpenAI presence penalty"),
+    ("mirostat-tau", "Mirostat 2.0 target surprise (bits)"),
+    ("mirostat-eta", "Mirostat learning rate"),
+)
+_INT_PARAMS = (
+    ("top-k", "tokens kept (0 = off)"),
+    ("no-repeat-ngram-size", "ban repeated n-grams"),
+    ("max-tokens", "new tokens at most (default 256)"),
+    ("n", "samples"),
+    ("logprobs", "top log-probabilities per token in --json"),
+    ("seed", "random seed"),
+)
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded SmolLM2-135M)")
+    parser.add_argument("--dtype", default=None, choices=["fp32", "bf16", "int8", "int4"], help="weight format")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="metagen", description="Inference-time algorithms for language models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="generate text from a prompt")
+    gen.add_argument("prompt", help="the prompt (wrapped in the chat template unless --no-chat)")
+    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None, help="use the chat template")
+    gen.add_argument("--system", default=None, help="system message (chat only)")
+    for name, text in _FLOAT_PARAMS:
+        gen.add_argument(f"--{name}", type=float, default=None, help=text)
+    for name, text in _INT_PARAMS:
+        gen.add_argument(f"--{name}", type=int, default=None, help=text)
+    gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    gen.add_argument("--stop-token-id", action="append", type=int, default=None, dest="stop_token_ids")
+    gen.add_argument("--ignore-eos", action="store_true", default=None)
+    gen.add_argument("--logit-bias", action="append", default=None, metavar="ID=BIAS", help="repeatable")
+    gen.add_argument("--beam-width", type=int, default=None, help="beam search with this many beams")
+    gen.add_argument("--length-penalty", type=float, default=1.0, help="beam search: α in logp/len^α")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    _add_model_options(gen)
+
+    info = commands.add_parser("info", help="describe a model")
+    _add_model_options(info)
+    info.add_argument("--json", action="store_true")
+    return parser
+
+
+def _sampling_params(args: argparse.Namespace):
+    from metagen.sampling import SamplingParams
+
+    fields = {}
+    for name, _ in _FLOAT_PARAMS + _INT_PARAMS:
+        value = getattr(args, name.replace("-", "_"))
+        if value is not None:
+            fields[name.replace("-", "_")] = value
+    if args.stop:
+        fields["stop"] = tuple(args.stop)
+    if args.stop_token_ids:
+        fields["stop_token_ids"] = tuple(args.stop_token_ids)
+    if args.ignore_eos:
+        fields["ignore_eos"] = True
+    if args.logit_bias:
+        bias = {}
+        for item in args.logit_bias:
+            token, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"--logit-bias {item!r} must look like TOKEN_ID=BIAS")
+            bias[int(token)] = float(value)
+        fields["logit_bias"] = bias
+    return SamplingParams(**fields)
+
+
+def _load(args: argparse.Namespace):
+    import torch
+
+    from metagen.models import load
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return load(args.model, args.dtype)
+
+
+def _prompt(args: argparse.Namespace):
+    if args.system is not None:
+        if args.chat is False:
+            raise ValueError("--system needs the chat template; drop --no-chat")
+        return [{"role": "system", "content": args.system}, {"role": "user", "content": args.prompt}]
+    return args.prompt
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from metagen.decoding import BeamSearchConfig, GenerationResult, beam_search, stream
+
+    params = _sampling_params(args)
+    start = time.perf_counter()
+    model = _load(args)
+    load_seconds = time.perf_counter() - start
+    prompt = _prompt(args)
+    if args.beam_width is not None:
+        ignored = [f for f in ("temperature", "top_p", "top_k", "min_p", "n", "stop") if getattr(args, f, None)]
+        if ignored:
+            raise ValueError(f"--beam-width cannot be combined with {', '.join('--' + f.replace('_', '-') for f in ignored)}")
+        config = BeamSearchConfig(
+            width=args.beam_width, length_penalty=args.length_penalty, max_tokens=params.max_tokens, n_best=1
+        )
+        begin = time.perf_counter()
+        result = beam_search(model, prompt, config, chat=args.chat)
+        seconds = time.perf_counter() - begin
+        best = result.hypotheses[0]
+        if args.json:
+            print(json.dumps({
+                "text": best.text, "tokens": best.token_ids, "logprob": best.logprob, "score": best.score,
+                "finish_reason": "stop" if best.finished else "length",
+                "timing": {"load_seconds": load_seconds, "search_seconds": seconds, "model_calls": result.model_calls},
+            }))
+        else:
+            print(best.text)
+        return 0
+    result = GenerationResult([], [])
+    events = stream(model, prompt, params, chat=args.chat, result=result)
+    if args.json:
+        for _ in events:
+            pass
+    else:
+        for event in events:
+            if params.n > 1:
+                continue
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        if params.n > 1:
+            for i, completion in enumerate(result.completions):
+                print(f"--- completion {i} ({completion.finish_reason})\n{completion.text}")
+        else:
+            sys.stdout.write("\n")
+        return 0
+    completions = [
+        {
+            "text": c.text,
+            "tokens": c.token_ids,
+            "logprobs": c.logprobs,
+            "top_logprobs": None if c.top_logprobs is None else [{str(k): v for k, v in d.items()} for d in c.top_logprobs],
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        }
+        for c in result.completions
+    ]
+    payload = dict(completions[0]) if len(completions) == 1 else {"completions": completions}
+    payload["timing"] = {
+        "load_seconds": round(load_seconds, 4),
+        "prefill_seconds": round(result.prefill_seconds, 4),
+        "decode_seconds": round(result.decode_seconds, 4),
+        "prompt_tokens": len(result.prompt_token_ids),
+        "generated_tokens": result.generated_tokens,
+        "tokens_per_second": round(result.tokens_per_second, 2),
+    }
+    print(json.dumps(payload))
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    model = _load(args)
+    config = model.config
+    facts = {
+        "name": config.name,
+        "source": model.source,
+        "architecture": config.architecture,
+        "parameters": config.num_parameters,
+        "dtype": model.dtype,
+        "context_length": config.max_position_embeddings,
+        "layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "attention_heads": config.num_attention_heads,
+        "kv_heads": config.num_key_value_heads,
+        "vocab_size": config.vocab_size,
+        "tied_embeddings": config.tie_word_embeddings,
+        "rope_theta": config.rope_theta,
+        "eos_token_ids": sorted(model.eos_token_ids),
+        "chat_template": model.tokenizer.chat_template is not None,
+    }
+    if args.json:
+        print(json.dumps(facts))
+    else:
+        width = max(len(k) for k in facts)
+        for key, value in facts.items():
+            print(f"{key:<{width}}  {value:,}" if isinstance(value, int) and not isinstance(value, bool) else f"{key:<{width}}  {value}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        return _info(args)
+    except (ValueError, FileNotFoundError, NotImplementedError) as error:
+        print(f"metagen: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

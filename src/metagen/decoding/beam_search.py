@@ -1,0 +1,162 @@
+"""Beam search with length normalization, and stochastic beam search (Gumbel-top-k).
+
+Beam search keeps the `width` highest-scoring prefixes. Each step every live beam is extended
+by every token, the 2·width best candidates by cumulative log-probability are scanned in order:
+a candidate ending in EOS becomes a finished hypothesis scored
+    score = logp / len^α      (length normalization, Wu et al. 2016 / seed 003)
+and the others fill the next `width` beams. The search ends when `width` hypotheses are
+finished and no live beam can still beat the worst of them (its best possible normalized score,
+taken at the current length, is lower), or at `max_tokens`.
+Cost per step: one batched forward of `width` rows plus O(width·V) for the top-k.
+
+Stochastic beam search (Kool, van Hoof & Welling 2019) replaces the top-k by the Gumbel-top-k
+of perturbed log-probabilities: children's Gumbels are conditioned so their max equals the
+parent's perturbed score, which makes the `width` final beams a sample *without replacement*
+from the model's sequence distribution.
+
+Beams are forked with `cache.select(parents)`: children share their parent's cached prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from metagen.decoding.prompts import Prompt, encode_prompt
+
+
+@dataclass(frozen=True)
+class BeamSearchConfig:
+    """width: beams kept per step; length_penalty: α in logp / len^α (0 = raw sum);
+    max_tokens: new tokens at most; n_best: hypotheses returned (≤ width);
+    stochastic: Gumbel-top-k instead of top-k (sampling without replacement);
+    temperature: divides logits before the Gumbel perturbation (stochastic only)."""
+
+    width: int = 4
+    length_penalty: float = 1.0
+    max_tokens: int = 64
+    n_best: int = 1
+    stochastic: bool = False
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.width < 1:
+            raise ValueError(f"width={self.width} is out of range: must be >= 1")
+        if not 1 <= self.n_best <= self.width:
+            raise ValueError(f"n_best={self.n_best} is out of range: must be in [1, width={self.width}]")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens} is out of range: must be >= 1")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature={self.temperature} is out of range: must be > 0")
+
+
+@dataclass
+class Hypothesis:
+    token_ids: list[int]
+    logprob: float  # sum of token log-probabilities (the model's, untempered)
+    score: float  # logprob / len^α
+    text: str = ""
+    finished: bool = True  # False when cut by max_tokens
+
+
+@dataclass
+class BeamSearchResult:
+    hypotheses: list[Hypothesis]  # best first
+    prompt_token_ids: list[int] = field(default_factory=list)
+    model_calls: int = 0
+
+    @property
+    def text(self) -> str:
+        return self.hypotheses[0].text
+
+
+def _normalized(logprob: float, length: int, alpha: float) -> float:
+    return logprob / (max(length, 1) ** alpha)
+
+
+def _gumbel_children(parent_perturbed: torch.Tensor, logprobs: torch.Tensor, generator) -> torch.Tensor:
+    """Perturbed scores of children conditioned on max = the parent's (Kool et al. 2019, eq. 23).
+
+    parent_perturbed: (B,); logprobs: (B, V) cumulative log-probs of the children. Returns (B, V).
+    """
+    uniform = torch.rand(logprobs.shape, generator=generator).clamp_(1e-12, 1 - 1e-12)
+    gumbel = logprobs - torch.log(-torch.log(uniform))  # G_φ ~ Gumbel(φ)
+    top = gumbel.max(dim=-1, keepdim=True).values
+    target = parent_perturbed[:, None]
+    # shifted = −log(exp(−T) − exp(−Z) + exp(−G)), computed stably
+    v = target - gumbel + torch.log1p(-torch.exp(gumbel - top))
+    return target - torch.clamp(v, min=0) - torch.log1p(torch.exp(-v.abs()))
+
+
+def beam_search(
+    model,
+    prompt: Prompt,
+    config: BeamSearchConfig | None = None,
+    *,
+    chat: bool | None = None,
+    generator: torch.Generator | None = None,
+) -> BeamSearchResult:
+    """Run (stochastic) beam search; returns `config.n_best` hypotheses, best first."""
+    config = config or BeamSearchConfig()
+    prompt_ids = encode_prompt(model.tokenizer, prompt, chat)
+    if len(prompt_ids) >= model.max_context:
+        raise ValueError(f"prompt has {len(prompt_ids)} tokens, the model's context is {model.max_context}")
+    if config.stochastic and generator is None:
+        generator = torch.Generator().manual_seed(0)
+    alpha, width = config.length_penalty, config.width
+    cache, out = model.prefill(prompt_ids)
+    calls = 1
+    sums = torch.zeros(1)  # (B,) cumulative log-probs of live beams
+    perturbed = torch.zeros(1)  # (B,) Gumbel-perturbed scores (stochastic only)
+    beams: list[list[int]] = [[]]
+    finished: list[Hypothesis] = []
+    max_new = min(config.max_tokens, model.max_context - len(prompt_ids))
+    for step in range(1, max_new + 1):
+        logprobs = torch.log_softmax(out.logits, dim=-1)  # (B, V)
+        candidates = sums[:, None] + logprobs  # (B, V)
+        if config.stochastic:
+            tempered = sums[:, None] + torch.log_softmax(out.logits / config.temperature, dim=-1)
+            keys = _gumbel_children(perturbed, tempered, generator)
+        else:
+            keys = candidates
+        vocab = keys.shape[1]
+        top = torch.topk(keys.reshape(-1), min(2 * width, keys.numel()))
+        parents = (top.indices // vocab).tolist()
+        tokens = (top.indices % vocab).tolist()
+        next_parents, next_tokens, next_sums, next_keys = [], [], [], []
+        for rank, (parent, token) in enumerate(zip(parents, tokens)):
+            total = float(candidates[parent, token])
+            if token in model.eos_token_ids:
+                if rank < width:  # an EOS below the top `width` would not have been a beam
+                    ids = beams[parent] + [token]
+                    finished.append(Hypothesis(ids, total, _normalized(total, len(ids), alpha)))
+                continue
+            next_parents.append(parent)
+            next_tokens.append(token)
+            next_sums.append(total)
+            next_keys.append(float(top.values[rank]))
+            if len(next_tokens) == width:
+                break
+        if not next_tokens:
+            break
+        beams = [beams[p] + [t] for p, t in zip(next_parents, next_tokens)]
+        sums = torch.tensor(next_sums)
+        perturbed = torch.tensor(next_keys)
+        if len(finished) >= width and not config.stochastic:
+            worst = sorted(h.score for h in finished)[-width]
+            best_live = max(_normalized(s, step, alpha) for s in next_sums)
+            if best_live < worst:
+                break
+        if step == max_new:
+            break
+        cache.select(next_parents)
+        out = model.forward(cache, [[t] for t in next_tokens])
+        calls += 1
+    for ids, total in zip(beams, sums.tolist()):
+        finished.append(Hypothesis(ids, total, _normalized(total, len(ids), alpha), finished=False))
+    ranked = sorted(finished, key=lambda h: h.score, reverse=True)[: config.n_best]
+    for hypothesis in ranked:
+        body = [t for t in hypothesis.token_ids if t not in model.eos_token_ids]
+        hypothesis.text = model.tokenizer.decode(body, skip_special_tokens=True)
+    return BeamSearchResult(ranked, prompt_ids, calls)

@@ -1,0 +1,34 @@
+"""Turning what users pass as a prompt into token ids."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+Prompt = str | Sequence[Mapping[str, str]] | Sequence[int]
+
+
+def encode_prompt(tokenizer, prompt: Prompt, chat: bool | None = None) -> list[int]:
+    """Token ids for a prompt.
+
+    prompt: text, chat messages ([{"role", "content"}, ...]) or token ids.
+    chat: for text, wrap it as one user message in the model's chat template (None: when the
+        model has a template). Messages always use the template; ids are taken as they are.
+    Raises ValueError for an empty prompt.
+    """
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("prompt is empty: give at least one character or token")
+        use_chat = tokenizer.chat_template is not None if chat is None else chat
+        if use_chat:
+            return tokenizer.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        return tokenizer.encode(prompt, add_special_tokens=True)
+    items = list(prompt)
+    if not items:
+        raise ValueError("prompt is empty: give at least one character or token")
+    if all(isinstance(item, Mapping) for item in items):
+        if chat is False:
+            raise ValueError("chat=False was given with chat messages; pass text or token ids instead")
+        return tokenizer.encode_chat(items, add_generation_prompt=True)
+    if all(isinstance(item, int) and not isinstance(item, bool) for item in items):
+        return [int(item) for item in items]
+    raise ValueError("prompt must be a string, a list of chat messages, or a list of token ids")
