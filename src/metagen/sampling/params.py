@@ -178,8 +178,8 @@ class SamplingParams:
                 )
             if self.temperature == 0:
                 raise ValueError(
-                    f"mirostat_tau={self.mirostat_tau!r} cannot be combined with temperature=0 "
-                    "(greedy decoding does not sample)"
+                    f"mirostat_tau={self.mirostat_tau!r} cannot be combined with "
+                    f"temperature={self.temperature!r} (greedy decoding does not sample)"
                 )
 
     @property
