@@ -19,9 +19,12 @@ Why this order:
     with the other history-based adapters.
   * Temperature comes before the truncations, so they cut the distribution that is actually
     sampled (vLLM and Hugging Face both apply top-k / top-p / min-p after temperature).
-  * Truncations compose sequentially, each on the renormalised output of the previous one:
-    top-k then top-p as in both libraries, then min-p (which commutes with both), then the
-    distribution-shape cuts typical, epsilon, eta (Hugging Face's warper order).
+  * Truncations compose sequentially, each on the renormalised output of the previous one, in
+    Hugging Face's warper order: top-k, top-p, min-p, typical, epsilon, eta. vLLM agrees on
+    top-k before top-p (the order does not matter for min-p after top-k) but applies min-p
+    before top-p; that differs when both are set, because top-p then measures its mass on the
+    min-p-renormalised distribution. Here min-p only removes, from the nucleus, the tokens it
+    would remove from the full distribution.
   * Mirostat (which excludes the truncations) comes last: it needs the final distribution.
 
 With temperature 0 (greedy) the chain keeps bias, penalties and n-gram blocking, which change

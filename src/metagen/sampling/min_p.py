@@ -5,8 +5,9 @@ Keep the tokens whose probability is at least a fraction p of the top token's:
     keep(v) = p_v >= p * max_u p_u   <=>   z_v - max_u z_u >= log p
 
 computed on logits directly (no softmax needed). The threshold scales with the model's
-confidence: a peaked distribution keeps few tokens, a flat one many. Because it compares ratios,
-min-p commutes with any earlier truncation that keeps the argmax (top-k, top-p).
+confidence: a peaked distribution keeps few tokens, a flat one many. Because it compares ratios
+with the top token, min-p applied after a truncation that keeps the argmax (top-k, top-p) removes
+exactly the tokens it would remove from the full distribution.
 """
 
 from __future__ import annotations
