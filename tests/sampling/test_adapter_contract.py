@@ -116,3 +116,28 @@ def test_keep_all_shortcut_does_not_alias(name: str) -> None:
     assert torch.equal(out, before)
     out.add_(1.0)
     assert torch.equal(logits, before)
+
+
+def test_stateful_adapters_leave_their_input_alone() -> None:
+    from metagen.sampling import Mirostat, NoRepeatNgramState, PenaltyState, SamplerChain, SamplingParams
+
+    logits = random_logits(2, 10)
+    before = logits.clone()
+    penalties = PenaltyState.from_prompt([1, 2, 3], batch_size=2, vocab_size=10)
+    penalties.update(torch.tensor([4, 5]))
+    ngrams = NoRepeatNgramState.from_prompt(2, [1, 2, 1], batch_size=2)
+    chain = SamplerChain.from_params(
+        SamplingParams(repetition_penalty=1.2, presence_penalty=0.5, no_repeat_ngram_size=2,
+                       temperature=0.8, top_p=0.9),
+        batch_size=2, vocab_size=10, prompt_ids=[1, 2, 1],
+    )
+    outputs = [
+        penalties.apply(logits, repetition_penalty=1.5, frequency_penalty=0.5, presence_penalty=0.5),
+        ngrams.apply(logits),
+        Mirostat.create(2, tau=2.0).process(logits),
+        chain.process(logits),
+    ]
+    assert torch.equal(logits, before)
+    for out in outputs:
+        assert out.shape == (2, 10) and out.dtype == torch.float32
+        assert out.data_ptr() != logits.data_ptr()
