@@ -48,11 +48,17 @@ class Int8Linear:
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
-        """Symmetric per-channel quantization: s = max|w_row| / 127, q = round(w / s)."""
+        """Symmetric per-channel quantization: s = max|w_row| / 127, q = round(w / s).
+
+        The kernel takes bf16 scales, so s is rounded up to bf16 first and q computed against
+        the rounded scale: every weight is then within half a step of its dequantized value.
+        """
         weight = weight.float()
-        scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        qweight = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
-        return cls(qweight, scales.to(torch.bfloat16), None if bias is None else bias.to(torch.bfloat16))
+        exact = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        scales = exact.to(torch.bfloat16)
+        scales = torch.where(scales.float() < exact, torch.nextafter(scales, torch.tensor(float("inf"), dtype=torch.bfloat16)), scales)
+        qweight = torch.round(weight / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
+        return cls(qweight, scales, None if bias is None else bias.to(torch.bfloat16))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.qweight, self.scales)

@@ -181,7 +181,9 @@ def _load_converted(entry: Path, dtype: str, source: str) -> LlamaModel:
 
     config = ModelConfig.from_json((entry / "config.json").read_text())
     kinds = json.loads((entry / "linears.json").read_text())
-    tensors = load_file(str(entry / "weights.safetensors"))
+    # Fresh allocations: the packed-weight kernels use aligned vector loads, and tensors carved
+    # out of the file's buffer are not guaranteed 64-byte aligned.
+    tensors = {name: tensor.clone() for name, tensor in load_file(str(entry / "weights.safetensors")).items()}
     layers = [
         LayerWeights(
             attn_norm=tensors[f"layers.{i}.attn_norm"],

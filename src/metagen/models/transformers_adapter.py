@@ -62,7 +62,7 @@ class TransformersCache:
         if not 0 <= length <= entry.length:
             raise ValueError(f"length={length} is out of range for row {row}: must be in [0, {entry.length}]")
         if entry.past is not None and length < entry.length:
-            entry.past.crop(length)
+            entry.past.crop(length - entry.length)  # negative: tokens to remove
         entry.length = length
 
 
