@@ -382,3 +382,12 @@ def test_from_hf_dir_template_file_wins_and_no_config(tmp_path):
     assert bare.chat_template is None and bare.eos_token_ids == frozenset()
     assert bare.encode("hello") == bare.encode("hello", add_special_tokens=False)
     assert bare.decode(bare.encode("hello world")) == "hello world"
+
+
+def test_end_of_turn_found_when_the_template_demands_a_system_message(tmp_path):
+    template = (
+        "{% if messages[0]['role'] != 'system' %}{{ raise_exception('system first') }}{% endif %}"
+        "{% for m in messages %}<|start_header_id|>{{ m['content'] }}<|eot_id|>{% endfor %}"
+    )
+    tok = Tokenizer.from_gguf(_byte_level_gguf(tmp_path / "t.gguf", eos_token_id=0, chat_template=template))
+    assert tok.eos_token_ids == frozenset({0, 3})

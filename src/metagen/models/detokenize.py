@@ -53,7 +53,8 @@ class IncrementalDetokenizer:
     ) -> None:
         self._decode = tokenizer.decode
         self._skip_special_tokens = skip_special_tokens
-        context = [int(token_id) for token_id in prompt_ids[-PROMPT_CONTEXT_TOKENS:]] if prompt_ids else []
+        has_prompt = prompt_ids is not None and len(prompt_ids) > 0
+        context = [int(token_id) for token_id in prompt_ids[-PROMPT_CONTEXT_TOKENS:]] if has_prompt else []
         self._window: list[int] = context  # emitted tokens (left context), then pending ones
         self._read = len(context)  # window[:read] is emitted, window[read:] is pending
         self._window_text = self._decode(context, skip_special_tokens) if context else ""
@@ -62,7 +63,7 @@ class IncrementalDetokenizer:
     def push(self, token_id: int) -> str:
         """Add one generated token; return the text it completes ("" while a character is incomplete)."""
         window = self._window
-        window.append(token_id)
+        window.append(int(token_id))
         text = self._decode(window, self._skip_special_tokens)
         if len(text) <= len(self._window_text) or text.endswith(REPLACEMENT_CHARACTER):
             return ""
@@ -99,7 +100,9 @@ class StopStringMatcher:
     has appeared. Text that could be the start of a stop string is held back until it either
     completes one (then `feed` returns the text before the stop string, excluding it, and
     stopped=True) or cannot (then it is released). Once stopped, `feed` returns ("", True).
-    When several stop strings are complete, the one starting earliest wins.
+    When several stop strings complete in one delta, the first to complete wins (ties: the longer
+    one), as if the text had come one character at a time; so the result never depends on how the
+    stream is cut into deltas.
 
     Cost per delta: O(len(held) + len(delta)) per stop string, held < longest stop string.
     """
@@ -119,15 +122,15 @@ class StopStringMatcher:
         if self.stopped:
             return "", True
         text = self._held + delta
-        earliest = -1
+        first = None  # (end, start) of the stop string that completes first
         for stop in self.stops:
-            position = text.find(stop)
-            if position >= 0 and (earliest < 0 or position < earliest):
-                earliest = position
-        if earliest >= 0:
+            start = text.find(stop)
+            if start >= 0 and (first is None or (start + len(stop), start) < first):
+                first = (start + len(stop), start)
+        if first is not None:
             self._held = ""
             self.stopped = True
-            return text[:earliest], True
+            return text[: first[1]], True
         keep = self._partial_stop_length(text)
         self._held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep], False

@@ -336,12 +336,15 @@ class Tokenizer:
         if self.chat_template is None or not self._special_tokens:
             return None
         marker = "metagenEndOfTurnProbe"
-        probe = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": marker}]
-        try:
-            text = self.apply_chat_template(probe, add_generation_prompt=False)
-        except Exception:  # a template may insist on other conversations; then there is no answer
-            return None
-        position = text.rfind(marker)
+        turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": marker}]
+        text = None
+        for probe in (turns, [{"role": "system", "content": "Be brief."}, *turns]):
+            try:
+                text = self.apply_chat_template(probe, add_generation_prompt=False)
+                break
+            except Exception:  # templates may reject a conversation in any way; try the next one
+                continue
+        position = -1 if text is None else text.rfind(marker)
         if position < 0:
             return None
         after = text[position + len(marker) :].lstrip()
