@@ -391,3 +391,32 @@ def test_end_of_turn_found_when_the_template_demands_a_system_message(tmp_path):
     )
     tok = Tokenizer.from_gguf(_byte_level_gguf(tmp_path / "t.gguf", eos_token_id=0, chat_template=template))
     assert tok.eos_token_ids == frozenset({0, 3})
+
+
+def test_save_and_load_round_trip(tmp_path):
+    reader = _byte_level_gguf(
+        tmp_path / "t.gguf", chat_template=LLAMA3_STYLE_TEMPLATE, bos_token_id=0, eos_token_id=0, add_bos_token=True
+    )
+    tok = Tokenizer.from_gguf(reader)
+    tok.save(tmp_path / "saved")
+    loaded = Tokenizer.load(tmp_path / "saved")
+    for text in ["hello world", "<|eot_id|>hello  world\n"]:
+        assert loaded.encode(text) == tok.encode(text)
+        assert loaded.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
+    assert (loaded.add_bos_token, loaded.add_eos_token) == (True, False)
+    assert loaded.eos_token_ids == tok.eos_token_ids == frozenset({0, 3})
+    assert loaded.chat_template == tok.chat_template
+
+
+def test_add_flags_read_from_the_backend_post_processor(tmp_path):
+    from tokenizers import processors
+
+    tok = Tokenizer.from_hf_dir(_write_hf_dir(tmp_path, {"bos_token": "<s>", "eos_token": "</s>"}))
+    assert (tok.add_bos_token, tok.add_eos_token) == (False, False)
+    backend = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 1)]
+    )
+    both = Tokenizer(backend, bos_token_id=0, eos_token_id=1)
+    assert (both.add_bos_token, both.add_eos_token) == (True, True)
+    assert both.encode("he") == [0, both.token_to_id("he"), 1]

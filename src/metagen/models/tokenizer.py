@@ -133,9 +133,13 @@ class Tokenizer:
         self._backend_adds_special = add_bos_token is None and add_eos_token is None
         self._prefix_ids = [bos_token_id] if add_bos_token and bos_token_id is not None else []
         self._suffix_ids = [eos_token_id] if add_eos_token and eos_token_id is not None else []
-        probe = self.encode("", add_special_tokens=True)
-        self.add_bos_token = bool(probe) and bos_token_id is not None and probe[0] == bos_token_id
-        self.add_eos_token = bool(probe) and eos_token_id is not None and probe[-1] == eos_token_id
+        if self._backend_adds_special:  # read the post-processor's behaviour off an empty text
+            probe = backend.encode("", add_special_tokens=True).ids
+            self.add_bos_token = bos_token_id is not None and probe[:1] == [bos_token_id]
+            after_bos = probe[1:] if self.add_bos_token else probe
+            self.add_eos_token = eos_token_id is not None and after_bos[-1:] == [eos_token_id]
+        else:
+            self.add_bos_token, self.add_eos_token = bool(self._prefix_ids), bool(self._suffix_ids)
 
         eos_ids = {int(i) for i in extra_eos_token_ids}
         if eos_token_id is not None:
