@@ -46,6 +46,7 @@ class IncrementalDetokenizer:
 
     Cost per token: one decode of the window (the tokens not yet emitted plus the last emitted
     run), and one more when text is emitted; the window is a few tokens, so O(1) per token.
+    Measured: about 4 us per token for SmolLM2 on CPU (5 us with a `StopStringMatcher` after it).
     """
 
     def __init__(
