@@ -226,3 +226,11 @@ def test_accepts_tensor_prompt_and_tensor_token_ids():
     tokenizer = _sentencepiece_tokenizer()
     detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids=torch.tensor([1]))
     assert detokenizer.push(torch.tensor(2)) == " world"
+
+
+def test_stop_matcher_reports_which_stop_string_ended_the_stream():
+    matcher = StopStringMatcher(["END", "\n\n"])
+    assert matcher.feed("one\n") == ("one", False)
+    assert matcher.matched is None
+    assert matcher.feed("\nEND") == ("", True)
+    assert matcher.matched == "\n\n"

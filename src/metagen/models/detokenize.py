@@ -117,20 +117,22 @@ class StopStringMatcher:
         self.stops: tuple[str, ...] = tuple(dict.fromkeys(stops))
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the stream
 
     def feed(self, delta: str) -> tuple[str, bool]:
         """Add a text delta; return (text safe to emit, stopped)."""
         if self.stopped:
             return "", True
         text = self._held + delta
-        first = None  # (end, start) of the stop string that completes first
+        first = None  # (end, start, stop) of the stop string that completes first
         for stop in self.stops:
             start = text.find(stop)
-            if start >= 0 and (first is None or (start + len(stop), start) < first):
-                first = (start + len(stop), start)
+            if start >= 0 and (first is None or (start + len(stop), start) < first[:2]):
+                first = (start + len(stop), start, stop)
         if first is not None:
             self._held = ""
             self.stopped = True
+            self.matched = first[2]
             return text[: first[1]], True
         keep = self._partial_stop_length(text)
         self._held = text[len(text) - keep :] if keep else ""
