@@ -29,6 +29,8 @@ _INT_PARAMS = (
     ("seed", "random seed"),
 )
 
+_DESTINATIONS = {"stop-token-id": "stop_token_ids"}  # options whose attribute is not the plain name
+
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded SmolLM2-135M)")
@@ -110,17 +112,23 @@ def _generate(args: argparse.Namespace) -> int:
     from metagen.decoding import BeamSearchConfig, GenerationResult, beam_search, stream
 
     params = _sampling_params(args)
+    if args.beam_width is not None:
+        # Beam search honours --max-tokens only; any other sampling option given would be ignored.
+        options = [name for name, _ in _FLOAT_PARAMS + _INT_PARAMS if name != "max-tokens"]
+        options += ["stop", "stop-token-id", "ignore-eos", "logit-bias"]
+        ignored = [
+            name for name in options if getattr(args, _DESTINATIONS.get(name, name.replace("-", "_"))) is not None
+        ]
+        if ignored:
+            raise ValueError(f"--beam-width cannot be combined with {', '.join('--' + name for name in ignored)}")
+        config = BeamSearchConfig(
+            width=args.beam_width, length_penalty=args.length_penalty, max_tokens=params.max_tokens, n_best=1
+        )
     start = time.perf_counter()
     model = _load(args)
     load_seconds = time.perf_counter() - start
     prompt = _prompt(args)
     if args.beam_width is not None:
-        ignored = [f for f in ("temperature", "top_p", "top_k", "min_p", "n", "stop") if getattr(args, f, None)]
-        if ignored:
-            raise ValueError(f"--beam-width cannot be combined with {', '.join('--' + f.replace('_', '-') for f in ignored)}")
-        config = BeamSearchConfig(
-            width=args.beam_width, length_penalty=args.length_penalty, max_tokens=params.max_tokens, n_best=1
-        )
         begin = time.perf_counter()
         result = beam_search(model, prompt, config, chat=args.chat)
         seconds = time.perf_counter() - begin

@@ -119,9 +119,7 @@ def stream(
             "no room to generate"
         )
     if generator is None:
-        generator = params.make_generator() if params.seed is not None else torch.Generator().manual_seed(
-            int(torch.empty((), dtype=torch.int64).random_().item())
-        )
+        generator = params.make_generator()  # seeded, or fresh OS entropy (torch's global RNG is left alone)
     n = params.n
     want_top = bool(params.logprobs)
     stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else model.eos_token_ids)

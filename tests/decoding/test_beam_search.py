@@ -1,0 +1,191 @@
+"""Beam search and stochastic beam search on the enumerable toy model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from metagen.decoding import BeamSearchConfig, beam_search
+
+from .helpers import assert_follows
+from .test_sample_loop import argmax_path, text_of
+from .toy_model import BOS, EOS, A, B, C, ToyModel, enumerate_sequences, sequence_distribution, step_logprobs
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPT = [BOS]
+
+
+def brute_force_ranking(prompt, max_tokens, alpha):
+    """Every completion with its exact log-probability, best score (logp / len^α) first."""
+    scored = []
+    for sequence in enumerate_sequences(max_tokens):
+        logprob = sum(step_logprobs(prompt, sequence))
+        scored.append((logprob / len(sequence) ** alpha, logprob, sequence))
+    return sorted(scored, reverse=True)
+
+
+# -------------------------------------------------------------------------- deterministic
+
+
+@pytest.mark.parametrize(("alpha", "best"), [(0.0, (B, EOS)), (1.0, (C, C, C))])
+def test_a_beam_as_wide_as_the_space_returns_every_sequence_in_exact_order(alpha, best):
+    everything = len(enumerate_sequences(3))  # 1 + 4 + 16 finished, 64 cut at 3 tokens
+    assert everything == 85
+    config = BeamSearchConfig(width=everything, n_best=everything, length_penalty=alpha, max_tokens=3)
+    result = beam_search(ToyModel(), PROMPT, config)
+    expected = brute_force_ranking(PROMPT, 3, alpha)
+    assert tuple(result.hypotheses[0].token_ids) == expected[0][2] == best
+    assert sorted(tuple(h.token_ids) for h in result.hypotheses) == sorted(s for _, _, s in expected)
+    scores = [h.score for h in result.hypotheses]
+    assert scores == sorted(scores, reverse=True)
+    assert scores == pytest.approx([score for score, _, _ in expected], abs=1e-5)
+    for hypothesis in result.hypotheses:
+        assert hypothesis.logprob == pytest.approx(sum(step_logprobs(PROMPT, hypothesis.token_ids)), abs=1e-5)
+        assert hypothesis.score == pytest.approx(hypothesis.logprob / len(hypothesis.token_ids) ** alpha, abs=1e-6)
+        assert hypothesis.finished == (hypothesis.token_ids[-1] == EOS)
+    assert result.hypotheses[0].text == text_of(list(best))
+
+
+def test_the_exact_best_is_not_what_greedy_finds():
+    # The point of the toy: greedy commits to "a" (0.45) and misses "b EOS" (0.33 · 0.78).
+    assert argmax_path(PROMPT, 3) == [A, A, B]
+    assert brute_force_ranking(PROMPT, 3, 0.0)[0][2] == (B, EOS)
+
+
+def test_two_beams_already_find_the_most_likely_sequence():
+    # Step 1 keeps "a" and "b"; step 2 finishes "b EOS" (0.26), which no later beam can beat.
+    result = beam_search(ToyModel(), PROMPT, BeamSearchConfig(width=2, length_penalty=0.0, max_tokens=3))
+    assert result.hypotheses[0].token_ids == [B, EOS]
+    assert result.hypotheses[0].logprob == pytest.approx(math.log(0.33 * 0.78), abs=0.01)
+    assert result.hypotheses[0].logprob == pytest.approx(sum(step_logprobs(PROMPT, [B, EOS])), abs=1e-5)
+
+
+@pytest.mark.parametrize("prompt", [[BOS], [BOS, A], [BOS, C], [BOS, A, C]])
+@pytest.mark.parametrize("max_tokens", [1, 2, 4, 6])
+def test_width_one_is_greedy(prompt, max_tokens):
+    config = BeamSearchConfig(width=1, length_penalty=0.0, max_tokens=max_tokens)
+    hypothesis = beam_search(ToyModel(), prompt, config).hypotheses[0]
+    path = argmax_path(prompt, max_tokens)
+    assert hypothesis.token_ids == path
+    assert hypothesis.finished == (path[-1] == EOS)
+
+
+@pytest.mark.parametrize("width", [2, 3, 5])
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_n_best_are_distinct_exact_and_sorted(width, alpha):
+    config = BeamSearchConfig(width=width, n_best=width, length_penalty=alpha, max_tokens=4)
+    hypotheses = beam_search(ToyModel(), [BOS, A], config).hypotheses
+    assert len(hypotheses) == width
+    assert len({tuple(h.token_ids) for h in hypotheses}) == width
+    assert [h.score for h in hypotheses] == sorted((h.score for h in hypotheses), reverse=True)
+    for h in hypotheses:
+        assert h.logprob == pytest.approx(sum(step_logprobs([BOS, A], h.token_ids)), abs=1e-5)
+        assert EOS not in h.token_ids[:-1]
+        assert len(h.token_ids) <= 4
+
+
+def test_when_every_candidate_ends_no_unfinished_prefix_is_returned():
+    # With "a" as a second EOS, the two best continuations of "b" (EOS 0.78, "a" 0.1) both end
+    # the sequence: one beam finishes and the other is dropped, so no beam is left alive.
+    model = ToyModel(eos_token_ids=(EOS, A))
+    result = beam_search(model, [BOS, B], BeamSearchConfig(width=1, n_best=1, length_penalty=0.0, max_tokens=4))
+    best = result.hypotheses[0]
+    assert best.token_ids == [EOS]
+    assert best.finished
+    assert best.logprob == pytest.approx(step_logprobs([BOS, B], [EOS])[0], abs=1e-6)
+    assert all(h.token_ids and h.token_ids[-1] in (EOS, A) for h in result.hypotheses)
+
+
+def test_beams_share_the_prompt_prefill_and_step_together():
+    model = ToyModel()
+    result = beam_search(model, PROMPT, BeamSearchConfig(width=3, max_tokens=4, length_penalty=0.0))
+    assert model.calls[0] == [1]  # one prefill of one row
+    assert all(len(call) <= 3 and set(call) == {1} for call in model.calls[1:])
+    assert result.model_calls == len(model.calls)
+
+
+def test_prompt_too_long_raises():
+    with pytest.raises(ValueError, match="context"):
+        beam_search(ToyModel(max_context=3), [BOS, A, A], BeamSearchConfig(width=2))
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"width": 0}, {"width": 2, "n_best": 3}, {"max_tokens": 0}, {"stochastic": True, "temperature": 0}]
+)
+def test_config_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError, match="out of range"):
+        BeamSearchConfig(**kwargs)
+
+
+# ----------------------------------------------------------------------------- stochastic
+
+RUNS = 4000
+
+
+def stochastic_runs(width, temperature, max_tokens=2, seed=0):
+    """RUNS stochastic beam searches from one seeded generator; their hypotheses' token tuples."""
+    model = ToyModel()
+    generator = torch.Generator().manual_seed(seed)
+    config = BeamSearchConfig(width=width, n_best=width, stochastic=True, temperature=temperature,
+                              max_tokens=max_tokens)
+    return [
+        [tuple(h.token_ids) for h in beam_search(model, PROMPT, config, generator=generator).hypotheses]
+        for _ in range(RUNS)
+    ]
+
+
+def tempered(t):
+    return None if t == 1.0 else (lambda z: z / t)
+
+
+@pytest.mark.parametrize("width", [3, 6])
+def test_stochastic_beams_are_distinct_sequences_with_exact_logprobs(width):
+    generator = torch.Generator().manual_seed(1)
+    config = BeamSearchConfig(width=width, n_best=width, stochastic=True, max_tokens=3)
+    for _ in range(20):
+        hypotheses = beam_search(ToyModel(), PROMPT, config, generator=generator).hypotheses
+        assert len(hypotheses) == width
+        assert len({tuple(h.token_ids) for h in hypotheses}) == width
+        for h in hypotheses:
+            assert h.logprob == pytest.approx(sum(step_logprobs(PROMPT, h.token_ids)), abs=1e-5)
+            assert EOS not in h.token_ids[:-1]
+            assert h.finished == (h.token_ids[-1] == EOS)
+
+
+def test_stochastic_beam_search_draws_differ_between_seeds_and_repeat_with_one():
+    config = BeamSearchConfig(width=2, n_best=2, stochastic=True, max_tokens=3)
+
+    def draws(seed):
+        generator = torch.Generator().manual_seed(seed)
+        return [[h.token_ids for h in beam_search(ToyModel(), PROMPT, config, generator=generator).hypotheses]
+                for _ in range(10)]
+
+    assert draws(3) == draws(3)
+    assert draws(3) != draws(4)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_width_one_stochastic_beam_search_is_ancestral_sampling(temperature):
+    samples = [hypotheses[0] for hypotheses in stochastic_runs(1, temperature)]
+    assert_follows(samples, sequence_distribution(PROMPT, 2, tempered(temperature)))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.3])
+def test_width_two_is_two_draws_without_replacement(temperature):
+    """Gumbel-top-2 over sequences: the first is drawn from p, the second from p without the first,
+
+        P(second = s) = Σ_{t ≠ s} p_t · p_s / (1 − p_t).
+
+    At temperature 0.3 this needs the keys built on the tempered log-probability of the whole
+    prefix: with the untempered one (and a tempered last step) the second draw fails, p < 1e-20.
+    """
+    p = sequence_distribution(PROMPT, 2, tempered(temperature))
+    runs = stochastic_runs(2, temperature, seed=1)
+    assert all(first != second for first, second in runs)
+    assert_follows((first for first, _ in runs), p)
+    p_second = {s: sum(p[t] * p[s] / (1 - p[t]) for t in p if t != s) for s in p}
+    assert sum(p_second.values()) == pytest.approx(1.0)
+    assert_follows((second for _, second in runs), p_second)
