@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true", default=None)
     gen.add_argument("--logit-bias", action="append", default=None, metavar="ID=BIAS", help="repeatable")
     gen.add_argument("--beam-width", type=int, default=None, help="beam search with this many beams")
-    gen.add_argument("--length-penalty", type=float, default=1.0, help="beam search: α in logp/len^α")
+    gen.add_argument("--length-penalty", type=float, default=None, help="beam search: α in logp/len^α (default 1)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     _add_model_options(gen)
 
@@ -112,6 +112,8 @@ def _generate(args: argparse.Namespace) -> int:
     from metagen.decoding import BeamSearchConfig, GenerationResult, beam_search, stream
 
     params = _sampling_params(args)
+    if args.length_penalty is not None and args.beam_width is None:
+        raise ValueError("--length-penalty applies to beam search only: add --beam-width N")
     if args.beam_width is not None:
         # Beam search honours --max-tokens only; any other sampling option given would be ignored.
         options = [name for name, _ in _FLOAT_PARAMS + _INT_PARAMS if name != "max-tokens"]
@@ -122,7 +124,7 @@ def _generate(args: argparse.Namespace) -> int:
         if ignored:
             raise ValueError(f"--beam-width cannot be combined with {', '.join('--' + name for name in ignored)}")
         config = BeamSearchConfig(
-            width=args.beam_width, length_penalty=args.length_penalty, max_tokens=params.max_tokens, n_best=1
+            width=args.beam_width, length_penalty=1.0 if args.length_penalty is None else args.length_penalty, max_tokens=params.max_tokens, n_best=1
         )
     start = time.perf_counter()
     model = _load(args)

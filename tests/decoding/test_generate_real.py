@@ -108,3 +108,13 @@ def test_prompt_longer_than_the_context_raises(model):
     too_long = [1] * model.max_context
     with pytest.raises(ValueError, match=rf"prompt has {model.max_context} tokens, the model's context is"):
         generate(model, too_long, SamplingParams(max_tokens=1))
+
+
+def test_greedy_sampling_logprob_is_zero_and_special_tokens_stay_out_of_text(model):
+    from metagen.decoding import generate
+    from metagen.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    completion = generate(model, "Say hi.", params).completions[0]
+    assert completion.sampling_logprobs == [0.0] * len(completion.token_ids)
+    assert "<|im_end|>" not in completion.text

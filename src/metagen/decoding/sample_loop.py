@@ -87,7 +87,8 @@ class _Row:
 
     def __init__(self, model, params: SamplingParams, prompt_ids: list[int], want_top: bool) -> None:
         self.completion = Completion(top_logprobs=[] if want_top else None)
-        self.detokenizer = IncrementalDetokenizer(model.tokenizer, prompt_ids)
+        # Special tokens (chat markers, EOS kept by ignore_eos) are not part of the text.
+        self.detokenizer = IncrementalDetokenizer(model.tokenizer, prompt_ids, skip_special_tokens=True)
         self.stops = StopStringMatcher(params.stop) if params.stop else None
 
     def add_text(self, delta: str) -> tuple[str, bool]:
@@ -144,7 +145,10 @@ def stream(
         chain.update(tokens)
         raw_logprobs = torch.log_softmax(logits, dim=-1)
         chosen = raw_logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
-        sampled = torch.log_softmax(processed, dim=-1).gather(1, tokens[:, None]).squeeze(1).tolist()
+        if params.greedy:  # a point mass on the argmax
+            sampled = [0.0] * len(chosen)
+        else:
+            sampled = torch.log_softmax(processed, dim=-1).gather(1, tokens[:, None]).squeeze(1).tolist()
         if want_top:
             top = torch.topk(raw_logprobs, params.logprobs, dim=-1)
             top_ids, top_values = top.indices.tolist(), top.values.tolist()
