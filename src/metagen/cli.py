@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -30,6 +31,16 @@ _INT_PARAMS = (
 )
 
 _DESTINATIONS = {"stop-token-id": "stop_token_ids"}  # options whose attribute is not the plain name
+
+
+def use_spinning_threads() -> None:
+    """Keep OpenMP worker threads spinning between kernels (unless the user chose otherwise).
+
+    A decode step is hundreds of small kernels; waking sleeping workers for each costs ~20% of
+    batch-1 decode time on 2 cores. Takes effect only before torch is imported.
+    """
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -217,6 +228,7 @@ def _info(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    use_spinning_threads()
     try:
         if args.command == "generate":
             return _generate(args)

@@ -16,8 +16,8 @@ def make_cache(batch=1, capacity=16):
 def append(cache, counts):
     slots, table, positions = cache.allocate(np.array(counts))
     for layer in range(cache.num_layers):
-        values = slots.float()[:, None, None].expand(-1, 1, 4)
-        cache.write(layer, slots, values, values)
+        values = slots.float()[:, None, None, None].expand(-1, 2, 1, 4)
+        cache.write(layer, slots, values)
     return slots, table, positions
 
 
@@ -54,10 +54,10 @@ def test_read_gathers_each_rows_own_values_after_growth():
     append(cache, [3])
     cache.fork(0, 1)
     _, table, positions = append(cache, [20, 1])  # forces the pool to grow past 16 slots
-    keys, _ = cache.read(1, table)
-    assert keys.shape == (2, 1, 23, 4)
-    assert torch.equal(keys[0, 0, :23, 0], torch.from_numpy(cache.slots(0)).float())
-    assert torch.equal(keys[1, 0, :4, 0], torch.from_numpy(cache.slots(1)).float())
+    gathered = cache.read(1, table)
+    assert gathered.shape == (2, 23, 2, 1, 4)
+    assert torch.equal(gathered[0, :23, 1, 0, 0], torch.from_numpy(cache.slots(0)).float())
+    assert torch.equal(gathered[1, :4, 0, 0, 0], torch.from_numpy(cache.slots(1)).float())
     assert positions.tolist()[1][:1] == [3]
 
 

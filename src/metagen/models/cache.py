@@ -1,6 +1,6 @@
 """A paged key/value cache with token-granular pages and shared prefixes.
 
-Every cached token occupies one *slot* of a per-layer pool `(S, KVH, D)`. A row (one sequence)
+Every cached token occupies one *slot* of a per-layer pool `(S, 2, KVH, D)` (key and value). A row (one sequence)
 is a list of slot ids — its page table — plus a length. Slots are written once and never
 changed, so rows can share them freely:
 
@@ -12,8 +12,8 @@ changed, so rows can share them freely:
 - **append several tokens**: the model writes one slot per new token, any number per row, rows
   of different lengths in one batch.
 
-Attention gathers each row's keys through its page table (`pool[table]`), which costs one read
-of the keys it attends to anyway. The pool grows by doubling when free slots run out.
+Attention gathers each row's keys and values through its page table (one `index_select` per
+layer), which costs one read of what it attends to anyway. The pool grows by doubling when free slots run out.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 class KVCache:
     """Key/value cache for a batch of rows over `num_layers` layers.
 
-    Shapes: pools `(S, KVH, D)` per layer; page table `(B, T_cap)` int64; lengths `(B,)`.
+    Shapes: pools `(S, 2, KVH, D)` per layer; page table `(B, T_cap)` int64; lengths `(B,)`.
     """
 
     def __init__(
@@ -44,8 +44,7 @@ class KVCache:
         self.head_dim = head_dim
         self.dtype = dtype
         self.max_length = max_length
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
+        self.pools: list[torch.Tensor] = []  # per layer, (S, 2, KVH, D)
         self._refcount = np.zeros(0, dtype=np.int32)
         self._free = np.zeros(0, dtype=np.int64)  # stack of free slot ids
         self._num_free = 0
@@ -167,17 +166,14 @@ class KVCache:
             torch.from_numpy(positions),
         )
 
-    def write(self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Store `key, value: (N, KVH, D)` of new tokens into `slots: (N,)` of `layer`."""
-        self.keys[layer].index_copy_(0, slots, key)
-        self.values[layer].index_copy_(0, slots, value)
+    def write(self, layer: int, slots: torch.Tensor, key_value: torch.Tensor) -> None:
+        """Store `key_value: (N, 2, KVH, D)` of new tokens into `slots: (N,)` of `layer`."""
+        self.pools[layer].index_copy_(0, slots, key_value)
 
-    def read(self, layer: int, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of `layer` gathered through `table (B, T)`: each `(B, KVH, T, D)`."""
-        return (
-            self.keys[layer][table].transpose(1, 2),
-            self.values[layer][table].transpose(1, 2),
-        )
+    def read(self, layer: int, table: torch.Tensor) -> torch.Tensor:
+        """Keys and values of `layer` gathered through `table (B, T)`: `(B, T, 2, KVH, D)`."""
+        batch, length = table.shape
+        return self.pools[layer].index_select(0, table.reshape(-1)).view(batch, length, 2, self.num_kv_heads, self.head_dim)
 
     # ------------------------------------------------------------ internals
     def _check_row(self, row: int) -> None:
@@ -200,16 +196,15 @@ class KVCache:
         old = len(self._refcount)
         if capacity <= old:
             return
-        shape = (capacity, self.num_kv_heads, self.head_dim)
-        for store in (self.keys, self.values):
-            for layer in range(self.num_layers):
-                grown = torch.zeros(shape, dtype=self.dtype)
-                if old:
-                    grown[:old] = store[layer]
-                if len(store) <= layer:
-                    store.append(grown)
-                else:
-                    store[layer] = grown
+        shape = (capacity, 2, self.num_kv_heads, self.head_dim)
+        for layer in range(self.num_layers):
+            grown = torch.zeros(shape, dtype=self.dtype)
+            if old:
+                grown[:old] = self.pools[layer]
+            if len(self.pools) <= layer:
+                self.pools.append(grown)
+            else:
+                self.pools[layer] = grown
         refcount = np.zeros(capacity, dtype=np.int32)
         refcount[:old] = self._refcount
         self._refcount = refcount

@@ -64,18 +64,23 @@ def rope_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = No
     return inv_freq.float()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE. x: (B, T, heads, D); cos, sin: (B, T, 1, D)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """RoPE on interleaved pairs: dims (2i, 2i+1) as one complex number times e^{i·pos·θ_i}.
+
+    x: (B, T, heads, D) float32 (any strides with a unit last stride); rotation: (B, T, 1, D/2)
+    complex64. Returns a new (B, T, heads, D) float32 tensor. One complex multiply.
+    """
+    pairs = torch.view_as_complex(x.unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * rotation).flatten(-2)
 
 
 class LlamaModel(LanguageModel):
     """Llama-family decoder over a paged `KVCache`.
 
-    `dtype` names the weight format ("fp32", "bf16", "int8", "int4"); activations run in fp32
-    for "fp32" and in bf16 otherwise; logits are always returned as float32.
+    `dtype` names the weight format ("fp32", "bf16", "int8", "int4"). Matmul inputs are cast to
+    the matmul dtype (fp32 for "fp32", bf16 otherwise); the residual stream, norms, RoPE,
+    attention and the KV cache stay float32 (torch's CPU attention is several times slower in
+    bf16, and the casts cost less than that). Logits are float32.
     """
 
     def __init__(
@@ -99,10 +104,10 @@ class LlamaModel(LanguageModel):
         self.dtype = dtype
         self.source = source
         self.name = config.name
-        self.activation_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
+        self.matmul_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
         self.freq_factors = freq_factors
         self._rope_cache_length = 0
-        self._cos = self._sin = torch.zeros(0)
+        self._rotation = torch.zeros(0, dtype=torch.complex64)
         self._ensure_rope(min(config.max_position_embeddings, 4096))
 
     # ------------------------------------------------------------ interface
@@ -119,7 +124,7 @@ class LlamaModel(LanguageModel):
             self.config.num_hidden_layers,
             self.config.num_key_value_heads,
             self.config.head_dim,
-            self.activation_dtype,
+            torch.float32,
             self.max_context,
             capacity,
         )
@@ -134,6 +139,7 @@ class LlamaModel(LanguageModel):
         return self.config.num_parameters
 
     # -------------------------------------------------------------- forward
+    @torch.no_grad()
     def forward(
         self,
         cache: KVCache,
@@ -161,28 +167,30 @@ class LlamaModel(LanguageModel):
             mask = None
         else:
             mask = (torch.arange(t_kv)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # (B, 1, Tq, Tkv)
-        cos = self._cos[positions].unsqueeze(2)  # (B, Tq, 1, D)
-        sin = self._sin[positions].unsqueeze(2)
+        rotation = self._rotation[positions].unsqueeze(2)  # (B, Tq, 1, D/2) complex
         q_width = heads * head_dim
         qk_width = (heads + kv_heads) * head_dim
         eps = config.rms_norm_eps
         width = (config.hidden_size,)
+        mm_dtype = self.matmul_dtype
+        flat_table = table.reshape(-1)
 
-        x = self.embed[ids]  # (B, Tq, H)
+        x = self.embed[ids].float()  # (B, Tq, H) residual stream, float32
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, width, layer.attn_norm, eps)
-            qkv = layer.qkv(h)  # (B, Tq, (heads + 2·kv_heads)·D)
-            qk = apply_rope(qkv[..., :qk_width].view(batch, t_q, heads + kv_heads, head_dim), cos, sin)
-            k_new = qk[:, :, heads:].reshape(batch * t_q, kv_heads, head_dim)
-            v_new = qkv[..., qk_width:].reshape(batch * t_q, kv_heads, head_dim)
+            qkv = layer.qkv(h.to(mm_dtype)).float()  # (B, Tq, (heads + 2·kv_heads)·D)
+            qk = apply_rope(qkv[..., :qk_width].unflatten(-1, (heads + kv_heads, head_dim)), rotation)
+            v = qkv[..., qk_width:].unflatten(-1, (kv_heads, head_dim))
+            kv_new = torch.stack((qk[:, :, heads:], v), dim=2).view(batch * t_q, 2, kv_heads, head_dim)
             if ragged:
-                k_new, v_new = k_new[valid_index], v_new[valid_index]
-            cache.write(index, slots, k_new, v_new)
-            keys, values = cache.read(index, table)  # (B, KVH, Tkv, D)
+                kv_new = kv_new[valid_index]
+            cache.write(index, slots, kv_new)
+            kv = cache.pools[index].index_select(0, flat_table).view(batch, t_kv, 2, kv_heads, head_dim)
             q = qk[:, :, :heads].transpose(1, 2)  # (B, heads, Tq, D)
+            keys, values = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # (B, KVH, Tkv, D)
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-            x = x + layer.o(attn.transpose(1, 2).reshape(batch, t_q, q_width))
-            h = F.rms_norm(x, width, layer.mlp_norm, eps)
+            x = x + layer.o(attn.transpose(1, 2).reshape(batch, t_q, q_width).to(mm_dtype))
+            h = F.rms_norm(x, width, layer.mlp_norm, eps).to(mm_dtype)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
 
@@ -191,10 +199,10 @@ class LlamaModel(LanguageModel):
         if logits == "last" or (logits == "none" and hidden):
             x = x[torch.arange(batch), torch.from_numpy(counts - 1)]  # (B, H)
         final = F.rms_norm(x, width, self.norm, eps)
-        out_logits = None if logits == "none" else self.lm_head(final).float()
+        out_logits = None if logits == "none" else self.lm_head(final.to(mm_dtype)).float()
         if out_logits is not None and not torch.isfinite(out_logits).all():
             raise FloatingPointError("the model produced NaN or infinite logits")
-        return ForwardOutput(out_logits, final.float() if hidden else None, counts.tolist())
+        return ForwardOutput(out_logits, final if hidden else None, counts.tolist())
 
     # ------------------------------------------------------------ internals
     def _pack(self, tokens, batch_size: int) -> tuple[torch.Tensor, np.ndarray]:
@@ -225,8 +233,6 @@ class LlamaModel(LanguageModel):
             return
         length = max(length, 2 * self._rope_cache_length)
         inv_freq = rope_frequencies(self.config, self.freq_factors)
-        angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
-        angles = torch.cat((angles, angles), dim=-1)  # (T, D)
-        self._cos = angles.cos().to(self.activation_dtype)
-        self._sin = angles.sin().to(self.activation_dtype)
+        angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq.double())
+        self._rotation = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)  # (T, D/2)
         self._rope_cache_length = length

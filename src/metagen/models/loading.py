@@ -20,8 +20,8 @@ from metagen.models.linear import DenseLinear, Int4Linear, Int8Linear
 from metagen.models.llama import LayerWeights, LlamaModel
 
 DTYPES = ("fp32", "bf16", "int8", "int4")
-DEFAULT_DTYPE = "int8"
-_FORMAT_VERSION = "1"
+DEFAULT_DTYPE = "int4"
+_FORMAT_VERSION = "2"
 
 
 def cache_directory() -> Path:
@@ -33,7 +33,7 @@ def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use
 
     path: a .gguf file or an HF directory (config.json, *.safetensors, tokenizer.json); None
         loads the embedded SmolLM2-135M-Instruct.
-    dtype: "fp32", "bf16", "int8" or "int4" weights (default int8, see docs/ARCHITECTURE.md
+    dtype: "fp32", "bf16", "int8" or "int4" weights (default int4, see docs/ARCHITECTURE.md
         for the measured faithfulness of each).
     """
     dtype = DEFAULT_DTYPE if dtype is None else dtype
@@ -96,10 +96,10 @@ def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: st
         p = f"layers.{i}."
         layers.append(
             LayerWeights(
-                attn_norm=sources[p + "attn_norm"].dense().to(activation),
+                attn_norm=sources[p + "attn_norm"].dense(),
                 qkv=_linear(sources, [p + "q", p + "k", p + "v"], dtype, [p + "q_bias", p + "k_bias", p + "v_bias"]),
                 o=_linear(sources, [p + "o"], dtype),
-                mlp_norm=sources[p + "mlp_norm"].dense().to(activation),
+                mlp_norm=sources[p + "mlp_norm"].dense(),
                 gate_up=_linear(sources, [p + "gate", p + "up"], dtype),
                 down=_linear(sources, [p + "down"], dtype),
             )
@@ -115,7 +115,7 @@ def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: st
         config,
         layers,
         embed.to(activation),
-        sources["norm"].dense().to(activation),
+        sources["norm"].dense(),
         lm_head,
         tokenizer,
         dtype,

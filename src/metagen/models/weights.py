@@ -60,7 +60,7 @@ class WeightSource:
     """One checkpoint tensor, dequantized on demand.
 
     `raw`/`qtype` keep GGUF's packed blocks so Q4_0 / Q4_1 can map exactly onto int4 codes;
-    `row_order` is a permutation applied to output rows (GGUF stores Llama's Q/K interleaved).
+    `row_order` is a permutation applied to output rows (Q/K into the interleaved RoPE order).
     """
 
     name: str
@@ -115,15 +115,15 @@ class WeightSource:
         return out[0], out[1], out[2]
 
 
-def _unpermute_rows(num_rows: int, num_heads: int) -> np.ndarray:
-    """Row order that undoes llama.cpp's Q/K permutation (interleaved pairs -> rotate-half).
+def interleave_rows(num_rows: int, num_heads: int) -> np.ndarray:
+    """Row order taking rotate-half Q/K rows (HF, NEOX) to interleaved pairs (llama.cpp).
 
-    GGUF row (h, i, j) with i < D/2, j < 2 holds HF row (h, j, i); we return, for each HF row,
-    the GGUF row it comes from.
+    Target row (h, i, j), i < D/2, j < 2, comes from source row (h, j, i): for each target row
+    we return its source row.
     """
     head_dim = num_rows // num_heads
-    gguf_index = np.arange(num_rows).reshape(num_heads, head_dim // 2, 2)
-    return np.ascontiguousarray(gguf_index.transpose(0, 2, 1)).reshape(-1)
+    source = np.arange(num_rows).reshape(num_heads, 2, head_dim // 2)
+    return np.ascontiguousarray(source.transpose(0, 2, 1)).reshape(-1)
 
 
 def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "object"]:
@@ -172,8 +172,8 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         attention_bias="blk.0.attn_q.bias" in names,
         name=str(field("general.name", Path(path).stem)),
     )
-    # llama.cpp permutes Q/K rows of Llama-style checkpoints for its interleaved RoPE.
-    permuted = arch in ("llama", "mistral")
+    # llama.cpp already stores Llama-style Q/K interleaved; NEOX-style (Qwen2) needs permuting.
+    neox = arch not in ("llama", "mistral")
     sources: dict[str, WeightSource] = {}
     for tensor in reader.tensors:
         if tensor.name in _GGUF_GLOBAL_NAMES:
@@ -192,9 +192,9 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
             source = WeightSource(key, dense_tensor=torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape)))
         else:
             source = WeightSource(key, raw=np.asarray(tensor.data), qtype=qtype)
-        if permuted and key.rsplit(".", 1)[-1] in ("q", "k", "q_bias", "k_bias"):
+        if neox and key.rsplit(".", 1)[-1] in ("q", "k", "q_bias", "k_bias"):
             rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else int(tensor.shape[0])
-            source.row_order = _unpermute_rows(rows, heads if key.endswith(("q", "q_bias")) else kv_heads)
+            source.row_order = interleave_rows(rows, heads if key.endswith(("q", "q_bias")) else kv_heads)
         sources[key] = source
     return config, sources, reader
 
@@ -248,7 +248,13 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
                     key = f"layers.{index}.{_HF_LAYER_NAMES[rest]}"
                 else:
                     continue
-                sources[key] = WeightSource(key, dense_tensor=handle.get_tensor(name))
+                source = WeightSource(key, dense_tensor=handle.get_tensor(name))
+                if key.rsplit(".", 1)[-1] in ("q", "k", "q_bias", "k_bias"):
+                    kv = config.num_key_value_heads
+                    source.row_order = interleave_rows(
+                        source.dense_tensor.shape[0], heads if key.endswith(("q", "q_bias")) else kv
+                    )
+                sources[key] = source
     if config.tie_word_embeddings or "lm_head" not in sources:
         sources.pop("lm_head", None)
         config = ModelConfig(**{**config.__dict__, "tie_word_embeddings": True})

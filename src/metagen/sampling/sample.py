@@ -1,6 +1,6 @@
 """Choosing a token from logits: ancestral sampling, greedy argmax, and token log-probabilities.
 
-    sample:  x ~ softmax(z)          (multinomial; -inf logits have probability 0)
+    sample:  x ~ softmax(z)          (inverse CDF; -inf logits have probability 0)
     greedy:  x = argmax_v z_v        (the first index among ties)
 
 Both refuse logits that would produce garbage: a row containing NaN or +inf, or a row where every
@@ -50,8 +50,13 @@ def sample(logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """
     logits = float_logits(logits)
     check_choosable(logits)
-    probs = torch.softmax(logits, dim=-1).reshape(-1, logits.shape[-1])  # (N, V)
-    tokens = torch.multinomial(probs, 1, generator=generator)  # (N, 1)
+    flat = logits.reshape(-1, logits.shape[-1])  # (N, V)
+    # Inverse-CDF draw: token = first v with F(v) > u·F(V), u ~ U[0, 1). Removed tokens add 0 to
+    # F, so they are never chosen. One softmax, one cumsum and a binary search per row — several
+    # times faster on CPU than torch.multinomial over a 49k vocabulary.
+    cdf = torch.softmax(flat, dim=-1).cumsum(dim=-1)  # (N, V)
+    u = torch.rand((flat.shape[0], 1), generator=generator, dtype=cdf.dtype)
+    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=flat.shape[-1] - 1)
     return tokens.reshape(logits.shape[:-1])
 
 
