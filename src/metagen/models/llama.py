@@ -200,7 +200,8 @@ class LlamaModel(LanguageModel):
             x = x[torch.arange(batch), torch.from_numpy(counts - 1)]  # (B, H)
         final = F.rms_norm(x, width, self.norm, eps)
         out_logits = None if logits == "none" else self.lm_head(final.to(mm_dtype)).float()
-        if out_logits is not None and not torch.isfinite(out_logits).all():
+        # One reduction instead of an elementwise mask: NaN/inf anywhere makes the row sum non-finite.
+        if out_logits is not None and not torch.isfinite(out_logits.sum(dim=-1)).all():
             raise FloatingPointError("the model produced NaN or infinite logits")
         return ForwardOutput(out_logits, final if hidden else None, counts.tolist())
 

@@ -215,6 +215,11 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
             f"{', '.join(SUPPORTED_ARCHITECTURES)}); use metagen.models.TransformersModel instead"
         )
     heads = raw["num_attention_heads"]
+    # transformers >= 5 writes RoPE settings as one `rope_parameters` dict; older files use
+    # top-level `rope_theta` and `rope_scaling`.
+    rope = dict(raw.get("rope_parameters") or {})
+    rope_theta = raw.get("rope_theta", rope.pop("rope_theta", 10000.0))
+    rope_scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     config = ModelConfig(
         architecture=arch,
         vocab_size=raw["vocab_size"],
@@ -226,8 +231,8 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
         head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
         max_position_embeddings=raw.get("max_position_embeddings", 4096),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
-        rope_theta=raw.get("rope_theta", 10000.0),
-        rope_scaling=raw.get("rope_scaling"),
+        rope_theta=float(rope_theta),
+        rope_scaling=rope_scaling,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
         name=path.name,
