@@ -72,7 +72,7 @@ class LanguageModel(ABC):
 
     def flops_per_token(self, context_length: int) -> float:
         """Estimated forward FLOPs for one token attending to `context_length` keys."""
-        return 0.0
+        raise NotImplementedError(f"{type(self).__name__} does not estimate FLOPs")
 
     def prefill(self, token_ids: Sequence[int], batch_size: int = 1, **kwargs) -> tuple[object, ForwardOutput]:
         """New cache holding `token_ids` once, forked into `batch_size` rows, and its output."""
@@ -80,6 +80,10 @@ class LanguageModel(ABC):
         out = self.forward(cache, [list(token_ids)], **kwargs)
         if batch_size > 1:
             cache.select([0] * batch_size)
-            expand = lambda t: None if t is None else t.expand(batch_size, *t.shape[1:]).contiguous()  # noqa: E731
-            out = ForwardOutput(expand(out.logits), expand(out.hidden), out.num_new * batch_size)
+            out = ForwardOutput(_repeat_rows(out.logits, batch_size), _repeat_rows(out.hidden, batch_size), out.num_new * batch_size)
         return cache, out
+
+
+def _repeat_rows(tensor: torch.Tensor | None, batch_size: int) -> torch.Tensor | None:
+    """(1, ...) -> (batch_size, ...) copies (rows are later written independently)."""
+    return None if tensor is None else tensor.expand(batch_size, *tensor.shape[1:]).contiguous()

@@ -149,11 +149,10 @@ class LlamaModel(LanguageModel):
         hidden: bool = False,
     ) -> ForwardOutput:
         ids, counts = self._pack(tokens, cache.batch_size)
-        past = cache._lengths.copy()
         slots, table, positions = cache.allocate(counts)
         batch, t_q = ids.shape
         t_kv = table.shape[1]
-        self._ensure_rope(t_kv)
+        self._ensure_rope(int(positions.max()) + 1)  # padding queries may run past t_kv
         config = self.config
         heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
 
@@ -163,7 +162,7 @@ class LlamaModel(LanguageModel):
             valid_index = valid.nonzero().squeeze(1)
         # Every query sees keys up to its own position; rows of equal length decoding one
         # token each need no mask at all.
-        if t_q == 1 and not (past != past[0]).any():
+        if t_q == 1 and bool((positions[:, 0] == positions[0, 0]).all()):
             mask = None
         else:
             mask = (torch.arange(t_kv)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # (B, 1, Tq, Tkv)
