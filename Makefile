@@ -25,7 +25,7 @@ install-dev: install
 	$(PIP) install --quiet -e '.[dev]'
 
 demo: install
-	$(VENV)/bin/metagen generate "$(PROMPT)" --max-tokens 64
+	$(VENV)/bin/metagen generate "$(PROMPT)" --temperature 0 --max-tokens 64
 
 test: install-dev
 	$(PY) -m pytest -q
