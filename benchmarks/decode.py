@@ -119,7 +119,7 @@ def measure_metagen(model, prompt_ids: list[int], args) -> list[Measurement]:
                 decode_seconds=min(r.decode_seconds for r in results),
                 decode_runs=[r.decode_seconds for r in results],
                 detail=f"{model.layers[0].qkv.kind} linears, {model.lm_head.kind} LM head, "
-                f"{model.activation_dtype} activations",
+                f"{model.matmul_dtype} matmul inputs, float32 attention",
                 greedy_tokens=results[0].completions[0].token_ids[: args.tokens] if mode == "greedy" else None,
             )
         )
