@@ -74,6 +74,9 @@ def apply_rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(pairs * rotation).flatten(-2)
 
 
+FUSED_ATTENTION_MAX_ROWS = 4
+
+
 class LlamaModel(LanguageModel):
     """Llama-family decoder over a paged `KVCache`.
 
@@ -108,7 +111,14 @@ class LlamaModel(LanguageModel):
         self.freq_factors = freq_factors
         self._rope_cache_length = 0
         self._rotation = torch.zeros(0, dtype=torch.complex64)
+        self._cos = self._sin = torch.zeros(0)
         self._ensure_rope(min(config.max_position_embeddings, 4096))
+        from metagen.models.kernels import fused_kernels
+
+        # Decode steps (one new token per row) run through fused CPU kernels when they build;
+        # `use_fused = False` forces the pure-PyTorch path (same results, tested).
+        self.kernels = fused_kernels()
+        self.use_fused = self.kernels is not None
 
     # ------------------------------------------------------------ interface
     @property
@@ -151,6 +161,9 @@ class LlamaModel(LanguageModel):
         ids, counts = self._pack(tokens, cache.batch_size)
         slots, table, positions = cache.allocate(counts)
         batch, t_q = ids.shape
+        if t_q == 1 and self.use_fused:
+            self._ensure_rope(int(positions.max()) + 1)
+            return self._decode_fused(cache, ids, slots, table, positions, logits, hidden)
         t_kv = table.shape[1]
         self._ensure_rope(int(positions.max()) + 1)  # padding queries may run past t_kv
         config = self.config
@@ -204,6 +217,59 @@ class LlamaModel(LanguageModel):
             raise FloatingPointError("the model produced NaN or infinite logits")
         return ForwardOutput(out_logits, final if hidden else None, counts.tolist())
 
+    def _decode_fused(self, cache, ids, slots, table, positions, logits: LogitsMode, hidden: bool) -> ForwardOutput:
+        """One new token per row through the fused kernels (metagen/models/kernels/fused.cpp).
+
+        Same math as the general path: per layer add+RMSNorm, QKV, RoPE + cache store (fused),
+        attention (read in place for few rows, SDPA otherwise), O, add+RMSNorm (fused), gate·up,
+        SiLU·up, down.
+        """
+        kernels, config = self.kernels, self.config
+        heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        batch = ids.shape[0]
+        bf16 = self.matmul_dtype == torch.bfloat16
+        eps = config.rms_norm_eps
+        scale = head_dim**-0.5
+        positions = positions.reshape(-1)
+        lengths = positions + 1
+        # Few rows: attention reads the cache in place. Many rows: torch's SDPA over gathered K/V
+        # is faster than the scalar kernel (measured crossover ~4 rows at 64-200 cached tokens).
+        in_place = batch <= FUSED_ATTENTION_MAX_ROWS
+        if not in_place:
+            flat_table = table.reshape(-1)
+            t_kv = table.shape[1]
+            mask = None if bool((lengths == lengths[0]).all()) else (
+                torch.arange(t_kv)[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, Tkv)
+        x = self.embed[ids.reshape(-1)].float()  # (B, H) residual stream, float32
+        h = kernels.add_rms_norm(x, None, self.layers[0].attn_norm, eps, bf16)
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            pool = cache.pools[index]
+            q = kernels.rope_store(layer.qkv(h), self._cos, self._sin, positions, slots, pool, heads, kv_heads)
+            if in_place:
+                attn = kernels.paged_decode_attention(q, pool, table, lengths, scale, bf16)  # (B, heads·D)
+            else:
+                kv = pool.index_select(0, flat_table).view(batch, t_kv, 2, kv_heads, head_dim)
+                attn = F.scaled_dot_product_attention(
+                    q[:, :, None], kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), attn_mask=mask, enable_gqa=True
+                ).view(batch, heads * head_dim).to(self.matmul_dtype)
+            h = kernels.add_rms_norm(x, layer.o(attn), layer.mlp_norm, eps, bf16)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            down = layer.down(F.silu(gate) * up)
+            next_norm = self.norm if index == last else self.layers[index + 1].attn_norm
+            h = kernels.add_rms_norm(x, down, next_norm, eps, bf16)  # the last one is the final norm
+        num_new = [1] * batch
+        if logits == "none" and not hidden:
+            return ForwardOutput(None, None, num_new)
+        final = F.rms_norm(x, (config.hidden_size,), self.norm, eps) if hidden else None
+        out_logits = None if logits == "none" else self.lm_head(h).float()
+        if logits == "all":
+            out_logits = out_logits.unsqueeze(1)
+            final = None if final is None else final.unsqueeze(1)
+        if out_logits is not None and not torch.isfinite(out_logits.sum(dim=-1)).all():
+            raise FloatingPointError("the model produced NaN or infinite logits")
+        return ForwardOutput(out_logits, final, num_new)
+
     # ------------------------------------------------------------ internals
     def _pack(self, tokens, batch_size: int) -> tuple[torch.Tensor, np.ndarray]:
         """Token rows -> (ids (B, Tq) padded with 0, counts (B,))."""
@@ -235,4 +301,6 @@ class LlamaModel(LanguageModel):
         inv_freq = rope_frequencies(self.config, self.freq_factors)
         angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq.double())
         self._rotation = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)  # (T, D/2)
+        self._cos = self._rotation.real.contiguous()  # (T, D/2) float32, for the fused kernels
+        self._sin = self._rotation.imag.contiguous()
         self._rope_cache_length = length

@@ -1,0 +1,99 @@
+"""The fused decode kernels against their pure-PyTorch definitions, and the model's fused
+decode path against its general path."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from metagen.models.kernels import fused_kernels
+from metagen.models.llama import apply_rope
+
+kernels = fused_kernels()
+pytestmark = pytest.mark.skipif(kernels is None, reason="fused kernels could not be built here")
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_add_rms_norm(bf16, with_delta):
+    torch.manual_seed(0)
+    x = torch.randn(5, 576)
+    delta = torch.randn(5, 576).to(torch.bfloat16 if bf16 else torch.float32)
+    weight = torch.rand(576) + 0.5
+    expected_x = x + delta.float() if with_delta else x.clone()
+    expected = F.rms_norm(expected_x, (576,), weight, 1e-5)
+    out = kernels.add_rms_norm(x, delta if with_delta else None, weight, 1e-5, bf16)
+    torch.testing.assert_close(x, expected_x)  # residual updated in place
+    assert out.dtype == (torch.bfloat16 if bf16 else torch.float32)
+    torch.testing.assert_close(out.float(), expected, atol=1e-2 if bf16 else 1e-5, rtol=1e-2 if bf16 else 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_store(dtype):
+    torch.manual_seed(1)
+    heads, kv_heads, dim, n = 9, 3, 64, 4
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * dim).to(dtype)
+    angles = torch.rand(100, dim // 2) * 6
+    rotation = torch.polar(torch.ones_like(angles), angles)
+    positions = torch.tensor([0, 7, 42, 99])
+    slots = torch.tensor([5, 1, 9, 2])
+    pool = torch.zeros(12, 2, kv_heads, dim)
+    q = kernels.rope_store(qkv, rotation.real.contiguous(), rotation.imag.contiguous(), positions, slots, pool, heads, kv_heads)
+    qk = apply_rope(qkv.float()[:, None, : (heads + kv_heads) * dim].unflatten(-1, (heads + kv_heads, dim)),
+                    rotation[positions][:, None, None])[:, 0]
+    torch.testing.assert_close(q, qk[:, :heads], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pool[slots, 0], qk[:, heads:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pool[slots, 1], qkv.float()[:, (heads + kv_heads) * dim :].view(n, kv_heads, dim))
+    untouched = torch.ones(12, dtype=torch.bool)
+    untouched[slots] = False
+    assert not pool[untouched].any()
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_paged_decode_attention_matches_sdpa_on_ragged_rows(bf16):
+    torch.manual_seed(2)
+    heads, kv_heads, dim = 9, 3, 64
+    pool = torch.randn(200, 2, kv_heads, dim)
+    lengths = torch.tensor([1, 37, 120])
+    table = torch.stack([torch.randperm(200)[:120] for _ in range(3)])
+    q = torch.randn(3, heads, dim)
+    out = kernels.paged_decode_attention(q, pool, table, lengths, dim**-0.5, bf16)
+    for b, length in enumerate(lengths.tolist()):
+        kv = pool[table[b, :length]]  # (T, 2, KVH, D)
+        expected = F.scaled_dot_product_attention(
+            q[b : b + 1, :, None], kv[None, :, 0].transpose(1, 2), kv[None, :, 1].transpose(1, 2), enable_gqa=True
+        ).reshape(-1)
+        torch.testing.assert_close(out[b].float(), expected, atol=1e-2 if bf16 else 1e-5, rtol=1e-2 if bf16 else 1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rows", [3, 6])  # attention in place (<= 4 rows) and through SDPA
+@pytest.mark.parametrize("dtype", ["fp32", "int4"])
+def test_model_fused_decode_equals_general_path(dtype, rows, model_fp32):
+    from metagen.models import load
+
+    model = model_fp32 if dtype == "fp32" else load(dtype=dtype)
+    base = [1, 504, 3458, 282, 4649, 314, 7306, 30, 378, 22]
+    prompts = [base[: 2 + 3 * (row % 3)] for row in range(rows)]  # rows of different lengths
+    results = {}
+    for fused in (True, False):
+        model.use_fused = fused
+        try:
+            cache = model.new_cache(rows)
+            model.forward(cache, prompts)
+            steps = [model.forward(cache, [[11 + row] for row in range(rows)], hidden=True)]
+            steps.append(model.forward(cache, [[3 + row] for row in range(rows)], hidden=True))
+        finally:
+            model.use_fused = True
+        results[fused] = steps
+    for fused_out, plain_out in zip(results[True], results[False]):
+        if dtype == "fp32":
+            torch.testing.assert_close(fused_out.logits, plain_out.logits, atol=2e-4, rtol=0)
+            torch.testing.assert_close(fused_out.hidden, plain_out.hidden, atol=2e-4, rtol=0)
+        else:
+            # bf16 matmul inputs: the general path rounds SiLU(gate) and its product with up to
+            # bf16 separately, the fused kernel once, so logits differ by bf16 rounding (~0.3).
+            p = torch.log_softmax(plain_out.logits, -1)
+            q = torch.log_softmax(fused_out.logits, -1)
+            kl = (p.exp() * (p - q)).sum(-1)
+            assert kl.max().item() < 1e-2, kl
+            assert torch.equal(fused_out.logits.argmax(-1), plain_out.logits.argmax(-1))
