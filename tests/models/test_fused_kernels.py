@@ -66,14 +66,15 @@ def test_paged_decode_attention_matches_sdpa_on_ragged_rows(bf16):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rows", [3, 6])  # attention in place (<= 4 rows) and through SDPA
+@pytest.mark.parametrize("rows", [3, 8])  # attention in place (rows × keys <= 2048) and through SDPA
 @pytest.mark.parametrize("dtype", ["fp32", "int4"])
 def test_model_fused_decode_equals_general_path(dtype, rows, model_fp32):
     from metagen.models import load
 
     model = model_fp32 if dtype == "fp32" else load(dtype=dtype)
-    base = [1, 504, 3458, 282, 4649, 314, 7306, 30, 378, 22]
-    prompts = [base[: 2 + 3 * (row % 3)] for row in range(rows)]  # rows of different lengths
+    base = [1, 504, 3458, 282, 4649, 314, 7306, 30, 378, 22] * 40
+    length = 10 if rows <= 4 else 300  # 8 rows × ~300 keys > 2048: the SDPA branch
+    prompts = [base[: length - 3 * (row % 3)] for row in range(rows)]  # rows of different lengths
     results = {}
     for fused in (True, False):
         model.use_fused = fused

@@ -74,7 +74,7 @@ def apply_rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(pairs * rotation).flatten(-2)
 
 
-FUSED_ATTENTION_MAX_ROWS = 4
+FUSED_ATTENTION_MAX_KEYS = 2048  # rows × cached keys read in place by the fused attention
 
 
 class LlamaModel(LanguageModel):
@@ -232,9 +232,9 @@ class LlamaModel(LanguageModel):
         scale = head_dim**-0.5
         positions = positions.reshape(-1)
         lengths = positions + 1
-        # Few rows: attention reads the cache in place. Many rows: torch's SDPA over gathered K/V
-        # is faster than the scalar kernel (measured crossover ~4 rows at 64-200 cached tokens).
-        in_place = batch <= FUSED_ATTENTION_MAX_ROWS
+        # Attention reads the cache in place while rows × keys is small; beyond that torch's
+        # blocked SDPA over gathered K/V wins (measured crossover: 16 rows at ~128-200 keys).
+        in_place = batch * table.shape[1] <= FUSED_ATTENTION_MAX_KEYS
         if not in_place:
             flat_table = table.reshape(-1)
             t_kv = table.shape[1]
