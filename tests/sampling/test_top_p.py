@@ -91,3 +91,25 @@ def test_partial_sort_cascade_equals_full_sort(scale):
         size = (before < p - 1e-6).sum(-1, keepdim=True).clamp(min=1)
         expected = probs >= sorted_probs.gather(-1, size - 1)
         assert torch.equal(torch.isfinite(top_p(logits, p)), expected)
+
+
+@pytest.mark.parametrize("scale", [0.5, 2.0, 8.0])
+def test_quickselect_kernel_and_partial_sort_agree(scale, monkeypatch):
+    """The compiled quickselect cutoff and the PyTorch partial-sort path keep the same tokens,
+    including rows with ties at the cutoff."""
+    import sys
+
+    module = sys.modules["metagen.sampling.top_p"]  # the package exports the function as `top_p`
+
+    if module.fused_kernels() is None:
+        pytest.skip("compiled kernels unavailable")
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(8, 5000, generator=generator) * scale
+    logits[0, :10] = 3.0  # a block of ties at the top
+    logits[1] = torch.round(logits[1])  # many ties everywhere
+    for p in (0.3, 0.9, 0.999, 1.0 - 1e-7):
+        with_kernel = top_p(logits, p)
+        monkeypatch.setattr(module, "fused_kernels", lambda: None)
+        without = top_p(logits, p)
+        monkeypatch.undo()
+        assert torch.equal(torch.isfinite(with_kernel), torch.isfinite(without)), p

@@ -17,6 +17,11 @@ import torch.nn.functional as F
 
 INT4_GROUP = 32
 
+# Resolved once: looking an op up through `torch.ops.aten` costs microseconds per call, and a
+# decode step makes ~120 of these calls.
+_INT8_MM = torch.ops.aten._weight_int8pack_mm.default
+_INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
+
 
 class DenseLinear:
     """y = x·Wᵀ (+ b). weight: (N, K) in the compute dtype."""
@@ -61,8 +66,11 @@ class Int8Linear:
         return cls(qweight, scales, None if bias is None else bias.to(torch.bfloat16))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.qweight, self.scales)
-        y = y.view(*x.shape[:-1], self.out_features)
+        if x.dim() == 2:
+            y = _INT8_MM(x, self.qweight, self.scales)
+        else:
+            y = _INT8_MM(x.reshape(-1, self.in_features), self.qweight, self.scales)
+            y = y.view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
     def dequantize(self) -> torch.Tensor:
@@ -126,10 +134,11 @@ class Int4Linear:
         return cls.from_codes(codes, scales, low + 8.0 * scales, bias, group_size)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.reshape(-1, self.in_features), self.packed, self.group_size, self.scales_and_zeros
-        )
-        y = y.view(*x.shape[:-1], self.out_features)
+        if x.dim() == 2:
+            y = _INT4_MM(x, self.packed, self.group_size, self.scales_and_zeros)
+        else:
+            y = _INT4_MM(x.reshape(-1, self.in_features), self.packed, self.group_size, self.scales_and_zeros)
+            y = y.view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
     def dequantize(self) -> torch.Tensor:

@@ -7,6 +7,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -212,10 +213,68 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor pool, torch:
   return bf16_out ? out.to(at::kBFloat16) : out;
 }
 
+// Top-p cutoff without sorting: the smallest probability kept by nucleus truncation, per row.
+// n* = min{n : p_(1) + ... + p_(n) >= target} over probabilities in descending order; the cutoff
+// is p_(n*). Found by three-way quickselect on values, carrying the mass already known to lie
+// above the working range: O(V) expected per row instead of a sort. Masses summed in double.
+// probs: (N, V) float32 contiguous. Returns (N, 1) float32.
+torch::Tensor top_p_cutoff(torch::Tensor probs, double target) {
+  TORCH_CHECK(probs.scalar_type() == at::kFloat && probs.dim() == 2, "probs: (N, V) float32");
+  auto in = probs.contiguous();
+  const int64_t rows = in.size(0), vocab = in.size(1);
+  auto out = torch::empty({rows, 1}, in.options());
+  const float* src = in.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> work, above, below;
+    for (int64_t r = begin; r < end; ++r) {
+      // Tokens below tau = (1 − target) / (2V) hold less than (1 − target) / 2 of the mass, so
+      // the rest holds more than target and contains the nucleus: select among those only.
+      // (Skipped when target is within 1e-5 of 1, where float rounding of the total matters.)
+      const float* row = src + r * vocab;
+      const float tau = target < 1.0 - 1e-5 ? static_cast<float>((1.0 - target) / (2.0 * vocab)) : 0.f;
+      work.clear();
+      float lowest = row[0];
+      for (int64_t i = 0; i < vocab; ++i) {
+        lowest = std::min(lowest, row[i]);
+        if (row[i] >= tau) work.push_back(row[i]);
+      }
+      double known = 0.0;  // mass of values already known to be above `work`
+      float cutoff = work.empty() ? lowest : *std::min_element(work.begin(), work.end());
+      while (!work.empty()) {
+        const float a = work.front(), b = work[work.size() / 2], c = work.back();
+        const float pivot = std::max(std::min(a, b), std::min(std::max(a, b), c));  // median of 3
+        above.clear();
+        below.clear();
+        double mass_above = 0.0;
+        int64_t equal = 0;
+        for (const float v : work) {
+          if (v > pivot) { above.push_back(v); mass_above += v; }
+          else if (v < pivot) below.push_back(v);
+          else ++equal;
+        }
+        if (!above.empty() && known + mass_above >= target) {  // ends strictly above the pivot
+          work.swap(above);
+          continue;
+        }
+        if (known + mass_above + static_cast<double>(pivot) * equal >= target) {
+          cutoff = pivot;
+          break;
+        }
+        known += mass_above + static_cast<double>(pivot) * equal;
+        work.swap(below);
+      }
+      dst[r] = cutoff;
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual += delta; rmsnorm(residual) * weight");
   m.def("rope_store", &rope_store, "interleaved RoPE on q, k; store k, v into cache slots");
   m.def("paged_decode_attention", &paged_decode_attention, "one-token attention over paged K/V");
+  m.def("top_p_cutoff", &top_p_cutoff, "smallest probability kept by top-p, per row (quickselect)");
 }
