@@ -1,10 +1,16 @@
-"""Primitive generators: the sampling loop and beam search."""
+"""Primitive generators (the sampling loop, beam search) and the sequence-level `Generator`
+interface with its `Cost`, which meta-generation strategies build on."""
 
+from metagen.decoding.cost import Cost
+from metagen.decoding.generator import Generator, LocalGenerator
 from metagen.decoding.beam_search import BeamSearchConfig, BeamSearchResult, Hypothesis, beam_search
 from metagen.decoding.prompts import encode_prompt
 from metagen.decoding.sample_loop import Completion, GenerationResult, StreamEvent, generate, generate_batch, stream
 
 __all__ = [
+    "Cost",
+    "Generator",
+    "LocalGenerator",
     "BeamSearchConfig",
     "BeamSearchResult",
     "Completion",

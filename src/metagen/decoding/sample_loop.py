@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from metagen.decoding.cost import Cost
 from metagen.decoding.prompts import Prompt, encode_prompt
 from metagen.models.detokenize import IncrementalDetokenizer, StopStringMatcher
 from metagen.sampling import SamplerChain, SamplingParams
@@ -51,13 +52,14 @@ class Completion:
 
 @dataclass
 class GenerationResult:
-    """Completions for one prompt plus counts and timing."""
+    """Completions for one prompt plus counts and timing (`cost` is set by a `Generator`)."""
 
     completions: list[Completion]
     prompt_token_ids: list[int]
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     model_calls: int = 0
+    cost: Cost | None = None
 
     @property
     def generated_tokens(self) -> int:

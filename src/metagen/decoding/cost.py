@@ -1,0 +1,61 @@
+"""`Cost`: what a generation, a scorer call or a whole strategy spent.
+
+Strategies add the costs of every model call they make (their own, their scorers' and their
+verifiers'), so accuracy can be drawn against compute for any of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class Cost:
+    """Counts of one or more model calls.
+
+    model_calls: forward passes (a batched step over many rows counts once).
+    prompt_tokens_computed: prompt tokens run through the model.
+    prompt_tokens_reused: prompt tokens served from a shared cache prefix instead (e.g. the
+        n − 1 extra copies of a prompt forked into n rows).
+    generated_tokens: tokens sampled.
+    flops: estimated forward FLOPs (2·params per token plus attention, from the architecture).
+    wall_seconds: elapsed time.
+    """
+
+    model_calls: int = 0
+    prompt_tokens_computed: int = 0
+    prompt_tokens_reused: int = 0
+    generated_tokens: int = 0
+    flops: float = 0.0
+    wall_seconds: float = 0.0
+
+    def __add__(self, other: "Cost") -> "Cost":
+        if not isinstance(other, Cost):
+            return NotImplemented
+        return Cost(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def __iadd__(self, other: "Cost") -> "Cost":
+        if not isinstance(other, Cost):
+            return NotImplemented
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+    @property
+    def prompt_reuse_fraction(self) -> float:
+        """Share of prompt tokens served from the cache rather than recomputed."""
+        total = self.prompt_tokens_computed + self.prompt_tokens_reused
+        return self.prompt_tokens_reused / total if total else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def forward_flops(model, start: int, count: int) -> float:
+    """FLOPs of running `count` tokens at positions start, ..., start + count − 1 (each token
+    attends to the tokens before it and itself). O(1): the attention term is linear in context."""
+    if count <= 0:
+        return 0.0
+    first = model.flops_per_token(start + 1)
+    last = model.flops_per_token(start + count)
+    return count * (first + last) / 2.0
