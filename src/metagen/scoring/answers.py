@@ -1,0 +1,64 @@
+"""Answer extraction and comparison for voting and exact-answer verification.
+
+`extract_answer` takes the last match of a regex (default: a \\boxed{...} answer, else
+"answer is X", else the last number in the text). `answers_match` compares two answers as math
+with `math-verify` when asked (so "0.5", "1/2" and "\\frac{1}{2}" are one answer), else as
+normalized strings.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from functools import lru_cache
+
+AnswerExtractor = Callable[[str], "str | None"]
+
+_DEFAULT_PATTERNS = (
+    r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}",
+    r"answer is[:\s]*\$?([\w\\{}/^.,+-]*[\w}])",
+    r"(-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?)",
+)
+
+
+def extract_answer(text: str, pattern: str | None = None) -> str | None:
+    """The answer in `text`: the last match of `pattern` (group 1 if it has one), or with no
+    pattern the first of the default patterns that matches. None when nothing matches."""
+    patterns = (pattern,) if pattern is not None else _DEFAULT_PATTERNS
+    for candidate in patterns:
+        matches = list(re.finditer(candidate, text))
+        if matches:
+            match = matches[-1]
+            found = (match.group(1) if match.groups() else match.group(0)).strip()
+            if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", found):  # thousands separators
+                found = found.replace(",", "")
+            return found
+    return None
+
+
+def normalize(answer: str) -> str:
+    """Lower-case, whitespace collapsed, surrounding $ and trailing period dropped."""
+    return " ".join(answer.strip().strip("$").rstrip(".").lower().split())
+
+
+@lru_cache(maxsize=4096)
+def _parsed(answer: str):
+    from math_verify import parse
+
+    return parse(answer if "$" in answer or "\\" in answer else f"${answer}$")
+
+
+def answers_match(a: str | None, b: str | None, math: bool = False) -> bool:
+    """Whether two answers are the same: normalized strings, or equal as math (math-verify)."""
+    if a is None or b is None:
+        return False
+    if normalize(a) == normalize(b):
+        return True
+    if not math:
+        return False
+    try:
+        from math_verify import verify
+    except ImportError as error:  # optional extra
+        raise ImportError("math answer comparison needs math-verify: pip install 'metagen[math]'") from error
+    parsed_a, parsed_b = _parsed(a), _parsed(b)
+    return bool(parsed_a) and bool(parsed_b) and bool(verify(parsed_a, parsed_b))

@@ -1,0 +1,49 @@
+"""Best-of-N: sample N candidates, return the one the scorer rates highest.
+
+    ŷ = argmax_{y_i ∈ {y_1..y_N} ~ p(·|x)} s(x, y_i)
+
+Cost: one prefill + N rows decoded as one batch, plus whatever the scorer spends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from metagen.decoding.generator import Generator
+from metagen.decoding.prompts import Prompt
+from metagen.sampling import SamplingParams
+from metagen.scoring.logprob import Scorer, mean_logprob
+from metagen.strategies.result import StrategyResult, candidates_from
+
+
+@dataclass(frozen=True)
+class BestOfNConfig:
+    """n: candidates sampled; params: how each is sampled (its `n` is overridden by `n`)."""
+
+    n: int = 8
+    params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n={self.n} is out of range: must be >= 1")
+
+
+def best_of_n(
+    generator: Generator,
+    prompt: Prompt,
+    config: BestOfNConfig | None = None,
+    scorer: Scorer = mean_logprob,
+    *,
+    rng: torch.Generator | None = None,
+) -> StrategyResult:
+    """Sample `config.n` candidates and keep the highest-scoring one (first among ties)."""
+    config = config or BestOfNConfig()
+    result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
+    candidates = candidates_from(result)
+    text = prompt if isinstance(prompt, str) else str(prompt)
+    for candidate in candidates:
+        candidate.score = float(scorer(text, candidate))
+    chosen = max(candidates, key=lambda c: c.score)
+    return StrategyResult(chosen, candidates, result.cost)

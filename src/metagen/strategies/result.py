@@ -1,0 +1,50 @@
+"""The result type every meta-generation strategy returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from metagen.decoding.cost import Cost
+
+
+@dataclass
+class Candidate:
+    """One generated output as a strategy saw it.
+
+    score: the scorer's value (best-of-N, weighted voting), None when unscored.
+    answer: the extracted answer (voting strategies), None when none was found.
+    """
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    score: float | None = None
+    answer: str | None = None
+
+
+@dataclass
+class StrategyResult:
+    """chosen: the output the strategy returns; candidates: everything it generated, in order;
+    votes: answer -> total vote (voting strategies); cost: every model call it made, scorers
+    and verifiers included."""
+
+    chosen: Candidate
+    candidates: list[Candidate]
+    cost: Cost
+    votes: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return self.chosen.text
+
+    @property
+    def answer(self) -> str | None:
+        return self.chosen.answer
+
+
+def candidates_from(result) -> list[Candidate]:
+    """Candidates from a `GenerationResult`'s completions."""
+    return [
+        Candidate(c.text, list(c.token_ids), list(c.logprobs), c.finish_reason) for c in result.completions
+    ]

@@ -1,0 +1,54 @@
+"""Self-consistency (Wang et al. 2023): sample N reasoning paths, return the majority answer.
+
+    â = argmax_a Σ_i 1[extract(y_i) = a]
+
+Answers are extracted by regex or a function and compared as math with math-verify when
+`math=True` ("0.5", "1/2", "\\frac{1}{2}" are one answer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from metagen.decoding.generator import Generator
+from metagen.decoding.prompts import Prompt
+from metagen.sampling import SamplingParams
+from metagen.scoring.answers import AnswerExtractor, extract_answer
+from metagen.strategies.result import StrategyResult, candidates_from
+from metagen.strategies.voting import tally, winner
+
+
+@dataclass(frozen=True)
+class SelfConsistencyConfig:
+    """n: paths sampled; params: sampling of each path; pattern: answer regex (None: the default
+    extraction); math: compare answers with math-verify."""
+
+    n: int = 8
+    params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
+    pattern: str | None = None
+    math: bool = False
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n={self.n} is out of range: must be >= 1")
+
+
+def self_consistency(
+    generator: Generator,
+    prompt: Prompt,
+    config: SelfConsistencyConfig | None = None,
+    extractor: AnswerExtractor | None = None,
+    *,
+    rng: torch.Generator | None = None,
+) -> StrategyResult:
+    """Majority vote over the answers of `config.n` sampled paths."""
+    config = config or SelfConsistencyConfig()
+    extract = extractor or (lambda text: extract_answer(text, config.pattern))
+    result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
+    candidates = candidates_from(result)
+    for candidate in candidates:
+        candidate.answer = extract(candidate.text)
+    votes = tally(candidates, [1.0] * len(candidates), config.math)
+    return StrategyResult(winner(candidates, votes, config.math), candidates, result.cost, votes)

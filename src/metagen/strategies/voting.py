@@ -1,0 +1,32 @@
+"""Grouping extracted answers into equivalence classes and summing their votes.
+
+weighted vote (seed 000): â = argmax_a Σ_i v(y_i)·1[a_i = a]; majority voting is v ≡ 1.
+Answers are grouped by `answers_match` (math-aware when asked), each class named by its first
+member. Ties go to the class seen first. O(N·A) answer comparisons for N candidates, A classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from metagen.scoring.answers import answers_match
+from metagen.strategies.result import Candidate
+
+
+def tally(candidates: Sequence[Candidate], weights: Sequence[float], math: bool = False) -> dict[str, float]:
+    """answer class -> Σ weights of the candidates whose answer falls in it (None answers skip)."""
+    votes: dict[str, float] = {}
+    for candidate, weight in zip(candidates, weights):
+        if candidate.answer is None:
+            continue
+        key = next((name for name in votes if answers_match(name, candidate.answer, math)), candidate.answer)
+        votes[key] = votes.get(key, 0.0) + float(weight)
+    return votes
+
+
+def winner(candidates: Sequence[Candidate], votes: dict[str, float], math: bool = False) -> Candidate:
+    """The first candidate whose answer is in the top-voted class (the first candidate if none)."""
+    if not votes:
+        return candidates[0]
+    best = max(votes, key=votes.get)  # dicts keep insertion order: ties go to the first seen
+    return next(c for c in candidates if answers_match(best, c.answer, math))

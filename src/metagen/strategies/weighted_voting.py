@@ -1,0 +1,65 @@
+"""Weighted voting (seed 000): each sampled answer votes with its score.
+
+    â = argmax_a Σ_i v(y_i)·1[a_i = a]
+
+With v ≡ 1 it is self-consistency; seed 000's appendix shows it is MBR with the utility
+v(y')·1[a(y) = a(y')]. Scores must be non-negative weights (e.g. a verifier's probability);
+`exp_scores=True` turns log-probability scores into weights exp(s).
+"""
+
+from __future__ import annotations
+
+import math as _math
+from dataclasses import dataclass, replace
+
+import torch
+
+from metagen.decoding.generator import Generator
+from metagen.decoding.prompts import Prompt
+from metagen.sampling import SamplingParams
+from metagen.scoring.answers import AnswerExtractor, extract_answer
+from metagen.scoring.logprob import Scorer, mean_logprob
+from metagen.strategies.result import StrategyResult, candidates_from
+from metagen.strategies.voting import tally, winner
+
+
+@dataclass(frozen=True)
+class WeightedVotingConfig:
+    """n, params, pattern, math: as in self-consistency; exp_scores: weight = exp(score)."""
+
+    n: int = 8
+    params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
+    pattern: str | None = None
+    math: bool = False
+    exp_scores: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n={self.n} is out of range: must be >= 1")
+
+
+def weighted_voting(
+    generator: Generator,
+    prompt: Prompt,
+    config: WeightedVotingConfig | None = None,
+    scorer: Scorer = mean_logprob,
+    extractor: AnswerExtractor | None = None,
+    *,
+    rng: torch.Generator | None = None,
+) -> StrategyResult:
+    """Sum each answer's candidate weights and return a candidate of the heaviest answer."""
+    config = config or WeightedVotingConfig()
+    extract = extractor or (lambda text: extract_answer(text, config.pattern))
+    result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
+    candidates = candidates_from(result)
+    text = prompt if isinstance(prompt, str) else str(prompt)
+    weights = []
+    for candidate in candidates:
+        candidate.answer = extract(candidate.text)
+        candidate.score = float(scorer(text, candidate))
+        weight = _math.exp(candidate.score) if config.exp_scores else candidate.score
+        if weight < 0:
+            raise ValueError(f"candidate weight {weight} is negative: scores must be >= 0 unless exp_scores=True")
+        weights.append(weight)
+    votes = tally(candidates, weights, config.math)
+    return StrategyResult(winner(candidates, votes, config.math), candidates, result.cost, votes)
