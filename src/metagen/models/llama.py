@@ -161,11 +161,10 @@ class LlamaModel(LanguageModel):
         ids, counts = self._pack(tokens, cache.batch_size)
         slots, table, positions = cache.allocate(counts)
         batch, t_q = ids.shape
+        self._ensure_rope(int(positions.max()) + 1)  # padding queries may run past t_kv
         if t_q == 1 and self.use_fused:
-            self._ensure_rope(int(positions.max()) + 1)
             return self._decode_fused(cache, ids, slots, table, positions, logits, hidden)
         t_kv = table.shape[1]
-        self._ensure_rope(int(positions.max()) + 1)  # padding queries may run past t_kv
         config = self.config
         heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
 

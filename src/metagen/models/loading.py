@@ -42,7 +42,6 @@ def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use
     path = Path(path) if path is not None else embedded_model_path()
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     entry = _cache_entry(path, dtype) if use_cache else None
     if entry is not None and (entry / "done").exists():
         return _load_converted(entry, dtype, str(path))

@@ -8,7 +8,7 @@ Answers are extracted by regex or a function and compared as math with math-veri
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -16,8 +16,8 @@ from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, extract_answer
-from metagen.strategies.result import StrategyResult, candidates_from
-from metagen.strategies.voting import tally, winner
+from metagen.strategies.result import StrategyResult
+from metagen.strategies.voting import sample_answers, tally, winner
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,6 @@ def self_consistency(
     """Majority vote over the answers of `config.n` sampled paths."""
     config = config or SelfConsistencyConfig()
     extract = extractor or (lambda text: extract_answer(text, config.pattern))
-    result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
-    candidates = candidates_from(result)
-    for candidate in candidates:
-        candidate.answer = extract(candidate.text)
+    candidates, cost = sample_answers(generator, prompt, config.params, config.n, extract, rng)
     votes = tally(candidates, [1.0] * len(candidates), config.math)
-    return StrategyResult(winner(candidates, votes, config.math), candidates, result.cost, votes)
+    return StrategyResult(winner(candidates, votes, config.math), candidates, cost, votes)

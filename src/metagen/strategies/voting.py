@@ -8,9 +8,20 @@ member. Ties go to the class seen first. O(N·A) answer comparisons for N candid
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
+from metagen.decoding.cost import Cost
 from metagen.scoring.answers import answers_match
-from metagen.strategies.result import Candidate
+from metagen.strategies.result import Candidate, candidates_from
+
+
+def sample_answers(generator, prompt, params, n: int, extract, rng=None) -> tuple[list[Candidate], Cost]:
+    """n candidates of `prompt` (one `generate` call) with their extracted answers, and its cost."""
+    result = generator.generate(prompt, replace(params, n=n), generator=rng)
+    candidates = candidates_from(result)
+    for candidate in candidates:
+        candidate.answer = extract(candidate.text)
+    return candidates, result.cost
 
 
 def tally(candidates: Sequence[Candidate], weights: Sequence[float], math: bool = False) -> dict[str, float]:

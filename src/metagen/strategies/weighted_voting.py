@@ -10,7 +10,7 @@ v(y')·1[a(y) = a(y')]. Scores must be non-negative weights (e.g. a verifier's p
 from __future__ import annotations
 
 import math as _math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -19,8 +19,8 @@ from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, extract_answer
 from metagen.scoring.logprob import Scorer, mean_logprob
-from metagen.strategies.result import StrategyResult, candidates_from
-from metagen.strategies.voting import tally, winner
+from metagen.strategies.result import StrategyResult
+from metagen.strategies.voting import sample_answers, tally, winner
 
 
 @dataclass(frozen=True)
@@ -50,16 +50,14 @@ def weighted_voting(
     """Sum each answer's candidate weights and return a candidate of the heaviest answer."""
     config = config or WeightedVotingConfig()
     extract = extractor or (lambda text: extract_answer(text, config.pattern))
-    result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
-    candidates = candidates_from(result)
+    candidates, cost = sample_answers(generator, prompt, config.params, config.n, extract, rng)
     text = prompt if isinstance(prompt, str) else str(prompt)
     weights = []
     for candidate in candidates:
-        candidate.answer = extract(candidate.text)
         candidate.score = float(scorer(text, candidate))
         weight = _math.exp(candidate.score) if config.exp_scores else candidate.score
         if weight < 0:
             raise ValueError(f"candidate weight {weight} is negative: scores must be >= 0 unless exp_scores=True")
         weights.append(weight)
     votes = tally(candidates, weights, config.math)
-    return StrategyResult(winner(candidates, votes, config.math), candidates, result.cost, votes)
+    return StrategyResult(winner(candidates, votes, config.math), candidates, cost, votes)
