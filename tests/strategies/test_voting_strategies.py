@@ -100,3 +100,17 @@ def test_self_consistency_on_the_real_model(model):
     assert result.cost.flops > 0 and result.cost.generated_tokens > 0
     assert sum(result.votes.values()) == sum(c.answer is not None for c in result.candidates)
     assert result.chosen in result.candidates
+
+
+def test_borda_voting_weights_answers_by_rank():
+    from metagen.strategies import BordaVotingConfig, borda_voting
+
+    scorer = lambda prompt, candidate: sum(candidate.logprobs) / len(candidate.logprobs)  # noqa: E731
+    # ranks by mean logprob: "it is 3" 1, "1/2" 2, "\\frac" 3, "0.5" 4, "the answer is 3" 5
+    result = borda_voting(CannedGenerator(OUTPUTS), "q", BordaVotingConfig(n=5, math=True, power=1.0), scorer=scorer)
+    assert result.votes == pytest.approx({"1/2": 4 + 2 + 3, "3": 5 + 1})
+    assert result.answer == "1/2"
+    majority = borda_voting(CannedGenerator(OUTPUTS), "q", BordaVotingConfig(n=5, math=True, power=0.0), scorer=scorer)
+    assert majority.votes == {"1/2": 3.0, "3": 2.0}
+    with pytest.raises(ValueError, match="power=-1"):
+        BordaVotingConfig(power=-1)

@@ -30,6 +30,11 @@ class Generator(ABC):
     ) -> GenerationResult:
         """Completions of `prompt`; `result.cost` counts what producing them spent."""
 
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of token ids (used by judges reading top logprobs); backends that know
+        their tokenizer override it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot decode token ids")
+
 
 class LocalGenerator(Generator):
     """A `Generator` over a local `LanguageModel` (one prefill, n forked rows, one batch).
@@ -40,6 +45,9 @@ class LocalGenerator(Generator):
     def __init__(self, model, chat: bool | None = None) -> None:
         self.model = model
         self.chat = chat
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.model.tokenizer.decode(list(token_ids))
 
     def generate(
         self, prompt: Prompt, params: SamplingParams, *, generator: torch.Generator | None = None

@@ -14,6 +14,7 @@ context length. Finished rows leave the batch (`cache.select`), so the batch shr
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ class Completion:
     logprobs: log p(token) under the model's unmodified distribution, per token.
     sampling_logprobs: log p(token) under the distribution it was drawn from (after adapters).
     top_logprobs: per token, {token_id: logprob} of the model's top `params.logprobs` tokens.
+    certainties: per token, KL(uniform ‖ p) of the model's unmodified next-token distribution
+        p: −log V − mean_v log p_v (self-certainty's per-token term; 0 for a uniform p).
     finish_reason: "stop" (EOS, stop token or stop string) or "length" (max_tokens / context).
     stop_reason: the stop string or token id that ended the row, if any.
     """
@@ -42,6 +45,7 @@ class Completion:
     logprobs: list[float] = field(default_factory=list)
     sampling_logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] | None = None
+    certainties: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
 
@@ -139,6 +143,7 @@ def stream(
     active = list(range(n))  # completion index of each cache row
     max_new = min(params.max_tokens, model.max_context - len(prompt_ids))
     decode_start = time.perf_counter()
+    log_vocab = math.log(model.vocab_size)
     step = 0
     while active:
         logits = out.logits  # (B, V)
@@ -147,6 +152,7 @@ def stream(
         chain.update(tokens)
         raw_logprobs = torch.log_softmax(logits, dim=-1)
         chosen = raw_logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
+        certainties = (-log_vocab - raw_logprobs.mean(dim=-1)).tolist()
         if params.greedy:  # a point mass on the argmax
             sampled = [0.0] * len(chosen)
         else:
@@ -162,6 +168,7 @@ def stream(
             completion.token_ids.append(token)
             completion.logprobs.append(chosen[b])
             completion.sampling_logprobs.append(sampled[b])
+            completion.certainties.append(certainties[b])
             if want_top:
                 completion.top_logprobs.append(dict(zip(top_ids[b], top_values[b])))
             hit_stop_token = token in stop_ids

@@ -1,25 +1,49 @@
-"""Scorers from the generator's own token log-probabilities (no extra model calls)."""
+"""Scorers from the generator's own token statistics (no extra model calls).
+
+sum / mean token logprob, and self-certainty (Kang et al. 2025, seed 004):
+
+    SC(y) = (1/|y|) Σ_t KL(U ‖ p(· | x, y_<t)) = (1/|y|) Σ_t [−log V − (1/V) Σ_v log p(v | x, y_<t)]
+
+the mean divergence of each full next-token distribution from uniform: high when the model
+was confident along the way. The per-token terms are computed in the sampling loop from the
+raw model distribution (`Completion.certainties`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # strategies import scorers; scorers only need the candidate's shape
+from metagen.scoring.base import FunctionScorer
+
+if TYPE_CHECKING:
     from metagen.strategies.result import Candidate
 
-# A scorer maps (prompt, candidate) to a number, higher is better. These two read the
-# candidate's own logprobs and cost no model call.
-Scorer = Callable[[str, "Candidate"], float]
 
-
-def sum_logprob(prompt: str, candidate: Candidate) -> float:
+def _sum_logprob(prompt: str, candidate: Candidate) -> float:
     """log p(y | x) = Σ_t log p(y_t | x, y_<t): the sequence likelihood."""
     return float(sum(candidate.logprobs))
 
 
-def mean_logprob(prompt: str, candidate: Candidate) -> float:
+def _mean_logprob(prompt: str, candidate: Candidate) -> float:
     """Σ_t log p(y_t | ·) / |y|: likelihood normalized by length (−inf for an empty output)."""
     if not candidate.logprobs:
         return float("-inf")
     return float(sum(candidate.logprobs)) / len(candidate.logprobs)
+
+
+def _self_certainty(prompt: str, candidate: Candidate) -> float:
+    """Mean over tokens of KL(uniform ‖ p) (−inf for an empty output)."""
+    if not candidate.token_ids:
+        return float("-inf")
+    if len(candidate.certainties) != len(candidate.token_ids):
+        raise ValueError(
+            "self-certainty needs the full next-token distribution of every generated token "
+            f"(candidate has {len(candidate.certainties)} certainty values for {len(candidate.token_ids)} tokens); "
+            "use a Generator that reports Completion.certainties, such as LocalGenerator"
+        )
+    return float(sum(candidate.certainties)) / len(candidate.certainties)
+
+
+sum_logprob = FunctionScorer(_sum_logprob, "sum_logprob")
+mean_logprob = FunctionScorer(_mean_logprob, "mean_logprob")
+self_certainty = FunctionScorer(_self_certainty, "self_certainty")

@@ -2,7 +2,8 @@
 
     ŷ = argmax_{y_i ∈ {y_1..y_N} ~ p(·|x)} s(x, y_i)
 
-Cost: one prefill + N rows decoded as one batch, plus whatever the scorer spends.
+Cost: one prefill + N rows decoded as one batch, plus whatever the scorer spends (any
+`Scorer`, or a function (prompt_text, candidate) -> float).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import torch
 from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
-from metagen.scoring.logprob import Scorer, mean_logprob
+from metagen.scoring.base import Scorer, as_scorer
+from metagen.scoring.logprob import mean_logprob
 from metagen.strategies.result import StrategyResult, candidates_from
 
 
@@ -42,8 +44,8 @@ def best_of_n(
     config = config or BestOfNConfig()
     result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
     candidates = candidates_from(result)
-    text = prompt if isinstance(prompt, str) else str(prompt)
-    for candidate in candidates:
-        candidate.score = float(scorer(text, candidate))
+    scores = as_scorer(scorer)(prompt, candidates)
+    for candidate, value in zip(candidates, scores.values):
+        candidate.score = value
     chosen = max(candidates, key=lambda c: c.score)
-    return StrategyResult(chosen, candidates, result.cost)
+    return StrategyResult(chosen, candidates, result.cost + scores.cost)

@@ -11,6 +11,7 @@ from metagen.decoding.cost import Cost
 class Candidate:
     """One generated output as a strategy saw it.
 
+    certainties: per-token KL(uniform ‖ p) when the generator reports it (self-certainty).
     score: the scorer's value (best-of-N, weighted voting), None when unscored.
     answer: the extracted answer (voting strategies), None when none was found.
     """
@@ -19,6 +20,7 @@ class Candidate:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    certainties: list[float] = field(default_factory=list)
     score: float | None = None
     answer: str | None = None
 
@@ -46,5 +48,6 @@ class StrategyResult:
 def candidates_from(result) -> list[Candidate]:
     """Candidates from a `GenerationResult`'s completions."""
     return [
-        Candidate(c.text, list(c.token_ids), list(c.logprobs), c.finish_reason) for c in result.completions
+        Candidate(c.text, list(c.token_ids), list(c.logprobs), c.finish_reason, list(c.certainties))
+        for c in result.completions
     ]

@@ -18,7 +18,8 @@ from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, extract_answer
-from metagen.scoring.logprob import Scorer, mean_logprob
+from metagen.scoring.base import Scorer, as_scorer
+from metagen.scoring.logprob import mean_logprob
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.voting import sample_answers, tally, winner
 
@@ -51,13 +52,13 @@ def weighted_voting(
     config = config or WeightedVotingConfig()
     extract = extractor or (lambda text: extract_answer(text, config.pattern))
     candidates, cost = sample_answers(generator, prompt, config.params, config.n, extract, rng)
-    text = prompt if isinstance(prompt, str) else str(prompt)
+    scores = as_scorer(scorer)(prompt, candidates)
     weights = []
-    for candidate in candidates:
-        candidate.score = float(scorer(text, candidate))
+    for candidate, value in zip(candidates, scores.values):
+        candidate.score = value
         weight = _math.exp(candidate.score) if config.exp_scores else candidate.score
         if weight < 0:
             raise ValueError(f"candidate weight {weight} is negative: scores must be >= 0 unless exp_scores=True")
         weights.append(weight)
     votes = tally(candidates, weights, config.math)
-    return StrategyResult(winner(candidates, votes, config.math), candidates, cost, votes)
+    return StrategyResult(winner(candidates, votes, config.math), candidates, cost + scores.cost, votes)

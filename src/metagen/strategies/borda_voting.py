@@ -1,0 +1,79 @@
+"""Borda voting (Kang et al. 2025, seed 004): voting weighted by each candidate's rank.
+
+Candidates are ranked by a score (self-certainty by default; rank r = 1 is the highest) and
+each votes for its answer with weight
+
+    v(r) = (N − r + 1)^p
+
+so p = 0 is plain majority voting and a large p approaches best-of-N. Equal scores share the
+mean of their ranks' weights. The answer with the largest total wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from metagen.decoding.generator import Generator
+from metagen.decoding.prompts import Prompt
+from metagen.sampling import SamplingParams
+from metagen.scoring.answers import AnswerExtractor, extract_answer
+from metagen.scoring.base import Scorer, as_scorer
+from metagen.scoring.logprob import self_certainty
+from metagen.strategies.result import StrategyResult
+from metagen.strategies.voting import sample_answers, tally, winner
+
+
+@dataclass(frozen=True)
+class BordaVotingConfig:
+    """n, params, pattern, math: as in self-consistency; power: p in v(r) = (N − r + 1)^p."""
+
+    n: int = 8
+    params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
+    pattern: str | None = None
+    math: bool = False
+    power: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n={self.n} is out of range: must be >= 1")
+        if not self.power >= 0:
+            raise ValueError(f"power={self.power} is out of range: must be >= 0")
+
+
+def borda_weights(scores: list[float], power: float) -> list[float]:
+    """(N − r + 1)^power for each score's rank r (1 = highest); ties share their mean weight."""
+    n = len(scores)
+    order = sorted(range(n), key=lambda i: -scores[i])
+    weights = [0.0] * n
+    start = 0
+    while start < n:
+        end = start
+        while end + 1 < n and scores[order[end + 1]] == scores[order[start]]:
+            end += 1
+        shared = sum((n - r) ** power for r in range(start, end + 1)) / (end - start + 1)
+        for position in range(start, end + 1):
+            weights[order[position]] = shared
+        start = end + 1
+    return weights
+
+
+def borda_voting(
+    generator: Generator,
+    prompt: Prompt,
+    config: BordaVotingConfig | None = None,
+    scorer: Scorer = self_certainty,
+    extractor: AnswerExtractor | None = None,
+    *,
+    rng: torch.Generator | None = None,
+) -> StrategyResult:
+    """Rank `config.n` sampled candidates by `scorer`, vote with Borda weights per answer."""
+    config = config or BordaVotingConfig()
+    extract = extractor or (lambda text: extract_answer(text, config.pattern))
+    candidates, cost = sample_answers(generator, prompt, config.params, config.n, extract, rng)
+    scores = as_scorer(scorer)(prompt, candidates)
+    for candidate, value in zip(candidates, scores.values):
+        candidate.score = value
+    votes = tally(candidates, borda_weights(scores.values, config.power), config.math)
+    return StrategyResult(winner(candidates, votes, config.math), candidates, cost + scores.cost, votes)
