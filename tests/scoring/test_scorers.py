@@ -104,3 +104,16 @@ def test_borda_weights():
     assert borda_weights([0.1, 0.9, 0.5], 0.0) == [1.0, 1.0, 1.0]
     assert borda_weights([0.5, 0.5, 0.1], 1.0) == [2.5, 2.5, 1.0]
     assert borda_weights([0.3, 0.2], 0.5) == pytest.approx([math.sqrt(2), 1.0])
+
+
+def test_exact_answer_verifier():
+    from metagen.scoring import ExactAnswerVerifier
+
+    verifier = ExactAnswerVerifier("1/2")
+    good, bad, none = Candidate("so it is \\boxed{0.5}"), Candidate("it is 3"), Candidate("no idea")
+    verdicts = verifier.verify_all("q", [good, bad, none])
+    assert [v.passed for v in verdicts] == [True, False, False]
+    assert "3 is incorrect" in verdicts[1].feedback and "No final answer" in verdicts[2].feedback
+    assert verifier("q", [good, bad]).values == [1.0, 0.0]
+    assert not ExactAnswerVerifier("1/2", math=False).verify("q", good).passed
+    assert ExactAnswerVerifier("yes", pattern=r"A: (\w+)").verify("q", Candidate("A: yes")).passed
