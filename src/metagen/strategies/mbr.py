@@ -1,0 +1,80 @@
+"""Minimum Bayes risk decoding (seed 000 appendix; Bertsch et al. 2023): sample N candidates and
+return the one with the highest expected utility against the others, which stand in for samples
+of the model's distribution:
+
+    ŷ = argmax_i Ū_i,    Ū_i = (1/(N−1)) Σ_{j≠i} u(y_i, y_j)    ≈ E_{y' ~ p(·|x)}[u(y_i, y')]
+
+Self-pairs: the seed writes the average over all N samples, (1/N) Σ_j u(y_i, y_j), which counts
+u(y_i, y_i) for each candidate. For similarity utilities (chrF, BLEU, edit similarity, cosine)
+u(y, y) is the same constant for every y and only shifts all Ū_i alike, so the default
+(include_self=False) leaves it out, which also spares a judge utility N calls. With
+`AnswerAgreement` it matters: the self-pair is the candidate's own vote, and include_self=True
+is what makes MBR equal weighted voting.
+
+Cost: one prefill + N rows decoded as one batch, plus what the utility spends (O(N²) utility
+evaluations; N(N−1) without self-pairs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from metagen.decoding.generator import Generator
+from metagen.decoding.prompts import Prompt
+from metagen.sampling import SamplingParams
+from metagen.scoring.utilities import ChrF, Utility
+from metagen.strategies.result import StrategyResult, candidates_from
+
+
+@dataclass(frozen=True)
+class MBRConfig:
+    """n: candidates sampled (each is a hypothesis and a pseudo-reference); params: how each is
+    sampled (its `n` is overridden by `n`); include_self: count u(y_i, y_i) in Ū_i and average
+    over N instead of N − 1 (the seed's formula; needed for MBR = weighted voting)."""
+
+    n: int = 8
+    params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
+    include_self: bool = False
+
+    def __post_init__(self) -> None:
+        lowest = 1 if self.include_self else 2
+        if self.n < lowest:
+            raise ValueError(
+                f"n={self.n} is out of range: must be >= {lowest}"
+                + ("" if self.include_self else " (a candidate needs another one as pseudo-reference)")
+            )
+
+
+def expected_utilities(utilities: np.ndarray, include_self: bool = False) -> np.ndarray:
+    """Ū: (N,) row means of U: (N, N), over j ≠ i (divided by N − 1) or over all j (by N).
+    Self-pairs are not read when include_self=False (they may be NaN)."""
+    n = utilities.shape[0]
+    if include_self:
+        return utilities.mean(axis=1)
+    off_diagonal = np.where(np.eye(n, dtype=bool), 0.0, utilities)
+    return off_diagonal.sum(axis=1) / (n - 1)
+
+
+def mbr(
+    generator: Generator,
+    prompt: Prompt,
+    config: MBRConfig | None = None,
+    utility: Utility | None = None,
+    *,
+    rng: torch.Generator | None = None,
+) -> StrategyResult:
+    """Sample `config.n` candidates, score each by its expected utility Ū_i (`Candidate.score`),
+    return the highest (first among ties). utility: default chrF (`metagen[mbr]` extra)."""
+    config = config or MBRConfig()
+    utility = utility or ChrF()
+    result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
+    candidates = candidates_from(result)
+    utilities, utility_cost = utility(prompt, candidates, diagonal=config.include_self)  # (N, N)
+    scores = expected_utilities(utilities, config.include_self)  # (N,)
+    for candidate, value in zip(candidates, scores.tolist()):
+        candidate.score = value
+    chosen = candidates[int(np.argmax(scores))]
+    return StrategyResult(chosen, candidates, result.cost + utility_cost)
