@@ -1,0 +1,183 @@
+"""Self-refine (Madaan et al. 2023): the model critiques and revises its own answer.
+
+    y_0 ~ p(· | x)
+    for t = 0 .. R − 1:
+        f_t ~ p(· | critique(x, y_t))         stop if the stop phrase occurs in f_t
+        y_{t+1} ~ p(· | revise(x, y_t, f_t))
+    return y_last, or argmax_t s(x, y_t) when a scorer is given
+
+Intrinsic refinement (seed 000): no information from outside the model enters the loop, so it
+helps only as far as the model can judge its own answers (Huang et al. 2024 find it often cannot
+on math). Critique and revision prompts are chat messages (one user turn built from a template),
+so any chat model or remote server can run them. Each revision sees the current answer and its
+critique only, not the whole history. Cost: at most 1 + 2R `generate` calls of one sample each,
+plus one scorer call over all versions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from string import Formatter
+
+import torch
+
+from metagen.decoding.cost import Cost
+from metagen.decoding.generator import Generator
+from metagen.decoding.prompts import Prompt
+from metagen.sampling import SamplingParams
+from metagen.scoring.base import Scorer, as_scorer
+from metagen.strategies.result import StrategyResult, candidates_from
+
+CRITIQUE_TEMPLATE = (
+    "Question:\n{question}\n\n"
+    "Proposed answer:\n{answer}\n\n"
+    "Check the proposed answer step by step and point out every error in it. Do not write a "
+    "corrected answer. If it has no errors, reply with exactly: {stop_phrase}"
+)
+REVISION_TEMPLATE = (
+    "Question:\n{question}\n\n"
+    "Previous answer:\n{answer}\n\n"
+    "Feedback on the previous answer:\n{critique}\n\n"
+    "Write an improved answer to the question that fixes the problems the feedback names. "
+    "Reply with the complete new answer only."
+)
+DEFAULT_PARAMS = SamplingParams(temperature=0.7, max_tokens=256)
+
+
+@dataclass(frozen=True)
+class SelfRefineConfig:
+    """rounds: critique-and-revise rounds at most, >= 0 (0 returns the draft).
+    draft_params / critique_params / revision_params: sampling of each step (`n` is set to 1).
+    critique_template: str.format template of the critique request; fields {question},
+        {answer} (required) and {stop_phrase}.
+    revision_template: fields {question}, {answer} and {critique} (the last two required).
+    stop_phrase: refinement ends when the critique contains it (case-sensitive substring).
+    """
+
+    rounds: int = 3
+    draft_params: SamplingParams = DEFAULT_PARAMS
+    critique_params: SamplingParams = DEFAULT_PARAMS
+    revision_params: SamplingParams = DEFAULT_PARAMS
+    critique_template: str = CRITIQUE_TEMPLATE
+    revision_template: str = REVISION_TEMPLATE
+    stop_phrase: str = "NO ERRORS"
+
+    def __post_init__(self) -> None:
+        check_count("rounds", self.rounds, 0)
+        for name in ("draft_params", "critique_params", "revision_params"):
+            check_params(name, getattr(self, name))
+        check_template("critique_template", self.critique_template, {"answer"}, {"question", "answer", "stop_phrase"})
+        check_template("revision_template", self.revision_template, {"answer", "critique"},
+                       {"question", "answer", "critique"})
+        if not isinstance(self.stop_phrase, str) or not self.stop_phrase.strip():
+            raise ValueError(f"stop_phrase={self.stop_phrase!r} is out of range: must be a non-blank string")
+
+
+@dataclass
+class SelfRefineResult(StrategyResult):
+    """candidates: the draft and every revision, in order; critiques[i]: the critique of
+    candidates[i] (the last version has none unless it was accepted); rounds: revisions made;
+    stopped: the last critique contained the stop phrase."""
+
+    critiques: list[str] = field(default_factory=list)
+    rounds: int = 0
+    stopped: bool = False
+
+
+def self_refine(
+    generator: Generator,
+    prompt: Prompt,
+    config: SelfRefineConfig | None = None,
+    scorer: Scorer | None = None,
+    *,
+    rng: torch.Generator | None = None,
+) -> SelfRefineResult:
+    """Draft, then critique and revise until the critique accepts the answer or `config.rounds`
+    revisions are made. Returns the last version, or with a `scorer` the highest-scoring of all
+    versions (the later one among ties: refinement is meant to improve)."""
+    config = config or SelfRefineConfig()
+    context, question = split_question(prompt)
+    cost = Cost()
+    draft = generator.generate(prompt, replace(config.draft_params, n=1), generator=rng)
+    cost += draft.cost
+    versions = candidates_from(draft)
+    critiques: list[str] = []
+    stopped = False
+    for _ in range(config.rounds):
+        answer = versions[-1].text
+        critique_prompt = chat_prompt(context, config.critique_template, question=question, answer=answer,
+                                      stop_phrase=config.stop_phrase)
+        critique = generator.generate(critique_prompt, replace(config.critique_params, n=1), generator=rng)
+        cost += critique.cost
+        critiques.append(critique.completions[0].text)
+        if config.stop_phrase in critiques[-1]:
+            stopped = True
+            break
+        revision_prompt = chat_prompt(context, config.revision_template, question=question, answer=answer,
+                                      critique=critiques[-1])
+        revision = generator.generate(revision_prompt, replace(config.revision_params, n=1), generator=rng)
+        cost += revision.cost
+        versions.append(candidates_from(revision)[0])
+    chosen = versions[-1]
+    if scorer is not None:
+        scores = as_scorer(scorer)(prompt, versions)
+        cost += scores.cost
+        for version, value in zip(versions, scores.values):
+            version.score = value
+        chosen = max(reversed(versions), key=lambda c: c.score)  # max keeps the first: the latest
+    return SelfRefineResult(chosen, versions, cost, critiques=critiques, rounds=len(versions) - 1, stopped=stopped)
+
+
+# Shared by the refinement strategies (verifier_refine imports them).
+
+def split_question(prompt: Prompt) -> tuple[list[dict[str, str]], str]:
+    """(context, question) of a prompt. Text is the question itself; for chat messages the
+    question is the last user turn and the messages before it (system prompt, earlier turns)
+    are the context. Token ids carry no text to rewrite: ValueError."""
+    if isinstance(prompt, str):
+        return [], prompt
+    messages = list(prompt)
+    if messages and all(isinstance(m, Mapping) for m in messages):
+        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        if users:
+            return [dict(m) for m in messages[: users[-1]]], str(messages[users[-1]].get("content", ""))
+    raise ValueError(
+        "refinement writes the question into new chat messages: the prompt must be text or chat "
+        "messages with a user turn, not token ids"
+    )
+
+
+def chat_prompt(context: list[dict[str, str]], template: str, **fields: str) -> list[dict[str, str]]:
+    """The context messages followed by one user turn: `template` filled with `fields`."""
+    return [*context, {"role": "user", "content": template.format(**fields)}]
+
+
+def check_count(name: str, value: object, low: int) -> None:
+    """ValueError naming the field unless `value` is an int >= low."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r} is not an int: must be an int >= {low}")
+    if value < low:
+        raise ValueError(f"{name}={value!r} is out of range: must be an int >= {low}")
+
+
+def check_params(name: str, value: object) -> None:
+    if not isinstance(value, SamplingParams):
+        raise ValueError(f"{name}={value!r} is not a SamplingParams")
+
+
+def check_template(name: str, template: object, required: set[str], allowed: set[str]) -> None:
+    """ValueError unless `template` is a str.format template whose fields include `required`
+    and lie in `allowed` (literal braces are written {{ and }})."""
+    fields_text = ", ".join("{" + f + "}" for f in sorted(allowed))
+    if not isinstance(template, str):
+        raise ValueError(f"{name}={template!r} is not a string: must be a template with fields among {fields_text}")
+    try:
+        found = {field_name for _, field_name, _, _ in Formatter().parse(template) if field_name is not None}
+    except ValueError as error:
+        raise ValueError(f"{name}={template!r} is not a valid format template ({error})") from None
+    problems = [f"{kind} fields {sorted(names)}" for kind, names in
+                (("unknown", found - allowed), ("missing", required - found)) if names]
+    if problems:
+        raise ValueError(f"{name}={template!r} has {'; '.join(problems)}: fields must be among {fields_text}, "
+                         f"with {', '.join('{' + f + '}' for f in sorted(required))} required")
