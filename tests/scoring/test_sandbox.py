@@ -1,0 +1,192 @@
+"""The sandbox: normal programs are reported faithfully; hostile ones (endless loops, memory
+hogs, fork bombs, writes outside the working directory, network calls) get a clear verdict while
+the host stays unharmed, under kernel isolation and under the audit-hook fallback."""
+
+import os
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from metagen.scoring.sandbox import MARKER, SandboxResult, run_python
+
+KERNEL_LAYERS = {"pid-ns", "net-ns", "read-only-root", "private-tmp"}
+
+
+def sandbox_processes() -> list[int]:
+    """Live processes whose command line carries the sandbox marker (launcher, supervisor,
+    program and anything it forked)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if MARKER.encode() in cmdline:
+                pids.append(int(entry))
+    return pids
+
+
+@pytest.fixture
+def no_leftovers():
+    yield
+    assert sandbox_processes() == []
+
+
+@pytest.fixture(scope="module")
+def kernel_isolation() -> bool:
+    return KERNEL_LAYERS <= set(run_python("pass").isolation)
+
+
+def test_normal_program_stdout_stdin_and_exit_codes(no_leftovers):
+    result = run_python("import sys\nname = sys.stdin.read().strip()\nprint(f'hello {name}')", stdin="ada\n")
+    assert isinstance(result, SandboxResult)
+    assert (result.status, result.returncode, result.stdout, result.stderr) == ("ok", 0, "hello ada\n", "")
+    assert result.ok and 0 < result.wall_seconds < 10
+    assert {"rlimits", "process-group", "clean-env"} <= set(result.isolation)
+
+    exited = run_python("import sys\nprint('partial')\nsys.exit(3)")
+    assert (exited.status, exited.returncode, exited.stdout) == ("error", 3, "partial\n")
+
+    raised = run_python("def f(x):\n    return 1 / x\n\nf(0)\n")
+    assert (raised.status, raised.returncode) == ("error", 1)
+    assert 'File "main.py", line 2, in f' in raised.stderr
+    assert raised.stderr.rstrip().endswith("ZeroDivisionError: division by zero")
+
+    syntax = run_python("def f(:\n    pass")
+    assert syntax.status == "error" and "SyntaxError" in syntax.stderr
+
+
+def test_program_sees_a_clean_environment_and_its_files(no_leftovers):
+    code = "import os, sys\nprint(sorted(os.environ))\nprint(os.getcwd() == os.environ['HOME'])\nprint(open('data/in.txt').read())\nprint(sys.flags.isolated, sys.flags.no_site)"
+    result = run_python(code, files={"data/in.txt": "payload"})
+    assert result.stdout.splitlines() == ["['HOME', 'LANG', 'PATH', 'TMPDIR']", "True", "payload", "1 1"]
+    with pytest.raises(ValueError, match="files key '../x'"):
+        run_python("pass", files={"../x": ""})
+
+
+def test_infinite_loop_times_out(no_leftovers):
+    result = run_python("while True:\n    pass", timeout=1.5)
+    assert (result.status, result.returncode) == ("timeout", None)
+    assert "wall-clock" in result.detail and 1.5 <= result.wall_seconds < 5
+
+
+def test_cpu_limit_stops_a_busy_program_before_the_wall_clock(no_leftovers):
+    result = run_python("while True:\n    pass", timeout=20, cpu_seconds=1)
+    assert result.status == "timeout" and result.returncode < 0 and "CPU limit" in result.detail
+    assert result.wall_seconds < 10
+
+
+def test_memory_hog_is_stopped(no_leftovers):
+    result = run_python("blocks = []\nwhile True:\n    blocks.append(bytearray(10**7))", memory_mb=128)
+    assert result.status == "memory" and "MemoryError" in result.stderr
+
+
+def test_output_flood_is_cut(no_leftovers):
+    result = run_python("while True:\n    print('x' * 1000)", max_output_bytes=5000)
+    assert result.status == "output_limit" and len(result.stdout) == 5000
+
+
+def test_fork_limit_and_fork_bomb(no_leftovers, kernel_isolation):
+    if not kernel_isolation:
+        pytest.skip("needs PID namespace isolation")
+    count_forks = (
+        "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(60)\n"
+        "            os._exit(0)\n        n += 1\nexcept OSError as error:\n    print(n, error.errno)\n"
+    )
+    counted = run_python(count_forks, max_processes=8)
+    # the program itself plus at most 7 sleeping children; EAGAIN (11) after that, and the
+    # sleepers die with the namespace when the program exits (checked by no_leftovers)
+    assert counted.status == "ok" and counted.stdout.split() == ["7", "11"]
+    assert counted.wall_seconds < 10
+
+    bomb = run_python("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", timeout=2, max_processes=8)
+    assert bomb.status == "timeout"
+    assert sandbox_processes() == []
+    assert subprocess.run(["true"], timeout=10).returncode == 0  # the host can still spawn
+
+
+def write_attempts(tmp_path: Path) -> tuple[str, list[Path]]:
+    tag = uuid.uuid4().hex
+    targets = [tmp_path / f"outside-{tag}.txt", Path.home() / f".sandbox-probe-{tag}", Path("/var/tmp") / f"sandbox-probe-{tag}"]
+    code = "import sys\nfor path in sys.stdin.read().split():\n    try:\n        open(path, 'w').write('x')\n        print('WROTE', path)\n    except OSError as error:\n        print('refused', type(error).__name__)\n"
+    return code, targets
+
+
+def test_writes_outside_the_working_directory_do_not_reach_the_host(tmp_path, no_leftovers):
+    code, targets = write_attempts(tmp_path)
+    for isolation in ("auto", "audit"):
+        result = run_python(code, stdin="\n".join(map(str, targets)), isolation=isolation)
+        assert result.status == "ok", result.stderr
+        assert "WROTE" not in result.stdout and result.stdout.count("refused") == len(targets)
+        assert not any(path.exists() for path in targets)
+    audited = run_python(code, stdin=str(targets[0]), isolation="audit")
+    assert "audit-hook" in audited.isolation and "PermissionError" in audited.stdout
+
+
+@pytest.fixture
+def tcp_server():
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    accepted = []
+
+    def serve():
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                continue
+            accepted.append(connection)
+            connection.close()
+
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def test_network_calls_fail_inside_but_work_outside(tcp_server, no_leftovers):
+    port, accepted = tcp_server
+    code = f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('CONNECTED')\nexcept OSError as error:\n    print('refused', type(error).__name__)\n"
+    for isolation in ("auto", "audit"):
+        result = run_python(code, isolation=isolation)
+        assert result.status == "ok" and result.stdout.startswith("refused"), result.stdout + result.stderr
+    assert accepted == []
+    socket.create_connection(("127.0.0.1", port), timeout=2).close()  # the server does work
+    deadline = time.monotonic() + 5
+    while not accepted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(accepted) == 1
+
+
+def test_kernel_layers_when_available(kernel_isolation, no_leftovers):
+    if not kernel_isolation:
+        pytest.skip("namespaces are not available here")
+    result = run_python("import os\nprint(os.listdir('/tmp'), os.getpid(), os.geteuid() != 0)")
+    assert result.stdout.split("\n")[0] == "[] 2 True"  # empty private /tmp, PID 2 under the supervisor
+    assert {"mount-ns", "no-new-privs"} <= set(result.isolation) and "audit-hook" not in result.isolation
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [({"timeout": 0}, "timeout=0"), ({"memory_mb": 8}, "memory_mb=8"), ({"isolation": "none"}, "isolation='none'"),
+     ({"max_processes": 0}, "max_processes=0")],
+)
+def test_bad_arguments_name_the_field(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        run_python("pass", **arguments)
+
+
+def test_killed_by_a_signal(kernel_isolation):
+    if not kernel_isolation:
+        pytest.skip("the audit hook refuses os.kill")
+    result = run_python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert (result.status, result.returncode) == ("killed", -9) and "SIGKILL" in result.detail
