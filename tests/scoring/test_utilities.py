@@ -2,6 +2,7 @@
 votes, the (N, N) contract, and MiniLM sentence embeddings."""
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -130,3 +131,18 @@ def test_minilm_embeddings_are_unit_norm_and_rank_a_paraphrase_above_an_unrelate
     np.testing.assert_allclose(alone[0], embeddings[1], atol=1e-5)
     with pytest.raises(ValueError, match="batch_size=0"):
         EmbeddingCosine(batch_size=0)
+
+
+def test_missing_extras_name_the_pip_install(monkeypatch):
+    from metagen.scoring.embeddings import load_encoder
+
+    monkeypatch.setitem(sys.modules, "sacrebleu.metrics", None)
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ImportError, match=r"pip install 'metagen\[mbr\]'"):
+        ChrF()
+    with pytest.raises(ImportError, match=r"pip install 'metagen\[embeddings\]'"):
+        load_encoder("/nonexistent/not-cached")
+    from metagen.scoring.reward_model import RewardModelScorer
+
+    with pytest.raises(ImportError, match=r"pip install 'metagen\[transformers\]'"):
+        RewardModelScorer("/nonexistent")

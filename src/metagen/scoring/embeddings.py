@@ -47,7 +47,7 @@ def load_encoder(model_dir: str):
         raise ImportError(_EXTRA) from error
     pooling = Path(model_dir) / "1_Pooling" / "config.json"
     if pooling.exists() and not json.loads(pooling.read_text()).get("pooling_mode_mean_tokens", True):
-        raise ValueError(f"{model_dir} declares a pooling other than mean pooling, which is all this encoder implements")
+        raise ValueError(f"{model_dir} declares a pooling other than mean pooling, the only one implemented here")
     settings = Path(model_dir) / "sentence_bert_config.json"
     max_length = json.loads(settings.read_text()).get("max_seq_length", 256) if settings.exists() else 256
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)

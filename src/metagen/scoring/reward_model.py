@@ -48,10 +48,12 @@ class RewardModelScorer(Scorer):
         except ImportError as error:
             raise ImportError("reward models need transformers: pip install 'metagen[transformers]'") from error
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        self.model = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True).to(device).eval()
+        model = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True)
+        self.model = model.to(device).eval()
         if self.model.config.num_labels not in (1, 2):
             raise ValueError(
-                f"{path} has num_labels={self.model.config.num_labels}; a reward model needs 1 (a score) or 2 (bad/good)"
+                f"{path} has num_labels={self.model.config.num_labels}; "
+                "a reward model needs 1 (a score) or 2 (bad/good)"
             )
         if self.tokenizer.pad_token is None:  # decoder-only checkpoints often ship without one
             self.tokenizer.pad_token = self.tokenizer.eos_token

@@ -38,17 +38,23 @@ class Utility(ABC):
     name: str = "utility"
 
     @abstractmethod
-    def matrix(self, prompt: Prompt, candidates: Sequence[Candidate], *, diagonal: bool = True) -> tuple[np.ndarray, Cost]:
+    def matrix(
+        self, prompt: Prompt, candidates: Sequence[Candidate], *, diagonal: bool = True
+    ) -> tuple[np.ndarray, Cost]:
         """U: (N, N) float64 with U[i][j] = u(candidates[i], candidates[j]), and the cost of
         computing it. diagonal=False: U[i][i] may be left uncomputed."""
 
-    def __call__(self, prompt: Prompt, candidates: Sequence[Candidate], *, diagonal: bool = True) -> tuple[np.ndarray, Cost]:
+    def __call__(
+        self, prompt: Prompt, candidates: Sequence[Candidate], *, diagonal: bool = True
+    ) -> tuple[np.ndarray, Cost]:
         """`matrix`, checked: shape (N, N), finite values, NaN self-pairs when diagonal=False."""
         utilities, cost = self.matrix(prompt, candidates, diagonal=diagonal)
         utilities = np.array(utilities, dtype=np.float64)
         n = len(candidates)
         if utilities.shape != (n, n):
-            raise ValueError(f"utility {self.name!r} returned shape {utilities.shape} for {n} candidates, expected ({n}, {n})")
+            raise ValueError(
+                f"utility {self.name!r} returned shape {utilities.shape} for {n} candidates, expected ({n}, {n})"
+            )
         if not diagonal:
             np.fill_diagonal(utilities, np.nan)
         needed = np.ones((n, n), dtype=bool) if diagonal else ~np.eye(n, dtype=bool)
@@ -104,7 +110,8 @@ class Bleu(Utility):
     name = "bleu"
 
     def __init__(self, tokenize: str = "13a", smooth_method: str = "exp") -> None:
-        self.metric = _import("sacrebleu.metrics").BLEU(tokenize=tokenize, smooth_method=smooth_method, effective_order=True)
+        bleu = _import("sacrebleu.metrics").BLEU
+        self.metric = bleu(tokenize=tokenize, smooth_method=smooth_method, effective_order=True)
 
     def matrix(self, prompt, candidates, *, diagonal=True):
         texts = [c.text for c in candidates]
@@ -183,7 +190,9 @@ class AnswerAgreement(Utility):
             weights = [math.exp(s) if self.exp_scores else float(s) for s in scores.values]
             cost = scores.cost
         if any(w < 0 for w in weights):
-            raise ValueError(f"answer weights {weights} include a negative one: scores must be >= 0 unless exp_scores=True")
+            raise ValueError(
+                f"answer weights {weights} include a negative one: scores must be >= 0 unless exp_scores=True"
+            )
         classes = np.array([-1 if c is None else c for c in self.answer_classes(candidates)])
         same = (classes[:, None] == classes[None, :]) & (classes[:, None] >= 0)  # (N, N)
         return same * np.asarray(weights, dtype=np.float64)[None, :], cost
