@@ -1,4 +1,4 @@
-"""Command line: `metagen generate`, `metagen info`."""
+"""Command line: `metagen generate`, `metagen eval`, `metagen task`, `metagen info`."""
 
 from __future__ import annotations
 
@@ -67,13 +67,56 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--logit-bias", action="append", default=None, metavar="ID=BIAS", help="repeatable")
     gen.add_argument("--beam-width", type=int, default=None, help="beam search with this many beams")
     gen.add_argument("--length-penalty", type=float, default=None, help="beam search: α in logp/len^α (default 1)")
+    gen.add_argument("--strategy", default=None, help="meta-generation strategy (see `metagen eval --help`); --n is its budget")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     _add_model_options(gen)
+
+    evaluation = commands.add_parser("eval", help="accuracy vs compute of strategies on a task",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     description=_strategy_help())
+    source = evaluation.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", default=None, help="JSONL with question (or prompt) and answer per line")
+    source.add_argument("--task", choices=["arithmetic"], default=None, help="built-in task")
+    evaluation.add_argument("--count", type=int, default=100, help="--task: number of problems (default 100)")
+    evaluation.add_argument("--task-seed", type=int, default=0, help="--task: problem seed (default 0)")
+    evaluation.add_argument("--max-number", type=int, default=9, help="--task arithmetic: largest operand")
+    evaluation.add_argument("--limit", type=int, default=None, help="first N problems only")
+    evaluation.add_argument("--strategy", required=True, help="comma-separated strategy names")
+    evaluation.add_argument("--n", default="1,2,4,8,16", help="comma-separated budgets (default 1,2,4,8,16)")
+    evaluation.add_argument("--out", default=None, help="directory for results.jsonl (resumable), summary and plots")
+    evaluation.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
+    evaluation.add_argument("--top-p", type=float, default=None)
+    evaluation.add_argument("--top-k", type=int, default=None)
+    evaluation.add_argument("--min-p", type=float, default=None)
+    evaluation.add_argument("--max-tokens", type=int, default=256, help="new tokens per sample (default 256)")
+    evaluation.add_argument("--seed", type=int, default=0, help="seeds samples and subsets (default 0)")
+    evaluation.add_argument("--subsets", type=int, default=16, help="random n-subsets of a pool per problem")
+    evaluation.add_argument("--pattern", default=None, help="answer regex (default: boxed / 'answer is' / last number)")
+    evaluation.add_argument("--no-math", action="store_true", help="compare answers as strings, not with math-verify")
+    evaluation.add_argument("--prompt-suffix", default="", help="text appended to every question")
+    evaluation.add_argument("--json", action="store_true", help='print {"results": [...]} on stdout')
+    _add_model_options(evaluation)
+
+    task = commands.add_parser("task", help="write a built-in task as JSONL")
+    task.add_argument("name", choices=["arithmetic"])
+    task.add_argument("--count", type=int, default=100)
+    task.add_argument("--seed", type=int, default=0)
+    task.add_argument("--max-number", type=int, default=9)
 
     info = commands.add_parser("info", help="describe a model")
     _add_model_options(info)
     info.add_argument("--json", action="store_true")
     return parser
+
+
+def _strategy_help() -> str:
+    from metagen.strategies.registry import STRATEGIES
+
+    lines = ["strategies (pooled ones are evaluated at every n from one pool of max(n) samples):"]
+    for spec in STRATEGIES.values():
+        budget = {"samples": "n samples", "rounds": "n rounds", "none": "n = 1"}[spec.budget]
+        lines.append(f"  {spec.name:<18} {spec.description} [{budget}{', pooled' if spec.pooled else ''}]")
+    return "\n".join(lines)
 
 
 def _sampling_params(args: argparse.Namespace):
@@ -137,6 +180,8 @@ def _generate(args: argparse.Namespace) -> int:
         config = BeamSearchConfig(
             width=args.beam_width, length_penalty=1.0 if args.length_penalty is None else args.length_penalty, max_tokens=params.max_tokens, n_best=1
         )
+    if args.strategy is not None:
+        return _generate_with_strategy(args, params)
     start = time.perf_counter()
     model = _load(args)
     load_seconds = time.perf_counter() - start
@@ -196,6 +241,119 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _generate_with_strategy(args: argparse.Namespace, params) -> int:
+    from dataclasses import replace
+
+    from metagen.decoding import LocalGenerator
+    from metagen.strategies.registry import StrategyOptions, get_strategy
+
+    spec = get_strategy(args.strategy)
+    if args.beam_width is not None:
+        raise ValueError("--strategy cannot be combined with --beam-width")
+    budget = params.n
+    spec.check_n(budget)
+    model = _load(args)
+    rng = replace(params, n=1).make_generator()
+    result = spec.run(LocalGenerator(model, chat=args.chat), _prompt(args), budget, replace(params, n=1),
+                      StrategyOptions(), rng)
+    if not args.json:
+        print(result.chosen.text)
+        return 0
+    print(json.dumps({
+        "strategy": spec.name,
+        "n": budget,
+        "chosen": {"text": result.chosen.text, "answer": result.chosen.answer, "score": result.chosen.score},
+        "candidates": [
+            {"text": c.text, "answer": c.answer, "score": c.score, "finish_reason": c.finish_reason,
+             "tokens": len(c.token_ids), "chosen": c is result.chosen}
+            for c in result.candidates
+        ],
+        "votes": result.votes,
+        "cost": result.cost.to_dict(),
+    }))
+    return 0
+
+
+def _progress(done: int, total: int, started: list[float]) -> None:
+    if not sys.stderr.isatty():
+        return
+    elapsed = time.perf_counter() - started[0]
+    width = 30
+    filled = int(width * done / total)
+    remaining = elapsed / done * (total - done) if done else 0.0
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} problems, "
+                     f"{elapsed:.0f} s elapsed, ~{remaining:.0f} s left ")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _parse_list(text: str, name: str, convert):
+    try:
+        values = tuple(convert(item.strip()) for item in text.split(",") if item.strip())
+    except ValueError:
+        raise ValueError(f"--{name} {text!r} must be a comma-separated list") from None
+    if not values:
+        raise ValueError(f"--{name} is empty")
+    return values
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from metagen.decoding import LocalGenerator
+    from metagen.eval import EvalConfig, arithmetic_problems, evaluate, format_table, load_jsonl
+    from metagen.sampling import SamplingParams
+    from metagen.strategies.registry import StrategyOptions
+
+    if args.data is not None:
+        problems = load_jsonl(args.data)
+    else:
+        problems = arithmetic_problems(args.count, args.task_seed, args.max_number)
+    if args.limit is not None:
+        if args.limit < 1:
+            raise ValueError(f"--limit {args.limit} is out of range: must be >= 1")
+        problems = problems[: args.limit]
+    sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
+    for name in ("top_p", "top_k", "min_p"):
+        if getattr(args, name) is not None:
+            sampling[name] = getattr(args, name)
+    config = EvalConfig(
+        strategies=_parse_list(args.strategy, "strategy", str),
+        ns=_parse_list(args.n, "n", int),
+        params=SamplingParams(**sampling),
+        seed=args.seed,
+        subsets=args.subsets,
+        options=StrategyOptions(args.pattern, not args.no_math),
+        prompt_suffix=args.prompt_suffix,
+    )
+    model = _load(args)
+    started = [time.perf_counter()]
+    report = evaluate(LocalGenerator(model), problems, config, args.out, model_name=model.config.name,
+                      progress=lambda done, total: _progress(done, total, started))
+    table = format_table(report)
+    if args.out is not None:
+        from pathlib import Path
+
+        from metagen.eval.plots import plot_curves
+
+        out = Path(args.out)
+        (out / "summary.txt").write_text(table + "\n")
+        (out / "summary.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+        plot_curves(report, out, title=f"{model.config.name}, {len(problems)} problems")
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        print(table)
+    return 0
+
+
+def _task(args: argparse.Namespace) -> int:
+    from metagen.eval import arithmetic_problems
+
+    for problem in arithmetic_problems(args.count, args.seed, args.max_number):
+        print(json.dumps({"id": problem.id, "question": problem.question, "answer": problem.answer}))
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
     model = _load(args)
     config = model.config
@@ -232,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "eval":
+            return _eval(args)
+        if args.command == "task":
+            return _task(args)
         return _info(args)
     except (ValueError, FileNotFoundError, NotImplementedError) as error:
         print(f"metagen: error: {error}", file=sys.stderr)

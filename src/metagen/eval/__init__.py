@@ -1,0 +1,19 @@
+"""Evaluation: tasks, a resumable harness over strategies × budgets, and accuracy-vs-compute plots."""
+
+from metagen.eval.harness import CurvePoint, EvalConfig, EvalReport, evaluate, format_table, summarize
+from metagen.eval.metrics import pass_at_k
+from metagen.eval.tasks import Problem, arithmetic_problems, load_jsonl, write_jsonl
+
+__all__ = [
+    "CurvePoint",
+    "EvalConfig",
+    "EvalReport",
+    "Problem",
+    "arithmetic_problems",
+    "evaluate",
+    "format_table",
+    "load_jsonl",
+    "pass_at_k",
+    "summarize",
+    "write_jsonl",
+]

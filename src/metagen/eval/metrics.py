@@ -1,0 +1,36 @@
+"""Coverage and summary statistics for evaluation curves."""
+
+from __future__ import annotations
+
+import math
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimate of pass@k from n samples of which c are correct (Chen et al. 2021):
+
+        pass@k = 1 − C(n − c, k) / C(n, k) = 1 − Π_{i = n − c + 1}^{n} (1 − k / i)
+
+    computed as the product, which never forms the huge binomials. O(c).
+    """
+    if not 0 <= c <= n:
+        raise ValueError(f"c={c} is out of range: must be in [0, n={n}]")
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k} is out of range: must be in [1, n={n}]")
+    if n - c < k:
+        return 1.0
+    product = 1.0
+    for i in range(n - c + 1, n + 1):
+        product *= 1.0 - k / i
+    return 1.0 - product
+
+
+def mean_and_stderr(values: list[float]) -> tuple[float, float]:
+    """Mean and its standard error (sample standard deviation / sqrt(count))."""
+    count = len(values)
+    if count == 0:
+        return float("nan"), float("nan")
+    mean = sum(values) / count
+    if count == 1:
+        return mean, 0.0
+    variance = sum((v - mean) ** 2 for v in values) / (count - 1)
+    return mean, math.sqrt(variance / count)

@@ -1,0 +1,52 @@
+"""Accuracy-vs-compute plots (matplotlib, imported only here, drawn off-screen)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from metagen.eval.harness import ORACLE, EvalReport
+
+AXES = (
+    ("generated_tokens", "generated tokens per problem", "accuracy_vs_tokens.png"),
+    ("flops", "FLOPs per problem (2·params·tokens + attention)", "accuracy_vs_flops.png"),
+)
+
+
+def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> list[Path]:
+    """One PNG per compute axis: a line per strategy (accuracy at each n, labelled by n), the
+    oracle coverage pass@k dashed. Returns the files written."""
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise ImportError("plots need matplotlib: pip install 'metagen[plot]'") from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    strategies = list(dict.fromkeys(point.strategy for point in report.points))
+    written = []
+    for field, label, filename in AXES:
+        figure, axis = plt.subplots(figsize=(7, 4.5))
+        for strategy in strategies:
+            points = sorted((p for p in report.points if p.strategy == strategy), key=lambda p: p.n)
+            xs = [getattr(p.cost, field) for p in points]
+            ys = [p.accuracy for p in points]
+            style = {"linestyle": "--", "color": "gray"} if strategy == ORACLE else {}
+            marker = "s" if len(points) == 1 else "o"
+            axis.plot(xs, ys, marker=marker, label=strategy + (" (oracle)" if strategy == ORACLE else ""), **style)
+            if strategy != ORACLE:
+                for p, x, y in zip(points, xs, ys):
+                    axis.annotate(str(p.n), (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
+        axis.set_xscale("log")
+        axis.set_xlabel(label)
+        axis.set_ylabel("accuracy")
+        axis.set_ylim(0, 1)
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize=8)
+        if title:
+            axis.set_title(title)
+        path = Path(out_dir) / filename
+        figure.tight_layout()
+        figure.savefig(path, dpi=120)
+        plt.close(figure)
+        written.append(path)
+    return written

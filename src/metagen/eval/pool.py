@@ -1,0 +1,107 @@
+"""Sample pools: N completions of a problem, stored once and re-used for every strategy and n.
+
+A pooled strategy (one that picks or builds its output from n i.i.d. samples of the prompt:
+best-of-N, voting, MBR) run with n samples has the same output distribution as the strategy
+run on a uniformly random n-subset of N ≥ n stored i.i.d. samples. So its expected accuracy at
+every n ≤ N is estimated without bias by averaging over subsets of one pool (search-and-learn
+does the same), and a whole curve costs one N-sample generation per problem.
+
+`PoolGenerator` is a `Generator` that serves a chosen subset of a pool, so the evaluation runs
+the library's own strategy code on it, with the cost the subset would have had.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from metagen.decoding.cost import Cost
+from metagen.decoding.generator import Generator
+from metagen.decoding.sample_loop import Completion, GenerationResult
+
+
+@dataclass
+class Sample:
+    """One stored completion. flops: its decode FLOPs (the shared prompt's are in the pool)."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    certainties: list[float]
+    finish_reason: str | None
+    flops: float
+    answer: str | None = None
+    correct: bool = False
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def completion(self) -> Completion:
+        return Completion(self.text, list(self.token_ids), list(self.logprobs), certainties=list(self.certainties),
+                          finish_reason=self.finish_reason)
+
+
+@dataclass
+class Pool:
+    """N samples of one prompt plus what the shared prompt cost (prefill FLOPs and time)."""
+
+    prompt_tokens: int
+    prompt_flops: float
+    prefill_seconds: float
+    decode_seconds: float
+    samples: list[Sample] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        data = {k: v for k, v in self.__dict__.items() if k != "samples"}
+        data["samples"] = [sample.to_dict() for sample in self.samples]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Pool:
+        samples = [Sample(**sample) for sample in data["samples"]]
+        return cls(data["prompt_tokens"], data["prompt_flops"], data["prefill_seconds"], data["decode_seconds"], samples)
+
+    def subset_cost(self, indices: Sequence[int]) -> Cost:
+        """The cost of generating exactly these samples in one batched call: one prefill, the
+        prompt reused by the other rows, one forward per decode step. Wall time is the pool's
+        prefill plus its decode time in proportion to the tokens kept (an estimate)."""
+        chosen = [self.samples[i] for i in indices]
+        tokens = sum(len(s.token_ids) for s in chosen)
+        pool_tokens = sum(len(s.token_ids) for s in self.samples) or 1
+        return Cost(
+            model_calls=max((len(s.token_ids) for s in chosen), default=0),
+            prompt_tokens_computed=self.prompt_tokens,
+            prompt_tokens_reused=self.prompt_tokens * (len(chosen) - 1),
+            generated_tokens=tokens,
+            flops=self.prompt_flops + sum(s.flops for s in chosen),
+            wall_seconds=self.prefill_seconds + self.decode_seconds * tokens / pool_tokens,
+        )
+
+
+class PoolGenerator(Generator):
+    """Serves `pool.samples[indices]` as the completions of the next `generate` call.
+
+    It checks that the strategy asks for exactly len(indices) samples, so a strategy that
+    samples more (or twice) is caught instead of silently served stale data.
+    """
+
+    def __init__(self, pool: Pool, indices: Sequence[int], decode=None) -> None:
+        self.pool = pool
+        self.indices = list(indices)
+        self._decode = decode
+        self.calls = 0
+
+    def generate(self, prompt, params, *, generator=None) -> GenerationResult:
+        if self.calls:
+            raise RuntimeError("a pooled strategy must sample its candidates in one generate call")
+        if params.n != len(self.indices):
+            raise RuntimeError(f"strategy asked for n={params.n} samples, the pool subset has {len(self.indices)}")
+        self.calls += 1
+        completions = [self.pool.samples[i].completion() for i in self.indices]
+        cost = self.pool.subset_cost(self.indices)
+        return GenerationResult(completions, [], model_calls=cost.model_calls, cost=cost)
+
+    def decode(self, token_ids: list[int]) -> str:
+        if self._decode is None:
+            return super().decode(token_ids)
+        return self._decode(token_ids)

@@ -1,0 +1,143 @@
+"""Strategies by name, for the command line and the evaluation harness.
+
+Each entry runs one strategy with n samples (or n rounds) on a `Generator`:
+
+    spec = STRATEGIES["weighted_voting"]
+    result = spec.run(generator, prompt, n, params, options, rng)
+
+pooled: the strategy picks or builds its output from n i.i.d. samples of the prompt drawn in
+one `generate` call, so the harness can evaluate it at every n by subsampling one stored pool.
+budget: what n means for the strategy ("samples", "rounds", or "none" when it takes n = 1 only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from metagen.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class StrategyOptions:
+    """pattern: answer regex (None: default extraction); math: compare answers with math-verify."""
+
+    pattern: str | None = None
+    math: bool = True
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    name: str
+    description: str
+    run: Callable
+    pooled: bool
+    budget: str = "samples"
+
+    def check_n(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"n={n} is out of range: must be >= 1")
+        if self.budget == "none" and n != 1:
+            raise ValueError(f"n={n} is out of range for strategy {self.name!r}: it takes n=1 only")
+
+
+def _greedy(generator, prompt, n, params, options, rng):
+    from metagen.scoring.answers import extract_answer
+    from metagen.strategies.result import StrategyResult, candidates_from
+
+    result = generator.generate(prompt, replace(params, temperature=0.0, n=1), generator=rng)
+    candidates = candidates_from(result)
+    candidates[0].answer = extract_answer(candidates[0].text, options.pattern)
+    return StrategyResult(candidates[0], candidates, result.cost)
+
+
+def _best_of_n(scorer_name):
+    def run(generator, prompt, n, params, options, rng):
+        from metagen.scoring import logprob
+        from metagen.scoring.answers import extract_answer
+        from metagen.strategies.best_of_n import BestOfNConfig, best_of_n
+
+        result = best_of_n(generator, prompt, BestOfNConfig(n, params), getattr(logprob, scorer_name), rng=rng)
+        for candidate in result.candidates:
+            candidate.answer = extract_answer(candidate.text, options.pattern)
+        return result
+
+    return run
+
+
+def _self_consistency(generator, prompt, n, params, options, rng):
+    from metagen.strategies.self_consistency import SelfConsistencyConfig, self_consistency
+
+    return self_consistency(generator, prompt, SelfConsistencyConfig(n, params, options.pattern, options.math), rng=rng)
+
+
+def _weighted_voting(generator, prompt, n, params, options, rng):
+    from metagen.scoring.logprob import self_certainty
+    from metagen.strategies.weighted_voting import WeightedVotingConfig, weighted_voting
+
+    config = WeightedVotingConfig(n, params, options.pattern, options.math, exp_scores=False)
+    return weighted_voting(generator, prompt, config, self_certainty, rng=rng)
+
+
+def _borda(generator, prompt, n, params, options, rng):
+    from metagen.strategies.borda_voting import BordaVotingConfig, borda_voting
+
+    return borda_voting(generator, prompt, BordaVotingConfig(n, params, options.pattern, options.math), rng=rng)
+
+
+def _mbr(utility_name):
+    def run(generator, prompt, n, params, options, rng):
+        from metagen.scoring import embeddings, utilities
+        from metagen.scoring.answers import extract_answer
+        from metagen.strategies.mbr import MBRConfig, mbr
+
+        module = embeddings if utility_name == "EmbeddingCosine" else utilities
+        utility = getattr(module, utility_name)()
+        result = mbr(generator, prompt, MBRConfig(n, params, include_self=True), utility, rng=rng)
+        for candidate in result.candidates:
+            candidate.answer = extract_answer(candidate.text, options.pattern)
+        return result
+
+    return run
+
+
+def _self_refine(generator, prompt, n, params, options, rng):
+    from metagen.scoring.answers import extract_answer
+    from metagen.strategies.self_refine import SelfRefineConfig, self_refine
+
+    config = SelfRefineConfig(rounds=n - 1, draft_params=params, critique_params=params, revision_params=params)
+    result = self_refine(generator, prompt, config, rng=rng)
+    for candidate in result.candidates:
+        candidate.answer = extract_answer(candidate.text, options.pattern)
+    return result
+
+
+STRATEGIES: dict[str, StrategySpec] = {
+    spec.name: spec
+    for spec in (
+        StrategySpec("greedy", "one greedy (temperature 0) completion", _greedy, pooled=False, budget="none"),
+        StrategySpec("best_of_n", "best of n samples by self-certainty", _best_of_n("self_certainty"), pooled=True),
+        StrategySpec("best_of_n_logprob", "best of n samples by mean token logprob", _best_of_n("mean_logprob"),
+                     pooled=True),
+        StrategySpec("self_consistency", "majority vote over extracted answers", _self_consistency, pooled=True),
+        StrategySpec("weighted_voting", "answers weighted by self-certainty", _weighted_voting, pooled=True),
+        StrategySpec("borda", "Borda voting ranked by self-certainty, p = 0.5", _borda, pooled=True),
+        StrategySpec("mbr_chrf", "MBR with chrF", _mbr("ChrF"), pooled=True),
+        StrategySpec("mbr_bleu", "MBR with BLEU", _mbr("Bleu"), pooled=True),
+        StrategySpec("mbr_edit", "MBR with edit similarity", _mbr("EditSimilarity"), pooled=True),
+        StrategySpec("mbr_embedding", "MBR with MiniLM embedding cosine", _mbr("EmbeddingCosine"), pooled=True),
+        StrategySpec("self_refine", "draft + (n - 1) critique/revision rounds", _self_refine, pooled=False,
+                     budget="rounds"),
+    )
+}
+
+
+def get_strategy(name: str) -> StrategySpec:
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise ValueError(f"strategy={name!r} is not known; choose from {', '.join(STRATEGIES)}") from None
+
+
+def default_params() -> SamplingParams:
+    return SamplingParams(temperature=0.8, max_tokens=256)
