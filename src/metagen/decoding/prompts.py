@@ -13,6 +13,11 @@ def encode_prompt(tokenizer, prompt: Prompt, chat: bool | None = None) -> list[i
     prompt: text, chat messages ([{"role", "content"}, ...]) or token ids.
     chat: for text, wrap it as one user message in the model's chat template (None: when the
         model has a template). Messages always use the template; ids are taken as they are.
+    Messages ending with an assistant message are continued: the template is rendered without
+    the generation prompt and cut right after that message's text, so the model writes on from a
+    partial reply (a prefilled answer, or its own text with a tool's result appended). This is
+    transformers' `continue_final_message=True`, which its text-generation pipeline also picks
+    by default for such conversations.
     Raises ValueError for an empty prompt.
     """
     if isinstance(prompt, str):
@@ -28,6 +33,8 @@ def encode_prompt(tokenizer, prompt: Prompt, chat: bool | None = None) -> list[i
     if all(isinstance(item, Mapping) for item in items):
         if chat is False:
             raise ValueError("chat=False was given with chat messages; pass text or token ids instead")
+        if items[-1].get("role") == "assistant":
+            return tokenizer.encode_chat(items, add_generation_prompt=False, continue_final_message=True)
         return tokenizer.encode_chat(items, add_generation_prompt=True)
     if all(isinstance(item, int) and not isinstance(item, bool) for item in items):
         return [int(item) for item in items]

@@ -111,6 +111,7 @@ def render_chat_template(
     messages: Sequence[Mapping[str, Any]],
     *,
     add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
     bos_token: str | None = None,
     eos_token: str | None = None,
     **variables: Any,
@@ -118,17 +119,42 @@ def render_chat_template(
     """Render `messages` with `template` to prompt text.
 
     `add_generation_prompt=True` appends the header that opens the assistant's turn (e.g.
-    `<|im_start|>assistant\\n` for ChatML), so the model's next tokens are its reply. `variables` are
-    extra template variables (`tools` and `documents` default to None, as in the reference); they
-    override `bos_token` / `eos_token` if they name them too.
+    `<|im_start|>assistant\\n` for ChatML), so the model's next tokens are its reply.
+    `continue_final_message=True` (with `add_generation_prompt=False`) leaves the final message open
+    instead: the text ends right after that message's content, without the end-of-turn marker the
+    template writes after it, so the model writes on from a partial reply (transformers'
+    `apply_chat_template(continue_final_message=True)`). The content is kept verbatim, trailing
+    spaces included. `variables` are extra template variables (`tools` and `documents` default to
+    None, as in the reference); they override `bos_token` / `eos_token` if they name them too.
     Time complexity: linear in the rendered length.
     """
+    if continue_final_message and add_generation_prompt:
+        raise ValueError(
+            "add_generation_prompt=True and continue_final_message=True contradict each other: "
+            "the first opens a new assistant turn, the second continues the final message"
+        )
     context = {"bos_token": bos_token, "eos_token": eos_token, "tools": None, "documents": None, **variables}
     context["messages"] = validate_messages(messages)
     context["add_generation_prompt"] = add_generation_prompt
+    final = context["messages"][-1]
+    if continue_final_message:
+        if not isinstance(final.get("content"), str):
+            raise ValueError("continue_final_message=True needs a final message with string content")
+        # Render with a marker in place of the final content and cut there: this finds where the
+        # content starts even when it is empty or repeats earlier text.
+        context["messages"] = [*context["messages"][:-1], {**final, "content": _CONTINUE_MARKER}]
     try:
-        return compile_chat_template(template).render(**context)
+        text = compile_chat_template(template).render(**context)
     except ChatTemplateError:
         raise
     except jinja2.TemplateError as error:
         raise ChatTemplateError(f"chat template failed to render: {error}") from error
+    if not continue_final_message:
+        return text
+    position = text.rfind(_CONTINUE_MARKER)
+    if position < 0:
+        raise ChatTemplateError("chat template drops the final message's content, so it cannot be continued")
+    return text[:position] + final["content"]
+
+
+_CONTINUE_MARKER = "metagenContinueFinalMessageMarker"

@@ -269,10 +269,16 @@ class Tokenizer:
     # -- chat ---------------------------------------------------------------------------------------
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **variables: Any
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **variables: Any,
     ) -> str:
         """Render `messages` (dicts with `role`, `content`) to prompt text with the model's template.
 
+        continue_final_message: end the text inside the final message (no end-of-turn marker), so
+        generation continues it; needs add_generation_prompt=False (see `render_chat_template`).
         Raises ValueError for malformed messages, or when the model has no chat template.
         """
         if self.chat_template is None:
@@ -283,16 +289,24 @@ class Tokenizer:
             self.chat_template,
             messages,
             add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
             **variables,
         )
 
     def encode_chat(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **variables: Any
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **variables: Any,
     ) -> list[int]:
         """Token ids (T,) of the rendered chat; BOS / EOS come from the template only."""
-        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **variables)
+        text = self.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+            **variables,
+        )
         return self.encode(text, add_special_tokens=False)
 
     def _end_of_turn_token_id(self) -> int | None:
