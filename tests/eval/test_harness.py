@@ -1,0 +1,167 @@
+"""The harness: unbiased subsampled accuracies, resumability, set-up checks, plots, CLI."""
+
+import json
+from itertools import combinations
+
+import pytest
+import torch
+
+from metagen.decoding import Cost, Generator
+from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.eval import EvalConfig, Problem, evaluate, format_table
+from metagen.eval.harness import ResultsFile
+from metagen.sampling import SamplingParams
+
+PROBLEMS = [Problem(f"p{i}", f"question {i}", str(i % 3)) for i in range(5)]
+
+
+class DiceGenerator(Generator):
+    """Answers 'The answer is X' with X uniform in {0, 1, 2} from the rng it is given; random
+    logprobs and certainties; counts its calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompt, params, *, generator=None):
+        self.calls.append((prompt, params.n, params.temperature))
+        completions = []
+        for _ in range(params.n):
+            answer = int(torch.randint(0, 3, (1,), generator=generator)) if params.temperature > 0 else 0
+            length = int(torch.randint(1, 6, (1,), generator=generator))
+            logprobs = (-torch.rand(length, generator=generator)).tolist()
+            certainties = torch.rand(length, generator=generator).tolist()
+            completions.append(Completion(f"The answer is {answer}", list(range(length)), logprobs,
+                                          certainties=certainties, finish_reason="stop"))
+        cost = Cost(model_calls=5, prompt_tokens_computed=4, prompt_tokens_reused=4 * (params.n - 1),
+                    generated_tokens=sum(len(c.token_ids) for c in completions), flops=1.0)
+        return GenerationResult(completions, [1, 2, 3, 4], cost=cost)
+
+
+def _without_wall_time(report):
+    results = report.to_dict()["results"]
+    for result in results:
+        result["cost"].pop("wall_seconds")
+    return results
+
+
+def _pools(out):
+    results = ResultsFile(out / "results.jsonl")
+    return {problem.id: results.get("pool", problem.id)["pool"]["samples"] for problem in PROBLEMS}
+
+
+def test_pooled_accuracy_is_the_exact_mean_over_subsets(tmp_path):
+    config = EvalConfig(("best_of_n_logprob", "self_consistency"), ns=(1, 2, 4), subsets=100, params=SamplingParams(temperature=1.0))
+    report = evaluate(DiceGenerator(), PROBLEMS, config, tmp_path)
+    pools = _pools(tmp_path)
+    points = {(p.strategy, p.n): p for p in report.points}
+    for n in (1, 2, 4):
+        expected = []
+        for problem in PROBLEMS:
+            samples = pools[problem.id]
+            hits = []
+            for subset in combinations(range(4), n):  # C(4, n) <= 100 subsets: all of them are used
+                means = [sum(samples[i]["logprobs"]) / len(samples[i]["logprobs"]) for i in subset]
+                best = subset[max(range(n), key=lambda j: (means[j], -j))]
+                hits.append(samples[best]["text"].endswith(problem.answer))
+            expected.append(sum(hits) / len(hits))
+        assert points[("best_of_n_logprob", n)].accuracy == pytest.approx(sum(expected) / len(expected))
+    single = [sum(s["correct"] for s in pools[p.id]) / 4 for p in PROBLEMS]
+    assert points[("self_consistency", 1)].accuracy == pytest.approx(sum(single) / len(single))
+    assert points[("pass@k", 1)].accuracy == pytest.approx(sum(single) / len(single))
+    full = points[("pass@k", 4)].accuracy
+    assert full == pytest.approx(sum(any(s["correct"] for s in pools[p.id]) for p in PROBLEMS) / len(PROBLEMS))
+    # cost of n samples: one prompt computed, n − 1 reused, the subset's tokens
+    assert points[("self_consistency", 4)].cost.prompt_tokens_reused == 12
+    assert points[("self_consistency", 2)].cost.prompt_tokens_reused == 4
+    assert "best_of_n_logprob" in format_table(report)
+
+
+def test_a_killed_run_resumes_without_redoing_or_losing_work(tmp_path):
+    config = EvalConfig(("greedy", "weighted_voting"), ns=(1, 2), params=SamplingParams(temperature=1.0))
+    reference = evaluate(DiceGenerator(), PROBLEMS, config, tmp_path / "whole")
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_two(done, total):
+        if done == 2:
+            raise Killed
+
+    first = DiceGenerator()
+    with pytest.raises(Killed):
+        evaluate(first, PROBLEMS, config, tmp_path / "run", progress=kill_after_two)
+    assert len(first.calls) == 4  # a pool and a greedy call per finished problem
+    with open(tmp_path / "run" / "results.jsonl", "a") as handle:
+        handle.write('{"kind": "pool", "id": "p2", "po')  # torn write of the third problem
+    second = DiceGenerator()
+    resumed = evaluate(second, PROBLEMS, config, tmp_path / "run")
+    assert [prompt for prompt, _, _ in second.calls] == ["question 2", "question 2", "question 3", "question 3",
+                                                          "question 4", "question 4"]
+    assert _without_wall_time(resumed) == _without_wall_time(reference)
+    lines = (tmp_path / "run" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 10 and all(json.loads(line) for line in lines)
+    third = DiceGenerator()
+    assert _without_wall_time(evaluate(third, PROBLEMS, config, tmp_path / "run")) == _without_wall_time(reference)
+    assert third.calls == []
+
+
+def test_a_different_setup_in_the_same_directory_is_refused(tmp_path):
+    config = EvalConfig(("self_consistency",), ns=(1, 2), params=SamplingParams(temperature=1.0))
+    evaluate(DiceGenerator(), PROBLEMS, config, tmp_path)
+    hotter = EvalConfig(("self_consistency",), ns=(1, 2), params=SamplingParams(temperature=1.5))
+    with pytest.raises(ValueError, match="params.temperature=1.0, this run has params.temperature=1.5"):
+        evaluate(DiceGenerator(), PROBLEMS, hotter, tmp_path)
+    bigger = EvalConfig(("self_consistency",), ns=(1, 4), params=SamplingParams(temperature=1.0))
+    with pytest.raises(ValueError, match="pools of 2 samples, this run needs 4"):
+        evaluate(DiceGenerator(), PROBLEMS, bigger, tmp_path)
+    more_strategies = EvalConfig(("self_consistency", "borda", "greedy"), ns=(1, 2), params=SamplingParams(temperature=1.0))
+    generator = DiceGenerator()
+    report = evaluate(generator, PROBLEMS, more_strategies, tmp_path)
+    assert all(n == 1 and temperature == 0 for _, n, temperature in generator.calls)  # only greedy was new
+    assert {p.strategy for p in report.points} == {"self_consistency", "borda", "greedy", "pass@k"}
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="strategy='nope' is not known"):
+        EvalConfig(("nope",))
+    with pytest.raises(ValueError, match="ns=.0"):
+        EvalConfig(("greedy",), ns=(0,))
+    with pytest.raises(ValueError, match="subsets=0"):
+        EvalConfig(("greedy",), subsets=0)
+
+
+def test_plots_are_written(tmp_path):
+    from metagen.eval.plots import plot_curves
+
+    config = EvalConfig(("greedy", "self_consistency"), ns=(1, 2, 4), params=SamplingParams(temperature=1.0))
+    report = evaluate(DiceGenerator(), PROBLEMS, config)
+    for path in plot_curves(report, tmp_path, title="dice"):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_eval_and_strategy_commands_on_the_real_model(tmp_path, capsys):
+    from metagen.cli import main
+
+    assert main(["task", "arithmetic", "--count", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line)["id"] for line in lines] == ["arithmetic-0-0", "arithmetic-0-1"]
+    argv = ["eval", "--task", "arithmetic", "--count", "2", "--strategy", "greedy,self_consistency", "--n", "1,2",
+            "--max-tokens", "12", "--out", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert [(r["strategy"], r["n"]) for r in results] == [("greedy", 1), ("self_consistency", 1),
+                                                          ("self_consistency", 2), ("pass@k", 1), ("pass@k", 2)]
+    assert all(0 <= r["accuracy"] <= 1 and r["cost"]["flops"] > 0 for r in results)
+    assert {p.name for p in tmp_path.iterdir()} >= {"results.jsonl", "run.json", "summary.txt", "accuracy_vs_flops.png"}
+    assert main(argv) == 0  # resumed: nothing new to generate, same summary
+    assert json.loads(capsys.readouterr().out)["results"] == results
+
+    assert main(["generate", "What is 2 + 3?", "--strategy", "self_consistency", "--n", "3", "--max-tokens", "12",
+                 "--seed", "0", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["strategy"] == "self_consistency" and len(payload["candidates"]) == 3
+    assert sum(c["chosen"] for c in payload["candidates"]) == 1
+    assert payload["cost"]["prompt_tokens_reused"] == 2 * payload["cost"]["prompt_tokens_computed"]
+    assert main(["generate", "hi", "--strategy", "greedy", "--n", "2"]) == 2
+    assert "n=2 is out of range for strategy 'greedy'" in capsys.readouterr().err
