@@ -47,14 +47,14 @@ def test_expected_utilities_by_hand():
 
 def test_mbr_picks_the_highest_expected_utility_and_adds_the_utility_cost():
     utility = FixedUtility()
-    result = mbr(CannedGenerator(THREE), "q", MBRConfig(n=3), utility)
+    result = mbr(CannedGenerator(THREE), "q", MBRConfig(n=3, include_self=False), utility)
     assert result.text == "third"
     assert [c.score for c in result.candidates] == pytest.approx([0.55, 0.45, 0.75])
     assert utility.diagonals == [False]
     assert result.cost.model_calls == 3 + 2 and result.cost.flops == 5.0
     assert result.cost.generated_tokens == 3 and result.cost.prompt_tokens_reused == 10
     # counting u(y, y) lets candidate 0's large self-utility win
-    assert mbr(CannedGenerator(THREE), "q", MBRConfig(n=3, include_self=True), utility).text == "first"
+    assert mbr(CannedGenerator(THREE), "q", MBRConfig(n=3), utility).text == "first"  # the seed's default
 
 
 def test_mbr_with_answer_agreement_is_weighted_voting():
@@ -74,7 +74,7 @@ def test_without_self_pairs_answer_agreement_can_differ_from_weighted_voting():
     assert voting.answer == "7"  # 0.9 > 0.5 + 0.3
     utility = AnswerAgreement(weight)
     assert mbr(CannedGenerator(outputs), "q", MBRConfig(n=3, include_self=True), utility).text == "answer 7"
-    without = mbr(CannedGenerator(outputs), "q", MBRConfig(n=3), utility)
+    without = mbr(CannedGenerator(outputs), "q", MBRConfig(n=3, include_self=False), utility)
     assert without.text == "answer 9"  # each 9 gets the other's vote; the lone 7 gets none
     assert [c.score for c in without.candidates] == pytest.approx([0.0, 0.15, 0.25])
 
@@ -84,20 +84,20 @@ def test_mbr_with_chrf_picks_the_consensus_sentence():
 
     outputs = [("the cat sat on the mat", [-1.0]), ("a dog barked loudly", [-1.0]),
                ("the cat sat on a mat", [-1.0]), ("the cat is on the mat", [-1.0])]
-    result = mbr(CannedGenerator(outputs), "q", MBRConfig(n=4), ChrF())
+    result = mbr(CannedGenerator(outputs), "q", MBRConfig(n=4, include_self=False), ChrF())
     texts = [t for t, _ in outputs]
     expected = [sum(sacrebleu.sentence_chrf(h, [r]).score / 100 for r in texts if r != h) / 3 for h in texts]
     assert [c.score for c in result.candidates] == pytest.approx(expected)
     assert result.text == texts[int(np.argmax(expected))] == "the cat sat on the mat"
-    assert mbr(CannedGenerator(outputs), "q", MBRConfig(n=4)).text == result.text  # chrF is the default
+    assert mbr(CannedGenerator(outputs), "q", MBRConfig(n=4)).text == result.text  # chrF; u(y, y) = 1 shifts all
 
 
 def test_bad_config_names_the_field_and_range():
     with pytest.raises(ValueError, match=r"n=1 is out of range: must be >= 2"):
-        MBRConfig(n=1)
+        MBRConfig(n=1, include_self=False)
     with pytest.raises(ValueError, match=r"n=0 is out of range: must be >= 1"):
-        MBRConfig(n=0, include_self=True)
-    assert MBRConfig(n=1, include_self=True).n == 1
+        MBRConfig(n=0)
+    assert MBRConfig(n=1).n == 1
 
 
 @pytest.mark.slow

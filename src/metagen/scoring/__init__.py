@@ -1,9 +1,29 @@
-"""Scorers, verifiers and answer extraction used by meta-generation strategies."""
+"""Scorers, verifiers, MBR utilities and answer extraction used by meta-generation strategies.
+
+Light at import: the optional backends (sacrebleu, rapidfuzz, transformers, the sandbox) load
+when a scorer that needs them is built or called.
+"""
 
 from metagen.scoring.answers import AnswerExtractor, answers_match, extract_answer
-from metagen.scoring.exact_answer import ExactAnswerVerifier
 from metagen.scoring.base import FunctionScorer, Scorer, Scores, Verdict, Verifier, as_scorer, prompt_text
+from metagen.scoring.exact_answer import ExactAnswerVerifier
 from metagen.scoring.logprob import mean_logprob, self_certainty, sum_logprob
+
+_LAZY = {
+    "Utility": "utilities", "ChrF": "utilities", "Bleu": "utilities", "EditSimilarity": "utilities",
+    "AnswerAgreement": "utilities", "EmbeddingCosine": "embeddings", "LLMJudge": "judge",
+    "LLMJudgeUtility": "judge", "RewardModelScorer": "reward_model", "CodeExecutionVerifier": "code_execution",
+    "run_python": "sandbox", "SandboxResult": "sandbox",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"metagen.scoring.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'metagen.scoring' has no attribute {name!r}")
+
 
 __all__ = [
     "AnswerExtractor",
@@ -20,4 +40,5 @@ __all__ = [
     "prompt_text",
     "self_certainty",
     "sum_logprob",
+    *_LAZY,
 ]

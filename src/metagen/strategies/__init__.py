@@ -2,19 +2,30 @@
 
 from metagen.strategies.best_of_n import BestOfNConfig, best_of_n
 from metagen.strategies.borda_voting import BordaVotingConfig, borda_voting
+from metagen.strategies.mbr import MBRConfig, mbr
 from metagen.strategies.result import Candidate, StrategyResult
 from metagen.strategies.self_consistency import SelfConsistencyConfig, self_consistency
+from metagen.strategies.self_refine import SelfRefineConfig, SelfRefineResult, self_refine
+from metagen.strategies.verifier_refine import VerifierRefineConfig, VerifierRefineResult, verifier_refine
 from metagen.strategies.weighted_voting import WeightedVotingConfig, weighted_voting
 
 __all__ = [
     "BestOfNConfig",
     "BordaVotingConfig",
     "Candidate",
+    "MBRConfig",
     "SelfConsistencyConfig",
+    "SelfRefineConfig",
+    "SelfRefineResult",
     "StrategyResult",
+    "VerifierRefineConfig",
+    "VerifierRefineResult",
     "WeightedVotingConfig",
     "best_of_n",
     "borda_voting",
+    "mbr",
     "self_consistency",
+    "self_refine",
+    "verifier_refine",
     "weighted_voting",
 ]

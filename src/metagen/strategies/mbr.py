@@ -2,14 +2,14 @@
 return the one with the highest expected utility against the others, which stand in for samples
 of the model's distribution:
 
-    ŷ = argmax_i Ū_i,    Ū_i = (1/(N−1)) Σ_{j≠i} u(y_i, y_j)    ≈ E_{y' ~ p(·|x)}[u(y_i, y')]
+    ŷ = argmax_i Ū_i,    Ū_i = (1/N) Σ_j u(y_i, y_j)    ≈ E_{y' ~ p(·|x)}[u(y_i, y')]
 
-Self-pairs: the seed writes the average over all N samples, (1/N) Σ_j u(y_i, y_j), which counts
-u(y_i, y_i) for each candidate. For similarity utilities (chrF, BLEU, edit similarity, cosine)
-u(y, y) is the same constant for every y and only shifts all Ū_i alike, so the default
-(include_self=False) leaves it out, which also spares a judge utility N calls. With
-`AnswerAgreement` it matters: the self-pair is the candidate's own vote, and include_self=True
-is what makes MBR equal weighted voting.
+Self-pairs: the seed averages over all N samples, counting u(y_i, y_i) for each candidate; that
+is the default (include_self=True), and with `AnswerAgreement` it is what makes MBR equal
+weighted voting (the self-pair is the candidate's own vote). For similarity utilities (chrF,
+BLEU, edit similarity, cosine) u(y, y) is the same constant for every y and only shifts all Ū_i
+alike; include_self=False averages over j ≠ i instead (divided by N − 1), which spares a judge
+utility N calls.
 
 Cost: one prefill + N rows decoded as one batch, plus what the utility spends (O(N²) utility
 evaluations; N(N−1) without self-pairs).
@@ -37,7 +37,7 @@ class MBRConfig:
 
     n: int = 8
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
-    include_self: bool = False
+    include_self: bool = True
 
     def __post_init__(self) -> None:
         lowest = 1 if self.include_self else 2
