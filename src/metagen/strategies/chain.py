@@ -1,0 +1,358 @@
+"""chain: small programs over a `Generator` -- generate, call a tool, generate again.
+
+    program = Chain([
+        Generate("reasoning", "{question}", prefill="Let's think step by step."),
+        CallTool("check", Calculator(), "{expression}"),
+        Transform("answer", lambda values: values["reasoning"].split()[-1]),
+    ])
+    result = program.run(generator, {"question": "...", "expression": "12 * 7"})
+    result.text, result.values["reasoning"], result.trace, result.cost
+
+Steps run in order against a dict of named text values: each reads values through a
+`str.format` template (or a function of the values) and stores its output under its `name`.
+`Generate` sends one chat request [system?, user, assistant prefill?]; `CallTool` runs a `Tool`;
+`Transform` computes a value in Python. Cost: the sum of every model call; tools add wall time.
+
+Tool loop (`Generate(..., tools=[ToolBinding, ...])`): generation stops at a binding's `close`
+string; when the text then ends with a whole call `open + input + close`, the handler (a tool, or
+another `Generate` step: the model answering a sub-question) runs on the input, the call is
+replaced by its answered form (e.g. `<<12*7=84>>`) and the model continues, up to
+`max_tool_calls` calls, after which it writes on without tools. A close string outside a call
+(the opening fence of ```python also contains ```) just continues the text.
+
+Continuation: every continuation is the same conversation with the assistant message so far
+(prefill + text + answered calls) as its final, open message; `encode_prompt` continues such a
+message rather than starting a new turn (transformers' `continue_final_message`; vLLM has the same
+flag). The model so keeps writing its own text with the results inline, as in Toolformer (Schick
+et al. 2023), GSM8K's calculator annotations (Cobbe et al. 2021) and PAL (Gao et al. 2023) --
+formats a small chat model follows far better than a multi-turn tool protocol it was never tuned
+on. Each continuation re-sends the prompt (its tokens are counted again in the Cost).
+
+Ready programs: `chain_of_thought` (Kojima et al. 2022: reason, then a second call extracts the
+answer), `self_ask` (Press et al. 2022: follow-up questions answered by the model) and
+`tool_loop` / `calculator_chain`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from metagen.decoding.cost import Cost
+from metagen.decoding.generator import Generator
+from metagen.sampling import SamplingParams
+from metagen.scoring.answers import extract_answer
+from metagen.strategies.result import Candidate, StrategyResult
+from metagen.tools import Calculator, PythonTool, Tool
+
+Template = str | Callable[[Mapping[str, str]], str]
+
+
+@dataclass(frozen=True)
+class ChainConfig:
+    """params: sampling of `Generate` steps that have none of their own (`n` is set to 1).
+    max_tool_calls: tool calls per `Generate` step, in [0, 64].
+    max_tool_chars: a tool's answer is clipped to this many characters, in [1, 100000].
+    answer_tokens: max_tokens of the short answering calls of the ready programs, in [1, 4096].
+    """
+
+    params: SamplingParams = SamplingParams(temperature=0.0, max_tokens=256)
+    max_tool_calls: int = 4
+    max_tool_chars: int = 1000
+    answer_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, SamplingParams):
+            raise ValueError(f"params={self.params!r} must be a SamplingParams")
+        for name, low, high in (("max_tool_calls", 0, 64), ("max_tool_chars", 1, 100_000), ("answer_tokens", 1, 4096)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"{name}={value!r} is out of range: must be an int in [{low}, {high}]")
+
+
+@dataclass(frozen=True)
+class Generate:
+    """One model call (a tool loop when `tools` is given); its output is the generated text after
+    the prefill, answered tool calls included."""
+
+    name: str
+    template: Template
+    params: SamplingParams | None = None
+    system: Template | None = None
+    prefill: Template = ""
+    tools: tuple[ToolBinding, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolBinding:
+    """How a handler is called inside generated text: `open + input + close`.
+
+    handler: a `Tool`, or a `Generate` step whose values include {input} (the model answers).
+    answer: how the answered call reads afterwards; fields {open}, {input}, {close}, {output}.
+    input_separator: when set, only the text before it is the input (the model's own guess after
+        it is dropped and recomputed: `<<12*7=85>>` becomes `<<12*7=84>>`).
+    """
+
+    handler: Tool | Generate
+    open: str
+    close: str
+    answer: str = "{open}{input}{close}{output}"
+    input_separator: str | None = None
+
+
+@dataclass(frozen=True)
+class CallTool:
+    """Run `tool` on the filled `input` template."""
+
+    name: str
+    tool: Tool
+    input: Template
+
+
+@dataclass(frozen=True)
+class Transform:
+    """A value computed in Python from the values so far."""
+
+    name: str
+    function: Callable[[Mapping[str, str]], str]
+
+
+@dataclass
+class TraceEntry:
+    """One model call or tool call. kind: "generate" (input: the chat messages sent), "tool"
+    (input: the tool's input text) or "transform"."""
+
+    step: str
+    kind: str
+    input: object
+    output: str
+    cost: Cost
+
+
+@dataclass
+class ChainResult(StrategyResult):
+    """candidates: one per step, in order (chosen: the output step's); values: every named value;
+    trace: every model and tool call in order."""
+
+    values: dict[str, str] = field(default_factory=dict)
+    trace: list[TraceEntry] = field(default_factory=list)
+
+
+def _fill(template: Template, values: Mapping[str, str], step: str) -> str:
+    if callable(template):
+        return str(template(values))
+    try:
+        return template.format_map(values)
+    except KeyError as error:
+        raise ValueError(f"step {step!r} needs the value {error.args[0]!r}; known: {sorted(values)}") from None
+
+
+class Chain:
+    """A program of steps; `run` executes it and returns a `ChainResult`.
+
+    output: the name of the step whose output is the result (default: the last step).
+    """
+
+    def __init__(self, steps: Sequence[Generate | CallTool | Transform], output: str | None = None,
+                 config: ChainConfig | None = None) -> None:
+        self.steps, self.config = list(steps), config or ChainConfig()
+        names = [step.name for step in self.steps]
+        if not names or len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f"steps must be a non-empty list with distinct, non-empty names; got {names}")
+        self.output = names[-1] if output is None else output
+        if self.output not in names:
+            raise ValueError(f"output={output!r} is not the name of a step: {names}")
+
+    def run(self, generator: Generator, inputs: Mapping[str, str], *, rng: torch.Generator | None = None) -> ChainResult:
+        state = _Run(generator, self.config, rng)
+        values = {str(key): str(value) for key, value in inputs.items()}
+        candidates: dict[str, Candidate] = {}
+        for step in self.steps:
+            if isinstance(step, Generate):
+                candidate = state.generate(step, values)
+            elif isinstance(step, CallTool):
+                candidate = Candidate(state.call(step.name, step.tool, _fill(step.input, values, step.name)),
+                                      finish_reason="tool")
+            elif isinstance(step, Transform):
+                output = str(step.function(values))
+                state.trace.append(TraceEntry(step.name, "transform", None, output, Cost()))
+                candidate = Candidate(output, finish_reason="transform")
+            else:
+                raise TypeError(f"unknown step type {type(step).__name__}")
+            values[step.name] = candidate.text
+            candidates[step.name] = candidate
+        return ChainResult(candidates[self.output], list(candidates.values()), state.cost,
+                           values=values, trace=state.trace)
+
+
+class _Run:
+    """The state of one run: the trace and the summed cost."""
+
+    def __init__(self, generator: Generator, config: ChainConfig, rng: torch.Generator | None) -> None:
+        self.generator, self.config, self.rng = generator, config, rng
+        self.trace: list[TraceEntry] = []
+        self.cost = Cost()
+
+    def call(self, step: str, tool: Tool, text: str) -> str:
+        start = time.perf_counter()
+        output = tool(text)
+        cost = Cost(wall_seconds=time.perf_counter() - start)
+        self.cost += cost
+        self.trace.append(TraceEntry(f"{step}/{tool.name}", "tool", text, output, cost))
+        return output
+
+    def generate(self, step: Generate, values: Mapping[str, str]) -> Candidate:
+        """One generation, continued around tool calls (see the module docstring)."""
+        params = replace(step.params or self.config.params, n=1)
+        messages = [{"role": "user", "content": _fill(step.template, values, step.name)}]
+        if step.system is not None:
+            messages.insert(0, {"role": "system", "content": _fill(step.system, values, step.name)})
+        prefill = _fill(step.prefill, values, step.name)
+        closes = tuple(dict.fromkeys(binding.close for binding in step.tools))
+        text, token_ids, logprobs, calls, budget, finish = "", [], [], 0, params.max_tokens, None
+        for _ in range(2 * self.config.max_tool_calls + 1):  # a call may take two stops (open fence, close)
+            use_tools = bool(closes) and calls < self.config.max_tool_calls
+            request = replace(params, max_tokens=budget, stop=params.stop + closes if use_tools else params.stop)
+            prompt = messages + [{"role": "assistant", "content": prefill + text}] if prefill or text else messages
+            result = self.generator.generate(prompt, request, generator=self.rng)
+            completion = result.completions[0]
+            self.cost += result.cost
+            self.trace.append(TraceEntry(step.name, "generate", prompt, completion.text, result.cost))
+            text += completion.text
+            token_ids += completion.token_ids
+            logprobs += completion.logprobs
+            budget -= len(completion.token_ids)
+            finish = completion.finish_reason
+            if not use_tools or completion.stop_reason not in closes or budget <= 0:
+                break
+            text += completion.stop_reason
+            call = _find_call(text, step.tools, completion.stop_reason)
+            if call is None:
+                continue
+            binding, start, body = call
+            raw_input = body.split(binding.input_separator)[0] if binding.input_separator else body
+            if isinstance(binding.handler, Generate):
+                output = self.generate(binding.handler, {**values, "input": raw_input.strip()}).text.strip()
+            else:
+                output = self.call(step.name, binding.handler, raw_input.strip())
+            if len(output) > self.config.max_tool_chars:
+                output = output[: self.config.max_tool_chars] + " ..."
+            text = text[:start] + binding.answer.format(open=binding.open, input=raw_input, close=binding.close,
+                                                        output=output)
+            calls += 1
+        return Candidate(text, token_ids, logprobs, finish)
+
+
+def _find_call(text: str, bindings: Sequence[ToolBinding], close: str) -> tuple[ToolBinding, int, str] | None:
+    """The unanswered call that `text` ends with: (binding, where it opens, the text between)."""
+    for binding in bindings:
+        if binding.close != close:
+            continue
+        start = text.rfind(binding.open, 0, len(text) - len(close))
+        body = text[start + len(binding.open): len(text) - len(close)]
+        if start >= 0 and close not in body:
+            return binding, start, body
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Ready programs
+
+COT_TRIGGER = "Let's think step by step."
+SELF_ASK_EXAMPLE = (
+    "Question: Which was completed first, the Eiffel Tower or the Statue of Liberty?\n"
+    "Are follow up questions needed here: Yes.\n"
+    "Follow up: When was the Eiffel Tower completed?\n"
+    "Intermediate answer: In 1889.\n"
+    "Follow up: When was the Statue of Liberty completed?\n"
+    "Intermediate answer: In 1886.\n"
+    "So the final answer is: the Statue of Liberty"
+)
+FINAL_ANSWER = "So the final answer is:"
+CALCULATOR_SYSTEM = (
+    "Solve the problem step by step. For arithmetic use the calculator: write <<expression>> and "
+    "the exact result is filled in, e.g. 12 boxes of 7 cost 12*7 = <<12*7=84>>84. "
+    "End with: The answer is <number>."
+)
+
+
+def _answer_params(config: ChainConfig, stop: Sequence[str] = ("\n",)) -> SamplingParams:
+    return replace(config.params, max_tokens=config.answer_tokens, stop=tuple(stop))
+
+
+def _clean(answer: str) -> str:
+    return answer.strip().lstrip(":").strip().rstrip(".").strip()
+
+
+def chain_of_thought(generator: Generator, question: str, config: ChainConfig | None = None, *,
+                     rng: torch.Generator | None = None) -> ChainResult:
+    """Zero-shot chain of thought (Kojima et al. 2022): the model reasons after "Let's think
+    step by step.", then a second call continues "...Therefore, the final answer is" for a short
+    answer. Cost: two generate calls."""
+    config = config or ChainConfig()
+    answer_prefill = COT_TRIGGER + "{reasoning}\nTherefore, the final answer is"
+    result = Chain([
+        Generate("reasoning", "{question}", prefill=COT_TRIGGER),
+        Generate("answer", "{question}", prefill=answer_prefill, params=_answer_params(config)),
+    ], config=config).run(generator, {"question": question}, rng=rng)
+    result.chosen.answer = _clean(result.chosen.text) or None
+    return result
+
+
+def self_ask(generator: Generator, question: str, config: ChainConfig | None = None, *,
+             rng: torch.Generator | None = None) -> ChainResult:
+    """Self-ask (Press et al. 2022): the model decomposes the question into "Follow up:"
+    questions; each is answered by a separate short model call and inserted after
+    "Intermediate answer:"; the model ends with "So the final answer is: ...". Cost: one
+    generate call per continuation plus one per follow-up question (at most max_tool_calls)."""
+    config = config or ChainConfig()
+    follow_up = Generate("intermediate", "Answer in a few words.\nQuestion: {input}", params=_answer_params(config))
+    binding = ToolBinding(follow_up, "Follow up:", "Intermediate answer:", answer="{open}{input}{close} {output}\n")
+    result = Chain([
+        Generate("decomposition", SELF_ASK_EXAMPLE + "\n\nQuestion: {question}",
+                 prefill="Are follow up questions needed here:", tools=(binding,),
+                 params=replace(config.params, stop=config.params.stop + ("\nQuestion:",))),
+        Transform("answer", lambda values: _after_marker(values["decomposition"])),
+    ], config=config).run(generator, {"question": question}, rng=rng)
+    result.chosen.answer = _clean(result.chosen.text) or None
+    return result
+
+
+def _after_marker(text: str) -> str:
+    """The line after the last FINAL_ANSWER marker, or the last non-empty line."""
+    if FINAL_ANSWER in text:
+        return text.rsplit(FINAL_ANSWER, 1)[1].strip().split("\n")[0]
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def calculator_binding(calculator: Tool | None = None) -> ToolBinding:
+    """GSM8K-style calls: the model writes <<12*7>> (or <<12*7=85>>); it reads <<12*7=84>>."""
+    return ToolBinding(calculator or Calculator(), "<<", ">>", answer="{open}{input}={output}{close}", input_separator="=")
+
+
+def python_binding(tool: Tool | None = None) -> ToolBinding:
+    """```python fenced code is run in the sandbox; its output follows in an ```output fence."""
+    return ToolBinding(tool or PythonTool(), "```python\n", "```",
+                       answer="{open}{input}{close}\n```output\n{output}\n```\n")
+
+
+def tool_loop(generator: Generator, question: str, tools: Sequence[ToolBinding] | None = None,
+              config: ChainConfig | None = None, *, system: str = CALCULATOR_SYSTEM,
+              rng: torch.Generator | None = None) -> ChainResult:
+    """One generation that calls tools inline (default: the calculator) until it finishes;
+    chosen.answer is the extracted final answer ("The answer is N", else the last number)."""
+    bindings = tuple(tools) if tools is not None else (calculator_binding(),)
+    result = Chain([Generate("solution", "{question}", system=system, tools=bindings)],
+                   config=config).run(generator, {"question": question}, rng=rng)
+    result.chosen.answer = extract_answer(result.chosen.text)
+    return result
+
+
+def calculator_chain(generator: Generator, question: str, config: ChainConfig | None = None, *,
+                     rng: torch.Generator | None = None) -> ChainResult:
+    """`tool_loop` with the calculator and its instructions."""
+    return tool_loop(generator, question, (calculator_binding(),), config, rng=rng)
