@@ -3,6 +3,7 @@ hogs, fork bombs, writes outside the working directory, network calls) get a cle
 the host stays unharmed, under kernel isolation and under the audit-hook fallback."""
 
 import os
+import shutil
 import socket
 import subprocess
 import threading
@@ -190,3 +191,30 @@ def test_killed_by_a_signal(kernel_isolation):
         pytest.skip("the audit hook refuses os.kill")
     result = run_python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
     assert (result.status, result.returncode) == ("killed", -9) and "SIGKILL" in result.detail
+
+
+def system_python() -> str | None:
+    """A Python >= 3.10 outside root's home that another uid can run, if the machine has one."""
+    for path in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.path.exists(path) and os.stat(os.path.realpath(path)).st_mode & 0o001:
+            version = subprocess.run([path, "-c", "import sys; print(sys.version_info >= (3, 10))"],
+                                     capture_output=True, text=True).stdout.strip()
+            if version == "True":
+                return path
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or system_python() is None,
+                    reason="needs root, setpriv and a system Python to act as an unprivileged caller")
+def test_unprivileged_callers_get_a_user_namespace(tmp_path, no_leftovers):
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import sandbox\n"
+        "result = sandbox.run_python('import os\\nprint(os.getuid(), os.listdir(\"/tmp\"))')\n"
+        "print(result.status, result.stdout.strip(), ' '.join(result.isolation))\n"
+    )
+    directory = Path(__file__).resolve().parents[2] / "src" / "metagen" / "scoring"
+    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", system_python(), "-c", script, str(directory)]
+    output = subprocess.run(command, capture_output=True, text=True, timeout=30, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    status, uid, files, *layers = output.stdout.split()
+    assert (status, uid, files) == ("ok", "65534", "[]"), output.stderr
+    assert {"user-ns", "pid-ns", "net-ns", "read-only-root", "private-tmp"} <= set(layers) or "audit-hook" in layers

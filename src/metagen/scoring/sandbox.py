@@ -30,19 +30,21 @@ Layers, strongest first; `SandboxResult.isolation` names the ones that were acti
   random uid/gid that owns nothing on the host, so RLIMIT_NPROC counts exactly its processes;
   `no-new-privs`: setuid binaries and file capabilities grant nothing; exec drops all
   capabilities.
-- `rlimits`: RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_NPROC (fork bombs), RLIMIT_FSIZE,
-  RLIMIT_NOFILE, RLIMIT_CORE = 0; `process-group`: the caller kills the whole session on a wall
-  clock timeout, on output overflow and after every run; `clean-env`: only PATH, HOME, TMPDIR,
-  LANG.
+- `rlimits`: RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE = 0, and
+  with the namespaces RLIMIT_NPROC (fork bombs; it counts the processes and threads of a uid, so
+  it is set only where the program's uid is its own). `process-group`: the caller kills the
+  whole session on a wall-clock timeout, on output overflow and after every run. `clean-env`:
+  only PATH, HOME, TMPDIR, LANG.
 - `audit-hook` (fallback, when a kernel layer is missing or with `isolation="audit"`): a
   `sys.addaudithook` hook installed before the program runs refuses sockets, process creation
   (fork, exec, subprocess, os.system), signals to other processes, ctypes, and file writes
-  outside the working directory. This is much weaker than kernel isolation: audit hooks are a
-  tripwire, not a security boundary (a C extension or an interpreter bug bypasses them).
+  outside the working directory (then a fresh host temp dir, deleted after the run). This is
+  much weaker than kernel isolation: audit hooks are a tripwire, not a security boundary (a C
+  extension or an interpreter bug bypasses them), and the program keeps the caller's uid.
 
 Not protected: reading host files that the program's uid may read (the code, the stdlib, /etc);
-CPU time stolen from other processes up to the limits; kernel exploits; side channels. Needs
-Linux for the namespace layers; elsewhere only rlimits + audit hook + process group apply.
+CPU time taken from other processes up to the limits; kernel exploits; side channels. The
+namespace layers need Linux; elsewhere only rlimits, the audit hook and the process group apply.
 """
 
 from __future__ import annotations
@@ -114,7 +116,8 @@ def run_python(
 
     timeout: wall-clock seconds, startup included. cpu_seconds: RLIMIT_CPU (default: timeout).
     memory_mb: RLIMIT_AS. disk_mb: size of the working tmpfs and RLIMIT_FSIZE. max_processes:
-    RLIMIT_NPROC. files: relative path -> text written into the working directory first.
+    RLIMIT_NPROC, processes and threads at once (namespace isolation only; the audit hook refuses
+    process creation instead). files: relative path -> text written into the working directory.
     isolation: "auto" (strongest available), "namespaces" (raise SandboxError without them),
     "audit" (rlimits + audit hook only: the portable fallback).
     Only the standard library is importable (the interpreter runs with -I -S).
@@ -486,10 +489,11 @@ def _exec_program(kernel, job, layers, identity, workdir, code_read, code_write,
         spare = 2 if "user-ns" in layers else 0  # launcher and supervisor share the program's uid there
         limits = {resource.RLIMIT_CPU: (job["cpu_seconds"], job["cpu_seconds"] + 1),
                   resource.RLIMIT_AS: (job["memory_bytes"],) * 2,
-                  resource.RLIMIT_NPROC: (job["max_processes"] + spare,) * 2,
                   resource.RLIMIT_FSIZE: (job["disk_mb"] << 20,) * 2,
                   resource.RLIMIT_NOFILE: (FILE_LIMIT,) * 2,
                   resource.RLIMIT_CORE: (0, 0)}
+        if "pid-ns" in layers:  # only there is the program's uid its own (the count is per uid)
+            limits[resource.RLIMIT_NPROC] = (job["max_processes"] + spare,) * 2
         for kind, (soft, hard) in limits.items():
             current = resource.getrlimit(kind)[1]
             hard = hard if current == resource.RLIM_INFINITY else min(hard, current)
