@@ -56,6 +56,12 @@ def answers_match(a: str | None, b: str | None, math: bool = False) -> bool:
         return True
     if not math:
         return False
+    return _math_equal(a, b)
+
+
+@lru_cache(maxsize=65536)
+def _math_equal(a: str, b: str) -> bool:
+    """Equality as math (cached: voting compares the same answers many times)."""
     try:
         from math_verify import verify
     except ImportError as error:  # optional extra

@@ -207,11 +207,7 @@ def _run_launcher(job_path: str, stdin_path: str, timeout: float, limit: int) ->
                 streams[key.fileobj] += data
                 if key.fileobj is not report_file and len(streams[key.fileobj]) > limit:
                     reason = "output_limit"
-    try:  # the launcher is not reaped yet, so its session id cannot have been reused
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    process.wait()
+    _stop(process)
     wall = time.monotonic() - start
     for stream in streams:
         stream.close()
@@ -227,6 +223,28 @@ def _run_launcher(job_path: str, stdin_path: str, timeout: float, limit: int) ->
     if not reason and "returncode" not in report:
         raise SandboxError(f"sandbox launcher ended without a report (exit {process.returncode}): {stderr[-2000:]}")
     return _verdict(reason, report, stdout, stderr, wall, timeout, limit)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """End the run and everything it started before returning.
+
+    SIGTERM asks the launcher to kill the supervisor and wait for it; when PID 1 of a namespace
+    has died, the kernel has killed and reaped every other process in it. Then SIGKILL goes to the
+    whole session (what is left without a PID namespace, or a launcher that did not answer),
+    while the launcher is still unreaped, so the session id cannot have been reused.
+    """
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        if os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            break
+        time.sleep(0.005)
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.wait()
 
 
 def _verdict(reason: str, report: dict, stdout: str, stderr: str, wall: float, timeout: float, limit: int):
@@ -317,12 +335,23 @@ def _launch(job_path: str, report_fd: int) -> None:
     except Exception as error:  # noqa: BLE001 - any setup failure is reported to the caller
         report.write(json.dumps({"error": f"{type(error).__name__}: {error}"}) + "\n")
         os._exit(1)
-    launcher = os.getpid()
-    pid = os.fork()
-    if pid == 0:
+    launcher, supervisor, stop = os.getpid(), [0], [False]
+
+    def on_terminate(signum, frame) -> None:  # the caller's "stop now"
+        if os.getpid() == launcher:  # (not in the supervisor between fork and its own reset)
+            stop[0] = True
+            if supervisor[0]:
+                os.kill(supervisor[0], signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, on_terminate)
+    supervisor[0] = os.fork()
+    if supervisor[0] == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _supervise(kernel, job, layers, identity, workdir, report, launcher)
+    if stop[0]:
+        os.kill(supervisor[0], signal.SIGKILL)
     report.close()
-    os.waitpid(pid, 0)
+    os.waitpid(supervisor[0], 0)  # returns once the supervisor is dead, so its namespace is empty
     os._exit(0)
 
 
