@@ -75,6 +75,10 @@ def test_infinite_loop_times_out(no_leftovers):
     result = run_python("while True:\n    pass", timeout=1.5)
     assert (result.status, result.returncode) == ("timeout", None)
     assert "wall-clock" in result.detail and 1.5 <= result.wall_seconds < 5
+    # leaving the session does not help a program outlive its run, with or without namespaces
+    for isolation in ("auto", "audit"):
+        escaped = run_python("import os\nos.setsid()\nwhile True:\n    pass", timeout=1.0, isolation=isolation)
+        assert escaped.status == "timeout" and sandbox_processes() == []
 
 
 def test_cpu_limit_stops_a_busy_program_before_the_wall_clock(no_leftovers):

@@ -233,12 +233,13 @@ def _stop(process: subprocess.Popen) -> None:
     whole session (what is left without a PID namespace, or a launcher that did not answer),
     while the launcher is still unreaped, so the session id cannot have been reused.
     """
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
+    def exited() -> bool:  # without reaping (Popen.poll would reap)
+        return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+    if not exited():
+        os.kill(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        if os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-            break
+    while not exited() and time.monotonic() < deadline:
         time.sleep(0.005)
     try:
         os.killpg(process.pid, signal.SIGKILL)
@@ -461,8 +462,12 @@ def _supervise(kernel, job, layers, identity, workdir, report, launcher: int) ->
                 pass  # e.g. a container that masks parts of /proc; the host's stays read-only
         code_read, code_write = os.pipe()
         error_read, error_write = os.pipe2(os.O_CLOEXEC)
+        supervisor = os.getpid()
         pid = os.fork()
         if pid == 0:
+            kernel.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the supervisor, even after setsid()
+            if os.getppid() != supervisor:
+                os._exit(1)
             _exec_program(kernel, job, layers, identity, workdir, code_read, code_write, error_write, report)
         os.close(code_read)
         os.close(error_write)
