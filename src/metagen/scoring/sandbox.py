@@ -191,23 +191,25 @@ def _run_launcher(job_path: str, stdin_path: str, timeout: float, limit: int) ->
     report_file = os.fdopen(report_read, "rb")
     streams = {process.stdout: bytearray(), process.stderr: bytearray(), report_file: bytearray()}
     reason = ""
-    with selectors.DefaultSelector() as selector:
-        for stream in streams:
-            selector.register(stream, selectors.EVENT_READ)
-        while selector.get_map() and not reason:
-            remaining = start + timeout - time.monotonic()
-            if remaining <= 0:
-                reason = "timeout"
-                break
-            for key, _ in selector.select(remaining):
-                data = os.read(key.fd, 65536)
-                if not data:
-                    selector.unregister(key.fileobj)
-                    continue
-                streams[key.fileobj] += data
-                if key.fileobj is not report_file and len(streams[key.fileobj]) > limit:
-                    reason = "output_limit"
-    _stop(process)
+    try:
+        with selectors.DefaultSelector() as selector:
+            for stream in streams:
+                selector.register(stream, selectors.EVENT_READ)
+            while selector.get_map() and not reason:
+                remaining = start + timeout - time.monotonic()
+                if remaining <= 0:
+                    reason = "timeout"
+                    break
+                for key, _ in selector.select(remaining):
+                    data = os.read(key.fd, 65536)
+                    if not data:
+                        selector.unregister(key.fileobj)
+                        continue
+                    streams[key.fileobj] += data
+                    if key.fileobj is not report_file and len(streams[key.fileobj]) > limit:
+                        reason = "output_limit"
+    finally:  # also when the caller is interrupted
+        _stop(process)
     wall = time.monotonic() - start
     for stream in streams:
         stream.close()
