@@ -65,6 +65,15 @@ def test_encode_prompt_continues_a_final_assistant_message(smollm2):
     assert smollm2.decode(encode_prompt(smollm2, PARTIAL[:1])).endswith("<|im_start|>assistant\n")
 
 
+@pytest.fixture(scope="module")
+def reference():
+    transformers = pytest.importorskip("transformers")
+    from metagen.models.embedded import embedded_model_path
+
+    path = embedded_model_path()
+    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "messages",
@@ -76,12 +85,7 @@ def test_encode_prompt_continues_a_final_assistant_message(smollm2):
          {"role": "assistant", "content": "So the final answer is: café ☕"}],
     ],
 )
-def test_smollm2_continuation_matches_transformers(smollm2, messages):
-    transformers = pytest.importorskip("transformers")
-    from metagen.models.embedded import embedded_model_path
-
-    path = embedded_model_path()
-    reference = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+def test_smollm2_continuation_matches_transformers(smollm2, reference, messages):
     theirs = reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=False,
                                            continue_final_message=True)
     assert smollm2.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True) == theirs
