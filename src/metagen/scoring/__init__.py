@@ -13,7 +13,8 @@ _LAZY = {
     "Utility": "utilities", "ChrF": "utilities", "Bleu": "utilities", "EditSimilarity": "utilities",
     "AnswerAgreement": "utilities", "EmbeddingCosine": "embeddings", "LLMJudge": "judge",
     "LLMJudgeUtility": "judge", "RewardModelScorer": "reward_model", "CodeExecutionVerifier": "code_execution",
-    "run_python": "sandbox", "SandboxResult": "sandbox",
+    "run_python": "sandbox", "SandboxResult": "sandbox", "SandboxError": "sandbox",
+    "extract_program": "code_execution",
 }
 
 

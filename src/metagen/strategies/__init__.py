@@ -2,6 +2,22 @@
 
 from metagen.strategies.best_of_n import BestOfNConfig, best_of_n
 from metagen.strategies.borda_voting import BordaVotingConfig, borda_voting
+from metagen.strategies.chain import (
+    CallTool,
+    Chain,
+    ChainConfig,
+    ChainResult,
+    Generate,
+    ToolBinding,
+    TraceEntry,
+    Transform,
+    calculator_binding,
+    calculator_chain,
+    chain_of_thought,
+    python_binding,
+    self_ask,
+    tool_loop,
+)
 from metagen.strategies.mbr import MBRConfig, mbr
 from metagen.strategies.result import Candidate, StrategyResult
 from metagen.strategies.self_consistency import SelfConsistencyConfig, self_consistency
@@ -12,20 +28,34 @@ from metagen.strategies.weighted_voting import WeightedVotingConfig, weighted_vo
 __all__ = [
     "BestOfNConfig",
     "BordaVotingConfig",
+    "CallTool",
     "Candidate",
+    "Chain",
+    "ChainConfig",
+    "ChainResult",
+    "Generate",
     "MBRConfig",
     "SelfConsistencyConfig",
     "SelfRefineConfig",
     "SelfRefineResult",
     "StrategyResult",
+    "ToolBinding",
+    "TraceEntry",
+    "Transform",
     "VerifierRefineConfig",
     "VerifierRefineResult",
     "WeightedVotingConfig",
     "best_of_n",
     "borda_voting",
+    "calculator_binding",
+    "calculator_chain",
+    "chain_of_thought",
     "mbr",
+    "python_binding",
+    "self_ask",
     "self_consistency",
     "self_refine",
+    "tool_loop",
     "verifier_refine",
     "weighted_voting",
 ]

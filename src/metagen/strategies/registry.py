@@ -112,6 +112,17 @@ def _self_refine(generator, prompt, n, params, options, rng):
     return result
 
 
+def _chain(program_name):
+    def run(generator, prompt, n, params, options, rng):
+        from metagen.scoring.base import prompt_text
+        from metagen.strategies import chain
+
+        config = chain.ChainConfig(params=replace(params, n=1))
+        return getattr(chain, program_name)(generator, prompt_text(prompt), config, rng=rng)
+
+    return run
+
+
 STRATEGIES: dict[str, StrategySpec] = {
     spec.name: spec
     for spec in (
@@ -128,6 +139,12 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec("mbr_embedding", "MBR with MiniLM embedding cosine", _mbr("EmbeddingCosine"), pooled=True),
         StrategySpec("self_refine", "draft + (n - 1) critique/revision rounds", _self_refine, pooled=False,
                      budget="rounds"),
+        StrategySpec("chain_of_thought", "reason step by step, then a call for the final answer",
+                     _chain("chain_of_thought"), pooled=False, budget="none"),
+        StrategySpec("self_ask", "follow-up questions answered by the model, then the answer", _chain("self_ask"),
+                     pooled=False, budget="none"),
+        StrategySpec("calculator", "inline <<calculator>> calls while solving", _chain("calculator_chain"),
+                     pooled=False, budget="none"),
     )
 }
 
