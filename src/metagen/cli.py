@@ -258,6 +258,8 @@ def _generate_with_strategy(args: argparse.Namespace, params) -> int:
                       StrategyOptions(), rng)
     if not args.json:
         print(result.chosen.text)
+        if result.chosen.answer is not None:
+            print(f"answer: {result.chosen.answer}")
         return 0
     print(json.dumps({
         "strategy": spec.name,
