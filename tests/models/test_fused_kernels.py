@@ -66,14 +66,17 @@ def test_paged_decode_attention_matches_sdpa_on_ragged_rows(bf16):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rows", [3, 8])  # attention in place (rows × keys <= 2048) and through SDPA
+@pytest.mark.parametrize("rows, max_keys", [(3, None), (8, None), (8, 0)])  # in place; in place; SDPA
 @pytest.mark.parametrize("dtype", ["fp32", "int4"])
-def test_model_fused_decode_equals_general_path(dtype, rows, model_fp32):
+def test_model_fused_decode_equals_general_path(dtype, rows, max_keys, model_fp32, monkeypatch):
+    import metagen.models.llama as llama
     from metagen.models import load
 
+    if max_keys is not None:
+        monkeypatch.setattr(llama, "FUSED_ATTENTION_MAX_KEYS", max_keys)
     model = model_fp32 if dtype == "fp32" else load(dtype=dtype)
     base = [1, 504, 3458, 282, 4649, 314, 7306, 30, 378, 22] * 40
-    length = 10 if rows <= 4 else 300  # 8 rows × ~300 keys > 2048: the SDPA branch
+    length = 10 if rows <= 4 else 300  # 8 rows × ~300 keys
     prompts = [base[: length - 3 * (row % 3)] for row in range(rows)]  # rows of different lengths
     results = {}
     for fused in (True, False):
