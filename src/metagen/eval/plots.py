@@ -39,7 +39,8 @@ def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> lis
         axis.set_xscale("log")
         axis.set_xlabel(label)
         axis.set_ylabel("accuracy")
-        axis.set_ylim(0, 1)
+        top = max((p.accuracy for p in report.points), default=1.0)
+        axis.set_ylim(0, min(1.0, top * 1.15 + 0.02))  # room for the curves, not the empty top
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=8)
         if title:
