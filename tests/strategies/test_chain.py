@@ -6,15 +6,10 @@ import pytest
 from metagen.decoding import Cost, Generator
 from metagen.decoding.sample_loop import Completion, GenerationResult
 from metagen.sampling import SamplingParams
-from metagen.strategies.chain import (
+from metagen.strategies.chain import CallTool, Chain, ChainConfig, Generate, ToolBinding, Transform
+from metagen.strategies.chain_programs import (
     CALCULATOR_SYSTEM,
     COT_TRIGGER,
-    CallTool,
-    Chain,
-    ChainConfig,
-    Generate,
-    ToolBinding,
-    Transform,
     calculator_binding,
     calculator_chain,
     chain_of_thought,

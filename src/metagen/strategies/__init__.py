@@ -2,15 +2,8 @@
 
 from metagen.strategies.best_of_n import BestOfNConfig, best_of_n
 from metagen.strategies.borda_voting import BordaVotingConfig, borda_voting
-from metagen.strategies.chain import (
-    CallTool,
-    Chain,
-    ChainConfig,
-    ChainResult,
-    Generate,
-    ToolBinding,
-    TraceEntry,
-    Transform,
+from metagen.strategies.chain import CallTool, Chain, ChainConfig, ChainResult, Generate, ToolBinding, TraceEntry, Transform
+from metagen.strategies.chain_programs import (
     calculator_binding,
     calculator_chain,
     chain_of_thought,

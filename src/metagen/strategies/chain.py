@@ -28,9 +28,9 @@ et al. 2023), GSM8K's calculator annotations (Cobbe et al. 2021) and PAL (Gao et
 formats a small chat model follows far better than a multi-turn tool protocol it was never tuned
 on. Each continuation re-sends the prompt (its tokens are counted again in the Cost).
 
-Ready programs: `chain_of_thought` (Kojima et al. 2022: reason, then a second call extracts the
-answer), `self_ask` (Press et al. 2022: follow-up questions answered by the model) and
-`tool_loop` / `calculator_chain`.
+Ready programs (`chain_programs.py`): `chain_of_thought` (Kojima et al. 2022: reason, then a
+second call extracts the answer), `self_ask` (Press et al. 2022: follow-up questions answered by
+the model) and `tool_loop` / `calculator_chain`.
 """
 
 from __future__ import annotations
@@ -44,9 +44,8 @@ import torch
 from metagen.decoding.cost import Cost
 from metagen.decoding.generator import Generator
 from metagen.sampling import SamplingParams
-from metagen.scoring.answers import extract_answer
 from metagen.strategies.result import Candidate, StrategyResult
-from metagen.tools import Calculator, PythonTool, Tool
+from metagen.tools import Tool
 
 Template = str | Callable[[Mapping[str, str]], str]
 
@@ -256,103 +255,3 @@ def _find_call(text: str, bindings: Sequence[ToolBinding], close: str) -> tuple[
         if start >= 0 and close not in body:
             return binding, start, body
     return None
-
-
-# --------------------------------------------------------------------------------------------
-# Ready programs
-
-COT_TRIGGER = "Let's think step by step."
-SELF_ASK_EXAMPLE = (
-    "Question: Which was completed first, the Eiffel Tower or the Statue of Liberty?\n"
-    "Are follow up questions needed here: Yes.\n"
-    "Follow up: When was the Eiffel Tower completed?\n"
-    "Intermediate answer: In 1889.\n"
-    "Follow up: When was the Statue of Liberty completed?\n"
-    "Intermediate answer: In 1886.\n"
-    "So the final answer is: the Statue of Liberty"
-)
-FINAL_ANSWER = "So the final answer is:"
-CALCULATOR_SYSTEM = (
-    "Solve the problem step by step. For arithmetic use the calculator: write <<expression>> and "
-    "the exact result is filled in, e.g. 12 boxes of 7 cost 12*7 = <<12*7=84>>84. "
-    "End with: The answer is <number>."
-)
-
-
-def _answer_params(config: ChainConfig, stop: Sequence[str] = ("\n",)) -> SamplingParams:
-    return replace(config.params, max_tokens=config.answer_tokens, stop=tuple(stop))
-
-
-def _clean(answer: str) -> str:
-    return answer.strip().lstrip(":").strip().rstrip(".").strip()
-
-
-def chain_of_thought(generator: Generator, question: str, config: ChainConfig | None = None, *,
-                     rng: torch.Generator | None = None) -> ChainResult:
-    """Zero-shot chain of thought (Kojima et al. 2022): the model reasons after "Let's think
-    step by step.", then a second call continues "...Therefore, the final answer is" for a short
-    answer. Cost: two generate calls."""
-    config = config or ChainConfig()
-    answer_prefill = COT_TRIGGER + "{reasoning}\nTherefore, the final answer is"
-    result = Chain([
-        Generate("reasoning", "{question}", prefill=COT_TRIGGER),
-        Generate("answer", "{question}", prefill=answer_prefill, params=_answer_params(config)),
-    ], config=config).run(generator, {"question": question}, rng=rng)
-    result.chosen.answer = _clean(result.chosen.text) or None
-    return result
-
-
-def self_ask(generator: Generator, question: str, config: ChainConfig | None = None, *,
-             rng: torch.Generator | None = None) -> ChainResult:
-    """Self-ask (Press et al. 2022): the model decomposes the question into "Follow up:"
-    questions; each is answered by a separate short model call and inserted after
-    "Intermediate answer:"; the model ends with "So the final answer is: ...". Cost: one
-    generate call per continuation plus one per follow-up question (at most max_tool_calls)."""
-    config = config or ChainConfig()
-    follow_up = Generate("intermediate", "Answer in a few words.\nQuestion: {input}", params=_answer_params(config))
-    binding = ToolBinding(follow_up, "Follow up:", "Intermediate answer:", answer="{open}{input}{close} {output}\n")
-    result = Chain([
-        Generate("decomposition", SELF_ASK_EXAMPLE + "\n\nQuestion: {question}",
-                 prefill="Are follow up questions needed here:", tools=(binding,),
-                 params=replace(config.params, stop=config.params.stop + ("\nQuestion:",))),
-        Transform("answer", lambda values: _after_marker(values["decomposition"])),
-    ], config=config).run(generator, {"question": question}, rng=rng)
-    result.chosen.answer = _clean(result.chosen.text) or None
-    return result
-
-
-def _after_marker(text: str) -> str:
-    """The line after the last FINAL_ANSWER marker, or the last non-empty line."""
-    if FINAL_ANSWER in text:
-        return text.rsplit(FINAL_ANSWER, 1)[1].strip().split("\n")[0]
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
-
-
-def calculator_binding(calculator: Tool | None = None) -> ToolBinding:
-    """GSM8K-style calls: the model writes <<12*7>> (or <<12*7=85>>); it reads <<12*7=84>>."""
-    return ToolBinding(calculator or Calculator(), "<<", ">>", answer="{open}{input}={output}{close}", input_separator="=")
-
-
-def python_binding(tool: Tool | None = None) -> ToolBinding:
-    """```python fenced code is run in the sandbox; its output follows in an ```output fence."""
-    return ToolBinding(tool or PythonTool(), "```python\n", "```",
-                       answer="{open}{input}{close}\n```output\n{output}\n```\n")
-
-
-def tool_loop(generator: Generator, question: str, tools: Sequence[ToolBinding] | None = None,
-              config: ChainConfig | None = None, *, system: str = CALCULATOR_SYSTEM,
-              rng: torch.Generator | None = None) -> ChainResult:
-    """One generation that calls tools inline (default: the calculator) until it finishes;
-    chosen.answer is the extracted final answer ("The answer is N", else the last number)."""
-    bindings = tuple(tools) if tools is not None else (calculator_binding(),)
-    result = Chain([Generate("solution", "{question}", system=system, tools=bindings)],
-                   config=config).run(generator, {"question": question}, rng=rng)
-    result.chosen.answer = extract_answer(result.chosen.text)
-    return result
-
-
-def calculator_chain(generator: Generator, question: str, config: ChainConfig | None = None, *,
-                     rng: torch.Generator | None = None) -> ChainResult:
-    """`tool_loop` with the calculator and its instructions."""
-    return tool_loop(generator, question, (calculator_binding(),), config, rng=rng)

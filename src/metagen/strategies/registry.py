@@ -115,10 +115,11 @@ def _self_refine(generator, prompt, n, params, options, rng):
 def _chain(program_name):
     def run(generator, prompt, n, params, options, rng):
         from metagen.scoring.base import prompt_text
-        from metagen.strategies import chain
+        from metagen.strategies import chain_programs
+        from metagen.strategies.chain import ChainConfig
 
-        config = chain.ChainConfig(params=replace(params, n=1))
-        return getattr(chain, program_name)(generator, prompt_text(prompt), config, rng=rng)
+        config = ChainConfig(params=replace(params, n=1))
+        return getattr(chain_programs, program_name)(generator, prompt_text(prompt), config, rng=rng)
 
     return run
 
