@@ -165,3 +165,16 @@ def test_eval_and_strategy_commands_on_the_real_model(tmp_path, capsys):
     assert payload["cost"]["prompt_tokens_reused"] == 2 * payload["cost"]["prompt_tokens_computed"]
     assert main(["generate", "hi", "--strategy", "greedy", "--n", "2"]) == 2
     assert "n=2 is out of range for strategy 'greedy'" in capsys.readouterr().err
+
+
+def test_every_registered_strategy_runs_in_the_harness(tmp_path):
+    from metagen.strategies.registry import STRATEGIES
+
+    names = tuple(STRATEGIES)
+    config = EvalConfig(names, ns=(1, 2), params=SamplingParams(temperature=1.0, max_tokens=8))
+    report = evaluate(DiceGenerator(), PROBLEMS[:2], config, tmp_path)
+    seen = {(p.strategy, p.n) for p in report.points}
+    for name, spec in STRATEGIES.items():
+        budgets = (1,) if spec.budget == "none" else (1, 2)
+        assert {(name, n) for n in budgets} <= seen, name
+    assert all(0.0 <= p.accuracy <= 1.0 and p.cost.model_calls > 0 for p in report.points)
