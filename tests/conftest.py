@@ -27,3 +27,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """transformers' tokenizer loaded from the embedded GGUF (the reference of tokenizer and chat tests)."""
+    transformers = pytest.importorskip("transformers")
+    from metagen.models.embedded import embedded_model_path
+
+    path = embedded_model_path()
+    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

@@ -65,15 +65,6 @@ def test_encode_prompt_continues_a_final_assistant_message(smollm2):
     assert smollm2.decode(encode_prompt(smollm2, PARTIAL[:1])).endswith("<|im_start|>assistant\n")
 
 
-@pytest.fixture(scope="module")
-def reference():
-    transformers = pytest.importorskip("transformers")
-    from metagen.models.embedded import embedded_model_path
-
-    path = embedded_model_path()
-    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "messages",

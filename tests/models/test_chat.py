@@ -40,15 +40,6 @@ def smollm2():
     return Tokenizer.from_gguf(gguf.GGUFReader(embedded_model_path()))
 
 
-@pytest.fixture(scope="module")
-def reference():
-    transformers = pytest.importorskip("transformers")
-    from metagen.models.embedded import embedded_model_path
-
-    path = embedded_model_path()
-    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("messages", CONVERSATIONS)
 @pytest.mark.parametrize("add_generation_prompt", [True, False])

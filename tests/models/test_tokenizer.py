@@ -56,16 +56,6 @@ def smollm2(smollm2_reader):
     return Tokenizer.from_gguf(smollm2_reader)
 
 
-@pytest.fixture(scope="module")
-def reference():
-    """transformers' tokenizer loaded from the same GGUF file."""
-    transformers = pytest.importorskip("transformers")
-    from metagen.models.embedded import embedded_model_path
-
-    path = embedded_model_path()
-    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("text", TEXTS)
 def test_encode_matches_transformers(smollm2, reference, text):
