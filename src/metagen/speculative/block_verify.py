@@ -1,0 +1,69 @@
+"""Block verification: Sun et al. 2024, "Block Verification Accelerates Speculative Decoding".
+
+Seed 002, Algorithm 2 with h_i from equation (4). Instead of stopping at the first failed token it
+keeps a running ratio over the block,
+
+    p_0 = 1,  p_i = min(p_{i−1} · q[i−1](x_i) / p[i−1](x_i), 1)          (row i−1 produced x_i)
+    h_γ = p_γ,  h_i = S_i / (S_i + 1 − p_i)  with  S_i = Σ_x max(p_i·q[i](x) − p[i](x), 0)   (4)
+
+draws η_i ~ U(0, 1) for every i (the loop "continues" on failure) and accepts τ = the last i with
+η_i ≤ h_i (0 if none). The next token comes from the block residual (the seed's omitted (3))
+
+    norm(max(0, p_τ·q[τ] − p[τ]))  for τ < γ,       q[γ]  for τ = γ.
+
+Same output distribution as token verification, never fewer expected accepted tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from metagen.speculative.verify import check_inputs, sample_residual, unbatch
+
+
+def block_verify(
+    draft: Tensor, p: Tensor, q: Tensor, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """Accept the longest prefix chosen by block verification, then sample one token.
+
+    draft: (γ,) / (B, γ) Long; p: (γ, V) / (B, γ, V); q: (γ+1, V) / (B, γ+1, V).
+    Returns tau: () / (B,) in [0, γ] and token: () / (B,).
+
+    Edge cases. When p_i = 1 the denominator of (4) reduces to S_i, and h_i = 1 (also for
+    S_i = 0: a prefix whose ratio never dropped below 1 is always kept). The block residual at τ
+    has zero mass iff p_τ·q[τ] ≤ p[τ] everywhere; for τ ≥ 1 with p_τ < 1 that makes S_τ = 0 and
+    h_τ = 0, so τ is never chosen (η < h is strict), and for τ = 0 or p_τ = 1 it means
+    q[τ] = p[τ], which forces p_{τ+1} = 1 and h_{τ+1} = 1, so τ is never the last acceptance.
+    Hence a zero residual is reached with probability zero; q[τ] is sampled instead only as a
+    guard against float rounding or drafts not drawn from p.
+    Time complexity: O(B·γ·V); a Python loop over γ only for the clipped running product.
+    """
+    draft, p, q, batched = check_inputs(draft, p, q)
+    batch, gamma = draft.shape
+    vocab = q.shape[-1]
+    index = draft.unsqueeze(-1)  # (B, γ, 1)
+    p_draft = p.gather(-1, index).squeeze(-1).to(q.dtype)  # (B, γ)
+    q_draft = q[:, :gamma].gather(-1, index).squeeze(-1)  # (B, γ)
+    # q/p with p(x) = 0: an impossible draft; ratio +inf if q(x) > 0 (clipped to 1), else 0.
+    ratio = torch.where(p_draft > 0, q_draft / p_draft.clamp(min=torch.finfo(q.dtype).tiny), (q_draft > 0).to(q.dtype) * torch.inf)
+    running = [q.new_ones(batch)]  # p_0 = 1
+    for i in range(gamma):
+        running.append(torch.minimum(running[-1] * ratio[:, i], q.new_ones(())).nan_to_num(0.0))
+    running_ratio = torch.stack(running, dim=1)  # (B, γ+1): p_0 .. p_γ
+    p_padded = torch.cat([p.to(q.dtype), q.new_zeros(batch, 1, vocab)], dim=1)  # (B, γ+1, V)
+    # Block residual mass S_i for every i = 0..γ at once: (B, γ+1).
+    residual_all = (running_ratio.unsqueeze(-1) * q - p_padded).clamp(min=0)  # (B, γ+1, V)
+    mass = residual_all.sum(-1)  # (B, γ+1)
+    full = running_ratio >= 1
+    h = torch.where(full, torch.ones_like(mass), mass / (mass + 1 - running_ratio).clamp(min=torch.finfo(q.dtype).tiny))
+    h[:, gamma] = running_ratio[:, gamma]  # h_γ = p_γ
+    eta = torch.rand(batch, gamma, generator=generator, device=q.device)  # η_1..η_γ
+    passed = eta < h[:, 1:]  # (B, γ)
+    positions = torch.arange(1, gamma + 1, device=q.device)
+    tau = (passed.long() * positions).amax(-1) if gamma else draft.new_zeros(batch)  # last i with η_i < h_i
+    rows = tau.view(batch, 1, 1).expand(batch, 1, vocab)
+    residual = residual_all.gather(1, rows).squeeze(1)  # (B, V); at τ = γ it is p_γ·q[γ] ∝ q[γ]
+    q_row = q.gather(1, rows).squeeze(1)
+    token = sample_residual(residual, q_row, generator)
+    return unbatch(tau, token, batched)
