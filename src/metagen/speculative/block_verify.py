@@ -46,22 +46,28 @@ def block_verify(
     p_draft = p.gather(-1, index).squeeze(-1).to(q.dtype)  # (B, γ)
     q_draft = q[:, :gamma].gather(-1, index).squeeze(-1)  # (B, γ)
     # q/p with p(x) = 0: an impossible draft; ratio +inf if q(x) > 0 (clipped to 1), else 0.
-    ratio = torch.where(p_draft > 0, q_draft / p_draft.clamp(min=torch.finfo(q.dtype).tiny), (q_draft > 0).to(q.dtype) * torch.inf)
+    tiny = torch.finfo(q.dtype).tiny
+    impossible = (q_draft > 0).to(q.dtype) * torch.inf
+    ratio = torch.where(p_draft > 0, q_draft / p_draft.clamp(min=tiny), impossible)  # (B, γ)
     running = [q.new_ones(batch)]  # p_0 = 1
+    one = q.new_ones(())
     for i in range(gamma):
-        running.append(torch.minimum(running[-1] * ratio[:, i], q.new_ones(())).nan_to_num(0.0))
+        # p_i = min(p_{i−1}·ratio_i, 1); 0·inf (a zero ratio already, then an impossible draft) is 0
+        running.append(torch.minimum(running[-1] * ratio[:, i], one).nan_to_num(0.0))
     running_ratio = torch.stack(running, dim=1)  # (B, γ+1): p_0 .. p_γ
     p_padded = torch.cat([p.to(q.dtype), q.new_zeros(batch, 1, vocab)], dim=1)  # (B, γ+1, V)
-    # Block residual mass S_i for every i = 0..γ at once: (B, γ+1).
+    # Block residuals max(0, p_i·q[i] − p[i]) and their masses S_i for every i = 0..γ at once.
     residual_all = (running_ratio.unsqueeze(-1) * q - p_padded).clamp(min=0)  # (B, γ+1, V)
     mass = residual_all.sum(-1)  # (B, γ+1)
     full = running_ratio >= 1
-    h = torch.where(full, torch.ones_like(mass), mass / (mass + 1 - running_ratio).clamp(min=torch.finfo(q.dtype).tiny))
+    # (4): h_i = S_i / (S_i + 1 − p_i), and h_i = 1 when p_i = 1 (the 1 − p_i term vanishes)
+    h = torch.where(full, torch.ones_like(mass), mass / (mass + 1 - running_ratio).clamp(min=tiny))
     h[:, gamma] = running_ratio[:, gamma]  # h_γ = p_γ
     eta = torch.rand(batch, gamma, generator=generator, device=q.device)  # η_1..η_γ
     passed = eta < h[:, 1:]  # (B, γ)
     positions = torch.arange(1, gamma + 1, device=q.device)
-    tau = (passed.long() * positions).amax(-1) if gamma else draft.new_zeros(batch)  # last i with η_i < h_i
+    # τ = the last i with η_i < h_i (0 if none): failures do not stop the scan
+    tau = (passed.long() * positions).amax(-1) if gamma else draft.new_zeros(batch)
     rows = tau.view(batch, 1, 1).expand(batch, 1, vocab)
     residual = residual_all.gather(1, rows).squeeze(1)  # (B, V); at τ = γ it is p_γ·q[γ] ∝ q[γ]
     q_row = q.gather(1, rows).squeeze(1)

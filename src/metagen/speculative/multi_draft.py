@@ -45,21 +45,26 @@ def multi_draft_verify(
     Guarantee: (drafts[draft_index, :tau], token) is distributed as the target q's continuation.
     Time complexity: O(k·V) for the first position plus O(γ·V) along the chosen draft.
     """
-    if not isinstance(drafts, Tensor) or drafts.dtype not in (torch.int64, torch.int32) or drafts.dim() != 2:
+    is_integer = isinstance(drafts, Tensor) and drafts.dtype in (torch.int64, torch.int32)
+    if not is_integer or drafts.dim() != 2:
         raise ValueError("drafts must be an integer (Long) tensor of shape (k, γ)")
     k, gamma = drafts.shape
     if k == 0:
         raise ValueError("drafts must have shape (k, γ) with k >= 1, got k = 0")
     if not isinstance(q, Tensor) or q.dim() != 3 or q.shape[:2] != (k, gamma + 1) or q.shape[2] == 0:
-        raise ValueError(f"q must have shape (k, γ+1, V) = ({k}, {gamma + 1}, V), got {tuple(getattr(q, 'shape', ()))}")
+        got = tuple(getattr(q, "shape", ()))
+        raise ValueError(f"q must have shape (k, γ+1, V) = ({k}, {gamma + 1}, V), got {got}")
     vocab = q.shape[2]
     if not isinstance(p, Tensor) or p.shape != (k, gamma, vocab):
-        raise ValueError(f"p must have shape (k, γ, V) = ({k}, {gamma}, {vocab}), got {tuple(getattr(p, 'shape', ()))}")
+        got = tuple(getattr(p, "shape", ()))
+        raise ValueError(f"p must have shape (k, γ, V) = ({k}, {gamma}, {vocab}), got {got}")
     check_probabilities("q", q, "(k, γ+1, V)")
     check_probabilities("p", p, "(k, γ, V)")
     if gamma and (bool((drafts < 0).any()) or bool((drafts >= vocab).any())):
         raise ValueError(f"drafts tokens must lie in [0, V) = [0, {vocab})")
-    if not torch.allclose(q[:, 0], q[:1, 0].expand(k, vocab)) or (gamma and not torch.allclose(p[:, 0], p[:1, 0].expand(k, vocab))):
+    same_q = torch.allclose(q[:, 0], q[:1, 0].expand(k, vocab))
+    same_p = gamma == 0 or torch.allclose(p[:, 0], p[:1, 0].expand(k, vocab))
+    if not (same_q and same_p):
         raise ValueError("p[:, 0] and q[:, 0] must be equal across drafts (k drafts share one context)")
     minus_one = torch.tensor(-1)
     if gamma == 0:
