@@ -10,6 +10,7 @@ import torch
 from metagen.speculative import block_verify, greedy_verify, token_verify
 from tests.speculative.helpers import (
     dirichlet_table,
+    draw_block,
     exact_mean_tau,
     first_two_emitted,
     joint_p_value,
@@ -128,8 +129,6 @@ def test_gamma_zero_samples_from_the_target(rule):
 def test_inputs_are_not_modified(rule):
     generator = torch.Generator().manual_seed(0)
     draft_table, target_table = CASES["context"]()
-    from tests.speculative.helpers import draw_block
-
     draft, p, q = draw_block(draft_table, target_table, torch.zeros(8, dtype=torch.long), 3, generator)
     copies = [draft.clone(), p.clone(), q.clone()]
     tau, token = RULES[rule](draft, p, q, generator)
@@ -177,3 +176,32 @@ def test_greedy_verify_rejects_bad_shapes():
         greedy_verify(GOOD_DRAFT, GOOD_Q[:2])
     with pytest.raises(ValueError, match="draft must be an integer"):
         greedy_verify(GOOD_DRAFT.float(), GOOD_Q)
+
+
+def test_block_never_stops_where_equation_4_gives_zero():
+    # x_1 = 0 has ratio 0.4, so p_1 = 0.4 and q[1] = p[1] give S_1 = Σ max(0.4·q[1] − p[1], 0) = 0:
+    # h_1 = 0, τ = 1 is impossible, p_2 = h_2 = 0.4, and τ = 0 samples from max(0, q[0] − p[0]) = e_1.
+    p = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]], dtype=torch.float64)
+    q = torch.tensor([[0.2, 0.8, 0.0], [0.2, 0.3, 0.5], [0.1, 0.1, 0.8]], dtype=torch.float64)
+    batch = 20_000
+    draft = torch.tensor([0, 2]).expand(batch, 2)
+    tau, token = block_verify(draft, p.expand(batch, 2, 3), q.expand(batch, 3, 3), torch.Generator().manual_seed(2))
+    assert set(tau.tolist()) == {0, 2}
+    assert (token[tau == 0] == 1).all()
+    rate = (tau == 2).double().mean().item()
+    assert abs(rate - 0.4) < 4 * math.sqrt(0.24 / batch)
+    # token verification on the same draft stops at the rejection of x_1 or accepts both
+    tau_token, _ = token_verify(draft, p.expand(batch, 2, 3), q.expand(batch, 3, 3), torch.Generator().manual_seed(2))
+    assert set(tau_token.tolist()) == {0, 2}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_float32_softmax_rows_of_a_large_vocabulary(rule):
+    generator = torch.Generator().manual_seed(0)
+    batch, gamma, vocab = 4, 5, 32_000
+    p = torch.randn(batch, gamma, vocab, generator=generator).softmax(-1)
+    q = torch.randn(batch, gamma + 1, vocab, generator=generator).softmax(-1)
+    draft = torch.multinomial(p.view(-1, vocab), 1, generator=generator).view(batch, gamma)
+    tau, token = RULES[rule](draft, p, q, generator)
+    assert tau.dtype == torch.long and ((tau >= 0) & (tau <= gamma)).all()
+    assert token.shape == (batch,) and ((token >= 0) & (token < vocab)).all()
