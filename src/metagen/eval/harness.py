@@ -274,6 +274,8 @@ def _mean_cost(costs: list[Cost]) -> Cost:
 def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalConfig, decode=None) -> EvalReport:
     """Accuracy and mean cost per (strategy, n), plus the oracle coverage pass@k of the pools."""
     report = EvalReport()
+    pools = ({problem.id: Pool.from_dict(results.get("pool", problem.id)["pool"]) for problem in problems}
+             if config.pool_size else {})
     for name in config.strategies:
         spec = get_strategy(name)
         budgets = sorted(set(config.ns)) if spec.budget != "none" else [1]
@@ -281,7 +283,7 @@ def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalCon
             scores, costs = [], []
             for problem in problems:
                 if spec.pooled:
-                    pool = Pool.from_dict(results.get("pool", problem.id)["pool"])
+                    pool = pools[problem.id]
                     hits, subset_costs = [], []
                     for indices in _subsets(len(pool.samples), n, config.subsets, config.seed, problem.id, n):
                         result = spec.run(PoolGenerator(pool, indices, decode), problem.question + config.prompt_suffix,
@@ -300,7 +302,7 @@ def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalCon
         for k in sorted(set(config.ns)):
             scores, costs = [], []
             for problem in problems:
-                pool = Pool.from_dict(results.get("pool", problem.id)["pool"])
+                pool = pools[problem.id]
                 correct = sum(sample.correct for sample in pool.samples)
                 scores.append(pass_at_k(len(pool.samples), correct, k))
                 costs.append(_mean_cost([pool.subset_cost(i) for i in
