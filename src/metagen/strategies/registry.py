@@ -41,6 +41,15 @@ class StrategySpec:
             raise ValueError(f"n={n} is out of range for strategy {self.name!r}: it takes n=1 only")
 
 
+def _with_answers(result, options: StrategyOptions):
+    """Fill in each candidate's extracted answer (for strategies that do not extract one)."""
+    from metagen.scoring.answers import extract_answer
+
+    for candidate in result.candidates:
+        candidate.answer = extract_answer(candidate.text, options.pattern)
+    return result
+
+
 def _greedy(generator, prompt, n, params, options, rng):
     from metagen.scoring.answers import extract_answer
     from metagen.strategies.result import StrategyResult, candidates_from
@@ -54,13 +63,10 @@ def _greedy(generator, prompt, n, params, options, rng):
 def _best_of_n(scorer_name):
     def run(generator, prompt, n, params, options, rng):
         from metagen.scoring import logprob
-        from metagen.scoring.answers import extract_answer
         from metagen.strategies.best_of_n import BestOfNConfig, best_of_n
 
         result = best_of_n(generator, prompt, BestOfNConfig(n, params), getattr(logprob, scorer_name), rng=rng)
-        for candidate in result.candidates:
-            candidate.answer = extract_answer(candidate.text, options.pattern)
-        return result
+        return _with_answers(result, options)
 
     return run
 
@@ -88,28 +94,22 @@ def _borda(generator, prompt, n, params, options, rng):
 def _mbr(utility_name):
     def run(generator, prompt, n, params, options, rng):
         from metagen.scoring import embeddings, utilities
-        from metagen.scoring.answers import extract_answer
         from metagen.strategies.mbr import MBRConfig, mbr
 
         module = embeddings if utility_name == "EmbeddingCosine" else utilities
         utility = getattr(module, utility_name)()
         result = mbr(generator, prompt, MBRConfig(n, params, include_self=True), utility, rng=rng)
-        for candidate in result.candidates:
-            candidate.answer = extract_answer(candidate.text, options.pattern)
-        return result
+        return _with_answers(result, options)
 
     return run
 
 
 def _self_refine(generator, prompt, n, params, options, rng):
-    from metagen.scoring.answers import extract_answer
     from metagen.strategies.self_refine import SelfRefineConfig, self_refine
 
     config = SelfRefineConfig(rounds=n - 1, draft_params=params, critique_params=params, revision_params=params)
     result = self_refine(generator, prompt, config, rng=rng)
-    for candidate in result.candidates:
-        candidate.answer = extract_answer(candidate.text, options.pattern)
-    return result
+    return _with_answers(result, options)
 
 
 def _chain(program_name):
