@@ -51,13 +51,11 @@ def _with_answers(result, options: StrategyOptions):
 
 
 def _greedy(generator, prompt, n, params, options, rng):
-    from metagen.scoring.answers import extract_answer
     from metagen.strategies.result import StrategyResult, candidates_from
 
     result = generator.generate(prompt, replace(params, temperature=0.0, n=1), generator=rng)
     candidates = candidates_from(result)
-    candidates[0].answer = extract_answer(candidates[0].text, options.pattern)
-    return StrategyResult(candidates[0], candidates, result.cost)
+    return _with_answers(StrategyResult(candidates[0], candidates, result.cost), options)
 
 
 def _best_of_n(scorer_name):
