@@ -129,6 +129,10 @@ class ToyModel(LanguageModel):
     def new_cache(self, batch_size: int = 1) -> ToyCache:
         return ToyCache(batch_size)
 
+    def flops_per_token(self, context_length: int) -> float:
+        """A made-up linear cost (100 per token plus 1 per attended key) for Cost bookkeeping."""
+        return 100.0 + context_length
+
     def forward(self, cache, tokens, *, logits="last", hidden=False) -> ForwardOutput:
         if hidden:
             raise NotImplementedError("the toy model has no hidden states")

@@ -20,6 +20,10 @@ class Cost:
     generated_tokens: tokens sampled.
     flops: estimated forward FLOPs (2·params per token plus attention, from the architecture).
     wall_seconds: elapsed time.
+    draft_tokens: speculative decoding: draft tokens proposed to the target.
+    accepted_tokens: draft tokens the target accepted.
+    target_steps: target forwards that produced tokens, counted per row (the prefill and each
+        verification; plain decoding takes one per generated token).
     """
 
     model_calls: int = 0
@@ -28,6 +32,9 @@ class Cost:
     generated_tokens: int = 0
     flops: float = 0.0
     wall_seconds: float = 0.0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    target_steps: int = 0
 
     def __add__(self, other: "Cost") -> "Cost":
         if not isinstance(other, Cost):
@@ -46,6 +53,16 @@ class Cost:
         """Share of prompt tokens served from the cache rather than recomputed."""
         total = self.prompt_tokens_computed + self.prompt_tokens_reused
         return self.prompt_tokens_reused / total if total else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Share of draft tokens the target accepted (None without drafts)."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def block_efficiency(self) -> float | None:
+        """Generated tokens per target step (1 for plain decoding; None when not counted)."""
+        return self.generated_tokens / self.target_steps if self.target_steps else None
 
     def to_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

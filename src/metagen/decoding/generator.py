@@ -66,5 +66,6 @@ class LocalGenerator(Generator):
             generated_tokens=result.generated_tokens,
             flops=flops,
             wall_seconds=time.perf_counter() - start,
+            target_steps=result.generated_tokens,  # one target forward per token and row
         )
         return result

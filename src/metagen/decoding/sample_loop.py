@@ -89,7 +89,7 @@ class StreamEvent:
 
 
 class _Row:
-    """Per-completion decoding state (text assembly and stop checks)."""
+    """Per-completion decoding state: the completion, text assembly and stop checks."""
 
     def __init__(self, model, params: SamplingParams, prompt_ids: list[int], want_top: bool) -> None:
         self.completion = Completion(top_logprobs=[] if want_top else None)
@@ -97,10 +97,44 @@ class _Row:
         self.detokenizer = IncrementalDetokenizer(model.tokenizer, prompt_ids, skip_special_tokens=True)
         self.stops = StopStringMatcher(params.stop) if params.stop else None
 
-    def add_text(self, delta: str) -> tuple[str, bool]:
+    def push(
+        self,
+        token: int,
+        logprob: float,
+        sampled: float,
+        certainty: float,
+        top: dict[int, float] | None,
+        is_stop_token: bool,
+        at_limit: bool,
+    ) -> str:
+        """Record one chosen token; return the text it makes safe to show.
+
+        Sets `completion.finish_reason` when the row ends: on a stop token, a stop string, or
+        `at_limit` (max_tokens / context reached with this token).
+        """
+        completion = self.completion
+        completion.token_ids.append(token)
+        completion.logprobs.append(logprob)
+        completion.sampling_logprobs.append(sampled)
+        completion.certainties.append(certainty)
+        if top is not None:
+            completion.top_logprobs.append(top)
+        last = is_stop_token or at_limit
+        delta = "" if is_stop_token else self.detokenizer.push(token)  # stop tokens add no text
+        if last:
+            delta += self.detokenizer.flush()
         if self.stops is None:
-            return delta, False
-        return self.stops.feed(delta)
+            text, hit_stop_string = delta, False
+        else:
+            text, hit_stop_string = self.stops.feed(delta)
+        if hit_stop_string:
+            completion.finish_reason, completion.stop_reason = "stop", self.stops.matched
+        elif last:
+            text += self.stops.flush() if self.stops is not None else ""
+            completion.finish_reason = "stop" if is_stop_token else "length"
+            completion.stop_reason = token if is_stop_token else None
+        completion.text += text
+        return text
 
 
 def stream(
@@ -164,30 +198,13 @@ def stream(
         keep: list[int] = []
         for b, (index, token) in enumerate(zip(active, tokens.tolist())):
             row = rows[index]
-            completion = row.completion
-            completion.token_ids.append(token)
-            completion.logprobs.append(chosen[b])
-            completion.sampling_logprobs.append(sampled[b])
-            completion.certainties.append(certainties[b])
-            if want_top:
-                completion.top_logprobs.append(dict(zip(top_ids[b], top_values[b])))
-            hit_stop_token = token in stop_ids
-            last = hit_stop_token or step >= max_new
-            delta = "" if hit_stop_token else row.detokenizer.push(token)  # stop tokens add no text
-            if last:
-                delta += row.detokenizer.flush()
-            text, hit_stop_string = row.add_text(delta)
-            if hit_stop_string:
-                completion.finish_reason, completion.stop_reason = "stop", row.stops.matched
-            elif last:
-                text += row.stops.flush() if row.stops is not None else ""
-                completion.finish_reason = "stop" if hit_stop_token else "length"
-                completion.stop_reason = token if hit_stop_token else None
-            else:
+            top = dict(zip(top_ids[b], top_values[b])) if want_top else None
+            text = row.push(token, chosen[b], sampled[b], certainties[b], top, token in stop_ids, step >= max_new)
+            finish = row.completion.finish_reason
+            if finish is None:
                 keep.append(b)
-            completion.text += text
-            if text or completion.finish_reason:
-                yield StreamEvent(index, text, token, completion.finish_reason)
+            if text or finish:
+                yield StreamEvent(index, text, token, finish)
         if not keep:
             break
         if len(keep) < len(active):

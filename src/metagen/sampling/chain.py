@@ -171,6 +171,11 @@ class SamplerChain:
         return steps
 
     @property
+    def stateful(self) -> bool:
+        """True when the chain keeps per-row state (penalties, n-gram blocking, mirostat)."""
+        return bool(self._stateful)
+
+    @property
     def batch_size(self) -> int:
         for state in self._stateful:
             return state.batch_size

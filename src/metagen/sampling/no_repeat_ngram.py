@@ -74,6 +74,9 @@ class NoRepeatNgramState:
 
     The history lives in a `(B, capacity)` LongTensor; `update` writes one column (O(B)) and
     doubles the capacity when it is full, so appending never costs O(T) per step on average.
+    Rows may advance unevenly (speculative decoding appends a different number of tokens per
+    row): a negative entry leaves a hole, and once there is one, `apply` joins each row's tokens
+    up (`left_aligned`, O(B·T)) before matching.
     """
 
     def __init__(self, n: int, history: Tensor, capacity: int | None = None) -> None:
@@ -84,6 +87,7 @@ class NoRepeatNgramState:
         self._buffer = torch.full((rows, capacity), PAD, dtype=torch.long, device=history.device)
         self._buffer[:, :length] = history
         self._length = length
+        self._holes = False
 
     @classmethod
     def from_prompt(
@@ -108,7 +112,8 @@ class NoRepeatNgramState:
     def apply(self, logits: Tensor) -> Tensor:
         """Ban n-gram repeats in `logits (B, V)`; returns new float32 logits. O(B (T n + V))."""
         logits = float_logits(logits)
-        return logits.masked_fill(banned_tokens(self.history, self.n, logits.shape[-1]), NEG_INF)
+        history = left_aligned(self.history) if self._holes else self.history
+        return logits.masked_fill(banned_tokens(history, self.n, logits.shape[-1]), NEG_INF)
 
     def update(self, new_tokens: Tensor) -> None:
         """Append one token per row, `new_tokens (B,)`; negative entries are stored as padding."""
@@ -117,6 +122,7 @@ class NoRepeatNgramState:
         column = new_tokens.reshape(-1).to(device=self._buffer.device, dtype=torch.long)
         self._buffer[:, self._length] = column.clamp(min=PAD)
         self._length += 1
+        self._holes = self._holes or bool((column < 0).any())
 
     def select(self, indices: Tensor) -> None:
         """Keep rows `indices (B',)` in that order, in place (follows a KV-cache reorder)."""
@@ -128,4 +134,5 @@ class NoRepeatNgramState:
         forked.n = self.n
         forked._buffer = self._buffer[indices.to(device=self._buffer.device, dtype=torch.long)]
         forked._length = self._length
+        forked._holes = self._holes
         return forked

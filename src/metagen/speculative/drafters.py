@@ -1,0 +1,328 @@
+"""Drafters: cheap proposals of the next γ tokens that the target model then verifies.
+
+A drafter sees each row's committed tokens (prompt + generated, the last one not yet run through
+the target) and proposes up to γ_b tokens per row together with the distributions they were
+drawn from (after the same sampler chain as the target, so the verification rules compare like
+with like). Deterministic drafters (n-gram lookup, greedy drafts) return point masses.
+
+    drafter.start(prompt_ids, batch_size)            # once per request
+    draft = drafter.propose(contexts, lengths, chain, generator)
+    drafter.select(rows)                             # rows leaving / reordering the batch
+    drafter.finish(outputs)                          # end of the request
+
+`ModelDrafter` drafts with any `LanguageModel` over the same vocabulary: a smaller model, the
+target's own first layers (`early_exit_model`) or a lower-precision copy of the target
+(`quantized_model`). Its cache follows the committed tokens: before drafting it rolls each row
+back to the longest prefix the target confirmed and runs the rest (usually the correction token,
+plus the last draft token when all were accepted) in one ragged forward.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from metagen.decoding.cost import forward_flops
+from metagen.sampling import SamplerChain
+
+
+@dataclass
+class Draft:
+    """Proposed tokens per row and where they came from.
+
+    tokens: per row, 0..γ_b token ids.
+    probs: per row, `(len(tokens[b]), V)` float32 distributions the tokens were drawn from, or
+        None for a deterministic proposal (a point mass on each token).
+    calls: drafter forwards spent (batched calls count once); flops: their estimated FLOPs.
+    """
+
+    tokens: list[list[int]]
+    probs: list[Tensor | None]
+    calls: int = 0
+    flops: float = 0.0
+
+
+class Drafter(ABC):
+    """Proposes draft tokens for a batch of rows (see the module docstring for the protocol)."""
+
+    name: str = "drafter"
+    vocab_size: int | None = None  # None: any vocabulary (token-id based drafters)
+    prefill_flops: float = 0.0  # FLOPs `start` spent (set by drafters that run a model)
+
+    def start(self, prompt_ids: Sequence[int], batch_size: int) -> None:
+        """Begin a request whose rows all start from `prompt_ids`."""
+
+    @abstractmethod
+    def propose(
+        self,
+        contexts: Sequence[Sequence[int]],
+        lengths: Sequence[int],
+        chain: SamplerChain,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        """Up to `lengths[b]` tokens following `contexts[b]` (the row's committed tokens).
+
+        `chain` is the target's sampler chain for these rows (state up to the committed tokens);
+        a drafter that samples forks it and never changes it.
+        """
+
+    def select(self, rows: Sequence[int]) -> None:
+        """Row i becomes old row `rows[i]` (finished rows leave the batch)."""
+
+    def finish(self, outputs: Sequence[Sequence[int]]) -> None:
+        """The request ended with these generated token ids per row."""
+
+
+class ModelDrafter(Drafter):
+    """Drafts by sampling from a `LanguageModel` with the target's vocabulary.
+
+    confidence: adaptive draft length — a row stops drafting after a token whose draft
+        probability (after the sampler chain) is below this value; None drafts the full γ_b.
+    """
+
+    def __init__(self, model, *, confidence: float | None = None, name: str = "model") -> None:
+        if confidence is not None and not 0.0 <= confidence <= 1.0:
+            raise ValueError(f"confidence={confidence!r} is out of range: must be in [0, 1] or None")
+        self.model = model
+        self.confidence = confidence
+        self.name = name
+        self.vocab_size = model.vocab_size
+        self.cache = None
+        self._cached: list[list[int]] = []  # token ids held by each cache row
+        self._committed: list[int] = []  # each row's committed length at its last proposal
+
+    def start(self, prompt_ids: Sequence[int], batch_size: int) -> None:
+        # The prompt (all but its last token, which the first proposal runs) is prefilled once.
+        self.cache = self.model.new_cache(1)
+        head = list(prompt_ids[:-1])
+        self.prefill_flops = forward_flops(self.model, 0, len(head))
+        if head:
+            self.model.forward(self.cache, [head], logits="none")
+        self.cache.select([0] * batch_size)
+        self._cached = [list(head) for _ in range(batch_size)]
+        self._committed = [len(head)] * batch_size
+
+    def select(self, rows: Sequence[int]) -> None:
+        self.cache.select(list(rows))
+        self._cached = [list(self._cached[r]) for r in rows]
+        self._committed = [self._committed[r] for r in rows]
+
+    def propose(self, contexts, lengths, chain, generator) -> Draft:
+        batch = len(contexts)
+        if self.cache is None or self.cache.batch_size != batch:
+            raise RuntimeError(f"{self.name} drafter has {0 if self.cache is None else self.cache.batch_size} rows, got {batch}: call start()/select() first")
+        longest = max(lengths, default=0)
+        if longest == 0:
+            return Draft([[] for _ in range(batch)], [None] * batch)
+        feed, flops = [], 0.0
+        for b, context in enumerate(contexts):
+            keep = self._confirmed_length(b, context)
+            self.cache.truncate(b, keep)
+            del self._cached[b][keep:]
+            new = list(context[keep:])
+            feed.append(new)
+            self._cached[b].extend(new)
+            self._committed[b] = len(context)
+            flops += forward_flops(self.model, keep, len(new))
+        out = self.model.forward(self.cache, feed)
+        calls = 1
+        probe = chain.fork(torch.arange(batch))
+        tokens: list[list[int]] = [[] for _ in range(batch)]
+        probs: list[list[Tensor]] = [[] for _ in range(batch)]
+        drafting = [n > 0 for n in lengths]
+        greedy = chain.params.greedy
+        for step in range(longest):
+            processed = probe.process(out.logits)
+            chosen = probe.choose(processed, generator)
+            probe.update(chosen)
+            wants_distribution = not greedy or self.confidence is not None
+            distribution = torch.softmax(processed, dim=-1) if wants_distribution else None
+            chosen_list = chosen.tolist()
+            for b in range(batch):
+                if not drafting[b]:
+                    continue
+                tokens[b].append(chosen_list[b])
+                if not greedy:
+                    probs[b].append(distribution[b])
+                confident = self.confidence is None or (
+                    distribution is None or float(distribution[b, chosen_list[b]]) >= self.confidence)
+                if len(tokens[b]) >= lengths[b] or not confident:
+                    drafting[b] = False
+            if not any(drafting):
+                break
+            # rows that stopped keep stepping (one batched forward); their extra tokens are dropped
+            out = self.model.forward(self.cache, chosen[:, None])
+            calls += 1
+            for b in range(batch):
+                flops += forward_flops(self.model, len(self._cached[b]), 1)
+                self._cached[b].append(chosen_list[b])
+        stacked = [torch.stack(rows) if rows else None for rows in probs]
+        if greedy:
+            stacked = [None] * batch
+        return Draft(tokens, stacked, calls, flops)
+
+    def _confirmed_length(self, row: int, context: Sequence[int]) -> int:
+        """Longest prefix of the cached row equal to `context`, minus one token if it covers all
+        of `context` (the last committed token is always run, to get its logits)."""
+        cached = self._cached[row]
+        keep = min(self._committed[row], len(cached))  # committed tokens never change
+        limit = min(len(cached), len(context) - 1)
+        while keep < limit and cached[keep] == context[keep]:
+            keep += 1
+        return min(keep, len(context) - 1)
+
+
+def early_exit_model(target, num_layers: int):
+    """The target's first `num_layers` layers + its final norm and LM head, as a model.
+
+    Shares every weight tensor with `target` (no copy); it has its own cache. Kangaroo-style
+    self-drafting without an adapter: the first layers' residual stream, normalised and read
+    out by the LM head, already predicts the easy tokens.
+    """
+    from dataclasses import replace
+
+    from metagen.models.llama import LlamaModel
+
+    if not isinstance(target, LlamaModel):
+        raise ValueError(f"early-exit drafting needs a native LlamaModel target, got {type(target).__name__}")
+    total = target.config.num_hidden_layers
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < total:
+        raise ValueError(f"num_layers={num_layers!r} is out of range: must be an int in [1, {total - 1}]")
+    config = replace(target.config, num_hidden_layers=num_layers, name=f"{target.config.name} (first {num_layers} layers)")
+    model = LlamaModel(config, target.layers[:num_layers], target.embed, target.norm, target.lm_head,
+                       target.tokenizer, target.dtype, target.freq_factors, source=target.source)
+    model.use_fused = target.use_fused
+    return model
+
+
+def quantized_model(target, dtype: str = "int4"):
+    """A lower-precision copy of `target` loaded from the same checkpoint (e.g. int4 drafting
+    for an fp32 or bf16 target)."""
+    from metagen.models.loading import DTYPES, load
+
+    order = {name: rank for rank, name in enumerate(DTYPES)}  # fp32 < bf16 < int8 < int4
+    if dtype not in order:
+        raise ValueError(f"dtype={dtype!r} is not supported: choose one of {', '.join(DTYPES)}")
+    if not getattr(target, "source", ""):
+        raise ValueError("quantized self-drafting needs a target loaded from a file (target.source is empty)")
+    if order[dtype] <= order.get(target.dtype, -1):
+        raise ValueError(
+            f"a {dtype} draft is not cheaper than the {target.dtype} target: draft with a lower "
+            f"precision than the target (e.g. target fp32/bf16, draft int8/int4)"
+        )
+    return load(target.source, dtype=dtype)
+
+
+@dataclass
+class _NgramIndex:
+    """Latest end position of every k-gram (k in [min_n, max_n]) of one row's tokens."""
+
+    min_n: int
+    max_n: int
+    tokens: list[int] = field(default_factory=list)
+    latest: dict[tuple[int, ...], int] = field(default_factory=dict)  # k-gram -> index after it
+
+    def extend(self, new: Sequence[int]) -> None:
+        tokens, latest = self.tokens, self.latest
+        for token in new:
+            tokens.append(token)
+            end = len(tokens)
+            # index the k-grams ending one token earlier: their follower is now known
+            for k in range(self.min_n, self.max_n + 1):
+                if end - 1 - k >= 0:
+                    latest[tuple(tokens[end - 1 - k : end - 1])] = end - 1
+
+    def follower(self, suffix: Sequence[int]) -> int | None:
+        """Position of the token after the latest earlier occurrence of `suffix`, if any."""
+        return self.latest.get(tuple(suffix))
+
+
+class NgramDrafter(Drafter):
+    """Model-free drafting: prompt lookup plus an n-gram table of past outputs.
+
+    For each row, the longest suffix (max_ngram down to min_ngram tokens) of the context that
+    occurred earlier in the same context proposes the tokens that followed it (prompt lookup
+    decoding, Saxena 2023); when the context has no match, a table of n-grams seen in earlier
+    outputs of this drafter (kept across requests, as in ADED / token recycling) proposes the
+    token that last followed the suffix. Proposals extend greedily, one lookup per token, to γ_b
+    tokens or until no suffix matches. Drafts are point masses (deterministic).
+    """
+
+    name = "ngram"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, remember_outputs: bool = True,
+                 memory_size: int = 200_000) -> None:
+        for label, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram), ("memory_size", memory_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{label}={value!r} must be an int >= 1")
+        if min_ngram > max_ngram:
+            raise ValueError(f"min_ngram={min_ngram} is larger than max_ngram={max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.remember_outputs = remember_outputs
+        self.memory_size = memory_size
+        self.memory: dict[tuple[int, ...], int] = {}  # k-gram of past outputs -> next token
+        self._rows: list[_NgramIndex] = []
+
+    def start(self, prompt_ids: Sequence[int], batch_size: int) -> None:
+        index = _NgramIndex(self.min_ngram, self.max_ngram)
+        index.extend(prompt_ids)
+        self._rows = [index] + [self._copy(index) for _ in range(batch_size - 1)]
+
+    def select(self, rows: Sequence[int]) -> None:
+        seen: set[int] = set()
+        selected = []
+        for r in rows:
+            selected.append(self._rows[r] if r not in seen else self._copy(self._rows[r]))
+            seen.add(r)
+        self._rows = selected
+
+    def propose(self, contexts, lengths, chain, generator) -> Draft:
+        tokens = []
+        for b, context in enumerate(contexts):
+            index = self._rows[b]
+            index.extend(context[len(index.tokens):])
+            tokens.append(self._lookup(index, lengths[b]))
+        return Draft(tokens, [None] * len(tokens))
+
+    def finish(self, outputs: Sequence[Sequence[int]]) -> None:
+        if not self.remember_outputs:
+            return
+        for output in outputs:
+            output = list(output)
+            for end in range(1, len(output)):
+                for k in range(self.min_ngram, self.max_ngram + 1):
+                    if end - k >= 0:
+                        self.memory[tuple(output[end - k : end])] = output[end]
+        while len(self.memory) > self.memory_size:  # forget the oldest entries (dicts keep order)
+            self.memory.pop(next(iter(self.memory)))
+
+    def _lookup(self, index: _NgramIndex, count: int) -> list[int]:
+        proposal: list[int] = []
+        tokens = index.tokens
+        while len(proposal) < count:
+            context_tail = (tokens[-self.max_ngram:] + proposal)[-self.max_ngram:]
+            follower = None
+            for k in range(min(self.max_ngram, len(context_tail)), self.min_ngram - 1, -1):
+                suffix = tuple(context_tail[-k:])
+                position = index.follower(suffix)
+                if position is not None:
+                    # copy the run after the match (prompt lookup), then look up again
+                    run = tokens[position : position + count - len(proposal)]
+                    proposal.extend(run)
+                    follower = run
+                    break
+                if suffix in self.memory:
+                    follower = [self.memory[suffix]]
+                    proposal.extend(follower)
+                    break
+            if not follower:
+                break
+        return proposal[:count]
+
+    @staticmethod
+    def _copy(index: _NgramIndex) -> _NgramIndex:
+        return _NgramIndex(index.min_n, index.max_n, list(index.tokens), dict(index.latest))

@@ -1,0 +1,290 @@
+"""The speculative decoding loop: draft γ tokens, verify them with one target forward, repeat.
+
+Per step and row (the target cache holds every committed token but the last, t0):
+
+    d_1..d_γ, p   = drafter.propose(context)                 # p: draft distributions (or point masses)
+    logits        = target.forward(cache, [t0, d_1..d_γ], logits="all")     # (γ+1) positions
+    q             = chain(logits) per position, the chain state advanced along the draft
+    tau, x        = rule(d, p, q)                            # token / block / greedy verification
+    emit d_1..d_tau, x;  cache.truncate(row, old + 1 + tau)
+
+The same sampler chain (bias, penalties, n-gram blocking, temperature, truncations) produces p in
+the drafter and q here, so the verification rules make the emitted tokens follow exactly the
+distribution plain decoding samples from. Rows accept different numbers of tokens; the next
+forward is ragged. Mirostat cannot be honoured (its state follows the surprise of each token
+under the distribution it was drawn from, which a draft changes) and raises.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from metagen.decoding.cost import Cost, forward_flops
+from metagen.decoding.prompts import Prompt, encode_prompt
+from metagen.decoding.sample_loop import GenerationResult, StreamEvent, _Row
+from metagen.sampling import SamplerChain, SamplingParams
+from metagen.speculative.block_verify import block_verify
+from metagen.speculative.drafters import Draft, Drafter
+from metagen.speculative.token_verify import token_verify
+from metagen.speculative.verify import greedy_verify
+
+VERIFY_RULES = {"token": token_verify, "block": block_verify}
+ADAPTIVE_MAX_DRAFT = 16
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """How many tokens to draft and how to verify them.
+
+    num_draft_tokens: γ, draft tokens per step (the starting value when `adaptive`).
+    verify: "token" (Leviathan et al.) or "block" (Sun et al.); temperature 0 always uses
+        greedy verification (longest prefix matching the target's argmax).
+    adaptive: per row, γ grows by 2 after a fully accepted draft and shrinks by 1 after a
+        rejection, within [1, max_draft_tokens].
+    max_draft_tokens: the adaptive upper bound.
+    """
+
+    num_draft_tokens: int = 4
+    verify: str = "token"
+    adaptive: bool = False
+    max_draft_tokens: int = ADAPTIVE_MAX_DRAFT
+
+    def __post_init__(self) -> None:
+        for name in ("num_draft_tokens", "max_draft_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an int >= 1")
+        if self.verify not in VERIFY_RULES:
+            raise ValueError(f"verify={self.verify!r} is not a rule: choose one of {', '.join(VERIFY_RULES)}")
+        if self.adaptive and self.max_draft_tokens < self.num_draft_tokens:
+            raise ValueError(
+                f"max_draft_tokens={self.max_draft_tokens} is below num_draft_tokens={self.num_draft_tokens}"
+            )
+
+    def next_length(self, gamma: int, proposed: int, accepted: int) -> int:
+        """The row's draft length for the next step."""
+        if not self.adaptive or proposed == 0:
+            return gamma
+        if accepted == proposed:
+            return min(gamma + 2, self.max_draft_tokens)
+        return max(gamma - 1, 1)
+
+
+def check_compatible(model, drafter: Drafter, params: SamplingParams) -> None:
+    """Raise ValueError when the drafter or the sampling parameters cannot be used together."""
+    if params.uses_mirostat:
+        raise ValueError(
+            f"mirostat_tau={params.mirostat_tau!r} cannot be used with speculative decoding: "
+            "Mirostat's state follows each token's surprise under the distribution it was drawn "
+            "from, which drafting changes (use plain decoding)"
+        )
+    if drafter.vocab_size is not None and drafter.vocab_size != model.vocab_size:
+        raise ValueError(
+            f"the {drafter.name} drafter's vocabulary has {drafter.vocab_size} tokens, the target's "
+            f"{model.vocab_size}: drafter and target must share a tokenizer"
+        )
+
+
+def speculative_stream(
+    model,
+    drafter: Drafter,
+    prompt: Prompt,
+    params: SamplingParams | None = None,
+    config: SpeculativeConfig | None = None,
+    *,
+    chat: bool | None = None,
+    generator: torch.Generator | None = None,
+    result: GenerationResult | None = None,
+) -> Iterator[StreamEvent]:
+    """`metagen.decoding.stream` with speculative decoding; same events, same completions.
+
+    `result.cost` receives model calls (target and drafter), FLOPs, draft and accepted tokens
+    and target steps (so `cost.acceptance_rate` and `cost.block_efficiency`).
+    """
+    params = params or SamplingParams()
+    config = config or SpeculativeConfig()
+    check_compatible(model, drafter, params)
+    started = time.perf_counter()
+    prompt_ids = encode_prompt(model.tokenizer, prompt, chat)
+    if len(prompt_ids) >= model.max_context:
+        raise ValueError(
+            f"prompt has {len(prompt_ids)} tokens, the model's context is {model.max_context}: no room to generate"
+        )
+    if generator is None:
+        generator = params.make_generator()
+    n, vocab = params.n, model.vocab_size
+    want_top = bool(params.logprobs)
+    stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else model.eos_token_ids)
+    chain = SamplerChain.from_params(params, n, vocab, prompt_ids)
+    rows = [_Row(model, params, prompt_ids, want_top) for _ in range(n)]
+    result = result if result is not None else GenerationResult([], prompt_ids)
+    result.prompt_token_ids = prompt_ids
+    result.completions = [row.completion for row in rows]
+    max_new = min(params.max_tokens, model.max_context - len(prompt_ids))
+    cost = Cost(prompt_tokens_computed=len(prompt_ids), prompt_tokens_reused=len(prompt_ids) * (n - 1),
+                flops=forward_flops(model, 0, len(prompt_ids)), target_steps=n)
+    emitter = _Emitter(rows, stop_ids, max_new, want_top, params)
+
+    cache, out = model.prefill(prompt_ids, batch_size=n)
+    drafter.start(prompt_ids, n)
+    cost.model_calls += 1
+    cost.flops += drafter.prefill_flops
+    result.prefill_seconds = time.perf_counter() - started
+    decode_start = time.perf_counter()
+    processed = chain.process(out.logits)
+    tokens = chain.choose(processed, generator)
+    chain.update(tokens)
+    contexts = [list(prompt_ids) for _ in range(n)]
+    active = list(range(n))
+    for b, token in enumerate(tokens.tolist()):
+        yield from emitter.emit(b, [token], out.logits[b : b + 1], processed[b : b + 1])
+        contexts[b].append(token)
+    gammas = [config.num_draft_tokens] * n
+
+    while True:
+        keep = [b for b, index in enumerate(active) if rows[index].completion.finish_reason is None]
+        if not keep:
+            break
+        if len(keep) < len(active):
+            cache.select(keep)
+            chain.select(torch.tensor(keep, dtype=torch.long))
+            drafter.select(keep)
+            active = [active[b] for b in keep]
+            gammas = [gammas[b] for b in keep]
+        row_contexts = [contexts[index] for index in active]
+        lengths = [max(0, min(gammas[b], max_new - len(rows[index].completion.token_ids) - 1))
+                   for b, index in enumerate(active)]
+        draft = drafter.propose(row_contexts, lengths, chain, generator)
+        _check_draft(draft, lengths, vocab, drafter.name)
+        cost.model_calls += draft.calls
+        cost.flops += draft.flops
+        before = cache.lengths
+        feed = [[context[-1]] + draft.tokens[b] for b, context in enumerate(row_contexts)]
+        out = model.forward(cache, feed, logits="all")  # (B, T, V)
+        cost.model_calls += 1
+        processed = _process_positions(chain, out.logits, draft.tokens)
+        emitted_rows = []
+        for b, index in enumerate(active):
+            proposed = draft.tokens[b]
+            cost.flops += forward_flops(model, before[b], len(feed[b]))
+            tau, token = _verify(params, config, proposed, draft.probs[b], processed[b, : len(proposed) + 1],
+                                 vocab, chain, generator)
+            emitted = proposed[:tau] + [token]
+            cost.draft_tokens += len(proposed)
+            cost.accepted_tokens += tau
+            cost.target_steps += 1
+            cache.truncate(b, before[b] + 1 + tau)
+            gammas[b] = config.next_length(gammas[b], len(proposed), tau)
+            pushed = yield from emitter.emit(index, emitted, out.logits[b], processed[b])
+            contexts[index].extend(emitted[:pushed])
+            emitted_rows.append(emitted[:pushed])
+        for j in range(max(len(e) for e in emitted_rows)):
+            chain.update(torch.tensor([e[j] if j < len(e) else -1 for e in emitted_rows], dtype=torch.long))
+
+    drafter.finish([row.completion.token_ids for row in rows])
+    result.decode_seconds = time.perf_counter() - decode_start
+    result.model_calls = cost.model_calls
+    cost.generated_tokens = result.generated_tokens
+    cost.wall_seconds = time.perf_counter() - started
+    result.cost = cost
+
+
+def speculative_generate(
+    model,
+    drafter: Drafter,
+    prompt: Prompt,
+    params: SamplingParams | None = None,
+    config: SpeculativeConfig | None = None,
+    *,
+    chat: bool | None = None,
+    generator: torch.Generator | None = None,
+) -> GenerationResult:
+    """`params.n` completions of `prompt` by speculative decoding (see `speculative_stream`)."""
+    result = GenerationResult([], [])
+    for _ in speculative_stream(model, drafter, prompt, params, config, chat=chat, generator=generator, result=result):
+        pass
+    return result
+
+
+class _Emitter:
+    """Pushes verified tokens into their rows with the same per-token records as plain decoding."""
+
+    def __init__(self, rows, stop_ids, max_new: int, want_top: bool, params: SamplingParams) -> None:
+        self.rows, self.stop_ids, self.max_new = rows, stop_ids, max_new
+        self.want_top, self.params = want_top, params
+        self.log_vocab = None
+
+    def emit(self, index: int, tokens: list[int], logits: torch.Tensor, processed: torch.Tensor):
+        """Push `tokens` (logits / processed rows at the same positions) until the row stops;
+        yields StreamEvents, returns how many tokens were pushed."""
+        row = self.rows[index]
+        count = len(tokens)
+        ids = torch.tensor(tokens, dtype=torch.long)[:, None]
+        raw = torch.log_softmax(logits[:count], dim=-1)  # (count, V)
+        if self.log_vocab is None:
+            self.log_vocab = math.log(raw.shape[-1])
+        chosen = raw.gather(1, ids).squeeze(1).tolist()
+        certainties = (-self.log_vocab - raw.mean(dim=-1)).tolist()
+        if self.params.greedy:
+            sampled = [0.0] * count
+        else:
+            sampled = torch.log_softmax(processed[:count], dim=-1).gather(1, ids).squeeze(1).tolist()
+        if self.want_top:
+            top = torch.topk(raw, self.params.logprobs, dim=-1)
+            top_ids, top_values = top.indices.tolist(), top.values.tolist()
+        for j, token in enumerate(tokens):
+            top_j = dict(zip(top_ids[j], top_values[j])) if self.want_top else None
+            at_limit = len(row.completion.token_ids) + 1 >= self.max_new
+            text = row.push(token, chosen[j], sampled[j], certainties[j], top_j, token in self.stop_ids, at_limit)
+            finish = row.completion.finish_reason
+            if text or finish:
+                yield StreamEvent(index, text, token, finish)
+            if finish is not None:
+                return j + 1
+        return count
+
+
+def _check_draft(draft: Draft, lengths: list[int], vocab: int, name: str) -> None:
+    if len(draft.tokens) != len(lengths) or len(draft.probs) != len(lengths):
+        raise RuntimeError(f"the {name} drafter returned {len(draft.tokens)} rows, expected {len(lengths)}")
+    for b, (tokens, limit) in enumerate(zip(draft.tokens, lengths)):
+        if len(tokens) > limit:
+            raise RuntimeError(f"the {name} drafter proposed {len(tokens)} tokens for row {b}, at most {limit} allowed")
+        if any(not 0 <= t < vocab for t in tokens):
+            raise RuntimeError(f"the {name} drafter proposed a token outside [0, {vocab}) for row {b}")
+
+
+def _process_positions(chain: SamplerChain, logits: torch.Tensor, drafts: list[list[int]]) -> torch.Tensor:
+    """The chain applied at every position of `logits (B, T, V)`; position j of row b sees the
+    chain state advanced by that row's draft tokens before j."""
+    batch, length, vocab = logits.shape
+    if not chain.stateful:
+        return chain.process(logits.reshape(batch * length, vocab)).view(batch, length, vocab)
+    probe = chain.fork(torch.arange(batch))
+    positions = []
+    for j in range(length):
+        positions.append(probe.process(logits[:, j]))
+        if j + 1 < length:
+            probe.update(torch.tensor([d[j] if j < len(d) else -1 for d in drafts], dtype=torch.long))
+    return torch.stack(positions, dim=1)
+
+
+def _verify(params, config, proposed, probs, processed, vocab, chain, generator) -> tuple[int, int]:
+    """(tau, token) for one row; `processed (γ+1, V)` target logits after the chain."""
+    gamma = len(proposed)
+    draft = torch.tensor(proposed, dtype=torch.long)
+    if params.greedy:
+        tau, token = greedy_verify(draft, processed)
+        return int(tau), int(token)
+    if gamma == 0:
+        return 0, int(chain.choose(processed[:1], generator)[0])
+    q = torch.softmax(processed, dim=-1)
+    if probs is None:  # deterministic draft: a point mass on each proposed token
+        probs = torch.zeros(gamma, vocab).scatter_(1, draft[:, None], 1.0)
+    tau, token = VERIFY_RULES[config.verify](draft, probs, q, generator)
+    return int(tau), int(token)
