@@ -69,6 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--length-penalty", type=float, default=None, help="beam search: α in logp/len^α (default 1)")
     gen.add_argument("--strategy", default=None, help="meta-generation strategy (see `metagen eval --help`); --n is its budget")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    spec = gen.add_argument_group("speculative decoding (same output distribution, fewer target steps)")
+    spec.add_argument("--speculative", default=None, metavar="DRAFTER",
+                      help="ngram | early-exit | quantized | model:PATH")
+    spec.add_argument("--num-draft-tokens", type=int, default=None, help="draft tokens per step, γ (default 4)")
+    spec.add_argument("--verify", choices=["token", "block"], default=None, help="verification rule (default token)")
+    spec.add_argument("--adaptive-draft", action="store_true", default=None,
+                      help="grow γ after fully accepted drafts, shrink it after rejections")
+    spec.add_argument("--exit-layer", type=int, default=None, help="early-exit: layers the draft runs")
+    spec.add_argument("--exit-adapter", default=None, help="early-exit: trained adapter file")
+    spec.add_argument("--draft-dtype", default=None, choices=["fp32", "bf16", "int8", "int4"],
+                      help="quantized / model:PATH drafter weights (default int4)")
+    spec.add_argument("--draft-confidence", type=float, default=None,
+                      help="model drafters: stop a draft after a token below this probability")
     _add_model_options(gen)
 
     evaluation = commands.add_parser("eval", help="accuracy vs compute of strategies on a task",
@@ -180,10 +193,14 @@ def _generate(args: argparse.Namespace) -> int:
         config = BeamSearchConfig(
             width=args.beam_width, length_penalty=1.0 if args.length_penalty is None else args.length_penalty, max_tokens=params.max_tokens, n_best=1
         )
+    speculative = _speculative_options(args)
+    if speculative is not None and args.beam_width is not None:
+        raise ValueError("--speculative cannot be combined with --beam-width")
     if args.strategy is not None:
-        return _generate_with_strategy(args, params)
+        return _generate_with_strategy(args, params, speculative)
     start = time.perf_counter()
     model = _load(args)
+    drafter = _drafter(speculative, model) if speculative is not None else None
     load_seconds = time.perf_counter() - start
     prompt = _prompt(args)
     if args.beam_width is not None:
@@ -201,7 +218,12 @@ def _generate(args: argparse.Namespace) -> int:
             print(best.text)
         return 0
     result = GenerationResult([], [])
-    events = stream(model, prompt, params, chat=args.chat, result=result)
+    if drafter is None:
+        events = stream(model, prompt, params, chat=args.chat, result=result)
+    else:
+        from metagen.speculative import speculative_stream
+
+        events = speculative_stream(model, drafter, prompt, params, speculative["config"], chat=args.chat, result=result)
     if args.json:
         for _ in events:
             pass
@@ -237,11 +259,57 @@ def _generate(args: argparse.Namespace) -> int:
         "generated_tokens": result.generated_tokens,
         "tokens_per_second": round(result.tokens_per_second, 2),
     }
+    if drafter is not None:
+        payload["speculative"] = _speculative_summary(speculative, result.cost)
     print(json.dumps(payload))
     return 0
 
 
-def _generate_with_strategy(args: argparse.Namespace, params) -> int:
+def _speculative_options(args: argparse.Namespace) -> dict | None:
+    """The speculative settings of `generate`, or None; options without --speculative raise."""
+    names = ("num_draft_tokens", "verify", "adaptive_draft", "exit_layer", "exit_adapter", "draft_dtype",
+             "draft_confidence")
+    if args.speculative is None:
+        given = [name for name in names if getattr(args, name) is not None]
+        if given:
+            raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in given)} only apply with --speculative DRAFTER")
+        return None
+    from metagen.speculative import SpeculativeConfig
+
+    config = SpeculativeConfig(
+        num_draft_tokens=4 if args.num_draft_tokens is None else args.num_draft_tokens,
+        verify=args.verify or "token",
+        adaptive=bool(args.adaptive_draft),
+    )
+    drafter_args = {"exit_layer": args.exit_layer, "exit_adapter": args.exit_adapter,
+                    "confidence": args.draft_confidence}
+    if args.draft_dtype is not None:
+        drafter_args["draft_dtype"] = args.draft_dtype
+    return {"kind": args.speculative, "config": config, "drafter_args": drafter_args}
+
+
+def _drafter(speculative: dict, model):
+    from metagen.speculative import make_drafter
+
+    return make_drafter(speculative["kind"], model, **speculative["drafter_args"])
+
+
+def _speculative_summary(speculative: dict, cost) -> dict:
+    config = speculative["config"]
+    return {
+        "drafter": speculative["kind"],
+        "num_draft_tokens": config.num_draft_tokens,
+        "verify": config.verify,
+        "adaptive": config.adaptive,
+        "draft_tokens": cost.draft_tokens,
+        "accepted_tokens": cost.accepted_tokens,
+        "acceptance_rate": None if cost.acceptance_rate is None else round(cost.acceptance_rate, 4),
+        "target_steps": cost.target_steps,
+        "block_efficiency": None if cost.block_efficiency is None else round(cost.block_efficiency, 4),
+    }
+
+
+def _generate_with_strategy(args: argparse.Namespace, params, speculative: dict | None) -> int:
     from dataclasses import replace
 
     from metagen.decoding import LocalGenerator
@@ -254,8 +322,13 @@ def _generate_with_strategy(args: argparse.Namespace, params) -> int:
     spec.check_n(budget)
     model = _load(args)
     rng = replace(params, n=1).make_generator()
-    result = spec.run(LocalGenerator(model, chat=args.chat), _prompt(args), budget, replace(params, n=1),
-                      StrategyOptions(), rng)
+    if speculative is None:
+        generator = LocalGenerator(model, chat=args.chat)
+    else:
+        from metagen.speculative import SpeculativeGenerator
+
+        generator = SpeculativeGenerator(model, _drafter(speculative, model), speculative["config"], chat=args.chat)
+    result = spec.run(generator, _prompt(args), budget, replace(params, n=1), StrategyOptions(), rng)
     if not args.json:
         print(result.chosen.text)
         if result.chosen.answer is not None:

@@ -21,6 +21,7 @@ from metagen.speculative.drafters import (
     early_exit_model,
     quantized_model,
 )
+from metagen.speculative.generator import SpeculativeGenerator, make_drafter
 from metagen.speculative.loop import SpeculativeConfig, speculative_generate, speculative_stream
 from metagen.speculative.multi_draft import multi_draft_verify
 from metagen.speculative.token_verify import token_verify
@@ -32,9 +33,11 @@ __all__ = [
     "ModelDrafter",
     "NgramDrafter",
     "SpeculativeConfig",
+    "SpeculativeGenerator",
     "block_verify",
     "early_exit_model",
     "greedy_verify",
+    "make_drafter",
     "multi_draft_verify",
     "quantized_model",
     "speculative_generate",
