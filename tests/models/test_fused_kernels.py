@@ -101,3 +101,34 @@ def test_model_fused_decode_equals_general_path(dtype, rows, max_keys, model_fp3
             kl = (p.exp() * (p - q)).sum(-1)
             assert kl.max().item() < 1e-2, kl
             assert torch.equal(fused_out.logits.argmax(-1), plain_out.logits.argmax(-1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["all", "last"])
+def test_fused_multi_token_appends_equal_general_path(mode, model_fp32):
+    """Ragged appends of a few tokens per row (speculative verification) through the fused
+    kernels equal the general path: logits at every new position, padding left at zero."""
+    model = model_fp32
+    base = [1, 504, 3458, 282, 4649, 314, 7306, 30, 378, 22] * 8
+    prompts = [base[:80], base[:37], base[:61]]
+    appends = [[11, 12, 13, 14, 15], [16], [17, 18, 19]]
+    results = {}
+    for fused in (True, False):
+        model.use_fused = fused
+        try:
+            cache = model.new_cache(3)
+            model.forward(cache, prompts, logits="none")
+            results[fused] = model.forward(cache, appends, logits=mode, hidden=True)
+            assert cache.lengths == [85, 38, 64]
+        finally:
+            model.use_fused = True
+    fused_out, plain_out = results[True], results[False]
+    if mode == "all":
+        valid = torch.tensor([[t < len(a) for t in range(5)] for a in appends])
+        torch.testing.assert_close(fused_out.logits[valid], plain_out.logits[valid], atol=2e-4, rtol=0)
+        torch.testing.assert_close(fused_out.hidden[valid], plain_out.hidden[valid], atol=2e-4, rtol=0)
+        assert not fused_out.logits[~valid].any()
+    else:
+        torch.testing.assert_close(fused_out.logits, plain_out.logits, atol=2e-4, rtol=0)
+        torch.testing.assert_close(fused_out.hidden, plain_out.hidden, atol=2e-4, rtol=0)
+    assert fused_out.num_new == [5, 1, 3]

@@ -79,6 +79,10 @@ def apply_rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
 # 16 rows × 220 keys 46 vs 53, 16 × 1000 95 vs 168, 4 × 1000 31 vs 39; rows forked from one
 # prompt read the same prefix slots, which stay in cache, while the gather copies them per row.
 FUSED_ATTENTION_MAX_KEYS = 1 << 22
+# Calls appending at most this many tokens per row (decode steps, speculative verification) run
+# through the fused kernels, each new token as its own query "row" attending to its row's cache
+# up to its own position; longer appends (prefill) use SDPA over gathered K/V.
+FUSED_MAX_NEW_TOKENS = 16
 
 
 class LlamaModel(LanguageModel):
@@ -166,8 +170,8 @@ class LlamaModel(LanguageModel):
         slots, table, positions = cache.allocate(counts)
         batch, t_q = ids.shape
         self._ensure_rope(int(positions.max()) + 1)  # padding queries may run past t_kv
-        if t_q == 1 and self.use_fused:
-            return self._decode_fused(cache, ids, slots, table, positions, logits, hidden)
+        if t_q <= FUSED_MAX_NEW_TOKENS and self.use_fused:
+            return self._decode_fused(cache, ids, counts, slots, table, positions, logits, hidden)
         t_kv = table.shape[1]
         config = self.config
         heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -220,56 +224,68 @@ class LlamaModel(LanguageModel):
             raise FloatingPointError("the model produced NaN or infinite logits")
         return ForwardOutput(out_logits, final if hidden else None, counts.tolist())
 
-    def _decode_fused(self, cache, ids, slots, table, positions, logits: LogitsMode, hidden: bool) -> ForwardOutput:
-        """One new token per row through the fused kernels (metagen/models/kernels/fused.cpp).
+    def _decode_fused(self, cache, ids, counts, slots, table, positions, logits: LogitsMode, hidden: bool) -> ForwardOutput:
+        """A few new tokens per row through the fused kernels (metagen/models/kernels/fused.cpp).
 
-        Same math as the general path: per layer add+RMSNorm, QKV, RoPE + cache store (fused),
-        attention (read in place; SDPA beyond FUSED_ATTENTION_MAX_KEYS), O, add+RMSNorm (fused), gate·up,
-        SiLU·up, down.
+        Every new token is one query: token j of row b reads row b's page table up to its own
+        position (the new tokens' keys are stored before attention runs, layer by layer), which
+        is causal attention without a mask. Same math as the general path: per layer
+        add+RMSNorm, QKV, RoPE + cache store (fused), attention (read in place; SDPA beyond
+        FUSED_ATTENTION_MAX_KEYS), O, add+RMSNorm (fused), gate·up, SiLU·up, down.
         """
         kernels, config = self.kernels, self.config
         heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        batch = ids.shape[0]
+        batch, t_q = ids.shape
+        if t_q > 1:  # one query per real new token, row-major like `slots`
+            valid = torch.from_numpy((np.arange(t_q)[None, :] < counts[:, None]).reshape(-1))
+            ids = ids.reshape(-1)[valid]
+            positions = positions.reshape(-1)[valid]
+            owner = torch.from_numpy(np.repeat(np.arange(batch), counts))
+            table = table[owner]
+        queries = ids.numel()
         bf16 = self.matmul_dtype == torch.bfloat16
         eps = config.rms_norm_eps
         scale = head_dim**-0.5
         positions = positions.reshape(-1)
         lengths = positions + 1
         # Attention reads the cache in place (see FUSED_ATTENTION_MAX_KEYS).
-        in_place = batch * table.shape[1] <= FUSED_ATTENTION_MAX_KEYS
+        in_place = queries * table.shape[1] <= FUSED_ATTENTION_MAX_KEYS
         if not in_place:
             flat_table = table.reshape(-1)
             t_kv = table.shape[1]
             mask = None if bool((lengths == lengths[0]).all()) else (
-                torch.arange(t_kv)[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, Tkv)
-        x = self.embed[ids.reshape(-1)].float()  # (B, H) residual stream, float32
+                torch.arange(t_kv)[None, :] < lengths[:, None])[:, None, None, :]  # (N, 1, 1, Tkv)
+        x = self.embed[ids.reshape(-1)].float()  # (N, H) residual stream, float32
         h = kernels.add_rms_norm(x, None, self.layers[0].attn_norm, eps, bf16)
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
             pool = cache.pools[index]
             q = kernels.rope_store(layer.qkv(h), self._cos, self._sin, positions, slots, pool, heads, kv_heads)
             if in_place:
-                attn = kernels.paged_decode_attention(q, pool, table, lengths, scale, bf16)  # (B, heads·D)
+                attn = kernels.paged_decode_attention(q, pool, table, lengths, scale, bf16)  # (N, heads·D)
             else:
-                kv = pool.index_select(0, flat_table).view(batch, t_kv, 2, kv_heads, head_dim)
+                kv = pool.index_select(0, flat_table).view(queries, t_kv, 2, kv_heads, head_dim)
                 attn = F.scaled_dot_product_attention(
                     q[:, :, None], kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), attn_mask=mask, enable_gqa=True
-                ).view(batch, heads * head_dim).to(self.matmul_dtype)
+                ).view(queries, heads * head_dim).to(self.matmul_dtype)
             h = kernels.add_rms_norm(x, layer.o(attn), layer.mlp_norm, eps, bf16)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             down = layer.down(F.silu(gate) * up)
             next_norm = self.norm if index == last else self.layers[index + 1].attn_norm
             h = kernels.add_rms_norm(x, down, next_norm, eps, bf16)  # the last one is the final norm
-        num_new = [1] * batch
+        num_new = counts.tolist()
         if logits == "none" and not hidden:
             return ForwardOutput(None, None, num_new)
+        if logits != "all" and t_q > 1:  # each row's last new token only
+            ends = torch.from_numpy(np.cumsum(counts) - 1)
+            x, h = x[ends], h[ends]
         final = F.rms_norm(x, (config.hidden_size,), self.norm, eps) if hidden else None
         out_logits = None if logits == "none" else self.lm_head(h).float()
-        if logits == "all":
-            out_logits = out_logits.unsqueeze(1)
-            final = None if final is None else final.unsqueeze(1)
         if out_logits is not None and not torch.isfinite(out_logits.sum(dim=-1)).all():
             raise FloatingPointError("the model produced NaN or infinite logits")
+        if logits == "all":
+            out_logits = _pad_rows(out_logits, counts, t_q)
+            final = None if final is None else _pad_rows(final, counts, t_q)
         return ForwardOutput(out_logits, final, num_new)
 
     # ------------------------------------------------------------ internals
@@ -306,3 +322,13 @@ class LlamaModel(LanguageModel):
         self._cos = self._rotation.real.contiguous()  # (T, D/2) float32, for the fused kernels
         self._sin = self._rotation.imag.contiguous()
         self._rope_cache_length = length
+
+
+def _pad_rows(flat: torch.Tensor, counts: np.ndarray, t_q: int) -> torch.Tensor:
+    """(N, X) values of the real new tokens, row-major -> (B, T_q, X) with zero padding."""
+    if t_q == 1:
+        return flat.unsqueeze(1)
+    out = flat.new_zeros(len(counts), t_q, flat.shape[-1])
+    valid = torch.from_numpy(np.arange(t_q)[None, :] < counts[:, None])
+    out[valid] = flat
+    return out
