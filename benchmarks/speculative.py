@@ -8,9 +8,11 @@ at temperature 0 (greedy) and 1 (plain sampling, seeded). Two prompt kinds:
 - open: chat questions with nothing to copy.
 
 metagen configurations, each against plain decoding of the same weights:
-- int4 target: n-gram drafter (prompt lookup + past outputs), early-exit self-draft (first L
-  layers; with `--exit-adapter FILE` also the trained adapter), token and block verification;
-- fp32 target: the int4 copy of the same checkpoint as quantized self-draft;
+- int4 target: n-gram drafter (prompt lookup + past outputs; fixed and adaptive γ), early-exit
+  self-draft (first L layers; with `--exit-adapter FILE` also the trained adapter);
+- bf16 target: n-gram, and the int4 copy of the same checkpoint as quantized self-draft;
+- fp32 target: the int4 copy as quantized self-draft;
+- token and block verification at temperature 1 (temperature 0 verifies greedily);
 - with `--qwen-dir DIR`: Qwen2.5-Coder-1.5B (int4) drafted by Qwen2.5-Coder-0.5B (int4).
 
 Peers on the same weights (transformers loads the GGUF dequantized to fp32): plain `generate`,
@@ -18,7 +20,8 @@ prompt lookup decoding (`prompt_lookup_num_tokens`) and self-speculative early e
 (`assistant_early_exit`); llama.cpp (if installed) plain and with `LlamaPromptLookupDecoding`.
 
 Measured per (configuration, temperature, prompt kind), summed over prompts: generated tokens /
-wall seconds of the whole call (prefill included, the same for every engine), acceptance rate
+wall seconds of the whole call (prefill included, the same for every engine; metagen rows also
+give decode-only tokens/s, the call minus its prefill), acceptance rate
 (accepted / proposed draft tokens), block efficiency (tokens per target step, prefill counted as
 a step) and speedup = tokens/s over the same engine's plain tokens/s at the same temperature on
 the same prompts. Each configuration runs once as warm-up on a separate prompt first.
@@ -97,15 +100,21 @@ class Row:
     kind: str
     tokens: int = 0
     seconds: float = 0.0
+    decode_seconds: float = 0.0  # metagen only: the call minus its prefill
     draft_tokens: int = 0
     accepted_tokens: int = 0
     target_steps: int = 0
     runs: list[dict] = field(default_factory=list)
     speedup: float | None = None
+    decode_speedup: float | None = None
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        return self.tokens / self.decode_seconds if self.decode_seconds else None
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -126,9 +135,9 @@ def params_for(temperature: float, tokens: int, seed: int) -> SamplingParams:
 
 # ----------------------------------------------------------------------------- metagen
 def run_metagen(rows: list[Row], target, target_name: str, method: str, make_drafter, verify: str,
-                temperature: float, kinds: dict[str, list[str]], args) -> None:
+                temperature: float, kinds: dict[str, list[str]], args, adaptive: bool = False) -> None:
     """One configuration over every prompt kind; `make_drafter` None means plain decoding."""
-    config = SpeculativeConfig(num_draft_tokens=args.gamma, verify=verify)
+    config = SpeculativeConfig(num_draft_tokens=args.gamma, verify=verify, adaptive=adaptive)
 
     def once(prompt: str, seed: int):
         params = params_for(temperature, args.tokens, seed)
@@ -147,6 +156,7 @@ def run_metagen(rows: list[Row], target, target_name: str, method: str, make_dra
             tokens = result.generated_tokens
             row.tokens += tokens
             row.seconds += seconds
+            row.decode_seconds += seconds - result.prefill_seconds
             cost = result.cost
             if make_drafter is not None:
                 row.draft_tokens += cost.draft_tokens
@@ -163,8 +173,10 @@ def run_metagen(rows: list[Row], target, target_name: str, method: str, make_dra
 
 
 def metagen_suite(rows: list[Row], kinds, args) -> None:
+    """int4 target: n-gram (fixed and adaptive γ) and early-exit drafters; bf16 and fp32 targets:
+    the int4 copy as quantized self-draft, and n-gram."""
     int4 = load(dtype="int4")
-    fp32 = load(dtype="fp32")
+    targets = {"int4": int4, "bf16": load(dtype="bf16"), "fp32": load(dtype="fp32")}
     exit_layer = args.exit_layer
     adapter = None
     if args.exit_adapter:
@@ -173,20 +185,25 @@ def metagen_suite(rows: list[Row], kinds, args) -> None:
         adapter = ExitAdapter.load(args.exit_adapter, int4)
     for temperature in args.temperatures:
         verifies = ["token"] if temperature == 0 else ["token", "block"]
-        print(f"metagen, temperature {temperature}", flush=True)
-        run_metagen(rows, int4, "int4", "plain", None, "token", temperature, kinds, args)
-        for verify in verifies:
-            run_metagen(rows, int4, "int4", "ngram", NgramDrafter, verify, temperature, kinds, args)
-            run_metagen(rows, int4, "int4", f"early-exit L={exit_layer}",
-                        lambda: ModelDrafter(early_exit_model(int4, exit_layer)), verify, temperature, kinds, args)
-            if adapter is not None:
-                run_metagen(rows, int4, "int4", f"early-exit L={adapter.num_layers} + adapter",
-                            lambda: ModelDrafter(AdaptedExitModel(int4, adapter)), verify, temperature, kinds, args)
-        run_metagen(rows, fp32, "fp32", "plain", None, "token", temperature, kinds, args)
-        for verify in verifies:
-            run_metagen(rows, fp32, "fp32", "quantized (int4 draft)", lambda: ModelDrafter(int4), verify,
-                        temperature, kinds, args)
-            run_metagen(rows, fp32, "fp32", "ngram", NgramDrafter, verify, temperature, kinds, args)
+        for name, target in targets.items():
+            print(f"metagen {name}, temperature {temperature}", flush=True)
+            run_metagen(rows, target, name, "plain", None, "token", temperature, kinds, args)
+            for verify in verifies:
+                if name != "fp32":
+                    run_metagen(rows, target, name, "ngram", NgramDrafter, verify, temperature, kinds, args)
+                    run_metagen(rows, target, name, "ngram, adaptive γ", NgramDrafter, verify, temperature, kinds,
+                                args, adaptive=True)
+                if name == "int4":
+                    run_metagen(rows, target, name, f"early-exit L={exit_layer}",
+                                lambda: ModelDrafter(early_exit_model(int4, exit_layer)), verify, temperature,
+                                kinds, args)
+                    if adapter is not None:
+                        run_metagen(rows, target, name, f"early-exit L={adapter.num_layers} + adapter",
+                                    lambda: ModelDrafter(AdaptedExitModel(int4, adapter)), verify, temperature,
+                                    kinds, args)
+                else:
+                    run_metagen(rows, target, name, "quantized (int4 draft)", lambda: ModelDrafter(int4), verify,
+                                temperature, kinds, args)
 
 
 def qwen_suite(rows: list[Row], args) -> None:
@@ -303,14 +320,20 @@ def add_speedups(rows: list[Row]) -> None:
         base = plain.get((row.engine, row.target, row.temperature, row.kind))
         if base is not None and base.tokens_per_second:
             row.speedup = row.tokens_per_second / base.tokens_per_second
+        if base is not None and base.decode_tokens_per_second and row.decode_tokens_per_second:
+            row.decode_speedup = row.decode_tokens_per_second / base.decode_tokens_per_second
 
 
 def table(rows: list[Row]) -> list[list[str]]:
-    out = [["engine", "target", "drafter", "verify", "T", "prompts", "tok/s", "speedup", "acceptance", "block eff."]]
+    out = [["engine", "target", "drafter", "verify", "T", "prompts", "tok/s", "speedup", "decode tok/s",
+            "decode speedup", "acceptance", "block eff."]]
     for r in rows:
+        decode = r.decode_tokens_per_second
         out.append([
             r.engine, r.target, r.method, r.verify, f"{r.temperature:g}", r.kind, f"{r.tokens_per_second:.1f}",
             "—" if r.speedup is None else f"{r.speedup:.2f}×",
+            "—" if decode is None else f"{decode:.1f}",
+            "—" if r.decode_speedup is None else f"{r.decode_speedup:.2f}×",
             "—" if r.acceptance_rate is None else f"{r.acceptance_rate:.2f}",
             "—" if r.block_efficiency is None else f"{r.block_efficiency:.2f}",
         ])
@@ -359,7 +382,8 @@ def main() -> None:
             "environment": {"python": platform.python_version(), "torch": torch.__version__,
                             "threads": torch.get_num_threads()},
             "rows": [asdict(r) | {"tokens_per_second": r.tokens_per_second, "acceptance_rate": r.acceptance_rate,
-                                  "block_efficiency": r.block_efficiency} for r in rows],
+                                  "block_efficiency": r.block_efficiency,
+                                  "decode_tokens_per_second": r.decode_tokens_per_second} for r in rows],
         }
         Path(args.out).write_text(json.dumps(payload, indent=1))
 

@@ -1,4 +1,4 @@
-"""Command line: `metagen generate`, `metagen eval`, `metagen task`, `metagen info`."""
+"""Command line: `metagen generate`, `metagen eval`, `metagen task`, `metagen train-exit-adapter`, `metagen info`."""
 
 from __future__ import annotations
 
@@ -115,6 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     task.add_argument("--count", type=int, default=100)
     task.add_argument("--seed", type=int, default=0)
     task.add_argument("--max-number", type=int, default=9)
+
+    adapter = commands.add_parser("train-exit-adapter", help="train an early-exit drafting adapter")
+    _add_model_options(adapter)
+    adapter.add_argument("--exit-layer", type=int, required=True, help="layers the draft runs")
+    adapter.add_argument("--out", required=True, help="adapter file to write (safetensors)")
+    adapter.add_argument("--tokens-per-prompt", type=int, default=256, help="sampled tokens per built-in prompt")
+    adapter.add_argument("--steps", type=int, default=300, help="Adam steps (default 300)")
+    adapter.add_argument("--rank", type=int, default=None, help="low-rank adapter (default: full rank)")
+    adapter.add_argument("--seed", type=int, default=0)
 
     info = commands.add_parser("info", help="describe a model")
     _add_model_options(info)
@@ -458,6 +467,22 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_exit_adapter(args: argparse.Namespace) -> int:
+    from metagen.speculative import sample_training_data, train_exit_adapter
+
+    if args.tokens_per_prompt < 2:
+        raise ValueError(f"--tokens-per-prompt={args.tokens_per_prompt} must be >= 2")
+    model = _load(args)
+    data = sample_training_data(model, tokens_per_prompt=args.tokens_per_prompt, seed=args.seed)
+    adapter, report = train_exit_adapter(model, args.exit_layer, data, rank=args.rank, steps=args.steps, seed=args.seed)
+    adapter.save(args.out)
+    print(f"exit layer {report.num_layers}: held-out top-1 agreement with the full model "
+          f"{report.agreement_before:.3f} -> {report.agreement_after:.3f}, KL {report.kl_before:.2f} -> "
+          f"{report.kl_after:.2f} nats ({report.train_tokens} training tokens, {report.parameters:,} parameters); "
+          f"saved {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -469,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
             return _eval(args)
         if args.command == "task":
             return _task(args)
+        if args.command == "train-exit-adapter":
+            return _train_exit_adapter(args)
         return _info(args)
     except (ValueError, FileNotFoundError, NotImplementedError) as error:
         print(f"metagen: error: {error}", file=sys.stderr)

@@ -165,3 +165,16 @@ def test_cli_json_reports_acceptance_and_block_efficiency(model, capsys):
 def test_cli_rejects_bad_speculative_options(capsys, argv, named):
     assert main(["generate", "Hi", *argv]) == 2
     assert named in capsys.readouterr().err
+
+
+def test_cli_trains_an_exit_adapter_that_make_drafter_loads(model, tmp_path, capsys):
+    out = tmp_path / "adapter.safetensors"
+    argv = ["train-exit-adapter", "--exit-layer", "12", "--out", str(out), "--tokens-per-prompt", "6", "--steps", "3"]
+    assert main(argv) == 0
+    assert "exit layer 12" in capsys.readouterr().out
+    drafter = make_drafter("early-exit", model, exit_adapter=str(out))
+    assert drafter.model.adapter.num_layers == 12
+    with pytest.raises(ValueError, match="differs"):
+        make_drafter("early-exit", model, exit_adapter=str(out), exit_layer=10)
+    assert_same_greedy(model, drafter, PROMPTS["grounded"], SpeculativeConfig(num_draft_tokens=3), max_tokens=16,
+                       bf16_ties=True)

@@ -12,6 +12,7 @@ outputs). `speculative_generate` / `speculative_stream` run the loop; `Speculati
 puts it behind the `Generator` interface.
 """
 
+from metagen.speculative.adapter import AdaptedExitModel, ExitAdapter, sample_training_data, train_exit_adapter
 from metagen.speculative.block_verify import block_verify
 from metagen.speculative.drafters import (
     Draft,
@@ -28,6 +29,8 @@ from metagen.speculative.token_verify import token_verify
 from metagen.speculative.verify import greedy_verify
 
 __all__ = [
+    "AdaptedExitModel",
+    "ExitAdapter",
     "Draft",
     "Drafter",
     "ModelDrafter",
@@ -40,7 +43,9 @@ __all__ = [
     "make_drafter",
     "multi_draft_verify",
     "quantized_model",
+    "sample_training_data",
     "speculative_generate",
     "speculative_stream",
     "token_verify",
+    "train_exit_adapter",
 ]
