@@ -84,6 +84,8 @@ def alpha_for_kl(p, q, delta: float, *, tolerance: float = 1e-12) -> float:
     def gap(alpha: float) -> float:
         return kl_divergence(tilt(p, q, alpha), p) - delta
 
+    if gap(0.0) >= 0:  # Δ below the rounding of KL(p ‖ p)
+        return 0.0
     high = 1.0
     while gap(high) < 0:  # KL is increasing in α and tends to `reachable` > Δ, so this ends
         high *= 2.0
