@@ -110,7 +110,8 @@ def bon_kl_estimate(eps, n: int):
     with np.errstate(divide="ignore", invalid="ignore"):
         log_survive = np.log1p(-eps)  # log(1 − ε), −inf at ε = 1
         rest = -np.expm1(n * log_survive)  # 1 − (1 − ε)ⁿ, accurate for small ε
-        continuous = np.where(eps < 1, np.exp(n * log_survive) * (math.log(n) + (n - 1) * log_survive - (n - 1) / n), 0.0)
+        bracket = math.log(n) + (n - 1) * log_survive - (n - 1) / n
+        continuous = np.where(eps < 1, np.exp(n * log_survive) * bracket, 0.0)  # (1 − ε)ⁿ(…), 0 at ε = 1
     value = continuous + rest * np.log(rest / eps)
     return float(value) if value.ndim == 0 else value
 

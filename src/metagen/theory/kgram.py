@@ -197,7 +197,8 @@ class KGramModel(LanguageModel):
             if any(not 0 <= token < self.vocab_size for token in new):
                 raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got {new}")
             if len(cached) + len(new) > self._max_context:
-                raise ValueError(f"row would hold {len(cached) + len(new)} tokens, more than the context {self._max_context}")
+                length = len(cached) + len(new)
+                raise ValueError(f"row would hold {length} tokens, more than the context {self._max_context}")
         per_row = []
         for cached, new in zip(cache.rows, rows):
             steps = []

@@ -70,7 +70,8 @@ def fit_bradley_terry(
         gradient = np.bincount(losers, push, size) - np.bincount(winners, push, size) + prior_strength * rewards
         return float(loss), gradient
 
-    result = minimize(objective, np.zeros(size), jac=True, method="L-BFGS-B", options={"gtol": 1e-10, "maxiter": 10_000})
+    options = {"gtol": 1e-10, "maxiter": 10_000}
+    result = minimize(objective, np.zeros(size), jac=True, method="L-BFGS-B", options=options)
     return result.x - result.x.mean()
 
 
