@@ -55,21 +55,23 @@ def block_verify(
         # p_i = min(p_{i−1}·ratio_i, 1); 0·inf (a zero ratio already, then an impossible draft) is 0
         running.append(torch.minimum(running[-1] * ratio[:, i], one).nan_to_num(0.0))
     running_ratio = torch.stack(running, dim=1)  # (B, γ+1): p_0 .. p_γ
-    p_padded = torch.cat([p.to(q.dtype), q.new_zeros(batch, 1, vocab)], dim=1)  # (B, γ+1, V)
-    # Block residuals max(0, p_i·q[i] − p[i]) and their masses S_i for every i = 0..γ at once.
-    residual_all = (running_ratio.unsqueeze(-1) * q - p_padded).clamp(min=0)  # (B, γ+1, V)
-    mass = residual_all.sum(-1)  # (B, γ+1)
-    full = running_ratio >= 1
+    # Block residual masses S_i = Σ max(0, p_i·q[i] − p[i]) for i < γ (h_γ needs none).
+    mass = (running_ratio[:, :gamma, None] * q[:, :gamma] - p.to(q.dtype)).clamp_(min=0).sum(-1)  # (B, γ)
+    ratios = running_ratio[:, 1:]  # p_1 .. p_γ
     # (4): h_i = S_i / (S_i + 1 − p_i), and h_i = 1 when p_i = 1 (the 1 − p_i term vanishes)
-    h = torch.where(full, torch.ones_like(mass), mass / (mass + 1 - running_ratio).clamp(min=tiny))
-    h[:, gamma] = running_ratio[:, gamma]  # h_γ = p_γ
+    masses = torch.cat([mass[:, 1:], mass.new_zeros(batch, 1)], dim=1)  # S_1 .. S_{γ−1}, (S_γ unused)
+    h = torch.where(ratios >= 1, torch.ones_like(ratios), masses / (masses + 1 - ratios).clamp(min=tiny))
+    h[:, gamma - 1 :] = ratios[:, gamma - 1 :]  # h_γ = p_γ
     eta = torch.rand(batch, gamma, generator=generator, device=q.device)  # η_1..η_γ
-    passed = eta < h[:, 1:]  # (B, γ)
+    passed = eta < h  # (B, γ)
     positions = torch.arange(1, gamma + 1, device=q.device)
     # τ = the last i with η_i < h_i (0 if none): failures do not stop the scan
     tau = (passed.long() * positions).amax(-1) if gamma else draft.new_zeros(batch)
+    # the residual at τ only: max(0, p_τ·q[τ] − p[τ]), with p[γ] = 0 (then ∝ q[γ])
     rows = tau.view(batch, 1, 1).expand(batch, 1, vocab)
-    residual = residual_all.gather(1, rows).squeeze(1)  # (B, V); at τ = γ it is p_γ·q[γ] ∝ q[γ]
-    q_row = q.gather(1, rows).squeeze(1)
+    q_row = q.gather(1, rows).squeeze(1)  # (B, V)
+    p_padded = torch.cat([p.to(q.dtype), q.new_zeros(batch, 1, vocab)], dim=1)  # (B, γ+1, V)
+    p_row = p_padded.gather(1, rows).squeeze(1)
+    residual = (running_ratio.gather(1, tau.view(batch, 1)) * q_row - p_row).clamp_(min=0)
     token = sample_residual(residual, q_row, generator)
     return unbatch(tau, token, batched)

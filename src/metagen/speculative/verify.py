@@ -27,9 +27,9 @@ def check_probabilities(name: str, rows: Tensor, expected: str) -> None:
         raise ValueError(f"{name} must be a floating-point tensor of shape {expected}, got {rows.dtype}")
     if rows.numel() == 0:
         return
-    if not bool(torch.isfinite(rows).all()) or bool((rows < 0).any()):
+    sums = rows.sum(-1, dtype=torch.float64)  # NaN or ±inf anywhere makes its row sum non-finite
+    if not bool(torch.isfinite(sums).all()) or float(rows.min()) < 0:
         raise ValueError(f"{name} must hold finite non-negative probabilities (shape {expected})")
-    sums = rows.sum(-1, dtype=torch.float64)
     if bool(((sums - 1).abs() > ROW_SUM_TOLERANCE).any()):
         raise ValueError(f"{name} rows must sum to 1 (shape {expected}), got sums {sums.flatten()[:4].tolist()}")
 
@@ -69,11 +69,17 @@ def sample_residual(residual: Tensor, fallback: Tensor, generator: torch.Generat
 
     residual, fallback: (B, V) non-negative → (B,). A residual of zero mass has probability zero
     of being reached in exact arithmetic (see each rule); `fallback` (the target row) only guards
-    against float rounding and inconsistent inputs, so `multinomial` never sees an all-zero row.
+    against float rounding and inconsistent inputs. Drawn by inverse CDF (a float64 cumulative
+    sum and one uniform per row): the first index whose cumulative weight exceeds u·total, which
+    is never a zero-weight token. O(B·V), several times faster than `torch.multinomial` on a
+    150k vocabulary.
     """
     mass = residual.sum(-1, keepdim=True)  # (B, 1)
     weights = torch.where(mass > 0, residual, fallback)
-    return torch.multinomial(weights, 1, generator=generator).squeeze(-1)
+    cdf = weights.double().cumsum(-1)  # (B, V)
+    u = torch.rand(weights.shape[0], 1, generator=generator, dtype=torch.float64, device=weights.device)
+    token = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
+    return token.clamp(max=weights.shape[-1] - 1)
 
 
 def unbatch(tau: Tensor, token: Tensor, batched: bool) -> tuple[Tensor, Tensor]:
