@@ -14,17 +14,12 @@ puts it behind the `Generator` interface.
 
 from metagen.speculative.adapter import AdaptedExitModel, ExitAdapter, sample_training_data, train_exit_adapter
 from metagen.speculative.block_verify import block_verify
-from metagen.speculative.drafters import (
-    Draft,
-    Drafter,
-    ModelDrafter,
-    NgramDrafter,
-    early_exit_model,
-    quantized_model,
-)
+from metagen.speculative.drafters import Draft, Drafter, ModelDrafter
 from metagen.speculative.generator import SpeculativeGenerator, make_drafter
 from metagen.speculative.loop import SpeculativeConfig, speculative_generate, speculative_stream
 from metagen.speculative.multi_draft import multi_draft_verify
+from metagen.speculative.ngram import NgramDrafter
+from metagen.speculative.self_draft import early_exit_model, quantized_model
 from metagen.speculative.token_verify import token_verify
 from metagen.speculative.verify import greedy_verify
 

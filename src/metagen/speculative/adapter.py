@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode
-from metagen.speculative.drafters import early_exit_model
+from metagen.speculative.self_draft import early_exit_model
 
 TEACHER_TOP_K = 64
 _FORMAT = "metagen.exit_adapter/1"

@@ -11,8 +11,8 @@ with like). Deterministic drafters (n-gram lookup, greedy drafts) return point m
     drafter.finish(outputs)                          # end of the request
 
 `ModelDrafter` drafts with any `LanguageModel` over the same vocabulary: a smaller model, the
-target's own first layers (`early_exit_model`) or a lower-precision copy of the target
-(`quantized_model`). Its cache follows the committed tokens: before drafting it rolls each row
+target's own first layers (`self_draft.early_exit_model`) or a lower-precision copy of the target
+(`self_draft.quantized_model`); `ngram.NgramDrafter` needs no model. Its cache follows the committed tokens: before drafting it rolls each row
 back to the longest prefix the target confirmed and runs the rest (usually the correction token,
 plus the last draft token when all were accepted) in one ragged forward.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -174,155 +174,3 @@ class ModelDrafter(Drafter):
         while keep < limit and cached[keep] == context[keep]:
             keep += 1
         return min(keep, len(context) - 1)
-
-
-def early_exit_model(target, num_layers: int):
-    """The target's first `num_layers` layers + its final norm and LM head, as a model.
-
-    Shares every weight tensor with `target` (no copy); it has its own cache. Kangaroo-style
-    self-drafting without an adapter: the first layers' residual stream, normalised and read
-    out by the LM head, already predicts the easy tokens.
-    """
-    from dataclasses import replace
-
-    from metagen.models.llama import LlamaModel
-
-    if not isinstance(target, LlamaModel):
-        raise ValueError(f"early-exit drafting needs a native LlamaModel target, got {type(target).__name__}")
-    total = target.config.num_hidden_layers
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < total:
-        raise ValueError(f"num_layers={num_layers!r} is out of range: must be an int in [1, {total - 1}]")
-    config = replace(target.config, num_hidden_layers=num_layers, name=f"{target.config.name} (first {num_layers} layers)")
-    model = LlamaModel(config, target.layers[:num_layers], target.embed, target.norm, target.lm_head,
-                       target.tokenizer, target.dtype, target.freq_factors, source=target.source)
-    model.use_fused = target.use_fused
-    return model
-
-
-def quantized_model(target, dtype: str = "int4"):
-    """A lower-precision copy of `target` loaded from the same checkpoint (e.g. int4 drafting
-    for an fp32 or bf16 target)."""
-    from metagen.models.loading import DTYPES, load
-
-    order = {name: rank for rank, name in enumerate(DTYPES)}  # fp32 < bf16 < int8 < int4
-    if dtype not in order:
-        raise ValueError(f"dtype={dtype!r} is not supported: choose one of {', '.join(DTYPES)}")
-    if not getattr(target, "source", ""):
-        raise ValueError("quantized self-drafting needs a target loaded from a file (target.source is empty)")
-    if order[dtype] <= order.get(target.dtype, -1):
-        raise ValueError(
-            f"a {dtype} draft is not cheaper than the {target.dtype} target: draft with a lower "
-            f"precision than the target (e.g. target fp32/bf16, draft int8/int4)"
-        )
-    return load(target.source, dtype=dtype)
-
-
-@dataclass
-class _NgramIndex:
-    """Latest end position of every k-gram (k in [min_n, max_n]) of one row's tokens."""
-
-    min_n: int
-    max_n: int
-    tokens: list[int] = field(default_factory=list)
-    latest: dict[tuple[int, ...], int] = field(default_factory=dict)  # k-gram -> index after it
-
-    def extend(self, new: Sequence[int]) -> None:
-        tokens, latest = self.tokens, self.latest
-        for token in new:
-            tokens.append(token)
-            end = len(tokens)
-            # index the k-grams ending one token earlier: their follower is now known
-            for k in range(self.min_n, self.max_n + 1):
-                if end - 1 - k >= 0:
-                    latest[tuple(tokens[end - 1 - k : end - 1])] = end - 1
-
-    def follower(self, suffix: Sequence[int]) -> int | None:
-        """Position of the token after the latest earlier occurrence of `suffix`, if any."""
-        return self.latest.get(tuple(suffix))
-
-
-class NgramDrafter(Drafter):
-    """Model-free drafting: prompt lookup plus an n-gram table of past outputs.
-
-    For each row, the longest suffix (max_ngram down to min_ngram tokens) of the context that
-    occurred earlier in the same context proposes the tokens that followed it (prompt lookup
-    decoding, Saxena 2023); when the context has no match, a table of n-grams seen in earlier
-    outputs of this drafter (kept across requests, as in ADED / token recycling) proposes the
-    token that last followed the suffix. Proposals extend greedily, one lookup per token, to γ_b
-    tokens or until no suffix matches. Drafts are point masses (deterministic).
-    """
-
-    name = "ngram"
-
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, remember_outputs: bool = True,
-                 memory_size: int = 200_000) -> None:
-        for label, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram), ("memory_size", memory_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{label}={value!r} must be an int >= 1")
-        if min_ngram > max_ngram:
-            raise ValueError(f"min_ngram={min_ngram} is larger than max_ngram={max_ngram}")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.remember_outputs = remember_outputs
-        self.memory_size = memory_size
-        self.memory: dict[tuple[int, ...], int] = {}  # k-gram of past outputs -> next token
-        self._rows: list[_NgramIndex] = []
-
-    def start(self, prompt_ids: Sequence[int], batch_size: int) -> None:
-        index = _NgramIndex(self.min_ngram, self.max_ngram)
-        index.extend(prompt_ids)
-        self._rows = [index] + [self._copy(index) for _ in range(batch_size - 1)]
-
-    def select(self, rows: Sequence[int]) -> None:
-        seen: set[int] = set()
-        selected = []
-        for r in rows:
-            selected.append(self._rows[r] if r not in seen else self._copy(self._rows[r]))
-            seen.add(r)
-        self._rows = selected
-
-    def propose(self, contexts, lengths, chain, generator) -> Draft:
-        tokens = []
-        for b, context in enumerate(contexts):
-            index = self._rows[b]
-            index.extend(context[len(index.tokens):])
-            tokens.append(self._lookup(index, lengths[b]))
-        return Draft(tokens, [None] * len(tokens))
-
-    def finish(self, outputs: Sequence[Sequence[int]]) -> None:
-        if not self.remember_outputs:
-            return
-        for output in outputs:
-            output = list(output)
-            for end in range(1, len(output)):
-                for k in range(self.min_ngram, self.max_ngram + 1):
-                    if end - k >= 0:
-                        self.memory[tuple(output[end - k : end])] = output[end]
-        while len(self.memory) > self.memory_size:  # forget the oldest entries (dicts keep order)
-            self.memory.pop(next(iter(self.memory)))
-
-    def _lookup(self, index: _NgramIndex, count: int) -> list[int]:
-        proposal: list[int] = []
-        tokens = index.tokens
-        while len(proposal) < count:
-            context_tail = (tokens[-self.max_ngram:] + proposal)[-self.max_ngram:]
-            follower = None
-            for k in range(min(self.max_ngram, len(context_tail)), self.min_ngram - 1, -1):
-                suffix = tuple(context_tail[-k:])
-                position = index.follower(suffix)
-                if position is not None:
-                    # copy the run after the match (prompt lookup), then look up again
-                    run = tokens[position : position + count - len(proposal)]
-                    proposal.extend(run)
-                    follower = run
-                    break
-                if suffix in self.memory:
-                    follower = [self.memory[suffix]]
-                    proposal.extend(follower)
-                    break
-            if not follower:
-                break
-        return proposal[:count]
-
-    @staticmethod
-    def _copy(index: _NgramIndex) -> _NgramIndex:
-        return _NgramIndex(index.min_n, index.max_n, list(index.tokens), dict(index.latest))

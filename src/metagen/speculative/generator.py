@@ -15,7 +15,9 @@ from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.decoding.sample_loop import GenerationResult
 from metagen.sampling import SamplingParams
-from metagen.speculative.drafters import Drafter, ModelDrafter, NgramDrafter, early_exit_model, quantized_model
+from metagen.speculative.drafters import Drafter, ModelDrafter
+from metagen.speculative.ngram import NgramDrafter
+from metagen.speculative.self_draft import early_exit_model, quantized_model
 from metagen.speculative.loop import SpeculativeConfig, speculative_generate
 
 DRAFTER_KINDS = ("ngram", "early-exit", "quantized", "model:PATH")

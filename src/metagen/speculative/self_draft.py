@@ -1,0 +1,49 @@
+"""Self-drafting models built from the target itself: its first layers, or a cheaper copy.
+
+`early_exit_model(target, L)` shares the target's weights (first L layers + final norm + LM
+head); `quantized_model(target, dtype)` loads the same checkpoint at a lower precision. Either
+drafts through `ModelDrafter`.
+"""
+
+from __future__ import annotations
+
+
+def early_exit_model(target, num_layers: int):
+    """The target's first `num_layers` layers + its final norm and LM head, as a model.
+
+    Shares every weight tensor with `target` (no copy); it has its own cache. Kangaroo-style
+    self-drafting without an adapter: the first layers' residual stream, normalised and read
+    out by the LM head, already predicts the easy tokens.
+    """
+    from dataclasses import replace
+
+    from metagen.models.llama import LlamaModel
+
+    if not isinstance(target, LlamaModel):
+        raise ValueError(f"early-exit drafting needs a native LlamaModel target, got {type(target).__name__}")
+    total = target.config.num_hidden_layers
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < total:
+        raise ValueError(f"num_layers={num_layers!r} is out of range: must be an int in [1, {total - 1}]")
+    config = replace(target.config, num_hidden_layers=num_layers, name=f"{target.config.name} (first {num_layers} layers)")
+    model = LlamaModel(config, target.layers[:num_layers], target.embed, target.norm, target.lm_head,
+                       target.tokenizer, target.dtype, target.freq_factors, source=target.source)
+    model.use_fused = target.use_fused
+    return model
+
+
+def quantized_model(target, dtype: str = "int4"):
+    """A lower-precision copy of `target` loaded from the same checkpoint (e.g. int4 drafting
+    for an fp32 or bf16 target)."""
+    from metagen.models.loading import DTYPES, load
+
+    order = {name: rank for rank, name in enumerate(DTYPES)}  # fp32 < bf16 < int8 < int4
+    if dtype not in order:
+        raise ValueError(f"dtype={dtype!r} is not supported: choose one of {', '.join(DTYPES)}")
+    if not getattr(target, "source", ""):
+        raise ValueError("quantized self-drafting needs a target loaded from a file (target.source is empty)")
+    if order[dtype] <= order.get(target.dtype, -1):
+        raise ValueError(
+            f"a {dtype} draft is not cheaper than the {target.dtype} target: draft with a lower "
+            f"precision than the target (e.g. target fp32/bf16, draft int8/int4)"
+        )
+    return load(target.source, dtype=dtype)
