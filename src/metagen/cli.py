@@ -1,4 +1,5 @@
-"""Command line: `metagen generate`, `metagen eval`, `metagen task`, `metagen train-exit-adapter`, `metagen info`."""
+"""Command line: `metagen generate`, `metagen eval`, `metagen task`, `metagen train-exit-adapter`, `metagen theory`,
+`metagen info`."""
 
 from __future__ import annotations
 
@@ -124,6 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     adapter.add_argument("--steps", type=int, default=300, help="Adam steps (default 300)")
     adapter.add_argument("--rank", type=int, default=None, help="low-rank adapter (default: full rank)")
     adapter.add_argument("--seed", type=int, default=0)
+
+    theory = commands.add_parser("theory", help="figures of the alignment theory (metagen.theory)")
+    bon = theory.add_subparsers(dest="figure", required=True).add_parser(
+        "bon", help="best-of-n win rate and reward vs KL, and the tilt path on the simplex (three PNGs)")
+    bon.add_argument("--n-max", type=int, default=64, help="largest n (default 64)")
+    bon.add_argument("--out", required=True, help="directory for the PNGs")
+    bon.add_argument("--seed", type=int, default=0, help="seed of the reward–KL figure's rewards (default 0)")
+    bon.add_argument("--json", action="store_true", help="print the numbers behind the figures")
 
     info = commands.add_parser("info", help="describe a model")
     _add_model_options(info)
@@ -496,6 +505,10 @@ def main(argv: list[str] | None = None) -> int:
             return _task(args)
         if args.command == "train-exit-adapter":
             return _train_exit_adapter(args)
+        if args.command == "theory":
+            from metagen.theory.cli import run as run_theory
+
+            return run_theory(args)
         return _info(args)
     except (ValueError, FileNotFoundError, NotImplementedError) as error:
         print(f"metagen: error: {error}", file=sys.stderr)
