@@ -138,7 +138,8 @@ def test_best_of_n_kl_on_the_real_model(model, capsys):
     class, the top outcome, mass ε ≈ 0.2) and a hash score in [0, 1) for the rest (all distinct).
     Then the exact KL(π⁽ⁿ⁾ ‖ p̂) must stay below log n − (n − 1)/n and saturate near −log ε once
     n·ε ≫ 1, where the bound keeps growing; KL̂(ε) (Approximation 1), which assumes exactly this
-    shape (one top atom, the rest spread thin), must track it (measured error ≤ 1e-3 nats)."""
+    shape (one top atom, the rest spread thin), must track it (measured error < 1e-4 nats; asserted
+    ≤ 1e-2, and ≤ 0.05 for its average over y ∼ π⁽ⁿ⁾ with ε = p̂(y)). About 25 s on 2 cores."""
     from metagen.decoding import generate
     from metagen.sampling import SamplingParams
 
