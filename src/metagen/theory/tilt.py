@@ -31,10 +31,14 @@ def _probabilities(values, name: str) -> np.ndarray:
 
 
 def _tilt_logits(p: np.ndarray, log_q: np.ndarray, alpha: float) -> np.ndarray:
-    """log p + α log q, with 0·log 0 = 0 at α = 0 and −inf outside p's support."""
+    """log p + α (log q − max log q), with 0·log 0 = 0 at α = 0 and −inf outside p's support.
+
+    Subtracting max log q changes only Z, and keeps α·(log q_i − log q_j) exact when q is nearly
+    tied and α is huge (α·log q_i alone would lose the difference to rounding).
+    """
     with np.errstate(divide="ignore"):
         log_p = np.log(p)
-    return log_p if alpha == 0 else log_p + alpha * log_q
+    return log_p if alpha == 0 else log_p + alpha * (log_q - np.max(log_q))
 
 
 def _normalise(logits: np.ndarray) -> np.ndarray:
