@@ -178,3 +178,15 @@ def test_cli_trains_an_exit_adapter_that_make_drafter_loads(model, tmp_path, cap
         make_drafter("early-exit", model, exit_adapter=str(out), exit_layer=10)
     assert_same_greedy(model, drafter, PROMPTS["grounded"], SpeculativeConfig(num_draft_tokens=3), max_tokens=16,
                        bf16_ties=True)
+
+
+def test_cli_strategy_runs_on_the_speculative_generator(capsys):
+    argv = ["generate", "What is 2 + 3? Answer with a number.", "--strategy", "self_consistency", "--n", "2",
+            "--speculative", "ngram", "--max-tokens", "16", "--seed", "0", "--json"]
+    assert main(argv) == 0
+    payload = json.loads(capsys.readouterr().out)
+    cost = payload["cost"]
+    assert len(payload["candidates"]) == 2
+    assert cost["target_steps"] > 0 and cost["draft_tokens"] >= cost["accepted_tokens"] >= 0
+    # each step emits τ + 1 tokens, fewer when a row stops inside an accepted draft (EOS, stop string)
+    assert cost["target_steps"] <= cost["generated_tokens"] <= cost["accepted_tokens"] + cost["target_steps"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from metagen.decoding.generator import Generator
+from metagen.decoding.generator import LocalGenerator
 from metagen.decoding.prompts import Prompt
 from metagen.decoding.sample_loop import GenerationResult
 from metagen.sampling import SamplingParams
@@ -23,18 +23,14 @@ from metagen.speculative.loop import SpeculativeConfig, speculative_generate
 DRAFTER_KINDS = ("ngram", "early-exit", "quantized", "model:PATH")
 
 
-class SpeculativeGenerator(Generator):
-    """A `Generator` that decodes with `drafter` + `config` (see `metagen.speculative.loop`)."""
+class SpeculativeGenerator(LocalGenerator):
+    """A `LocalGenerator` that decodes with `drafter` + `config` (see `metagen.speculative.loop`)."""
 
     def __init__(self, model, drafter: Drafter, config: SpeculativeConfig | None = None,
                  chat: bool | None = None) -> None:
-        self.model = model
+        super().__init__(model, chat)
         self.drafter = drafter
         self.config = config or SpeculativeConfig()
-        self.chat = chat
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.model.tokenizer.decode(list(token_ids))
 
     def generate(
         self, prompt: Prompt, params: SamplingParams, *, generator: torch.Generator | None = None
