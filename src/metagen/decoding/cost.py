@@ -21,7 +21,8 @@ class Cost:
     flops: estimated forward FLOPs (2·params per token plus attention, from the architecture).
     wall_seconds: elapsed time.
     draft_tokens: speculative decoding: draft tokens proposed to the target.
-    accepted_tokens: draft tokens the target accepted.
+    accepted_tokens: draft tokens the verification accepted (a row that stops on EOS or a stop
+        string inside an accepted draft emits fewer of them).
     target_steps: target forwards that produced tokens, counted per row (the prefill and each
         verification; plain decoding takes one per generated token).
     """
