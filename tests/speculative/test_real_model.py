@@ -190,3 +190,18 @@ def test_cli_strategy_runs_on_the_speculative_generator(capsys):
     assert cost["target_steps"] > 0 and cost["draft_tokens"] >= cost["accepted_tokens"] >= 0
     # each step emits τ + 1 tokens, fewer when a row stops inside an accepted draft (EOS, stop string)
     assert cost["target_steps"] <= cost["generated_tokens"] <= cost["accepted_tokens"] + cost["target_steps"]
+
+
+def test_shared_prompt_cache_gives_an_early_exit_draft_its_own_prefill_would(model):
+    prompt = [{"role": "user", "content": f"Summarize:\n\n{PASSAGE}"}]
+    params = SamplingParams(temperature=0, max_tokens=24)
+    config = SpeculativeConfig(num_draft_tokens=3)
+    own = ModelDrafter(early_exit_model(model, 12))
+    shared = ModelDrafter(early_exit_model(model, 12), share_prompt_cache=True)
+    first = speculative_generate(model, own, prompt, params, config)
+    second = speculative_generate(model, shared, prompt, params, config)
+    assert second.completions[0].token_ids == first.completions[0].token_ids
+    assert (second.cost.draft_tokens, second.cost.accepted_tokens) == (first.cost.draft_tokens, first.cost.accepted_tokens)
+    assert second.cost.flops < first.cost.flops  # no draft prefill
+    with pytest.raises(ValueError, match="share_prompt_cache"):
+        ModelDrafter(early_exit_model(model, 12), share_prompt_cache=True).start([1, 2, 3], 1, target_cache=None)

@@ -15,6 +15,8 @@ _LAZY = {
     "LLMJudgeUtility": "judge", "RewardModelScorer": "reward_model", "CodeExecutionVerifier": "code_execution",
     "run_python": "sandbox", "SandboxResult": "sandbox", "SandboxError": "sandbox",
     "extract_program": "code_execution",
+    "ValueHead": "value_head", "ValueScorer": "value_head", "collect_value_data": "value_head",
+    "train_value_head": "value_head",
 }
 
 

@@ -23,6 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -53,8 +54,9 @@ class Drafter(ABC):
     vocab_size: int | None = None  # None: any vocabulary (token-id based drafters)
     prefill_flops: float = 0.0  # FLOPs `start` spent (set by drafters that run a model)
 
-    def start(self, prompt_ids: Sequence[int], batch_size: int) -> None:
-        """Begin a request whose rows all start from `prompt_ids`."""
+    def start(self, prompt_ids: Sequence[int], batch_size: int, target_cache=None) -> None:
+        """Begin a request whose rows all start from `prompt_ids`; `target_cache` holds the
+        target's prefilled prompt (row 0), for drafters that can reuse it."""
 
     @abstractmethod
     def propose(
@@ -82,29 +84,58 @@ class ModelDrafter(Drafter):
 
     confidence: adaptive draft length — a row stops drafting after a token whose draft
         probability (after the sampler chain) is below this value; None drafts the full γ_b.
+    share_prompt_cache: copy the prompt's keys and values from the target's cache instead of
+        prefilling the prompt again. Exact for an early-exit draft (its layers are the target's
+        first layers); for a quantized copy the draft then reads the target's slightly different
+        prompt keys and values, which changes only the draft, never the output distribution.
+        Needs a target cache with the draft's layout (KVCache, at least as many layers).
     """
 
-    def __init__(self, model, *, confidence: float | None = None, name: str = "model") -> None:
+    def __init__(self, model, *, confidence: float | None = None, name: str = "model",
+                 share_prompt_cache: bool = False) -> None:
         if confidence is not None and not 0.0 <= confidence <= 1.0:
             raise ValueError(f"confidence={confidence!r} is out of range: must be in [0, 1] or None")
         self.model = model
         self.confidence = confidence
         self.name = name
+        self.share_prompt_cache = share_prompt_cache
         self.vocab_size = model.vocab_size
         self.cache = None
         self._cached: list[list[int]] = []  # token ids held by each cache row
         self._committed: list[int] = []  # each row's committed length at its last proposal
 
-    def start(self, prompt_ids: Sequence[int], batch_size: int) -> None:
-        # The prompt (all but its last token, which the first proposal runs) is prefilled once.
+    def start(self, prompt_ids: Sequence[int], batch_size: int, target_cache=None) -> None:
+        # The prompt (all but its last token, which the first proposal runs) is cached once.
         self.cache = self.model.new_cache(1)
         head = list(prompt_ids[:-1])
-        self.prefill_flops = forward_flops(self.model, 0, len(head))
-        if head:
-            self.model.forward(self.cache, [head], logits="none")
+        if self.share_prompt_cache:
+            self._copy_prompt(target_cache, len(head))
+            self.prefill_flops = 0.0
+        else:
+            self.prefill_flops = forward_flops(self.model, 0, len(head))
+            if head:
+                self.model.forward(self.cache, [head], logits="none")
         self.cache.select([0] * batch_size)
         self._cached = [list(head) for _ in range(batch_size)]
         self._committed = [len(head)] * batch_size
+
+    def _copy_prompt(self, target_cache, length: int) -> None:
+        """Fill row 0 with the first `length` keys and values of the target's row 0."""
+        cache = self.cache
+        layout = ("num_kv_heads", "head_dim", "dtype")
+        if (target_cache is None or not hasattr(target_cache, "pools") or not hasattr(cache, "pools")
+                or target_cache.num_layers < cache.num_layers
+                or any(getattr(target_cache, a) != getattr(cache, a) for a in layout)):
+            raise ValueError(
+                f"share_prompt_cache needs the target's KVCache with the {self.name} draft's layout "
+                f"(at least {getattr(cache, 'num_layers', '?')} layers, same KV heads, head size and dtype)"
+            )
+        if length == 0:
+            return
+        slots, _, _ = cache.allocate(np.array([length]))
+        source = torch.from_numpy(target_cache.slots(0)[:length])
+        for layer in range(cache.num_layers):
+            cache.pools[layer].index_copy_(0, slots, target_cache.pools[layer].index_select(0, source))
 
     def select(self, rows: Sequence[int]) -> None:
         self.cache.select(list(rows))

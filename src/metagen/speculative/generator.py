@@ -73,11 +73,14 @@ def make_drafter(
             adapter = ExitAdapter.load(exit_adapter, target)
             if exit_layer is not None and exit_layer != adapter.num_layers:
                 raise ValueError(f"exit_layer={exit_layer} differs from the adapter's {adapter.num_layers} layers")
-            return ModelDrafter(AdaptedExitModel(target, adapter), confidence=confidence, name="early-exit")
+            return ModelDrafter(AdaptedExitModel(target, adapter), confidence=confidence, name="early-exit",
+                                share_prompt_cache=True)
         layers = default_exit_layer(target) if exit_layer is None else exit_layer
-        return ModelDrafter(early_exit_model(target, layers), confidence=confidence, name="early-exit")
-    if kind == "quantized":
-        return ModelDrafter(quantized_model(target, draft_dtype), confidence=confidence, name="quantized")
+        return ModelDrafter(early_exit_model(target, layers), confidence=confidence, name="early-exit",
+                            share_prompt_cache=True)
+    if kind == "quantized":  # the target's prompt keys / values serve the copy too (same layout)
+        return ModelDrafter(quantized_model(target, draft_dtype), confidence=confidence, name="quantized",
+                            share_prompt_cache=True)
     if kind.startswith("model:") and len(kind) > len("model:"):
         from metagen.models import load
 

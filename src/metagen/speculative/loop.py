@@ -131,7 +131,7 @@ def speculative_stream(
     emitter = _Emitter(rows, stop_ids, max_new, want_top, params)
 
     cache, out = model.prefill(prompt_ids, batch_size=n)
-    drafter.start(prompt_ids, n)
+    drafter.start(prompt_ids, n, target_cache=cache)
     cost.model_calls += 1
     cost.flops += drafter.prefill_flops
     result.prefill_seconds = time.perf_counter() - started

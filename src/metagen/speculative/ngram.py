@@ -58,7 +58,7 @@ class NgramDrafter(Drafter):
         self.memory: dict[tuple[int, ...], int] = {}  # k-gram of past outputs -> next token
         self._rows: list[_NgramIndex] = []
 
-    def start(self, prompt_ids: Sequence[int], batch_size: int) -> None:
+    def start(self, prompt_ids: Sequence[int], batch_size: int, target_cache=None) -> None:
         index = _NgramIndex(self.min_ngram, self.max_ngram)
         index.extend(prompt_ids)
         self._rows = [index] + [self._copy(index) for _ in range(batch_size - 1)]
