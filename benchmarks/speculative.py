@@ -195,14 +195,14 @@ def metagen_suite(rows: list[Row], kinds, args) -> None:
                                 args, adaptive=True)
                 if name == "int4":
                     run_metagen(rows, target, name, f"early-exit L={exit_layer}",
-                                lambda: ModelDrafter(early_exit_model(int4, exit_layer)), verify, temperature,
+                                lambda: ModelDrafter(early_exit_model(int4, exit_layer), share_prompt_cache=True), verify, temperature,
                                 kinds, args)
                     if adapter is not None:
                         run_metagen(rows, target, name, f"early-exit L={adapter.num_layers} + adapter",
-                                    lambda: ModelDrafter(AdaptedExitModel(int4, adapter)), verify, temperature,
+                                    lambda: ModelDrafter(AdaptedExitModel(int4, adapter), share_prompt_cache=True), verify, temperature,
                                     kinds, args)
                 else:
-                    run_metagen(rows, target, name, "quantized (int4 draft)", lambda: ModelDrafter(int4), verify,
+                    run_metagen(rows, target, name, "quantized (int4 draft)", lambda: ModelDrafter(int4, share_prompt_cache=True), verify,
                                 temperature, kinds, args)
 
 
