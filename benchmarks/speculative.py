@@ -17,7 +17,8 @@ metagen configurations, each against plain decoding of the same weights:
 
 Peers on the same weights (transformers loads the GGUF dequantized to fp32): plain `generate`,
 prompt lookup decoding (`prompt_lookup_num_tokens`) and self-speculative early exit
-(`assistant_early_exit`, temperature 0 only: it runs at ~2 tok/s here); llama.cpp (if installed) plain and with `LlamaPromptLookupDecoding`.
+(`assistant_early_exit`, temperature 0 only: it runs at ~2 tok/s here); llama.cpp (if
+installed) plain and with `LlamaPromptLookupDecoding`.
 
 Measured per (configuration, temperature, prompt kind), summed over prompts: generated tokens /
 wall seconds of the whole call (prefill included, the same for every engine; metagen rows also
@@ -42,6 +43,7 @@ import json
 import platform
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -178,6 +180,7 @@ def metagen_suite(rows: list[Row], kinds, args) -> None:
     int4 = load(dtype="int4")
     targets = {"int4": int4, "bf16": load(dtype="bf16"), "fp32": load(dtype="fp32")}
     exit_layer = args.exit_layer
+    draft = partial(ModelDrafter, share_prompt_cache=True)  # as make_drafter builds self-drafts
     adapter = None
     if args.exit_adapter:
         from metagen.speculative.adapter import AdaptedExitModel, ExitAdapter
@@ -195,14 +198,14 @@ def metagen_suite(rows: list[Row], kinds, args) -> None:
                                 args, adaptive=True)
                 if name == "int4":
                     run_metagen(rows, target, name, f"early-exit L={exit_layer}",
-                                lambda: ModelDrafter(early_exit_model(int4, exit_layer), share_prompt_cache=True), verify, temperature,
+                                lambda: draft(early_exit_model(int4, exit_layer)), verify, temperature,
                                 kinds, args)
                     if adapter is not None:
                         run_metagen(rows, target, name, f"early-exit L={adapter.num_layers} + adapter",
-                                    lambda: ModelDrafter(AdaptedExitModel(int4, adapter), share_prompt_cache=True), verify, temperature,
+                                    lambda: draft(AdaptedExitModel(int4, adapter)), verify, temperature,
                                     kinds, args)
                 else:
-                    run_metagen(rows, target, name, "quantized (int4 draft)", lambda: ModelDrafter(int4, share_prompt_cache=True), verify,
+                    run_metagen(rows, target, name, "quantized (int4 draft)", lambda: draft(int4), verify,
                                 temperature, kinds, args)
 
 

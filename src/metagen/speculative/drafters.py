@@ -12,9 +12,10 @@ with like). Deterministic drafters (n-gram lookup, greedy drafts) return point m
 
 `ModelDrafter` drafts with any `LanguageModel` over the same vocabulary: a smaller model, the
 target's own first layers (`self_draft.early_exit_model`) or a lower-precision copy of the target
-(`self_draft.quantized_model`); `ngram.NgramDrafter` needs no model. Its cache follows the committed tokens: before drafting it rolls each row
-back to the longest prefix the target confirmed and runs the rest (usually the correction token,
-plus the last draft token when all were accepted) in one ragged forward.
+(`self_draft.quantized_model`); `ngram.NgramDrafter` needs no model. The model drafter's cache
+follows the committed tokens: before drafting it rolls each row back to the longest prefix the
+target confirmed and runs the rest (usually the correction token, plus the last draft token when
+all were accepted) in one ragged forward.
 """
 
 from __future__ import annotations
@@ -145,7 +146,8 @@ class ModelDrafter(Drafter):
     def propose(self, contexts, lengths, chain, generator) -> Draft:
         batch = len(contexts)
         if self.cache is None or self.cache.batch_size != batch:
-            raise RuntimeError(f"{self.name} drafter has {0 if self.cache is None else self.cache.batch_size} rows, got {batch}: call start()/select() first")
+            rows = 0 if self.cache is None else self.cache.batch_size
+            raise RuntimeError(f"{self.name} drafter has {rows} rows, got {batch}: call start()/select() first")
         longest = max(lengths, default=0)
         if longest == 0:
             return Draft([[] for _ in range(batch)], [None] * batch)

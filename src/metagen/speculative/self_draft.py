@@ -24,7 +24,8 @@ def early_exit_model(target, num_layers: int):
     total = target.config.num_hidden_layers
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < total:
         raise ValueError(f"num_layers={num_layers!r} is out of range: must be an int in [1, {total - 1}]")
-    config = replace(target.config, num_hidden_layers=num_layers, name=f"{target.config.name} (first {num_layers} layers)")
+    name = f"{target.config.name} (first {num_layers} layers)"
+    config = replace(target.config, num_hidden_layers=num_layers, name=name)
     model = LlamaModel(config, target.layers[:num_layers], target.embed, target.norm, target.lm_head,
                        target.tokenizer, target.dtype, target.freq_factors, source=target.source)
     model.use_fused = target.use_fused
