@@ -1,0 +1,159 @@
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from metagen.eval.tasks import arithmetic_problems
+from metagen.sampling import SamplingParams
+from metagen.scoring.base import Scores
+from metagen.scoring.exact_answer import ExactAnswerVerifier
+from metagen.scoring.value_head import (
+    ValueDataset,
+    ValueHead,
+    ValueScorer,
+    auc,
+    brier,
+    collect_value_data,
+    expected_calibration_error,
+    model_identity,
+    train_value_head,
+)
+from metagen.strategies.result import Candidate
+
+
+def brute_force_auc(scores, labels):
+    """Count pairs: 1 when the positive scores higher, ½ on a tie."""
+    pos = [s for s, y in zip(scores, labels) if y]
+    neg = [s for s, y in zip(scores, labels) if not y]
+    wins = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p, n in itertools.product(pos, neg))
+    return wins / (len(pos) * len(neg))
+
+
+def test_auc_known_cases():
+    assert auc([0.1, 0.2, 0.8, 0.9], [0, 0, 1, 1]) == 1.0
+    assert auc([0.9, 0.8, 0.2, 0.1], [0, 0, 1, 1]) == 0.0
+    assert auc([0.5, 0.5, 0.5], [0, 1, 1]) == 0.5
+    # positives 0.4 and 0.8 against negatives 0.3 and 0.6: wins 1 + 0 + 1 + 1 = 3 of 4
+    assert auc([0.3, 0.4, 0.6, 0.8], [0, 1, 0, 1]) == 0.75
+    assert math.isnan(auc([0.1, 0.2], [1, 1]))
+
+
+def test_auc_matches_brute_force_pair_count():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        scores = rng.integers(0, 6, size=30) / 5.0  # many ties
+        labels = rng.integers(0, 2, size=30)
+        if labels.min() == labels.max():
+            continue
+        assert auc(scores, labels) == pytest.approx(brute_force_auc(scores, labels), abs=1e-12)
+
+
+def test_brier_and_ece_by_hand():
+    assert brier([0.0, 1.0, 0.5], [0, 1, 1]) == pytest.approx(0.25 / 3)
+    # bin [0.2, 0.3): p = 0.2, 0.2 vs y = 0, 1 → |0.2 − 0.5| · 2/4
+    # bin [0.9, 1]:   p = 0.9, 0.9 vs y = 1, 1 → 0.1 · 2/4
+    assert expected_calibration_error([0.2, 0.2, 0.9, 0.9], [0, 1, 1, 1]) == pytest.approx(0.15 + 0.05)
+    assert expected_calibration_error([1.0, 0.0], [1, 0]) == 0.0
+
+
+def synthetic_dataset(completions=60, length=5, hidden_size=8, seed=0) -> ValueDataset:
+    """Prefix states whose first coordinate carries the label's sign plus noise."""
+    generator = torch.Generator().manual_seed(seed)
+    rewards = (torch.arange(completions) % 2).float()
+    rows = length + 1
+    hidden = torch.randn(completions * rows, hidden_size, generator=generator)
+    labels = rewards.repeat_interleave(rows)
+    hidden[:, 0] += 3.0 * (2 * labels - 1)
+    return ValueDataset(
+        hidden=hidden, labels=labels,
+        completion=torch.arange(completions).repeat_interleave(rows),
+        position=torch.arange(rows).repeat(completions),
+        lengths=torch.full((completions,), length), rewards=rewards,
+        problem=torch.arange(completions) // 2, identity={},
+    )
+
+
+@pytest.mark.parametrize("mlp_hidden", [None, 4])
+def test_head_learns_separable_data(mlp_hidden):
+    head, report = train_value_head(synthetic_dataset(), mlp_hidden=mlp_hidden, steps=200, lr=0.05, seed=0)
+    assert report.held_out_completions == 12 and report.train_completions == 48
+    assert report.held_out_auc > 0.95
+    assert [m.fraction for m in report.at_fraction] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert all(m.auc > 0.95 and m.count == 12 for m in report.at_fraction)
+    values = head(torch.randn(3, 8))
+    assert values.shape == (3,) and bool(((values >= 0) & (values <= 1)).all())
+
+
+def test_group_by_problem_keeps_problems_on_one_side():
+    dataset = synthetic_dataset()
+    _, report = train_value_head(dataset, steps=5, group_by_problem=True, seed=1)
+    assert report.held_out_completions % 2 == 0  # problems hold two completions each
+
+
+class FakeModel:
+    """Only what model_identity reads."""
+
+    def __init__(self, hidden_size=8, dtype="int4"):
+        self.config = type("Config", (), {"name": "toy", "hidden_size": hidden_size, "num_hidden_layers": 2})()
+        self.vocab_size, self.source, self.dtype = 100, "/some/dir/toy.gguf", dtype
+
+
+def test_save_load_round_trip_and_identity_check(tmp_path):
+    model = FakeModel()
+    head = ValueHead(8, 3, identity=model_identity(model), generator=torch.Generator().manual_seed(0))
+    head.params["w2"] = torch.arange(3.0)
+    path = tmp_path / "head.safetensors"
+    head.save(path)
+    loaded = ValueHead.load(path, model)
+    x = torch.randn(5, 8)
+    assert torch.equal(loaded(x), head(x))
+    assert loaded.identity["source"] == "toy.gguf"
+    with pytest.raises(ValueError, match="dtype"):
+        ValueHead.load(path, FakeModel(dtype="fp32"))
+    with pytest.raises(ValueError, match="hidden_size"):
+        ValueHead.load(path, FakeModel(hidden_size=16))
+
+
+def test_collect_value_data_on_real_model(model):
+    problems = arithmetic_problems(2, seed=3)
+    dataset = collect_value_data(model, problems, lambda p: ExactAnswerVerifier(p.answer), 2,
+                                 SamplingParams(temperature=0.8, max_tokens=16),
+                                 generator=torch.Generator().manual_seed(0))
+    hidden_size = model.config.hidden_size
+    assert len(dataset.lengths) == 4 and dataset.problem.tolist() == [0, 0, 1, 1]
+    rows = int((dataset.lengths + 1).sum())  # one row per prefix t = 0..|y|
+    assert dataset.hidden.shape == (rows, hidden_size) and dataset.labels.shape == (rows,)
+    assert set(dataset.labels.tolist()) <= {0.0, 1.0}
+    assert bool((dataset.lengths >= 1).all()) and bool((dataset.lengths <= 16).all())
+    for c in range(4):
+        mine = dataset.completion == c
+        assert dataset.position[mine].tolist() == list(range(int(dataset.lengths[c]) + 1))
+        assert bool((dataset.labels[mine] == dataset.rewards[c]).all())
+    # the t = 0 states of one problem's completions are the same prompt state
+    first = dataset.hidden[dataset.position == 0]
+    assert torch.allclose(first[0], first[1]) and not torch.allclose(first[0], first[2])
+    # the last prefix state of each completion is the state a fresh forward over prompt + completion ends in
+    last = dataset.hidden[dataset.position == dataset.lengths[dataset.completion]]  # (4, H)
+    fresh = model.forward(model.new_cache(4), dataset.sequences, logits="none", hidden=True).hidden  # (4, H)
+    assert torch.allclose(last, fresh, atol=0.05, rtol=0.05)
+    assert dataset.cost.model_calls > 0 and dataset.identity == model_identity(model)
+
+
+def test_value_scorer_scores_each_candidate(model):
+    head = ValueHead(model.config.hidden_size, identity=model_identity(model))
+    head.params["weight"] = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(0)) * 0.1
+    scorer = ValueScorer(model, head)
+    candidates = [Candidate("The answer is 12."), Candidate("I am not sure."), Candidate("12")]
+    scores = scorer("Ava has 5 apples and finds 7 more. How many apples?", candidates)
+    assert isinstance(scores, Scores) and len(scores.values) == 3
+    assert all(0.0 <= v <= 1.0 for v in scores.values)
+    assert len(set(scores.values)) == 3
+    assert scores.cost.model_calls == 1 and scores.cost.prompt_tokens_computed > 0 and scores.cost.flops > 0
+
+
+def test_value_scorer_rejects_head_of_another_model(model):
+    head = ValueHead(model.config.hidden_size, identity={**model_identity(model), "dtype": "fp32-other"})
+    with pytest.raises(ValueError, match="dtype"):
+        ValueScorer(model, head)
