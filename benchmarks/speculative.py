@@ -178,7 +178,7 @@ def metagen_suite(rows: list[Row], kinds, args) -> None:
     """int4 target: n-gram (fixed and adaptive γ) and early-exit drafters; bf16 and fp32 targets:
     the int4 copy as quantized self-draft, and n-gram."""
     int4 = load(dtype="int4")
-    targets = {"int4": int4, "bf16": load(dtype="bf16"), "fp32": load(dtype="fp32")}
+    targets = {name: int4 if name == "int4" else load(dtype=name) for name in args.targets}
     exit_layer = args.exit_layer
     draft = partial(ModelDrafter, share_prompt_cache=True)  # as make_drafter builds self-drafts
     adapter = None
@@ -361,11 +361,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--qwen-dir", default=None, help="directory with the two Qwen2.5-Coder GGUF files")
+    parser.add_argument("--targets", default="int4,bf16,fp32", help="metagen target dtypes (default all three)")
     parser.add_argument("--skip", default="", help="comma-separated: metagen,transformers,llama.cpp,qwen")
     parser.add_argument("--out", default=None, help="write every measurement as JSON here")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     args = parser.parse_args()
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
+    args.targets = [t for t in args.targets.split(",") if t]
+    unknown = sorted(set(args.targets) - {"int4", "bf16", "fp32"})
+    if unknown:
+        parser.error(f"--targets {','.join(unknown)}: choose from int4, bf16, fp32")
     skip = set(filter(None, args.skip.split(",")))
     torch.set_num_threads(args.threads)
     kinds = {"grounded": GROUNDED, "open": OPEN}
