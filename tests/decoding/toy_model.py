@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from metagen.models.base import ForwardOutput, LanguageModel
+from metagen.theory.kgram import KGramCache as ToyCache  # rows of token lists: select, fork, truncate
 
 EOS, A, B, C, BOS = 0, 1, 2, 3, 4
 VOCAB = 5
@@ -71,37 +72,6 @@ class ToyTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return "".join(PIECES[i] for i in ids if not (skip_special_tokens and i in SPECIAL))
-
-
-class ToyCache:
-    """Rows of token lists with the cache operations the decoders use."""
-
-    def __init__(self, batch_size: int = 1) -> None:
-        self.rows: list[list[int]] = [[] for _ in range(batch_size)]
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.rows)
-
-    @property
-    def lengths(self) -> list[int]:
-        return [len(row) for row in self.rows]
-
-    def select(self, indices: Sequence[int]) -> None:
-        indices = [int(i) for i in indices]
-        if any(not 0 <= i < self.batch_size for i in indices):
-            raise IndexError(f"row index out of range 0..{self.batch_size - 1}: {indices}")
-        self.rows = [list(self.rows[i]) for i in indices]
-
-    def fork(self, row: int, n: int) -> list[int]:
-        first = self.batch_size
-        self.rows += [list(self.rows[row]) for _ in range(n)]
-        return list(range(first, first + n))
-
-    def truncate(self, row: int, length: int) -> None:
-        if not 0 <= length <= len(self.rows[row]):
-            raise ValueError(f"length={length} is out of range for row {row}")
-        del self.rows[row][length:]
 
 
 class ToyModel(LanguageModel):

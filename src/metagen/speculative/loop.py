@@ -128,7 +128,7 @@ def speculative_stream(
     max_new = min(params.max_tokens, model.max_context - len(prompt_ids))
     cost = Cost(prompt_tokens_computed=len(prompt_ids), prompt_tokens_reused=len(prompt_ids) * (n - 1),
                 flops=forward_flops(model, 0, len(prompt_ids)), target_steps=n)
-    emitter = _Emitter(rows, stop_ids, max_new, want_top, params)
+    emitter = _Emitter(rows, stop_ids, max_new, want_top, params, vocab)
 
     cache, out = model.prefill(prompt_ids, batch_size=n)
     drafter.start(prompt_ids, n, target_cache=cache)
@@ -214,10 +214,10 @@ def speculative_generate(
 class _Emitter:
     """Pushes verified tokens into their rows with the same per-token records as plain decoding."""
 
-    def __init__(self, rows, stop_ids, max_new: int, want_top: bool, params: SamplingParams) -> None:
+    def __init__(self, rows, stop_ids, max_new: int, want_top: bool, params: SamplingParams, vocab: int) -> None:
         self.rows, self.stop_ids, self.max_new = rows, stop_ids, max_new
         self.want_top, self.params = want_top, params
-        self.log_vocab = None
+        self.log_vocab = math.log(vocab)
 
     def emit(self, index: int, tokens: list[int], logits: torch.Tensor, processed: torch.Tensor):
         """Push `tokens` (logits / processed rows at the same positions) until the row stops;
@@ -226,8 +226,6 @@ class _Emitter:
         count = len(tokens)
         ids = torch.tensor(tokens, dtype=torch.long)[:, None]
         raw = torch.log_softmax(logits[:count], dim=-1)  # (count, V)
-        if self.log_vocab is None:
-            self.log_vocab = math.log(raw.shape[-1])
         chosen = raw.gather(1, ids).squeeze(1).tolist()
         certainties = (-self.log_vocab - raw.mean(dim=-1)).tolist()
         if self.params.greedy:
