@@ -71,3 +71,33 @@ def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="context of 100"):
         cache.allocate(np.array([98]))
     assert cache.lengths == [3]  # a refused append changes nothing
+
+
+def test_snapshots_keep_nodes_alive_and_restore_any_set_of_them():
+    cache = make_cache()
+    append(cache, [4])
+    root = cache.snapshot(0)
+    cache.select([0, 0])
+    append(cache, [2, 3])
+    left, right = cache.snapshot(0), cache.snapshot(1)
+    left_slots = left.slots.copy()
+    cache.select([])  # the batch is gone; the snapshots keep every slot
+    assert cache.num_cached_slots == 4 + 5
+    cache.restore([right, left, right])
+    assert cache.lengths == [7, 6, 7]
+    assert (cache.slots(1) == left_slots).all()
+    append(cache, [1, 1, 1])  # new tokens go to fresh slots; the snapshots are unchanged
+    assert cache.num_cached_slots == 4 + 5 + 3
+    assert left.length == 6 and (left.slots == left_slots).all()
+    cache.restore([root])
+    assert cache.lengths == [4] and cache.num_cached_slots == 4 + 5
+    for snapshot in (left, right):
+        cache.release(snapshot)
+    assert cache.num_cached_slots == 4
+    with pytest.raises(ValueError, match="already released"):
+        cache.release(left)
+    with pytest.raises(ValueError, match="snapshots\\[0\\] is not a live RowSnapshot"):
+        cache.restore([left])
+    cache.select([])
+    cache.release(root)
+    assert cache.num_cached_slots == 0

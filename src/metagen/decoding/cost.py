@@ -25,6 +25,8 @@ class Cost:
         string inside an accepted draft emits fewer of them).
     target_steps: target forwards that produced tokens, counted per row (the prefill and each
         verification; plain decoding takes one per generated token).
+    scorer_flops: the part of `flops` spent by scorers and value models (PRMs, value heads,
+        judges) inside search strategies.
     """
 
     model_calls: int = 0
@@ -36,6 +38,7 @@ class Cost:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     target_steps: int = 0
+    scorer_flops: float = 0.0
 
     def __add__(self, other: "Cost") -> "Cost":
         if not isinstance(other, Cost):

@@ -11,6 +11,9 @@ changed, so rows can share them freely:
   rejection, tree-search backtracking).
 - **append several tokens**: the model writes one slot per new token, any number per row, rows
   of different lengths in one batch.
+- **snapshot / restore**: a `RowSnapshot` keeps a row's slots alive outside the batch (one
+  reference per slot); `restore` makes the batch any list of snapshots. Tree search keeps one
+  snapshot per node and expands any set of nodes without recomputing their prefixes.
 
 Attention gathers each row's keys and values through its page table (one `index_select` per
 layer), which costs one read of what it attends to anyway. The pool grows by doubling when free slots run out.
@@ -22,6 +25,24 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+
+
+class RowSnapshot:
+    """A row's page table held outside the batch: `slots (length,)`, one reference each.
+
+    Made by `KVCache.snapshot`; `KVCache.release` gives the references back (once).
+    """
+
+    __slots__ = ("slots",)
+
+    def __init__(self, slots: np.ndarray) -> None:
+        self.slots: np.ndarray | None = slots
+
+    @property
+    def length(self) -> int:
+        if self.slots is None:
+            raise ValueError("this RowSnapshot was released")
+        return int(self.slots.size)
 
 
 class KVCache:
@@ -110,6 +131,38 @@ class KVCache:
         self._refcount[dropped] -= 1
         self._push_free(dropped[self._refcount[dropped] == 0])
         self._lengths[row] = length
+
+    def snapshot(self, row: int) -> RowSnapshot:
+        """Keep `row`'s cached prefix alive outside the batch (slot references, no K/V copy)."""
+        slots = self.slots(row)
+        self._refcount[slots] += 1
+        return RowSnapshot(slots)
+
+    def restore(self, snapshots: Sequence[RowSnapshot]) -> None:
+        """Make the rows copies of `snapshots` (in order); the current rows are dropped.
+
+        The snapshots stay valid (each new row takes its own references). O(Σ lengths) ints.
+        """
+        for index, snapshot in enumerate(snapshots):
+            if not isinstance(snapshot, RowSnapshot) or snapshot.slots is None:
+                raise ValueError(f"snapshots[{index}] is not a live RowSnapshot of this cache")
+        lengths = np.array([s.slots.size for s in snapshots], dtype=np.int64)
+        width = max(int(lengths.max(initial=0)), self._table.shape[1])
+        table = np.zeros((len(snapshots), width), dtype=np.int64)
+        for row, snapshot in enumerate(snapshots):
+            table[row, : snapshot.slots.size] = snapshot.slots
+            self._refcount[snapshot.slots] += 1
+        self.select([])  # release the old rows (the snapshots hold their own references)
+        self._table = table
+        self._lengths = lengths
+
+    def release(self, snapshot: RowSnapshot) -> None:
+        """Give back a snapshot's references; its unshared slots become free."""
+        if snapshot.slots is None:
+            raise ValueError("this RowSnapshot was already released")
+        slots, snapshot.slots = snapshot.slots, None
+        self._refcount[slots] -= 1
+        self._push_free(slots[self._refcount[slots] == 0])
 
     def reset(self, batch_size: int = 1) -> None:
         """Drop every row and start over with `batch_size` empty rows."""

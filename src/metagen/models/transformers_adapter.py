@@ -65,6 +65,17 @@ class TransformersCache:
             entry.past.crop(length - entry.length)  # negative: tokens to remove
         entry.length = length
 
+    def snapshot(self, row: int) -> _Row:
+        """A copy of `row` kept outside the batch (transformers caches are copied, not shared)."""
+        entry = self.rows[row]
+        return _Row(entry.length, copy.deepcopy(entry.past))
+
+    def restore(self, snapshots: Sequence[_Row]) -> None:
+        self.rows = [_Row(s.length, copy.deepcopy(s.past)) for s in snapshots]
+
+    def release(self, snapshot: _Row) -> None:
+        snapshot.past = None
+
 
 class TransformersModel(LanguageModel):
     """Wrap a transformers causal LM (`AutoModelForCausalLM`) and a metagen `Tokenizer`."""

@@ -76,6 +76,13 @@ class ValueHead:
             return hidden @ p["weight"] + p["bias"]
         return torch.nn.functional.silu(hidden @ p["w1"].T + p["b1"]) @ p["w2"] + p["b2"]
 
+    @property
+    def flops_per_state(self) -> int:
+        """Multiply-adds ×2 to read one hidden state: 2·H (linear) or 2·M·(H + 1) (MLP)."""
+        if self.mlp_hidden is None:
+            return 2 * self.hidden_size
+        return 2 * self.mlp_hidden * (self.hidden_size + 1)
+
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) → (...) values in [0, 1]."""
         if hidden.shape[-1] != self.hidden_size:

@@ -95,6 +95,15 @@ class KGramCache:
             raise ValueError(f"length={length} is out of range for row {row}")
         del self.rows[row][length:]
 
+    def snapshot(self, row: int) -> tuple[int, ...]:
+        return tuple(self.rows[row])
+
+    def restore(self, snapshots: Sequence[tuple[int, ...]]) -> None:
+        self.rows = [list(snapshot) for snapshot in snapshots]
+
+    def release(self, snapshot: tuple[int, ...]) -> None:
+        pass
+
 
 class KGramModel(LanguageModel):
     """k-gram model p(x | last k − 1 tokens) = (count + c) / (context count + V·c).

@@ -1,0 +1,42 @@
+"""Equations written in a reasoning step, checked exactly: `3 + 4 × 2 = 11` → holds.
+
+An equation is an arithmetic expression of numbers, + − × ÷ * / x and parentheses, then `=`,
+then a number. `×`, `x` (between numbers) and `÷` are read as * and /; thousands separators
+(1,000) are removed. The left side is evaluated by the exact calculator (rationals), so
+`7 / 2 = 3.5` holds and `7 / 2 = 3` does not. O(length of the step).
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+_NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
+_OPERATOR = r"[-+*/×÷xX]"
+_EQUATION = re.compile(
+    rf"(?P<left>\(?\s*{_NUMBER}\s*\)?(?:\s*{_OPERATOR}\s*\(?\s*{_NUMBER}\s*\)?)+)\s*=\s*(?P<right>-?{_NUMBER})"
+)
+
+
+def _normalise(expression: str) -> str:
+    expression = expression.replace(",", "").replace("×", "*").replace("÷", "/")
+    return re.sub(r"(?<=[\d\s)])[xX](?=[\s\d(])", "*", expression)
+
+
+def find_equations(text: str) -> list[tuple[str, str, bool]]:
+    """(left side, stated result, whether it holds) for every equation in `text`, in order.
+
+    A left side the calculator refuses (division by zero, unbalanced parentheses) does not hold.
+    """
+    from metagen.tools.calculator import evaluate
+
+    found = []
+    for match in _EQUATION.finditer(text):
+        left, right = match.group("left").strip(), match.group("right")
+        try:
+            value = evaluate(_normalise(left))
+            holds = Fraction(value) == Fraction(right.replace(",", ""))
+        except Exception:  # the calculator's refusals (ToolError, ZeroDivisionError, SyntaxError)
+            holds = False
+        found.append((left, right, holds))
+    return found

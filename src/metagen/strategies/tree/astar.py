@@ -1,0 +1,82 @@
+"""A*-decoding (Chatziveroglou et al. 2025; seed 004): best-first search over partial solutions.
+
+    f(n) = g(n) + h(n)
+    g(n) = step_cost · depth(n) − β · Σ log p(tokens of n's path)     # cost so far
+    h(n) = −log max(V(n), ε)                                          # PRM heuristic
+
+A priority queue holds every generated node. Each round pops the node with the least f; a
+finished solution popped is accepted (the first `solutions` of them end the search), an open
+node is expanded into `expansions` children (one batched expand), valued and pushed. The budget
+is `max_expansions` pops that expand. When it runs out before a solution is popped, the finished
+nodes generated so far are aggregated, else the open node with the least f is returned.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from metagen.decoding.prompts import Prompt
+from metagen.strategies.result import StrategyResult
+from metagen.strategies.tree.expand import Node, StepExpander
+from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+
+EPSILON = 1e-6
+
+
+@dataclass(frozen=True)
+class AStarConfig(TreeConfig):
+    """expansions: children per popped node; max_expansions: budget of expanded pops;
+    solutions: finished pops that end the search; step_cost and logprob_weight (β): g's terms."""
+
+    expansions: int = 4
+    max_expansions: int = 16
+    solutions: int = 1
+    step_cost: float = 0.0
+    logprob_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive(self, "expansions", "max_expansions", "solutions")
+        if self.step_cost < 0 or self.logprob_weight < 0:
+            raise ValueError(f"step_cost={self.step_cost} and logprob_weight={self.logprob_weight} "
+                             "must be >= 0 (costs, not rewards)")
+
+
+def priority(node: Node, config: AStarConfig) -> float:
+    """f = g + h of a valued node (see the module docstring)."""
+    g = config.step_cost * node.depth - config.logprob_weight * sum(node.path_logprobs())
+    return g - math.log(max(node.value, EPSILON))
+
+
+def astar(model, prompt: Prompt, value, config: AStarConfig | None = None, *,
+          chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+    if value is None:
+        raise ValueError("A*-decoding needs a value as its heuristic: pass a PrefixValue")
+    config = config or AStarConfig()
+    expander = StepExpander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
+    order = itertools.count()  # ties pop in insertion order
+    queue = [(priority(expander.root, config), next(order), expander.root)]
+    accepted: list[Node] = []
+    expansions = 0
+    while queue and len(accepted) < config.solutions:
+        _, _, node = heapq.heappop(queue)
+        if node.finished:
+            accepted.append(node)
+            continue
+        if expansions == config.max_expansions:
+            heapq.heappush(queue, (priority(node, config), next(order), node))
+            break
+        expansions += 1
+        for child in expander.expand([node], [config.expansions])[0]:
+            heapq.heappush(queue, (priority(child, config), next(order), child))
+        expander.release(node)
+    if not accepted:  # out of budget: finished nodes generated so far, else the best open one
+        ranked = [entry[2] for entry in sorted(queue)]
+        accepted = [n for n in ranked if n.finished]
+        return finish_search(expander, accepted, config, ranked[:1])
+    return finish_search(expander, accepted, config)

@@ -1,0 +1,58 @@
+"""Blockwise controlled decoding (Mudgal et al. 2024; seed 002 "best-of-n++").
+
+    node = root
+    repeat: K blocks of M tokens continue node (one batched expand from its cached prefix)
+            node = the block whose prefix value V is highest
+    until the kept block finishes the solution
+
+The user waits for one block at a time (K rows decode together), while the effective number of
+candidates compared grows like K per block. With M = the whole answer it is best-of-K by the
+value; with M = 1 it is greedy decoding of the value-tilted distribution (argmax rather than the
+tokenwise sampler). Cost: K · (tokens of the answer) generated, one value call per block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from metagen.decoding.prompts import Prompt
+from metagen.strategies.result import StrategyResult
+from metagen.strategies.tree.expand import StepConfig, StepExpander
+from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+
+
+@dataclass(frozen=True)
+class BlockwiseCDConfig(TreeConfig):
+    """blocks: K candidates per block; block_tokens: M (the step config's delimiter is ignored:
+    blocks have a fixed length); max_blocks: limit on kept blocks."""
+
+    step: StepConfig = field(default_factory=lambda: StepConfig(delimiter=None, max_step_tokens=16))
+    blocks: int = 4
+    block_tokens: int = 16
+    max_blocks: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive(self, "blocks", "block_tokens", "max_blocks")
+
+
+def blockwise_cd(model, prompt: Prompt, value, config: BlockwiseCDConfig | None = None, *,
+                 chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+    if value is None:
+        raise ValueError("blockwise controlled decoding ranks blocks by a value: pass a PrefixValue")
+    config = config or BlockwiseCDConfig()
+    step = StepConfig(delimiter=None, max_step_tokens=config.block_tokens)
+    expander = StepExpander(model, prompt, config.params, step, value, chat=chat, generator=rng)
+    node = expander.root
+    for _ in range(config.max_blocks):
+        children = expander.expand([node], [config.blocks])[0]
+        expander.release(node)
+        node = max(children, key=lambda c: c.value)
+        for child in children:
+            if child is not node:
+                expander.release(child)
+        if node.finished:
+            break
+    return finish_search(expander, [node] if node.finished else [], replace(config, aggregation="best"), [node])

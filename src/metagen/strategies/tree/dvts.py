@@ -1,0 +1,56 @@
+"""Diverse verifier tree search (DVTS; Beeching et al. 2024, search-and-learn).
+
+The budget is split into `subtrees` independent searches. Each starts from its own first step
+and, at every depth, samples `expansions` next steps of its single current node and keeps the
+one the value rates best (a greedy beam of width 1). Independent subtrees keep the solutions
+diverse where one wide beam collapses onto a few high-value prefixes. All subtrees advance in
+one batched expand per depth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from metagen.decoding.prompts import Prompt
+from metagen.strategies.result import StrategyResult
+from metagen.strategies.tree.expand import StepExpander
+from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+
+
+@dataclass(frozen=True)
+class DVTSConfig(TreeConfig):
+    """subtrees: independent searches; expansions: next steps sampled per subtree and depth;
+    max_steps: depth limit."""
+
+    subtrees: int = 4
+    expansions: int = 4
+    max_steps: int = 16
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive(self, "subtrees", "expansions", "max_steps")
+
+
+def dvts(model, prompt: Prompt, value, config: DVTSConfig | None = None, *,
+         chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+    config = config or DVTSConfig()
+    expander = StepExpander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
+    first = expander.expand([expander.root], [config.subtrees])[0]
+    leaves = [node for node in first if node.finished]
+    frontier = [node for node in first if not node.finished]  # one current node per subtree
+    for _ in range(config.max_steps - 1):
+        if not frontier:
+            break
+        groups = expander.expand(frontier, [config.expansions] * len(frontier))
+        next_frontier = []
+        for parent, children in zip(frontier, groups):
+            expander.release(parent)
+            best = max(children, key=lambda c: c.value)
+            for child in children:
+                if child is not best:
+                    expander.release(child)
+            (leaves if best.finished else next_frontier).append(best)
+        frontier = next_frontier
+    return finish_search(expander, leaves, config, frontier)

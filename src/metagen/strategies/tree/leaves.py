@@ -1,0 +1,65 @@
+"""What every tree search shares: its settings, and turning finished leaves into a result.
+
+Aggregation of the finished solutions (seed 000's "aggregate the leaves"):
+- "best": the leaf with the highest value V;
+- "majority": self-consistency over the leaves' extracted answers;
+- "weighted": weighted voting, each leaf's answer weighted by its value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from metagen.sampling import SamplingParams
+from metagen.scoring.answers import extract_answer
+from metagen.strategies.result import Candidate, StrategyResult
+from metagen.strategies.tree.expand import Node, StepConfig, StepExpander
+from metagen.strategies.voting import tally, winner
+
+AGGREGATIONS = ("best", "majority", "weighted")
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """params: how each step is sampled (stateless adapters; max_tokens bounds a solution);
+    step: the step delimiter and length cap; aggregation: best | majority | weighted;
+    pattern / math: answer extraction and comparison for the votes."""
+
+    params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
+    step: StepConfig = field(default_factory=StepConfig)
+    aggregation: str = "best"
+    pattern: str | None = None
+    math: bool = False
+
+    def __post_init__(self) -> None:
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation={self.aggregation!r} is not known; choose from {', '.join(AGGREGATIONS)}")
+
+
+def _check_positive(config, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if value < 1:
+            raise ValueError(f"{name}={value} is out of range: must be >= 1")
+
+
+def candidate_of(node: Node, config: TreeConfig) -> Candidate:
+    return Candidate(node.text, node.path_ids(), node.path_logprobs(), node.finish_reason or "length",
+                     score=node.value, answer=extract_answer(node.text, config.pattern))
+
+
+def finish_search(expander: StepExpander, leaves: list[Node], config: TreeConfig,
+                  unfinished: list[Node] = ()) -> StrategyResult:
+    """StrategyResult over the finished `leaves` (or, when none finished within the budget, the
+    `unfinished` frontier, marked finish_reason "length"), aggregated as configured."""
+    nodes = list(leaves) or list(unfinished)
+    if not nodes:
+        raise RuntimeError("the search produced no node; raise its budget")
+    candidates = [candidate_of(node, config) for node in nodes]
+    values = [c.score if c.score is not None else 0.0 for c in candidates]
+    if config.aggregation == "best":
+        best = max(range(len(candidates)), key=lambda i: values[i])  # ties: the first found
+        return StrategyResult(candidates[best], candidates, expander.cost)
+    weights = [1.0] * len(candidates) if config.aggregation == "majority" else [max(v, 0.0) for v in values]
+    votes = tally(candidates, weights, config.math)
+    return StrategyResult(winner(candidates, votes, config.math), candidates, expander.cost, votes)

@@ -1,0 +1,76 @@
+"""REBASE: reward-balanced search (Wu et al. 2024, "Inference scaling laws"; seed 000).
+
+The expansion budget is shared across the frontier by a softmax of the nodes' rewards:
+
+    W_j = round(B · exp(R_j / T) / Σ_k exp(R_k / T))
+
+where B is the budget still open (the width minus the solutions already finished), R_j the value
+of frontier node j and T the balance temperature. Node j gets W_j children (0: pruned). Every
+depth is one batched expand. Small T approaches beam search; large T spreads the budget evenly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from metagen.decoding.prompts import Prompt
+from metagen.strategies.result import StrategyResult
+from metagen.strategies.tree.expand import StepExpander
+from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+
+
+@dataclass(frozen=True)
+class RebaseConfig(TreeConfig):
+    """width: total budget B (solutions wanted); temperature: T of the balancing softmax;
+    max_steps: depth limit."""
+
+    width: int = 8
+    temperature: float = 0.2
+    max_steps: int = 16
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive(self, "width", "max_steps")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature={self.temperature} is out of range: must be > 0")
+
+
+def rebase_allocation(rewards: Sequence[float], budget: int, temperature: float) -> list[int]:
+    """W_j = round(budget · softmax(R / T)_j) (Python's round: halves to even). O(n)."""
+    if not rewards:
+        return []
+    top = max(rewards)
+    weights = [math.exp((r - top) / temperature) for r in rewards]  # shifted: exp never overflows
+    total = sum(weights)
+    return [round(budget * w / total) for w in weights]
+
+
+def rebase(model, prompt: Prompt, value, config: RebaseConfig | None = None, *,
+           chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+    config = config or RebaseConfig()
+    expander = StepExpander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
+    frontier, leaves = [expander.root], []
+    counts = [config.width]  # the root takes the whole budget
+    for _ in range(config.max_steps):
+        groups = expander.expand(frontier, counts)
+        for node in frontier:
+            expander.release(node)
+        children = [c for group in groups for c in group]
+        leaves += [c for c in children if c.finished]
+        frontier = [c for c in children if not c.finished]
+        budget = config.width - len(leaves)
+        if budget <= 0 or not frontier:
+            break
+        counts = rebase_allocation([c.value for c in frontier], budget, config.temperature)
+        if not any(counts):  # every share rounded to 0: the best node keeps the search going
+            counts[max(range(len(frontier)), key=lambda j: frontier[j].value)] = 1
+        for node, count in zip(frontier, counts):
+            if count == 0:
+                expander.release(node)
+        kept = [j for j, count in enumerate(counts) if count > 0]
+        frontier, counts = [frontier[j] for j in kept], [counts[j] for j in kept]
+    return finish_search(expander, leaves, config, frontier)

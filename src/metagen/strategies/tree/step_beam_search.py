@@ -1,0 +1,56 @@
+"""Step-level beam search with a process reward (seed 000 "tree search"; Snell et al. 2024).
+
+    frontier = [root]
+    repeat up to max_steps:
+        children = k sampled next steps of every frontier node      # one batched expand
+        finished children become solutions; the rest are ranked by V
+        frontier = the beam_width best unfinished children           # the others are released
+    until beam_width solutions or an empty frontier
+
+Cost: beam_width · k steps per depth; values of every child (one batched call per depth).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from metagen.decoding.prompts import Prompt
+from metagen.strategies.result import StrategyResult
+from metagen.strategies.tree.expand import StepExpander
+from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+
+
+@dataclass(frozen=True)
+class StepBeamConfig(TreeConfig):
+    """beam_width: nodes kept per depth (and solutions wanted); expansions: next steps sampled
+    per kept node; max_steps: depth limit."""
+
+    beam_width: int = 4
+    expansions: int = 4
+    max_steps: int = 16
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive(self, "beam_width", "expansions", "max_steps")
+
+
+def step_beam_search(model, prompt: Prompt, value, config: StepBeamConfig | None = None, *,
+                     chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+    """Beam search over steps ranked by `value` (a PrefixValue); returns the aggregated leaves."""
+    config = config or StepBeamConfig()
+    expander = StepExpander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
+    frontier, leaves = [expander.root], []
+    for _ in range(config.max_steps):
+        children = [c for group in expander.expand(frontier, [config.expansions] * len(frontier)) for c in group]
+        for node in frontier:
+            expander.release(node)
+        leaves += [c for c in children if c.finished]
+        open_children = sorted((c for c in children if not c.finished), key=lambda c: -c.value)
+        frontier = open_children[: config.beam_width]
+        for node in open_children[config.beam_width:]:
+            expander.release(node)
+        if not frontier or len(leaves) >= config.beam_width:
+            break
+    return finish_search(expander, leaves, config, frontier)

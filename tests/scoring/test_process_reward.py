@@ -1,0 +1,88 @@
+"""Process rewards and prefix values: step splitting, aggregation, the step verifier, the value
+head read per step on the real model."""
+
+import pytest
+import torch
+
+from metagen.scoring.process_reward import (
+    ArithmeticStepVerifier, FunctionValue, HeadValue, StepRewardValue, ValueHeadPRM, aggregate, split_steps)
+from metagen.scoring.step_equations import find_equations
+from metagen.scoring.value_head import ValueHead, model_identity
+
+
+def test_split_steps_keeps_delimiters_and_drops_empty_pieces():
+    assert split_steps("a = 1\nb = 2\n\nc", "\n") == ["a = 1\n", "b = 2\n", "c"]
+    assert split_steps("", "\n") == []
+    with pytest.raises(ValueError, match="delimiter is empty"):
+        split_steps("x", "")
+
+
+def test_aggregate_by_hand():
+    scores = [0.9, 0.5, 0.8]
+    assert aggregate(scores, "last") == 0.8
+    assert aggregate(scores, "min") == 0.5
+    assert aggregate(scores, "prod") == pytest.approx(0.36)
+    assert aggregate(scores, "mean") == pytest.approx(2.2 / 3)
+    assert aggregate([], "min") == 1.0
+    with pytest.raises(ValueError, match="aggregate='max'"):
+        aggregate(scores, "max")
+
+
+def test_equations_are_checked_exactly():
+    found = find_equations("So 3 + 4 = 7, then 7 x 6 = 42 and 42 / 4 = 10.5 but 10 - 3 = 6.")
+    assert [(left, right, holds) for left, right, holds in found] == [
+        ("3 + 4", "7", True), ("7 x 6", "42", True), ("42 / 4", "10.5", True), ("10 - 3", "6", False)]
+    assert find_equations("Tom has 5 apples.") == []
+    assert find_equations("(2 + 3) × 4 = 20")[0][2] is True
+    assert find_equations("5 ÷ 0 = 1")[0][2] is False
+
+
+def test_step_verifier_scores_each_step():
+    verifier = ArithmeticStepVerifier(neutral=0.5)
+    scored = verifier.score_steps("q", ["Tom has 3 + 4 = 7 apples.\n", "He eats 2: 7 - 2 = 4.\n", "So the answer is 4."])
+    assert scored.values == [1.0, 0.0, 0.5]
+    assert scored.cost.flops == 0
+    with pytest.raises(ValueError, match="neutral=2"):
+        ArithmeticStepVerifier(neutral=2)
+
+
+class Letters:
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(i) for i in ids)
+
+
+def test_step_reward_value_decodes_splits_and_aggregates():
+    verifier = ArithmeticStepVerifier()
+    value = StepRewardValue(verifier, Letters(), "question", "\n", how="min")
+    texts = ["1 + 1 = 2\n2 + 2 = 4", "1 + 1 = 2\n2 + 2 = 5", "no maths"]
+    scored = value.values([], [[ord(ch) for ch in text] for text in texts])
+    assert scored.values == [1.0, 0.0, 0.5]
+    with pytest.raises(ValueError, match="aggregate='sum'"):
+        StepRewardValue(verifier, Letters(), "q", "\n", how="sum")
+
+
+def test_function_value_passes_prompt_and_continuation():
+    value = FunctionValue(lambda prompt, continuation: len(prompt) + 10 * len(continuation))
+    assert value.values([1, 2], [[3], [4, 5]]).values == [12.0, 22.0]
+
+
+def _random_head(model, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    head = ValueHead(model.config.hidden_size, identity=model_identity(model))
+    head.params["weight"] = torch.randn(model.config.hidden_size, generator=generator) * 0.05
+    return head
+
+
+def test_value_head_prm_reads_the_head_at_each_step_end(model):
+    head = _random_head(model)
+    prm = ValueHeadPRM(model, head, chat=False)
+    steps = ["Tom has 3 apples.\n", "He buys 4 more, 3 + 4 = 7.\n", "The answer is 7."]
+    scored = prm.score_steps("How many apples?", steps)
+    assert len(scored.values) == 3 and scored.cost.scorer_flops == scored.cost.flops > 0
+    # reference: one forward per step prefix, the value at its last token
+    prompt_ids = model.tokenizer.encode("How many apples?", add_special_tokens=True)
+    for k in range(1, 4):
+        ids = prompt_ids + model.tokenizer.encode("".join(steps[:k]), add_special_tokens=False)
+        out = model.forward(model.new_cache(1), torch.tensor([ids]), logits="last", hidden=True)
+        reference = HeadValue(head).values(prompt_ids, [ids], out.hidden).values[0]
+        assert scored.values[k - 1] == pytest.approx(reference, abs=2e-3)

@@ -1,0 +1,89 @@
+"""Tokenwise controlled decoding samples p·exp(λV)/Z over the top-k candidates (toy model)."""
+
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from metagen.sampling import SamplingParams
+from metagen.scoring.process_reward import FunctionValue
+from metagen.strategies.tokenwise_cd import TokenwiseCDConfig, tilted_choice, tokenwise_cd
+from tests.decoding.toy_model import A, B, BOS, C, EOS, VOCAB, ToyModel, next_logits
+
+TOKEN_VALUE = {EOS: 0.1, A: 0.2, B: 0.9, C: 0.6, BOS: 0.0}
+
+
+def last_token_value(prompt, continuation):
+    return TOKEN_VALUE[continuation[-1]]
+
+
+def expected(context, top_k, strength, temperature=1.0):
+    logp = torch.log_softmax(next_logits(context).double() / temperature, dim=-1)
+    keep = torch.topk(logp, top_k).indices.tolist()
+    weights = [math.exp(logp[z] + strength * TOKEN_VALUE[z]) if z in keep else 0.0 for z in range(VOCAB)]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+@pytest.mark.parametrize("top_k,strength,temperature", [(5, 2.0, 1.0), (3, 3.0, 1.0), (2, -1.0, 0.7)])
+def test_first_token_follows_the_tilted_distribution(top_k, strength, temperature, one_thread):
+    n = 3000
+    config = TokenwiseCDConfig(n=n, top_k=top_k, strength=strength,
+                               params=SamplingParams(temperature=temperature, max_tokens=1))
+    result = tokenwise_cd(ToyModel(), [BOS], FunctionValue(last_token_value), config,
+                          rng=torch.Generator().manual_seed(7))
+    counts = [0] * VOCAB
+    for candidate in result.candidates:
+        counts[candidate.token_ids[0]] += 1
+    probs = expected([BOS], top_k, strength, temperature)
+    support = [z for z in range(VOCAB) if probs[z] > 0]
+    assert all(counts[z] == 0 for z in range(VOCAB) if probs[z] == 0)
+    observed = [counts[z] for z in support]
+    assert chisquare(observed, [n * probs[z] for z in support]).pvalue > 1e-3
+
+
+def test_second_token_uses_the_chosen_rows_context(one_thread):
+    """Tokens after the first come from the chosen candidate's own cache row."""
+    n = 3000
+    config = TokenwiseCDConfig(n=n, top_k=5, strength=1.5, params=SamplingParams(temperature=1.0, max_tokens=2))
+    result = tokenwise_cd(ToyModel(), [BOS], FunctionValue(last_token_value), config,
+                          rng=torch.Generator().manual_seed(3))
+    firsts = [c for c in result.candidates if c.token_ids[0] == A]  # continue after "a"
+    counts = [0] * VOCAB
+    for candidate in firsts:
+        counts[candidate.token_ids[1]] += 1
+    probs = expected([BOS, A], 5, 1.5)
+    assert chisquare(counts, [len(firsts) * p for p in probs]).pvalue > 1e-3
+
+
+def test_zero_strength_is_top_k_sampling_and_cost_counts_k_rows(one_thread):
+    model = ToyModel()
+    config = TokenwiseCDConfig(n=4, top_k=3, strength=0.0, params=SamplingParams(temperature=1.0, max_tokens=3))
+    result = tokenwise_cd(model, [BOS], FunctionValue(last_token_value), config,
+                          rng=torch.Generator().manual_seed(0))
+    assert model.calls[0] == [1]
+    assert all(set(call) == {1} and len(call) % 3 == 0 for call in model.calls[1:])  # k rows per open row
+    assert result.cost.generated_tokens == sum(len(c.token_ids) for c in result.candidates)
+    assert result.cost.model_calls == len(model.calls)
+    for candidate in result.candidates:
+        assert candidate.finish_reason in ("stop", "length")
+        assert len(candidate.logprobs) == len(candidate.token_ids)
+
+
+def test_tilted_choice_exact_weights():
+    logprobs = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    values = torch.tensor([[0.0, 1.0, 0.5]])
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.stack([tilted_choice(logprobs, values, 2.0, generator) for _ in range(20000)]).flatten()
+    weights = torch.tensor([0.5, 0.3 * math.e**2, 0.2 * math.e])
+    frequencies = torch.bincount(draws, minlength=3).double() / draws.numel()
+    assert torch.allclose(frequencies, (weights / weights.sum()).double(), atol=0.015)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="top_k=0"):
+        TokenwiseCDConfig(top_k=0)
+    with pytest.raises(ValueError, match="stateless"):
+        tokenwise_cd(ToyModel(), [BOS], FunctionValue(last_token_value),
+                     TokenwiseCDConfig(params=SamplingParams(presence_penalty=1.0)))
