@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--beam-width", type=int, default=None, help="beam search with this many beams")
     gen.add_argument("--length-penalty", type=float, default=None, help="beam search: α in logp/len^α (default 1)")
     gen.add_argument("--strategy", default=None, help="meta-generation strategy (see `metagen eval --help`); --n is its budget")
+    gen.add_argument("--value", default=None,
+                     help="value guiding tree search / controlled decoding: 'steps' or a value-head file")
+    gen.add_argument("--step-delimiter", default="\n", help="text that ends a reasoning step (default newline)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     spec = gen.add_argument_group("speculative decoding (same output distribution, fewer target steps)")
     spec.add_argument("--speculative", default=None, metavar="DRAFTER",
@@ -108,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--pattern", default=None, help="answer regex (default: boxed / 'answer is' / last number)")
     evaluation.add_argument("--no-math", action="store_true", help="compare answers as strings, not with math-verify")
     evaluation.add_argument("--prompt-suffix", default="", help="text appended to every question")
+    evaluation.add_argument("--value", default=None,
+                            help="value for tree search / controlled decoding: 'steps' or a value-head file")
+    evaluation.add_argument("--step-delimiter", default="\n", help="text that ends a reasoning step (default newline)")
     evaluation.add_argument("--json", action="store_true", help='print {"results": [...]} on stdout')
     _add_model_options(evaluation)
 
@@ -216,6 +222,8 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError("--speculative cannot be combined with --beam-width")
     if args.strategy is not None:
         return _generate_with_strategy(args, params, speculative)
+    if args.value is not None or args.step_delimiter != "\n":
+        raise ValueError("--value and --step-delimiter apply to --strategy (tree search, controlled decoding)")
     start = time.perf_counter()
     model = _load(args)
     drafter = _drafter(speculative, model) if speculative is not None else None
@@ -331,7 +339,7 @@ def _generate_with_strategy(args: argparse.Namespace, params, speculative: dict 
     from dataclasses import replace
 
     from metagen.decoding import LocalGenerator
-    from metagen.strategies.registry import StrategyOptions, get_strategy
+    from metagen.strategies.registry import StrategyOptions, check_options, get_strategy
 
     spec = get_strategy(args.strategy)
     if args.beam_width is not None:
@@ -346,7 +354,9 @@ def _generate_with_strategy(args: argparse.Namespace, params, speculative: dict 
         from metagen.speculative import SpeculativeGenerator
 
         generator = SpeculativeGenerator(model, _drafter(speculative, model), speculative["config"], chat=args.chat)
-    result = spec.run(generator, _prompt(args), budget, replace(params, n=1), StrategyOptions(), rng)
+    options = StrategyOptions(value=args.value, step_delimiter=args.step_delimiter)
+    check_options([spec.name], options)
+    result = spec.run(generator, _prompt(args), budget, replace(params, n=1), options, rng)
     if not args.json:
         print(result.chosen.text)
         if result.chosen.answer is not None:
@@ -415,7 +425,7 @@ def _eval(args: argparse.Namespace) -> int:
         params=SamplingParams(**sampling),
         seed=args.seed,
         subsets=args.subsets,
-        options=StrategyOptions(args.pattern, not args.no_math),
+        options=StrategyOptions(args.pattern, not args.no_math, args.value, args.step_delimiter),
         prompt_suffix=args.prompt_suffix,
     )
     model = _load(args)

@@ -64,7 +64,7 @@ def test_zero_strength_is_top_k_sampling_and_cost_counts_k_rows(one_thread):
                           rng=torch.Generator().manual_seed(0))
     assert model.calls[0] == [1]
     assert all(set(call) == {1} and len(call) % 3 == 0 for call in model.calls[1:])  # k rows per open row
-    assert result.cost.generated_tokens == sum(len(c.token_ids) for c in result.candidates)
+    assert result.cost.generated_tokens == 3 * sum(len(c.token_ids) for c in result.candidates)
     assert result.cost.model_calls == len(model.calls)
     for candidate in result.candidates:
         assert candidate.finish_reason in ("stop", "length")

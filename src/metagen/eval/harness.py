@@ -29,7 +29,7 @@ from metagen.eval.pool import Pool, PoolGenerator, Sample
 from metagen.eval.tasks import Problem
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import answers_match, extract_answer
-from metagen.strategies.registry import StrategyOptions, get_strategy
+from metagen.strategies.registry import StrategyOptions, check_options, get_strategy
 
 ORACLE = "pass@k"
 
@@ -57,6 +57,7 @@ class EvalConfig:
             raise ValueError(f"ns={self.ns} is out of range: give budgets >= 1")
         if self.subsets < 1:
             raise ValueError(f"subsets={self.subsets} is out of range: must be >= 1")
+        check_options(self.strategies, self.options)
 
     @property
     def pool_size(self) -> int:

@@ -140,7 +140,8 @@ class StepRewardValue(PrefixValue):
         out, cost = [], Cost()
         for continuation in continuations:
             text = self.tokenizer.decode(list(continuation), skip_special_tokens=True)
-            scored = self.prm.score_steps(self.prompt, split_steps(text, self.delimiter))
+            steps = split_steps(text, self.delimiter) or [text]  # a blank solution is judged as one step
+            scored = self.prm.score_steps(self.prompt, steps)
             out.append(aggregate(scored.values, self.how))
             cost += scored.cost
         return Values(out, cost)

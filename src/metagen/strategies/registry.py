@@ -20,10 +20,15 @@ from metagen.sampling import SamplingParams
 
 @dataclass(frozen=True)
 class StrategyOptions:
-    """pattern: answer regex (None: default extraction); math: compare answers with math-verify."""
+    """pattern: answer regex (None: default extraction); math: compare answers with math-verify;
+    value: what guides tree search, controlled decoding and best_of_n_value — "steps" (the
+    exact arithmetic step verifier, min over steps) or the path of a trained value head;
+    step_delimiter: the text that ends a reasoning step."""
 
     pattern: str | None = None
     math: bool = True
+    value: str | None = None
+    step_delimiter: str = "\n"
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class StrategySpec:
     run: Callable
     pooled: bool
     budget: str = "samples"
+    uses_value: bool = False  # reads StrategyOptions.value / step_delimiter
 
     def check_n(self, n: int) -> None:
         if n < 1:
@@ -122,6 +128,15 @@ def _chain(program_name):
     return run
 
 
+def _tree(name):
+    def run(generator, prompt, n, params, options, rng):
+        from metagen.strategies.tree.runner import run_search
+
+        return run_search(name, generator, prompt, n, params, options, rng)
+
+    return run
+
+
 STRATEGIES: dict[str, StrategySpec] = {
     spec.name: spec
     for spec in (
@@ -144,8 +159,36 @@ STRATEGIES: dict[str, StrategySpec] = {
                      pooled=False, budget="none"),
         StrategySpec("calculator", "inline <<calculator>> calls while solving", _chain("calculator_chain"),
                      pooled=False, budget="none"),
+        StrategySpec("best_of_n_value", "best of n samples by the value (--value)", _tree("best_of_n_value"),
+                     pooled=False, uses_value=True),
+        StrategySpec("step_beam", "step-level beam search: n children per depth, n/4 kept (--value)",
+                     _tree("step_beam"), pooled=False, uses_value=True),
+        StrategySpec("dvts", "diverse verifier tree search: n/4 subtrees, 4 children each (--value)",
+                     _tree("dvts"), pooled=False, uses_value=True),
+        StrategySpec("rebase", "REBASE: width n shared by softmax of values (--value)", _tree("rebase"),
+                     pooled=False, uses_value=True),
+        StrategySpec("mcts", "MCTS: n iterations of 4 children, value leaf evaluation (--value)", _tree("mcts"),
+                     pooled=False, uses_value=True),
+        StrategySpec("astar", "A*-decoding: n expansions of 4 children (--value)", _tree("astar"), pooled=False, uses_value=True),
+        StrategySpec("particle_filter", "particle filtering with n particles (--value)", _tree("particle_filter"),
+                     pooled=False, uses_value=True),
+        StrategySpec("blockwise_cd", "blockwise controlled decoding: best of n blocks of 16 tokens (--value)",
+                     _tree("blockwise_cd"), pooled=False, uses_value=True),
+        StrategySpec("tokenwise_cd", "tokenwise controlled decoding over the top n tokens, strength 4 (--value)",
+                     _tree("tokenwise_cd"), pooled=False, uses_value=True),
     )
 }
+
+
+def check_options(names, options: StrategyOptions) -> None:
+    """ValueError when a value or step delimiter is given but none of the strategies reads it."""
+    if any(get_strategy(name).uses_value for name in names):
+        return
+    if options.value is not None:
+        raise ValueError(f"value={options.value!r} is given, but no chosen strategy uses a value "
+                         "(tree searches, controlled decoding, best_of_n_value do)")
+    if options.step_delimiter != "\n":
+        raise ValueError(f"step_delimiter={options.step_delimiter!r} is given, but no chosen strategy uses steps")
 
 
 def get_strategy(name: str) -> StrategySpec:

@@ -8,7 +8,8 @@ p is the model's distribution after the sampling adapters (temperature, top-p, .
 for B rows: fork every row into its k candidates (page-table copies), run the B·k candidates
 through the model in one forward with hidden states, value them in one batched call, draw one
 per row, and keep that candidate's row — its forward already gave the next distribution, so the
-chosen token is never run twice. Cost per token: k forwarded rows instead of 1, plus k values.
+chosen token is never run twice. Cost per token: k forwarded rows instead of 1, plus k values;
+Cost.generated_tokens counts all k candidates (what was computed), not only the kept token.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
         scored.cost.scorer_flops = scored.cost.flops
         cost += scored.cost
         cost.model_calls += 1
+        cost.generated_tokens += b_count * k  # every candidate is run and valued, not only the kept one
+        cost.target_steps += b_count * k
         cost.flops += sum(forward_flops(model, len(prompt_ids) + len(rows[i].tokens), 1) for i in active) * k
         values = torch.tensor(scored.values).view(b_count, k)
         choice = tilted_choice(top.values, values, config.strength, generator)  # (B,)
@@ -98,7 +101,6 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
             row.tokens.append(token)
             row.logprobs.append(float(raw[b, c]))
             row.value = float(values[b, c])
-            cost.generated_tokens += 1
             if token in stop_ids:
                 row.finish_reason = "stop"
             elif len(row.tokens) >= max_new:

@@ -1,0 +1,96 @@
+"""Tree searches and controlled decoding by name, with budget n, for the registry and the CLI.
+
+What n means (every search samples about n next steps per depth, so n compares to the n of
+best-of-N and voting at similar token cost):
+
+| name | configuration |
+|---|---|
+| best_of_n_value | n complete samples in one batch (a one-step tree), the best by V |
+| step_beam | keep max(1, n // 4) nodes, expand each into n // kept children |
+| dvts | max(1, n // 4) subtrees, n // subtrees children each |
+| rebase | width n |
+| mcts | n iterations, 4 children per expansion |
+| astar | n expansions of 4 children |
+| particle_filter | n particles |
+| blockwise_cd | n blocks of 16 tokens per kept block |
+| tokenwise_cd | the top n tokens, strength λ = 4 |
+
+The value (`StrategyOptions.value`): "steps" = the exact arithmetic step verifier, a step's
+score the min over its steps; otherwise the path of a `ValueHead` file for this model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+
+from metagen.scoring.base import prompt_text
+from metagen.strategies.tree.expand import StepConfig
+
+LAMBDA = 4.0
+BLOCK_TOKENS = 16
+
+
+@lru_cache(maxsize=4)
+def _load_head(path: str, model):
+    from metagen.scoring.value_head import ValueHead
+
+    return ValueHead.load(path, model)
+
+
+def make_value(spec: str | None, model, prompt, delimiter: str):
+    """The PrefixValue named by `spec` (see the module docstring)."""
+    from metagen.scoring.process_reward import ArithmeticStepVerifier, HeadValue, StepRewardValue
+
+    if spec is None:
+        raise ValueError("this strategy needs a value: --value steps (arithmetic step verifier) "
+                         "or --value PATH (a trained value head)")
+    if spec == "steps":
+        return StepRewardValue(ArithmeticStepVerifier(), model.tokenizer, prompt_text(prompt), delimiter, how="min")
+    return HeadValue(_load_head(spec, model))
+
+
+def run_search(name: str, generator, prompt, n: int, params, options, rng):
+    """Run search `name` with budget n on a LocalGenerator's model; returns its StrategyResult."""
+    from metagen.strategies.tokenwise_cd import TokenwiseCDConfig, tokenwise_cd
+    from metagen.strategies.tree import astar, blockwise_cd, dvts, mcts, particle_filter, rebase, step_beam_search
+
+    model = getattr(generator, "model", None)
+    if model is None:
+        raise ValueError(f"strategy {name!r} searches over the model's cache: it needs a local model, "
+                         f"not {type(generator).__name__}")
+    from metagen.speculative.generator import SpeculativeGenerator
+
+    if isinstance(generator, SpeculativeGenerator):
+        raise ValueError(f"strategy {name!r} decodes its own steps; it cannot run speculatively (drop --speculative)")
+    chat = getattr(generator, "chat", None)
+    value = make_value(options.value, model, prompt, options.step_delimiter)
+    params = replace(params, n=1)
+    common = {"params": params, "step": StepConfig(options.step_delimiter, 64), "pattern": options.pattern,
+              "math": options.math}
+    kept = max(1, n // 4)
+    if name == "tokenwise_cd":
+        config = TokenwiseCDConfig(n=1, top_k=n, strength=LAMBDA, params=params, pattern=options.pattern)
+        return tokenwise_cd(model, prompt, value, config, chat=chat, rng=rng)
+    searches = {
+        "best_of_n_value": lambda: step_beam_search.step_beam_search(model, prompt, value, step_beam_search.StepBeamConfig(
+            **{**common, "step": StepConfig(None, params.max_tokens)}, beam_width=1, expansions=n, max_steps=1),
+            chat=chat, rng=rng),
+        "step_beam": lambda: step_beam_search.step_beam_search(model, prompt, value, step_beam_search.StepBeamConfig(
+            **common, beam_width=kept, expansions=n // kept), chat=chat, rng=rng),
+        "dvts": lambda: dvts.dvts(model, prompt, value, dvts.DVTSConfig(**common, subtrees=kept, expansions=n // kept),
+                                  chat=chat, rng=rng),
+        "rebase": lambda: rebase.rebase(model, prompt, value, rebase.RebaseConfig(**common, width=n), chat=chat, rng=rng),
+        "mcts": lambda: mcts.mcts(model, prompt, value, mcts.MCTSConfig(**common, iterations=n, expansions=4),
+                                  chat=chat, rng=rng),
+        "astar": lambda: astar.astar(model, prompt, value, astar.AStarConfig(**common, max_expansions=n, expansions=4),
+                                     chat=chat, rng=rng),
+        "particle_filter": lambda: particle_filter.particle_filter(
+            model, prompt, value, particle_filter.ParticleFilterConfig(**common, particles=n), chat=chat, rng=rng),
+        "blockwise_cd": lambda: blockwise_cd.blockwise_cd(model, prompt, value, blockwise_cd.BlockwiseCDConfig(
+            **{k: v for k, v in common.items() if k != "step"}, blocks=n, block_tokens=BLOCK_TOKENS),
+            chat=chat, rng=rng),
+    }
+    if name not in searches:
+        raise ValueError(f"search {name!r} is not known; choose from {', '.join([*searches, 'tokenwise_cd'])}")
+    return searches[name]()

@@ -1,0 +1,48 @@
+"""Tree searches by name (registry / CLI budgets) and option checks."""
+
+import pytest
+import torch
+
+from metagen.decoding import LocalGenerator
+from metagen.sampling import SamplingParams
+from metagen.strategies.registry import STRATEGIES, StrategyOptions, check_options, get_strategy
+from tests.decoding.toy_model import ToyModel
+
+VALUE_STRATEGIES = [name for name, spec in STRATEGIES.items() if spec.uses_value]
+
+
+def test_the_registry_lists_every_search():
+    assert set(VALUE_STRATEGIES) == {"best_of_n_value", "step_beam", "dvts", "rebase", "mcts", "astar",
+                                     "particle_filter", "blockwise_cd", "tokenwise_cd"}
+
+
+@pytest.mark.parametrize("name", VALUE_STRATEGIES)
+def test_each_search_runs_by_name_with_budget_n(name, one_thread):
+    model = ToyModel()
+    spec = get_strategy(name)
+    options = StrategyOptions(value="steps", step_delimiter="b")
+    result = spec.run(LocalGenerator(model), "a", 4, SamplingParams(temperature=1.0, max_tokens=6), options,
+                      torch.Generator().manual_seed(0))
+    assert result.candidates and result.chosen in result.candidates
+    assert result.cost.generated_tokens == sum(len(call) for call in model.calls[1:])
+    assert all(c.score == 0.5 for c in result.candidates)  # no equations in toy text: neutral
+
+
+def test_searches_need_a_value_and_a_local_model(one_thread):
+    spec = get_strategy("rebase")
+    with pytest.raises(ValueError, match="needs a value"):
+        spec.run(LocalGenerator(ToyModel()), "a", 4, SamplingParams(), StrategyOptions(), None)
+
+    class Remote:
+        pass
+
+    with pytest.raises(ValueError, match="needs a local model, not Remote"):
+        spec.run(Remote(), "a", 4, SamplingParams(), StrategyOptions(value="steps"), None)
+
+
+def test_options_nobody_reads_are_refused():
+    check_options(["rebase", "greedy"], StrategyOptions(value="steps"))
+    with pytest.raises(ValueError, match="value='steps' is given, but no chosen strategy uses a value"):
+        check_options(["greedy", "self_consistency"], StrategyOptions(value="steps"))
+    with pytest.raises(ValueError, match="step_delimiter='. '"):
+        check_options(["greedy"], StrategyOptions(step_delimiter=". "))
