@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--length-penalty", type=float, default=None, help="beam search: α in logp/len^α (default 1)")
     gen.add_argument("--strategy", default=None, help="meta-generation strategy (see `metagen eval --help`); --n is its budget")
     gen.add_argument("--value", default=None,
-                     help="value guiding tree search / controlled decoding: 'steps' or a value-head file")
+                     help="value guiding tree search / controlled decoding: steps | judge | a value-head file")
     gen.add_argument("--step-delimiter", default="\n", help="text that ends a reasoning step (default newline)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     spec = gen.add_argument_group("speculative decoding (same output distribution, fewer target steps)")
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--no-math", action="store_true", help="compare answers as strings, not with math-verify")
     evaluation.add_argument("--prompt-suffix", default="", help="text appended to every question")
     evaluation.add_argument("--value", default=None,
-                            help="value for tree search / controlled decoding: 'steps' or a value-head file")
+                            help="value for tree search / controlled decoding: steps | judge | a value-head file")
     evaluation.add_argument("--step-delimiter", default="\n", help="text that ends a reasoning step (default newline)")
     evaluation.add_argument("--json", action="store_true", help='print {"results": [...]} on stdout')
     _add_model_options(evaluation)

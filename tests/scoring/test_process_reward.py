@@ -86,3 +86,47 @@ def test_value_head_prm_reads_the_head_at_each_step_end(model):
         out = model.forward(model.new_cache(1), torch.tensor([ids]), logits="last", hidden=True)
         reference = HeadValue(head).values(prompt_ids, [ids], out.hidden).values[0]
         assert scored.values[k - 1] == pytest.approx(reference, abs=2e-3)
+
+
+class ScriptedJudge:
+    """A generator whose first-token logprobs say Yes when the judged step's equation holds."""
+
+    def __init__(self):
+        self.prompts = []
+
+    def decode(self, ids):
+        return {1: "Yes", 2: "No"}[ids[0]]
+
+    def generate(self, prompt, params, generator=None):
+        import math
+
+        from metagen.decoding.cost import Cost
+        from metagen.decoding.sample_loop import Completion, GenerationResult
+
+        self.prompts.append(prompt)
+        step = prompt.split("Next step: ")[1].split("\n")[0]
+        good = all(holds for _, _, holds in find_equations(step))
+        top = {1: math.log(0.8), 2: math.log(0.2)} if good else {1: math.log(0.1), 2: math.log(0.6)}
+        return GenerationResult([Completion(token_ids=[1], top_logprobs=[top])], [0], cost=Cost(model_calls=1, flops=10.0))
+
+
+def test_judge_prm_asks_one_question_per_step_with_the_previous_steps():
+    from metagen.scoring.judge_prm import JudgePRM
+
+    judge = ScriptedJudge()
+    scored = JudgePRM(judge).score_steps("Q?", ["3 + 4 = 7.\n", "7 - 2 = 4.\n"])
+    assert scored.values == pytest.approx([0.8, 0.1 / 0.7])
+    assert scored.cost.model_calls == 2 and scored.cost.scorer_flops == 20.0
+    assert "Solution so far:\n(none)" in judge.prompts[0]
+    assert "Solution so far:\n3 + 4 = 7." in judge.prompts[1] and "Next step: 7 - 2 = 4." in judge.prompts[1]
+    with pytest.raises(ValueError, match="lacks the field {previous}"):
+        JudgePRM(judge, template="{question} {step}")
+
+
+def test_judge_prm_runs_on_the_model(model):
+    from metagen.decoding import LocalGenerator
+    from metagen.scoring.judge_prm import JudgePRM
+
+    scored = JudgePRM(LocalGenerator(model)).score_steps("What is 3 + 4?", ["3 + 4 = 7.\n", "The answer is 7."])
+    assert len(scored.values) == 2 and all(0.0 <= v <= 1.0 for v in scored.values)
+    assert scored.cost.model_calls == 2 and scored.cost.scorer_flops > 0

@@ -17,6 +17,9 @@ _LAZY = {
     "extract_program": "code_execution",
     "ValueHead": "value_head", "ValueScorer": "value_head", "collect_value_data": "value_head",
     "train_value_head": "value_head",
+    "PrefixValue": "process_reward", "HeadValue": "process_reward", "FunctionValue": "process_reward",
+    "StepRewardValue": "process_reward", "ProcessRewardModel": "process_reward", "ValueHeadPRM": "process_reward",
+    "ArithmeticStepVerifier": "process_reward", "JudgePRM": "judge_prm",
 }
 
 

@@ -15,8 +15,9 @@ best-of-N and voting at similar token cost):
 | blockwise_cd | n blocks of 16 tokens per kept block |
 | tokenwise_cd | the top n tokens, strength λ = 4 |
 
-The value (`StrategyOptions.value`): "steps" = the exact arithmetic step verifier, a step's
-score the min over its steps; otherwise the path of a `ValueHead` file for this model.
+The value (`StrategyOptions.value`): "steps" = the exact arithmetic step verifier, "judge" = the
+model itself asked whether each step is correct (`JudgePRM`); both score a partial solution by
+the min over its steps. Otherwise the path of a `ValueHead` file for this model.
 """
 
 from __future__ import annotations
@@ -43,10 +44,16 @@ def make_value(spec: str | None, model, prompt, delimiter: str):
     from metagen.scoring.process_reward import ArithmeticStepVerifier, HeadValue, StepRewardValue
 
     if spec is None:
-        raise ValueError("this strategy needs a value: --value steps (arithmetic step verifier) "
-                         "or --value PATH (a trained value head)")
+        raise ValueError("this strategy needs a value: --value steps (arithmetic step verifier), "
+                         "--value judge (the model judges each step) or --value PATH (a trained value head)")
     if spec == "steps":
         return StepRewardValue(ArithmeticStepVerifier(), model.tokenizer, prompt_text(prompt), delimiter, how="min")
+    if spec == "judge":
+        from metagen.decoding.generator import LocalGenerator
+        from metagen.scoring.judge_prm import JudgePRM
+
+        return StepRewardValue(JudgePRM(LocalGenerator(model)), model.tokenizer, prompt_text(prompt), delimiter,
+                               how="min")
     return HeadValue(_load_head(spec, model))
 
 
