@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--value", default=None,
                      help="value guiding tree search / controlled decoding: steps | judge | a value-head file")
     gen.add_argument("--step-delimiter", default="\n", help="text that ends a reasoning step (default newline)")
+    gen.add_argument("--aggregation", default="best", choices=("best", "majority", "weighted"),
+                     help="tree search: pick the leaf of best value, or vote over leaves' answers")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     spec = gen.add_argument_group("speculative decoding (same output distribution, fewer target steps)")
     spec.add_argument("--speculative", default=None, metavar="DRAFTER",
@@ -114,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--value", default=None,
                             help="value for tree search / controlled decoding: steps | judge | a value-head file")
     evaluation.add_argument("--step-delimiter", default="\n", help="text that ends a reasoning step (default newline)")
+    evaluation.add_argument("--aggregation", default="best", choices=("best", "majority", "weighted"),
+                            help="tree search: pick the leaf of best value, or vote over leaves' answers")
     evaluation.add_argument("--json", action="store_true", help='print {"results": [...]} on stdout')
     _add_model_options(evaluation)
 
@@ -222,8 +226,9 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError("--speculative cannot be combined with --beam-width")
     if args.strategy is not None:
         return _generate_with_strategy(args, params, speculative)
-    if args.value is not None or args.step_delimiter != "\n":
-        raise ValueError("--value and --step-delimiter apply to --strategy (tree search, controlled decoding)")
+    if args.value is not None or args.step_delimiter != "\n" or args.aggregation != "best":
+        raise ValueError("--value, --step-delimiter and --aggregation apply to --strategy (tree search, "
+                         "controlled decoding)")
     start = time.perf_counter()
     model = _load(args)
     drafter = _drafter(speculative, model) if speculative is not None else None
@@ -354,7 +359,7 @@ def _generate_with_strategy(args: argparse.Namespace, params, speculative: dict 
         from metagen.speculative import SpeculativeGenerator
 
         generator = SpeculativeGenerator(model, _drafter(speculative, model), speculative["config"], chat=args.chat)
-    options = StrategyOptions(value=args.value, step_delimiter=args.step_delimiter)
+    options = StrategyOptions(value=args.value, step_delimiter=args.step_delimiter, aggregation=args.aggregation)
     check_options([spec.name], options)
     result = spec.run(generator, _prompt(args), budget, replace(params, n=1), options, rng)
     if not args.json:
@@ -425,7 +430,7 @@ def _eval(args: argparse.Namespace) -> int:
         params=SamplingParams(**sampling),
         seed=args.seed,
         subsets=args.subsets,
-        options=StrategyOptions(args.pattern, not args.no_math, args.value, args.step_delimiter),
+        options=StrategyOptions(args.pattern, not args.no_math, args.value, args.step_delimiter, args.aggregation),
         prompt_suffix=args.prompt_suffix,
     )
     model = _load(args)

@@ -23,12 +23,14 @@ class StrategyOptions:
     """pattern: answer regex (None: default extraction); math: compare answers with math-verify;
     value: what guides tree search, controlled decoding and best_of_n_value — "steps" (the
     exact arithmetic step verifier, min over steps) or the path of a trained value head;
-    step_delimiter: the text that ends a reasoning step."""
+    step_delimiter: the text that ends a reasoning step; aggregation: how tree searches pick
+    among their finished leaves (best value, majority vote, value-weighted vote)."""
 
     pattern: str | None = None
     math: bool = True
     value: str | None = None
     step_delimiter: str = "\n"
+    aggregation: str = "best"
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,8 @@ def check_options(names, options: StrategyOptions) -> None:
                          "(tree searches, controlled decoding, best_of_n_value do)")
     if options.step_delimiter != "\n":
         raise ValueError(f"step_delimiter={options.step_delimiter!r} is given, but no chosen strategy uses steps")
+    if options.aggregation != "best":
+        raise ValueError(f"aggregation={options.aggregation!r} is given, but no chosen strategy is a tree search")
 
 
 def get_strategy(name: str) -> StrategySpec:

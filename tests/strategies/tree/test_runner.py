@@ -46,3 +46,15 @@ def test_options_nobody_reads_are_refused():
         check_options(["greedy", "self_consistency"], StrategyOptions(value="steps"))
     with pytest.raises(ValueError, match="step_delimiter='. '"):
         check_options(["greedy"], StrategyOptions(step_delimiter=". "))
+
+
+def test_aggregation_reaches_the_search(one_thread):
+    options = StrategyOptions(pattern="([abc])", value="steps", step_delimiter="b", aggregation="majority")
+    result = get_strategy("rebase").run(LocalGenerator(ToyModel()), "a", 8,
+                                        SamplingParams(temperature=1.0, max_tokens=6), options,
+                                        torch.Generator().manual_seed(0))
+    answers = [c.answer for c in result.candidates if c.answer is not None]
+    assert result.votes == {a: float(answers.count(a)) for a in dict.fromkeys(answers)}
+    assert result.chosen.answer == max(result.votes, key=result.votes.get)
+    with pytest.raises(ValueError, match="aggregation='majority' is given"):
+        check_options(["greedy"], StrategyOptions(aggregation="majority"))

@@ -74,7 +74,7 @@ def run_search(name: str, generator, prompt, n: int, params, options, rng):
     value = make_value(options.value, model, prompt, options.step_delimiter)
     params = replace(params, n=1)
     common = {"params": params, "step": StepConfig(options.step_delimiter, 64), "pattern": options.pattern,
-              "math": options.math}
+              "math": options.math, "aggregation": options.aggregation}
     kept = max(1, n // 4)
     if name == "tokenwise_cd":
         config = TokenwiseCDConfig(n=1, top_k=n, strength=LAMBDA, params=params, pattern=options.pattern)
