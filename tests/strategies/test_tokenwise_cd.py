@@ -87,3 +87,12 @@ def test_errors():
     with pytest.raises(ValueError, match="stateless"):
         tokenwise_cd(ToyModel(), [BOS], FunctionValue(last_token_value),
                      TokenwiseCDConfig(params=SamplingParams(presence_penalty=1.0)))
+
+
+def test_candidates_reuse_their_rows_prefix(one_thread):
+    config = TokenwiseCDConfig(n=1, top_k=2, strength=0.0, params=SamplingParams(temperature=1.0, max_tokens=2,
+                                                                                  ignore_eos=True))
+    result = tokenwise_cd(ToyModel(), [BOS], FunctionValue(last_token_value), config,
+                          rng=torch.Generator().manual_seed(0))
+    assert result.cost.prompt_tokens_computed == 1
+    assert result.cost.prompt_tokens_reused == 2 * 1 + 2 * 2  # k × (prompt) then k × (prompt + 1 token)

@@ -92,6 +92,8 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
         cost.generated_tokens += b_count * k  # every candidate is run and valued, not only the kept one
         cost.target_steps += b_count * k
         cost.flops += sum(forward_flops(model, len(prompt_ids) + len(rows[i].tokens), 1) for i in active) * k
+        # each candidate extends its row's cached prefix, which valuing [x, y, z] from scratch would recompute
+        cost.prompt_tokens_reused += k * sum(len(prompt_ids) + len(rows[i].tokens) for i in active)
         values = torch.tensor(scored.values).view(b_count, k)
         choice = tilted_choice(top.values, values, config.strength, generator)  # (B,)
         keep, chosen_rows = [], []
