@@ -23,7 +23,7 @@ from metagen.eval import arithmetic_problems
 from metagen.models import load
 from metagen.sampling import SamplingParams
 from metagen.scoring.exact_answer import ExactAnswerVerifier
-from metagen.scoring.value_head import collect_value_data, train_value_head
+from metagen.scoring.value_training import collect_value_data, train_value_head
 
 
 def main() -> None:

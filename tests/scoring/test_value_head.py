@@ -9,15 +9,13 @@ from metagen.eval.tasks import arithmetic_problems
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scores
 from metagen.scoring.exact_answer import ExactAnswerVerifier
-from metagen.scoring.value_head import (
+from metagen.scoring.value_head import ValueHead, ValueScorer, model_identity
+from metagen.scoring.value_training import (
     ValueDataset,
-    ValueHead,
-    ValueScorer,
     auc,
     brier,
     collect_value_data,
     expected_calibration_error,
-    model_identity,
     train_value_head,
 )
 from metagen.strategies.result import Candidate

@@ -6,32 +6,24 @@
 h_t: (H,) the final hidden state (after the last norm) at the state that has read the prompt x
 and the first t completion tokens. CD-FUDGE (Yang & Klein 2021, FUDGE; the "controlled decoding"
 form of Mudgal et al. 2024): sample y ~ p(·|x), score it r(x, y) ∈ {0, 1} with a verifier, and
-regress r from *every* prefix of y — minimise Σ_t BCE(V(x, y_≤t), r), t = 0..|y|. The minimiser
-is V(x, y_≤t) = E[r | x, y_≤t] under the model's own sampling, the value of the prefix.
-
-Data: `collect_value_data` (one prefill per problem, one batched forward over its n sampled
-completions, keeping all |y| + 1 prefix states). Training: `train_value_head` (full-batch AdamW,
-completions held out whole; report AUC, Brier score and ECE at prefix fractions). Use:
-`ValueScorer` reads V at the end of prompt + candidate. Save/load checks the LM's identity.
+regress r from *every* prefix of y — the minimiser is V(x, y_≤t) = E[r | x, y_≤t] under the
+model's own sampling, the value of the prefix. Data and training: `value_training.py`.
+Use: `ValueScorer` reads V at the end of prompt + candidate; `process_reward.HeadValue` reads it
+on search nodes. Save/load checks the LM's identity.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.prompts import Prompt, encode_prompt
-from metagen.scoring.base import Scorer, Scores, Verifier
-
-REPORT_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
-
+from metagen.scoring.base import Scorer, Scores
 
 # ------------------------------------------------------------------------- identity + head
 def model_identity(model) -> dict[str, str]:
@@ -119,233 +111,6 @@ class ValueHead:
             raise ValueError(f"{path}: tensors {sorted(tensors)} do not match {sorted(head.params)}")
         head.params = {k: tensors[k].float() for k in head.params}
         return head
-
-
-# ------------------------------------------------------------------------------ data
-@dataclass
-class ValueDataset:
-    """Prefix states of sampled completions, each labelled with its completion's reward.
-
-    hidden: (N, H) float32, row i = the state after prompt + `position[i]` completion tokens.
-    labels: (N,) float32 in {0, 1}; completion: (N,) long, the completion row i comes from;
-    position: (N,) long, t in 0..length. lengths: (C,) completion token counts;
-    rewards: (C,) completion rewards; problem: (C,) long, problem index of each completion.
-    sequences: per completion, prompt + completion token ids; identity: `model_identity` of the
-    LM; cost: sampling plus the prefix forwards.
-    """
-
-    hidden: torch.Tensor
-    labels: torch.Tensor
-    completion: torch.Tensor
-    position: torch.Tensor
-    lengths: torch.Tensor
-    rewards: torch.Tensor
-    problem: torch.Tensor
-    sequences: list[list[int]] = field(default_factory=list)
-    identity: dict[str, str] = field(default_factory=dict)
-    cost: Cost = field(default_factory=Cost)
-
-
-def collect_value_data(
-    model,
-    problems: Sequence,
-    verifier_for: Callable[[object], Verifier],
-    samples_per_problem: int,
-    params,
-    *,
-    prompt_suffix: str = "",
-    chat: bool | None = None,
-    generator: torch.Generator | None = None,
-) -> ValueDataset:
-    """Sample `samples_per_problem` completions per problem, label each with its verifier and keep
-    the hidden state at every prefix. problems: objects with `.question` (eval.tasks.Problem).
-
-    Per problem: one generate (LocalGenerator), then one prefill of the prompt (hidden at t = 0)
-    and one batched forward of its non-empty completions with logits="all" (hidden (B, T, H) at
-    t = 1..|y|). Time: O(Σ |x| + |y|) forward tokens beyond sampling.
-    """
-    from dataclasses import replace
-
-    from metagen.decoding.generator import LocalGenerator
-    from metagen.strategies.result import Candidate
-
-    local = LocalGenerator(model, chat=chat)
-    params = replace(params, n=samples_per_problem)
-    hidden_rows, labels, completion_ids, positions = [], [], [], []  # per completion, (length + 1, ...)
-    lengths, rewards, problem_ids, sequences = [], [], [], []  # per completion
-    cost = Cost()
-    for index, problem in enumerate(problems):
-        prompt = problem.question + prompt_suffix
-        result = local.generate(prompt, params, generator=generator)
-        cost += result.cost
-        verifier = verifier_for(problem)
-        prompt_ids = result.prompt_token_ids
-        cache, out = model.prefill(prompt_ids, logits="none", hidden=True)  # out.hidden: (1, H)
-        completions = result.completions
-        filled = [c for c in completions if c.token_ids]
-        if filled:
-            cache.select([0] * len(filled))
-            states = model.forward(cache, [c.token_ids for c in filled], logits="all", hidden=True).hidden  # (B, T, H)
-        cost += Cost(model_calls=1 + bool(filled), prompt_tokens_computed=len(prompt_ids),
-                     flops=forward_flops(model, 0, len(prompt_ids)))
-        row = 0
-        for completion in completions:
-            verdict = verifier.verify(prompt, Candidate(completion.text, list(completion.token_ids)))
-            reward = 1.0 if verdict.passed else 0.0
-            length = len(completion.token_ids)
-            prefix = out.hidden[:1]  # (1, H) state after the prompt alone
-            if length:
-                prefix = torch.cat([prefix, states[row, :length]])  # (length + 1, H)
-                row += 1
-                cost += Cost(prompt_tokens_computed=length, flops=forward_flops(model, len(prompt_ids), length))
-            c = len(lengths)
-            hidden_rows.append(prefix.float())
-            labels.append(torch.full((length + 1,), reward))
-            completion_ids.append(torch.full((length + 1,), c, dtype=torch.long))
-            positions.append(torch.arange(length + 1))
-            lengths.append(length)
-            rewards.append(reward)
-            problem_ids.append(index)
-            sequences.append(list(prompt_ids) + list(completion.token_ids))
-    return ValueDataset(torch.cat(hidden_rows), torch.cat(labels), torch.cat(completion_ids), torch.cat(positions),
-                        torch.tensor(lengths), torch.tensor(rewards), torch.tensor(problem_ids),
-                        sequences, model_identity(model), cost)
-
-
-# --------------------------------------------------------------------------- metrics
-def auc(scores, labels) -> float:
-    """Area under the ROC curve = P(s⁺ > s⁻) + ½ P(s⁺ = s⁻) (Mann–Whitney U / (n⁺ n⁻)).
-
-    U = Σ ranks of positives − n⁺(n⁺ + 1)/2 with average ranks for ties. O(N log N).
-    NaN when one class is empty.
-    """
-    scores, labels = np.asarray(scores, dtype=np.float64), np.asarray(labels).astype(bool)
-    positives, negatives = int(labels.sum()), int((~labels).sum())
-    if positives == 0 or negatives == 0:
-        return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores))
-    sorted_scores = scores[order]
-    # tie groups [start, end): each element gets the mean of ranks start+1..end
-    boundaries = np.flatnonzero(np.diff(sorted_scores)) + 1
-    starts = np.concatenate([[0], boundaries])
-    ends = np.concatenate([boundaries, [len(scores)]])
-    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
-    u = ranks[labels].sum() - positives * (positives + 1) / 2.0
-    return float(u / (positives * negatives))
-
-
-def brier(probabilities, labels) -> float:
-    """mean (p − y)²."""
-    p, y = np.asarray(probabilities, dtype=np.float64), np.asarray(labels, dtype=np.float64)
-    return float(np.mean((p - y) ** 2))
-
-
-def expected_calibration_error(probabilities, labels, bins: int = 10) -> float:
-    """ECE = Σ_b (|b| / N) · |mean p_b − mean y_b| over `bins` equal-width bins of [0, 1]."""
-    p, y = np.asarray(probabilities, dtype=np.float64), np.asarray(labels, dtype=np.float64)
-    index = np.minimum((p * bins).astype(int), bins - 1)
-    total = 0.0
-    for b in range(bins):
-        members = index == b
-        if members.any():
-            total += members.mean() * abs(p[members].mean() - y[members].mean())
-    return float(total)
-
-
-# --------------------------------------------------------------------------- training
-@dataclass(frozen=True)
-class PrefixMetrics:
-    """Held-out metrics of V at prefix t = round(fraction · |y|) of each held-out completion."""
-
-    fraction: float
-    auc: float
-    brier: float
-    ece: float
-    count: int
-
-
-@dataclass
-class ValueReport:
-    """train_loss: final mean BCE on training prefixes; held_out_auc: over all held-out prefixes;
-    base_rate: share of held-out completions that passed (the Brier score of the constant
-    predictor is base_rate · (1 − base_rate)); at_fraction: per prefix fraction."""
-
-    train_completions: int
-    held_out_completions: int
-    train_loss: float
-    held_out_auc: float
-    base_rate: float
-    at_fraction: list[PrefixMetrics]
-    seconds: float
-
-
-def train_value_head(
-    dataset: ValueDataset,
-    *,
-    mlp_hidden: int | None = None,
-    steps: int = 300,
-    lr: float = 1e-2,
-    weight_decay: float = 1e-2,
-    held_out: float = 0.2,
-    seed: int = 0,
-    group_by_problem: bool = False,
-) -> tuple[ValueHead, ValueReport]:
-    """Fit V by full-batch AdamW on mean BCE over all training prefix rows (CD-FUDGE).
-
-    Completions are held out whole (a random `held_out` share; with `group_by_problem` all
-    completions of a problem go to the same side, so no held-out prompt was seen in training).
-    Time: O(steps · N · H) (linear) or O(steps · N · H · M) (MLP).
-    """
-    if not 0.0 <= held_out < 1.0:
-        raise ValueError(f"held_out={held_out} is out of range: must be in [0, 1)")
-    start = time.perf_counter()
-    generator = torch.Generator().manual_seed(seed)
-    groups = dataset.problem if group_by_problem else torch.arange(len(dataset.lengths))
-    unique = torch.unique(groups)
-    shuffled = unique[torch.randperm(len(unique), generator=generator)]
-    test_groups = shuffled[: int(round(held_out * len(unique)))]
-    test_completion = torch.isin(groups, test_groups)  # (C,)
-    test_row = test_completion[dataset.completion]  # (N,)
-
-    head = ValueHead(dataset.hidden.shape[1], mlp_hidden, identity=dataset.identity, generator=generator)
-    x, y = dataset.hidden[~test_row], dataset.labels[~test_row]  # (N_train, H), (N_train,)
-    parameters = list(head.params.values())
-    for p in parameters:
-        p.requires_grad_(True)
-    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
-    loss = torch.tensor(float("nan"))
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(head.logit(x), y)
-        loss.backward()
-        optimizer.step()
-    for p in parameters:
-        p.requires_grad_(False)
-
-    values = head(dataset.hidden).numpy()  # (N,)
-    labels = dataset.labels.numpy()
-    test_ids = torch.nonzero(test_completion).flatten()
-    at_fraction = []
-    for fraction in REPORT_FRACTIONS:
-        rows = [_row_of(dataset, int(c), int(round(fraction * int(dataset.lengths[c])))) for c in test_ids]
-        p, r = values[rows], labels[rows]
-        at_fraction.append(PrefixMetrics(fraction, auc(p, r), brier(p, r) if rows else float("nan"),
-                                         expected_calibration_error(p, r) if rows else float("nan"), len(rows)))
-    test_mask = test_row.numpy()
-    report = ValueReport(
-        train_completions=int((~test_completion).sum()), held_out_completions=len(test_ids),
-        train_loss=float(loss.detach()), held_out_auc=auc(values[test_mask], labels[test_mask]),
-        base_rate=float(dataset.rewards[test_completion].mean()) if len(test_ids) else float("nan"),
-        at_fraction=at_fraction, seconds=time.perf_counter() - start,
-    )
-    return head, report
-
-
-def _row_of(dataset: ValueDataset, completion: int, position: int) -> int:
-    """Row of (completion, position): rows of a completion are contiguous, t = 0..length."""
-    first = int(dataset.lengths[:completion].sum()) + completion
-    return first + position
 
 
 # ---------------------------------------------------------------------------- scorer
