@@ -155,3 +155,36 @@ def test_value_scorer_rejects_head_of_another_model(model):
     head = ValueHead(model.config.hidden_size, identity={**model_identity(model), "dtype": "fp32-other"})
     with pytest.raises(ValueError, match="dtype"):
         ValueScorer(model, head)
+
+
+def markov_dataset():
+    """States as one-hot hidden vectors: 0 → 1 → 3 (reward 1, twice) and 0 → 2 → 3 (reward 0,
+    twice). Monte Carlo (CD-FUDGE) credits state 1 with 1 and state 2 with 0; the Bellman
+    identity (CD-Q) passes both the value of the shared state 3, which is 1/2."""
+    paths = [((0, 1, 3), 1.0), ((0, 1, 3), 1.0), ((0, 2, 3), 0.0), ((0, 2, 3), 0.0)]
+    hidden, labels, completion, position = [], [], [], []
+    for c, (states, reward) in enumerate(paths):
+        for t, state in enumerate(states):
+            hidden.append(torch.nn.functional.one_hot(torch.tensor(state), 4).float())
+            labels.append(reward)
+            completion.append(c)
+            position.append(t)
+    return ValueDataset(
+        hidden=torch.stack(hidden), labels=torch.tensor(labels), completion=torch.tensor(completion),
+        position=torch.tensor(position), lengths=torch.full((4,), 2), rewards=torch.tensor([1.0, 1.0, 0.0, 0.0]),
+        problem=torch.arange(4), identity={})
+
+
+def test_cd_q_follows_the_bellman_identity_where_fudge_follows_returns():
+    states = torch.eye(4)
+    fudge, _ = train_value_head(markov_dataset(), steps=600, lr=0.2, weight_decay=0.0, held_out=0.0)
+    values = fudge(states)
+    assert values[1] > 0.9 and values[2] < 0.1 and abs(values[3] - 0.5) < 0.02
+    cd_q, _ = train_value_head(markov_dataset(), steps=600, lr=0.2, weight_decay=0.0, held_out=0.0,
+                               method="cd_q", rounds=6)
+    values = cd_q(states)
+    assert abs(values[3] - 0.5) < 0.02
+    assert abs(values[1] - 0.5) < 0.05 and abs(values[2] - 0.5) < 0.05  # V(s) = V(next state)
+    assert abs(values[0] - 0.5) < 0.05
+    with pytest.raises(ValueError, match="method='td'"):
+        train_value_head(markov_dataset(), method="td")

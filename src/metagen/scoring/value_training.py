@@ -191,15 +191,27 @@ def train_value_head(
     held_out: float = 0.2,
     seed: int = 0,
     group_by_problem: bool = False,
+    method: str = "fudge",
+    rounds: int = 4,
 ) -> tuple[ValueHead, ValueReport]:
-    """Fit V by full-batch AdamW on mean BCE over all training prefix rows (CD-FUDGE).
+    """Fit V by full-batch AdamW on mean BCE over all training prefix rows.
 
+    method="fudge" (CD-FUDGE): every prefix's target is its completion's reward r.
+    method="cd_q" (CD-Q, seed 002's Bellman identity, fitted like DQN): after a CD-FUDGE fit,
+    `rounds` times recompute the targets from the current head and refit from there:
+        v_t = V_θ([x, y^{t+1}])   (t < |y|),      v_|y| = r
+    The seed's v_t = Σ_z p(z | x, y^t) V_θ([x, y^t, z]) needs a forward of every z; the sampled
+    next token y_{t+1} ~ p is its one-sample unbiased estimate, and it is already in the data.
     Completions are held out whole (a random `held_out` share; with `group_by_problem` all
     completions of a problem go to the same side, so no held-out prompt was seen in training).
-    Time: O(steps · N · H) (linear) or O(steps · N · H · M) (MLP).
+    Time: O(steps · N · H) (linear) or O(steps · N · H · M) (MLP), × (1 + rounds) for CD-Q.
     """
     if not 0.0 <= held_out < 1.0:
         raise ValueError(f"held_out={held_out} is out of range: must be in [0, 1)")
+    if method not in ("fudge", "cd_q"):
+        raise ValueError(f"method={method!r} is not known; choose fudge or cd_q")
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds} is out of range: must be >= 1")
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(seed)
     groups = dataset.problem if group_by_problem else torch.arange(len(dataset.lengths))
@@ -210,19 +222,14 @@ def train_value_head(
     test_row = test_completion[dataset.completion]  # (N,)
 
     head = ValueHead(dataset.hidden.shape[1], mlp_hidden, identity=dataset.identity, generator=generator)
-    x, y = dataset.hidden[~test_row], dataset.labels[~test_row]  # (N_train, H), (N_train,)
-    parameters = list(head.params.values())
-    for p in parameters:
-        p.requires_grad_(True)
-    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
-    loss = torch.tensor(float("nan"))
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(head.logit(x), y)
-        loss.backward()
-        optimizer.step()
-    for p in parameters:
-        p.requires_grad_(False)
+    x = dataset.hidden[~test_row]  # (N_train, H)
+    loss = _fit(head, x, dataset.labels[~test_row], steps, lr, weight_decay)
+    if method == "cd_q":
+        last = dataset.position == dataset.lengths[dataset.completion]  # (N,) the state after the last token
+        for _ in range(rounds):
+            following = torch.roll(head(dataset.hidden), -1)  # row i + 1 is prefix t + 1 of the same completion
+            targets = torch.where(last, dataset.labels, following)
+            loss = _fit(head, x, targets[~test_row], steps, lr, weight_decay)
 
     values = head(dataset.hidden).numpy()  # (N,)
     labels = dataset.labels.numpy()
@@ -236,11 +243,29 @@ def train_value_head(
     test_mask = test_row.numpy()
     report = ValueReport(
         train_completions=int((~test_completion).sum()), held_out_completions=len(test_ids),
-        train_loss=float(loss.detach()), held_out_auc=auc(values[test_mask], labels[test_mask]),
+        train_loss=loss, held_out_auc=auc(values[test_mask], labels[test_mask]),
         base_rate=float(dataset.rewards[test_completion].mean()) if len(test_ids) else float("nan"),
         at_fraction=at_fraction, seconds=time.perf_counter() - start,
     )
     return head, report
+
+
+def _fit(head: ValueHead, x: torch.Tensor, targets: torch.Tensor, steps: int, lr: float,
+         weight_decay: float) -> float:
+    """Full-batch AdamW on mean BCE(σ(logit(x)), targets); returns the final loss."""
+    parameters = list(head.params.values())
+    for p in parameters:
+        p.requires_grad_(True)
+    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
+    loss = torch.tensor(float("nan"))
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(head.logit(x), targets)
+        loss.backward()
+        optimizer.step()
+    for p in parameters:
+        p.requires_grad_(False)
+    return float(loss.detach())
 
 
 def _row_of(dataset: ValueDataset, completion: int, position: int) -> int:
