@@ -2,8 +2,9 @@
 
 Samples `--samples` completions of each of `--problems` built-in arithmetic problems (task seed
 `--task-seed`, disjoint from the evaluation's seed 0 draw), labels each with the exact-answer
-verifier, keeps the hidden state at every prefix and fits a linear and an MLP head on the
-final reward of the completion (problems held out whole). Prints / writes held-out AUC, Brier
+verifier, keeps the hidden state at every prefix and fits a linear and an MLP head with CD-FUDGE
+(every prefix regresses its completion's reward) and with CD-Q (Bellman targets), problems held
+out whole. Prints / writes held-out AUC, Brier
 score and calibration error at prefix fractions 0, ¼, ½, ¾, 1 and saves the heads.
 
 Run:  .venv/bin/python benchmarks/value_head.py --out runs/value_head
@@ -51,8 +52,10 @@ def main() -> None:
     summary = {"problems": args.problems, "samples": args.samples, "completions": len(dataset.lengths),
                "correct": positives, "prefix_states": int(dataset.hidden.shape[0]),
                "collect_seconds": collect_seconds, "sampling_cost": dataset.cost.to_dict(), "heads": {}}
-    for name, mlp in (("linear", None), (f"mlp{args.mlp_hidden}", args.mlp_hidden)):
-        head, report = train_value_head(dataset, mlp_hidden=mlp, steps=400, group_by_problem=True)
+    heads = [("linear", None, "fudge"), (f"mlp{args.mlp_hidden}", args.mlp_hidden, "fudge"),
+             ("linear_cdq", None, "cd_q"), (f"mlp{args.mlp_hidden}_cdq", args.mlp_hidden, "cd_q")]
+    for name, mlp, method in heads:
+        head, report = train_value_head(dataset, mlp_hidden=mlp, steps=400, group_by_problem=True, method=method)
         head.save(out / f"value_head_{name}.safetensors")
         summary["heads"][name] = asdict(report)
         print(f"{name}: held-out AUC {report.held_out_auc:.3f}, base rate {report.base_rate:.3f}, "
