@@ -14,7 +14,8 @@ temperature 0.5, at most 128 new tokens, steps ending at a newline. Two harness 
 Prints one markdown table: accuracy ± standard error, generated tokens, TFLOPs per problem (the
 value's share), the share of prompt + prefix tokens computed against what re-prefilling every
 expansion would compute, and whether the point is on the accuracy-vs-FLOPs frontier (no other
-point is at least as accurate for fewer FLOPs). Results are resumable (`--out`).
+point is at least as accurate for fewer FLOPs). Results are resumable (`--out`); the baselines
+are shared by runs with different values in the same `--out`.
 
 Run:  .venv/bin/python benchmarks/tree_search.py --value runs/value_head/value_head_linear.safetensors \\
           --out runs/tree_search --markdown
@@ -89,13 +90,16 @@ def main() -> None:
     options = StrategyOptions(value=args.value, aggregation=args.aggregation)
     ns = tuple(int(n) for n in args.ns.split(","))
     searches = evaluate(generator, problems, EvalConfig(tuple(args.strategies.split(",")), ns, params, options=options),
-                        out / "searches", model_name=model.config.name, progress=progress("searches"))
+                        out / f"searches_{Path(args.value).stem}", model_name=model.config.name,
+                        progress=progress("searches"))
     points = [p for p in baselines.points + searches.points if p.strategy != ORACLE]
     report = EvalReport(points + [p for p in baselines.points if p.strategy == ORACLE])
-    (out / "summary.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+    figures = out / f"figures_{Path(args.value).stem}"
+    figures.mkdir(parents=True, exist_ok=True)
+    (figures / "summary.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     from metagen.eval.plots import plot_curves
 
-    plot_curves(report, out, title=f"{model.config.name}, {len(problems)} arithmetic problems, value: "
+    plot_curves(report, figures, title=f"{model.config.name}, {len(problems)} arithmetic problems, value: "
                                    f"{Path(args.value).stem}")
     print(table(points) if args.markdown else json.dumps(report.to_dict()))
 
