@@ -205,11 +205,13 @@ class StepExpander:
         """Set `node.value` for `nodes` with one call of the value; its cost joins `self.cost`."""
         if not nodes:
             return
+        start = time.perf_counter()
         hidden = torch.stack([n.hidden for n in nodes]) if self._needs_hidden else None
         values = self.value.values(self.prompt_ids, [n.path_ids() for n in nodes], hidden)
         for node, value in zip(nodes, values.values):
             node.value = float(value)
         values.cost.scorer_flops = values.cost.flops  # everything the value spent is scoring
+        values.cost.wall_seconds = time.perf_counter() - start
         self.cost += values.cost
 
     def release(self, node: Node) -> None:
