@@ -35,8 +35,16 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.5)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--mlp-hidden", type=int, default=64)
+    parser.add_argument("--heads", default="linear,mlp,linear_cdq",
+                        help="comma-separated from linear, mlp, linear_cdq, mlp_cdq (MLP CD-Q: 5x the MLP time)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    heads = {"linear": (None, "fudge"), "mlp": (args.mlp_hidden, "fudge"), "linear_cdq": (None, "cd_q"),
+             "mlp_cdq": (args.mlp_hidden, "cd_q")}
+    chosen = args.heads.split(",")
+    for name in chosen:
+        if name not in heads:
+            raise SystemExit(f"--heads: {name!r} is not one of {', '.join(heads)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = load()
@@ -52,9 +60,8 @@ def main() -> None:
     summary = {"problems": args.problems, "samples": args.samples, "completions": len(dataset.lengths),
                "correct": positives, "prefix_states": int(dataset.hidden.shape[0]),
                "collect_seconds": collect_seconds, "sampling_cost": dataset.cost.to_dict(), "heads": {}}
-    heads = [("linear", None, "fudge"), (f"mlp{args.mlp_hidden}", args.mlp_hidden, "fudge"),
-             ("linear_cdq", None, "cd_q"), (f"mlp{args.mlp_hidden}_cdq", args.mlp_hidden, "cd_q")]
-    for name, mlp, method in heads:
+    for name in chosen:
+        mlp, method = heads[name]
         head, report = train_value_head(dataset, mlp_hidden=mlp, steps=400, group_by_problem=True, method=method)
         head.save(out / f"value_head_{name}.safetensors")
         summary["heads"][name] = asdict(report)
