@@ -23,6 +23,9 @@ def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> lis
     import matplotlib.pyplot as plt
 
     strategies = list(dict.fromkeys(point.strategy for point in report.points))
+    # up to 18 distinct colours, none of them gray: gray is the oracle's
+    palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i not in (14, 15)]
+    palette = palette[0::2] + palette[1::2]  # the saturated shades first
     written = []
     for field, label, filename in AXES:
         figure, axis = plt.subplots(figsize=(7, 4.5))
@@ -30,7 +33,8 @@ def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> lis
             points = sorted((p for p in report.points if p.strategy == strategy), key=lambda p: p.n)
             xs = [getattr(p.cost, field) for p in points]
             ys = [p.accuracy for p in points]
-            style = {"linestyle": "--", "color": "gray"} if strategy == ORACLE else {}
+            color = palette[strategies.index(strategy) % len(palette)]
+            style = {"linestyle": "--", "color": "gray"} if strategy == ORACLE else {"color": color}
             marker = "s" if len(points) == 1 else "o"
             axis.plot(xs, ys, marker=marker, label=strategy + (" (oracle)" if strategy == ORACLE else ""), **style)
             if strategy != ORACLE:
