@@ -170,11 +170,29 @@ def test_eval_and_strategy_commands_on_the_real_model(tmp_path, capsys):
 def test_every_registered_strategy_runs_in_the_harness(tmp_path):
     from metagen.strategies.registry import STRATEGIES
 
-    names = tuple(STRATEGIES)
+    names = tuple(name for name, spec in STRATEGIES.items() if not spec.uses_value)  # searches: below
     config = EvalConfig(names, ns=(1, 2), params=SamplingParams(temperature=1.0, max_tokens=8))
     report = evaluate(DiceGenerator(), PROBLEMS[:2], config, tmp_path)
     seen = {(p.strategy, p.n) for p in report.points}
-    for name, spec in STRATEGIES.items():
-        budgets = (1,) if spec.budget == "none" else (1, 2)
+    for name in names:
+        budgets = (1,) if STRATEGIES[name].budget == "none" else (1, 2)
         assert {(name, n) for n in budgets} <= seen, name
     assert all(0.0 <= p.accuracy <= 1.0 and p.cost.model_calls > 0 for p in report.points)
+
+
+def test_every_search_runs_in_the_harness_on_a_local_model(tmp_path, one_thread):
+    """Tree searches and controlled decoding need a model's cache: the toy model behind a
+    LocalGenerator, valued by the step verifier (neutral on toy text)."""
+    from metagen.decoding import LocalGenerator
+    from metagen.strategies.registry import STRATEGIES, StrategyOptions
+    from tests.decoding.toy_model import ToyModel
+
+    names = tuple(name for name, spec in STRATEGIES.items() if spec.uses_value)
+    problems = [Problem("t0", "a", "b"), Problem("t1", "ab", "c")]
+    options = StrategyOptions(pattern="([abc])", math=False, value="steps", step_delimiter="b")
+    config = EvalConfig(names, ns=(2, 4), params=SamplingParams(temperature=1.0, max_tokens=6), options=options)
+    report = evaluate(LocalGenerator(ToyModel()), problems, config, tmp_path)
+    assert {(p.strategy, p.n) for p in report.points} == {(name, n) for name in names for n in (2, 4)}
+    assert all(0.0 <= p.accuracy <= 1.0 and p.cost.generated_tokens > 0 for p in report.points)
+    resumed = evaluate(LocalGenerator(ToyModel()), problems, config, tmp_path)  # everything is on disk
+    assert [p.accuracy for p in resumed.points] == [p.accuracy for p in report.points]
