@@ -99,8 +99,8 @@ def main() -> None:
     (figures / "summary.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     from metagen.eval.plots import plot_curves
 
-    plot_curves(report, figures, title=f"{model.config.name}, {len(problems)} arithmetic problems, value: "
-                                   f"{Path(args.value).stem}")
+    plot_curves(report, figures, title=f"SmolLM2-135M int4, {len(problems)} arithmetic problems, "
+                                       f"value: {Path(args.value).stem}")
     print(table(points) if args.markdown else json.dumps(report.to_dict()))
 
 
