@@ -37,3 +37,18 @@ def reference():
 
     path = embedded_model_path()
     return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@pytest.fixture
+def random_head():
+    """Builds a linear value head with small random weights for a model (seeded): values that
+    differ between states, so comparisons of where the head is read can fail."""
+    from metagen.scoring.value_head import ValueHead, model_identity
+
+    def build(model, seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        head = ValueHead(model.config.hidden_size, identity=model_identity(model))
+        head.params["weight"] = torch.randn(model.config.hidden_size, generator=generator) * 0.05
+        return head
+
+    return build

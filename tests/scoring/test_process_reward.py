@@ -7,7 +7,6 @@ import torch
 from metagen.scoring.process_reward import (
     ArithmeticStepVerifier, FunctionValue, HeadValue, StepRewardValue, ValueHeadPRM, aggregate, split_steps)
 from metagen.scoring.step_equations import find_equations
-from metagen.scoring.value_head import ValueHead, model_identity
 
 
 def test_split_steps_keeps_delimiters_and_drops_empty_pieces():
@@ -66,15 +65,8 @@ def test_function_value_passes_prompt_and_continuation():
     assert value.values([1, 2], [[3], [4, 5]]).values == [12.0, 22.0]
 
 
-def _random_head(model, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    head = ValueHead(model.config.hidden_size, identity=model_identity(model))
-    head.params["weight"] = torch.randn(model.config.hidden_size, generator=generator) * 0.05
-    return head
-
-
-def test_value_head_prm_reads_the_head_at_each_step_end(model):
-    head = _random_head(model)
+def test_value_head_prm_reads_the_head_at_each_step_end(model, random_head):
+    head = random_head(model)
     prm = ValueHeadPRM(model, head, chat=False)
     steps = ["Tom has 3 apples.\n", "He buys 4 more, 3 + 4 = 7.\n", "The answer is 7."]
     scored = prm.score_steps("How many apples?", steps)

@@ -5,21 +5,13 @@ import torch
 
 from metagen.sampling import SamplingParams
 from metagen.scoring.process_reward import ArithmeticStepVerifier, HeadValue, StepRewardValue
-from metagen.scoring.value_head import ValueHead, model_identity
 from metagen.strategies.tree.expand import StepConfig, StepExpander
 from metagen.strategies.tree.rebase import RebaseConfig, rebase
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have? Think step by step."
 
 
-def random_head(model, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    head = ValueHead(model.config.hidden_size, identity=model_identity(model))
-    head.params["weight"] = torch.randn(model.config.hidden_size, generator=generator) * 0.05
-    return head
-
-
-def test_nodes_match_a_fresh_forward_of_their_path(model_fp32):
+def test_nodes_match_a_fresh_forward_of_their_path(model_fp32, random_head):
     """fp32 weights: the forked decode path and one fresh prefill agree to float rounding."""
     model = model_fp32
     value = HeadValue(random_head(model))
@@ -61,7 +53,7 @@ def test_rebase_with_the_step_verifier_on_the_model(model):
         assert candidate.score == value.values([], [candidate.token_ids]).values[0]
 
 
-def test_value_head_of_another_model_is_refused(model):
+def test_value_head_of_another_model_is_refused(model, random_head):
     head = random_head(model)
     head.identity["hidden_size"] = "999"
     with pytest.raises(ValueError, match="hidden_size='999'"):
