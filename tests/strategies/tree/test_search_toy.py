@@ -163,3 +163,9 @@ def test_errors_name_the_field():
         mcts(ToyModel(), PROMPT, None)
     with pytest.raises(ValueError, match="logprob_weight=-1"):
         AStarConfig(logprob_weight=-1)
+
+
+def test_blockwise_cd_derives_its_steps_from_the_block_length():
+    assert BlockwiseCDConfig(block_tokens=5).step == StepConfig(delimiter=None, max_step_tokens=5)
+    with pytest.raises(ValueError, match="set block_tokens instead"):
+        BlockwiseCDConfig(step=StepConfig("\n", 8))

@@ -13,7 +13,7 @@ tokenwise sampler). Cost: K · (tokens of the answer) generated, one value call 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -25,10 +25,10 @@ from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_s
 
 @dataclass(frozen=True)
 class BlockwiseCDConfig(TreeConfig):
-    """blocks: K candidates per block; block_tokens: M (the step config's delimiter is ignored:
-    blocks have a fixed length); max_blocks: limit on kept blocks."""
+    """blocks: K candidates per block; block_tokens: M; max_blocks: limit on kept blocks.
+    The steps are the blocks: `step` is derived (StepConfig(None, M)) and must not be given."""
 
-    step: StepConfig = field(default_factory=lambda: StepConfig(delimiter=None, max_step_tokens=16))
+    step: StepConfig | None = None
     blocks: int = 4
     block_tokens: int = 16
     max_blocks: int = 64
@@ -36,6 +36,11 @@ class BlockwiseCDConfig(TreeConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_positive(self, "blocks", "block_tokens", "max_blocks")
+        blocks = StepConfig(delimiter=None, max_step_tokens=self.block_tokens)
+        if self.step is not None and self.step != blocks:  # (dataclasses.replace passes the derived one back)
+            raise ValueError(f"step={self.step} is given, but blockwise CD's steps are blocks of block_tokens "
+                             "tokens; set block_tokens instead")
+        object.__setattr__(self, "step", blocks)
 
 
 def blockwise_cd(model, prompt: Prompt, value, config: BlockwiseCDConfig | None = None, *,
@@ -43,8 +48,7 @@ def blockwise_cd(model, prompt: Prompt, value, config: BlockwiseCDConfig | None 
     if value is None:
         raise ValueError("blockwise controlled decoding ranks blocks by a value: pass a PrefixValue")
     config = config or BlockwiseCDConfig()
-    step = StepConfig(delimiter=None, max_step_tokens=config.block_tokens)
-    expander = StepExpander(model, prompt, config.params, step, value, chat=chat, generator=rng)
+    expander = StepExpander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
     node = expander.root
     for _ in range(config.max_blocks):
         children = expander.expand([node], [config.blocks])[0]
@@ -55,4 +59,4 @@ def blockwise_cd(model, prompt: Prompt, value, config: BlockwiseCDConfig | None 
                 expander.release(child)
         if node.finished:
             break
-    return finish_search(expander, [node] if node.finished else [], replace(config, aggregation="best"), [node])
+    return finish_search(expander, [node] if node.finished else [], config, [node])  # one candidate
