@@ -2,7 +2,7 @@
 
 For a few chat prompts (teacher-forced over prompt + a greedy fp32 continuation), reports per
 dtype: max |Δlogit|, mean KL(fp32 ‖ dtype) per position, and top-1 agreement with fp32.
-Usage: python benchmarks/faithfulness.py [--model PATH] [--markdown]
+Usage: python benchmarks/faithfulness.py [--model PATH] [--dtypes auto,bf16,int8,int4] [--markdown]
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 import torch
 
 from metagen.decoding import generate
-from metagen.models import DTYPES, load
+from metagen.models import load
 from metagen.sampling import SamplingParams
 
 PROMPTS = [
@@ -26,6 +26,7 @@ PROMPTS = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--dtypes", default="auto,bf16,int8,int4", help="formats compared with fp32")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -36,7 +37,7 @@ def main() -> None:
         sequences.append(result.prompt_token_ids + result.completions[0].token_ids)
     ref_logits = [reference.forward(reference.new_cache(1), [ids], logits="all").logits[0] for ids in sequences]
     rows = []
-    for dtype in DTYPES[1:]:
+    for dtype in args.dtypes.split(","):
         model = load(args.model, dtype)
         max_diff, kls, agree, count = 0.0, 0.0, 0, 0
         for ids, ref in zip(sequences, ref_logits):

@@ -27,6 +27,7 @@ class DenseLinear:
     """y = x·Wᵀ (+ b). weight: (N, K) in the compute dtype."""
 
     kind = "dense"
+    stored = ""  # the checkpoint format(s) the weight was converted from, e.g. "Q5_0" (set by the loader)
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight = weight
@@ -44,6 +45,7 @@ class Int8Linear:
     """Weight-only int8 with per-output-channel scales; x: (..., K) bf16 -> (..., N) bf16."""
 
     kind = "int8"
+    stored = ""  # the checkpoint format(s) the weight was converted from, e.g. "Q5_0" (set by the loader)
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.qweight = qweight  # (N, K) int8
@@ -85,6 +87,7 @@ class Int4Linear:
     """Weight-only int4, group-wise scale and zero; x: (..., K) bf16 -> (..., N) bf16."""
 
     kind = "int4"
+    stored = ""  # the checkpoint format(s) the weight was converted from, e.g. "Q5_0" (set by the loader)
 
     def __init__(
         self,

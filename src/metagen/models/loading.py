@@ -16,12 +16,15 @@ import torch
 
 from metagen.models.config import ModelConfig
 from metagen.models.embedded import embedded_model_path
+from metagen.models.gguf_blocks import EXACT_INT4_TYPES
 from metagen.models.linear import DenseLinear, Int4Linear, Int8Linear
 from metagen.models.llama import LayerWeights, LlamaModel
 
-DTYPES = ("fp32", "bf16", "int8", "int4")
-DEFAULT_DTYPE = "int4"
-_FORMAT_VERSION = "2"
+DTYPES = ("auto", "fp32", "bf16", "int8", "int4")
+DEFAULT_DTYPE = "auto"
+# What "auto" runs a weight in when its stored blocks do not map exactly onto int4 codes.
+AUTO_WIDE_FORMAT = "int8"
+_FORMAT_VERSION = "3"
 
 
 def cache_directory() -> Path:
@@ -33,8 +36,11 @@ def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use
 
     path: a .gguf file or an HF directory (config.json, *.safetensors, tokenizer.json); None
         loads the embedded SmolLM2-135M-Instruct.
-    dtype: "fp32", "bf16", "int8" or "int4" weights (default int4, see docs/ARCHITECTURE.md
-        for the measured faithfulness of each).
+    dtype: "auto" (default), "fp32", "bf16", "int8" or "int4" weights. "auto" never runs a
+        tensor below the precision the checkpoint stores it in: int4 where the file's blocks map
+        exactly onto the int4 kernel (Q4_0, Q4_1, Q4_K), int8 for every other quantized tensor,
+        bf16 for float tensors (see docs/ARCHITECTURE.md for the measured faithfulness of each).
+        An explicit int4 / int8 re-quantizes every tensor that does not map exactly.
     """
     dtype = DEFAULT_DTYPE if dtype is None else dtype
     if dtype not in DTYPES:
@@ -65,21 +71,48 @@ def _read_checkpoint(path: Path):
     return config, sources, Tokenizer.from_gguf(reader)
 
 
+def _auto_format(parts: list) -> str:
+    """The format "auto" gives one (fused) linear: never below the precision of any part.
+
+    int4 when every part's blocks are exactly int4 codes; bf16 when every part is stored as
+    floats (F32 / F16 / BF16 / safetensors); otherwise AUTO_WIDE_FORMAT.
+    """
+    types = {part.type_name for part in parts}
+    if types <= set(EXACT_INT4_TYPES):
+        return "int4"
+    if all(part.raw is None for part in parts):
+        return "bf16"
+    return AUTO_WIDE_FORMAT
+
+
 def _linear(sources: dict, names: list[str], dtype: str, bias_names: list[str] | None = None):
-    """One fused linear from the row-wise concatenation of `names` (out dims stacked)."""
+    """One fused linear from the row-wise concatenation of `names` (out dims stacked).
+
+    The linear's `stored` attribute names the checkpoint formats it was built from.
+    """
     missing = [n for n in names if n not in sources]
     if missing:
         raise KeyError(f"checkpoint is missing tensors: {', '.join(missing)}")
+    parts = [sources[n] for n in names]
+    stored = "+".join(sorted({part.type_name for part in parts}))
+    if dtype == "auto":
+        dtype = _auto_format(parts)
+    linear = _convert(parts, dtype, bias_names and [sources.get(n) for n in bias_names])
+    linear.stored = stored
+    return linear
+
+
+def _convert(parts: list, dtype: str, bias_parts: list | None):
     bias = None
-    if bias_names and all(n in sources for n in bias_names):
-        bias = torch.cat([sources[n].dense() for n in bias_names])
+    if bias_parts and all(part is not None for part in bias_parts):
+        bias = torch.cat([part.dense() for part in bias_parts])
     if dtype == "int4":
-        exact = [sources[n].int4_codes() for n in names]
-        if all(e is not None for e in exact):  # Q4_0 / Q4_1 blocks map onto the kernel exactly
-            codes, scales, zeros = (torch.cat(parts) for parts in zip(*exact))
+        exact = [part.int4_codes() for part in parts]
+        if all(e is not None for e in exact):  # Q4_0 / Q4_1 / Q4_K blocks map onto the kernel exactly
+            codes, scales, zeros = (torch.cat(pieces) for pieces in zip(*exact))
             if Int4Linear.supports(*codes.shape):
                 return Int4Linear.from_codes(codes, scales, zeros, bias)
-    weight = torch.cat([sources[n].dense() for n in names])
+    weight = torch.cat([part.dense() for part in parts])
     if dtype == "int4" and Int4Linear.supports(*weight.shape):
         return Int4Linear.quantize(weight, bias)
     if dtype in ("int4", "int8"):
@@ -106,8 +139,10 @@ def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: st
     embed = sources["embed"].dense()
     head_name = "embed" if config.tie_word_embeddings else "lm_head"
     # The LM head reads V·H weights per token; int8 keeps it 4x smaller than fp32 (an int4
-    # head loses too much: GGUF ships it at 8 bits or more).
+    # head loses too much: GGUF ships it at 8 bits or more). "auto" keeps a float head in bf16.
     head_dtype = "int8" if dtype in ("int8", "int4") else dtype
+    if dtype == "auto" and _auto_format([sources[head_name]]) == "int4":
+        head_dtype = AUTO_WIDE_FORMAT
     lm_head = _linear(sources, [head_name], head_dtype)
     freq_factors = sources["rope_freqs"].dense() if "rope_freqs" in sources else None
     return LlamaModel(
@@ -123,6 +158,21 @@ def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: st
     )
 
 
+def weight_formats(model: LlamaModel) -> dict[str, dict[str, int]]:
+    """What each kind of linear runs in, and from which stored format: e.g.
+    {"down": {"int4 from Q4_K": 12, "int8 from Q6_K": 12}, "lm_head": {"int8 from Q8_0": 1}}."""
+    linears = {name: [getattr(layer, name) for layer in model.layers] for name in ("qkv", "o", "gate_up", "down")}
+    linears["lm_head"] = [model.lm_head]
+    formats: dict[str, dict[str, int]] = {}
+    for name, items in linears.items():
+        counts: dict[str, int] = {}
+        for linear in items:
+            label = f"{linear.kind} from {linear.stored}" if linear.stored else linear.kind
+            counts[label] = counts.get(label, 0) + 1
+        formats[name] = counts
+    return formats
+
+
 # ------------------------------------------------------------------ conversion cache
 def _cache_entry(path: Path, dtype: str) -> Path:
     stat_of = [path] if path.is_file() else sorted(path.glob("*.safetensors")) + [path / "config.json"]
@@ -135,7 +185,7 @@ def _cache_entry(path: Path, dtype: str) -> Path:
 
 
 def _linear_state(prefix: str, linear, tensors: dict, kinds: dict) -> None:
-    kinds[prefix] = {"kind": linear.kind, "in_features": linear.in_features}
+    kinds[prefix] = {"kind": linear.kind, "in_features": linear.in_features, "stored": linear.stored}
     for name, tensor in linear.state().items():
         tensors[f"{prefix}.{name}"] = tensor.contiguous()
 
@@ -167,10 +217,13 @@ def _save_converted(model: LlamaModel, entry: Path) -> None:
 def _restore_linear(prefix: str, info: dict, tensors: dict):
     bias = tensors.get(f"{prefix}.bias")
     if info["kind"] == "dense":
-        return DenseLinear(tensors[f"{prefix}.weight"], bias)
-    if info["kind"] == "int8":
-        return Int8Linear(tensors[f"{prefix}.qweight"], tensors[f"{prefix}.scales"], bias)
-    return Int4Linear(tensors[f"{prefix}.packed"], tensors[f"{prefix}.scales_and_zeros"], info["in_features"], bias)
+        linear = DenseLinear(tensors[f"{prefix}.weight"], bias)
+    elif info["kind"] == "int8":
+        linear = Int8Linear(tensors[f"{prefix}.qweight"], tensors[f"{prefix}.scales"], bias)
+    else:
+        linear = Int4Linear(tensors[f"{prefix}.packed"], tensors[f"{prefix}.scales_and_zeros"], info["in_features"], bias)
+    linear.stored = info["stored"]
+    return linear
 
 
 def _load_converted(entry: Path, dtype: str, source: str) -> LlamaModel:

@@ -59,7 +59,7 @@ SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 class WeightSource:
     """One checkpoint tensor, dequantized on demand.
 
-    `raw`/`qtype` keep GGUF's packed blocks so Q4_0 / Q4_1 can map exactly onto int4 codes;
+    `raw`/`qtype` keep GGUF's packed blocks so Q4_0 / Q4_1 / Q4_K can map exactly onto int4 codes;
     `row_order` is a permutation applied to output rows (Q/K into the interleaved RoPE order).
     """
 
@@ -91,24 +91,14 @@ class WeightSource:
         return tensor.contiguous()
 
     def int4_codes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """Exact (codes (N, K), scales (N, K/32), zeros (N, K/32)) for Q4_0 / Q4_1, else None.
+        """Exact (codes (N, K), scales (N, K/32), zeros (N, K/32)) for Q4_0 / Q4_1 / Q4_K, else None
+        (see `gguf_blocks`)."""
+        from metagen.models.gguf_blocks import int4_codes
 
-        Q4_1 block: d, m (fp16) + 32 nibbles, w = d·q + m  ->  scale d, zero m + 8d.
-        Q4_0 block: d (fp16) + 32 nibbles, w = d·(q − 8)    ->  scale d, zero 0.
-        Nibble j < 16 is the low half of byte j; nibble j ≥ 16 the high half of byte j − 16.
-        """
-        name = getattr(self.qtype, "name", None)
-        if name not in ("Q4_0", "Q4_1"):
+        exact = int4_codes(self.raw, self.type_name) if self.raw is not None else None
+        if exact is None:
             return None
-        header = 4 if name == "Q4_1" else 2
-        rows = self.raw.shape[0]
-        blocks = self.raw.reshape(rows, -1, header + 16)
-        d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if name == "Q4_1" else None
-        qs = blocks[..., header:]
-        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)
-        zeros = m + 8.0 * d if m is not None else np.zeros_like(d)
-        out = [torch.from_numpy(codes.astype(np.int32)), torch.from_numpy(d), torch.from_numpy(zeros)]
+        out = [torch.from_numpy(np.ascontiguousarray(part)) for part in exact]
         if self.row_order is not None:
             order = torch.from_numpy(self.row_order)
             out = [t[order] for t in out]

@@ -32,19 +32,27 @@ def early_exit_model(target, num_layers: int):
     return model
 
 
+def weight_bytes(model) -> int:
+    """Bytes of linear weights (with scales) one decode step reads: every layer's and the LM head's."""
+    linears = [linear for layer in model.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    return sum(t.nbytes for linear in linears + [model.lm_head] for t in linear.state().values())
+
+
 def quantized_model(target, dtype: str = "int4"):
     """A lower-precision copy of `target` loaded from the same checkpoint (e.g. int4 drafting
-    for an fp32 or bf16 target)."""
-    from metagen.models.loading import DTYPES, load
+    for an fp32 or bf16 target). Refused unless its decode step reads fewer weight bytes."""
+    from metagen.models.loading import load
 
-    order = {name: rank for rank, name in enumerate(DTYPES)}  # fp32 < bf16 < int8 < int4
-    if dtype not in order:
-        raise ValueError(f"dtype={dtype!r} is not supported: choose one of {', '.join(DTYPES)}")
+    formats = ("fp32", "bf16", "int8", "int4")
+    if dtype not in formats:
+        raise ValueError(f"dtype={dtype!r} is not supported for a draft: choose one of {', '.join(formats)}")
     if not getattr(target, "source", ""):
         raise ValueError("quantized self-drafting needs a target loaded from a file (target.source is empty)")
-    if order[dtype] <= order.get(target.dtype, -1):
+    draft = load(target.source, dtype=dtype)
+    if weight_bytes(draft) >= weight_bytes(target):
         raise ValueError(
-            f"a {dtype} draft is not cheaper than the {target.dtype} target: draft with a lower "
-            f"precision than the target (e.g. target fp32/bf16, draft int8/int4)"
+            f"a {dtype} draft is not cheaper than the {target.dtype} target ({weight_bytes(draft):,} vs "
+            f"{weight_bytes(target):,} weight bytes per step): draft with a lower precision than the target "
+            f"(e.g. target fp32/bf16, draft int8/int4)"
         )
-    return load(target.source, dtype=dtype)
+    return draft
