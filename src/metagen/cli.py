@@ -9,6 +9,8 @@ import os
 import sys
 import time
 
+from metagen.cli_args import check_threads, parse_logit_bias, unescape
+
 _FLOAT_PARAMS = (
     ("temperature", "0 = greedy"),
     ("top-p", "nucleus mass in (0, 1]"),
@@ -32,6 +34,9 @@ _INT_PARAMS = (
 )
 
 _DESTINATIONS = {"stop-token-id": "stop_token_ids"}  # options whose attribute is not the plain name
+# What only sampling reads: greedy decoding ignores these (penalties and logit bias still apply).
+_SAMPLING_ONLY = ("temperature", "top-p", "top-k", "min-p", "typical-p", "epsilon-cutoff", "eta-cutoff",
+                  "mirostat-tau", "mirostat-eta", "seed")
 
 
 def use_spinning_threads() -> None:
@@ -46,7 +51,8 @@ def use_spinning_threads() -> None:
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded SmolLM2-135M)")
-    parser.add_argument("--dtype", default=None, choices=["fp32", "bf16", "int8", "int4"], help="weight format")
+    parser.add_argument("--dtype", default=None, choices=["auto", "fp32", "bf16", "int8", "int4"],
+                        help="weight format (default auto: each tensor at least at the precision the file stores)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
@@ -62,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
         gen.add_argument(f"--{name}", type=float, default=None, help=text)
     for name, text in _INT_PARAMS:
         gen.add_argument(f"--{name}", type=int, default=None, help=text)
-    gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    gen.add_argument("--stop", action="append", default=None, type=unescape,
+                     help="stop string (repeatable); \\n, \\t, \\xHH, \\uHHHH... are interpreted")
     gen.add_argument("--stop-token-id", action="append", type=int, default=None, dest="stop_token_ids")
     gen.add_argument("--ignore-eos", action="store_true", default=None)
     gen.add_argument("--logit-bias", action="append", default=None, metavar="ID=BIAS", help="repeatable")
@@ -71,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--strategy", default=None, help="meta-generation strategy (see `metagen eval --help`); --n is its budget")
     gen.add_argument("--value", default=None,
                      help="value guiding tree search / controlled decoding: steps | judge | a value-head file")
-    gen.add_argument("--step-delimiter", default="\n", help="text that ends a reasoning step (default newline)")
+    gen.add_argument("--step-delimiter", default="\n", type=unescape,
+                     help="text that ends a reasoning step (default newline; escapes as in --stop)")
     gen.add_argument("--aggregation", default="best", choices=("best", "majority", "weighted"),
                      help="tree search: pick the leaf of best value, or vote over leaves' answers")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
@@ -115,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--prompt-suffix", default="", help="text appended to every question")
     evaluation.add_argument("--value", default=None,
                             help="value for tree search / controlled decoding: steps | judge | a value-head file")
-    evaluation.add_argument("--step-delimiter", default="\n", help="text that ends a reasoning step (default newline)")
+    evaluation.add_argument("--step-delimiter", default="\n", type=unescape,
+                            help="text that ends a reasoning step (default newline; \\n, \\t... interpreted)")
     evaluation.add_argument("--aggregation", default="best", choices=("best", "majority", "weighted"),
                             help="tree search: pick the leaf of best value, or vote over leaves' answers")
     evaluation.add_argument("--json", action="store_true", help='print {"results": [...]} on stdout')
@@ -175,13 +184,7 @@ def _sampling_params(args: argparse.Namespace):
     if args.ignore_eos:
         fields["ignore_eos"] = True
     if args.logit_bias:
-        bias = {}
-        for item in args.logit_bias:
-            token, sep, value = item.partition("=")
-            if not sep:
-                raise ValueError(f"--logit-bias {item!r} must look like TOKEN_ID=BIAS")
-            bias[int(token)] = float(value)
-        fields["logit_bias"] = bias
+        fields["logit_bias"] = parse_logit_bias(args.logit_bias)
     return SamplingParams(**fields)
 
 
@@ -190,7 +193,7 @@ def _load(args: argparse.Namespace):
 
     from metagen.models import load
 
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     return load(args.model, args.dtype)
 
@@ -226,6 +229,8 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError("--speculative cannot be combined with --beam-width")
     if args.strategy is not None:
         return _generate_with_strategy(args, params, speculative)
+    if args.logprobs is not None and not args.json:
+        raise ValueError("--logprobs shows in the --json output only: add --json")
     if args.value is not None or args.step_delimiter != "\n" or args.aggregation != "best":
         raise ValueError("--value, --step-delimiter and --aggregation apply to --strategy (tree search, "
                          "controlled decoding)")
@@ -349,6 +354,13 @@ def _generate_with_strategy(args: argparse.Namespace, params, speculative: dict 
     spec = get_strategy(args.strategy)
     if args.beam_width is not None:
         raise ValueError("--strategy cannot be combined with --beam-width")
+    if args.logprobs is not None:
+        raise ValueError("--logprobs applies to plain generation: a strategy's output has no per-token log-probabilities")
+    if not spec.samples:
+        given = [name for name in _SAMPLING_ONLY if getattr(args, name.replace("-", "_")) is not None]
+        if given:
+            raise ValueError(f"strategy {spec.name!r} decodes greedily: {', '.join('--' + n for n in given)} "
+                             "would have no effect")
     budget = params.n
     spec.check_n(budget)
     model = _load(args)
@@ -463,6 +475,8 @@ def _task(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
+    from metagen.models.loading import weight_formats
+
     model = _load(args)
     config = model.config
     facts = {
@@ -481,12 +495,18 @@ def _info(args: argparse.Namespace) -> int:
         "rope_theta": config.rope_theta,
         "eos_token_ids": sorted(model.eos_token_ids),
         "chat_template": model.tokenizer.chat_template is not None,
+        "weights": weight_formats(model),
     }
     if args.json:
         print(json.dumps(facts))
     else:
         width = max(len(k) for k in facts)
         for key, value in facts.items():
+            if key == "weights":  # one line per kind of linear: "int8 from Q5_0 ×12, ..."
+                for name, counts in value.items():
+                    text = ", ".join(f"{label} ×{count}" for label, count in counts.items())
+                    print(f"{'weights.' + name:<{width}}  {text}")
+                continue
             print(f"{key:<{width}}  {value:,}" if isinstance(value, int) and not isinstance(value, bool) else f"{key:<{width}}  {value}")
     return 0
 
@@ -512,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     use_spinning_threads()
     try:
+        check_threads(getattr(args, "threads", None))
         if args.command == "generate":
             return _generate(args)
         if args.command == "eval":
@@ -528,6 +549,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, NotImplementedError) as error:
         print(f"metagen: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("metagen: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+        if os.environ.get("METAGEN_TRACEBACK"):
+            raise
+        print(f"metagen: error: {type(error).__name__}: {error} (set METAGEN_TRACEBACK=1 to see where)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

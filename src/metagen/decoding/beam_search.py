@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompts import Prompt, encode_prompt
 
 
@@ -107,6 +108,7 @@ def beam_search(
     if len(prompt_ids) >= model.max_context:
         raise ValueError(f"prompt has {len(prompt_ids)} tokens, the model's context is {model.max_context}")
     max_new = min(config.max_tokens, model.max_context - len(prompt_ids))
+    check_batch_fits(model, 2 * config.width, max_new, what="width")  # 2·width candidates per step
     cache, out = model.prefill(prompt_ids)
     if config.stochastic:
         if generator is None:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import torch
 
 from metagen.decoding.cost import Cost
-from metagen.decoding.prompts import Prompt, encode_prompt
+from metagen.decoding.memory import check_batch_fits
+from metagen.decoding.prompts import Prompt, encode_prompt, stop_token_set
 from metagen.models.detokenize import IncrementalDetokenizer, StopStringMatcher
 from metagen.sampling import SamplerChain, SamplingParams
 
@@ -163,7 +164,9 @@ def stream(
         generator = params.make_generator()  # seeded, or fresh OS entropy (torch's global RNG is left alone)
     n = params.n
     want_top = bool(params.logprobs)
-    stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else model.eos_token_ids)
+    stop_ids = stop_token_set(params, model)
+    max_new = min(params.max_tokens, model.max_context - len(prompt_ids))
+    check_batch_fits(model, n, max_new)  # before any per-row state is allocated
     chain = SamplerChain.from_params(params, n, model.vocab_size, prompt_ids)
     rows = [_Row(model, params, prompt_ids, want_top) for _ in range(n)]
     result = result if result is not None else GenerationResult([], prompt_ids)
@@ -175,7 +178,6 @@ def stream(
     result.prefill_seconds = time.perf_counter() - start
     result.model_calls += 1
     active = list(range(n))  # completion index of each cache row
-    max_new = min(params.max_tokens, model.max_context - len(prompt_ids))
     decode_start = time.perf_counter()
     log_vocab = math.log(model.vocab_size)
     step = 0

@@ -93,14 +93,19 @@ class ValueHead:
     @classmethod
     def load(cls, path: str | Path, model) -> "ValueHead":
         """The head at `path`; ValueError naming the field when `model` is not the one it was trained on."""
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
-        with safe_open(str(path), framework="pt") as handle:
-            raw = (handle.metadata() or {}).get("metagen_value_head")
-            if raw is None:
-                raise ValueError(f"{path}: not a metagen value head (no 'metagen_value_head' metadata)")
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
-        meta = json.loads(raw)
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"value head {path} does not exist or is not a file")
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                raw = (handle.metadata() or {}).get("metagen_value_head")
+                tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+            meta = None if raw is None else json.loads(raw)
+        except (SafetensorError, json.JSONDecodeError) as error:
+            raise ValueError(f"{path}: not a metagen value head (not a readable safetensors file: {error})") from None
+        if meta is None:
+            raise ValueError(f"{path}: not a metagen value head (no 'metagen_value_head' metadata)")
         expected = model_identity(model)
         for name, value in meta["identity"].items():
             if expected.get(name) != value:

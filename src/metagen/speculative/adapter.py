@@ -109,11 +109,16 @@ class ExitAdapter:
     @classmethod
     def load(cls, path: str | os.PathLike, target) -> "ExitAdapter":
         """The adapter saved at `path`; ValueError if `target` is not the model it was trained on."""
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
-        with safe_open(os.fspath(path), framework="pt") as handle:
-            meta = json.loads((handle.metadata() or {}).get("metagen", "{}"))
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"exit adapter {os.fspath(path)} does not exist or is not a file")
+        try:
+            with safe_open(os.fspath(path), framework="pt") as handle:
+                meta = json.loads((handle.metadata() or {}).get("metagen", "{}"))
+                tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        except (SafetensorError, json.JSONDecodeError) as error:
+            raise ValueError(f"{os.fspath(path)} is not a metagen exit adapter (not a readable safetensors file: {error})") from None
         if meta.get("format") != _FORMAT:
             raise ValueError(f"{path} is not a metagen exit adapter (format {meta.get('format')!r})")
         check_identity(meta["target"], model_identity(target))

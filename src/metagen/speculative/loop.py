@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from metagen.decoding.cost import Cost, forward_flops
-from metagen.decoding.prompts import Prompt, encode_prompt
+from metagen.decoding.memory import check_batch_fits
+from metagen.decoding.prompts import Prompt, encode_prompt, stop_token_set
 from metagen.decoding.sample_loop import GenerationResult, StreamEvent, _Row
 from metagen.sampling import SamplerChain, SamplingParams
 from metagen.speculative.block_verify import block_verify
@@ -119,13 +120,14 @@ def speculative_stream(
         generator = params.make_generator()
     n, vocab = params.n, model.vocab_size
     want_top = bool(params.logprobs)
-    stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else model.eos_token_ids)
+    stop_ids = stop_token_set(params, model)
+    max_new = min(params.max_tokens, model.max_context - len(prompt_ids))
+    check_batch_fits(model, n, max_new, (config.max_draft_tokens if config.adaptive else config.num_draft_tokens) + 1)
     chain = SamplerChain.from_params(params, n, vocab, prompt_ids)
     rows = [_Row(model, params, prompt_ids, want_top) for _ in range(n)]
     result = result if result is not None else GenerationResult([], prompt_ids)
     result.prompt_token_ids = prompt_ids
     result.completions = [row.completion for row in rows]
-    max_new = min(params.max_tokens, model.max_context - len(prompt_ids))
     cost = Cost(prompt_tokens_computed=len(prompt_ids), prompt_tokens_reused=len(prompt_ids) * (n - 1),
                 flops=forward_flops(model, 0, len(prompt_ids)), target_steps=n)
     emitter = _Emitter(rows, stop_ids, max_new, want_top, params, vocab)

@@ -41,6 +41,7 @@ class StrategySpec:
     pooled: bool
     budget: str = "samples"
     uses_value: bool = False  # reads StrategyOptions.value / step_delimiter
+    samples: bool = True  # draws at the given temperature (False: greedy, sampling options have no effect)
 
     def check_n(self, n: int) -> None:
         if n < 1:
@@ -142,7 +143,8 @@ def _tree(name):
 STRATEGIES: dict[str, StrategySpec] = {
     spec.name: spec
     for spec in (
-        StrategySpec("greedy", "one greedy (temperature 0) completion", _greedy, pooled=False, budget="none"),
+        StrategySpec("greedy", "one greedy (temperature 0) completion", _greedy, pooled=False, budget="none",
+                     samples=False),
         StrategySpec("best_of_n", "best of n samples by self-certainty", _best_of_n("self_certainty"), pooled=True),
         StrategySpec("best_of_n_logprob", "best of n samples by mean token logprob", _best_of_n("mean_logprob"),
                      pooled=True),

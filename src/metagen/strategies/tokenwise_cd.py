@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from metagen.decoding.cost import Cost, forward_flops
-from metagen.decoding.prompts import Prompt, encode_prompt
+from metagen.decoding.prompts import Prompt, encode_prompt, stop_token_set
 from metagen.sampling import SamplerChain, SamplingParams
 from metagen.scoring.answers import extract_answer
 from metagen.strategies.result import Candidate, StrategyResult
@@ -67,7 +67,7 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
     if chain.stateful:
         raise ValueError("tokenwise CD needs stateless sampling adapters (no penalties, n-gram blocking, mirostat)")
     generator = rng if rng is not None else params.make_generator()
-    stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else model.eos_token_ids)
+    stop_ids = stop_token_set(params, model)
     max_new = min(params.max_tokens, model.max_context - len(prompt_ids))
     start = time.perf_counter()
     cache, out = model.prefill(prompt_ids, batch_size=config.n)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from metagen.decoding.cost import Cost, forward_flops
-from metagen.decoding.prompts import Prompt, encode_prompt
+from metagen.decoding.prompts import Prompt, encode_prompt, stop_token_set
 from metagen.sampling import SamplerChain, SamplingParams
 
 
@@ -102,7 +102,7 @@ class StepExpander:
         if params.n != 1:
             raise ValueError(f"params.n={params.n}: tree search sets its own branching; leave n=1")
         self.generator = generator if generator is not None else params.make_generator()
-        self.stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else model.eos_token_ids)
+        self.stop_ids = stop_token_set(params, model)
         self.max_length = min(len(self.prompt_ids) + params.max_tokens, model.max_context)
         if len(self.prompt_ids) >= self.max_length:
             raise ValueError(f"prompt has {len(self.prompt_ids)} tokens, the model's context is "

@@ -1,0 +1,57 @@
+"""A bound on batch sizes: refuse a batch that cannot fit in memory before it is allocated.
+
+Per row a decoding loop holds
+- a few float32 (positions, V) logit tensors at once — the raw logits, the adapted ones, their
+  log-softmax and the sampling adapters' sorted copies: LOGIT_COPIES · positions · V · 4 bytes;
+- the keys and values of its new tokens (the prompt's are shared): new_tokens · 2 · L · KVH · D
+  · 4 bytes (the cache is float32).
+A batch that cannot fit would otherwise start allocating (n = 100,000 rows over a 49,152-token
+vocabulary asks for ~20 GB per logits copy) and fail late or drive the machine into swap.
+"""
+
+from __future__ import annotations
+
+import os
+
+LOGIT_COPIES = 6
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (Linux MemAvailable), else None."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes one token's keys and values take in the float32 cache (0 when the model does not say)."""
+    config = getattr(model, "config", None)
+    try:
+        return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    except AttributeError:
+        return 0
+
+
+def check_batch_fits(model, rows: int, new_tokens: int, positions: int = 1, *, what: str = "n") -> None:
+    """ValueError naming `what` when `rows` rows of `new_tokens` tokens (scored `positions` at a
+    time) cannot fit in the memory available now."""
+    available = available_memory()
+    if available is None:
+        return
+    logits = LOGIT_COPIES * positions * model.vocab_size * 4
+    per_row = logits + new_tokens * kv_bytes_per_token(model)
+    if rows * per_row > available:
+        raise ValueError(
+            f"{what}={rows} is too large for this machine: {rows} rows need about {rows * per_row / 2**30:.1f} GiB "
+            f"({logits / 2**20:.1f} MiB of logits and {(per_row - logits) / 2**20:.1f} MiB of cache for "
+            f"{new_tokens} new tokens per row), {available / 2**30:.1f} GiB is available: "
+            f"use {what} <= {max(1, available // per_row)} or fewer new tokens"
+        )
