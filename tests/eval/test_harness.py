@@ -128,6 +128,10 @@ def test_config_errors_name_the_field():
         EvalConfig(("greedy",), ns=(0,))
     with pytest.raises(ValueError, match="subsets=0"):
         EvalConfig(("greedy",), subsets=0)
+    from metagen.strategies.registry import StrategyOptions
+
+    with pytest.raises(ValueError, match=r"pattern='\(' is not a valid regular expression \(missing \)"):
+        StrategyOptions(pattern="(")  # at construction, not after generating
 
 
 def test_plots_are_written(tmp_path):
