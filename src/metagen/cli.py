@@ -407,8 +407,11 @@ def _parse_list(text: str, name: str, convert):
 
 
 def _eval(args: argparse.Namespace) -> int:
+    """Everything that can be checked without the model (problems, options, --out) is checked
+    before loading it."""
     from metagen.decoding import LocalGenerator
     from metagen.eval import EvalConfig, arithmetic_problems, evaluate, format_table, load_jsonl
+    from metagen.outputs import check_writable_directory
     from metagen.sampling import SamplingParams
     from metagen.strategies.registry import StrategyOptions
 
@@ -433,6 +436,8 @@ def _eval(args: argparse.Namespace) -> int:
         options=StrategyOptions(args.pattern, not args.no_math, args.value, args.step_delimiter, args.aggregation),
         prompt_suffix=args.prompt_suffix,
     )
+    if args.out is not None:
+        check_writable_directory(args.out, "--out")
     model = _load(args)
     started = [time.perf_counter()]
     report = evaluate(LocalGenerator(model), problems, config, args.out, model_name=model.config.name,
