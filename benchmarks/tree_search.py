@@ -30,6 +30,7 @@ from pathlib import Path
 
 from metagen.decoding import LocalGenerator
 from metagen.eval import EvalConfig, arithmetic_problems, evaluate
+from metagen.eval.fingerprint import model_identity
 from metagen.eval.harness import ORACLE, EvalReport
 from metagen.models import load
 from metagen.sampling import SamplingParams
@@ -86,11 +87,11 @@ def main() -> None:
                                          flush=True)
 
     baselines = evaluate(generator, problems, EvalConfig(("greedy", "self_consistency"), (4, 8, 16), params),
-                         out / "baselines", model_name=model.config.name, progress=progress("baselines"))
+                         out / "baselines", model=model_identity(model), progress=progress("baselines"))
     options = StrategyOptions(value=args.value, aggregation=args.aggregation)
     ns = tuple(int(n) for n in args.ns.split(","))
     searches = evaluate(generator, problems, EvalConfig(tuple(args.strategies.split(",")), ns, params, options=options),
-                        out / f"searches_{Path(args.value).stem}", model_name=model.config.name,
+                        out / f"searches_{Path(args.value).stem}", model=model_identity(model),
                         progress=progress("searches"))
     points = [p for p in baselines.points + searches.points if p.strategy != ORACLE]
     report = EvalReport(points + [p for p in baselines.points if p.strategy == ORACLE])

@@ -1,3 +1,6 @@
+import shutil
+import subprocess
+
 import pytest
 import torch
 
@@ -27,6 +30,34 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def _cannot_create_files_in(path) -> bool:
+    try:
+        (path / "probe").touch()
+    except OSError:
+        return True
+    (path / "probe").unlink()
+    return False
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """An existing directory no file can be created in: mode 555, and immutable (chattr +i)
+    when running as root makes the mode no obstacle. Skips where neither works."""
+    path = tmp_path / "read_only"
+    path.mkdir()
+    path.chmod(0o555)
+    immutable = False
+    if not _cannot_create_files_in(path):
+        immutable = bool(shutil.which("chattr")) and subprocess.run(["chattr", "+i", str(path)],
+                                                                    capture_output=True).returncode == 0
+        if not _cannot_create_files_in(path):
+            pytest.skip("cannot make a read-only directory here")
+    yield path
+    if immutable:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+    path.chmod(0o755)
 
 
 @pytest.fixture(scope="session")

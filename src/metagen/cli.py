@@ -419,8 +419,12 @@ def _parse_list(text: str, name: str, convert):
 
 
 def _eval(args: argparse.Namespace) -> int:
+    """Everything that can be checked without the model (problems, options, --out) is checked
+    before loading it; results already in --out are checked against the loaded model's identity."""
     from metagen.decoding import LocalGenerator
     from metagen.eval import EvalConfig, arithmetic_problems, evaluate, format_table, load_jsonl
+    from metagen.eval.fingerprint import model_identity
+    from metagen.outputs import check_writable_directory
     from metagen.sampling import SamplingParams
     from metagen.strategies.registry import StrategyOptions
 
@@ -445,9 +449,11 @@ def _eval(args: argparse.Namespace) -> int:
         options=StrategyOptions(args.pattern, not args.no_math, args.value, args.step_delimiter, args.aggregation),
         prompt_suffix=args.prompt_suffix,
     )
+    if args.out is not None:
+        check_writable_directory(args.out, "--out")
     model = _load(args)
     started = [time.perf_counter()]
-    report = evaluate(LocalGenerator(model), problems, config, args.out, model_name=model.config.name,
+    report = evaluate(LocalGenerator(model), problems, config, args.out, model=model_identity(model),
                       progress=lambda done, total: _progress(done, total, started))
     table = format_table(report)
     if args.out is not None:

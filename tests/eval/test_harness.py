@@ -4,37 +4,10 @@ import json
 from itertools import combinations
 
 import pytest
-import torch
 
-from metagen.decoding import Cost, Generator
-from metagen.decoding.sample_loop import Completion, GenerationResult
 from metagen.eval import EvalConfig, Problem, evaluate, format_table
-from metagen.eval.harness import ResultsFile
 from metagen.sampling import SamplingParams
-
-PROBLEMS = [Problem(f"p{i}", f"question {i}", str(i % 3)) for i in range(5)]
-
-
-class DiceGenerator(Generator):
-    """Answers 'The answer is X' with X uniform in {0, 1, 2} from the rng it is given; random
-    logprobs and certainties; counts its calls."""
-
-    def __init__(self):
-        self.calls = []
-
-    def generate(self, prompt, params, *, generator=None):
-        self.calls.append((prompt, params.n, params.temperature))
-        completions = []
-        for _ in range(params.n):
-            answer = int(torch.randint(0, 3, (1,), generator=generator)) if params.temperature > 0 else 0
-            length = int(torch.randint(1, 6, (1,), generator=generator))
-            logprobs = (-torch.rand(length, generator=generator)).tolist()
-            certainties = torch.rand(length, generator=generator).tolist()
-            completions.append(Completion(f"The answer is {answer}", list(range(length)), logprobs,
-                                          certainties=certainties, finish_reason="stop"))
-        cost = Cost(model_calls=5, prompt_tokens_computed=4, prompt_tokens_reused=4 * (params.n - 1),
-                    generated_tokens=sum(len(c.token_ids) for c in completions), flops=1.0)
-        return GenerationResult(completions, [1, 2, 3, 4], cost=cost)
+from tests.eval.dice import PROBLEMS, DiceGenerator
 
 
 def _without_wall_time(report):
@@ -44,9 +17,12 @@ def _without_wall_time(report):
     return results
 
 
+def _records(out):
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
 def _pools(out):
-    results = ResultsFile(out / "results.jsonl")
-    return {problem.id: results.get("pool", problem.id)["pool"]["samples"] for problem in PROBLEMS}
+    return {record["id"]: record["pool"]["samples"] for record in _records(out) if record["kind"] == "pool"}
 
 
 def test_pooled_accuracy_is_the_exact_mean_over_subsets(tmp_path):
@@ -99,7 +75,8 @@ def test_a_killed_run_resumes_without_redoing_or_losing_work(tmp_path):
                                                           "question 4", "question 4"]
     assert _without_wall_time(resumed) == _without_wall_time(reference)
     lines = (tmp_path / "run" / "results.jsonl").read_text().splitlines()
-    assert len(lines) == 10 and all(json.loads(line) for line in lines)
+    assert len(lines) == 11 and all(json.loads(line) for line in lines)  # the set-up, then 5 × (pool, greedy)
+    assert json.loads(lines[0])["kind"] == "setup"
     third = DiceGenerator()
     assert _without_wall_time(evaluate(third, PROBLEMS, config, tmp_path / "run")) == _without_wall_time(reference)
     assert third.calls == []
@@ -112,7 +89,7 @@ def test_a_different_setup_in_the_same_directory_is_refused(tmp_path):
     with pytest.raises(ValueError, match="params.temperature=1.0, this run has params.temperature=1.5"):
         evaluate(DiceGenerator(), PROBLEMS, hotter, tmp_path)
     bigger = EvalConfig(("self_consistency",), ns=(1, 4), params=SamplingParams(temperature=1.0))
-    with pytest.raises(ValueError, match="pools of 2 samples, this run needs 4"):
+    with pytest.raises(ValueError, match=r"results.jsonl:2 holds a pool of 2 samples, this run needs 4"):
         evaluate(DiceGenerator(), PROBLEMS, bigger, tmp_path)
     more_strategies = EvalConfig(("self_consistency", "borda", "greedy"), ns=(1, 2), params=SamplingParams(temperature=1.0))
     generator = DiceGenerator()
@@ -128,6 +105,10 @@ def test_config_errors_name_the_field():
         EvalConfig(("greedy",), ns=(0,))
     with pytest.raises(ValueError, match="subsets=0"):
         EvalConfig(("greedy",), subsets=0)
+    from metagen.strategies.registry import StrategyOptions
+
+    with pytest.raises(ValueError, match=r"pattern='\(' is not a valid regular expression \(missing \)"):
+        StrategyOptions(pattern="(")  # at construction, not after generating
 
 
 def test_plots_are_written(tmp_path):

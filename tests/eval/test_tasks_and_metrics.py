@@ -64,6 +64,17 @@ def test_jsonl_round_trip_and_errors(tmp_path):
         load_jsonl(path)
 
 
+def test_jsonl_that_cannot_be_read_is_named(tmp_path):
+    with pytest.raises(ValueError, match=f"{tmp_path} is a directory, not a JSONL file"):
+        load_jsonl(tmp_path)
+    with pytest.raises(FileNotFoundError, match="missing.jsonl: no such file"):
+        load_jsonl(tmp_path / "missing.jsonl")
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes('{"question": "x", "answer": 1}\n{"question": "Café?", "answer": 2}\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.jsonl:2: not UTF-8 text \(byte 0xe9 at column 18\)"):
+        load_jsonl(path)
+
+
 def test_pass_at_k_matches_enumeration():
     for n, c in ((5, 0), (5, 2), (6, 6), (8, 3)):
         outcomes = [1] * c + [0] * (n - c)

@@ -124,6 +124,26 @@ def test_out_that_is_a_file_exits_2(capsys, tmp_path):
     assert "--out" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("where", ["read-only", "under a read-only directory", "under a file"])
+def test_out_that_cannot_be_written_exits_2_before_drawing(capsys, tmp_path, monkeypatch, request, where):
+    import metagen.theory.cli as theory_cli
+
+    def not_now(*args):
+        raise AssertionError("the figures were computed before --out was checked")
+
+    monkeypatch.setattr(theory_cli, "win_rate_data", not_now)
+    if where == "under a file":
+        (tmp_path / "file.txt").write_text("x")
+        out, named = tmp_path / "file.txt" / "figures", "is a file, not a directory"
+    else:
+        read_only = request.getfixturevalue("read_only_dir")
+        out = read_only if where == "read-only" else read_only / "figures"
+        named = "is not writable" if where == "read-only" else f"cannot be created in {str(read_only)!r}"
+    assert main(["theory", "bon", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"metagen: error: --out {str(out)!r} ") and named in err and err.count("\n") == 1
+
+
 def test_importing_the_theory_does_not_import_matplotlib():
     code = ("import sys, metagen, metagen.theory, metagen.theory.plots, metagen.theory.cli, metagen.cli; "
             "metagen.cli.build_parser(); print('matplotlib' in sys.modules)")

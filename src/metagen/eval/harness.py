@@ -7,15 +7,17 @@ soon as it is done:
   - a pool of max(n) samples when any pooled strategy is asked for (see `pool.py`): pooled
     strategies at every n are then evaluated on random n-subsets of it, without new generation;
   - one record per (strategy, n) for strategies that are not pooled (greedy, self-refine).
-A rerun with the same directory skips every unit already on disk (a torn last line from a
-killed run is dropped and redone) and refuses a different sampling set-up, naming the field.
+Every line carries the fingerprint of what produced it (problem, model, generation set-up; see
+`fingerprint.py`). A rerun with the same directory skips every unit already on disk whose
+fingerprint matches (a torn last line from a killed run is dropped and redone) and refuses a
+directory holding units of another set-up or of other problems under the same ids, naming the
+file, line and field, before generating anything (see `results.py`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import time
 import zlib
@@ -24,8 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from metagen.decoding.cost import Cost, forward_flops
+from metagen.eval.fingerprint import generator_identity, model_identity, weights_digest
 from metagen.eval.metrics import mean_and_stderr, pass_at_k
 from metagen.eval.pool import Pool, PoolGenerator, Sample
+from metagen.eval.results import ResultsFile
 from metagen.eval.tasks import Problem
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import answers_match, extract_answer
@@ -37,8 +41,9 @@ ORACLE = "pass@k"
 @dataclass(frozen=True)
 class EvalConfig:
     """strategies: registry names; ns: budgets to evaluate; params: sampling of every sample
-    (its n is ignored); seed: seeds pools, subsets and live runs; subsets: random n-subsets of
-    a pool averaged per problem for n < pool size; prompt_suffix: appended to each question."""
+    (its n and seed are ignored: the harness sets n per unit and seeds from `seed`); seed:
+    seeds pools, subsets and live runs; subsets: random n-subsets of a pool averaged per
+    problem for n < pool size; prompt_suffix: appended to each question."""
 
     strategies: tuple[str, ...]
     ns: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -64,7 +69,8 @@ class EvalConfig:
         return max(self.ns) if any(get_strategy(s).pooled for s in self.strategies) else 0
 
     def setup(self) -> dict:
-        """What samples depend on: a resumed run must match it."""
+        """What stored units depend on besides the problem and the model: every sampling field
+        the harness does not set itself, the seed, the prompt suffix and the strategy options."""
         params = {k: v for k, v in asdict(self.params).items() if k not in ("n", "seed")}
         return {"params": params, "seed": self.seed, "prompt_suffix": self.prompt_suffix,
                 "options": asdict(self.options)}
@@ -94,70 +100,41 @@ class EvalReport:
         return {"results": [point.to_dict() for point in self.points]}
 
 
-# ----------------------------------------------------------------------------- storage
+# ----------------------------------------------------------------------------- set-up
 
 
-class ResultsFile:
-    """Append-only JSONL of finished units, keyed by (kind, problem id, strategy, n)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self.records: dict[tuple, dict] = {}
-        if path is None or not path.exists():
-            return
-        raw = path.read_bytes()
-        keep = raw[: raw.rfind(b"\n") + 1]  # a torn last line (killed mid-write) is redone
-        if len(keep) != len(raw):
-            with open(path, "r+b") as handle:
-                handle.truncate(len(keep))
-        for number, line in enumerate(keep.decode("utf-8").splitlines(), start=1):
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    raise ValueError(f"{path}:{number} is not valid JSON; move the file away to start over") from None
-                self.records[self.key(record)] = record
-
-    @staticmethod
-    def key(record: dict) -> tuple:
-        return record["kind"], record["id"], record.get("strategy"), record.get("n")
-
-    def get(self, kind: str, problem_id: str, strategy: str | None = None, n: int | None = None) -> dict | None:
-        return self.records.get((kind, problem_id, strategy, n))
-
-    def add(self, record: dict) -> None:
-        self.records[self.key(record)] = record
-        if self.path is None:
-            return
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, separators=(",", ":")) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+def run_setup(config: EvalConfig, generator, model: dict | None = None) -> dict:
+    """Everything but the problem that stored units depend on (see `fingerprint.py`). `model`:
+    the model's identity (`model_identity`); None takes it from `generator.model` when there
+    is one (a `LocalGenerator`), else leaves it empty."""
+    if model is None:
+        inner = getattr(generator, "model", None)
+        model = model_identity(inner) if inner is not None else {}
+    setup = {"model": dict(model), "generator": generator_identity(generator), **config.setup()}
+    value = config.options.value
+    if value is not None and value not in ("steps", "judge"):  # a value-head file: its content counts
+        setup["value_weights"] = weights_digest(value)
+    return setup
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[prefix + key] = value
-    return flat
-
-
-def _check_setup(out_dir: Path, config: EvalConfig, model_name: str) -> None:
-    setup = {"model": model_name, **config.setup()}
-    path = out_dir / "run.json"
-    if path.exists():
-        stored = _flatten(json.loads(path.read_text()))
-        for name, value in _flatten(json.loads(json.dumps(setup))).items():
-            if stored.get(name) != value:
-                raise ValueError(
-                    f"{out_dir} holds a run with {name}={stored.get(name)!r}, this run has {name}={value!r}; "
-                    "use another --out directory (finished results are kept)"
-                )
+def _check_prompts_fit(generator, problems: Sequence[Problem], config: EvalConfig) -> None:
+    """ValueError naming every problem whose prompt leaves no room to generate in the model's
+    context, before anything is generated (generators without a local model are not checked)."""
+    model = getattr(generator, "model", None)
+    if model is None or not hasattr(model, "tokenizer") or not hasattr(model, "max_context"):
         return
-    path.write_text(json.dumps(setup, indent=1) + "\n")
+    from metagen.decoding.prompts import encode_prompt
+
+    too_long = []
+    for problem in problems:
+        length = len(encode_prompt(model.tokenizer, problem.question + config.prompt_suffix,
+                                   getattr(generator, "chat", None)))
+        if length >= model.max_context:
+            too_long.append(f"{problem.id!r} ({length} tokens)")
+    if too_long:
+        shown = ", ".join(too_long[:5]) + (f" and {len(too_long) - 5} more" if len(too_long) > 5 else "")
+        raise ValueError(f"problem {shown} does not fit the model's context of {model.max_context} tokens "
+                         "with room to generate; shorten or drop it (stopped before generating anything)")
 
 
 # ----------------------------------------------------------------------------- running
@@ -214,40 +191,49 @@ def evaluate(
     config: EvalConfig,
     out_dir: str | Path | None = None,
     *,
-    model_name: str = "",
+    model: dict | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> EvalReport:
-    """Run (or resume) the evaluation and summarize it. `generator` is any `Generator`."""
+    """Run (or resume) the evaluation and summarize it. `generator` is any `Generator`; `model`
+    the identity of the model behind it (`model_identity(model)`; see `run_setup`).
+
+    Stored units are reused only when their fingerprint matches (see `results.py`): a
+    directory holding units of another set-up or other problems under the same ids is
+    refused, naming the file, line and field, before anything is generated."""
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        _check_setup(out, config, model_name)
     results = ResultsFile(out / "results.jsonl" if out is not None else None)
+    setup = run_setup(config, generator, model)
+    results.check(setup, problems, config.pool_size)
+    _check_prompts_fit(generator, problems, config)
+    if out is not None:  # a readable copy; results.jsonl carries the set-up of its own units
+        copy = {**results.setup, "fingerprint": results.setup_digest}
+        (out / "run.json").write_text(json.dumps(copy, indent=1) + "\n")
     live = [(name, n) for name in config.strategies if not get_strategy(name).pooled
             for n in (sorted(set(config.ns)) if get_strategy(name).budget != "none" else [1])]
     for done, problem in enumerate(problems):
-        prompt = problem.question + config.prompt_suffix
-        if config.pool_size:
-            stored = results.get("pool", problem.id)
-            if stored is not None and len(stored["pool"]["samples"]) < config.pool_size:
-                raise ValueError(
-                    f"{out} holds pools of {len(stored['pool']['samples'])} samples, this run needs "
-                    f"{config.pool_size} (the largest n); use another --out directory"
-                )
-            if stored is None:
-                pool = _sample_pool(generator, prompt, problem, config)
-                results.add({"kind": "pool", "id": problem.id, "pool": pool.to_dict()})
-        for name, n in live:
-            if results.get("live", problem.id, name, n) is None:
-                spec = get_strategy(name)
-                result = spec.run(generator, prompt, n, config.params, config.options,
-                                  _rng(config.seed, problem.id, name, n))
-                results.add({"kind": "live", "id": problem.id, "strategy": name, "n": n,
-                             "correct": _score(result, problem, config.options), "answer": result.chosen.answer,
-                             "text": result.chosen.text, "cost": result.cost.to_dict()})
+        try:
+            _run_problem(generator, problem, config, results, live)
+        except ValueError as error:
+            raise ValueError(f"problem {problem.id!r}: {error}") from error
         if progress is not None:
             progress(done + 1, len(problems))
     return summarize(results, problems, config, decode=getattr(generator, "decode", None))
+
+
+def _run_problem(generator, problem: Problem, config: EvalConfig, results: ResultsFile, live) -> None:
+    """Generate the units of `problem` not yet in `results`: its pool, then each live (strategy, n)."""
+    prompt = problem.question + config.prompt_suffix
+    if config.pool_size and results.pool(problem) is None:
+        results.add_pool(problem, _sample_pool(generator, prompt, problem, config))
+    for name, n in live:
+        if results.live(problem, name, n) is None:
+            result = get_strategy(name).run(generator, prompt, n, config.params, config.options,
+                                            _rng(config.seed, problem.id, name, n))
+            results.add_live(problem, name, n, {"correct": _score(result, problem, config.options),
+                                                "answer": result.chosen.answer, "text": result.chosen.text,
+                                                "cost": result.cost.to_dict()})
 
 
 # ----------------------------------------------------------------------------- summary
@@ -275,8 +261,7 @@ def _mean_cost(costs: list[Cost]) -> Cost:
 def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalConfig, decode=None) -> EvalReport:
     """Accuracy and mean cost per (strategy, n), plus the oracle coverage pass@k of the pools."""
     report = EvalReport()
-    pools = ({problem.id: Pool.from_dict(results.get("pool", problem.id)["pool"]) for problem in problems}
-             if config.pool_size else {})
+    pools = {problem.id: results.pool(problem) for problem in problems} if config.pool_size else {}
     for name in config.strategies:
         spec = get_strategy(name)
         budgets = sorted(set(config.ns)) if spec.budget != "none" else [1]
@@ -294,7 +279,7 @@ def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalCon
                     scores.append(sum(hits) / len(hits))
                     costs.append(_mean_cost(subset_costs))
                 else:
-                    record = results.get("live", problem.id, name, n)
+                    record = results.live(problem, name, n)
                     scores.append(float(record["correct"]))
                     costs.append(Cost(**record["cost"]))
             accuracy, stderr = mean_and_stderr(scores)

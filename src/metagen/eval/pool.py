@@ -13,7 +13,7 @@ the library's own strategy code on it, with the cost the subset would have had.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from metagen.decoding.cost import Cost
 from metagen.decoding.generator import Generator
@@ -36,6 +36,17 @@ class Sample:
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
+    @classmethod
+    def from_dict(cls, data, where: str = "sample") -> Sample:
+        """The inverse of `to_dict`; ValueError naming the field (as `where.field`) that is
+        missing, unknown or of the wrong type."""
+        _check_fields(cls, data, where, optional=("answer", "correct"))
+        for name in ("token_ids", "logprobs", "certainties"):
+            kind = int if name == "token_ids" else (int, float)
+            if not all(isinstance(x, kind) and not isinstance(x, bool) for x in data[name]):
+                raise ValueError(f"field '{where}.{name}' must be a list of numbers")
+        return cls(**data)
+
     def completion(self) -> Completion:
         return Completion(self.text, list(self.token_ids), list(self.logprobs), certainties=list(self.certainties),
                           finish_reason=self.finish_reason)
@@ -57,9 +68,14 @@ class Pool:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict) -> Pool:
-        samples = [Sample(**sample) for sample in data["samples"]]
-        return cls(data["prompt_tokens"], data["prompt_flops"], data["prefill_seconds"], data["decode_seconds"], samples)
+    def from_dict(cls, data, where: str = "pool") -> Pool:
+        """The inverse of `to_dict`; ValueError naming the field that is missing, unknown or of
+        the wrong type (a pool needs at least one sample)."""
+        _check_fields(cls, data, where)
+        if not data["samples"]:
+            raise ValueError(f"field '{where}.samples' is empty: a pool holds at least one sample")
+        samples = [Sample.from_dict(sample, f"{where}.samples[{i}]") for i, sample in enumerate(data["samples"])]
+        return cls(**{**data, "samples": samples})
 
     def subset_cost(self, indices: Sequence[int]) -> Cost:
         """The cost of generating exactly these samples in one batched call: one prefill, the
@@ -76,6 +92,30 @@ class Pool:
             flops=self.prompt_flops + sum(s.flops for s in chosen),
             wall_seconds=self.prefill_seconds + self.decode_seconds * tokens / pool_tokens,
         )
+
+
+_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "str | None": (str, type(None)),
+          "list[int]": (list,), "list[float]": (list,), "list[Sample]": (list,)}
+
+
+def _check_fields(cls, data, where: str, optional: Sequence[str] = ()) -> None:
+    """ValueError unless `data` is an object with exactly the dataclass's fields (those in
+    `optional` may be absent), each of its annotated JSON type."""
+    if not isinstance(data, dict):
+        raise ValueError(f"field '{where}' must be an object, got {type(data).__name__}")
+    names = {f.name: f.type for f in fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ValueError(f"field '{where}.{unknown[0]}' is not a field of a {cls.__name__.lower()}")
+    for name, annotation in names.items():
+        if name not in data:
+            if name in optional:
+                continue
+            raise ValueError(f"field '{where}.{name}' is missing")
+        kinds = _TYPES[annotation]
+        value = data[name]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise ValueError(f"field '{where}.{name}' must be {annotation}, got {type(value).__name__}")
 
 
 class PoolGenerator(Generator):

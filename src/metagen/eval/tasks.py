@@ -22,32 +22,50 @@ class Problem:
 
 
 def load_jsonl(path: str | Path) -> list[Problem]:
-    """Problems from a JSONL file; ValueError naming the line and field when one is malformed."""
+    """Problems from a JSONL file (UTF-8); ValueError naming the file, line and field when the
+    file cannot be read or a line is malformed, FileNotFoundError when it does not exist."""
     problems: list[Problem] = []
     seen: set[str] = set()
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-            question = record.get("question", record.get("prompt"))
-            if not isinstance(question, str) or not question.strip():
-                raise ValueError(f"{path}:{number}: field 'question' (or 'prompt') is missing or empty")
-            if "answer" not in record or record["answer"] is None or str(record["answer"]).strip() == "":
-                raise ValueError(f"{path}:{number}: field 'answer' is missing or empty")
-            problem_id = str(record.get("id", number))
-            if problem_id in seen:
-                raise ValueError(f"{path}:{number}: id {problem_id!r} appears twice")
-            seen.add(problem_id)
-            problems.append(Problem(problem_id, question, str(record["answer"])))
+    for number, line in _lines(Path(path)):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        question = record.get("question", record.get("prompt"))
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"{path}:{number}: field 'question' (or 'prompt') is missing or empty")
+        if "answer" not in record or record["answer"] is None or str(record["answer"]).strip() == "":
+            raise ValueError(f"{path}:{number}: field 'answer' is missing or empty")
+        problem_id = str(record.get("id", number))
+        if problem_id in seen:
+            raise ValueError(f"{path}:{number}: id {problem_id!r} appears twice")
+        seen.add(problem_id)
+        problems.append(Problem(problem_id, question, str(record["answer"])))
     if not problems:
         raise ValueError(f"{path}: no problems found")
     return problems
+
+
+def _lines(path: Path):
+    """(line number, text) of a UTF-8 file; errors name the file (and line)."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a JSONL file")
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
+    for number, line in enumerate(raw.splitlines(), start=1):
+        try:
+            yield number, line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}:{number}: not UTF-8 text (byte {line[error.start]:#04x} at column "
+                             f"{error.start + 1}); save the file as UTF-8") from None
 
 
 _NAMES = ("Ava", "Ben", "Carla", "Dev", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jon", "Kemi", "Liam")

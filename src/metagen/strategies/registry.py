@@ -12,6 +12,7 @@ budget: what n means for the strategy ("samples", "rounds", or "none" when it ta
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -31,6 +32,13 @@ class StrategyOptions:
     value: str | None = None
     step_delimiter: str = "\n"
     aggregation: str = "best"
+
+    def __post_init__(self) -> None:
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as error:
+                raise ValueError(f"pattern={self.pattern!r} is not a valid regular expression ({error})") from None
 
 
 @dataclass(frozen=True)

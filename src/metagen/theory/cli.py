@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
+from metagen.outputs import check_writable_directory
 from metagen.theory.plots import (
     plot_reward_kl,
     plot_tilt_simplex,
@@ -33,9 +33,7 @@ def bon_figures(n_max: int, out_dir, seed: int = 0) -> dict:
     """Compute and draw the three figures; returns {"files": [...], "win_rate": ..., "reward_kl": ...,
     "tilt_simplex": ...} (the dicts of the `*_data` functions)."""
     n_max = check_n_max(n_max)
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {str(out)!r} exists and is not a directory")
+    out = check_writable_directory(out_dir, "--out")  # before the figures' minutes of work
     out.mkdir(parents=True, exist_ok=True)
     data = {"win_rate": win_rate_data(n_max), "reward_kl": reward_kl_data(n_max, seed),
             "tilt_simplex": tilt_data(n_max)}

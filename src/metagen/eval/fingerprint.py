@@ -1,0 +1,119 @@
+"""Fingerprints of stored evaluation results: what produced a record, so a resumed run reuses
+only the same work.
+
+A record of `results.jsonl` (a pool of samples, or one strategy × n result) depends on
+
+    the problem:  its question and reference answer;
+    the set-up:   model   — name, class, dtype and the identity of its weights file(s)
+                  generator — its class and chat setting (the prompt template)
+                  params  — every SamplingParams field but n and seed, which the harness sets
+                            per unit (n = the pool size or the strategy's n, seed = `seed` below)
+                  seed, prompt_suffix, options (answer pattern, math, value, step delimiter,
+                  aggregation), and the content of a value-head file given as the value;
+    the unit:     pool, or (strategy, n) — part of the record's key.
+
+Each record carries `{"setup": digest(set-up), "question": digest(question), "answer":
+digest(answer)}`; `results.jsonl` also holds every set-up in full (a "setup" line), so a
+mismatch is reported by field name whether or not run.json is still there. `subsets` is not
+part of the set-up: it changes how the summary averages the stored records, not the records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+_CHUNK = 1 << 24
+
+
+def digest(value) -> str:
+    """First 16 hex digits of the SHA-256 of `value`'s canonical JSON (sorted keys)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's content (a copied or touched file keeps it, other weights do not).
+
+    O(size) once per version of the file: the result is kept in the cache directory under
+    (resolved path, size, mtime, inode) — as the loader's conversion cache keys on the first three."""
+    from metagen.models.loading import cache_directory
+
+    stat = path.stat()
+    key = digest([str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino])
+    memo = cache_directory() / "digests" / key
+    try:
+        return memo.read_text().strip()
+    except OSError:
+        pass
+    hasher = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            hasher.update(chunk)
+    value = hasher.hexdigest()
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        memo.write_text(value)
+    except OSError:
+        pass  # an unwritable cache only costs the next run the hashing
+    return value
+
+
+def weights_digest(source: str | Path) -> str | None:
+    """Identity of a checkpoint: a .gguf file's content, or an HF directory's *.safetensors and
+    *.json files (names and contents). None when `source` is not a local path."""
+    path = Path(source) if source else None
+    if path is None or not path.exists():
+        return None
+    if path.is_file():
+        return file_digest(path)[:16]
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json"))
+    return digest({item.name: file_digest(item) for item in files})
+
+
+def model_identity(model) -> dict:
+    """What of a loaded model its outputs depend on: name, class, dtype and weights identity
+    (the content, where value heads' `model_identity` ties a head to an architecture).
+
+    A model without a local weights file (an in-memory model) is identified by its source text
+    when it has one, else by name and class only."""
+    config = getattr(model, "config", None)
+    name = getattr(config, "name", None) or getattr(model, "name", None) or type(model).__name__
+    source = str(getattr(model, "source", "") or "")
+    weights = weights_digest(source)
+    return {"name": str(name), "class": type(model).__name__, "dtype": str(getattr(model, "dtype", None)),
+            "weights": weights if weights is not None or not source else f"source:{source}"}
+
+
+def generator_identity(generator) -> dict:
+    """The generator's class and chat setting (None: the model's template when it has one)."""
+    return {"class": type(generator).__name__, "chat": getattr(generator, "chat", None)}
+
+
+def problem_fingerprint(setup_digest: str, question: str, answer: str) -> dict:
+    return {"setup": setup_digest, "question": digest(question), "answer": digest(answer)}
+
+
+def flatten(tree: Mapping, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}: field names for messages."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def differences(stored: Mapping, current: Mapping) -> tuple[str, str]:
+    """('a=1, b=2', 'a=3, b=4'): the fields whose values differ, stored side and current side."""
+    old, new = flatten(stored), flatten(current)
+    absent = object()
+    names = [name for name in dict.fromkeys([*new, *old]) if old.get(name, absent) != new.get(name, absent)]
+
+    def shown(values: dict) -> str:
+        return ", ".join(f"{name}={values[name]!r}" if name in values else f"no {name}" for name in names)
+
+    return shown(old), shown(new)

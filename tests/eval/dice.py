@@ -1,0 +1,31 @@
+"""A generator of random answers for the harness tests: no model, exact control of samples."""
+
+import torch
+
+from metagen.decoding import Cost, Generator
+from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.eval import Problem
+
+PROBLEMS = [Problem(f"p{i}", f"question {i}", str(i % 3)) for i in range(5)]
+
+
+class DiceGenerator(Generator):
+    """Answers 'The answer is X' with X uniform in {0, 1, 2} from the rng it is given; random
+    logprobs and certainties; counts its calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompt, params, *, generator=None):
+        self.calls.append((prompt, params.n, params.temperature))
+        completions = []
+        for _ in range(params.n):
+            answer = int(torch.randint(0, 3, (1,), generator=generator)) if params.temperature > 0 else 0
+            length = int(torch.randint(1, 6, (1,), generator=generator))
+            logprobs = (-torch.rand(length, generator=generator)).tolist()
+            certainties = torch.rand(length, generator=generator).tolist()
+            completions.append(Completion(f"The answer is {answer}", list(range(length)), logprobs,
+                                          certainties=certainties, finish_reason="stop"))
+        cost = Cost(model_calls=5, prompt_tokens_computed=4, prompt_tokens_reused=4 * (params.n - 1),
+                    generated_tokens=sum(len(c.token_ids) for c in completions), flops=1.0)
+        return GenerationResult(completions, [1, 2, 3, 4], cost=cost)

@@ -1,0 +1,155 @@
+"""`metagen eval` through `metagen.cli.main`, on the toy model instead of the 22 s load: a rerun
+into the same --out reuses only the same work, and every failure is one line `metagen: error:`
+naming the file, line, field or option — before the model is loaded when it can be."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+import metagen.cli as cli
+from metagen.cli import main
+from tests.decoding.toy_model import BOS, ToyModel, ToyTokenizer
+
+BASE = ["eval", "--task", "arithmetic", "--count", "3", "--strategy", "greedy,self_consistency", "--n", "1,2",
+        "--max-tokens", "3", "--json"]
+
+
+class TextToyTokenizer(ToyTokenizer):
+    """Reads any text: each character becomes "a", "b" or "c" by its code point."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return ([BOS] if add_special_tokens else []) + [1 + ord(ch) % 3 for ch in text]
+
+
+class TextToy(ToyModel):
+    """The toy chain behind any text, with the attributes of a loaded model (source, dtype, config)."""
+
+    def __init__(self, source: str = "", dtype: str = "int4") -> None:
+        super().__init__(max_context=512)
+        self.tokenizer = TextToyTokenizer()
+        self.source, self.dtype, self.config = source, dtype, SimpleNamespace(name="toy")
+
+
+@pytest.fixture
+def loads(monkeypatch, one_thread):
+    """`metagen eval` loads a TextToy of --model (a file standing for the weights) and --dtype;
+    the list records each load's (--model, --dtype)."""
+    seen = []
+
+    def load(args):
+        seen.append((args.model, args.dtype))
+        return TextToy(args.model or "", args.dtype or "int4")
+
+    monkeypatch.setattr(cli, "_load", load)
+    return seen
+
+
+def _error(capsys) -> str:
+    """The one line a failed command writes to stderr."""
+    err = capsys.readouterr().err
+    assert err.startswith("metagen: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_a_rerun_with_the_same_settings_reuses_everything(tmp_path, capsys, loads):
+    assert main([*BASE, "--out", str(tmp_path)]) == 0
+    first = json.loads(capsys.readouterr().out)["results"]
+    results = (tmp_path / "results.jsonl").read_bytes()
+    assert main([*BASE, "--out", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["results"] == first
+    assert (tmp_path / "results.jsonl").read_bytes() == results  # nothing new was generated
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    (["--max-number", "50"], "results.jsonl:2 holds problem 'arithmetic-0-0' with another question"),
+    (["--dtype", "fp32"], "results.jsonl:2 was produced with model.dtype='int4', this run has model.dtype='fp32'"),
+    (["--temperature", "0.5"], "params.temperature=0.8, this run has params.temperature=0.5"),
+    (["--prompt-suffix", " Answer:"], "prompt_suffix='', this run has prompt_suffix=' Answer:'"),
+])
+def test_other_work_in_the_same_out_is_refused(tmp_path, capsys, loads, change, named):
+    assert main([*BASE, "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    results = (tmp_path / "results.jsonl").read_bytes()
+    (tmp_path / "run.json").unlink()  # the stored units carry their own fingerprints
+    assert main([*BASE, *change, "--out", str(tmp_path)]) == 2
+    error = _error(capsys)
+    assert named in error and "use another output directory (--out)" in error
+    assert capsys.readouterr().out == "" and (tmp_path / "results.jsonl").read_bytes() == results
+
+
+def test_another_model_file_of_the_same_name_is_refused(tmp_path, capsys, loads):
+    first, second = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    first.write_bytes(b"GGUF" + bytes(range(256)) * 64)
+    second.write_bytes(b"GGUF" + bytes(range(255, -1, -1)) * 64)
+    out = tmp_path / "out"
+    assert main([*BASE, "--model", str(first), "--out", str(out)]) == 0
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(first.read_bytes())  # the same weights elsewhere: the same model
+    assert main([*BASE, "--model", str(copy), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main([*BASE, "--model", str(second), "--out", str(out)]) == 2
+    assert "results.jsonl:2 was produced with model.weights=" in _error(capsys)
+
+
+def test_data_files_with_the_same_ids_are_not_mixed(tmp_path, capsys, loads):
+    """--data d1.jsonl then --data d2.jsonl: ids default to line numbers in both."""
+    d1, d2 = tmp_path / "d1.jsonl", tmp_path / "d2.jsonl"
+    d1.write_text('{"question": "What is 1 + 1?", "answer": "2"}\n{"question": "What is 2 + 2?", "answer": "4"}\n')
+    d2.write_text('{"question": "What is 3 + 3?", "answer": "6"}\n{"question": "What is 4 + 4?", "answer": "8"}\n')
+    argv = ["eval", "--strategy", "greedy", "--n", "1", "--max-tokens", "3", "--out", str(tmp_path / "out")]
+    assert main([*argv, "--data", str(d1)]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--data", str(d2)]) == 2
+    assert "results.jsonl:2 holds problem '1' with another question than this run's problem '1'" in _error(capsys)
+
+
+def test_a_malformed_results_line_is_named(tmp_path, capsys, loads):
+    assert main([*BASE, "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    with open(tmp_path / "results.jsonl", "a") as handle:
+        handle.write('{"foo": 1}\n')
+    assert main([*BASE, "--out", str(tmp_path)]) == 2
+    assert f"{tmp_path / 'results.jsonl'}:8: field 'kind' is missing" in _error(capsys)
+
+
+def test_an_over_long_problem_is_named_before_generating(tmp_path, capsys, loads):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"question": "What is 1 + 1?", "answer": "2"}\n'
+                    + json.dumps({"id": "essay", "question": "x" * 600, "answer": "1"}) + "\n")
+    out = tmp_path / "out"
+    assert main(["eval", "--data", str(data), "--strategy", "greedy", "--n", "1", "--out", str(out)]) == 2
+    error = _error(capsys)
+    assert "problem 'essay' (601 tokens) does not fit the model's context of 512 tokens" in error
+    assert "stopped before generating anything" in error and not (out / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize("case", ["data is a directory", "data is Latin-1", "bad pattern", "out is a file",
+                                  "out under a file", "out is read-only", "out under a read-only directory"])
+def test_failures_are_one_line_before_the_model_loads(tmp_path, capsys, loads, request, case):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"question": "What is 1 + 1?", "answer": "2"}\n')
+    argv, named = ["eval", "--data", str(data), "--strategy", "greedy", "--n", "1"], None
+    if case == "data is a directory":
+        argv[2], named = str(tmp_path), f"{tmp_path} is a directory, not a JSONL file"
+    elif case == "data is Latin-1":
+        data.write_bytes('{"question": "Ça fait 1 + 1?", "answer": "2"}\n'.encode("latin-1"))
+        named = f"{data}:1: not UTF-8 text (byte 0xc7 at column 15)"
+    elif case == "bad pattern":
+        argv, named = [*argv, "--pattern", "("], "pattern='(' is not a valid regular expression"
+    elif case in ("out is a file", "out under a file"):
+        out = data if case == "out is a file" else data / "out"
+        argv = [*argv, "--out", str(out)]
+        named = (f"--out {str(out)!r} exists and is not a directory" if case == "out is a file" else
+                 f"--out {str(out)!r} cannot be created: {str(data)!r} is a file, not a directory")
+    else:
+        read_only = request.getfixturevalue("read_only_dir")
+        out = read_only if case == "out is read-only" else read_only / "out"
+        argv = [*argv, "--out", str(out)]
+        named = (f"--out {str(out)!r} is not writable" if case == "out is read-only" else
+                 f"--out {str(out)!r} cannot be created in {str(read_only)!r}")
+    assert main(argv) == 2
+    assert named in _error(capsys)
+    assert loads == []

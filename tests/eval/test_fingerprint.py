@@ -1,0 +1,77 @@
+"""Fingerprints: a model's identity follows its weights' content; a value-head file counts."""
+
+import os
+import shutil
+
+from metagen.eval import EvalConfig
+from metagen.eval.fingerprint import differences, model_identity, weights_digest
+from metagen.eval.harness import run_setup
+from metagen.strategies.registry import StrategyOptions
+from tests.eval.dice import DiceGenerator
+
+
+def _rewrite(path, content: bytes) -> None:
+    """New content with a new mtime (the digest memo keys on path, size, mtime and inode)."""
+    stat = path.stat()
+    path.write_bytes(content)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+
+
+def test_weights_digest_follows_the_content(tmp_path):
+    weights = bytes(range(256)) * 4096  # 1 MiB
+    model = tmp_path / "model.gguf"
+    model.write_bytes(weights)
+    first = weights_digest(model)
+    copy = tmp_path / "copy.gguf"
+    shutil.copy(model, copy)
+    os.utime(copy, ns=(0, 10**9))
+    assert weights_digest(copy) == first  # moved, copied or touched: the same model
+    changed = bytearray(weights)
+    changed[len(weights) // 2 + 1] ^= 1  # one bit in the middle
+    _rewrite(model, bytes(changed))
+    assert weights_digest(model) != first
+    assert weights_digest(tmp_path / "absent.gguf") is None and weights_digest("") is None
+
+
+def test_an_hf_directory_is_identified_by_its_weights_and_json(tmp_path):
+    (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 64)
+    (tmp_path / "README.md").write_text("a model")
+    first = weights_digest(tmp_path)
+    _rewrite(tmp_path / "README.md", b"another text")
+    assert weights_digest(tmp_path) == first
+    _rewrite(tmp_path / "model.safetensors", b"\1" * 64)
+    assert weights_digest(tmp_path) != first
+
+
+def test_model_identity_reads_the_loaded_model(tmp_path):
+    class Loaded:
+        name = "m"
+        dtype = "int8"
+        source = str(tmp_path / "m.gguf")
+
+    (tmp_path / "m.gguf").write_bytes(b"weights")
+    assert model_identity(Loaded()) == {"name": "m", "class": "Loaded", "dtype": "int8",
+                                        "weights": weights_digest(tmp_path / "m.gguf")}
+    Loaded.source = "org/hub-model"  # not a local file: its name stands in
+    assert model_identity(Loaded())["weights"] == "source:org/hub-model"
+
+
+def test_a_value_head_file_counts_by_content(tmp_path):
+    head = tmp_path / "head.safetensors"
+    head.write_bytes(b"\0" * 32)
+    config = EvalConfig(("rebase",), ns=(2,), options=StrategyOptions(value=str(head)))
+    before = run_setup(config, DiceGenerator())
+    _rewrite(head, b"\1" * 32)
+    after = run_setup(config, DiceGenerator())
+    old, new = differences(before, after)
+    assert old.startswith("value_weights=") and new.startswith("value_weights=") and old != new
+    steps = EvalConfig(("rebase",), ns=(2,), options=StrategyOptions(value="steps"))
+    assert "value_weights" not in run_setup(steps, DiceGenerator())
+
+
+def test_differences_name_every_differing_field():
+    stored = {"model": {"dtype": "int4", "name": "m"}, "seed": 0}
+    assert differences(stored, {"model": {"dtype": "fp32", "name": "m"}, "seed": 1}) == (
+        "model.dtype='int4', seed=0", "model.dtype='fp32', seed=1")
+    assert differences({}, {"model": {"dtype": "fp32"}}) == ("no model.dtype", "model.dtype='fp32'")
