@@ -185,6 +185,10 @@ def _sampling_params(args: argparse.Namespace):
         fields["ignore_eos"] = True
     if args.logit_bias:
         fields["logit_bias"] = parse_logit_bias(args.logit_bias)
+    if args.temperature == 0:
+        unread = [name for name in _SAMPLING_ONLY if name != "temperature" and getattr(args, name.replace("-", "_")) is not None]
+        if unread:
+            raise ValueError(f"--temperature 0 decodes greedily: {', '.join('--' + n for n in unread)} would have no effect")
     return SamplingParams(**fields)
 
 
