@@ -32,7 +32,7 @@ the argmax, and drops temperature and truncations, which do not matter to an arg
 the same).
 
 Invalid logits are reported before any adapter runs: `process` (and so `next_tokens`) checks its
-input once with `check_choosable` (finite values and -inf are allowed; NaN, +inf and all--inf
+input once with `check_choosable` (finite values and -inf are allowed; NaN, +inf and all -inf
 rows raise ValueError naming the row and token), and `choose` checks what it chooses from. A
 truncation would otherwise turn a NaN into -inf and sample anyway, or blame the truncation.
 """
