@@ -99,3 +99,11 @@ def test_beam_width_two_matches_beam_search(model, capsys):
     assert payload["logprob"] == pytest.approx(best.logprob, abs=1e-5)
     assert payload["finish_reason"] == ("stop" if best.finished else "length")
     assert payload["timing"]["model_calls"] >= 1
+
+
+@pytest.mark.slow
+def test_a_prompt_of_bytes_that_are_not_utf8_is_a_one_line_error(capsys):
+    # On Linux, sys.argv holds the byte 0xe9 of a Latin-1 "café" as the lone surrogate "\udce9".
+    assert main(["generate", "caf\udce9", "--max-tokens", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("metagen: error: prompt is not valid Unicode text") and err.count("\n") == 1

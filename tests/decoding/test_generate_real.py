@@ -118,3 +118,21 @@ def test_greedy_sampling_logprob_is_zero_and_special_tokens_stay_out_of_text(mod
     completion = generate(model, "Say hi.", params).completions[0]
     assert completion.sampling_logprobs == [0.0] * len(completion.token_ids)
     assert "<|im_end|>" not in completion.text
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([-1], r"prompt token id -1 \(item 0\) is out of range: must be in \[0, 49152\)"),
+        ([1, 2**40], r"prompt token id 1099511627776 \(item 1\) is out of range"),
+        (b"Hi", "prompt is bytes"),
+        ("caf\udce9", r"character 3 is the lone surrogate '\\udce9'"),
+        ([{"role": "user", "content": "caf\udce9"}], r"messages\[0\]\['content'\] is not valid Unicode"),
+    ],
+)
+def test_bad_prompts_raise_value_errors_with_the_real_tokenizer(model, prompt, message):
+    """Regression: [-1] raised OverflowError from the detokenizer, a lone surrogate (what
+    sys.argv holds for bytes that are not UTF-8) TypeError from the tokenizer, and b"Hi" was
+    generated from as the ids [72, 105]."""
+    with pytest.raises(ValueError, match=message):
+        generate(model, prompt, SamplingParams(max_tokens=1))

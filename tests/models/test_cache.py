@@ -66,7 +66,7 @@ def test_errors_name_the_problem():
     append(cache, [3])
     with pytest.raises(ValueError, match="length=5"):
         cache.truncate(0, 5)
-    with pytest.raises(IndexError, match="row=3"):
+    with pytest.raises(ValueError, match=r"row=3 is out of range: the cache has rows 0\.\.0"):
         cache.truncate(3, 1)
     with pytest.raises(ValueError, match="context of 100"):
         cache.allocate(np.array([98]))
@@ -96,8 +96,119 @@ def test_snapshots_keep_nodes_alive_and_restore_any_set_of_them():
     assert cache.num_cached_slots == 4
     with pytest.raises(ValueError, match="already released"):
         cache.release(left)
-    with pytest.raises(ValueError, match="snapshots\\[0\\] is not a live RowSnapshot"):
+    with pytest.raises(ValueError, match="snapshots\\[0\\] was already released"):
         cache.restore([left])
     cache.select([])
     cache.release(root)
     assert cache.num_cached_slots == 0
+
+
+# ----------------------------------------------- argument checks, the same for every row cache
+def kv_cache(batch):
+    cache = make_cache(batch)
+    append(cache, [3] * batch)
+    return cache
+
+
+def kgram_cache(batch):
+    from metagen.theory.kgram import KGramCache
+
+    cache = KGramCache(batch)
+    cache.rows = [[1, 2, 3] for _ in range(batch)]
+    return cache
+
+
+def transformers_cache(batch):
+    from metagen.models.transformers_adapter import TransformersCache
+
+    cache = TransformersCache(batch)
+    for row in cache.rows:
+        row.length = 3  # row operations only; no transformers model needed
+    return cache
+
+
+ROW_CACHES = {"KVCache": kv_cache, "KGramCache": kgram_cache, "TransformersCache": transformers_cache}
+row_caches = pytest.mark.parametrize("build", ROW_CACHES.values(), ids=list(ROW_CACHES))
+
+
+@row_caches
+@pytest.mark.parametrize(
+    ("operation", "error", "message"),
+    [
+        pytest.param(lambda c: c.select([0.5]), TypeError, r"indices\[0\] must be an int, got 0\.5", id="select-float"),
+        pytest.param(lambda c: c.select([1, True]), TypeError, r"indices\[1\] must be an int, got the bool True", id="select-bool"),
+        pytest.param(lambda c: c.select(np.array([0.0, 1.0])), TypeError, "indices must hold ints, got dtype float64", id="select-float-array"),
+        pytest.param(lambda c: c.select([[0, 1]]), TypeError, r"indices\[0\] must be an int", id="select-nested"),
+        pytest.param(lambda c: c.select([0, 2]), ValueError, r"indices\[1\]=2 is out of range: the cache has rows 0\.\.1", id="select-past-end"),
+        pytest.param(lambda c: c.select([-1]), ValueError, r"indices\[0\]=-1 is out of range", id="select-negative"),
+        pytest.param(lambda c: c.truncate(0.0, 1), TypeError, "row must be an int, got 0.0", id="truncate-float-row"),
+        pytest.param(lambda c: c.truncate(0, 1.0), TypeError, "length must be an int, got 1.0", id="truncate-float-length"),
+        pytest.param(lambda c: c.truncate(-1, 1), ValueError, r"row=-1 is out of range: the cache has rows 0\.\.1", id="truncate-negative-row"),
+        pytest.param(lambda c: c.truncate(0, 4), ValueError, r"length=4 is out of range: must be in \[0, 3\]", id="truncate-too-long"),
+        pytest.param(lambda c: c.fork(0, 1.0), TypeError, "n must be an int", id="fork-float-n"),
+        pytest.param(lambda c: c.fork(0, -1), ValueError, "n=-1 is out of range: must be >= 0", id="fork-negative-n"),
+        pytest.param(lambda c: c.fork(2, 1), ValueError, "row=2 is out of range", id="fork-bad-row"),
+        pytest.param(lambda c: c.snapshot(1.0), TypeError, "row must be an int", id="snapshot-float-row"),
+        pytest.param(lambda c: c.snapshot(2), ValueError, "row=2 is out of range", id="snapshot-bad-row"),
+        pytest.param(lambda c: c.restore(c.snapshot(0)), TypeError, r"snapshots must be a sequence .*: pass \[snapshot\]", id="restore-one-snapshot"),
+        pytest.param(lambda c: c.restore([(1, 2, 3)]), TypeError, r"snapshots\[0\] must be a \w+Snapshot made by this cache", id="restore-not-a-snapshot"),
+        pytest.param(lambda c: c.release(None), TypeError, r"snapshot must be a \w+Snapshot", id="release-not-a-snapshot"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name_and_change_nothing(build, operation, error, message):
+    """Regression: select([0.5]) was accepted (row 0), float rows / lengths raised raw
+    IndexError / TypeError, and the list caches took row -1 as the last row."""
+    cache = build(2)
+    with pytest.raises(error, match=message):
+        operation(cache)
+    assert cache.batch_size == 2 and cache.lengths == [3, 3]
+
+
+@row_caches
+def test_integer_scalars_of_numpy_and_torch_are_rows_too(build):
+    cache = build(2)
+    cache.truncate(np.int64(1), torch.tensor(2))
+    cache.select(np.array([1, 0]))
+    cache.select(torch.tensor([1, 1, 0]))
+    assert cache.fork(np.int32(2), torch.tensor(1)) == [3]
+    assert cache.lengths == [3, 3, 2, 2]
+
+
+@row_caches
+def test_snapshots_are_restored_only_into_the_cache_that_made_them(build):
+    """Regression: KVCache.restore took another cache's snapshot and the model then read that
+    cache's slot ids in its own pools (wrong keys and values, wrong logits)."""
+    mine, other = build(2), build(1)
+    snapshot = mine.snapshot(0)
+    with pytest.raises(ValueError, match=r"snapshots\[0\] was made by another cache"):
+        other.restore([snapshot])
+    with pytest.raises(ValueError, match="snapshot was made by another cache"):
+        other.release(snapshot)
+    assert other.batch_size == 1 and other.lengths == [3]
+    mine.restore([snapshot, snapshot])
+    assert mine.lengths == [3, 3]
+    mine.release(snapshot)
+    with pytest.raises(ValueError, match=r"snapshots\[0\] was already released"):
+        mine.restore([snapshot])
+    with pytest.raises(ValueError, match="snapshot was already released"):
+        mine.release(snapshot)
+
+
+@row_caches
+@pytest.mark.parametrize(("batch_size", "error"), [(1.0, TypeError), (True, TypeError), (-1, ValueError)])
+def test_batch_size_must_be_a_non_negative_int(build, batch_size, error):
+    with pytest.raises(error, match="batch_size"):
+        build(batch_size)
+
+
+def test_prefill_refuses_a_batch_size_below_one():
+    """Regression: prefill(ids, batch_size=0) returned a 1-row cache."""
+    from tests.decoding.toy_model import BOS, ToyModel
+
+    model = ToyModel()
+    for batch_size, error in ((0, ValueError), (-2, ValueError), (2.0, TypeError)):
+        with pytest.raises(error, match="batch_size"):
+            model.prefill([BOS], batch_size=batch_size)
+    assert model.calls == []  # refused before any forward
+    cache, out = model.prefill([BOS], batch_size=np.int64(2))
+    assert cache.batch_size == 2 and out.logits.shape == (2, 5)

@@ -73,3 +73,33 @@ def test_bad_inputs_raise_clear_errors(model_fp32):
     with pytest.raises(ValueError, match="context of 8192"):
         model_fp32.forward(cache, [[1] * 8193, [1]])
     assert cache.lengths == [0, 0]
+
+
+def test_snapshots_restore_only_into_their_own_cache_on_the_model(model_fp32):
+    """Regression: another cache's snapshot was restored, and the next forward read slot ids
+    of the wrong pools: logits of neither prompt."""
+    first, _ = model_fp32.prefill(PROMPT)
+    second, _ = model_fp32.prefill(PROMPT[:4])
+    snapshot = first.snapshot(0)
+    with pytest.raises(ValueError, match="made by another cache"):
+        second.restore([snapshot])
+    assert second.lengths == [4]
+    second.release(second.snapshot(0))
+    first.truncate(0, 0)
+    first.restore([snapshot])
+    out = model_fp32.forward(first, [[7]])
+    torch.testing.assert_close(out.logits[0], fresh_logits(model_fp32, PROMPT + [7]), atol=ATOL, rtol=0)
+
+
+def test_batch_sizes_and_token_ids_are_checked_before_any_work(model_fp32):
+    """Regression: prefill(ids, batch_size=0) returned a 1-row cache; float ids were truncated."""
+    with pytest.raises(ValueError, match=r"batch_size=0 is out of range: must be >= 1"):
+        model_fp32.prefill(PROMPT, batch_size=0)
+    with pytest.raises(TypeError, match="batch_size must be an int, got 1.5"):
+        model_fp32.new_cache(1.5)
+    cache = model_fp32.new_cache(1)
+    with pytest.raises(TypeError, match=r"tokens\[0\] must hold integer token ids, got torch.float32"):
+        model_fp32.forward(cache, [[1.7]])
+    with pytest.raises(TypeError, match="tokens must hold integer token ids, got torch.float32"):
+        model_fp32.forward(cache, torch.tensor([[1.0]]))
+    assert cache.lengths == [0]

@@ -124,6 +124,15 @@ def test_token_lookups(smollm2):
 
 
 @pytest.mark.slow
+def test_text_with_a_lone_surrogate_is_a_value_error(smollm2):
+    """Regression: the backend raised "TypeError: TextInputSequence must be str"."""
+    with pytest.raises(ValueError, match=r"text is not valid Unicode text: character 1 is the lone surrogate"):
+        smollm2.encode("a\udcff b")
+    with pytest.raises(ValueError, match=r"lone surrogate '\\ud800'"):  # found in the rendered chat
+        smollm2.encode_chat([{"role": "user", "content": "\ud800"}])
+
+
+@pytest.mark.slow
 def test_decode_accepts_tensors(smollm2):
     torch = pytest.importorskip("torch")
     ids = smollm2.encode("Hello world")

@@ -10,6 +10,7 @@ from metagen.sampling import (
     epsilon,
     eta,
     frequency_penalty,
+    greedy,
     logit_bias,
     min_p,
     mirostat_truncate,
@@ -141,3 +142,17 @@ def test_stateful_adapters_leave_their_input_alone() -> None:
     for out in outputs:
         assert out.shape == (2, 10) and out.dtype == torch.float32
         assert out.data_ptr() != logits.data_ptr()
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+@pytest.mark.parametrize(("bad", "reason"), [(float("nan"), "NaN"), (float("inf"), r"(NaN|\+inf)")],
+                         ids=["nan", "inf"])
+def test_nan_and_inf_are_passed_on_never_removed(name: str, bad: float, reason: str) -> None:
+    """Regression: truncations turned a NaN into a removed -inf, so the choice after them drew a
+    token from garbage. Kept, the NaN / +inf reaches the choice, which names it."""
+    logits = random_logits(2, 10)
+    logits[1, 4] = bad
+    out = ADAPTERS[name](logits)
+    assert torch.isfinite(out[0]).any()  # the clean row is untouched by the bad one
+    with pytest.raises(ValueError, match=rf"row \(1,\) token \d+ is {reason}"):
+        greedy(out)

@@ -192,3 +192,55 @@ def test_minus_inf_everywhere_raises() -> None:
     chain = SamplerChain.from_params(SamplingParams(top_p=0.5), 1, 3)
     with pytest.raises(ValueError, match="all -inf"):
         chain.next_tokens(torch.full((1, 3), -math.inf), torch.Generator())
+
+
+NAN, INF = float("nan"), float("inf")
+ONE_ADAPTER_EACH = {
+    "logit_bias": SamplingParams(logit_bias={0: 0.5}),
+    "penalties": SamplingParams(repetition_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1),
+    "no_repeat_ngram": SamplingParams(no_repeat_ngram_size=2),
+    "temperature": SamplingParams(temperature=0.7),
+    "top_k": SamplingParams(top_k=2),
+    "top_p": SamplingParams(top_p=0.9),
+    "min_p": SamplingParams(min_p=0.1),
+    "typical": SamplingParams(typical_p=0.9),
+    "epsilon": SamplingParams(epsilon_cutoff=0.01),
+    "eta": SamplingParams(eta_cutoff=0.01),
+    "mirostat": SamplingParams(mirostat_tau=3.0),
+    "greedy": SamplingParams(temperature=0.0),
+    "everything": EVERYTHING,
+}
+
+
+@pytest.mark.parametrize("params", ONE_ADAPTER_EACH.values(), ids=list(ONE_ADAPTER_EACH))
+@pytest.mark.parametrize(("bad", "reason"), [(NAN, "NaN"), (INF, r"\+inf")], ids=["nan", "inf"])
+def test_nan_and_inf_are_reported_as_such_whatever_the_adapters(params, bad, reason) -> None:
+    """Regression: with top_k a NaN became -inf and a token was drawn; through top_p, min_p, ...
+    and mirostat the error blamed "every token was removed"."""
+    chain = SamplerChain.from_params(params, 2, 8, prompt_ids=[1, 2, 1])
+    logits = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
+    logits[1, 3] = bad
+    message = rf"row \(1,\) token 3 is {reason}"
+    with pytest.raises(ValueError, match=message):
+        chain.process(logits)
+    with pytest.raises(ValueError, match=message):
+        chain.next_tokens(logits, torch.Generator().manual_seed(0))
+
+
+def test_nan_is_reported_before_n_gram_blocking_bans_its_token() -> None:
+    # After [1, 2, 1], blocking bans token 2; the NaN there is still the model's fault.
+    chain = SamplerChain.from_params(SamplingParams(no_repeat_ngram_size=2), 1, 5, prompt_ids=[1, 2, 1])
+    logits = torch.zeros(1, 5)
+    logits[0, 2] = NAN
+    with pytest.raises(ValueError, match=r"token 2 is NaN"):
+        chain.process(logits)
+
+
+def test_minus_inf_marks_removed_tokens_and_an_all_minus_inf_row_is_refused() -> None:
+    chain = SamplerChain.from_params(SamplingParams(top_k=2), 2, 4)
+    logits = torch.tensor([[0.0, -INF, 1.0, -INF], [0.5, 0.0, -INF, 2.0]])
+    processed = chain.process(logits)
+    assert processed[0, 1] == -INF and processed[1, 2] == -INF
+    logits[1] = -INF
+    with pytest.raises(ValueError, match=r"row \(1,\) is all -inf"):
+        chain.process(logits)

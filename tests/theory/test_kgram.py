@@ -74,8 +74,13 @@ def test_cache_operations_and_errors(bigram):
     with pytest.raises(ValueError):
         bigram.forward(cache, [[1] * 16, [1]])  # past the context
     assert cache.rows == [[1], [1, 2]]  # no error changed the cache
-    with pytest.raises(IndexError):
+    with pytest.raises(ValueError, match=r"indices\[0\]=2 is out of range"):
         cache.select([2])
+    with pytest.raises(TypeError, match=r"tokens\[0\]\[0\] must be an int, got 1.7"):
+        bigram.forward(cache, [[1.7], [1]])  # was truncated to token 1
+    with pytest.raises(TypeError, match=r"tokens\[0\]\[0\] must be an int, got 1.0"):
+        bigram.forward(cache, torch.tensor([[1.0], [2.5]]))
+    assert cache.rows == [[1], [1, 2]]
 
 
 def test_tokenizers():

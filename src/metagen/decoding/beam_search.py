@@ -104,7 +104,7 @@ def beam_search(
 ) -> BeamSearchResult:
     """Run (stochastic) beam search; returns `config.n_best` hypotheses, best first."""
     config = config or BeamSearchConfig()
-    prompt_ids = encode_prompt(model.tokenizer, prompt, chat)
+    prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
     if len(prompt_ids) >= model.max_context:
         raise ValueError(f"prompt has {len(prompt_ids)} tokens, the model's context is {model.max_context}")
     max_new = min(config.max_tokens, model.max_context - len(prompt_ids))

@@ -154,7 +154,7 @@ def stream(
     `GenerationResult` as `result` to receive the completions when the stream ends.
     """
     params = params or SamplingParams()
-    prompt_ids = encode_prompt(model.tokenizer, prompt, chat)
+    prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
     if len(prompt_ids) >= model.max_context:
         raise ValueError(
             f"prompt has {len(prompt_ids)} tokens, the model's context is {model.max_context}: "

@@ -9,6 +9,8 @@ from typing import Literal
 
 import torch
 
+from metagen.models import checks
+
 LogitsMode = Literal["last", "all", "none"]
 
 
@@ -54,7 +56,7 @@ class LanguageModel(ABC):
 
     @abstractmethod
     def new_cache(self, batch_size: int = 1):
-        """An empty cache with `batch_size` rows."""
+        """An empty cache with `batch_size` rows (an int >= 0; TypeError / ValueError otherwise)."""
 
     @abstractmethod
     def forward(
@@ -75,7 +77,9 @@ class LanguageModel(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not estimate FLOPs")
 
     def prefill(self, token_ids: Sequence[int], batch_size: int = 1, **kwargs) -> tuple[object, ForwardOutput]:
-        """New cache holding `token_ids` once, forked into `batch_size` rows, and its output."""
+        """New cache holding `token_ids` once, forked into `batch_size` (an int >= 1) rows, and its
+        output."""
+        batch_size = checks.bounded("batch_size", batch_size, 1)
         cache = self.new_cache(1)
         out = self.forward(cache, [list(token_ids)], **kwargs)
         if batch_size > 1:

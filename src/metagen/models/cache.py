@@ -17,6 +17,10 @@ changed, so rows can share them freely:
 
 Attention gathers each row's keys and values through its page table (one `index_select` per
 layer), which costs one read of what it attends to anyway. The pool grows by doubling when free slots run out.
+
+Arguments are checked before anything changes (`metagen.models.checks`): rows, lengths and counts
+must be ints in range, and a snapshot is only accepted by the cache that made it (its slot ids
+mean nothing in another cache's pools). TypeError / ValueError name the argument and the range.
 """
 
 from __future__ import annotations
@@ -26,17 +30,25 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from metagen.models import checks
+
 
 class RowSnapshot:
     """A row's page table held outside the batch: `slots (length,)`, one reference each.
 
-    Made by `KVCache.snapshot`; `KVCache.release` gives the references back (once).
+    Made by `KVCache.snapshot`; only that cache (`owner`) restores it, and `KVCache.release` gives
+    the references back (once).
     """
 
-    __slots__ = ("slots",)
+    __slots__ = ("owner", "slots")
 
-    def __init__(self, slots: np.ndarray) -> None:
+    def __init__(self, slots: np.ndarray, owner: KVCache) -> None:
         self.slots: np.ndarray | None = slots
+        self.owner = owner
+
+    @property
+    def released(self) -> bool:
+        return self.slots is None
 
     @property
     def length(self) -> int:
@@ -84,12 +96,11 @@ class KVCache:
         return self._lengths.tolist()
 
     def length(self, row: int) -> int:
-        self._check_row(row)
-        return int(self._lengths[row])
+        return int(self._lengths[self._check_row(row)])
 
     def slots(self, row: int) -> np.ndarray:
         """Slot ids of a row's cached tokens, `(length,)` (a copy)."""
-        self._check_row(row)
+        row = self._check_row(row)
         return self._table[row, : self._lengths[row]].copy()
 
     def select(self, indices: Sequence[int]) -> None:
@@ -98,11 +109,7 @@ class KVCache:
         Forking row r into n rows is `select([r] * n)`; beam search reorders with it; dropping
         finished rows is a select of the survivors. Copies page-table entries only. O(B·T) ints.
         """
-        idx = np.asarray(indices, dtype=np.int64)
-        if idx.ndim != 1:
-            raise ValueError(f"indices must be a flat sequence of row numbers, got shape {idx.shape}")
-        if idx.size and (idx.min() < 0 or idx.max() >= self.batch_size):
-            raise IndexError(f"row index out of range 0..{self.batch_size - 1}: {indices}")
+        idx = checks.rows("indices", indices, self.batch_size)
         uses = np.bincount(idx, minlength=self.batch_size) - 1  # change in users of each old row
         for row in np.nonzero(uses)[0]:
             slots = self._table[row, : self._lengths[row]]
@@ -114,19 +121,17 @@ class KVCache:
 
     def fork(self, row: int, n: int) -> list[int]:
         """Append `n` rows sharing `row`'s cached prefix; returns their row numbers."""
-        self._check_row(row)
-        if n < 0:
-            raise ValueError(f"n={n} must be >= 0")
+        row = self._check_row(row)
+        n = checks.bounded("n", n, 0)
         first = self.batch_size
         self.select(list(range(first)) + [row] * n)
         return list(range(first, first + n))
 
     def truncate(self, row: int, length: int) -> None:
         """Keep the first `length` cached tokens of `row`, releasing the rest."""
-        self._check_row(row)
+        row = self._check_row(row)
         current = int(self._lengths[row])
-        if not 0 <= length <= current:
-            raise ValueError(f"length={length} is out of range for row {row}: must be in [0, {current}]")
+        length = checks.bounded("length", length, 0, current)
         dropped = self._table[row, length:current]
         self._refcount[dropped] -= 1
         self._push_free(dropped[self._refcount[dropped] == 0])
@@ -136,16 +141,15 @@ class KVCache:
         """Keep `row`'s cached prefix alive outside the batch (slot references, no K/V copy)."""
         slots = self.slots(row)
         self._refcount[slots] += 1
-        return RowSnapshot(slots)
+        return RowSnapshot(slots, self)
 
     def restore(self, snapshots: Sequence[RowSnapshot]) -> None:
         """Make the rows copies of `snapshots` (in order); the current rows are dropped.
 
-        The snapshots stay valid (each new row takes its own references). O(Σ lengths) ints.
+        Every snapshot must be a live one made by this cache's `snapshot`. The snapshots stay
+        valid (each new row takes its own references). O(Σ lengths) ints.
         """
-        for index, snapshot in enumerate(snapshots):
-            if not isinstance(snapshot, RowSnapshot) or snapshot.slots is None:
-                raise ValueError(f"snapshots[{index}] is not a live RowSnapshot of this cache")
+        snapshots = checks.snapshot_list("snapshots", snapshots, self, RowSnapshot)
         lengths = np.array([s.slots.size for s in snapshots], dtype=np.int64)
         width = max(int(lengths.max(initial=0)), self._table.shape[1])
         table = np.zeros((len(snapshots), width), dtype=np.int64)
@@ -157,15 +161,15 @@ class KVCache:
         self._lengths = lengths
 
     def release(self, snapshot: RowSnapshot) -> None:
-        """Give back a snapshot's references; its unshared slots become free."""
-        if snapshot.slots is None:
-            raise ValueError("this RowSnapshot was already released")
+        """Give back a snapshot's references (once); its unshared slots become free."""
+        checks.snapshot("snapshot", snapshot, self, RowSnapshot)
         slots, snapshot.slots = snapshot.slots, None
         self._refcount[slots] -= 1
         self._push_free(slots[self._refcount[slots] == 0])
 
     def reset(self, batch_size: int = 1) -> None:
-        """Drop every row and start over with `batch_size` empty rows."""
+        """Drop every row and start over with `batch_size` (an int >= 0) empty rows."""
+        batch_size = checks.bounded("batch_size", batch_size, 0)
         self.select([])
         self._table = np.zeros((batch_size, self._table.shape[1]), dtype=np.int64)
         self._lengths = np.zeros(batch_size, dtype=np.int64)
@@ -229,9 +233,8 @@ class KVCache:
         return self.pools[layer].index_select(0, table.reshape(-1)).view(batch, length, 2, self.num_kv_heads, self.head_dim)
 
     # ------------------------------------------------------------ internals
-    def _check_row(self, row: int) -> None:
-        if not 0 <= row < self.batch_size:
-            raise IndexError(f"row={row} is out of range: the cache has rows 0..{self.batch_size - 1}")
+    def _check_row(self, row: int) -> int:
+        return checks.row("row", row, self.batch_size)
 
     def _slots_of_rows(self, rows: np.ndarray) -> np.ndarray:
         """Distinct slot ids used by `rows`."""

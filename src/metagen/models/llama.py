@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from metagen.models import checks
 from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode
 from metagen.models.cache import KVCache
 from metagen.models.config import ModelConfig
@@ -144,7 +145,7 @@ class LlamaModel(LanguageModel):
             self.config.head_dim,
             torch.float32,
             self.max_context,
-            capacity,
+            checks.bounded("capacity", capacity, 1),
         )
         cache.reset(batch_size)
         return cache
@@ -290,19 +291,21 @@ class LlamaModel(LanguageModel):
 
     # ------------------------------------------------------------ internals
     def _pack(self, tokens, batch_size: int) -> tuple[torch.Tensor, np.ndarray]:
-        """Token rows -> (ids (B, Tq) padded with 0, counts (B,))."""
+        """Token rows -> (ids (B, Tq) padded with 0, counts (B,)); ids must be integers (a float
+        or bool id is refused, not truncated) in [0, V)."""
         if isinstance(tokens, torch.Tensor):
             if tokens.dim() != 2:
                 raise ValueError(f"tokens must be (batch, length), got shape {tuple(tokens.shape)}")
+            _check_integer_ids("tokens", tokens)
             ids = tokens.long()
             counts = np.full(ids.shape[0], ids.shape[1], dtype=np.int64)
         else:
-            rows = [list(row) for row in tokens]
+            rows = [_row_ids(f"tokens[{b}]", row) for b, row in enumerate(tokens)]
             counts = np.array([len(row) for row in rows], dtype=np.int64)
             t_q = int(counts.max(initial=0))
             ids = torch.zeros(len(rows), t_q, dtype=torch.long)
             for b, row in enumerate(rows):
-                ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+                ids[b, : len(row)] = row
         if ids.shape[0] != batch_size:
             raise ValueError(f"got tokens for {ids.shape[0]} rows but the cache has {batch_size} rows")
         if (counts == 0).any():
@@ -322,6 +325,22 @@ class LlamaModel(LanguageModel):
         self._cos = self._rotation.real.contiguous()  # (T, D/2) float32, for the fused kernels
         self._sin = self._rotation.imag.contiguous()
         self._rope_cache_length = length
+
+
+def _row_ids(name: str, row: Sequence[int]) -> torch.Tensor:
+    """One row of token ids as a tensor `(T,)`; TypeError unless they are integers."""
+    try:
+        ids = torch.tensor(list(row))  # dtype inferred: int64 for ints, float for floats
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be a sequence of int token ids, got {row!r}") from None
+    if ids.numel():
+        _check_integer_ids(name, ids)
+    return ids
+
+
+def _check_integer_ids(name: str, ids: torch.Tensor) -> None:
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids, got {ids.dtype}")
 
 
 def _pad_rows(flat: torch.Tensor, counts: np.ndarray, t_q: int) -> torch.Tensor:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import tokenizers
 from tokenizers import AddedToken
 
+from metagen.models import checks
 from metagen.models.chat import render_chat_template
 from metagen.models.gguf_vocab import (
     ADD_BOS_BY_DEFAULT,
@@ -240,9 +241,11 @@ class Tokenizer:
         """Token ids of `text`: (T,). Special tokens written in `text` map to their single ids.
 
         `add_special_tokens` adds BOS / EOS when the model wants them (`add_bos_token`, `add_eos_token`).
+        Raises TypeError for a non-str and ValueError for a lone surrogate (bytes that were not UTF-8).
         """
         if not isinstance(text, str):
             raise TypeError(f"encode expects a str, got {type(text).__name__}")
+        checks.utf8_text("text", text)
         ids = self._backend.encode(text, add_special_tokens=add_special_tokens and self._backend_adds_special).ids
         if add_special_tokens and (self._prefix_ids or self._suffix_ids):
             ids = self._prefix_ids + ids + self._suffix_ids

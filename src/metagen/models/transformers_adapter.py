@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from metagen.models import checks
 from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode
 
 
@@ -25,11 +26,23 @@ class _Row:
         self.past = past
 
 
+class TransformersSnapshot(_Row):
+    """A copy of a row kept outside the batch; restored only by the cache that made it (`owner`)."""
+
+    __slots__ = ("owner", "released")
+
+    def __init__(self, length: int, past, owner: TransformersCache) -> None:
+        super().__init__(length, past)
+        self.owner = owner
+        self.released = False
+
+
 class TransformersCache:
-    """Rows of per-sequence transformers caches with the `KVCache` row operations."""
+    """Rows of per-sequence transformers caches with the `KVCache` row operations (and its
+    argument checks: ints in range, snapshots only from this cache)."""
 
     def __init__(self, batch_size: int) -> None:
-        self.rows = [_Row() for _ in range(batch_size)]
+        self.rows = [_Row() for _ in range(checks.bounded("batch_size", batch_size, 0))]
 
     @property
     def batch_size(self) -> int:
@@ -42,9 +55,7 @@ class TransformersCache:
     def select(self, indices: Sequence[int]) -> None:
         used: set[int] = set()
         rows = []
-        for index in indices:
-            if not 0 <= index < len(self.rows):
-                raise IndexError(f"row index {index} is out of range 0..{len(self.rows) - 1}")
+        for index in checks.rows("indices", indices, self.batch_size).tolist():
             source = self.rows[index]
             if index in used:  # a second user of the same row needs its own copy
                 source = _Row(source.length, copy.deepcopy(source.past))
@@ -53,28 +64,31 @@ class TransformersCache:
         self.rows = rows
 
     def fork(self, row: int, n: int) -> list[int]:
+        row = checks.row("row", row, self.batch_size)
+        n = checks.bounded("n", n, 0)
         first = self.batch_size
         self.select(list(range(first)) + [row] * n)
         return list(range(first, first + n))
 
     def truncate(self, row: int, length: int) -> None:
-        entry = self.rows[row]
-        if not 0 <= length <= entry.length:
-            raise ValueError(f"length={length} is out of range for row {row}: must be in [0, {entry.length}]")
+        entry = self.rows[checks.row("row", row, self.batch_size)]
+        length = checks.bounded("length", length, 0, entry.length)
         if entry.past is not None and length < entry.length:
             entry.past.crop(length - entry.length)  # negative: tokens to remove
         entry.length = length
 
-    def snapshot(self, row: int) -> _Row:
+    def snapshot(self, row: int) -> TransformersSnapshot:
         """A copy of `row` kept outside the batch (transformers caches are copied, not shared)."""
-        entry = self.rows[row]
-        return _Row(entry.length, copy.deepcopy(entry.past))
+        entry = self.rows[checks.row("row", row, self.batch_size)]
+        return TransformersSnapshot(entry.length, copy.deepcopy(entry.past), self)
 
-    def restore(self, snapshots: Sequence[_Row]) -> None:
+    def restore(self, snapshots: Sequence[TransformersSnapshot]) -> None:
+        snapshots = checks.snapshot_list("snapshots", snapshots, self, TransformersSnapshot)
         self.rows = [_Row(s.length, copy.deepcopy(s.past)) for s in snapshots]
 
-    def release(self, snapshot: _Row) -> None:
-        snapshot.past = None
+    def release(self, snapshot: TransformersSnapshot) -> None:
+        checks.snapshot("snapshot", snapshot, self, TransformersSnapshot)
+        snapshot.past, snapshot.released = None, True
 
 
 class TransformersModel(LanguageModel):

@@ -4,6 +4,12 @@ Every adapter is a pure function `(logits (..., V), ...) -> new float32 logits (
 removed tokens to -inf and never modifies its input. Stateful pieces (penalty counts, n-gram
 history, mirostat) carry their state explicitly and follow KV-cache reorders with `select`.
 `SamplerChain.from_params(SamplingParams(...), ...)` composes them for a decoding loop.
+
+Logits from outside may hold finite values and -inf (a removed token). NaN, +inf and rows that
+are all -inf are refused with a ValueError naming the row and token, by `SamplerChain.process`
+before any adapter runs and by the token choice (`choose`, `sample`, `greedy`): one reduction and
+one host synchronisation per call. Adapters called on their own never remove a NaN / +inf entry,
+so the choice after them still reports it.
 """
 
 from ._tokens import token_counts

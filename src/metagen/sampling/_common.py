@@ -2,6 +2,8 @@
 
 Every adapter maps logits `(..., V)` to new float32 logits `(..., V)` and never writes into its
 input. Removed tokens get `-inf`, so a later softmax renormalises over the kept set for free.
+Adapters do not check for NaN / +inf (that is one host synchronisation, paid once per step by
+`SamplerChain.process` and the token choice); they pass such entries on instead of removing them.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import math
 from torch import Tensor
 
 NEG_INF = float("-inf")
+POS_INF = float("inf")
 
 # Cumulative masses (top-p, typical) are summed in float64 and the target mass `p` counts as
 # reached at `p - MASS_TOLERANCE`, so a boundary hit exactly (0.4 + 0.3 = 0.7) is not lost to
@@ -41,8 +44,13 @@ def unchanged(logits: Tensor) -> Tensor:
 
 
 def keep_only(logits: Tensor, keep: Tensor) -> Tensor:
-    """New logits equal to `logits` where `keep` (bool, broadcastable) is True, `-inf` elsewhere."""
-    return logits.masked_fill(~keep, NEG_INF)
+    """New logits equal to `logits` where `keep` (bool, broadcastable) is True, `-inf` elsewhere.
+
+    NaN and +inf entries are never removed: comparisons with them are False, so a truncation
+    would otherwise turn a NaN into a "removed" -inf and hide it; kept, they reach the token
+    choice, which refuses them by name (`check_choosable`).
+    """
+    return logits.masked_fill(~keep & (logits < POS_INF), NEG_INF)
 
 
 def keep_argmax(logits: Tensor, keep: Tensor) -> Tensor:

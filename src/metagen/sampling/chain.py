@@ -30,6 +30,11 @@ Why this order:
 With temperature 0 (greedy) the chain keeps bias, penalties and n-gram blocking, which change
 the argmax, and drops temperature and truncations, which do not matter to an argmax (vLLM does
 the same).
+
+Invalid logits are reported before any adapter runs: `process` (and so `next_tokens`) checks its
+input once with `check_choosable` (finite values and -inf are allowed; NaN, +inf and all -inf
+rows raise ValueError naming the row and token), and `choose` checks what it chooses from. A
+truncation would otherwise turn a NaN into -inf and sample anyway, or blame the truncation.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from ._common import float_logits
 from ._tokens import PromptIds
 from .epsilon import epsilon
 from .eta import eta
@@ -49,7 +55,7 @@ from .mirostat import Mirostat
 from .no_repeat_ngram import NoRepeatNgramState
 from .params import SamplingParams
 from .penalty_state import PenaltyState
-from .sample import greedy, sample
+from .sample import check_choosable, greedy, sample
 from .temperature import temperature
 from .top_k import top_k
 from .top_p import top_p
@@ -182,8 +188,12 @@ class SamplerChain:
         return -1  # stateless chains work for any number of rows
 
     def process(self, logits: Tensor) -> Tensor:
-        """Apply the adapters to `logits (B, V)`; returns new float32 logits (input untouched)."""
-        processed = logits.float()
+        """Apply the adapters to `logits (B, V)`; returns new float32 logits (input untouched).
+
+        Raises ValueError for NaN, +inf or an all -inf row, before any adapter runs.
+        """
+        processed = float_logits(logits)
+        check_choosable(processed)
         for step in self._steps:
             processed = step(processed)
         return processed.clone() if processed is logits else processed
@@ -191,7 +201,10 @@ class SamplerChain:
     __call__ = process
 
     def choose(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """Tokens `(B,)` from processed logits: argmax when greedy, else a draw with `generator`."""
+        """Tokens `(B,)` from processed logits: argmax when greedy, else a draw with `generator`.
+
+        Raises ValueError for NaN, +inf or an all -inf row (`check_choosable`).
+        """
         return self._choose(logits, generator)
 
     def update(self, tokens: Tensor) -> None:

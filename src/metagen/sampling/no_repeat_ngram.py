@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._common import NEG_INF, float_logits
+from ._common import float_logits, keep_only
 from ._tokens import PAD, PromptIds, TokenIds, history_for, left_aligned, prompt_matrix, rows_of
 
 
@@ -66,7 +66,7 @@ def no_repeat_ngram(logits: Tensor, token_ids: TokenIds, n: int) -> Tensor:
     history = history_for(token_ids, logits)
     flat = left_aligned(rows_of(history))  # (N, T)
     banned = banned_tokens(flat, n, logits.shape[-1]).reshape(logits.shape)
-    return logits.masked_fill(banned, NEG_INF)
+    return keep_only(logits, ~banned)
 
 
 class NoRepeatNgramState:
@@ -113,7 +113,7 @@ class NoRepeatNgramState:
         """Ban n-gram repeats in `logits (B, V)`; returns new float32 logits. O(B (T n + V))."""
         logits = float_logits(logits)
         history = left_aligned(self.history) if self._holes else self.history
-        return logits.masked_fill(banned_tokens(history, self.n, logits.shape[-1]), NEG_INF)
+        return keep_only(logits, ~banned_tokens(history, self.n, logits.shape[-1]))
 
     def update(self, new_tokens: Tensor) -> None:
         """Append one token per row, `new_tokens (B,)`; negative entries are stored as padding."""

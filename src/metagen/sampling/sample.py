@@ -3,9 +3,12 @@
     sample:  x ~ softmax(z)          (inverse CDF; -inf logits have probability 0)
     greedy:  x = argmax_v z_v        (the first index among ties)
 
-Both refuse logits that would produce garbage: a row containing NaN or +inf, or a row where every
-logit is -inf (nothing left to choose), raises ValueError. The check is one reduction over the
-logits and one host synchronisation per call.
+What logits may hold: finite values and -inf (a removed token). NaN and +inf are refused, and
+so is a row where every logit is -inf (nothing left to choose): `check_choosable` raises
+ValueError naming the row, the token and the reason. `sample` and `greedy` run it on what they
+choose from, `SamplerChain.process` on its input before any adapter: once per call, one reduction
+over the logits and one host synchronisation (15-40 us for one row of V = 49152 on CPU; a chain
+step with temperature and top-p measured 1.29-1.35 ms with the checks, 1.32-1.43 ms without).
 """
 
 from __future__ import annotations
@@ -22,18 +25,23 @@ def check_choosable(logits: Tensor) -> None:
     """Raise ValueError unless every row of `logits (..., V)` has a finite maximum.
 
     The row maximum is NaN if the row contains NaN, +inf if it contains +inf, and -inf if every
-    entry is -inf; a finite maximum therefore rules out all three. O(V) per row.
+    entry is -inf; a finite maximum therefore rules out all three. O(V) per row; the bad token
+    is looked up only when there is one.
     """
     row_max = logits.amax(dim=-1)  # (...)
     bad = ~torch.isfinite(row_max)
     if bool(bad.any()):
         row = tuple(int(i) for i in bad.nonzero()[0])
-        value = float(row_max[row])
-        reason = "contains NaN" if value != value else (
-            "contains +inf" if value > 0 else "is all -inf (every token was removed)")
-        raise ValueError(
-            f"logits row {row} {reason}: NaN/inf logits raise instead of sampling garbage"
-        )
+        raise ValueError(f"logits row {row} {_what_is_wrong(logits[row])}: NaN and +inf logits "
+                         "are refused (-inf marks a removed token)")
+
+
+def _what_is_wrong(row: Tensor) -> str:
+    """Why a row `(V,)` with a non-finite maximum cannot be chosen from, naming the token."""
+    for name, found in (("NaN", torch.isnan(row)), ("+inf", torch.isposinf(row))):
+        if bool(found.any()):
+            return f"token {int(found.nonzero()[0])} is {name}"
+    return "is all -inf (every token was removed)"
 
 
 def sample(logits: Tensor, generator: torch.Generator | None = None) -> Tensor:

@@ -111,7 +111,7 @@ def speculative_stream(
     config = config or SpeculativeConfig()
     check_compatible(model, drafter, params)
     started = time.perf_counter()
-    prompt_ids = encode_prompt(model.tokenizer, prompt, chat)
+    prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
     if len(prompt_ids) >= model.max_context:
         raise ValueError(
             f"prompt has {len(prompt_ids)} tokens, the model's context is {model.max_context}: no room to generate"

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
+from metagen.models import checks
 from metagen.models.base import ForwardOutput, LanguageModel
 
 EOS_PIECE = "</s>"
@@ -65,11 +66,23 @@ class SymbolTokenizer:
         return "".join(pieces) if self.level == "char" else " ".join(pieces)
 
 
+class KGramSnapshot:
+    """A row's tokens kept outside the batch; restored only by the cache that made it (`owner`)."""
+
+    __slots__ = ("owner", "released", "tokens")
+
+    def __init__(self, tokens: tuple[int, ...], owner: KGramCache) -> None:
+        self.tokens = tokens
+        self.owner = owner
+        self.released = False
+
+
 class KGramCache:
-    """Rows of token lists with the cache operations decoders use (select, fork, truncate)."""
+    """Rows of token lists with the cache operations decoders use (select, fork, truncate,
+    snapshots) and the same argument checks as `KVCache` (ints in range, own snapshots only)."""
 
     def __init__(self, batch_size: int = 1) -> None:
-        self.rows: list[list[int]] = [[] for _ in range(batch_size)]
+        self.rows: list[list[int]] = [[] for _ in range(checks.bounded("batch_size", batch_size, 0))]
 
     @property
     def batch_size(self) -> int:
@@ -80,29 +93,28 @@ class KGramCache:
         return [len(row) for row in self.rows]
 
     def select(self, indices: Sequence[int]) -> None:
-        indices = [int(i) for i in indices]
-        if any(not 0 <= i < self.batch_size for i in indices):
-            raise IndexError(f"row index out of range 0..{self.batch_size - 1}: {indices}")
-        self.rows = [list(self.rows[i]) for i in indices]
+        self.rows = [list(self.rows[i]) for i in checks.rows("indices", indices, self.batch_size).tolist()]
 
     def fork(self, row: int, n: int) -> list[int]:
-        first = self.batch_size
-        self.rows += [list(self.rows[row]) for _ in range(n)]
+        tokens = self.rows[checks.row("row", row, self.batch_size)]
+        n, first = checks.bounded("n", n, 0), self.batch_size
+        self.rows += [list(tokens) for _ in range(n)]
         return list(range(first, first + n))
 
     def truncate(self, row: int, length: int) -> None:
-        if not 0 <= length <= len(self.rows[row]):
-            raise ValueError(f"length={length} is out of range for row {row}")
-        del self.rows[row][length:]
+        tokens = self.rows[checks.row("row", row, self.batch_size)]
+        del tokens[checks.bounded("length", length, 0, len(tokens)):]
 
-    def snapshot(self, row: int) -> tuple[int, ...]:
-        return tuple(self.rows[row])
+    def snapshot(self, row: int) -> KGramSnapshot:
+        return KGramSnapshot(tuple(self.rows[checks.row("row", row, self.batch_size)]), self)
 
-    def restore(self, snapshots: Sequence[tuple[int, ...]]) -> None:
-        self.rows = [list(snapshot) for snapshot in snapshots]
+    def restore(self, snapshots: Sequence[KGramSnapshot]) -> None:
+        snapshots = checks.snapshot_list("snapshots", snapshots, self, KGramSnapshot)
+        self.rows = [list(snapshot.tokens) for snapshot in snapshots]
 
-    def release(self, snapshot: tuple[int, ...]) -> None:
-        pass
+    def release(self, snapshot: KGramSnapshot) -> None:
+        checks.snapshot("snapshot", snapshot, self, KGramSnapshot)
+        snapshot.released = True
 
 
 class KGramModel(LanguageModel):
@@ -197,7 +209,8 @@ class KGramModel(LanguageModel):
             raise NotImplementedError("a k-gram model has no hidden states")
         if logits not in ("last", "all", "none"):
             raise ValueError(f"logits must be 'last', 'all' or 'none', got {logits!r}")
-        rows = tokens.tolist() if isinstance(tokens, torch.Tensor) else [[int(t) for t in row] for row in tokens]
+        rows = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
+        rows = [[checks.integer(f"tokens[{b}][{i}]", t) for i, t in enumerate(row)] for b, row in enumerate(rows)]
         if len(rows) != cache.batch_size:
             raise ValueError(f"got tokens for {len(rows)} rows but the cache has {cache.batch_size} rows")
         for cached, new in zip(cache.rows, rows):  # validate everything before changing the cache
