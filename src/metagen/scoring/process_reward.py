@@ -157,7 +157,7 @@ class ValueHeadPRM(ProcessRewardModel):
     def score_steps(self, prompt: str, steps: Sequence[str]) -> Values:
         from metagen.decoding.prompts import encode_prompt
 
-        prompt_ids = encode_prompt(self.model.tokenizer, prompt, self.chat)
+        prompt_ids = encode_prompt(self.model.tokenizer, prompt, self.chat, vocab_size=self.model.vocab_size)
         if not steps:
             return Values([])
         ends, text = [], ""

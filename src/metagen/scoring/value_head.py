@@ -139,7 +139,7 @@ class ValueScorer(Scorer):
         if not candidates:
             return Scores([])
         start = time.perf_counter()
-        prompt_ids = encode_prompt(self.model.tokenizer, prompt, self.chat)
+        prompt_ids = encode_prompt(self.model.tokenizer, prompt, self.chat, vocab_size=self.model.vocab_size)
         rows = [prompt_ids + (list(c.token_ids) or self.model.tokenizer.encode(c.text, add_special_tokens=False))
                 for c in candidates]
         cache = self.model.new_cache(len(rows))

@@ -62,7 +62,7 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
                  chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
     config = config or TokenwiseCDConfig()
     params = config.params
-    prompt_ids = encode_prompt(model.tokenizer, prompt, chat)
+    prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
     chain = SamplerChain.from_params(params, 1, model.vocab_size, prompt_ids)
     if chain.stateful:
         raise ValueError("tokenwise CD needs stateless sampling adapters (no penalties, n-gram blocking, mirostat)")

@@ -94,7 +94,7 @@ class StepExpander:
         self.model, self.params, self.step, self.value = model, params, step, value
         if value is not None:
             value.check_model(model)
-        self.prompt_ids = encode_prompt(model.tokenizer, prompt, chat)
+        self.prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
         self.chain = SamplerChain.from_params(params, 1, model.vocab_size, self.prompt_ids)
         if self.chain.stateful:
             raise ValueError("tree search needs stateless sampling: repetition / frequency / presence penalties, "
