@@ -378,7 +378,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=16, help="rows of the sampling measurement (default 16)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs after one warm-up (default 3)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for every engine (default 2)")
-    parser.add_argument("--dtypes", default="fp32,bf16,int8,int4", help="metagen weight formats, comma-separated")
+    parser.add_argument("--dtypes", default="fp32,bf16,int8,int4,auto", help="metagen weight formats, comma-separated")
     parser.add_argument("--bandwidth-mb", type=int, default=1024, help="buffer size of the bandwidth probe")
     parser.add_argument("--skip-hf", action="store_true", help="do not measure transformers")
     parser.add_argument("--skip-llamacpp", action="store_true", help="do not measure llama.cpp")
@@ -389,9 +389,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.dtypes = [d for d in args.dtypes.split(",") if d]
-    unknown = sorted(set(args.dtypes) - {"fp32", "bf16", "int8", "int4"})
+    unknown = sorted(set(args.dtypes) - {"auto", "fp32", "bf16", "int8", "int4"})
     if unknown:
-        parser.error(f"--dtypes: unknown {', '.join(unknown)}; choose from fp32, bf16, int8, int4")
+        parser.error(f"--dtypes: unknown {', '.join(unknown)}; choose from auto, fp32, bf16, int8, int4")
     for name in ("tokens", "batch", "repeats", "threads", "bandwidth_mb"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

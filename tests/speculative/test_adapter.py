@@ -130,19 +130,17 @@ def test_load_refuses_another_model(model, trained, tmp_path, field, value):
 
 
 def test_greedy_speculative_with_adapted_drafter_equals_plain_greedy(model, trained):
-    params = SamplingParams(temperature=0, max_tokens=24)
-    prompt = "Give me three tips for learning a new language."
-    # One arithmetic path for both: the int4 fused decode kernels round differently from the
-    # multi-token forward that verifies drafts, and this prompt has a near tie at position 3.
+    from tests.speculative.test_real_model import assert_same_greedy
+
+    # One arithmetic path for both (the int4 fused decode kernels round differently from the
+    # multi-token forward that verifies drafts), and a divergence allowed only at a bf16 tie of
+    # plain decoding's top two logits: this prompt has one at position 3, which the int4
+    # kernels of some CPUs break one way in a 1-token forward and the other in a 4-token one.
     fused, model.use_fused = model.use_fused, False
     try:
-        plain = generate(model, prompt, params).completions[0].token_ids
-        result = speculative_generate(model, ModelDrafter(AdaptedExitModel(model, trained[0])), prompt, params)
+        result = assert_same_greedy(model, ModelDrafter(AdaptedExitModel(model, trained[0])),
+                                    "Give me three tips for learning a new language.", None, max_tokens=24,
+                                    bf16_ties=True)
     finally:
         model.use_fused = fused
-    fast = result.completions[0].token_ids
-    if fast != plain:
-        first = next((i for i, (a, b) in enumerate(zip(fast, plain)) if a != b), min(len(fast), len(plain)))
-        print(f"first differing position {first}: speculative {fast[first:first + 3]}, plain {plain[first:first + 3]}")
-    assert fast == plain
     assert result.cost.draft_tokens > 0
