@@ -13,30 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from metagen.scoring.sandbox import MARKER, SandboxResult, run_python
+from metagen.scoring.sandbox import SandboxResult, run_python
 
 KERNEL_LAYERS = {"pid-ns", "net-ns", "read-only-root", "private-tmp"}
-
-
-def sandbox_processes() -> list[int]:
-    """Live processes whose command line carries the sandbox marker (launcher, supervisor,
-    program and anything it forked)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if MARKER.encode() in cmdline:
-                pids.append(int(entry))
-    return pids
-
-
-@pytest.fixture
-def no_leftovers():
-    yield
-    assert sandbox_processes() == []
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +50,14 @@ def test_program_sees_a_clean_environment_and_its_files(no_leftovers):
         run_python("pass", files={"../x": ""})
 
 
-def test_infinite_loop_times_out(no_leftovers):
+def test_infinite_loop_times_out(no_leftovers, leftovers):
     result = run_python("while True:\n    pass", timeout=1.5)
     assert (result.status, result.returncode) == ("timeout", None)
     assert "wall-clock" in result.detail and 1.5 <= result.wall_seconds < 5
     # leaving the session does not help a program outlive its run, with or without namespaces
     for isolation in ("auto", "audit"):
         escaped = run_python("import os\nos.setsid()\nwhile True:\n    pass", timeout=1.0, isolation=isolation)
-        assert escaped.status == "timeout" and sandbox_processes() == []
+        assert escaped.status == "timeout" and leftovers() == []
 
 
 def test_cpu_limit_stops_a_busy_program_before_the_wall_clock(no_leftovers):
@@ -97,7 +76,7 @@ def test_output_flood_is_cut(no_leftovers):
     assert result.status == "output_limit" and len(result.stdout) == 5000
 
 
-def test_fork_limit_and_fork_bomb(no_leftovers, kernel_isolation):
+def test_fork_limit_and_fork_bomb(no_leftovers, kernel_isolation, leftovers):
     if not kernel_isolation:
         pytest.skip("needs PID namespace isolation")
     count_forks = (
@@ -112,7 +91,7 @@ def test_fork_limit_and_fork_bomb(no_leftovers, kernel_isolation):
 
     bomb = run_python("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", timeout=2, max_processes=8)
     assert bomb.status == "timeout"
-    assert sandbox_processes() == []
+    assert leftovers() == []
     assert subprocess.run(["true"], timeout=10).returncode == 0  # the host can still spawn
 
 

@@ -76,8 +76,10 @@ class SandboxResult:
 
     status: "ok" (exit code 0), "error" (non-zero exit or uncaught exception), "timeout" (wall
         clock or CPU limit), "memory" (MemoryError / allocation failure), "output_limit"
-        (stdout or stderr passed max_output_bytes) or "killed" (ended by another signal).
-    returncode: the exit code, or -signal when a signal ended it (None when the caller killed it).
+        (stdout or stderr passed max_output_bytes) or "killed" (ended by another signal, or its
+        supervisor was killed so how it ended is unknown).
+    returncode: the exit code, or -signal when a signal ended it (None when the caller killed it
+        or it is unknown).
     stdout, stderr: decoded as UTF-8 (invalid bytes replaced), each cut at max_output_bytes.
     detail: one line on why the run ended when it did not end by itself.
     isolation: the layers that were active (see the module docstring).
@@ -215,13 +217,17 @@ def _run_launcher(job_path: str, stdin_path: str, timeout: float, limit: int) ->
     report: dict = {}
     for line in bytes(streams[report_file]).decode("utf-8", "replace").splitlines():
         try:
-            report.update(json.loads(line))
+            record = json.loads(line)
         except ValueError:  # a line cut short by the kill
-            pass
+            continue
+        if isinstance(record, dict):
+            report.update(record)
     if "error" in report:
         raise SandboxError(f"sandbox setup failed: {report['error']}")
-    if not reason and "returncode" not in report:
+    if "layers" not in report:
         raise SandboxError(f"sandbox launcher ended without a report (exit {process.returncode}): {stderr[-2000:]}")
+    if not reason and "returncode" not in report:  # set up, then the supervisor died: the program's doing
+        reason = "lost"
     return _verdict(reason, report, stdout, stderr, wall, timeout, limit)
 
 
@@ -257,6 +263,8 @@ def _verdict(reason: str, report: dict, stdout: str, stderr: str, wall: float, t
         result.status, result.returncode, result.detail = "timeout", None, f"wall-clock limit of {timeout:g} s reached"
     elif reason == "output_limit":
         result.status, result.returncode, result.detail = "output_limit", None, f"output passed {limit} bytes"
+    elif reason == "lost":
+        result.status, result.returncode, result.detail = "killed", None, "the sandbox's supervisor was killed"
     elif returncode is not None and returncode < 0:
         name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
         if -returncode == signal.SIGXCPU or (-returncode == signal.SIGKILL and cpu >= report.get("cpu_limit", math.inf)):
