@@ -11,40 +11,57 @@ Process tree (all three are the same Python as the caller, started with `-I -S -
 mode, no site-packages, no .pyc writes):
 
     caller --Popen--> launcher: unshare namespaces, mounts, report layers     (new session)
-                        '--fork--> supervisor: PID 1 of the new PID namespace; waits, reports
-                                     '--fork+exec--> user program: rlimits, unprivileged, no caps
+                        '--fork--> supervisor: PID 1 of the new PID namespace; seccomp; waits, reports
+                                     '--fork+exec--> user program: rlimits, unprivileged, no caps;
+                                                     runs `sandbox_guard` first, then the code
 
 Layers, strongest first; `SandboxResult.isolation` names the ones that were active:
 - `pid-ns`: the program sees only its own processes; when the supervisor (PID 1) exits, the
   kernel kills everything left in the namespace, so nothing outlives the run.
 - `net-ns`: a network namespace with only a downed loopback, so no connection (not even to
-  127.0.0.1 of the host) can be made. `ipc-ns`, `uts-ns`: no SysV IPC / hostname sharing.
+  127.0.0.1 of the host, nor to an abstract UNIX socket) can be made. `ipc-ns`, `uts-ns`: no
+  SysV IPC / hostname sharing.
 - `mount-ns` + `read-only-root`: every mount is remounted read-only in a private mount
   namespace; `private-tmp`: a fresh size-limited tmpfs on /tmp is the working directory (and
   HOME, TMPDIR), freed when the namespace dies; `hidden-home`: /root, /home and $HOME are covered
   by an empty tmpfs, with only the Python installation bound back in read-only;
-  `minimal-dev`: /dev holds only null, zero, full, random, urandom; `private-proc`: /proc shows
-  the namespace's processes only.
+  `hidden-runtime-dirs`: so are /run, /var/run, /var/tmp and /var/lock, where hosts keep
+  sockets (read-only does not stop `connect()` to a socket file); `minimal-dev`: /dev holds only
+  null, zero, full, random, urandom (no /dev/shm); `private-proc`: /proc shows the namespace's
+  processes only.
 - `user-ns` (callers that are not root): the namespaces above are created inside a user namespace
   mapping only the caller's uid; `unprivileged-uid` (root callers): the program runs as a fresh,
   random uid/gid that owns nothing on the host, so RLIMIT_NPROC counts exactly its processes;
   `no-new-privs`: setuid binaries and file capabilities grant nothing; exec drops all
   capabilities.
+- `seccomp` (Linux x86_64 / aarch64, `sandbox_seccomp`): a kernel filter on the program's system
+  calls: no AF_UNIX socket anywhere (so no host socket file, wherever it lies), no io_uring, no
+  other ABI; in the fallback below also no socket at all, no writing open relative to a directory
+  descriptor, no mknod, no pidfd, ptrace or process_vm_*, no open by file handle.
 - `rlimits`: RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE = 0, and
   with the namespaces RLIMIT_NPROC (fork bombs; it counts the processes and threads of a uid, so
   it is set only where the program's uid is its own). `process-group`: the caller kills the
-  whole session on a wall-clock timeout, on output overflow and after every run. `clean-env`:
-  only PATH, HOME, TMPDIR, LANG.
-- `audit-hook` (fallback, when a kernel layer is missing or with `isolation="audit"`): a
-  `sys.addaudithook` hook installed before the program runs refuses sockets, process creation
-  (fork, exec, subprocess, os.system), signals to other processes, ctypes, and file writes
-  outside the working directory (then a fresh host temp dir, deleted after the run). This is
-  much weaker than kernel isolation: audit hooks are a tripwire, not a security boundary (a C
-  extension or an interpreter bug bypasses them), and the program keeps the caller's uid.
+  whole session on a wall-clock timeout, on output overflow and after every run; the launcher
+  is a child subreaper and returns only when every process of the run has been reaped.
+  `clean-env`: only PATH, HOME, TMPDIR, LANG.
+- `audit-hook` (fallback, when a kernel layer is missing or with `isolation="audit"`; see
+  `sandbox_guard`): the working directory is a fresh host temp dir (deleted after the run) and
+  the program keeps the caller's uid (root stays root). A `sys.addaudithook` hook refuses
+  process creation, signals to other processes, sockets, ctypes, setting rlimits, mkfifo /
+  mknod and native modules that write files on their own (sqlite3, dbm, shared memory,
+  readline); it lets open-for-writing, remove, rmdir, mkdir, rename, link, symlink, chmod,
+  chown, utime, truncate, setxattr and rmtree through only inside the working directory,
+  judging the real place: dir_fd-relative paths and file descriptors are resolved through
+  /proc/self/fd, symlinks followed. Not protected in this mode: reads of anything the uid may
+  read; a race in which another thread swaps a checked path for a symlink before the call uses
+  it; code that gets past the hook (a C extension, an interpreter bug), except for what the
+  seccomp filter refuses in the kernel; writes through an API the hook does not know. It is a
+  tripwire for a careless or ordinary program, not a boundary against a determined one.
 
 Not protected: reading host files that the program's uid may read (the code, the stdlib, /etc);
 CPU time taken from other processes up to the limits; kernel exploits; side channels. The
-namespace layers need Linux; elsewhere only rlimits, the audit hook and the process group apply.
+namespace and seccomp layers need Linux; elsewhere only rlimits, the audit hook and the process
+group apply.
 """
 
 from __future__ import annotations
