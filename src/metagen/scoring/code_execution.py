@@ -96,6 +96,7 @@ class CodeExecutionVerifier(Verifier):
         if isinstance(feedback_chars, bool) or not isinstance(feedback_chars, int) or feedback_chars < 40:
             raise ValueError(f"feedback_chars={feedback_chars!r} is out of range: must be an int >= 40")
         self.steps, self.checks = plan_tests(self.tests, setup)
+        self.checks_of = [[k for k, check in enumerate(self.checks) if check.test == t] for t in range(len(self.tests))]
         self.timeout, self.memory_mb, self.setup = float(timeout), memory_mb, setup
         self.isolation, self.feedback_chars = isolation, feedback_chars
 
@@ -127,27 +128,28 @@ class CodeExecutionVerifier(Verifier):
         return Verdict(not failures, passed / len(self.tests), feedback, cost)
 
     def _failure(self, index: int, report, run) -> str | None:
-        """Why test `index` failed (its error, the values that did not match, or why it did not
-        run), or None when it passed."""
+        """Why test `index` failed (its error, the values that did not match, or why its checks
+        got no value), or None when it passed."""
         header = self.tests[index].strip()
         if index in report.errors:
             return f"FAILED {header}\n  " + self._clip(report.errors[index])
         reasons, missing = [], False
-        for number, check in enumerate(self.checks):
-            if check.test != index:
-                continue
+        for number in self.checks_of[index]:
+            check = self.checks[number]
             if number not in report.values:
                 missing = True
                 continue
             value = report.values[number]
-            got = f"line {check.line}: {check.expression} returned {_shorten(repr(value))}"
             try:
-                if not check.holds(value):
-                    reasons.append(got)
+                why = None if check.holds(value) else ""
             except Exception as error:  # noqa: BLE001 - a value that cannot be compared (e.g. 1 < "a")
-                reasons.append(f"{got}, which cannot be compared: {type(error).__name__}: {error}")
-        if missing:
+                why = f", which cannot be compared: {type(error).__name__}: {error}"
+            if why is not None:
+                reasons.append(f"line {check.line}: {check.expression} returned {_shorten(repr(value))}{why}")
+        if missing and not reasons:
             return f"NOT RUN {header}\n  {_not_run(report, run)}"
+        if missing:
+            reasons.append(f"later checks got no value: {_not_run(report, run)}")
         return f"FAILED {header}\n  " + self._clip("\n".join(reasons)) if reasons else None
 
     def _clip(self, text: str) -> str:
