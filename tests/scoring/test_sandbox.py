@@ -158,6 +158,11 @@ def test_kernel_layers_when_available(kernel_isolation, no_leftovers):
     result = run_python("import os\nprint(os.listdir('/tmp'), os.getpid(), os.geteuid() != 0)")
     assert result.stdout.split("\n")[0] == "[] 2 True"  # empty private /tmp, PID 2 under the supervisor
     assert {"mount-ns", "no-new-privs"} <= set(result.isolation) and "audit-hook" not in result.isolation
+    # the host's data (this repository, /var, /run, /home) is out of sight; the system is not
+    this_file = Path(__file__).resolve()
+    code = f"import os\nprint(os.path.exists({str(this_file)!r}), os.listdir('/var'), os.listdir('/run'), os.path.isdir('/usr/lib'))"
+    assert run_python(code).stdout == "False [] [] True\n"
+    assert this_file.exists() and os.listdir("/var")
 
 
 @pytest.mark.parametrize(
@@ -397,3 +402,15 @@ def test_the_fallback_still_allows_work_inside_the_working_directory(no_leftover
     )
     result = run_python(code, isolation="audit")
     assert (result.status, result.stdout) == ("ok", "x ['b', 'h.txt', 'link']\n[]\n"), result.stderr
+
+
+def test_the_fallback_cannot_open_other_processes_files(no_leftovers):
+    # in the fallback the program keeps the caller's uid: its memory (which holds, e.g., the
+    # expected answers of a code verifier's tests) must stay closed
+    code = ("import os, sys\npid = sys.stdin.read().strip()\n"
+            "for name in ('mem', 'environ', 'cmdline', 'task/' + pid + '/mem'):\n"
+            "    try:\n        open(f'/proc/{pid}/{name}', 'rb').read(10)\n        print('READ', name)\n"
+            "    except OSError as error:\n        print('refused', type(error).__name__)\n"
+            "print(len(open('/proc/self/status').read()) > 0)\n")
+    result = run_python(code, stdin=str(os.getpid()), isolation="audit")
+    assert result.stdout == "refused PermissionError\n" * 4 + "True\n", result.stdout + result.stderr

@@ -25,6 +25,11 @@ reason; a report that only the program can have garbled (a malformed, unknown or
 record) fails the whole candidate with score 0. Tests that cannot be split this way (asserts
 on the test's own logic, asserts inside loops or functions) are refused when the verifier is
 built; see `code_checks` for the accepted forms.
+
+L is out of reach as long as the program cannot read it elsewhere: under namespace isolation
+the host's data directories and the caller's process are out of sight (see `sandbox`); in the
+audit-hook fallback the hook refuses the caller's /proc files, but the program may read any
+file its uid may read, so expected answers must not lie in such a file there.
 """
 
 from __future__ import annotations

@@ -23,12 +23,13 @@ Layers, strongest first; `SandboxResult.isolation` names the ones that were acti
   SysV IPC / hostname sharing.
 - `mount-ns` + `read-only-root`: every mount is remounted read-only in a private mount
   namespace; `private-tmp`: a fresh size-limited tmpfs on /tmp is the working directory (and
-  HOME, TMPDIR), freed when the namespace dies; `hidden-home`: /root, /home and $HOME are covered
-  by an empty tmpfs, with only the Python installation bound back in read-only;
-  `hidden-runtime-dirs`: so are /run, /var/run, /var/tmp and /var/lock, where hosts keep
-  sockets (read-only does not stop `connect()` to a socket file); `minimal-dev`: /dev holds only
-  null, zero, full, random, urandom (no /dev/shm); `private-proc`: /proc shows the namespace's
-  processes only.
+  HOME, TMPDIR), freed when the namespace dies; `hidden-host-dirs`: every top-level directory
+  but the system's (/usr, /bin, /sbin, /lib*, /etc, /nix, /gnu) is covered by an empty tmpfs, and
+  so is $HOME, with only the Python installation bound back in read-only: /home, /root, /var,
+  /run, /opt, /srv, /mnt, the code and data of the caller (where tests and their expected
+  answers may lie), and the host's socket files (read-only does not stop `connect()` to a
+  socket) are out of sight; `minimal-dev`: /dev holds only null, zero, full, random, urandom (no
+  /dev/shm); `private-proc`: /proc shows the namespace's processes only.
 - `user-ns` (callers that are not root): the namespaces above are created inside a user namespace
   mapping only the caller's uid; `unprivileged-uid` (root callers): the program runs as a fresh,
   random uid/gid that owns nothing on the host, so RLIMIT_NPROC counts exactly its processes;
@@ -58,7 +59,8 @@ Layers, strongest first; `SandboxResult.isolation` names the ones that were acti
   seccomp filter refuses in the kernel; writes through an API the hook does not know. It is a
   tripwire for a careless or ordinary program, not a boundary against a determined one.
 
-Not protected: reading host files that the program's uid may read (the code, the stdlib, /etc);
+Not protected: reading host files that the program's uid may read (in namespace mode: the system
+directories and the Python installation; in the fallback: everything);
 CPU time taken from other processes up to the limits; kernel exploits; side channels. The
 namespace and seccomp layers need Linux; elsewhere only rlimits, the audit hook and the process
 group apply.

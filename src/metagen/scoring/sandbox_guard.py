@@ -6,7 +6,9 @@ guard, then run the program as __main__ in file "main.py" (tracebacks show its l
 The guard (fallback mode: no namespaces, the program keeps the caller's uid) is an audit hook
 plus replacements of the few `os` functions whose audit events say too little:
 - refused outright: process creation (fork, exec, posix_spawn, subprocess, os.system, pty),
-  signals to processes (os.kill, os.killpg, signal.pthread_kill, pidfds), sockets, ctypes,
+  signals to processes (os.kill, os.killpg, signal.pthread_kill, pidfds), opening anything in
+  /proc/<pid> of another process (the caller's memory holds the expected answers of a code
+  verifier's tests), sockets, ctypes,
   raising or setting resource limits (root could lift its own), new audit hooks, os.mkfifo and
   os.mknod, and importing native modules that write files by themselves (_sqlite3: ATTACH;
   _dbm, _gdbm, _posixshmem, _multiprocessing, readline);
@@ -90,14 +92,28 @@ def _guard(root: str) -> None:
     def inside(real):
         return real is not None and (real == root or real.startswith(root + "/"))
 
+    own = str(os.getpid())
+
+    def other_process(path):
+        """Whether `path` lies in /proc/<pid> of another process (its memory, environment, fds)."""
+        path = fsdecode(path)
+        for candidate in (os.path.abspath(path), realpath(path)):
+            parts = candidate.split("/")
+            if len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and parts[2] != own:
+                return True
+        return False
+
     def refuse(what):
         raise PermissionError(f"sandbox: {what} outside the working directory is not allowed")
 
     def hook(event, args):
         if event in refused or (event == "import" and args[0] in native):
             raise PermissionError(f"sandbox: {event} {args[0] if event == 'import' else ''}is not allowed")
-        if event == "open" and not isinstance(args[0], int) and (args[2] or 0) & writing and not inside(location(args[0])):
-            refuse(f"writing {args[0]!r}")
+        if event == "open" and not isinstance(args[0], int):
+            if (args[2] or 0) & writing and not inside(location(args[0])):
+                refuse(f"writing {args[0]!r}")
+            if other_process(args[0]):
+                raise PermissionError(f"sandbox: opening {args[0]!r} of another process is not allowed")
         for path_at, dir_fd_at in paths.get(event, ()):
             dir_fd = args[dir_fd_at] if dir_fd_at is not None and dir_fd_at < len(args) else None
             if not inside(location(args[path_at], dir_fd)):

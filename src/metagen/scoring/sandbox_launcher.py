@@ -29,8 +29,8 @@ MOUNT_OPTION_FLAGS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "
                       "strictatime": MS_STRICTATIME}
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
 DEVICES = ("null", "zero", "full", "random", "urandom")
-SYSTEM_DIRS = ("/", "/tmp", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/var", "/opt", "/proc", "/dev", "/sys")
-RUNTIME_DIRS = ("/run", "/var/run", "/var/tmp", "/var/lock")  # where hosts keep sockets anyone may use
+VISIBLE_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "nix", "gnu")  # system, at /
+NEVER_HIDDEN = ("/", "/tmp", "/proc", "/dev", *(f"/{name}" for name in VISIBLE_DIRS))
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -151,11 +151,14 @@ def _enter_namespaces(kernel: _Kernel, job: dict, layers: list[str]) -> tuple[in
 
 
 def _build_filesystem(kernel: _Kernel, job: dict, identity: tuple[int, int], layers: list[str]) -> None:
-    """Private propagation, everything read-only, then fresh tmpfs on /tmp, /dev and the homes."""
+    """Private propagation, everything read-only, then fresh tmpfs on /tmp and /dev, and empty
+    ones over every other top-level directory but the system's (VISIBLE_DIRS) and over the homes."""
     kernel.mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates to the host
     keep = [path for path in job["keep_visible"] if os.path.isdir(path)]
-    homes = _outermost({os.path.realpath(p) for p in ("/root", "/home", job["home"]) if os.path.isdir(p)})
-    runtime = _outermost({os.path.realpath(p) for p in RUNTIME_DIRS if os.path.isdir(p)}) - homes
+    host = {f"/{name}" for name in os.listdir("/") if name not in VISIBLE_DIRS and os.path.isdir(f"/{name}")}
+    host = {path for path in host if not os.path.islink(path)}  # e.g. /var/run: covered with its target
+    homes = {os.path.realpath(p) for p in ("/root", "/home", job["home"]) if os.path.isdir(p)}
+    hidden = _outermost(host | homes)
     handles = {path: os.open(path, os.O_PATH) for path in keep}
     devices = {name: os.open(f"/dev/{name}", os.O_PATH) for name in DEVICES if os.path.exists(f"/dev/{name}")}
     if not _remount_all_read_only(kernel):
@@ -174,11 +177,9 @@ def _build_filesystem(kernel: _Kernel, job: dict, identity: tuple[int, int], lay
             os.symlink(target, f"/dev/{name}")
         kernel.mount(None, "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
         layers.append("minimal-dev")
-        for layer, directories in (("hidden-home", homes), ("hidden-runtime-dirs", runtime)):
-            for directory in sorted(directories):
-                _hide(kernel, directory, keep, handles)
-            if directories:
-                layers.append(layer)
+        for directory in sorted(hidden):
+            _hide(kernel, directory, keep, handles)
+        layers.append("hidden-host-dirs")
     finally:
         for handle in (*handles.values(), *devices.values()):
             os.close(handle)
@@ -186,7 +187,7 @@ def _build_filesystem(kernel: _Kernel, job: dict, identity: tuple[int, int], lay
 
 def _outermost(directories: set[str]) -> set[str]:
     """The directories not inside another of them, nor a system directory or in /tmp."""
-    directories = {d for d in directories if d not in SYSTEM_DIRS and not d.startswith("/tmp/")}
+    directories = {d for d in directories if d not in NEVER_HIDDEN and not d.startswith("/tmp/")}
     return {d for d in directories if not any(d.startswith(other + "/") for other in directories)}
 
 
