@@ -48,9 +48,9 @@ Layers, strongest first; `SandboxResult.isolation` names the ones that were acti
 - `audit-hook` (fallback, when a kernel layer is missing or with `isolation="audit"`; see
   `sandbox_guard`): the working directory is a fresh host temp dir (deleted after the run) and
   the program keeps the caller's uid (root stays root). A `sys.addaudithook` hook refuses
-  process creation, signals to other processes, sockets, ctypes, setting rlimits, mkfifo /
-  mknod and native modules that write files on their own (sqlite3, dbm, shared memory,
-  readline); it lets open-for-writing, remove, rmdir, mkdir, rename, link, symlink, chmod,
+  process creation, signals to other processes, opening other processes' /proc files, sockets,
+  ctypes, setting rlimits, mkfifo / mknod and native modules that write files on their own
+  (sqlite3, dbm, shared memory, readline); it lets open-for-writing, remove, rmdir, mkdir, rename, link, symlink, chmod,
   chown, utime, truncate, setxattr and rmtree through only inside the working directory,
   judging the real place: dir_fd-relative paths and file descriptors are resolved through
   /proc/self/fd, symlinks followed. Not protected in this mode: reads of anything the uid may
@@ -60,8 +60,8 @@ Layers, strongest first; `SandboxResult.isolation` names the ones that were acti
   tripwire for a careless or ordinary program, not a boundary against a determined one.
 
 Not protected: reading host files that the program's uid may read (in namespace mode: the system
-directories and the Python installation; in the fallback: everything);
-CPU time taken from other processes up to the limits; kernel exploits; side channels. The
+directories and the Python installation; in the fallback: everything); CPU time taken from other
+processes up to the limits; kernel exploits; side channels. The
 namespace and seccomp layers need Linux; elsewhere only rlimits, the audit hook and the process
 group apply.
 """
@@ -138,7 +138,7 @@ def run_python(
     RLIMIT_NPROC, processes and threads at once (namespace isolation only; the audit hook refuses
     process creation instead). files: relative path -> text written into the working directory.
     isolation: "auto" (strongest available), "namespaces" (raise SandboxError without them),
-    "audit" (rlimits + audit hook only: the portable fallback).
+    "audit" (no namespaces: rlimits, the audit hook and, on Linux, the fallback's seccomp filter).
     Only the standard library is importable (the interpreter runs with -I -S).
     """
     _check_arguments(timeout, memory_mb, cpu_seconds, max_output_bytes, disk_mb, max_processes, isolation)
