@@ -108,7 +108,8 @@ def _guard(root: str) -> None:
 
     def hook(event, args):
         if event in refused or (event == "import" and args[0] in native):
-            raise PermissionError(f"sandbox: {event} {args[0] if event == 'import' else ''}is not allowed")
+            what = f"importing {args[0]}" if event == "import" else event
+            raise PermissionError(f"sandbox: {what} is not allowed")
         if event == "open" and not isinstance(args[0], int):
             if (args[2] or 0) & writing and not inside(location(args[0])):
                 refuse(f"writing {args[0]!r}")
