@@ -7,32 +7,51 @@ Which code is run (`extract_program`): the last ```python (or ```py / ```python3
 of the text; without one, the last untagged ``` block; without any fence, the whole text. A
 block cut off by the token limit (no closing fence) counts up to the end of the text.
 
-One sandbox run per candidate (cost: zero model calls; wall time measured). Inside it a harness
-runs `setup`, then the program as module "solution" (so `if __name__ == "__main__":` blocks do
-not run, and stdin is empty), then each test in the same namespace, each under its own alarm of
-`timeout` seconds and inside try/except BaseException, so a failing test, `sys.exit()` or a
-hanging test cannot hide the results of the others. The harness writes one JSON line per stage to
-a private duplicate of stdout, each prefixed with a random nonce, so text the program prints
-cannot be mistaken for a result. A program that kills its own process (`os._exit`) or exhausts
-the sandbox's limits leaves the tests without a record; they count as failed, with the sandbox's
-verdict (timeout, memory, ...) as the reason.
+Where the verdict comes from: the program under test is hostile until proven otherwise (a
+verifier-guided strategy selects whatever the verdict rewards), and it shares its process with
+whatever runs in the sandbox, so nothing in that process may decide that a test passed. Each
+assert of a test is split (`code_checks`) into the expression the program computes, E, and the
+expected side, a literal L. One sandbox run per candidate (cost: zero model calls; wall time
+measured): a harness (`code_harness`) runs `setup`, then the program as module "solution" (so
+`if __name__ == "__main__":` blocks do not run, and stdin is empty), then each test's
+statements, and reports the *value* of each E as JSON, each test under its own alarm of
+`timeout` seconds. L never enters the sandbox; the caller rebuilds each value as plain Python
+data (`code_report`) and compares it with L itself. So a program that walks the stack into the
+harness, writes records of its own, closes or replaces file descriptors, exits early, kills its
+parent or returns an object whose `__eq__` always says True gains nothing: a check passes only
+when a value equal to the hidden L was reported for it. A check without a value (the program
+exited, crashed, hung, ran out of memory or output) fails, with the sandbox's verdict as the
+reason; a report that only the program can have garbled (a malformed, unknown or repeated
+record) fails the whole candidate with score 0. Tests that cannot be split this way (asserts
+on the test's own logic, asserts inside loops or functions) are refused when the verifier is
+built; see `code_checks` for the accepted forms.
+
+L is out of reach as long as the program cannot read it elsewhere: under namespace isolation
+the host's data directories and the caller's process are out of sight (see `sandbox`); in the
+audit-hook fallback the hook refuses the caller's /proc files, but the program may read any
+file its uid may read, so expected answers must not lie in such a file there.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import secrets
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metagen.decoding.cost import Cost
 from metagen.scoring.base import Verdict, Verifier
+from metagen.scoring.code_checks import plan_tests
+from metagen.scoring.code_report import read_report
 from metagen.scoring.sandbox import run_python
 
 if TYPE_CHECKING:
     from metagen.decoding.prompts import Prompt
     from metagen.strategies.result import Candidate
+
+HARNESS = (Path(__file__).parent / "code_harness.py").read_text(encoding="utf-8")
+RECORD_CHARS = 50_000  # longest record line the harness writes (a value, or an error's traceback)
 
 FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)", re.DOTALL | re.MULTILINE)
 PYTHON_TAGS = ("python", "py", "python3")
@@ -49,20 +68,16 @@ def extract_program(text: str) -> str | None:
     return program if program.strip() else None
 
 
-def _clip(text: str, limit: int) -> str:
-    """The end of `text` (where a traceback says what went wrong), at most `limit` characters."""
-    return text if len(text) <= limit else "..." + text[-limit:]
-
-
 class CodeExecutionVerifier(Verifier):
     """Passes when every test passes; score = share of tests passed; feedback = each failing test
-    with its error (clipped), or why the program never got to run the tests.
+    with the value it got or its error (clipped), or why the program never got to run the tests.
 
     tests: one test (a string, which may hold several statements) or a list of them, e.g.
-        "assert f(2) == 4"; run in the program's namespace.
+        "assert f(2) == 4"; its asserts must have a form `code_checks` accepts (ValueError if not).
     timeout: seconds per stage (setup + program, and each test); the whole run gets
         timeout × (tests + 1) plus interpreter start-up. memory_mb: the sandbox's RLIMIT_AS.
     setup: code run before the program (imports, helpers the tests use).
+    isolation: the sandbox's isolation mode (see `sandbox.run_python`).
     feedback_chars: most characters of error text kept per failing test.
     """
 
@@ -85,6 +100,8 @@ class CodeExecutionVerifier(Verifier):
             raise ValueError(f"timeout={timeout!r} is out of range: must be a number > 0")
         if isinstance(feedback_chars, bool) or not isinstance(feedback_chars, int) or feedback_chars < 40:
             raise ValueError(f"feedback_chars={feedback_chars!r} is out of range: must be an int >= 40")
+        self.steps, self.checks = plan_tests(self.tests, setup)
+        self.checks_of = [[k for k, check in enumerate(self.checks) if check.test == t] for t in range(len(self.tests))]
         self.timeout, self.memory_mb, self.setup = float(timeout), memory_mb, setup
         self.isolation, self.feedback_chars = isolation, feedback_chars
 
@@ -92,94 +109,78 @@ class CodeExecutionVerifier(Verifier):
         program = extract_program(candidate.text)
         if program is None:
             return Verdict(False, 0.0, "No Python code was found in the response.")
-        nonce = secrets.token_hex(16)
-        payload = {"nonce": nonce, "setup": self.setup, "program": program, "tests": self.tests, "timeout": self.timeout}
-        harness = _HARNESS.replace("PAYLOAD", repr(json.dumps(payload)))
-        budget = self.timeout * (len(self.tests) + 1) + 2.0  # + interpreter start-up
-        run = run_python(harness, timeout=budget, memory_mb=self.memory_mb, isolation=self.isolation)
-        records = [json.loads(line[len(nonce):]) for line in run.stdout.splitlines() if line.startswith(nonce)]
-        loaded = next((r for r in records if r.get("stage") == "program"), None)
-        program_error = loaded["error"].rstrip() if loaded and loaded["error"] else None
-        test_errors = {r["test"]: r["error"] and r["error"].rstrip() for r in records if "test" in r}
-        if loaded is None:
-            why = f"the program did not finish loading ({_ended(run)})"
-        elif not loaded["compiles"]:
-            why = "the program does not compile"
-        else:
-            why = f"the run stopped before this test ({_ended(run)})"
-        failures = []
-        for index, test in enumerate(self.tests):
-            if index not in test_errors:
-                failures.append(f"NOT RUN {test.strip()}\n  {why}")
-            elif test_errors[index] is not None:
-                failures.append(f"FAILED {test.strip()}\n  " + _clip(test_errors[index], self.feedback_chars).replace("\n", "\n  "))
+        payload = {"setup": self.setup, "program": program, "tests": self.steps, "timeout": self.timeout,
+                   "value_limit": RECORD_CHARS}
+        run = run_python(
+            HARNESS, stdin=json.dumps(payload), isolation=self.isolation, memory_mb=self.memory_mb,
+            timeout=self.timeout * (len(self.tests) + 1) + 2.0,  # + interpreter start-up
+            max_output_bytes=(RECORD_CHARS + 100) * (len(self.checks) + len(self.tests) + 1),
+        )
+        cost = Cost(wall_seconds=run.wall_seconds)
+        report = read_report(run.stdout, len(self.tests), len(self.checks))
+        if report.problem is not None:
+            feedback = (f"0 of {len(self.tests)} tests passed.\nThe run cannot be trusted: {report.problem}. "
+                        "The program wrote to the verifier's report channel.")
+            return Verdict(False, 0.0, feedback, cost)
+        failures = [text for index in range(len(self.tests)) if (text := self._failure(index, report, run))]
         passed = len(self.tests) - len(failures)
         lines = [f"{passed} of {len(self.tests)} tests passed."]
-        if program_error is not None:
+        loaded = report.program
+        if loaded is not None and loaded["error"] is not None:
             what = "raised an error while loading" if loaded["compiles"] else "does not compile"
-            lines.append(f"The program {what}:\n  " + _clip(program_error, self.feedback_chars).replace("\n", "\n  "))
+            lines.append(f"The program {what}:\n  " + self._clip(loaded["error"]))
         feedback = "\n".join(lines + failures).rstrip()
-        return Verdict(not failures, passed / len(self.tests), feedback, Cost(wall_seconds=run.wall_seconds))
+        return Verdict(not failures, passed / len(self.tests), feedback, cost)
+
+    def _failure(self, index: int, report, run) -> str | None:
+        """Why test `index` failed (its error, the values that did not match, or why its checks
+        got no value), or None when it passed."""
+        header = self.tests[index].strip()
+        if index in report.errors:
+            return f"FAILED {header}\n  " + self._clip(report.errors[index])
+        reasons, missing = [], False
+        for number in self.checks_of[index]:
+            check = self.checks[number]
+            if number not in report.values:
+                missing = True
+                continue
+            value = report.values[number]
+            try:
+                why = None if check.holds(value) else ""
+            except Exception as error:  # noqa: BLE001 - a value that cannot be compared (e.g. 1 < "a")
+                why = f", which cannot be compared: {type(error).__name__}: {error}"
+            if why is not None:
+                reasons.append(f"line {check.line}: {check.expression} returned {_shorten(repr(value))}{why}")
+        if missing and not reasons:
+            return f"NOT RUN {header}\n  {_not_run(report, run)}"
+        if missing:
+            reasons.append(f"later checks got no value: {_not_run(report, run)}")
+        return f"FAILED {header}\n  " + self._clip("\n".join(reasons)) if reasons else None
+
+    def _clip(self, text: str) -> str:
+        return _clip(text.rstrip(), self.feedback_chars).replace("\n", "\n  ")
+
+
+def _not_run(report, run) -> str:
+    """Why a check has no value."""
+    if report.program is None:
+        return f"the program did not finish loading ({_ended(run)})"
+    if not report.program["compiles"]:
+        return "the program does not compile"
+    return f"the run stopped before this test ({_ended(run)})"
+
+
+def _clip(text: str, limit: int) -> str:
+    """The end of `text` (where a traceback says what went wrong), at most `limit` characters."""
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def _shorten(text: str, limit: int = 200) -> str:
+    """The start of `text` (a value's repr), at most `limit` characters."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _ended(run) -> str:
     if run.status in ("timeout", "memory", "output_limit", "killed"):
         return f"{run.status}: {run.detail}"
     return f"the process exited with code {run.returncode}"
-
-
-# The program run in the sandbox. PAYLOAD becomes a string literal holding the JSON payload.
-_HARNESS = r'''
-import io, json, linecache, os, signal, sys, traceback
-
-def _harness(payload):
-    nonce, limit = payload["nonce"], payload["timeout"]
-    channel = os.fdopen(os.dup(1), "w")  # ours even if the program closes or replaces stdout
-
-    def emit(record):
-        channel.write(nonce + json.dumps(record) + "\n")
-        channel.flush()
-
-    def alarm(signum, frame):
-        raise TimeoutError(f"took longer than {limit:g} s")
-
-    namespace = {"__name__": "solution", "__builtins__": __builtins__}
-
-    def run(source, filename):
-        """None when `source` ran, else its error as traceback text."""
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        try:
-            code = compile(source, filename, "exec")
-        except (SyntaxError, ValueError) as error:
-            return "".join(traceback.format_exception_only(type(error), error))
-        signal.signal(signal.SIGALRM, alarm)
-        signal.setitimer(signal.ITIMER_REAL, limit)
-        try:
-            exec(code, namespace)
-            return None
-        except BaseException as error:  # SystemExit and KeyboardInterrupt included
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename != "main.py"]
-            lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)] if frames else []
-            return "".join(lines + traceback.format_exception_only(type(error), error))
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-
-    sys.stdin, sys.stdout = io.StringIO(""), io.StringIO()
-    if payload["setup"].strip():
-        error = run(payload["setup"], "setup.py")
-        if error is not None:
-            emit({"stage": "program", "error": "the verifier's setup code failed:\n" + error, "compiles": True})
-            return
-    try:
-        compile(payload["program"], "solution.py", "exec")
-        compiles = True
-    except (SyntaxError, ValueError):
-        compiles = False
-    emit({"stage": "program", "error": run(payload["program"], "solution.py"), "compiles": compiles})
-    if compiles:
-        for index, test in enumerate(payload["tests"]):
-            emit({"test": index, "error": run(test, f"test_{index + 1}.py")})
-
-_harness(json.loads(PAYLOAD))
-'''

@@ -11,40 +11,59 @@ Process tree (all three are the same Python as the caller, started with `-I -S -
 mode, no site-packages, no .pyc writes):
 
     caller --Popen--> launcher: unshare namespaces, mounts, report layers     (new session)
-                        '--fork--> supervisor: PID 1 of the new PID namespace; waits, reports
-                                     '--fork+exec--> user program: rlimits, unprivileged, no caps
+                        '--fork--> supervisor: PID 1 of the new PID namespace; seccomp; waits, reports
+                                     '--fork+exec--> user program: rlimits, unprivileged, no caps;
+                                                     runs `sandbox_guard` first, then the code
 
 Layers, strongest first; `SandboxResult.isolation` names the ones that were active:
 - `pid-ns`: the program sees only its own processes; when the supervisor (PID 1) exits, the
   kernel kills everything left in the namespace, so nothing outlives the run.
 - `net-ns`: a network namespace with only a downed loopback, so no connection (not even to
-  127.0.0.1 of the host) can be made. `ipc-ns`, `uts-ns`: no SysV IPC / hostname sharing.
+  127.0.0.1 of the host, nor to an abstract UNIX socket) can be made. `ipc-ns`, `uts-ns`: no
+  SysV IPC / hostname sharing.
 - `mount-ns` + `read-only-root`: every mount is remounted read-only in a private mount
   namespace; `private-tmp`: a fresh size-limited tmpfs on /tmp is the working directory (and
-  HOME, TMPDIR), freed when the namespace dies; `hidden-home`: /root, /home and $HOME are covered
-  by an empty tmpfs, with only the Python installation bound back in read-only;
-  `minimal-dev`: /dev holds only null, zero, full, random, urandom; `private-proc`: /proc shows
-  the namespace's processes only.
+  HOME, TMPDIR), freed when the namespace dies; `hidden-host-dirs`: every top-level directory
+  but the system's (/usr, /bin, /sbin, /lib*, /etc, /nix, /gnu) is covered by an empty tmpfs, and
+  so is $HOME, with only the Python installation bound back in read-only: /home, /root, /var,
+  /run, /opt, /srv, /mnt, the code and data of the caller (where tests and their expected
+  answers may lie), and the host's socket files (read-only does not stop `connect()` to a
+  socket) are out of sight; `minimal-dev`: /dev holds only null, zero, full, random, urandom (no
+  /dev/shm); `private-proc`: /proc shows the namespace's processes only.
 - `user-ns` (callers that are not root): the namespaces above are created inside a user namespace
   mapping only the caller's uid; `unprivileged-uid` (root callers): the program runs as a fresh,
   random uid/gid that owns nothing on the host, so RLIMIT_NPROC counts exactly its processes;
   `no-new-privs`: setuid binaries and file capabilities grant nothing; exec drops all
   capabilities.
+- `seccomp` (Linux x86_64 / aarch64, `sandbox_seccomp`): a kernel filter on the program's system
+  calls: no AF_UNIX socket anywhere (so no host socket file, wherever it lies), no io_uring, no
+  other ABI; in the fallback below also no socket at all, no writing open relative to a directory
+  descriptor, no mknod, no pidfd, ptrace or process_vm_*, no open by file handle.
 - `rlimits`: RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE = 0, and
   with the namespaces RLIMIT_NPROC (fork bombs; it counts the processes and threads of a uid, so
   it is set only where the program's uid is its own). `process-group`: the caller kills the
-  whole session on a wall-clock timeout, on output overflow and after every run. `clean-env`:
-  only PATH, HOME, TMPDIR, LANG.
-- `audit-hook` (fallback, when a kernel layer is missing or with `isolation="audit"`): a
-  `sys.addaudithook` hook installed before the program runs refuses sockets, process creation
-  (fork, exec, subprocess, os.system), signals to other processes, ctypes, and file writes
-  outside the working directory (then a fresh host temp dir, deleted after the run). This is
-  much weaker than kernel isolation: audit hooks are a tripwire, not a security boundary (a C
-  extension or an interpreter bug bypasses them), and the program keeps the caller's uid.
+  whole session on a wall-clock timeout, on output overflow and after every run; the launcher
+  is a child subreaper and returns only when every process of the run has been reaped.
+  `clean-env`: only PATH, HOME, TMPDIR, LANG.
+- `audit-hook` (fallback, when a kernel layer is missing or with `isolation="audit"`; see
+  `sandbox_guard`): the working directory is a fresh host temp dir (deleted after the run) and
+  the program keeps the caller's uid (root stays root). A `sys.addaudithook` hook refuses
+  process creation, signals to other processes, opening other processes' /proc files, sockets,
+  ctypes, setting rlimits, mkfifo / mknod and native modules that write files on their own
+  (sqlite3, dbm, shared memory, readline); it lets open-for-writing, remove, rmdir, mkdir, rename, link, symlink, chmod,
+  chown, utime, truncate, setxattr and rmtree through only inside the working directory,
+  judging the real place: dir_fd-relative paths and file descriptors are resolved through
+  /proc/self/fd, symlinks followed. Not protected in this mode: reads of anything the uid may
+  read; a race in which another thread swaps a checked path for a symlink before the call uses
+  it; code that gets past the hook (a C extension, an interpreter bug), except for what the
+  seccomp filter refuses in the kernel; writes through an API the hook does not know. It is a
+  tripwire for a careless or ordinary program, not a boundary against a determined one.
 
-Not protected: reading host files that the program's uid may read (the code, the stdlib, /etc);
-CPU time taken from other processes up to the limits; kernel exploits; side channels. The
-namespace layers need Linux; elsewhere only rlimits, the audit hook and the process group apply.
+Not protected: reading host files that the program's uid may read (in namespace mode: the system
+directories and the Python installation; in the fallback: everything); CPU time taken from other
+processes up to the limits; kernel exploits; side channels. The
+namespace and seccomp layers need Linux; elsewhere only rlimits, the audit hook and the process
+group apply.
 """
 
 from __future__ import annotations
@@ -76,8 +95,10 @@ class SandboxResult:
 
     status: "ok" (exit code 0), "error" (non-zero exit or uncaught exception), "timeout" (wall
         clock or CPU limit), "memory" (MemoryError / allocation failure), "output_limit"
-        (stdout or stderr passed max_output_bytes) or "killed" (ended by another signal).
-    returncode: the exit code, or -signal when a signal ended it (None when the caller killed it).
+        (stdout or stderr passed max_output_bytes) or "killed" (ended by another signal, or its
+        supervisor was killed so how it ended is unknown).
+    returncode: the exit code, or -signal when a signal ended it (None when the caller killed it
+        or it is unknown).
     stdout, stderr: decoded as UTF-8 (invalid bytes replaced), each cut at max_output_bytes.
     detail: one line on why the run ended when it did not end by itself.
     isolation: the layers that were active (see the module docstring).
@@ -117,7 +138,7 @@ def run_python(
     RLIMIT_NPROC, processes and threads at once (namespace isolation only; the audit hook refuses
     process creation instead). files: relative path -> text written into the working directory.
     isolation: "auto" (strongest available), "namespaces" (raise SandboxError without them),
-    "audit" (rlimits + audit hook only: the portable fallback).
+    "audit" (no namespaces: rlimits, the audit hook and, on Linux, the fallback's seccomp filter).
     Only the standard library is importable (the interpreter runs with -I -S).
     """
     _check_arguments(timeout, memory_mb, cpu_seconds, max_output_bytes, disk_mb, max_processes, isolation)
@@ -215,13 +236,17 @@ def _run_launcher(job_path: str, stdin_path: str, timeout: float, limit: int) ->
     report: dict = {}
     for line in bytes(streams[report_file]).decode("utf-8", "replace").splitlines():
         try:
-            report.update(json.loads(line))
+            record = json.loads(line)
         except ValueError:  # a line cut short by the kill
-            pass
+            continue
+        if isinstance(record, dict):
+            report.update(record)
     if "error" in report:
         raise SandboxError(f"sandbox setup failed: {report['error']}")
-    if not reason and "returncode" not in report:
+    if "layers" not in report:
         raise SandboxError(f"sandbox launcher ended without a report (exit {process.returncode}): {stderr[-2000:]}")
+    if not reason and "returncode" not in report:  # set up, then the supervisor died: the program's doing
+        reason = "lost"
     return _verdict(reason, report, stdout, stderr, wall, timeout, limit)
 
 
@@ -257,6 +282,8 @@ def _verdict(reason: str, report: dict, stdout: str, stderr: str, wall: float, t
         result.status, result.returncode, result.detail = "timeout", None, f"wall-clock limit of {timeout:g} s reached"
     elif reason == "output_limit":
         result.status, result.returncode, result.detail = "output_limit", None, f"output passed {limit} bytes"
+    elif reason == "lost":
+        result.status, result.returncode, result.detail = "killed", None, "the sandbox's supervisor was killed"
     elif returncode is not None and returncode < 0:
         name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
         if -returncode == signal.SIGXCPU or (-returncode == signal.SIGKILL and cpu >= report.get("cpu_limit", math.inf)):

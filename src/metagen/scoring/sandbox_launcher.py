@@ -2,9 +2,10 @@
 
     python -I -S -B sandbox_launcher.py --launch JOB.json REPORT_FD
 
-it creates the namespaces and mounts, forks the supervisor (PID 1 of the new PID namespace) and
-execs the user program under rlimits (see `sandbox.py` for the layers and the threat model).
-Only the standard library is used: the interpreter runs isolated, without site-packages.
+it creates the namespaces and mounts, forks the supervisor (PID 1 of the new PID namespace), which
+loads the seccomp filter (`sandbox_seccomp.py`) and execs the user program under rlimits, starting
+with `sandbox_guard.py` (see `sandbox.py` for the layers and the threat model). Only the standard
+library is used: the interpreter runs isolated, without site-packages.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ MS_RELATIME, MS_STRICTATIME = 1 << 21, 1 << 24
 MOUNT_OPTION_FLAGS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
                       "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME,
                       "strictatime": MS_STRICTATIME}
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
 DEVICES = ("null", "zero", "full", "random", "urandom")
-SYSTEM_DIRS = ("/", "/tmp", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/var", "/opt", "/proc", "/dev", "/sys")
+VISIBLE_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "nix", "gnu")  # system, at /
+NEVER_HIDDEN = ("/", "/tmp", "/proc", "/dev", *(f"/{name}" for name in VISIBLE_DIRS))
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class _Kernel:
@@ -65,6 +68,9 @@ def _launch(job_path: str, report_fd: int) -> None:
     report = os.fdopen(report_fd, "w", buffering=1)
     try:
         kernel = _Kernel()
+        with open(os.path.join(HERE, "sandbox_guard.py"), encoding="utf-8") as handle:
+            job["guard"] = handle.read()  # read now: the mounts below may hide this directory
+        job["seccomp"] = _load_module("sandbox_seccomp")
         layers, identity = ["rlimits", "process-group", "clean-env", "no-new-privs"], None
         if job["isolation"] != "audit":
             identity = _enter_namespaces(kernel, job, layers)
@@ -89,6 +95,7 @@ def _launch(job_path: str, report_fd: int) -> None:
                 os.kill(supervisor[0], signal.SIGKILL)
 
     signal.signal(signal.SIGTERM, on_terminate)
+    kernel.prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the run become ours, to be reaped below
     supervisor[0] = os.fork()
     if supervisor[0] == 0:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -97,7 +104,23 @@ def _launch(job_path: str, report_fd: int) -> None:
         os.kill(supervisor[0], signal.SIGKILL)
     report.close()
     os.waitpid(supervisor[0], 0)  # returns once the supervisor is dead, so its namespace is empty
+    while True:  # without namespaces: the program, killed by its parent-death signal
+        try:
+            os.wait()
+        except ChildProcessError:
+            break
     os._exit(0)
+
+
+def _load_module(name: str):
+    """A module of this directory, loaded by path (the launcher runs isolated, without sys.path
+    entries of its own)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _enter_namespaces(kernel: _Kernel, job: dict, layers: list[str]) -> tuple[int, int] | None:
@@ -128,12 +151,14 @@ def _enter_namespaces(kernel: _Kernel, job: dict, layers: list[str]) -> tuple[in
 
 
 def _build_filesystem(kernel: _Kernel, job: dict, identity: tuple[int, int], layers: list[str]) -> None:
-    """Private propagation, everything read-only, then fresh tmpfs on /tmp, /dev and the homes."""
+    """Private propagation, everything read-only, then fresh tmpfs on /tmp and /dev, and empty
+    ones over every other top-level directory but the system's (VISIBLE_DIRS) and over the homes."""
     kernel.mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates to the host
     keep = [path for path in job["keep_visible"] if os.path.isdir(path)]
+    host = {f"/{name}" for name in os.listdir("/") if name not in VISIBLE_DIRS and os.path.isdir(f"/{name}")}
+    host = {path for path in host if not os.path.islink(path)}  # e.g. /var/run: covered with its target
     homes = {os.path.realpath(p) for p in ("/root", "/home", job["home"]) if os.path.isdir(p)}
-    homes = {h for h in homes if h not in SYSTEM_DIRS and not h.startswith("/tmp/")}
-    homes = {h for h in homes if not any(h.startswith(other + "/") for other in homes)}  # outermost
+    hidden = _outermost(host | homes)
     handles = {path: os.open(path, os.O_PATH) for path in keep}
     devices = {name: os.open(f"/dev/{name}", os.O_PATH) for name in DEVICES if os.path.exists(f"/dev/{name}")}
     if not _remount_all_read_only(kernel):
@@ -152,19 +177,30 @@ def _build_filesystem(kernel: _Kernel, job: dict, identity: tuple[int, int], lay
             os.symlink(target, f"/dev/{name}")
         kernel.mount(None, "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
         layers.append("minimal-dev")
-        for home in sorted(homes):
-            kernel.mount("tmpfs", home, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-            for path in keep:
-                if path == home or path.startswith(home + "/"):  # the Python install lives here
-                    os.makedirs(path, 0o755, exist_ok=True)
-                    kernel.mount(f"/proc/self/fd/{handles[path]}", path, None, MS_BIND | MS_REC)
-                    kernel.mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-            kernel.mount(None, home, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-        if homes:
-            layers.append("hidden-home")
+        for directory in sorted(hidden):
+            _hide(kernel, directory, keep, handles)
+        layers.append("hidden-host-dirs")
     finally:
         for handle in (*handles.values(), *devices.values()):
             os.close(handle)
+
+
+def _outermost(directories: set[str]) -> set[str]:
+    """The directories not inside another of them, nor a system directory or in /tmp."""
+    directories = {d for d in directories if d not in NEVER_HIDDEN and not d.startswith("/tmp/")}
+    return {d for d in directories if not any(d.startswith(other + "/") for other in directories)}
+
+
+def _hide(kernel: _Kernel, directory: str, keep: list[str], handles: dict[str, int]) -> None:
+    """Cover `directory` with an empty read-only tmpfs, binding back (read-only) the kept paths
+    inside it (the Python installation)."""
+    kernel.mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
+    for path in keep:
+        if path == directory or path.startswith(directory + "/"):
+            os.makedirs(path, 0o755, exist_ok=True)
+            kernel.mount(f"/proc/self/fd/{handles[path]}", path, None, MS_BIND | MS_REC)
+            kernel.mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+    kernel.mount(None, directory, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def _remount_all_read_only(kernel: _Kernel) -> list[str]:
@@ -201,9 +237,12 @@ def _supervise(kernel, job, layers, identity, workdir, report, launcher: int) ->
             try:
                 kernel.mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
                 layers.append("private-proc")
-                report.write(json.dumps({"layers": layers}) + "\n")
             except OSError:
                 pass  # e.g. a container that masks parts of /proc; the host's stays read-only
+        kernel.prctl(PR_SET_NO_NEW_PRIVS, 1)  # (also what lets an unprivileged caller add a filter)
+        if job["seccomp"].install(kernel.libc, fallback="audit-hook" in layers):  # inherited by the program
+            layers.append("seccomp")
+        report.write(json.dumps({"layers": layers}) + "\n")
         code_read, code_write = os.pipe()
         error_read, error_write = os.pipe2(os.O_CLOEXEC)
         supervisor = os.getpid()
@@ -280,73 +319,11 @@ def _exec_program(kernel, job, layers, identity, workdir, code_read, code_write,
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
         audit = "1" if "audit-hook" in layers else "0"
         python = job["python"]
-        os.execve(python, [python, "-I", "-S", "-B", "-X", "utf8", "-c", _PROGRAM_BOOTSTRAP, workdir, audit], env)
+        os.execve(python, [python, "-I", "-S", "-B", "-X", "utf8", "-c", job["guard"], workdir, audit], env)
     except BaseException as error:  # noqa: BLE001 - reported through the close-on-exec pipe
         os.write(error_write, f"{type(error).__name__}: {error}".encode())
     finally:
         os._exit(127)
-
-
-# Runs first in the program's interpreter: read the program from fd 3, optionally install the
-# audit hook, then run it as __main__ in file "main.py" (tracebacks show its lines).
-_PROGRAM_BOOTSTRAP = r'''# metagen-sandbox program bootstrap
-def _prepare():
-    import linecache, os, sys, traceback
-    chunks = []
-    while chunk := os.read(3, 1 << 16):
-        chunks.append(chunk)
-    os.close(3)
-    source = b"".join(chunks).decode("utf-8", "replace")
-    linecache.cache["main.py"] = (len(source), None, source.splitlines(True), "main.py")
-    try:
-        code = compile(source, "main.py", "exec")
-    except (SyntaxError, ValueError) as error:
-        traceback.print_exception(type(error), error, None)
-        sys.exit(1)
-    workdir, audit = sys.argv[1], sys.argv[2] == "1"
-    sys.argv = ["main.py"]
-    if audit:
-        sys.addaudithook(_hook(os.path.realpath(workdir)))
-    return code
-
-def _hook(root):
-    import os
-    refused = {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
-               "subprocess.Popen", "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill",
-               "socket.__new__", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "sys.addaudithook"}
-    path_events = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 1, "os.chmod": 1, "os.chown": 1,
-                   "os.truncate": 1, "os.utime": 1, "os.rename": 2, "os.link": 2, "os.symlink": 2,
-                   "shutil.rmtree": 1, "sqlite3.connect": 1}
-    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    realpath, fspath = os.path.realpath, os.fspath
-
-    def inside(path):
-        if isinstance(path, int):
-            return True
-        path = realpath(fspath(path))
-        return path == root or path.startswith(root + "/")
-
-    def hook(event, args):
-        if event in refused or (event == "import" and args[0] in ("_posixsubprocess", "_ctypes")):
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event == "open" and args[2] & writing and not inside(args[0]):
-            raise PermissionError(f"sandbox: writing {args[0]!r} outside the working directory is not allowed")
-        if event in path_events and not all(inside(a) for a in args[: path_events[event]]):
-            raise PermissionError(f"sandbox: {event} outside the working directory is not allowed")
-
-    return hook
-
-_code = _prepare()
-del _prepare, _hook
-try:
-    exec(globals().pop("_code"))
-except SystemExit:
-    raise
-except BaseException as _error:
-    _error = _error.with_traceback(_error.__traceback__.tb_next)  # drop this file's frame
-    __import__("traceback").print_exception(type(_error), _error, _error.__traceback__)
-    raise SystemExit(1)
-'''
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--launch"]:
