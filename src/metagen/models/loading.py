@@ -2,19 +2,20 @@
 
 Conversion (dequantize, fuse Q·K·V and gate·up, pack int8/int4) runs once per (file, dtype);
 the result is stored as safetensors under the cache directory ($METAGEN_CACHE, default
-~/.cache/metagen) together with the tokenizer, so the next load is a memory map.
+~/.cache/metagen) together with the tokenizer, so the next load is a memory map (see
+`conversion_cache`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
 
 import torch
 
 from metagen.models.config import ModelConfig
+from metagen.models.conversion_cache import load_or_convert
+from metagen.models.disk_cache import cache_directory  # noqa: F401  (its historical home)
 from metagen.models.embedded import embedded_model_path
 from metagen.models.gguf_blocks import EXACT_INT4_TYPES
 from metagen.models.linear import DenseLinear, Int4Linear, Int8Linear
@@ -24,11 +25,6 @@ DTYPES = ("auto", "fp32", "bf16", "int8", "int4")
 DEFAULT_DTYPE = "auto"
 # What "auto" runs a weight in when its stored blocks do not map exactly onto int4 codes.
 AUTO_WIDE_FORMAT = "int8"
-_FORMAT_VERSION = "3"
-
-
-def cache_directory() -> Path:
-    return Path(os.environ.get("METAGEN_CACHE", Path.home() / ".cache" / "metagen"))
 
 
 def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use_cache: bool = True) -> LlamaModel:
@@ -48,14 +44,14 @@ def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use
     path = Path(path) if path is not None else embedded_model_path()
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
-    entry = _cache_entry(path, dtype) if use_cache else None
-    if entry is not None and (entry / "done").exists():
-        return _load_converted(entry, dtype, str(path))
+    if not use_cache:
+        return _convert(path, dtype)
+    return load_or_convert(path, dtype, lambda: _convert(path, dtype))
+
+
+def _convert(path: Path, dtype: str) -> LlamaModel:
     config, sources, tokenizer = _read_checkpoint(path)
-    model = _build(config, sources, tokenizer, dtype, str(path))
-    if entry is not None:
-        _save_converted(model, entry)
-    return model
+    return _build(config, sources, tokenizer, dtype, str(path))
 
 
 def _read_checkpoint(path: Path):
@@ -97,12 +93,12 @@ def _linear(sources: dict, names: list[str], dtype: str, bias_names: list[str] |
     stored = "+".join(sorted({part.type_name for part in parts}))
     if dtype == "auto":
         dtype = _auto_format(parts)
-    linear = _convert(parts, dtype, bias_names and [sources.get(n) for n in bias_names])
+    linear = _linear_from_parts(parts, dtype, bias_names and [sources.get(n) for n in bias_names])
     linear.stored = stored
     return linear
 
 
-def _convert(parts: list, dtype: str, bias_parts: list | None):
+def _linear_from_parts(parts: list, dtype: str, bias_parts: list | None):
     bias = None
     if bias_parts and all(part is not None for part in bias_parts):
         bias = torch.cat([part.dense() for part in bias_parts])
@@ -172,83 +168,3 @@ def weight_formats(model: LlamaModel) -> dict[str, dict[str, int]]:
         formats[name] = counts
     return formats
 
-
-# ------------------------------------------------------------------ conversion cache
-def _cache_entry(path: Path, dtype: str) -> Path:
-    stat_of = [path] if path.is_file() else sorted(path.glob("*.safetensors")) + [path / "config.json"]
-    key = hashlib.sha256()
-    key.update(f"{_FORMAT_VERSION}|{path.resolve()}|{dtype}|{torch.__version__}".encode())
-    for item in stat_of:
-        stat = item.stat()
-        key.update(f"|{item.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return cache_directory() / key.hexdigest()[:24]
-
-
-def _linear_state(prefix: str, linear, tensors: dict, kinds: dict) -> None:
-    kinds[prefix] = {"kind": linear.kind, "in_features": linear.in_features, "stored": linear.stored}
-    for name, tensor in linear.state().items():
-        tensors[f"{prefix}.{name}"] = tensor.contiguous()
-
-
-def _save_converted(model: LlamaModel, entry: Path) -> None:
-    from safetensors.torch import save_file
-
-    try:
-        entry.mkdir(parents=True, exist_ok=True)
-        tensors: dict[str, torch.Tensor] = {"embed": model.embed, "norm": model.norm}
-        if model.freq_factors is not None:
-            tensors["rope_freqs"] = model.freq_factors
-        kinds: dict[str, dict] = {}
-        for i, layer in enumerate(model.layers):
-            tensors[f"layers.{i}.attn_norm"] = layer.attn_norm
-            tensors[f"layers.{i}.mlp_norm"] = layer.mlp_norm
-            for name in ("qkv", "o", "gate_up", "down"):
-                _linear_state(f"layers.{i}.{name}", getattr(layer, name), tensors, kinds)
-        _linear_state("lm_head", model.lm_head, tensors, kinds)
-        save_file(tensors, str(entry / "weights.safetensors"))
-        (entry / "config.json").write_text(model.config.to_json())
-        (entry / "linears.json").write_text(json.dumps(kinds))
-        model.tokenizer.save(entry / "tokenizer")
-        (entry / "done").write_text(model.source)
-    except OSError:
-        pass  # an unwritable cache only costs the next load its conversion time
-
-
-def _restore_linear(prefix: str, info: dict, tensors: dict):
-    bias = tensors.get(f"{prefix}.bias")
-    if info["kind"] == "dense":
-        linear = DenseLinear(tensors[f"{prefix}.weight"], bias)
-    elif info["kind"] == "int8":
-        linear = Int8Linear(tensors[f"{prefix}.qweight"], tensors[f"{prefix}.scales"], bias)
-    else:
-        linear = Int4Linear(tensors[f"{prefix}.packed"], tensors[f"{prefix}.scales_and_zeros"], info["in_features"], bias)
-    linear.stored = info["stored"]
-    return linear
-
-
-def _load_converted(entry: Path, dtype: str, source: str) -> LlamaModel:
-    from safetensors.torch import load_file
-
-    from metagen.models.tokenizer import Tokenizer
-
-    config = ModelConfig.from_json((entry / "config.json").read_text())
-    kinds = json.loads((entry / "linears.json").read_text())
-    # Fresh allocations: the packed-weight kernels use aligned vector loads, and tensors carved
-    # out of the file's buffer are not guaranteed 64-byte aligned.
-    tensors = {name: tensor.clone() for name, tensor in load_file(str(entry / "weights.safetensors")).items()}
-    layers = [
-        LayerWeights(
-            attn_norm=tensors[f"layers.{i}.attn_norm"],
-            qkv=_restore_linear(f"layers.{i}.qkv", kinds[f"layers.{i}.qkv"], tensors),
-            o=_restore_linear(f"layers.{i}.o", kinds[f"layers.{i}.o"], tensors),
-            mlp_norm=tensors[f"layers.{i}.mlp_norm"],
-            gate_up=_restore_linear(f"layers.{i}.gate_up", kinds[f"layers.{i}.gate_up"], tensors),
-            down=_restore_linear(f"layers.{i}.down", kinds[f"layers.{i}.down"], tensors),
-        )
-        for i in range(config.num_hidden_layers)
-    ]
-    lm_head = _restore_linear("lm_head", kinds["lm_head"], tensors)
-    tokenizer = Tokenizer.load(entry / "tokenizer")
-    return LlamaModel(
-        config, layers, tensors["embed"], tensors["norm"], lm_head, tokenizer, dtype, tensors.get("rope_freqs"), source
-    )

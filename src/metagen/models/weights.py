@@ -116,15 +116,59 @@ def interleave_rows(num_rows: int, num_heads: int) -> np.ndarray:
     return np.ascontiguousarray(source.transpose(0, 2, 1)).reshape(-1)
 
 
+def open_gguf(path: str | Path):
+    """`gguf.GGUFReader` of `path`; a ValueError naming the file when it is truncated or not GGUF.
+
+    gguf memory-maps the file and slices each tensor out of it, so a truncated file otherwise
+    fails deep inside numpy ("cannot reshape array ..."). Before the tensors are built, the end of
+    the last tensor's data (data start + offset + elements·type_size/block_size) is compared with
+    the file size.
+    """
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+    path = Path(path)
+    size = path.stat().st_size
+
+    class _Truncated(Exception):
+        pass
+
+    class CheckedReader(GGUFReader):
+        def _build_tensors(self, start_offs, fields):
+            expected = max((_tensor_end(start_offs, field) for field in fields), default=0)
+            if expected > size:
+                raise _Truncated(f"{path} is truncated: it has {size:,} bytes, but its tensor data needs {expected:,} "
+                                 f"bytes; download or convert it again")
+            super()._build_tensors(start_offs, fields)
+
+    def _tensor_end(start: int, field) -> int:
+        _, _, _, dims, raw_type, offset = field.parts  # name length, name, n_dims, dims, type, offset
+        block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_type[0]))]
+        return int(start) + int(offset[0]) + int(np.prod(dims, dtype=np.int64)) * type_size // block_size
+
+    try:
+        return CheckedReader(str(path))
+    except _Truncated as error:
+        raise ValueError(str(error)) from None
+    except (ValueError, IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"{path} ({size:,} bytes) is not a readable GGUF file, it may be truncated or damaged "
+            f"({type(error).__name__}: {error})"
+        ) from None
+
+
 def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "object"]:
     """Config, weight sources and the open `gguf.GGUFReader` (for tokenizer metadata)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
+    reader = open_gguf(path)
 
     def field(key: str, default=None):
         entry = reader.fields.get(key)
         return default if entry is None else entry.contents()
+
+    def required(key: str):
+        value = field(key)
+        if value is None:
+            raise ValueError(f"{path} lacks the GGUF metadata field {key!r}")
+        return value
 
     arch = field("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -132,11 +176,13 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
             f"GGUF architecture {arch!r} is not supported by the native backend "
             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)}); load it through transformers instead"
         )
-    heads = int(field(f"{arch}.attention.head_count"))
+    heads = int(required(f"{arch}.attention.head_count"))
     kv_heads = int(field(f"{arch}.attention.head_count_kv", heads))
-    hidden = int(field(f"{arch}.embedding_length"))
+    hidden = int(required(f"{arch}.embedding_length"))
     names = {t.name for t in reader.tensors}
-    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embed is None:
+        raise ValueError(f"{path} has no token_embd.weight tensor")
     vocab = int(field(f"{arch}.vocab_size", int(embed.shape[1])))
     rope_scaling = None
     scaling_type = field(f"{arch}.rope.scaling.type")
@@ -149,8 +195,8 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         architecture=arch,
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=int(field(f"{arch}.feed_forward_length")),
-        num_hidden_layers=int(field(f"{arch}.block_count")),
+        intermediate_size=int(required(f"{arch}.feed_forward_length")),
+        num_hidden_layers=int(required(f"{arch}.block_count")),
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=int(field(f"{arch}.attention.key_length", field(f"{arch}.rope.dimension_count", hidden // heads))),
@@ -197,14 +243,18 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
     config_path = path / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{path} has no config.json; expected an HF model directory or a .gguf file")
-    raw = json.loads(config_path.read_text())
+    raw = _read_json_object(config_path)
     arch = raw.get("model_type", "llama")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise NotImplementedError(
             f"model_type {arch!r} is not supported by the native backend (supported: "
             f"{', '.join(SUPPORTED_ARCHITECTURES)}); use metagen.models.TransformersModel instead"
         )
-    heads = raw["num_attention_heads"]
+
+    def positive(key: str, default=None) -> int:
+        return _positive_int(raw, key, config_path, default)
+
+    heads = positive("num_attention_heads")
     # transformers >= 5 writes RoPE settings as one `rope_parameters` dict; older files use
     # top-level `rope_theta` and `rope_scaling`.
     rope = dict(raw.get("rope_parameters") or {})
@@ -212,14 +262,14 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
     rope_scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     config = ModelConfig(
         architecture=arch,
-        vocab_size=raw["vocab_size"],
-        hidden_size=raw["hidden_size"],
-        intermediate_size=raw["intermediate_size"],
-        num_hidden_layers=raw["num_hidden_layers"],
+        vocab_size=positive("vocab_size"),
+        hidden_size=positive("hidden_size"),
+        intermediate_size=positive("intermediate_size"),
+        num_hidden_layers=positive("num_hidden_layers"),
         num_attention_heads=heads,
-        num_key_value_heads=raw.get("num_key_value_heads") or heads,
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-        max_position_embeddings=raw.get("max_position_embeddings", 4096),
+        num_key_value_heads=positive("num_key_value_heads", heads),
+        head_dim=positive("head_dim", positive("hidden_size") // heads),
+        max_position_embeddings=positive("max_position_embeddings", 4096),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
         rope_theta=float(rope_theta),
         rope_scaling=rope_scaling,
@@ -254,3 +304,28 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
         sources.pop("lm_head", None)
         config = ModelConfig(**{**config.__dict__, "tie_word_embeddings": True})
     return config, sources
+
+
+def _read_json_object(path: Path) -> dict:
+    """The JSON object in `path`; a ValueError naming the file (and line) when it is not one."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text ({error})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} must hold a JSON object, not {type(raw).__name__}")
+    return raw
+
+
+def _positive_int(raw: dict, key: str, path: Path, default: int | None = None) -> int:
+    """raw[key] as a positive int; `default` when absent or null (a required field has none)."""
+    value = raw.get(key)
+    if value is None:
+        if default is None:
+            raise ValueError(f"{path} is missing the required field {key!r}")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{path}: field {key!r} is {value!r}, expected a positive integer")
+    return value

@@ -1,0 +1,138 @@
+"""The conversion cache: a converted model stored once per (checkpoint, dtype), then memory-mapped.
+
+An entry `$METAGEN_CACHE/<key>/` holds `weights.safetensors` (packed linears, norms, embedding),
+`config.json`, `linears.json` (each linear's kind) and `tokenizer/`, plus the `manifest.json` of
+`disk_cache` (size + CRC-32 per file). The key hashes the format version, the checkpoint's path,
+size and mtime, the dtype and the torch version. Entries are written in a staging directory and
+renamed into place under the entry's lock; an entry that fails its manifest is converted again
+with a warning (see `disk_cache` for the rules).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from metagen.models.config import ModelConfig
+from metagen.models.disk_cache import EntryLock, cache_directory, manifest_problem, publish, staging_directory
+from metagen.models.linear import DenseLinear, Int4Linear, Int8Linear
+from metagen.models.llama import LayerWeights, LlamaModel
+
+_FORMAT_VERSION = "4"  # 3: manifest.json replaces the `done` marker; 4: linears record their stored format
+WAIT_SECONDS = 600.0  # for another process converting the same checkpoint; then we convert too
+
+
+def cache_entry(path: Path, dtype: str) -> Path:
+    stat_of = [path] if path.is_file() else sorted(path.glob("*.safetensors")) + [path / "config.json"]
+    key = hashlib.sha256()
+    key.update(f"{_FORMAT_VERSION}|{path.resolve()}|{dtype}|{torch.__version__}".encode())
+    for item in stat_of:
+        stat = item.stat()
+        key.update(f"|{item.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return cache_directory() / key.hexdigest()[:24]
+
+
+def load_or_convert(path: Path, dtype: str, convert: Callable[[], LlamaModel]) -> LlamaModel:
+    """The cached conversion of `path` when its entry is intact, else `convert()` (then cached).
+
+    Concurrent processes converting the same entry take turns: the second loads what the first
+    wrote. A damaged entry is converted again with a warning naming the damaged file.
+    """
+    entry = cache_entry(path, dtype)
+    if manifest_problem(entry) is None:
+        return _load_converted(entry, dtype, str(path))
+    try:
+        lock = EntryLock(entry)
+    except OSError as error:
+        warnings.warn(f"metagen: the cache {entry.parent} is not writable ({error}); converting {path} without it",
+                      stacklevel=3)
+        return convert()
+    with lock:
+        if not lock.acquire(WAIT_SECONDS, f"converting {path}"):
+            warnings.warn(f"metagen: gave up waiting for another process converting {path}; converting it here",
+                          stacklevel=3)
+            return convert()
+        problem = manifest_problem(entry)
+        if problem is None:  # another process converted it while we waited
+            return _load_converted(entry, dtype, str(path))
+        if entry.exists():
+            warnings.warn(f"metagen: damaged cache entry ({problem}); converting {path} again", stacklevel=3)
+        model = convert()
+        try:
+            with staging_directory(entry) as staging:
+                _save_converted(model, staging)
+                publish(staging, entry)
+        except OSError as error:
+            warnings.warn(f"metagen: could not write the cache entry {entry} ({error}); the next load converts again",
+                          stacklevel=3)
+        return model
+
+
+def _linear_state(prefix: str, linear, tensors: dict, kinds: dict) -> None:
+    kinds[prefix] = {"kind": linear.kind, "in_features": linear.in_features, "stored": linear.stored}
+    for name, tensor in linear.state().items():
+        tensors[f"{prefix}.{name}"] = tensor.contiguous()
+
+
+def _save_converted(model: LlamaModel, directory: Path) -> None:
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {"embed": model.embed, "norm": model.norm}
+    if model.freq_factors is not None:
+        tensors["rope_freqs"] = model.freq_factors
+    kinds: dict[str, dict] = {}
+    for i, layer in enumerate(model.layers):
+        tensors[f"layers.{i}.attn_norm"] = layer.attn_norm
+        tensors[f"layers.{i}.mlp_norm"] = layer.mlp_norm
+        for name in ("qkv", "o", "gate_up", "down"):
+            _linear_state(f"layers.{i}.{name}", getattr(layer, name), tensors, kinds)
+    _linear_state("lm_head", model.lm_head, tensors, kinds)
+    save_file(tensors, str(directory / "weights.safetensors"))
+    (directory / "config.json").write_text(model.config.to_json())
+    (directory / "linears.json").write_text(json.dumps(kinds))
+    model.tokenizer.save(directory / "tokenizer")
+
+
+def _restore_linear(prefix: str, info: dict, tensors: dict):
+    bias = tensors.get(f"{prefix}.bias")
+    if info["kind"] == "dense":
+        linear = DenseLinear(tensors[f"{prefix}.weight"], bias)
+    elif info["kind"] == "int8":
+        linear = Int8Linear(tensors[f"{prefix}.qweight"], tensors[f"{prefix}.scales"], bias)
+    else:
+        linear = Int4Linear(tensors[f"{prefix}.packed"], tensors[f"{prefix}.scales_and_zeros"], info["in_features"], bias)
+    linear.stored = info["stored"]
+    return linear
+
+
+def _load_converted(entry: Path, dtype: str, source: str) -> LlamaModel:
+    from safetensors.torch import load_file
+
+    from metagen.models.tokenizer import Tokenizer
+
+    config = ModelConfig.from_json((entry / "config.json").read_text())
+    kinds = json.loads((entry / "linears.json").read_text())
+    # Fresh allocations: the packed-weight kernels use aligned vector loads, and tensors carved
+    # out of the file's buffer are not guaranteed 64-byte aligned.
+    tensors = {name: tensor.clone() for name, tensor in load_file(str(entry / "weights.safetensors")).items()}
+    layers = [
+        LayerWeights(
+            attn_norm=tensors[f"layers.{i}.attn_norm"],
+            qkv=_restore_linear(f"layers.{i}.qkv", kinds[f"layers.{i}.qkv"], tensors),
+            o=_restore_linear(f"layers.{i}.o", kinds[f"layers.{i}.o"], tensors),
+            mlp_norm=tensors[f"layers.{i}.mlp_norm"],
+            gate_up=_restore_linear(f"layers.{i}.gate_up", kinds[f"layers.{i}.gate_up"], tensors),
+            down=_restore_linear(f"layers.{i}.down", kinds[f"layers.{i}.down"], tensors),
+        )
+        for i in range(config.num_hidden_layers)
+    ]
+    lm_head = _restore_linear("lm_head", kinds["lm_head"], tensors)
+    tokenizer = Tokenizer.load(entry / "tokenizer")
+    return LlamaModel(
+        config, layers, tensors["embed"], tensors["norm"], lm_head, tokenizer, dtype, tensors.get("rope_freqs"), source
+    )

@@ -1,0 +1,187 @@
+"""Crash-safe building blocks of the on-disk cache ($METAGEN_CACHE, default ~/.cache/metagen).
+
+Both cached artifacts (compiled kernels, converted weights) are directories ("entries") that
+follow three rules, so a killed or concurrent process can neither hang nor corrupt another:
+
+1. Built elsewhere, renamed into place. A writer fills a private staging directory
+   `<entry>.staging-*` and renames it to `<entry>` when complete: a reader sees a whole entry or
+   none, never a half-written file.
+2. One writer per entry, and no stale lock. Writers take `fcntl.flock` on `<entry>.lock`; the
+   kernel drops a flock when its owner exits or is killed, so a dead writer leaves nothing to
+   break. A waiter says on stderr whom it waits for, and gives up after a time bound.
+3. Verified before use. `manifest.json`, written last, records every file's size and CRC-32.
+   Readers check sizes (a stat each), then checksums, and rebuild an entry that does not match
+   instead of loading it. CRC-32 (zlib) runs at ~3 GB/s: 49 ms for the 155 MB int4 entry of
+   the embedded model, whose warm load goes from 0.11 to 0.16 s (blake2b: 166 ms, sha256:
+   100 ms for the same file).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import secrets
+import sys
+import time
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+_CHUNK = 1 << 22
+
+
+def cache_directory() -> Path:
+    """$METAGEN_CACHE, default ~/.cache/metagen."""
+    return Path(os.environ.get("METAGEN_CACHE", Path.home() / ".cache" / "metagen"))
+
+
+def file_checksum(path: Path) -> str:
+    """CRC-32 of a file's bytes, as 8 hex digits (streamed in 4 MiB chunks)."""
+    checksum = 0
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while count := handle.readinto(buffer):
+            checksum = zlib.crc32(view[:count], checksum)
+    return f"{checksum:08x}"
+
+
+def _entry_files(directory: Path) -> list[str]:
+    return sorted(
+        str(item.relative_to(directory)) for item in directory.rglob("*") if item.is_file() and item.name != MANIFEST
+    )
+
+
+def write_manifest(directory: Path, **facts) -> None:
+    """Record size and checksum of every file under `directory` (plus `facts`) in its manifest."""
+    files = {name: {"size": (directory / name).stat().st_size, "crc32": file_checksum(directory / name)}
+             for name in _entry_files(directory)}
+    (directory / MANIFEST).write_text(json.dumps({"files": files, **facts}, indent=1, sort_keys=True))
+
+
+def read_manifest(directory: Path) -> dict:
+    return json.loads((directory / MANIFEST).read_text())
+
+
+def manifest_problem(directory: Path) -> str | None:
+    """None when every file of the entry matches its manifest, else what is wrong (naming the file).
+
+    Sizes are checked first (one stat per file: catches truncation without reading), then checksums.
+    """
+    if not directory.is_dir():
+        return f"{directory} does not exist"
+    try:
+        files = read_manifest(directory)["files"]
+        records = [(directory / name, int(record["size"]), str(record["crc32"])) for name, record in files.items()]
+    except FileNotFoundError:
+        return f"{directory / MANIFEST} is missing (the entry was never completed)"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        return f"{directory / MANIFEST} is unreadable ({type(error).__name__}: {error})"
+    for path, size, _ in records:
+        try:
+            actual = path.stat().st_size
+        except OSError:
+            return f"{path} is missing"
+        if actual != size:
+            return f"{path} has {actual} bytes, but {size} were written"
+    for path, _, checksum in records:
+        if file_checksum(path) != checksum:
+            return f"{path} does not match the checksum recorded when it was written (its bytes changed)"
+    return None
+
+
+def lock_path(entry: Path) -> Path:
+    return entry.with_name(entry.name + ".lock")
+
+
+class EntryLock:
+    """An exclusive `fcntl.flock` on `<entry>.lock`, released when closed or when its owner dies.
+
+    The constructor opens (creates) the lock file and raises OSError when the cache is not
+    writable; `acquire` waits at most `wait_seconds`.
+    """
+
+    def __init__(self, entry: Path):
+        self.path = lock_path(entry)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def acquire(self, wait_seconds: float, purpose: str) -> bool:
+        """Take the lock, waiting up to `wait_seconds` for its holder; False when it stays held.
+
+        Prints once on stderr, while waiting, which process holds it and for how long we wait.
+        """
+        deadline = time.monotonic() + wait_seconds
+        announced = False
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                pass
+            if not announced:
+                holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "?"
+                print(f"metagen: waiting for process {holder} to finish {purpose} (lock {self.path}; "
+                      f"giving up after {wait_seconds:g} s)", file=sys.stderr, flush=True)
+                announced = True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(0.1, remaining))
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, str(os.getpid()).encode(), 0)  # names the holder to waiters
+        return True
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # drops the flock
+            self._fd = -1
+
+    def __enter__(self) -> EntryLock:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def _new_directory(entry: Path, kind: str) -> Path:
+    """An empty `<entry>.<kind>-<random>` directory (mode from the umask, unlike mkdtemp's 0700)."""
+    while True:
+        candidate = entry.with_name(f"{entry.name}.{kind}-{secrets.token_hex(4)}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+
+
+@contextmanager
+def staging_directory(entry: Path) -> Iterator[Path]:
+    """A fresh `<entry>.staging-*` directory, removed on exit unless `publish` moved it.
+
+    Call while holding the entry's lock: it first removes what killed writers left behind.
+    """
+    for leftover in entry.parent.glob(f"{entry.name}.staging-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    staging = _new_directory(entry, "staging")
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def publish(staging: Path, entry: Path, **facts) -> None:
+    """Write the manifest of `staging` and rename it to `entry`, replacing a damaged entry.
+
+    The old entry is first renamed aside, so readers never see it half deleted.
+    """
+    write_manifest(staging, **facts)
+    if entry.exists():
+        discarded = _new_directory(entry, "staging")
+        os.replace(entry, discarded)  # onto the empty directory just made
+        shutil.rmtree(discarded, ignore_errors=True)
+    os.rename(staging, entry)
