@@ -109,3 +109,18 @@ def test_cli_prints_the_missing_field(tmp_path, temp_cache, capsys):
     assert capsys.readouterr().err.strip() == (
         f"metagen: error: {directory / 'config.json'} is missing the required field 'num_attention_heads'"
     )
+
+
+def test_checkpoint_missing_tensors_names_them(tiny_checkpoint, tmp_path, temp_cache):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    directory = tmp_path / "incomplete"
+    shutil.copytree(tiny_checkpoint, directory)
+    [weights] = directory.glob("*.safetensors")
+    tensors = load_file(str(weights))
+    del tensors["model.layers.1.mlp.down_proj.weight"], tensors["model.norm.weight"]
+    save_file(tensors, str(weights))
+    with pytest.raises(ValueError, match=r"incomplete is missing tensors a llama model needs: norm, layers\.1\.down"):
+        load(directory, "fp32")

@@ -10,9 +10,7 @@ import math
 import pytest
 import torch
 
-from metagen.decoding import generate
-from metagen.sampling import SamplingParams
-from metagen.speculative import ModelDrafter, early_exit_model, speculative_generate
+from metagen.speculative import ModelDrafter, early_exit_model
 from metagen.speculative.adapter import (
     AdaptedExitModel,
     ExitAdapter,

@@ -51,7 +51,19 @@ def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use
 
 def _convert(path: Path, dtype: str) -> LlamaModel:
     config, sources, tokenizer = _read_checkpoint(path)
+    _check_complete(config, sources, path)
     return _build(config, sources, tokenizer, dtype, str(path))
+
+
+def _check_complete(config: ModelConfig, sources: dict, path: Path) -> None:
+    """ValueError naming the checkpoint and the tensors a Llama-family model needs but it lacks."""
+    needed = ["embed", "norm"] + ([] if config.tie_word_embeddings else ["lm_head"])
+    for i in range(config.num_hidden_layers):
+        needed += [f"layers.{i}.{name}" for name in ("attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down")]
+    missing = [name for name in needed if name not in sources]
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise ValueError(f"{path} is missing tensors a {config.architecture} model needs: {shown}")
 
 
 def _read_checkpoint(path: Path):
@@ -88,7 +100,7 @@ def _linear(sources: dict, names: list[str], dtype: str, bias_names: list[str] |
     """
     missing = [n for n in names if n not in sources]
     if missing:
-        raise KeyError(f"checkpoint is missing tensors: {', '.join(missing)}")
+        raise ValueError(f"checkpoint is missing tensors: {', '.join(missing)}")
     parts = [sources[n] for n in names]
     stored = "+".join(sorted({part.type_name for part in parts}))
     if dtype == "auto":
