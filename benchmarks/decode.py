@@ -1,7 +1,7 @@
 """Decode speed of metagen's native backend against transformers and llama.cpp, in one run.
 
 Every engine gets the same prompt (a fixed chat, token ids computed once with metagen's
-tokenizer and passed as ids), the same weights (the embedded SmolLM2-135M-Instruct Q4_1 GGUF),
+tokenizer and passed as ids), the same weights (a GGUF file, by default the embedded SmolLM2-135M-Instruct Q4_1),
 the same number of CPU threads, and decodes with EOS ignored.
 
 A *decode step* is one forward of one new token per row plus choosing the row's next token.
@@ -72,7 +72,7 @@ class Measurement:
     """One engine × weights × mode. Times in seconds, best of the repeats."""
 
     engine: str  # "metagen" | "transformers" | "llama.cpp"
-    weights: str  # "fp32", "bf16", "int8", "int4", "Q4_1"
+    weights: str  # "fp32", "bf16", "int8", "int4", "auto", or "GGUF" (llama.cpp on the file's own blocks)
     mode: str  # "greedy" | "sampling"
     rows: int  # sequences decoded together
     steps: int  # decode steps per row
@@ -226,11 +226,11 @@ def measure_llama_cpp(path: Path, prompt_ids: list[int], args) -> list[Measureme
 
     runs = repeat(run, args.repeats)
     measurement = Measurement(
-        "llama.cpp", "Q4_1", "greedy", 1, args.tokens,
+        "llama.cpp", "GGUF", "greedy", 1, args.tokens,
         prefill_seconds=min(r[0] for r in runs),
         decode_seconds=min(r[1] for r in runs),
         decode_runs=[r[1] for r in runs],
-        detail="llama.cpp on the GGUF's Q4_1 blocks",
+        detail="llama.cpp on the GGUF's own blocks",
         greedy_tokens=runs[0][2][: args.tokens],
     )
     llm.close()
@@ -253,7 +253,7 @@ def add_comparisons(measurements: list[Measurement]) -> None:
     The agreement reference is transformers fp32 greedy when measured, else metagen fp32.
     """
     find = {(m.engine, m.weights, m.mode): m for m in measurements}
-    llama = find.get(("llama.cpp", "Q4_1", "greedy"))
+    llama = find.get(("llama.cpp", "GGUF", "greedy"))
     reference = find.get(("transformers", "fp32", "greedy")) or find.get(("metagen", "fp32", "greedy"))
     def ratio(m: Measurement, peer: Measurement | None) -> float | None:
         if peer is None or m.tokens_per_second is None or peer.tokens_per_second is None:

@@ -75,3 +75,20 @@ def test_differences_name_every_differing_field():
     assert differences(stored, {"model": {"dtype": "fp32", "name": "m"}, "seed": 1}) == (
         "model.dtype='int4', seed=0", "model.dtype='fp32', seed=1")
     assert differences({}, {"model": {"dtype": "fp32"}}) == ("no model.dtype", "model.dtype='fp32'")
+
+
+def test_a_damaged_digest_memo_is_recomputed(tmp_path, monkeypatch):
+    import hashlib
+
+    from metagen.eval.fingerprint import file_digest
+
+    monkeypatch.setenv("METAGEN_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"weights" * 1000)
+    expected = hashlib.sha256(model.read_bytes()).hexdigest()
+    assert file_digest(model) == expected
+    [memo] = (tmp_path / "cache" / "digests").iterdir()
+    for damaged in ("", expected[:20], "z" * 64):  # empty (a reader racing a writer), cut, garbage
+        memo.write_text(damaged)
+        assert file_digest(model) == expected
+    assert not list(memo.parent.glob("*.tmp"))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -45,7 +46,9 @@ def file_digest(path: Path) -> str:
     key = digest([str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino])
     memo = cache_directory() / "digests" / key
     try:
-        return memo.read_text().strip()
+        remembered = memo.read_text().strip()
+        if len(remembered) == 64 and all(c in "0123456789abcdef" for c in remembered):
+            return remembered
     except OSError:
         pass
     hasher = hashlib.sha256()
@@ -55,7 +58,9 @@ def file_digest(path: Path) -> str:
     value = hasher.hexdigest()
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        memo.write_text(value)
+        partial = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
+        partial.write_text(value)
+        os.replace(partial, memo)  # a concurrent reader sees the whole digest or none
     except OSError:
         pass  # an unwritable cache only costs the next run the hashing
     return value
