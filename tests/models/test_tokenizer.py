@@ -124,6 +124,14 @@ def test_token_lookups(smollm2):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("ids", [[-1], [5, -3], [1.5], ["7"]])
+def test_decoding_an_id_that_is_not_a_token_is_a_value_error(smollm2, ids):
+    """Regression: the backend raised OverflowError for a negative id."""
+    with pytest.raises(ValueError, match=r"cannot decode token id .*: ids must be ints >= 0"):
+        smollm2.decode(ids)
+
+
+@pytest.mark.slow
 def test_text_with_a_lone_surrogate_is_a_value_error(smollm2):
     """Regression: the backend raised "TypeError: TextInputSequence must be str"."""
     with pytest.raises(ValueError, match=r"text is not valid Unicode text: character 1 is the lone surrogate"):

@@ -255,7 +255,11 @@ class Tokenizer:
         """Text of token ids (T,). Bytes that do not form valid UTF-8 become U+FFFD."""
         if type(ids) is not list:
             ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        try:
+            return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        except (OverflowError, TypeError):  # a negative id, or an item that is not an int
+            bad = next((i for i in ids if isinstance(i, bool) or not isinstance(i, int) or i < 0), None)
+            raise ValueError(f"cannot decode token id {bad!r}: ids must be ints >= 0") from None
 
     def token_to_id(self, token: str) -> int | None:
         """Id of a vocabulary entry spelled as stored (byte-level: "Ġworld"), or None."""
