@@ -7,9 +7,8 @@ import json
 
 import pytest
 
-from metagen import cli
-from metagen.cli import main
-from metagen.cli_args import parse_logit_bias, unescape
+from metagen.cli import common, info, main
+from metagen.cli.args import parse_logit_bias, unescape
 
 QUESTION = "What is the capital of France?"
 
@@ -48,7 +47,7 @@ def test_logit_bias_values_parse_and_duplicates_are_refused():
     ],
 )
 def test_options_no_path_reads_and_bad_values_are_refused_before_loading(capsys, monkeypatch, argv, message):
-    monkeypatch.setattr(cli, "_load", lambda args: pytest.fail("the model was loaded before the check"))
+    monkeypatch.setattr(common, "load_model", lambda args: pytest.fail("the model was loaded before the check"))
     assert main(["generate", QUESTION, *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("metagen: error: ") and err.count("\n") == 1
@@ -57,7 +56,7 @@ def test_options_no_path_reads_and_bad_values_are_refused_before_loading(capsys,
 
 def test_greedy_strategy_accepts_what_greedy_decoding_reads(capsys, monkeypatch):
     """Penalties and logit bias act under greedy decoding too: they are not refused."""
-    monkeypatch.setattr(cli, "_load", lambda args: (_ for _ in ()).throw(RuntimeError("loaded")))
+    monkeypatch.setattr(common, "load_model", lambda args: (_ for _ in ()).throw(RuntimeError("loaded")))
     assert main(["generate", QUESTION, "--strategy", "greedy", "--repetition-penalty", "1.2",
                  "--logit-bias", "5=-3"]) == 1  # got past the option checks to the load
     assert "RuntimeError: loaded" in capsys.readouterr().err
@@ -67,7 +66,7 @@ def test_an_unexpected_error_is_one_line_with_its_type(capsys, monkeypatch):
     def broken(args):
         raise KeyError("config.json field")
 
-    monkeypatch.setattr(cli, "_info", broken)
+    monkeypatch.setattr(info, "run", broken)
     assert main(["info"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("metagen: error: KeyError: 'config.json field'")
@@ -83,7 +82,7 @@ def test_a_batch_that_cannot_fit_is_refused_before_allocation(capsys, monkeypatc
         pytest.fail("prefill ran for a batch that cannot fit")
 
     monkeypatch.setattr(memory, "available_memory", lambda: 2**30)  # 1 GiB
-    monkeypatch.setattr(cli, "_load", lambda args: _TinyModel(no_prefill))
+    monkeypatch.setattr(common, "load_model", lambda args: _TinyModel(no_prefill))
     assert main(["generate", QUESTION, "--n", "100000", "--max-tokens", "4"]) == 2
     err = capsys.readouterr().err
     assert "n=100000 is too large for this machine" in err and "use n <= " in err

@@ -9,8 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import metagen.cli as cli
-from metagen.cli import main
+from metagen.cli import common, main
 from tests.decoding.toy_model import BOS, ToyModel, ToyTokenizer
 
 BASE = ["eval", "--task", "arithmetic", "--count", "3", "--strategy", "greedy,self_consistency", "--n", "1,2",
@@ -43,7 +42,7 @@ def loads(monkeypatch, one_thread):
         seen.append((args.model, args.dtype))
         return TextToy(args.model or "", args.dtype or "int4")
 
-    monkeypatch.setattr(cli, "_load", load)
+    monkeypatch.setattr(common, "load_model", load)
     return seen
 
 

@@ -2,7 +2,7 @@
 
 Writes theory_bon_win_rate.png, theory_reward_kl.png and theory_tilt_simplex.png into DIR (see
 `metagen.theory.plots`); with --json prints the numbers behind them as one JSON object.
-The parser lives in `metagen.cli.build_parser`; `run` is its dispatch target.
+The parser lives in `metagen.cli.theory`; `run` is its dispatch target.
 """
 
 from __future__ import annotations

@@ -1,0 +1,28 @@
+"""What every model-loading command shares: the --model / --dtype / --threads options and the load.
+
+`load_model` is the one place a command loads weights; commands call it as `common.load_model`, so
+a test replaces the load for all of them by patching this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """--model, --dtype and --threads (checked in `metagen.cli.main` before any command runs)."""
+    parser.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded SmolLM2-135M)")
+    parser.add_argument("--dtype", default=None, choices=["auto", "fp32", "bf16", "int8", "int4"],
+                        help="weight format (default auto: each tensor at least at the precision the file stores)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def load_model(args: argparse.Namespace):
+    """The model of --model at --dtype, with torch using --threads threads (torch imported here)."""
+    import torch
+
+    from metagen.models import load
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    return load(args.model, args.dtype)

@@ -1,0 +1,148 @@
+"""`metagen eval`: accuracy vs compute of strategies on a task, at several budgets n.
+
+Problems come from --data (JSONL) or a built-in --task; each strategy runs at each n of --n, with
+results appended to --out/results.jsonl (a rerun reuses what is there), a summary table and plots.
+Everything that can be checked without the model (problems, options, --out) is checked before it
+is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from metagen.cli import common
+from metagen.cli.args import unescape
+
+
+def add_parser(commands) -> None:
+    evaluation = commands.add_parser("eval", help="accuracy vs compute of strategies on a task",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     description=_strategy_help())
+    source = evaluation.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", default=None, help="JSONL with question (or prompt) and answer per line")
+    source.add_argument("--task", choices=["arithmetic"], default=None, help="built-in task")
+    evaluation.add_argument("--count", type=int, default=100, help="--task: number of problems (default 100)")
+    evaluation.add_argument("--task-seed", type=int, default=0, help="--task: problem seed (default 0)")
+    evaluation.add_argument("--max-number", type=int, default=9, help="--task arithmetic: largest operand")
+    evaluation.add_argument("--limit", type=int, default=None, help="first N problems only")
+    evaluation.add_argument("--strategy", required=True, help="comma-separated strategy names")
+    evaluation.add_argument("--n", default="1,2,4,8,16", help="comma-separated budgets (default 1,2,4,8,16)")
+    evaluation.add_argument("--out", default=None, help="directory for results.jsonl (resumable), summary and plots")
+    evaluation.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
+    evaluation.add_argument("--top-p", type=float, default=None)
+    evaluation.add_argument("--top-k", type=int, default=None)
+    evaluation.add_argument("--min-p", type=float, default=None)
+    evaluation.add_argument("--max-tokens", type=int, default=256, help="new tokens per sample (default 256)")
+    evaluation.add_argument("--seed", type=int, default=0, help="seeds samples and subsets (default 0)")
+    evaluation.add_argument("--subsets", type=int, default=16, help="random n-subsets of a pool per problem")
+    evaluation.add_argument("--pattern", default=None, help="answer regex (default: boxed / 'answer is' / last number)")
+    evaluation.add_argument("--no-math", action="store_true", help="compare answers as strings, not with math-verify")
+    evaluation.add_argument("--prompt-suffix", default="", help="text appended to every question")
+    evaluation.add_argument("--value", default=None,
+                            help="value for tree search / controlled decoding: steps | judge | a value-head file")
+    evaluation.add_argument("--step-delimiter", default="\n", type=unescape,
+                            help="text that ends a reasoning step (default newline; \\n, \\t... interpreted)")
+    evaluation.add_argument("--aggregation", default="best", choices=("best", "majority", "weighted"),
+                            help="tree search: pick the leaf of best value, or vote over leaves' answers")
+    evaluation.add_argument("--json", action="store_true", help='print {"results": [...]} on stdout')
+    common.add_model_options(evaluation)
+    evaluation.set_defaults(run=run)
+
+
+def _strategy_help() -> str:
+    """The description of `metagen eval --help`: every registered strategy and what n means for it."""
+    from metagen.strategies.registry import STRATEGIES
+
+    lines = ["strategies (pooled ones are evaluated at every n from one pool of max(n) samples):"]
+    for spec in STRATEGIES.values():
+        budget = {"samples": "n samples", "rounds": "n rounds", "none": "n = 1"}[spec.budget]
+        lines.append(f"  {spec.name:<18} {spec.description} [{budget}{', pooled' if spec.pooled else ''}]")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Everything that can be checked without the model (problems, options, --out) is checked
+    before loading it; results already in --out are checked against the loaded model's identity."""
+    from metagen.decoding import LocalGenerator
+    from metagen.eval import EvalConfig, arithmetic_problems, evaluate, format_table, load_jsonl
+    from metagen.eval.fingerprint import model_identity
+    from metagen.outputs import check_writable_directory
+    from metagen.sampling import SamplingParams
+    from metagen.strategies.registry import StrategyOptions
+
+    if args.data is not None:
+        problems = load_jsonl(args.data)
+    else:
+        problems = arithmetic_problems(args.count, args.task_seed, args.max_number)
+    if args.limit is not None:
+        if args.limit < 1:
+            raise ValueError(f"--limit {args.limit} is out of range: must be >= 1")
+        problems = problems[: args.limit]
+    sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
+    for name in ("top_p", "top_k", "min_p"):
+        if getattr(args, name) is not None:
+            sampling[name] = getattr(args, name)
+    config = EvalConfig(
+        strategies=_parse_list(args.strategy, "strategy", str),
+        ns=_parse_list(args.n, "n", int),
+        params=SamplingParams(**sampling),
+        seed=args.seed,
+        subsets=args.subsets,
+        options=StrategyOptions(args.pattern, not args.no_math, args.value, args.step_delimiter, args.aggregation),
+        prompt_suffix=args.prompt_suffix,
+    )
+    if args.out is not None:
+        check_writable_directory(args.out, "--out")
+    model = common.load_model(args)
+    started = [time.perf_counter()]
+    report = evaluate(LocalGenerator(model), problems, config, args.out, model=model_identity(model),
+                      progress=lambda done, total: _progress(done, total, started))
+    table = format_table(report)
+    if args.out is not None:
+        _write_outputs(args.out, report, table, title=f"{model.config.name}, {len(problems)} problems")
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        print(table)
+    return 0
+
+
+def _parse_list(text: str, name: str, convert):
+    """"a, b,c" -> (convert("a"), convert("b"), convert("c")); ValueError naming --name if empty or bad."""
+    try:
+        values = tuple(convert(item.strip()) for item in text.split(",") if item.strip())
+    except ValueError:
+        raise ValueError(f"--{name} {text!r} must be a comma-separated list") from None
+    if not values:
+        raise ValueError(f"--{name} is empty")
+    return values
+
+
+def _write_outputs(out_dir: str, report, table: str, title: str) -> None:
+    """summary.txt, summary.json and the accuracy-vs-compute plots in --out."""
+    from pathlib import Path
+
+    from metagen.eval.plots import plot_curves
+
+    out = Path(out_dir)
+    (out / "summary.txt").write_text(table + "\n")
+    (out / "summary.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+    plot_curves(report, out, title=title)
+
+
+def _progress(done: int, total: int, started: list[float]) -> None:
+    """A progress bar with the time left on stderr, when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        return
+    elapsed = time.perf_counter() - started[0]
+    width = 30
+    filled = int(width * done / total)
+    remaining = elapsed / done * (total - done) if done else 0.0
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} problems, "
+                     f"{elapsed:.0f} s elapsed, ~{remaining:.0f} s left ")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()

@@ -1,0 +1,170 @@
+"""`metagen generate PROMPT`: text from a prompt, by one of four paths.
+
+- plain: sample (or decode greedily) `--n` completions, streamed to stdout or one --json object;
+- `--beam-width W`: beam search, the best hypothesis;
+- `--speculative DRAFTER`: the plain path with a drafter proposing γ tokens per target step;
+- `--strategy NAME`: a meta-generation strategy (metagen.strategies) with `--n` as its budget.
+
+Every option the chosen path would not read is refused before the model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from metagen.cli import common
+from metagen.cli.args import unescape
+from metagen.cli.sampling import FLOAT_PARAMS, INT_PARAMS, OTHER_OPTIONS, add_sampling_options, given, sampling_params
+from metagen.cli.speculative import add_speculative_options, make_drafter, speculative_options, speculative_summary
+from metagen.cli.strategy import generate_with_strategy
+
+
+def add_parser(commands) -> None:
+    gen = commands.add_parser("generate", help="generate text from a prompt")
+    gen.add_argument("prompt", help="the prompt (wrapped in the chat template unless --no-chat)")
+    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None, help="use the chat template")
+    gen.add_argument("--system", default=None, help="system message (chat only)")
+    add_sampling_options(gen)
+    gen.add_argument("--beam-width", type=int, default=None, help="beam search with this many beams")
+    gen.add_argument("--length-penalty", type=float, default=None, help="beam search: α in logp/len^α (default 1)")
+    gen.add_argument("--strategy", default=None, help="meta-generation strategy (see `metagen eval --help`); --n is its budget")
+    gen.add_argument("--value", default=None,
+                     help="value guiding tree search / controlled decoding: steps | judge | a value-head file")
+    gen.add_argument("--step-delimiter", default="\n", type=unescape,
+                     help="text that ends a reasoning step (default newline; escapes as in --stop)")
+    gen.add_argument("--aggregation", default="best", choices=("best", "majority", "weighted"),
+                     help="tree search: pick the leaf of best value, or vote over leaves' answers")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    add_speculative_options(gen)
+    common.add_model_options(gen)
+    gen.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the options against the path they choose, load the model, generate and print."""
+    params = sampling_params(args)
+    beam = _beam_config(args, params)
+    speculative = speculative_options(args)
+    if speculative is not None and args.beam_width is not None:
+        raise ValueError("--speculative cannot be combined with --beam-width")
+    if args.strategy is not None:
+        return generate_with_strategy(args, params, speculative)
+    if args.logprobs is not None and not args.json:
+        raise ValueError("--logprobs shows in the --json output only: add --json")
+    if args.value is not None or args.step_delimiter != "\n" or args.aggregation != "best":
+        raise ValueError("--value, --step-delimiter and --aggregation apply to --strategy (tree search, "
+                         "controlled decoding)")
+    start = time.perf_counter()
+    model = common.load_model(args)
+    drafter = make_drafter(speculative, model) if speculative is not None else None
+    load_seconds = time.perf_counter() - start
+    prompt = chat_prompt(args)
+    if beam is not None:
+        return _beam_search(args, model, prompt, beam, load_seconds)
+    return _sample(args, model, prompt, params, speculative, drafter, load_seconds)
+
+
+def chat_prompt(args: argparse.Namespace):
+    """The prompt, or the [system, user] messages with --system (which needs the chat template)."""
+    if args.system is not None:
+        if args.chat is False:
+            raise ValueError("--system needs the chat template; drop --no-chat")
+        return [{"role": "system", "content": args.system}, {"role": "user", "content": args.prompt}]
+    return args.prompt
+
+
+def _beam_config(args: argparse.Namespace, params):
+    """The `BeamSearchConfig` of --beam-width, or None; beam search reads --max-tokens only, so any
+    other sampling option given is refused."""
+    from metagen.decoding import BeamSearchConfig
+
+    if args.length_penalty is not None and args.beam_width is None:
+        raise ValueError("--length-penalty applies to beam search only: add --beam-width N")
+    if args.beam_width is None:
+        return None
+    options = [name for name, _ in FLOAT_PARAMS + INT_PARAMS if name != "max-tokens"] + list(OTHER_OPTIONS)
+    ignored = given(args, options)
+    if ignored:
+        raise ValueError(f"--beam-width cannot be combined with {', '.join('--' + name for name in ignored)}")
+    return BeamSearchConfig(
+        width=args.beam_width, length_penalty=1.0 if args.length_penalty is None else args.length_penalty,
+        max_tokens=params.max_tokens, n_best=1,
+    )
+
+
+def _beam_search(args: argparse.Namespace, model, prompt, config, load_seconds: float) -> int:
+    from metagen.decoding import beam_search
+
+    begin = time.perf_counter()
+    result = beam_search(model, prompt, config, chat=args.chat)
+    seconds = time.perf_counter() - begin
+    best = result.hypotheses[0]
+    if args.json:
+        print(json.dumps({
+            "text": best.text, "tokens": best.token_ids, "logprob": best.logprob, "score": best.score,
+            "finish_reason": "stop" if best.finished else "length",
+            "timing": {"load_seconds": load_seconds, "search_seconds": seconds, "model_calls": result.model_calls},
+        }))
+    else:
+        print(best.text)
+    return 0
+
+
+def _sample(args: argparse.Namespace, model, prompt, params, speculative, drafter, load_seconds: float) -> int:
+    """Plain or speculative sampling: one completion streams as it is decoded, n > 1 print at the end."""
+    from metagen.decoding import GenerationResult, stream
+
+    result = GenerationResult([], [])
+    if drafter is None:
+        events = stream(model, prompt, params, chat=args.chat, result=result)
+    else:
+        from metagen.speculative import speculative_stream
+
+        events = speculative_stream(model, drafter, prompt, params, speculative["config"], chat=args.chat, result=result)
+    if args.json:
+        for _ in events:
+            pass
+        payload = _json_payload(result, load_seconds)
+        if drafter is not None:
+            payload["speculative"] = speculative_summary(speculative, result.cost)
+        print(json.dumps(payload))
+        return 0
+    for event in events:
+        if params.n > 1:
+            continue
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+    if params.n > 1:
+        for i, completion in enumerate(result.completions):
+            print(f"--- completion {i} ({completion.finish_reason})\n{completion.text}")
+    else:
+        sys.stdout.write("\n")
+    return 0
+
+
+def _json_payload(result, load_seconds: float) -> dict:
+    """One completion's fields (or {"completions": [...]}) and the timing."""
+    completions = [
+        {
+            "text": c.text,
+            "tokens": c.token_ids,
+            "logprobs": c.logprobs,
+            "top_logprobs": None if c.top_logprobs is None else [{str(k): v for k, v in d.items()} for d in c.top_logprobs],
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        }
+        for c in result.completions
+    ]
+    payload = dict(completions[0]) if len(completions) == 1 else {"completions": completions}
+    payload["timing"] = {
+        "load_seconds": round(load_seconds, 4),
+        "prefill_seconds": round(result.prefill_seconds, 4),
+        "decode_seconds": round(result.decode_seconds, 4),
+        "prompt_tokens": len(result.prompt_token_ids),
+        "generated_tokens": result.generated_tokens,
+        "tokens_per_second": round(result.tokens_per_second, 2),
+    }
+    return payload

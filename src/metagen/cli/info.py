@@ -1,0 +1,58 @@
+"""`metagen info`: describe a model — architecture, sizes, context, tokens, and how each kind of
+linear layer's weights are stored (e.g. "int8 from Q5_0 ×12"); one JSON object with --json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from metagen.cli import common
+
+
+def add_parser(commands) -> None:
+    info = commands.add_parser("info", help="describe a model")
+    common.add_model_options(info)
+    info.add_argument("--json", action="store_true")
+    info.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from metagen.models.loading import weight_formats
+
+    model = common.load_model(args)
+    config = model.config
+    facts = {
+        "name": config.name,
+        "source": model.source,
+        "architecture": config.architecture,
+        "parameters": config.num_parameters,
+        "dtype": model.dtype,
+        "context_length": config.max_position_embeddings,
+        "layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "attention_heads": config.num_attention_heads,
+        "kv_heads": config.num_key_value_heads,
+        "vocab_size": config.vocab_size,
+        "tied_embeddings": config.tie_word_embeddings,
+        "rope_theta": config.rope_theta,
+        "eos_token_ids": sorted(model.eos_token_ids),
+        "chat_template": model.tokenizer.chat_template is not None,
+        "weights": weight_formats(model),
+    }
+    if args.json:
+        print(json.dumps(facts))
+    else:
+        _print_table(facts)
+    return 0
+
+
+def _print_table(facts: dict) -> None:
+    """One "key  value" line per fact (integers with thousands separators), one per kind of linear."""
+    width = max(len(k) for k in facts)
+    for key, value in facts.items():
+        if key == "weights":  # one line per kind of linear: "int8 from Q5_0 ×12, ..."
+            for name, counts in value.items():
+                text = ", ".join(f"{label} ×{count}" for label, count in counts.items())
+                print(f"{'weights.' + name:<{width}}  {text}")
+            continue
+        print(f"{key:<{width}}  {value:,}" if isinstance(value, int) and not isinstance(value, bool) else f"{key:<{width}}  {value}")

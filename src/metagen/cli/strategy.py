@@ -1,0 +1,65 @@
+"""`metagen generate PROMPT --strategy NAME`: one meta-generation strategy on one prompt.
+
+`--n` is the strategy's budget (samples or rounds, see `metagen eval --help`); the candidates are
+drawn by a `LocalGenerator`, or a `SpeculativeGenerator` with --speculative. Prints the chosen text
+(and its answer), or with --json the chosen candidate, every candidate, the votes and the cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from metagen.cli import common
+from metagen.cli.sampling import SAMPLING_ONLY, given
+
+
+def generate_with_strategy(args: argparse.Namespace, params, speculative: dict | None) -> int:
+    from dataclasses import replace
+
+    from metagen.cli.generate import chat_prompt
+    from metagen.cli.speculative import make_drafter
+    from metagen.decoding import LocalGenerator
+    from metagen.strategies.registry import StrategyOptions, check_options, get_strategy
+
+    spec = get_strategy(args.strategy)
+    if args.beam_width is not None:
+        raise ValueError("--strategy cannot be combined with --beam-width")
+    if args.logprobs is not None:
+        raise ValueError("--logprobs applies to plain generation: a strategy's output has no per-token log-probabilities")
+    if not spec.samples:
+        unread = given(args, SAMPLING_ONLY)
+        if unread:
+            raise ValueError(f"strategy {spec.name!r} decodes greedily: {', '.join('--' + n for n in unread)} "
+                             "would have no effect")
+    budget = params.n
+    spec.check_n(budget)
+    model = common.load_model(args)
+    rng = replace(params, n=1).make_generator()
+    if speculative is None:
+        generator = LocalGenerator(model, chat=args.chat)
+    else:
+        from metagen.speculative import SpeculativeGenerator
+
+        generator = SpeculativeGenerator(model, make_drafter(speculative, model), speculative["config"], chat=args.chat)
+    options = StrategyOptions(value=args.value, step_delimiter=args.step_delimiter, aggregation=args.aggregation)
+    check_options([spec.name], options)
+    result = spec.run(generator, chat_prompt(args), budget, replace(params, n=1), options, rng)
+    if not args.json:
+        print(result.chosen.text)
+        if result.chosen.answer is not None:
+            print(f"answer: {result.chosen.answer}")
+        return 0
+    print(json.dumps({
+        "strategy": spec.name,
+        "n": budget,
+        "chosen": {"text": result.chosen.text, "answer": result.chosen.answer, "score": result.chosen.score},
+        "candidates": [
+            {"text": c.text, "answer": c.answer, "score": c.score, "finish_reason": c.finish_reason,
+             "tokens": len(c.token_ids), "chosen": c is result.chosen}
+            for c in result.candidates
+        ],
+        "votes": result.votes,
+        "cost": result.cost.to_dict(),
+    }))
+    return 0
