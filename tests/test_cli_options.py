@@ -44,6 +44,9 @@ def test_logit_bias_values_parse_and_duplicates_are_refused():
         (["--strategy", "self_consistency", "--logprobs", "5"], "--logprobs applies to plain generation"),
         (["--logprobs", "5"], "--logprobs shows in the --json output only"),
         (["--temperature", "0", "--top-k", "5", "--seed", "1"], "--temperature 0 decodes greedily: --top-k, --seed"),
+        (["--system", "Be brief.", "--no-chat"], "--system needs the chat template"),
+        (["--strategy", "self_consistency", "--system", "Be brief.", "--no-chat"], "--system needs the chat template"),
+        (["--strategy", "self_consistency", "--value", "steps"], "no chosen strategy uses a value"),
     ],
 )
 def test_options_no_path_reads_and_bad_values_are_refused_before_loading(capsys, monkeypatch, argv, message):

@@ -46,6 +46,7 @@ def add_parser(commands) -> None:
 def run(args: argparse.Namespace) -> int:
     """Check the options against the path they choose, load the model, generate and print."""
     params = sampling_params(args)
+    prompt = chat_prompt(args)
     beam = _beam_config(args, params)
     speculative = speculative_options(args)
     if speculative is not None and args.beam_width is not None:
@@ -61,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
     model = common.load_model(args)
     drafter = make_drafter(speculative, model) if speculative is not None else None
     load_seconds = time.perf_counter() - start
-    prompt = chat_prompt(args)
     if beam is not None:
         return _beam_search(args, model, prompt, beam, load_seconds)
     return _sample(args, model, prompt, params, speculative, drafter, load_seconds)

@@ -34,6 +34,9 @@ def generate_with_strategy(args: argparse.Namespace, params, speculative: dict |
                              "would have no effect")
     budget = params.n
     spec.check_n(budget)
+    options = StrategyOptions(value=args.value, step_delimiter=args.step_delimiter, aggregation=args.aggregation)
+    check_options([spec.name], options)
+    prompt = chat_prompt(args)
     model = common.load_model(args)
     rng = replace(params, n=1).make_generator()
     if speculative is None:
@@ -42,9 +45,7 @@ def generate_with_strategy(args: argparse.Namespace, params, speculative: dict |
         from metagen.speculative import SpeculativeGenerator
 
         generator = SpeculativeGenerator(model, make_drafter(speculative, model), speculative["config"], chat=args.chat)
-    options = StrategyOptions(value=args.value, step_delimiter=args.step_delimiter, aggregation=args.aggregation)
-    check_options([spec.name], options)
-    result = spec.run(generator, chat_prompt(args), budget, replace(params, n=1), options, rng)
+    result = spec.run(generator, prompt, budget, replace(params, n=1), options, rng)
     if not args.json:
         print(result.chosen.text)
         if result.chosen.answer is not None:
