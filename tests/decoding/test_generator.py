@@ -113,3 +113,12 @@ def test_require_names_what_every_missing_capability_and_its_provider():
     assert caps.PROVIDERS[caps.FULL_DISTRIBUTIONS] in message and caps.PROVIDERS[caps.LOCAL_CACHE] in message
     with pytest.raises(ValueError, match="capability 'logprob' is not known"):
         caps.require({"logprob"}, Remote(), "x")
+
+
+def test_an_object_that_is_not_a_generator_is_named():
+    class Duck:
+        def generate(self, prompt, params, *, generator=None):
+            raise AssertionError("not called")
+
+    with pytest.raises(TypeError, match="Duck declares no capabilities set: a generator subclasses"):
+        caps.require({caps.LOGPROBS}, Duck(), "x")

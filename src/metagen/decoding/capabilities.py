@@ -45,7 +45,10 @@ ALL = frozenset(PROVIDERS)
 
 def missing(needs, generator) -> list[str]:
     """The capabilities in `needs` that `generator` does not declare, sorted."""
-    have = generator.capabilities
+    have = getattr(generator, "capabilities", None)
+    if not isinstance(have, (set, frozenset)):
+        raise TypeError(f"{type(generator).__name__} declares no capabilities set: a generator subclasses "
+                        "metagen.decoding.Generator (whose default is the empty set)")
     unknown = sorted(set(needs) - ALL)
     if unknown:
         raise ValueError(f"capability {unknown[0]!r} is not known; choose from {', '.join(sorted(ALL))}")

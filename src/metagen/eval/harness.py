@@ -33,7 +33,7 @@ from metagen.eval.results import ResultsFile
 from metagen.eval.tasks import Problem
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import answers_match, extract_answer
-from metagen.strategies.registry import StrategyOptions, check_options, get_strategy
+from metagen.strategies.registry import StrategyOptions, check_options, get_strategy, value_is_head
 
 ORACLE = "pass@k"
 
@@ -111,9 +111,8 @@ def run_setup(config: EvalConfig, generator, model: dict | None = None) -> dict:
         source = generator.source_model()
         model = model_identity(source) if source is not None else {}
     setup = {"model": dict(model), "generator": generator_identity(generator), **config.setup()}
-    value = config.options.value
-    if value is not None and value not in ("steps", "judge"):  # a value-head file: its content counts
-        setup["value_weights"] = weights_digest(value)
+    if value_is_head(config.options):  # a value-head file: its content counts
+        setup["value_weights"] = weights_digest(config.options.value)
     return setup
 
 
