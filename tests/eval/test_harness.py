@@ -217,8 +217,8 @@ def test_a_strategy_the_generator_cannot_run_is_refused_before_generating(tmp_pa
     generator = DiceGenerator()  # no STEP_CONTINUATION: cannot continue a prefill to a stop string
     config = EvalConfig(("self_consistency", "chain_of_thought"), ns=(1, 2))
     with pytest.raises(ValueError, match="strategy 'chain_of_thought' needs step_continuation, which DiceGenerator"):
-        evaluate(generator, PROBLEMS, config, tmp_path)
-    assert generator.calls == []
+        evaluate(generator, PROBLEMS, config, tmp_path / "out")
+    assert generator.calls == [] and not (tmp_path / "out").exists()
 
 
 def test_prompt_lengths_are_checked_where_the_generator_tells_its_context(tmp_path):

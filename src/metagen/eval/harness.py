@@ -222,13 +222,13 @@ def evaluate(
     Stored units are reused only when their fingerprint matches (see `results.py`): a
     directory holding units of another set-up or other problems under the same ids is
     refused, naming the file, line and field, before anything is generated."""
+    check_generator(generator, problems, config)  # before the directory is even created
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
     results = ResultsFile(out / "results.jsonl" if out is not None else None)
     setup = run_setup(config, generator, model)
     results.check(setup, problems, config.pool_size)
-    check_generator(generator, problems, config)
     if out is not None:  # a readable copy; results.jsonl carries the set-up of its own units
         copy = {**results.setup, "fingerprint": results.setup_digest}
         (out / "run.json").write_text(json.dumps(copy, indent=1) + "\n")
