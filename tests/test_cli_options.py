@@ -152,3 +152,19 @@ def test_a_file_that_is_not_an_exit_adapter_is_named(model, capsys, tmp_path, co
                  "--exit-adapter", str(path), "--max-tokens", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{path} is not a metagen exit adapter" in err
+
+
+def test_a_search_with_speculative_decoding_is_refused_naming_the_capability(capsys, monkeypatch):
+    """The capability check inside the registry reaches the command line: a tree search needs
+    the local cache, which a speculative generator does not hand out; nothing is decoded."""
+    from tests.decoding.toy_model import ToyModel
+
+    class Untouchable(ToyModel):
+        def prefill(self, *args, **kwargs):
+            raise AssertionError("a refused search ran the model")
+
+    monkeypatch.setattr(cli, "_load", lambda args: Untouchable())
+    assert main(["generate", QUESTION, "--strategy", "rebase", "--value", "steps", "--speculative", "ngram"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("metagen: error: ") and err.count("\n") == 1
+    assert "strategy 'rebase' needs local_cache, which SpeculativeGenerator does not provide" in err

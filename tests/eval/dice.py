@@ -3,6 +3,7 @@
 import torch
 
 from metagen.decoding import Cost, Generator
+from metagen.decoding import capabilities as caps
 from metagen.decoding.sample_loop import Completion, GenerationResult
 from metagen.eval import Problem
 
@@ -11,10 +12,14 @@ PROBLEMS = [Problem(f"p{i}", f"question {i}", str(i % 3)) for i in range(5)]
 
 class DiceGenerator(Generator):
     """Answers 'The answer is X' with X uniform in {0, 1, 2} from the rng it is given; random
-    logprobs and certainties; counts its calls."""
+    logprobs and certainties; counts its calls. FLOPs: 1 per call, or unknown (None) with
+    `flops=None`."""
 
-    def __init__(self):
+    capabilities = frozenset({caps.TOKEN_IDS, caps.LOGPROBS, caps.FULL_DISTRIBUTIONS})
+
+    def __init__(self, flops: float | None = 1.0):
         self.calls = []
+        self.flops = flops
 
     def generate(self, prompt, params, *, generator=None):
         self.calls.append((prompt, params.n, params.temperature))
@@ -27,5 +32,5 @@ class DiceGenerator(Generator):
             completions.append(Completion(f"The answer is {answer}", list(range(length)), logprobs,
                                           certainties=certainties, finish_reason="stop"))
         cost = Cost(model_calls=5, prompt_tokens_computed=4, prompt_tokens_reused=4 * (params.n - 1),
-                    generated_tokens=sum(len(c.token_ids) for c in completions), flops=1.0)
+                    generated_tokens=sum(len(c.token_ids) for c in completions), flops=self.flops)
         return GenerationResult(completions, [1, 2, 3, 4], cost=cost)

@@ -151,7 +151,11 @@ def test_eval_and_strategy_commands_on_the_real_model(tmp_path, capsys):
 def test_every_registered_strategy_runs_in_the_harness(tmp_path):
     from metagen.strategies.registry import STRATEGIES
 
-    names = tuple(name for name, spec in STRATEGIES.items() if not spec.uses_value)  # searches: below
+    runnable = {name for name, spec in STRATEGIES.items() if spec.needs <= DiceGenerator.capabilities}
+    # searches: below, on a local model; chains continue a prefill until a stop string, which dice cannot
+    assert set(STRATEGIES) - runnable == {name for name, spec in STRATEGIES.items() if spec.uses_value} | {
+        "chain_of_thought", "self_ask", "calculator"}
+    names = tuple(name for name in STRATEGIES if name in runnable)
     config = EvalConfig(names, ns=(1, 2), params=SamplingParams(temperature=1.0, max_tokens=8))
     report = evaluate(DiceGenerator(), PROBLEMS[:2], config, tmp_path)
     seen = {(p.strategy, p.n) for p in report.points}
@@ -177,3 +181,73 @@ def test_every_search_runs_in_the_harness_on_a_local_model(tmp_path, one_thread)
     assert all(0.0 <= p.accuracy <= 1.0 and p.cost.generated_tokens > 0 for p in report.points)
     resumed = evaluate(LocalGenerator(ToyModel()), problems, config, tmp_path)  # everything is on disk
     assert [p.accuracy for p in resumed.points] == [p.accuracy for p in report.points]
+
+
+def test_unknown_flops_are_reported_unknown_and_not_plotted(tmp_path):
+    """A generator that cannot count FLOPs (Cost.flops None): every point's FLOPs are unknown,
+    the table says so, and no FLOPs plot is drawn (a zero or partial curve would be wrong)."""
+    from metagen.eval.plots import plot_curves
+
+    config = EvalConfig(("greedy", "self_consistency", "best_of_n"), ns=(1, 2), params=SamplingParams(temperature=1.0))
+    report = evaluate(DiceGenerator(flops=None), PROBLEMS[:2], config, tmp_path / "run")
+    assert report.points and all(p.cost.flops is None for p in report.points)
+    assert all(r["cost"]["flops"] is None for r in report.to_dict()["results"])
+    rows = format_table(report).splitlines()[2:]
+    assert all(row.split()[-2] == "unknown" for row in rows)
+    written = plot_curves(report, tmp_path, title="dice")
+    assert [path.name for path in written] == ["accuracy_vs_tokens.png"]
+    assert not (tmp_path / "accuracy_vs_flops.png").exists()
+    resumed = evaluate(DiceGenerator(flops=None), PROBLEMS[:2], config, tmp_path / "run")  # null read back
+    assert [p.cost.flops for p in resumed.points] == [None] * len(report.points)
+
+
+def test_pool_flops_are_the_generators_split_over_prompt_and_samples(tmp_path):
+    config = EvalConfig(("self_consistency",), ns=(4,), params=SamplingParams(temperature=1.0))
+    report = evaluate(DiceGenerator(flops=7.0), PROBLEMS[:1], config, tmp_path)
+    pool = next(r["pool"] for r in _records(tmp_path) if r["kind"] == "pool")
+    assert pool["prompt_flops"] + sum(s["flops"] for s in pool["samples"]) == pytest.approx(7.0)
+    fed = [len(s["token_ids"]) - 1 for s in pool["samples"]]  # the last token is never fed back
+    total = pool["prompt_tokens"] + sum(fed)
+    assert pool["prompt_flops"] == pytest.approx(7.0 * pool["prompt_tokens"] / total)
+    assert [s["flops"] for s in pool["samples"]] == pytest.approx([7.0 * f / total for f in fed])
+    assert report.points[0].cost.flops == pytest.approx(7.0)  # the whole pool at n = pool size
+
+
+def test_a_strategy_the_generator_cannot_run_is_refused_before_generating(tmp_path):
+    generator = DiceGenerator()  # no STEP_CONTINUATION: cannot continue a prefill to a stop string
+    config = EvalConfig(("self_consistency", "chain_of_thought"), ns=(1, 2))
+    with pytest.raises(ValueError, match="strategy 'chain_of_thought' needs step_continuation, which DiceGenerator"):
+        evaluate(generator, PROBLEMS, config, tmp_path / "out")
+    assert generator.calls == [] and not (tmp_path / "out").exists()
+
+
+def test_prompt_lengths_are_checked_where_the_generator_tells_its_context(tmp_path):
+    class Bounded(DiceGenerator):
+        max_context = 12
+
+        def count_tokens(self, prompt):
+            return len(prompt)
+
+    long = [Problem("short", "q", "1"), Problem("long", "a much longer question", "1")]
+    config = EvalConfig(("self_consistency",), ns=(1,))
+    generator = Bounded()
+    with pytest.raises(ValueError, match=r"problem 'long' \(22 tokens\) does not fit the model's context of 12"):
+        evaluate(generator, long, config, tmp_path / "a")
+    assert generator.calls == []
+    evaluate(DiceGenerator(), long, config, tmp_path / "b")  # max_context None: nothing to check against
+
+
+def test_a_pool_generator_provides_what_its_samples_store():
+    from metagen.decoding import capabilities as caps
+    from metagen.eval.pool import Pool, PoolGenerator, Sample
+
+    full = Sample("x", [1, 2], [-0.1, -0.2], [0.3, 0.4], "stop", 1.0)
+    no_certainty = Sample("y", [1], [-0.1], [], "stop", None)
+    assert PoolGenerator(Pool(1, 1.0, 0, 0, [full]), [0]).capabilities == {
+        caps.TOKEN_IDS, caps.LOGPROBS, caps.FULL_DISTRIBUTIONS}
+    pool = Pool(1, None, 0, 0, [full, no_certainty])
+    assert PoolGenerator(pool, [0]).capabilities == {caps.TOKEN_IDS, caps.LOGPROBS}
+    assert pool.subset_cost([0]).flops is None  # the prompt's FLOPs are unknown
+    assert Pool.from_dict(pool.to_dict()).samples[1].flops is None
+    text_only = Pool(1, 1.0, 0, 0, [Sample("z", [], [], [], "stop", 0.0)])
+    assert PoolGenerator(text_only, [0]).capabilities == frozenset()

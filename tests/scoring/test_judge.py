@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from metagen.decoding import capabilities as caps
 from metagen.decoding import Cost, Generator
 from metagen.decoding.sample_loop import Completion, GenerationResult
 from metagen.scoring.judge import AT_LEAST_AS_GOOD_TEMPLATE, LLMJudge, LLMJudgeUtility
@@ -20,6 +21,8 @@ VOCABULARY = {0: " Yes", 1: "Yes", 2: "No", 3: "yes", 4: "Maybe", 5: " No\n"}
 class ScriptedJudge(Generator):
     """A judge whose first-token distribution {token id: p} is distribution(prompt); each call
     costs one model call and 10 FLOPs. Records prompts and params."""
+
+    capabilities = frozenset({caps.TOKEN_IDS, caps.LOGPROBS, caps.TOP_LOGPROBS})
 
     def __init__(self, distribution):
         self.distribution = distribution
@@ -64,8 +67,8 @@ def test_judge_sums_the_probability_of_tokens_that_read_yes():
 
 
 def test_judge_needs_top_logprobs():
-    with pytest.raises(ValueError, match="no top logprobs"):
-        LLMJudge(CannedGenerator([("Yes", [-0.1])]))("q", [Candidate("a")])
+    with pytest.raises(ValueError, match="LLM judge .* needs top_logprobs, which CannedGenerator does not provide"):
+        LLMJudge(CannedGenerator([("Yes", [-0.1])]))  # refused when built, before any question is asked
     with pytest.raises(ValueError, match="both yes and no"):
         LLMJudge(ScriptedJudge(by_response), yes_words=("Yes",), no_words=("Yes", "No"))
 

@@ -4,6 +4,8 @@ head read per step on the real model."""
 import pytest
 import torch
 
+from metagen.decoding import Generator
+from metagen.decoding import capabilities as caps
 from metagen.scoring.process_reward import (
     ArithmeticStepVerifier, FunctionValue, HeadValue, StepRewardValue, ValueHeadPRM, aggregate, split_steps)
 from metagen.scoring.step_equations import find_equations
@@ -80,8 +82,10 @@ def test_value_head_prm_reads_the_head_at_each_step_end(model, random_head):
         assert scored.values[k - 1] == pytest.approx(reference, abs=2e-3)
 
 
-class ScriptedJudge:
+class ScriptedJudge(Generator):
     """A generator whose first-token logprobs say Yes when the judged step's equation holds."""
+
+    capabilities = frozenset({caps.TOKEN_IDS, caps.TOP_LOGPROBS})
 
     def __init__(self):
         self.prompts = []

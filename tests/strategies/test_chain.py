@@ -3,6 +3,7 @@ the next prompt, summed costs), the ready programs, and a run on the real model.
 
 import pytest
 
+from metagen.decoding import capabilities as caps
 from metagen.decoding import Cost, Generator
 from metagen.decoding.sample_loop import Completion, GenerationResult
 from metagen.sampling import SamplingParams
@@ -24,6 +25,8 @@ class ScriptedGenerator(Generator):
     """Answers each request with the next scripted (text, stop_reason) and records the requests.
     A stop_reason of None means the model ended by itself (EOS). One token per character, so
     the costs and token budgets are predictable."""
+
+    capabilities = frozenset({caps.TOKEN_IDS, caps.LOGPROBS, caps.STEP_CONTINUATION})
 
     def __init__(self, script):
         self.script = list(script)

@@ -4,6 +4,7 @@ costs), config validation, and end-to-end runs on the real model."""
 
 import pytest
 
+from metagen.decoding import capabilities as caps
 from metagen.decoding import Cost, Generator
 from metagen.decoding.sample_loop import Completion, GenerationResult
 from metagen.sampling import SamplingParams
@@ -23,6 +24,8 @@ class ScriptedGenerator(Generator):
     its per-token logprobs (default: -1 per word). Records every prompt and params. Call i costs
     one model call, 10 + i prompt tokens, its generated tokens and 100·(i + 1) FLOPs; `total_cost`
     sums what was spent."""
+
+    capabilities = frozenset({caps.TOKEN_IDS, caps.LOGPROBS})
 
     def __init__(self, script):
         self.script = list(script)

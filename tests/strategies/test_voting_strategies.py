@@ -6,6 +6,7 @@ import math
 import pytest
 
 from metagen.decoding import Cost, Generator
+from metagen.decoding import capabilities as caps
 from metagen.decoding.sample_loop import Completion, GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring import answers_match, extract_answer, sum_logprob
@@ -20,7 +21,10 @@ from metagen.strategies import (
 
 
 class CannedGenerator(Generator):
-    """Returns fixed completions (text, per-token logprobs); checks it is asked for n of them."""
+    """Returns fixed completions (text, per-token logprobs); checks it is asked for n of them.
+    It has no model: no certainties (FULL_DISTRIBUTIONS)."""
+
+    capabilities = frozenset({caps.TOKEN_IDS, caps.LOGPROBS})
 
     def __init__(self, outputs):
         self.outputs = outputs

@@ -2,7 +2,7 @@
 interface with its `Cost`, which meta-generation strategies build on."""
 
 from metagen.decoding.cost import Cost
-from metagen.decoding.generator import Generator, LocalGenerator
+from metagen.decoding.generator import Generator, LocalGenerator, LocalModel
 from metagen.decoding.beam_search import BeamSearchConfig, BeamSearchResult, Hypothesis, beam_search
 from metagen.decoding.prompts import encode_prompt
 from metagen.decoding.sample_loop import Completion, GenerationResult, StreamEvent, generate, generate_batch, stream
@@ -11,6 +11,7 @@ __all__ = [
     "Cost",
     "Generator",
     "LocalGenerator",
+    "LocalModel",
     "BeamSearchConfig",
     "BeamSearchResult",
     "Completion",

@@ -1,10 +1,15 @@
 """What a `Generator` can do, and what a strategy needs from one.
 
-A generator declares `capabilities` (a frozenset of the names below); a strategy declares the
-ones it needs, and `require` refuses a strategy that a backend cannot run before any request is
-sent, naming the strategy, the missing capability and what would provide it. Nothing degrades
-silently: a server that returns only top-k logprobs does not have FULL_DISTRIBUTIONS, so
-self-certainty refuses it.
+A generator declares `capabilities` (a frozenset of the names below; the `Generator` base
+declares none, so a minimal generator runs the sequence-level strategies that read only text);
+a strategy declares the ones it needs, and `require` refuses a strategy that a backend cannot
+run before any request is sent, naming the strategy, the missing capability and what would
+provide it. Nothing degrades silently: a server that returns only top-k logprobs does not have
+FULL_DISTRIBUTIONS, so self-certainty refuses it.
+
+LOCAL_CACHE is the one capability that is not a field of the completions: a generator with it
+hands its local model to searches that decode their own steps, through
+`Generator.local_model()`.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ FULL_DISTRIBUTIONS = "full_distributions"  # every next-token distribution (Comp
 PROMPT_SCORING = "prompt_scoring"  # log-probabilities of given text (echo)
 HIDDEN_STATES = "hidden_states"  # final hidden states (value heads)
 LOCAL_CACHE = "local_cache"  # a local LanguageModel whose KV cache rows can be snapshotted
-STEP_CONTINUATION = "step_continuation"  # continue a token prefix until a stop string
+STEP_CONTINUATION = "step_continuation"  # continue a prefix (token ids, or a final assistant message)
+# until a stop string, reporting the stop that ended it (Completion.stop_reason)
 STRUCTURED_OUTPUT = "structured_output"  # constrain outputs to a schema / grammar
 
 # What provides each capability, for error messages.
@@ -34,15 +40,26 @@ PROVIDERS = {
     STEP_CONTINUATION: "a local model, or a server that accepts token-id prompts and stop strings",
     STRUCTURED_OUTPUT: "a backend with constrained decoding",
 }
+ALL = frozenset(PROVIDERS)
+
+
+def missing(needs, generator) -> list[str]:
+    """The capabilities in `needs` that `generator` does not declare, sorted."""
+    have = getattr(generator, "capabilities", None)
+    if not isinstance(have, (set, frozenset)):
+        raise TypeError(f"{type(generator).__name__} declares no capabilities set: a generator subclasses "
+                        "metagen.decoding.Generator (whose default is the empty set)")
+    unknown = sorted(set(needs) - ALL)
+    if unknown:
+        raise ValueError(f"capability {unknown[0]!r} is not known; choose from {', '.join(sorted(ALL))}")
+    return [need for need in sorted(needs) if need not in have]
 
 
 def require(needs, generator, what: str) -> None:
-    """ValueError naming `what`, the first capability in `needs` that `generator` lacks, and what
-    would provide it."""
-    have = getattr(generator, "capabilities", frozenset())
-    missing = [need for need in sorted(needs) if need not in have]
-    if missing:
-        raise ValueError(
-            f"{what} needs {', '.join(missing)}, which {type(generator).__name__} does not provide; "
-            f"use {PROVIDERS.get(missing[0], 'a backend that has it')}"
-        )
+    """ValueError naming `what`, every capability in `needs` that `generator` lacks, and what
+    would provide each; nothing when it has them all."""
+    lacking = missing(needs, generator)
+    if lacking:
+        providers = "; ".join(f"{need}: {PROVIDERS[need]}" for need in lacking)
+        raise ValueError(f"{what} needs {', '.join(lacking)}, which {type(generator).__name__} does not provide "
+                         f"(what provides it — {providers})")

@@ -6,23 +6,54 @@ A strategy never touches a model or a cache: the local backend (`LocalGenerator`
 prompt once, forks the cache into n rows and decodes them as one batch; a remote
 OpenAI-compatible server can implement the same method (completions with token ids, logprobs,
 finish reasons, and a Cost built from the server's usage counts).
+
+The contract beyond `generate` is explicit, never guessed from attributes:
+  capabilities   what the completions carry and what else the backend offers (names in
+                 `capabilities.py`); the base declares none, so a minimal generator runs the
+                 strategies that read only text, and `StrategySpec.check` refuses the others.
+  local_model()  the `LocalModel` (model + chat setting) of a generator with LOCAL_CACHE, for
+                 searches that decode their own steps; any other generator raises ValueError.
+  source_model() the local model whose weights produce the outputs, or None (for fingerprints).
+  max_context / count_tokens(prompt)
+                 the context length and a prompt's length in tokens, or None when the backend
+                 cannot tell (prompt-length checks are skipped then).
+  Cost.flops     of `generate`'s result: None when the backend cannot know its FLOPs, never 0.
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
+from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost, forward_flops
-from metagen.decoding.prompts import Prompt
+from metagen.decoding.prompts import Prompt, encode_prompt
 from metagen.decoding.sample_loop import GenerationResult, generate
 from metagen.sampling import SamplingParams
 
 
+@dataclass(frozen=True)
+class LocalModel:
+    """What a generator with LOCAL_CACHE hands to searches: its `LanguageModel` and its chat
+    setting (wrap text prompts in the model's chat template; None: when the model has one)."""
+
+    model: object
+    chat: bool | None
+
+
 class Generator(ABC):
-    """prompt + SamplingParams -> `params.n` completions with a `Cost`."""
+    """prompt + SamplingParams -> `params.n` completions with a `Cost`.
+
+    capabilities: what this generator provides (see `metagen.decoding.capabilities`).
+    chat: its chat-template setting, part of its identity (None: the model's default, or a
+        backend that applies no template of its own).
+    """
+
+    capabilities: frozenset[str] = frozenset()
+    chat: bool | None = None
 
     @abstractmethod
     def generate(
@@ -35,12 +66,36 @@ class Generator(ABC):
         their tokenizer override it."""
         raise NotImplementedError(f"{type(self).__name__} cannot decode token ids")
 
+    def local_model(self) -> LocalModel:
+        """The local model and chat setting behind a generator with LOCAL_CACHE; ValueError
+        naming the missing capability for any other."""
+        caps.require({caps.LOCAL_CACHE}, self, "local_model()")
+        raise NotImplementedError(f"{type(self).__name__} declares {caps.LOCAL_CACHE} but does not override "
+                                  "local_model()")
+
+    def source_model(self):
+        """The local `LanguageModel` whose weights produce the outputs (its identity goes into
+        evaluation fingerprints), or None for a backend without one."""
+        return None
+
+    @property
+    def max_context(self) -> int | None:
+        """Tokens a prompt plus its completion may take, or None when the backend cannot tell."""
+        return None
+
+    def count_tokens(self, prompt: Prompt) -> int | None:
+        """Tokens `prompt` takes once encoded as `generate` would, or None when unknown."""
+        return None
+
 
 class LocalGenerator(Generator):
     """A `Generator` over a local `LanguageModel` (one prefill, n forked rows, one batch).
 
     chat: wrap text prompts in the model's chat template (None: when the model has one).
+    It provides everything a local model gives: all capabilities but STRUCTURED_OUTPUT.
     """
+
+    capabilities = caps.ALL - {caps.STRUCTURED_OUTPUT}
 
     def __init__(self, model, chat: bool | None = None) -> None:
         self.model = model
@@ -48,6 +103,20 @@ class LocalGenerator(Generator):
 
     def decode(self, token_ids: list[int]) -> str:
         return self.model.tokenizer.decode(list(token_ids))
+
+    def local_model(self) -> LocalModel:
+        caps.require({caps.LOCAL_CACHE}, self, "local_model()")  # a subclass may withhold it
+        return LocalModel(self.model, self.chat)
+
+    def source_model(self):
+        return self.model
+
+    @property
+    def max_context(self) -> int | None:
+        return self.model.max_context
+
+    def count_tokens(self, prompt: Prompt) -> int | None:
+        return len(encode_prompt(self.model.tokenizer, prompt, self.chat))
 
     def generate(
         self, prompt: Prompt, params: SamplingParams, *, generator: torch.Generator | None = None

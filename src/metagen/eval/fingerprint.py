@@ -94,7 +94,7 @@ def model_identity(model) -> dict:
 
 def generator_identity(generator) -> dict:
     """The generator's class and chat setting (None: the model's template when it has one)."""
-    return {"class": type(generator).__name__, "chat": getattr(generator, "chat", None)}
+    return {"class": type(generator).__name__, "chat": generator.chat}
 
 
 def problem_fingerprint(setup_digest: str, question: str, answer: str) -> dict:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from metagen.decoding.cost import Cost, forward_flops
+from metagen.decoding.cost import Cost
 from metagen.eval.fingerprint import generator_identity, model_identity, weights_digest
 from metagen.eval.metrics import mean_and_stderr, pass_at_k
 from metagen.eval.pool import Pool, PoolGenerator, Sample
@@ -33,7 +33,7 @@ from metagen.eval.results import ResultsFile
 from metagen.eval.tasks import Problem
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import answers_match, extract_answer
-from metagen.strategies.registry import StrategyOptions, check_options, get_strategy
+from metagen.strategies.registry import StrategyOptions, check_options, get_strategy, value_is_head
 
 ORACLE = "pass@k"
 
@@ -105,35 +105,42 @@ class EvalReport:
 
 def run_setup(config: EvalConfig, generator, model: dict | None = None) -> dict:
     """Everything but the problem that stored units depend on (see `fingerprint.py`). `model`:
-    the model's identity (`model_identity`); None takes it from `generator.model` when there
-    is one (a `LocalGenerator`), else leaves it empty."""
+    the model's identity (`model_identity`); None takes it from `generator.source_model()` when
+    there is one (a local model), else leaves it empty."""
     if model is None:
-        inner = getattr(generator, "model", None)
-        model = model_identity(inner) if inner is not None else {}
+        source = generator.source_model()
+        model = model_identity(source) if source is not None else {}
     setup = {"model": dict(model), "generator": generator_identity(generator), **config.setup()}
-    value = config.options.value
-    if value is not None and value not in ("steps", "judge"):  # a value-head file: its content counts
-        setup["value_weights"] = weights_digest(value)
+    if value_is_head(config.options):  # a value-head file: its content counts
+        setup["value_weights"] = weights_digest(config.options.value)
     return setup
 
 
-def _check_prompts_fit(generator, problems: Sequence[Problem], config: EvalConfig) -> None:
-    """ValueError naming every problem whose prompt leaves no room to generate in the model's
-    context, before anything is generated (generators without a local model are not checked)."""
-    model = getattr(generator, "model", None)
-    if model is None or not hasattr(model, "tokenizer") or not hasattr(model, "max_context"):
-        return
-    from metagen.decoding.prompts import encode_prompt
+def check_generator(generator, problems: Sequence[Problem], config: EvalConfig) -> None:
+    """ValueError before anything is generated when `generator` cannot run a chosen strategy
+    (naming the strategy and the capability it lacks) or a problem's prompt leaves no room to
+    generate in its context (checked only when the generator can tell both lengths)."""
+    for name in config.strategies:
+        get_strategy(name).check(generator, config.options)
+    _check_prompts_fit(generator, problems, config)
 
+
+def _check_prompts_fit(generator, problems: Sequence[Problem], config: EvalConfig) -> None:
+    """ValueError naming every problem whose prompt leaves no room to generate in the
+    generator's context (`max_context` and `count_tokens`; skipped when either is unknown)."""
+    context = generator.max_context
+    if context is None:
+        return
     too_long = []
     for problem in problems:
-        length = len(encode_prompt(model.tokenizer, problem.question + config.prompt_suffix,
-                                   getattr(generator, "chat", None)))
-        if length >= model.max_context:
+        length = generator.count_tokens(problem.question + config.prompt_suffix)
+        if length is None:
+            return
+        if length >= context:
             too_long.append(f"{problem.id!r} ({length} tokens)")
     if too_long:
         shown = ", ".join(too_long[:5]) + (f" and {len(too_long) - 5} more" if len(too_long) > 5 else "")
-        raise ValueError(f"problem {shown} does not fit the model's context of {model.max_context} tokens "
+        raise ValueError(f"problem {shown} does not fit the model's context of {context} tokens "
                          "with room to generate; shorten or drop it (stopped before generating anything)")
 
 
@@ -164,18 +171,33 @@ def _sample_pool(generator, prompt: str, problem: Problem, config: EvalConfig) -
     result = generator.generate(prompt, replace(config.params, n=size, seed=None),
                                 generator=_rng(config.seed, problem.id, "pool"))
     wall = time.perf_counter() - start
-    model = getattr(generator, "model", None)
     prompt_tokens = len(result.prompt_token_ids) or (result.cost.prompt_tokens_computed if result.cost else 0)
+    prompt_flops, decode_flops = _split_flops(result, prompt_tokens)
     samples = []
-    for completion in result.completions:
-        decode_flops = (forward_flops(model, prompt_tokens, max(len(completion.token_ids) - 1, 0))
-                        if model is not None else 0.0)
+    for completion, flops in zip(result.completions, decode_flops):
         answer = extract_answer(completion.text, config.options.pattern)
         samples.append(Sample(completion.text, completion.token_ids, [round(x, 5) for x in completion.logprobs],
-                              [round(x, 5) for x in completion.certainties], completion.finish_reason, decode_flops,
+                              [round(x, 5) for x in completion.certainties], completion.finish_reason, flops,
                               answer, _correct(answer, problem, config.options)))
-    prompt_flops = forward_flops(model, 0, prompt_tokens) if model is not None else 0.0
     return Pool(prompt_tokens, prompt_flops, result.prefill_seconds, wall - result.prefill_seconds, samples)
+
+
+def _split_flops(result, prompt_tokens: int) -> tuple[float | None, list[float | None]]:
+    """The generator's reported FLOPs F (`result.cost.flops`) split into the prompt's share and
+    each completion's, in proportion to the tokens each runs through the model: the prompt's
+    P tokens and, for a completion of L tokens, L − 1 (its last token is never fed back):
+
+        prompt = F · P / T,   completion_i = F · (L_i − 1) / T,   T = P + Σ_i (L_i − 1)
+
+    (exact up to the attention term, which grows with position). All None when F is unknown."""
+    flops = result.cost.flops if result.cost is not None else None
+    fed = [max(len(completion.token_ids) - 1, 0) for completion in result.completions]
+    if flops is None:
+        return None, [None] * len(fed)
+    total = prompt_tokens + sum(fed)
+    if total == 0:
+        return flops, [0.0] * len(fed)
+    return flops * prompt_tokens / total, [flops * tokens / total for tokens in fed]
 
 
 def _score(result, problem: Problem, options: StrategyOptions) -> bool:
@@ -200,13 +222,13 @@ def evaluate(
     Stored units are reused only when their fingerprint matches (see `results.py`): a
     directory holding units of another set-up or other problems under the same ids is
     refused, naming the file, line and field, before anything is generated."""
+    check_generator(generator, problems, config)  # before the directory is even created
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
     results = ResultsFile(out / "results.jsonl" if out is not None else None)
     setup = run_setup(config, generator, model)
     results.check(setup, problems, config.pool_size)
-    _check_prompts_fit(generator, problems, config)
     if out is not None:  # a readable copy; results.jsonl carries the set-up of its own units
         copy = {**results.setup, "fingerprint": results.setup_digest}
         (out / "run.json").write_text(json.dumps(copy, indent=1) + "\n")
@@ -219,7 +241,7 @@ def evaluate(
             raise ValueError(f"problem {problem.id!r}: {error}") from error
         if progress is not None:
             progress(done + 1, len(problems))
-    return summarize(results, problems, config, decode=getattr(generator, "decode", None))
+    return summarize(results, problems, config, decode=generator.decode)
 
 
 def _run_problem(generator, problem: Problem, config: EvalConfig, results: ResultsFile, live) -> None:
@@ -254,8 +276,7 @@ def _mean_cost(costs: list[Cost]) -> Cost:
     total = Cost()
     for cost in costs:
         total += cost
-    count = max(len(costs), 1)
-    return Cost(**{name: value / count for name, value in total.to_dict().items()})
+    return total.scaled(1 / max(len(costs), 1))
 
 
 def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalConfig, decode=None) -> EvalReport:
@@ -299,10 +320,15 @@ def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalCon
 
 
 def format_table(report: EvalReport) -> str:
-    """A plain-text table: strategy, n, accuracy ± stderr, generated tokens, TFLOPs, seconds per problem."""
+    """A plain-text table: strategy, n, accuracy ± stderr, generated tokens, TFLOPs ("unknown"
+    when the generator could not count them), seconds per problem."""
     header = f"{'strategy':<20} {'n':>3}  {'accuracy':>15}  {'gen tokens':>10}  {'TFLOPs':>8}  {'s/problem':>9}"
     lines = [header, "-" * len(header)]
     for p in report.points:
         lines.append(f"{p.strategy:<20} {p.n:>3}  {p.accuracy:>7.3f} ± {p.stderr:<5.3f}  "
-                     f"{p.cost.generated_tokens:>10.1f}  {p.cost.flops / 1e12:>8.3f}  {p.cost.wall_seconds:>9.2f}")
+                     f"{p.cost.generated_tokens:>10.1f}  {_tflops(p.cost.flops):>8}  {p.cost.wall_seconds:>9.2f}")
     return "\n".join(lines)
+
+
+def _tflops(flops: float | None) -> str:
+    return "unknown" if flops is None else f"{flops / 1e12:.3f}"

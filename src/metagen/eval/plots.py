@@ -14,7 +14,9 @@ AXES = (
 
 def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> list[Path]:
     """One PNG per compute axis: a line per strategy (accuracy at each n, labelled by n), the
-    oracle coverage pass@k dashed. Returns the files written."""
+    oracle coverage pass@k dashed. Returns the files written. An axis whose cost is unknown
+    (None) for any point — FLOPs of a generator that cannot count them — is not drawn at all:
+    a partial or zero-filled curve would be wrong."""
     try:
         import matplotlib
     except ImportError as error:
@@ -28,6 +30,8 @@ def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> lis
     palette = palette[0::2] + palette[1::2]  # the saturated shades first
     written = []
     for field, label, filename in AXES:
+        if any(getattr(point.cost, field) is None for point in report.points):
+            continue
         figure, axis = plt.subplots(figsize=(7, 4.5))
         for strategy in strategies:
             points = sorted((p for p in report.points if p.strategy == strategy), key=lambda p: p.n)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
+from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
 from metagen.decoding.generator import Generator
 from metagen.decoding.sample_loop import Completion, GenerationResult
@@ -22,14 +23,15 @@ from metagen.decoding.sample_loop import Completion, GenerationResult
 
 @dataclass
 class Sample:
-    """One stored completion. flops: its decode FLOPs (the shared prompt's are in the pool)."""
+    """One stored completion. flops: its decode FLOPs (the shared prompt's are in the pool);
+    None when the generator could not know them."""
 
     text: str
     token_ids: list[int]
     logprobs: list[float]
     certainties: list[float]
     finish_reason: str | None
-    flops: float
+    flops: float | None
     answer: str | None = None
     correct: bool = False
 
@@ -54,10 +56,11 @@ class Sample:
 
 @dataclass
 class Pool:
-    """N samples of one prompt plus what the shared prompt cost (prefill FLOPs and time)."""
+    """N samples of one prompt plus what the shared prompt cost (prefill FLOPs, None when
+    unknown, and time)."""
 
     prompt_tokens: int
-    prompt_flops: float
+    prompt_flops: float | None
     prefill_seconds: float
     decode_seconds: float
     samples: list[Sample] = field(default_factory=list)
@@ -80,8 +83,10 @@ class Pool:
     def subset_cost(self, indices: Sequence[int]) -> Cost:
         """The cost of generating exactly these samples in one batched call: one prefill, the
         prompt reused by the other rows, one forward per decode step. Wall time is the pool's
-        prefill plus its decode time in proportion to the tokens kept (an estimate)."""
+        prefill plus its decode time in proportion to the tokens kept (an estimate). FLOPs are
+        unknown (None) when the prompt's or any chosen sample's are."""
         chosen = [self.samples[i] for i in indices]
+        parts = [self.prompt_flops, *(s.flops for s in chosen)]
         tokens = sum(len(s.token_ids) for s in chosen)
         pool_tokens = sum(len(s.token_ids) for s in self.samples) or 1
         return Cost(
@@ -89,12 +94,13 @@ class Pool:
             prompt_tokens_computed=self.prompt_tokens,
             prompt_tokens_reused=self.prompt_tokens * (len(chosen) - 1),
             generated_tokens=tokens,
-            flops=self.prompt_flops + sum(s.flops for s in chosen),
+            flops=None if None in parts else sum(parts),
             wall_seconds=self.prefill_seconds + self.decode_seconds * tokens / pool_tokens,
         )
 
 
 _TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "str | None": (str, type(None)),
+          "float | None": (int, float, type(None)),
           "list[int]": (list,), "list[float]": (list,), "list[Sample]": (list,)}
 
 
@@ -122,7 +128,9 @@ class PoolGenerator(Generator):
     """Serves `pool.samples[indices]` as the completions of the next `generate` call.
 
     It checks that the strategy asks for exactly len(indices) samples, so a strategy that
-    samples more (or twice) is caught instead of silently served stale data.
+    samples more (or twice) is caught instead of silently served stale data. Its capabilities
+    are what the pool stores: token ids, logprobs and certainties (FULL_DISTRIBUTIONS), each
+    only when every sample carries it.
     """
 
     def __init__(self, pool: Pool, indices: Sequence[int], decode=None) -> None:
@@ -130,6 +138,7 @@ class PoolGenerator(Generator):
         self.indices = list(indices)
         self._decode = decode
         self.calls = 0
+        self.capabilities = stored_capabilities(pool)
 
     def generate(self, prompt, params, *, generator=None) -> GenerationResult:
         if self.calls:
@@ -145,3 +154,17 @@ class PoolGenerator(Generator):
         if self._decode is None:
             return super().decode(token_ids)
         return self._decode(token_ids)
+
+
+def stored_capabilities(pool: Pool) -> frozenset[str]:
+    """TOKEN_IDS when every sample with text has token ids; LOGPROBS / FULL_DISTRIBUTIONS when
+    every sample has one logprob / certainty per token."""
+    samples = pool.samples
+    have = set()
+    if all(s.token_ids or not s.text for s in samples):
+        have.add(caps.TOKEN_IDS)
+        if all(len(s.logprobs) == len(s.token_ids) for s in samples):
+            have.add(caps.LOGPROBS)
+        if all(len(s.certainties) == len(s.token_ids) for s in samples):
+            have.add(caps.FULL_DISTRIBUTIONS)
+    return frozenset(have)

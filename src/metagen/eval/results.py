@@ -26,6 +26,11 @@ from metagen.eval.fingerprint import differences, digest, problem_fingerprint
 from metagen.eval.pool import Pool
 
 _COST_FIELDS = frozenset(Cost().to_dict())
+_UNKNOWABLE = frozenset({"flops", "scorer_flops"})  # None: the generator could not know them
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 _FINGERPRINT_FIELDS = ("setup", "question", "answer")
 
 
@@ -120,8 +125,9 @@ class ResultsFile:
             raise ValueError("field 'correct' is missing or not true/false")
         cost = record.get("cost")
         if not isinstance(cost, dict) or set(cost) - _COST_FIELDS or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in cost.values()):
-            raise ValueError(f"field 'cost' must be an object of numbers with fields among {sorted(_COST_FIELDS)}")
+                _is_count(v) or (v is None and k in _UNKNOWABLE) for k, v in cost.items()):
+            raise ValueError(f"field 'cost' must be an object of numbers with fields among {sorted(_COST_FIELDS)} "
+                             f"(null allowed for {', '.join(sorted(_UNKNOWABLE))}: unknown)")
 
     @staticmethod
     def key(record: dict) -> tuple:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
 from metagen.decoding.generator import Generator
 from metagen.sampling import SamplingParams
@@ -59,6 +60,7 @@ class LLMJudge(Scorer):
         normalize: bool = False,
         logprobs: int = 20,
     ) -> None:
+        caps.require({caps.TOP_LOGPROBS}, generator, "an LLM judge (it reads the top logprobs of its first token)")
         if not yes_words:
             raise ValueError("yes_words is empty: give at least one word")
         if set(yes_words) & set(no_words):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from metagen.decoding import capabilities as caps
 from metagen.decoding.generator import LocalGenerator
 from metagen.decoding.prompts import Prompt
 from metagen.decoding.sample_loop import GenerationResult
@@ -24,7 +25,15 @@ DRAFTER_KINDS = ("ngram", "early-exit", "quantized", "model:PATH")
 
 
 class SpeculativeGenerator(LocalGenerator):
-    """A `LocalGenerator` that decodes with `drafter` + `config` (see `metagen.speculative.loop`)."""
+    """A `LocalGenerator` that decodes with `drafter` + `config` (see `metagen.speculative.loop`).
+
+    Its completions carry what plain decoding's do (token ids, logprobs, top logprobs, every
+    next-token distribution's certainty; stop strings end rows), but it does not hand its model
+    out: searches decode their own steps (no LOCAL_CACHE), and value heads, which read the
+    model's hidden states, and prompt scoring go through the model, not through `generate`.
+    """
+
+    capabilities = LocalGenerator.capabilities - {caps.LOCAL_CACHE, caps.HIDDEN_STATES, caps.PROMPT_SCORING}
 
     def __init__(self, model, drafter: Drafter, config: SpeculativeConfig | None = None,
                  chat: bool | None = None) -> None:

@@ -8,6 +8,9 @@ Each entry runs one strategy with n samples (or n rounds) on a `Generator`:
 pooled: the strategy picks or builds its output from n i.i.d. samples of the prompt drawn in
 one `generate` call, so the harness can evaluate it at every n by subsampling one stored pool.
 budget: what n means for the strategy ("samples", "rounds", or "none" when it takes n = 1 only).
+needs: the generator capabilities it reads (`metagen.decoding.capabilities`); `spec.run` checks
+them first (`spec.check`), so a backend that cannot run a strategy is refused before any
+request is sent, with a message naming the strategy, the capability and what provides it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from metagen.decoding import capabilities as caps
 from metagen.sampling import SamplingParams
 
 
@@ -41,15 +45,40 @@ class StrategyOptions:
                 raise ValueError(f"pattern={self.pattern!r} is not a valid regular expression ({error})") from None
 
 
+def value_is_head(options: StrategyOptions) -> bool:
+    """The value is a trained value head file (it reads hidden states), not "steps" / "judge"."""
+    return options.value is not None and options.value not in ("steps", "judge")
+
+
 @dataclass(frozen=True)
 class StrategySpec:
+    """runner(generator, prompt, n, params, options, rng) -> StrategyResult; call it via `run`."""
+
     name: str
     description: str
-    run: Callable
+    runner: Callable
     pooled: bool
     budget: str = "samples"
     uses_value: bool = False  # reads StrategyOptions.value / step_delimiter
     samples: bool = True  # draws at the given temperature (False: greedy, sampling options have no effect)
+    needs: frozenset[str] = frozenset()  # generator capabilities it reads, whatever the options
+
+    def required(self, options: StrategyOptions) -> frozenset[str]:
+        """The capabilities this strategy needs with `options`: `needs`, plus HIDDEN_STATES
+        when a value-guided strategy is given a trained value head."""
+        if self.uses_value and value_is_head(options):
+            return self.needs | {caps.HIDDEN_STATES}
+        return self.needs
+
+    def check(self, generator, options: StrategyOptions) -> None:
+        """ValueError naming this strategy, each capability it needs with `options` that
+        `generator` lacks, and what would provide it."""
+        caps.require(self.required(options), generator, f"strategy {self.name!r}")
+
+    def run(self, generator, prompt, n: int, params: SamplingParams, options: StrategyOptions, rng):
+        """Check the generator's capabilities (before any request), then run the strategy."""
+        self.check(generator, options)
+        return self.runner(generator, prompt, n, params, options, rng)
 
     def check_n(self, n: int) -> None:
         if n < 1:
@@ -148,17 +177,25 @@ def _tree(name):
     return run
 
 
+CERTAINTY = frozenset({caps.FULL_DISTRIBUTIONS})  # self-certainty reads every next-token distribution
+# chains continue a final assistant message (a prefill, or text around a tool call) until a stop
+# string, and read which stop string ended it
+CONTINUATION = frozenset({caps.STEP_CONTINUATION})
+SEARCH = frozenset({caps.LOCAL_CACHE})  # searches fork and extend the model's cache step by step
+
 STRATEGIES: dict[str, StrategySpec] = {
     spec.name: spec
     for spec in (
         StrategySpec("greedy", "one greedy (temperature 0) completion", _greedy, pooled=False, budget="none",
                      samples=False),
-        StrategySpec("best_of_n", "best of n samples by self-certainty", _best_of_n("self_certainty"), pooled=True),
+        StrategySpec("best_of_n", "best of n samples by self-certainty", _best_of_n("self_certainty"), pooled=True,
+                     needs=CERTAINTY),
         StrategySpec("best_of_n_logprob", "best of n samples by mean token logprob", _best_of_n("mean_logprob"),
-                     pooled=True),
+                     pooled=True, needs=frozenset({caps.LOGPROBS})),
         StrategySpec("self_consistency", "majority vote over extracted answers", _self_consistency, pooled=True),
-        StrategySpec("weighted_voting", "answers weighted by self-certainty", _weighted_voting, pooled=True),
-        StrategySpec("borda", "Borda voting ranked by self-certainty, p = 0.5", _borda, pooled=True),
+        StrategySpec("weighted_voting", "answers weighted by self-certainty", _weighted_voting, pooled=True,
+                     needs=CERTAINTY),
+        StrategySpec("borda", "Borda voting ranked by self-certainty, p = 0.5", _borda, pooled=True, needs=CERTAINTY),
         StrategySpec("mbr_chrf", "MBR with chrF", _mbr("ChrF"), pooled=True),
         StrategySpec("mbr_bleu", "MBR with BLEU", _mbr("Bleu"), pooled=True),
         StrategySpec("mbr_edit", "MBR with edit similarity", _mbr("EditSimilarity"), pooled=True),
@@ -166,28 +203,29 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec("self_refine", "draft + (n - 1) critique/revision rounds", _self_refine, pooled=False,
                      budget="rounds"),
         StrategySpec("chain_of_thought", "reason step by step, then a call for the final answer",
-                     _chain("chain_of_thought"), pooled=False, budget="none"),
+                     _chain("chain_of_thought"), pooled=False, budget="none", needs=CONTINUATION),
         StrategySpec("self_ask", "follow-up questions answered by the model, then the answer", _chain("self_ask"),
-                     pooled=False, budget="none"),
+                     pooled=False, budget="none", needs=CONTINUATION),
         StrategySpec("calculator", "inline <<calculator>> calls while solving", _chain("calculator_chain"),
-                     pooled=False, budget="none"),
+                     pooled=False, budget="none", needs=CONTINUATION),
         StrategySpec("best_of_n_value", "best of n samples by the value (--value)", _tree("best_of_n_value"),
-                     pooled=False, uses_value=True),
+                     pooled=False, uses_value=True, needs=SEARCH),
         StrategySpec("step_beam", "step-level beam search: n children per depth, n/4 kept (--value)",
-                     _tree("step_beam"), pooled=False, uses_value=True),
+                     _tree("step_beam"), pooled=False, uses_value=True, needs=SEARCH),
         StrategySpec("dvts", "diverse verifier tree search: n/4 subtrees, 4 children each (--value)",
-                     _tree("dvts"), pooled=False, uses_value=True),
+                     _tree("dvts"), pooled=False, uses_value=True, needs=SEARCH),
         StrategySpec("rebase", "REBASE: width n shared by softmax of values (--value)", _tree("rebase"),
-                     pooled=False, uses_value=True),
+                     pooled=False, uses_value=True, needs=SEARCH),
         StrategySpec("mcts", "MCTS: n iterations of 4 children, value leaf evaluation (--value)", _tree("mcts"),
-                     pooled=False, uses_value=True),
-        StrategySpec("astar", "A*-decoding: n expansions of 4 children (--value)", _tree("astar"), pooled=False, uses_value=True),
+                     pooled=False, uses_value=True, needs=SEARCH),
+        StrategySpec("astar", "A*-decoding: n expansions of 4 children (--value)", _tree("astar"),
+                     pooled=False, uses_value=True, needs=SEARCH),
         StrategySpec("particle_filter", "particle filtering with n particles (--value)", _tree("particle_filter"),
-                     pooled=False, uses_value=True),
+                     pooled=False, uses_value=True, needs=SEARCH),
         StrategySpec("blockwise_cd", "blockwise controlled decoding: best of n blocks of 16 tokens (--value)",
-                     _tree("blockwise_cd"), pooled=False, uses_value=True),
+                     _tree("blockwise_cd"), pooled=False, uses_value=True, needs=SEARCH),
         StrategySpec("tokenwise_cd", "tokenwise controlled decoding over the top n tokens, strength 4 (--value)",
-                     _tree("tokenwise_cd"), pooled=False, uses_value=True),
+                     _tree("tokenwise_cd"), pooled=False, uses_value=True, needs=SEARCH),
     )
 }
 

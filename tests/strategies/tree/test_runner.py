@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from metagen.decoding import LocalGenerator
+from metagen.decoding import Generator, LocalGenerator
 from metagen.sampling import SamplingParams
 from metagen.strategies.registry import STRATEGIES, StrategyOptions, check_options, get_strategy
 from tests.decoding.toy_model import ToyModel
@@ -33,10 +33,11 @@ def test_searches_need_a_value_and_a_local_model(one_thread):
     with pytest.raises(ValueError, match="needs a value"):
         spec.run(LocalGenerator(ToyModel()), "a", 4, SamplingParams(), StrategyOptions(), None)
 
-    class Remote:
-        pass
+    class Remote(Generator):
+        def generate(self, prompt, params, *, generator=None):
+            raise AssertionError("a search on a generator without a local cache must not generate")
 
-    with pytest.raises(ValueError, match="needs a local model, not Remote"):
+    with pytest.raises(ValueError, match="strategy 'rebase' needs local_cache, which Remote does not provide"):
         spec.run(Remote(), "a", 4, SamplingParams(), StrategyOptions(value="steps"), None)
 
 
@@ -58,3 +59,37 @@ def test_aggregation_reaches_the_search(one_thread):
     assert result.chosen.answer == max(result.votes, key=result.votes.get)
     with pytest.raises(ValueError, match="aggregation='majority' is given"):
         check_options(["greedy"], StrategyOptions(aggregation="majority"))
+
+
+def test_searches_reach_the_model_through_local_model_only(one_thread):
+    """The runner takes the model and chat setting from `local_model()`: a generator with
+    LOCAL_CACHE and no `model` attribute runs; one with a `model` attribute but without
+    LOCAL_CACHE is refused (no guessing from attributes)."""
+    from metagen.decoding import capabilities as caps
+    from metagen.decoding.generator import LocalModel
+
+    model = ToyModel()
+
+    class Wrapped(Generator):
+        capabilities = frozenset({caps.LOCAL_CACHE})
+
+        def local_model(self):
+            return LocalModel(model, None)
+
+        def generate(self, prompt, params, *, generator=None):
+            raise AssertionError("searches decode their own steps")
+
+    options = StrategyOptions(value="steps", step_delimiter="b")
+    result = get_strategy("rebase").run(Wrapped(), "a", 4, SamplingParams(temperature=1.0, max_tokens=6), options,
+                                        torch.Generator().manual_seed(0))
+    assert result.candidates and len(model.calls) > 1
+
+    class HasAModel(Generator):
+        def __init__(self):
+            self.model = ToyModel()
+
+        def generate(self, prompt, params, *, generator=None):
+            raise AssertionError("not called")
+
+    with pytest.raises(ValueError, match="strategy 'rebase' needs local_cache, which HasAModel does not provide"):
+        get_strategy("rebase").run(HasAModel(), "a", 4, SamplingParams(), options, None)

@@ -58,19 +58,17 @@ def make_value(spec: str | None, model, prompt, delimiter: str):
 
 
 def run_search(name: str, generator, prompt, n: int, params, options, rng):
-    """Run search `name` with budget n on a LocalGenerator's model; returns its StrategyResult."""
+    """Run search `name` with budget n on the model of a generator with LOCAL_CACHE (through
+    `generator.local_model()`); returns its StrategyResult. ValueError naming the capability
+    when the generator lacks one the search needs."""
     from metagen.strategies.tokenwise_cd import TokenwiseCDConfig, tokenwise_cd
+    from metagen.strategies.registry import STRATEGIES
     from metagen.strategies.tree import astar, blockwise_cd, dvts, mcts, particle_filter, rebase, step_beam_search
 
-    model = getattr(generator, "model", None)
-    if model is None:
-        raise ValueError(f"strategy {name!r} searches over the model's cache: it needs a local model, "
-                         f"not {type(generator).__name__}")
-    from metagen.speculative.generator import SpeculativeGenerator
-
-    if isinstance(generator, SpeculativeGenerator):
-        raise ValueError(f"strategy {name!r} decodes its own steps; it cannot run speculatively (drop --speculative)")
-    chat = getattr(generator, "chat", None)
+    if name in STRATEGIES:  # LOCAL_CACHE, + HIDDEN_STATES for a value head (an unknown name: below)
+        STRATEGIES[name].check(generator, options)
+    local = generator.local_model()
+    model, chat = local.model, local.chat
     value = make_value(options.value, model, prompt, options.step_delimiter)
     params = replace(params, n=1)
     common = {"params": params, "step": StepConfig(options.step_delimiter, 64), "pattern": options.pattern,

@@ -1,0 +1,102 @@
+"""What each registry strategy needs from a generator, and the refusal before any request when
+the generator lacks it (the CLI and the harness call `spec.run`, which checks first)."""
+
+import pytest
+import torch
+
+from metagen.decoding import Cost, Generator
+from metagen.decoding import capabilities as caps
+from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.sampling import SamplingParams
+from metagen.strategies.registry import STRATEGIES, StrategyOptions, get_strategy
+
+HEAD = StrategyOptions(value="/some/value_head.pt")  # a trained value head: reads hidden states
+STEPS = StrategyOptions(value="steps")
+
+EXPECTED_NEEDS = {
+    "best_of_n": {caps.FULL_DISTRIBUTIONS},
+    "weighted_voting": {caps.FULL_DISTRIBUTIONS},
+    "borda": {caps.FULL_DISTRIBUTIONS},
+    "best_of_n_logprob": {caps.LOGPROBS},
+    "chain_of_thought": {caps.STEP_CONTINUATION},
+    "self_ask": {caps.STEP_CONTINUATION},
+    "calculator": {caps.STEP_CONTINUATION},
+    **{name: {caps.LOCAL_CACHE} for name, spec in STRATEGIES.items() if spec.uses_value},
+}
+SEQUENCE_LEVEL = [name for name in STRATEGIES if name not in EXPECTED_NEEDS]
+
+
+def _options(name, head=False):
+    if not get_strategy(name).uses_value:
+        return StrategyOptions()
+    return HEAD if head else STEPS
+
+
+class MustNotGenerate(Generator):
+    """Declares every capability but `lacking`; fails the test if asked to generate."""
+
+    def __init__(self, lacking):
+        self.capabilities = caps.ALL - {lacking}
+
+    def generate(self, prompt, params, *, generator=None):
+        raise AssertionError("a strategy the generator cannot run sent a request")
+
+
+def test_each_strategy_declares_what_it_reads():
+    assert {name: set(spec.required(_options(name))) for name, spec in STRATEGIES.items()
+            if spec.required(_options(name))} == EXPECTED_NEEDS
+    assert set(SEQUENCE_LEVEL) >= {"greedy", "self_consistency", "mbr_chrf", "mbr_bleu", "mbr_edit",
+                                   "mbr_embedding", "self_refine"}
+
+
+@pytest.mark.parametrize("name", [name for name, spec in STRATEGIES.items() if spec.uses_value])
+def test_a_value_head_adds_hidden_states_and_steps_or_judge_do_not(name):
+    spec = get_strategy(name)
+    assert spec.required(HEAD) == {caps.LOCAL_CACHE, caps.HIDDEN_STATES}
+    assert spec.required(STEPS) == spec.required(StrategyOptions(value="judge")) == {caps.LOCAL_CACHE}
+
+
+CASES = [(name, need) for name in STRATEGIES for need in sorted(get_strategy(name).required(_options(name, True)))]
+
+
+@pytest.mark.parametrize(("name", "need"), CASES)
+def test_a_missing_capability_is_refused_before_any_request(name, need):
+    spec = get_strategy(name)
+    options = _options(name, head=True)
+    generator = MustNotGenerate(need)
+    pattern = f"strategy '{name}' needs {need}, which MustNotGenerate does not provide"
+    with pytest.raises(ValueError, match=pattern) as error:
+        spec.run(generator, "q", 1, SamplingParams(max_tokens=4), options, None)
+    assert caps.PROVIDERS[need] in str(error.value)  # what would provide it
+    with pytest.raises(ValueError, match=pattern):
+        spec.check(generator, options)
+
+
+def test_every_registry_strategy_has_a_refusal_case():
+    assert {name for name, _ in CASES} == set(EXPECTED_NEEDS)
+
+
+class TextOnly(Generator):
+    """A minimal custom generator: text completions only (no ids, logprobs or distributions),
+    FLOPs unknown; declares no capabilities."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def generate(self, prompt, params, *, generator=None):
+        self.calls += 1
+        texts = ["The answer is 4", "so 4", "The answer is 5", "4 it is"]
+        completions = [Completion(text=texts[(self.calls + i) % len(texts)], finish_reason="stop")
+                       for i in range(params.n)]
+        return GenerationResult(completions, [], cost=Cost(model_calls=1, flops=None))
+
+
+@pytest.mark.parametrize("name", [name for name in SEQUENCE_LEVEL if name != "mbr_embedding"])
+def test_sequence_level_strategies_run_on_a_generator_without_capabilities(name):
+    spec = get_strategy(name)
+    generator = TextOnly()
+    n = 1 if spec.budget == "none" else 3
+    result = spec.run(generator, "What is 2 + 2?", n, SamplingParams(temperature=1.0, max_tokens=8),
+                      StrategyOptions(), torch.Generator().manual_seed(0))
+    assert generator.calls >= 1 and result.chosen.text
+    assert result.cost.flops is None  # unknown stays unknown through the strategy's sums
