@@ -163,7 +163,7 @@ def test_a_search_with_speculative_decoding_is_refused_naming_the_capability(cap
         def prefill(self, *args, **kwargs):
             raise AssertionError("a refused search ran the model")
 
-    monkeypatch.setattr(cli, "_load", lambda args: Untouchable())
+    monkeypatch.setattr(common, "load_model", lambda args: Untouchable())
     assert main(["generate", QUESTION, "--strategy", "rebase", "--value", "steps", "--speculative", "ngram"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("metagen: error: ") and err.count("\n") == 1
