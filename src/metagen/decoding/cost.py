@@ -9,6 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 
+def _sum(a, b):
+    """a + b, None (unknown) when either is."""
+    return None if a is None or b is None else a + b
+
+
 @dataclass
 class Cost:
     """Counts of one or more model calls.
@@ -18,7 +23,9 @@ class Cost:
     prompt_tokens_reused: prompt tokens served from a shared cache prefix instead (e.g. the
         n − 1 extra copies of a prompt forked into n rows).
     generated_tokens: tokens sampled.
-    flops: estimated forward FLOPs (2·params per token plus attention, from the architecture).
+    flops: estimated forward FLOPs (2·params per token plus attention, from the architecture);
+        None when unknown (a remote server whose parameter count was not declared). A sum with
+        an unknown term is unknown.
     wall_seconds: elapsed time.
     draft_tokens: speculative decoding: draft tokens proposed to the target.
     accepted_tokens: draft tokens the verification accepted (a row that stops on EOS or a stop
@@ -26,30 +33,30 @@ class Cost:
     target_steps: target forwards that produced tokens, counted per row (the prefill and each
         verification; plain decoding takes one per generated token).
     scorer_flops: the part of `flops` spent by scorers and value models (PRMs, value heads,
-        judges) inside search strategies.
+        judges) inside search strategies (None when unknown, like `flops`).
     """
 
     model_calls: int = 0
     prompt_tokens_computed: int = 0
     prompt_tokens_reused: int = 0
     generated_tokens: int = 0
-    flops: float = 0.0
+    flops: float | None = 0.0
     wall_seconds: float = 0.0
     draft_tokens: int = 0
     accepted_tokens: int = 0
     target_steps: int = 0
-    scorer_flops: float = 0.0
+    scorer_flops: float | None = 0.0
 
     def __add__(self, other: "Cost") -> "Cost":
         if not isinstance(other, Cost):
             return NotImplemented
-        return Cost(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+        return Cost(**{f.name: _sum(getattr(self, f.name), getattr(other, f.name)) for f in fields(self)})
 
     def __iadd__(self, other: "Cost") -> "Cost":
         if not isinstance(other, Cost):
             return NotImplemented
         for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+            setattr(self, f.name, _sum(getattr(self, f.name), getattr(other, f.name)))
         return self
 
     @property
