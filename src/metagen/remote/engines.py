@@ -63,6 +63,9 @@ class Engine:
     neutral_only: dict[str, tuple[str, str]] = field(default_factory=dict)
     notes: str = ""
 
+    def __repr__(self) -> str:
+        return f"Engine({self.name!r})"
+
     def refusal(self, name: str, value: object) -> str:
         reason = self.neutral_only[name][1] if name in self.neutral_only else (
             "it has no request field for it" + (f"; {self.notes}" if self.notes else ""))
