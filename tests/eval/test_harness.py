@@ -177,3 +177,20 @@ def test_every_search_runs_in_the_harness_on_a_local_model(tmp_path, one_thread)
     assert all(0.0 <= p.accuracy <= 1.0 and p.cost.generated_tokens > 0 for p in report.points)
     resumed = evaluate(LocalGenerator(ToyModel()), problems, config, tmp_path)  # everything is on disk
     assert [p.accuracy for p in resumed.points] == [p.accuracy for p in report.points]
+
+
+def test_a_generator_without_token_ids_is_refused_naming_the_capability(tmp_path):
+    """A remote server that returns no ids (and no tokenizer given) leaves Completion.token_ids
+    None; the harness stores ids in its pools, so it refuses rather than crash or store []."""
+
+    class NoIds(DiceGenerator):
+        def generate(self, prompt, params, *, generator=None):
+            result = super().generate(prompt, params, generator=generator)
+            for completion in result.completions:
+                completion.token_ids = None
+            result.prompt_token_ids = None
+            return result
+
+    config = EvalConfig(("self_consistency",), (2,), params=SamplingParams(temperature=1.0, max_tokens=8))
+    with pytest.raises(ValueError, match="needs token_ids.*NoIds"):
+        evaluate(NoIds(), PROBLEMS[:1], config, tmp_path / "out")
