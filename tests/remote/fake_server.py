@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 WORDS = ["alpha", "beta", "gamma", "delta", "eps", "zeta"]
@@ -26,7 +27,7 @@ class FakeServer:
                  cached_tokens: int = 0) -> None:
         self.engine, self.model, self.logprobs, self.cached_tokens = engine, model, logprobs, cached_tokens
         self.requests: list[tuple[str, dict, dict]] = []  # (path, body, headers)
-        self.faults: list[tuple[int, bytes, dict]] = []
+        self.faults: list[tuple[int, bytes, dict, float]] = []
         self.choices_override: int | None = None
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -44,8 +45,10 @@ class FakeServer:
         self._server.server_close()
         self._thread.join()
 
-    def fail(self, status: int, body: bytes | str = b"", headers: dict | None = None) -> None:
-        self.faults.append((status, body.encode() if isinstance(body, str) else body, headers or {}))
+    def fail(self, status: int, body: bytes | str = b"", headers: dict | None = None, delay: float = 0.0) -> None:
+        """The next generation request gets this answer, after `delay` seconds (status 0: the
+        normal answer, late)."""
+        self.faults.append((status, body.encode() if isinstance(body, str) else body, headers or {}, delay))
 
     def posts(self) -> list[dict]:
         return [body for path, body, _ in self.requests if path != "/v1/models"]
@@ -143,8 +146,10 @@ class FakeServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.requests.append((self.path, body, dict(self.headers)))
                 if fake.faults:
-                    status, payload, headers = fake.faults.pop(0)
-                    return self._reply(status, payload, headers)
+                    status, payload, headers, delay = fake.faults.pop(0)
+                    time.sleep(delay)
+                    if status:
+                        return self._reply(status, payload, headers)
                 status, answer = fake.complete(self.path, body)
                 self._reply(status, json.dumps(answer).encode())
 

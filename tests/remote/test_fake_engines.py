@@ -258,3 +258,11 @@ def test_the_api_key_is_sent_but_never_shown(monkeypatch):
         headers = {key.lower(): value for key, value in server.requests[0][2].items()}
     assert headers["authorization"] == f"Bearer {secret}"
     assert secret not in str(error.value) and secret not in repr(gen) and secret not in repr(gen.transport)
+
+
+def test_a_token_prompt_that_fills_max_model_len_is_refused_before_sending():
+    with FakeServer("vllm") as server:
+        gen = make(server)
+        with pytest.raises(ValueError, match="prompt has 2048 tokens, the served model's context is 2048"):
+            gen.generate([1] * 2048, SamplingParams(max_tokens=2))
+        assert all(len(body.get("prompt", "")) < 2048 for body in server.posts())

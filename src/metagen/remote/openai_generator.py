@@ -132,6 +132,10 @@ class OpenAIGenerator(Generator):
         if endpoint == "completions" and isinstance(fields["prompt"], list) and not profile.token_prompts:
             raise ValueError(f"{profile.engine.name} server at {self.transport.base_url} does not accept "
                              "token-id prompts (probed): give text or chat messages")
+        length = len(fields.get("prompt")) if isinstance(fields.get("prompt"), list) else 0
+        if profile.max_model_len is not None and length >= profile.max_model_len:
+            raise ValueError(f"prompt has {length} tokens, the served model's context is "
+                             f"{profile.max_model_len}: no room to generate")
         if params.logprobs is not None and not profile.logprobs:
             raise ValueError(f"logprobs={params.logprobs} asked, but the server at "
                              f"{self.transport.base_url} returns no logprobs (probed)")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from metagen.decoding import capabilities as caps
 from metagen.remote.engines import Engine, detect_engine, engine_named
 from metagen.remote.responses import token_id
-from metagen.remote.transport import ServerError, Transport
+from metagen.remote.transport import InvalidRequestError, ServerError, Transport
 
 
 @dataclass(frozen=True)
@@ -85,16 +85,19 @@ def probe(transport: Transport, model: str | None = None, engine: str = "auto") 
     """Probe the server at `transport` (/v1/models, then 3 one-token requests)."""
     model, found, max_model_len = served_model(transport, model, engine)
     base = {"model": model, "max_tokens": 1, "temperature": 1.0, "seed": 0, **found.ids_request}
-    answer = _try(transport, {**base, "prompt": "Hello", "n": 2, "logprobs": 1}) or {}
+    try:  # retried like any request: a transient failure must not pass for a missing feature
+        answer = transport.post("completions", {**base, "prompt": "Hello", "n": 2, "logprobs": 1})
+    except InvalidRequestError:  # e.g. a chat-only model: none of these features on /completions
+        answer = {}
     choices = answer.get("choices") or []
-    logprobs = (choices[0].get("logprobs") or {}) if choices else {}
-    tokens = logprobs.get("tokens") or []
-    ids = [token_id(token) for token in tokens]
-    returns_ids = bool(tokens) and None not in ids or bool(choices and choices[0].get("token_ids"))
-    prompt_ids = choices[0].get("token_ids") if returns_ids and choices[0].get("token_ids") else ids
+    first = choices[0] if choices else {}
+    logprobs = first.get("logprobs") or {}
+    served_ids = first.get("token_ids")  # vLLM's return_token_ids form
+    ids = served_ids if isinstance(served_ids, list) else [token_id(t) for t in logprobs.get("tokens") or []]
+    returns_ids = bool(ids) and None not in ids
     scored = _try(transport, {**base, "prompt": "Hello world", "echo": True, "logprobs": 1})
     scored_tokens = ((scored or {}).get("choices") or [{}])[0].get("logprobs") or {}
-    as_ids = _try(transport, {**base, "prompt": prompt_ids if returns_ids else [1, 2]})
+    as_ids = _try(transport, {**base, "prompt": ids if returns_ids else [1, 2]})
     return ServerProfile(
         engine=found,
         model=model,
