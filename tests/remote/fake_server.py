@@ -36,7 +36,7 @@ class FakeServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
-    def __enter__(self) -> "FakeServer":
+    def __enter__(self) -> FakeServer:
         self._thread.start()
         return self
 

@@ -7,10 +7,11 @@ import pytest
 
 pytest.importorskip("httpx")
 
-from metagen.decoding import capabilities as caps  # noqa: E402
-from metagen.remote import OpenAIGenerator, ServerError  # noqa: E402
-from metagen.sampling import SamplingParams  # noqa: E402
-from .fake_server import FakeServer  # noqa: E402
+from metagen.decoding import capabilities as caps
+from metagen.remote import OpenAIGenerator, ServerError
+from metagen.sampling import SamplingParams
+
+from .fake_server import FakeServer
 
 
 def make(server: FakeServer, **kwargs) -> OpenAIGenerator:
@@ -123,7 +124,7 @@ def test_llama_cpp_neutral_values_are_sent_explicitly():
 def test_a_field_the_engine_cannot_honour_is_refused_before_any_request(engine, field, value):
     with FakeServer(engine) as server:
         gen = make(server)
-        gen.profile
+        assert gen.profile  # probe first, so the requests below are the ones under test
         sent = len(server.posts())
         with pytest.raises(ValueError, match=f"{field}=.*{engine}"):
             gen.generate("Hi", SamplingParams(**{field: value}))
@@ -180,7 +181,7 @@ def test_flops_come_from_a_declared_parameter_count():
 def test_a_500_is_retried_with_the_same_body_and_seed():
     with FakeServer("vllm") as server:
         gen = make(server)
-        gen.profile
+        assert gen.profile  # probe first, so the requests below are the ones under test
         server.fail(500, '{"error": {"message": "engine hiccup"}}')
         result = gen.generate("Hi", SamplingParams(max_tokens=3, seed=9))
         retried, answered = server.posts()[-2:]
@@ -193,7 +194,7 @@ def test_429_waits_at_least_retry_after():
 
     with FakeServer("vllm") as server:
         gen = make(server)
-        gen.profile
+        assert gen.profile  # probe first, so the requests below are the ones under test
         server.fail(429, '{"error": {"message": "slow down"}}', {"Retry-After": "1"})
         start = time.perf_counter()
         gen.generate("Hi", SamplingParams(max_tokens=2))
@@ -203,7 +204,7 @@ def test_429_waits_at_least_retry_after():
 def test_a_400_is_raised_at_once_with_the_servers_message():
     with FakeServer("vllm") as server:
         gen = make(server)
-        gen.profile
+        assert gen.profile  # probe first, so the requests below are the ones under test
         sent = len(server.posts())
         server.fail(400, '{"error": {"message": "top_k must be -1 or at least 1, got -7"}}')
         with pytest.raises(ValueError, match="top_k must be -1 or at least 1, got -7") as error:
@@ -214,7 +215,7 @@ def test_a_400_is_raised_at_once_with_the_servers_message():
 def test_malformed_json_is_a_clear_error():
     with FakeServer("vllm") as server:
         gen = make(server)
-        gen.profile
+        assert gen.profile  # probe first, so the requests below are the ones under test
         server.fail(200, "{not json")
         with pytest.raises(ServerError, match="not JSON"):
             gen.generate("Hi", SamplingParams(max_tokens=2))
@@ -223,7 +224,7 @@ def test_malformed_json_is_a_clear_error():
 def test_fewer_choices_than_asked_is_an_error_not_fewer_results():
     with FakeServer("vllm") as server:
         gen = make(server)
-        gen.profile
+        assert gen.profile  # probe first, so the requests below are the ones under test
         server.choices_override = 1
         with pytest.raises(ServerError, match="asked for 3 choices, the server returned 1"):
             gen.generate("Hi", SamplingParams(max_tokens=2, n=3))
@@ -251,7 +252,7 @@ def test_the_api_key_is_sent_but_never_shown(monkeypatch):
     monkeypatch.setenv("METAGEN_TEST_KEY", secret)
     with FakeServer("vllm") as server:
         gen = make(server, api_key_env="METAGEN_TEST_KEY")
-        gen.profile
+        assert gen.profile  # probe first, so the requests below are the ones under test
         server.fail(401, '{"error": {"message": "bad key"}}')
         with pytest.raises(ServerError) as error:
             gen.generate("Hi", SamplingParams(max_tokens=2))

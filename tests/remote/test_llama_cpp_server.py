@@ -6,9 +6,9 @@ import pytest
 
 pytest.importorskip("httpx")
 
-from metagen.decoding import capabilities as caps  # noqa: E402
-from metagen.remote import OpenAIGenerator  # noqa: E402
-from metagen.sampling import SamplingParams  # noqa: E402
+from metagen.decoding import capabilities as caps
+from metagen.remote import OpenAIGenerator
+from metagen.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 PROMPT = "The capital of France is"
@@ -89,7 +89,10 @@ def test_chat_messages_use_the_servers_template(gen):
 
 
 def test_self_consistency_end_to_end(gen):
-    from metagen.strategies.self_consistency import SelfConsistencyConfig, self_consistency
+    from metagen.strategies.self_consistency import (
+        SelfConsistencyConfig,
+        self_consistency,
+    )
 
     config = SelfConsistencyConfig(n=3, params=SamplingParams(temperature=0.8, max_tokens=16, seed=3),
                                    pattern=r"(\w+)")

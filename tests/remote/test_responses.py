@@ -6,10 +6,10 @@ import pytest
 
 pytest.importorskip("httpx")
 
-from metagen.remote.engines import ENGINES, sampling_fields  # noqa: E402
-from metagen.remote.responses import parse_choice, parse_choices, token_id  # noqa: E402
-from metagen.remote.transport import ServerError  # noqa: E402
-from metagen.sampling import SamplingParams  # noqa: E402
+from metagen.remote.engines import ENGINES, sampling_fields
+from metagen.remote.responses import parse_choice, parse_choices, token_id
+from metagen.remote.transport import ServerError
+from metagen.sampling import SamplingParams
 
 
 def test_token_id_reads_only_vllms_form():

@@ -10,9 +10,14 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 
-from metagen.remote.transport import InvalidRequestError, ServerError, Transport, retry_after_seconds  # noqa: E402
+from metagen.remote.transport import (
+    InvalidRequestError,
+    ServerError,
+    Transport,
+    retry_after_seconds,
+)
 
-from .fake_server import FakeServer  # noqa: E402
+from .fake_server import FakeServer
 
 
 def recording(server: FakeServer, **kwargs) -> tuple[Transport, list[float]]:

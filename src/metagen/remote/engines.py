@@ -83,8 +83,8 @@ ENGINES = {
         | {"top_k": "top_k", "min_p": "min_p"},
         mirostat=True, owned_by=("me", "llamacpp", "llama.cpp"), top_k_disabled=0,
         neutral_only={
-            name: (wire, f"llama.cpp applies {wire} over a window of the last 64 tokens, "
-                         f"prompt included, which is not how metagen defines {name}")
+            name: (wire, (f"llama.cpp applies {wire} over a window of the last 64 tokens, "
+                          f"prompt included, which is not how metagen defines {name}"))
             for name, wire in [("repetition_penalty", "repeat_penalty"),
                                ("frequency_penalty", "frequency_penalty"),
                                ("presence_penalty", "presence_penalty")]

@@ -104,7 +104,7 @@ class OpenAIGenerator(Generator):
     def close(self) -> None:
         self.transport.close()
 
-    def __enter__(self) -> "OpenAIGenerator":
+    def __enter__(self) -> OpenAIGenerator:
         return self
 
     def __exit__(self, *exc) -> None:
