@@ -251,3 +251,18 @@ def test_a_pool_generator_provides_what_its_samples_store():
     assert Pool.from_dict(pool.to_dict()).samples[1].flops is None
     text_only = Pool(1, 1.0, 0, 0, [Sample("z", [], [], [], "stop", 0.0)])
     assert PoolGenerator(text_only, [0]).capabilities == frozenset()
+def test_a_generator_without_token_ids_is_refused_naming_the_capability(tmp_path):
+    """A remote server that returns no ids (and no tokenizer given) leaves Completion.token_ids
+    None; the harness stores ids in its pools, so it refuses rather than crash or store []."""
+
+    class NoIds(DiceGenerator):
+        def generate(self, prompt, params, *, generator=None):
+            result = super().generate(prompt, params, generator=generator)
+            for completion in result.completions:
+                completion.token_ids = None
+            result.prompt_token_ids = None
+            return result
+
+    config = EvalConfig(("self_consistency",), (2,), params=SamplingParams(temperature=1.0, max_tokens=8))
+    with pytest.raises(ValueError, match="needs token_ids.*NoIds"):
+        evaluate(NoIds(), PROBLEMS[:1], config, tmp_path / "out")

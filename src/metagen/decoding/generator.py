@@ -3,9 +3,10 @@
     generator.generate(prompt, params) -> GenerationResult   # params.n completions + Cost
 
 A strategy never touches a model or a cache: the local backend (`LocalGenerator`) prefills the
-prompt once, forks the cache into n rows and decodes them as one batch; a remote
-OpenAI-compatible server can implement the same method (completions with token ids, logprobs,
-finish reasons, and a Cost built from the server's usage counts).
+prompt once, forks the cache into n rows and decodes them as one batch;
+`metagen.remote.OpenAIGenerator` implements the same method over OpenAI-compatible servers
+(completions with token ids where known, logprobs, finish reasons, and a Cost built from the
+server's usage counts).
 
 The contract beyond `generate` is explicit, never guessed from attributes:
   capabilities   what the completions carry and what else the backend offers (names in

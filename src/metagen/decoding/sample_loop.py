@@ -32,6 +32,8 @@ from metagen.sampling import SamplerChain, SamplingParams
 class Completion:
     """One generated sequence.
 
+    token_ids: the sampled ids; None when unknown (a server that returns no ids and no tokenizer
+        given; such a generator lacks the TOKEN_IDS capability).
     logprobs: log p(token) under the model's unmodified distribution, per token.
     sampling_logprobs: log p(token) under the distribution it was drawn from (after adapters).
     top_logprobs: per token, {token_id: logprob} of the model's top `params.logprobs` tokens.
@@ -57,7 +59,9 @@ class Completion:
 
 @dataclass
 class GenerationResult:
-    """Completions for one prompt plus counts and timing (`cost` is set by a `Generator`)."""
+    """Completions for one prompt plus counts and timing (`cost` is set by a `Generator`).
+
+    prompt_token_ids: None when unknown (a remote server given text or chat messages)."""
 
     completions: list[Completion]
     prompt_token_ids: list[int]
@@ -68,6 +72,12 @@ class GenerationResult:
 
     @property
     def generated_tokens(self) -> int:
+        """Tokens generated over all completions (from `cost` when some ids are unknown, as from a
+        server that returns no token ids: their `token_ids` is None)."""
+        if any(c.token_ids is None for c in self.completions):
+            if self.cost is None:
+                raise ValueError("token ids are unknown and no cost was recorded: generated tokens unknown")
+            return self.cost.generated_tokens
         return sum(len(c.token_ids) for c in self.completions)
 
     @property

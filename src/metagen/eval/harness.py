@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from metagen.decoding.capabilities import PROVIDERS, TOKEN_IDS
 from metagen.decoding.cost import Cost
 from metagen.eval.fingerprint import generator_identity, model_identity, weights_digest
 from metagen.eval.metrics import mean_and_stderr, pass_at_k
@@ -171,7 +172,10 @@ def _sample_pool(generator, prompt: str, problem: Problem, config: EvalConfig) -
     result = generator.generate(prompt, replace(config.params, n=size, seed=None),
                                 generator=_rng(config.seed, problem.id, "pool"))
     wall = time.perf_counter() - start
-    prompt_tokens = len(result.prompt_token_ids) or (result.cost.prompt_tokens_computed if result.cost else 0)
+    if any(completion.token_ids is None for completion in result.completions):
+        raise ValueError(f"the eval harness needs {TOKEN_IDS} (sample pools count and store token ids), "
+                         f"which {type(generator).__name__} did not return; use {PROVIDERS[TOKEN_IDS]}")
+    prompt_tokens = len(result.prompt_token_ids or ()) or (result.cost.prompt_tokens_computed if result.cost else 0)
     prompt_flops, decode_flops = _split_flops(result, prompt_tokens)
     samples = []
     for completion, flops in zip(result.completions, decode_flops):

@@ -11,13 +11,14 @@ from metagen.decoding.cost import Cost
 class Candidate:
     """One generated output as a strategy saw it.
 
+    token_ids: None when the generator could not know them (see `Completion.token_ids`).
     certainties: per-token KL(uniform ‖ p) when the generator reports it (self-certainty).
     score: the scorer's value (best-of-N, weighted voting), None when unscored.
     answer: the extracted answer (voting strategies), None when none was found.
     """
 
     text: str
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] | None = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     certainties: list[float] = field(default_factory=list)
@@ -48,6 +49,7 @@ class StrategyResult:
 def candidates_from(result) -> list[Candidate]:
     """Candidates from a `GenerationResult`'s completions."""
     return [
-        Candidate(c.text, list(c.token_ids), list(c.logprobs), c.finish_reason, list(c.certainties))
+        Candidate(c.text, None if c.token_ids is None else list(c.token_ids), list(c.logprobs),
+                  c.finish_reason, list(c.certainties))
         for c in result.completions
     ]

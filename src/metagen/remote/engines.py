@@ -1,0 +1,146 @@
+"""One small table per serving engine: which `SamplingParams` fields it honours, under which
+request name, and how it returns token ids.
+
+Every field is either sent under the engine's name for it, or refused with the reason when set
+to a non-neutral value (no silent drop: vLLM, SGLang and llama.cpp's server ignore unknown
+request fields without a word). Honoured fields are sent even at their neutral value, because
+engines have their own defaults: llama-cpp-python's server samples with top_k=40, top_p=0.95,
+min_p=0.05, repeat_penalty=1.1 and temperature 0.8 unless told otherwise, and vLLM applies the
+model's generation_config.json.
+
+Sources (request / response schemas): vLLM `entrypoints/openai/protocol.py` (CompletionRequest:
+top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos, return_tokens_as_token_ids, which
+writes "token_id:<id>" in place of token texts in logprobs; choices carry `stop_reason`);
+SGLang `srt/entrypoints/openai/protocol.py` (the same sampling extras; choices carry
+`matched_stop`; no token ids in /v1/completions answers); llama-cpp-python
+`server/types.py` + `server/app.py` (top_k, min_p, repeat_penalty, mirostat_*; `n`, `best_of`
+and `min_tokens` dropped by the server; prompts must be text; no stop_token_ids / ignore_eos).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from metagen.sampling import SamplingParams
+
+OPENAI_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "logit_bias": "logit_bias",
+    "stop": "stop",
+    "max_tokens": "max_tokens",
+    "seed": "seed",
+}
+EXTRA_FIELDS = {  # vLLM and SGLang accept these on both endpoints
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "stop_token_ids": "stop_token_ids",
+    "ignore_eos": "ignore_eos",
+}
+# Fields handled by the generator itself, not mapped one to one.
+GENERATOR_FIELDS = {"n", "logprobs", "mirostat_tau", "mirostat_eta"}
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What one engine's OpenAI-compatible server honours.
+
+    fields: SamplingParams field -> request field the server honours.
+    ids_request: extra request fields that make the server return the sampled token ids.
+    mirostat: the server runs Mirostat 2.0 (`mirostat_mode=2`, `mirostat_tau`, `mirostat_eta`).
+    owned_by: `owned_by` values of /v1/models entries that identify the engine.
+    """
+
+    name: str
+    fields: dict[str, str]
+    ids_request: dict[str, object] = field(default_factory=dict)
+    mirostat: bool = False
+    owned_by: tuple[str, ...] = ()
+    top_k_disabled: int = -1
+    neutral_only: dict[str, tuple[str, str]] = field(default_factory=dict)
+    notes: str = ""
+
+    def __repr__(self) -> str:
+        return f"Engine({self.name!r})"
+
+    def refusal(self, name: str, value: object) -> str:
+        reason = self.neutral_only[name][1] if name in self.neutral_only else (
+            "it has no request field for it" + (f"; {self.notes}" if self.notes else ""))
+        return (f"{name}={value!r} is not supported by {self.name}'s OpenAI-compatible server "
+                f"({reason}); leave {name} at its default or use a backend that has it")
+
+
+ENGINES = {
+    "vllm": Engine("vllm", {**OPENAI_FIELDS, **EXTRA_FIELDS}, {"return_tokens_as_token_ids": True},
+                   owned_by=("vllm",)),
+    "sglang": Engine("sglang", {**OPENAI_FIELDS, **EXTRA_FIELDS}, owned_by=("sglang",)),
+    "llama.cpp": Engine(
+        "llama.cpp",
+        {name: wire for name, wire in OPENAI_FIELDS.items() if not name.endswith("_penalty")}
+        | {"top_k": "top_k", "min_p": "min_p"},
+        mirostat=True, owned_by=("me", "llamacpp", "llama.cpp"), top_k_disabled=0,
+        neutral_only={
+            name: (wire, (f"llama.cpp applies {wire} over a window of the last 64 tokens, "
+                          f"prompt included, which is not how metagen defines {name}"))
+            for name, wire in [("repetition_penalty", "repeat_penalty"),
+                               ("frequency_penalty", "frequency_penalty"),
+                               ("presence_penalty", "presence_penalty")]
+        },
+        notes="llama-cpp-python's server drops n and has no stop_token_ids, ignore_eos or typical_p"),
+    "openai": Engine("openai", dict(OPENAI_FIELDS), owned_by=("openai", "system", "openai-internal")),
+}
+
+
+def engine_named(name: str) -> Engine:
+    if name not in ENGINES:
+        raise ValueError(f"engine={name!r} is unknown: must be one of {sorted(ENGINES)} or 'auto'")
+    return ENGINES[name]
+
+
+def detect_engine(models: list[dict], url: str) -> Engine:
+    """The engine whose `owned_by` marks the /v1/models entries, or ValueError asking for it."""
+    owners = {str(entry.get("owned_by", "")).lower() for entry in models}
+    for engine in ENGINES.values():
+        if owners & set(engine.owned_by):
+            return engine
+    raise ValueError(f"cannot tell which engine serves {url} (owned_by={sorted(owners)}): "
+                     f"pass engine= one of {sorted(ENGINES)}")
+
+
+def _wire_value(name: str, value: object, engine: Engine) -> object:
+    if name == "logit_bias":
+        return {str(token_id): bias for token_id, bias in (value or ())}
+    if name in ("stop", "stop_token_ids"):
+        return list(value)
+    if name == "top_k" and value in (0, -1):
+        return engine.top_k_disabled  # 0 and -1 both spell "disabled"; engines validate one
+    return value
+
+
+def sampling_fields(params: SamplingParams, engine: Engine) -> dict[str, object]:
+    """Request fields for `params` (all but n and logprobs), or ValueError naming the first
+    non-default field the engine cannot honour."""
+    defaults = SamplingParams()
+    body: dict[str, object] = {}
+    for name, value in params.to_dict().items():
+        if name in GENERATOR_FIELDS:
+            continue
+        wire = engine.fields.get(name)
+        if wire is not None:
+            if value is not None and value != () and value != {}:
+                body[wire] = _wire_value(name, getattr(params, name), engine)
+            continue
+        if value != getattr(defaults, name) and not (name == "top_k" and value in (0, -1)):
+            raise ValueError(engine.refusal(name, value))
+        if name in engine.neutral_only:  # the engine's own default is not neutral: say so
+            body[engine.neutral_only[name][0]] = getattr(defaults, name)
+    if params.mirostat_tau is not None:
+        if not engine.mirostat:
+            raise ValueError(engine.refusal("mirostat_tau", params.mirostat_tau))
+        body.update(mirostat_mode=2, mirostat_tau=params.mirostat_tau, mirostat_eta=params.mirostat_eta)
+    elif engine.mirostat:
+        body["mirostat_mode"] = 0
+    return body

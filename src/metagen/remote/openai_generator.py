@@ -1,0 +1,203 @@
+"""`OpenAIGenerator`: the `Generator` interface over any server speaking the OpenAI API.
+
+    OpenAIGenerator("http://127.0.0.1:8000/v1").generate(prompt, params) -> GenerationResult
+
+Prompts: text goes to /v1/completions as it is, or through the server's chat template
+(/v1/chat/completions) when `chat=True`; `chat=None` follows a supplied tokenizer (its chat
+template, like `LocalGenerator`) and means raw text without one, since a server does not say
+whether its model has a template: pass chat=True for instruct models. Chat messages always go
+to /v1/chat/completions; token ids go to /v1/completions as a list of ints where the server
+accepts them (probed), else they are refused.
+
+n completions: one request with `n` where the server honours it, else n requests with distinct
+seeds derived from one base seed (params.seed, or a draw from `generator`, or fresh entropy).
+Whatever is asked and cannot be delivered is refused before any request: a SamplingParams field
+the engine does not honour, logprobs from a server that returns none, token prompts.
+
+Token ids: from the server (vLLM), else from `tokenizer` (the canonical tokenization of the
+returned text), else None, meaning unknown; then `capabilities` lacks TOKEN_IDS, so strategies
+that need ids refuse. `Cost`: model_calls = HTTP requests answered, prompt tokens computed vs
+served from the server's prefix cache (`usage.prompt_tokens_details.cached_tokens`), generated
+tokens, wall seconds, and FLOPs = 2 · parameter_count · tokens when `parameter_count` is given
+(None, unknown, otherwise).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from metagen.decoding.cost import Cost
+from metagen.decoding.generator import Generator
+from metagen.decoding.prompts import Prompt
+from metagen.decoding.sample_loop import GenerationResult
+from metagen.remote.engines import sampling_fields
+from metagen.remote.probe import ServerProfile, probe
+from metagen.remote.responses import RemoteCompletion, parse_choices
+from metagen.remote.transport import ServerError, Transport
+from metagen.sampling import SamplingParams
+
+SEED_BITS = 31  # llama.cpp takes uint32, some servers int32: stay below both
+
+
+def derived_seed(base: int, index: int) -> int:
+    """A seed for fan-out request `index`, a hash of (base, index) in [0, 2^31)."""
+    digest = hashlib.blake2b(f"{base}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (1 << SEED_BITS)
+
+
+def prompt_request(prompt: Prompt, chat: bool) -> tuple[str, dict]:
+    """(endpoint, prompt fields) for a prompt, or ValueError naming what is wrong with it."""
+    if isinstance(prompt, (bytes, bytearray, memoryview)):
+        raise ValueError("prompt is bytes: decode it to str first (e.g. prompt.decode('utf-8'))")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("prompt is empty: give at least one character or token")
+        if chat:
+            return "chat/completions", {"messages": [{"role": "user", "content": prompt}]}
+        return "completions", {"prompt": prompt}
+    items = list(prompt) if isinstance(prompt, Sequence) else None
+    if not items:
+        raise ValueError(f"prompt {prompt!r} is empty or not a string, chat messages or token ids")
+    if all(isinstance(item, Mapping) for item in items):
+        return "chat/completions", {"messages": [dict(item) for item in items]}
+    if all(isinstance(item, int) and not isinstance(item, bool) and item >= 0 for item in items):
+        return "completions", {"prompt": items}
+    raise ValueError("prompt mixes item types or has negative ids: a prompt is a string, a list of "
+                     "chat messages, or a list of int token ids >= 0")
+
+
+class OpenAIGenerator(Generator):
+    """A `Generator` over an OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI).
+
+    base_url: the API root, e.g. "http://127.0.0.1:8000/v1".
+    model: the served model id (None: the only one the server lists).
+    engine: "vllm", "sglang", "llama.cpp", "openai", or "auto" (from /v1/models `owned_by`).
+    chat: text prompts through the server's chat template (see the module docstring).
+    tokenizer: a metagen Tokenizer of the served model, for token ids the server does not return.
+    parameter_count: the model's parameters, for FLOPs = 2 · params per token (None: unknown).
+    api_key_env, timeout, connect_timeout, max_retries: see `Transport`.
+    """
+
+    def __init__(self, base_url: str, model: str | None = None, *, engine: str = "auto",
+                 chat: bool | None = None, tokenizer=None, parameter_count: float | None = None,
+                 api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0,
+                 connect_timeout: float = 5.0, max_retries: int = 4,
+                 transport: Transport | None = None) -> None:
+        if parameter_count is not None and not parameter_count > 0:
+            raise ValueError(f"parameter_count={parameter_count!r} must be a positive number or None")
+        self.transport = transport or Transport(base_url, api_key_env=api_key_env, timeout=timeout,
+                                                connect_timeout=connect_timeout, max_retries=max_retries)
+        self.requested_model, self.engine_name = model, engine
+        self.chat = chat if chat is not None else bool(tokenizer is not None and tokenizer.chat_template)
+        self.tokenizer = tokenizer
+        self.parameter_count = parameter_count
+        self._profile: ServerProfile | None = None
+
+    def __repr__(self) -> str:
+        return f"OpenAIGenerator({self.transport.base_url!r}, model={self.requested_model!r}, engine={self.engine_name!r})"
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> OpenAIGenerator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def profile(self) -> ServerProfile:
+        """What the server honours (probed on first use, then cached)."""
+        if self._profile is None:
+            self._profile = probe(self.transport, self.requested_model, self.engine_name)
+        return self._profile
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return self.profile.capabilities(self.tokenizer is not None)
+
+    def decode(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            raise NotImplementedError("OpenAIGenerator decodes token ids only with a tokenizer= given")
+        return self.tokenizer.decode(list(token_ids))
+
+    def _body(self, endpoint: str, fields: dict, params: SamplingParams) -> dict:
+        """The request body without n and seed, or ValueError for what the server cannot do."""
+        profile = self.profile
+        if endpoint == "completions" and isinstance(fields["prompt"], list) and not profile.token_prompts:
+            raise ValueError(f"{profile.engine.name} server at {self.transport.base_url} does not accept "
+                             "token-id prompts (probed): give text or chat messages")
+        length = len(fields.get("prompt")) if isinstance(fields.get("prompt"), list) else 0
+        if profile.max_model_len is not None and length >= profile.max_model_len:
+            raise ValueError(f"prompt has {length} tokens, the served model's context is "
+                             f"{profile.max_model_len}: no room to generate")
+        if params.logprobs is not None and not profile.logprobs:
+            raise ValueError(f"logprobs={params.logprobs} asked, but the server at "
+                             f"{self.transport.base_url} returns no logprobs (probed)")
+        if params.logprobs and not profile.top_logprobs:
+            raise ValueError(f"logprobs={params.logprobs} asks for top logprobs, which the server at "
+                             f"{self.transport.base_url} does not return (probed)")
+        body = {"model": profile.model, **fields, **sampling_fields(params, profile.engine)}
+        messages = fields.get("messages")
+        if messages and messages[-1].get("role") == "assistant":
+            if profile.engine.name not in ("vllm", "sglang"):
+                raise ValueError(f"messages end with an assistant message, which {profile.engine.name}'s "
+                                 "server cannot continue (no continue_final_message)")
+            body.update(continue_final_message=True, add_generation_prompt=False)
+        if profile.logprobs:  # always: Completion.logprobs is filled as in local decoding
+            if endpoint == "completions":
+                body["logprobs"] = params.logprobs or 0
+            else:
+                body.update(logprobs=True, top_logprobs=params.logprobs or 0)
+            body.update(profile.engine.ids_request)
+        return body
+
+    def _requests(self, body: dict, params: SamplingParams, generator: torch.Generator | None) -> list[tuple[dict, int]]:
+        """(request body, choices expected) for the n completions: one request or a fan-out."""
+        base = params.seed
+        if generator is not None:
+            base = int(torch.randint(0, 1 << SEED_BITS, (1,), generator=generator))
+        if self.profile.native_n or params.n == 1:
+            seeded = body if base is None else {**body, "seed": base}
+            return [({**seeded, "n": params.n}, params.n)]
+        base = secrets.randbits(SEED_BITS) if base is None else base
+        return [({**body, "n": 1, "seed": derived_seed(base, index)}, 1) for index in range(params.n)]
+
+    def generate(self, prompt: Prompt, params: SamplingParams, *, generator: torch.Generator | None = None) -> GenerationResult:
+        start = time.perf_counter()
+        endpoint, fields = prompt_request(prompt, self.chat)
+        body = self._body(endpoint, fields, params)
+        chat = endpoint == "chat/completions"
+        url = f"{self.transport.base_url}/{endpoint}"
+        completions: list[RemoteCompletion] = []
+        cost = Cost(flops=None if self.parameter_count is None else 0.0)
+        for request, expected in self._requests(body, params, generator):
+            answer = self.transport.post(endpoint, request)
+            completions += parse_choices(answer, url, chat, params.logprobs, expected)
+            cost += self._usage_cost(answer, url)
+        for completion in completions:
+            if completion.token_ids is None and self.tokenizer is not None:
+                completion.token_ids = self.tokenizer.encode(completion.text, add_special_tokens=False)
+        cost.wall_seconds = time.perf_counter() - start
+        prompt_ids = list(fields["prompt"]) if isinstance(fields.get("prompt"), list) else None
+        result = GenerationResult(completions, prompt_ids, decode_seconds=cost.wall_seconds,
+                                  model_calls=cost.model_calls, cost=cost)
+        return result
+
+    def _usage_cost(self, answer: dict, url: str) -> Cost:
+        """The Cost of one answered request, from its `usage`."""
+        usage = answer.get("usage")
+        if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
+            raise ServerError(url, 200, f"answer has no usage counts: {str(answer)[:200]}")
+        details = usage.get("prompt_tokens_details") or {}
+        cached = int(details.get("cached_tokens") or 0)
+        computed = usage["prompt_tokens"] - cached
+        generated = int(usage.get("completion_tokens") or 0)
+        flops = None if self.parameter_count is None else 2.0 * self.parameter_count * (computed + generated)
+        return Cost(model_calls=1, prompt_tokens_computed=computed, prompt_tokens_reused=cached,
+                    generated_tokens=generated, flops=flops, target_steps=generated)

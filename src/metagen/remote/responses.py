@@ -1,0 +1,115 @@
+"""Reading /v1/completions and /v1/chat/completions answers into `Completion`s.
+
+Token ids come from the server where it returns them: vLLM's `return_tokens_as_token_ids`
+writes "token_id:<id>" for every token (sampled and top alternatives), and vLLM's newer
+`return_token_ids` puts `token_ids` on each choice. Otherwise `token_ids` is None (unknown) and
+the generator fills them from a tokenizer the user supplied, or leaves them unknown. Top
+logprobs keyed by token id (`Completion.top_logprobs`) exist only when ids are known; the
+server's text-keyed form is kept in `RemoteCompletion.top_logprob_texts`.
+
+A malformed answer (no choices, a choice without text, a finish reason other than stop /
+length) is a `ServerError`, never a shorter result.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from metagen.decoding.sample_loop import Completion
+from metagen.remote.transport import ServerError
+
+TOKEN_ID_PREFIX = "token_id:"
+
+
+@dataclass
+class RemoteCompletion(Completion):
+    """A `Completion` from a server. `token_ids` is None when the ids are unknown.
+
+    tokens: the token texts the server reported with logprobs (None without logprobs).
+    top_logprob_texts: per token, {token text: logprob} of the top alternatives as served.
+    """
+
+    tokens: list[str] | None = None
+    top_logprob_texts: list[dict[str, float]] | None = None
+
+
+def token_id(token: str) -> int | None:
+    """The id in vLLM's "token_id:<id>" form, else None."""
+    if isinstance(token, str) and token.startswith(TOKEN_ID_PREFIX):
+        digits = token[len(TOKEN_ID_PREFIX):]
+        if digits.isdigit():
+            return int(digits)
+    return None
+
+
+def _top(entries: dict[str, float], k: int) -> dict[str, float]:
+    """The k highest of `entries` (servers may add the sampled token as a (k+1)-th entry)."""
+    return dict(heapq.nlargest(k, entries.items(), key=lambda item: item[1]))
+
+
+def _completion_logprobs(logprobs: dict) -> tuple[list[str], list[float], list[dict[str, float]] | None]:
+    """tokens, token logprobs, top logprobs of a /v1/completions `logprobs` object."""
+    tokens = list(logprobs.get("tokens") or [])
+    values = [float(v) for v in logprobs.get("token_logprobs") or []]
+    tops = logprobs.get("top_logprobs")
+    tops = None if tops is None else [dict(entry or {}) for entry in tops]
+    return tokens, values, tops
+
+
+def _chat_logprobs(logprobs: dict) -> tuple[list[str], list[float], list[dict[str, float]] | None]:
+    """tokens, token logprobs, top logprobs of a /v1/chat/completions `logprobs` object."""
+    content = logprobs.get("content") or []
+    tokens = [entry["token"] for entry in content]
+    values = [float(entry["logprob"]) for entry in content]
+    tops = [{top["token"]: float(top["logprob"]) for top in entry.get("top_logprobs") or []}
+            for entry in content]
+    return tokens, values, tops
+
+
+def parse_choice(choice: dict, chat: bool, top_k: int | None) -> RemoteCompletion:
+    """One choice as a `RemoteCompletion` (KeyError / TypeError on a malformed choice)."""
+    text = choice["message"]["content"] if chat else choice["text"]
+    if not isinstance(text, str):
+        raise TypeError(f"choice text is {type(text).__name__}, not a string")
+    completion = RemoteCompletion(text=text, token_ids=None)
+    completion.finish_reason = choice.get("finish_reason")
+    stop = choice.get("stop_reason", choice.get("matched_stop"))  # vLLM / SGLang
+    completion.stop_reason = stop if isinstance(stop, (str, int)) and not isinstance(stop, bool) else None
+    ids = choice.get("token_ids")
+    if isinstance(ids, list) and all(isinstance(i, int) for i in ids):
+        completion.token_ids = list(ids)
+    logprobs = choice.get("logprobs")
+    if logprobs:
+        tokens, values, tops = (_chat_logprobs if chat else _completion_logprobs)(logprobs)
+        completion.tokens, completion.logprobs = tokens, values
+        sampled_ids = [token_id(token) for token in tokens]
+        if completion.token_ids is None and tokens and None not in sampled_ids:
+            completion.token_ids = sampled_ids
+        if top_k and tops is not None:
+            completion.top_logprob_texts = [_top(entry, top_k) for entry in tops]
+            keyed = [{token_id(key): value for key, value in entry.items()} for entry in completion.top_logprob_texts]
+            if all(None not in entry for entry in keyed):
+                completion.top_logprobs = keyed
+    return completion
+
+
+def parse_choices(payload: dict, url: str, chat: bool, top_k: int | None, expected: int) -> list[RemoteCompletion]:
+    """The `expected` completions of an answer, in `index` order, or ServerError saying what
+    is wrong with it."""
+    choices = payload.get("choices")
+    if not isinstance(choices, list):
+        raise ServerError(url, 200, f"answer has no 'choices' list: {str(payload)[:200]}")
+    if len(choices) != expected:
+        raise ServerError(url, 200, f"asked for {expected} choices, the server returned {len(choices)}")
+    try:
+        ordered = sorted(choices, key=lambda choice: choice.get("index", 0))
+        completions = [parse_choice(choice, chat, top_k) for choice in ordered]
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ServerError(url, 200, f"malformed choice ({type(error).__name__}: {error}): "
+                                    f"{str(choices)[:200]}") from None
+    for completion in completions:
+        if completion.finish_reason not in ("stop", "length"):
+            raise ServerError(url, 200, f"a choice finished with finish_reason="
+                                        f"{completion.finish_reason!r} (expected 'stop' or 'length')")
+    return completions

@@ -1,0 +1,156 @@
+"""A scripted OpenAI-compatible server (stdlib http.server in a thread on 127.0.0.1).
+
+Answers are shaped as the engines' documented schemas (see metagen.remote.engines for the
+sources):
+- "vllm": `owned_by="vllm"`, `max_model_len` in /v1/models; honours n; with
+  `return_tokens_as_token_ids` every token in logprobs (sampled and top) is "token_id:<id>",
+  the top dict holding the sampled token besides the top k; choices carry `stop_reason`;
+  `usage.prompt_tokens_details.cached_tokens`.
+- "sglang": `owned_by="sglang"`; honours n; token texts only; choices carry `matched_stop`.
+- "llama.cpp": `owned_by="me"`; answers n with one choice; a token-id prompt is a 500
+  (pydantic validation error through llama-cpp-python's error handler).
+Faults are scripted with `fail(status, body, headers)`: the next generation requests get them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+WORDS = ["alpha", "beta", "gamma", "delta", "eps", "zeta"]
+
+
+class FakeServer:
+    def __init__(self, engine: str = "vllm", model: str = "fake-model", logprobs: bool = True,
+                 cached_tokens: int = 0) -> None:
+        self.engine, self.model, self.logprobs, self.cached_tokens = engine, model, logprobs, cached_tokens
+        self.requests: list[tuple[str, dict, dict]] = []  # (path, body, headers)
+        self.faults: list[tuple[int, bytes, dict, float]] = []
+        self.choices_override: int | None = None
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def __enter__(self) -> FakeServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def fail(self, status: int, body: bytes | str = b"", headers: dict | None = None, delay: float = 0.0) -> None:
+        """The next generation request gets this answer, after `delay` seconds (status 0: the
+        normal answer, late)."""
+        self.faults.append((status, body.encode() if isinstance(body, str) else body, headers or {}, delay))
+
+    def posts(self) -> list[dict]:
+        return [body for path, body, _ in self.requests if path != "/v1/models"]
+
+    # answers -------------------------------------------------------------------------------
+
+    def models(self) -> dict:
+        owner = {"vllm": "vllm", "sglang": "sglang", "llama.cpp": "me"}[self.engine]
+        entry = {"id": self.model, "object": "model", "owned_by": owner}
+        if self.engine == "vllm":
+            entry["max_model_len"] = 2048
+        return {"object": "list", "data": [entry]}
+
+    def choice(self, body: dict, index: int, chat: bool) -> dict:
+        seed = body.get("seed") or 0
+        length = min(int(body.get("max_tokens", 16)), 4)
+        ids = [100 + (seed + 7 * index + t) % 50 for t in range(length)]
+        pieces = [" " + WORDS[i % len(WORDS)] for i in ids]
+        stop_hit = next((s for s in body.get("stop") or [] if s in "".join(pieces)), None)
+        if stop_hit is not None:
+            cut = "".join(pieces).index(stop_hit)
+            kept = [p for k, p in enumerate(pieces) if len("".join(pieces[:k + 1])) <= cut]
+            pieces, ids = kept, ids[:len(kept)]
+        text = "".join(pieces)
+        as_ids = self.engine == "vllm" and body.get("return_tokens_as_token_ids")
+        name = (lambda i, p: f"token_id:{i}") if as_ids else (lambda i, p: p)
+        choice: dict = {"index": index, "finish_reason": "stop" if stop_hit else "length"}
+        if self.engine == "vllm":
+            choice["stop_reason"] = stop_hit
+        if self.engine == "sglang":
+            choice["matched_stop"] = stop_hit
+        k = body.get("top_logprobs", 0) if chat else body.get("logprobs")
+        wants = body.get("logprobs") not in (None, False)
+        logprobs = None
+        if wants and self.logprobs:
+            values = [-0.5 - 0.1 * t for t in range(len(ids))]
+            alternatives = [{name(i + 1 + j, f" alt{j}"): v - 1.0 - j for j in range(k or 0)} | {name(i, p): v}
+                            for i, p, v in zip(ids, pieces, values)]
+            if chat:
+                logprobs = {"content": [
+                    {"token": name(i, p), "logprob": v, "bytes": None,
+                     "top_logprobs": [{"token": t, "logprob": lv} for t, lv in alt.items()]}
+                    for i, p, v, alt in zip(ids, pieces, values, alternatives)]}
+            else:
+                logprobs = {"tokens": [name(i, p) for i, p in zip(ids, pieces)], "token_logprobs": values,
+                            "top_logprobs": alternatives, "text_offset": list(range(len(ids)))}
+                if body.get("echo"):
+                    logprobs["tokens"] = ["Hello", " world"] + logprobs["tokens"]
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = (body["prompt"] if body.get("echo") else "") + text
+        choice["logprobs"] = logprobs
+        return choice, len(ids)
+
+    def complete(self, path: str, body: dict) -> tuple[int, dict]:
+        chat = path.endswith("chat/completions")
+        if not chat and isinstance(body.get("prompt"), list) and self.engine == "llama.cpp":
+            return 500, {"error": {"message": "Input should be a valid string ('body', 'prompt', 'str')"}}
+        n = int(body.get("n", 1))
+        count = 1 if self.engine == "llama.cpp" else n
+        if self.choices_override is not None:
+            count = self.choices_override
+        made = [self.choice(body, index, chat) for index in range(count)]
+        prompt_tokens = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 5
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": sum(m[1] for m in made),
+                 "total_tokens": prompt_tokens + sum(m[1] for m in made)}
+        if self.engine == "vllm":
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        kind = "chat.completion" if chat else "text_completion"
+        return 200, {"id": "x", "object": kind, "model": body.get("model"), "choices": [m[0] for m in made],
+                     "usage": usage}
+
+    def _handler(self):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def _reply(self, status: int, payload: bytes, headers: dict | None = None) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def do_GET(self) -> None:
+                fake.requests.append((self.path, {}, dict(self.headers)))
+                self._reply(200, json.dumps(fake.models()).encode())
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.requests.append((self.path, body, dict(self.headers)))
+                if fake.faults:
+                    status, payload, headers, delay = fake.faults.pop(0)
+                    time.sleep(delay)
+                    if status:
+                        return self._reply(status, payload, headers)
+                status, answer = fake.complete(self.path, body)
+                self._reply(status, json.dumps(answer).encode())
+
+        return Handler
