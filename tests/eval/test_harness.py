@@ -265,4 +265,13 @@ def test_a_generator_without_token_ids_is_refused_naming_the_capability(tmp_path
 
     config = EvalConfig(("self_consistency",), (2,), params=SamplingParams(temperature=1.0, max_tokens=8))
     with pytest.raises(ValueError, match="needs token_ids.*NoIds"):
-        evaluate(NoIds(), PROBLEMS[:1], config, tmp_path / "out")
+        evaluate(NoIds(), PROBLEMS[:1], config, tmp_path / "out")  # declares TOKEN_IDS, returns none
+
+    class Undeclared(NoIds):
+        capabilities = NoIds.capabilities - {"token_ids"}
+
+        def generate(self, prompt, params, *, generator=None):
+            raise AssertionError("generated although the capability is missing")
+
+    with pytest.raises(ValueError, match="stored sample pool needs token_ids, which Undeclared"):
+        evaluate(Undeclared(), PROBLEMS[:1], config, tmp_path / "out2")

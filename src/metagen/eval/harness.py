@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from metagen.decoding.capabilities import PROVIDERS, TOKEN_IDS
+from metagen.decoding.capabilities import PROVIDERS, TOKEN_IDS, require
 from metagen.decoding.cost import Cost
 from metagen.eval.fingerprint import generator_identity, model_identity, weights_digest
 from metagen.eval.metrics import mean_and_stderr, pass_at_k
@@ -122,7 +122,10 @@ def check_generator(generator, problems: Sequence[Problem], config: EvalConfig) 
     (naming the strategy and the capability it lacks) or a problem's prompt leaves no room to
     generate in its context (checked only when the generator can tell both lengths)."""
     for name in config.strategies:
-        get_strategy(name).check(generator, config.options)
+        spec = get_strategy(name)
+        spec.check(generator, config.options)
+        if spec.pooled:  # pools store and count each sample's token ids
+            require({TOKEN_IDS}, generator, f"evaluating strategy {name!r} from a stored sample pool")
     _check_prompts_fit(generator, problems, config)
 
 
