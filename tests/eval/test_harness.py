@@ -5,6 +5,7 @@ from itertools import combinations
 
 import pytest
 
+from metagen.decoding import Cost
 from metagen.eval import EvalConfig, Problem, evaluate, format_table
 from metagen.sampling import SamplingParams
 from tests.eval.dice import PROBLEMS, DiceGenerator
@@ -275,3 +276,29 @@ def test_a_generator_without_token_ids_is_refused_naming_the_capability(tmp_path
 
     with pytest.raises(ValueError, match="stored sample pool needs token_ids, which Undeclared"):
         evaluate(Undeclared(), PROBLEMS[:1], config, tmp_path / "out2")
+
+
+def test_a_pool_of_separate_requests_costs_each_subset_its_share(tmp_path):
+    """A server answering n samples as n requests pays the prompt per request (some of it from
+    its prefix cache); a subset of n of the N stored samples costs n/N of what was reported,
+    not the one-prefill cost of a local batch."""
+
+    class FanOut(DiceGenerator):
+        def generate(self, prompt, params, *, generator=None):
+            result = super().generate(prompt, params, generator=generator)
+            result.prompt_token_ids = None  # a server that returns no prompt ids
+            n = params.n
+            result.cost = Cost(model_calls=n, prompt_tokens_computed=4 + 1 * (n - 1), prompt_tokens_reused=3 * (n - 1),
+                               generated_tokens=result.cost.generated_tokens, flops=None)
+            return result
+
+    config = EvalConfig(("self_consistency",), ns=(2, 8), params=SamplingParams(temperature=1.0))
+    report = evaluate(FanOut(), PROBLEMS[:1], config, tmp_path)
+    pool = next(r["pool"] for r in _records(tmp_path) if r["kind"] == "pool")
+    assert pool["prompt_tokens"] == 4  # (computed + cached) / requests
+    assert pool["reported"] == {"prompt_tokens_computed": 11, "prompt_tokens_reused": 21, "model_calls": 8}
+    at = {p.n: p.cost for p in report.points}
+    assert at[8].model_calls == 8 and at[8].prompt_tokens_computed == 11 and at[8].prompt_tokens_reused == 21
+    assert at[2].model_calls == 2 and at[2].prompt_tokens_computed == pytest.approx(11 / 4)
+    local = evaluate(DiceGenerator(), PROBLEMS[:1], config, tmp_path / "local")  # one shared prefill
+    assert {p.n: p.cost.prompt_tokens_computed for p in local.points} == {2: 4, 8: 4}

@@ -167,6 +167,14 @@ def _correct(answer: str | None, problem: Problem, options: StrategyOptions) -> 
     return answers_match(answer, problem.answer, options.math)
 
 
+def _prompt_length(cost: Cost | None) -> int:
+    """The prompt's length from a cost when the ids are unknown: every request of a remote
+    generator carries the whole prompt (computed or served from the server's cache)."""
+    if cost is None or not cost.model_calls:
+        return 0
+    return round((cost.prompt_tokens_computed + cost.prompt_tokens_reused) / cost.model_calls)
+
+
 def _sample_pool(generator, prompt: str, problem: Problem, config: EvalConfig) -> Pool:
     from dataclasses import replace
 
@@ -178,7 +186,7 @@ def _sample_pool(generator, prompt: str, problem: Problem, config: EvalConfig) -
     if any(completion.token_ids is None for completion in result.completions):
         raise ValueError(f"the eval harness needs {TOKEN_IDS} (sample pools count and store token ids), "
                          f"which {type(generator).__name__} did not return; use {PROVIDERS[TOKEN_IDS]}")
-    prompt_tokens = len(result.prompt_token_ids or ()) or (result.cost.prompt_tokens_computed if result.cost else 0)
+    prompt_tokens = len(result.prompt_token_ids or ()) or _prompt_length(result.cost)
     prompt_flops, decode_flops = _split_flops(result, prompt_tokens)
     samples = []
     for completion, flops in zip(result.completions, decode_flops):
@@ -186,7 +194,11 @@ def _sample_pool(generator, prompt: str, problem: Problem, config: EvalConfig) -
         samples.append(Sample(completion.text, completion.token_ids, [round(x, 5) for x in completion.logprobs],
                               [round(x, 5) for x in completion.certainties], completion.finish_reason, flops,
                               answer, _correct(answer, problem, config.options)))
-    return Pool(prompt_tokens, prompt_flops, result.prefill_seconds, wall - result.prefill_seconds, samples)
+    reported = None
+    if result.cost is not None:
+        reported = {"prompt_tokens_computed": result.cost.prompt_tokens_computed,
+                    "prompt_tokens_reused": result.cost.prompt_tokens_reused, "model_calls": result.cost.model_calls}
+    return Pool(prompt_tokens, prompt_flops, result.prefill_seconds, wall - result.prefill_seconds, samples, reported)
 
 
 def _split_flops(result, prompt_tokens: int) -> tuple[float | None, list[float | None]]:

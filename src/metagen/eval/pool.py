@@ -57,13 +57,21 @@ class Sample:
 @dataclass
 class Pool:
     """N samples of one prompt plus what the shared prompt cost (prefill FLOPs, None when
-    unknown, and time)."""
+    unknown, and time).
+
+    reported: the generator's own account of the whole N-sample call — {"prompt_tokens_computed",
+    "prompt_tokens_reused", "model_calls"} — or None (a pool stored before it was kept). When
+    the generator computed the prompt once for all rows (a local batch), a subset of n costs one
+    prefill; when it paid per sample (a server answering n separate requests, some prompt tokens
+    served from its prefix cache), a subset costs n/N of what was reported.
+    """
 
     prompt_tokens: int
     prompt_flops: float | None
     prefill_seconds: float
     decode_seconds: float
     samples: list[Sample] = field(default_factory=list)
+    reported: dict | None = None
 
     def to_dict(self) -> dict:
         data = {k: v for k, v in self.__dict__.items() if k != "samples"}
@@ -74,7 +82,11 @@ class Pool:
     def from_dict(cls, data, where: str = "pool") -> Pool:
         """The inverse of `to_dict`; ValueError naming the field that is missing, unknown or of
         the wrong type (a pool needs at least one sample)."""
-        _check_fields(cls, data, where)
+        _check_fields(cls, data, where, optional=("reported",))
+        reported = data.get("reported")
+        if reported is not None and (not isinstance(reported, dict) or set(reported) != set(_REPORTED) or not all(
+                isinstance(reported[k], (int, float)) and not isinstance(reported[k], bool) for k in _REPORTED)):
+            raise ValueError(f"field '{where}.reported' must be an object with the numbers {', '.join(_REPORTED)}")
         if not data["samples"]:
             raise ValueError(f"field '{where}.samples' is empty: a pool holds at least one sample")
         samples = [Sample.from_dict(sample, f"{where}.samples[{i}]") for i, sample in enumerate(data["samples"])]
@@ -89,7 +101,7 @@ class Pool:
         parts = [self.prompt_flops, *(s.flops for s in chosen)]
         tokens = sum(len(s.token_ids) for s in chosen)
         pool_tokens = sum(len(s.token_ids) for s in self.samples) or 1
-        return Cost(
+        cost = Cost(
             model_calls=max((len(s.token_ids) for s in chosen), default=0),
             prompt_tokens_computed=self.prompt_tokens,
             prompt_tokens_reused=self.prompt_tokens * (len(chosen) - 1),
@@ -97,11 +109,18 @@ class Pool:
             flops=None if None in parts else sum(parts),
             wall_seconds=self.prefill_seconds + self.decode_seconds * tokens / pool_tokens,
         )
+        if self.reported is not None and self.reported["prompt_tokens_computed"] > self.prompt_tokens:
+            share = len(chosen) / len(self.samples)  # the prompt was paid per sample: n/N of it
+            cost.model_calls = self.reported["model_calls"] * share
+            cost.prompt_tokens_computed = self.reported["prompt_tokens_computed"] * share
+            cost.prompt_tokens_reused = self.reported["prompt_tokens_reused"] * share
+        return cost
 
 
+_REPORTED = ("prompt_tokens_computed", "prompt_tokens_reused", "model_calls")
 _TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "str | None": (str, type(None)),
           "float | None": (int, float, type(None)),
-          "list[int]": (list,), "list[float]": (list,), "list[Sample]": (list,)}
+          "list[int]": (list,), "list[float]": (list,), "list[Sample]": (list,), "dict | None": (dict, type(None))}
 
 
 def _check_fields(cls, data, where: str, optional: Sequence[str] = ()) -> None:
