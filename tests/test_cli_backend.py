@@ -24,6 +24,12 @@ def _run(capsys, *argv) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+def _timeless(text: str) -> list[dict]:
+    """The --json summary's points without their wall-clock seconds."""
+    return [{**point, "cost": {k: v for k, v in point["cost"].items() if k != "wall_seconds"}}
+            for point in json.loads(text)["results"]]
+
+
 def test_generate_on_a_backend_prints_one_json_object(capsys):
     with FakeServer("vllm") as server:
         code, out, err = _run(capsys, "generate", "--backend", server.url, "What is 2+2?", "--temperature", "0",
@@ -109,9 +115,7 @@ def test_eval_on_a_backend_runs_concurrently_and_resumes_without_regenerating(ca
     assert probes <= 3  # the rerun only probed the server
     setup = json.loads(first.splitlines()[0])["setup"]
     assert setup["model"] == {"name": "fake-model", "engine": "vllm", "base_urls": [server.url]}
-    strip = lambda text: [{**r, "cost": {k: v for k, v in r["cost"].items() if k != "wall_seconds"}}  # noqa: E731
-                          for r in json.loads(text)["results"]]
-    assert strip(again) == strip(out)
+    assert _timeless(again) == _timeless(out)
 
 
 def test_eval_resume_against_another_served_model_is_refused(capsys, tmp_path):
@@ -131,14 +135,18 @@ def test_generate_and_eval_on_a_real_llama_cpp_server(capsys, tmp_path, llama_se
                           "--json", "--max-tokens", "8")
     assert code == 0, err
     payload = json.loads(out)
-    assert payload["text"] and payload["finish_reason"] in ("stop", "length")
+    assert isinstance(payload["text"], str) and payload["finish_reason"] in ("stop", "length")
+    assert payload["cost"]["model_calls"] == 1 and payload["timing"]["prompt_tokens"] > 0
     argv = [*EVAL, "--backend", llama_server, "--tokenizer", str(embedded_model_path()), "--concurrency", "2",
             "--out", str(tmp_path), "--json"]
     code, out, err = _run(capsys, *argv)
     assert code == 0, err
     first = (tmp_path / "results.jsonl").read_bytes()
-    keys = [(r["kind"], r["id"], r.get("strategy"), r.get("n")) for r in map(json.loads, first.splitlines())]
-    assert len(keys) == len(set(keys)) == 1 + 4 + 4  # setup, a pool and a greedy record per problem
+    records = [json.loads(line) for line in first.splitlines()]
+    keys = [(r["kind"], r["id"], r.get("strategy"), r.get("n")) for r in records if r["kind"] != "setup"]
+    assert len(keys) == len(set(keys)) == 4 + 4  # a pool and a greedy record per problem
+    assert records[0]["setup"]["model"]["engine"] == "llama.cpp"
     code, again, err = _run(capsys, *argv)
     assert code == 0, err
     assert (tmp_path / "results.jsonl").read_bytes() == first
+    assert _timeless(again) == _timeless(out)
