@@ -1,5 +1,8 @@
 """A generator of random answers for the harness tests: no model, exact control of samples."""
 
+import threading
+import time
+
 import torch
 
 from metagen.decoding import Cost, Generator
@@ -34,3 +37,27 @@ class DiceGenerator(Generator):
         cost = Cost(model_calls=5, prompt_tokens_computed=4, prompt_tokens_reused=4 * (params.n - 1),
                     generated_tokens=sum(len(c.token_ids) for c in completions), flops=self.flops)
         return GenerationResult(completions, [1, 2, 3, 4], cost=cost)
+
+
+class ConcurrentDiceGenerator(DiceGenerator):
+    """`DiceGenerator` that may be called from several threads: it sleeps `delay` seconds per call
+    (so calls overlap) and records how many calls ran at once (`peak`)."""
+
+    concurrent = True
+
+    def __init__(self, flops: float | None = 1.0, delay: float = 0.02):
+        super().__init__(flops)
+        self.delay, self.running, self.peak = delay, 0, 0
+        self._lock = threading.Lock()
+
+    def generate(self, prompt, params, *, generator=None):
+        with self._lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        try:
+            time.sleep(self.delay)
+            with self._lock:
+                return super().generate(prompt, params, generator=generator)
+        finally:
+            with self._lock:
+                self.running -= 1

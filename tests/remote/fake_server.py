@@ -81,7 +81,7 @@ class FakeServer:
         if self.engine == "sglang":
             choice["matched_stop"] = stop_hit
         k = body.get("top_logprobs", 0) if chat else body.get("logprobs")
-        wants = body.get("logprobs") not in (None, False)
+        wants = body.get("logprobs") is not None and body.get("logprobs") is not False  # 0: sampled token only
         logprobs = None
         if wants and self.logprobs:
             values = [-0.5 - 0.1 * t for t in range(len(ids))]

@@ -146,3 +146,15 @@ def test_missing_extras_name_the_pip_install(monkeypatch):
 
     with pytest.raises(ImportError, match=r"pip install 'metagen\[transformers\]'"):
         RewardModelScorer("/nonexistent")
+
+
+def test_math_answers_compare_off_the_main_thread():
+    """math-verify's timeout is a signal.alarm: concurrent evaluation compares on worker threads."""
+    pytest.importorskip("math_verify")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from metagen.scoring.answers import answers_match
+
+    with ThreadPoolExecutor(2) as pool:
+        assert pool.submit(answers_match, "0.5", "\\frac{1}{2}", True).result() is True
+        assert pool.submit(answers_match, "0.25", "1/3", True).result() is False

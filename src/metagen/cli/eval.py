@@ -3,7 +3,8 @@
 Problems come from --data (JSONL) or a built-in --task; each strategy runs at each n of --n, with
 results appended to --out/results.jsonl (a rerun reuses what is there), a summary table and plots.
 Everything that can be checked without the model (problems, options, --out) is checked before it
-is loaded.
+is loaded. With --backend the problems run on OpenAI-compatible server(s), --concurrency K at a
+time (see `cli/backend.py`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import sys
 import time
 
-from metagen.cli import common
+from metagen.cli import backend, common
 from metagen.cli.args import unescape
 
 
@@ -49,6 +50,7 @@ def add_parser(commands) -> None:
                             help="tree search: pick the leaf of best value, or vote over leaves' answers")
     evaluation.add_argument("--json", action="store_true", help='print {"results": [...]} on stdout')
     common.add_model_options(evaluation)
+    backend.add_backend_options(evaluation, concurrency=True)
     evaluation.set_defaults(run=run)
 
 
@@ -73,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from metagen.sampling import SamplingParams
     from metagen.strategies.registry import StrategyOptions
 
+    backend.check_backend_options(args)
     if args.data is not None:
         problems = load_jsonl(args.data)
     else:
@@ -96,13 +99,22 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.out is not None:
         check_writable_directory(args.out, "--out")
-    model = common.load_model(args)
+    if args.backend is not None:
+        generator, identity = backend.make_generator(args), None  # identity: the served model's
+    else:
+        model = common.load_model(args)
+        generator, identity = LocalGenerator(model), model_identity(model)
     started = [time.perf_counter()]
-    report = evaluate(LocalGenerator(model), problems, config, args.out, model=model_identity(model),
-                      progress=lambda done, total: _progress(done, total, started))
+    try:
+        report = evaluate(generator, problems, config, args.out, model=identity, concurrency=args.concurrency,
+                          progress=lambda done, total: _progress(done, total, started))
+    finally:
+        if args.backend is not None:
+            generator.close()
     table = format_table(report)
     if args.out is not None:
-        _write_outputs(args.out, report, table, title=f"{model.config.name}, {len(problems)} problems")
+        name = generator.model.config.name if identity is not None else generator.served_identity()["name"]
+        _write_outputs(args.out, report, table, title=f"{name}, {len(problems)} problems")
     if args.json:
         print(json.dumps(report.to_dict()))
     else:

@@ -5,7 +5,9 @@
 - `--speculative DRAFTER`: the plain path with a drafter proposing γ tokens per target step;
 - `--strategy NAME`: a meta-generation strategy (metagen.strategies) with `--n` as its budget.
 
-Every option the chosen path would not read is refused before the model is loaded.
+Every option the chosen path would not read is refused before the model is loaded. With
+`--backend URL` the plain and strategy paths run on an OpenAI-compatible server (see
+`cli/backend.py`); the server's answer is printed when it is complete (no streaming).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import sys
 import time
 
-from metagen.cli import common
+from metagen.cli import backend, common
 from metagen.cli.args import unescape
 from metagen.cli.sampling import FLOAT_PARAMS, INT_PARAMS, OTHER_OPTIONS, add_sampling_options, given, sampling_params
 from metagen.cli.speculative import add_speculative_options, make_drafter, speculative_options, speculative_summary
@@ -40,11 +42,13 @@ def add_parser(commands) -> None:
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     add_speculative_options(gen)
     common.add_model_options(gen)
+    backend.add_backend_options(gen)
     gen.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Check the options against the path they choose, load the model, generate and print."""
+    backend.check_backend_options(args)
     params = sampling_params(args)
     prompt = chat_prompt(args)
     beam = _beam_config(args, params)
@@ -58,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     if args.value is not None or args.step_delimiter != "\n" or args.aggregation != "best":
         raise ValueError("--value, --step-delimiter and --aggregation apply to --strategy (tree search, "
                          "controlled decoding)")
+    if args.backend is not None:
+        return _sample_remote(args, prompt, params)
     start = time.perf_counter()
     model = common.load_model(args)
     drafter = make_drafter(speculative, model) if speculative is not None else None
@@ -145,6 +151,27 @@ def _sample(args: argparse.Namespace, model, prompt, params, speculative, drafte
     return 0
 
 
+def _sample_remote(args: argparse.Namespace, prompt, params) -> int:
+    """Plain sampling on the --backend server: its completions, printed when they are done."""
+    start = time.perf_counter()
+    generator = backend.make_generator(args, chat=args.chat)
+    load_seconds = time.perf_counter() - start
+    try:
+        result = generator.generate(prompt, params)
+    finally:
+        generator.close()
+    if args.json:
+        payload = _json_payload(result, load_seconds)
+        payload["cost"] = result.cost.to_dict()
+        print(json.dumps(payload))
+    elif params.n > 1:
+        for i, completion in enumerate(result.completions):
+            print(f"--- completion {i} ({completion.finish_reason})\n{completion.text}")
+    else:
+        print(result.completions[0].text)
+    return 0
+
+
 def _json_payload(result, load_seconds: float) -> dict:
     """One completion's fields (or {"completions": [...]}) and the timing."""
     completions = [
@@ -163,8 +190,16 @@ def _json_payload(result, load_seconds: float) -> dict:
         "load_seconds": round(load_seconds, 4),
         "prefill_seconds": round(result.prefill_seconds, 4),
         "decode_seconds": round(result.decode_seconds, 4),
-        "prompt_tokens": len(result.prompt_token_ids),
+        "prompt_tokens": _prompt_tokens(result),
         "generated_tokens": result.generated_tokens,
         "tokens_per_second": round(result.tokens_per_second, 2),
     }
     return payload
+
+
+def _prompt_tokens(result) -> int:
+    """The prompt's length in tokens: its ids when known, else the server's usage counts."""
+    if result.prompt_token_ids is not None:
+        return len(result.prompt_token_ids)
+    cost = result.cost
+    return 0 if cost is None else cost.prompt_tokens_computed + cost.prompt_tokens_reused

@@ -1,7 +1,8 @@
 """`metagen generate PROMPT --strategy NAME`: one meta-generation strategy on one prompt.
 
 `--n` is the strategy's budget (samples or rounds, see `metagen eval --help`); the candidates are
-drawn by a `LocalGenerator`, or a `SpeculativeGenerator` with --speculative. Prints the chosen text
+drawn by a `LocalGenerator`, a `SpeculativeGenerator` with --speculative, or the remote generator of
+--backend (the strategy's capability check refuses what a server cannot do). Prints the chosen text
 (and its answer), or with --json the chosen candidate, every candidate, the votes and the cost.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from metagen.cli import common
+from metagen.cli import backend, common
 from metagen.cli.sampling import SAMPLING_ONLY, given
 
 
@@ -37,15 +38,23 @@ def generate_with_strategy(args: argparse.Namespace, params, speculative: dict |
     options = StrategyOptions(value=args.value, step_delimiter=args.step_delimiter, aggregation=args.aggregation)
     check_options([spec.name], options)
     prompt = chat_prompt(args)
-    model = common.load_model(args)
     rng = replace(params, n=1).make_generator()
-    if speculative is None:
-        generator = LocalGenerator(model, chat=args.chat)
+    if args.backend is not None:
+        generator = backend.make_generator(args, chat=args.chat)
     else:
-        from metagen.speculative import SpeculativeGenerator
+        model = common.load_model(args)
+        if speculative is None:
+            generator = LocalGenerator(model, chat=args.chat)
+        else:
+            from metagen.speculative import SpeculativeGenerator
 
-        generator = SpeculativeGenerator(model, make_drafter(speculative, model), speculative["config"], chat=args.chat)
-    result = spec.run(generator, prompt, budget, replace(params, n=1), options, rng)
+            generator = SpeculativeGenerator(model, make_drafter(speculative, model), speculative["config"],
+                                             chat=args.chat)
+    try:
+        result = spec.run(generator, prompt, budget, replace(params, n=1), options, rng)
+    finally:
+        if args.backend is not None:
+            generator.close()
     if not args.json:
         print(result.chosen.text)
         if result.chosen.answer is not None:
@@ -57,7 +66,7 @@ def generate_with_strategy(args: argparse.Namespace, params, speculative: dict |
         "chosen": {"text": result.chosen.text, "answer": result.chosen.answer, "score": result.chosen.score},
         "candidates": [
             {"text": c.text, "answer": c.answer, "score": c.score, "finish_reason": c.finish_reason,
-             "tokens": len(c.token_ids), "chosen": c is result.chosen}
+             "tokens": None if c.token_ids is None else len(c.token_ids), "chosen": c is result.chosen}
             for c in result.candidates
         ],
         "votes": result.votes,

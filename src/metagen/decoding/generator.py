@@ -19,6 +19,12 @@ The contract beyond `generate` is explicit, never guessed from attributes:
                  the context length and a prompt's length in tokens, or None when the backend
                  cannot tell (prompt-length checks are skipped then).
   Cost.flops     of `generate`'s result: None when the backend cannot know its FLOPs, never 0.
+  concurrent     True when `generate` may be called from several threads at once (a remote
+                 client); False (the default) for a local model, which the evaluation harness
+                 then refuses to run concurrently rather than serializing silently.
+  served_identity()
+                 the served model behind a remote backend (name, engine, base URLs), or None;
+                 evaluation fingerprints use it where there are no local weights.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ class Generator(ABC):
 
     capabilities: frozenset[str] = frozenset()
     chat: bool | None = None
+    concurrent: bool = False
 
     @abstractmethod
     def generate(
@@ -77,6 +84,11 @@ class Generator(ABC):
     def source_model(self):
         """The local `LanguageModel` whose weights produce the outputs (its identity goes into
         evaluation fingerprints), or None for a backend without one."""
+        return None
+
+    def served_identity(self) -> dict | None:
+        """What identifies the model a remote backend serves ({"name", "engine", "base_urls"}),
+        or None for a backend without one (a local model: see `source_model`)."""
         return None
 
     @property

@@ -12,6 +12,11 @@ Every line carries the fingerprint of what produced it (problem, model, generati
 fingerprint matches (a torn last line from a killed run is dropped and redone) and refuses a
 directory holding units of another set-up or of other problems under the same ids, naming the
 file, line and field, before generating anything (see `results.py`).
+
+`evaluate(..., concurrency=k)` runs k problems at once on threads, for generators that allow it
+(`Generator.concurrent`, e.g. a remote server): each unit is appended whole under one lock, so a
+kill loses at most the units in flight, and every unit draws from its own rng, so the results
+equal those of a sequential run.
 """
 
 from __future__ import annotations
@@ -107,10 +112,11 @@ class EvalReport:
 def run_setup(config: EvalConfig, generator, model: dict | None = None) -> dict:
     """Everything but the problem that stored units depend on (see `fingerprint.py`). `model`:
     the model's identity (`model_identity`); None takes it from `generator.source_model()` when
-    there is one (a local model), else leaves it empty."""
+    there is one (a local model), else from `generator.served_identity()` (a remote server's
+    model id, engine and base URLs), else leaves it empty."""
     if model is None:
         source = generator.source_model()
-        model = model_identity(source) if source is not None else {}
+        model = model_identity(source) if source is not None else (generator.served_identity() or {})
     setup = {"model": dict(model), "generator": generator_identity(generator), **config.setup()}
     if value_is_head(config.options):  # a value-head file: its content counts
         setup["value_weights"] = weights_digest(config.options.value)
@@ -234,13 +240,18 @@ def evaluate(
     *,
     model: dict | None = None,
     progress: Callable[[int, int], None] | None = None,
+    concurrency: int = 1,
 ) -> EvalReport:
     """Run (or resume) the evaluation and summarize it. `generator` is any `Generator`; `model`
-    the identity of the model behind it (`model_identity(model)`; see `run_setup`).
+    the identity of the model behind it (`model_identity(model)`; see `run_setup`);
+    `concurrency`: problems run at once, on threads (> 1 needs `generator.concurrent`);
+    `progress(done, total)` is called from one thread at a time.
 
     Stored units are reused only when their fingerprint matches (see `results.py`): a
     directory holding units of another set-up or other problems under the same ids is
-    refused, naming the file, line and field, before anything is generated."""
+    refused, naming the file, line and field, before anything is generated. The results do
+    not depend on `concurrency`: each unit draws from its own rng (seed, problem id, unit)."""
+    check_concurrency(generator, concurrency)
     check_generator(generator, problems, config)  # before the directory is even created
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
@@ -253,14 +264,56 @@ def evaluate(
         (out / "run.json").write_text(json.dumps(copy, indent=1) + "\n")
     live = [(name, n) for name in config.strategies if not get_strategy(name).pooled
             for n in (sorted(set(config.ns)) if get_strategy(name).budget != "none" else [1])]
-    for done, problem in enumerate(problems):
+    _run_problems(generator, problems, config, results, live, progress, concurrency)
+    return summarize(results, problems, config, decode=generator.decode)
+
+
+def check_concurrency(generator, concurrency: int) -> None:
+    """ValueError for a concurrency below 1, or above 1 with a generator that may not be called
+    from several threads at once (a local model: one process computes one batch at a time)."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency={concurrency!r} is out of range: must be an integer >= 1")
+    if concurrency > 1 and not generator.concurrent:
+        raise ValueError(f"concurrency={concurrency} needs a generator that may be called concurrently; "
+                         f"{type(generator).__name__} may not (a local model runs one batch at a time: "
+                         "use concurrency 1, or a remote backend)")
+
+
+def _run_problems(generator, problems: Sequence[Problem], config: EvalConfig, results: ResultsFile, live,
+                  progress, concurrency: int) -> None:
+    """Run every problem's missing units, `concurrency` problems at a time on threads. Each unit
+    is appended whole under the results file's lock, so a kill loses at most the units in
+    flight; the first failure stops the problems not yet started and is raised."""
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+    from threading import Lock
+
+    lock, done = Lock(), [0]
+
+    def run(problem: Problem) -> None:
         try:
             _run_problem(generator, problem, config, results, live)
         except ValueError as error:
             raise ValueError(f"problem {problem.id!r}: {error}") from error
-        if progress is not None:
-            progress(done + 1, len(problems))
-    return summarize(results, problems, config, decode=generator.decode)
+        with lock:
+            done[0] += 1
+            if progress is not None:
+                progress(done[0], len(problems))
+
+    if concurrency == 1:
+        for problem in problems:
+            run(problem)
+        return
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="metagen-eval") as pool:
+        futures = [pool.submit(run, problem) for problem in problems]
+        try:
+            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException:  # KeyboardInterrupt: start nothing more, let the running ones end
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        failed = [future for future in futures if future in finished and future.exception() is not None]
+        if failed:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise failed[0].exception()
 
 
 def _run_problem(generator, problem: Problem, config: EvalConfig, results: ResultsFile, live) -> None:

@@ -1,7 +1,8 @@
 """`results.jsonl`: the append-only store of finished evaluation units, each stamped with the
 fingerprint of what produced it (see `fingerprint.py`).
 
-Lines, in the order they were written (each fsynced):
+Lines, in the order they were written (each whole line written under a lock, then fsynced; with
+problems run concurrently the units of several problems interleave, and nothing reads the order):
     {"kind": "setup", "fingerprint": S, "setup": {...}}            before the first unit of a set-up
     {"kind": "pool", "id": ..., "fingerprint": F, "pool": {...}}     max(n) samples of one problem
     {"kind": "live", "id": ..., "strategy": ..., "n": ..., "fingerprint": F, "correct": ..., "cost": {...}, ...}
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,6 +46,7 @@ class ResultsFile:
         self.setups: dict[str, tuple[int, dict]] = {}  # fingerprint -> (line, set-up)
         self.setup: dict = {}
         self.setup_digest: str | None = None  # set by `check`
+        self._lock = threading.Lock()  # one unit (and its set-up line) appended at a time
         if path is not None and path.exists():
             for number, line in self._read_lines(path):
                 self._load(line, number)
@@ -193,8 +196,13 @@ class ResultsFile:
         self._add({"kind": "live", "id": problem.id, "strategy": strategy, "n": n}, fields, problem)
 
     def _add(self, head: dict, fields: dict, problem) -> None:
+        """Append one unit as one whole line (thread-safe: several problems may finish at once)."""
         if self.setup_digest is None:
             raise RuntimeError("call check(setup, problems) before adding units")
+        with self._lock:
+            self._add_locked(head, fields, problem)
+
+    def _add_locked(self, head: dict, fields: dict, problem) -> None:
         if self.setup_digest not in self.setups:
             self.setups[self.setup_digest] = (0, self.setup)
             self._append({"kind": "setup", "fingerprint": self.setup_digest, "setup": self.setup})

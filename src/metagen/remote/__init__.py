@@ -2,7 +2,12 @@
 
 Needs the `remote` extra (httpx): `pip install 'metagen[remote]'`. Not imported by `import
 metagen`.
+
+    connect(["http://a:8000/v1"], **options)                     -> OpenAIGenerator
+    connect(["http://a:8000/v1", "http://b:8000/v1"], **options) -> FleetGenerator over both
 """
+
+from collections.abc import Sequence
 
 from metagen.remote.engines import ENGINES, Engine
 from metagen.remote.openai_generator import OpenAIGenerator
@@ -10,5 +15,26 @@ from metagen.remote.probe import ServerProfile, probe
 from metagen.remote.responses import RemoteCompletion
 from metagen.remote.transport import InvalidRequestError, ServerError, Transport
 
+
+def connect(urls: str | Sequence[str], **options):
+    """A generator over the server(s) at `urls` (API roots): an `OpenAIGenerator` for one URL,
+    a `FleetGenerator` (metagen.remote.fleet) spreading requests over several; `options` are
+    `OpenAIGenerator`'s keyword arguments (model, engine, chat, tokenizer, parameter_count,
+    api_key_env, timeouts), the same for every server."""
+    urls = [urls] if isinstance(urls, str) else list(urls)
+    if not urls:
+        raise ValueError("urls is empty: give at least one server URL (e.g. http://127.0.0.1:8000/v1)")
+    if len(urls) == 1:
+        return OpenAIGenerator(urls[0], **options)
+    try:
+        from metagen.remote.fleet import FleetGenerator
+    except ModuleNotFoundError as error:
+        if error.name != "metagen.remote.fleet":
+            raise
+        raise NotImplementedError(f"{len(urls)} server URLs need metagen.remote.fleet (FleetGenerator), "
+                                  "which this installation lacks: give one URL") from None
+    return FleetGenerator(urls, **options)
+
+
 __all__ = ["ENGINES", "Engine", "InvalidRequestError", "OpenAIGenerator", "RemoteCompletion",
-           "ServerError", "ServerProfile", "Transport", "probe"]
+           "ServerError", "ServerProfile", "Transport", "connect", "probe"]

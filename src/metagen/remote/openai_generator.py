@@ -81,7 +81,12 @@ class OpenAIGenerator(Generator):
     tokenizer: a metagen Tokenizer of the served model, for token ids the server does not return.
     parameter_count: the model's parameters, for FLOPs = 2 · params per token (None: unknown).
     api_key_env, timeout, connect_timeout, max_retries: see `Transport`.
+
+    concurrent: `generate` may run from several threads at once (httpx.Client is thread-safe; the
+    probe runs once, before, through `capabilities`).
     """
+
+    concurrent = True
 
     def __init__(self, base_url: str, model: str | None = None, *, engine: str = "auto",
                  chat: bool | None = None, tokenizer=None, parameter_count: float | None = None,
@@ -120,6 +125,11 @@ class OpenAIGenerator(Generator):
     @property
     def capabilities(self) -> frozenset[str]:
         return self.profile.capabilities(self.tokenizer is not None)
+
+    def served_identity(self) -> dict:
+        """The served model's id, the engine and the base URL (probed on first use)."""
+        profile = self.profile
+        return {"name": profile.model, "engine": profile.engine.name, "base_urls": [self.transport.base_url]}
 
     def decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:

@@ -3,12 +3,15 @@
 `extract_answer` takes the last match of a regex (default: a \\boxed{...} answer, else
 "answer is X", else the last number in the text). `answers_match` compares two answers as math
 with `math-verify` when asked (so "0.5", "1/2" and "\\frac{1}{2}" are one answer), else as
-normalized strings.
+normalized strings. math-verify bounds each parse and comparison with a timeout built on
+signal.alarm, which only the main thread may set: on any other thread (concurrent evaluation)
+they run without one.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 from functools import lru_cache
 
@@ -41,11 +44,17 @@ def normalize(answer: str) -> str:
     return " ".join(answer.strip().strip("$").rstrip(".").lower().split())
 
 
+def _timeout() -> int | None:
+    """math-verify's timeout in seconds: 5 on the main thread, None (none) elsewhere, since its
+    timeout is a signal.alarm, which raises ValueError off the main thread."""
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
 @lru_cache(maxsize=4096)
 def _parsed(answer: str):
     from math_verify import parse
 
-    return parse(answer if "$" in answer or "\\" in answer else f"${answer}$")
+    return parse(answer if "$" in answer or "\\" in answer else f"${answer}$", parsing_timeout=_timeout())
 
 
 def answers_match(a: str | None, b: str | None, math: bool = False) -> bool:
@@ -67,4 +76,4 @@ def _math_equal(a: str, b: str) -> bool:
     except ImportError as error:  # optional extra
         raise ImportError("math answer comparison needs math-verify: pip install 'metagen[math]'") from error
     parsed_a, parsed_b = _parsed(a), _parsed(b)
-    return bool(parsed_a) and bool(parsed_b) and bool(verify(parsed_a, parsed_b))
+    return bool(parsed_a) and bool(parsed_b) and bool(verify(parsed_a, parsed_b, timeout_seconds=_timeout()))

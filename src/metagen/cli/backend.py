@@ -1,0 +1,97 @@
+"""The options of commands that can run on a remote OpenAI-compatible server instead of the
+local model: --backend URL[,URL...], --served-model, --api-key-env, --parameters, --tokenizer
+(and --concurrency for `metagen eval`).
+
+With --backend, the options that only configure the local model (--model, --dtype, --threads,
+--speculative, --beam-width) are refused with the reason; without it, the remote-only options
+are. `make_generator` builds the generator once: one URL gives an `OpenAIGenerator`, several
+a fleet over them (`metagen.remote.connect`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+LOCAL_ONLY = ("model", "dtype", "threads", "speculative", "beam-width")
+REMOTE_ONLY = ("served-model", "api-key-env", "parameters", "tokenizer")
+
+
+def add_backend_options(parser: argparse.ArgumentParser, concurrency: bool = False) -> None:
+    """--backend and the options that configure it; `concurrency`: also --concurrency K."""
+    group = parser.add_argument_group("remote backend (an OpenAI-compatible server: vLLM, SGLang, llama.cpp)")
+    group.add_argument("--backend", default=None, metavar="URL[,URL...]",
+                       help="API root(s) of OpenAI-compatible server(s), e.g. http://host:8000/v1, "
+                            "used instead of the local model")
+    group.add_argument("--served-model", default=None, metavar="NAME",
+                       help="the model id on the server (default: the only one it serves)")
+    group.add_argument("--api-key-env", default=None, metavar="VAR",
+                       help="environment variable holding the API key (default OPENAI_API_KEY)")
+    group.add_argument("--parameters", type=float, default=None, metavar="N",
+                       help="the served model's parameter count (e.g. 7e9), for FLOPs; default unknown")
+    group.add_argument("--tokenizer", default=None, metavar="PATH",
+                       help="GGUF file or HF directory whose tokenizer gives token ids when the server "
+                            "returns none")
+    if concurrency:
+        group.add_argument("--concurrency", type=int, default=1, metavar="K",
+                           help="problems evaluated at once (default 1; > 1 needs --backend)")
+
+
+def check_backend_options(args: argparse.Namespace) -> None:
+    """ValueError for local-model options with --backend, and remote options without it."""
+    concurrency = getattr(args, "concurrency", 1)
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"--concurrency {concurrency} is out of range: must be >= 1")
+    if args.backend is None:
+        remote = [name for name in REMOTE_ONLY if getattr(args, name.replace("-", "_")) is not None]
+        if remote:
+            raise ValueError(f"{', '.join('--' + name for name in remote)} configure a remote server: add --backend URL")
+        if concurrency is not None and concurrency > 1:
+            raise ValueError(f"--concurrency {concurrency} needs --backend: the local model runs one batch "
+                             "at a time (it is not thread-safe)")
+        return
+    local = [name for name in LOCAL_ONLY if getattr(args, name.replace("-", "_"), None) is not None]
+    if local:
+        raise ValueError(f"{', '.join('--' + name for name in local)} configure the local model, which "
+                         "--backend replaces: the server's model, precision and decoding are its own")
+    backend_urls(args.backend)
+
+
+def backend_urls(text: str) -> list[str]:
+    """"http://a/v1,http://b/v1" -> ["http://a/v1", "http://b/v1"]; ValueError naming a bad one."""
+    urls = [url.strip().rstrip("/") for url in text.split(",") if url.strip()]
+    if not urls:
+        raise ValueError(f"--backend {text!r} names no URL: give http(s)://host:port/v1[,...]")
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--backend URL {url!r} must start with http:// or https:// (e.g. http://host:8000/v1)")
+    repeated = sorted({url for url in urls if urls.count(url) > 1})
+    if repeated:
+        raise ValueError(f"--backend names {', '.join(repeated)} more than once")
+    return urls
+
+
+def load_tokenizer(path: str):
+    """The tokenizer of a GGUF file or an HF directory (FileNotFoundError when absent)."""
+    from pathlib import Path
+
+    from metagen.models.tokenizer import Tokenizer
+
+    source = Path(path)
+    if not source.exists():
+        raise FileNotFoundError(f"--tokenizer {path}: no such file or directory")
+    if source.is_dir():
+        return Tokenizer.from_hf_dir(source)
+    import gguf
+
+    return Tokenizer.from_gguf(gguf.GGUFReader(str(source)))
+
+
+def make_generator(args: argparse.Namespace, chat: bool | None = None):
+    """The remote generator of --backend and its options (one server, or a fleet over several)."""
+    from metagen.remote import connect
+
+    options = {"model": args.served_model, "chat": chat, "parameter_count": args.parameters,
+               "tokenizer": load_tokenizer(args.tokenizer) if args.tokenizer is not None else None}
+    if args.api_key_env is not None:
+        options["api_key_env"] = args.api_key_env
+    return connect(backend_urls(args.backend), **options)

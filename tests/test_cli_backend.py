@@ -1,0 +1,152 @@
+"""`metagen generate` and `metagen eval` on a remote OpenAI-compatible server (--backend): against
+the scripted fake server, and (slow) against a real llama.cpp server over the embedded model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+pytest.importorskip("httpx")
+
+from metagen.cli import main
+from tests.remote.conftest import llama_server  # noqa: F401 - the session fixture, for the slow tests
+from tests.remote.fake_server import FakeServer
+
+EVAL = ["eval", "--task", "arithmetic", "--count", "4", "--strategy", "greedy,self_consistency", "--n", "1,2",
+        "--max-tokens", "8"]
+
+
+def _run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _timeless(text: str) -> list[dict]:
+    """The --json summary's points without their wall-clock seconds."""
+    return [{**point, "cost": {k: v for k, v in point["cost"].items() if k != "wall_seconds"}}
+            for point in json.loads(text)["results"]]
+
+
+def test_generate_on_a_backend_prints_one_json_object(capsys):
+    with FakeServer("vllm") as server:
+        code, out, err = _run(capsys, "generate", "--backend", server.url, "What is 2+2?", "--temperature", "0",
+                              "--json", "--max-tokens", "4")
+        body = server.posts()[-1]
+    assert code == 0, err
+    payload = json.loads(out)
+    assert payload["text"] == " eps zeta alpha beta" and payload["tokens"] == [100, 101, 102, 103]
+    assert payload["timing"]["prompt_tokens"] == 5 and payload["cost"]["model_calls"] == 1
+    assert body["prompt"] == "What is 2+2?" and body["temperature"] == 0.0 and body["max_tokens"] == 4
+
+
+def test_generate_with_a_strategy_on_a_backend_without_token_ids(capsys):
+    with FakeServer("sglang") as server:
+        code, out, err = _run(capsys, "generate", "--backend", server.url, "Hi", "--strategy", "self_consistency",
+                              "--n", "3", "--json", "--served-model", "fake-model")
+    assert code == 0, err
+    payload = json.loads(out)
+    assert len(payload["candidates"]) == 3 and all(c["tokens"] is None for c in payload["candidates"])
+
+
+def test_a_tokenizer_gives_token_ids_the_server_does_not_return(capsys):
+    from metagen.models import embedded_model_path
+
+    with FakeServer("sglang") as server:
+        code, out, err = _run(capsys, "generate", "--backend", server.url, "Hi", "--no-chat", "--json",
+                              "--tokenizer", str(embedded_model_path()))
+    assert code == 0, err
+    payload = json.loads(out)
+    assert payload["tokens"] and all(isinstance(t, int) for t in payload["tokens"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "x.gguf"], "--model configure the local model, which --backend replaces"),
+    (["--threads", "1", "--dtype", "fp32"], "--dtype, --threads configure the local model"),
+    (["--beam-width", "2"], "--beam-width configure the local model"),
+    (["--speculative", "ngram"], "--speculative configure the local model"),
+])
+def test_local_model_options_are_refused_with_a_backend(capsys, argv, message):
+    code, _, err = _run(capsys, "generate", "Hi", "--backend", "http://127.0.0.1:9/v1", *argv)
+    assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--served-model", "m"], "--served-model configure a remote server: add --backend URL"),
+    (["--parameters", "7e9", "--tokenizer", "t"], "--parameters, --tokenizer configure a remote server"),
+    (["--backend", "host:8000"], "must start with http:// or https://"),
+    (["--backend", "http://a/v1,http://a/v1"], "names http://a/v1 more than once"),
+])
+def test_remote_options_are_checked(capsys, argv, message):
+    code, _, err = _run(capsys, "generate", "Hi", *argv)
+    assert code == 2 and message in err
+
+
+def test_eval_concurrency_needs_a_backend(capsys, tmp_path):
+    code, _, err = _run(capsys, *EVAL, "--concurrency", "2", "--out", str(tmp_path))
+    assert code == 2 and "--concurrency 2 needs --backend" in err
+    code, _, err = _run(capsys, *EVAL, "--concurrency", "0", "--backend", "http://127.0.0.1:9/v1")
+    assert code == 2 and "--concurrency 0 is out of range" in err
+
+
+def test_several_urls_need_the_fleet():
+    if importlib.util.find_spec("metagen.remote.fleet") is not None:
+        pytest.skip("metagen.remote.fleet is present: its own tests cover several URLs")
+    from metagen.remote import connect
+
+    with pytest.raises(NotImplementedError, match="2 server URLs need metagen.remote.fleet"):
+        connect(["http://a/v1", "http://b/v1"])
+
+
+def test_eval_on_a_backend_runs_concurrently_and_resumes_without_regenerating(capsys, tmp_path):
+    with FakeServer("vllm") as server:
+        code, out, err = _run(capsys, *EVAL, "--backend", server.url, "--concurrency", "2", "--out", str(tmp_path),
+                              "--json")
+        assert code == 0, err
+        first = (tmp_path / "results.jsonl").read_bytes()
+        generated = len(server.posts())
+        code, again, err = _run(capsys, *EVAL, "--backend", server.url, "--concurrency", "2", "--out",
+                                str(tmp_path), "--json")
+        assert code == 0, err
+        probes = len(server.posts()) - generated
+    assert (tmp_path / "results.jsonl").read_bytes() == first  # nothing regenerated or appended
+    assert probes <= 3  # the rerun only probed the server
+    setup = json.loads(first.splitlines()[0])["setup"]
+    assert setup["model"] == {"name": "fake-model", "engine": "vllm", "base_urls": [server.url]}
+    assert _timeless(again) == _timeless(out)
+
+
+def test_eval_resume_against_another_served_model_is_refused(capsys, tmp_path):
+    with FakeServer("vllm", model="model-a") as server:
+        assert _run(capsys, *EVAL, "--backend", server.url, "--out", str(tmp_path))[0] == 0
+    with FakeServer("vllm", model="model-b") as server:
+        code, _, err = _run(capsys, *EVAL, "--backend", server.url, "--out", str(tmp_path))
+        assert len(server.posts()) <= 3  # probes only: refused before generating
+    assert code == 2 and "model.name='model-a'" in err and "model.name='model-b'" in err
+
+
+@pytest.mark.slow
+def test_generate_and_eval_on_a_real_llama_cpp_server(capsys, tmp_path, llama_server):  # noqa: F811
+    from metagen.models import embedded_model_path
+
+    code, out, err = _run(capsys, "generate", "--backend", llama_server, "What is 2+2?", "--temperature", "0",
+                          "--json", "--max-tokens", "8")
+    assert code == 0, err
+    payload = json.loads(out)
+    assert isinstance(payload["text"], str) and payload["finish_reason"] in ("stop", "length")
+    assert payload["cost"]["model_calls"] == 1 and payload["timing"]["prompt_tokens"] > 0
+    argv = [*EVAL, "--backend", llama_server, "--tokenizer", str(embedded_model_path()), "--concurrency", "2",
+            "--out", str(tmp_path), "--json"]
+    code, out, err = _run(capsys, *argv)
+    assert code == 0, err
+    first = (tmp_path / "results.jsonl").read_bytes()
+    records = [json.loads(line) for line in first.splitlines()]
+    keys = [(r["kind"], r["id"], r.get("strategy"), r.get("n")) for r in records if r["kind"] != "setup"]
+    assert len(keys) == len(set(keys)) == 4 + 4  # a pool and a greedy record per problem
+    assert records[0]["setup"]["model"]["engine"] == "llama.cpp"
+    code, again, err = _run(capsys, *argv)
+    assert code == 0, err
+    assert (tmp_path / "results.jsonl").read_bytes() == first
+    assert _timeless(again) == _timeless(out)
