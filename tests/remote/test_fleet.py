@@ -135,6 +135,21 @@ def test_an_endpoint_unreachable_at_start_is_out_and_the_rest_serve(fakes):
         assert not stats[nowhere]["up"] and "probe" in stats[nowhere]["last_failure"]
 
 
+@pytest.mark.parametrize("model", [None, "fake-model"])
+def test_an_endpoint_back_with_another_model_stays_out(model):
+    with FakeServer("llama.cpp") as a, FakeServer("llama.cpp", model="other") as b, \
+            FaultProxy(origin(b.url)) as proxy, \
+            FleetGenerator([a.url, proxy.url], model, max_retries=0, cooldown=0) as fleet:
+        proxy.down = True
+        assert fleet.profile.model == "fake-model"  # b out: it did not answer its probe
+        proxy.down = False
+        for seed in range(3):  # b is probed now, found serving "other", and kept out
+            fleet.generate("hi", SamplingParams(max_tokens=2, seed=seed))
+        stats = fleet.stats()[proxy.url]
+        assert not stats["up"] and stats["requests"] == 0 and "other" in stats["last_failure"]
+        assert not b.posts() or all(body.get("max_tokens") == 1 for body in b.posts())  # probes only
+
+
 def test_every_endpoint_gone_names_each_and_its_failure(fakes):
     a, b = fakes
     with FaultProxy(origin(a.url)) as pa, FaultProxy(origin(b.url)) as pb, \

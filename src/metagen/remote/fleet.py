@@ -132,7 +132,10 @@ class FleetGenerator(OpenAIGenerator):
         fleet honours (else it stays out for good)."""
         try:
             if endpoint.member._profile is None:
-                reason = self._incompatibility(endpoint.member.profile, endpoint.url)
+                try:
+                    reason = self._incompatibility(endpoint.member.profile, endpoint.url)
+                except ValueError as error:  # e.g. it does not serve the fleet's model
+                    reason = str(error)
                 if reason is not None:
                     self.pool.take_down(endpoint, reason, forever=True)
                     return reason
