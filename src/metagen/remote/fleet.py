@@ -23,7 +23,6 @@ per endpoint.
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -85,7 +84,6 @@ class FleetGenerator(OpenAIGenerator):
                                  health_check=self._health_check)
         self._workers = ThreadPoolExecutor(max_workers=len(members) * max_concurrency_per_endpoint,
                                            thread_name_prefix="metagen-fleet")
-        self._probe_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"FleetGenerator({[e.url for e in self.endpoints]!r}, model={self.requested_model!r})"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
@@ -102,6 +103,7 @@ class OpenAIGenerator(Generator):
         self.tokenizer = tokenizer
         self.parameter_count = parameter_count
         self._profile: ServerProfile | None = None
+        self._probe_lock = threading.Lock()  # callers on several threads probe once
 
     def __repr__(self) -> str:
         return f"OpenAIGenerator({self.transport.base_url!r}, model={self.requested_model!r}, engine={self.engine_name!r})"
@@ -123,9 +125,10 @@ class OpenAIGenerator(Generator):
     @property
     def profile(self) -> ServerProfile:
         """What the server honours (probed on first use, then cached)."""
-        if self._profile is None:
-            self._profile = probe(self.transport, self.requested_model, self.engine_name)
-        return self._profile
+        with self._probe_lock:
+            if self._profile is None:
+                self._profile = probe(self.transport, self.requested_model, self.engine_name)
+            return self._profile
 
     @property
     def capabilities(self) -> frozenset[str]:
