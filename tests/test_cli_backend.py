@@ -91,13 +91,21 @@ def test_eval_concurrency_needs_a_backend(capsys, tmp_path):
     assert code == 2 and "--concurrency 0 is out of range" in err
 
 
-def test_several_urls_need_the_fleet():
-    if importlib.util.find_spec("metagen.remote.fleet") is not None:
-        pytest.skip("metagen.remote.fleet is present: its own tests cover several URLs")
-    from metagen.remote import connect
+def test_several_urls_make_a_fleet_identified_by_every_url(capsys, tmp_path):
+    from metagen.remote import FleetGenerator, connect
 
-    with pytest.raises(NotImplementedError, match="2 server URLs need metagen.remote.fleet"):
-        connect(["http://a/v1", "http://b/v1"])
+    with FakeServer("vllm") as first, FakeServer("vllm") as second:
+        fleet = connect([first.url, second.url])
+        try:
+            assert isinstance(fleet, FleetGenerator) and fleet.concurrent
+            assert [url.rstrip("/") for url in fleet.served_identity()["base_urls"]] == [
+                first.url.rstrip("/"), second.url.rstrip("/")]
+        finally:
+            fleet.close()
+        code, out, err = _run(capsys, *EVAL, "--backend", f"{first.url},{second.url}", "--concurrency", "2",
+                              "--out", str(tmp_path), "--json")
+        assert code == 0, err
+        assert first.posts() and second.posts()  # both replicas served the evaluation
 
 
 def test_eval_on_a_backend_runs_concurrently_and_resumes_without_regenerating(capsys, tmp_path):

@@ -27,7 +27,7 @@ def _get(url: str, body: dict | None = None, timeout: float = 60.0) -> dict:
         return json.loads(response.read())
 
 
-def _stop(process: subprocess.Popen) -> None:
+def stop(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.terminate()
         try:
@@ -37,9 +37,9 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
-@pytest.fixture(scope="session")
-def llama_server(tmp_path_factory):
-    """The base URL ("http://127.0.0.1:<port>/v1") of a running llama.cpp server.
+def start_llama_server(log_dir) -> tuple[subprocess.Popen, str]:
+    """(process, base URL) of a llama.cpp server over the embedded model, answering; skips the
+    test with the reason when it cannot run here (the process is stopped then).
 
     --n_batch 1: the llama-cpp-python 0.3.36 built on this machine crashes (general protection
     fault in libggml-cpu) when it evaluates more than one token per batch; one token per batch
@@ -54,29 +54,44 @@ def llama_server(tmp_path_factory):
     from metagen.models import embedded_model_path
 
     port = free_port()
-    log = tmp_path_factory.mktemp("llama_server") / "server.log"
+    log = log_dir / f"server-{port}.log"
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(embedded_model_path()),
                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_batch", "1"]
     with open(log, "wb") as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if process.poll() is not None:
-                pytest.skip(f"llama_cpp.server exited with {process.returncode} at start (log: {log})")
-            try:
-                _get(f"{url}/models", timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.skip(f"llama_cpp.server did not answer /v1/models within 90 s (log: {log})")
-                time.sleep(0.5)
+        _wait_until_serving(process, url, log)
+    except BaseException:
+        stop(process)
+        raise
+    return process, url
+
+
+def _wait_until_serving(process: subprocess.Popen, url: str, log) -> None:
+    deadline = time.monotonic() + 90
+    while True:
+        if process.poll() is not None:
+            pytest.skip(f"llama_cpp.server exited with {process.returncode} at start (log: {log})")
         try:
-            _get(f"{url}/completions", {"prompt": "Hi", "max_tokens": 1})
-        except OSError as error:
-            pytest.skip(f"llama_cpp.server cannot generate on this machine ({error}; "
-                        f"exit code {process.poll()}; log: {log})")
+            _get(f"{url}/models", timeout=2)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                pytest.skip(f"llama_cpp.server did not answer /v1/models within 90 s (log: {log})")
+            time.sleep(0.5)
+    try:
+        _get(f"{url}/completions", {"prompt": "Hi", "max_tokens": 1})
+    except OSError as error:
+        pytest.skip(f"llama_cpp.server cannot generate on this machine ({error}; "
+                    f"exit code {process.poll()}; log: {log})")
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory):
+    """The base URL ("http://127.0.0.1:<port>/v1") of a running llama.cpp server."""
+    process, url = start_llama_server(tmp_path_factory.mktemp("llama_server"))
+    try:
         yield url
     finally:
-        _stop(process)
+        stop(process)

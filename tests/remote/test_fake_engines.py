@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 pytest.importorskip("httpx")
@@ -267,3 +269,14 @@ def test_a_token_prompt_that_fills_max_model_len_is_refused_before_sending():
         with pytest.raises(ValueError, match="prompt has 2048 tokens, the served model's context is 2048"):
             gen.generate([1] * 2048, SamplingParams(max_tokens=2))
         assert all(len(body.get("prompt", "")) < 2048 for body in server.posts())
+
+
+def test_callers_on_several_threads_probe_once():
+    with FakeServer("llama.cpp") as server:
+        server.fail(0, delay=0.3)  # the first probe request answers late: the others arrive meanwhile
+        gen = make(server)
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda seed: gen.generate("Hi", SamplingParams(max_tokens=2, seed=seed)),
+                                    range(4)))
+        assert all(len(r.completions) == 1 for r in results)
+        assert [path for path, _, _ in server.requests].count("/v1/models") == 1

@@ -1,4 +1,5 @@
-"""Generators over remote OpenAI-compatible servers (vLLM, SGLang, llama.cpp's server, OpenAI).
+"""Generators over remote OpenAI-compatible servers (vLLM, SGLang, llama.cpp's server, OpenAI),
+one or a fleet of replicas.
 
 Needs the `remote` extra (httpx): `pip install 'metagen[remote]'`. Not imported by `import
 metagen`.
@@ -10,7 +11,9 @@ metagen`.
 from collections.abc import Sequence
 
 from metagen.remote.engines import ENGINES, Engine
+from metagen.remote.fleet import FleetGenerator
 from metagen.remote.openai_generator import OpenAIGenerator
+from metagen.remote.pool import FleetUnavailableError
 from metagen.remote.probe import ServerProfile, probe
 from metagen.remote.responses import RemoteCompletion
 from metagen.remote.transport import InvalidRequestError, ServerError, Transport
@@ -18,23 +21,16 @@ from metagen.remote.transport import InvalidRequestError, ServerError, Transport
 
 def connect(urls: str | Sequence[str], **options):
     """A generator over the server(s) at `urls` (API roots): an `OpenAIGenerator` for one URL,
-    a `FleetGenerator` (metagen.remote.fleet) spreading requests over several; `options` are
-    `OpenAIGenerator`'s keyword arguments (model, engine, chat, tokenizer, parameter_count,
-    api_key_env, timeouts), the same for every server."""
+    a `FleetGenerator` spreading requests over several; `options` are `OpenAIGenerator`'s
+    keyword arguments (model, engine, chat, tokenizer, parameter_count, api_key_env, timeouts),
+    the same for every server."""
     urls = [urls] if isinstance(urls, str) else list(urls)
     if not urls:
         raise ValueError("urls is empty: give at least one server URL (e.g. http://127.0.0.1:8000/v1)")
     if len(urls) == 1:
         return OpenAIGenerator(urls[0], **options)
-    try:
-        from metagen.remote.fleet import FleetGenerator
-    except ModuleNotFoundError as error:
-        if error.name != "metagen.remote.fleet":
-            raise
-        raise NotImplementedError(f"{len(urls)} server URLs need metagen.remote.fleet (FleetGenerator), "
-                                  "which this installation lacks: give one URL") from None
     return FleetGenerator(urls, **options)
 
 
-__all__ = ["ENGINES", "Engine", "InvalidRequestError", "OpenAIGenerator", "RemoteCompletion",
-           "ServerError", "ServerProfile", "Transport", "connect", "probe"]
+__all__ = ["ENGINES", "Engine", "FleetGenerator", "FleetUnavailableError", "InvalidRequestError",
+           "OpenAIGenerator", "RemoteCompletion", "ServerError", "ServerProfile", "Transport", "connect", "probe"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
@@ -93,18 +94,29 @@ class OpenAIGenerator(Generator):
                  api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0,
                  connect_timeout: float = 5.0, max_retries: int = 4,
                  transport: Transport | None = None) -> None:
-        if parameter_count is not None and not parameter_count > 0:
-            raise ValueError(f"parameter_count={parameter_count!r} must be a positive number or None")
+        self._configure(model, engine, chat, tokenizer, parameter_count)
         self.transport = transport or Transport(base_url, api_key_env=api_key_env, timeout=timeout,
                                                 connect_timeout=connect_timeout, max_retries=max_retries)
+
+    def _configure(self, model: str | None, engine: str, chat: bool | None, tokenizer,
+                   parameter_count: float | None) -> None:
+        """The settings shared with `FleetGenerator` (checked)."""
+        if parameter_count is not None and not parameter_count > 0:
+            raise ValueError(f"parameter_count={parameter_count!r} must be a positive number or None")
         self.requested_model, self.engine_name = model, engine
         self.chat = chat if chat is not None else bool(tokenizer is not None and tokenizer.chat_template)
         self.tokenizer = tokenizer
         self.parameter_count = parameter_count
         self._profile: ServerProfile | None = None
+        self._probe_lock = threading.Lock()  # callers on several threads probe once
 
     def __repr__(self) -> str:
         return f"OpenAIGenerator({self.transport.base_url!r}, model={self.requested_model!r}, engine={self.engine_name!r})"
+
+    @property
+    def where(self) -> str:
+        """The server(s) named in refusals."""
+        return self.transport.base_url
 
     def close(self) -> None:
         self.transport.close()
@@ -118,9 +130,10 @@ class OpenAIGenerator(Generator):
     @property
     def profile(self) -> ServerProfile:
         """What the server honours (probed on first use, then cached)."""
-        if self._profile is None:
-            self._profile = probe(self.transport, self.requested_model, self.engine_name)
-        return self._profile
+        with self._probe_lock:
+            if self._profile is None:
+                self._profile = probe(self.transport, self.requested_model, self.engine_name)
+            return self._profile
 
     @property
     def capabilities(self) -> frozenset[str]:
@@ -140,7 +153,7 @@ class OpenAIGenerator(Generator):
         """The request body without n and seed, or ValueError for what the server cannot do."""
         profile = self.profile
         if endpoint == "completions" and isinstance(fields["prompt"], list) and not profile.token_prompts:
-            raise ValueError(f"{profile.engine.name} server at {self.transport.base_url} does not accept "
+            raise ValueError(f"{profile.engine.name} server at {self.where} does not accept "
                              "token-id prompts (probed): give text or chat messages")
         length = len(fields.get("prompt")) if isinstance(fields.get("prompt"), list) else 0
         if profile.max_model_len is not None and length >= profile.max_model_len:
@@ -148,10 +161,10 @@ class OpenAIGenerator(Generator):
                              f"{profile.max_model_len}: no room to generate")
         if params.logprobs is not None and not profile.logprobs:
             raise ValueError(f"logprobs={params.logprobs} asked, but the server at "
-                             f"{self.transport.base_url} returns no logprobs (probed)")
+                             f"{self.where} returns no logprobs (probed)")
         if params.logprobs and not profile.top_logprobs:
             raise ValueError(f"logprobs={params.logprobs} asks for top logprobs, which the server at "
-                             f"{self.transport.base_url} does not return (probed)")
+                             f"{self.where} does not return (probed)")
         body = {"model": profile.model, **fields, **sampling_fields(params, profile.engine)}
         messages = fields.get("messages")
         if messages and messages[-1].get("role") == "assistant":
@@ -183,11 +196,11 @@ class OpenAIGenerator(Generator):
         endpoint, fields = prompt_request(prompt, self.chat)
         body = self._body(endpoint, fields, params)
         chat = endpoint == "chat/completions"
-        url = f"{self.transport.base_url}/{endpoint}"
         completions: list[RemoteCompletion] = []
         cost = Cost(flops=None if self.parameter_count is None else 0.0)
-        for request, expected in self._requests(body, params, generator):
-            answer = self.transport.post(endpoint, request)
+        requests = self._requests(body, params, generator)
+        answers = self._post_all(endpoint, [request for request, _ in requests])
+        for (_, expected), (answer, url) in zip(requests, answers):
             completions += parse_choices(answer, url, chat, params.logprobs, expected)
             cost += self._usage_cost(answer, url)
         for completion in completions:
@@ -198,6 +211,11 @@ class OpenAIGenerator(Generator):
         result = GenerationResult(completions, prompt_ids, decode_seconds=cost.wall_seconds,
                                   model_calls=cost.model_calls, cost=cost)
         return result
+
+    def _post_all(self, endpoint: str, requests: list[dict]) -> list[tuple[dict, str]]:
+        """(answer, URL that answered) for each request, in order: here one after another."""
+        url = f"{self.transport.base_url}/{endpoint}"
+        return [(self.transport.post(endpoint, request), url) for request in requests]
 
     def _usage_cost(self, answer: dict, url: str) -> Cost:
         """The Cost of one answered request, from its `usage`."""

@@ -9,8 +9,8 @@ result). Other 4xx are permanent: raised at once (ValueError for 400 / 404 / 422
 RuntimeError) with the server's own message. The API key is read from an environment variable
 and appears in no message or repr.
 
-This is the synchronous face; an async client (many requests in flight across a fleet of
-servers) is the next step and will share the retry rule.
+One Transport serves one server and may be used from several threads at once (httpx.Client
+is thread-safe); `metagen.remote.fleet` spreads requests over several of them.
 """
 
 from __future__ import annotations
@@ -118,8 +118,9 @@ class Transport:
     def close(self) -> None:
         self._client.close()
 
-    def get(self, path: str) -> dict:
-        return self._send("GET", path, None, self.max_retries)
+    def get(self, path: str, *, retry: bool = True) -> dict:
+        """The JSON answer to GET `path`; retry=False sends it once (health checks)."""
+        return self._send("GET", path, None, self.max_retries if retry else 0)
 
     def post(self, path: str, body: dict, *, retry: bool = True) -> dict:
         """The JSON answer to POST `body`; retry=False sends it once (probes)."""

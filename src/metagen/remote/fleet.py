@@ -1,0 +1,186 @@
+"""`FleetGenerator`: one `Generator` over several replicas of the same OpenAI-compatible server.
+
+    FleetGenerator(["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"], model="m",
+                   max_concurrency_per_endpoint=8).generate(prompt, params) -> GenerationResult
+
+Every endpoint is probed once (concurrently, on first use); the fleet honours what all of them
+honour (the intersection of their profiles), and they must serve the same model with the same
+engine. Requests go to the live endpoint with the fewest outstanding requests, at most
+`max_concurrency_per_endpoint` in flight on each (see `pool.py`); the fleet may be called from
+any number of threads at once. A fan-out (n requests to a server that ignores n) runs its
+requests concurrently on a thread pool, so they spread over the endpoints.
+
+Faults: a request that fails on an endpoint after the transport's retries (no connection,
+timeout, 429 / 5xx) is sent again, unchanged (same seed, so the same answer), to another
+endpoint; `failures_to_eject` consecutive failures take an endpoint out for `cooldown` seconds,
+then a health check (GET /v1/models; the full probe if it was never probed) takes it back. A
+request the server rejects as invalid (400 / 404 / 422) is raised at once: every replica would
+say the same. With every endpoint down: `FleetUnavailableError` naming each and its last failure.
+
+`Cost.model_calls` counts answered requests; `stats()` gives requests / failures / outstanding
+per endpoint.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+from metagen.remote.openai_generator import OpenAIGenerator
+from metagen.remote.pool import Endpoint, EndpointPool, FleetUnavailableError
+from metagen.remote.probe import ServerProfile
+from metagen.remote.transport import RETRIED_STATUS, InvalidRequestError, ServerError
+
+
+def is_endpoint_failure(error: ServerError) -> bool:
+    """Whether another endpoint may answer where this one failed (no answer, 429, 5xx)."""
+    return not isinstance(error, InvalidRequestError) and (error.status is None or error.status in RETRIED_STATUS)
+
+
+def common_profile(profiles: dict[str, ServerProfile]) -> ServerProfile:
+    """What every endpoint honours, or ValueError when they serve different models or engines."""
+    first = next(iter(profiles.values()))
+    for url, profile in profiles.items():
+        if (profile.model, profile.engine.name) != (first.model, first.engine.name):
+            raise ValueError(f"fleet endpoints differ: {url} serves {profile.model!r} on {profile.engine.name}, "
+                             f"{next(iter(profiles))} serves {first.model!r} on {first.engine.name}")
+    lengths = [p.max_model_len for p in profiles.values() if p.max_model_len is not None]
+    flags = ("native_n", "logprobs", "top_logprobs", "returns_token_ids", "token_prompts", "prompt_scoring")
+    return replace(first, max_model_len=min(lengths) if lengths else None,
+                   **{flag: all(getattr(p, flag) for p in profiles.values()) for flag in flags})
+
+
+class FleetGenerator(OpenAIGenerator):
+    """An `OpenAIGenerator` over several endpoints (replicas serving the same model).
+
+    base_urls: the API roots, e.g. ["http://127.0.0.1:8000/v1", "http://127.0.0.1:8001/v1"].
+    max_concurrency_per_endpoint: requests in flight on one endpoint at most.
+    failures_to_eject: consecutive failed requests that take an endpoint out.
+    cooldown: seconds an endpoint stays out before its health check.
+    Every other keyword is `OpenAIGenerator`'s, applied to each endpoint.
+    """
+
+    def __init__(self, base_urls: list[str], model: str | None = None, *, max_concurrency_per_endpoint: int = 4,
+                 failures_to_eject: int = 2, cooldown: float = 30.0, engine: str = "auto",
+                 chat: bool | None = None, tokenizer=None, parameter_count: float | None = None,
+                 api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, connect_timeout: float = 5.0,
+                 max_retries: int = 4) -> None:
+        if isinstance(base_urls, str) or not base_urls:
+            raise ValueError(f"base_urls={base_urls!r} must be a non-empty list of URL strings")
+        if len(set(base_urls)) != len(base_urls):
+            raise ValueError(f"base_urls={base_urls!r} lists an endpoint twice")
+        for name, value in (("max_concurrency_per_endpoint", max_concurrency_per_endpoint),
+                            ("failures_to_eject", failures_to_eject)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} is out of range: must be an int >= 1")
+        if not cooldown >= 0:
+            raise ValueError(f"cooldown={cooldown!r} is out of range: must be >= 0 seconds")
+        self._configure(model, engine, chat, tokenizer, parameter_count)
+        members = [OpenAIGenerator(url, model, engine=engine, api_key_env=api_key_env, timeout=timeout,
+                                   connect_timeout=connect_timeout, max_retries=max_retries) for url in base_urls]
+        self.endpoints = [Endpoint(member.transport.base_url, member) for member in members]
+        self.pool = EndpointPool(self.endpoints, max_concurrency=max_concurrency_per_endpoint,
+                                 failures_to_eject=failures_to_eject, cooldown=cooldown,
+                                 health_check=self._health_check)
+        self._workers = ThreadPoolExecutor(max_workers=len(members) * max_concurrency_per_endpoint,
+                                           thread_name_prefix="metagen-fleet")
+
+    def __repr__(self) -> str:
+        return f"FleetGenerator({[e.url for e in self.endpoints]!r}, model={self.requested_model!r})"
+
+    @property
+    def where(self) -> str:
+        return f"fleet {[e.url for e in self.endpoints]}"
+
+    def served_identity(self) -> dict:
+        """The served model's id, the engine and every endpoint's base URL (probed on first use)."""
+        profile = self.profile
+        return {"name": profile.model, "engine": profile.engine.name, "base_urls": [e.url for e in self.endpoints]}
+
+    def close(self) -> None:
+        self._workers.shutdown(wait=True)
+        for endpoint in self.endpoints:
+            endpoint.member.close()
+
+    def stats(self) -> dict[str, dict]:
+        """Per endpoint URL: requests answered, failures, outstanding, up, last failure."""
+        return {e.url: e.stats() for e in self.endpoints}
+
+    @property
+    def profile(self) -> ServerProfile:
+        """The intersection of every reachable endpoint's profile (each probed once, in parallel)."""
+        with self._probe_lock:
+            if self._profile is None:
+                self._profile = self._probe_all()
+            return self._profile
+
+    def _probe_all(self) -> ServerProfile:
+        def attempt(endpoint: Endpoint) -> ServerProfile | ServerError:
+            try:
+                return endpoint.member.profile
+            except ServerError as error:  # unreachable or failing: down, not a capability answer
+                return error
+
+        outcomes = dict(zip([e.url for e in self.endpoints], self._workers.map(attempt, self.endpoints)))
+        for endpoint in self.endpoints:
+            if isinstance(outcomes[endpoint.url], ServerError):
+                self.pool.take_down(endpoint, f"probe: {outcomes[endpoint.url]}")
+        profiles = {url: p for url, p in outcomes.items() if isinstance(p, ServerProfile)}
+        if not profiles:
+            raise FleetUnavailableError(f"no endpoint of the fleet answered its probe: {self.pool.describe()}")
+        return common_profile(profiles)
+
+    def _health_check(self, endpoint: Endpoint) -> str | None:
+        """None when `endpoint` may serve again; an endpoint first probed now must honour what the
+        fleet honours (else it stays out for good)."""
+        try:
+            if endpoint.member._profile is None:
+                try:
+                    reason = self._incompatibility(endpoint.member.profile, endpoint.url)
+                except ValueError as error:  # e.g. it does not serve the fleet's model
+                    reason = str(error)
+                if reason is not None:
+                    self.pool.take_down(endpoint, reason, forever=True)
+                    return reason
+            else:
+                endpoint.member.transport.get("models", retry=False)
+        except ServerError as error:
+            return str(error)
+        return None
+
+    def _incompatibility(self, profile: ServerProfile, url: str) -> str | None:
+        """Why an endpoint with `profile` cannot join the fleet (None: it can)."""
+        try:
+            joined = common_profile({self.where: self.profile, url: profile})
+        except ValueError as error:
+            return str(error)
+        return None if joined == self.profile else f"{url} honours less than the fleet: {profile}"
+
+    def _post_all(self, endpoint: str, requests: list[dict]) -> list[tuple[dict, str]]:
+        """(answer, URL that answered) per request, in order; a fan-out runs concurrently."""
+        if len(requests) == 1:
+            return [self._post_one(endpoint, requests[0])]
+        return list(self._workers.map(lambda request: self._post_one(endpoint, request), requests))
+
+    def _post_one(self, path: str, request: dict) -> tuple[dict, str]:
+        """The answer to one request from some live endpoint, failing over to the others."""
+        tried: dict[int, int] = {}
+        attempts = self.pool.failures_to_eject * len(self.endpoints) + 1
+        for _ in range(attempts):
+            endpoint = self.pool.acquire(tried)
+            try:
+                answer = endpoint.member.transport.post(path, request)
+            except ServerError as error:
+                failed_here = is_endpoint_failure(error)
+                self.pool.release(endpoint, str(error), counted=failed_here)
+                if not failed_here:
+                    raise
+                index = self.endpoints.index(endpoint)
+                tried[index] = tried.get(index, 0) + 1
+                continue
+            except BaseException:
+                self.pool.release(endpoint, "interrupted", counted=False)
+                raise
+            self.pool.release(endpoint, None)
+            return answer, f"{endpoint.url}/{path}"
+        raise FleetUnavailableError(f"request failed on {attempts} attempts across the fleet: {self.pool.describe()}")

@@ -1,0 +1,272 @@
+"""FleetGenerator: balancing, concurrency, failover and health checks over several endpoints.
+
+Fast tests run on the scripted fake server (faults it scripts, timing it controls) behind the
+fault proxy; slow tests run on two real llama.cpp replicas over the embedded model, faults
+injected by the proxy in front of one of them, and one replica killed mid-run (the last test:
+it ends the module's second replica).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("httpx")
+
+from metagen.remote import (
+    FleetGenerator,
+    FleetUnavailableError,
+    InvalidRequestError,
+    OpenAIGenerator,
+)
+from metagen.sampling import SamplingParams
+
+from .conftest import free_port, start_llama_server, stop
+from .fake_server import FakeServer
+from .proxy import FaultProxy
+
+PROMPT = "The capital of France is"
+
+
+def origin(url: str) -> str:
+    return url.removesuffix("/v1")
+
+
+@pytest.fixture
+def fakes():
+    with FakeServer("llama.cpp") as a, FakeServer("llama.cpp") as b:
+        yield a, b
+
+
+# fake servers ------------------------------------------------------------------------------
+
+
+def test_fan_out_spreads_over_endpoints_and_overlaps(fakes):
+    a, b = fakes
+    with FleetGenerator([a.url, b.url], max_retries=0) as fleet:
+        assert fleet.profile.model  # probe first: the probe's requests would take the scripted delays
+        for server in fakes:
+            for _ in range(2):
+                server.fail(0, delay=0.4)  # the normal answer, 0.4 s late
+        start = time.perf_counter()
+        result = fleet.generate("hi", SamplingParams(n=4, max_tokens=3, seed=1))
+        elapsed = time.perf_counter() - start
+        assert len(result.completions) == 4 and result.cost.model_calls == 4
+        assert elapsed < 1.2, f"4 requests of 0.4 s took {elapsed:.2f} s: they did not overlap"
+        assert [s["requests"] for s in fleet.stats().values()] == [2, 2]
+        seeds = sorted(body["seed"] for server in fakes for body in server.posts()[-2:])
+        assert len(set(seeds)) == 4  # distinct derived seeds, one per request
+
+
+def test_concurrent_callers_respect_the_per_endpoint_limit(fakes):
+    a, b = fakes
+    with FleetGenerator([a.url, b.url], max_concurrency_per_endpoint=1, max_retries=0) as fleet:
+        assert fleet.profile.model
+        in_flight, peak, lock = {}, {}, threading.Lock()
+        for endpoint in fleet.endpoints:
+            transport, post = endpoint.member.transport, endpoint.member.transport.post
+
+            def counted(path, body, *, url=endpoint.url, post=post, **kw):
+                with lock:
+                    in_flight[url] = in_flight.get(url, 0) + 1
+                    peak[url] = max(peak.get(url, 0), in_flight[url])
+                time.sleep(0.05)
+                try:
+                    return post(path, body, **kw)
+                finally:
+                    with lock:
+                        in_flight[url] -= 1
+
+            transport.post = counted
+        with ThreadPoolExecutor(6) as pool:
+            results = list(pool.map(lambda i: fleet.generate("hi", SamplingParams(max_tokens=2, seed=i)), range(12)))
+        assert all(len(r.completions) == 1 for r in results)
+        assert peak == {e.url: 1 for e in fleet.endpoints}
+        counts = [s["requests"] for s in fleet.stats().values()]
+        assert sum(counts) == 12 and min(counts) >= 4, counts
+        assert all(s["outstanding"] == 0 for s in fleet.stats().values())
+
+
+def test_429_with_retry_after_fails_over_and_invalid_requests_do_not(fakes):
+    a, b = fakes
+    with FleetGenerator([a.url, b.url], max_retries=0) as fleet:
+        assert fleet.profile.model
+        a.fail(429, '{"error": {"message": "slow down"}}', headers={"Retry-After": "30"})
+        result = fleet.generate("hi", SamplingParams(max_tokens=2, seed=5))
+        assert result.cost.model_calls == 1
+        assert a.posts()[-1] == b.posts()[-1]  # the same body, seed included, sent to b
+        assert fleet.stats()[a.url]["failures"] == 1 and "HTTP 429" in fleet.stats()[a.url]["last_failure"]
+        a.fail(400, '{"error": {"message": "max_tokens too large"}}')
+        with pytest.raises(InvalidRequestError, match="max_tokens too large"):
+            fleet.generate("hi", SamplingParams(max_tokens=2, seed=5))
+        assert fleet.stats()[a.url]["failures"] == 1 and fleet.stats()[a.url]["up"]  # not the endpoint's fault
+
+
+def test_a_dead_endpoint_is_taken_out_then_health_checked_back(fakes):
+    a, b = fakes
+    with FaultProxy(origin(a.url)) as proxy, \
+            FleetGenerator([proxy.url, b.url], max_retries=0, failures_to_eject=2, cooldown=0.3) as fleet:
+        assert fleet.profile.model
+        proxy.down = True
+        for seed in range(4):
+            fleet.generate("hi", SamplingParams(max_tokens=2, seed=seed))
+        stats = fleet.stats()[proxy.url]
+        assert not stats["up"] and stats["failures"] == 2  # out after 2, then no more tries
+        seen = proxy.seen
+        fleet.generate("hi", SamplingParams(max_tokens=2))
+        assert proxy.seen == seen  # still cooling down: not even a health check
+        proxy.down = False
+        time.sleep(0.35)
+        for seed in range(4):
+            fleet.generate("hi", SamplingParams(max_tokens=2, seed=seed))
+        stats = fleet.stats()[proxy.url]
+        assert stats["up"] and stats["requests"] >= 1
+
+
+def test_an_endpoint_unreachable_at_start_is_out_and_the_rest_serve(fakes):
+    a, _ = fakes
+    nowhere = f"http://127.0.0.1:{free_port()}/v1"
+    with FleetGenerator([nowhere, a.url], max_retries=0, cooldown=60) as fleet:
+        assert fleet.generate("hi", SamplingParams(max_tokens=2)).cost.model_calls == 1
+        stats = fleet.stats()
+        assert not stats[nowhere]["up"] and "probe" in stats[nowhere]["last_failure"]
+
+
+@pytest.mark.parametrize("model", [None, "fake-model"])
+def test_an_endpoint_back_with_another_model_stays_out(model):
+    with FakeServer("llama.cpp") as a, FakeServer("llama.cpp", model="other") as b, \
+            FaultProxy(origin(b.url)) as proxy, \
+            FleetGenerator([a.url, proxy.url], model, max_retries=0, cooldown=0) as fleet:
+        proxy.down = True
+        assert fleet.profile.model == "fake-model"  # b out: it did not answer its probe
+        proxy.down = False
+        for seed in range(3):  # b is probed now, found serving "other", and kept out
+            fleet.generate("hi", SamplingParams(max_tokens=2, seed=seed))
+        stats = fleet.stats()[proxy.url]
+        assert not stats["up"] and stats["requests"] == 0 and "other" in stats["last_failure"]
+        assert not b.posts() or all(body.get("max_tokens") == 1 for body in b.posts())  # probes only
+
+
+def test_every_endpoint_gone_names_each_and_its_failure(fakes):
+    a, b = fakes
+    with FaultProxy(origin(a.url)) as pa, FaultProxy(origin(b.url)) as pb, \
+            FleetGenerator([pa.url, pb.url], max_retries=0, failures_to_eject=1, cooldown=60) as fleet:
+        assert fleet.profile.model
+        pa.down = pb.down = True
+        with pytest.raises(FleetUnavailableError) as error:
+            fleet.generate("hi", SamplingParams(max_tokens=2))
+        message = str(error.value)
+        assert pa.url in message and pb.url in message and message.count("disconnected") == 2
+
+
+def test_endpoints_serving_different_models_are_refused():
+    with FakeServer("llama.cpp", model="m1") as a, FakeServer("llama.cpp", model="m2") as b, \
+            FleetGenerator([a.url, b.url]) as fleet, pytest.raises(ValueError, match="endpoints differ"):
+        assert fleet.profile.model
+
+
+def test_capabilities_are_the_intersection():
+    with FakeServer("vllm") as a, FakeServer("vllm", logprobs=False) as b, \
+            FleetGenerator([a.url, b.url]) as fleet:
+        assert fleet.profile.native_n and not fleet.profile.logprobs
+        with pytest.raises(ValueError, match="returns no logprobs"):
+            fleet.generate("hi", SamplingParams(logprobs=1))
+
+
+@pytest.mark.parametrize("urls, options, wrong", [
+    ("http://127.0.0.1:1/v1", {}, "base_urls="),
+    ([], {}, "base_urls="),
+    (["http://127.0.0.1:1/v1"] * 2, {}, "twice"),
+    (["ftp://x/v1"], {}, "http://"),
+    (["http://127.0.0.1:1/v1"], {"max_concurrency_per_endpoint": 0}, "max_concurrency_per_endpoint=0"),
+    (["http://127.0.0.1:1/v1"], {"failures_to_eject": 0}, "failures_to_eject=0"),
+    (["http://127.0.0.1:1/v1"], {"cooldown": -1}, "cooldown=-1"),
+])
+def test_bad_settings_are_named(urls, options, wrong):
+    with pytest.raises(ValueError, match=wrong):
+        FleetGenerator(urls, **options)
+
+
+# two real llama.cpp replicas ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def second_server(tmp_path_factory):
+    """(process, URL) of a second replica; the last test of this module kills it."""
+    process, url = start_llama_server(tmp_path_factory.mktemp("llama_replica"))
+    try:
+        yield process, url
+    finally:
+        stop(process)
+
+
+@pytest.fixture(scope="module")
+def replicas(llama_server, second_server):
+    return [llama_server, second_server[1]]
+
+
+@pytest.fixture(scope="module")
+def reference(replicas):
+    """The seeded texts each replica gives alone (seed -> text); the replicas must agree."""
+    texts = {}
+    for url in replicas:
+        with OpenAIGenerator(url, max_retries=0) as single:
+            texts[url] = {seed: single.generate(PROMPT, SamplingParams(max_tokens=6, seed=seed)).text
+                          for seed in range(3)}
+    first, second = texts.values()
+    assert first == second, "replicas serving the same file disagree on seeded samples"
+    return first
+
+
+@pytest.mark.slow
+def test_replicas_balance_and_agree(replicas, reference):
+    with FleetGenerator(replicas, max_retries=0) as fleet, ThreadPoolExecutor(4) as pool:
+        seeds = [i % 3 for i in range(8)]
+        results = list(pool.map(lambda s: fleet.generate(PROMPT, SamplingParams(max_tokens=6, seed=s)), seeds))
+        assert [r.text for r in results] == [reference[s] for s in seeds]
+        counts = [s["requests"] for s in fleet.stats().values()]
+        assert sum(counts) == 8 and min(counts) >= 2, counts
+        fanned = fleet.generate(PROMPT, SamplingParams(n=4, max_tokens=6, seed=9))
+        assert fanned.cost.model_calls == 4 and len({c.text for c in fanned.completions}) > 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, options", [
+    ("drop", {}),
+    ("status", {"status": 500}),
+    ("status", {"status": 429, "headers": {"Retry-After": "0"}}),
+    ("delay", {"seconds": 4.0}),
+])
+def test_a_fault_on_one_replica_is_answered_by_the_other(replicas, reference, kind, options):
+    with FaultProxy(origin(replicas[0])) as proxy, \
+            FleetGenerator([proxy.url, replicas[1]], max_retries=0, timeout=2.5) as fleet:
+        assert fleet.profile.model
+        proxy.fault(kind, **options)
+        result = fleet.generate(PROMPT, SamplingParams(max_tokens=6, seed=1))
+        assert result.text == reference[1] and result.cost.model_calls == 1
+        assert not proxy.faults  # the fault was met, by the first choice
+        stats = fleet.stats()
+        assert stats[proxy.url]["failures"] == 1 and stats[replicas[1]]["requests"] == 1
+
+
+@pytest.mark.slow
+def test_a_replica_killed_mid_run_leaves_the_work_to_the_other(replicas, reference, second_server):
+    process, url = second_server
+    with FleetGenerator([url, replicas[0]], max_retries=1, cooldown=60) as fleet, ThreadPoolExecutor(4) as pool:
+        assert fleet.profile.model
+        seeds = [i % 3 for i in range(8)]
+        futures = [pool.submit(fleet.generate, PROMPT, SamplingParams(max_tokens=6, seed=s)) for s in seeds]
+        deadline = time.monotonic() + 30
+        while fleet.stats()[url]["requests"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fleet.stats()[url]["outstanding"] > 0  # requests in flight on the replica we kill
+        process.kill()  # a crash, not a graceful shutdown that would finish what is in flight
+        process.wait()
+        results = [future.result(timeout=120) for future in futures]
+        assert [r.text for r in results] == [reference[s] for s in seeds]
+        stats = fleet.stats()
+        assert not stats[url]["up"] and stats[url]["failures"] >= 1
+        assert stats[url]["requests"] + stats[replicas[0]]["requests"] == 8
