@@ -169,8 +169,21 @@ class OpenAIGenerator(Generator):
         return [({**body, "n": 1, "seed": derived_seed(base, index)}, 1) for index in range(params.n)]
 
     def generate(self, prompt: Prompt, params: SamplingParams, *, generator: torch.Generator | None = None) -> GenerationResult:
-        start = time.perf_counter()
         endpoint, fields = prompt_request(prompt, self.chat)
+        return self._complete(endpoint, fields, params, generator)
+
+    def continue_prefix(self, prefix: str | list[int], params: SamplingParams, *,
+                        generator: torch.Generator | None = None) -> GenerationResult:
+        """Completions of `prefix` sent as it is to /v1/completions (raw text, never through the
+        chat template; or token ids where the server takes them), for step searches."""
+        if isinstance(prefix, str) and not prefix:
+            raise ValueError("prefix is empty: give at least one character or token")
+        _, fields = prompt_request(prefix if isinstance(prefix, str) else list(prefix), chat=False)
+        return self._complete("completions", fields, params, generator)
+
+    def _complete(self, endpoint: str, fields: dict, params: SamplingParams,
+                  generator: torch.Generator | None) -> GenerationResult:
+        start = time.perf_counter()
         body = self._body(endpoint, fields, params)
         chat = endpoint == "chat/completions"
         url = f"{self.transport.base_url}/{endpoint}"
