@@ -72,6 +72,21 @@ class Lacking(Generator):
         raise AssertionError("a strategy the generator cannot run sent a request")
 
 
+def test_supported_by_agrees_with_check():
+    for name, spec in STRATEGIES.items():
+        for lacking in [(), (caps.LOCAL_CACHE,), (caps.LOCAL_CACHE, caps.STEP_CONTINUATION), (caps.HIDDEN_STATES,)]:
+            generator = Lacking(*lacking)
+            for options in (STEPS, HEAD):
+                try:
+                    spec.check(generator, options)
+                    passes = True
+                except ValueError:
+                    passes = False
+                assert spec.supported_by(generator, options) == passes, (name, lacking, options)
+    assert not get_strategy("rebase").supported_by(Lacking(caps.LOCAL_CACHE, caps.STEP_CONTINUATION))
+    assert get_strategy("rebase").supported_by(Lacking(caps.LOCAL_CACHE))
+
+
 @pytest.mark.parametrize("name", SEARCHES)
 def test_a_search_is_refused_when_the_generator_has_neither_alternative(name):
     generator = Lacking(caps.LOCAL_CACHE, caps.STEP_CONTINUATION)

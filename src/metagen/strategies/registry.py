@@ -85,6 +85,12 @@ class StrategySpec:
                 raise
             raise ValueError(f"{error}: {self.why}") from None
 
+    def supported_by(self, generator, options: StrategyOptions | None = None) -> bool:
+        """Whether `generator` has what this strategy needs with `options` (`check` passes)."""
+        options = options or StrategyOptions()
+        return not caps.missing(self.required(options), generator) and (
+            not self.needs_any or any(not caps.missing(needs, generator) for needs in self.needs_any))
+
     def run(self, generator, prompt, n: int, params: SamplingParams, options: StrategyOptions, rng):
         """Check the generator's capabilities (before any request), then run the strategy."""
         self.check(generator, options)
