@@ -147,7 +147,8 @@ class OpenAIGenerator(Generator):
         if messages and messages[-1].get("role") == "assistant":
             if profile.engine.name not in ("vllm", "sglang"):
                 raise ValueError(f"messages end with an assistant message, which {profile.engine.name}'s "
-                                 "server cannot continue (no continue_final_message)")
+                                 "server cannot continue (no continue_final_message): pass tokenizer= with the "
+                                 "model's chat template to render it as text")
             body.update(continue_final_message=True, add_generation_prompt=False)
         if profile.logprobs:  # always: Completion.logprobs is filled as in local decoding
             if endpoint == "completions":
@@ -170,7 +171,17 @@ class OpenAIGenerator(Generator):
 
     def generate(self, prompt: Prompt, params: SamplingParams, *, generator: torch.Generator | None = None) -> GenerationResult:
         endpoint, fields = prompt_request(prompt, self.chat)
+        messages = fields.get("messages")
+        if messages and messages[-1].get("role") == "assistant" and not self._continues_final_message():
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True)
+            endpoint, fields = "completions", {"prompt": text}  # rendered here, continued as raw text
         return self._complete(endpoint, fields, params, generator)
+
+    def _continues_final_message(self) -> bool:
+        """The server continues a final assistant message itself (vLLM, SGLang); else one is
+        rendered with the tokenizer's chat template when one is given (else `_body` refuses)."""
+        has_template = self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None) is not None
+        return self.profile.engine.name in ("vllm", "sglang") or not has_template
 
     def continue_prefix(self, prefix: str | list[int], params: SamplingParams, *,
                         generator: torch.Generator | None = None) -> GenerationResult:
