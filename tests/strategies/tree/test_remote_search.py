@@ -238,3 +238,22 @@ def test_the_judge_value_asks_the_same_remote_generator(one_thread):
                                            torch.Generator().manual_seed(0))
     assert server.judged and server.prefixes  # steps continued, and judged, by the one generator
     assert all(c.score == pytest.approx(0.8) for c in result.candidates)
+
+
+def test_llama_style_answers_are_read_from_the_sampled_tokens():
+    """No stop_reason: the tokens' text past the cut text tells the delimiter (kept with the rest
+    of its token, as the local expander keeps whole tokens) from EOS (nothing past the text)."""
+    from metagen.remote.responses import RemoteCompletion
+
+    expander = RemoteStepExpander(ToyServer(TEXT_ONLY, report_stops=False), "a", PARAMS, StepConfig("\n", 8))
+
+    def answer(text, tokens):
+        completion = RemoteCompletion(text=text, token_ids=None, tokens=tokens)
+        completion.finish_reason, completion.logprobs = "stop", [-1.0] * len(tokens)
+        return expander._child(expander.root, completion, 0)
+
+    step = answer("x=2.", ["x", "=2", ".\n\n"])
+    assert step.text == "x=2.\n\n" and not step.finished and step.logprobs == [-1.0] * 3
+    assert answer("x=2.", ["x", "=2", "."]).finish_reason == "stop"  # EOS: nothing past the text
+    with pytest.raises(RuntimeError, match="none of the stop strings"):
+        answer("x", ["x", "!"])

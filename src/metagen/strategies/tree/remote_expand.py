@@ -9,7 +9,8 @@ generator returns them). Expanding a parent into k children is one `continue_pre
     params = n = k (the generator fans out when the server ignores n),
              stop = [delimiter] + params.stop, max_tokens = min(max_step_tokens, tokens left)
     child  = the step's text with the delimiter put back (servers cut stop strings from the
-             text, so paths stay exact), Σ log p of its tokens, finished or not, then valued
+             text; where the tokens' text is known, the whole last token, as locally), Σ log p
+             of its tokens, finished or not, then valued
 
 Which stop ended a completion: its `stop_reason` (vLLM, SGLang, a local generator), else the
 sampled tokens' text: llama.cpp's logprobs list the token holding the stop string although the
@@ -51,6 +52,15 @@ def stateful_fields(params: SamplingParams) -> list[str]:
     return found + (["mirostat_tau"] if params.mirostat_tau is not None else [])
 
 
+def past_text(completion) -> str | None:
+    """The sampled tokens' text beyond the returned text (the stop string the server cut, with
+    the rest of its token), or None when the tokens' text is not known."""
+    tokens = getattr(completion, "tokens", None)
+    if tokens is None or any(token.startswith(TOKEN_ID_FORM) for token in tokens):
+        return None
+    return "".join(tokens)[len(completion.text):]
+
+
 def ending(completion, stops: list[str]) -> str | None:
     """The stop string that ended a completion with finish_reason "stop", or None for EOS / a
     stop token; RuntimeError when the completion does not tell (see the module docstring)."""
@@ -58,12 +68,11 @@ def ending(completion, stops: list[str]) -> str | None:
         return completion.stop_reason
     if isinstance(completion.stop_reason, int):
         return None
-    tokens = getattr(completion, "tokens", None)
-    if tokens is None or any(token.startswith(TOKEN_ID_FORM) for token in tokens):
+    beyond = past_text(completion)
+    if beyond is None:
         raise RuntimeError("the server ended a step with finish_reason 'stop' but reports neither which stop "
                            "string matched (stop_reason) nor the sampled tokens' text (logprobs): EOS and the "
                            "step delimiter cannot be told apart")
-    beyond = "".join(tokens)[len(completion.text):]
     if not beyond:
         return None
     for stop in stops:
@@ -183,7 +192,8 @@ class RemoteStepExpander:
         if completion.finish_reason == "stop":
             stop = ending(completion, self.stops)
             if stop is not None and stop == self.step.delimiter and stop not in self.params.stop:
-                text += stop  # the step ends here; the solution goes on
+                beyond = past_text(completion)  # the whole last token, as the local expander keeps it
+                text += beyond if beyond and beyond.startswith(stop) else stop
             else:
                 reason = "stop"
         if reason is None and used + count >= self.params.max_tokens:
