@@ -155,8 +155,9 @@ def test_a_file_that_is_not_an_exit_adapter_is_named(model, capsys, tmp_path, co
 
 
 def test_a_search_with_speculative_decoding_is_refused_naming_the_capability(capsys, monkeypatch):
-    """The capability check inside the registry reaches the command line: a tree search needs
-    the local cache, which a speculative generator does not hand out; nothing is decoded."""
+    """The capability check inside the registry reaches the command line: tokenwise CD needs
+    the local cache, which a speculative generator does not hand out; nothing is decoded. (Tree
+    searches run on it through step continuation.)"""
     from tests.decoding.toy_model import ToyModel
 
     class Untouchable(ToyModel):
@@ -164,7 +165,7 @@ def test_a_search_with_speculative_decoding_is_refused_naming_the_capability(cap
             raise AssertionError("a refused search ran the model")
 
     monkeypatch.setattr(common, "load_model", lambda args: Untouchable())
-    assert main(["generate", QUESTION, "--strategy", "rebase", "--value", "steps", "--speculative", "ngram"]) == 2
+    assert main(["generate", QUESTION, "--strategy", "tokenwise_cd", "--value", "steps", "--speculative", "ngram"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("metagen: error: ") and err.count("\n") == 1
-    assert "strategy 'rebase' needs local_cache, which SpeculativeGenerator does not provide" in err
+    assert "strategy 'tokenwise_cd' needs local_cache, which SpeculativeGenerator does not provide" in err

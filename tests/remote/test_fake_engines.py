@@ -171,6 +171,29 @@ def test_chat_prompts_go_to_chat_completions_and_parse():
         assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
 
 
+def test_llama_cpp_continues_an_assistant_message_rendered_with_the_tokenizer():
+    """llama.cpp's server has no continue_final_message: with a tokenizer the conversation is
+    rendered with its chat template and continued as raw text on /v1/completions."""
+
+    class Templated:
+        chat_template = "{{ messages }}"
+
+        def apply_chat_template(self, messages, add_generation_prompt=True, continue_final_message=False):
+            assert continue_final_message and not add_generation_prompt
+            return "".join(f"<{m['role']}>{m['content']}" for m in messages)
+
+        def encode(self, text, add_special_tokens=True):
+            return [1] * len(text.split())
+
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure,"}]
+    with FakeServer("llama.cpp") as server:
+        make(server, tokenizer=Templated(), chat=True).generate(messages, SamplingParams(max_tokens=2))
+        path, body, _ = server.requests[-1]
+        assert path == "/v1/completions" and body["prompt"] == "<user>Hi<assistant>Sure,"
+        with pytest.raises(ValueError, match="pass tokenizer= with the model's chat template"):
+            make(server).generate(messages, SamplingParams(max_tokens=2))
+
+
 def test_flops_come_from_a_declared_parameter_count():
     with FakeServer("vllm", cached_tokens=1) as server:
         result = make(server, parameter_count=1e6).generate("Hi", SamplingParams(max_tokens=4))

@@ -26,7 +26,8 @@ def test_probe_finds_what_llama_cpp_honours(gen):
     assert not profile.native_n  # it answers n=2 with one choice
     assert profile.logprobs and profile.top_logprobs and profile.prompt_scoring
     assert not profile.token_prompts and not profile.returns_token_ids
-    assert gen.capabilities == {caps.LOGPROBS, caps.PROMPT_SCORING}
+    # it cuts stop strings from the text but lists their token in logprobs: stops can be told apart
+    assert gen.capabilities == {caps.LOGPROBS, caps.PROMPT_SCORING, caps.STEP_CONTINUATION}
 
 
 def test_greedy_generation_is_plain_text_with_its_cost(gen):

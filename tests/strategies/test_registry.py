@@ -21,9 +21,12 @@ EXPECTED_NEEDS = {
     "chain_of_thought": {caps.STEP_CONTINUATION},
     "self_ask": {caps.STEP_CONTINUATION},
     "calculator": {caps.STEP_CONTINUATION},
-    **{name: {caps.LOCAL_CACHE} for name, spec in STRATEGIES.items() if spec.uses_value},
+    "tokenwise_cd": {caps.LOCAL_CACHE},  # values the top-k next tokens at every position
 }
-SEQUENCE_LEVEL = [name for name in STRATEGIES if name not in EXPECTED_NEEDS]
+SEARCHES = [name for name, spec in STRATEGIES.items() if spec.uses_value and name != "tokenwise_cd"]
+# tree searches run on a local cache, or on a server continuing prefixes to the step delimiter
+EXPECTED_ALTERNATIVES = {name: ({caps.LOCAL_CACHE}, {caps.STEP_CONTINUATION}) for name in SEARCHES}
+SEQUENCE_LEVEL = [name for name in STRATEGIES if name not in EXPECTED_NEEDS and name not in EXPECTED_ALTERNATIVES]
 
 
 def _options(name, head=False):
@@ -45,6 +48,8 @@ class MustNotGenerate(Generator):
 def test_each_strategy_declares_what_it_reads():
     assert {name: set(spec.required(_options(name))) for name, spec in STRATEGIES.items()
             if spec.required(_options(name))} == EXPECTED_NEEDS
+    assert {name: tuple(map(set, spec.needs_any)) for name, spec in STRATEGIES.items()
+            if spec.needs_any} == EXPECTED_ALTERNATIVES
     assert set(SEQUENCE_LEVEL) >= {"greedy", "self_consistency", "mbr_chrf", "mbr_bleu", "mbr_edit",
                                    "mbr_embedding", "self_refine"}
 
@@ -52,8 +57,45 @@ def test_each_strategy_declares_what_it_reads():
 @pytest.mark.parametrize("name", [name for name, spec in STRATEGIES.items() if spec.uses_value])
 def test_a_value_head_adds_hidden_states_and_steps_or_judge_do_not(name):
     spec = get_strategy(name)
-    assert spec.required(HEAD) == {caps.LOCAL_CACHE, caps.HIDDEN_STATES}
-    assert spec.required(STEPS) == spec.required(StrategyOptions(value="judge")) == {caps.LOCAL_CACHE}
+    base = EXPECTED_NEEDS.get(name, set())
+    assert spec.required(HEAD) == base | {caps.HIDDEN_STATES}
+    assert spec.required(STEPS) == spec.required(StrategyOptions(value="judge")) == base
+
+
+class Lacking(Generator):
+    """Declares every capability but `lacking`; fails the test if asked to generate."""
+
+    def __init__(self, *lacking):
+        self.capabilities = caps.ALL - set(lacking)
+
+    def generate(self, prompt, params, *, generator=None):
+        raise AssertionError("a strategy the generator cannot run sent a request")
+
+
+def test_supported_by_agrees_with_check():
+    for name, spec in STRATEGIES.items():
+        for lacking in [(), (caps.LOCAL_CACHE,), (caps.LOCAL_CACHE, caps.STEP_CONTINUATION), (caps.HIDDEN_STATES,)]:
+            generator = Lacking(*lacking)
+            for options in (STEPS, HEAD):
+                try:
+                    spec.check(generator, options)
+                    passes = True
+                except ValueError:
+                    passes = False
+                assert spec.supported_by(generator, options) == passes, (name, lacking, options)
+    assert not get_strategy("rebase").supported_by(Lacking(caps.LOCAL_CACHE, caps.STEP_CONTINUATION))
+    assert get_strategy("rebase").supported_by(Lacking(caps.LOCAL_CACHE))
+
+
+@pytest.mark.parametrize("name", SEARCHES)
+def test_a_search_is_refused_when_the_generator_has_neither_alternative(name):
+    generator = Lacking(caps.LOCAL_CACHE, caps.STEP_CONTINUATION)
+    pattern = (f"strategy '{name}' needs local_cache, which Lacking does not provide, or else step_continuation, "
+               "which it does not provide either")
+    with pytest.raises(ValueError, match=pattern) as error:
+        get_strategy(name).run(generator, "q", 1, SamplingParams(max_tokens=4), STEPS, None)
+    assert caps.PROVIDERS[caps.LOCAL_CACHE] in str(error.value)
+    assert caps.PROVIDERS[caps.STEP_CONTINUATION] in str(error.value)
 
 
 CASES = [(name, need) for name in STRATEGIES for need in sorted(get_strategy(name).required(_options(name, True)))]
@@ -73,7 +115,7 @@ def test_a_missing_capability_is_refused_before_any_request(name, need):
 
 
 def test_every_registry_strategy_has_a_refusal_case():
-    assert {name for name, _ in CASES} == set(EXPECTED_NEEDS)
+    assert {name for name, _ in CASES} == set(EXPECTED_NEEDS) | set(EXPECTED_ALTERNATIVES)
 
 
 class TextOnly(Generator):

@@ -22,8 +22,9 @@ FULL_DISTRIBUTIONS = "full_distributions"  # every next-token distribution (Comp
 PROMPT_SCORING = "prompt_scoring"  # log-probabilities of given text (echo)
 HIDDEN_STATES = "hidden_states"  # final hidden states (value heads)
 LOCAL_CACHE = "local_cache"  # a local LanguageModel whose KV cache rows can be snapshotted
-STEP_CONTINUATION = "step_continuation"  # continue a prefix (token ids, or a final assistant message)
-# until a stop string, reporting the stop that ended it (Completion.stop_reason)
+STEP_CONTINUATION = "step_continuation"  # continue a prefix (token ids, raw text via
+# `Generator.continue_prefix`, or a final assistant message) until a stop string, telling which
+# stop ended it (Completion.stop_reason, or the sampled tokens' text)
 STRUCTURED_OUTPUT = "structured_output"  # constrain outputs to a schema / grammar
 
 # What provides each capability, for error messages.
@@ -37,7 +38,8 @@ PROVIDERS = {
     PROMPT_SCORING: "a local model, or a server that echoes prompt logprobs",
     HIDDEN_STATES: "a local model",
     LOCAL_CACHE: "a local model (LocalGenerator)",
-    STEP_CONTINUATION: "a local model, or a server that accepts token-id prompts and stop strings",
+    STEP_CONTINUATION: "a local model, or a server with /v1/completions and stop strings that tells which stop "
+                       "ended a completion (vLLM, SGLang; llama.cpp and OpenAI through returned logprobs)",
     STRUCTURED_OUTPUT: "a backend with constrained decoding",
 }
 ALL = frozenset(PROVIDERS)
@@ -63,3 +65,19 @@ def require(needs, generator, what: str) -> None:
         providers = "; ".join(f"{need}: {PROVIDERS[need]}" for need in lacking)
         raise ValueError(f"{what} needs {', '.join(lacking)}, which {type(generator).__name__} does not provide "
                          f"(what provides it — {providers})")
+
+
+def require_any(alternatives, generator, what: str) -> None:
+    """Like `require`, for a strategy that runs with any one of several capability sets (e.g. a
+    local cache, or continuation by a server): nothing when `generator` has one of them in
+    full, else ValueError naming what each alternative lacks and what would provide it."""
+    lacking = [missing(alternative, generator) for alternative in alternatives]
+    if not lacking or any(not names for names in lacking):
+        return
+    name = type(generator).__name__
+    first, *others = [", ".join(names) for names in lacking]
+    message = f"{what} needs {first}, which {name} does not provide"
+    for other in others:
+        message += f", or else {other}, which it does not provide either"
+    providers = "; ".join(f"{need}: {PROVIDERS[need]}" for need in dict.fromkeys(n for names in lacking for n in names))
+    raise ValueError(f"{message} (what provides it — {providers})")

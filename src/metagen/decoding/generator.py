@@ -14,6 +14,9 @@ The contract beyond `generate` is explicit, never guessed from attributes:
                  strategies that read only text, and `StrategySpec.check` refuses the others.
   local_model()  the `LocalModel` (model + chat setting) of a generator with LOCAL_CACHE, for
                  searches that decode their own steps; any other generator raises ValueError.
+  continue_prefix(prefix, params)
+                 completions continuing a raw prefix (text or token ids) with no chat template
+                 applied, for step searches over a generator with STEP_CONTINUATION.
   source_model() the local model whose weights produce the outputs, or None (for fingerprints).
   max_context / count_tokens(prompt)
                  the context length and a prompt's length in tokens, or None when the backend
@@ -81,6 +84,16 @@ class Generator(ABC):
         raise NotImplementedError(f"{type(self).__name__} declares {caps.LOCAL_CACHE} but does not override "
                                   "local_model()")
 
+    def continue_prefix(self, prefix: str | list[int], params: SamplingParams, *,
+                        generator: torch.Generator | None = None) -> GenerationResult:
+        """Completions that continue `prefix` exactly as given (raw text or token ids; no chat
+        template is applied, so a prefix may end mid-answer), stopping at `params.stop`; each
+        tells which stop ended it (`stop_reason`, or the sampled tokens' text). Generators with
+        STEP_CONTINUATION that serve step searches override it."""
+        caps.require({caps.STEP_CONTINUATION}, self, "continue_prefix()")
+        raise NotImplementedError(f"{type(self).__name__} declares {caps.STEP_CONTINUATION} but does not override "
+                                  "continue_prefix()")
+
     def source_model(self):
         """The local `LanguageModel` whose weights produce the outputs (its identity goes into
         evaluation fingerprints), or None for a backend without one."""
@@ -120,6 +133,13 @@ class LocalGenerator(Generator):
     def local_model(self) -> LocalModel:
         caps.require({caps.LOCAL_CACHE}, self, "local_model()")  # a subclass may withhold it
         return LocalModel(self.model, self.chat)
+
+    def continue_prefix(self, prefix: str | list[int], params: SamplingParams, *,
+                        generator: torch.Generator | None = None) -> GenerationResult:
+        """`generate` on the prefix's token ids (text: its plain encoding, no chat template), so
+        a subclass's own decoding (speculative decoding) continues prefixes too."""
+        ids = list(prefix) if not isinstance(prefix, str) else self.model.tokenizer.encode(prefix, add_special_tokens=True)
+        return self.generate(ids, params, generator=generator)
 
     def source_model(self):
         return self.model

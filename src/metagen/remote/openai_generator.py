@@ -170,7 +170,8 @@ class OpenAIGenerator(Generator):
         if messages and messages[-1].get("role") == "assistant":
             if profile.engine.name not in ("vllm", "sglang"):
                 raise ValueError(f"messages end with an assistant message, which {profile.engine.name}'s "
-                                 "server cannot continue (no continue_final_message)")
+                                 "server cannot continue (no continue_final_message): pass tokenizer= with the "
+                                 "model's chat template to render it as text")
             body.update(continue_final_message=True, add_generation_prompt=False)
         if profile.logprobs:  # always: Completion.logprobs is filled as in local decoding
             if endpoint == "completions":
@@ -192,8 +193,31 @@ class OpenAIGenerator(Generator):
         return [({**body, "n": 1, "seed": derived_seed(base, index)}, 1) for index in range(params.n)]
 
     def generate(self, prompt: Prompt, params: SamplingParams, *, generator: torch.Generator | None = None) -> GenerationResult:
-        start = time.perf_counter()
         endpoint, fields = prompt_request(prompt, self.chat)
+        messages = fields.get("messages")
+        if messages and messages[-1].get("role") == "assistant" and not self._continues_final_message():
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True)
+            endpoint, fields = "completions", {"prompt": text}  # rendered here, continued as raw text
+        return self._complete(endpoint, fields, params, generator)
+
+    def _continues_final_message(self) -> bool:
+        """The server continues a final assistant message itself (vLLM, SGLang); else one is
+        rendered with the tokenizer's chat template when one is given (else `_body` refuses)."""
+        has_template = self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None) is not None
+        return self.profile.engine.name in ("vllm", "sglang") or not has_template
+
+    def continue_prefix(self, prefix: str | list[int], params: SamplingParams, *,
+                        generator: torch.Generator | None = None) -> GenerationResult:
+        """Completions of `prefix` sent as it is to /v1/completions (raw text, never through the
+        chat template; or token ids where the server takes them), for step searches."""
+        if isinstance(prefix, str) and not prefix:
+            raise ValueError("prefix is empty: give at least one character or token")
+        _, fields = prompt_request(prefix if isinstance(prefix, str) else list(prefix), chat=False)
+        return self._complete("completions", fields, params, generator)
+
+    def _complete(self, endpoint: str, fields: dict, params: SamplingParams,
+                  generator: torch.Generator | None) -> GenerationResult:
+        start = time.perf_counter()
         body = self._body(endpoint, fields, params)
         chat = endpoint == "chat/completions"
         completions: list[RemoteCompletion] = []

@@ -35,6 +35,14 @@ class ServerProfile:
     returns_token_ids: bool
     token_prompts: bool
     prompt_scoring: bool
+    completions: bool = True  # /v1/completions answers (a chat-only model does not)
+
+    @property
+    def tells_stops(self) -> bool:
+        """A completion tells which stop ended it: the engine reports the matched stop string
+        (vLLM `stop_reason`, SGLang `matched_stop`), or logprobs list the sampled tokens, whose
+        text runs past the cut text into the stop string (llama.cpp, OpenAI)."""
+        return self.engine.name in ("vllm", "sglang") or self.logprobs
 
     def capabilities(self, has_tokenizer: bool) -> frozenset[str]:
         names = set()
@@ -48,6 +56,8 @@ class ServerProfile:
             names.add(caps.TOKEN_PROMPTS)
         if self.prompt_scoring:
             names.add(caps.PROMPT_SCORING)
+        if self.completions and self.tells_stops:
+            names.add(caps.STEP_CONTINUATION)
         return frozenset(names)
 
 
@@ -108,4 +118,5 @@ def probe(transport: Transport, model: str | None = None, engine: str = "auto") 
         returns_token_ids=returns_ids,
         token_prompts=as_ids is not None and bool(as_ids.get("choices")),
         prompt_scoring=len(scored_tokens.get("tokens") or []) > 1,
+        completions=bool(choices),
     )

@@ -41,9 +41,12 @@ class Values:
 
 
 class PrefixValue(ABC):
-    """V(x, y) of partial sequences, in a batch. `needs_hidden`: pass the final hidden states."""
+    """V(x, y) of partial sequences, in a batch. `needs_hidden`: pass the final hidden states.
+    `reads_text`: the value is a function of the continuations' text (`text_values`), so it
+    also runs where token ids are unknown (searches over a remote engine)."""
 
     needs_hidden: bool = False
+    reads_text: bool = False
 
     def check_model(self, model) -> None:
         """Raise ValueError when the value cannot read `model`'s states (default: any model)."""
@@ -52,6 +55,10 @@ class PrefixValue(ABC):
     def values(self, prompt_ids: Sequence[int], continuations: Sequence[Sequence[int]],
                hidden: torch.Tensor | None = None) -> Values:
         """Values of prompt + each continuation; hidden: (B, H) at each sequence's last token."""
+
+    def text_values(self, texts: Sequence[str]) -> Values:
+        """Values of the prompt + each continuation's text (values with `reads_text` only)."""
+        raise NotImplementedError(f"{type(self).__name__} reads token ids, not text")
 
 
 class HeadValue(PrefixValue):
@@ -126,8 +133,11 @@ def split_steps(text: str, delimiter: str) -> list[str]:
 class StepRewardValue(PrefixValue):
     """A `ProcessRewardModel` as a prefix value: decode, split into steps, aggregate.
 
-    tokenizer: decodes continuations; prompt: the question text the PRM sees.
+    tokenizer: decodes continuations (None: text only, `text_values`); prompt: the question
+    text the PRM sees.
     """
+
+    reads_text = True
 
     def __init__(self, prm: ProcessRewardModel, tokenizer, prompt: str, delimiter: str = "\n",
                  how: str = "last") -> None:
@@ -137,9 +147,13 @@ class StepRewardValue(PrefixValue):
         self.delimiter, self.how = delimiter, how
 
     def values(self, prompt_ids, continuations, hidden=None) -> Values:
+        if self.tokenizer is None:
+            raise ValueError("StepRewardValue has no tokenizer to decode token ids: call text_values")
+        return self.text_values([self.tokenizer.decode(list(c), skip_special_tokens=True) for c in continuations])
+
+    def text_values(self, texts: Sequence[str]) -> Values:
         out, cost = [], Cost()
-        for continuation in continuations:
-            text = self.tokenizer.decode(list(continuation), skip_special_tokens=True)
+        for text in texts:
             steps = split_steps(text, self.delimiter) or [text]  # a blank solution is judged as one step
             scored = self.prm.score_steps(self.prompt, steps)
             out.append(aggregate(scored.values, self.how))

@@ -8,8 +8,9 @@ Each entry runs one strategy with n samples (or n rounds) on a `Generator`:
 pooled: the strategy picks or builds its output from n i.i.d. samples of the prompt drawn in
 one `generate` call, so the harness can evaluate it at every n by subsampling one stored pool.
 budget: what n means for the strategy ("samples", "rounds", or "none" when it takes n = 1 only).
-needs: the generator capabilities it reads (`metagen.decoding.capabilities`); `spec.run` checks
-them first (`spec.check`), so a backend that cannot run a strategy is refused before any
+needs: the generator capabilities it reads (`metagen.decoding.capabilities`); needs_any: sets of
+which the generator must have one in full (tree searches run on a local cache or on a server's
+step continuations); `spec.run` checks them first (`spec.check`), so a backend that cannot run a strategy is refused before any
 request is sent, with a message naming the strategy, the capability and what provides it.
 """
 
@@ -62,6 +63,8 @@ class StrategySpec:
     uses_value: bool = False  # reads StrategyOptions.value / step_delimiter
     samples: bool = True  # draws at the given temperature (False: greedy, sampling options have no effect)
     needs: frozenset[str] = frozenset()  # generator capabilities it reads, whatever the options
+    needs_any: tuple[frozenset[str], ...] = ()  # and one of these in full (empty: no alternatives)
+    why: str = ""  # why it needs them, added to a refusal
 
     def required(self, options: StrategyOptions) -> frozenset[str]:
         """The capabilities this strategy needs with `options`: `needs`, plus HIDDEN_STATES
@@ -73,7 +76,20 @@ class StrategySpec:
     def check(self, generator, options: StrategyOptions) -> None:
         """ValueError naming this strategy, each capability it needs with `options` that
         `generator` lacks, and what would provide it."""
-        caps.require(self.required(options), generator, f"strategy {self.name!r}")
+        what = f"strategy {self.name!r}"
+        try:
+            caps.require(self.required(options), generator, what)
+            caps.require_any(self.needs_any, generator, what)
+        except ValueError as error:
+            if not self.why:
+                raise
+            raise ValueError(f"{error}: {self.why}") from None
+
+    def supported_by(self, generator, options: StrategyOptions | None = None) -> bool:
+        """Whether `generator` has what this strategy needs with `options` (`check` passes)."""
+        options = options or StrategyOptions()
+        return not caps.missing(self.required(options), generator) and (
+            not self.needs_any or any(not caps.missing(needs, generator) for needs in self.needs_any))
 
     def run(self, generator, prompt, n: int, params: SamplingParams, options: StrategyOptions, rng):
         """Check the generator's capabilities (before any request), then run the strategy."""
@@ -181,7 +197,10 @@ CERTAINTY = frozenset({caps.FULL_DISTRIBUTIONS})  # self-certainty reads every n
 # chains continue a final assistant message (a prefill, or text around a tool call) until a stop
 # string, and read which stop string ended it
 CONTINUATION = frozenset({caps.STEP_CONTINUATION})
-SEARCH = frozenset({caps.LOCAL_CACHE})  # searches fork and extend the model's cache step by step
+# searches extend partial solutions step by step: from the model's cache, or by a server
+# continuing the prefix to the step delimiter
+SEARCH = (frozenset({caps.LOCAL_CACHE}), frozenset({caps.STEP_CONTINUATION}))
+TOKENWISE_WHY = "it values the top-k next tokens at every position, which needs a local model"
 
 STRATEGIES: dict[str, StrategySpec] = {
     spec.name: spec
@@ -209,23 +228,24 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec("calculator", "inline <<calculator>> calls while solving", _chain("calculator_chain"),
                      pooled=False, budget="none", needs=CONTINUATION),
         StrategySpec("best_of_n_value", "best of n samples by the value (--value)", _tree("best_of_n_value"),
-                     pooled=False, uses_value=True, needs=SEARCH),
+                     pooled=False, uses_value=True, needs_any=SEARCH),
         StrategySpec("step_beam", "step-level beam search: n children per depth, n/4 kept (--value)",
-                     _tree("step_beam"), pooled=False, uses_value=True, needs=SEARCH),
+                     _tree("step_beam"), pooled=False, uses_value=True, needs_any=SEARCH),
         StrategySpec("dvts", "diverse verifier tree search: n/4 subtrees, 4 children each (--value)",
-                     _tree("dvts"), pooled=False, uses_value=True, needs=SEARCH),
+                     _tree("dvts"), pooled=False, uses_value=True, needs_any=SEARCH),
         StrategySpec("rebase", "REBASE: width n shared by softmax of values (--value)", _tree("rebase"),
-                     pooled=False, uses_value=True, needs=SEARCH),
+                     pooled=False, uses_value=True, needs_any=SEARCH),
         StrategySpec("mcts", "MCTS: n iterations of 4 children, value leaf evaluation (--value)", _tree("mcts"),
-                     pooled=False, uses_value=True, needs=SEARCH),
+                     pooled=False, uses_value=True, needs_any=SEARCH),
         StrategySpec("astar", "A*-decoding: n expansions of 4 children (--value)", _tree("astar"),
-                     pooled=False, uses_value=True, needs=SEARCH),
+                     pooled=False, uses_value=True, needs_any=SEARCH),
         StrategySpec("particle_filter", "particle filtering with n particles (--value)", _tree("particle_filter"),
-                     pooled=False, uses_value=True, needs=SEARCH),
+                     pooled=False, uses_value=True, needs_any=SEARCH),
         StrategySpec("blockwise_cd", "blockwise controlled decoding: best of n blocks of 16 tokens (--value)",
-                     _tree("blockwise_cd"), pooled=False, uses_value=True, needs=SEARCH),
+                     _tree("blockwise_cd"), pooled=False, uses_value=True, needs_any=SEARCH),
         StrategySpec("tokenwise_cd", "tokenwise controlled decoding over the top n tokens, strength 4 (--value)",
-                     _tree("tokenwise_cd"), pooled=False, uses_value=True, needs=SEARCH),
+                     _tree("tokenwise_cd"), pooled=False, uses_value=True,
+                     needs=frozenset({caps.LOCAL_CACHE}), why=TOKENWISE_WHY),
     )
 }
 

@@ -22,7 +22,8 @@ import torch
 
 from metagen.decoding.prompts import Prompt
 from metagen.strategies.result import StrategyResult
-from metagen.strategies.tree.expand import Node, StepExpander
+from metagen.strategies.tree.expand import Node
+from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 
 EPSILON = 1e-6
@@ -58,7 +59,10 @@ def astar(model, prompt: Prompt, value, config: AStarConfig | None = None, *,
     if value is None:
         raise ValueError("A*-decoding needs a value as its heuristic: pass a PrefixValue")
     config = config or AStarConfig()
-    expander = StepExpander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
+    expander = open_expander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
+    if config.logprob_weight > 0 and not expander.has_logprobs:
+        raise ValueError(f"logprob_weight={config.logprob_weight}: A*'s cost g reads −log p(path), and the backend "
+                         "returns no logprobs (logprobs); use logprob_weight=0 or a backend that returns them")
     order = itertools.count()  # ties pop in insertion order
     queue = [(priority(expander.root, config), next(order), expander.root)]
     accepted: list[Node] = []

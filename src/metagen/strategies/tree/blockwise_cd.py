@@ -19,7 +19,8 @@ import torch
 
 from metagen.decoding.prompts import Prompt
 from metagen.strategies.result import StrategyResult
-from metagen.strategies.tree.expand import StepConfig, StepExpander
+from metagen.strategies.tree.expand import StepConfig
+from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 
 
@@ -48,7 +49,7 @@ def blockwise_cd(model, prompt: Prompt, value, config: BlockwiseCDConfig | None 
     if value is None:
         raise ValueError("blockwise controlled decoding ranks blocks by a value: pass a PrefixValue")
     config = config or BlockwiseCDConfig()
-    expander = StepExpander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
+    expander = open_expander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
     node = expander.root
     for _ in range(config.max_blocks):
         children = expander.expand([node], [config.blocks])[0]

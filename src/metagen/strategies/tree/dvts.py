@@ -15,7 +15,7 @@ import torch
 
 from metagen.decoding.prompts import Prompt
 from metagen.strategies.result import StrategyResult
-from metagen.strategies.tree.expand import StepExpander
+from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 
 
@@ -36,7 +36,7 @@ class DVTSConfig(TreeConfig):
 def dvts(model, prompt: Prompt, value, config: DVTSConfig | None = None, *,
          chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
     config = config or DVTSConfig()
-    expander = StepExpander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
+    expander = open_expander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
     first = expander.expand([expander.root], [config.subtrees])[0]
     leaves = [node for node in first if node.finished]
     frontier = [node for node in first if not node.finished]  # one current node per subtree

@@ -45,12 +45,13 @@ class StepConfig:
 
 @dataclass(eq=False)
 class Node:
-    """A partial solution. token_ids: this step's tokens; finish_reason: None while the solution
+    """A partial solution. token_ids: this step's tokens (None: unknown, a remote engine that
+    returns no ids); finish_reason: None while the solution
     can go on, else "stop" (EOS, stop token or stop string) or "length"; value: V of the path;
     logprob: Σ log p(token) of this step under the unmodified model."""
 
     parent: Node | None = field(repr=False)
-    token_ids: list[int]
+    token_ids: list[int] | None
     depth: int
     length: int  # cached tokens: prompt + path
     snapshot: object = field(default=None, repr=False)
@@ -74,8 +75,12 @@ class Node:
             node = node.parent
         return nodes[::-1]
 
-    def path_ids(self) -> list[int]:
-        return [token for node in self.path() for token in node.token_ids]
+    def path_ids(self) -> list[int] | None:
+        """The path's token ids, None when a step's ids are unknown."""
+        path = self.path()
+        if any(node.token_ids is None for node in path):
+            return None
+        return [token for node in path for token in node.token_ids]
 
     def path_logprobs(self) -> list[float]:
         return [lp for node in self.path() for lp in node.logprobs]
@@ -88,6 +93,8 @@ class StepExpander:
     (or None) applied to every new node; params: stateless sampling (temperature, top-k/p,
     min-p, typical, epsilon, eta, logit bias; stop strings and stop tokens honoured).
     """
+
+    has_logprobs = True  # every node carries log p of its tokens
 
     def __init__(self, model, prompt: Prompt, params: SamplingParams, step: StepConfig,
                  value=None, *, chat: bool | None = None, generator: torch.Generator | None = None) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import extract_answer
 from metagen.strategies.result import Candidate, StrategyResult
-from metagen.strategies.tree.expand import Node, StepConfig, StepExpander
+from metagen.strategies.tree.expand import Node, StepConfig
 from metagen.strategies.voting import tally, winner
 
 AGGREGATIONS = ("best", "majority", "weighted")
@@ -48,7 +48,7 @@ def candidate_of(node: Node, config: TreeConfig) -> Candidate:
                      score=node.value, answer=extract_answer(node.text, config.pattern))
 
 
-def finish_search(expander: StepExpander, leaves: list[Node], config: TreeConfig,
+def finish_search(expander, leaves: list[Node], config: TreeConfig,
                   unfinished: list[Node] = ()) -> StrategyResult:
     """StrategyResult over the finished `leaves` (or, when none finished within the budget, the
     `unfinished` frontier, marked finish_reason "length"), aggregated as configured."""

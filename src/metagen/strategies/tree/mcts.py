@@ -21,7 +21,8 @@ import torch
 
 from metagen.decoding.prompts import Prompt
 from metagen.strategies.result import StrategyResult
-from metagen.strategies.tree.expand import Node, StepExpander
+from metagen.strategies.tree.expand import Node
+from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 
 
@@ -47,7 +48,7 @@ def mcts(model, prompt: Prompt, value, config: MCTSConfig | None = None, *,
     if value is None:
         raise ValueError("MCTS evaluates leaves with a value: pass a PrefixValue")
     config = config or MCTSConfig()
-    expander = StepExpander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
+    expander = open_expander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
     visits: dict[int, int] = {id(expander.root): 1}
     totals: dict[int, float] = {id(expander.root): expander.root.value}
     solutions: list[Node] = []

@@ -22,7 +22,7 @@ import torch
 
 from metagen.decoding.prompts import Prompt
 from metagen.strategies.result import StrategyResult
-from metagen.strategies.tree.expand import StepExpander
+from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 
 
@@ -51,7 +51,7 @@ def particle_filter(model, prompt: Prompt, value, config: ParticleFilterConfig |
     if value is None:
         raise ValueError("particle filtering weights particles by a value: pass a PrefixValue")
     config = config or ParticleFilterConfig()
-    expander = StepExpander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
+    expander = open_expander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
     particles = expander.expand([expander.root], [config.particles])[0]
     for _ in range(config.max_steps - 1):
         if all(p.finished for p in particles):

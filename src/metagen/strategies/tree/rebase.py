@@ -19,7 +19,7 @@ import torch
 
 from metagen.decoding.prompts import Prompt
 from metagen.strategies.result import StrategyResult
-from metagen.strategies.tree.expand import StepExpander
+from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 
 
@@ -52,7 +52,7 @@ def rebase_allocation(rewards: Sequence[float], budget: int, temperature: float)
 def rebase(model, prompt: Prompt, value, config: RebaseConfig | None = None, *,
            chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
     config = config or RebaseConfig()
-    expander = StepExpander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
+    expander = open_expander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
     frontier, leaves = [expander.root], []
     counts = [config.width]  # the root takes the whole budget
     for _ in range(config.max_steps):

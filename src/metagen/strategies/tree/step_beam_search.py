@@ -18,7 +18,7 @@ import torch
 
 from metagen.decoding.prompts import Prompt
 from metagen.strategies.result import StrategyResult
-from metagen.strategies.tree.expand import StepExpander
+from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 
 
@@ -40,7 +40,7 @@ def step_beam_search(model, prompt: Prompt, value, config: StepBeamConfig | None
                      chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
     """Beam search over steps ranked by `value` (a PrefixValue); returns the aggregated leaves."""
     config = config or StepBeamConfig()
-    expander = StepExpander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
+    expander = open_expander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
     frontier, leaves = [expander.root], []
     for _ in range(config.max_steps):
         children = [c for group in expander.expand(frontier, [config.expansions] * len(frontier)) for c in group]
