@@ -15,7 +15,8 @@ The server runs with `--n_batch 1`: the llama-cpp-python build on this machine c
 evaluates several tokens per batch (see tests/remote/conftest.py), so its prefill is slower
 than llama.cpp's usual one; decode speed is unaffected.
 
-Run:  .venv/bin/python benchmarks/remote.py --problems 40 --markdown
+Run:  .venv/bin/python benchmarks/remote.py --problems 20 --markdown
+      .venv/bin/python benchmarks/remote.py --only-replicas --replicas 2 --replica-problems 8 --markdown
 """
 
 from __future__ import annotations
@@ -108,6 +109,26 @@ def client_overhead(url: str, requests: int) -> dict:
     return {"requests": requests, "client_cpu_ms": 1000 * cpu / requests, "wall_ms": 1000 * wall / requests}
 
 
+def replicas(args, problems, work: Path, tokenizer) -> list[dict]:
+    """The same concurrent self-consistency run on one replica with all threads and on
+    `args.replicas` replicas sharing them: wall, throughput, requests per endpoint."""
+    from metagen.remote import connect
+
+    rows = []
+    for count in (1, args.replicas):
+        threads = max(1, args.threads // count)
+        with contextlib.ExitStack() as stack:
+            urls = [stack.enter_context(llama_server(threads, work / f"replica{count}-{i}.log")) for i in range(count)]
+            generator = stack.enter_context(contextlib.closing(connect(urls, chat=True, tokenizer=tokenizer)))
+            run = run_eval(generator, problems, args, work / f"replicas{count}", concurrency=args.concurrency)
+            served = generator.stats() if hasattr(generator, "stats") else {urls[0]: {"requests": "all"}}
+        tokens = run["sc8"].cost.generated_tokens * len(problems) + run["greedy"].cost.generated_tokens * len(problems)
+        rows.append({"replicas": count, "threads_each": threads, "wall": run["wall"],
+                     "tokens_per_second": tokens / run["wall"], "accuracy_sc8": run["sc8"].accuracy,
+                     "requests_per_endpoint": [v.get("requests") for v in served.values()]})
+    return rows
+
+
 def cost_row(name: str, point) -> list[str]:
     cost = point.cost
     return [name, f"{point.strategy}@{point.n}", f"{point.accuracy:.3f} ± {point.stderr:.3f}",
@@ -128,6 +149,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--overhead-requests", type=int, default=30)
     parser.add_argument("--replicas", type=int, default=0, help="also compare 1 vs this many server replicas")
+    parser.add_argument("--replica-problems", type=int, default=8, help="problems of the replica comparison")
+    parser.add_argument("--concurrency", type=int, default=4, help="problems in flight in the replica comparison")
+    parser.add_argument("--only-replicas", action="store_true", help="run only the replica comparison")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args()
@@ -136,8 +160,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="metagen-remote-bench-"))
     results: dict = {"problems": args.problems, "max_tokens": args.max_tokens}
 
-    print("local backend", file=sys.stderr)
     model = load()
+    if args.only_replicas:
+        return print_replicas(args, problems, work, model, results)
+    print("local backend", file=sys.stderr)
     local = run_eval(LocalGenerator(model), problems, args, work / "local")
     print("llama.cpp server", file=sys.stderr)
     with llama_server(args.threads, work / "server.log") as url:
@@ -157,6 +183,19 @@ def main() -> int:
           f"(per problem, costs above are means)")
     print(f"client overhead: {overhead['client_cpu_ms']:.2f} ms of client CPU per request vs "
           f"{overhead['wall_ms']:.1f} ms wall per one-token request ({overhead['requests']} requests)")
+    return print_replicas(args, problems, work, model, results)
+
+
+def print_replicas(args, problems, work: Path, model, results: dict) -> int:
+    if args.replicas > 1:
+        results["replicas"] = replicas(args, problems[: args.replica_problems], work, model.tokenizer)
+        table = [["replicas", "threads each", "wall s", "generated tok/s", "self-consistency@8", "requests per endpoint"]]
+        for row in results["replicas"]:
+            table.append([str(row["replicas"]), str(row["threads_each"]), f"{row['wall']:.1f}",
+                          f"{row['tokens_per_second']:.1f}", f"{row['accuracy_sc8']:.3f}",
+                          " / ".join(str(r) for r in row["requests_per_endpoint"])])
+        print()
+        print(markdown(table))
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=1, default=str))
     return 0
