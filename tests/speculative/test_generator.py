@@ -1,6 +1,7 @@
 """SpeculativeGenerator's contract: the completions of plain decoding (ids, logprobs, top
 logprobs, certainties, stop strings) with the drafter's FLOPs in its Cost, but no model handed
-out: searches, value heads and prompt scoring are refused before any request."""
+out: tokenwise CD, value heads and prompt scoring are refused before any request; step searches
+continue prefixes through it."""
 
 import pytest
 import torch
@@ -33,12 +34,27 @@ def test_its_completions_carry_certainties_and_top_logprobs():
     assert result.cost.flops is not None and result.cost.flops > 0
 
 
-@pytest.mark.parametrize("name", ["rebase", "tokenwise_cd", "best_of_n_value"])
-def test_searches_are_refused_before_decoding(name):
+def test_tokenwise_cd_is_refused_before_decoding_and_step_searches_continue_prefixes():
+    """Tokenwise CD scores every candidate token in the model's cache: refused. Step searches
+    need only prefix continuation, which a speculative generator decodes speculatively."""
+
     class Untouchable(ToyModel):
         def prefill(self, *args, **kwargs):
             raise AssertionError("a refused search ran the model")
 
     generator = SpeculativeGenerator(Untouchable(), NgramDrafter())
-    with pytest.raises(ValueError, match=f"strategy '{name}' needs local_cache, which SpeculativeGenerator"):
-        get_strategy(name).run(generator, "a", 4, SamplingParams(), StrategyOptions(value="steps"), None)
+    with pytest.raises(ValueError, match="strategy 'tokenwise_cd' needs local_cache, which SpeculativeGenerator"):
+        get_strategy("tokenwise_cd").run(generator, "a", 4, SamplingParams(), StrategyOptions(value="steps"), None)
+    for name in ("rebase", "best_of_n_value"):
+        assert get_strategy(name).supported_by(generator, StrategyOptions(value="steps"))
+
+
+
+def test_a_greedy_step_search_on_a_speculative_generator_equals_the_local_one(one_thread):
+    """Steps continued by speculative decoding (lossless): the same tree as the local cache's."""
+    from tests.strategies.tree.test_remote_search import GREEDY_SEARCHES
+
+    local = GREEDY_SEARCHES["rebase"](ToyModel())
+    speculative = GREEDY_SEARCHES["rebase"](SpeculativeGenerator(ToyModel(), NgramDrafter()))
+    assert [c.token_ids for c in speculative.candidates] == [c.token_ids for c in local.candidates]
+    assert speculative.chosen.token_ids == local.chosen.token_ids
