@@ -3,7 +3,6 @@ the scripted fake server, and (slow) against a real llama.cpp server over the em
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
