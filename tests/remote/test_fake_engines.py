@@ -260,7 +260,11 @@ def test_an_unreachable_url_names_the_url():
 
     url = f"http://127.0.0.1:{free_port()}/v1"
     gen = OpenAIGenerator(url, max_retries=1, connect_timeout=0.5)
-    gen.transport.sleep = lambda seconds: None
+
+    async def no_wait(seconds: float) -> None:
+        pass
+
+    gen.transport.sleep = no_wait
     with pytest.raises(ServerError, match=f"{url}/models.*is the server running"):
         gen.generate("Hi", SamplingParams())
 

@@ -6,9 +6,11 @@
 Every endpoint is probed once (concurrently, on first use); the fleet honours what all of them
 honour (the intersection of their profiles), and they must serve the same model with the same
 engine. Requests go to the live endpoint with the fewest outstanding requests, at most
-`max_concurrency_per_endpoint` in flight on each (see `pool.py`); the fleet may be called from
-any number of threads at once. A fan-out (n requests to a server that ignores n) runs its
-requests concurrently on a thread pool, so they spread over the endpoints.
+`max_concurrency_per_endpoint` in flight on each (see `pool.py`). Every request of the fleet is
+a coroutine on its one event loop (`loop.py`), shared by its endpoints' transports: the fleet
+may be called from any number of threads at once (`generate`) or awaited (`agenerate`), and a
+fan-out (n requests to a server that ignores n) sends its requests at once (`asyncio.gather`),
+so they spread over the endpoints.
 
 Faults: a request that fails on an endpoint after the transport's retries (no connection,
 timeout, 429 / 5xx) is sent again, unchanged (same seed, so the same answer), to another
@@ -23,13 +25,19 @@ per endpoint.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import asyncio
 from dataclasses import replace
 
+from metagen.remote.loop import BackgroundLoop, gather_all
 from metagen.remote.openai_generator import OpenAIGenerator
 from metagen.remote.pool import Endpoint, EndpointPool, FleetUnavailableError
 from metagen.remote.probe import ServerProfile
-from metagen.remote.transport import RETRIED_STATUS, InvalidRequestError, ServerError
+from metagen.remote.transport import (
+    RETRIED_STATUS,
+    InvalidRequestError,
+    ServerError,
+    Transport,
+)
 
 
 def is_endpoint_failure(error: ServerError) -> bool:
@@ -76,14 +84,14 @@ class FleetGenerator(OpenAIGenerator):
         if not cooldown >= 0:
             raise ValueError(f"cooldown={cooldown!r} is out of range: must be >= 0 seconds")
         self._configure(model, engine, chat, tokenizer, parameter_count)
-        members = [OpenAIGenerator(url, model, engine=engine, api_key_env=api_key_env, timeout=timeout,
-                                   connect_timeout=connect_timeout, max_retries=max_retries) for url in base_urls]
+        self.loop = BackgroundLoop("metagen-fleet")  # one loop for every endpoint's requests
+        members = [OpenAIGenerator(url, model, engine=engine, transport=Transport(
+            url, api_key_env=api_key_env, timeout=timeout, connect_timeout=connect_timeout,
+            max_retries=max_retries, loop=self.loop)) for url in base_urls]
         self.endpoints = [Endpoint(member.transport.base_url, member) for member in members]
         self.pool = EndpointPool(self.endpoints, max_concurrency=max_concurrency_per_endpoint,
                                  failures_to_eject=failures_to_eject, cooldown=cooldown,
                                  health_check=self._health_check)
-        self._workers = ThreadPoolExecutor(max_workers=len(members) * max_concurrency_per_endpoint,
-                                           thread_name_prefix="metagen-fleet")
 
     def __repr__(self) -> str:
         return f"FleetGenerator({[e.url for e in self.endpoints]!r}, model={self.requested_model!r})"
@@ -98,30 +106,25 @@ class FleetGenerator(OpenAIGenerator):
         return {"name": profile.model, "engine": profile.engine.name, "base_urls": [e.url for e in self.endpoints]}
 
     def close(self) -> None:
-        self._workers.shutdown(wait=True)
-        for endpoint in self.endpoints:
-            endpoint.member.close()
+        """Close every endpoint's connections and stop the fleet's event loop thread."""
+        if self.loop.started:
+            self.loop.run(gather_all(endpoint.member.transport.aclose() for endpoint in self.endpoints))
+        self.loop.close()
 
     def stats(self) -> dict[str, dict]:
         """Per endpoint URL: requests answered, failures, outstanding, up, last failure."""
         return {e.url: e.stats() for e in self.endpoints}
 
-    @property
-    def profile(self) -> ServerProfile:
-        """The intersection of every reachable endpoint's profile (each probed once, in parallel)."""
-        with self._probe_lock:
-            if self._profile is None:
-                self._profile = self._probe_all()
-            return self._profile
-
-    def _probe_all(self) -> ServerProfile:
-        def attempt(endpoint: Endpoint) -> ServerProfile | ServerError:
+    async def _probe(self) -> ServerProfile:
+        """The intersection of every reachable endpoint's profile (each probed once, concurrently)."""
+        async def attempt(endpoint: Endpoint) -> ServerProfile | ServerError:
             try:
-                return endpoint.member.profile
+                return await endpoint.member._probed()
             except ServerError as error:  # unreachable or failing: down, not a capability answer
                 return error
 
-        outcomes = dict(zip([e.url for e in self.endpoints], self._workers.map(attempt, self.endpoints)))
+        answers = await asyncio.gather(*(attempt(endpoint) for endpoint in self.endpoints))
+        outcomes = dict(zip([e.url for e in self.endpoints], answers))
         for endpoint in self.endpoints:
             if isinstance(outcomes[endpoint.url], ServerError):
                 self.pool.take_down(endpoint, f"probe: {outcomes[endpoint.url]}")
@@ -130,46 +133,45 @@ class FleetGenerator(OpenAIGenerator):
             raise FleetUnavailableError(f"no endpoint of the fleet answered its probe: {self.pool.describe()}")
         return common_profile(profiles)
 
-    def _health_check(self, endpoint: Endpoint) -> str | None:
+    async def _health_check(self, endpoint: Endpoint) -> str | None:
         """None when `endpoint` may serve again; an endpoint first probed now must honour what the
         fleet honours (else it stays out for good)."""
         try:
             if endpoint.member._profile is None:
                 try:
-                    reason = self._incompatibility(endpoint.member.profile, endpoint.url)
+                    reason = self._incompatibility(await endpoint.member._probed(), endpoint.url)
                 except ValueError as error:  # e.g. it does not serve the fleet's model
                     reason = str(error)
                 if reason is not None:
                     self.pool.take_down(endpoint, reason, forever=True)
                     return reason
             else:
-                endpoint.member.transport.get("models", retry=False)
+                await endpoint.member.transport.aget("models", retry=False)
         except ServerError as error:
             return str(error)
         return None
 
     def _incompatibility(self, profile: ServerProfile, url: str) -> str | None:
-        """Why an endpoint with `profile` cannot join the fleet (None: it can)."""
+        """Why an endpoint with `profile` cannot join the fleet (None: it can; health checks run
+        once the fleet is probed)."""
         try:
-            joined = common_profile({self.where: self.profile, url: profile})
+            joined = common_profile({self.where: self._profile, url: profile})
         except ValueError as error:
             return str(error)
-        return None if joined == self.profile else f"{url} honours less than the fleet: {profile}"
+        return None if joined == self._profile else f"{url} honours less than the fleet: {profile}"
 
-    def _post_all(self, endpoint: str, requests: list[dict]) -> list[tuple[dict, str]]:
-        """(answer, URL that answered) per request, in order; a fan-out runs concurrently."""
-        if len(requests) == 1:
-            return [self._post_one(endpoint, requests[0])]
-        return list(self._workers.map(lambda request: self._post_one(endpoint, request), requests))
+    async def _post_all(self, endpoint: str, requests: list[dict]) -> list[tuple[dict, str]]:
+        """(answer, URL that answered) per request, in order; a fan-out's go out at once."""
+        return await gather_all(self._post_one(endpoint, request) for request in requests)
 
-    def _post_one(self, path: str, request: dict) -> tuple[dict, str]:
+    async def _post_one(self, path: str, request: dict) -> tuple[dict, str]:
         """The answer to one request from some live endpoint, failing over to the others."""
         tried: dict[int, int] = {}
         attempts = self.pool.failures_to_eject * len(self.endpoints) + 1
         for _ in range(attempts):
-            endpoint = self.pool.acquire(tried)
+            endpoint = await self.pool.acquire(tried)
             try:
-                answer = endpoint.member.transport.post(path, request)
+                answer = await endpoint.member.transport.apost(path, request)
             except ServerError as error:
                 failed_here = is_endpoint_failure(error)
                 self.pool.release(endpoint, str(error), counted=failed_here)
