@@ -8,6 +8,7 @@ it ends the module's second replica).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -108,6 +109,55 @@ def test_a_dead_endpoint_is_taken_out_then_health_checked_back(fakes):
         assert stats["up"] and stats["requests"] >= 1
 
 
+def wait_for(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def model_listings(server: FakeServer) -> int:
+    return [path for path, _, _ in server.requests].count("/v1/models")
+
+
+def test_a_live_endpoint_failing_its_health_check_is_out_before_a_request_fails(fakes):
+    a, b = fakes
+    with FaultProxy(origin(a.url)) as proxy, \
+            FleetGenerator([proxy.url, b.url], max_retries=0, cooldown=60, health_interval=0.05) as fleet:
+        assert fleet.profile.model
+        proxy.down = True  # the replica dies while the fleet is idle
+        assert wait_for(lambda: not fleet.stats()[proxy.url]["up"]), "the live health check did not take it out"
+        stats = fleet.stats()[proxy.url]
+        assert stats["failures"] == 0 and stats["last_failure"].startswith("health check")
+        posts = len(a.posts())
+        for seed in range(4):
+            fleet.generate("hi", SamplingParams(max_tokens=2, seed=seed))
+        assert len(a.posts()) == posts and fleet.stats()[b.url]["requests"] == 4  # none sent to the dead one
+        assert fleet.stats()[proxy.url]["failures"] == 0
+
+
+def test_live_health_checks_stop_on_close_and_do_not_run_without_an_interval(fakes):
+    a, b = fakes
+    with FleetGenerator([a.url, b.url], max_retries=0, health_interval=0.05) as fleet:
+        assert fleet.profile.model
+        listed = model_listings(a)
+        assert wait_for(lambda: model_listings(a) >= listed + 2)  # checked again and again
+        assert fleet.stats()[a.url]["up"] and fleet.stats()[a.url]["requests"] == 0  # checks are not requests
+    listed = model_listings(a)
+    time.sleep(0.3)
+    assert model_listings(a) == listed  # closed: no more checks
+
+    async def background_tasks():
+        return len(asyncio.all_tasks()) - 1  # besides this one
+
+    with FleetGenerator([a.url, b.url], max_retries=0, health_interval=None) as fleet:
+        assert fleet.profile.model
+        assert fleet.loop.run(background_tasks()) == 0
+        listed = model_listings(a)
+        time.sleep(0.3)
+        assert model_listings(a) == listed
+
+
 def test_an_endpoint_unreachable_at_start_is_out_and_the_rest_serve(fakes):
     a, _ = fakes
     nowhere = f"http://127.0.0.1:{free_port()}/v1"
@@ -166,6 +216,7 @@ def test_capabilities_are_the_intersection():
     (["http://127.0.0.1:1/v1"], {"max_concurrency_per_endpoint": 0}, "max_concurrency_per_endpoint=0"),
     (["http://127.0.0.1:1/v1"], {"failures_to_eject": 0}, "failures_to_eject=0"),
     (["http://127.0.0.1:1/v1"], {"cooldown": -1}, "cooldown=-1"),
+    (["http://127.0.0.1:1/v1"], {"health_interval": 0}, "health_interval=0 is out of range"),
 ])
 def test_bad_settings_are_named(urls, options, wrong):
     with pytest.raises(ValueError, match=wrong):

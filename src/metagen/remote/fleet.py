@@ -15,7 +15,10 @@ so they spread over the endpoints.
 Faults: a request that fails on an endpoint after the transport's retries (no connection,
 timeout, 429 / 5xx) is sent again, unchanged (same seed, so the same answer), to another
 endpoint; `failures_to_eject` consecutive failures take an endpoint out for `cooldown` seconds,
-then a health check (GET /v1/models; the full probe if it was never probed) takes it back. A
+then a health check (GET /v1/models; the full probe if it was never probed) takes it back. Every
+`health_interval` seconds the live endpoints are checked too (on the fleet's loop, from its first
+use until `close()`; None: never), and one failing its check is taken out the same way before a
+request fails on it. A
 request the server rejects as invalid (400 / 404 / 422) is raised at once: every replica would
 say the same. With every endpoint down: `FleetUnavailableError` naming each and its last failure.
 
@@ -65,11 +68,14 @@ class FleetGenerator(OpenAIGenerator):
     max_concurrency_per_endpoint: requests in flight on one endpoint at most.
     failures_to_eject: consecutive failed requests that take an endpoint out.
     cooldown: seconds an endpoint stays out before its health check.
+    health_interval: seconds between health checks of the live endpoints (None: none; only
+        endpoints taken out are checked, after their cool-down).
     Every other keyword is `OpenAIGenerator`'s, applied to each endpoint.
     """
 
     def __init__(self, base_urls: list[str], model: str | None = None, *, max_concurrency_per_endpoint: int = 4,
-                 failures_to_eject: int = 2, cooldown: float = 30.0, engine: str = "auto",
+                 failures_to_eject: int = 2, cooldown: float = 30.0, health_interval: float | None = 30.0,
+                 engine: str = "auto",
                  chat: bool | None = None, tokenizer=None, parameter_count: float | None = None,
                  api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, connect_timeout: float = 5.0,
                  max_retries: int = 4) -> None:
@@ -83,6 +89,11 @@ class FleetGenerator(OpenAIGenerator):
                 raise ValueError(f"{name}={value!r} is out of range: must be an int >= 1")
         if not cooldown >= 0:
             raise ValueError(f"cooldown={cooldown!r} is out of range: must be >= 0 seconds")
+        if health_interval is not None and not health_interval > 0:
+            raise ValueError(f"health_interval={health_interval!r} is out of range: must be > 0 seconds, "
+                             "or None for no checks of live endpoints")
+        self.health_interval = health_interval
+        self._watch: asyncio.Task | None = None  # the live health checks, once probed
         self._configure(model, engine, chat, tokenizer, parameter_count)
         self.loop = BackgroundLoop("metagen-fleet")  # one loop for every endpoint's requests
         members = [OpenAIGenerator(url, model, engine=engine, transport=Transport(
@@ -108,8 +119,15 @@ class FleetGenerator(OpenAIGenerator):
     def close(self) -> None:
         """Close every endpoint's connections and stop the fleet's event loop thread."""
         if self.loop.started:
-            self.loop.run(gather_all(endpoint.member.transport.aclose() for endpoint in self.endpoints))
+            self.loop.run(self._shutdown())
         self.loop.close()
+
+    async def _shutdown(self) -> None:
+        """Stop the health checks, then close every endpoint's connections."""
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+        await gather_all(endpoint.member.transport.aclose() for endpoint in self.endpoints)
 
     def stats(self) -> dict[str, dict]:
         """Per endpoint URL: requests answered, failures, outstanding, up, last failure."""
@@ -131,7 +149,10 @@ class FleetGenerator(OpenAIGenerator):
         profiles = {url: p for url, p in outcomes.items() if isinstance(p, ServerProfile)}
         if not profiles:
             raise FleetUnavailableError(f"no endpoint of the fleet answered its probe: {self.pool.describe()}")
-        return common_profile(profiles)
+        joined = common_profile(profiles)
+        if self.health_interval is not None:
+            self._watch = asyncio.get_running_loop().create_task(self.pool.watch(self.health_interval))
+        return joined
 
     async def _health_check(self, endpoint: Endpoint) -> str | None:
         """None when `endpoint` may serve again; an endpoint first probed now must honour what the

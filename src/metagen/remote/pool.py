@@ -6,7 +6,9 @@
 An endpoint is live until `failures_to_eject` consecutive requests fail on it (connection
 errors, timeouts, 429 / 5xx, each after the transport's own retries); then it is down for
 `cooldown` seconds, after which the next `acquire` health-checks it (one checker at a time) and
-takes it back or leaves it down for another cool-down. The pool lives on the fleet's event loop
+takes it back or leaves it down for another cool-down. `watch(interval)` checks the live ones on
+a schedule too: one failing its check is taken out the same way, before a request fails on it
+(and endpoints whose cool-down is over are rechecked, as the next request would). The pool lives on the fleet's event loop
 (`loop.py`): every coroutine that acquires and releases runs on that one thread, so its state
 needs no lock (other threads only read counts, through `stats`). An acquire with every live
 endpoint at its limit awaits a release. With no endpoint live, `acquire` raises
@@ -136,6 +138,24 @@ class EndpointPool:
                 e.checking = True
                 return e
         return None
+
+    async def watch(self, interval: float) -> None:
+        """Every `interval` seconds: health-check every live endpoint at once, taking out each that
+        fails (down for the cool-down, no request counted as failed), and recheck those whose
+        cool-down is over. Runs until cancelled."""
+        while True:
+            await asyncio.sleep(interval)
+            live = [e for e in self.endpoints if e.down_until is None]
+            due = []
+            while (endpoint := self._claim_due()) is not None:
+                due.append(endpoint)
+            checks = await asyncio.gather(*(self.health_check(e) for e in live),
+                                          *(self._recheck(e) for e in due), return_exceptions=True)
+            for endpoint, failure in zip(live, checks):
+                if isinstance(failure, BaseException):
+                    failure = f"{type(failure).__name__}: {failure}"
+                if failure is not None and endpoint.down_until is None:
+                    self.take_down(endpoint, f"health check: {failure}")
 
     async def _recheck(self, endpoint: Endpoint) -> None:
         try:
