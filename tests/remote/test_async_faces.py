@@ -77,7 +77,8 @@ def test_acontinue_prefix_equals_continue_prefix():
     with FakeServer("vllm") as server, OpenAIGenerator(server.url) as gen:
         params = SamplingParams(n=2, max_tokens=3, seed=8)
         awaited = asyncio.run(gen.acontinue_prefix("Once upon", params))
-        assert [c.text for c in awaited.completions] == [c.text for c in gen.continue_prefix("Once upon", params).completions]
+        blocking = gen.continue_prefix("Once upon", params)
+        assert [c.text for c in awaited.completions] == [c.text for c in blocking.completions]
         assert server.posts()[-1]["prompt"] == "Once upon"
 
 

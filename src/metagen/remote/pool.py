@@ -8,8 +8,8 @@ errors, timeouts, 429 / 5xx, each after the transport's own retries); then it is
 `cooldown` seconds, after which the next `acquire` health-checks it (one checker at a time) and
 takes it back or leaves it down for another cool-down. `watch(interval)` checks the live ones on
 a schedule too: one failing its check is taken out the same way, before a request fails on it
-(and endpoints whose cool-down is over are rechecked, as the next request would). The pool lives on the fleet's event loop
-(`loop.py`): every coroutine that acquires and releases runs on that one thread, so its state
+(and endpoints whose cool-down is over are rechecked, as the next request would). The pool
+lives on the fleet's event loop (`loop.py`): every coroutine that acquires and releases runs on that one thread, so its state
 needs no lock (other threads only read counts, through `stats`). An acquire with every live
 endpoint at its limit awaits a release. With no endpoint live, `acquire` raises
 `FleetUnavailableError` naming each endpoint and its last failure.
