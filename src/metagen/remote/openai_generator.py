@@ -14,6 +14,12 @@ seeds derived from one base seed (params.seed, or a draw from `generator`, or fr
 Whatever is asked and cannot be delivered is refused before any request: a SamplingParams field
 the engine does not honour, logprobs from a server that returns none, token prompts.
 
+A final assistant message is continued by the server where the engine table says it can (vLLM,
+SGLang); elsewhere it is rendered with the tokenizer's chat template and continued as raw text
+on /v1/completions (ASSISTANT_CONTINUATION then needs that tokenizer). `stop_reason` names the
+stop string that ended a completion: the engine's own field, else read from the sampled tokens'
+text (`responses.stop_from_tokens`), as local decoding reports it.
+
 Token ids: from the server (vLLM), else from `tokenizer` (the canonical tokenization of the
 returned text), else None, meaning unknown; then `capabilities` lacks TOKEN_IDS, so strategies
 that need ids refuse. `Cost`: model_calls = HTTP requests answered, prompt tokens computed vs
@@ -45,7 +51,7 @@ from metagen.decoding.sample_loop import GenerationResult
 from metagen.remote.engines import sampling_fields
 from metagen.remote.loop import gather_all
 from metagen.remote.probe import ServerProfile, probe_async
-from metagen.remote.responses import RemoteCompletion, parse_choices
+from metagen.remote.responses import RemoteCompletion, parse_choices, stop_from_tokens
 from metagen.remote.transport import ServerError, Transport
 from metagen.sampling import SamplingParams
 
@@ -152,7 +158,10 @@ class OpenAIGenerator(Generator):
 
     @property
     def capabilities(self) -> frozenset[str]:
-        return self.profile.capabilities(self.tokenizer is not None)
+        return self.profile.capabilities(self.tokenizer is not None, self._has_template())
+
+    def _has_template(self) -> bool:
+        return self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None) is not None
 
     def served_identity(self) -> dict:
         """The served model's id, the engine and the base URL (probed on first use)."""
@@ -182,7 +191,7 @@ class OpenAIGenerator(Generator):
         body = {"model": profile.model, **fields, **sampling_fields(params, profile.engine)}
         messages = fields.get("messages")
         if messages and messages[-1].get("role") == "assistant":
-            if profile.engine.name not in ("vllm", "sglang"):
+            if not profile.engine.continues_final_message:
                 raise ValueError(f"messages end with an assistant message, which {profile.engine.name}'s "
                                  "server cannot continue (no continue_final_message): pass tokenizer= with the "
                                  "model's chat template to render it as text")
@@ -221,16 +230,18 @@ class OpenAIGenerator(Generator):
                         generator: torch.Generator | None) -> GenerationResult:
         endpoint, fields = prompt_request(prompt, self.chat)
         messages = fields.get("messages")
-        if messages and messages[-1].get("role") == "assistant" and not self._continues_final_message(await self._probed()):
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True)
-            endpoint, fields = "completions", {"prompt": text}  # rendered here, continued as raw text
+        final = bool(messages) and messages[-1].get("role") == "assistant"
+        if final and not self._continues_final_message(await self._probed()):  # rendered here, continued as raw text
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=False,
+                                                      continue_final_message=True)
+            endpoint, fields = "completions", {"prompt": text}
         return await self._complete(endpoint, fields, params, generator)
 
     def _continues_final_message(self, profile: ServerProfile) -> bool:
-        """The server continues a final assistant message itself (vLLM, SGLang); else one is
-        rendered with the tokenizer's chat template when one is given (else `_body` refuses)."""
-        has_template = self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None) is not None
-        return profile.engine.name in ("vllm", "sglang") or not has_template
+        """The server continues a final assistant message itself (vLLM, SGLang: the engine
+        table); else one is rendered with the tokenizer's chat template when one is given (else
+        `_body` refuses)."""
+        return profile.engine.continues_final_message or not self._has_template()
 
     def continue_prefix(self, prefix: str | list[int], params: SamplingParams, *,
                         generator: torch.Generator | None = None) -> GenerationResult:
@@ -266,6 +277,8 @@ class OpenAIGenerator(Generator):
         for completion in completions:
             if completion.token_ids is None and self.tokenizer is not None:
                 completion.token_ids = self.tokenizer.encode(completion.text, add_special_tokens=False)
+            if completion.finish_reason == "stop" and completion.stop_reason is None:  # llama.cpp, OpenAI
+                completion.stop_reason = stop_from_tokens(completion, params.stop)
         cost.wall_seconds = time.perf_counter() - start
         prompt_ids = list(fields["prompt"]) if isinstance(fields.get("prompt"), list) else None
         result = GenerationResult(completions, prompt_ids, decode_seconds=cost.wall_seconds,

@@ -45,7 +45,10 @@ class ServerProfile:
         text runs past the cut text into the stop string (llama.cpp, OpenAI)."""
         return self.engine.name in ("vllm", "sglang") or self.logprobs
 
-    def capabilities(self, has_tokenizer: bool) -> frozenset[str]:
+    def capabilities(self, has_tokenizer: bool, has_template: bool = False) -> frozenset[str]:
+        """What a generator over this server provides, with a tokenizer of the served model (and
+        one with a chat template: a final assistant message is then rendered as text and
+        continued on /v1/completions where the engine cannot continue it itself)."""
         names = set()
         if self.logprobs:
             names.add(caps.LOGPROBS)
@@ -59,6 +62,8 @@ class ServerProfile:
             names.add(caps.PROMPT_SCORING)
         if self.completions and self.tells_stops:
             names.add(caps.STEP_CONTINUATION)
+        if self.tells_stops and (self.engine.continues_final_message or (has_template and self.completions)):
+            names.add(caps.ASSISTANT_CONTINUATION)
         return frozenset(names)
 
 

@@ -7,6 +7,11 @@ the generator fills them from a tokenizer the user supplied, or leaves them unkn
 logprobs keyed by token id (`Completion.top_logprobs`) exist only when ids are known; the
 server's text-keyed form is kept in `RemoteCompletion.top_logprob_texts`.
 
+Which stop string ended a completion: the engine's `stop_reason` (vLLM) or `matched_stop`
+(SGLang), else `stop_from_tokens`: llama.cpp's server (and OpenAI) cut the stop string from the
+text but list the token holding it in logprobs, so the tokens' text beyond the returned text
+starts with the stop that matched, and nothing beyond it means EOS.
+
 A malformed answer (no choices, a choice without text, a finish reason other than stop /
 length) is a `ServerError`, never a shorter result.
 """
@@ -41,6 +46,23 @@ def token_id(token: str) -> int | None:
         if digits.isdigit():
             return int(digits)
     return None
+
+
+def past_text(completion) -> str | None:
+    """The sampled tokens' text beyond the returned text (the stop string the server cut, with
+    the rest of its token), or None when the tokens' text is not known (no logprobs, or vLLM's
+    "token_id:<id>" form)."""
+    tokens = getattr(completion, "tokens", None)
+    if tokens is None or any(token.startswith(TOKEN_ID_PREFIX) for token in tokens):
+        return None
+    return "".join(tokens)[len(completion.text):]
+
+
+def stop_from_tokens(completion, stops) -> str | None:
+    """The stop string in `stops` that the tokens' text beyond the returned text starts with;
+    None when nothing is beyond it (EOS) or the tokens' text is unknown."""
+    beyond = past_text(completion)
+    return next((stop for stop in stops if beyond and beyond.startswith(stop)), None)
 
 
 def _top(entries: dict[str, float], k: int) -> dict[str, float]:
