@@ -37,10 +37,8 @@ stops that loop's thread; an unclosed one stops when the generator is collected 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import secrets
 import time
-from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -51,38 +49,15 @@ from metagen.decoding.sample_loop import GenerationResult
 from metagen.remote.engines import sampling_fields
 from metagen.remote.loop import gather_all
 from metagen.remote.probe import ServerProfile, probe_async
-from metagen.remote.responses import RemoteCompletion, parse_choices, stop_from_tokens
-from metagen.remote.transport import ServerError, Transport
+from metagen.remote.prompt_fields import SEED_BITS, derived_seed, prompt_request
+from metagen.remote.responses import (
+    RemoteCompletion,
+    parse_choices,
+    stop_from_tokens,
+    usage_cost,
+)
+from metagen.remote.transport import Transport
 from metagen.sampling import SamplingParams
-
-SEED_BITS = 31  # llama.cpp takes uint32, some servers int32: stay below both
-
-
-def derived_seed(base: int, index: int) -> int:
-    """A seed for fan-out request `index`, a hash of (base, index) in [0, 2^31)."""
-    digest = hashlib.blake2b(f"{base}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % (1 << SEED_BITS)
-
-
-def prompt_request(prompt: Prompt, chat: bool) -> tuple[str, dict]:
-    """(endpoint, prompt fields) for a prompt, or ValueError naming what is wrong with it."""
-    if isinstance(prompt, (bytes, bytearray, memoryview)):
-        raise ValueError("prompt is bytes: decode it to str first (e.g. prompt.decode('utf-8'))")
-    if isinstance(prompt, str):
-        if not prompt:
-            raise ValueError("prompt is empty: give at least one character or token")
-        if chat:
-            return "chat/completions", {"messages": [{"role": "user", "content": prompt}]}
-        return "completions", {"prompt": prompt}
-    items = list(prompt) if isinstance(prompt, Sequence) else None
-    if not items:
-        raise ValueError(f"prompt {prompt!r} is empty or not a string, chat messages or token ids")
-    if all(isinstance(item, Mapping) for item in items):
-        return "chat/completions", {"messages": [dict(item) for item in items]}
-    if all(isinstance(item, int) and not isinstance(item, bool) and item >= 0 for item in items):
-        return "completions", {"prompt": items}
-    raise ValueError("prompt mixes item types or has negative ids: a prompt is a string, a list of "
-                     "chat messages, or a list of int token ids >= 0")
 
 
 class OpenAIGenerator(Generator):
@@ -273,7 +248,7 @@ class OpenAIGenerator(Generator):
         answers = await self._post_all(endpoint, [request for request, _ in requests])
         for (_, expected), (answer, url) in zip(requests, answers):
             completions += parse_choices(answer, url, chat, params.logprobs, expected)
-            cost += self._usage_cost(answer, url)
+            cost += usage_cost(answer, url, self.parameter_count)
         for completion in completions:
             if completion.token_ids is None and self.tokenizer is not None:
                 completion.token_ids = self.tokenizer.encode(completion.text, add_special_tokens=False)
@@ -290,16 +265,3 @@ class OpenAIGenerator(Generator):
         url = f"{self.transport.base_url}/{endpoint}"
         answers = await gather_all(self.transport.apost(endpoint, request) for request in requests)
         return [(answer, url) for answer in answers]
-
-    def _usage_cost(self, answer: dict, url: str) -> Cost:
-        """The Cost of one answered request, from its `usage`."""
-        usage = answer.get("usage")
-        if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
-            raise ServerError(url, 200, f"answer has no usage counts: {str(answer)[:200]}")
-        details = usage.get("prompt_tokens_details") or {}
-        cached = int(details.get("cached_tokens") or 0)
-        computed = usage["prompt_tokens"] - cached
-        generated = int(usage.get("completion_tokens") or 0)
-        flops = None if self.parameter_count is None else 2.0 * self.parameter_count * (computed + generated)
-        return Cost(model_calls=1, prompt_tokens_computed=computed, prompt_tokens_reused=cached,
-                    generated_tokens=generated, flops=flops, target_steps=generated)

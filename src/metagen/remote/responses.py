@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from metagen.decoding.cost import Cost
 from metagen.decoding.sample_loop import Completion
 from metagen.remote.transport import ServerError
 
@@ -135,3 +136,19 @@ def parse_choices(payload: dict, url: str, chat: bool, top_k: int | None, expect
             raise ServerError(url, 200, f"a choice finished with finish_reason="
                                         f"{completion.finish_reason!r} (expected 'stop' or 'length')")
     return completions
+
+
+def usage_cost(answer: dict, url: str, parameter_count: float | None) -> Cost:
+    """The Cost of one answered request, from its `usage`: prompt tokens computed vs served
+    from the prefix cache (`prompt_tokens_details.cached_tokens`), generated tokens, and FLOPs =
+    2 · parameter_count · (computed + generated), None when the parameter count is unknown."""
+    usage = answer.get("usage")
+    if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
+        raise ServerError(url, 200, f"answer has no usage counts: {str(answer)[:200]}")
+    details = usage.get("prompt_tokens_details") or {}
+    cached = int(details.get("cached_tokens") or 0)
+    computed = usage["prompt_tokens"] - cached
+    generated = int(usage.get("completion_tokens") or 0)
+    flops = None if parameter_count is None else 2.0 * parameter_count * (computed + generated)
+    return Cost(model_calls=1, prompt_tokens_computed=computed, prompt_tokens_reused=cached,
+                generated_tokens=generated, flops=flops, target_steps=generated)
