@@ -51,7 +51,7 @@ def test_the_sync_face_works_inside_a_running_event_loop():
 def test_agenerate_is_awaited_and_concurrent_calls_overlap():
     with FakeServer("vllm") as server, OpenAIGenerator(server.url) as gen:
         expected = [gen.generate("Hi", SamplingParams(max_tokens=3, seed=s)).text for s in range(3)]
-        server.delay, server.peak = 0.3, 0
+        server.delay, server.peak = 0.5, 0
 
         async def main():
             return await asyncio.gather(*(gen.agenerate("Hi", SamplingParams(max_tokens=3, seed=s))
@@ -65,7 +65,7 @@ def test_agenerate_is_awaited_and_concurrent_calls_overlap():
 def test_a_fan_out_sends_its_requests_at_once():
     with FakeServer("llama.cpp") as server, OpenAIGenerator(server.url) as gen:
         assert not gen.profile.native_n  # n=4 becomes 4 requests
-        server.delay, server.peak = 0.3, 0
+        server.delay, server.peak = 0.5, 0
         result = gen.generate("Hi", SamplingParams(n=4, max_tokens=3, seed=1))
         assert len(result.completions) == 4 and result.cost.model_calls == 4
         assert server.peak == 4
@@ -87,7 +87,7 @@ def test_sync_callers_on_many_threads_share_one_loop_thread():
 
     with FakeServer("vllm") as server, OpenAIGenerator(server.url) as gen:
         assert gen.profile
-        server.delay, server.peak = 0.2, 0
+        server.delay, server.peak = 0.5, 0
         with ThreadPoolExecutor(4) as pool:
             texts = list(pool.map(lambda s: gen.generate("Hi", SamplingParams(max_tokens=2, seed=s)).text, range(4)))
         assert len(texts) == 4 and server.peak == 4

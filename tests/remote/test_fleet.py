@@ -49,7 +49,7 @@ def test_fan_out_spreads_over_endpoints_and_overlaps(fakes):
     with FleetGenerator([a.url, b.url], max_retries=0) as fleet:
         assert fleet.profile.model  # probe first: the probe's requests would take the delays
         for server in fakes:
-            server.delay, server.peak = 0.3, 0  # each answer held 0.3 s: requests sent at once overlap
+            server.delay, server.peak = 0.5, 0  # each answer held 0.5 s: requests sent at once overlap
         result = fleet.generate("hi", SamplingParams(n=4, max_tokens=3, seed=1))
         assert len(result.completions) == 4 and result.cost.model_calls == 4
         assert [server.peak for server in fakes] == [2, 2]  # both of each server's requests in flight at once
