@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -95,17 +96,23 @@ def run_eval(generator, problems, args, out: Path, concurrency: int = 1):
     return {"greedy": points[("greedy", 1)], "sc8": points[("self_consistency", 8)], "wall": wall}
 
 
+def client_cpu(generator: OpenAIGenerator) -> float:
+    """CPU seconds spent so far by this thread and by the generator's event loop thread, which
+    builds, sends and parses its requests; not process time: torch's OpenMP workers spin between
+    kernels and would otherwise be counted as the client's."""
+    loop_thread = next(t for t in threading.enumerate() if t.name == generator.loop.name)
+    return time.thread_time() + time.clock_gettime(time.pthread_getcpuclockid(loop_thread.ident))
+
+
 def client_overhead(url: str, requests: int) -> dict:
-    """Client CPU per request vs wall per request, over one-token completions. CPU is this
-    thread's own (`time.thread_time`): torch's OpenMP workers spin between kernels and would
-    otherwise be counted as the client's."""
+    """Client CPU per request vs wall per request, over one-token completions (see `client_cpu`)."""
     params = SamplingParams(temperature=0.0, max_tokens=1)
     with OpenAIGenerator(url, chat=False) as generator:
         generator.generate("Hello", params)  # probe + warm connection
-        cpu, wall = time.thread_time(), time.perf_counter()
+        cpu, wall = client_cpu(generator), time.perf_counter()
         for _ in range(requests):
             generator.generate("Hello", params)
-        cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+        cpu, wall = client_cpu(generator) - cpu, time.perf_counter() - wall
     return {"requests": requests, "client_cpu_ms": 1000 * cpu / requests, "wall_ms": 1000 * wall / requests}
 
 

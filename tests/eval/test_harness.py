@@ -215,9 +215,9 @@ def test_pool_flops_are_the_generators_split_over_prompt_and_samples(tmp_path):
 
 
 def test_a_strategy_the_generator_cannot_run_is_refused_before_generating(tmp_path):
-    generator = DiceGenerator()  # no STEP_CONTINUATION: cannot continue a prefill to a stop string
+    generator = DiceGenerator()  # no ASSISTANT_CONTINUATION: cannot continue a prefill to a stop string
     config = EvalConfig(("self_consistency", "chain_of_thought"), ns=(1, 2))
-    with pytest.raises(ValueError, match="strategy 'chain_of_thought' needs step_continuation, which DiceGenerator"):
+    with pytest.raises(ValueError, match="strategy 'chain_of_thought' needs assistant_continuation, which DiceGenerator"):
         evaluate(generator, PROBLEMS, config, tmp_path / "out")
     assert generator.calls == [] and not (tmp_path / "out").exists()
 

@@ -10,6 +10,8 @@ sources):
 - "llama.cpp": `owned_by="me"`; answers n with one choice; a token-id prompt is a 500
   (pydantic validation error through llama-cpp-python's error handler).
 Faults are scripted with `fail(status, body, headers)`: the next generation requests get them.
+`delay` holds every generation answer that many seconds; `peak` is the most generation requests
+the server had in flight at once (how far a client's requests really overlapped).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ class FakeServer:
         self.requests: list[tuple[str, dict, dict]] = []  # (path, body, headers)
         self.faults: list[tuple[int, bytes, dict, float]] = []
         self.choices_override: int | None = None
+        self.delay = 0.0
+        self.in_flight = self.peak = 0
+        self._count_lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -146,8 +151,19 @@ class FakeServer:
                 self._reply(200, json.dumps(fake.models()).encode())
 
             def do_POST(self) -> None:
+                with fake._count_lock:
+                    fake.in_flight += 1
+                    fake.peak = max(fake.peak, fake.in_flight)
+                try:
+                    self._answer()
+                finally:
+                    with fake._count_lock:
+                        fake.in_flight -= 1
+
+            def _answer(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.requests.append((self.path, body, dict(self.headers)))
+                time.sleep(fake.delay)
                 if fake.faults:
                     status, payload, headers, delay = fake.faults.pop(0)
                     time.sleep(delay)

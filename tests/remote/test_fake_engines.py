@@ -94,9 +94,9 @@ def test_fan_out_sends_n_requests_with_distinct_reproducible_seeds():
     with FakeServer("llama.cpp") as server:
         gen = make(server)
         result = gen.generate("Hi", SamplingParams(n=3, max_tokens=4, seed=5))
-        seeds = [body["seed"] for body in server.posts()[-3:]]
+        seeds = sorted(body["seed"] for body in server.posts()[-3:])  # sent at once: any arrival order
         again = gen.generate("Hi", SamplingParams(n=3, max_tokens=4, seed=5))
-        assert [body["seed"] for body in server.posts()[-3:]] == seeds
+        assert sorted(body["seed"] for body in server.posts()[-3:]) == seeds
     assert len(set(seeds)) == 3 and all(body["n"] == 1 for body in server.posts()[-3:])
     assert len(result.completions) == 3 and result.cost.model_calls == 3
     assert [c.text for c in result.completions] == [c.text for c in again.completions]
@@ -260,7 +260,11 @@ def test_an_unreachable_url_names_the_url():
 
     url = f"http://127.0.0.1:{free_port()}/v1"
     gen = OpenAIGenerator(url, max_retries=1, connect_timeout=0.5)
-    gen.transport.sleep = lambda seconds: None
+
+    async def no_wait(seconds: float) -> None:
+        pass
+
+    gen.transport.sleep = no_wait
     with pytest.raises(ServerError, match=f"{url}/models.*is the server running"):
         gen.generate("Hi", SamplingParams())
 
@@ -303,3 +307,63 @@ def test_callers_on_several_threads_probe_once():
                                     range(4)))
         assert all(len(r.completions) == 1 for r in results)
         assert [path for path, _, _ in server.requests].count("/v1/models") == 1
+
+
+# continuing a final assistant message (chains) ---------------------------------------------
+
+class RenderingTokenizer:
+    """A tokenizer with a chat template (rendering only), as a user would supply one."""
+
+    chat_template = "{{ messages }}"
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, continue_final_message=False):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages)
+
+    def encode(self, text, add_special_tokens=True):
+        return [1] * len(text.split())
+
+
+@pytest.mark.parametrize("engine, tokenizer, continues", [
+    ("vllm", None, True),  # continue_final_message
+    ("sglang", None, True),  # continue_final_message
+    ("llama.cpp", None, False),  # its server closes the message and opens a new turn
+    ("llama.cpp", RenderingTokenizer(), True),  # rendered with the template, continued on /v1/completions
+])
+def test_assistant_continuation_follows_the_engine_table_and_a_template(engine, tokenizer, continues):
+    with FakeServer(engine) as server:
+        assert (caps.ASSISTANT_CONTINUATION in make(server, tokenizer=tokenizer).capabilities) == continues
+
+
+def test_assistant_continuation_needs_stops_told_apart():
+    """A server whose completions name no stop and list no tokens cannot run a tool loop."""
+    with FakeServer("llama.cpp", logprobs=False) as server:
+        assert caps.ASSISTANT_CONTINUATION not in make(server, tokenizer=RenderingTokenizer()).capabilities
+
+
+@pytest.mark.parametrize("name", ["chain_of_thought", "self_ask", "calculator"])
+def test_a_chain_on_llama_cpp_without_a_tokenizer_is_refused_before_any_request(name):
+    from metagen.strategies.registry import StrategyOptions, get_strategy
+
+    with FakeServer("llama.cpp") as server:
+        gen = make(server)
+        with pytest.raises(ValueError) as error:
+            get_strategy(name).run(gen, "What is 2 + 2?", 1, SamplingParams(max_tokens=8), StrategyOptions(), None)
+        message = str(error.value)
+        assert f"strategy {name!r} needs assistant_continuation, which OpenAIGenerator does not provide" in message
+        assert caps.PROVIDERS[caps.ASSISTANT_CONTINUATION] in message and "tokenizer=" in message
+        assert all(body["max_tokens"] == 1 for body in server.posts())  # the probe's requests only
+
+
+def test_a_chain_runs_on_a_server_that_returns_no_token_ids():
+    """SGLang continues the assistant message itself but returns no ids: the chain's outputs
+    carry unknown ids (None) and its token budget comes from the usage counts."""
+    from metagen.strategies.chain import ChainConfig
+    from metagen.strategies.chain_programs import chain_of_thought
+
+    with FakeServer("sglang") as server:
+        gen = make(server, chat=True)
+        result = chain_of_thought(gen, "What is 2 + 2?", ChainConfig(params=SamplingParams(max_tokens=8, seed=1)))
+        bodies = server.posts()[-2:]
+    assert all(body["continue_final_message"] and body["messages"][-1]["role"] == "assistant" for body in bodies)
+    assert result.cost.model_calls == 2 and result.chosen.text
+    assert all(candidate.token_ids is None for candidate in result.candidates)

@@ -8,7 +8,7 @@ it ends the module's second replica).
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -47,15 +47,12 @@ def fakes():
 def test_fan_out_spreads_over_endpoints_and_overlaps(fakes):
     a, b = fakes
     with FleetGenerator([a.url, b.url], max_retries=0) as fleet:
-        assert fleet.profile.model  # probe first: the probe's requests would take the scripted delays
+        assert fleet.profile.model  # probe first: the probe's requests would take the delays
         for server in fakes:
-            for _ in range(2):
-                server.fail(0, delay=0.4)  # the normal answer, 0.4 s late
-        start = time.perf_counter()
+            server.delay, server.peak = 0.5, 0  # each answer held 0.5 s: requests sent at once overlap
         result = fleet.generate("hi", SamplingParams(n=4, max_tokens=3, seed=1))
-        elapsed = time.perf_counter() - start
         assert len(result.completions) == 4 and result.cost.model_calls == 4
-        assert elapsed < 1.2, f"4 requests of 0.4 s took {elapsed:.2f} s: they did not overlap"
+        assert [server.peak for server in fakes] == [2, 2]  # both of each server's requests in flight at once
         assert [s["requests"] for s in fleet.stats().values()] == [2, 2]
         seeds = sorted(body["seed"] for server in fakes for body in server.posts()[-2:])
         assert len(set(seeds)) == 4  # distinct derived seeds, one per request
@@ -65,26 +62,12 @@ def test_concurrent_callers_respect_the_per_endpoint_limit(fakes):
     a, b = fakes
     with FleetGenerator([a.url, b.url], max_concurrency_per_endpoint=1, max_retries=0) as fleet:
         assert fleet.profile.model
-        in_flight, peak, lock = {}, {}, threading.Lock()
-        for endpoint in fleet.endpoints:
-            transport, post = endpoint.member.transport, endpoint.member.transport.post
-
-            def counted(path, body, *, url=endpoint.url, post=post, **kw):
-                with lock:
-                    in_flight[url] = in_flight.get(url, 0) + 1
-                    peak[url] = max(peak.get(url, 0), in_flight[url])
-                time.sleep(0.05)
-                try:
-                    return post(path, body, **kw)
-                finally:
-                    with lock:
-                        in_flight[url] -= 1
-
-            transport.post = counted
+        for server in fakes:
+            server.delay, server.peak = 0.05, 0
         with ThreadPoolExecutor(6) as pool:
             results = list(pool.map(lambda i: fleet.generate("hi", SamplingParams(max_tokens=2, seed=i)), range(12)))
         assert all(len(r.completions) == 1 for r in results)
-        assert peak == {e.url: 1 for e in fleet.endpoints}
+        assert [server.peak for server in fakes] == [1, 1]
         counts = [s["requests"] for s in fleet.stats().values()]
         assert sum(counts) == 12 and min(counts) >= 4, counts
         assert all(s["outstanding"] == 0 for s in fleet.stats().values())
@@ -124,6 +107,55 @@ def test_a_dead_endpoint_is_taken_out_then_health_checked_back(fakes):
             fleet.generate("hi", SamplingParams(max_tokens=2, seed=seed))
         stats = fleet.stats()[proxy.url]
         assert stats["up"] and stats["requests"] >= 1
+
+
+def wait_for(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def model_listings(server: FakeServer) -> int:
+    return [path for path, _, _ in server.requests].count("/v1/models")
+
+
+def test_a_live_endpoint_failing_its_health_check_is_out_before_a_request_fails(fakes):
+    a, b = fakes
+    with FaultProxy(origin(a.url)) as proxy, \
+            FleetGenerator([proxy.url, b.url], max_retries=0, cooldown=60, health_interval=0.05) as fleet:
+        assert fleet.profile.model
+        proxy.down = True  # the replica dies while the fleet is idle
+        assert wait_for(lambda: not fleet.stats()[proxy.url]["up"]), "the live health check did not take it out"
+        stats = fleet.stats()[proxy.url]
+        assert stats["failures"] == 0 and stats["last_failure"].startswith("health check")
+        posts = len(a.posts())
+        for seed in range(4):
+            fleet.generate("hi", SamplingParams(max_tokens=2, seed=seed))
+        assert len(a.posts()) == posts and fleet.stats()[b.url]["requests"] == 4  # none sent to the dead one
+        assert fleet.stats()[proxy.url]["failures"] == 0
+
+
+def test_live_health_checks_stop_on_close_and_do_not_run_without_an_interval(fakes):
+    a, b = fakes
+    with FleetGenerator([a.url, b.url], max_retries=0, health_interval=0.05) as fleet:
+        assert fleet.profile.model
+        listed = model_listings(a)
+        assert wait_for(lambda: model_listings(a) >= listed + 2)  # checked again and again
+        assert fleet.stats()[a.url]["up"] and fleet.stats()[a.url]["requests"] == 0  # checks are not requests
+    listed = model_listings(a)
+    time.sleep(0.3)
+    assert model_listings(a) == listed  # closed: no more checks
+
+    async def background_tasks():
+        return len(asyncio.all_tasks()) - 1  # besides this one
+
+    with FleetGenerator([a.url, b.url], max_retries=0, health_interval=None) as fleet:
+        assert fleet.profile.model
+        assert fleet.loop.run(background_tasks()) == 0
+        listed = model_listings(a)
+        time.sleep(0.3)
+        assert model_listings(a) == listed
 
 
 def test_an_endpoint_unreachable_at_start_is_out_and_the_rest_serve(fakes):
@@ -184,6 +216,7 @@ def test_capabilities_are_the_intersection():
     (["http://127.0.0.1:1/v1"], {"max_concurrency_per_endpoint": 0}, "max_concurrency_per_endpoint=0"),
     (["http://127.0.0.1:1/v1"], {"failures_to_eject": 0}, "failures_to_eject=0"),
     (["http://127.0.0.1:1/v1"], {"cooldown": -1}, "cooldown=-1"),
+    (["http://127.0.0.1:1/v1"], {"health_interval": 0}, "health_interval=0 is out of range"),
 ])
 def test_bad_settings_are_named(urls, options, wrong):
     with pytest.raises(ValueError, match=wrong):

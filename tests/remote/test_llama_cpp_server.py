@@ -74,6 +74,16 @@ def test_stop_strings_end_the_completion(gen):
     assert greedy.startswith(completion.text)
 
 
+def test_stop_reason_names_the_stop_string_the_server_cut(gen):
+    """llama.cpp's server reports no matched stop; the generator reads it from the tokens."""
+    greedy = gen.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=12)).text
+    stop = greedy.strip().split()[1]
+    completion = gen.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=12, stop=["zzz", stop])).completions[0]
+    assert completion.finish_reason == "stop" and completion.stop_reason == stop
+    unstopped = gen.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=4)).completions[0]
+    assert unstopped.finish_reason == "length" and unstopped.stop_reason is None
+
+
 def test_refusals_are_clear(gen):
     with pytest.raises(ValueError, match="token-id prompts"):
         gen.generate([1, 2, 3], SamplingParams(max_tokens=2))
@@ -115,3 +125,58 @@ def test_a_supplied_tokenizer_gives_the_ids_the_server_does_not(llama_server):
         completion = generator.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=6)).completions[0]
         assert completion.token_ids and tokenizer.decode(completion.token_ids) == completion.text
         assert generator.decode(completion.token_ids) == completion.text
+
+
+# continuing a final assistant message ------------------------------------------------------
+
+CONVERSATION = [{"role": "user", "content": "What is the capital of France?"},
+                {"role": "assistant", "content": "The capital of France is"}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    import gguf
+
+    from metagen.models import embedded_model_path
+    from metagen.models.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(gguf.GGUFReader(embedded_model_path()))
+
+
+def test_the_server_closes_a_final_assistant_message_whatever_it_is_asked(gen, tokenizer):
+    """What engines.py's table says of llama.cpp: continue_final_message is ignored, and the
+    prompt is the conversation closed plus a new assistant turn."""
+    base = {"model": gen.profile.model, "messages": CONVERSATION, "max_tokens": 1, "temperature": 0.0}
+    plain = gen.transport.post("chat/completions", base)
+    asked = gen.transport.post("chat/completions", {**base, "continue_final_message": True,
+                                                   "add_generation_prompt": False})
+    closed = tokenizer.apply_chat_template(CONVERSATION, add_generation_prompt=True)
+    continued = tokenizer.apply_chat_template(CONVERSATION, add_generation_prompt=False, continue_final_message=True)
+    assert plain["usage"]["prompt_tokens"] == asked["usage"]["prompt_tokens"] == len(tokenizer.encode(closed))
+    assert len(tokenizer.encode(continued)) < len(tokenizer.encode(closed))
+    assert not gen.profile.engine.continues_final_message
+
+
+def test_chains_are_refused_without_a_tokenizer_before_any_request(gen):
+    from metagen.strategies.registry import StrategyOptions, get_strategy
+
+    assert caps.ASSISTANT_CONTINUATION not in gen.capabilities
+    answered = gen.transport.requests
+    with pytest.raises(ValueError, match="strategy 'chain_of_thought' needs assistant_continuation.*tokenizer="):
+        get_strategy("chain_of_thought").run(gen, "What is 2 + 2?", 1, SamplingParams(max_tokens=8),
+                                             StrategyOptions(), None)
+    assert gen.transport.requests == answered
+
+
+def test_with_its_tokenizer_the_message_is_continued_and_a_chain_runs(llama_server, tokenizer):
+    from metagen.strategies.chain import ChainConfig
+    from metagen.strategies.chain_programs import chain_of_thought
+
+    with OpenAIGenerator(llama_server, tokenizer=tokenizer, max_retries=1) as generator:
+        assert caps.ASSISTANT_CONTINUATION in generator.capabilities
+        result = generator.generate(CONVERSATION, SamplingParams(temperature=0.0, max_tokens=8, stop=["."]))
+        completion = result.completions[0]
+        assert completion.text.strip() == "Paris" and completion.stop_reason == "."  # continued, not restated
+        config = ChainConfig(params=SamplingParams(temperature=0.0, max_tokens=12), answer_tokens=6)
+        chain = chain_of_thought(generator, "What is 2 + 3?", config)
+        assert chain.cost.model_calls == 2 and chain.values["reasoning"] and chain.chosen.token_ids is not None

@@ -21,8 +21,13 @@ from .fake_server import FakeServer
 
 
 def recording(server: FakeServer, **kwargs) -> tuple[Transport, list[float]]:
+    """A transport that records the delays it would sleep between attempts (and does not)."""
     waits: list[float] = []
-    transport = Transport(server.url, sleep=waits.append, rng=random.Random(0), **kwargs)
+
+    async def record(seconds: float) -> None:
+        waits.append(seconds)
+
+    transport = Transport(server.url, sleep=record, rng=random.Random(0), **kwargs)
     return transport, waits
 
 

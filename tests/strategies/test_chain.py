@@ -26,7 +26,7 @@ class ScriptedGenerator(Generator):
     A stop_reason of None means the model ended by itself (EOS). One token per character, so
     the costs and token budgets are predictable."""
 
-    capabilities = frozenset({caps.TOKEN_IDS, caps.LOGPROBS, caps.STEP_CONTINUATION})
+    capabilities = frozenset({caps.TOKEN_IDS, caps.LOGPROBS, caps.ASSISTANT_CONTINUATION})
 
     def __init__(self, script):
         self.script = list(script)

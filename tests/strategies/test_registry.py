@@ -18,9 +18,9 @@ EXPECTED_NEEDS = {
     "weighted_voting": {caps.FULL_DISTRIBUTIONS},
     "borda": {caps.FULL_DISTRIBUTIONS},
     "best_of_n_logprob": {caps.LOGPROBS},
-    "chain_of_thought": {caps.STEP_CONTINUATION},
-    "self_ask": {caps.STEP_CONTINUATION},
-    "calculator": {caps.STEP_CONTINUATION},
+    "chain_of_thought": {caps.ASSISTANT_CONTINUATION},  # continue the assistant's own message
+    "self_ask": {caps.ASSISTANT_CONTINUATION},
+    "calculator": {caps.ASSISTANT_CONTINUATION},
     "tokenwise_cd": {caps.LOCAL_CACHE},  # values the top-k next tokens at every position
 }
 SEARCHES = [name for name, spec in STRATEGIES.items() if spec.uses_value and name != "tokenwise_cd"]
@@ -74,7 +74,8 @@ class Lacking(Generator):
 
 def test_supported_by_agrees_with_check():
     for name, spec in STRATEGIES.items():
-        for lacking in [(), (caps.LOCAL_CACHE,), (caps.LOCAL_CACHE, caps.STEP_CONTINUATION), (caps.HIDDEN_STATES,)]:
+        for lacking in [(), (caps.LOCAL_CACHE,), (caps.LOCAL_CACHE, caps.STEP_CONTINUATION), (caps.HIDDEN_STATES,),
+                        (caps.ASSISTANT_CONTINUATION,)]:
             generator = Lacking(*lacking)
             for options in (STEPS, HEAD):
                 try:

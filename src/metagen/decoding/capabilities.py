@@ -22,9 +22,12 @@ FULL_DISTRIBUTIONS = "full_distributions"  # every next-token distribution (Comp
 PROMPT_SCORING = "prompt_scoring"  # log-probabilities of given text (echo)
 HIDDEN_STATES = "hidden_states"  # final hidden states (value heads)
 LOCAL_CACHE = "local_cache"  # a local LanguageModel whose KV cache rows can be snapshotted
-STEP_CONTINUATION = "step_continuation"  # continue a prefix (token ids, raw text via
-# `Generator.continue_prefix`, or a final assistant message) until a stop string, telling which
-# stop ended it (Completion.stop_reason, or the sampled tokens' text)
+STEP_CONTINUATION = "step_continuation"  # continue a raw prefix (token ids, or text via
+# `Generator.continue_prefix`, no chat template) until a stop string, telling which stop ended it
+# (Completion.stop_reason, or the sampled tokens' text)
+ASSISTANT_CONTINUATION = "assistant_continuation"  # `generate` on chat messages ending with an
+# assistant message continues that message (no end-of-turn, no new turn: transformers'
+# continue_final_message) until a stop string, naming the stop that ended it in stop_reason
 STRUCTURED_OUTPUT = "structured_output"  # constrain outputs to a schema / grammar
 
 # What provides each capability, for error messages.
@@ -40,6 +43,11 @@ PROVIDERS = {
     LOCAL_CACHE: "a local model (LocalGenerator)",
     STEP_CONTINUATION: "a local model, or a server with /v1/completions and stop strings that tells which stop "
                        "ended a completion (vLLM, SGLang; llama.cpp and OpenAI through returned logprobs)",
+    ASSISTANT_CONTINUATION: "a local model, or a server that continues a final assistant message itself (vLLM, "
+                            "SGLang: continue_final_message), or any server with /v1/completions that tells which "
+                            "stop ended a completion, given tokenizer= with the model's chat template (the "
+                            "conversation is rendered as text and continued raw; llama.cpp's server closes the "
+                            "message and starts a new turn instead)",
     STRUCTURED_OUTPUT: "a backend with constrained decoding",
 }
 ALL = frozenset(PROVIDERS)

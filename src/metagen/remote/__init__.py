@@ -6,6 +6,10 @@ metagen`.
 
     connect(["http://a:8000/v1"], **options)                     -> OpenAIGenerator
     connect(["http://a:8000/v1", "http://b:8000/v1"], **options) -> FleetGenerator over both
+
+Async underneath (httpx.AsyncClient on one event loop thread per generator, `loop.py`):
+`generator.generate(...)` blocks, from any thread or inside a running event loop (a notebook);
+`await generator.agenerate(...)` serves async code. `close()` or `with` stops the thread.
 """
 
 from collections.abc import Sequence

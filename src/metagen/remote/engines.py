@@ -15,6 +15,12 @@ SGLang `srt/entrypoints/openai/protocol.py` (the same sampling extras; choices c
 `matched_stop`; no token ids in /v1/completions answers); llama-cpp-python
 `server/types.py` + `server/app.py` (top_k, min_p, repeat_penalty, mirostat_*; `n`, `best_of`
 and `min_tokens` dropped by the server; prompts must be text; no stop_token_ids / ignore_eos).
+
+A final assistant message is continued by vLLM (`continue_final_message=True,
+add_generation_prompt=False`) and SGLang (`continue_final_message`); llama-cpp-python's server
+ignores both fields and renders the conversation with the generation prompt, closing the
+message and opening a new assistant turn (measured: the same prompt_tokens with and without
+them, tests/remote/test_llama_cpp_server.py); OpenAI has no such field.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ class Engine:
     fields: SamplingParams field -> request field the server honours.
     ids_request: extra request fields that make the server return the sampled token ids.
     mirostat: the server runs Mirostat 2.0 (`mirostat_mode=2`, `mirostat_tau`, `mirostat_eta`).
+    continues_final_message: /v1/chat/completions continues a final assistant message when
+        asked (`continue_final_message`), rather than closing it and starting a new turn.
     owned_by: `owned_by` values of /v1/models entries that identify the engine.
     """
 
@@ -58,6 +66,7 @@ class Engine:
     fields: dict[str, str]
     ids_request: dict[str, object] = field(default_factory=dict)
     mirostat: bool = False
+    continues_final_message: bool = False
     owned_by: tuple[str, ...] = ()
     top_k_disabled: int = -1
     neutral_only: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -75,8 +84,9 @@ class Engine:
 
 ENGINES = {
     "vllm": Engine("vllm", {**OPENAI_FIELDS, **EXTRA_FIELDS}, {"return_tokens_as_token_ids": True},
-                   owned_by=("vllm",)),
-    "sglang": Engine("sglang", {**OPENAI_FIELDS, **EXTRA_FIELDS}, owned_by=("sglang",)),
+                   continues_final_message=True, owned_by=("vllm",)),
+    "sglang": Engine("sglang", {**OPENAI_FIELDS, **EXTRA_FIELDS}, continues_final_message=True,
+                     owned_by=("sglang",)),
     "llama.cpp": Engine(
         "llama.cpp",
         {name: wire for name, wire in OPENAI_FIELDS.items() if not name.endswith("_penalty")}

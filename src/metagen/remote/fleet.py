@@ -6,14 +6,19 @@
 Every endpoint is probed once (concurrently, on first use); the fleet honours what all of them
 honour (the intersection of their profiles), and they must serve the same model with the same
 engine. Requests go to the live endpoint with the fewest outstanding requests, at most
-`max_concurrency_per_endpoint` in flight on each (see `pool.py`); the fleet may be called from
-any number of threads at once. A fan-out (n requests to a server that ignores n) runs its
-requests concurrently on a thread pool, so they spread over the endpoints.
+`max_concurrency_per_endpoint` in flight on each (see `pool.py`). Every request of the fleet is
+a coroutine on its one event loop (`loop.py`), shared by its endpoints' transports: the fleet
+may be called from any number of threads at once (`generate`) or awaited (`agenerate`), and a
+fan-out (n requests to a server that ignores n) sends its requests at once (`asyncio.gather`),
+so they spread over the endpoints.
 
 Faults: a request that fails on an endpoint after the transport's retries (no connection,
 timeout, 429 / 5xx) is sent again, unchanged (same seed, so the same answer), to another
 endpoint; `failures_to_eject` consecutive failures take an endpoint out for `cooldown` seconds,
-then a health check (GET /v1/models; the full probe if it was never probed) takes it back. A
+then a health check (GET /v1/models; the full probe if it was never probed) takes it back. Every
+`health_interval` seconds the live endpoints are checked too (on the fleet's loop, from its first
+use until `close()`; None: never), and one failing its check is taken out the same way before a
+request fails on it. A
 request the server rejects as invalid (400 / 404 / 422) is raised at once: every replica would
 say the same. With every endpoint down: `FleetUnavailableError` naming each and its last failure.
 
@@ -23,13 +28,19 @@ per endpoint.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import asyncio
 from dataclasses import replace
 
+from metagen.remote.loop import BackgroundLoop, gather_all
 from metagen.remote.openai_generator import OpenAIGenerator
 from metagen.remote.pool import Endpoint, EndpointPool, FleetUnavailableError
 from metagen.remote.probe import ServerProfile
-from metagen.remote.transport import RETRIED_STATUS, InvalidRequestError, ServerError
+from metagen.remote.transport import (
+    RETRIED_STATUS,
+    InvalidRequestError,
+    ServerError,
+    Transport,
+)
 
 
 def is_endpoint_failure(error: ServerError) -> bool:
@@ -57,11 +68,14 @@ class FleetGenerator(OpenAIGenerator):
     max_concurrency_per_endpoint: requests in flight on one endpoint at most.
     failures_to_eject: consecutive failed requests that take an endpoint out.
     cooldown: seconds an endpoint stays out before its health check.
+    health_interval: seconds between health checks of the live endpoints (None: none; only
+        endpoints taken out are checked, after their cool-down).
     Every other keyword is `OpenAIGenerator`'s, applied to each endpoint.
     """
 
     def __init__(self, base_urls: list[str], model: str | None = None, *, max_concurrency_per_endpoint: int = 4,
-                 failures_to_eject: int = 2, cooldown: float = 30.0, engine: str = "auto",
+                 failures_to_eject: int = 2, cooldown: float = 30.0, health_interval: float | None = 30.0,
+                 engine: str = "auto",
                  chat: bool | None = None, tokenizer=None, parameter_count: float | None = None,
                  api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, connect_timeout: float = 5.0,
                  max_retries: int = 4) -> None:
@@ -75,15 +89,20 @@ class FleetGenerator(OpenAIGenerator):
                 raise ValueError(f"{name}={value!r} is out of range: must be an int >= 1")
         if not cooldown >= 0:
             raise ValueError(f"cooldown={cooldown!r} is out of range: must be >= 0 seconds")
+        if health_interval is not None and not health_interval > 0:
+            raise ValueError(f"health_interval={health_interval!r} is out of range: must be > 0 seconds, "
+                             "or None for no checks of live endpoints")
+        self.health_interval = health_interval
+        self._watch: asyncio.Task | None = None  # the live health checks, once probed
         self._configure(model, engine, chat, tokenizer, parameter_count)
-        members = [OpenAIGenerator(url, model, engine=engine, api_key_env=api_key_env, timeout=timeout,
-                                   connect_timeout=connect_timeout, max_retries=max_retries) for url in base_urls]
+        self.loop = BackgroundLoop("metagen-fleet")  # one loop for every endpoint's requests
+        members = [OpenAIGenerator(url, model, engine=engine, transport=Transport(
+            url, api_key_env=api_key_env, timeout=timeout, connect_timeout=connect_timeout,
+            max_retries=max_retries, loop=self.loop)) for url in base_urls]
         self.endpoints = [Endpoint(member.transport.base_url, member) for member in members]
         self.pool = EndpointPool(self.endpoints, max_concurrency=max_concurrency_per_endpoint,
                                  failures_to_eject=failures_to_eject, cooldown=cooldown,
                                  health_check=self._health_check)
-        self._workers = ThreadPoolExecutor(max_workers=len(members) * max_concurrency_per_endpoint,
-                                           thread_name_prefix="metagen-fleet")
 
     def __repr__(self) -> str:
         return f"FleetGenerator({[e.url for e in self.endpoints]!r}, model={self.requested_model!r})"
@@ -98,78 +117,82 @@ class FleetGenerator(OpenAIGenerator):
         return {"name": profile.model, "engine": profile.engine.name, "base_urls": [e.url for e in self.endpoints]}
 
     def close(self) -> None:
-        self._workers.shutdown(wait=True)
-        for endpoint in self.endpoints:
-            endpoint.member.close()
+        """Close every endpoint's connections and stop the fleet's event loop thread."""
+        if self.loop.started:
+            self.loop.run(self._shutdown())
+        self.loop.close()
+
+    async def _shutdown(self) -> None:
+        """Stop the health checks, then close every endpoint's connections."""
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+        await gather_all(endpoint.member.transport.aclose() for endpoint in self.endpoints)
 
     def stats(self) -> dict[str, dict]:
         """Per endpoint URL: requests answered, failures, outstanding, up, last failure."""
         return {e.url: e.stats() for e in self.endpoints}
 
-    @property
-    def profile(self) -> ServerProfile:
-        """The intersection of every reachable endpoint's profile (each probed once, in parallel)."""
-        with self._probe_lock:
-            if self._profile is None:
-                self._profile = self._probe_all()
-            return self._profile
-
-    def _probe_all(self) -> ServerProfile:
-        def attempt(endpoint: Endpoint) -> ServerProfile | ServerError:
+    async def _probe(self) -> ServerProfile:
+        """The intersection of every reachable endpoint's profile (each probed once, concurrently)."""
+        async def attempt(endpoint: Endpoint) -> ServerProfile | ServerError:
             try:
-                return endpoint.member.profile
+                return await endpoint.member._probed()
             except ServerError as error:  # unreachable or failing: down, not a capability answer
                 return error
 
-        outcomes = dict(zip([e.url for e in self.endpoints], self._workers.map(attempt, self.endpoints)))
+        answers = await asyncio.gather(*(attempt(endpoint) for endpoint in self.endpoints))
+        outcomes = dict(zip([e.url for e in self.endpoints], answers))
         for endpoint in self.endpoints:
             if isinstance(outcomes[endpoint.url], ServerError):
                 self.pool.take_down(endpoint, f"probe: {outcomes[endpoint.url]}")
         profiles = {url: p for url, p in outcomes.items() if isinstance(p, ServerProfile)}
         if not profiles:
             raise FleetUnavailableError(f"no endpoint of the fleet answered its probe: {self.pool.describe()}")
-        return common_profile(profiles)
+        joined = common_profile(profiles)
+        if self.health_interval is not None:
+            self._watch = asyncio.get_running_loop().create_task(self.pool.watch(self.health_interval))
+        return joined
 
-    def _health_check(self, endpoint: Endpoint) -> str | None:
+    async def _health_check(self, endpoint: Endpoint) -> str | None:
         """None when `endpoint` may serve again; an endpoint first probed now must honour what the
         fleet honours (else it stays out for good)."""
         try:
             if endpoint.member._profile is None:
                 try:
-                    reason = self._incompatibility(endpoint.member.profile, endpoint.url)
+                    reason = self._incompatibility(await endpoint.member._probed(), endpoint.url)
                 except ValueError as error:  # e.g. it does not serve the fleet's model
                     reason = str(error)
                 if reason is not None:
                     self.pool.take_down(endpoint, reason, forever=True)
                     return reason
             else:
-                endpoint.member.transport.get("models", retry=False)
+                await endpoint.member.transport.aget("models", retry=False)
         except ServerError as error:
             return str(error)
         return None
 
     def _incompatibility(self, profile: ServerProfile, url: str) -> str | None:
-        """Why an endpoint with `profile` cannot join the fleet (None: it can)."""
+        """Why an endpoint with `profile` cannot join the fleet (None: it can; health checks run
+        once the fleet is probed)."""
         try:
-            joined = common_profile({self.where: self.profile, url: profile})
+            joined = common_profile({self.where: self._profile, url: profile})
         except ValueError as error:
             return str(error)
-        return None if joined == self.profile else f"{url} honours less than the fleet: {profile}"
+        return None if joined == self._profile else f"{url} honours less than the fleet: {profile}"
 
-    def _post_all(self, endpoint: str, requests: list[dict]) -> list[tuple[dict, str]]:
-        """(answer, URL that answered) per request, in order; a fan-out runs concurrently."""
-        if len(requests) == 1:
-            return [self._post_one(endpoint, requests[0])]
-        return list(self._workers.map(lambda request: self._post_one(endpoint, request), requests))
+    async def _post_all(self, endpoint: str, requests: list[dict]) -> list[tuple[dict, str]]:
+        """(answer, URL that answered) per request, in order; a fan-out's go out at once."""
+        return await gather_all(self._post_one(endpoint, request) for request in requests)
 
-    def _post_one(self, path: str, request: dict) -> tuple[dict, str]:
+    async def _post_one(self, path: str, request: dict) -> tuple[dict, str]:
         """The answer to one request from some live endpoint, failing over to the others."""
         tried: dict[int, int] = {}
         attempts = self.pool.failures_to_eject * len(self.endpoints) + 1
         for _ in range(attempts):
-            endpoint = self.pool.acquire(tried)
+            endpoint = await self.pool.acquire(tried)
             try:
-                answer = endpoint.member.transport.post(path, request)
+                answer = await endpoint.member.transport.apost(path, request)
             except ServerError as error:
                 failed_here = is_endpoint_failure(error)
                 self.pool.release(endpoint, str(error), counted=failed_here)

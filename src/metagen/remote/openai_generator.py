@@ -14,21 +14,31 @@ seeds derived from one base seed (params.seed, or a draw from `generator`, or fr
 Whatever is asked and cannot be delivered is refused before any request: a SamplingParams field
 the engine does not honour, logprobs from a server that returns none, token prompts.
 
+A final assistant message is continued by the server where the engine table says it can (vLLM,
+SGLang); elsewhere it is rendered with the tokenizer's chat template and continued as raw text
+on /v1/completions (ASSISTANT_CONTINUATION then needs that tokenizer). `stop_reason` names the
+stop string that ended a completion: the engine's own field, else read from the sampled tokens'
+text (`responses.stop_from_tokens`), as local decoding reports it.
+
 Token ids: from the server (vLLM), else from `tokenizer` (the canonical tokenization of the
 returned text), else None, meaning unknown; then `capabilities` lacks TOKEN_IDS, so strategies
 that need ids refuse. `Cost`: model_calls = HTTP requests answered, prompt tokens computed vs
 served from the server's prefix cache (`usage.prompt_tokens_details.cached_tokens`), generated
 tokens, wall seconds, and FLOPs = 2 · parameter_count · tokens when `parameter_count` is given
 (None, unknown, otherwise).
+
+Faces: `generate` / `continue_prefix` block the calling thread (any thread, several at once, or
+a notebook cell inside a running event loop); `agenerate` / `acontinue_prefix` are awaited from
+async code on any event loop. Both run the same coroutine on the generator's own event loop
+(`loop.py`), where a fan-out's requests go out at once (`asyncio.gather`). `close()` (or `with`)
+stops that loop's thread; an unclosed one stops when the generator is collected or at exit.
 """
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import secrets
-import threading
 import time
-from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -37,39 +47,17 @@ from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.decoding.sample_loop import GenerationResult
 from metagen.remote.engines import sampling_fields
-from metagen.remote.probe import ServerProfile, probe
-from metagen.remote.responses import RemoteCompletion, parse_choices
-from metagen.remote.transport import ServerError, Transport
+from metagen.remote.loop import gather_all
+from metagen.remote.probe import ServerProfile, probe_async
+from metagen.remote.prompt_fields import SEED_BITS, derived_seed, prompt_request
+from metagen.remote.responses import (
+    RemoteCompletion,
+    parse_choices,
+    stop_from_tokens,
+    usage_cost,
+)
+from metagen.remote.transport import Transport
 from metagen.sampling import SamplingParams
-
-SEED_BITS = 31  # llama.cpp takes uint32, some servers int32: stay below both
-
-
-def derived_seed(base: int, index: int) -> int:
-    """A seed for fan-out request `index`, a hash of (base, index) in [0, 2^31)."""
-    digest = hashlib.blake2b(f"{base}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % (1 << SEED_BITS)
-
-
-def prompt_request(prompt: Prompt, chat: bool) -> tuple[str, dict]:
-    """(endpoint, prompt fields) for a prompt, or ValueError naming what is wrong with it."""
-    if isinstance(prompt, (bytes, bytearray, memoryview)):
-        raise ValueError("prompt is bytes: decode it to str first (e.g. prompt.decode('utf-8'))")
-    if isinstance(prompt, str):
-        if not prompt:
-            raise ValueError("prompt is empty: give at least one character or token")
-        if chat:
-            return "chat/completions", {"messages": [{"role": "user", "content": prompt}]}
-        return "completions", {"prompt": prompt}
-    items = list(prompt) if isinstance(prompt, Sequence) else None
-    if not items:
-        raise ValueError(f"prompt {prompt!r} is empty or not a string, chat messages or token ids")
-    if all(isinstance(item, Mapping) for item in items):
-        return "chat/completions", {"messages": [dict(item) for item in items]}
-    if all(isinstance(item, int) and not isinstance(item, bool) and item >= 0 for item in items):
-        return "completions", {"prompt": items}
-    raise ValueError("prompt mixes item types or has negative ids: a prompt is a string, a list of "
-                     "chat messages, or a list of int token ids >= 0")
 
 
 class OpenAIGenerator(Generator):
@@ -83,8 +71,8 @@ class OpenAIGenerator(Generator):
     parameter_count: the model's parameters, for FLOPs = 2 · params per token (None: unknown).
     api_key_env, timeout, connect_timeout, max_retries: see `Transport`.
 
-    concurrent: `generate` may run from several threads at once (httpx.Client is thread-safe; the
-    probe runs once, before, through `capabilities`).
+    concurrent: `generate` may run from several threads at once (each call is a coroutine on the
+    generator's one event loop; the probe runs once, before the first request).
     """
 
     concurrent = True
@@ -97,6 +85,7 @@ class OpenAIGenerator(Generator):
         self._configure(model, engine, chat, tokenizer, parameter_count)
         self.transport = transport or Transport(base_url, api_key_env=api_key_env, timeout=timeout,
                                                 connect_timeout=connect_timeout, max_retries=max_retries)
+        self.loop = self.transport.loop
 
     def _configure(self, model: str | None, engine: str, chat: bool | None, tokenizer,
                    parameter_count: float | None) -> None:
@@ -108,7 +97,7 @@ class OpenAIGenerator(Generator):
         self.tokenizer = tokenizer
         self.parameter_count = parameter_count
         self._profile: ServerProfile | None = None
-        self._probe_lock = threading.Lock()  # callers on several threads probe once
+        self._probe_lock = asyncio.Lock()  # concurrent first calls probe once (on the generator's loop)
 
     def __repr__(self) -> str:
         return f"OpenAIGenerator({self.transport.base_url!r}, model={self.requested_model!r}, engine={self.engine_name!r})"
@@ -130,14 +119,24 @@ class OpenAIGenerator(Generator):
     @property
     def profile(self) -> ServerProfile:
         """What the server honours (probed on first use, then cached)."""
-        with self._probe_lock:
+        return self._profile if self._profile is not None else self.loop.run(self._probed())
+
+    async def _probed(self) -> ServerProfile:
+        """The profile, probing once (later callers wait for the first one's probe)."""
+        async with self._probe_lock:
             if self._profile is None:
-                self._profile = probe(self.transport, self.requested_model, self.engine_name)
-            return self._profile
+                self._profile = await self._probe()
+        return self._profile
+
+    async def _probe(self) -> ServerProfile:
+        return await probe_async(self.transport, self.requested_model, self.engine_name)
 
     @property
     def capabilities(self) -> frozenset[str]:
-        return self.profile.capabilities(self.tokenizer is not None)
+        return self.profile.capabilities(self.tokenizer is not None, self._has_template())
+
+    def _has_template(self) -> bool:
+        return self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None) is not None
 
     def served_identity(self) -> dict:
         """The served model's id, the engine and the base URL (probed on first use)."""
@@ -149,9 +148,8 @@ class OpenAIGenerator(Generator):
             raise NotImplementedError("OpenAIGenerator decodes token ids only with a tokenizer= given")
         return self.tokenizer.decode(list(token_ids))
 
-    def _body(self, endpoint: str, fields: dict, params: SamplingParams) -> dict:
+    def _body(self, profile: ServerProfile, endpoint: str, fields: dict, params: SamplingParams) -> dict:
         """The request body without n and seed, or ValueError for what the server cannot do."""
-        profile = self.profile
         if endpoint == "completions" and isinstance(fields["prompt"], list) and not profile.token_prompts:
             raise ValueError(f"{profile.engine.name} server at {self.where} does not accept "
                              "token-id prompts (probed): give text or chat messages")
@@ -168,7 +166,7 @@ class OpenAIGenerator(Generator):
         body = {"model": profile.model, **fields, **sampling_fields(params, profile.engine)}
         messages = fields.get("messages")
         if messages and messages[-1].get("role") == "assistant":
-            if profile.engine.name not in ("vllm", "sglang"):
+            if not profile.engine.continues_final_message:
                 raise ValueError(f"messages end with an assistant message, which {profile.engine.name}'s "
                                  "server cannot continue (no continue_final_message): pass tokenizer= with the "
                                  "model's chat template to render it as text")
@@ -181,75 +179,89 @@ class OpenAIGenerator(Generator):
             body.update(profile.engine.ids_request)
         return body
 
-    def _requests(self, body: dict, params: SamplingParams, generator: torch.Generator | None) -> list[tuple[dict, int]]:
+    @staticmethod
+    def _requests(profile: ServerProfile, body: dict, params: SamplingParams,
+                  generator: torch.Generator | None) -> list[tuple[dict, int]]:
         """(request body, choices expected) for the n completions: one request or a fan-out."""
         base = params.seed
         if generator is not None:
             base = int(torch.randint(0, 1 << SEED_BITS, (1,), generator=generator))
-        if self.profile.native_n or params.n == 1:
+        if profile.native_n or params.n == 1:
             seeded = body if base is None else {**body, "seed": base}
             return [({**seeded, "n": params.n}, params.n)]
         base = secrets.randbits(SEED_BITS) if base is None else base
         return [({**body, "n": 1, "seed": derived_seed(base, index)}, 1) for index in range(params.n)]
 
     def generate(self, prompt: Prompt, params: SamplingParams, *, generator: torch.Generator | None = None) -> GenerationResult:
+        return self.loop.run(self._generate(prompt, params, generator))
+
+    async def agenerate(self, prompt: Prompt, params: SamplingParams, *,
+                        generator: torch.Generator | None = None) -> GenerationResult:
+        """`generate` for async code: awaitable on any event loop (the requests run on the
+        generator's own); many awaited at once run concurrently."""
+        return await self.loop.call(self._generate(prompt, params, generator))
+
+    async def _generate(self, prompt: Prompt, params: SamplingParams,
+                        generator: torch.Generator | None) -> GenerationResult:
         endpoint, fields = prompt_request(prompt, self.chat)
         messages = fields.get("messages")
-        if messages and messages[-1].get("role") == "assistant" and not self._continues_final_message():
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True)
-            endpoint, fields = "completions", {"prompt": text}  # rendered here, continued as raw text
-        return self._complete(endpoint, fields, params, generator)
+        final = bool(messages) and messages[-1].get("role") == "assistant"
+        if final and not self._continues_final_message(await self._probed()):  # rendered here, continued as raw text
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=False,
+                                                      continue_final_message=True)
+            endpoint, fields = "completions", {"prompt": text}
+        return await self._complete(endpoint, fields, params, generator)
 
-    def _continues_final_message(self) -> bool:
-        """The server continues a final assistant message itself (vLLM, SGLang); else one is
-        rendered with the tokenizer's chat template when one is given (else `_body` refuses)."""
-        has_template = self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None) is not None
-        return self.profile.engine.name in ("vllm", "sglang") or not has_template
+    def _continues_final_message(self, profile: ServerProfile) -> bool:
+        """The server continues a final assistant message itself (vLLM, SGLang: the engine
+        table); else one is rendered with the tokenizer's chat template when one is given (else
+        `_body` refuses)."""
+        return profile.engine.continues_final_message or not self._has_template()
 
     def continue_prefix(self, prefix: str | list[int], params: SamplingParams, *,
                         generator: torch.Generator | None = None) -> GenerationResult:
         """Completions of `prefix` sent as it is to /v1/completions (raw text, never through the
         chat template; or token ids where the server takes them), for step searches."""
+        return self.loop.run(self._continue_prefix(prefix, params, generator))
+
+    async def acontinue_prefix(self, prefix: str | list[int], params: SamplingParams, *,
+                               generator: torch.Generator | None = None) -> GenerationResult:
+        """`continue_prefix` for async code (see `agenerate`)."""
+        return await self.loop.call(self._continue_prefix(prefix, params, generator))
+
+    async def _continue_prefix(self, prefix: str | list[int], params: SamplingParams,
+                               generator: torch.Generator | None) -> GenerationResult:
         if isinstance(prefix, str) and not prefix:
             raise ValueError("prefix is empty: give at least one character or token")
         _, fields = prompt_request(prefix if isinstance(prefix, str) else list(prefix), chat=False)
-        return self._complete("completions", fields, params, generator)
+        return await self._complete("completions", fields, params, generator)
 
-    def _complete(self, endpoint: str, fields: dict, params: SamplingParams,
-                  generator: torch.Generator | None) -> GenerationResult:
+    async def _complete(self, endpoint: str, fields: dict, params: SamplingParams,
+                        generator: torch.Generator | None) -> GenerationResult:
         start = time.perf_counter()
-        body = self._body(endpoint, fields, params)
+        profile = await self._probed()
+        body = self._body(profile, endpoint, fields, params)
         chat = endpoint == "chat/completions"
         completions: list[RemoteCompletion] = []
         cost = Cost(flops=None if self.parameter_count is None else 0.0)
-        requests = self._requests(body, params, generator)
-        answers = self._post_all(endpoint, [request for request, _ in requests])
+        requests = self._requests(profile, body, params, generator)
+        answers = await self._post_all(endpoint, [request for request, _ in requests])
         for (_, expected), (answer, url) in zip(requests, answers):
             completions += parse_choices(answer, url, chat, params.logprobs, expected)
-            cost += self._usage_cost(answer, url)
+            cost += usage_cost(answer, url, self.parameter_count)
         for completion in completions:
             if completion.token_ids is None and self.tokenizer is not None:
                 completion.token_ids = self.tokenizer.encode(completion.text, add_special_tokens=False)
+            if completion.finish_reason == "stop" and completion.stop_reason is None:  # llama.cpp, OpenAI
+                completion.stop_reason = stop_from_tokens(completion, params.stop)
         cost.wall_seconds = time.perf_counter() - start
         prompt_ids = list(fields["prompt"]) if isinstance(fields.get("prompt"), list) else None
         result = GenerationResult(completions, prompt_ids, decode_seconds=cost.wall_seconds,
                                   model_calls=cost.model_calls, cost=cost)
         return result
 
-    def _post_all(self, endpoint: str, requests: list[dict]) -> list[tuple[dict, str]]:
-        """(answer, URL that answered) for each request, in order: here one after another."""
+    async def _post_all(self, endpoint: str, requests: list[dict]) -> list[tuple[dict, str]]:
+        """(answer, URL that answered) for each request, in order; a fan-out's go out at once."""
         url = f"{self.transport.base_url}/{endpoint}"
-        return [(self.transport.post(endpoint, request), url) for request in requests]
-
-    def _usage_cost(self, answer: dict, url: str) -> Cost:
-        """The Cost of one answered request, from its `usage`."""
-        usage = answer.get("usage")
-        if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
-            raise ServerError(url, 200, f"answer has no usage counts: {str(answer)[:200]}")
-        details = usage.get("prompt_tokens_details") or {}
-        cached = int(details.get("cached_tokens") or 0)
-        computed = usage["prompt_tokens"] - cached
-        generated = int(usage.get("completion_tokens") or 0)
-        flops = None if self.parameter_count is None else 2.0 * self.parameter_count * (computed + generated)
-        return Cost(model_calls=1, prompt_tokens_computed=computed, prompt_tokens_reused=cached,
-                    generated_tokens=generated, flops=flops, target_steps=generated)
+        answers = await gather_all(self.transport.apost(endpoint, request) for request in requests)
+        return [(answer, url) for answer in answers]

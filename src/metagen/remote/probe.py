@@ -9,7 +9,8 @@
     echo=True, logprobs=1             -> prompt scoring (the prompt's own logprobs come back)
 
 Nothing is assumed from the engine's name alone: the table in `engines.py` says which request
-fields to send; the probe says what actually comes back.
+fields to send; the probe says what actually comes back. `probe_async` runs on the transport's
+loop (the generators await it); `probe` is its synchronous face.
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ class ServerProfile:
         text runs past the cut text into the stop string (llama.cpp, OpenAI)."""
         return self.engine.name in ("vllm", "sglang") or self.logprobs
 
-    def capabilities(self, has_tokenizer: bool) -> frozenset[str]:
+    def capabilities(self, has_tokenizer: bool, has_template: bool = False) -> frozenset[str]:
+        """What a generator over this server provides, with a tokenizer of the served model (and
+        one with a chat template: a final assistant message is then rendered as text and
+        continued on /v1/completions where the engine cannot continue it itself)."""
         names = set()
         if self.logprobs:
             names.add(caps.LOGPROBS)
@@ -58,12 +62,14 @@ class ServerProfile:
             names.add(caps.PROMPT_SCORING)
         if self.completions and self.tells_stops:
             names.add(caps.STEP_CONTINUATION)
+        if self.tells_stops and (self.engine.continues_final_message or (has_template and self.completions)):
+            names.add(caps.ASSISTANT_CONTINUATION)
         return frozenset(names)
 
 
-def served_model(transport: Transport, model: str | None, engine: str) -> tuple[str, Engine, int | None]:
+async def served_model(transport: Transport, model: str | None, engine: str) -> tuple[str, Engine, int | None]:
     """(model id, engine, max_model_len) from /v1/models, or ValueError naming what is served."""
-    listing = transport.get("models").get("data")
+    listing = (await transport.aget("models")).get("data")
     if not isinstance(listing, list) or not listing:
         raise ValueError(f"{transport.base_url}/models lists no models")
     ids = [str(entry.get("id")) for entry in listing]
@@ -79,12 +85,12 @@ def served_model(transport: Transport, model: str | None, engine: str) -> tuple[
     return model, found, length if isinstance(length, int) else None
 
 
-def _try(transport: Transport, body: dict) -> dict | None:
+async def _try(transport: Transport, body: dict) -> dict | None:
     """The answer to a probe request (sent once), None when the server answers with an error:
     llama-cpp-python answers a request it cannot parse with HTTP 500, so any error status means
     "not supported" here (a flaky server can only make the profile more conservative)."""
     try:
-        return transport.post("completions", body, retry=False)
+        return await transport.apost("completions", body, retry=False)
     except ServerError as error:
         if error.status is None:  # unreachable: not a capability question
             raise
@@ -93,10 +99,15 @@ def _try(transport: Transport, body: dict) -> dict | None:
 
 def probe(transport: Transport, model: str | None = None, engine: str = "auto") -> ServerProfile:
     """Probe the server at `transport` (/v1/models, then 3 one-token requests)."""
-    model, found, max_model_len = served_model(transport, model, engine)
+    return transport.loop.run(probe_async(transport, model, engine))
+
+
+async def probe_async(transport: Transport, model: str | None = None, engine: str = "auto") -> ServerProfile:
+    """`probe`, awaited (on any event loop; the requests run on the transport's)."""
+    model, found, max_model_len = await served_model(transport, model, engine)
     base = {"model": model, "max_tokens": 1, "temperature": 1.0, "seed": 0, **found.ids_request}
     try:  # retried like any request: a transient failure must not pass for a missing feature
-        answer = transport.post("completions", {**base, "prompt": "Hello", "n": 2, "logprobs": 1})
+        answer = await transport.apost("completions", {**base, "prompt": "Hello", "n": 2, "logprobs": 1})
     except InvalidRequestError:  # e.g. a chat-only model: none of these features on /completions
         answer = {}
     choices = answer.get("choices") or []
@@ -105,9 +116,9 @@ def probe(transport: Transport, model: str | None = None, engine: str = "auto") 
     served_ids = first.get("token_ids")  # vLLM's return_token_ids form
     ids = served_ids if isinstance(served_ids, list) else [token_id(t) for t in logprobs.get("tokens") or []]
     returns_ids = bool(ids) and None not in ids
-    scored = _try(transport, {**base, "prompt": "Hello world", "echo": True, "logprobs": 1})
+    scored = await _try(transport, {**base, "prompt": "Hello world", "echo": True, "logprobs": 1})
     scored_tokens = ((scored or {}).get("choices") or [{}])[0].get("logprobs") or {}
-    as_ids = _try(transport, {**base, "prompt": ids if returns_ids else [1, 2]})
+    as_ids = await _try(transport, {**base, "prompt": ids if returns_ids else [1, 2]})
     return ServerProfile(
         engine=found,
         model=model,

@@ -7,6 +7,11 @@ the generator fills them from a tokenizer the user supplied, or leaves them unkn
 logprobs keyed by token id (`Completion.top_logprobs`) exist only when ids are known; the
 server's text-keyed form is kept in `RemoteCompletion.top_logprob_texts`.
 
+Which stop string ended a completion: the engine's `stop_reason` (vLLM) or `matched_stop`
+(SGLang), else `stop_from_tokens`: llama.cpp's server (and OpenAI) cut the stop string from the
+text but list the token holding it in logprobs, so the tokens' text beyond the returned text
+starts with the stop that matched, and nothing beyond it means EOS.
+
 A malformed answer (no choices, a choice without text, a finish reason other than stop /
 length) is a `ServerError`, never a shorter result.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from metagen.decoding.cost import Cost
 from metagen.decoding.sample_loop import Completion
 from metagen.remote.transport import ServerError
 
@@ -41,6 +47,23 @@ def token_id(token: str) -> int | None:
         if digits.isdigit():
             return int(digits)
     return None
+
+
+def past_text(completion) -> str | None:
+    """The sampled tokens' text beyond the returned text (the stop string the server cut, with
+    the rest of its token), or None when the tokens' text is not known (no logprobs, or vLLM's
+    "token_id:<id>" form)."""
+    tokens = getattr(completion, "tokens", None)
+    if tokens is None or any(token.startswith(TOKEN_ID_PREFIX) for token in tokens):
+        return None
+    return "".join(tokens)[len(completion.text):]
+
+
+def stop_from_tokens(completion, stops) -> str | None:
+    """The stop string in `stops` that the tokens' text beyond the returned text starts with;
+    None when nothing is beyond it (EOS) or the tokens' text is unknown."""
+    beyond = past_text(completion)
+    return next((stop for stop in stops if beyond and beyond.startswith(stop)), None)
 
 
 def _top(entries: dict[str, float], k: int) -> dict[str, float]:
@@ -113,3 +136,19 @@ def parse_choices(payload: dict, url: str, chat: bool, top_k: int | None, expect
             raise ServerError(url, 200, f"a choice finished with finish_reason="
                                         f"{completion.finish_reason!r} (expected 'stop' or 'length')")
     return completions
+
+
+def usage_cost(answer: dict, url: str, parameter_count: float | None) -> Cost:
+    """The Cost of one answered request, from its `usage`: prompt tokens computed vs served
+    from the prefix cache (`prompt_tokens_details.cached_tokens`), generated tokens, and FLOPs =
+    2 · parameter_count · (computed + generated), None when the parameter count is unknown."""
+    usage = answer.get("usage")
+    if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
+        raise ServerError(url, 200, f"answer has no usage counts: {str(answer)[:200]}")
+    details = usage.get("prompt_tokens_details") or {}
+    cached = int(details.get("cached_tokens") or 0)
+    computed = usage["prompt_tokens"] - cached
+    generated = int(usage.get("completion_tokens") or 0)
+    flops = None if parameter_count is None else 2.0 * parameter_count * (computed + generated)
+    return Cost(model_calls=1, prompt_tokens_computed=computed, prompt_tokens_reused=cached,
+                generated_tokens=generated, flops=flops, target_steps=generated)

@@ -1,4 +1,4 @@
-"""HTTP transport to an OpenAI-compatible server: one pooled `httpx.Client`, timeouts, retries.
+"""HTTP transport to an OpenAI-compatible server: one pooled `httpx.AsyncClient`, timeouts, retries.
 
     delay_k = max(Retry-After, uniform(0.5, 1) · min(max_backoff, backoff · 2^k))   (k = 0, 1, ...)
 
@@ -9,20 +9,27 @@ result). Other 4xx are permanent: raised at once (ValueError for 400 / 404 / 422
 RuntimeError) with the server's own message. The API key is read from an environment variable
 and appears in no message or repr.
 
-One Transport serves one server and may be used from several threads at once (httpx.Client
-is thread-safe); `metagen.remote.fleet` spreads requests over several of them.
+Async underneath, with a synchronous face: `await transport.apost(path, body)` from async code
+on any event loop, `transport.post(path, body)` from any thread, inside a running event loop too
+(a notebook). Both run the request on the transport's `BackgroundLoop` (loop.py), the one loop
+its client is used on; several transports may share one (a fleet's endpoints). Requests in
+flight at once share the client's connection pool; waiting for a free connection has no
+timeout (the request and connect timeouts start once one is free).
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
+
+from metagen.remote.loop import BackgroundLoop
 
 RETRIED_STATUS = {408, 409, 429} | set(range(500, 600))
 INVALID_REQUEST_STATUS = {400, 404, 422}
@@ -78,6 +85,9 @@ class Transport:
 
     timeout: seconds to wait for a response; connect_timeout: seconds to connect.
     api_key_env: environment variable holding the bearer token (absent: no Authorization header).
+    max_connections: connections to the server at most (requests beyond wait for one).
+    sleep: awaited between attempts (asyncio.sleep; tests record the delays instead).
+    loop: the BackgroundLoop its requests run on (None: its own, closed with it).
     requests: HTTP requests that got a 2xx answer (retried attempts are not counted).
     """
 
@@ -91,61 +101,85 @@ class Transport:
         max_retries: int = 4,
         backoff: float = 0.5,
         max_backoff: float = 30.0,
-        sleep: Callable[[float], None] = time.sleep,
+        max_connections: int = 100,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
+        loop: BackgroundLoop | None = None,
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url={base_url!r} must start with http:// or https://")
         if max_retries < 0:
             raise ValueError(f"max_retries={max_retries} is out of range: must be >= 0")
+        if not isinstance(max_connections, int) or max_connections < 1:
+            raise ValueError(f"max_connections={max_connections!r} is out of range: must be an int >= 1")
         self.base_url = base_url.rstrip("/")
         self.api_key_env = api_key_env
         self.max_retries, self.backoff, self.max_backoff = max_retries, backoff, max_backoff
         self.sleep = sleep
         self.rng = rng or random.Random()
         self.requests = 0
+        self.loop = loop if loop is not None else BackgroundLoop()
+        self._owns_loop = loop is None
         headers = {"Content-Type": "application/json"}
         key = os.environ.get(api_key_env) if api_key_env else None
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        self._client = httpx.Client(
-            headers=headers, timeout=httpx.Timeout(timeout, connect=connect_timeout)
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=connect_timeout, pool=None),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
 
     def __repr__(self) -> str:  # never the key
         return f"Transport({self.base_url!r}, api_key_env={self.api_key_env!r})"
 
     def close(self) -> None:
-        self._client.close()
+        """Close the connections (and the loop, when it is the transport's own)."""
+        if self.loop.started:
+            self.loop.run(self.aclose())
+        if self._owns_loop:
+            self.loop.close()
+
+    async def aclose(self) -> None:
+        """Close the connections (on the transport's loop; the loop stays)."""
+        await self.loop.call(self._client.aclose())
 
     def get(self, path: str, *, retry: bool = True) -> dict:
         """The JSON answer to GET `path`; retry=False sends it once (health checks)."""
-        return self._send("GET", path, None, self.max_retries if retry else 0)
+        return self.loop.run(self.aget(path, retry=retry))
 
     def post(self, path: str, body: dict, *, retry: bool = True) -> dict:
         """The JSON answer to POST `body`; retry=False sends it once (probes)."""
-        return self._send("POST", path, body, self.max_retries if retry else 0)
+        return self.loop.run(self.apost(path, body, retry=retry))
+
+    async def aget(self, path: str, *, retry: bool = True) -> dict:
+        """`get` for async code (awaitable on any event loop)."""
+        return await self.loop.call(self._send("GET", path, None, self.max_retries if retry else 0))
+
+    async def apost(self, path: str, body: dict, *, retry: bool = True) -> dict:
+        """`post` for async code (awaitable on any event loop)."""
+        return await self.loop.call(self._send("POST", path, body, self.max_retries if retry else 0))
 
     def _delay(self, attempt: int, floor: float) -> float:
         return max(floor, self.rng.uniform(0.5, 1.0) * min(self.max_backoff, self.backoff * 2**attempt))
 
-    def _send(self, method: str, path: str, body: dict | None, max_retries: int) -> dict:
+    async def _send(self, method: str, path: str, body: dict | None, max_retries: int) -> dict:
         """The decoded JSON answer to one request, retrying what may succeed on a second try."""
         url = f"{self.base_url}/{path.lstrip('/')}"
         for attempt in range(max_retries + 1):
             last = attempt == max_retries
             try:
-                response = self._client.request(method, url, json=body)
+                response = await self._client.request(method, url, json=body)
             except httpx.TransportError as error:  # connect / read errors and timeouts
                 if last:
                     raise ServerError(
                         url, None, f"{type(error).__name__}: {error} (after {attempt + 1} attempts; "
                         "is the server running at this address?)"
                     ) from None
-                self.sleep(self._delay(attempt, 0.0))
+                await self.sleep(self._delay(attempt, 0.0))
                 continue
             if response.status_code in RETRIED_STATUS and not last:
-                self.sleep(self._delay(attempt, retry_after_seconds(response)))
+                await self.sleep(self._delay(attempt, retry_after_seconds(response)))
                 continue
             return self._decode(url, response)
         raise AssertionError("unreachable")

@@ -22,9 +22,11 @@ replaced by its answered form (e.g. `<<12*7=84>>`) and the model continues, up t
 
 Continuation: every continuation is the same conversation with the assistant message so far
 (prefill + text + answered calls) as its final, open message; `encode_prompt` continues such a
-message rather than starting a new turn (transformers' `continue_final_message`; vLLM has the same
-flag). The model so keeps writing its own text with the results inline, as in Toolformer (Schick
-et al. 2023), GSM8K's calculator annotations (Cobbe et al. 2021) and PAL (Gao et al. 2023) --
+message rather than starting a new turn (transformers' `continue_final_message`; vLLM and SGLang
+have the same flag), so a chain needs a generator with ASSISTANT_CONTINUATION (the registry
+refuses others before any request). The model so keeps writing its own text with the results
+inline, as in Toolformer (Schick et al. 2023), GSM8K's calculator annotations (Cobbe et al.
+2021) and PAL (Gao et al. 2023) --
 formats a small chat model follows far better than a multi-turn tool protocol it was never tuned
 on. Each continuation re-sends the prompt (its tokens are counted again in the Cost).
 
@@ -221,9 +223,9 @@ class _Run:
             self.cost += result.cost
             self.trace.append(TraceEntry(step.name, "generate", prompt, completion.text, result.cost))
             text += completion.text
-            token_ids += completion.token_ids
+            token_ids = None if token_ids is None or completion.token_ids is None else token_ids + completion.token_ids
             logprobs += completion.logprobs
-            budget -= len(completion.token_ids)
+            budget -= result.generated_tokens  # n = 1: this completion's tokens (from the cost where ids are unknown)
             finish = completion.finish_reason
             if not use_tools or completion.stop_reason not in closes or budget <= 0:
                 break

@@ -196,7 +196,7 @@ def _tree(name):
 CERTAINTY = frozenset({caps.FULL_DISTRIBUTIONS})  # self-certainty reads every next-token distribution
 # chains continue a final assistant message (a prefill, or text around a tool call) until a stop
 # string, and read which stop string ended it
-CONTINUATION = frozenset({caps.STEP_CONTINUATION})
+CONTINUATION = frozenset({caps.ASSISTANT_CONTINUATION})
 # searches extend partial solutions step by step: from the model's cache, or by a server
 # continuing the prefix to the step delimiter
 SEARCH = (frozenset({caps.LOCAL_CACHE}), frozenset({caps.STEP_CONTINUATION}))
