@@ -24,10 +24,11 @@ def test_bad_sampling_value_exits_2_naming_the_field(capsys):
         (["--temperature", "-1"], "temperature=-1.0"),
         (["--max-tokens", "0"], "max_tokens=0"),
         (["--logit-bias", "5"], "TOKEN_ID=BIAS"),
-        # Beam search takes --max-tokens only; other sampling options are refused, not ignored.
+        # Beam search takes --max-tokens and the stop options only; others are refused, not ignored.
         (["--beam-width", "2", "--temperature", "0.5"], "cannot be combined with --temperature"),
         (["--beam-width", "2", "--repetition-penalty", "1.2"], "cannot be combined with --repetition-penalty"),
-        (["--beam-width", "2", "--stop-token-id", "5", "--seed", "1"], "with --seed, --stop-token-id"),
+        (["--beam-width", "2", "--stop-token-id", "5", "--seed", "1", "--logit-bias", "3=1"],
+         "cannot be combined with --seed, --logit-bias"),
         (["--beam-width", "0"], "width=0 is out of range"),
     ],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -189,3 +190,75 @@ def test_width_two_is_two_draws_without_replacement(temperature):
     p_second = {s: sum(p[t] * p[s] / (1 - p[t]) for t in p if t != s) for s in p}
     assert sum(p_second.values()) == pytest.approx(1.0)
     assert_follows((second for _, second in runs), p_second)
+
+
+# -------------------------------------------- stop rules and processors (decoding/rows.py)
+
+
+def test_stop_token_ids_end_beams_as_an_eos_would():
+    everything = BeamSearchConfig(width=85, n_best=85, length_penalty=0.6, max_tokens=3)
+    as_eos = beam_search(ToyModel(eos_token_ids=(EOS, A)), PROMPT, everything).hypotheses
+    as_stop = beam_search(ToyModel(), PROMPT, replace(everything, stop_token_ids=[A])).hypotheses
+    assert [(h.token_ids, h.finished, h.finish_reason) for h in as_stop] == \
+           [(h.token_ids, h.finished, h.finish_reason) for h in as_eos]
+    assert [h.score for h in as_stop] == pytest.approx([h.score for h in as_eos], abs=1e-6)
+    assert any(h.token_ids[-1] == A and h.finished for h in as_stop)
+
+
+def test_a_stop_string_finishes_a_beam_and_is_cut_from_its_text():
+    config = BeamSearchConfig(width=1, length_penalty=0.0, max_tokens=5, stop="ab")
+    best = beam_search(ToyModel(), PROMPT, config).hypotheses[0]
+    assert best.token_ids == [A, A, B]  # the greedy path, ended where "ab" appears
+    assert (best.text, best.finished, best.finish_reason) == ("a", True, "stop")
+    assert best.logprobs == pytest.approx(step_logprobs(PROMPT, [A, A, B]), abs=1e-5)
+
+
+def test_ignore_eos_and_the_context_bound_beams():
+    ignoring = beam_search(ToyModel(), [BOS, B], BeamSearchConfig(width=1, max_tokens=3, ignore_eos=True))
+    best = ignoring.hypotheses[0]
+    assert best.token_ids[0] == EOS and len(best.token_ids) == 3
+    assert (best.finished, best.finish_reason) == (False, "length")
+    short = beam_search(ToyModel(max_context=4), [BOS, C], BeamSearchConfig(width=2, n_best=2, max_tokens=10))
+    assert all(len(h.token_ids) <= 2 for h in short.hypotheses)
+    assert any(h.finish_reason == "length" for h in short.hypotheses)
+    with pytest.raises(ValueError, match="stop_token_ids entry 7 is out of range"):
+        beam_search(ToyModel(), PROMPT, BeamSearchConfig(stop_token_ids=[7]))
+    with pytest.raises(ValueError, match="stop="):
+        BeamSearchConfig(stop=[""])
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_a_stateful_mask_follows_the_beams_and_ranking_is_brute_force_over_valid_sequences(alpha):
+    """BanRepeats (each beam bans its own tokens) forked with the beams: a beam as wide as the
+    space returns exactly the sequences without a repeated token, ranked by log p(y)."""
+    from .ban_repeats import BanRepeats, no_repeats
+
+    valid = [(score, logprob, s) for score, logprob, s in brute_force_ranking(PROMPT, 3, alpha) if no_repeats(s)]
+    config = BeamSearchConfig(width=len(valid), n_best=len(valid), length_penalty=alpha, max_tokens=3)
+    processor = BanRepeats()
+    hypotheses = beam_search(ToyModel(), PROMPT, config, processors=[processor]).hypotheses
+    assert sorted(tuple(h.token_ids) for h in hypotheses) == sorted(s for _, _, s in valid)
+    assert [h.score for h in hypotheses] == pytest.approx([score for score, _, _ in valid], abs=1e-5)
+    assert processor.histories == [[]]
+
+
+def test_processors_can_end_beams_and_must_be_masks():
+    from metagen.sampling import LogitBias, bias_vector
+
+    from .ban_repeats import EndAfter
+
+    config = BeamSearchConfig(width=4, n_best=4, max_tokens=5, ignore_eos=True)
+    hypotheses = beam_search(ToyModel(), PROMPT, config, processors=[EndAfter(stop_after=2)]).hypotheses
+    assert all(len(h.token_ids) == 2 and h.finish_reason == "stop" and h.complete for h in hypotheses)
+    with pytest.raises(ValueError, match="processors as masks"):
+        beam_search(ToyModel(), PROMPT, config, processors=[LogitBias(bias_vector({1: 2.0}, 5))])
+
+
+def test_width_one_stochastic_beam_search_with_a_mask_is_masked_ancestral_sampling():
+    from .ban_repeats import BanRepeats, distribution_without_repeats
+
+    generator = torch.Generator().manual_seed(3)
+    config = BeamSearchConfig(width=1, stochastic=True, max_tokens=2)
+    samples = [tuple(beam_search(ToyModel(), PROMPT, config, generator=generator,
+                                 processors=[BanRepeats()]).hypotheses[0].token_ids) for _ in range(RUNS)]
+    assert_follows(samples, distribution_without_repeats(PROMPT, 2))

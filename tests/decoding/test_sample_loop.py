@@ -281,3 +281,49 @@ def test_generate_batch_shares_one_generator_across_prompts():
     assert [[c.token_ids for c in r.completions] for r in batch] == [
         [c.token_ids for c in r.completions] for r in one_by_one
     ]
+
+
+# ------------------------------------------------------------------ stateful processors
+
+
+def test_a_stateful_processor_follows_each_row_through_the_fork_and_the_shrinking_batch():
+    """BanRepeats (each row bans the tokens it generated) is given with one row after the prompt,
+    forked into n rows, and dropped rows leave it with `select`: the sequences follow the
+    enumerated law with the bans exactly (a row given another row's history would not)."""
+    from .ban_repeats import BanRepeats, distribution_without_repeats
+
+    given = BanRepeats()
+    result = generate(ToyModel(), PROMPT, SamplingParams(n=4000, max_tokens=3, seed=21), processors=[given])
+    assert_follows((tuple(c.token_ids) for c in result.completions), distribution_without_repeats(PROMPT, 3))
+    assert given.histories == [[]]  # the caller's processor is not changed
+    assert "select" in given.events  # rows did leave the batch
+
+
+def test_greedy_with_a_stateful_processor_is_the_argmax_path_with_bans():
+    from .ban_repeats import BanRepeats
+
+    context, path = [BOS, C], []
+    while len(path) < 4:  # "c c c c" without bans; each generated token is banned afterwards
+        logits = next_logits(context)
+        logits[path] = float("-inf")
+        path.append(int(torch.argmax(logits)))
+        context.append(path[-1])
+        if path[-1] == EOS:
+            break
+    completion = generate(ToyModel(), [BOS, C], SamplingParams(temperature=0, max_tokens=4),
+                          processors=[BanRepeats()]).completions[0]
+    assert completion.token_ids == path and len(set(path)) == len(path)
+
+
+def test_processors_decide_where_rows_end():
+    from .ban_repeats import EndAfter
+
+    ended = generate(ToyModel(), PROMPT, SamplingParams(n=50, max_tokens=6, seed=3, ignore_eos=True),
+                     processors=[EndAfter(stop_after=2)])
+    assert all(len(c.token_ids) == 2 and (c.finish_reason, c.complete) == ("stop", True) for c in ended.completions)
+    cut = generate(ToyModel(), PROMPT, SamplingParams(n=50, max_tokens=3, seed=3), processors=[EndAfter(min_tokens=3)])
+    for completion in cut.completions:
+        assert completion.complete == (len(completion.token_ids) >= 3)
+    assert any(c.complete is False for c in cut.completions)  # an early EOS the processor did not accept
+    plain = generate(ToyModel(), PROMPT, SamplingParams(max_tokens=2, seed=3))
+    assert plain.completions[0].complete is None

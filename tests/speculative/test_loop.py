@@ -217,3 +217,37 @@ def test_eos_inside_an_accepted_draft_ends_the_row():
                                 SpeculativeConfig(num_draft_tokens=4)).completions[0]
     assert plain.token_ids[-1] == EOS
     assert spec.token_ids == plain.token_ids and spec.finish_reason == "stop"
+
+
+# ------------------------------------------------------------------ stateful processors
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_a_stateful_processor_is_rolled_back_with_rejected_drafts(drafter):
+    """BanRepeats follows the draft while the target is verified and is rolled back where the
+    cache is truncated: the emitted sequences follow plain decoding's law with the bans (a
+    rejected draft token left in the state would ban a token the row never produced)."""
+    from tests.decoding.ban_repeats import BanRepeats, distribution_without_repeats
+
+    processor = BanRepeats()
+    params = SamplingParams(n=3000, max_tokens=4, seed=5)
+    result = speculative_generate(ToyModel(), drafters()[drafter](), PROMPT, params,
+                                  SpeculativeConfig(num_draft_tokens=3), processors=[processor])
+    assert_follows((tuple(c.token_ids) for c in result.completions), distribution_without_repeats(PROMPT, 4))
+    assert "rollback" in processor.events and processor.histories == [[]]
+    assert result.cost.accepted_tokens < result.cost.draft_tokens  # rejections happened
+
+
+@pytest.mark.parametrize("drafter", sorted(drafters()))
+@pytest.mark.parametrize("prompt", [[BOS], PROMPT, [BOS, C, A, C, A, C]])
+def test_greedy_with_a_stateful_processor_equals_plain_greedy(drafter, prompt):
+    from tests.decoding.ban_repeats import BanRepeats, EndAfter
+
+    params = SamplingParams(temperature=0, max_tokens=7, ignore_eos=True)
+    for processor in (BanRepeats(never_banned=[C]), EndAfter(stop_after=3, min_tokens=2)):
+        plain = generate(ToyModel(), prompt, params, processors=[processor]).completions[0]
+        spec = speculative_generate(ToyModel(), drafters()[drafter](), prompt, params,
+                                    SpeculativeConfig(num_draft_tokens=3), processors=[processor]).completions[0]
+        assert spec.token_ids == plain.token_ids
+        assert (spec.finish_reason, spec.stop_reason, spec.complete) == \
+               (plain.finish_reason, plain.stop_reason, plain.complete)

@@ -18,8 +18,10 @@ def last_token_value(prompt, continuation):
     return TOKEN_VALUE[continuation[-1]]
 
 
-def expected(context, top_k, strength, temperature=1.0):
-    logp = torch.log_softmax(next_logits(context).double() / temperature, dim=-1)
+def expected(context, top_k, strength, temperature=1.0, banned=()):
+    logits = next_logits(context).double() / temperature
+    logits[list(banned)] = float("-inf")
+    logp = torch.log_softmax(logits, dim=-1)
     keep = torch.topk(logp, top_k).indices.tolist()
     weights = [math.exp(logp[z] + strength * TOKEN_VALUE[z]) if z in keep else 0.0 for z in range(VOCAB)]
     total = sum(weights)
@@ -84,9 +86,6 @@ def test_tilted_choice_exact_weights():
 def test_errors():
     with pytest.raises(ValueError, match="top_k=0"):
         TokenwiseCDConfig(top_k=0)
-    with pytest.raises(ValueError, match="stateless"):
-        tokenwise_cd(ToyModel(), [BOS], FunctionValue(last_token_value),
-                     TokenwiseCDConfig(params=SamplingParams(presence_penalty=1.0)))
 
 
 def test_candidates_reuse_their_rows_prefix(one_thread):
@@ -96,3 +95,53 @@ def test_candidates_reuse_their_rows_prefix(one_thread):
                           rng=torch.Generator().manual_seed(0))
     assert result.cost.prompt_tokens_computed == 1
     assert result.cost.prompt_tokens_reused == 2 * 1 + 2 * 2  # k × (prompt) then k × (prompt + 1 token)
+
+
+def test_a_stateful_processor_follows_the_kept_candidate(one_thread):
+    """BanRepeats (each row bans the tokens it generated): after "a" the second token is drawn
+    from the tilted top-k of p with "a" banned — the kept candidate's state, not its siblings'."""
+    from tests.decoding.ban_repeats import BanRepeats, no_repeats
+
+    n = 3000
+    config = TokenwiseCDConfig(n=n, top_k=4, strength=1.5, params=SamplingParams(temperature=1.0, max_tokens=3))
+    result = tokenwise_cd(ToyModel(), [BOS], FunctionValue(last_token_value), config,
+                          rng=torch.Generator().manual_seed(4), processors=[BanRepeats()])
+    assert all(no_repeats(c.token_ids) for c in result.candidates)
+    firsts = [c for c in result.candidates if c.token_ids[0] == A]
+    counts = [0] * VOCAB
+    for candidate in firsts:
+        counts[candidate.token_ids[1]] += 1
+    probs = expected([BOS, A], 4, 1.5, banned=[A])
+    assert counts[A] == 0
+    support = [z for z in range(VOCAB) if probs[z] > 0]
+    assert chisquare([counts[z] for z in support], [len(firsts) * probs[z] for z in support]).pvalue > 1e-3
+
+
+def test_penalties_are_honoured_per_row(one_thread):
+    """top_k = 1: each token is the argmax of p, here the model's logits minus a presence penalty
+    of 2 on the tokens the row generated (per-row state, formerly refused)."""
+    context, path = [BOS, A], []
+    for _ in range(5):
+        logits = next_logits(context)
+        logits[sorted(set(path))] -= 2.0
+        path.append(int(torch.argmax(logits)))
+        context.append(path[-1])
+    assert len(set(path)) > 2  # the penalty moved the argmax to fresh tokens
+    config = TokenwiseCDConfig(n=2, top_k=1, strength=1.0, params=SamplingParams(
+        temperature=1.0, max_tokens=5, presence_penalty=2.0, ignore_eos=True))
+    result = tokenwise_cd(ToyModel(), [BOS, A], FunctionValue(last_token_value), config,
+                          rng=torch.Generator().manual_seed(0))
+    assert [c.token_ids for c in result.candidates] == [path, path]
+
+
+def test_stop_strings_do_not_decode_the_whole_row_per_token(one_thread):
+    """Regression: each token decoded the whole row to look for stop strings, O(T²)."""
+    from tests.decoding.test_rows import CountingTokenizer
+
+    model = ToyModel(max_context=1024)
+    model.tokenizer = CountingTokenizer()
+    config = TokenwiseCDConfig(n=1, top_k=2, strength=0.0, params=SamplingParams(
+        temperature=1.0, max_tokens=400, stop=["zz"], ignore_eos=True))
+    result = tokenwise_cd(model, [BOS], FunctionValue(last_token_value), config, rng=torch.Generator().manual_seed(0))
+    assert len(result.chosen.token_ids) == 400
+    assert model.tokenizer.decoded_ids < 20 * 400  # re-decoding the row each token reads ~80000 ids

@@ -83,21 +83,24 @@ def chat_prompt(args: argparse.Namespace):
 
 
 def _beam_config(args: argparse.Namespace, params):
-    """The `BeamSearchConfig` of --beam-width, or None; beam search reads --max-tokens only, so any
-    other sampling option given is refused."""
+    """The `BeamSearchConfig` of --beam-width, or None; beam search reads --max-tokens, --stop,
+    --stop-token-id and --ignore-eos only, so any other sampling option given is refused."""
     from metagen.decoding import BeamSearchConfig
 
     if args.length_penalty is not None and args.beam_width is None:
         raise ValueError("--length-penalty applies to beam search only: add --beam-width N")
     if args.beam_width is None:
         return None
-    options = [name for name, _ in FLOAT_PARAMS + INT_PARAMS if name != "max-tokens"] + list(OTHER_OPTIONS)
+    read = ("max-tokens", "stop", "stop-token-id", "ignore-eos")
+    options = [name for name, _ in FLOAT_PARAMS + INT_PARAMS] + list(OTHER_OPTIONS)
+    options = [name for name in options if name not in read]
     ignored = given(args, options)
     if ignored:
         raise ValueError(f"--beam-width cannot be combined with {', '.join('--' + name for name in ignored)}")
     return BeamSearchConfig(
         width=args.beam_width, length_penalty=1.0 if args.length_penalty is None else args.length_penalty,
-        max_tokens=params.max_tokens, n_best=1,
+        max_tokens=params.max_tokens, n_best=1, stop=params.stop, stop_token_ids=params.stop_token_ids,
+        ignore_eos=params.ignore_eos,
     )
 
 
@@ -111,7 +114,7 @@ def _beam_search(args: argparse.Namespace, model, prompt, config, load_seconds: 
     if args.json:
         print(json.dumps({
             "text": best.text, "tokens": best.token_ids, "logprob": best.logprob, "score": best.score,
-            "finish_reason": "stop" if best.finished else "length",
+            "finish_reason": best.finish_reason or "length",
             "timing": {"load_seconds": load_seconds, "search_seconds": seconds, "model_calls": result.model_calls},
         }))
     else:

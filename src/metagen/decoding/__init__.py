@@ -5,7 +5,8 @@ from metagen.decoding.cost import Cost
 from metagen.decoding.generator import Generator, LocalGenerator, LocalModel
 from metagen.decoding.beam_search import BeamSearchConfig, BeamSearchResult, Hypothesis, beam_search
 from metagen.decoding.prompts import encode_prompt
-from metagen.decoding.sample_loop import Completion, GenerationResult, StreamEvent, generate, generate_batch, stream
+from metagen.decoding.rows import Completion, Row, StopRules, TokenRecord, request_chain, token_records
+from metagen.decoding.sample_loop import GenerationResult, StreamEvent, generate, generate_batch, stream
 
 __all__ = [
     "Cost",
@@ -17,10 +18,15 @@ __all__ = [
     "Completion",
     "GenerationResult",
     "Hypothesis",
+    "Row",
+    "StopRules",
     "StreamEvent",
+    "TokenRecord",
     "beam_search",
     "encode_prompt",
     "generate",
     "generate_batch",
+    "request_chain",
     "stream",
+    "token_records",
 ]

@@ -19,16 +19,31 @@ ancestral sample, the second as a draw from the rest, and so on. Length normaliz
 apply (it would bias the sample).
 
 Beams are forked with `cache.select(parents)`: children share their parent's cached prefix.
+What ends a beam is the shared per-row bookkeeping (`decoding.rows`): EOS (unless `ignore_eos`),
+`stop_token_ids`, stop strings (the beam is finished, its text cut before the string), a
+processor that ends the row, and `max_tokens` / the context (finished=False).
+
+Processors (`processors=`, constraints) act as masks: a token a processor sets to -inf never
+extends a beam. Deterministic search then ranks the allowed sequences by the model's own
+log-probabilities (log p(y) over valid y, not renormalised per step); stochastic search samples
+without replacement from the masked distribution renormalised per step (what the sampling loop
+draws from, so its keys stay consistent). A processor that changes finite logits (bias,
+penalties) would not be honoured by either and raises. Their state follows the beams: the
+candidates fork the parents' rows and accept their token, the kept beams are selected from them.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompts import Prompt, encode_prompt
+from metagen.decoding.rows import Row, StopRules, TokenRecord
+from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -36,7 +51,8 @@ class BeamSearchConfig:
     """width: beams kept per step; length_penalty: α in logp / len^α (0 = raw sum);
     max_tokens: new tokens at most; n_best: hypotheses returned (≤ width);
     stochastic: Gumbel-top-k instead of top-k (sampling without replacement);
-    temperature: divides logits before the Gumbel perturbation (stochastic only)."""
+    temperature: divides logits before the Gumbel perturbation (stochastic only);
+    stop, stop_token_ids, ignore_eos: what ends a beam besides EOS, as in `SamplingParams`."""
 
     width: int = 4
     length_penalty: float = 1.0
@@ -44,6 +60,9 @@ class BeamSearchConfig:
     n_best: int = 1
     stochastic: bool = False
     temperature: float = 1.0
+    stop: str | Sequence[str] = ()
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.width < 1:
@@ -54,6 +73,10 @@ class BeamSearchConfig:
             raise ValueError(f"max_tokens={self.max_tokens} is out of range: must be >= 1")
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature} is out of range: must be > 0")
+        # The same checks (and normal forms) as SamplingParams' fields of these names.
+        checked = SamplingParams(stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos)
+        object.__setattr__(self, "stop", checked.stop)
+        object.__setattr__(self, "stop_token_ids", checked.stop_token_ids)
 
 
 @dataclass
@@ -62,7 +85,10 @@ class Hypothesis:
     logprob: float  # sum of token log-probabilities (the model's, untempered)
     score: float  # logprob / len^α; stochastic: the Gumbel-perturbed (tempered) log-probability
     text: str = ""
-    finished: bool = True  # False when cut by max_tokens
+    finished: bool = True  # False when cut by max_tokens (or left unfinished when the search ended)
+    finish_reason: str | None = None  # "stop" / "length" as in Completion; None: unfinished
+    complete: bool | None = None  # the processors' verdict when it ended (see Completion.complete)
+    logprobs: list[float] = field(default_factory=list)  # per token
 
 
 @dataclass
@@ -101,125 +127,188 @@ def beam_search(
     *,
     chat: bool | None = None,
     generator: torch.Generator | None = None,
+    processors: Sequence[LogitsProcessor] = (),
 ) -> BeamSearchResult:
-    """Run (stochastic) beam search; returns `config.n_best` hypotheses, best first."""
+    """Run (stochastic) beam search; returns `config.n_best` hypotheses, best first.
+    `processors`: masks (constraints) with their state after the prompt for one row."""
     config = config or BeamSearchConfig()
     prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
-    if len(prompt_ids) >= model.max_context:
-        raise ValueError(f"prompt has {len(prompt_ids)} tokens, the model's context is {model.max_context}")
-    max_new = min(config.max_tokens, model.max_context - len(prompt_ids))
-    check_batch_fits(model, 2 * config.width, max_new, what="width")  # 2·width candidates per step
+    rules = StopRules.create(model, len(prompt_ids), max_tokens=config.max_tokens, stop=config.stop,
+                             stop_token_ids=config.stop_token_ids, ignore_eos=config.ignore_eos)
+    check_batch_fits(model, 2 * config.width, rules.max_new_tokens, what="width")  # 2·width candidates per step
+    beams = _Beams(model, config, Row(model.tokenizer, prompt_ids, rules),
+                   SamplerChain.from_params(SamplingParams(), 1, model.vocab_size, prompt_ids, masks=processors))
     cache, out = model.prefill(prompt_ids)
     if config.stochastic:
         if generator is None:
             generator = torch.Generator().manual_seed(0)
-        ranked, calls = _stochastic_search(model, cache, out, config, max_new, generator)
+        ranked, calls = _stochastic_search(model, cache, out, config, beams, generator)
     else:
-        ranked, calls = _search(model, cache, out, config, max_new)
-    for hypothesis in ranked:
-        body = [t for t in hypothesis.token_ids if t not in model.eos_token_ids]
-        hypothesis.text = model.tokenizer.decode(body, skip_special_tokens=True)
+        ranked, calls = _search(model, cache, out, config, beams)
     return BeamSearchResult(ranked, prompt_ids, calls)
 
 
-def _search(model, cache, out, config: BeamSearchConfig, max_new: int) -> tuple[list[Hypothesis], int]:
+class _Beams:
+    """The live beams' rows (text, stops) and processor state, and how candidates extend them."""
+
+    def __init__(self, model, config: BeamSearchConfig, row: Row, chain: SamplerChain) -> None:
+        self.model, self.config = model, config
+        self.rows, self.chain = [row], chain
+        self.log_vocab = math.log(model.vocab_size)
+
+    def scores(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(model log-probs, masked log-probs) of the live beams' next tokens, both (B, V): the
+        masked ones are -inf where a processor removed the token."""
+        logprobs = torch.log_softmax(logits, dim=-1)
+        if not self.chain.processors:
+            return logprobs, logprobs
+        processed = self.chain.process(logits)
+        changed = torch.isfinite(processed) & (processed != logits)
+        if bool(changed.any()):
+            raise ValueError(f"beam search takes processors as masks (scores stay the model's log-probabilities): "
+                             f"{', '.join(self.chain.names)} changed finite logits")
+        return logprobs, logprobs.masked_fill(processed == float("-inf"), float("-inf"))
+
+    def extend(self, logprobs: torch.Tensor, parents: list[int], tokens: list[int]) -> list[Row]:
+        """The candidates' rows: each parent's row forked and pushed its token, with the verdict
+        of the processors after it; the processors' state becomes the candidates' (`keep`)."""
+        if self.chain.stateful:
+            self.chain = self.chain.fork(torch.tensor(parents, dtype=torch.long))
+            self.chain.accept(torch.tensor(tokens, dtype=torch.long))
+        certainties = (-self.log_vocab - logprobs.mean(dim=-1)).tolist()
+        chosen = logprobs[parents, tokens].tolist() if parents else []
+        rows = []
+        for i, (parent, token) in enumerate(zip(parents, tokens)):
+            row = self.rows[parent].fork()
+            row.push(token, TokenRecord(chosen[i], 0.0, certainties[parent], None), self.chain.stop_verdict(i))
+            rows.append(row)
+        return rows
+
+    def keep(self, candidates: list[int], rows: list[Row]) -> None:
+        """The next live beams are these candidates (indices into the last `extend`)."""
+        self.rows = rows
+        if self.chain.stateful:
+            self.chain.select(torch.tensor(candidates, dtype=torch.long))
+
+
+def _ended(row: Row) -> bool:
+    """Ended for good (EOS, a stop token or string, a processor) rather than cut by length."""
+    return row.completion.finish_reason == "stop"
+
+
+def _hypothesis(row: Row, logprob: float, score: float, finished: bool = True) -> Hypothesis:
+    completion = row.completion
+    text = completion.text if row.finished else row.full_text
+    return Hypothesis(list(completion.token_ids), logprob, score, text, finished,
+                      completion.finish_reason, completion.complete, list(completion.logprobs))
+
+
+def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams) -> tuple[list[Hypothesis], int]:
     """Deterministic beam search from the prefilled `cache` / `out`; (n_best hypotheses, calls)."""
     alpha, width = config.length_penalty, config.width
     calls = 1
     sums = torch.zeros(1)  # (B,) cumulative log-probs of live beams
-    beams: list[list[int]] = [[]]
     finished: list[Hypothesis] = []
-    for step in range(1, max_new + 1):
-        logprobs = torch.log_softmax(out.logits, dim=-1)  # (B, V)
-        candidates = sums[:, None] + logprobs  # (B, V)
+    step = 0
+    while beams.rows:
+        step += 1
+        logprobs, allowed = beams.scores(out.logits)  # (B, V)
+        candidates = sums[:, None] + allowed  # (B, V)
         vocab = candidates.shape[1]
         top = torch.topk(candidates.reshape(-1), min(2 * width, candidates.numel()))
-        parents = (top.indices // vocab).tolist()
-        tokens = (top.indices % vocab).tolist()
-        next_parents, next_tokens, next_sums = [], [], []
-        for rank, (parent, token) in enumerate(zip(parents, tokens)):
-            total = float(candidates[parent, token])
-            if token in model.eos_token_ids:
-                if rank < width:  # an EOS below the top `width` would not have been a beam
-                    ids = beams[parent] + [token]
-                    finished.append(Hypothesis(ids, total, _normalized(total, len(ids), alpha)))
+        finite = [i for i, value in enumerate(top.values.tolist()) if value > float("-inf")]
+        parents = [int(top.indices[i]) // vocab for i in finite]
+        tokens = [int(top.indices[i]) % vocab for i in finite]
+        totals = [float(top.values[i]) for i in finite]
+        rows = beams.extend(logprobs, parents, tokens)
+        kept, next_rows, next_sums = [], [], []
+        for rank, (row, total) in enumerate(zip(rows, totals)):
+            if _ended(row):
+                if rank < width:  # an ending below the top `width` would not have been a beam
+                    finished.append(_hypothesis(row, total, _normalized(total, len(row.completion.token_ids), alpha)))
                 continue
-            next_parents.append(parent)
-            next_tokens.append(token)
+            kept.append(rank)
+            next_rows.append(row)
             next_sums.append(total)
-            if len(next_tokens) == width:
+            if len(kept) == width:
                 break
-        if not next_tokens:  # every candidate ended the sequence: no live beam is left
-            beams = []
+        if not kept:  # every candidate ended the sequence: no live beam is left
+            beams.rows = []
             break
-        beams = [beams[p] + [t] for p, t in zip(next_parents, next_tokens)]
+        beams.keep(kept, next_rows)
         sums = torch.tensor(next_sums)
         if len(finished) >= width:
             worst = sorted(h.score for h in finished)[-width]
             best_live = max(_normalized(s, step, alpha) for s in next_sums)
             if best_live < worst:
                 break
-        if step == max_new:
+        if next_rows[0].finished:  # max_tokens / the context: every live beam has as many tokens
             break
-        cache.select(next_parents)
-        out = model.forward(cache, [[t] for t in next_tokens])
+        cache.select([parents[i] for i in kept])
+        out = model.forward(cache, [[tokens[i]] for i in kept])
         calls += 1
-    for ids, total in zip(beams, sums.tolist()):
-        finished.append(Hypothesis(ids, total, _normalized(total, len(ids), alpha), finished=False))
+    for row, total in zip(beams.rows, sums.tolist()):
+        finished.append(_hypothesis(row, total, _normalized(total, len(row.completion.token_ids), alpha),
+                                    finished=False))
     return sorted(finished, key=lambda h: h.score, reverse=True)[: config.n_best], calls
 
 
 def _stochastic_search(
-    model, cache, out, config: BeamSearchConfig, max_new: int, generator: torch.Generator
+    model, cache, out, config: BeamSearchConfig, beams: _Beams, generator: torch.Generator
 ) -> tuple[list[Hypothesis], int]:
     """Stochastic beam search (Kool et al. 2019) from the prefilled cache; (n_best by key, calls).
 
-    φ(y) = log q(y), q the model at `temperature`; a beam's key is its perturbed G_φ(y). Each step
-    the `width` largest keys among the children of live beams and the finished sequences keep a
-    slot. Cost per step: one forward of ≤ width rows plus O(width·V).
+    φ(y) = log q(y), q the model at `temperature` (masked and renormalised per step when
+    processors remove tokens); a beam's key is its perturbed G_φ(y). Each step the `width`
+    largest keys among the children of live beams and the finished sequences keep a slot. Cost
+    per step: one forward of ≤ width rows plus O(width·V).
     """
     width = config.width
     calls = 1
     sums = torch.zeros(1)  # (B,) model log-probs of live beams
     phis = torch.zeros(1)  # (B,) tempered log-probs φ of live beams
     keys = torch.zeros(1)  # (B,) perturbed scores G_φ of live beams
-    beams: list[list[int]] = [[]]
     finished: list[Hypothesis] = []  # score = key
-    for step in range(1, max_new + 1):
-        logprobs = torch.log_softmax(out.logits, dim=-1)  # (B, V)
-        tempered = phis[:, None] + torch.log_softmax(out.logits / config.temperature, dim=-1)  # (B, V)
+    while beams.rows:
+        logprobs, allowed = beams.scores(out.logits)  # (B, V)
+        step = torch.log_softmax(out.logits / config.temperature, dim=-1)
+        if allowed is not logprobs:  # renormalise over the allowed tokens
+            step = torch.log_softmax(step.masked_fill(allowed == float("-inf"), float("-inf")), dim=-1)
+        tempered = phis[:, None] + step  # (B, V)
         child_keys = _gumbel_children(keys, tempered, generator)  # (B, V)
         vocab = child_keys.shape[1]
         top = torch.topk(child_keys.reshape(-1), min(width, child_keys.numel()))
         # The `width` best of finished sequences and children, by key.
-        entries = [(h.score, h) for h in finished] + list(zip(top.values.tolist(), top.indices.tolist()))
-        entries = sorted(entries, key=lambda entry: entry[0], reverse=True)[:width]
-        finished, parents, tokens, next_keys = [], [], [], []
-        for key, entry in entries:
-            if isinstance(entry, Hypothesis):
-                finished.append(entry)
-                continue
-            parent, token = divmod(entry, vocab)
-            if token in model.eos_token_ids:
-                total = float(sums[parent] + logprobs[parent, token])
-                finished.append(Hypothesis(beams[parent] + [token], total, key))
+        children = [(key, index) for key, index in zip(top.values.tolist(), top.indices.tolist())
+                    if key > float("-inf")]
+        entries = sorted([(h.score, h) for h in finished] + children, key=lambda entry: entry[0], reverse=True)[:width]
+        chosen = [(key, divmod(entry, vocab)) for key, entry in entries if not isinstance(entry, Hypothesis)]
+        finished = [entry for _, entry in entries if isinstance(entry, Hypothesis)]
+        parents = [parent for _, (parent, _) in chosen]
+        tokens = [token for _, (_, token) in chosen]
+        rows = beams.extend(logprobs, parents, tokens)
+        totals = (sums[parents] + logprobs[parents, tokens]).tolist() if parents else []
+        kept, next_rows, next_keys = [], [], []
+        for i, (row, (key, _)) in enumerate(zip(rows, chosen)):
+            if _ended(row):
+                finished.append(_hypothesis(row, totals[i], key))
             else:
-                parents.append(parent)
-                tokens.append(token)
+                kept.append(i)
+                next_rows.append(row)
                 next_keys.append(key)
-        if not tokens:
+        if not kept:
             break
-        parent_index = torch.tensor(parents)
-        token_index = torch.tensor(tokens)
+        if next_rows[0].finished:  # max_tokens / the context
+            finished += [_hypothesis(row, totals[i], key, finished=False)
+                         for i, row, key in zip(kept, next_rows, next_keys)]
+            break
+        beams.keep(kept, next_rows)
+        parent_index = torch.tensor([parents[i] for i in kept])
+        token_index = torch.tensor([tokens[i] for i in kept])
         sums = sums[parent_index] + logprobs[parent_index, token_index]
         phis = tempered[parent_index, token_index]
         keys = torch.tensor(next_keys)
-        beams = [beams[p] + [t] for p, t in zip(parents, tokens)]
-        if step == max_new:
-            finished += [Hypothesis(ids, total, key, finished=False)
-                         for ids, total, key in zip(beams, sums.tolist(), next_keys)]
-            break
-        cache.select(parents)
-        out = model.forward(cache, [[t] for t in tokens])
+        cache.select(parent_index.tolist())
+        out = model.forward(cache, [[t] for t in token_index.tolist()])
         calls += 1
     return sorted(finished, key=lambda h: h.score, reverse=True)[: config.n_best], calls

@@ -78,11 +78,3 @@ def _check_message_text(messages: list[Mapping]) -> None:
             if isinstance(value, str):
                 checks.utf8_text(f"messages[{index}][{key!r}]", value)
 
-
-def stop_token_set(params, model) -> frozenset[int]:
-    """The token ids that end a row: `params.stop_token_ids` plus the model's EOS set (unless
-    `ignore_eos`). An id outside the vocabulary could never stop anything: ValueError naming it."""
-    for token_id in params.stop_token_ids:
-        if token_id >= model.vocab_size:
-            raise ValueError(f"stop_token_ids entry {token_id} is out of range for vocab size {model.vocab_size}")
-    return frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else model.eos_token_ids)

@@ -25,6 +25,7 @@ Typical loop:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -86,6 +87,17 @@ class IncrementalDetokenizer:
         self._pieces.append(delta)
         return delta
 
+    def peek(self) -> str:
+        """What `flush` would return now, without emitting it (an incomplete character as U+FFFD)."""
+        text = self._decode(self._window, self._skip_special_tokens)
+        return text[len(self._window_text) :] if len(text) > len(self._window_text) else ""
+
+    def copy(self) -> IncrementalDetokenizer:
+        """An independent detokenizer in the same state (a forked row continues from here). O(window)."""
+        twin = copy.copy(self)
+        twin._window, twin._pieces = list(self._window), list(self._pieces)
+        return twin
+
     @property
     def text(self) -> str:
         """All text emitted so far."""
@@ -137,6 +149,15 @@ class StopStringMatcher:
         keep = self._partial_stop_length(text)
         self._held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep], False
+
+    @property
+    def held(self) -> str:
+        """Text received but not yet released (it may start a stop string)."""
+        return self._held
+
+    def copy(self) -> StopStringMatcher:
+        """An independent matcher in the same state (strings are immutable: O(1))."""
+        return copy.copy(self)
 
     def flush(self) -> str:
         """At the end of the stream: the held-back text (it completed no stop string)."""

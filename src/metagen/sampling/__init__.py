@@ -1,8 +1,10 @@
 """Sampling adapters, token choice and the sampler chain.
 
 Every adapter is a pure function `(logits (..., V), ...) -> new float32 logits (..., V)` that sets
-removed tokens to -inf and never modifies its input. Stateful pieces (penalty counts, n-gram
-history, mirostat) carry their state explicitly and follow KV-cache reorders with `select`.
+removed tokens to -inf and never modifies its input. Everything a decoding loop runs on logits is
+a `LogitsProcessor` (`processor.py`): stateless adapters wrapped by `StatelessProcessor`, and
+stateful ones (penalty counts, n-gram history, mirostat, constraints) that carry their state
+explicitly and follow the KV cache (accept / rollback / select / fork / concat / reset).
 `SamplerChain.from_params(SamplingParams(...), ...)` composes them for a decoding loop.
 
 Logits from outside may hold finite values and -inf (a removed token). NaN, +inf and rows that
@@ -17,7 +19,7 @@ from .chain import SamplerChain
 from .contrastive import contrastive
 from .epsilon import epsilon
 from .eta import entropy, eta
-from .logit_bias import bias_vector, logit_bias
+from .logit_bias import LogitBias, bias_vector, logit_bias
 from .min_p import min_p
 from .mirostat import Mirostat, mirostat_truncate, mirostat_update
 from .no_repeat_ngram import NoRepeatNgramState, banned_tokens, no_repeat_ngram
@@ -31,6 +33,7 @@ from .penalties import (
     repetition_penalty_from_mask,
 )
 from .penalty_state import PenaltyState
+from .processor import LogitsProcessor, StatelessProcessor
 from .sample import TokenLogprobs, check_choosable, greedy, sample, token_logprobs
 from .temperature import temperature
 from .top_k import top_k
@@ -38,11 +41,14 @@ from .top_p import top_p
 from .typical import typical
 
 __all__ = [
+    "LogitBias",
+    "LogitsProcessor",
     "Mirostat",
     "NoRepeatNgramState",
     "PenaltyState",
     "SamplerChain",
     "SamplingParams",
+    "StatelessProcessor",
     "TokenLogprobs",
     "banned_tokens",
     "bias_vector",

@@ -1,16 +1,24 @@
-"""`SamplerChain`: the adapters chosen by a `SamplingParams`, applied in a fixed order.
+"""`SamplerChain`: an ordered list of `LogitsProcessor`s plus the token choice.
 
 A chain is itself a sampler (llama.cpp's design): it maps logits `(B, V)` to processed logits
-with `process`, picks tokens with `choose`, and advances its state with `update`. Which adapters
-are in the chain is decided once, in `from_params`; the per-token path is a loop over a tuple of
-callables, with no reflection and no lookups.
+with `process`, picks tokens with `choose`, and advances its processors with `accept` (alias
+`update`); `rollback`, `select`, `fork`, `concat` and `reset` pass through to every processor,
+so a loop calls them wherever it touches its KV cache (see `metagen.sampling.processor`). Which
+processors are in the chain is decided once; the per-token path is a loop over a tuple, with no
+reflection and no lookups.
 
-Order (an adapter at its neutral value is left out):
+`from_params` builds the chain of a `SamplingParams` in this order (an adapter at its neutral
+value is left out):
 
-    logit_bias -> repetition / frequency / presence penalties -> no_repeat_ngram
+    masks -> logit_bias -> repetition / frequency / presence penalties -> no_repeat_ngram
     -> temperature -> top_k -> top_p -> min_p -> typical -> epsilon -> eta   (or -> mirostat)
 
-Why this order:
+`masks` are extra processors given by the caller (a constraint on the output's structure). They
+come first: a mask says which tokens may be generated at all, so every later step works on the
+allowed set only — the truncations measure their mass among allowed tokens and can never leave
+a row with nothing allowed, and the penalties and temperature leave -inf at -inf.
+
+Why the rest of this order:
   * The bias and the penalties edit raw model scores: the OpenAI bias range [-100, 100] and the
     CTRL "divide positive logits" rule are defined on unscaled logits, so they come before
     temperature (vLLM and Hugging Face agree). vLLM's penalty order (repetition, then frequency,
@@ -29,7 +37,8 @@ Why this order:
 
 With temperature 0 (greedy) the chain keeps bias, penalties and n-gram blocking, which change
 the argmax, and drops temperature and truncations, which do not matter to an argmax (vLLM does
-the same).
+the same). A chain built directly with `greedy=True` likewise skips its stateless processors
+that declare `argmax_invariant`.
 
 Invalid logits are reported before any adapter runs: `process` (and so `next_tokens`) checks its
 input once with `check_choosable` (finite values and -inf are allowed; NaN, +inf and all -inf
@@ -39,7 +48,7 @@ truncation would otherwise turn a NaN into -inf and sample anyway, or blame the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
@@ -49,23 +58,20 @@ from ._common import float_logits
 from ._tokens import PromptIds
 from .epsilon import epsilon
 from .eta import eta
-from .logit_bias import bias_vector
+from .logit_bias import LogitBias, bias_vector
 from .min_p import min_p
 from .mirostat import Mirostat
 from .no_repeat_ngram import NoRepeatNgramState
 from .params import SamplingParams
 from .penalty_state import PenaltyState
+from .processor import LogitsProcessor, StatelessProcessor, overrides_stop_hooks
 from .sample import check_choosable, greedy, sample
 from .temperature import temperature
 from .top_k import top_k
 from .top_p import top_p
 from .typical import typical
 
-Adapter = Callable[[Tensor], Tensor]
-
-
-def _add_bias(logits: Tensor, bias: Tensor) -> Tensor:
-    return logits.float() + bias  # (B, V) + (V,)
+NO_OPINION: tuple[bool | None, bool] = (None, False)
 
 
 def _choose_greedy(logits: Tensor, generator: torch.Generator | None) -> Tensor:
@@ -73,37 +79,35 @@ def _choose_greedy(logits: Tensor, generator: torch.Generator | None) -> Tensor:
 
 
 class SamplerChain:
-    """Adapters + token choice + their state for a batch of B rows (build with `from_params`).
+    """Processors + token choice for a batch of B rows (usually built with `from_params`).
 
     Attributes:
-        params: the SamplingParams the chain was built from.
-        names: the adapters in the order they run, e.g. ("penalties", "temperature", "top_p").
-        penalties, ngrams, mirostat: the stateful parts, or None when not configured.
+        processors: every processor, in the order they run.
+        names: the processors that `process` runs, e.g. ("penalties", "temperature", "top_p").
+        greedy: choose the argmax instead of sampling.
+        params: the SamplingParams the chain was built from (None when built directly).
     """
 
     def __init__(
         self,
-        params: SamplingParams,
-        vocab_size: int,
-        penalties: PenaltyState | None,
-        ngrams: NoRepeatNgramState | None,
-        mirostat: Mirostat | None,
-        bias: Tensor | None,
+        processors: Sequence[LogitsProcessor] = (),
+        *,
+        greedy: bool = False,
+        params: SamplingParams | None = None,
     ) -> None:
+        for processor in processors:
+            if not isinstance(processor, LogitsProcessor):
+                raise TypeError(f"a chain holds LogitsProcessors, got {type(processor).__name__}")
+        self.processors: tuple[LogitsProcessor, ...] = tuple(processors)
+        self.greedy = greedy
         self.params = params
-        self.vocab_size = vocab_size
-        self.penalties = penalties
-        self.ngrams = ngrams
-        self.mirostat = mirostat
-        self._bias = bias
-        named = self._adapters()
-        self.names: tuple[str, ...] = tuple(name for name, _ in named)
-        self._steps: tuple[Adapter, ...] = tuple(step for _, step in named)
-        self._stateful = tuple(s for s in (penalties, ngrams, mirostat) if s is not None)
-        if params.greedy:
-            self._choose: Callable[[Tensor, torch.Generator | None], Tensor] = _choose_greedy
-        else:
-            self._choose = sample
+        # Greedy: a stateless processor that cannot move the argmax need not run.
+        self._active = tuple(p for p in self.processors
+                             if not (greedy and p.argmax_invariant and p.batch_size == -1))
+        self.names: tuple[str, ...] = tuple(p.name for p in self._active)
+        self._stateful = tuple(p for p in self.processors if p.batch_size != -1)
+        self._judges = tuple(p for p in self.processors if overrides_stop_hooks(p))
+        self._choose: Callable[[Tensor, torch.Generator | None], Tensor] = _choose_greedy if greedy else sample
 
     @classmethod
     def from_params(
@@ -113,6 +117,8 @@ class SamplerChain:
         vocab_size: int,
         prompt_ids: PromptIds = None,
         device: torch.device | str | None = None,
+        *,
+        masks: Sequence[LogitsProcessor] = (),
     ) -> SamplerChain:
         """Build the chain and its state for B rows.
 
@@ -124,61 +130,50 @@ class SamplerChain:
                 one `(T,)` prompt for all rows (tensor or list), a `(B, T)` LongTensor with
                 negative padding, or B lists of ints.
             device: device of the state; defaults to the prompt tensor's device, else CPU.
+            masks: processors run first (constraints), each with the state after the prompt of
+                one row (forked into the B rows) or of B rows (copied); the given objects are
+                never changed.
         """
         if device is None and isinstance(prompt_ids, Tensor):
             device = prompt_ids.device
-        bias = bias_vector(params.logit_bias_map, vocab_size, device) if params.logit_bias else None
-        penalties = None
+        processors = [_rows_of(mask, batch_size) for mask in masks]
+        if params.logit_bias:
+            processors.append(LogitBias(bias_vector(params.logit_bias_map, vocab_size, device)))
         if (params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0
                 or params.presence_penalty != 0.0):
-            penalties = PenaltyState.from_prompt(prompt_ids, batch_size, vocab_size, device)
-        ngrams = None
+            processors.append(PenaltyState.from_prompt(
+                prompt_ids, batch_size, vocab_size, device, repetition_penalty=params.repetition_penalty,
+                frequency_penalty=params.frequency_penalty, presence_penalty=params.presence_penalty))
         if params.no_repeat_ngram_size > 0:
-            ngrams = NoRepeatNgramState.from_prompt(
-                params.no_repeat_ngram_size, prompt_ids, batch_size, params.max_tokens, device
-            )
-        mirostat = None
-        if params.mirostat_tau is not None:
-            mirostat = Mirostat.create(batch_size, params.mirostat_tau, params.mirostat_eta, device)
-        return cls(params, vocab_size, penalties, ngrams, mirostat, bias)
+            processors.append(NoRepeatNgramState.from_prompt(
+                params.no_repeat_ngram_size, prompt_ids, batch_size, params.max_tokens, device))
+        if not params.greedy:
+            processors += _sampling_adapters(params, vocab_size)
+            if params.mirostat_tau is not None:
+                processors.append(Mirostat.create(batch_size, params.mirostat_tau, params.mirostat_eta, device))
+        return cls(processors, greedy=params.greedy, params=params)
 
-    def _adapters(self) -> list[tuple[str, Adapter]]:
-        """(name, callable) of the active adapters, in chain order; built once."""
-        params, steps = self.params, []
-        if self._bias is not None:
-            steps.append(("logit_bias", partial(_add_bias, bias=self._bias)))
-        if self.penalties is not None:
-            steps.append(("penalties", partial(
-                self.penalties.apply,
-                repetition_penalty=params.repetition_penalty,
-                frequency_penalty=params.frequency_penalty,
-                presence_penalty=params.presence_penalty,
-            )))
-        if self.ngrams is not None:
-            steps.append(("no_repeat_ngram", self.ngrams.apply))
-        if params.greedy:
-            return steps
-        if params.temperature != 1.0:
-            steps.append(("temperature", partial(temperature, t=params.temperature)))
-        if params.top_k > 0 and params.top_k < self.vocab_size:
-            steps.append(("top_k", partial(top_k, k=params.top_k)))
-        if params.top_p < 1.0:
-            steps.append(("top_p", partial(top_p, p=params.top_p)))
-        if params.min_p > 0.0:
-            steps.append(("min_p", partial(min_p, p=params.min_p)))
-        if params.typical_p < 1.0:
-            steps.append(("typical", partial(typical, mass=params.typical_p)))
-        if params.epsilon_cutoff > 0.0:
-            steps.append(("epsilon", partial(epsilon, eps=params.epsilon_cutoff)))
-        if params.eta_cutoff > 0.0:
-            steps.append(("eta", partial(eta, eta=params.eta_cutoff)))
-        if self.mirostat is not None:
-            steps.append(("mirostat", self.mirostat.process))
-        return steps
+    # ------------------------------------------------------------------ the stateful parts
+
+    def _find(self, kind: type) -> LogitsProcessor | None:
+        return next((p for p in self.processors if isinstance(p, kind)), None)
+
+    @property
+    def penalties(self) -> PenaltyState | None:
+        return self._find(PenaltyState)
+
+    @property
+    def ngrams(self) -> NoRepeatNgramState | None:
+        return self._find(NoRepeatNgramState)
+
+    @property
+    def mirostat(self) -> Mirostat | None:
+        return self._find(Mirostat)
 
     @property
     def stateful(self) -> bool:
-        """True when the chain keeps per-row state (penalties, n-gram blocking, mirostat)."""
+        """True when some processor keeps per-row state (penalties, n-gram blocking, mirostat,
+        a constraint)."""
         return bool(self._stateful)
 
     @property
@@ -187,15 +182,17 @@ class SamplerChain:
             return state.batch_size
         return -1  # stateless chains work for any number of rows
 
-    def process(self, logits: Tensor) -> Tensor:
-        """Apply the adapters to `logits (B, V)`; returns new float32 logits (input untouched).
+    # ----------------------------------------------------------------------- one step
 
-        Raises ValueError for NaN, +inf or an all -inf row, before any adapter runs.
+    def process(self, logits: Tensor) -> Tensor:
+        """Apply the processors to `logits (B, V)`; returns new float32 logits (input untouched).
+
+        Raises ValueError for NaN, +inf or an all -inf row, before any processor runs.
         """
         processed = float_logits(logits)
         check_choosable(processed)
-        for step in self._steps:
-            processed = step(processed)
+        for processor in self._active:
+            processed = processor.apply(processed)
         return processed.clone() if processed is logits else processed
 
     __call__ = process
@@ -207,18 +204,32 @@ class SamplerChain:
         """
         return self._choose(logits, generator)
 
-    def update(self, tokens: Tensor) -> None:
-        """Advance penalty, n-gram and mirostat state with the chosen `tokens (B,)` (negative
-        entries mark finished rows: counted nowhere, mirostat's mu unchanged)."""
+    def accept(self, tokens: Tensor) -> None:
+        """Advance every processor with the chosen `tokens (B,)` (negative entries mark rows that
+        take no token: counted nowhere, mirostat's mu unchanged)."""
         for state in self._stateful:
-            state.update(tokens)
+            state.accept(tokens)
+
+    update = accept
 
     def next_tokens(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """One decoding step: `process`, `choose`, `update`; returns tokens `(B,)`."""
+        """One decoding step: `process`, `choose`, `accept`; returns tokens `(B,)`."""
         tokens = self._choose(self.process(logits), generator)
-        for state in self._stateful:
-            state.update(tokens)
+        self.accept(tokens)
         return tokens
+
+    # ----------------------------------------------------------- following the KV cache
+
+    def rollback(self, counts: Tensor) -> None:
+        """Forget the last `counts[b]` accepted tokens of row b, `counts (B,)` long (follows
+        `cache.truncate` after a speculative rejection)."""
+        for state in self._stateful:
+            state.rollback(counts)
+
+    def reset(self) -> None:
+        """Every processor back to its state right after the prompt."""
+        for state in self._stateful:
+            state.reset()
 
     def select(self, indices: Tensor) -> None:
         """Reorder / duplicate / drop rows' state in place to follow a KV-cache reorder:
@@ -227,12 +238,76 @@ class SamplerChain:
             state.select(indices)
 
     def fork(self, indices: Tensor) -> SamplerChain:
-        """A new chain whose state is rows `indices (B',)` of this one; this chain is unchanged."""
-        return SamplerChain(
-            self.params,
-            self.vocab_size,
-            self.penalties.fork(indices) if self.penalties is not None else None,
-            self.ngrams.fork(indices) if self.ngrams is not None else None,
-            self.mirostat.fork(indices) if self.mirostat is not None else None,
-            self._bias,
-        )
+        """A new chain whose state is rows `indices (B',)` of this one; this chain is unchanged
+        (a tree node's snapshot)."""
+        return self._with([p.fork(indices) for p in self.processors])
+
+    @staticmethod
+    def concat(chains: Sequence[SamplerChain]) -> SamplerChain:
+        """One chain whose rows are those of `chains` in order (chains built alike; each is
+        unchanged): restores several tree nodes as one batch."""
+        first = chains[0]
+        for chain in chains[1:]:
+            if chain.names != first.names or chain.greedy != first.greedy:
+                raise ValueError(f"cannot join chains {first.names} and {chain.names}: built differently")
+        joined = [type(p).concat([chain.processors[i] for chain in chains]) for i, p in enumerate(first.processors)]
+        return first._with(joined)
+
+    def _with(self, processors: list[LogitsProcessor]) -> SamplerChain:
+        return SamplerChain(processors, greedy=self.greedy, params=self.params)
+
+    # ----------------------------------------------------------- where rows may end
+
+    @property
+    def judges_stop(self) -> bool:
+        """True when some processor has an opinion on where rows end (a constraint)."""
+        return bool(self._judges)
+
+    def stop_verdict(self, row: int) -> tuple[bool | None, bool]:
+        """(may_stop, must_stop) of row `row` after the tokens it accepted: may_stop is None when
+        no processor has an opinion, else whether all of them allow ending there; must_stop is
+        True when one says the row cannot go on."""
+        if not self._judges:
+            return NO_OPINION
+        return (all(p.allows_stop(row) for p in self._judges), any(p.finished(row) for p in self._judges))
+
+    def forced(self, row: int) -> list[int]:
+        """Tokens some processor forces as the only continuation of row `row` ([] if none)."""
+        for processor in self._judges:
+            tokens = processor.forced(row)
+            if tokens:
+                return tokens
+        return []
+
+
+def _rows_of(processor: LogitsProcessor, batch_size: int) -> LogitsProcessor:
+    """`processor` with `batch_size` rows of its own: one row forked B times, or B rows copied."""
+    rows = processor.batch_size
+    if rows == -1:
+        return processor
+    if rows == 1:
+        return processor.fork(torch.zeros(batch_size, dtype=torch.long))
+    if rows == batch_size:
+        return processor.fork(torch.arange(batch_size))
+    raise ValueError(f"processor {processor.name!r} has {rows} rows: give it with 1 row (the state after "
+                     f"the prompt) or {batch_size} (one per row)")
+
+
+def _sampling_adapters(params: SamplingParams, vocab_size: int) -> list[StatelessProcessor]:
+    """Temperature and the truncations of `params` as stateless processors, in chain order."""
+    steps = []
+    if params.temperature != 1.0:
+        steps.append(("temperature", partial(temperature, t=params.temperature), True))
+    if params.top_k > 0 and params.top_k < vocab_size:
+        steps.append(("top_k", partial(top_k, k=params.top_k), True))
+    if params.top_p < 1.0:
+        steps.append(("top_p", partial(top_p, p=params.top_p), True))
+    if params.min_p > 0.0:
+        steps.append(("min_p", partial(min_p, p=params.min_p), True))
+    if params.typical_p < 1.0:  # may remove the argmax (see `typical`)
+        steps.append(("typical", partial(typical, mass=params.typical_p), False))
+    if params.epsilon_cutoff > 0.0:
+        steps.append(("epsilon", partial(epsilon, eps=params.epsilon_cutoff), True))
+    if params.eta_cutoff > 0.0:
+        steps.append(("eta", partial(eta, eta=params.eta_cutoff), True))
+    return [StatelessProcessor(name, function, invariant) for name, function, invariant in steps]

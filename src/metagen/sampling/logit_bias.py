@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ._common import float_logits
+from .processor import StatelessProcessor
 
 
 def bias_vector(
@@ -54,3 +55,14 @@ def logit_bias(logits: Tensor, bias: Mapping[int, float]) -> Tensor:
     """
     logits = float_logits(logits)
     return logits + bias_vector(bias, logits.shape[-1], logits.device)
+
+
+class LogitBias(StatelessProcessor):
+    """The bias as a stateless processor: `logits + b`, b a dense `(V,)` vector (`bias_vector`)."""
+
+    def __init__(self, bias: Tensor) -> None:
+        self.bias = bias
+        super().__init__("logit_bias", self._add, argmax_invariant=False)
+
+    def _add(self, logits: Tensor) -> Tensor:
+        return float_logits(logits) + self.bias  # (B, V) + (V,)

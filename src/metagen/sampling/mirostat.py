@@ -22,11 +22,14 @@ before it. Time complexity: O(V) per row and step, state O(B).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from ._common import LOG_TOLERANCE, float_logits, keep_argmax, keep_only
+from ._history import RowHistory
+from .processor import LogitsProcessor
 from .sample import sample
 
 LN2 = math.log(2.0)
@@ -69,12 +72,16 @@ def mirostat_update(
     return torch.where(tokens.squeeze(1) >= 0, new_mu, mu)
 
 
-class Mirostat:
-    """Mirostat 2.0 sampler of B rows with explicit state `mu (B,)`.
+class Mirostat(LogitsProcessor):
+    """Mirostat 2.0 sampler of B rows with explicit state `mu (B,)` (a `LogitsProcessor`).
 
-    One step is `process` (truncate) -> choose a token -> `update(tokens)`; `sample` does all
-    three. `process` remembers the untruncated log-probabilities for the next `update`.
+    One step is `apply` (truncate) -> choose a token -> `accept(tokens)`; `sample` does all three.
+    `apply` remembers the untruncated log-probabilities for the next `accept`. For `rollback` the
+    mu before each accepted token is logged per row (`RowHistory`).
     """
+
+    name = "mirostat"
+    argmax_invariant = True  # the top token is always kept
 
     def __init__(self, tau: float, learning_rate: float, mu: Tensor) -> None:
         tau, learning_rate = float(tau), float(learning_rate)
@@ -85,7 +92,8 @@ class Mirostat:
         self.tau = tau
         self.learning_rate = learning_rate
         self.mu = mu.float()  # (B,)
-        self._log_probs: Tensor | None = None  # (B, V) of the last `process`
+        self._log_probs: Tensor | None = None  # (B, V) of the last `apply`
+        self._mu_before = RowHistory(self.mu.new_zeros(self.mu.shape[0], 0), math.nan)
 
     @classmethod
     def create(
@@ -102,35 +110,63 @@ class Mirostat:
     def batch_size(self) -> int:
         return self.mu.shape[0]
 
-    def process(self, logits: Tensor) -> Tensor:
+    def apply(self, logits: Tensor) -> Tensor:
         """Truncate `logits (B, V)` at each row's mu; returns new float32 logits."""
         logits = float_logits(logits)
         self._log_probs = torch.log_softmax(logits, dim=-1)
         return mirostat_truncate(logits, self.mu)
 
-    def update(self, tokens: Tensor) -> None:
-        """Move mu towards tau given the tokens `(B,)` chosen from the last `process`."""
+    process = apply
+
+    def accept(self, tokens: Tensor) -> None:
+        """Move mu towards tau given the tokens `(B,)` chosen from the last `apply`."""
         if self._log_probs is None:
-            raise RuntimeError("Mirostat.update needs the distribution of a previous process()")
+            raise RuntimeError("Mirostat.accept (update) needs the distribution of a previous apply (process)")
+        tokens = tokens.reshape(-1).to(self.mu.device)
+        self._mu_before.accept(self.mu, tokens >= 0)
         self.mu = mirostat_update(self.mu, self._log_probs, tokens, self.tau, self.learning_rate)
         self._log_probs = None
 
+    update = accept
+
+    def rollback(self, counts: Tensor) -> None:
+        """Give each row the mu it had before its last `counts[b]` accepted tokens."""
+        removed = self._mu_before.rollback(counts)
+        first = removed.mask.long().argmax(dim=1, keepdim=True)  # (B, 1) earliest removed entry
+        restored = removed.values.gather(1, first).squeeze(1) if removed.values.shape[1] else self.mu
+        self.mu = torch.where(removed.mask.any(dim=1), restored, self.mu)
+        self._log_probs = None
+
+    def reset(self) -> None:
+        """mu as it was right after the prompt."""
+        self.rollback(self._mu_before.accepted)
+
     def sample(self, logits: Tensor, generator: torch.Generator | None) -> Tensor:
         """One full step: truncate, sample `(B,)` tokens with `generator`, update mu."""
-        tokens = sample(self.process(logits), generator)
-        self.update(tokens)
+        tokens = sample(self.apply(logits), generator)
+        self.accept(tokens)
         return tokens
 
     def select(self, indices: Tensor) -> None:
         """Keep rows `indices (B',)` in that order, in place (follows a KV-cache reorder)."""
         indices = indices.to(device=self.mu.device, dtype=torch.long)
         self.mu = self.mu[indices]
+        self._mu_before.select(indices)
         if self._log_probs is not None:
             self._log_probs = self._log_probs[indices]
 
     def fork(self, indices: Tensor) -> Mirostat:
         """A new, independent sampler made of rows `indices (B',)`; this one is unchanged."""
-        forked = Mirostat(self.tau, self.learning_rate, self.mu[indices.to(self.mu.device)])
+        indices = indices.to(device=self.mu.device, dtype=torch.long)
+        forked = Mirostat(self.tau, self.learning_rate, self.mu[indices])
+        forked._mu_before = self._mu_before.fork(indices)
         if self._log_probs is not None:
-            forked._log_probs = self._log_probs[indices.to(self.mu.device)]
+            forked._log_probs = self._log_probs[indices]
         return forked
+
+    @classmethod
+    def concat(cls, parts: Sequence[Mirostat]) -> Mirostat:
+        """The rows of `parts` (same tau and learning rate) in one sampler, between steps."""
+        joined = Mirostat(parts[0].tau, parts[0].learning_rate, torch.cat([p.mu for p in parts]))
+        joined._mu_before = RowHistory.concat([p._mu_before for p in parts])
+        return joined

@@ -10,16 +10,29 @@ tokens of every window with the last n-1 tokens, and scatter the n-th token of e
 window into a ban mask. Windows that contain padding (negative ids) never match.
 
 `NoRepeatNgramState` keeps a preallocated history buffer so that a decoding step only writes one
-column; the ban itself is recomputed from the buffer at each step.
+column; the ban itself is recomputed from the buffer at each step, so rolling tokens back is
+blanking them in the buffer.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from ._common import float_logits, keep_only
-from ._tokens import PAD, PromptIds, TokenIds, history_for, left_aligned, prompt_matrix, rows_of
+from ._history import RowHistory
+from ._tokens import (
+    PAD,
+    PromptIds,
+    TokenIds,
+    history_for,
+    left_aligned,
+    prompt_matrix,
+    rows_of,
+)
+from .processor import LogitsProcessor
 
 
 def banned_tokens(history: Tensor, n: int, vocab_size: int) -> Tensor:
@@ -69,24 +82,21 @@ def no_repeat_ngram(logits: Tensor, token_ids: TokenIds, n: int) -> Tensor:
     return keep_only(logits, ~banned)
 
 
-class NoRepeatNgramState:
-    """History of B rows (prompt + generated tokens) for n-gram blocking in a decoding loop.
+class NoRepeatNgramState(LogitsProcessor):
+    """History of B rows (prompt + generated tokens) for n-gram blocking (a `LogitsProcessor`).
 
-    The history lives in a `(B, capacity)` LongTensor; `update` writes one column (O(B)) and
-    doubles the capacity when it is full, so appending never costs O(T) per step on average.
-    Rows may advance unevenly (speculative decoding appends a different number of tokens per
-    row): a negative entry leaves a hole, and once there is one, `apply` joins each row's tokens
-    up (`left_aligned`, O(B·T)) before matching.
+    The history is a `RowHistory`: `accept` writes one column (O(B), amortised) and `rollback`
+    blanks each row's last tokens. Rows may advance unevenly (speculative decoding appends a
+    different number of tokens per row): a negative entry leaves a hole, and once there is one,
+    `apply` joins each row's tokens up (`left_aligned`, O(B·T)) before matching.
     """
+
+    name = "no_repeat_ngram"
+    argmax_invariant = False
 
     def __init__(self, n: int, history: Tensor, capacity: int | None = None) -> None:
         self.n = _check_n(n)
-        history = left_aligned(history.long())  # (B, T)
-        rows, length = history.shape
-        capacity = max(capacity or 0, length + 1)
-        self._buffer = torch.full((rows, capacity), PAD, dtype=torch.long, device=history.device)
-        self._buffer[:, :length] = history
-        self._length = length
+        self._log = RowHistory(left_aligned(history.long()), PAD, capacity or 0)  # (B, T)
         self._holes = False
 
     @classmethod
@@ -105,9 +115,13 @@ class NoRepeatNgramState:
         return cls(n, prompts, capacity=prompts.shape[1] + max_new_tokens)
 
     @property
+    def batch_size(self) -> int:
+        return self._log.batch_size
+
+    @property
     def history(self) -> Tensor:
         """`(B, T)` view of the history so far (left-padded with -1)."""
-        return self._buffer[:, : self._length]
+        return self._log.values
 
     def apply(self, logits: Tensor) -> Tensor:
         """Ban n-gram repeats in `logits (B, V)`; returns new float32 logits. O(B (T n + V))."""
@@ -115,24 +129,39 @@ class NoRepeatNgramState:
         history = left_aligned(self.history) if self._holes else self.history
         return keep_only(logits, ~banned_tokens(history, self.n, logits.shape[-1]))
 
-    def update(self, new_tokens: Tensor) -> None:
-        """Append one token per row, `new_tokens (B,)`; negative entries are stored as padding."""
-        if self._length == self._buffer.shape[1]:
-            self._buffer = torch.cat([self._buffer, torch.full_like(self._buffer, PAD)], dim=1)
-        column = new_tokens.reshape(-1).to(device=self._buffer.device, dtype=torch.long)
-        self._buffer[:, self._length] = column.clamp(min=PAD)
-        self._length += 1
-        self._holes = self._holes or bool((column < 0).any())
+    def accept(self, tokens: Tensor) -> None:
+        """Append one token per row, `tokens (B,)`; negative entries are stored as padding."""
+        column = tokens.reshape(-1).to(dtype=torch.long)
+        present = column >= 0
+        self._log.accept(column, present)
+        self._holes = self._holes or not bool(present.all())
+
+    update = accept
+
+    def rollback(self, counts: Tensor) -> None:
+        """Forget the last `counts[b]` generated tokens of row b. O(B T)."""
+        self._log.rollback(counts)
+        self._holes = self._log.has_holes()
+
+    def reset(self) -> None:
+        """Forget every generated token: the history is the prompt again."""
+        self.rollback(self._log.accepted)
 
     def select(self, indices: Tensor) -> None:
         """Keep rows `indices (B',)` in that order, in place (follows a KV-cache reorder)."""
-        self._buffer = self._buffer[indices.to(device=self._buffer.device, dtype=torch.long)]
+        self._log.select(indices)
 
     def fork(self, indices: Tensor) -> NoRepeatNgramState:
         """A new, independent state made of rows `indices (B',)`; this state is unchanged."""
-        forked = NoRepeatNgramState.__new__(NoRepeatNgramState)
-        forked.n = self.n
-        forked._buffer = self._buffer[indices.to(device=self._buffer.device, dtype=torch.long)]
-        forked._length = self._length
-        forked._holes = self._holes
-        return forked
+        return self._with_log(self._log.fork(indices), self._holes)
+
+    @classmethod
+    def concat(cls, parts: Sequence[NoRepeatNgramState]) -> NoRepeatNgramState:
+        """The rows of `parts` (same n) in one state; shorter histories are left-padded."""
+        log = RowHistory.concat([part._log for part in parts])
+        return parts[0]._with_log(log, any(part._holes for part in parts) or log.has_holes())
+
+    def _with_log(self, log: RowHistory, holes: bool) -> NoRepeatNgramState:
+        state = NoRepeatNgramState.__new__(NoRepeatNgramState)
+        state.n, state._log, state._holes = self.n, log, holes
+        return state

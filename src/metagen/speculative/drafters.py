@@ -167,7 +167,7 @@ class ModelDrafter(Drafter):
         tokens: list[list[int]] = [[] for _ in range(batch)]
         probs: list[list[Tensor]] = [[] for _ in range(batch)]
         drafting = [n > 0 for n in lengths]
-        greedy = chain.params.greedy
+        greedy = chain.greedy
         for step in range(longest):
             processed = probe.process(out.logits)
             chosen = probe.choose(processed, generator)

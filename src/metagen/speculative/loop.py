@@ -4,31 +4,35 @@ Per step and row (the target cache holds every committed token but the last, t0)
 
     d_1..d_γ, p   = drafter.propose(context)                 # p: draft distributions (or point masses)
     logits        = target.forward(cache, [t0, d_1..d_γ], logits="all")     # (γ+1) positions
-    q             = chain(logits) per position, the chain state advanced along the draft
+    q             = chain(logits) per position, chain.accept(d_j) between positions
     tau, x        = rule(d, p, q)                            # token / block / greedy verification
-    emit d_1..d_tau, x;  cache.truncate(row, old + 1 + tau)
+    cache.truncate(row, old + 1 + tau);  chain.rollback(γ − tau);  chain.accept(x)
+    emit d_1..d_tau, x                                       # through the row's bookkeeping (rows.py)
 
-The same sampler chain (bias, penalties, n-gram blocking, temperature, truncations) produces p in
-the drafter and q here, so the verification rules make the emitted tokens follow exactly the
-distribution plain decoding samples from. Rows accept different numbers of tokens; the next
-forward is ragged. Mirostat cannot be honoured (its state follows the surprise of each token
-under the distribution it was drawn from, which a draft changes) and raises.
+The same sampler chain (bias, penalties, n-gram blocking, temperature, truncations, constraints)
+produces p in the drafter and q here, so the verification rules make the emitted tokens follow
+exactly the distribution plain decoding samples from; the chain's state follows the cache, so a
+rejected draft token is rolled back where the cache is truncated. A draft token the chain removes
+(q = 0) is rejected by every rule, so the chain stops following that row's draft there. Rows
+accept different numbers of tokens; the next forward is ragged. Mirostat cannot be honoured (its
+state follows the surprise of each token under the distribution it was drawn from, which a draft
+changes) and raises.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.memory import check_batch_fits
-from metagen.decoding.prompts import Prompt, encode_prompt, stop_token_set
-from metagen.decoding.sample_loop import GenerationResult, StreamEvent, _Row
-from metagen.sampling import SamplerChain, SamplingParams
+from metagen.decoding.prompts import Prompt, encode_prompt
+from metagen.decoding.rows import NO_OPINION, Row, StopRules, Verdict, request_chain, token_records
+from metagen.decoding.sample_loop import GenerationResult, StreamEvent
+from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
 from metagen.speculative.block_verify import block_verify
 from metagen.speculative.drafters import Draft, Drafter
 from metagen.speculative.token_verify import token_verify
@@ -101,36 +105,33 @@ def speculative_stream(
     chat: bool | None = None,
     generator: torch.Generator | None = None,
     result: GenerationResult | None = None,
+    processors: Sequence[LogitsProcessor] = (),
 ) -> Iterator[StreamEvent]:
     """`metagen.decoding.stream` with speculative decoding; same events, same completions.
 
     `result.cost` receives model calls (target and drafter), FLOPs, draft and accepted tokens
-    and target steps (so `cost.acceptance_rate` and `cost.block_efficiency`).
+    and target steps (so `cost.acceptance_rate` and `cost.block_efficiency`). `processors` as
+    in `stream`: they mask draft and target alike and are rolled back with rejected drafts.
     """
     params = params or SamplingParams()
     config = config or SpeculativeConfig()
     check_compatible(model, drafter, params)
     started = time.perf_counter()
     prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
-    if len(prompt_ids) >= model.max_context:
-        raise ValueError(
-            f"prompt has {len(prompt_ids)} tokens, the model's context is {model.max_context}: no room to generate"
-        )
+    rules = StopRules.from_params(params, model, len(prompt_ids))
     if generator is None:
         generator = params.make_generator()
     n, vocab = params.n, model.vocab_size
-    want_top = bool(params.logprobs)
-    stop_ids = stop_token_set(params, model)
-    max_new = min(params.max_tokens, model.max_context - len(prompt_ids))
+    max_new = rules.max_new_tokens
     check_batch_fits(model, n, max_new, (config.max_draft_tokens if config.adaptive else config.num_draft_tokens) + 1)
-    chain = SamplerChain.from_params(params, n, vocab, prompt_ids)
-    rows = [_Row(model, params, prompt_ids, want_top) for _ in range(n)]
+    chain = request_chain(params, model, prompt_ids, n, processors)
+    rows = [Row(model.tokenizer, prompt_ids, rules, want_top=bool(params.logprobs)) for _ in range(n)]
     result = result if result is not None else GenerationResult([], prompt_ids)
     result.prompt_token_ids = prompt_ids
     result.completions = [row.completion for row in rows]
     cost = Cost(prompt_tokens_computed=len(prompt_ids), prompt_tokens_reused=len(prompt_ids) * (n - 1),
                 flops=forward_flops(model, 0, len(prompt_ids)), target_steps=n)
-    emitter = _Emitter(rows, stop_ids, max_new, want_top, params, vocab)
+    emitter = _Emitter(rows, params)
 
     cache, out = model.prefill(prompt_ids, batch_size=n)
     drafter.start(prompt_ids, n, target_cache=cache)
@@ -140,11 +141,11 @@ def speculative_stream(
     decode_start = time.perf_counter()
     processed = chain.process(out.logits)
     tokens = chain.choose(processed, generator)
-    chain.update(tokens)
+    chain.accept(tokens)
     contexts = [list(prompt_ids) for _ in range(n)]
     active = list(range(n))
     for b, token in enumerate(tokens.tolist()):
-        yield from emitter.emit(b, [token], out.logits[b : b + 1], processed[b : b + 1])
+        yield from emitter.emit(b, [token], out.logits[b : b + 1], processed[b : b + 1], [chain.stop_verdict(b)])
         contexts[b].append(token)
     gammas = [config.num_draft_tokens] * n
 
@@ -169,24 +170,24 @@ def speculative_stream(
         feed = [[context[-1]] + draft.tokens[b] for b, context in enumerate(row_contexts)]
         out = model.forward(cache, feed, logits="all")  # (B, T, V)
         cost.model_calls += 1
-        processed = _process_positions(chain, out.logits, draft.tokens)
-        emitted_rows = []
+        processed, followed, verdicts = _process_positions(chain, out.logits, draft.tokens)
+        outcomes = [_verify(params, config, proposed, draft.probs[b], processed[b, : len(proposed) + 1],
+                            vocab, chain, generator) for b, proposed in enumerate(draft.tokens)]
+        # The chain followed each draft as far as `followed[b]`: keep tau tokens of it, add x.
+        chain.rollback(torch.tensor([f - tau for f, (tau, _) in zip(followed, outcomes)], dtype=torch.long))
+        chain.accept(torch.tensor([token for _, token in outcomes], dtype=torch.long))
         for b, index in enumerate(active):
-            proposed = draft.tokens[b]
+            proposed, (tau, token) = draft.tokens[b], outcomes[b]
             cost.flops += forward_flops(model, before[b], len(feed[b]))
-            tau, token = _verify(params, config, proposed, draft.probs[b], processed[b, : len(proposed) + 1],
-                                 vocab, chain, generator)
             emitted = proposed[:tau] + [token]
             cost.draft_tokens += len(proposed)
             cost.accepted_tokens += tau
             cost.target_steps += 1
             cache.truncate(b, before[b] + 1 + tau)
             gammas[b] = config.next_length(gammas[b], len(proposed), tau)
-            pushed = yield from emitter.emit(index, emitted, out.logits[b], processed[b])
+            row_verdicts = verdicts[b][:tau] + [chain.stop_verdict(b)] if chain.judges_stop else None
+            pushed = yield from emitter.emit(index, emitted, out.logits[b], processed[b], row_verdicts)
             contexts[index].extend(emitted[:pushed])
-            emitted_rows.append(emitted[:pushed])
-        for j in range(max(len(e) for e in emitted_rows)):
-            chain.update(torch.tensor([e[j] if j < len(e) else -1 for e in emitted_rows], dtype=torch.long))
 
     drafter.finish([row.completion.token_ids for row in rows])
     result.decode_seconds = time.perf_counter() - decode_start
@@ -205,10 +206,12 @@ def speculative_generate(
     *,
     chat: bool | None = None,
     generator: torch.Generator | None = None,
+    processors: Sequence[LogitsProcessor] = (),
 ) -> GenerationResult:
     """`params.n` completions of `prompt` by speculative decoding (see `speculative_stream`)."""
     result = GenerationResult([], [])
-    for _ in speculative_stream(model, drafter, prompt, params, config, chat=chat, generator=generator, result=result):
+    for _ in speculative_stream(model, drafter, prompt, params, config, chat=chat, generator=generator, result=result,
+                                processors=processors):
         pass
     return result
 
@@ -216,31 +219,20 @@ def speculative_generate(
 class _Emitter:
     """Pushes verified tokens into their rows with the same per-token records as plain decoding."""
 
-    def __init__(self, rows, stop_ids, max_new: int, want_top: bool, params: SamplingParams, vocab: int) -> None:
-        self.rows, self.stop_ids, self.max_new = rows, stop_ids, max_new
-        self.want_top, self.params = want_top, params
-        self.log_vocab = math.log(vocab)
+    def __init__(self, rows: list[Row], params: SamplingParams) -> None:
+        self.rows, self.params = rows, params
 
-    def emit(self, index: int, tokens: list[int], logits: torch.Tensor, processed: torch.Tensor):
-        """Push `tokens` (logits / processed rows at the same positions) until the row stops;
-        yields StreamEvents, returns how many tokens were pushed."""
-        row = self.rows[index]
-        count = len(tokens)
-        ids = torch.tensor(tokens, dtype=torch.long)[:, None]
-        raw = torch.log_softmax(logits[:count], dim=-1)  # (count, V)
-        chosen = raw.gather(1, ids).squeeze(1).tolist()
-        certainties = (-self.log_vocab - raw.mean(dim=-1)).tolist()
-        if self.params.greedy:
-            sampled = [0.0] * count
-        else:
-            sampled = torch.log_softmax(processed[:count], dim=-1).gather(1, ids).squeeze(1).tolist()
-        if self.want_top:
-            top = torch.topk(raw, self.params.logprobs, dim=-1)
-            top_ids, top_values = top.indices.tolist(), top.values.tolist()
+    def emit(self, index: int, tokens: list[int], logits: torch.Tensor, processed: torch.Tensor,
+             verdicts: list[Verdict] | None):
+        """Push `tokens` (logits / processed rows at the same positions; the processors' verdict
+        after each token, None: no opinion) until the row stops; yields StreamEvents, returns how
+        many tokens were pushed."""
+        row, count = self.rows[index], len(tokens)
+        ids = torch.tensor(tokens, dtype=torch.long)
+        records = token_records(logits[:count], ids, None if self.params.greedy else processed[:count],
+                                self.params.logprobs or 0)
         for j, token in enumerate(tokens):
-            top_j = dict(zip(top_ids[j], top_values[j])) if self.want_top else None
-            at_limit = len(row.completion.token_ids) + 1 >= self.max_new
-            text = row.push(token, chosen[j], sampled[j], certainties[j], top_j, token in self.stop_ids, at_limit)
+            text = row.push(token, records[j], verdicts[j] if verdicts is not None else NO_OPINION)
             finish = row.completion.finish_reason
             if text or finish:
                 yield StreamEvent(index, text, token, finish)
@@ -259,19 +251,36 @@ def _check_draft(draft: Draft, lengths: list[int], vocab: int, name: str) -> Non
             raise RuntimeError(f"the {name} drafter proposed a token outside [0, {vocab}) for row {b}")
 
 
-def _process_positions(chain: SamplerChain, logits: torch.Tensor, drafts: list[list[int]]) -> torch.Tensor:
-    """The chain applied at every position of `logits (B, T, V)`; position j of row b sees the
-    chain state advanced by that row's draft tokens before j."""
+def _process_positions(chain: SamplerChain, logits: torch.Tensor, drafts: list[list[int]]):
+    """The chain applied at every position of `logits (B, T, V)`, position j of row b seeing the
+    chain state advanced by that row's draft tokens before j.
+
+    Returns `(processed (B, T, V), followed, verdicts)`: the chain is left advanced by the first
+    `followed[b]` draft tokens of row b — all of them, or up to the first one the chain removed
+    (q = 0 there, so every rule rejects it) — and `verdicts[b][j]` is the chain's stop verdict
+    after row b's draft token j (empty when no processor judges stops).
+    """
     batch, length, vocab = logits.shape
+    verdicts: list[list[Verdict]] = [[] for _ in range(batch)]
     if not chain.stateful:
-        return chain.process(logits.reshape(batch * length, vocab)).view(batch, length, vocab)
-    probe = chain.fork(torch.arange(batch))
+        processed = chain.process(logits.reshape(batch * length, vocab)).view(batch, length, vocab)
+        return processed, [len(d) for d in drafts], verdicts
+    followed = [0] * batch
     positions = []
     for j in range(length):
-        positions.append(probe.process(logits[:, j]))
-        if j + 1 < length:
-            probe.update(torch.tensor([d[j] if j < len(d) else -1 for d in drafts], dtype=torch.long))
-    return torch.stack(positions, dim=1)
+        positions.append(chain.process(logits[:, j]))
+        if j + 1 == length:
+            break
+        column = torch.tensor([d[j] if j < len(d) and followed[b] == j else -1 for b, d in enumerate(drafts)])
+        kept = positions[-1].gather(1, column.clamp(min=0)[:, None]).squeeze(1) > float("-inf")
+        column = torch.where(kept, column, -1)
+        chain.accept(column)
+        for b, token in enumerate(column.tolist()):
+            if token >= 0:
+                followed[b] += 1
+                if chain.judges_stop:
+                    verdicts[b].append(chain.stop_verdict(b))
+    return torch.stack(positions, dim=1), followed, verdicts
 
 
 def _verify(params, config, proposed, probs, processed, vocab, chain, generator) -> tuple[int, int]:

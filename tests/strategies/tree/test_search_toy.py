@@ -147,8 +147,6 @@ def test_astar_priority_is_cost_so_far_plus_heuristic(one_thread):
 
 
 def test_errors_name_the_field():
-    with pytest.raises(ValueError, match="stateless"):
-        StepExpander(ToyModel(), PROMPT, SamplingParams(repetition_penalty=1.2), TOKEN_STEPS)
     with pytest.raises(ValueError, match="params.n=2"):
         StepExpander(ToyModel(), PROMPT, SamplingParams(n=2), TOKEN_STEPS)
     with pytest.raises(ValueError, match="beam_width=0"):
@@ -169,3 +167,53 @@ def test_blockwise_cd_derives_its_steps_from_the_block_length():
     assert BlockwiseCDConfig(block_tokens=5).step == StepConfig(delimiter=None, max_step_tokens=5)
     with pytest.raises(ValueError, match="set block_tokens instead"):
         BlockwiseCDConfig(step=StepConfig("\n", 8))
+
+
+# ------------------------------------------------------------------ stateful processors
+
+
+def test_each_node_keeps_its_own_processor_state_through_snapshot_and_restore(one_thread):
+    """BanRepeats (a row bans the tokens it generated) snapshotted with each node and restored,
+    several parents in one batch: every node's state is its own path, and children are drawn
+    with their parent's path banned."""
+    from tests.decoding.ban_repeats import BanRepeats, no_repeats
+    from tests.decoding.helpers import assert_follows
+    from tests.decoding.toy_model import next_logits
+
+    given = BanRepeats(never_banned=[C])  # 5 tokens: "c" may repeat, so no row runs out of tokens
+    expander = StepExpander(ToyModel(), PROMPT, SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True),
+                            StepConfig(delimiter=None, max_step_tokens=2), generator=torch.Generator().manual_seed(1),
+                            processors=[given])
+    children = expander.expand([expander.root], [40])[0]
+    parents = [c for c in children if not c.finished][:3]
+    grandchildren = expander.expand(parents, [2, 3, 4])
+    deeper = expander.expand([g for group in grandchildren for g in group][:4], [1, 2, 1, 2])
+    for node in children + [g for group in grandchildren + deeper for g in group]:
+        path = node.path_ids()
+        assert no_repeats(path, allowed_repeats=[C])
+        assert node.sampler.processors[0].histories == [path]
+    assert given.histories == [[]] and "concat" in given.events
+    # One token per step, two different parents in one batch: each child follows its parent's bans.
+    one = StepExpander(ToyModel(), PROMPT, SamplingParams(temperature=1.0, max_tokens=6), TOKEN_STEPS,
+                       generator=torch.Generator().manual_seed(2), processors=[BanRepeats()])
+    first = {tuple(n.token_ids): n for n in one.expand([one.root], [60])[0]}
+    a, c = first[(A,)], first[(C,)]
+    for parent, group in zip((a, c), one.expand([a, c], [2500, 2500])):
+        logits = next_logits(PROMPT + parent.token_ids).double()
+        logits[parent.token_ids] = float("-inf")
+        expected = dict(enumerate(torch.softmax(logits, dim=-1).tolist()))
+        assert_follows((n.token_ids[0] for n in group), expected)
+
+
+def test_penalties_follow_each_path(one_thread):
+    """Greedy one-token steps with a presence penalty: the path is plain greedy decoding with the
+    same penalty (the node's penalty state is its own path's tokens)."""
+    from metagen.decoding.sample_loop import generate
+
+    params = SamplingParams(temperature=0.0, max_tokens=5, presence_penalty=2.0, ignore_eos=True)
+    plain = generate(ToyModel(), [BOS, A], params).completions[0]
+    expander = StepExpander(ToyModel(), [BOS, A], params, TOKEN_STEPS)
+    node = expander.root
+    while not node.finished:
+        node = expander.expand([node], [1])[0][0]
+    assert node.path_ids() == plain.token_ids and len(set(plain.token_ids)) > 2

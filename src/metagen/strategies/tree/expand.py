@@ -1,12 +1,16 @@
 """Search trees over reasoning steps: nodes that keep their cache, and a batched step expander.
 
 A node is a partial solution: the prompt plus the steps on its path. It holds a snapshot of its
-cache row (`cache.snapshot`), the next-token logits after its last token and, when the value
-reads it, the final hidden state there. Expanding nodes never re-prefills a prefix:
+cache row (`cache.snapshot`), the next-token logits after its last token, when the value reads
+it the final hidden state there, and the state of its row: the per-row bookkeeping (`Row`: text,
+stop strings, limits) and a one-row fork of the sampler chain (penalties, n-gram bans, a
+constraint follow the path). Expanding nodes never re-prefills a prefix:
 
     rows  = cache.restore([parent.snapshot] * k for each parent)   # page-table copies only
+    chain = SamplerChain.concat([parent.sampler] * k ...)          # the processors' rows likewise
     loop:   token = chain(logits); forward(token) for every open row  # one batched step
-            a row whose step ended (delimiter, EOS, max tokens) leaves the batch as a child node
+            a row whose step ended (delimiter, EOS, max tokens) leaves the batch as a child node,
+            with cache.snapshot(b) and chain.fork([b])
     V     = value(children)                                          # one batched call
 
 Every sampled token is fed to the model once (the step's last token too, which gives the child's
@@ -17,13 +21,15 @@ length (prompt + path) as reused — what a naive implementation would recompute
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from metagen.decoding.cost import Cost, forward_flops
-from metagen.decoding.prompts import Prompt, encode_prompt, stop_token_set
-from metagen.sampling import SamplerChain, SamplingParams
+from metagen.decoding.prompts import Prompt, encode_prompt
+from metagen.decoding.rows import Row, StopRules, request_chain, token_records
+from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,8 @@ class Node:
     value: float | None = None
     text: str = ""  # the whole path's text (stop strings cut off)
     children: list[Node] = field(default_factory=list, repr=False)
+    row: Row | None = field(default=None, repr=False)  # the path's bookkeeping, continued by children
+    sampler: SamplerChain | None = field(default=None, repr=False)  # one-row chain state after the path
 
     @property
     def finished(self) -> bool:
@@ -90,30 +98,24 @@ class StepExpander:
     """Owns one cache for a search: prefills the prompt once (the root), expands nodes by steps.
 
     model: a LanguageModel whose cache has snapshot / restore / release; value: a PrefixValue
-    (or None) applied to every new node; params: stateless sampling (temperature, top-k/p,
-    min-p, typical, epsilon, eta, logit bias; stop strings and stop tokens honoured).
+    (or None) applied to every new node; params: sampling, stop strings and stop tokens, all
+    honoured per path (penalties and n-gram bans see the path's own tokens); processors: extra
+    logits processors (constraints) with their state after the prompt, followed per path.
     """
 
     has_logprobs = True  # every node carries log p of its tokens
 
     def __init__(self, model, prompt: Prompt, params: SamplingParams, step: StepConfig,
-                 value=None, *, chat: bool | None = None, generator: torch.Generator | None = None) -> None:
+                 value=None, *, chat: bool | None = None, generator: torch.Generator | None = None,
+                 processors: Sequence[LogitsProcessor] = ()) -> None:
         self.model, self.params, self.step, self.value = model, params, step, value
         if value is not None:
             value.check_model(model)
         self.prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
-        self.chain = SamplerChain.from_params(params, 1, model.vocab_size, self.prompt_ids)
-        if self.chain.stateful:
-            raise ValueError("tree search needs stateless sampling: repetition / frequency / presence penalties, "
-                             "no_repeat_ngram_size and mirostat keep per-path state and are not supported")
         if params.n != 1:
             raise ValueError(f"params.n={params.n}: tree search sets its own branching; leave n=1")
+        self.rules = StopRules.from_params(params, model, len(self.prompt_ids))
         self.generator = generator if generator is not None else params.make_generator()
-        self.stop_ids = stop_token_set(params, model)
-        self.max_length = min(len(self.prompt_ids) + params.max_tokens, model.max_context)
-        if len(self.prompt_ids) >= self.max_length:
-            raise ValueError(f"prompt has {len(self.prompt_ids)} tokens, the model's context is "
-                             f"{model.max_context}: no room to generate")
         self.cost = Cost()
         start = time.perf_counter()
         self.cache = model.new_cache(1)
@@ -121,7 +123,9 @@ class StepExpander:
             out = model.forward(self.cache, torch.tensor([self.prompt_ids]), hidden=self._needs_hidden)
         length = len(self.prompt_ids)
         self.root = Node(None, [], 0, length, self.cache.snapshot(0), out.logits[0],
-                         out.hidden[0] if self._needs_hidden else None)
+                         out.hidden[0] if self._needs_hidden else None,
+                         row=Row(model.tokenizer, self.prompt_ids, self.rules),
+                         sampler=request_chain(params, model, self.prompt_ids, 1, processors))
         self.cost += Cost(model_calls=1, prompt_tokens_computed=length, flops=forward_flops(model, 0, length),
                           wall_seconds=time.perf_counter() - start)
         if value is not None:
@@ -146,15 +150,18 @@ class StepExpander:
         if not origin:
             return produced
         self.cache.restore([p.snapshot for p in origin])
+        chain = SamplerChain.concat([p.sampler for p in origin])
         self.cost.prompt_tokens_reused += sum(p.length for p in origin)
         logits = torch.stack([p.logits for p in origin])  # (B, V)
-        steps: list[list[int]] = [[] for _ in origin]
-        logprobs: list[list[float]] = [[] for _ in origin]
+        rows = [p.row.fork() for p in origin]
+        step_texts = ["" for _ in origin]
         active = list(range(len(origin)))  # child index of each cache row
         new_nodes: list[Node] = []
         while active:
-            tokens = self.chain.choose(self.chain.process(logits), self.generator)  # (B,)
-            chosen = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1).tolist()
+            processed = chain.process(logits)
+            tokens = chain.choose(processed, self.generator)  # (B,)
+            chain.accept(tokens)
+            records = token_records(logits, tokens, None if chain.greedy else processed)
             with torch.no_grad():
                 out = self.model.forward(self.cache, tokens[:, None], hidden=self._needs_hidden)
             self.cost.model_calls += 1
@@ -162,17 +169,18 @@ class StepExpander:
             self.cost.target_steps += len(active)
             keep: list[int] = []
             for b, (child, token) in enumerate(zip(active, tokens.tolist())):
-                parent = origin[child]
-                steps[child].append(token)
-                logprobs[child].append(chosen[b])
-                length = parent.length + len(steps[child])
+                parent, row = origin[child], rows[child]
+                row.push(token, records[b], chain.stop_verdict(b))
+                step_texts[child] += row.decoded
+                step_length = len(row.completion.token_ids) - len(parent.row.completion.token_ids)
+                length = parent.length + step_length
                 self.cost.flops += forward_flops(self.model, length - 1, 1)
-                node = self._finish(parent, steps[child], length, token)
-                if node is None:
+                if not self._step_ends(row, step_texts[child], step_length):
                     keep.append(b)
                     continue
-                node.logprobs = logprobs[child]
+                node = self._child(parent, row, length)
                 node.snapshot = self.cache.snapshot(b)
+                node.sampler = chain.fork(torch.tensor([b]))
                 node.logits = out.logits[b].clone()
                 node.hidden = out.hidden[b].clone() if self._needs_hidden else None
                 produced[owner[child]].append(node)
@@ -180,6 +188,7 @@ class StepExpander:
                 new_nodes.append(node)
             if len(keep) < len(active):
                 self.cache.select(keep)
+                chain.select(torch.tensor(keep, dtype=torch.long))
                 active = [active[b] for b in keep]
                 logits = out.logits[keep]
             else:
@@ -189,24 +198,20 @@ class StepExpander:
             self.score(new_nodes)
         return produced
 
-    def _finish(self, parent: Node, step: list[int], length: int, token: int) -> Node | None:
-        """The child node when `step` (ending with `token`) ends a step, else None."""
-        tokenizer = self.model.tokenizer
-        text = tokenizer.decode(step, skip_special_tokens=True)
-        reason = None
-        if token in self.stop_ids:
-            reason = "stop"
-        elif length >= self.max_length:
-            reason = "length"
-        full = parent.text + text
-        for stop in self.params.stop:
-            at = full.find(stop, max(len(parent.text) - len(stop) + 1, 0))
-            if at >= 0:
-                full, reason = full[:at], "stop"
-        delimited = self.step.delimiter is not None and self.step.delimiter in text
-        if reason is None and not delimited and len(step) < self.step.max_step_tokens:
-            return None
-        return Node(parent, list(step), parent.depth + 1, length, finish_reason=reason, text=full)
+    def _step_ends(self, row: Row, step_text: str, step_length: int) -> bool:
+        """Does the step end here: the solution ended (stop token, stop string, a processor,
+        max tokens), the step's text holds the delimiter, or the step is max_step_tokens long?"""
+        delimited = self.step.delimiter is not None and self.step.delimiter in step_text
+        return row.finished or delimited or step_length >= self.step.max_step_tokens
+
+    @staticmethod
+    def _child(parent: Node, row: Row, length: int) -> Node:
+        """The node of the step `row` made after `parent` (its tokens, logprobs, text, finish)."""
+        done = len(parent.row.completion.token_ids)
+        completion = row.completion
+        text = completion.text if row.finished else row.full_text
+        return Node(parent, completion.token_ids[done:], parent.depth + 1, length,
+                    logprobs=completion.logprobs[done:], finish_reason=completion.finish_reason, text=text, row=row)
 
     def score(self, nodes: list[Node]) -> None:
         """Set `node.value` for `nodes` with one call of the value; its cost joins `self.cost`."""
@@ -222,7 +227,8 @@ class StepExpander:
         self.cost += values.cost
 
     def release(self, node: Node) -> None:
-        """Drop a node's cache snapshot and logits (pruned branches); it can no longer expand."""
+        """Drop a node's cache snapshot, logits and row state (pruned branches); it can no longer
+        expand."""
         if node.snapshot is not None:
             self.cache.release(node.snapshot)
-        node.snapshot, node.logits, node.hidden = None, None, None
+        node.snapshot, node.logits, node.hidden, node.sampler, node.row = None, None, None, None, None

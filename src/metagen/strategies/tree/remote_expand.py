@@ -97,8 +97,9 @@ class RemoteStepExpander:
             raise ValueError(f"a remote step search needs {caps.LOGPROBS} or {caps.TOKEN_IDS} to count each step's "
                              f"tokens (params.max_tokens bounds a solution); {type(engine).__name__} provides neither")
         if stateful_fields(params):
-            raise ValueError(f"tree search needs stateless sampling: {', '.join(stateful_fields(params))} keep "
-                             "per-path state and are not supported")
+            raise ValueError(f"a remote step search needs stateless sampling: {', '.join(stateful_fields(params))} "
+                             "keep per-path state, which a server continuing each prefix anew does not follow "
+                             "(the local expander does)")
         if params.n != 1:
             raise ValueError(f"params.n={params.n}: tree search sets its own branching; leave n=1")
         self.engine, self.params, self.step, self.value = engine, params, step, value
