@@ -23,12 +23,15 @@ def test_exactly_one_kind():
         StructuredOutputs(regex="a", choice=["b"])
 
 
-def test_schema_is_canonical_text_and_hashable():
-    first = StructuredOutputs(json={"b": 1, "a": {"type": "string"}} | SCHEMA)
-    second = StructuredOutputs(json='{"required": ["a"], "type": "object", "properties": {"a": {"type": "integer"}},'
-                                    ' "a": {"type": "string"}, "b": 1}')
+def test_schema_text_is_hashable_and_keeps_key_order():
+    first = StructuredOutputs(json=SCHEMA)
+    second = StructuredOutputs(json='{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}')
     assert first == second and hash(first) == hash(second) and first.cache_key() == second.cache_key()
-    assert first.schema["required"] == ["a"]
+    assert first.schema == SCHEMA
+    # Properties are generated in the schema's order, so a reordered schema is another constraint.
+    ordered = StructuredOutputs(json={"properties": {"b": {}, "a": {}}})
+    assert list(ordered.schema["properties"]) == ["b", "a"]
+    assert ordered != StructuredOutputs(json={"properties": {"a": {}, "b": {}}})
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -21,8 +21,9 @@ OpenAI's `response_format` maps onto it with `from_response_format`:
     {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}
                                                                   -> json={...}
 
-A frozen, hashable value: the schema is stored as canonical JSON text (sorted keys), choices as
-a tuple. Whether the spec compiles is checked by `metagen.structured.compile.check_compiles`.
+A frozen, hashable value: the schema is stored as compact JSON text, choices as a tuple. The
+schema's key order is kept, not sorted: llguidance generates properties in the order the schema
+lists them (so a "reasoning" field listed before "answer" is written first). Whether the spec compiles is checked by `metagen.structured.compile.check_compiles`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class StructuredOutputs:
     """One output constraint (see the module docstring); exactly one of the kind fields is set.
 
     Fields:
-        json: JSON Schema as a dict or JSON text; stored as canonical JSON text.
+        json: JSON Schema as a dict or JSON text; stored as JSON text, key order kept.
         regex: a regular expression matched against the whole output.
         choice: the allowed outputs (non-empty strings, at least one); stored as a tuple.
         grammar: a Lark grammar (with a `start` rule) or a GBNF grammar (with a `root` rule).
@@ -145,7 +146,7 @@ def _schema_text(field: str, schema: object) -> str:
     if not isinstance(schema, (Mapping, bool)):
         raise ValueError(f"{field} must be a JSON Schema (an object or a bool), got {type(schema).__name__}")
     try:
-        return json_module.dumps(schema, sort_keys=True, ensure_ascii=False)
+        return json_module.dumps(schema, ensure_ascii=False)  # key order kept: it is the order of generation
     except (TypeError, ValueError) as error:
         raise ValueError(f"{field} cannot be written as JSON: {error}") from None
 
