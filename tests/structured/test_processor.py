@@ -253,3 +253,15 @@ def test_forced_tokens_jump_forward(smollm2_tokenizer):
     for token in forced:
         processor.accept(torch.tensor([token]))
     assert not processor.finished(0)
+
+
+def test_a_failed_matcher_ends_the_row_as_incomplete(smollm2_tokenizer):
+    # llguidance can fail mid-decode (a resource limit); simulated by feeding the matcher a token its
+    # mask forbids behind the processor's back. The row then gets EOS only, and never counts as valid.
+    processor = StructuredProcessor(StructuredOutputs(regex="ab+"), smollm2_tokenizer, 2)
+    processor._matchers[0].consume_token(_walk_tokens(smollm2_tokenizer, "z")[0])
+    assert processor.error(0) and processor.finished(0) and not processor.allows_stop(0)
+    masks = _masks(processor, smollm2_tokenizer.vocab_size)
+    assert np.flatnonzero(masks[0]).tolist() == [2] and masks[1].sum() > 0
+    processor.accept(torch.tensor([2, -1]))  # the loop ends it with EOS: no exception
+    assert not processor.allows_stop(0) and processor.error(1) == ""
