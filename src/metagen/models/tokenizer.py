@@ -261,6 +261,15 @@ class Tokenizer:
             bad = next((i for i in ids if isinstance(i, bool) or not isinstance(i, int) or i < 0), None)
             raise ValueError(f"cannot decode token id {bad!r}: ids must be ints >= 0") from None
 
+    @property
+    def special_token_ids(self) -> frozenset[int]:
+        """Ids of the special tokens (control markers such as `<|im_start|>`, BOS, EOS)."""
+        return frozenset(self._special_tokens.values())
+
+    def to_json(self) -> str:
+        """The backend as Hugging Face `tokenizer.json` text (vocabulary, merges, added tokens)."""
+        return self._backend.to_str()
+
     def token_to_id(self, token: str) -> int | None:
         """Id of a vocabulary entry spelled as stored (byte-level: "Ġworld"), or None."""
         return self._backend.token_to_id(token)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from metagen.structured.spec import StructuredOutputs, from_response_format
+
 MAX_LOGPROBS = 20
 LOGIT_BIAS_LIMIT = 100.0
 TRUNCATION_DEFAULTS = {
@@ -81,6 +83,30 @@ def _strings(value: object) -> tuple[str, ...]:
     return items
 
 
+def _structured(structured_outputs: object, response_format: object) -> StructuredOutputs | None:
+    """The request's constraint from either spelling, compiled once to check it (ValueError names the field)."""
+    spec = from_response_format(response_format)
+    if structured_outputs is not None:
+        if spec is not None:
+            raise ValueError("set structured_outputs or response_format, not both")
+        if isinstance(structured_outputs, Mapping):
+            allowed = {item.name for item in fields(StructuredOutputs)} - {"field"}
+            unknown = sorted(set(structured_outputs) - allowed)
+            if unknown:
+                raise ValueError(f"structured_outputs has unknown fields {unknown}: allowed are {sorted(allowed)}")
+            spec = StructuredOutputs(**structured_outputs)
+        elif isinstance(structured_outputs, StructuredOutputs):
+            spec = structured_outputs
+        else:
+            raise ValueError(f"structured_outputs={structured_outputs!r} must be a StructuredOutputs or a mapping "
+                             "of its fields")
+    if spec is not None:
+        from metagen.structured.compile import check_compiles  # imports llguidance: only when asked for
+
+        check_compiles(spec)
+    return spec
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to choose tokens; vLLM / OpenAI names and defaults. All fields are validated.
@@ -108,6 +134,12 @@ class SamplingParams:
         ignore_eos: keep generating after EOS.
         n: number of samples per prompt, >= 1.
         logprobs: how many top log-probabilities to report per token, in [0, 20]; None = none.
+        structured_outputs: a constraint on the output's shape (`metagen.structured.StructuredOutputs`,
+            or a mapping of its fields: json / regex / choice / grammar / json_object); None = free text.
+            Compiled when the params are built: a spec that fails is a ValueError naming the field.
+        response_format: OpenAI's spelling of the same ({"type": "json_object"} or {"type":
+            "json_schema", "json_schema": {"name", "schema", "strict"}}); converted into
+            `structured_outputs` on construction (this field then reads None).
     """
 
     temperature: float = 1.0
@@ -131,6 +163,8 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1
     logprobs: int | None = None
+    structured_outputs: StructuredOutputs | Mapping[str, object] | None = None
+    response_format: Mapping[str, object] | None = None
 
     def __post_init__(self) -> None:
         inf = math.inf
@@ -168,6 +202,11 @@ class SamplingParams:
         )
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos={self.ignore_eos!r} must be a bool")
+        checked["structured_outputs"] = _structured(self.structured_outputs, self.response_format)
+        checked["response_format"] = None
+        if checked["structured_outputs"] is not None and self.ignore_eos:
+            raise ValueError("ignore_eos=True cannot be combined with structured_outputs: the constraint ends the "
+                             "output where it accepts, and only EOS can follow")
         for name, value in checked.items():
             object.__setattr__(self, name, value)
         if self.mirostat_tau is not None:

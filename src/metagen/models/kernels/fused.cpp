@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -301,6 +302,46 @@ torch::Tensor top_p_cutoff(torch::Tensor probs, double target) {
   return out;
 }
 
+// Token bitmask (constrained decoding): out[b, v] = logits[b, v] where bit v % 32 of word
+// mask[b, v / 32] is 1, -inf where it is 0 or v >= 32 * W. Bits are little-endian within a
+// word, as llguidance fills them. Whole words of ones are copied and words of zeros filled, so
+// a typical JSON mask (a few allowed runs) costs about one pass over the row. The input is not
+// modified. logits: (B, V) float32; mask: (B, W) int32. Returns (B, V) float32.
+torch::Tensor apply_token_bitmask(torch::Tensor logits, torch::Tensor mask) {
+  TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.dim() == 2, "logits: (B, V) float32");
+  TORCH_CHECK(mask.scalar_type() == at::kInt && mask.dim() == 2, "mask: (B, W) int32");
+  TORCH_CHECK(mask.size(0) == logits.size(0), "mask and logits must have the same number of rows");
+  auto in = logits.contiguous();
+  auto bits = mask.contiguous();
+  const int64_t rows = in.size(0), vocab = in.size(1), words = bits.size(1);
+  auto out = torch::empty_like(in);
+  const float* src_all = in.data_ptr<float>();
+  const int32_t* mask_all = bits.data_ptr<int32_t>();
+  float* dst_all = out.data_ptr<float>();
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* src = src_all + r * vocab;
+      const int32_t* row_mask = mask_all + r * words;
+      float* dst = dst_all + r * vocab;
+      const int64_t covered = std::min(vocab, words * 32);
+      for (int64_t start = 0; start < covered; start += 32) {
+        const uint32_t word = static_cast<uint32_t>(row_mask[start / 32]);
+        const int64_t count = std::min<int64_t>(32, covered - start);
+        if (word == 0xFFFFFFFFu) {
+          std::memcpy(dst + start, src + start, count * sizeof(float));
+        } else if (word == 0u) {
+          std::fill(dst + start, dst + start + count, neg_inf);
+        } else {
+          for (int64_t j = 0; j < count; ++j) dst[start + j] = ((word >> j) & 1u) ? src[start + j] : neg_inf;
+        }
+      }
+      std::fill(dst + covered, dst + vocab, neg_inf);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -308,4 +349,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_store", &rope_store, "interleaved RoPE on q, k; store k, v into cache slots");
   m.def("paged_decode_attention", &paged_decode_attention, "one-token attention over paged K/V");
   m.def("top_p_cutoff", &top_p_cutoff, "smallest probability kept by top-p, per row (quickselect)");
+  m.def("apply_token_bitmask", &apply_token_bitmask, "logits where the token's bit is 1, -inf elsewhere");
 }
