@@ -105,8 +105,17 @@ def request_chain(params: SamplingParams, model, prompt_ids: Sequence[int], batc
                   processors: Sequence[LogitsProcessor] = ()) -> SamplerChain:
     """The sampler chain of a request's `batch_size` rows: the caller's `processors` (masks such as
     constraints, each given with its state after the prompt for one row) first, then what `params`
-    asks for. Every sampling loop builds its chain here."""
-    return SamplerChain.from_params(params, batch_size, model.vocab_size, prompt_ids, masks=processors)
+    asks for. Every sampling loop builds its chain here.
+
+    A constraint in `params.structured_outputs` becomes a `StructuredProcessor` placed before the
+    caller's processors (its stop ids, like EOS, are allowed only where the constraint accepts)."""
+    masks = list(processors)
+    if params.structured_outputs is not None:
+        from metagen.structured import StructuredProcessor  # llguidance only when a constraint is used
+
+        masks.insert(0, StructuredProcessor(params.structured_outputs, model.tokenizer, 1,
+                                            stop_token_ids=params.stop_token_ids))
+    return SamplerChain.from_params(params, batch_size, model.vocab_size, prompt_ids, masks=masks)
 
 
 class TokenRecord(NamedTuple):

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from metagen.sampling.processor import LogitsProcessor
 from metagen.structured.bitmask import apply_token_bitmask, bool_to_bitmask
 from metagen.structured.engine import token_bytes
 
@@ -132,7 +133,7 @@ def _is_text(data: bytes) -> bool:
     return True
 
 
-class TokenHealingProcessor:
+class TokenHealingProcessor(LogitsProcessor):
     """B rows whose first generated tokens must reproduce `removed_text` (see the module docstring)."""
 
     argmax_invariant = False
@@ -222,6 +223,17 @@ class TokenHealingProcessor:
         clone = object.__new__(TokenHealingProcessor)
         clone.__dict__.update(self.__dict__)
         clone._history = [list(self._history[index]) for index in _order(indices, self.batch_size)]
+        return clone
+
+    @classmethod
+    def concat(cls, parts) -> TokenHealingProcessor:
+        """One processor whose rows are copies of the rows of `parts` (same removed text), in order."""
+        first = parts[0]
+        if any(not isinstance(part, TokenHealingProcessor) or part.removed_text != first.removed_text for part in parts):
+            raise ValueError("concat joins TokenHealingProcessors of one removed text only")
+        clone = object.__new__(TokenHealingProcessor)
+        clone.__dict__.update(first.__dict__)
+        clone._history = [list(history) for part in parts for history in part._history]
         return clone
 
     def reset(self) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from metagen.sampling.processor import LogitsProcessor
 from metagen.structured.bitmask import apply_token_bitmask, words_for
 from metagen.structured.compile import compiled_matcher
 from metagen.structured.engine import executor
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from metagen.models.tokenizer import Tokenizer
 
 
-class StructuredProcessor:
+class StructuredProcessor(LogitsProcessor):
     """Per-row constraint state for B rows (see the module docstring).
 
     Args:
@@ -144,6 +145,23 @@ class StructuredProcessor:
         clone._matchers = [self._matchers[index].deep_copy() for index in order]
         clone._consumed = [self._consumed[index] for index in order]
         clone._ended = [self._ended[index] for index in order]
+        return clone
+
+    @classmethod
+    def concat(cls, parts: Sequence[LogitsProcessor]) -> StructuredProcessor:
+        """One processor whose rows are copies of the rows of `parts`, in order (each part is a
+        StructuredProcessor of the same constraint; parts are unchanged)."""
+        if not parts:
+            raise ValueError("concat needs at least one processor")
+        first = parts[0]
+        for part in parts:
+            if not isinstance(part, StructuredProcessor) or part.spec != first.spec or part._end_ids != first._end_ids:
+                raise ValueError("concat joins StructuredProcessors of one constraint only")
+        clone = object.__new__(StructuredProcessor)
+        clone.__dict__.update(first.__dict__)
+        clone._matchers = [matcher.deep_copy() for part in parts for matcher in part._matchers]
+        clone._consumed = [count for part in parts for count in part._consumed]
+        clone._ended = [count for part in parts for count in part._ended]
         return clone
 
     def reset(self) -> None:
