@@ -16,6 +16,7 @@ import time
 
 from metagen.cli import backend, common
 from metagen.cli.args import unescape
+from metagen.cli.structured import add_structured_options, structured_fields
 
 
 def add_parser(commands) -> None:
@@ -49,6 +50,7 @@ def add_parser(commands) -> None:
     evaluation.add_argument("--aggregation", default="best", choices=("best", "majority", "weighted"),
                             help="tree search: pick the leaf of best value, or vote over leaves' answers")
     evaluation.add_argument("--json", action="store_true", help='print {"results": [...]} on stdout')
+    add_structured_options(evaluation)
     common.add_model_options(evaluation)
     backend.add_backend_options(evaluation, concurrency=True)
     evaluation.set_defaults(run=run)
@@ -88,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     for name in ("top_p", "top_k", "min_p"):
         if getattr(args, name) is not None:
             sampling[name] = getattr(args, name)
+    sampling.update(structured_fields(args))  # every sample of every strategy is constrained
     config = EvalConfig(
         strategies=_parse_list(args.strategy, "strategy", str),
         ns=_parse_list(args.n, "n", int),

@@ -21,6 +21,7 @@ from metagen.cli import backend, common
 from metagen.cli.args import unescape
 from metagen.cli.sampling import FLOAT_PARAMS, INT_PARAMS, OTHER_OPTIONS, add_sampling_options, given, sampling_params
 from metagen.cli.speculative import add_speculative_options, make_drafter, speculative_options, speculative_summary
+from metagen.cli.structured import STRUCTURED_OPTIONS
 from metagen.cli.strategy import generate_with_strategy
 
 
@@ -84,7 +85,8 @@ def chat_prompt(args: argparse.Namespace):
 
 def _beam_config(args: argparse.Namespace, params):
     """The `BeamSearchConfig` of --beam-width, or None; beam search reads --max-tokens, --stop,
-    --stop-token-id and --ignore-eos only, so any other sampling option given is refused."""
+    --stop-token-id and --ignore-eos only, so any other sampling option given (a constraint
+    included: `BeamSearchConfig` takes none) is refused."""
     from metagen.decoding import BeamSearchConfig
 
     if args.length_penalty is not None and args.beam_width is None:
@@ -92,7 +94,7 @@ def _beam_config(args: argparse.Namespace, params):
     if args.beam_width is None:
         return None
     read = ("max-tokens", "stop", "stop-token-id", "ignore-eos")
-    options = [name for name, _ in FLOAT_PARAMS + INT_PARAMS] + list(OTHER_OPTIONS)
+    options = [name for name, _ in FLOAT_PARAMS + INT_PARAMS] + list(OTHER_OPTIONS) + list(STRUCTURED_OPTIONS)
     options = [name for name in options if name not in read]
     ignored = given(args, options)
     if ignored:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from metagen.cli.args import parse_logit_bias, unescape
+from metagen.cli.structured import add_structured_options, structured_fields
 
 FLOAT_PARAMS = (
     ("temperature", "0 = greedy"),
@@ -52,7 +53,8 @@ def given(args: argparse.Namespace, options) -> list[str]:
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    """The numeric sampling flags, then --stop, --stop-token-id, --ignore-eos and --logit-bias."""
+    """The numeric sampling flags, then --stop, --stop-token-id, --ignore-eos, --logit-bias and the
+    structured-output flags (`cli/structured.py`)."""
     for name, text in FLOAT_PARAMS:
         parser.add_argument(f"--{name}", type=float, default=None, help=text)
     for name, text in INT_PARAMS:
@@ -62,6 +64,7 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-token-id", action="append", type=int, default=None, dest="stop_token_ids")
     parser.add_argument("--ignore-eos", action="store_true", default=None)
     parser.add_argument("--logit-bias", action="append", default=None, metavar="ID=BIAS", help="repeatable")
+    add_structured_options(parser)
 
 
 def sampling_params(args: argparse.Namespace):
@@ -85,4 +88,8 @@ def sampling_params(args: argparse.Namespace):
         unread = [name for name in given(args, SAMPLING_ONLY) if name != "temperature"]
         if unread:
             raise ValueError(f"--temperature 0 decodes greedily: {', '.join('--' + n for n in unread)} would have no effect")
+    fields.update(structured_fields(args))
+    if "structured_outputs" in fields and fields.get("ignore_eos"):
+        raise ValueError(f"--ignore-eos cannot be combined with {fields['structured_outputs'].field}: the constraint "
+                         "ends the output where it accepts, and only EOS can follow")
     return SamplingParams(**fields)

@@ -48,7 +48,8 @@ class StructuredOutputs:
         grammar: a Lark grammar (with a `start` rule) or a GBNF grammar (with a `root` rule).
         json_object: True for any JSON object.
         max_whitespace: most whitespace characters between JSON tokens (>= 0), or None for no bound.
-        field: how the request spelled this spec, named in error messages.
+        field: how the request spelled this spec, named in error messages ("structured_outputs",
+            "response_format", or a command-line option such as "--regex").
     """
 
     json: str | Mapping[str, Any] | bool | None = None
@@ -87,6 +88,8 @@ class StructuredOutputs:
     @property
     def kind_field(self) -> str:
         """The field holding the constraint, as the request spelled it (for error messages)."""
+        if self.field.startswith("--"):  # a command-line option names the whole constraint
+            return self.field
         if self.field == "response_format":
             return "response_format.json_schema.schema" if self.kind == "json" else "response_format"
         return f"{self.field}.{self.kind}"

@@ -1,0 +1,164 @@
+"""`metagen generate` / `metagen eval` with --json-schema, --json-object, --regex, --choice, --grammar
+and --token-healing: the spec each makes, one-line errors naming the flag before the model is
+loaded, and one end-to-end JSON-schema generation on the embedded model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+
+import pytest
+
+from metagen.cli import common, main
+from metagen.cli.structured import one_line, split_choices
+from metagen.sampling import SamplingParams
+
+pytest.importorskip("llguidance")
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "birth_date": {
+            "type": "object",
+            "properties": {"year": {"type": "integer"}, "month": {"type": "integer", "minimum": 1, "maximum": 12},
+                           "day": {"type": "integer", "minimum": 1, "maximum": 31}},
+            "required": ["year", "month", "day"], "additionalProperties": False,
+        },
+    },
+    "required": ["name", "birth_date"], "additionalProperties": False,
+}
+HAS_TOKEN_HEALING = "token_healing" in {field.name for field in fields(SamplingParams)}
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    monkeypatch.setattr(common, "load_model", lambda args: pytest.fail("the model was loaded before the check"))
+
+
+def _params(monkeypatch, argv) -> SamplingParams:
+    """The SamplingParams `metagen generate` builds from argv (captured where the loop would start)."""
+    import metagen.cli.generate as generate
+
+    seen = {}
+
+    def stop(args, model, prompt, params, *rest):
+        seen["params"] = params
+        return 0
+
+    monkeypatch.setattr(common, "load_model", lambda args: None)
+    monkeypatch.setattr(generate, "_sample", stop)
+    assert main(["generate", "hi", *argv]) == 0
+    return seen["params"]
+
+
+@pytest.mark.parametrize(("typed", "meant"), [
+    (["a,b,c"], ["a", "b", "c"]),
+    (["yes", "no"], ["yes", "no"]),
+    (["1\\,000,2\\,000"], ["1,000", "2,000"]),
+    (["back\\\\slash,x"], ["back\\slash", "x"]),
+    (["\\d"], ["\\d"]),
+])
+def test_choice_values_split_at_unescaped_commas(typed, meant):
+    assert split_choices(typed) == meant
+
+
+def test_each_flag_makes_its_spec(monkeypatch, tmp_path):
+    schema_file = tmp_path / "person.json"
+    schema_file.write_text(json.dumps(PERSON))
+    grammar_file = tmp_path / "yes.gbnf"
+    grammar_file.write_text('root ::= "yes" | "no"\n')
+    assert _params(monkeypatch, ["--json-schema", str(schema_file)]).structured_outputs.schema == PERSON
+    assert _params(monkeypatch, ["--json-schema", json.dumps(PERSON)]).structured_outputs.schema == PERSON
+    spec = _params(monkeypatch, ["--json-object", "--max-whitespace", "0"]).structured_outputs
+    assert (spec.kind, spec.max_whitespace) == ("json_object", 0)
+    assert _params(monkeypatch, ["--json-object", "--max-whitespace", "-1"]).structured_outputs.max_whitespace is None
+    assert _params(monkeypatch, ["--regex", "[0-9]+"]).structured_outputs.regex == "[0-9]+"
+    assert _params(monkeypatch, ["--choice", "a,b", "--choice", "c"]).structured_outputs.choice == ("a", "b", "c")
+    assert _params(monkeypatch, ["--grammar", str(grammar_file)]).structured_outputs.grammar.startswith("root ::=")
+    assert _params(monkeypatch, []).structured_outputs is None
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--json-schema", "{not json"], "--json-schema (read as inline JSON text, since it starts with '{') is not valid JSON"),
+    (["--json-schema", "missing.json"], "--json-schema 'missing.json': no such file (a file path was meant; inline JSON must start"),
+    (["--json-schema", '{"type": "frobnicate"}'], "--json-schema='{\"type\": \"frobnicate\"}' does not compile: Invalid type"),
+    (["--json-schema", '{"type": "string"}', "--regex", "a"], "--json-schema, --regex cannot be combined"),
+    (["--json-object", "--choice", "a"], "--json-object, --choice cannot be combined"),
+    (["--regex", "("], "--regex='(' does not compile:"),
+    (["--regex", "a(?=b)"], "look-around"),
+    (["--regex", "[^\\s\\S]"], "cannot be satisfied"),
+    (["--choice", "a,,b"], "--choice 'a,,b' has an empty choice (at position 2)"),
+    (["--grammar", "missing.lark"], "--grammar 'missing.lark': no such file"),
+    (["--max-whitespace", "2", "--regex", "a"], "--max-whitespace applies to --json-schema and --json-object only"),
+    (["--max-whitespace", "-2", "--json-object"], "--max-whitespace -2 is out of range"),
+    (["--json-object", "--ignore-eos"], "--ignore-eos cannot be combined with --json-object"),
+    (["--beam-width", "2", "--regex", "a"], "--beam-width cannot be combined with --regex"),
+])
+def test_bad_constraints_are_one_line_errors_naming_the_flag(capsys, no_model, argv, message):
+    assert main(["generate", "hi", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("metagen: error: ") and err.count("\n") == 1
+    assert message in err
+
+
+@pytest.mark.parametrize(("text", "kind"), [("start: start start\n", "Lark"), ('root ::= "a" (\n', "GBNF")])
+def test_grammar_syntax_errors_name_the_flag_and_the_file_kind(capsys, no_model, tmp_path, text, kind):
+    path = tmp_path / "bad.grammar"
+    path.write_text(text)
+    assert main(["generate", "hi", "--grammar", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("metagen: error: --grammar=") and err.count("\n") == 1
+    assert ("GBNF" in err) == (kind == "GBNF")
+
+
+def test_one_line_keeps_the_message_and_drops_the_source_diagram():
+    message = "--regex='(' does not compile: at 1(8): invalid regex\n    (\n    ^\nerror: unclosed group\n   1 | start: /(/\n"
+    assert one_line(message) == "--regex='(' does not compile: at 1(8): invalid regex ( error: unclosed group"
+
+
+def test_token_healing_sets_the_field_or_is_refused_until_it_exists(capsys, monkeypatch):
+    if HAS_TOKEN_HEALING:
+        assert _params(monkeypatch, ["--token-healing"]).token_healing is True
+        return
+    monkeypatch.setattr(common, "load_model", lambda args: pytest.fail("the model was loaded before the check"))
+    assert main(["generate", "The url is http:", "--token-healing"]) == 2
+    assert "--token-healing is not available in this build" in capsys.readouterr().err
+
+
+def test_eval_takes_a_constraint_for_every_sample(monkeypatch, tmp_path):
+    import metagen.eval as evaluation
+
+    seen = {}
+
+    def stop(generator, problems, config, *args, **kwargs):
+        seen["params"] = config.params
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(common, "load_model", lambda args: None)
+    monkeypatch.setattr("metagen.decoding.LocalGenerator", lambda model: None)
+    monkeypatch.setattr("metagen.eval.fingerprint.model_identity", lambda model: None)
+    monkeypatch.setattr(evaluation, "evaluate", stop)
+    assert main(["eval", "--task", "arithmetic", "--count", "2", "--strategy", "self_consistency", "--n", "1",
+                 "--regex", "[0-9]+"]) == 130
+    assert seen["params"].structured_outputs.regex == "[0-9]+"
+
+
+def test_eval_refuses_a_bad_constraint_naming_the_flag(capsys, no_model):
+    assert main(["eval", "--task", "arithmetic", "--strategy", "self_consistency", "--choice", ","]) == 2
+    assert "--choice ',' has an empty choice" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_generate_with_a_json_schema_file_prints_valid_json(capsys, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    path = tmp_path / "person.json"
+    path.write_text(json.dumps(PERSON))
+    argv = ["generate", "Taylor Swift was born December 13, 1989. Give her name and birth date as JSON.",
+            "--json-schema", str(path), "--temperature", "0", "--max-tokens", "80", "--json"]
+    assert main(argv) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["finish_reason"] == "stop"
+    person = json.loads(payload["text"])
+    jsonschema.validate(person, PERSON)
+    assert person["name"] == "Taylor Swift"
