@@ -9,6 +9,12 @@ sources):
 - "sglang": `owned_by="sglang"`; honours n; token texts only; choices carry `matched_stop`.
 - "llama.cpp": `owned_by="me"`; answers n with one choice; a token-id prompt is a 500
   (pydantic validation error through llama-cpp-python's error handler).
+- "openai": `owned_by="system"`; otherwise answered as vLLM without its extras.
+A request carrying a constraint field (vLLM `structured_outputs`, `response_format`, SGLang
+`json_schema` / `regex` / `ebnf`, llama.cpp `grammar`) is answered with `constrained_text` when
+that is set, ending with finish_reason "stop" as an engine does where its grammar accepts (or
+"length" when `constrained_finish` says so; `constrained_stop` is reported as the stop string
+that cut it).
 Faults are scripted with `fail(status, body, headers)`: the next generation requests get them.
 `delay` holds every generation answer that many seconds; `peak` is the most generation requests
 the server had in flight at once (how far a client's requests really overlapped).
@@ -22,6 +28,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 WORDS = ["alpha", "beta", "gamma", "delta", "eps", "zeta"]
+CONSTRAINT_FIELDS = ("structured_outputs", "response_format", "json_schema", "regex", "ebnf", "grammar")
 
 
 class FakeServer:
@@ -32,6 +39,9 @@ class FakeServer:
         self.faults: list[tuple[int, bytes, dict, float]] = []
         self.choices_override: int | None = None
         self.delay = 0.0
+        self.constrained_text: str | None = None
+        self.constrained_finish = "stop"
+        self.constrained_stop: str | None = None  # the stop string reported as having cut it
         self.in_flight = self.peak = 0
         self._count_lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -61,7 +71,7 @@ class FakeServer:
     # answers -------------------------------------------------------------------------------
 
     def models(self) -> dict:
-        owner = {"vllm": "vllm", "sglang": "sglang", "llama.cpp": "me"}[self.engine]
+        owner = {"vllm": "vllm", "sglang": "sglang", "llama.cpp": "me", "openai": "system"}[self.engine]
         entry = {"id": self.model, "object": "model", "owned_by": owner}
         if self.engine == "vllm":
             entry["max_model_len"] = 2048
@@ -78,9 +88,13 @@ class FakeServer:
             kept = [p for k, p in enumerate(pieces) if len("".join(pieces[:k + 1])) <= cut]
             pieces, ids = kept, ids[:len(kept)]
         text = "".join(pieces)
+        constrained = self.constrained_text is not None and any(name in body for name in CONSTRAINT_FIELDS)
+        if constrained:
+            text, stop_hit = self.constrained_text, self.constrained_stop
         as_ids = self.engine == "vllm" and body.get("return_tokens_as_token_ids")
         name = (lambda i, p: f"token_id:{i}") if as_ids else (lambda i, p: p)
-        choice: dict = {"index": index, "finish_reason": "stop" if stop_hit else "length"}
+        finish = self.constrained_finish if constrained else ("stop" if stop_hit else "length")
+        choice: dict = {"index": index, "finish_reason": finish}
         if self.engine == "vllm":
             choice["stop_reason"] = stop_hit
         if self.engine == "sglang":

@@ -10,8 +10,8 @@
                               one value (`--choice yes,no`); `\\,` is a literal comma and `\\\\` a
                               backslash
     --grammar FILE            a context-free grammar; the kind is chosen by the text, not the file
-                              name: a rule defined with `::=` makes it llama.cpp GBNF (start rule
-                              `root`), otherwise it is Lark (start rule `start`)
+                              name: a line starting with `start:` makes it Lark (llguidance's
+                              dialect), otherwise it is read as llama.cpp GBNF (start rule `root`)
     --max-whitespace N        JSON kinds: most whitespace characters between JSON tokens
                               (default 8; -1 lifts the bound)
     --token-healing           back up a prompt that ends mid-token and make the first generated
@@ -43,7 +43,7 @@ def add_structured_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--choice", action="append", default=None, metavar="A,B,C",
                        help="the output is one of these; repeatable; '\\,' is a literal comma")
     group.add_argument("--grammar", default=None, metavar="FILE",
-                       help="grammar file: GBNF if a rule is defined with '::=' (root rule 'root'), else Lark")
+                       help="grammar file: Lark if a line starts with 'start:', else GBNF (root rule 'root')")
     group.add_argument("--max-whitespace", type=int, default=None,
                        help="JSON: most whitespace characters between tokens (default 8; -1 = unbounded)")
     group.add_argument("--token-healing", action="store_true", default=None,

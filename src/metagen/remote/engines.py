@@ -46,8 +46,9 @@ EXTRA_FIELDS = {  # vLLM and SGLang accept these on both endpoints
     "stop_token_ids": "stop_token_ids",
     "ignore_eos": "ignore_eos",
 }
-# Fields handled by the generator itself, not mapped one to one.
-GENERATOR_FIELDS = {"n", "logprobs", "mirostat_tau", "mirostat_eta"}
+# Fields handled by the generator itself, not mapped one to one (structured_outputs: by
+# remote/constraints.py, per engine and endpoint; response_format is folded into it).
+GENERATOR_FIELDS = {"n", "logprobs", "mirostat_tau", "mirostat_eta", "structured_outputs", "response_format"}
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from metagen.decoding.cost import Cost
 from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.decoding.sample_loop import GenerationResult
+from metagen.remote.constraints import constraint_fields
 from metagen.remote.engines import sampling_fields
 from metagen.remote.loop import gather_all
 from metagen.remote.probe import ServerProfile, probe_async
@@ -163,7 +164,8 @@ class OpenAIGenerator(Generator):
         if params.logprobs and not profile.top_logprobs:
             raise ValueError(f"logprobs={params.logprobs} asks for top logprobs, which the server at "
                              f"{self.where} does not return (probed)")
-        body = {"model": profile.model, **fields, **sampling_fields(params, profile.engine)}
+        body = {"model": profile.model, **fields, **sampling_fields(params, profile.engine),
+                **constraint_fields(params.structured_outputs, profile.engine.name, endpoint)}
         messages = fields.get("messages")
         if messages and messages[-1].get("role") == "assistant":
             if not profile.engine.continues_final_message:
@@ -254,6 +256,8 @@ class OpenAIGenerator(Generator):
                 completion.token_ids = self.tokenizer.encode(completion.text, add_special_tokens=False)
             if completion.finish_reason == "stop" and completion.stop_reason is None:  # llama.cpp, OpenAI
                 completion.stop_reason = stop_from_tokens(completion, params.stop)
+            if params.structured_outputs is not None:  # the server ended it where its grammar accepts
+                completion.complete = completion.finish_reason == "stop" and not isinstance(completion.stop_reason, str)
         cost.wall_seconds = time.perf_counter() - start
         prompt_ids = list(fields["prompt"]) if isinstance(fields.get("prompt"), list) else None
         result = GenerationResult(completions, prompt_ids, decode_seconds=cost.wall_seconds,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from metagen.decoding import capabilities as caps
+from metagen.remote.constraints import supported_kinds
 from metagen.remote.engines import Engine, detect_engine, engine_named
 from metagen.remote.responses import token_id
 from metagen.remote.transport import InvalidRequestError, ServerError, Transport
@@ -64,6 +65,8 @@ class ServerProfile:
             names.add(caps.STEP_CONTINUATION)
         if self.tells_stops and (self.engine.continues_final_message or (has_template and self.completions)):
             names.add(caps.ASSISTANT_CONTINUATION)
+        if supported_kinds(self.engine.name):  # which kinds: remote/constraints.py refuses the others
+            names.add(caps.STRUCTURED_OUTPUT)
         return frozenset(names)
 
 

@@ -29,11 +29,13 @@ lists them (so a "reasoning" field listed before "answer" is written first). Whe
 from __future__ import annotations
 
 import json as json_module
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
+_LARK_START = re.compile(r"^\s*(%llguidance\b|start\s*:)", re.MULTILINE)  # llguidance's test for Lark
 DEFAULT_MAX_WHITESPACE = 8
 
 
@@ -93,6 +95,14 @@ class StructuredOutputs:
         if self.field == "response_format":
             return "response_format.json_schema.schema" if self.kind == "json" else "response_format"
         return f"{self.field}.{self.kind}"
+
+    @property
+    def grammar_syntax(self) -> str | None:
+        """"lark" when a line of `grammar` starts with `start:` (or `%llguidance`), else "gbnf"
+        (llama.cpp's syntax, start rule `root`), as llguidance decides; None for other kinds."""
+        if self.grammar is None:
+            return None
+        return "lark" if _LARK_START.search(self.grammar) else "gbnf"
 
     @property
     def schema(self) -> Any:
