@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("httpx")
@@ -27,7 +29,7 @@ def test_probe_finds_what_llama_cpp_honours(gen):
     assert profile.logprobs and profile.top_logprobs and profile.prompt_scoring
     assert not profile.token_prompts and not profile.returns_token_ids
     # it cuts stop strings from the text but lists their token in logprobs: stops can be told apart
-    assert gen.capabilities == {caps.LOGPROBS, caps.PROMPT_SCORING, caps.STEP_CONTINUATION}
+    assert gen.capabilities == {caps.LOGPROBS, caps.PROMPT_SCORING, caps.STEP_CONTINUATION, caps.STRUCTURED_OUTPUT}
 
 
 def test_greedy_generation_is_plain_text_with_its_cost(gen):
@@ -180,3 +182,21 @@ def test_with_its_tokenizer_the_message_is_continued_and_a_chain_runs(llama_serv
         config = ChainConfig(params=SamplingParams(temperature=0.0, max_tokens=12), answer_tokens=6)
         chain = chain_of_thought(generator, "What is 2 + 3?", config)
         assert chain.cost.model_calls == 2 and chain.values["reasoning"] and chain.chosen.token_ids is not None
+
+
+def test_a_json_schema_request_answers_json_that_validates(gen):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "year": {"type": "integer", "minimum": 1900, "maximum": 2100}},
+              "required": ["name", "year"], "additionalProperties": False}
+    messages = [{"role": "user", "content": "Taylor Swift was born in 1989. Give her name and birth year as JSON."}]
+    result = gen.generate(messages, SamplingParams(temperature=0.0, max_tokens=60, structured_outputs={"json": schema}))
+    completion = result.completions[0]
+    assert completion.finish_reason == "stop" and completion.complete is True, completion.text
+    jsonschema.validate(json.loads(completion.text), schema)
+
+
+def test_a_choice_is_sent_as_a_gbnf_grammar_the_server_honours(gen):
+    result = gen.generate("Is Paris in France? Answer:", SamplingParams(
+        temperature=1.0, max_tokens=8, n=3, seed=3, structured_outputs={"choice": [" yes", " no", ' "maybe"']}))
+    assert {c.text for c in result.completions} <= {" yes", " no", ' "maybe"'}
