@@ -74,6 +74,10 @@ from .typical import typical
 NO_OPINION: tuple[bool | None, bool] = (None, False)
 
 
+_FIELDS = {"structured": "structured_outputs", "no_repeat_ngram": "no_repeat_ngram_size", "penalties": "penalties",
+           "mirostat": "mirostat_tau"}  # processor name -> the SamplingParams field that asked for it
+
+
 def _choose_greedy(logits: Tensor, generator: torch.Generator | None) -> Tensor:
     return greedy(logits)
 
@@ -200,9 +204,14 @@ class SamplerChain:
     def choose(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Tokens `(B,)` from processed logits: argmax when greedy, else a draw with `generator`.
 
-        Raises ValueError for NaN, +inf or an all -inf row (`check_choosable`).
+        Raises ValueError for NaN, +inf or an all -inf row (`check_choosable`); a row the
+        processors emptied names them (e.g. a constraint whose allowed tokens n-gram blocking
+        removed).
         """
-        return self._choose(logits, generator)
+        try:
+            return self._choose(logits, generator)
+        except ValueError as error:
+            raise ValueError(self._emptied(str(error))) from None
 
     def accept(self, tokens: Tensor) -> None:
         """Advance every processor with the chosen `tokens (B,)` (negative entries mark rows that
@@ -214,9 +223,20 @@ class SamplerChain:
 
     def next_tokens(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """One decoding step: `process`, `choose`, `accept`; returns tokens `(B,)`."""
-        tokens = self._choose(self.process(logits), generator)
+        tokens = self.choose(self.process(logits), generator)
         self.accept(tokens)
         return tokens
+
+    def _emptied(self, message: str) -> str:
+        """`message` of an all -inf row after processing, with the processors that removed every
+        token: the input was checked in `process`, so together they left nothing (e.g.
+        structured_outputs allows only tokens that no_repeat_ngram_size forbids)."""
+        if "every token was removed" not in message or not self.names:
+            return message
+        fields = [_FIELDS.get(name.split(":")[0], name) for name in self.names]
+        where = message.split(":")[0]  # "logits row (b,) is all -inf (every token was removed)"
+        return (f"{where} by the processors {' -> '.join(self.names)}: the settings {', '.join(fields)} leave no "
+                "token that all of them allow; drop or loosen one")
 
     # ----------------------------------------------------------- following the KV cache
 
