@@ -162,3 +162,29 @@ def test_generate_with_a_json_schema_file_prints_valid_json(capsys, tmp_path):
     person = json.loads(payload["text"])
     jsonschema.validate(person, PERSON)
     assert person["name"] == "Taylor Swift"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("as_json", [False, True])
+def test_an_output_cut_before_the_constraint_accepts_exits_3_and_says_so(capsys, as_json):
+    argv = ["generate", "Reply in JSON.", "--json-object", "--temperature", "0", "--max-tokens", "3"]
+    assert main(argv + (["--json"] if as_json else [])) == 3
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1
+    assert "metagen: warning: the output ended (finish_reason 'length') before the constraint accepted it" in captured.err
+    if as_json:
+        payload = json.loads(captured.out)
+        assert payload["complete"] is False and payload["finish_reason"] == "length"
+
+
+@pytest.mark.slow
+def test_n_outputs_say_which_were_cut(capsys):
+    argv = ["generate", "Pick one.", "--choice", "yes,no,a much longer answer that needs many tokens",
+            "--temperature", "1", "--seed", "0", "--n", "8", "--max-tokens", "2", "--json"]
+    code = main(argv)
+    captured = capsys.readouterr()
+    completions = json.loads(captured.out)["completions"]
+    cut = [i for i, c in enumerate(completions) if c["complete"] is False]
+    assert all(c["text"] in ("yes", "no") for c in completions if c["complete"])
+    assert cut and code == 3  # the long choice takes more than 2 tokens; the model starts it here
+    assert f"completions {', '.join(map(str, cut))} ended" in captured.err

@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done, 2 bad input (ValueError, FileNotFoundError, NotImplementedError, or an
-    argparse error), 130 interrupted, 1 anything else (METAGEN_TRACEBACK=1 shows the traceback)."""
+    argparse error), 3 a constrained output cut before its constraint accepted it (`generate`),
+    130 interrupted, 1 anything else (METAGEN_TRACEBACK=1 shows the traceback)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     use_spinning_threads()

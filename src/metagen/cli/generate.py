@@ -142,7 +142,7 @@ def _sample(args: argparse.Namespace, model, prompt, params, speculative, drafte
         if drafter is not None:
             payload["speculative"] = speculative_summary(speculative, result.cost)
         print(json.dumps(payload))
-        return 0
+        return _exit_code(result)
     for event in events:
         if params.n > 1:
             continue
@@ -153,7 +153,7 @@ def _sample(args: argparse.Namespace, model, prompt, params, speculative, drafte
             print(f"--- completion {i} ({completion.finish_reason})\n{completion.text}")
     else:
         sys.stdout.write("\n")
-    return 0
+    return _exit_code(result)
 
 
 def _sample_remote(args: argparse.Namespace, prompt, params) -> int:
@@ -174,7 +174,20 @@ def _sample_remote(args: argparse.Namespace, prompt, params) -> int:
             print(f"--- completion {i} ({completion.finish_reason})\n{completion.text}")
     else:
         print(result.completions[0].text)
-    return 0
+    return _exit_code(result)
+
+
+def _exit_code(result) -> int:
+    """0, or 3 with a line on stderr when a constrained output was cut (max tokens, context) before
+    its constraint accepted it: such text is not valid output and must not pass for it."""
+    cut = [i for i, completion in enumerate(result.completions) if completion.complete is False]
+    if not cut:
+        return 0
+    which = "the output" if len(result.completions) == 1 else f"completions {', '.join(map(str, cut))}"
+    sys.stdout.flush()
+    print(f"metagen: warning: {which} ended (finish_reason {result.completions[cut[0]].finish_reason!r}) before "
+          "the constraint accepted it: not valid output (raise --max-tokens)", file=sys.stderr)
+    return 3
 
 
 def _json_payload(result, load_seconds: float) -> dict:
@@ -187,6 +200,7 @@ def _json_payload(result, load_seconds: float) -> dict:
             "top_logprobs": None if c.top_logprobs is None else [{str(k): v for k, v in d.items()} for d in c.top_logprobs],
             "finish_reason": c.finish_reason,
             "stop_reason": c.stop_reason,
+            "complete": c.complete,
         }
         for c in result.completions
     ]
