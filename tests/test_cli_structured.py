@@ -188,3 +188,23 @@ def test_n_outputs_say_which_were_cut(capsys):
     assert all(c["text"] in ("yes", "no") for c in completions if c["complete"])
     assert cut and code == 3  # the long choice takes more than 2 tokens; the model starts it here
     assert f"completions {', '.join(map(str, cut))} ended" in captured.err
+
+
+def test_a_constraint_reaches_a_backend_and_a_kind_it_lacks_is_refused(capsys):
+    pytest.importorskip("httpx")
+    from tests.remote.fake_server import FakeServer
+
+    with FakeServer("llama.cpp") as server:  # llama-cpp-python: response_format on chat, GBNF grammar
+        server.constrained_text = '{"ok": true}'
+        assert main(["generate", "--backend", server.url, "Reply in JSON.", "--chat", "--json-object",
+                     "--max-tokens", "8"]) == 0
+        assert server.posts()[-1]["response_format"] == {"type": "json_object"}
+        assert capsys.readouterr().out == '{"ok": true}\n'
+        server.constrained_finish = "length"
+        assert main(["generate", "--backend", server.url, "Reply in JSON.", "--chat", "--json-object",
+                     "--max-tokens", "8"]) == 3
+        assert "before the constraint accepted it" in capsys.readouterr().err
+        assert main(["generate", "--backend", server.url, "Reply.", "--regex", "[a-z]+"]) == 2
+        err = capsys.readouterr().err
+    assert err.startswith("metagen: error: --regex is not supported by llama.cpp's OpenAI-compatible server")
+    assert err.count("\n") == 1
