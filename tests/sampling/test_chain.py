@@ -8,6 +8,7 @@ import torch
 from metagen.sampling import (
     SamplerChain,
     SamplingParams,
+    StatelessProcessor,
     epsilon,
     eta,
     frequency_penalty,
@@ -244,3 +245,17 @@ def test_minus_inf_marks_removed_tokens_and_an_all_minus_inf_row_is_refused() ->
     logits[1] = -INF
     with pytest.raises(ValueError, match=r"row \(1,\) is all -inf"):
         chain.process(logits)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_row_the_processors_empty_names_them_and_their_fields(temperature) -> None:
+    """Regression: a mask allowing only token 1 after a prompt holding token 1, with
+    no_repeat_ngram_size=1, left nothing; the error said only "every token was removed"."""
+    only_one = StatelessProcessor("structured:choice", lambda z: torch.where(
+        torch.arange(z.shape[-1]) == 1, z, torch.full_like(z, -INF)), argmax_invariant=False)
+    params = SamplingParams(temperature=temperature, no_repeat_ngram_size=1)
+    chain = SamplerChain.from_params(params, 1, 5, prompt_ids=[1], masks=[only_one])
+    with pytest.raises(ValueError, match=r"row \(0,\) is all -inf \(every token was removed\) by the processors "
+                                         r"structured:choice -> no_repeat_ngram: the settings structured_outputs, "
+                                         r"no_repeat_ngram_size leave no token"):
+        chain.next_tokens(torch.zeros(1, 5), torch.Generator().manual_seed(0))
