@@ -93,7 +93,8 @@ def test_each_flag_makes_its_spec(monkeypatch, tmp_path):
     (["--max-whitespace", "2", "--regex", "a"], "--max-whitespace applies to --json-schema and --json-object only"),
     (["--max-whitespace", "-2", "--json-object"], "--max-whitespace -2 is out of range"),
     (["--json-object", "--ignore-eos"], "--ignore-eos cannot be combined with --json-object"),
-    (["--beam-width", "2", "--regex", "a"], "--beam-width cannot be combined with --regex"),
+    (["--beam-width", "2", "--regex", "a", "--temperature", "0.5"], "--beam-width cannot be combined with --temperature"),
+    (["--beam-width", "2", "--json-object", "--ignore-eos"], "--ignore-eos cannot be combined with --json-object"),
 ])
 def test_bad_constraints_are_one_line_errors_naming_the_flag(capsys, no_model, argv, message):
     assert main(["generate", "hi", *argv]) == 2
@@ -175,6 +176,30 @@ def test_an_output_cut_before_the_constraint_accepts_exits_3_and_says_so(capsys,
     if as_json:
         payload = json.loads(captured.out)
         assert payload["complete"] is False and payload["finish_reason"] == "length"
+
+
+def test_beam_width_takes_the_constraint_flags(monkeypatch):
+    import metagen.cli.generate as generate
+
+    seen = {}
+    monkeypatch.setattr(common, "load_model", lambda args: None)
+    monkeypatch.setattr(generate, "_beam_search", lambda args, model, prompt, config, load: seen.setdefault("c", config) and 0)
+    assert main(["generate", "hi", "--beam-width", "3", "--regex", "[ab]+", "--max-tokens", "7"]) == 0
+    config = seen["c"]
+    assert (config.width, config.max_tokens, config.structured_outputs.regex) == (3, 7, "[ab]+")
+
+
+@pytest.mark.slow
+def test_beam_search_with_a_json_schema_prints_valid_json_and_a_cut_one_exits_3(capsys):
+    jsonschema = pytest.importorskip("jsonschema")
+    argv = ["generate", "Taylor Swift was born December 13, 1989. Give her name and birth date as JSON.",
+            "--json-schema", json.dumps(PERSON), "--beam-width", "2", "--max-tokens", "60", "--json"]
+    assert main(argv) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["complete"] is True and payload["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(payload["text"]), PERSON)
+    assert main(["generate", "Reply in JSON.", "--json-object", "--beam-width", "2", "--max-tokens", "3"]) == 3
+    assert "before the constraint accepted it" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from metagen.cli import backend, common
 from metagen.cli.args import unescape
 from metagen.cli.sampling import FLOAT_PARAMS, INT_PARAMS, OTHER_OPTIONS, add_sampling_options, given, sampling_params
 from metagen.cli.speculative import add_speculative_options, make_drafter, speculative_options, speculative_summary
-from metagen.cli.structured import STRUCTURED_OPTIONS
+from metagen.cli.structured import CONSTRAINT_OPTIONS, STRUCTURED_OPTIONS
 from metagen.cli.strategy import generate_with_strategy
 
 
@@ -85,15 +85,15 @@ def chat_prompt(args: argparse.Namespace):
 
 def _beam_config(args: argparse.Namespace, params):
     """The `BeamSearchConfig` of --beam-width, or None; beam search reads --max-tokens, --stop,
-    --stop-token-id and --ignore-eos only, so any other sampling option given (a constraint
-    included: `BeamSearchConfig` takes none) is refused."""
+    --stop-token-id, --ignore-eos and the constraint options (--json-schema, --regex, ...), so
+    any other sampling option given (--token-healing included) is refused."""
     from metagen.decoding import BeamSearchConfig
 
     if args.length_penalty is not None and args.beam_width is None:
         raise ValueError("--length-penalty applies to beam search only: add --beam-width N")
     if args.beam_width is None:
         return None
-    read = ("max-tokens", "stop", "stop-token-id", "ignore-eos")
+    read = ("max-tokens", "stop", "stop-token-id", "ignore-eos", "max-whitespace", *CONSTRAINT_OPTIONS)
     options = [name for name, _ in FLOAT_PARAMS + INT_PARAMS] + list(OTHER_OPTIONS) + list(STRUCTURED_OPTIONS)
     options = [name for name in options if name not in read]
     ignored = given(args, options)
@@ -102,7 +102,7 @@ def _beam_config(args: argparse.Namespace, params):
     return BeamSearchConfig(
         width=args.beam_width, length_penalty=1.0 if args.length_penalty is None else args.length_penalty,
         max_tokens=params.max_tokens, n_best=1, stop=params.stop, stop_token_ids=params.stop_token_ids,
-        ignore_eos=params.ignore_eos,
+        ignore_eos=params.ignore_eos, structured_outputs=params.structured_outputs,
     )
 
 
@@ -116,12 +116,12 @@ def _beam_search(args: argparse.Namespace, model, prompt, config, load_seconds: 
     if args.json:
         print(json.dumps({
             "text": best.text, "tokens": best.token_ids, "logprob": best.logprob, "score": best.score,
-            "finish_reason": best.finish_reason or "length",
+            "finish_reason": best.finish_reason or "length", "complete": best.complete,
             "timing": {"load_seconds": load_seconds, "search_seconds": seconds, "model_calls": result.model_calls},
         }))
     else:
         print(best.text)
-    return 0
+    return _exit_code(result.hypotheses[:1])
 
 
 def _sample(args: argparse.Namespace, model, prompt, params, speculative, drafter, load_seconds: float) -> int:
@@ -179,13 +179,15 @@ def _sample_remote(args: argparse.Namespace, prompt, params) -> int:
 
 def _exit_code(result) -> int:
     """0, or 3 with a line on stderr when a constrained output was cut (max tokens, context) before
-    its constraint accepted it: such text is not valid output and must not pass for it."""
-    cut = [i for i, completion in enumerate(result.completions) if completion.complete is False]
+    its constraint accepted it: such text is not valid output and must not pass for it.
+    result: a GenerationResult, or the list of beam hypotheses printed."""
+    outputs = result if isinstance(result, list) else result.completions
+    cut = [i for i, output in enumerate(outputs) if output.complete is False]
     if not cut:
         return 0
-    which = "the output" if len(result.completions) == 1 else f"completions {', '.join(map(str, cut))}"
+    which = "the output" if len(outputs) == 1 else f"completions {', '.join(map(str, cut))}"
     sys.stdout.flush()
-    print(f"metagen: warning: {which} ended (finish_reason {result.completions[cut[0]].finish_reason!r}) before "
+    print(f"metagen: warning: {which} ended (finish_reason {outputs[cut[0]].finish_reason or 'length'!r}) before "
           "the constraint accepted it: not valid output (raise --max-tokens)", file=sys.stderr)
     return 3
 

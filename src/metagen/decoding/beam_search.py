@@ -23,27 +23,38 @@ What ends a beam is the shared per-row bookkeeping (`decoding.rows`): EOS (unles
 `stop_token_ids`, stop strings (the beam is finished, its text cut before the string), a
 processor that ends the row, and `max_tokens` / the context (finished=False).
 
-Processors (`processors=`, constraints) act as masks: a token a processor sets to -inf never
-extends a beam. Deterministic search then ranks the allowed sequences by the model's own
+Processors (`processors=`, and the constraint of `config.structured_outputs`) act as masks: a
+token a processor sets to -inf never extends a beam; EOS extends one only where the constraint
+accepts. Deterministic search then ranks the allowed sequences by the model's own
 log-probabilities (log p(y) over valid y, not renormalised per step); stochastic search samples
 without replacement from the masked distribution renormalised per step (what the sampling loop
 draws from, so its keys stay consistent). A processor that changes finite logits (bias,
 penalties) would not be honoured by either and raises. Their state follows the beams: the
 candidates fork the parents' rows and accept their token, the kept beams are selected from them.
+
+Completeness: a hypothesis cut by `max_tokens` / the context (or left alive when the search
+ended) where a processor does not accept it has `complete=False` (a JSON object not yet closed).
+Hypotheses are ranked by (complete first, then score): an incomplete one never comes before a
+complete one, whatever its score, and only complete hypotheses count towards the `width`
+finished ones that end the deterministic search early.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompts import Prompt, encode_prompt
-from metagen.decoding.rows import Row, StopRules, TokenRecord
+from metagen.decoding.rows import Row, StopRules, TokenRecord, request_chain
 from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
+
+if TYPE_CHECKING:
+    from metagen.structured.spec import StructuredOutputs
 
 
 @dataclass(frozen=True)
@@ -52,7 +63,9 @@ class BeamSearchConfig:
     max_tokens: new tokens at most; n_best: hypotheses returned (≤ width);
     stochastic: Gumbel-top-k instead of top-k (sampling without replacement);
     temperature: divides logits before the Gumbel perturbation (stochastic only);
-    stop, stop_token_ids, ignore_eos: what ends a beam besides EOS, as in `SamplingParams`."""
+    stop, stop_token_ids, ignore_eos: what ends a beam besides EOS, as in `SamplingParams`;
+    structured_outputs / response_format: a constraint every hypothesis must satisfy, as in
+    `SamplingParams` (vLLM's and OpenAI's names; checked and compiled on construction)."""
 
     width: int = 4
     length_penalty: float = 1.0
@@ -63,6 +76,8 @@ class BeamSearchConfig:
     stop: str | Sequence[str] = ()
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
+    structured_outputs: StructuredOutputs | Mapping[str, object] | None = None
+    response_format: Mapping[str, object] | None = None
 
     def __post_init__(self) -> None:
         if self.width < 1:
@@ -74,9 +89,15 @@ class BeamSearchConfig:
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature} is out of range: must be > 0")
         # The same checks (and normal forms) as SamplingParams' fields of these names.
-        checked = SamplingParams(stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos)
-        object.__setattr__(self, "stop", checked.stop)
-        object.__setattr__(self, "stop_token_ids", checked.stop_token_ids)
+        checked = self.sampling_params()
+        for name in ("stop", "stop_token_ids", "structured_outputs", "response_format"):
+            object.__setattr__(self, name, getattr(checked, name))
+
+    def sampling_params(self) -> SamplingParams:
+        """The `SamplingParams` of the fields beam search shares with sampling (their checks, the
+        constraint compiled once; ValueError names the field)."""
+        return SamplingParams(stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
+                              structured_outputs=self.structured_outputs, response_format=self.response_format)
 
 
 @dataclass
@@ -129,15 +150,16 @@ def beam_search(
     generator: torch.Generator | None = None,
     processors: Sequence[LogitsProcessor] = (),
 ) -> BeamSearchResult:
-    """Run (stochastic) beam search; returns `config.n_best` hypotheses, best first.
-    `processors`: masks (constraints) with their state after the prompt for one row."""
+    """Run (stochastic) beam search; returns `config.n_best` hypotheses, best first (complete ones
+    before incomplete ones). `processors`: masks (constraints) with their state after the prompt
+    for one row; `config.structured_outputs` adds the constraint's processor before them."""
     config = config or BeamSearchConfig()
     prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
     rules = StopRules.create(model, len(prompt_ids), max_tokens=config.max_tokens, stop=config.stop,
                              stop_token_ids=config.stop_token_ids, ignore_eos=config.ignore_eos)
     check_batch_fits(model, 2 * config.width, rules.max_new_tokens, what="width")  # 2·width candidates per step
     beams = _Beams(model, config, Row(model.tokenizer, prompt_ids, rules),
-                   SamplerChain.from_params(SamplingParams(), 1, model.vocab_size, prompt_ids, masks=processors))
+                   request_chain(config.sampling_params(), model, prompt_ids, 1, processors))
     cache, out = model.prefill(prompt_ids)
     if config.stochastic:
         if generator is None:
@@ -184,6 +206,10 @@ class _Beams:
             rows.append(row)
         return rows
 
+    def verdict(self, beam: int) -> bool | None:
+        """Whether the processors accept live beam `beam` as it stands (None: no opinion)."""
+        return self.chain.stop_verdict(beam)[0]
+
     def keep(self, candidates: list[int], rows: list[Row]) -> None:
         """The next live beams are these candidates (indices into the last `extend`)."""
         self.rows = rows
@@ -196,11 +222,20 @@ def _ended(row: Row) -> bool:
     return row.completion.finish_reason == "stop"
 
 
-def _hypothesis(row: Row, logprob: float, score: float, finished: bool = True) -> Hypothesis:
+def _hypothesis(row: Row, logprob: float, score: float, finished: bool = True,
+                complete: bool | None = None) -> Hypothesis:
+    """The hypothesis of `row`; `complete`: the processors' verdict for a row still alive (a row
+    that ended carries its own)."""
     completion = row.completion
     text = completion.text if row.finished else row.full_text
+    verdict = completion.complete if row.finished else complete
     return Hypothesis(list(completion.token_ids), logprob, score, text, finished,
-                      completion.finish_reason, completion.complete, list(completion.logprobs))
+                      completion.finish_reason, verdict, list(completion.logprobs))
+
+
+def _ranked(hypotheses: list[Hypothesis], n_best: int) -> list[Hypothesis]:
+    """The n_best hypotheses, complete ones first, each group by score (best first)."""
+    return sorted(hypotheses, key=lambda h: (h.complete is not False, h.score), reverse=True)[:n_best]
 
 
 def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams) -> tuple[list[Hypothesis], int]:
@@ -237,8 +272,9 @@ def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams) -> tuple
             break
         beams.keep(kept, next_rows)
         sums = torch.tensor(next_sums)
-        if len(finished) >= width:
-            worst = sorted(h.score for h in finished)[-width]
+        complete = [h.score for h in finished if h.complete is not False]
+        if len(complete) >= width:
+            worst = sorted(complete)[-width]
             best_live = max(_normalized(s, step, alpha) for s in next_sums)
             if best_live < worst:
                 break
@@ -247,10 +283,10 @@ def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams) -> tuple
         cache.select([parents[i] for i in kept])
         out = model.forward(cache, [[tokens[i]] for i in kept])
         calls += 1
-    for row, total in zip(beams.rows, sums.tolist()):
+    for b, (row, total) in enumerate(zip(beams.rows, sums.tolist())):
         finished.append(_hypothesis(row, total, _normalized(total, len(row.completion.token_ids), alpha),
-                                    finished=False))
-    return sorted(finished, key=lambda h: h.score, reverse=True)[: config.n_best], calls
+                                    finished=False, complete=beams.verdict(b)))
+    return _ranked(finished, config.n_best), calls
 
 
 def _stochastic_search(
@@ -311,4 +347,4 @@ def _stochastic_search(
         cache.select(parent_index.tolist())
         out = model.forward(cache, [[t] for t in token_index.tolist()])
         calls += 1
-    return sorted(finished, key=lambda h: h.score, reverse=True)[: config.n_best], calls
+    return _ranked(finished, config.n_best), calls
