@@ -88,12 +88,12 @@ def test_the_base_generator_declares_nothing_and_knows_no_model():
         generator.local_model()
 
 
-def test_local_generator_declares_all_but_structured_output_and_hands_out_its_model():
+def test_local_generator_declares_every_capability_and_hands_out_its_model():
     from tests.decoding.toy_model import ToyModel
 
     model = ToyModel(max_context=32)
     generator = LocalGenerator(model, chat=False)
-    assert generator.capabilities == caps.ALL - {caps.STRUCTURED_OUTPUT}
+    assert generator.capabilities == caps.ALL  # structured output included
     assert generator.local_model() == LocalModel(model, False)
     assert generator.source_model() is model
     assert generator.max_context == 32

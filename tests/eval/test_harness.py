@@ -244,14 +244,15 @@ def test_a_pool_generator_provides_what_its_samples_store():
 
     full = Sample("x", [1, 2], [-0.1, -0.2], [0.3, 0.4], "stop", 1.0)
     no_certainty = Sample("y", [1], [-0.1], [], "stop", None)
+    # structured output: the samples were drawn under the run's params, constraint included
     assert PoolGenerator(Pool(1, 1.0, 0, 0, [full]), [0]).capabilities == {
-        caps.TOKEN_IDS, caps.LOGPROBS, caps.FULL_DISTRIBUTIONS}
+        caps.TOKEN_IDS, caps.LOGPROBS, caps.FULL_DISTRIBUTIONS, caps.STRUCTURED_OUTPUT}
     pool = Pool(1, None, 0, 0, [full, no_certainty])
-    assert PoolGenerator(pool, [0]).capabilities == {caps.TOKEN_IDS, caps.LOGPROBS}
+    assert PoolGenerator(pool, [0]).capabilities == {caps.TOKEN_IDS, caps.LOGPROBS, caps.STRUCTURED_OUTPUT}
     assert pool.subset_cost([0]).flops is None  # the prompt's FLOPs are unknown
     assert Pool.from_dict(pool.to_dict()).samples[1].flops is None
     text_only = Pool(1, 1.0, 0, 0, [Sample("z", [], [], [], "stop", 0.0)])
-    assert PoolGenerator(text_only, [0]).capabilities == frozenset()
+    assert PoolGenerator(text_only, [0]).capabilities == {caps.STRUCTURED_OUTPUT}
 def test_a_generator_without_token_ids_is_refused_naming_the_capability(tmp_path):
     """A remote server that returns no ids (and no tokenizer given) leaves Completion.token_ids
     None; the harness stores ids in its pools, so it refuses rather than crash or store []."""

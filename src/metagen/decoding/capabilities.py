@@ -28,7 +28,7 @@ STEP_CONTINUATION = "step_continuation"  # continue a raw prefix (token ids, or 
 ASSISTANT_CONTINUATION = "assistant_continuation"  # `generate` on chat messages ending with an
 # assistant message continues that message (no end-of-turn, no new turn: transformers'
 # continue_final_message) until a stop string, naming the stop that ended it in stop_reason
-STRUCTURED_OUTPUT = "structured_output"  # constrain outputs to a schema / grammar
+STRUCTURED_OUTPUT = "structured_output"  # honours params.structured_outputs (a schema / grammar)
 
 # What provides each capability, for error messages.
 PROVIDERS = {
@@ -48,7 +48,8 @@ PROVIDERS = {
                             "stop ended a completion, given tokenizer= with the model's chat template (the "
                             "conversation is rendered as text and continued raw; llama.cpp's server closes the "
                             "message and starts a new turn instead)",
-    STRUCTURED_OUTPUT: "a backend with constrained decoding",
+    STRUCTURED_OUTPUT: "a local model (LocalGenerator), or a server whose engine takes the constraint's kind "
+                       "(vLLM, SGLang, llama.cpp, OpenAI: see metagen.remote.constraints)",
 }
 ALL = frozenset(PROVIDERS)
 

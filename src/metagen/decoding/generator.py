@@ -118,10 +118,11 @@ class LocalGenerator(Generator):
     """A `Generator` over a local `LanguageModel` (one prefill, n forked rows, one batch).
 
     chat: wrap text prompts in the model's chat template (None: when the model has one).
-    It provides everything a local model gives: all capabilities but STRUCTURED_OUTPUT.
+    It provides everything a local model gives, STRUCTURED_OUTPUT included (every decoding loop
+    honours `params.structured_outputs`).
     """
 
-    capabilities = caps.ALL - {caps.STRUCTURED_OUTPUT}
+    capabilities = caps.ALL
 
     def __init__(self, model, chat: bool | None = None) -> None:
         self.model = model

@@ -129,7 +129,7 @@ def check_generator(generator, problems: Sequence[Problem], config: EvalConfig) 
     generate in its context (checked only when the generator can tell both lengths)."""
     for name in config.strategies:
         spec = get_strategy(name)
-        spec.check(generator, config.options)
+        spec.check(generator, config.options, config.params)
         if spec.pooled:  # pools store and count each sample's token ids
             require({TOKEN_IDS}, generator, f"evaluating strategy {name!r} from a stored sample pool")
     _check_prompts_fit(generator, problems, config)
@@ -199,7 +199,7 @@ def _sample_pool(generator, prompt: str, problem: Problem, config: EvalConfig) -
         answer = extract_answer(completion.text, config.options.pattern)
         samples.append(Sample(completion.text, completion.token_ids, [round(x, 5) for x in completion.logprobs],
                               [round(x, 5) for x in completion.certainties], completion.finish_reason, flops,
-                              answer, _correct(answer, problem, config.options)))
+                              answer, _correct(answer, problem, config.options), completion.complete))
     reported = None
     if result.cost is not None:
         reported = {"prompt_tokens_computed": result.cost.prompt_tokens_computed,

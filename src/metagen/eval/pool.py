@@ -24,7 +24,8 @@ from metagen.decoding.sample_loop import Completion, GenerationResult
 @dataclass
 class Sample:
     """One stored completion. flops: its decode FLOPs (the shared prompt's are in the pool);
-    None when the generator could not know them."""
+    None when the generator could not know them; complete: `Completion.complete` (False: cut
+    before the run's constraint accepted it; absent in files written before it was stored)."""
 
     text: str
     token_ids: list[int]
@@ -34,6 +35,7 @@ class Sample:
     flops: float | None
     answer: str | None = None
     correct: bool = False
+    complete: bool | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -42,7 +44,7 @@ class Sample:
     def from_dict(cls, data, where: str = "sample") -> Sample:
         """The inverse of `to_dict`; ValueError naming the field (as `where.field`) that is
         missing, unknown or of the wrong type."""
-        _check_fields(cls, data, where, optional=("answer", "correct"))
+        _check_fields(cls, data, where, optional=("answer", "correct", "complete"))
         for name in ("token_ids", "logprobs", "certainties"):
             kind = int if name == "token_ids" else (int, float)
             if not all(isinstance(x, kind) and not isinstance(x, bool) for x in data[name]):
@@ -51,7 +53,7 @@ class Sample:
 
     def completion(self) -> Completion:
         return Completion(self.text, list(self.token_ids), list(self.logprobs), certainties=list(self.certainties),
-                          finish_reason=self.finish_reason)
+                          finish_reason=self.finish_reason, complete=self.complete)
 
 
 @dataclass
@@ -119,6 +121,7 @@ class Pool:
 
 _REPORTED = ("prompt_tokens_computed", "prompt_tokens_reused", "model_calls")
 _TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "str | None": (str, type(None)),
+          "bool | None": (bool, type(None)),
           "float | None": (int, float, type(None)),
           "list[int]": (list,), "list[float]": (list,), "list[Sample]": (list,), "dict | None": (dict, type(None))}
 
@@ -149,7 +152,8 @@ class PoolGenerator(Generator):
     It checks that the strategy asks for exactly len(indices) samples, so a strategy that
     samples more (or twice) is caught instead of silently served stale data. Its capabilities
     are what the pool stores: token ids, logprobs and certainties (FULL_DISTRIBUTIONS), each
-    only when every sample carries it.
+    only when every sample carries it, and STRUCTURED_OUTPUT: the samples were drawn under the
+    run's params, constraint included, by the run's generator (checked for it before sampling).
     """
 
     def __init__(self, pool: Pool, indices: Sequence[int], decode=None) -> None:
@@ -157,7 +161,7 @@ class PoolGenerator(Generator):
         self.indices = list(indices)
         self._decode = decode
         self.calls = 0
-        self.capabilities = stored_capabilities(pool)
+        self.capabilities = stored_capabilities(pool) | {caps.STRUCTURED_OUTPUT}
 
     def generate(self, prompt, params, *, generator=None) -> GenerationResult:
         if self.calls:

@@ -17,7 +17,7 @@ from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import mean_logprob
-from metagen.strategies.result import StrategyResult, candidates_from
+from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,13 @@ def best_of_n(
     *,
     rng: torch.Generator | None = None,
 ) -> StrategyResult:
-    """Sample `config.n` candidates and keep the highest-scoring one (first among ties)."""
+    """Sample `config.n` candidates and keep the highest-scoring one (first among ties) among the
+    complete ones (see `prefer_complete`)."""
     config = config or BestOfNConfig()
     result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
     candidates = candidates_from(result)
     scores = as_scorer(scorer)(prompt, candidates)
     for candidate, value in zip(candidates, scores.values):
         candidate.score = value
-    chosen = max(candidates, key=lambda c: c.score)
+    chosen = max(prefer_complete(candidates), key=lambda c: c.score)  # never a cut output over a complete one
     return StrategyResult(chosen, candidates, result.cost + scores.cost)

@@ -26,7 +26,7 @@ from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.utilities import ChrF, Utility
-from metagen.strategies.result import StrategyResult, candidates_from
+from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
 
 
 @dataclass(frozen=True)
@@ -76,5 +76,6 @@ def mbr(
     scores = expected_utilities(utilities, config.include_self)  # (N,)
     for candidate, value in zip(candidates, scores.tolist()):
         candidate.score = value
-    chosen = candidates[int(np.argmax(scores))]
+    eligible = {id(c) for c in prefer_complete(candidates)}  # cut outputs count as references, never win
+    chosen = max((c for c in candidates if id(c) in eligible), key=lambda c: c.score)
     return StrategyResult(chosen, candidates, result.cost + utility_cost)

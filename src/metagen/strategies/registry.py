@@ -65,35 +65,47 @@ class StrategySpec:
     needs: frozenset[str] = frozenset()  # generator capabilities it reads, whatever the options
     needs_any: tuple[frozenset[str], ...] = ()  # and one of these in full (empty: no alternatives)
     why: str = ""  # why it needs them, added to a refusal
+    constrains: bool = True  # honours params.structured_outputs on its outputs
+    why_unconstrained: str = ""  # when it cannot: why, for the refusal
 
-    def required(self, options: StrategyOptions) -> frozenset[str]:
-        """The capabilities this strategy needs with `options`: `needs`, plus HIDDEN_STATES
-        when a value-guided strategy is given a trained value head."""
+    def required(self, options: StrategyOptions, params: SamplingParams | None = None) -> frozenset[str]:
+        """The capabilities this strategy needs with `options` and `params`: `needs`, plus
+        HIDDEN_STATES when a value-guided strategy is given a trained value head, plus
+        STRUCTURED_OUTPUT when the params carry a constraint."""
+        needs = self.needs
         if self.uses_value and value_is_head(options):
-            return self.needs | {caps.HIDDEN_STATES}
-        return self.needs
+            needs = needs | {caps.HIDDEN_STATES}
+        if params is not None and params.structured_outputs is not None:
+            needs = needs | {caps.STRUCTURED_OUTPUT}
+        return needs
 
-    def check(self, generator, options: StrategyOptions) -> None:
-        """ValueError naming this strategy, each capability it needs with `options` that
-        `generator` lacks, and what would provide it."""
+    def check(self, generator, options: StrategyOptions, params: SamplingParams | None = None) -> None:
+        """ValueError naming this strategy, each capability it needs with `options` and `params`
+        that `generator` lacks, and what would provide it; a constraint on a strategy that cannot
+        apply one (chains) is refused by name."""
         what = f"strategy {self.name!r}"
+        if params is not None and params.structured_outputs is not None and not self.constrains:
+            raise ValueError(f"{what} cannot honour structured_outputs: {self.why_unconstrained}")
         try:
-            caps.require(self.required(options), generator, what)
+            caps.require(self.required(options, params), generator, what)
             caps.require_any(self.needs_any, generator, what)
         except ValueError as error:
             if not self.why:
                 raise
             raise ValueError(f"{error}: {self.why}") from None
 
-    def supported_by(self, generator, options: StrategyOptions | None = None) -> bool:
-        """Whether `generator` has what this strategy needs with `options` (`check` passes)."""
+    def supported_by(self, generator, options: StrategyOptions | None = None,
+                     params: SamplingParams | None = None) -> bool:
+        """Whether `generator` has what this strategy needs with `options` and `params`."""
         options = options or StrategyOptions()
-        return not caps.missing(self.required(options), generator) and (
+        if params is not None and params.structured_outputs is not None and not self.constrains:
+            return False
+        return not caps.missing(self.required(options, params), generator) and (
             not self.needs_any or any(not caps.missing(needs, generator) for needs in self.needs_any))
 
     def run(self, generator, prompt, n: int, params: SamplingParams, options: StrategyOptions, rng):
         """Check the generator's capabilities (before any request), then run the strategy."""
-        self.check(generator, options)
+        self.check(generator, options, params)
         return self.runner(generator, prompt, n, params, options, rng)
 
     def check_n(self, n: int) -> None:
@@ -167,7 +179,9 @@ def _mbr(utility_name):
 def _self_refine(generator, prompt, n, params, options, rng):
     from metagen.strategies.self_refine import SelfRefineConfig, self_refine
 
-    config = SelfRefineConfig(rounds=n - 1, draft_params=params, critique_params=params, revision_params=params)
+    # The answers (draft, revisions) keep the request's constraint; a critique is free text.
+    critique = replace(params, structured_outputs=None)
+    config = SelfRefineConfig(rounds=n - 1, draft_params=params, critique_params=critique, revision_params=params)
     result = self_refine(generator, prompt, config, rng=rng)
     return _with_answers(result, options)
 
@@ -202,6 +216,13 @@ CONTINUATION = frozenset({caps.ASSISTANT_CONTINUATION})
 SEARCH = (frozenset({caps.LOCAL_CACHE}), frozenset({caps.STEP_CONTINUATION}))
 TOKENWISE_WHY = "it values the top-k next tokens at every position, which needs a local model"
 
+# a chain's answer is several requests (reasoning, tool results, a final answer after a prefill):
+# one constraint cannot span them, and applied to each it would constrain the reasoning too
+UNCONSTRAINED_CHAIN = {"constrains": False, "why_unconstrained": (
+    "its output is built from several requests around tool calls and prefills, and a constraint cannot carry "
+    "its state from one request to the next; constrain a sampling strategy (best_of_n, self_consistency, ...) "
+    "or a tree search instead")}
+
 STRATEGIES: dict[str, StrategySpec] = {
     spec.name: spec
     for spec in (
@@ -222,11 +243,11 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec("self_refine", "draft + (n - 1) critique/revision rounds", _self_refine, pooled=False,
                      budget="rounds"),
         StrategySpec("chain_of_thought", "reason step by step, then a call for the final answer",
-                     _chain("chain_of_thought"), pooled=False, budget="none", needs=CONTINUATION),
+                     _chain("chain_of_thought"), pooled=False, budget="none", needs=CONTINUATION, **UNCONSTRAINED_CHAIN),
         StrategySpec("self_ask", "follow-up questions answered by the model, then the answer", _chain("self_ask"),
-                     pooled=False, budget="none", needs=CONTINUATION),
+                     pooled=False, budget="none", needs=CONTINUATION, **UNCONSTRAINED_CHAIN),
         StrategySpec("calculator", "inline <<calculator>> calls while solving", _chain("calculator_chain"),
-                     pooled=False, budget="none", needs=CONTINUATION),
+                     pooled=False, budget="none", needs=CONTINUATION, **UNCONSTRAINED_CHAIN),
         StrategySpec("best_of_n_value", "best of n samples by the value (--value)", _tree("best_of_n_value"),
                      pooled=False, uses_value=True, needs_any=SEARCH),
         StrategySpec("step_beam", "step-level beam search: n children per depth, n/4 kept (--value)",

@@ -27,7 +27,7 @@ from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, as_scorer
-from metagen.strategies.result import StrategyResult, candidates_from
+from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
 
 CRITIQUE_TEMPLATE = (
     "Question:\n{question}\n\n"
@@ -95,7 +95,8 @@ def self_refine(
 ) -> SelfRefineResult:
     """Draft, then critique and revise until the critique accepts the answer or `config.rounds`
     revisions are made. Returns the last version, or with a `scorer` the highest-scoring of all
-    versions (the later one among ties: refinement is meant to improve)."""
+    versions (the later one among ties: refinement is meant to improve); versions cut before
+    their constraint accepted them are passed over while a complete one exists."""
     config = config or SelfRefineConfig()
     context, question = split_question(prompt)
     cost = Cost()
@@ -119,13 +120,14 @@ def self_refine(
         revision = generator.generate(revision_prompt, replace(config.revision_params, n=1), generator=rng)
         cost += revision.cost
         versions.append(candidates_from(revision)[0])
-    chosen = versions[-1]
+    eligible = prefer_complete(versions)  # a version cut before its constraint accepted is never chosen
+    chosen = eligible[-1]
     if scorer is not None:
         scores = as_scorer(scorer)(prompt, versions)
         cost += scores.cost
         for version, value in zip(versions, scores.values):
             version.score = value
-        chosen = max(reversed(versions), key=lambda c: c.score)  # max keeps the first: the latest
+        chosen = max(reversed(eligible), key=lambda c: c.score)  # max keeps the first: the latest
     return SelfRefineResult(chosen, versions, cost, critiques=critiques, rounds=len(versions) - 1, stopped=stopped)
 
 

@@ -28,7 +28,7 @@ from metagen.decoding.prompts import Prompt, encode_prompt
 from metagen.decoding.rows import Row, StopRules, request_chain, token_records
 from metagen.sampling import LogitsProcessor, SamplingParams
 from metagen.scoring.answers import extract_answer
-from metagen.strategies.result import Candidate, StrategyResult
+from metagen.strategies.result import Candidate, StrategyResult, prefer_complete
 
 
 @dataclass(frozen=True)
@@ -114,12 +114,12 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
         active = [active[b] for b in keep]
     cost.wall_seconds = time.perf_counter() - start
     candidates = [_candidate(row, score, config) for row, score in zip(rows, row_values)]
-    best = max(range(len(candidates)), key=lambda i: candidates[i].score)
-    return StrategyResult(candidates[best], candidates, cost)
+    best = max(prefer_complete(candidates), key=lambda c: c.score)  # never a cut output over a complete one
+    return StrategyResult(best, candidates, cost)
 
 
 def _candidate(row: Row, score: float | None, config: TokenwiseCDConfig) -> Candidate:
     completion = row.completion
     return Candidate(completion.text, completion.token_ids, completion.logprobs, completion.finish_reason,
                      certainties=completion.certainties, score=score,
-                     answer=extract_answer(completion.text, config.pattern))
+                     answer=extract_answer(completion.text, config.pattern), complete=completion.complete)

@@ -27,7 +27,7 @@ from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, Verdict, Verifier, as_scorer
-from metagen.strategies.result import Candidate, StrategyResult, candidates_from
+from metagen.strategies.result import Candidate, StrategyResult, candidates_from, prefer_complete
 from metagen.strategies.self_refine import chat_prompt, check_count, check_params, check_template, split_question
 
 REVISION_TEMPLATE = (
@@ -114,7 +114,8 @@ def verifier_refine(
             passed = _assess(result, candidates_from(revisions), revisions.cost, parent, prompt, verifier, tiebreaker)
             if passed:
                 break
-    best = max(range(len(result.candidates)), key=rank)
+    eligible = {id(c) for c in prefer_complete(result.candidates)}  # never a cut output over a complete one
+    best = max((i for i, c in enumerate(result.candidates) if id(c) in eligible), key=rank)
     result.chosen, result.passed = result.candidates[best], result.verdicts[best].passed
     return result
 

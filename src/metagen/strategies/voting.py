@@ -2,7 +2,8 @@
 
 weighted vote (seed 000): â = argmax_a Σ_i v(y_i)·1[a_i = a]; majority voting is v ≡ 1.
 Answers are grouped by `answers_match` (math-aware when asked), each class named by its first
-member. Ties go to the class seen first. O(N·A) answer comparisons for N candidates, A classes.
+member. Ties go to the class seen first. Candidates cut before their constraint accepted them
+(complete=False) neither vote nor win while a complete candidate exists (`prefer_complete`). O(N·A) answer comparisons for N candidates, A classes.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import replace
 
 from metagen.decoding.cost import Cost
 from metagen.scoring.answers import answers_match
-from metagen.strategies.result import Candidate, candidates_from
+from metagen.strategies.result import Candidate, candidates_from, prefer_complete
 
 
 def sample_answers(generator, prompt, params, n: int, extract, rng=None) -> tuple[list[Candidate], Cost]:
@@ -27,8 +28,9 @@ def sample_answers(generator, prompt, params, n: int, extract, rng=None) -> tupl
 def tally(candidates: Sequence[Candidate], weights: Sequence[float], math: bool = False) -> dict[str, float]:
     """answer class -> Σ weights of the candidates whose answer falls in it (None answers skip)."""
     votes: dict[str, float] = {}
+    eligible = {id(c) for c in prefer_complete(list(candidates))}
     for candidate, weight in zip(candidates, weights):
-        if candidate.answer is None:
+        if candidate.answer is None or id(candidate) not in eligible:
             continue
         key = next((name for name in votes if answers_match(name, candidate.answer, math)), candidate.answer)
         votes[key] = votes.get(key, 0.0) + float(weight)
@@ -36,8 +38,10 @@ def tally(candidates: Sequence[Candidate], weights: Sequence[float], math: bool 
 
 
 def winner(candidates: Sequence[Candidate], votes: dict[str, float], math: bool = False) -> Candidate:
-    """The first candidate whose answer is in the top-voted class (the first candidate if none)."""
+    """The first eligible candidate whose answer is in the top-voted class (the first eligible
+    candidate if none; eligible: see `prefer_complete`)."""
+    eligible = prefer_complete(list(candidates))
     if not votes:
-        return candidates[0]
+        return eligible[0]
     best = max(votes, key=votes.get)  # dicts keep insertion order: ties go to the first seen
-    return next(c for c in candidates if answers_match(best, c.answer, math))
+    return next(c for c in eligible if answers_match(best, c.answer, math))

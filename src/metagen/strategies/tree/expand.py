@@ -54,7 +54,9 @@ class Node:
     """A partial solution. token_ids: this step's tokens (None: unknown, a remote engine that
     returns no ids); finish_reason: None while the solution
     can go on, else "stop" (EOS, stop token or stop string) or "length"; value: V of the path;
-    logprob: Σ log p(token) of this step under the unmodified model."""
+    logprob: Σ log p(token) of this step under the unmodified model; complete: for a finished
+    node, whether its processors (a constraint) accept the path as it ended (None: no opinion;
+    False: cut by max_tokens before the constraint accepted, not valid output)."""
 
     parent: Node | None = field(repr=False)
     token_ids: list[int] | None
@@ -70,6 +72,7 @@ class Node:
     children: list[Node] = field(default_factory=list, repr=False)
     row: Row | None = field(default=None, repr=False)  # the path's bookkeeping, continued by children
     sampler: SamplerChain | None = field(default=None, repr=False)  # one-row chain state after the path
+    complete: bool | None = None
 
     @property
     def finished(self) -> bool:
@@ -211,7 +214,8 @@ class StepExpander:
         completion = row.completion
         text = completion.text if row.finished else row.full_text
         return Node(parent, completion.token_ids[done:], parent.depth + 1, length,
-                    logprobs=completion.logprobs[done:], finish_reason=completion.finish_reason, text=text, row=row)
+                    logprobs=completion.logprobs[done:], finish_reason=completion.finish_reason, text=text, row=row,
+                    complete=completion.complete)
 
     def score(self, nodes: list[Node]) -> None:
         """Set `node.value` for `nodes` with one call of the value; its cost joins `self.cost`."""

@@ -4,6 +4,9 @@ Aggregation of the finished solutions (seed 000's "aggregate the leaves"):
 - "best": the leaf with the highest value V;
 - "majority": self-consistency over the leaves' extracted answers;
 - "weighted": weighted voting, each leaf's answer weighted by its value.
+Leaves cut before their constraint accepted them (`Node.complete` False) are never chosen while
+a complete one exists (`prefer_complete`); an unfinished frontier node returned because nothing
+finished carries the constraint's verdict on its path as it stands.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass, field
 
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import extract_answer
-from metagen.strategies.result import Candidate, StrategyResult
+from metagen.strategies.result import Candidate, StrategyResult, prefer_complete
 from metagen.strategies.tree.expand import Node, StepConfig
 from metagen.strategies.voting import tally, winner
 
@@ -44,8 +47,11 @@ def _check_positive(config, *names: str) -> None:
 
 
 def candidate_of(node: Node, config: TreeConfig) -> Candidate:
+    complete = node.complete
+    if not node.finished and node.sampler is not None:  # a frontier node: would the constraint accept it now?
+        complete = node.sampler.stop_verdict(0)[0]
     return Candidate(node.text, node.path_ids(), node.path_logprobs(), node.finish_reason or "length",
-                     score=node.value, answer=extract_answer(node.text, config.pattern))
+                     score=node.value, answer=extract_answer(node.text, config.pattern), complete=complete)
 
 
 def finish_search(expander, leaves: list[Node], config: TreeConfig,
@@ -58,7 +64,8 @@ def finish_search(expander, leaves: list[Node], config: TreeConfig,
     candidates = [candidate_of(node, config) for node in nodes]
     values = [c.score if c.score is not None else 0.0 for c in candidates]
     if config.aggregation == "best":
-        best = max(range(len(candidates)), key=lambda i: values[i])  # ties: the first found
+        eligible = {id(c) for c in prefer_complete(candidates)}
+        best = max((i for i, c in enumerate(candidates) if id(c) in eligible), key=lambda i: values[i])  # ties: first
         return StrategyResult(candidates[best], candidates, expander.cost)
     weights = [1.0] * len(candidates) if config.aggregation == "majority" else [max(v, 0.0) for v in values]
     votes = tally(candidates, weights, config.math)

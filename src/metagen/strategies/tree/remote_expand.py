@@ -100,6 +100,11 @@ class RemoteStepExpander:
             raise ValueError(f"a remote step search needs stateless sampling: {', '.join(stateful_fields(params))} "
                              "keep per-path state, which a server continuing each prefix anew does not follow "
                              "(the local expander does)")
+        if params.structured_outputs is not None:
+            raise ValueError(f"structured_outputs ({params.structured_outputs.kind}) cannot be honoured by a remote "
+                             "step search: every step is a new request, and a server starts the constraint afresh "
+                             "at each one instead of continuing the path's matcher state; run the search on a local "
+                             "model (its nodes keep their constraint state), or constrain a plain request")
         if params.n != 1:
             raise ValueError(f"params.n={params.n}: tree search sets its own branching; leave n=1")
         self.engine, self.params, self.step, self.value = engine, params, step, value

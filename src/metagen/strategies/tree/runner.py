@@ -77,7 +77,7 @@ def run_search(name: str, generator, prompt, n: int, params, options, rng):
     from metagen.strategies.tree import astar, blockwise_cd, dvts, mcts, particle_filter, rebase, step_beam_search
 
     if name in STRATEGIES:  # LOCAL_CACHE or STEP_CONTINUATION, + HIDDEN_STATES for a value head
-        STRATEGIES[name].check(generator, options)
+        STRATEGIES[name].check(generator, options, params)
     if caps.LOCAL_CACHE in generator.capabilities:
         local = generator.local_model()
         backend, model, chat = local.model, local.model, local.chat
