@@ -41,6 +41,9 @@ def add_parser(commands) -> None:
     evaluation.add_argument("--seed", type=int, default=0, help="seeds samples and subsets (default 0)")
     evaluation.add_argument("--subsets", type=int, default=16, help="random n-subsets of a pool per problem")
     evaluation.add_argument("--pattern", default=None, help="answer regex (default: boxed / 'answer is' / last number)")
+    evaluation.add_argument("--answer-field", default=None, metavar="PATH",
+                            help="the answer is this field of a JSON output (e.g. 'answer'; with --json-schema), "
+                                 "instead of --pattern")
     evaluation.add_argument("--no-math", action="store_true", help="compare answers as strings, not with math-verify")
     evaluation.add_argument("--prompt-suffix", default="", help="text appended to every question")
     evaluation.add_argument("--value", default=None,
@@ -97,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
         params=SamplingParams(**sampling),
         seed=args.seed,
         subsets=args.subsets,
-        options=StrategyOptions(args.pattern, not args.no_math, args.value, args.step_delimiter, args.aggregation),
+        options=StrategyOptions(args.pattern, not args.no_math, args.value, args.step_delimiter, args.aggregation,
+                                answer_field=args.answer_field),
         prompt_suffix=args.prompt_suffix,
     )
     if args.out is not None:

@@ -40,6 +40,9 @@ def add_parser(commands) -> None:
                      help="text that ends a reasoning step (default newline; escapes as in --stop)")
     gen.add_argument("--aggregation", default="best", choices=("best", "majority", "weighted"),
                      help="tree search: pick the leaf of best value, or vote over leaves' answers")
+    gen.add_argument("--answer-field", default=None, metavar="PATH",
+                     help="--strategy: the answer is this field of the JSON output (e.g. 'answer' or 'result.value'), "
+                          "for voting over a field of a --json-schema output")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     add_speculative_options(gen)
     common.add_model_options(gen)
@@ -58,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--speculative cannot be combined with --beam-width")
     if args.strategy is not None:
         return generate_with_strategy(args, params, speculative)
+    if args.answer_field is not None:
+        raise ValueError("--answer-field applies to --strategy (it says where a strategy reads each answer)")
     if args.logprobs is not None and not args.json:
         raise ValueError("--logprobs shows in the --json output only: add --json")
     if args.value is not None or args.step_delimiter != "\n" or args.aggregation != "best":

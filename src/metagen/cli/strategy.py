@@ -35,7 +35,8 @@ def generate_with_strategy(args: argparse.Namespace, params, speculative: dict |
                              "would have no effect")
     budget = params.n
     spec.check_n(budget)
-    options = StrategyOptions(value=args.value, step_delimiter=args.step_delimiter, aggregation=args.aggregation)
+    options = StrategyOptions(value=args.value, step_delimiter=args.step_delimiter, aggregation=args.aggregation,
+                              answer_field=args.answer_field)
     check_options([spec.name], options)
     prompt = chat_prompt(args)
     rng = replace(params, n=1).make_generator()
@@ -59,17 +60,33 @@ def generate_with_strategy(args: argparse.Namespace, params, speculative: dict |
         print(result.chosen.text)
         if result.chosen.answer is not None:
             print(f"answer: {result.chosen.answer}")
-        return 0
+        return _cut_exit_code(result)
     print(json.dumps({
         "strategy": spec.name,
         "n": budget,
-        "chosen": {"text": result.chosen.text, "answer": result.chosen.answer, "score": result.chosen.score},
+        "chosen": {"text": result.chosen.text, "answer": result.chosen.answer, "score": result.chosen.score,
+                   "complete": result.chosen.complete},
         "candidates": [
             {"text": c.text, "answer": c.answer, "score": c.score, "finish_reason": c.finish_reason,
-             "tokens": None if c.token_ids is None else len(c.token_ids), "chosen": c is result.chosen}
+             "tokens": None if c.token_ids is None else len(c.token_ids), "chosen": c is result.chosen,
+             "complete": c.complete}
             for c in result.candidates
         ],
+        "incomplete": result.incomplete,
         "votes": result.votes,
         "cost": result.cost.to_dict(),
     }))
-    return 0
+    return _cut_exit_code(result)
+
+
+def _cut_exit_code(result) -> int:
+    """0, or 3 with a line on stderr when the chosen output was cut before its constraint accepted
+    it (every candidate was: a strategy never chooses a cut one over a complete one)."""
+    if result.chosen.complete is not False:
+        return 0
+    import sys
+
+    sys.stdout.flush()
+    print(f"metagen: warning: all {len(result.candidates)} candidates ended before the constraint accepted them: "
+          "the chosen output is not valid (raise --max-tokens)", file=sys.stderr)
+    return 3

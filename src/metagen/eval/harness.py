@@ -78,8 +78,10 @@ class EvalConfig:
         """What stored units depend on besides the problem and the model: every sampling field
         the harness does not set itself, the seed, the prompt suffix and the strategy options."""
         params = {k: v for k, v in asdict(self.params).items() if k not in ("n", "seed")}
-        return {"params": params, "seed": self.seed, "prompt_suffix": self.prompt_suffix,
-                "options": asdict(self.options)}
+        options = asdict(self.options)
+        if options["answer_field"] is None:  # absent as in set-ups stored before the field existed
+            del options["answer_field"]
+        return {"params": params, "seed": self.seed, "prompt_suffix": self.prompt_suffix, "options": options}
 
 
 @dataclass
@@ -196,7 +198,7 @@ def _sample_pool(generator, prompt: str, problem: Problem, config: EvalConfig) -
     prompt_flops, decode_flops = _split_flops(result, prompt_tokens)
     samples = []
     for completion, flops in zip(result.completions, decode_flops):
-        answer = extract_answer(completion.text, config.options.pattern)
+        answer = extract_answer(completion.text, config.options.pattern, config.options.answer_field)
         samples.append(Sample(completion.text, completion.token_ids, [round(x, 5) for x in completion.logprobs],
                               [round(x, 5) for x in completion.certainties], completion.finish_reason, flops,
                               answer, _correct(answer, problem, config.options), completion.complete))
@@ -228,7 +230,7 @@ def _split_flops(result, prompt_tokens: int) -> tuple[float | None, list[float |
 def _score(result, problem: Problem, options: StrategyOptions) -> bool:
     answer = result.chosen.answer
     if answer is None:
-        answer = extract_answer(result.chosen.text, options.pattern)
+        answer = extract_answer(result.chosen.text, options.pattern, options.answer_field)
     return _correct(answer, problem, options)
 
 

@@ -18,7 +18,7 @@ import torch
 from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
-from metagen.scoring.answers import AnswerExtractor, extract_answer
+from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import self_certainty
 from metagen.strategies.result import StrategyResult
@@ -34,8 +34,10 @@ class BordaVotingConfig:
     pattern: str | None = None
     math: bool = False
     power: float = 0.5
+    answer_field: str | None = None  # the answer is this field of a JSON output (instead of pattern)
 
     def __post_init__(self) -> None:
+        check_answer_field(self.pattern, self.answer_field)
         if self.n < 1:
             raise ValueError(f"n={self.n} is out of range: must be >= 1")
         if not self.power >= 0:
@@ -70,7 +72,7 @@ def borda_voting(
 ) -> StrategyResult:
     """Rank `config.n` sampled candidates by `scorer`, vote with Borda weights per answer."""
     config = config or BordaVotingConfig()
-    extract = extractor or (lambda text: extract_answer(text, config.pattern))
+    extract = extractor or (lambda text: extract_answer(text, config.pattern, config.answer_field))
     candidates, cost = sample_answers(generator, prompt, config.params, config.n, extract, rng)
     scores = as_scorer(scorer)(prompt, candidates)
     for candidate, value in zip(candidates, scores.values):

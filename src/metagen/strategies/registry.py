@@ -30,15 +30,21 @@ class StrategyOptions:
     value: what guides tree search, controlled decoding and best_of_n_value — "steps" (the
     exact arithmetic step verifier, min over steps) or the path of a trained value head;
     step_delimiter: the text that ends a reasoning step; aggregation: how tree searches pick
-    among their finished leaves (best value, majority vote, value-weighted vote)."""
+    among their finished leaves (best value, majority vote, value-weighted vote); answer_field:
+    the answer is the value at this path of a JSON output ("answer", "result.value"; instead of
+    pattern), for voting over a field of a structured output."""
 
     pattern: str | None = None
     math: bool = True
     value: str | None = None
     step_delimiter: str = "\n"
     aggregation: str = "best"
+    answer_field: str | None = None
 
     def __post_init__(self) -> None:
+        from metagen.scoring.answers import check_answer_field
+
+        check_answer_field(self.pattern, self.answer_field)
         if self.pattern is not None:
             try:
                 re.compile(self.pattern)
@@ -120,7 +126,7 @@ def _with_answers(result, options: StrategyOptions):
     from metagen.scoring.answers import extract_answer
 
     for candidate in result.candidates:
-        candidate.answer = extract_answer(candidate.text, options.pattern)
+        candidate.answer = extract_answer(candidate.text, options.pattern, options.answer_field)
     return result
 
 
@@ -146,21 +152,24 @@ def _best_of_n(scorer_name):
 def _self_consistency(generator, prompt, n, params, options, rng):
     from metagen.strategies.self_consistency import SelfConsistencyConfig, self_consistency
 
-    return self_consistency(generator, prompt, SelfConsistencyConfig(n, params, options.pattern, options.math), rng=rng)
+    return self_consistency(generator, prompt, SelfConsistencyConfig(n, params, options.pattern, options.math,
+                                                                          answer_field=options.answer_field), rng=rng)
 
 
 def _weighted_voting(generator, prompt, n, params, options, rng):
     from metagen.scoring.logprob import self_certainty
     from metagen.strategies.weighted_voting import WeightedVotingConfig, weighted_voting
 
-    config = WeightedVotingConfig(n, params, options.pattern, options.math, exp_scores=False)
+    config = WeightedVotingConfig(n, params, options.pattern, options.math, exp_scores=False,
+                                  answer_field=options.answer_field)
     return weighted_voting(generator, prompt, config, self_certainty, rng=rng)
 
 
 def _borda(generator, prompt, n, params, options, rng):
     from metagen.strategies.borda_voting import BordaVotingConfig, borda_voting
 
-    return borda_voting(generator, prompt, BordaVotingConfig(n, params, options.pattern, options.math), rng=rng)
+    return borda_voting(generator, prompt, BordaVotingConfig(n, params, options.pattern, options.math,
+                                                                         answer_field=options.answer_field), rng=rng)
 
 
 def _mbr(utility_name):

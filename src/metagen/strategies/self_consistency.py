@@ -15,7 +15,7 @@ import torch
 from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
-from metagen.scoring.answers import AnswerExtractor, extract_answer
+from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.voting import sample_answers, tally, winner
 
@@ -29,8 +29,10 @@ class SelfConsistencyConfig:
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
     pattern: str | None = None
     math: bool = False
+    answer_field: str | None = None  # the answer is this field of a JSON output (instead of pattern)
 
     def __post_init__(self) -> None:
+        check_answer_field(self.pattern, self.answer_field)
         if self.n < 1:
             raise ValueError(f"n={self.n} is out of range: must be >= 1")
 
@@ -45,7 +47,7 @@ def self_consistency(
 ) -> StrategyResult:
     """Majority vote over the answers of `config.n` sampled paths."""
     config = config or SelfConsistencyConfig()
-    extract = extractor or (lambda text: extract_answer(text, config.pattern))
+    extract = extractor or (lambda text: extract_answer(text, config.pattern, config.answer_field))
     candidates, cost = sample_answers(generator, prompt, config.params, config.n, extract, rng)
     votes = tally(candidates, [1.0] * len(candidates), config.math)
     return StrategyResult(winner(candidates, votes, config.math), candidates, cost, votes)

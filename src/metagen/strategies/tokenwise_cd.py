@@ -27,7 +27,7 @@ from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.prompts import Prompt, encode_prompt
 from metagen.decoding.rows import Row, StopRules, request_chain, token_records
 from metagen.sampling import LogitsProcessor, SamplingParams
-from metagen.scoring.answers import extract_answer
+from metagen.scoring.answers import check_answer_field, extract_answer
 from metagen.strategies.result import Candidate, StrategyResult, prefer_complete
 
 
@@ -41,8 +41,10 @@ class TokenwiseCDConfig:
     strength: float = 1.0
     params: SamplingParams = SamplingParams(temperature=1.0, max_tokens=256)
     pattern: str | None = None
+    answer_field: str | None = None  # the answer is this field of a JSON output (instead of pattern)
 
     def __post_init__(self) -> None:
+        check_answer_field(self.pattern, self.answer_field)
         for name in ("n", "top_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} is out of range: must be >= 1")
@@ -108,6 +110,8 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
             if not rows[index].finished:
                 keep.append(b)
                 chosen_rows.append(b * k + c)
+        if not keep:  # every row ended (a processor's state has no empty batch)
+            break
         cache.select(chosen_rows)
         chain.select(torch.tensor(keep, dtype=torch.long))
         logits = out.logits[chosen_rows]
@@ -122,4 +126,4 @@ def _candidate(row: Row, score: float | None, config: TokenwiseCDConfig) -> Cand
     completion = row.completion
     return Candidate(completion.text, completion.token_ids, completion.logprobs, completion.finish_reason,
                      certainties=completion.certainties, score=score,
-                     answer=extract_answer(completion.text, config.pattern), complete=completion.complete)
+                     answer=extract_answer(completion.text, config.pattern, config.answer_field), complete=completion.complete)

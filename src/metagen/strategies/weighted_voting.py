@@ -17,7 +17,7 @@ import torch
 from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
-from metagen.scoring.answers import AnswerExtractor, extract_answer
+from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import mean_logprob
 from metagen.strategies.result import StrategyResult
@@ -33,8 +33,10 @@ class WeightedVotingConfig:
     pattern: str | None = None
     math: bool = False
     exp_scores: bool = True
+    answer_field: str | None = None  # the answer is this field of a JSON output (instead of pattern)
 
     def __post_init__(self) -> None:
+        check_answer_field(self.pattern, self.answer_field)
         if self.n < 1:
             raise ValueError(f"n={self.n} is out of range: must be >= 1")
 
@@ -50,7 +52,7 @@ def weighted_voting(
 ) -> StrategyResult:
     """Sum each answer's candidate weights and return a candidate of the heaviest answer."""
     config = config or WeightedVotingConfig()
-    extract = extractor or (lambda text: extract_answer(text, config.pattern))
+    extract = extractor or (lambda text: extract_answer(text, config.pattern, config.answer_field))
     candidates, cost = sample_answers(generator, prompt, config.params, config.n, extract, rng)
     scores = as_scorer(scorer)(prompt, candidates)
     weights = []

@@ -189,6 +189,8 @@ class StepExpander:
                 produced[owner[child]].append(node)
                 parent.children.append(node)
                 new_nodes.append(node)
+            if not keep:  # every row's step ended (a processor's state has no empty batch)
+                break
             if len(keep) < len(active):
                 self.cache.select(keep)
                 chain.select(torch.tensor(keep, dtype=torch.long))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from metagen.sampling import SamplingParams
-from metagen.scoring.answers import extract_answer
+from metagen.scoring.answers import check_answer_field, extract_answer
 from metagen.strategies.result import Candidate, StrategyResult, prefer_complete
 from metagen.strategies.tree.expand import Node, StepConfig
 from metagen.strategies.voting import tally, winner
@@ -33,8 +33,10 @@ class TreeConfig:
     aggregation: str = "best"
     pattern: str | None = None
     math: bool = False
+    answer_field: str | None = None  # the answer is this field of a JSON output (instead of pattern)
 
     def __post_init__(self) -> None:
+        check_answer_field(self.pattern, self.answer_field)
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation={self.aggregation!r} is not known; choose from {', '.join(AGGREGATIONS)}")
 
@@ -51,7 +53,7 @@ def candidate_of(node: Node, config: TreeConfig) -> Candidate:
     if not node.finished and node.sampler is not None:  # a frontier node: would the constraint accept it now?
         complete = node.sampler.stop_verdict(0)[0]
     return Candidate(node.text, node.path_ids(), node.path_logprobs(), node.finish_reason or "length",
-                     score=node.value, answer=extract_answer(node.text, config.pattern), complete=complete)
+                     score=node.value, answer=extract_answer(node.text, config.pattern, config.answer_field), complete=complete)
 
 
 def finish_search(expander, leaves: list[Node], config: TreeConfig,

@@ -86,10 +86,12 @@ def run_search(name: str, generator, prompt, n: int, params, options, rng):
     value = make_value(options.value, model, prompt, options.step_delimiter, generator)
     params = replace(params, n=1)
     common = {"params": params, "step": StepConfig(options.step_delimiter, 64), "pattern": options.pattern,
+              "answer_field": options.answer_field,
               "math": options.math, "aggregation": options.aggregation}
     kept = max(1, n // 4)
     if name == "tokenwise_cd":
-        config = TokenwiseCDConfig(n=1, top_k=n, strength=LAMBDA, params=params, pattern=options.pattern)
+        config = TokenwiseCDConfig(n=1, top_k=n, strength=LAMBDA, params=params, pattern=options.pattern,
+                                   answer_field=options.answer_field)
         return tokenwise_cd(model, prompt, value, config, chat=chat, rng=rng)
     searches = {
         "best_of_n_value": lambda: step_beam_search.step_beam_search(backend, prompt, value, step_beam_search.StepBeamConfig(
