@@ -233,3 +233,25 @@ def test_a_constraint_reaches_a_backend_and_a_kind_it_lacks_is_refused(capsys):
         err = capsys.readouterr().err
     assert err.startswith("metagen: error: --regex is not supported by llama.cpp's OpenAI-compatible server")
     assert err.count("\n") == 1
+
+
+def test_answer_field_needs_a_strategy_and_excludes_pattern(capsys, no_model):
+    assert main(["generate", "hi", "--answer-field", "answer"]) == 2
+    assert "--answer-field applies to --strategy" in capsys.readouterr().err
+    assert main(["eval", "--task", "arithmetic", "--strategy", "self_consistency", "--pattern", "x",
+                 "--answer-field", "answer"]) == 2
+    assert "pattern='x' and answer_field='answer' both say where the answer is" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_self_consistency_over_a_json_field_from_the_command_line(capsys):
+    schema = {"type": "object", "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 20}},
+              "required": ["answer"], "additionalProperties": False}
+    argv = ["generate", "What is 2 + 3? Reply as JSON with the field answer.", "--strategy", "self_consistency",
+            "--n", "4", "--seed", "0", "--json-schema", json.dumps(schema), "--answer-field", "answer",
+            "--max-tokens", "24", "--json"]
+    assert main(argv) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["chosen"]["complete"] is True
+    assert payload["chosen"]["answer"] == str(json.loads(payload["chosen"]["text"])["answer"])
+    assert sum(payload["votes"].values()) == sum(1 for c in payload["candidates"] if c["complete"])
