@@ -93,7 +93,8 @@ def test_each_flag_makes_its_spec(monkeypatch, tmp_path):
     (["--max-whitespace", "2", "--regex", "a"], "--max-whitespace applies to --json-schema and --json-object only"),
     (["--max-whitespace", "-2", "--json-object"], "--max-whitespace -2 is out of range"),
     (["--json-object", "--ignore-eos"], "--ignore-eos cannot be combined with --json-object"),
-    (["--beam-width", "2", "--regex", "a", "--temperature", "0.5"], "--beam-width cannot be combined with --temperature"),
+    (["--beam-width", "2", "--regex", "a", "--temperature", "0.5"],
+     "--beam-width cannot be combined with --temperature"),
     (["--beam-width", "2", "--json-object", "--ignore-eos"], "--ignore-eos cannot be combined with --json-object"),
 ])
 def test_bad_constraints_are_one_line_errors_naming_the_flag(capsys, no_model, argv, message):
@@ -183,7 +184,8 @@ def test_beam_width_takes_the_constraint_flags(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(common, "load_model", lambda args: None)
-    monkeypatch.setattr(generate, "_beam_search", lambda args, model, prompt, config, load: seen.setdefault("c", config) and 0)
+    monkeypatch.setattr(generate, "_beam_search",
+                        lambda args, model, prompt, config, load: seen.setdefault("c", config) and 0)
     assert main(["generate", "hi", "--beam-width", "3", "--regex", "[ab]+", "--max-tokens", "7"]) == 0
     config = seen["c"]
     assert (config.width, config.max_tokens, config.structured_outputs.regex) == (3, 7, "[ab]+")

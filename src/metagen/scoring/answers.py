@@ -2,8 +2,8 @@
 
 `extract_answer` takes the last match of a regex (default: a \\boxed{...} answer, else
 "answer is X", else the last number in the text), or with `field` the value at a path in a JSON
-output (`json_field`: self-consistency over a field of a structured output). `answers_match` compares two answers as math
-with `math-verify` when asked (so "0.5", "1/2" and "\\frac{1}{2}" are one answer), else as
+output (`json_field`: self-consistency over a field of a structured output). `answers_match`
+compares two answers as math with `math-verify` when asked (so "0.5", "1/2" and "\\frac{1}{2}" are one answer), else as
 normalized strings. math-verify bounds each parse and comparison with a timeout built on
 signal.alarm, which only the main thread may set: on any other thread (concurrent evaluation)
 they run without one.

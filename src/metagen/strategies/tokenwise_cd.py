@@ -126,4 +126,5 @@ def _candidate(row: Row, score: float | None, config: TokenwiseCDConfig) -> Cand
     completion = row.completion
     return Candidate(completion.text, completion.token_ids, completion.logprobs, completion.finish_reason,
                      certainties=completion.certainties, score=score,
-                     answer=extract_answer(completion.text, config.pattern, config.answer_field), complete=completion.complete)
+                     answer=extract_answer(completion.text, config.pattern, config.answer_field),
+                     complete=completion.complete)

@@ -3,7 +3,8 @@
 weighted vote (seed 000): â = argmax_a Σ_i v(y_i)·1[a_i = a]; majority voting is v ≡ 1.
 Answers are grouped by `answers_match` (math-aware when asked), each class named by its first
 member. Ties go to the class seen first. Candidates cut before their constraint accepted them
-(complete=False) neither vote nor win while a complete candidate exists (`prefer_complete`). O(N·A) answer comparisons for N candidates, A classes.
+(complete=False) neither vote nor win while a complete candidate exists (`prefer_complete`).
+O(N·A) answer comparisons for N candidates, A classes.
 """
 
 from __future__ import annotations

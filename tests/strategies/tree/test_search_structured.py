@@ -40,7 +40,8 @@ VALUE = FunctionValue(lambda prompt, continuation: float(continuation.count(C)))
 SEARCHES = {
     "beam": lambda m, rng, p: step_beam_search(m, PROMPT, VALUE, StepBeamConfig(
         params=p, step=STEPS, beam_width=2, expansions=4), rng=rng),
-    "dvts": lambda m, rng, p: dvts(m, PROMPT, VALUE, DVTSConfig(params=p, step=STEPS, subtrees=3, expansions=3), rng=rng),
+    "dvts": lambda m, rng, p: dvts(m, PROMPT, VALUE, DVTSConfig(params=p, step=STEPS, subtrees=3, expansions=3),
+                                   rng=rng),
     "rebase": lambda m, rng, p: rebase(m, PROMPT, VALUE, RebaseConfig(params=p, step=STEPS, width=6), rng=rng),
     "mcts": lambda m, rng, p: mcts(m, PROMPT, VALUE, MCTSConfig(params=p, step=STEPS, iterations=4, expansions=3),
                                    rng=rng),
@@ -125,7 +126,8 @@ def test_rebase_and_step_beam_with_a_regex_on_the_real_model(model):
         rebase(model, "Is the sky blue? Answer yes or no and why.", value, RebaseConfig(
             params=params, step=StepConfig(" ", 8), width=4, max_steps=6), rng=torch.Generator().manual_seed(0)),
         get_strategy("step_beam").run(generator, "Is water wet? Answer yes or no and why.", 4, params,
-                                      StrategyOptions(value="steps", step_delimiter=" "), torch.Generator().manual_seed(1)),
+                                      StrategyOptions(value="steps", step_delimiter=" "),
+                                      torch.Generator().manual_seed(1)),
     ]
     for result in runs:
         assert any(c.complete for c in result.candidates)  # measured: every leaf of both runs is complete
