@@ -173,3 +173,18 @@ def test_self_consistency_over_a_json_field_on_the_real_model(model):
         jsonschema.validate(document, schema)
         assert candidate.answer == str(document["answer"])
     assert sum(result.votes.values()) == len(complete)
+
+
+def test_strategies_called_directly_refuse_a_generator_that_would_ignore_the_constraint():
+    plain = Canned(OUTPUTS, capabilities={caps.TOKEN_IDS, caps.LOGPROBS})
+    calls = [
+        lambda: best_of_n(plain, "q", BestOfNConfig(2, CONSTRAINED)),
+        lambda: self_consistency(plain, "q", SelfConsistencyConfig(2, CONSTRAINED)),
+        lambda: weighted_voting(plain, "q", WeightedVotingConfig(2, CONSTRAINED)),
+        lambda: mbr(plain, "q", MBRConfig(2, CONSTRAINED), EditSimilarity()),
+        lambda: self_refine(plain, "q", SelfRefineConfig(rounds=1, revision_params=CONSTRAINED)),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match="needs structured_output, which Canned does not provide"):
+            call()
+    assert plain.params == []

@@ -76,6 +76,15 @@ def require(needs, generator, what: str) -> None:
                          f"(what provides it — {providers})")
 
 
+def require_constraint(params, generator, what: str) -> None:
+    """`require` STRUCTURED_OUTPUT when `params` (one SamplingParams, or several) carry a
+    constraint: a generator that would ignore it is refused before any request."""
+    for one in params if isinstance(params, (list, tuple)) else (params,):
+        if getattr(one, "structured_outputs", None) is not None:
+            require({STRUCTURED_OUTPUT}, generator, what)
+            return
+
+
 def require_any(alternatives, generator, what: str) -> None:
     """Like `require`, for a strategy that runs with any one of several capability sets (e.g. a
     local cache, or continuation by a server): nothing when `generator` has one of them in

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from metagen.decoding import capabilities as caps
 from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
@@ -43,6 +44,7 @@ def best_of_n(
     """Sample `config.n` candidates and keep the highest-scoring one (first among ties) among the
     complete ones (see `prefer_complete`)."""
     config = config or BestOfNConfig()
+    caps.require_constraint(config.params, generator, "best_of_n with structured_outputs")
     result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
     candidates = candidates_from(result)
     scores = as_scorer(scorer)(prompt, candidates)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from metagen.decoding import capabilities as caps
 from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
@@ -69,6 +70,7 @@ def mbr(
     """Sample `config.n` candidates, score each by its expected utility Ū_i (`Candidate.score`),
     return the highest (first among ties). utility: default chrF (`metagen[mbr]` extra)."""
     config = config or MBRConfig()
+    caps.require_constraint(config.params, generator, "mbr with structured_outputs")
     utility = utility or ChrF()
     result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
     candidates = candidates_from(result)

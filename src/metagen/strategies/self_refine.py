@@ -22,6 +22,7 @@ from string import Formatter
 
 import torch
 
+from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
 from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
@@ -98,6 +99,8 @@ def self_refine(
     versions (the later one among ties: refinement is meant to improve); versions cut before
     their constraint accepted them are passed over while a complete one exists."""
     config = config or SelfRefineConfig()
+    caps.require_constraint([config.draft_params, config.critique_params, config.revision_params], generator,
+                            "self_refine with structured_outputs")
     context, question = split_question(prompt)
     cost = Cost()
     draft = generator.generate(prompt, replace(config.draft_params, n=1), generator=rng)

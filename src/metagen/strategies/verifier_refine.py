@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
 from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
@@ -92,6 +93,7 @@ def verifier_refine(
     one passes or the round budget ends. Returns the best passing candidate, else the best of all.
     The verifier and scorer always see the original prompt."""
     config = config or VerifierRefineConfig()
+    caps.require_constraint(config.params, generator, "verifier_refine with structured_outputs")
     context, question = split_question(prompt)
     tiebreaker = as_scorer(scorer) if scorer is not None else None
     result = VerifierRefineResult(Candidate(""), [], Cost())  # filled in below; chosen set last

@@ -12,13 +12,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
 from metagen.scoring.answers import answers_match
 from metagen.strategies.result import Candidate, candidates_from, prefer_complete
 
 
 def sample_answers(generator, prompt, params, n: int, extract, rng=None) -> tuple[list[Candidate], Cost]:
-    """n candidates of `prompt` (one `generate` call) with their extracted answers, and its cost."""
+    """n candidates of `prompt` (one `generate` call) with their extracted answers, and its cost.
+    A generator that cannot honour `params.structured_outputs` is refused before the call."""
+    caps.require_constraint(params, generator, "voting over structured outputs")
     result = generator.generate(prompt, replace(params, n=n), generator=rng)
     candidates = candidates_from(result)
     for candidate in candidates:

@@ -102,7 +102,7 @@ def test_tokenwise_cd_outputs_are_allowed_and_a_cut_one_is_not_chosen(one_thread
 
 def test_the_remote_expander_refuses_a_constraint_by_name():
     with pytest.raises(ValueError, match=r"structured_outputs \(choice\) cannot be honoured by a remote step search"):
-        open_expander(ToyServer(), PROMPT, PARAMS, StepConfig("\n", 4))
+        open_expander(ToyServer(FULL | {caps.STRUCTURED_OUTPUT}), PROMPT, PARAMS, StepConfig("\n", 4))
     # a server that takes constraints in plain requests still cannot carry one across steps
     with pytest.raises(ValueError, match=r"structured_outputs \(choice\) cannot be honoured by a remote step search"):
         get_strategy("rebase").run(ToyServer(FULL | {caps.STRUCTURED_OUTPUT}), "a", 4, PARAMS,

@@ -56,6 +56,7 @@ def open_expander(backend, prompt: Prompt, params: SamplingParams, step: StepCon
         return StepExpander(local.model, prompt, params, step, value, chat=local.chat if chat is None else chat,
                             generator=generator)
     caps.require_any([{caps.LOCAL_CACHE}, {caps.STEP_CONTINUATION}], backend, "a step search")
+    caps.require_constraint(params, backend, "a step search with structured_outputs")
     from metagen.strategies.tree.remote_expand import RemoteStepExpander
 
     return RemoteStepExpander(backend, prompt, params, step, value, chat=chat, generator=generator)
