@@ -42,9 +42,9 @@ finished ones that end the deterministic search early.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
