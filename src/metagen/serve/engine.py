@@ -151,6 +151,11 @@ class Engine:
             self._thread.join()
 
     @property
+    def alive(self) -> bool:
+        """True while the engine thread runs."""
+        return self._thread.is_alive()
+
+    @property
     def queue_depth(self) -> int:
         """Requests submitted and not yet admitted to the batch."""
         return self._waiting_count
