@@ -1,21 +1,9 @@
-"""A real `metagen serve` (uvicorn, the embedded model) on 127.0.0.1 for the tests of this folder.
-
-`serve_process` starts the command in a subprocess on a free port, waits for /health and stops it
-(SIGTERM, then SIGKILL) in teardown; `server` is one shared instance, `openai_client` the
-official client pointed at it.
-"""
+"""Fixtures: `server`, one `metagen serve` shared by the tests of this folder (see server.py), and
+`client`, the official openai client pointed at it."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from contextlib import contextmanager
-from pathlib import Path
+import json
 
 import pytest
 
@@ -23,66 +11,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-import metagen  # noqa: E402
-
-STARTUP_SECONDS = 300  # a fresh cache converts the embedded weights first
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class Server:
-    def __init__(self, process: subprocess.Popen, port: int) -> None:
-        self.process, self.port = process, port
-        self.url = f"http://127.0.0.1:{port}"
-
-    def get(self, path: str) -> str:
-        with urllib.request.urlopen(self.url + path, timeout=10) as answer:
-            return answer.read().decode()
-
-    def metric(self, name: str) -> float:
-        """The value of an unlabelled metric (or the sum over its labels) from /metrics."""
-        total = 0.0
-        for line in self.get("/metrics").splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
-
-
-@contextmanager
-def serve_process(*options: str):
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(Path(metagen.__file__).parents[1]))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "metagen.cli", "serve", "--port", str(port), "--threads", "2", *options],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    server = Server(process, port)
-    try:
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"metagen serve exited with {process.returncode}: {process.stderr.read()}")
-            try:
-                if '"ok"' in server.get("/health"):
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"metagen serve did not answer /health within {STARTUP_SECONDS} s")
-            time.sleep(0.2)
-        yield server
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        process.stderr.close()
+from .server import serve_process  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -93,8 +22,6 @@ def server():
 
 @pytest.fixture(scope="session")
 def served_model(server) -> str:
-    import json
-
     return json.loads(server.get("/v1/models"))["data"][0]["id"]
 
 

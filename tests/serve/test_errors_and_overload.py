@@ -10,10 +10,11 @@ import time
 import urllib.error
 import urllib.request
 
-import openai
 import pytest
 
-from tests.serve.conftest import serve_process
+from .server import serve_process
+
+openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow
 
