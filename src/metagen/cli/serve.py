@@ -15,6 +15,8 @@ import sys
 
 from metagen.cli import common
 
+GRACEFUL_SHUTDOWN_SECONDS = 5  # on SIGTERM / Ctrl-C, open streams get this long before they are cut
+
 
 def add_parser(commands) -> None:
     serve = commands.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
@@ -60,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(model, engine, api_key=api_key, lenient=args.lenient)
     print(f"metagen serve: {model.name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
     finally:
         engine.stop()
     return 0
