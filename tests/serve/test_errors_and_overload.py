@@ -125,12 +125,35 @@ def test_full_queue_is_429_and_a_client_that_leaves_frees_its_rows():
             assert server.metric("metagen_generation_tokens_total") < 4000  # the long row stopped early
 
 
-def test_api_key_is_required_except_for_health(monkeypatch):
+def test_api_key_is_required_except_for_health_and_lenient_ignores_unknown_fields(monkeypatch):
     monkeypatch.setenv("METAGEN_TEST_KEY", "s3cret")
-    with serve_process("--api-key-env", "METAGEN_TEST_KEY") as server:
+    with serve_process("--api-key-env", "METAGEN_TEST_KEY", "--lenient") as server:
         assert '"ok"' in server.get("/health")
         with openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0) as client:
-            with pytest.raises(openai.AuthenticationError):
+            with pytest.raises(openai.AuthenticationError) as raised:
                 client.models.list()
+            assert raised.value.body["code"] == "invalid_api_key"
+        status, _, _ = _post(server, "/tokenize", b'{"prompt": "Hi"}')
+        assert status == 401
         with openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0) as client:
-            assert client.models.list().data
+            model = client.models.list().data[0].id
+            answer = client.completions.with_raw_response.create(
+                model=model, prompt="Hi", max_tokens=2, extra_body={"topk": 3, "best_effort": True})
+            assert answer.headers["x-metagen-ignored-fields"] == "best_effort,topk"
+            assert answer.parse().choices[0].text is not None
+            with pytest.raises(openai.BadRequestError) as raised:  # lenient on names, not on values
+                client.completions.create(model=model, prompt="Hi", max_tokens=2, temperature=-1)
+            assert raised.value.param == "temperature"
+
+
+def test_serve_refuses_bad_options_before_loading_the_model(monkeypatch, capsys):
+    from metagen.cli import common, main
+
+    monkeypatch.setattr(common, "load_model", lambda args: pytest.fail("the model was loaded"))
+    monkeypatch.delenv("METAGEN_UNSET_KEY", raising=False)
+    assert main(["serve", "--api-key-env", "METAGEN_UNSET_KEY"]) == 2
+    assert "METAGEN_UNSET_KEY: that environment variable is unset or empty" in capsys.readouterr().err
+    assert main(["serve", "--max-rows", "0"]) == 2
+    assert "--max-rows 0 must be >= 1" in capsys.readouterr().err
+    assert main(["serve", "--port", "70000"]) == 2
+    assert "--port 70000 must be in [0, 65535]" in capsys.readouterr().err
