@@ -7,15 +7,13 @@ import json
 
 import pytest
 
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
-openai = pytest.importorskip("openai")
-
-from .server import serve_process  # noqa: E402
+from .server import serve_process
 
 
 @pytest.fixture(scope="session")
 def server():
+    pytest.importorskip("fastapi")  # the serve extra
+    pytest.importorskip("uvicorn")
     with serve_process("--max-rows", "8", "--max-queue", "16") as running:
         yield running
 
@@ -27,5 +25,6 @@ def served_model(server) -> str:
 
 @pytest.fixture
 def client(server):
+    openai = pytest.importorskip("openai")
     with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as opened:
         yield opened

@@ -14,6 +14,8 @@ import pytest
 
 from .server import serve_process
 
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow

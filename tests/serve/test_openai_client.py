@@ -12,6 +12,7 @@ import pytest
 from metagen.decoding import generate
 from metagen.sampling import SamplingParams
 
+openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
 
 
@@ -119,3 +120,27 @@ def test_concurrent_requests_give_what_each_gives_alone(client, served_model, se
     rows = server.metric("metagen_decode_step_rows_total") - rows_before
     steps = server.metric("metagen_decode_steps_total") - steps_before
     assert rows / steps > 1.5  # the requests were decoded as one batch, not one after another
+
+
+def test_echo_returns_the_prompt_with_its_log_probabilities(client, served_model, model):
+    import torch
+
+    prompt = "The capital of France is"
+    answer = client.completions.create(model=served_model, prompt=prompt, max_tokens=4, temperature=0, echo=True,
+                                       logprobs=1)
+    plain = client.completions.create(model=served_model, prompt=prompt, max_tokens=4, temperature=0)
+    choice = answer.choices[0]
+    assert choice.text == prompt + plain.choices[0].text
+    ids = model.tokenizer.encode(prompt)
+    cache = model.new_cache(1)
+    logits = model.forward(cache, [ids], logits="all").logits[0]  # (T, V)
+    expected = torch.log_softmax(logits[:-1], dim=-1).gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1).tolist()
+    scored = choice.logprobs.token_logprobs
+    assert len(scored) == len(ids) + 4 and scored[0] is None
+    assert scored[1:len(ids)] == pytest.approx(expected, abs=1e-4)
+    assert choice.logprobs.top_logprobs[0] is None and len(choice.logprobs.top_logprobs[1]) == 1
+    assert "".join(choice.logprobs.tokens) == choice.text
+    assert answer.usage.completion_tokens == 4
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(model=served_model, prompt=prompt, max_tokens=4, echo=True, stream=True)
+    assert raised.value.param == "echo"

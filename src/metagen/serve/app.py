@@ -163,7 +163,7 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
             except RuntimeError:  # the loop is closed: the server is gone
                 pass
 
-        job = ServeRequest(parsed.prompt_ids, parsed.params, emit)
+        job = ServeRequest(parsed.prompt_ids, parsed.params, emit, echo=parsed.echo_text is not None)
         try:
             engine.submit(job)
         except QueueFullError as error:
@@ -192,7 +192,7 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
             raise
         if event.error is not None:
             raise APIError(f"generation failed: {event.error}", None, status=500, type="server_error")
-        return JSONResponse(full_response(parsed, job.completions, texts), headers=headers)
+        return JSONResponse(full_response(parsed, job.completions, texts, job.prompt_records), headers=headers)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

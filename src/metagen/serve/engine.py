@@ -74,13 +74,18 @@ class ServeRequest:
 
     emit: called on the engine thread with each `TokenEvent` and a final `DoneEvent`; it must
         not block (the HTTP layer posts the events to its event loop).
+    echo: also score the prompt: its prefill returns logits at every position ("all"), and
+        `prompt_records[t]` is the record of prompt token t+1 given tokens 0..t (the first token
+        has none). The next-token logits then come from that forward's last position.
     rows: one `Row` per completion (read them after the `DoneEvent`).
     """
 
     prompt_ids: list[int]
     params: SamplingParams
     emit: Callable[[object], None]
+    echo: bool = False  # score the prompt: `prompt_records` after admission
     rows: list[Row] = field(default_factory=list)
+    prompt_records: list[TokenRecord] | None = None  # records of prompt tokens 1..T-1 (echo)
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.monotonic)
     # Engine-thread state (set on admission).
@@ -230,6 +235,8 @@ class Engine:
         rules = StopRules.from_params(params, model, len(prompt_ids))
         n = params.n
         check_batch_fits(model, self._rows_in_use() + n, rules.max_new_tokens)
+        if request.echo:
+            check_batch_fits(model, 1, 0, positions=len(prompt_ids), what="echo rows")
         request.chain = request_chain(params, model, prompt_ids, n)
         request.generator = params.make_generator()
         request.rows = [Row(model.tokenizer, prompt_ids, rules, want_top=bool(params.logprobs)) for _ in range(n)]
@@ -239,7 +246,8 @@ class Engine:
         running = [cache.snapshot(row) for row in range(cache.batch_size)] if self._running else []
         try:
             cache.reset(1)
-            out = model.forward(cache, [list(prompt_ids)])  # what `model.prefill` computes
+            out = model.forward(cache, [list(prompt_ids)],  # what `model.prefill` computes
+                                logits="all" if request.echo else "last")
             prompt_row = cache.snapshot(0)
             cache.restore(running + [prompt_row] * n)
             cache.release(prompt_row)
@@ -249,7 +257,13 @@ class Engine:
         finally:
             for snapshot in running:
                 cache.release(snapshot)
-        request.logits = out.logits.expand(n, -1)  # (n, V): every row starts from the prompt
+        logits = out.logits  # (1, V), or (1, T, V) with echo
+        if request.echo:
+            positions = logits[0]  # (T, V)
+            request.prompt_records = token_records(positions[:-1], torch.tensor(prompt_ids[1:], dtype=torch.long),
+                                                   None, params.logprobs or 0)
+            logits = positions[-1:]
+        request.logits = logits.expand(n, -1)  # (n, V): every row starts from the prompt
         request.active = list(range(n))
         self.stats.prompt_tokens += len(prompt_ids)
 

@@ -8,8 +8,9 @@ server runs with --lenient, which ignores them and lists them in the response's 
 
 Accepted fields: OpenAI's (model, prompt / messages, max_tokens / max_completion_tokens,
 temperature, top_p, n, stream, stream_options.include_usage, stop, logprobs / top_logprobs,
-seed, frequency_penalty, presence_penalty, logit_bias, response_format, user; `echo` false,
-`suffix` null and `best_of` equal to n only, the other values refused by name), every other
+seed, frequency_penalty, presence_penalty, logit_bias, response_format, user; `echo` (the
+prompt and its log-probabilities before each completion; not with stream), `suffix` null and
+`best_of` equal to n only, the other values refused by name), every other
 `SamplingParams` field under its own name (top_k, min_p, typical_p, epsilon_cutoff, eta_cutoff,
 repetition_penalty, no_repeat_ngram_size, mirostat_tau, mirostat_eta, stop_token_ids,
 ignore_eos, structured_outputs) and vLLM's `return_tokens_as_token_ids` (logprob tokens as
@@ -68,6 +69,7 @@ class ParsedRequest:
     prompt_ids: list[int]
     params: SamplingParams
     model: str
+    echo_text: str | None = None  # echo: the prompt's text, put before each completion
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
@@ -119,10 +121,14 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
             raise APIError("give max_tokens or max_completion_tokens, not both", "max_tokens")
         default_max = max(model.max_context - len(prompt_ids), 1)
     else:
-        prompt_ids = _completion_prompt(body, model)
-        for field, neutral in (("echo", False), ("suffix", None)):
-            if field in body and body[field] != neutral:
-                raise APIError(f"{field}={body[field]!r} is not supported by this server", field)
+        prompt_ids, prompt_text = _completion_prompt(body, model)
+        if "suffix" in body:
+            raise APIError(f"suffix={body['suffix']!r} is not supported by this server (no fill-in-the-middle)",
+                           "suffix")
+        echo = _bool(body, "echo", False)
+        if echo and stream:
+            raise APIError("echo=true is not supported with stream=true (the echoed prompt comes with the whole "
+                           "answer)", "echo")
         if "best_of" in body and body["best_of"] != body.get("n", 1):
             raise APIError(f"best_of={body['best_of']!r} is not supported: only best_of equal to n", "best_of")
         logprobs = "logprobs" in body
@@ -153,8 +159,11 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
         if token_id >= model.vocab_size:
             raise APIError(f"logit_bias token id {token_id} is out of range: must be in [0, {model.vocab_size})",
                            "logit_bias")
-    return ParsedRequest(chat, prompt_ids, params, served_name, stream, include_usage, logprobs, token_strings,
-                         tuple(unknown))
+    echo_text = None
+    if not chat and echo:
+        echo_text = prompt_text if prompt_text is not None else model.tokenizer.decode(prompt_ids)
+    return ParsedRequest(chat, prompt_ids, params, served_name, echo_text, stream, include_usage, logprobs,
+                         token_strings, tuple(unknown))
 
 
 def _param_of(message: str, names: Mapping[str, str]) -> str | None:
@@ -192,9 +201,9 @@ def _logit_bias(value: object) -> dict[int, object]:
     return converted
 
 
-def _completion_prompt(body: Mapping, model) -> list[int]:
-    """Token ids of `prompt`: text (encoded without a chat template) or token ids; a list of one
-    of either is accepted, several prompts in one request are refused."""
+def _completion_prompt(body: Mapping, model) -> tuple[list[int], str | None]:
+    """Token ids of `prompt` and its text (None for token ids): text (encoded without a chat
+    template) or token ids; a list of one of either is accepted, several prompts are refused."""
     if "prompt" not in body:
         raise APIError("prompt is required", "prompt")
     prompt = body["prompt"]
@@ -207,9 +216,10 @@ def _completion_prompt(body: Mapping, model) -> list[int]:
     if isinstance(prompt, list) and not all(isinstance(item, int) and not isinstance(item, bool) for item in prompt):
         raise APIError("prompt must be a string or a list of int token ids", "prompt")
     try:
-        return encode_prompt(model.tokenizer, prompt, chat=False, vocab_size=model.vocab_size)
+        ids = encode_prompt(model.tokenizer, prompt, chat=False, vocab_size=model.vocab_size)
     except ValueError as error:
         raise APIError(str(error), "prompt") from None
+    return ids, prompt if isinstance(prompt, str) else None
 
 
 def _chat_prompt(body: Mapping, model) -> list[int]:

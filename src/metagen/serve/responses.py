@@ -46,7 +46,8 @@ def _completion_logprobs(tokens: list[int], logprobs: list[float], tops, texts: 
     for token in tokens:
         offsets.append(offset)
         offset += len(texts(token))
-    top = None if tops is None else [{texts(t, as_id): v for t, v in entry.items()} if entry else {} for entry in tops]
+    top = None if tops is None else [None if entry is None else {texts(t, as_id): v for t, v in entry.items()}
+                                     for entry in tops]
     return {"tokens": strings, "token_logprobs": list(logprobs), "top_logprobs": top, "text_offset": offsets}
 
 
@@ -72,17 +73,27 @@ def choice_logprobs(request: ParsedRequest, tokens: list[int], logprobs: list[fl
     return _completion_logprobs(tokens, logprobs, tops, texts, request.token_ids_as_strings, offset)
 
 
-def full_response(request: ParsedRequest, completions: list[Completion], texts: TokenTexts) -> dict:
-    """The non-streaming answer to one request."""
+def full_response(request: ParsedRequest, completions: list[Completion], texts: TokenTexts,
+                  prompt_records: list[TokenRecord] | None = None) -> dict:
+    """The non-streaming answer to one request; with echo, each choice starts with the prompt's
+    text and its tokens (the first with log-prob None: nothing precedes it)."""
     choices = []
+    echo = request.echo_text is not None
+    prompt_tokens = request.prompt_ids if echo else []
+    prompt_logprobs = [None] + [record.logprob for record in prompt_records] if echo else []
+    prompt_tops = [None] + [record.top for record in prompt_records] if echo else []
     for index, completion in enumerate(completions):
-        logprobs = choice_logprobs(request, completion.token_ids, completion.logprobs, completion.top_logprobs, texts)
+        tops = completion.top_logprobs
+        if echo and request.params.logprobs:
+            tops = prompt_tops + (tops or [])
+        logprobs = choice_logprobs(request, prompt_tokens + completion.token_ids, prompt_logprobs + completion.logprobs,
+                                   tops, texts)
         choice = {"index": index, "logprobs": logprobs, "finish_reason": completion.finish_reason,
                   "stop_reason": completion.stop_reason}
         if request.chat:
             choice["message"] = {"role": "assistant", "content": completion.text}
         else:
-            choice["text"] = completion.text
+            choice["text"] = (request.echo_text or "") + completion.text
         choices.append(choice)
     generated = sum(len(completion.token_ids) for completion in completions)
     return {
