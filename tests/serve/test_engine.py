@@ -101,6 +101,17 @@ def test_a_cancelled_request_leaves_and_the_others_go_on(model, engine):
     assert engine.stats.requests_cancelled == 1
 
 
+def test_a_request_past_its_timeout_is_stopped(model, engine):
+    request, events = _request(model, "Tell me a story.", SamplingParams(temperature=1.0, seed=0, max_tokens=3000,
+                                                                        ignore_eos=True))
+    request.timeout = 0.5
+    engine.submit(request)
+    assert events.done.wait(30)
+    assert events.events[-1].timed_out and "0.5 s timeout" in events.events[-1].error
+    assert 0 < len(request.completions[0].token_ids) < 3000
+    assert engine.stats.requests_timed_out == 1
+
+
 def test_bounds(model):
     engine = Engine(model, max_rows=2, max_queue=1)  # not started: submissions stay queued
     with pytest.raises(ValueError, match="n=3 is more than the server's --max-rows 2"):

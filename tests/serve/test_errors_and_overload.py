@@ -127,9 +127,9 @@ def test_full_queue_is_429_and_a_client_that_leaves_frees_its_rows():
             assert server.metric("metagen_generation_tokens_total") < 4000  # the long row stopped early
 
 
-def test_api_key_is_required_except_for_health_and_lenient_ignores_unknown_fields(monkeypatch):
+def test_api_key_lenient_and_request_timeout(monkeypatch):
     monkeypatch.setenv("METAGEN_TEST_KEY", "s3cret")
-    with serve_process("--api-key-env", "METAGEN_TEST_KEY", "--lenient") as server:
+    with serve_process("--api-key-env", "METAGEN_TEST_KEY", "--lenient", "--request-timeout", "3") as server:
         assert '"ok"' in server.get("/health")
         with openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0) as client:
             with pytest.raises(openai.AuthenticationError) as raised:
@@ -146,6 +146,12 @@ def test_api_key_is_required_except_for_health_and_lenient_ignores_unknown_field
             with pytest.raises(openai.BadRequestError) as raised:  # lenient on names, not on values
                 client.completions.create(model=model, prompt="Hi", max_tokens=2, temperature=-1)
             assert raised.value.param == "temperature"
+            start = time.monotonic()
+            with pytest.raises(openai.InternalServerError) as raised:  # longer than --request-timeout 3
+                client.completions.create(model=model, prompt="Hi", max_tokens=5000, extra_body={"ignore_eos": True})
+            assert raised.value.status_code == 504 and raised.value.body["code"] == "request_timeout"
+            assert time.monotonic() - start < 30
+            assert client.completions.create(model=model, prompt="Hi", max_tokens=2).choices  # still answering
 
 
 def test_serve_refuses_bad_options_before_loading_the_model(monkeypatch, capsys):
@@ -157,5 +163,7 @@ def test_serve_refuses_bad_options_before_loading_the_model(monkeypatch, capsys)
     assert "METAGEN_UNSET_KEY: that environment variable is unset or empty" in capsys.readouterr().err
     assert main(["serve", "--max-rows", "0"]) == 2
     assert "--max-rows 0 must be >= 1" in capsys.readouterr().err
+    assert main(["serve", "--request-timeout", "0"]) == 2
+    assert "--request-timeout 0.0 must be > 0 seconds" in capsys.readouterr().err
     assert main(["serve", "--port", "70000"]) == 2
     assert "--port 70000 must be in [0, 65535]" in capsys.readouterr().err

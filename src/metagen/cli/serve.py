@@ -1,7 +1,8 @@
 """`metagen serve`: an OpenAI-compatible server over a local model (the embedded one by default).
 
     metagen serve [--model PATH] [--dtype] [--threads] [--host 127.0.0.1] [--port 8000]
-                  [--api-key-env VAR] [--max-rows 16] [--max-queue 64] [--lenient]
+                  [--api-key-env VAR] [--max-rows 16] [--max-queue 64] [--request-timeout SECONDS]
+                  [--lenient]
 
 Binds to 127.0.0.1 unless told otherwise. FastAPI and uvicorn come with the `serve` extra
 (`pip install 'metagen[serve]'`); they are imported only when the command runs.
@@ -29,6 +30,9 @@ def add_parser(commands) -> None:
                        help="most rows (sum of n over requests) decoded together (default 16)")
     serve.add_argument("--max-queue", type=int, default=64,
                        help="most requests waiting for rows; beyond it HTTP 429 with Retry-After (default 64)")
+    serve.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                       help="most seconds a request may take from its arrival, queueing included; beyond it HTTP "
+                            "504 (default: no limit)")
     serve.add_argument("--lenient", action="store_true",
                        help="ignore unknown request fields instead of answering 400 (listed in a response header)")
     serve.set_defaults(run=run)
@@ -42,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-rows {args.max_rows} must be >= 1")
     if args.max_queue < 0:
         raise ValueError(f"--max-queue {args.max_queue} must be >= 0")
+    if args.request_timeout is not None and not args.request_timeout > 0:
+        raise ValueError(f"--request-timeout {args.request_timeout} must be > 0 seconds")
     api_key = None
     if args.api_key_env is not None:
         api_key = os.environ.get(args.api_key_env)
@@ -59,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     model = common.load_model(args)
     engine = Engine(model, max_rows=args.max_rows, max_queue=args.max_queue)
     engine.start()
-    app = create_app(model, engine, api_key=api_key, lenient=args.lenient)
+    app = create_app(model, engine, api_key=api_key, lenient=args.lenient, request_timeout=args.request_timeout)
     print(f"metagen serve: {model.name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning",

@@ -60,8 +60,9 @@ class _CountRequests:
 
 
 def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bool = False,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """The application over a started `engine` running `model`."""
+               max_body_bytes: int = MAX_BODY_BYTES, request_timeout: float | None = None) -> FastAPI:
+    """The application over a started `engine` running `model`; `request_timeout`: seconds a
+    request may take from its arrival (None: no limit), else 504 (or an error chunk when streaming)."""
     app = FastAPI(title="metagen", docs_url=None, redoc_url=None, openapi_url=None)
     served_name = model.name
     texts = TokenTexts(model.tokenizer)
@@ -163,7 +164,8 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
             except RuntimeError:  # the loop is closed: the server is gone
                 pass
 
-        job = ServeRequest(parsed.prompt_ids, parsed.params, emit, echo=parsed.echo_text is not None)
+        job = ServeRequest(parsed.prompt_ids, parsed.params, emit, echo=parsed.echo_text is not None,
+                           timeout=request_timeout)
         try:
             engine.submit(job)
         except QueueFullError as error:
@@ -190,6 +192,9 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
         except asyncio.CancelledError:
             job.cancel()
             raise
+        if event.timed_out:
+            raise APIError(f"{event.error} (--request-timeout)", None, status=504, type="timeout",
+                           code="request_timeout")
         if event.error is not None:
             raise APIError(f"generation failed: {event.error}", None, status=500, type="server_error")
         return JSONResponse(full_response(parsed, job.completions, texts, job.prompt_records), headers=headers)
@@ -234,8 +239,9 @@ async def _sse(parsed: ParsedRequest, job: ServeRequest, events: asyncio.Queue, 
             if isinstance(event, DoneEvent):
                 done = True
                 if event.error is not None:
-                    yield _data({"error": {"message": f"generation failed: {event.error}", "type": "server_error",
-                                           "param": None, "code": None}})
+                    kind, code = ("timeout", "request_timeout") if event.timed_out else ("server_error", None)
+                    yield _data({"error": {"message": f"generation failed: {event.error}", "type": kind,
+                                           "param": None, "code": code}})
                 break
             assert isinstance(event, TokenEvent)
             generated += 1

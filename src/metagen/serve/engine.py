@@ -63,9 +63,11 @@ class TokenEvent:
 
 @dataclass
 class DoneEvent:
-    """Every row of the request has ended (`error` set: it failed, e.g. a processor emptied a row)."""
+    """Every row of the request has ended (`error` set: it failed, e.g. a processor emptied a row;
+    `timed_out`: it ran past its deadline and was stopped)."""
 
     error: str | None = None
+    timed_out: bool = False
 
 
 @dataclass
@@ -88,6 +90,7 @@ class ServeRequest:
     prompt_records: list[TokenRecord] | None = None  # records of prompt tokens 1..T-1 (echo)
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.monotonic)
+    timeout: float | None = None  # seconds from submission (queueing included); None: no limit
     # Engine-thread state (set on admission).
     chain: object = None
     generator: torch.Generator | None = None
@@ -97,6 +100,14 @@ class ServeRequest:
     def cancel(self) -> None:
         """Free the request's rows at the next step boundary (a client that went away)."""
         self.cancelled.set()
+
+    def stopped(self, now: float) -> DoneEvent | None:
+        """The event ending a request that was cancelled or ran out of time, else None."""
+        if self.cancelled.is_set():
+            return DoneEvent("cancelled")
+        if self.timeout is not None and now - self.submitted > self.timeout:
+            return DoneEvent(f"the request took longer than its {self.timeout:g} s timeout", timed_out=True)
+        return None
 
     @property
     def completions(self):
@@ -110,6 +121,7 @@ class EngineStats:
     requests_finished: int = 0
     requests_failed: int = 0
     requests_cancelled: int = 0
+    requests_timed_out: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
     steps: int = 0
@@ -205,11 +217,13 @@ class Engine:
     def _admit(self, pending: list[ServeRequest]) -> list[ServeRequest]:
         """Prefill the pending requests that fit (in arrival order); returns those still waiting."""
         still = []
+        now = time.monotonic()
         for request in pending:
-            if request.cancelled.is_set():
+            stopped = request.stopped(now)
+            if stopped is not None:
                 self._dequeued()
-                self.stats.requests_cancelled += 1
-                request.emit(DoneEvent("cancelled"))
+                self._count_stop(stopped)
+                request.emit(stopped)
                 continue
             if still or self._rows_in_use() + request.params.n > self.max_rows:
                 still.append(request)  # first come, first served: no overtaking
@@ -223,6 +237,12 @@ class Engine:
                 continue
             self._running.append(request)
         return still
+
+    def _count_stop(self, event: DoneEvent) -> None:
+        if event.timed_out:
+            self.stats.requests_timed_out += 1
+        else:
+            self.stats.requests_cancelled += 1
 
     def _dequeued(self) -> None:
         with self._lock:
@@ -273,13 +293,15 @@ class Engine:
         next_tokens: list[int] = []
         still_running: list[ServeRequest] = []
         start = 0
+        now = time.monotonic()
         for request in self._running:
             k = len(request.active)
             rows = range(start, start + k)
             start += k
-            if request.cancelled.is_set():
-                self.stats.requests_cancelled += 1
-                request.emit(DoneEvent("cancelled"))
+            stopped = request.stopped(now)
+            if stopped is not None:
+                self._count_stop(stopped)
+                request.emit(stopped)
                 continue
             try:
                 keep, tokens = self._sample(request)

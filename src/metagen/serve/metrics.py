@@ -3,7 +3,7 @@
     metagen_requests_total{endpoint, status}  HTTP requests answered, by endpoint and status code
     metagen_prompt_tokens_total               prompt tokens prefilled
     metagen_generation_tokens_total           tokens generated
-    metagen_requests_finished_total{outcome}  engine requests: finished / failed / cancelled
+    metagen_requests_finished_total{outcome}  engine requests: finished / failed / cancelled / timed_out
     metagen_queue_depth                       requests waiting for rows
     metagen_batch_rows                        rows in the running batch now
     metagen_running_requests                  requests in the running batch now
@@ -52,7 +52,8 @@ def render(engine: Engine, requests: RequestCounter) -> str:
     _metric(lines, "metagen_generation_tokens_total", "counter", "Tokens generated.", [("", stats.generated_tokens)])
     _metric(lines, "metagen_requests_finished_total", "counter", "Engine requests by outcome.",
             [('{outcome="finished"}', stats.requests_finished), ('{outcome="failed"}', stats.requests_failed),
-             ('{outcome="cancelled"}', stats.requests_cancelled)])
+             ('{outcome="cancelled"}', stats.requests_cancelled),
+             ('{outcome="timed_out"}', stats.requests_timed_out)])
     _metric(lines, "metagen_queue_depth", "gauge", "Requests waiting for rows.", [("", engine.queue_depth)])
     _metric(lines, "metagen_batch_rows", "gauge", "Rows in the running batch.", [("", stats.batch_rows)])
     _metric(lines, "metagen_running_requests", "gauge", "Requests in the running batch.",
