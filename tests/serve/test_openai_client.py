@@ -144,3 +144,19 @@ def test_echo_returns_the_prompt_with_its_log_probabilities(client, served_model
     with pytest.raises(openai.BadRequestError) as raised:
         client.completions.create(model=served_model, prompt=prompt, max_tokens=4, echo=True, stream=True)
     assert raised.value.param == "echo"
+
+
+def test_chat_stream_with_n_and_logprobs_matches_the_whole_answer(client, served_model):
+    kwargs = dict(model=served_model, messages=[{"role": "user", "content": "Say something."}], max_tokens=12,
+                  temperature=1.0, seed=21, n=2, logprobs=True, top_logprobs=1)
+    whole = client.chat.completions.create(**kwargs)
+    texts, logprobs = ["", ""], [[], []]
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.logprobs is not None:
+                logprobs[choice.index] += [entry.logprob for entry in choice.logprobs.content]
+    for choice in whole.choices:
+        assert texts[choice.index] == choice.message.content
+        assert logprobs[choice.index] == [entry.logprob for entry in choice.logprobs.content]
+    assert texts[0] != texts[1]
