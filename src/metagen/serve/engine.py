@@ -11,7 +11,9 @@ and its logits are the slice `logits[start_r : start_r + k_r]` (a view, no copy)
     for each request r (rows a..b):                         # per-request sampling state
         processed = chain_r.process(logits[a:b])            # its own SamplingParams / constraint
         tokens    = chain_r.choose(processed, generator_r)  # its own torch.Generator
-        chain_r.accept(tokens); row.push(...) per row       # the shared decoding core
+        chain_r.accept(tokens)
+    records = token_records(all rows at once)               # one batched log-softmax / top-k
+    row.push(token, record, chain_r.stop_verdict(b))        # per row: the shared decoding core
     cache.select(rows still running); chain_r.select(...)   # finished / cancelled rows leave
     logits = model.forward(cache, last tokens (B, 1))       # one decode forward for every row
 
@@ -289,12 +291,10 @@ class Engine:
 
     def _step(self) -> None:
         """Choose one token for every running row, drop the rows that ended, forward the rest."""
-        kept_rows: list[int] = []  # cache rows that go on
-        next_tokens: list[int] = []
-        still_running: list[ServeRequest] = []
-        start = 0
         now = time.monotonic()
-        for request in self._running:
+        chosen: list[tuple[ServeRequest, range, torch.Tensor, torch.Tensor]] = []
+        start = 0
+        for request in self._running:  # 1. per request: its chain on its rows, its generator
             k = len(request.active)
             rows = range(start, start + k)
             start += k
@@ -304,11 +304,21 @@ class Engine:
                 request.emit(stopped)
                 continue
             try:
-                keep, tokens = self._sample(request)
+                processed, tokens = self._choose(request)
             except Exception as error:  # noqa: BLE001 - fail this request only
                 self.stats.requests_failed += 1
                 request.emit(DoneEvent(f"{type(error).__name__}: {error}"))
                 continue
+            chosen.append((request, rows, processed, tokens))
+        records = self._records(chosen)  # 2. the records of every chosen token, batched
+        kept_rows: list[int] = []  # cache rows that go on
+        next_tokens: list[int] = []
+        still_running: list[ServeRequest] = []
+        offset = 0
+        for request, rows, _, tokens in chosen:  # 3. per row: the shared core's Row, events
+            k = len(rows)
+            keep, chosen_ids = self._push(request, tokens, records[offset:offset + k])
+            offset += k
             if not keep:
                 self.stats.requests_finished += 1
                 request.emit(DoneEvent())
@@ -317,7 +327,7 @@ class Engine:
                 request.chain.select(torch.tensor(keep, dtype=torch.long))
                 request.active = [request.active[b] for b in keep]
             kept_rows += [rows[b] for b in keep]
-            next_tokens += [tokens[b] for b in keep]
+            next_tokens += [chosen_ids[b] for b in keep]
             still_running.append(request)
         self._running = still_running
         cache = self._cache
@@ -345,14 +355,43 @@ class Engine:
             request.logits = out.logits[start:start + k]  # (k, V) view
             start += k
 
-    def _sample(self, request: ServeRequest) -> tuple[list[int], list[int]]:
-        """One token for each of the request's rows (as `sample_loop.stream` does); returns the
-        positions of its rows that go on, and the chosen tokens."""
-        chain, params, logits = request.chain, request.params, request.logits
-        processed = chain.process(logits)
+    @staticmethod
+    def _choose(request: ServeRequest) -> tuple[torch.Tensor, torch.Tensor]:
+        """The request's processed logits `(k, V)` and chosen tokens `(k,)` for its rows, its
+        processors advanced (`sample_loop.stream`'s process -> choose -> accept)."""
+        chain = request.chain
+        processed = chain.process(request.logits)
         tokens = chain.choose(processed, request.generator)
         chain.accept(tokens)
-        records = token_records(logits, tokens, None if params.greedy else processed, params.logprobs or 0)
+        return processed, tokens
+
+    @staticmethod
+    def _records(chosen: list[tuple[ServeRequest, range, torch.Tensor, torch.Tensor]]) -> list[TokenRecord]:
+        """`token_records` of every row of every request in one batched call (row-wise math, so
+        the same values as one call per request): greedy rows get sampled log-prob 0 (a point
+        mass) and each row keeps its own request's number of top log-probs."""
+        if not chosen:
+            return []
+        num_top = max(request.params.logprobs or 0 for request, *_ in chosen)
+        logits = torch.cat([request.logits for request, *_ in chosen])  # (B, V)
+        processed = torch.cat([processed for _, _, processed, _ in chosen])  # (B, V)
+        tokens = torch.cat([tokens for *_, tokens in chosen])  # (B,)
+        records = token_records(logits, tokens, processed, num_top)
+        offset = 0
+        for request, rows, _, _ in chosen:
+            own_top = request.params.logprobs or 0
+            if request.params.greedy or own_top != num_top:
+                for b in range(offset, offset + len(rows)):
+                    record = records[b]
+                    top = None if not own_top else dict(list(record.top.items())[:own_top])
+                    records[b] = record._replace(sampled=0.0 if request.params.greedy else record.sampled, top=top)
+            offset += len(rows)
+        return records
+
+    def _push(self, request: ServeRequest, tokens: torch.Tensor, records: list[TokenRecord]) -> tuple[list[int], list[int]]:
+        """Push each row's token into its `Row` and emit it; returns the positions of the rows that
+        go on, and the chosen ids."""
+        chain = request.chain
         chosen = tokens.tolist()
         keep = []
         for b, (index, token) in enumerate(zip(request.active, chosen)):
