@@ -104,9 +104,10 @@ def _wait_for(condition, seconds: float = 60) -> None:
 def test_full_queue_is_429_and_a_client_that_leaves_frees_its_rows():
     """One row, one queue place: a long stream runs, one request waits, the next is refused with
     429 and Retry-After; closing the stream frees the row and the waiting request completes."""
-    with serve_process("--max-rows", "1", "--max-queue", "1") as server:
+    with serve_process("--max-rows", "1", "--max-queue", "1", "--served-model-name", "smol") as server:
         with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
             model = client.models.list().data[0].id
+            assert model == "smol"
             long = client.completions.create(model=model, prompt="Once", max_tokens=4000, temperature=1.0,
                                              extra_body={"ignore_eos": True}, stream=True)
             next(iter(long))  # the row is decoding

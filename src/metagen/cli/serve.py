@@ -1,6 +1,7 @@
 """`metagen serve`: an OpenAI-compatible server over a local model (the embedded one by default).
 
     metagen serve [--model PATH] [--dtype] [--threads] [--host 127.0.0.1] [--port 8000]
+                  [--served-model-name NAME]
                   [--api-key-env VAR] [--max-rows 16] [--max-queue 64] [--request-timeout SECONDS]
                   [--lenient]
 
@@ -24,6 +25,8 @@ def add_parser(commands) -> None:
     common.add_model_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--served-model-name", default=None, metavar="NAME",
+                       help="the model id clients use (default: the model's own name)")
     serve.add_argument("--api-key-env", default=None, metavar="VAR",
                        help="require `Authorization: Bearer <key>` with the key read from environment variable VAR")
     serve.add_argument("--max-rows", type=int, default=16,
@@ -46,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-rows {args.max_rows} must be >= 1")
     if args.max_queue < 0:
         raise ValueError(f"--max-queue {args.max_queue} must be >= 0")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise ValueError("--served-model-name must not be empty")
     if args.request_timeout is not None and not args.request_timeout > 0:
         raise ValueError(f"--request-timeout {args.request_timeout} must be > 0 seconds")
     api_key = None
@@ -65,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
     model = common.load_model(args)
     engine = Engine(model, max_rows=args.max_rows, max_queue=args.max_queue)
     engine.start()
-    app = create_app(model, engine, api_key=api_key, lenient=args.lenient, request_timeout=args.request_timeout)
-    print(f"metagen serve: {model.name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    name = args.served_model_name or model.name
+    app = create_app(model, engine, api_key=api_key, lenient=args.lenient, request_timeout=args.request_timeout,
+                     served_name=name)
+    print(f"metagen serve: {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
                     timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)

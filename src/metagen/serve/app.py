@@ -60,11 +60,13 @@ class _CountRequests:
 
 
 def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bool = False,
-               max_body_bytes: int = MAX_BODY_BYTES, request_timeout: float | None = None) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, request_timeout: float | None = None,
+               served_name: str | None = None) -> FastAPI:
     """The application over a started `engine` running `model`; `request_timeout`: seconds a
-    request may take from its arrival (None: no limit), else 504 (or an error chunk when streaming)."""
+    request may take from its arrival (None: no limit), else 504 (or an error chunk when streaming);
+    `served_name`: the model id clients send (default `model.name`)."""
     app = FastAPI(title="metagen", docs_url=None, redoc_url=None, openapi_url=None)
-    served_name = model.name
+    served_name = served_name or model.name
     texts = TokenTexts(model.tokenizer)
     counter = metrics.RequestCounter()
     app.add_middleware(_CountRequests, counter=counter)
