@@ -168,3 +168,14 @@ def test_serve_refuses_bad_options_before_loading_the_model(monkeypatch, capsys)
     assert "--request-timeout 0.0 must be > 0 seconds" in capsys.readouterr().err
     assert main(["serve", "--port", "70000"]) == 2
     assert "--port 70000 must be in [0, 65535]" in capsys.readouterr().err
+
+
+def test_a_non_streaming_client_that_leaves_frees_its_rows(server):
+    cancelled = server.metric('metagen_requests_finished_total{outcome="cancelled"}')
+    body = json.dumps({"prompt": "Once", "max_tokens": 4000, "ignore_eos": True}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
+        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        _wait_for(lambda: server.metric("metagen_batch_rows") >= 1)
+    _wait_for(lambda: server.metric('metagen_requests_finished_total{outcome="cancelled"}') == cancelled + 1)
+    _wait_for(lambda: server.metric("metagen_batch_rows") == 0)

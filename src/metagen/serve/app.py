@@ -181,16 +181,19 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
             return StreamingResponse(_sse(parsed, job, events, texts), media_type="text/event-stream",
                                      headers=headers)
         try:
+            checked = loop.time()
             while True:
                 try:
                     event = await asyncio.wait_for(events.get(), DISCONNECT_POLL)
                 except asyncio.TimeoutError:
+                    event = None
+                if isinstance(event, DoneEvent):
+                    break
+                if loop.time() - checked >= DISCONNECT_POLL:  # tokens keep coming: check by the clock
+                    checked = loop.time()
                     if await request.is_disconnected():
                         job.cancel()
                         return JSONResponse({}, status_code=499)
-                    continue
-                if isinstance(event, DoneEvent):
-                    break
         except asyncio.CancelledError:
             job.cancel()
             raise
