@@ -12,7 +12,7 @@ import pytest
 from metagen.decoding import generate
 from metagen.decoding.prompts import encode_prompt
 from metagen.sampling import SamplingParams
-from metagen.serve.engine import DoneEvent, Engine, QueueFullError, ServeRequest, TokenEvent
+from metagen.serve.engine import DoneEvent, Engine, EngineStoppedError, QueueFullError, ServeRequest, TokenEvent
 
 pytestmark = pytest.mark.slow
 
@@ -122,3 +122,22 @@ def test_bounds(model):
     assert engine.queue_depth == 1
     with pytest.raises(ValueError, match="max_rows=0"):
         Engine(model, max_rows=0)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the fault is re-raised
+def test_a_fault_in_the_engine_loop_answers_everyone_and_refuses_new_requests(model, monkeypatch):
+    engine = Engine(model, max_rows=4, max_queue=4)
+
+    def broken_step():
+        raise RuntimeError("broken step")
+
+    monkeypatch.setattr(engine, "_step", broken_step)
+    request, events = _request(model, "Hi", SamplingParams(max_tokens=5))
+    engine.submit(request)
+    engine.start()
+    assert events.done.wait(30)
+    assert events.events[-1] == DoneEvent("the engine stopped: RuntimeError: broken step")
+    engine._thread.join(10)
+    assert not engine.alive
+    with pytest.raises(EngineStoppedError, match="broken step"):
+        engine.submit(_request(model, "Hi", SamplingParams())[0])

@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from metagen.serve import metrics
-from metagen.serve.engine import DoneEvent, Engine, QueueFullError, ServeRequest, TokenEvent
+from metagen.serve.engine import DoneEvent, Engine, EngineStoppedError, QueueFullError, ServeRequest, TokenEvent
 from metagen.serve.protocol import APIError, ParsedRequest, parse_request
 from metagen.serve.responses import ChunkWriter, TokenTexts, full_response
 
@@ -174,6 +174,9 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
             raise APIError(f"the server is busy: {error}; retry after {RETRY_AFTER_SECONDS} s", None, status=429,
                            type="rate_limit_error", code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+        except EngineStoppedError as error:
+            raise APIError(f"the server cannot generate: {error}", None, status=503, type="server_error",
+                           code="engine_stopped") from None
         except ValueError as error:
             raise APIError(str(error), "n") from None
         headers = {"X-Metagen-Ignored-Fields": ",".join(parsed.ignored)} if parsed.ignored else {}

@@ -52,6 +52,10 @@ class QueueFullError(RuntimeError):
     """The engine's queue holds `max_queue` waiting requests: try again later."""
 
 
+class EngineStoppedError(RuntimeError):
+    """The engine thread has ended (shut down, or a fault in its loop): no request can run."""
+
+
 @dataclass
 class TokenEvent:
     """One chosen token of completion `index` and the text it made safe to show."""
@@ -155,6 +159,7 @@ class Engine:
         self._running: list[ServeRequest] = []
         self._cache = None
         self._stopping = False
+        self._dead: str | None = None  # why the engine thread ended, once it has
         self._thread = threading.Thread(target=self._run, name="metagen-engine", daemon=True)
 
     # ------------------------------------------------------------------ any thread
@@ -184,6 +189,8 @@ class Engine:
         its n exceeds max_rows (it could never be admitted)."""
         if request.params.n > self.max_rows:
             raise ValueError(f"n={request.params.n} is more than the server's --max-rows {self.max_rows}")
+        if self._dead is not None:
+            raise EngineStoppedError(self._dead)
         with self._lock:
             if self._waiting_count >= self.max_queue:
                 raise QueueFullError(f"{self._waiting_count} requests are waiting (--max-queue {self.max_queue})")
@@ -194,24 +201,39 @@ class Engine:
 
     def _run(self) -> None:
         pending: list[ServeRequest] = []  # taken from the queue, waiting for rows
-        while not self._stopping:
-            block = not self._running and not pending
-            try:
-                while True:
-                    item = self._waiting.get(block=block)
-                    block = False
-                    if item is None:
-                        break
+        reason = "the server is shutting down"
+        try:
+            while not self._stopping:
+                block = not self._running and not pending
+                try:
+                    while True:
+                        item = self._waiting.get(block=block)
+                        block = False
+                        if item is None:
+                            break
+                        pending.append(item)
+                except queue.Empty:
+                    pass
+                if self._stopping:
+                    break
+                pending = self._admit(pending)
+                if self._running:
+                    self._step()
+        except BaseException as error:  # a bug in the loop itself: nobody may be left waiting
+            reason = f"the engine stopped: {type(error).__name__}: {error}"
+            raise
+        finally:
+            self._dead = reason
+            while True:  # requests still queued get their answer too
+                try:
+                    item = self._waiting.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
                     pending.append(item)
-            except queue.Empty:
-                pass
-            if self._stopping:
-                break
-            pending = self._admit(pending)
-            if self._running:
-                self._step()
-        for request in pending + self._running:
-            request.emit(DoneEvent("the server is shutting down"))
+            for request in pending + self._running:
+                request.emit(DoneEvent(reason))
+            self._running = []
 
     def _rows_in_use(self) -> int:
         return sum(len(request.active) for request in self._running)
