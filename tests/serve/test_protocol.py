@@ -68,6 +68,9 @@ def test_chat_fields(model):
     ({"prompt": "Hi", "structured_outputs": {"regexp": "a"}}, False, "structured_outputs", "unknown fields"),
     ({"prompt": "Hi", "model": "other"}, False, "model", "not served here"),
     ({"prompt": "Hi", "n": 9}, False, "n", "--max-rows 8"),
+    ({"prompt": "Hi", "mirostat_mode": 1, "mirostat_tau": 5.0}, False, "mirostat_mode", "0 (off) or 2"),
+    ({"prompt": "Hi", "mirostat_mode": 2}, False, "mirostat_mode", "needs mirostat_tau"),
+    ({"prompt": "Hi", "mirostat_mode": 0, "mirostat_tau": 5.0}, False, "mirostat_mode", "drop mirostat_tau"),
 ])
 def test_refusals_name_the_field(model, body, chat, param, message):
     error = refusal(model, body, chat)

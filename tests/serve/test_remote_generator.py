@@ -33,5 +33,8 @@ def test_openai_generator_over_metagen_serve(server, model):
         constrained = generator.generate("Pick one:", SamplingParams(temperature=0, max_tokens=5,
                                                                      structured_outputs={"choice": ["yes", "no"]}))
         assert constrained.completions[0].text in ("yes", "no")
+        mirostat = SamplingParams(mirostat_tau=3.0, mirostat_eta=0.2, seed=5, max_tokens=10)
+        assert generator.generate("Once upon a time", mirostat).completions[0].token_ids == \
+            generate(model, "Once upon a time", mirostat, chat=False).completions[0].token_ids
     finally:
         generator.close()

@@ -13,8 +13,8 @@ prompt and its log-probabilities before each completion; not with stream), `suff
 `best_of` equal to n only, the other values refused by name), every other
 `SamplingParams` field under its own name (top_k, min_p, typical_p, epsilon_cutoff, eta_cutoff,
 repetition_penalty, no_repeat_ngram_size, mirostat_tau, mirostat_eta, stop_token_ids,
-ignore_eos, structured_outputs) and vLLM's `return_tokens_as_token_ids` (logprob tokens as
-"token_id:<id>"). A null value means "not given". Defaults: max_tokens 16 on completions (OpenAI's),
+ignore_eos, structured_outputs), vLLM's `return_tokens_as_token_ids` (logprob tokens as
+"token_id:<id>") and llama.cpp's `mirostat_mode` (0, or 2 together with mirostat_tau). A null value means "not given". Defaults: max_tokens 16 on completions (OpenAI's),
 the rest of the context on chat.
 """
 
@@ -33,7 +33,8 @@ SAMPLING_FIELDS = (
     "frequency_penalty", "presence_penalty", "no_repeat_ngram_size", "logit_bias", "mirostat_tau", "mirostat_eta",
     "seed", "stop", "stop_token_ids", "ignore_eos", "n", "structured_outputs", "response_format",
 )
-COMMON_FIELDS = ("model", "stream", "stream_options", "user", "max_tokens", "return_tokens_as_token_ids")
+COMMON_FIELDS = ("model", "stream", "stream_options", "user", "max_tokens", "return_tokens_as_token_ids",
+                 "mirostat_mode")
 COMPLETION_FIELDS = frozenset(SAMPLING_FIELDS + COMMON_FIELDS + ("prompt", "logprobs", "echo", "suffix", "best_of"))
 CHAT_FIELDS = frozenset(SAMPLING_FIELDS + COMMON_FIELDS + ("messages", "logprobs", "top_logprobs",
                                                             "max_completion_tokens"))
@@ -105,6 +106,14 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
     token_strings = _bool(body, "return_tokens_as_token_ids", False)
     names = {field: field for field in SAMPLING_FIELDS}  # SamplingParams field -> request field
     values = {field: body[field] for field in SAMPLING_FIELDS if field in body}
+    if "mirostat_mode" in body:  # llama.cpp's switch: 2 = Mirostat 2.0 with mirostat_tau, 0 = off
+        mode = body["mirostat_mode"]
+        if mode not in (0, 2) or isinstance(mode, bool):
+            raise APIError(f"mirostat_mode={mode!r} must be 0 (off) or 2 (Mirostat 2.0; version 1 is not "
+                           "implemented)", "mirostat_mode")
+        if (mode == 2) != ("mirostat_tau" in body):
+            raise APIError(f"mirostat_mode={mode} " + ("needs mirostat_tau" if mode == 2 else
+                                                       "turns mirostat off: drop mirostat_tau"), "mirostat_mode")
     if "logit_bias" in values:
         values["logit_bias"] = _logit_bias(values["logit_bias"])
     if chat:
