@@ -54,11 +54,14 @@ def test_requests_joining_a_running_batch_equal_the_sampling_loop_alone(model, e
         ("1, 2, 3,", SamplingParams(temperature=1.0, min_p=0.1, seed=2, max_tokens=20, n=3)),
     ]
     submitted = []
-    for prompt, params in cases:  # each joins while the earlier ones are mid-decode
+    for prompt, params in cases:  # each joins once the one before it has started decoding
         request, collector = _request(model, prompt, params)
         engine.submit(request)
         submitted.append((request, collector))
-        time.sleep(0.15)
+        deadline = time.monotonic() + 60
+        while not collector.events:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
     for request, collector in submitted:
         assert collector.done.wait(120)
         assert collector.events[-1] == DoneEvent()
