@@ -104,10 +104,15 @@ def test_sampling_params_fields():
 
 
 def test_import_stays_light():
-    # Neither `import metagen` nor building plain SamplingParams imports llguidance.
+    # Neither `import metagen` nor building plain SamplingParams imports llguidance; neither the
+    # package, the server's engine and protocol nor the CLI's parser (serve included) imports
+    # the serve extra (fastapi, uvicorn) or an HTTP client.
     code = ("import sys, metagen; from metagen.sampling import SamplingParams; SamplingParams(temperature=0.5); "
-            "import metagen.structured; print('llguidance' in sys.modules)")
+            "import metagen.structured, metagen.serve, metagen.serve.engine, metagen.serve.protocol, metagen.cli; "
+            "metagen.cli.build_parser(); "
+            "print([name for name in ('llguidance', 'fastapi', 'starlette', 'uvicorn', 'httpx', 'openai') "
+            "if name in sys.modules])")
     src = str(Path(metagen.__file__).parents[1])
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"}, check=True)
-    assert result.stdout.strip() == "False"
+    assert result.stdout.strip() == "[]"

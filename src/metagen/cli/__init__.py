@@ -14,10 +14,10 @@ import os
 import sys
 
 from metagen.cli import eval as evaluation
-from metagen.cli import generate, info, task, theory, train_adapter
+from metagen.cli import generate, info, serve, task, theory, train_adapter
 from metagen.cli.args import check_threads
 
-_COMMANDS = (generate, evaluation, task, train_adapter, theory, info)  # in the order `metagen --help` lists them
+_COMMANDS = (generate, evaluation, serve, task, train_adapter, theory, info)  # in the order `metagen --help` lists them
 
 
 def use_spinning_threads() -> None:

@@ -43,6 +43,7 @@ KINDS = {  # engine -> the kinds it takes
     "sglang": ("json", "json_object", "regex", "choice", "grammar"),
     "llama.cpp": ("json", "json_object", "choice", "grammar"),
     "openai": ("json", "json_object"),
+    "metagen": ("json", "json_object", "regex", "choice", "grammar"),
 }
 _REASONS = {
     ("llama.cpp", "regex"): "llama.cpp takes GBNF grammars, which have no regular expressions, and a regex "
@@ -73,7 +74,7 @@ def constraint_fields(spec: StructuredOutputs | None, engine_name: str, endpoint
         reason = _REASONS.get((engine_name, kind), "it has no request field for it")
         raise ValueError(f"{spec.kind_field} is not supported by {engine_name}'s OpenAI-compatible server "
                          f"({reason}); use a local model or another backend")
-    if kind == "grammar" and engine_name != "vllm" and spec.grammar_syntax != "gbnf":
+    if kind == "grammar" and engine_name not in ("vllm", "metagen") and spec.grammar_syntax != "gbnf":
         raise ValueError(f"{spec.kind_field} is a Lark grammar, which {engine_name}'s server does not take: it "
                          "takes GBNF (rules written `name ::= ...`, start rule `root`)")
     return _BUILDERS[engine_name](spec, endpoint)
@@ -144,4 +145,11 @@ def gbnf_literal(text: str) -> str:
     return f'"{body}"'
 
 
-_BUILDERS = {"vllm": _vllm, "sglang": _sglang, "llama.cpp": _llama_cpp, "openai": _openai}
+def _metagen(spec: StructuredOutputs, endpoint: str) -> dict[str, object]:
+    """`metagen serve` takes the spec's own fields (both endpoints, every kind, Lark or GBNF)."""
+    value: object = {"json": spec.schema, "json_object": True, "regex": spec.regex,
+                     "choice": list(spec.choice or ()), "grammar": spec.grammar}[spec.kind]
+    return {"structured_outputs": {spec.kind: value, "max_whitespace": spec.max_whitespace}}
+
+
+_BUILDERS = {"vllm": _vllm, "sglang": _sglang, "llama.cpp": _llama_cpp, "openai": _openai, "metagen": _metagen}

@@ -102,6 +102,15 @@ ENGINES = {
         },
         notes="llama-cpp-python's server drops n and has no stop_token_ids, ignore_eos or typical_p"),
     "openai": Engine("openai", dict(OPENAI_FIELDS), owned_by=("openai", "system", "openai-internal")),
+    # `metagen serve` takes every SamplingParams field under its own name, and mirostat in
+    # llama.cpp's form (mirostat_mode=2 with mirostat_tau / mirostat_eta).
+    "metagen": Engine(
+        "metagen",
+        {name: name for name in ("temperature", "top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff",
+                                 "eta_cutoff", "repetition_penalty", "frequency_penalty", "presence_penalty",
+                                 "no_repeat_ngram_size", "logit_bias", "seed", "max_tokens", "stop",
+                                 "stop_token_ids", "ignore_eos")},
+        {"return_tokens_as_token_ids": True}, mirostat=True, owned_by=("metagen",)),
 }
 
 

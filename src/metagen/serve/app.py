@@ -1,0 +1,266 @@
+"""The HTTP face of the engine: a FastAPI application (the `serve` extra; imported only here).
+
+    GET  /health                 200 {"status": "ok"} while the engine thread runs (no API key)
+    GET  /v1/models              the one served model (owned_by "metagen", max_model_len)
+    POST /v1/completions         text or token-id prompt
+    POST /v1/chat/completions    messages through the model's chat template
+    POST /tokenize, /detokenize  the served tokenizer (vLLM's shapes)
+    GET  /metrics                Prometheus text (metrics.py)
+
+Bodies are read and checked here, not by a schema library, so that every refusal is OpenAI's
+error body naming the field (protocol.py): a body over `max_body_bytes` is 413, one that is not
+JSON 400, a full queue 429 with Retry-After. With an API key, every endpoint but /health needs
+`Authorization: Bearer <key>`, compared in constant time (`hmac.compare_digest`).
+
+Streams are Server-Sent Events (`data: {chunk}` ... `data: [DONE]`). A streaming client that
+goes away cancels its request (the response generator is closed); a waiting non-streaming one
+is noticed within `DISCONNECT_POLL` seconds. Either way its rows leave the batch at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from metagen.serve import metrics
+from metagen.serve.engine import DoneEvent, Engine, EngineStoppedError, QueueFullError, ServeRequest, TokenEvent
+from metagen.serve.protocol import APIError, ParsedRequest, parse_request
+from metagen.serve.responses import ChunkWriter, TokenTexts, full_response
+
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full context of text is far smaller
+DISCONNECT_POLL = 0.5  # seconds between checks that a waiting non-streaming client is still there
+RETRY_AFTER_SECONDS = 1
+
+
+class _CountRequests:
+    """Pure ASGI middleware counting answered requests by path and status (streams untouched)."""
+
+    def __init__(self, app, counter: metrics.RequestCounter) -> None:
+        self.app, self.counter = app, counter
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = 500
+
+        async def counting_send(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            self.counter.add(scope["path"], status)
+
+
+def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bool = False,
+               max_body_bytes: int = MAX_BODY_BYTES, request_timeout: float | None = None,
+               served_name: str | None = None) -> FastAPI:
+    """The application over a started `engine` running `model`; `request_timeout`: seconds a
+    request may take from its arrival (None: no limit), else 504 (or an error chunk when streaming);
+    `served_name`: the model id clients send (default `model.name`)."""
+    app = FastAPI(title="metagen", docs_url=None, redoc_url=None, openapi_url=None)
+    served_name = served_name or model.name
+    texts = TokenTexts(model.tokenizer)
+    counter = metrics.RequestCounter()
+    app.add_middleware(_CountRequests, counter=counter)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError):
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    def check_key(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), api_key.encode()):
+            raise APIError("missing or wrong API key (send Authorization: Bearer <key>)", None, status=401,
+                           type="authentication_error", code="invalid_api_key")
+
+    async def read_json(request: Request) -> object:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+            raise APIError(f"the request body has {declared} bytes, more than the limit of {max_body_bytes}",
+                           None, status=413, code="request_too_large")
+        body = bytearray()
+        async for piece in request.stream():
+            body += piece
+            if len(body) > max_body_bytes:
+                raise APIError(f"the request body is larger than the limit of {max_body_bytes} bytes", None,
+                               status=413, code="request_too_large")
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise APIError(f"the request body is not valid JSON: {error}", None) from None
+
+    @app.get("/health")
+    async def health():
+        if not engine.alive:
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        check_key(request)
+        return {"object": "list", "data": [{"id": served_name, "object": "model", "created": 0,
+                                            "owned_by": "metagen", "max_model_len": model.max_context}]}
+
+    @app.get("/metrics")
+    async def prometheus(request: Request):
+        check_key(request)
+        return PlainTextResponse(metrics.render(engine, counter), media_type="text/plain; version=0.0.4")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        check_key(request)
+        body = await read_json(request)
+        if not isinstance(body, dict) or ("prompt" in body) == ("messages" in body):
+            raise APIError("give exactly one of prompt (text) or messages", "prompt")
+        _only(body, {"model", "prompt", "messages", "add_special_tokens"})
+        _check_model(body, served_name)
+        if "messages" in body:
+            parsed = parse_request({"messages": body["messages"]}, chat=True, model=model, served_name=served_name,
+                                   max_rows=engine.max_rows)
+            ids = parsed.prompt_ids
+        else:
+            prompt, special = body["prompt"], body.get("add_special_tokens", True)
+            if not isinstance(prompt, str):
+                raise APIError("prompt must be a string", "prompt")
+            if not isinstance(special, bool):
+                raise APIError("add_special_tokens must be true or false", "add_special_tokens")
+            ids = model.tokenizer.encode(prompt, add_special_tokens=special)
+        return {"tokens": ids, "count": len(ids), "max_model_len": model.max_context}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        check_key(request)
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise APIError("the request body must be a JSON object", None)
+        _only(body, {"model", "tokens"})
+        _check_model(body, served_name)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < model.vocab_size for t in tokens):
+            raise APIError(f"tokens must be a list of token ids in [0, {model.vocab_size})", "tokens")
+        return {"prompt": model.tokenizer.decode(tokens)}
+
+    async def generate(request: Request, chat: bool):
+        check_key(request)
+        body = await read_json(request)
+        parsed = parse_request(body, chat=chat, model=model, served_name=served_name, max_rows=engine.max_rows,
+                               lenient=lenient)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def emit(event) -> None:  # engine thread -> this request's queue on the server's loop
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+            except RuntimeError:  # the loop is closed: the server is gone
+                pass
+
+        job = ServeRequest(parsed.prompt_ids, parsed.params, emit, echo=parsed.echo_text is not None,
+                           timeout=request_timeout)
+        try:
+            engine.submit(job)
+        except QueueFullError as error:
+            raise APIError(f"the server is busy: {error}; retry after {RETRY_AFTER_SECONDS} s", None, status=429,
+                           type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+        except EngineStoppedError as error:
+            raise APIError(f"the server cannot generate: {error}", None, status=503, type="server_error",
+                           code="engine_stopped") from None
+        except ValueError as error:
+            raise APIError(str(error), "n") from None
+        headers = {"X-Metagen-Ignored-Fields": ",".join(parsed.ignored)} if parsed.ignored else {}
+        if parsed.stream:
+            return StreamingResponse(_sse(parsed, job, events, texts), media_type="text/event-stream",
+                                     headers=headers)
+        try:
+            checked = loop.time()
+            while True:
+                try:
+                    event = await asyncio.wait_for(events.get(), DISCONNECT_POLL)
+                except asyncio.TimeoutError:
+                    event = None
+                if isinstance(event, DoneEvent):
+                    break
+                if loop.time() - checked >= DISCONNECT_POLL:  # tokens keep coming: check by the clock
+                    checked = loop.time()
+                    if await request.is_disconnected():
+                        job.cancel()
+                        return JSONResponse({}, status_code=499)
+        except asyncio.CancelledError:
+            job.cancel()
+            raise
+        if event.timed_out:
+            raise APIError(f"{event.error} (--request-timeout)", None, status=504, type="timeout",
+                           code="request_timeout")
+        if event.error is not None:
+            raise APIError(f"generation failed: {event.error}", None, status=500, type="server_error")
+        return JSONResponse(full_response(parsed, job.completions, texts, job.prompt_records), headers=headers)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, chat=True)
+
+    return app
+
+
+def _only(body: dict, allowed: set[str]) -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise APIError(f"unknown field {unknown[0]!r}: allowed are {sorted(allowed)}", unknown[0])
+
+
+def _check_model(body: dict, served_name: str) -> None:
+    if body.get("model", served_name) != served_name:
+        raise APIError(f"model {body['model']!r} is not served here: this server serves {served_name!r}", "model",
+                       status=404, code="model_not_found")
+
+
+def _data(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def _sse(parsed: ParsedRequest, job: ServeRequest, events: asyncio.Queue, texts: TokenTexts):
+    """The request's events as SSE chunks; closing the generator (client gone) cancels the job."""
+    writer = ChunkWriter(parsed, texts)
+    done = False
+    generated = 0
+    try:
+        if parsed.chat:
+            yield _data(writer.roles())
+        while True:
+            event = await events.get()
+            if isinstance(event, DoneEvent):
+                done = True
+                if event.error is not None:
+                    kind, code = ("timeout", "request_timeout") if event.timed_out else ("server_error", None)
+                    yield _data({"error": {"message": f"generation failed: {event.error}", "type": kind,
+                                           "param": None, "code": code}})
+                break
+            assert isinstance(event, TokenEvent)
+            generated += 1
+            if not event.text and event.finish_reason is None and not parsed.logprobs:
+                continue  # nothing to show yet (text held back by the detokenizer or a stop string)
+            stop_reason = job.rows[event.index].completion.stop_reason if event.finish_reason else None
+            yield _data(writer.token(event.index, event.text, event.token_id, event.record, event.finish_reason,
+                                     stop_reason))
+        if parsed.include_usage:
+            yield _data(writer.usage(len(parsed.prompt_ids), generated))
+        yield "data: [DONE]\n\n"
+    finally:
+        if not done:
+            job.cancel()

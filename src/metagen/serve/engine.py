@@ -1,0 +1,432 @@
+"""The serving engine: one thread owns the model and one KV cache and runs continuous batching.
+
+Requests join and leave the running batch at step boundaries. The cache's rows are grouped by
+request, in admission order, so request r owns the contiguous rows `[start_r, start_r + k_r)`
+and its logits are the slice `logits[start_r : start_r + k_r]` (a view, no copy). One step:
+
+    admit waiting requests while rows are free:            # each prefilled alone (below)
+        snapshot the running rows; cache.reset(1)
+        out = model.forward(cache, [prompt_ids])            # the prompt's own forward, (1, V)
+        cache.restore(running + [prompt row] * n)           # page-table ints, no K/V copy
+    for each request r (rows a..b):                         # per-request sampling state
+        processed = chain_r.process(logits[a:b])            # its own SamplingParams / constraint
+        tokens    = chain_r.choose(processed, generator_r)  # its own torch.Generator
+        chain_r.accept(tokens)
+    records = token_records(all rows at once)               # one batched log-softmax / top-k
+    row.push(token, record, chain_r.stop_verdict(b))        # per row: the shared decoding core
+    cache.select(rows still running); chain_r.select(...)   # finished / cancelled rows leave
+    logits = model.forward(cache, last tokens (B, 1))       # one decode forward for every row
+
+Each request goes through exactly the steps `decoding.sample_loop.stream` takes alone: the same
+prefill (a 1-row forward of the prompt), the same chain (`request_chain`) and the same
+generator draws in the same order (one `torch.Generator` per request, drawing for that request's
+rows only), so a request's output does not depend on its batch companions except through the
+floating-point rounding of a batched forward. Prefilling each prompt alone keeps its prefill
+bit-identical to a run alone; a mixed prefill + decode forward would pad it.
+
+Cost per step: one forward of B rows × 1 token plus one forward per admitted prompt; the
+per-request work is O(k_r · V) for the chain and the records.
+
+Thread model: `submit` (any thread) puts a `ServeRequest` in a bounded queue; the engine thread
+is the only one touching the model, the cache, the chains and the rows. Events go back through
+`ServeRequest.emit`, a callback the caller provides (the HTTP layer hands them to its event
+loop). `cancel()` from any thread marks a request; its rows leave at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from metagen.decoding.memory import check_batch_fits
+from metagen.decoding.rows import Row, StopRules, TokenRecord, request_chain, token_records
+from metagen.sampling import SamplingParams
+
+
+class QueueFullError(RuntimeError):
+    """The engine's queue holds `max_queue` waiting requests: try again later."""
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine thread has ended (shut down, or a fault in its loop): no request can run."""
+
+
+@dataclass
+class TokenEvent:
+    """One chosen token of completion `index` and the text it made safe to show."""
+
+    index: int
+    text: str
+    token_id: int
+    record: TokenRecord
+    finish_reason: str | None
+
+
+@dataclass
+class DoneEvent:
+    """Every row of the request has ended (`error` set: it failed, e.g. a processor emptied a row;
+    `timed_out`: it ran past its deadline and was stopped)."""
+
+    error: str | None = None
+    timed_out: bool = False
+
+
+@dataclass
+class ServeRequest:
+    """One request to the engine: `params.n` rows of one prompt.
+
+    emit: called on the engine thread with each `TokenEvent` and a final `DoneEvent`; it must
+        not block (the HTTP layer posts the events to its event loop).
+    echo: also score the prompt: its prefill returns logits at every position ("all"), and
+        `prompt_records[t]` is the record of prompt token t+1 given tokens 0..t (the first token
+        has none). The next-token logits then come from that forward's last position.
+    rows: one `Row` per completion (read them after the `DoneEvent`).
+    """
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    emit: Callable[[object], None]
+    echo: bool = False  # score the prompt: `prompt_records` after admission
+    rows: list[Row] = field(default_factory=list)
+    prompt_records: list[TokenRecord] | None = None  # records of prompt tokens 1..T-1 (echo)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.monotonic)
+    timeout: float | None = None  # seconds from submission (queueing included); None: no limit
+    # Engine-thread state (set on admission).
+    chain: object = None
+    generator: torch.Generator | None = None
+    active: list[int] = field(default_factory=list)  # completion index of each of its cache rows
+    logits: torch.Tensor | None = None  # (k, V) next-token logits of its rows
+
+    def cancel(self) -> None:
+        """Free the request's rows at the next step boundary (a client that went away)."""
+        self.cancelled.set()
+
+    def stopped(self, now: float) -> DoneEvent | None:
+        """The event ending a request that was cancelled or ran out of time, else None."""
+        if self.cancelled.is_set():
+            return DoneEvent("cancelled")
+        if self.timeout is not None and now - self.submitted > self.timeout:
+            return DoneEvent(f"the request took longer than its {self.timeout:g} s timeout", timed_out=True)
+        return None
+
+    @property
+    def completions(self):
+        return [row.completion for row in self.rows]
+
+
+@dataclass
+class EngineStats:
+    """Counters read by /metrics (written by the engine thread; ints, read without a lock)."""
+
+    requests_finished: int = 0
+    requests_failed: int = 0
+    requests_cancelled: int = 0
+    requests_timed_out: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    steps: int = 0
+    step_rows: int = 0  # sum over decode steps of the rows in the batch
+    max_batch_rows: int = 0
+    batch_rows: int = 0  # rows in the running batch now
+    running_requests: int = 0
+
+
+class Engine:
+    """Continuous batching over one model (see the module docstring).
+
+    max_rows: most rows (sum of n over running requests) decoded together.
+    max_queue: most requests waiting for rows; `submit` raises `QueueFullError` beyond it.
+    """
+
+    def __init__(self, model, *, max_rows: int = 16, max_queue: int = 64) -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows={max_rows} must be >= 1")
+        if max_queue < 0:
+            raise ValueError(f"max_queue={max_queue} must be >= 0")
+        self.model = model
+        self.max_rows = max_rows
+        self.max_queue = max_queue
+        self.stats = EngineStats()
+        self._waiting: queue.Queue[ServeRequest | None] = queue.Queue()
+        self._waiting_count = 0
+        self._lock = threading.Lock()  # guards _waiting_count against concurrent submits
+        self._running: list[ServeRequest] = []
+        self._cache = None
+        self._stopping = False
+        self._dead: str | None = None  # why the engine thread ended, once it has
+        self._thread = threading.Thread(target=self._run, name="metagen-engine", daemon=True)
+
+    # ------------------------------------------------------------------ any thread
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish: waiting and running requests end with an error event; joins the thread."""
+        self._stopping = True
+        self._waiting.put(None)
+        if self._thread.is_alive():
+            self._thread.join()
+
+    @property
+    def alive(self) -> bool:
+        """True while the engine thread runs."""
+        return self._thread.is_alive()
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests submitted and not yet admitted to the batch."""
+        return self._waiting_count
+
+    def submit(self, request: ServeRequest) -> None:
+        """Queue `request`; QueueFullError when `max_queue` requests already wait, ValueError when
+        its n exceeds max_rows (it could never be admitted)."""
+        if request.params.n > self.max_rows:
+            raise ValueError(f"n={request.params.n} is more than the server's --max-rows {self.max_rows}")
+        if self._dead is not None:
+            raise EngineStoppedError(self._dead)
+        with self._lock:
+            if self._waiting_count >= self.max_queue:
+                raise QueueFullError(f"{self._waiting_count} requests are waiting (--max-queue {self.max_queue})")
+            self._waiting_count += 1
+        self._waiting.put(request)
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _run(self) -> None:
+        pending: list[ServeRequest] = []  # taken from the queue, waiting for rows
+        reason = "the server is shutting down"
+        try:
+            while not self._stopping:
+                block = not self._running and not pending
+                try:
+                    while True:
+                        item = self._waiting.get(block=block)
+                        block = False
+                        if item is None:
+                            break
+                        pending.append(item)
+                except queue.Empty:
+                    pass
+                if self._stopping:
+                    break
+                pending = self._admit(pending)
+                if self._running:
+                    self._step()
+        except BaseException as error:  # a bug in the loop itself: nobody may be left waiting
+            reason = f"the engine stopped: {type(error).__name__}: {error}"
+            raise
+        finally:
+            self._dead = reason
+            while True:  # requests still queued get their answer too
+                try:
+                    item = self._waiting.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    pending.append(item)
+            for request in pending + self._running:
+                request.emit(DoneEvent(reason))
+            self._running = []
+
+    def _rows_in_use(self) -> int:
+        return sum(len(request.active) for request in self._running)
+
+    def _admit(self, pending: list[ServeRequest]) -> list[ServeRequest]:
+        """Prefill the pending requests that fit (in arrival order); returns those still waiting."""
+        still = []
+        now = time.monotonic()
+        for request in pending:
+            stopped = request.stopped(now)
+            if stopped is not None:
+                self._dequeued()
+                self._count_stop(stopped)
+                request.emit(stopped)
+                continue
+            if still or self._rows_in_use() + request.params.n > self.max_rows:
+                still.append(request)  # first come, first served: no overtaking
+                continue
+            self._dequeued()
+            try:
+                self._prefill(request)
+            except Exception as error:  # noqa: BLE001 - one request's failure must not stop the engine
+                self.stats.requests_failed += 1
+                request.emit(DoneEvent(f"{type(error).__name__}: {error}"))
+                continue
+            self._running.append(request)
+        return still
+
+    def _count_stop(self, event: DoneEvent) -> None:
+        if event.timed_out:
+            self.stats.requests_timed_out += 1
+        else:
+            self.stats.requests_cancelled += 1
+
+    def _dequeued(self) -> None:
+        with self._lock:
+            self._waiting_count -= 1
+
+    def _prefill(self, request: ServeRequest) -> None:
+        """Set up the request's chain, rows and generator and add its n rows (the prompt prefilled
+        alone, then shared by the n rows) at the end of the batch."""
+        model, params, prompt_ids = self.model, request.params, request.prompt_ids
+        rules = StopRules.from_params(params, model, len(prompt_ids))
+        n = params.n
+        check_batch_fits(model, self._rows_in_use() + n, rules.max_new_tokens)
+        if request.echo:
+            check_batch_fits(model, 1, 0, positions=len(prompt_ids), what="echo rows")
+        request.chain = request_chain(params, model, prompt_ids, n)
+        request.generator = params.make_generator()
+        request.rows = [Row(model.tokenizer, prompt_ids, rules, want_top=bool(params.logprobs)) for _ in range(n)]
+        if self._cache is None:
+            self._cache = model.new_cache(1)
+        cache = self._cache
+        running = [cache.snapshot(row) for row in range(cache.batch_size)] if self._running else []
+        try:
+            cache.reset(1)
+            out = model.forward(cache, [list(prompt_ids)],  # what `model.prefill` computes
+                                logits="all" if request.echo else "last")
+            prompt_row = cache.snapshot(0)
+            cache.restore(running + [prompt_row] * n)
+            cache.release(prompt_row)
+        except Exception:
+            cache.restore(running)  # the running rows are untouched by a failed prefill
+            raise
+        finally:
+            for snapshot in running:
+                cache.release(snapshot)
+        logits = out.logits  # (1, V), or (1, T, V) with echo
+        if request.echo:
+            positions = logits[0]  # (T, V)
+            request.prompt_records = token_records(positions[:-1], torch.tensor(prompt_ids[1:], dtype=torch.long),
+                                                   None, params.logprobs or 0)
+            logits = positions[-1:]
+        request.logits = logits.expand(n, -1)  # (n, V): every row starts from the prompt
+        request.active = list(range(n))
+        self.stats.prompt_tokens += len(prompt_ids)
+
+    def _step(self) -> None:
+        """Choose one token for every running row, drop the rows that ended, forward the rest."""
+        now = time.monotonic()
+        chosen: list[tuple[ServeRequest, range, torch.Tensor, torch.Tensor]] = []
+        start = 0
+        for request in self._running:  # 1. per request: its chain on its rows, its generator
+            k = len(request.active)
+            rows = range(start, start + k)
+            start += k
+            stopped = request.stopped(now)
+            if stopped is not None:
+                self._count_stop(stopped)
+                request.emit(stopped)
+                continue
+            try:
+                processed, tokens = self._choose(request)
+            except Exception as error:  # noqa: BLE001 - fail this request only
+                self.stats.requests_failed += 1
+                request.emit(DoneEvent(f"{type(error).__name__}: {error}"))
+                continue
+            chosen.append((request, rows, processed, tokens))
+        records = self._records(chosen)  # 2. the records of every chosen token, batched
+        kept_rows: list[int] = []  # cache rows that go on
+        next_tokens: list[int] = []
+        still_running: list[ServeRequest] = []
+        offset = 0
+        for request, rows, _, tokens in chosen:  # 3. per row: the shared core's Row, events
+            k = len(rows)
+            keep, chosen_ids = self._push(request, tokens, records[offset:offset + k])
+            offset += k
+            if not keep:
+                self.stats.requests_finished += 1
+                request.emit(DoneEvent())
+                continue
+            if len(keep) < k:
+                request.chain.select(torch.tensor(keep, dtype=torch.long))
+                request.active = [request.active[b] for b in keep]
+            kept_rows += [rows[b] for b in keep]
+            next_tokens += [chosen_ids[b] for b in keep]
+            still_running.append(request)
+        self._running = still_running
+        cache = self._cache
+        if len(kept_rows) < cache.batch_size:
+            cache.select(kept_rows)
+        self.stats.batch_rows = len(kept_rows)
+        self.stats.running_requests = len(still_running)
+        if not still_running:
+            return
+        self.stats.steps += 1
+        self.stats.step_rows += len(kept_rows)
+        self.stats.max_batch_rows = max(self.stats.max_batch_rows, len(kept_rows))
+        try:
+            out = model_forward(self.model, cache, next_tokens)
+        except Exception as error:  # noqa: BLE001 - the batch is lost: every request in it fails
+            for request in still_running:
+                self.stats.requests_failed += 1
+                request.emit(DoneEvent(f"{type(error).__name__}: {error}"))
+            self._running = []
+            cache.reset(0)
+            return
+        start = 0
+        for request in still_running:
+            k = len(request.active)
+            request.logits = out.logits[start:start + k]  # (k, V) view
+            start += k
+
+    @staticmethod
+    def _choose(request: ServeRequest) -> tuple[torch.Tensor, torch.Tensor]:
+        """The request's processed logits `(k, V)` and chosen tokens `(k,)` for its rows, its
+        processors advanced (`sample_loop.stream`'s process -> choose -> accept)."""
+        chain = request.chain
+        processed = chain.process(request.logits)
+        tokens = chain.choose(processed, request.generator)
+        chain.accept(tokens)
+        return processed, tokens
+
+    @staticmethod
+    def _records(chosen: list[tuple[ServeRequest, range, torch.Tensor, torch.Tensor]]) -> list[TokenRecord]:
+        """`token_records` of every row of every request in one batched call (row-wise math, so
+        the same values as one call per request): greedy rows get sampled log-prob 0 (a point
+        mass) and each row keeps its own request's number of top log-probs."""
+        if not chosen:
+            return []
+        num_top = max(request.params.logprobs or 0 for request, *_ in chosen)
+        logits = torch.cat([request.logits for request, *_ in chosen])  # (B, V)
+        processed = torch.cat([processed for _, _, processed, _ in chosen])  # (B, V)
+        tokens = torch.cat([tokens for *_, tokens in chosen])  # (B,)
+        records = token_records(logits, tokens, processed, num_top)
+        offset = 0
+        for request, rows, _, _ in chosen:
+            own_top = request.params.logprobs or 0
+            if request.params.greedy or own_top != num_top:
+                for b in range(offset, offset + len(rows)):
+                    record = records[b]
+                    top = None if not own_top else dict(list(record.top.items())[:own_top])
+                    records[b] = record._replace(sampled=0.0 if request.params.greedy else record.sampled, top=top)
+            offset += len(rows)
+        return records
+
+    def _push(self, request: ServeRequest, tokens: torch.Tensor, records: list[TokenRecord]) -> tuple[list[int], list[int]]:
+        """Push each row's token into its `Row` and emit it; returns the positions of the rows that
+        go on, and the chosen ids."""
+        chain = request.chain
+        chosen = tokens.tolist()
+        keep = []
+        for b, (index, token) in enumerate(zip(request.active, chosen)):
+            row = request.rows[index]
+            text = row.push(token, records[b], chain.stop_verdict(b))
+            finish = row.completion.finish_reason
+            if finish is None:
+                keep.append(b)
+            request.emit(TokenEvent(index, text, token, records[b], finish))
+        self.stats.generated_tokens += len(chosen)
+        return keep, chosen
+
+
+def model_forward(model, cache, tokens: Sequence[int]):
+    """One decode forward: `tokens[b]` appended to row b; logits `(B, V)`."""
+    return model.forward(cache, torch.tensor(tokens, dtype=torch.long)[:, None])

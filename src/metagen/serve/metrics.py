@@ -1,0 +1,66 @@
+"""/metrics in the Prometheus text exposition format (version 0.0.4).
+
+    metagen_requests_total{endpoint, status}  HTTP requests answered, by endpoint and status code
+    metagen_prompt_tokens_total               prompt tokens prefilled
+    metagen_generation_tokens_total           tokens generated
+    metagen_requests_finished_total{outcome}  engine requests: finished / failed / cancelled / timed_out
+    metagen_queue_depth                       requests waiting for rows
+    metagen_batch_rows                        rows in the running batch now
+    metagen_running_requests                  requests in the running batch now
+    metagen_batch_rows_max                    most rows decoded in one step so far
+    metagen_decode_steps_total                decode forwards
+    metagen_decode_step_rows_total            rows over all decode forwards (/ steps = mean batch)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from metagen.serve.engine import Engine
+
+
+class RequestCounter:
+    """HTTP requests by (endpoint, status); safe to bump from any thread."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[tuple[str, int]] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            self._counts[endpoint, status] += 1
+
+    def items(self) -> list[tuple[tuple[str, int], int]]:
+        with self._lock:
+            return sorted(self._counts.items())
+
+
+def _metric(lines: list[str], name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+    lines.append(f"# HELP {name} {help_text}")
+    lines.append(f"# TYPE {name} {kind}")
+    for labels, value in samples:
+        lines.append(f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}")
+
+
+def render(engine: Engine, requests: RequestCounter) -> str:
+    stats = engine.stats
+    lines: list[str] = []
+    _metric(lines, "metagen_requests_total", "counter", "HTTP requests answered, by endpoint and status code.",
+            [(f'{{endpoint="{endpoint}",status="{status}"}}', count) for (endpoint, status), count in requests.items()])
+    _metric(lines, "metagen_prompt_tokens_total", "counter", "Prompt tokens prefilled.", [("", stats.prompt_tokens)])
+    _metric(lines, "metagen_generation_tokens_total", "counter", "Tokens generated.", [("", stats.generated_tokens)])
+    _metric(lines, "metagen_requests_finished_total", "counter", "Engine requests by outcome.",
+            [('{outcome="finished"}', stats.requests_finished), ('{outcome="failed"}', stats.requests_failed),
+             ('{outcome="cancelled"}', stats.requests_cancelled),
+             ('{outcome="timed_out"}', stats.requests_timed_out)])
+    _metric(lines, "metagen_queue_depth", "gauge", "Requests waiting for rows.", [("", engine.queue_depth)])
+    _metric(lines, "metagen_batch_rows", "gauge", "Rows in the running batch.", [("", stats.batch_rows)])
+    _metric(lines, "metagen_running_requests", "gauge", "Requests in the running batch.",
+            [("", stats.running_requests)])
+    _metric(lines, "metagen_batch_rows_max", "gauge", "Most rows decoded in one step so far.",
+            [("", stats.max_batch_rows)])
+    _metric(lines, "metagen_decode_steps_total", "counter", "Decode forwards.", [("", stats.steps)])
+    _metric(lines, "metagen_decode_step_rows_total", "counter", "Rows over all decode forwards.",
+            [("", stats.step_rows)])
+    return "\n".join(lines) + "\n"

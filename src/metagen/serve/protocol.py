@@ -1,0 +1,272 @@
+"""Request bodies of /v1/completions and /v1/chat/completions -> a validated `ParsedRequest`.
+
+Every field is checked; a bad one raises `APIError` (HTTP 400, OpenAI's error body) whose
+`param` names the field as the request spelled it. Unknown fields are refused too (vLLM and
+SGLang drop them silently; a client that misspells `top_k` should hear about it), unless the
+server runs with --lenient, which ignores them and lists them in the response's header
+`X-Metagen-Ignored-Fields`.
+
+Accepted fields: OpenAI's (model, prompt / messages, max_tokens / max_completion_tokens,
+temperature, top_p, n, stream, stream_options.include_usage, stop, logprobs / top_logprobs,
+seed, frequency_penalty, presence_penalty, logit_bias, response_format, user; `echo` (the
+prompt and its log-probabilities before each completion; not with stream), `suffix` null and
+`best_of` equal to n only, the other values refused by name), every other
+`SamplingParams` field under its own name (top_k, min_p, typical_p, epsilon_cutoff, eta_cutoff,
+repetition_penalty, no_repeat_ngram_size, mirostat_tau, mirostat_eta, stop_token_ids,
+ignore_eos, structured_outputs), vLLM's `return_tokens_as_token_ids` (logprob tokens as
+"token_id:<id>") and llama.cpp's `mirostat_mode` (0, or 2 together with mirostat_tau). A null value means "not given". Defaults: max_tokens 16 on completions (OpenAI's),
+the rest of the context on chat.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from metagen.decoding.prompts import encode_prompt
+from metagen.sampling import SamplingParams
+from metagen.sampling.params import MAX_LOGPROBS
+
+SAMPLING_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty",
+    "frequency_penalty", "presence_penalty", "no_repeat_ngram_size", "logit_bias", "mirostat_tau", "mirostat_eta",
+    "seed", "stop", "stop_token_ids", "ignore_eos", "n", "structured_outputs", "response_format",
+)
+COMMON_FIELDS = ("model", "stream", "stream_options", "user", "max_tokens", "return_tokens_as_token_ids",
+                 "mirostat_mode")
+COMPLETION_FIELDS = frozenset(SAMPLING_FIELDS + COMMON_FIELDS + ("prompt", "logprobs", "echo", "suffix", "best_of"))
+CHAT_FIELDS = frozenset(SAMPLING_FIELDS + COMMON_FIELDS + ("messages", "logprobs", "top_logprobs",
+                                                            "max_completion_tokens"))
+MESSAGE_FIELDS = frozenset(("role", "content"))
+ROLES = ("system", "user", "assistant")
+_LEADING_FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)")
+
+
+class APIError(Exception):
+    """An error answered with OpenAI's body {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, message: str, param: str | None = None, *, status: int = 400,
+                 type: str = "invalid_request_error", code: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.type, self.code = message, param, status, type, code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class ParsedRequest:
+    """What the engine and the response builders need from one request.
+
+    chat: from /v1/chat/completions. logprobs: report per-token log-probabilities (the number of
+    top alternatives is `params.logprobs`). include_usage: a final usage chunk when streaming.
+    ignored: unknown fields dropped under --lenient.
+    """
+
+    chat: bool
+    prompt_ids: list[int]
+    params: SamplingParams
+    model: str
+    echo_text: str | None = None  # echo: the prompt's text, put before each completion
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    token_ids_as_strings: bool = False
+    ignored: tuple[str, ...] = ()
+
+
+def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows: int,
+                  lenient: bool = False) -> ParsedRequest:
+    """Validate `body` (decoded JSON) for one endpoint against `model`; APIError on the first problem."""
+    if not isinstance(body, Mapping):
+        raise APIError("the request body must be a JSON object", None)
+    body = {key: value for key, value in body.items() if value is not None}  # null = not given
+    allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
+    unknown = sorted(set(body) - allowed)
+    if unknown and not lenient:
+        raise APIError(f"unknown field {unknown[0]!r}" + (f" (and {unknown[1:]})" if len(unknown) > 1 else "")
+                       + ": this server refuses fields it would not honour (start it with --lenient to ignore them)",
+                       unknown[0])
+    name = body.get("model", served_name)
+    if name != served_name:
+        raise APIError(f"model {name!r} is not served here: this server serves {served_name!r}", "model",
+                       status=404, code="model_not_found")
+    stream = _bool(body, "stream", False)
+    include_usage = False
+    if "stream_options" in body:
+        options = body["stream_options"]
+        if not stream:
+            raise APIError("stream_options is only allowed with stream=true", "stream_options")
+        if not isinstance(options, Mapping) or set(options) - {"include_usage"}:
+            raise APIError("stream_options must be an object with the one field include_usage", "stream_options")
+        include_usage = _bool(options, "include_usage", False, "stream_options.include_usage")
+    token_strings = _bool(body, "return_tokens_as_token_ids", False)
+    names = {field: field for field in SAMPLING_FIELDS}  # SamplingParams field -> request field
+    values = {field: body[field] for field in SAMPLING_FIELDS if field in body}
+    if "mirostat_mode" in body:  # llama.cpp's switch: 2 = Mirostat 2.0 with mirostat_tau, 0 = off
+        mode = body["mirostat_mode"]
+        if mode not in (0, 2) or isinstance(mode, bool):
+            raise APIError(f"mirostat_mode={mode!r} must be 0 (off) or 2 (Mirostat 2.0; version 1 is not "
+                           "implemented)", "mirostat_mode")
+        if (mode == 2) != ("mirostat_tau" in body):
+            raise APIError(f"mirostat_mode={mode} " + ("needs mirostat_tau" if mode == 2 else
+                                                       "turns mirostat off: drop mirostat_tau"), "mirostat_mode")
+    if "logit_bias" in values:
+        values["logit_bias"] = _logit_bias(values["logit_bias"])
+    if chat:
+        prompt_ids = _chat_prompt(body, model)
+        logprobs = _bool(body, "logprobs", False)
+        if "top_logprobs" in body:
+            if not logprobs:
+                raise APIError("top_logprobs needs logprobs=true", "top_logprobs")
+            values["logprobs"], names["logprobs"] = body["top_logprobs"], "top_logprobs"
+        elif logprobs:
+            values["logprobs"] = 0
+        limit_field = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        if "max_completion_tokens" in body and "max_tokens" in body:
+            raise APIError("give max_tokens or max_completion_tokens, not both", "max_tokens")
+        default_max = max(model.max_context - len(prompt_ids), 1)
+    else:
+        prompt_ids, prompt_text = _completion_prompt(body, model)
+        if "suffix" in body:
+            raise APIError(f"suffix={body['suffix']!r} is not supported by this server (no fill-in-the-middle)",
+                           "suffix")
+        echo = _bool(body, "echo", False)
+        if echo and stream:
+            raise APIError("echo=true is not supported with stream=true (the echoed prompt comes with the whole "
+                           "answer)", "echo")
+        if "best_of" in body and body["best_of"] != body.get("n", 1):
+            raise APIError(f"best_of={body['best_of']!r} is not supported: only best_of equal to n", "best_of")
+        logprobs = "logprobs" in body
+        if logprobs:
+            values["logprobs"] = body["logprobs"]
+        limit_field, default_max = "max_tokens", 16
+    names["max_tokens"] = limit_field
+    values["max_tokens"] = body.get(limit_field, default_max)
+    prompt_field = "messages" if chat else "prompt"
+    if len(prompt_ids) >= model.max_context:
+        raise APIError(f"the prompt has {len(prompt_ids)} tokens; this model's context is {model.max_context} "
+                       "tokens, which must hold the prompt and at least one generated token", prompt_field,
+                       code="context_length_exceeded")
+    if "logprobs" in values and not (isinstance(values["logprobs"], int) and not isinstance(values["logprobs"], bool)):
+        field = names["logprobs"]
+        raise APIError(f"{field}={values['logprobs']!r} must be an int in [0, {MAX_LOGPROBS}]", field)
+    try:
+        params = SamplingParams(**values)
+    except ValueError as error:
+        raise APIError(str(error), _param_of(str(error), names)) from None
+    if params.n > max_rows:
+        raise APIError(f"n={params.n} is more than this server decodes at once (--max-rows {max_rows})", "n")
+    for token_id in params.stop_token_ids:
+        if token_id >= model.vocab_size:
+            raise APIError(f"stop_token_ids entry {token_id} is out of range: must be in [0, {model.vocab_size})",
+                           "stop_token_ids")
+    for token_id, _ in params.logit_bias or ():
+        if token_id >= model.vocab_size:
+            raise APIError(f"logit_bias token id {token_id} is out of range: must be in [0, {model.vocab_size})",
+                           "logit_bias")
+    echo_text = None
+    if not chat and echo:
+        echo_text = prompt_text if prompt_text is not None else model.tokenizer.decode(prompt_ids)
+    return ParsedRequest(chat, prompt_ids, params, served_name, echo_text, stream, include_usage, logprobs,
+                         token_strings, tuple(unknown))
+
+
+def _param_of(message: str, names: Mapping[str, str]) -> str | None:
+    """The request field a SamplingParams error is about: the field its message starts with
+    ("temperature=-1 is out of range", "response_format.json_schema.schema ...")."""
+    match = _LEADING_FIELD.match(message)
+    if match is None:
+        return None
+    path = match.group(1)
+    head, dot, rest = path.partition(".")
+    head = names.get(head, head)
+    return head + dot + rest
+
+
+def _bool(body: Mapping, field: str, default: bool, name: str | None = None) -> bool:
+    value = body.get(field, default)
+    if not isinstance(value, bool):
+        raise APIError(f"{name or field}={value!r} must be true or false", name or field)
+    return value
+
+
+def _logit_bias(value: object) -> dict[int, object]:
+    """OpenAI's {"token id as a string": bias} -> {int: bias}."""
+    if not isinstance(value, Mapping):
+        raise APIError(f"logit_bias must be an object mapping token ids to biases, got {value!r}", "logit_bias")
+    converted = {}
+    for key, bias in value.items():
+        try:
+            token_id = int(key)
+        except (TypeError, ValueError):
+            raise APIError(f"logit_bias key {key!r} is not a token id", "logit_bias") from None
+        if token_id < 0:
+            raise APIError(f"logit_bias key {key!r} is not a token id (ids are >= 0)", "logit_bias")
+        converted[token_id] = bias
+    return converted
+
+
+def _completion_prompt(body: Mapping, model) -> tuple[list[int], str | None]:
+    """Token ids of `prompt` and its text (None for token ids): text (encoded without a chat
+    template) or token ids; a list of one of either is accepted, several prompts are refused."""
+    if "prompt" not in body:
+        raise APIError("prompt is required", "prompt")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and prompt and all(isinstance(item, (str, list)) for item in prompt):
+        if len(prompt) != 1:
+            raise APIError(f"prompt holds {len(prompt)} prompts: this server takes one prompt per request", "prompt")
+        prompt = prompt[0]
+    if not isinstance(prompt, (str, list)):
+        raise APIError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}", "prompt")
+    if isinstance(prompt, list) and not all(isinstance(item, int) and not isinstance(item, bool) for item in prompt):
+        raise APIError("prompt must be a string or a list of int token ids", "prompt")
+    try:
+        ids = encode_prompt(model.tokenizer, prompt, chat=False, vocab_size=model.vocab_size)
+    except ValueError as error:
+        raise APIError(str(error), "prompt") from None
+    return ids, prompt if isinstance(prompt, str) else None
+
+
+def _chat_prompt(body: Mapping, model) -> list[int]:
+    """Token ids of `messages` through the model's chat template (a final assistant message is
+    continued, see `encode_prompt`). Content is a string or a list of text parts."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError("messages must be a non-empty list of {role, content} objects", "messages")
+    if model.tokenizer.chat_template is None:
+        raise APIError(f"{model.name} has no chat template: use /v1/completions", "messages")
+    plain = []
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, Mapping):
+            raise APIError(f"{where} must be an object with role and content", where)
+        extra = sorted(set(message) - MESSAGE_FIELDS)
+        if extra:
+            raise APIError(f"{where} has unsupported field {extra[0]!r}: messages take role and content",
+                           f"{where}.{extra[0]}")
+        role = message.get("role")
+        if role not in ROLES:
+            raise APIError(f"{where}.role={role!r} must be one of {list(ROLES)}", f"{where}.role")
+        plain.append({"role": role, "content": _text_content(message.get("content"), f"{where}.content")})
+    try:
+        return encode_prompt(model.tokenizer, plain, vocab_size=model.vocab_size)
+    except ValueError as error:
+        raise APIError(str(error), "messages") from None
+
+
+def _text_content(content: object, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for index, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise APIError(f"{where}[{index}] must be a text part {{\"type\": \"text\", \"text\": ...}}: "
+                               "this server reads text only", f"{where}[{index}]")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise APIError(f"{where} must be a string or a list of text parts", where)

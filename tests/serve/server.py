@@ -1,0 +1,78 @@
+"""A real `metagen serve` (uvicorn, the embedded model) on 127.0.0.1: `serve_process` starts the
+command in a subprocess on a free port, waits for /health and stops it (SIGTERM, then SIGKILL
+of its process group) when the block ends, leaving no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import metagen
+
+STARTUP_SECONDS = 300  # a fresh cache converts the embedded weights first
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Server:
+    def __init__(self, process: subprocess.Popen, port: int) -> None:
+        self.process, self.port = process, port
+        self.url = f"http://127.0.0.1:{port}"
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(self.url + path, timeout=10) as answer:
+            return answer.read().decode()
+
+    def metric(self, name: str) -> float:
+        """The value of an unlabelled metric (or the sum over its labels) from /metrics."""
+        total = 0.0
+        for line in self.get("/metrics").splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+@contextmanager
+def serve_process(*options: str):
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(Path(metagen.__file__).parents[1]))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "metagen.cli", "serve", "--port", str(port), "--threads", "2", *options],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    server = Server(process, port)
+    try:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"metagen serve exited with {process.returncode}: {process.stderr.read()}")
+            try:
+                if '"ok"' in server.get("/health"):
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"metagen serve did not answer /health within {STARTUP_SECONDS} s")
+            time.sleep(0.2)
+        yield server
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        process.stderr.close()
+
+

@@ -1,0 +1,181 @@
+"""Bad input, oversized bodies, a full queue and clients that go away: OpenAI-style errors naming
+the field, and a server that keeps answering after each."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from .server import serve_process
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.slow
+
+
+def _post(server, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict, dict]:
+    request = urllib.request.Request(server.url + path, data=body, method="POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, dict(answer.headers), json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), json.loads(error.read())
+
+
+@pytest.mark.parametrize("extra, param, message", [
+    ({"temperature": -0.5}, "temperature", "out of range"),
+    ({"top_p": 0}, "top_p", "out of range"),
+    ({"topk": 3}, "topk", "unknown field"),
+    ({"logprobs": 21}, "logprobs", "out of range"),
+    ({"n": 99}, "n", "--max-rows"),
+    ({"stop_token_ids": [10**7]}, "stop_token_ids", "out of range"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     "response_format.json_schema.schema", ""),
+])
+def test_bad_fields_are_400_naming_the_field(client, served_model, extra, param, message):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(model=served_model, prompt="Hi", max_tokens=2, extra_body=extra)
+    error = raised.value
+    assert error.status_code == 400
+    assert error.param == param and message in error.message
+    assert error.body["type"] == "invalid_request_error"
+
+
+def test_chat_errors_name_the_chat_field(client, served_model):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=served_model, messages=[{"role": "user", "content": "Hi"}],
+                                       top_logprobs=30, logprobs=True)
+    assert raised.value.param == "top_logprobs"
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=served_model, messages=[{"role": "robot", "content": "Hi"}])
+    assert raised.value.param == "messages[0].role"
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}])
+    assert raised.value.param == "model"
+
+
+def test_prompt_beyond_the_context_and_oversized_bodies(server, client, served_model):
+    limit = client.models.list().data[0].model_extra["max_model_len"]
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(model=served_model, prompt=[1] * limit, max_tokens=1)
+    assert raised.value.param == "prompt" and f"context is {limit} tokens" in raised.value.message
+    # a declared 2 MiB body is refused from its headers, before it is read
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
+        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+                           b"\r\nContent-Length: %d\r\n\r\n{" % (2 << 20))
+        answer = b""
+        while b"}}" not in answer:  # the head and the JSON body may come in separate packets
+            piece = connection.recv(65536)
+            assert piece, f"connection closed after {answer!r}"
+            answer += piece
+        answer = answer.decode()
+    assert answer.startswith("HTTP/1.1 413") and "more than the limit of 1048576" in answer
+    status, _, body = _post(server, "/v1/completions", b"{not json")
+    assert status == 400 and "not valid JSON" in body["error"]["message"]
+    # still answering
+    assert client.completions.create(model=served_model, prompt="Hi", max_tokens=2).choices[0].finish_reason
+
+
+def test_tokenize_and_detokenize_round_trip(server, model):
+    status, _, body = _post(server, "/tokenize", json.dumps({"prompt": "Hello world"}).encode())
+    assert status == 200 and body["tokens"] == model.tokenizer.encode("Hello world") and body["count"] == len(body["tokens"])
+    status, _, back = _post(server, "/detokenize", json.dumps({"tokens": body["tokens"]}).encode())
+    assert status == 200 and back["prompt"] == model.tokenizer.decode(body["tokens"])
+    status, _, error = _post(server, "/detokenize", json.dumps({"tokens": [-1]}).encode())
+    assert status == 400 and error["error"]["param"] == "tokens"
+
+
+def _wait_for(condition, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_full_queue_is_429_and_a_client_that_leaves_frees_its_rows():
+    """One row, one queue place: a long stream runs, one request waits, the next is refused with
+    429 and Retry-After; closing the stream frees the row and the waiting request completes."""
+    with serve_process("--max-rows", "1", "--max-queue", "1", "--served-model-name", "smol") as server:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+            model = client.models.list().data[0].id
+            assert model == "smol"
+            long = client.completions.create(model=model, prompt="Once", max_tokens=4000, temperature=1.0,
+                                             extra_body={"ignore_eos": True}, stream=True)
+            next(iter(long))  # the row is decoding
+            waiting: list = []
+            thread = threading.Thread(target=lambda: waiting.append(
+                client.completions.create(model=model, prompt="Hi", max_tokens=3, temperature=0)))
+            thread.start()
+            _wait_for(lambda: server.metric("metagen_queue_depth") == 1)
+            with pytest.raises(openai.RateLimitError) as raised:
+                client.completions.create(model=model, prompt="Hi", max_tokens=3)
+            assert raised.value.response.headers["retry-after"] == "1"
+            assert raised.value.body["code"] == "queue_full"
+            long.close()  # the client goes away mid-stream
+            thread.join(timeout=60)
+            assert waiting and waiting[0].choices[0].finish_reason == "length"
+            _wait_for(lambda: server.metric("metagen_batch_rows") == 0)
+            assert server.metric('metagen_requests_finished_total{outcome="cancelled"}') == 1
+            assert server.metric("metagen_generation_tokens_total") < 4000  # the long row stopped early
+
+
+def test_api_key_lenient_and_request_timeout(monkeypatch):
+    monkeypatch.setenv("METAGEN_TEST_KEY", "s3cret")
+    with serve_process("--api-key-env", "METAGEN_TEST_KEY", "--lenient", "--request-timeout", "3") as server:
+        assert '"ok"' in server.get("/health")
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0) as client:
+            with pytest.raises(openai.AuthenticationError) as raised:
+                client.models.list()
+            assert raised.value.body["code"] == "invalid_api_key"
+        status, _, _ = _post(server, "/tokenize", b'{"prompt": "Hi"}')
+        assert status == 401
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0) as client:
+            model = client.models.list().data[0].id
+            answer = client.completions.with_raw_response.create(
+                model=model, prompt="Hi", max_tokens=2, extra_body={"topk": 3, "best_effort": True})
+            assert answer.headers["x-metagen-ignored-fields"] == "best_effort,topk"
+            assert answer.parse().choices[0].text is not None
+            with pytest.raises(openai.BadRequestError) as raised:  # lenient on names, not on values
+                client.completions.create(model=model, prompt="Hi", max_tokens=2, temperature=-1)
+            assert raised.value.param == "temperature"
+            start = time.monotonic()
+            with pytest.raises(openai.InternalServerError) as raised:  # longer than --request-timeout 3
+                client.completions.create(model=model, prompt="Hi", max_tokens=5000, extra_body={"ignore_eos": True})
+            assert raised.value.status_code == 504 and raised.value.body["code"] == "request_timeout"
+            assert time.monotonic() - start < 30
+            assert client.completions.create(model=model, prompt="Hi", max_tokens=2).choices  # still answering
+
+
+def test_serve_refuses_bad_options_before_loading_the_model(monkeypatch, capsys):
+    from metagen.cli import common, main
+
+    monkeypatch.setattr(common, "load_model", lambda args: pytest.fail("the model was loaded"))
+    monkeypatch.delenv("METAGEN_UNSET_KEY", raising=False)
+    assert main(["serve", "--api-key-env", "METAGEN_UNSET_KEY"]) == 2
+    assert "METAGEN_UNSET_KEY: that environment variable is unset or empty" in capsys.readouterr().err
+    assert main(["serve", "--max-rows", "0"]) == 2
+    assert "--max-rows 0 must be >= 1" in capsys.readouterr().err
+    assert main(["serve", "--request-timeout", "0"]) == 2
+    assert "--request-timeout 0.0 must be > 0 seconds" in capsys.readouterr().err
+    assert main(["serve", "--port", "70000"]) == 2
+    assert "--port 70000 must be in [0, 65535]" in capsys.readouterr().err
+
+
+def test_a_non_streaming_client_that_leaves_frees_its_rows(server):
+    cancelled = server.metric('metagen_requests_finished_total{outcome="cancelled"}')
+    body = json.dumps({"prompt": "Once", "max_tokens": 4000, "ignore_eos": True}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
+        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        _wait_for(lambda: server.metric("metagen_batch_rows") >= 1)
+    _wait_for(lambda: server.metric('metagen_requests_finished_total{outcome="cancelled"}') == cancelled + 1)
+    _wait_for(lambda: server.metric("metagen_batch_rows") == 0)
