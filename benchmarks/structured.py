@@ -96,20 +96,22 @@ def jump_forward_available() -> bool:
                                                                                  "forced_tokens")
 
 
-def verdict(text: str, cut: bool, schema: dict) -> str:
-    """"valid", or the failure: cut at max_tokens / invalid JSON / violated bound / violated <keyword>."""
+def verdict(text: str, cut: bool, schema: dict) -> tuple[str, str]:
+    """(kind, detail): kind "valid" or the failure, cut at max_tokens / invalid JSON / violated bound
+    / violated <keyword>; detail says where (the JSON path and jsonschema's message, or the text's end)."""
     import jsonschema
 
     if cut:
-        return "cut at max_tokens"
+        return "cut at max_tokens", "ends with " + repr(text[-40:])
     try:
         value = json.loads(text)
-    except json.JSONDecodeError:
-        return "invalid JSON"
+    except json.JSONDecodeError as error:
+        return "invalid JSON", f"{error.msg} at character {error.pos} of {text[:80]!r}"
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(value))
     if error is None:
-        return "valid"
-    return "violated bound" if error.validator in BOUND_KEYWORDS else f"violated {error.validator}"
+        return "valid", ""
+    kind = "violated bound" if error.validator in BOUND_KEYWORDS else f"violated {error.validator}"
+    return kind, f"{'/'.join(map(str, error.absolute_path)) or '(root)'}: {error.message}"
 
 
 # ------------------------------------------------------------------ (a) overhead
@@ -240,7 +242,7 @@ def run_metagen(model, prompt, case, temperature, seed, args, extra):
     completion = result.completions[0]
     tokens = len(completion.token_ids)
     return verdict(completion.text, completion.finish_reason == "length", case.schema), tokens, \
-        tokens / result.decode_seconds
+        tokens / result.decode_seconds, completion.text
 
 
 def run_llama(llm, grammar, prompt, eos, temperature, seed, args):
@@ -271,6 +273,8 @@ def measure_vs_llama_cpp(model, path, cases, args, extra) -> tuple[list[list[str
     detail = [["schema", "T", "seed", "metagen", "metagen tokens", "metagen tok/s", "llama.cpp", "llama.cpp tokens",
                "llama.cpp tok/s"]]
     tally = {}  # (engine, T) -> verdicts, rates, tokens
+    examples = {}  # (engine, failure kind) -> its first occurrence, described
+    outputs = []
     for name, case in cases.items():
         prompt = chat_ids(model.tokenizer, case.schema, case.prompt)
         try:
@@ -283,19 +287,24 @@ def measure_vs_llama_cpp(model, path, cases, args, extra) -> tuple[list[list[str
             mine = run_metagen(model, prompt, case, temperature, seed, args, extra)
             if grammar is not None:
                 text, cut, count, rate = run_llama(llm, grammar, prompt, eos, temperature, seed, args)
-                theirs = (verdict(text, cut, case.schema), count, rate)
+                theirs = (verdict(text, cut, case.schema), count, rate, text)
             else:
-                theirs = ("no grammar", 0, float("nan"))
-            for engine, (result, count, rate) in (("metagen", mine), ("llama.cpp", theirs)):
+                theirs = (("no grammar", ""), 0, float("nan"), "")
+            for engine, ((result, why), count, rate, _) in (("metagen", mine), ("llama.cpp", theirs)):
                 entry = tally.setdefault((engine, temperature), {"verdicts": [], "rates": [], "tokens": []})
                 entry["verdicts"].append(result)
+                if result != "valid":
+                    examples.setdefault((engine, result), f"{engine}, {result}: {name} T={temperature:g} seed {seed}, "
+                                                          f"{why}")
                 entry["tokens"].append(count)
                 if rate == rate:
                     entry["rates"].append(rate)
-            detail.append([name, f"{temperature:g}", str(seed), mine[0], str(mine[1]), f"{mine[2]:.1f}",
-                           theirs[0], str(theirs[1]), f"{theirs[2]:.1f}"])
-            progress(f"(e) {name} T={temperature:g} seed {seed}: metagen {mine[0]} {mine[2]:.1f} tok/s, "
-                     f"llama.cpp {theirs[0]} {theirs[2]:.1f} tok/s")
+            detail.append([name, f"{temperature:g}", str(seed), mine[0][0], str(mine[1]), f"{mine[2]:.1f}",
+                           theirs[0][0], str(theirs[1]), f"{theirs[2]:.1f}"])
+            outputs.append({"schema": name, "temperature": temperature, "seed": seed, "metagen": mine[3],
+                            "llama.cpp": theirs[3]})
+            progress(f"(e) {name} T={temperature:g} seed {seed}: metagen {mine[0][0]} {mine[2]:.1f} tok/s, "
+                     f"llama.cpp {theirs[0][0]} {theirs[2]:.1f} tok/s")
     llm.close()
     summary = [["engine", "T", "valid", "failures", "mean tokens", "median decode tok/s", "vs llama.cpp"]]
     for temperature in sorted({t for _, t in tally}):
@@ -310,6 +319,9 @@ def measure_vs_llama_cpp(model, path, cases, args, extra) -> tuple[list[list[str
             summary.append([engine, f"{temperature:g}", f"{entry['verdicts'].count('valid')}/{len(entry['verdicts'])}",
                             ", ".join(f"{kind} {count}" for kind, count in sorted(failures.items())) or "none",
                             f"{statistics.mean(entry['tokens']):.1f}", f"{rate:.1f}", f"{rate / peer:.2f}×"])
+    notes += ["First of each failure:"] + [f"- {examples[key]}" for key in sorted(examples)] if examples else []
+    if args.outputs is not None:
+        args.outputs.write_text(json.dumps(outputs, indent=1, ensure_ascii=False))
     return summary, detail, notes
 
 
@@ -328,6 +340,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=160, help="(c, e) budget per output (default 160)")
     parser.add_argument("--seeds", type=int, default=3, help="(e) seeds at T=1 (default 3)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for every engine (default 2)")
+    parser.add_argument("--outputs", type=Path, default=None, help="(e) write every generated text here as JSON")
     parser.add_argument("--sections", default="abcde", help="which sections to run (default abcde)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke check: 2 schemas, 8 tokens, 4 rows, 1 repeat, 1 seed, 48-token budget")
