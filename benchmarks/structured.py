@@ -260,6 +260,32 @@ def run_llama(llm, grammar, prompt, eos, temperature, seed, args):
     return text, cut, len(tokens), rate
 
 
+def llama_grammar_problem(llm, grammar) -> str:
+    """"" when llama.cpp parses the grammar, else its first error line. llama-cpp-python adds a
+    grammar that failed to parse as a null sampler and crashes, so the parse is tried here first
+    (llama.cpp prints the error on stderr: fd 2 is captured for the call)."""
+    import tempfile
+
+    import llama_cpp
+
+    with tempfile.TemporaryFile() as capture:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(capture.fileno(), 2)
+        try:
+            sampler = llama_cpp.llama_sampler_init_grammar(llm._model.vocab, grammar._grammar.encode(),
+                                                           grammar._root.encode())
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        capture.seek(0)
+        message = capture.read().decode("utf-8", errors="replace").strip().splitlines()
+    if sampler:
+        llama_cpp.llama_sampler_free(sampler)
+        return ""
+    return message[0] if message else "llama.cpp did not parse the grammar"
+
+
 def measure_vs_llama_cpp(model, path, cases, args, extra) -> tuple[list[list[str]], list[list[str]], list[str]]:
     notes = []
     try:
@@ -279,9 +305,12 @@ def measure_vs_llama_cpp(model, path, cases, args, extra) -> tuple[list[list[str
         prompt = chat_ids(model.tokenizer, case.schema, case.prompt)
         try:
             grammar = LlamaGrammar.from_json_schema(json.dumps(case.schema), verbose=False)
+            problem = llama_grammar_problem(llm, grammar)
         except Exception as error:  # the converter refuses a keyword: every llama.cpp run of it fails
+            problem = f"{type(error).__name__}: {error}"
+        if problem:
             grammar = None
-            notes.append(f"llama.cpp cannot convert {name}: {type(error).__name__}: {error}")
+            notes.append(f"llama.cpp has no grammar for {name}: {problem[:160]}")
         run_metagen(model, prompt, case, 0.0, 0, args, extra)  # warm-up (compile, caches)
         for temperature, seed in settings:
             mine = run_metagen(model, prompt, case, temperature, seed, args, extra)
@@ -289,7 +318,7 @@ def measure_vs_llama_cpp(model, path, cases, args, extra) -> tuple[list[list[str
                 text, cut, count, rate = run_llama(llm, grammar, prompt, eos, temperature, seed, args)
                 theirs = (verdict(text, cut, case.schema), count, rate, text)
             else:
-                theirs = (("no grammar", ""), 0, float("nan"), "")
+                theirs = (("grammar not parsed", problem[:80]), 0, float("nan"), "")
             for engine, ((result, why), count, rate, _) in (("metagen", mine), ("llama.cpp", theirs)):
                 entry = tally.setdefault((engine, temperature), {"verdicts": [], "rates": [], "tokens": []})
                 entry["verdicts"].append(result)
