@@ -1,7 +1,7 @@
 """Structured generation on the embedded model, in one run: what a constraint costs and how its
 outputs compare with llama.cpp's own grammar sampling.
 
-    .venv/bin/python benchmarks/structured.py --markdown     # full run, about 8 minutes on 2 cores
+    .venv/bin/python benchmarks/structured.py --markdown     # full run, about 10 minutes on 2 busy cores
     .venv/bin/python benchmarks/structured.py --quick        # smoke check, about 2 minutes
 
 Model: the embedded SmolLM2-135M-Instruct GGUF, metagen's default dtype (int4 on its Q4_1 blocks).

@@ -358,7 +358,8 @@ def main() -> None:
     for engine in engines:
         leaked = special_tokens_in_strings(engine, tokenizer)
         anywhere = special_tokens_before_complete(engine, tokenizer)
-        print(f"  {engine.name}: {len(leaked)} / {len(anywhere)} {[tokenizer.id_to_token(token_id) for token_id in leaked]}")
+        names = [tokenizer.id_to_token(token_id) for token_id in leaked]
+        print(f"  {engine.name}: {len(leaked)} / {len(anywhere)} {names}")
 
     fork, rollback = llguidance_state_costs(tokenizer)
     print(f"\nllguidance deep_copy: {fork:.1f} us; rollback 3 tokens + re-consume them: {rollback:.1f} us")
