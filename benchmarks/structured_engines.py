@@ -3,6 +3,13 @@
     .venv/bin/python benchmarks/structured_engines.py               # both engines (xgrammar if installed)
     .venv/bin/python benchmarks/structured_engines.py --repeats 1   # quick check that it runs
 
+`benchmarks/structured.py` runs the same measurements as its engine section; this script runs
+them alone (seconds, no model weights). `SCHEMAS` is the schema set of both: six realistic
+extractions (the seed's Taylor Swift birth date, an order with patterns and bounded numbers, a
+support ticket with enums and optional fields, a weather reading with bounded numbers, a contact
+with a nested address, a calendar event with a date pattern and a nullable field), each with
+the text to extract from and one valid answer.
+
 For each JSON schema (the same set for both engines) and each engine:
   * compile: from the schema to the first mask, caches off (llguidance: grammar + `LLMatcher` +
     first mask, as it builds its lexer lazily; xgrammar: `compile_json_schema` + `GrammarMatcher`
@@ -11,8 +18,8 @@ For each JSON schema (the same set for both engines) and each engine:
     walked token by token (encoded with the model's tokenizer; each step computes the mask, then
     accepts the token); best mean over `--repeats` walks;
   * special tokens: how many of the tokenizer's special tokens (<|im_start|>, <|im_end|>, ...)
-    each engine allows inside a JSON string (the right answer is 0; EOS only where the value is
-    complete).
+    each engine allows inside a JSON string, and at any step of the six documents before the
+    value is complete (the right answer is 0 for both; EOS only where the value is complete).
 
 Also printed: the tokenizer adapters' build time, llguidance's fork (deep_copy) and rollback
 costs, a whole `StructuredProcessor` step (masks of every row + kernel + accept) at B = 1 and 16,
@@ -28,38 +35,103 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 
 import torch
 
+@dataclass(frozen=True)
+class Case:
+    """A realistic extraction: the schema, a text to extract from (the user turn), one valid answer."""
+
+    schema: dict
+    prompt: str
+    document: dict
+
+
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December"]
 SCHEMAS = {
-    "flat": ({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-              "required": ["name", "age"]},
-             {"name": "Ada Lovelace", "age": 36}),
-    "taylor_swift": ({"type": "object", "properties": {
-        "name": {"type": "string"},
-        "birthday": {"type": "object", "properties": {
-            "month": {"type": "string", "enum": ["January", "February", "March", "April", "May", "June", "July",
-                                                 "August", "September", "October", "November", "December"]},
-            "day": {"type": "integer", "minimum": 1, "maximum": 31},
-            "year": {"type": "integer", "minimum": 1900, "maximum": 2100}},
-            "required": ["month", "day", "year"]}},
-        "required": ["name", "birthday"]},
-        {"name": "Taylor Swift", "birthday": {"month": "December", "day": 13, "year": 1989}}),
-    "array_of_objects": ({"type": "object", "properties": {"items": {"type": "array", "maxItems": 5, "items": {
-        "type": "object", "properties": {"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-                                         "qty": {"type": "integer", "minimum": 1},
-                                         "price": {"type": "number", "minimum": 0}},
-        "required": ["sku", "qty", "price"]}}}, "required": ["items"]},
-        {"items": [{"sku": "ABC-1234", "qty": 2, "price": 9.99}, {"sku": "XYZ-0001", "qty": 1, "price": 120.5}]}),
-    "optional_enum_bool": ({"type": "object", "properties": {
-        "status": {"enum": ["active", "inactive", "banned"]}, "verified": {"type": "boolean"},
-        "note": {"type": "string", "maxLength": 40}, "score": {"type": "number", "minimum": -1, "maximum": 1}},
-        "required": ["status"]},
-        {"status": "active", "verified": True, "note": "checked by hand", "score": 0.25}),
-    "nested_anyof": ({"type": "object", "properties": {"event": {"type": "string"}, "payload": {"anyOf": [
-        {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}}, "required": ["x", "y"]},
-        {"type": "array", "items": {"type": "string"}}, {"type": "null"}]}}, "required": ["event", "payload"]},
-        {"event": "click", "payload": {"x": 10.5, "y": -3}}),
+    # the seed's example: name and birth date, bounded integers, no other properties
+    "taylor_swift": Case(
+        {"type": "object", "properties": {
+            "name": {"type": "string"},
+            "birth_date": {"type": "object", "properties": {
+                "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+                "month": {"type": "integer", "minimum": 1, "maximum": 12},
+                "day": {"type": "integer", "minimum": 1, "maximum": 31}},
+                "required": ["year", "month", "day"], "additionalProperties": False}},
+         "required": ["name", "birth_date"], "additionalProperties": False},
+        "Taylor Swift was born December 13, 1989. Give her name and birth date as JSON.",
+        {"name": "Taylor Swift", "birth_date": {"year": 1989, "month": 12, "day": 13}}),
+    # an array of objects with patterns and bounded numbers
+    "order": Case(
+        {"type": "object", "properties": {
+            "order_id": {"type": "string", "pattern": "^ORD-[0-9]{6}$"},
+            "items": {"type": "array", "minItems": 1, "maxItems": 5, "items": {"type": "object", "properties": {
+                "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+                "quantity": {"type": "integer", "minimum": 1, "maximum": 99},
+                "unit_price": {"type": "number", "minimum": 0, "maximum": 10000}},
+                "required": ["sku", "quantity", "unit_price"], "additionalProperties": False}},
+            "express": {"type": "boolean"}},
+         "required": ["order_id", "items", "express"], "additionalProperties": False},
+        "Order ORD-204517: two boxes of pens (SKU PEN-0042) at 3.49 each and one stapler (SKU STP-1100) "
+        "at 12.99. Standard shipping. Give the order as JSON.",
+        {"order_id": "ORD-204517", "items": [{"sku": "PEN-0042", "quantity": 2, "unit_price": 3.49},
+                                             {"sku": "STP-1100", "quantity": 1, "unit_price": 12.99}],
+         "express": False}),
+    # enums, a bounded string, optional fields
+    "ticket": Case(
+        {"type": "object", "properties": {
+            "category": {"enum": ["billing", "technical", "account", "shipping", "other"]},
+            "priority": {"type": "string", "enum": ["low", "medium", "high", "urgent"]},
+            "summary": {"type": "string", "maxLength": 80},
+            "refund_requested": {"type": "boolean"},
+            "order_id": {"type": "string", "pattern": "^ORD-[0-9]{6}$"}},
+         "required": ["category", "priority", "summary"], "additionalProperties": False},
+        "Classify this support email as JSON. Email: 'Hi, I was charged twice for order ORD-118230 "
+        "this morning. Please fix this today and refund the second charge. - Dana'",
+        {"category": "billing", "priority": "high", "summary": "Charged twice for one order",
+         "refund_requested": True, "order_id": "ORD-118230"}),
+    # numbers with bounds (exclusive and inclusive, integer and real)
+    "weather": Case(
+        {"type": "object", "properties": {
+            "station": {"type": "string", "maxLength": 40},
+            "temperature_c": {"type": "number", "minimum": -60, "maximum": 60},
+            "humidity_percent": {"type": "integer", "minimum": 0, "maximum": 100},
+            "wind_kmh": {"type": "number", "minimum": 0, "exclusiveMaximum": 400},
+            "visibility_km": {"type": "number", "exclusiveMinimum": 0, "maximum": 50}},
+         "required": ["station", "temperature_c", "humidity_percent", "wind_kmh"], "additionalProperties": False},
+        "Report from Oslo Blindern at 14:00: 4.5 degrees Celsius, humidity 81%, wind 14 km/h, visibility "
+        "10 km. Give the reading as JSON.",
+        {"station": "Oslo Blindern", "temperature_c": 4.5, "humidity_percent": 81, "wind_kmh": 14,
+         "visibility_km": 10}),
+    # nested objects, a format-like pattern, optional fields
+    "contact": Case(
+        {"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 60},
+            "email": {"type": "string", "pattern": "^[a-z0-9._-]+@[a-z0-9-]+(\\.[a-z0-9-]+)+$"},
+            "phone": {"type": "string", "pattern": "^\\+?[0-9 ]{7,15}$"},
+            "address": {"type": "object", "properties": {
+                "street": {"type": "string"}, "city": {"type": "string"},
+                "postal_code": {"type": "string", "pattern": "^[0-9]{5}$"},
+                "country": {"type": "string", "enum": ["US", "CA", "GB", "DE", "FR", "other"]}},
+                "required": ["city", "country"], "additionalProperties": False}},
+         "required": ["name", "address"], "additionalProperties": False},
+        "Extract the contact as JSON: 'Maria Lopez, 1200 Pine Street, Seattle, WA 98101, USA. "
+        "maria.lopez@example.com'",
+        {"name": "Maria Lopez", "email": "maria.lopez@example.com",
+         "address": {"street": "1200 Pine Street", "city": "Seattle", "postal_code": "98101", "country": "US"}}),
+    # a date pattern, an array of strings, a nullable field (anyOf)
+    "event": Case(
+        {"type": "object", "properties": {
+            "title": {"type": "string", "maxLength": 60},
+            "date": {"type": "string", "pattern": "^20[0-9]{2}-[01][0-9]-[0-3][0-9]$"},
+            "attendees": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 6},
+            "location": {"anyOf": [{"type": "string", "maxLength": 40}, {"type": "null"}]}},
+         "required": ["title", "date", "attendees", "location"], "additionalProperties": False},
+        "Put this in the calendar as JSON: budget review with Ana, Raj and Lee on 2025-03-14, room not yet "
+        "booked.",
+        {"title": "Budget review", "date": "2025-03-14", "attendees": ["Ana", "Raj", "Lee"], "location": None}),
 }
 MAX_WHITESPACE = 8
 
@@ -144,10 +216,11 @@ def allowed_ids(bitmask, vocab_size):
     return set(bitmask_to_bool(bitmask, vocab_size)[0].nonzero().flatten().tolist())
 
 
-def measure_engine(engine, tokenizer, repeats):
+def measure_engine(engine, tokenizer, repeats, cases=None):
     """Per schema: compile to the first mask (ms), then the mean mask time of the later tokens (us)."""
     rows = {}
-    for name, (schema, document) in SCHEMAS.items():
+    for name, case in (cases or SCHEMAS).items():
+        schema, document = case.schema, case.document
         tokens = tokenizer.encode(json.dumps(document), add_special_tokens=False)
         bitmask = engine.new_bitmask()
         compiles, means = [], []
@@ -170,7 +243,7 @@ def measure_engine(engine, tokenizer, repeats):
 
 def special_tokens_in_strings(engine, tokenizer):
     """Special token ids the engine allows right after '{"name": "Tay' (inside a JSON string)."""
-    matcher = engine.compile(SCHEMAS["flat"][0])
+    matcher = engine.compile(SCHEMAS["taylor_swift"].schema)
     for token in tokenizer.encode('{"name": "Tay', add_special_tokens=False):
         engine.accept(matcher, token)
     bitmask = engine.new_bitmask()
@@ -178,10 +251,24 @@ def special_tokens_in_strings(engine, tokenizer):
     return sorted(allowed_ids(bitmask, tokenizer.vocab_size) & set(tokenizer.special_token_ids))
 
 
+def special_tokens_before_complete(engine, tokenizer, cases=None):
+    """Special token ids the engine allows at some step of a valid document before it is complete."""
+    special = set(tokenizer.special_token_ids)
+    leaked: set[int] = set()
+    for case in (cases or SCHEMAS).values():
+        matcher = engine.compile(case.schema)
+        bitmask = engine.new_bitmask()
+        for token in tokenizer.encode(json.dumps(case.document), add_special_tokens=False):
+            engine.fill(matcher, bitmask)
+            leaked |= allowed_ids(bitmask, tokenizer.vocab_size) & special
+            engine.accept(matcher, token)
+    return sorted(leaked)
+
+
 def llguidance_state_costs(tokenizer, repeats=2000):
     engine = Llguidance(tokenizer)
-    matcher = engine.compile(SCHEMAS["taylor_swift"][0])
-    tokens = tokenizer.encode(json.dumps(SCHEMAS["taylor_swift"][1]), add_special_tokens=False)
+    matcher = engine.compile(SCHEMAS["taylor_swift"].schema)
+    tokens = tokenizer.encode(json.dumps(SCHEMAS["taylor_swift"].document), add_special_tokens=False)
     for token in tokens[:10]:
         engine.accept(matcher, token)
     start = time.perf_counter()
@@ -201,7 +288,7 @@ def processor_step_costs(tokenizer, repeats):
     from metagen.structured.processor import StructuredProcessor
     from metagen.structured.spec import StructuredOutputs
 
-    schema, document = SCHEMAS["taylor_swift"]
+    schema, document = SCHEMAS["taylor_swift"].schema, SCHEMAS["taylor_swift"].document
     tokens = tokenizer.encode(json.dumps(document), add_special_tokens=False)
     spec = StructuredOutputs(json=schema)
     results = {}
@@ -266,10 +353,13 @@ def main() -> None:
         cells = [f"{results[e.name][name]['compile_ms']:.2f} | {results[e.name][name]['mask_us']:.1f}" for e in engines]
         print(f"| {name} | {results[engines[0].name][name]['tokens']} | " + " | ".join(cells) + " |")
 
-    print("\nSpecial tokens allowed inside a JSON string (should be none):")
+    print(f"\nSpecial tokens ({len(tokenizer.special_token_ids)} in the vocabulary) allowed inside a JSON string / "
+          "anywhere before the value is complete (should be none):")
     for engine in engines:
         leaked = special_tokens_in_strings(engine, tokenizer)
-        print(f"  {engine.name}: {len(leaked)} {[tokenizer.id_to_token(token_id) for token_id in leaked]}")
+        anywhere = special_tokens_before_complete(engine, tokenizer)
+        names = [tokenizer.id_to_token(token_id) for token_id in leaked]
+        print(f"  {engine.name}: {len(leaked)} / {len(anywhere)} {names}")
 
     fork, rollback = llguidance_state_costs(tokenizer)
     print(f"\nllguidance deep_copy: {fork:.1f} us; rollback 3 tokens + re-consume them: {rollback:.1f} us")
