@@ -205,7 +205,8 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
                            code="request_timeout")
         if event.error is not None:
             raise APIError(f"generation failed: {event.error}", None, status=500, type="server_error")
-        return JSONResponse(full_response(parsed, job.completions, texts, job.prompt_records, job.cached_tokens), headers=headers)
+        return JSONResponse(full_response(parsed, job.completions, texts, job.prompt_records, job.cached_tokens),
+                            headers=headers)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
