@@ -151,6 +151,10 @@ def test_with_a_kv_cache_evicted_slots_return_to_the_free_list():
     assert kv.num_cached_slots == 4 and prefixes.size == 4
     with pytest.raises(ValueError, match="free"):
         kv.share([found.slots[0], 15])
+    with pytest.raises(TypeError, match="integer"):
+        kv.share([0.5])
+    with pytest.raises(ValueError, match=r"\[0, 16\)"):
+        kv.share([16])
     with pytest.raises(ValueError, match="distinct"):
         kv.share([found.slots[0], found.slots[0]])
 

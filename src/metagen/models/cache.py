@@ -148,7 +148,10 @@ class KVCache:
         """A snapshot of any slots in use, `slots (k,)`, taking one reference each: a row made
         from a cached prefix (`restore([cache.share(prefix_slots)])`), or a prefix cache keeping
         slots alive after their rows left. O(k) ints."""
-        slots = np.array(slots, dtype=np.int64).reshape(-1)
+        given = np.asarray(slots)
+        if given.size and given.dtype.kind not in "iu":
+            raise TypeError(f"slots must be integer slot ids, got an array of {given.dtype}")
+        slots = given.astype(np.int64).reshape(-1)
         if slots.size and (slots.min() < 0 or slots.max() >= len(self._refcount)):
             raise ValueError(f"slots must be slot ids in [0, {len(self._refcount)})")
         if slots.size and (self._refcount[slots] <= 0).any():
