@@ -38,7 +38,8 @@ def add_parser(commands) -> None:
                             "504 (default: no limit)")
     serve.add_argument("--cache-memory", default=None, metavar="SIZE",
                        help="keys and values the cross-request prefix cache may keep, e.g. 256MiB or 1GB "
-                            "(default 256MiB; 0 disables it)")
+                            "(default 256MiB with the paged KV cache of native models, none with others; 0 "
+                            "disables it)")
     serve.add_argument("--no-prefix-cache", action="store_true",
                        help="no cross-request prefix cache (the same as --cache-memory 0)")
     serve.add_argument("--lenient", action="store_true",

@@ -5,15 +5,18 @@ request, in admission order, so request r owns the contiguous rows `[start_r, st
 and its logits are the slice `logits[start_r : start_r + k_r]` (a view, no copy). One step:
 
     admit waiting requests while rows are free:            # each prefilled alone (below)
-        snapshot the running rows; cache.reset(1)
-        out = model.forward(cache, [prompt_ids])            # the prompt's own forward, (1, V)
+        snapshot the running rows
+        cache.restore([share(cached prefix slots)])         # or reset(1) when nothing is cached
+        out = model.forward(cache, [prompt_ids[cached:]])   # the prompt's own forward, (1, V)
         cache.restore(running + [prompt row] * n)           # page-table ints, no K/V copy
+        prefix_cache.insert(prompt_ids, prompt slots); lock it
     for each request r (rows a..b):                         # per-request sampling state
         processed = chain_r.process(logits[a:b])            # its own SamplingParams / constraint
         tokens    = chain_r.choose(processed, generator_r)  # its own torch.Generator
         chain_r.accept(tokens)
     records = token_records(all rows at once)               # one batched log-softmax / top-k
     row.push(token, record, chain_r.stop_verdict(b))        # per row: the shared decoding core
+    prefix_cache.insert(finished rows' prompt + output)     # before their rows leave
     cache.select(rows still running); chain_r.select(...)   # finished / cancelled rows leave
     logits = model.forward(cache, last tokens (B, 1))       # one decode forward for every row
 
@@ -22,7 +25,7 @@ prefill (a 1-row forward of the prompt), the same chain (`request_chain`) and th
 generator draws in the same order (one `torch.Generator` per request, drawing for that request's
 rows only), so a request's output does not depend on its batch companions except through the
 floating-point rounding of a batched forward. Prefilling each prompt alone keeps its prefill
-bit-identical to a run alone; a mixed prefill + decode forward would pad it.
+bit-identical to a run alone (when no prefix comes from the prefix cache, below); a mixed prefill + decode forward would pad it.
 
 Cost per step: one forward of B rows × 1 token plus one forward per admitted prompt; the
 per-request work is O(k_r · V) for the chain and the records.
