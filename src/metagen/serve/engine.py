@@ -25,7 +25,8 @@ prefill (a 1-row forward of the prompt), the same chain (`request_chain`) and th
 generator draws in the same order (one `torch.Generator` per request, drawing for that request's
 rows only), so a request's output does not depend on its batch companions except through the
 floating-point rounding of a batched forward. Prefilling each prompt alone keeps its prefill
-bit-identical to a run alone (when no prefix comes from the prefix cache, below); a mixed prefill + decode forward would pad it.
+bit-identical to a run alone (when no prefix comes from the prefix cache, below); a mixed
+prefill + decode forward would pad it.
 
 Cost per step: one forward of B rows × 1 token plus one forward per admitted prompt; the
 per-request work is O(k_r · V) for the chain and the records.
