@@ -205,6 +205,22 @@ def test_a_running_requests_prompt_is_never_evicted(model_fp32):
         tiny.stop()
 
 
+def test_a_cancelled_request_unpins_its_prompt_and_frees_its_slots(model_fp32):
+    tiny = Engine(model_fp32, max_rows=4, cache_memory=4 * bytes_per_token(model_fp32.new_cache(1)))
+    tiny.start()
+    try:
+        ids = chat(model_fp32, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Tell me a story."}])
+        long = Run(tiny, ids, SamplingParams(temperature=0, max_tokens=500, ignore_eos=True))
+        assert long.first.wait(120)
+        long.request.cancel()
+        assert long.done.wait(60) and long.events[-1] == DoneEvent("cancelled")
+        run(tiny, ids[:5], SamplingParams(temperature=0, max_tokens=1))  # a step after the cancellation
+        assert tiny.prefix_cache.size <= 4
+        assert tiny._cache.num_cached_slots == tiny.prefix_cache.size  # nothing else holds a slot
+    finally:
+        tiny.stop()
+
+
 def test_cache_memory_is_checked(model_fp32):
     with pytest.raises(ValueError, match="cache_memory"):
         Engine(model_fp32, cache_memory=-1)
