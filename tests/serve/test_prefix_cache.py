@@ -92,8 +92,8 @@ def test_multi_turn_chat_and_shared_system_prompt_reuse_the_longest_prefix_and_e
         model_fp32, engines):
     cached, cold = engines
     reference = Reference()
-    greedy = SamplingParams(temperature=0, max_tokens=24, logprobs=1)
-    seeded = SamplingParams(temperature=0.8, top_p=0.95, seed=11, max_tokens=20, n=2, logprobs=1)
+    greedy = SamplingParams(temperature=0, max_tokens=16, logprobs=1)
+    seeded = SamplingParams(temperature=0.8, top_p=0.95, seed=11, max_tokens=12, n=2, logprobs=1)
     conversation = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "How much is a croissant?"}]
     prompts = []
     for turn in range(3):  # each turn's prompt holds the previous turns' prompt and answer
@@ -173,9 +173,9 @@ def test_a_small_budget_evicts_serves_no_wrong_keys_and_keeps_the_pool_bounded(m
     small = Engine(model_fp32, max_rows=4, cache_memory=budget_tokens * bytes_per_token(model_fp32.new_cache(1)))
     small.start()
     try:
-        params = SamplingParams(temperature=0, max_tokens=12)
-        questions = ["How much is a croissant?", "Do you sell rye bread?", "What is in the apple tart?",
-                     "How much is a croissant?", "Is the baguette fresh?", "Do you sell rye bread?"]
+        params = SamplingParams(temperature=0, max_tokens=8)
+        questions = ["How much is a croissant?", "Do you sell rye bread?", "How much is a croissant?",
+                     "Is the baguette fresh?"]
         for question in questions:
             ids = chat(model_fp32, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}])
             mine = run(small, ids, params)
