@@ -3,7 +3,7 @@
     metagen serve [--model PATH] [--dtype] [--threads] [--host 127.0.0.1] [--port 8000]
                   [--served-model-name NAME]
                   [--api-key-env VAR] [--max-rows 16] [--max-queue 64] [--request-timeout SECONDS]
-                  [--lenient]
+                  [--cache-memory 256MiB | --no-prefix-cache] [--lenient]
 
 Binds to 127.0.0.1 unless told otherwise. FastAPI and uvicorn come with the `serve` extra
 (`pip install 'metagen[serve]'`); they are imported only when the command runs.
@@ -36,6 +36,12 @@ def add_parser(commands) -> None:
     serve.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
                        help="most seconds a request may take from its arrival, queueing included; beyond it HTTP "
                             "504 (default: no limit)")
+    serve.add_argument("--cache-memory", default=None, metavar="SIZE",
+                       help="keys and values the cross-request prefix cache may keep, e.g. 256MiB or 1GB "
+                            "(default 256MiB with the paged KV cache of native models, none with others; 0 "
+                            "disables it)")
+    serve.add_argument("--no-prefix-cache", action="store_true",
+                       help="no cross-request prefix cache (the same as --cache-memory 0)")
     serve.add_argument("--lenient", action="store_true",
                        help="ignore unknown request fields instead of answering 400 (listed in a response header)")
     serve.set_defaults(run=run)
@@ -53,6 +59,15 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--served-model-name must not be empty")
     if args.request_timeout is not None and not args.request_timeout > 0:
         raise ValueError(f"--request-timeout {args.request_timeout} must be > 0 seconds")
+    cache_memory = None
+    if args.cache_memory is not None:
+        from metagen.models.prefix_cache import parse_size
+
+        cache_memory = parse_size(args.cache_memory, "--cache-memory")
+        if args.no_prefix_cache and cache_memory:
+            raise ValueError(f"--no-prefix-cache contradicts --cache-memory {args.cache_memory}: give one of them")
+    if args.no_prefix_cache:
+        cache_memory = 0
     api_key = None
     if args.api_key_env is not None:
         api_key = os.environ.get(args.api_key_env)
@@ -68,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from metagen.serve.engine import Engine
 
     model = common.load_model(args)
-    engine = Engine(model, max_rows=args.max_rows, max_queue=args.max_queue)
+    engine = Engine(model, max_rows=args.max_rows, max_queue=args.max_queue, cache_memory=cache_memory)
     engine.start()
     name = args.served_model_name or model.name
     app = create_app(model, engine, api_key=api_key, lenient=args.lenient, request_timeout=args.request_timeout,

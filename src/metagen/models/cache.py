@@ -13,7 +13,8 @@ changed, so rows can share them freely:
   of different lengths in one batch.
 - **snapshot / restore**: a `RowSnapshot` keeps a row's slots alive outside the batch (one
   reference per slot); `restore` makes the batch any list of snapshots. Tree search keeps one
-  snapshot per node and expands any set of nodes without recomputing their prefixes.
+  snapshot per node and expands any set of nodes without recomputing their prefixes. `share`
+  makes a snapshot of any slots in use (a prefix cache's edge, or a row from a cached prefix).
 
 Attention gathers each row's keys and values through its page table (one `index_select` per
 layer), which costs one read of what it attends to anyway. The pool grows by doubling when free slots run out.
@@ -140,6 +141,24 @@ class KVCache:
     def snapshot(self, row: int) -> RowSnapshot:
         """Keep `row`'s cached prefix alive outside the batch (slot references, no K/V copy)."""
         slots = self.slots(row)
+        self._refcount[slots] += 1
+        return RowSnapshot(slots, self)
+
+    def share(self, slots: Sequence[int]) -> RowSnapshot:
+        """A snapshot of any slots in use, `slots (k,)`, taking one reference each: a row made
+        from a cached prefix (`restore([cache.share(prefix_slots)])`), or a prefix cache keeping
+        slots alive after their rows left. O(k) ints."""
+        given = np.asarray(slots)
+        if given.size and given.dtype.kind not in "iu":
+            raise TypeError(f"slots must be integer slot ids, got an array of {given.dtype}")
+        slots = given.astype(np.int64).reshape(-1)
+        if slots.size and (slots.min() < 0 or slots.max() >= len(self._refcount)):
+            raise ValueError(f"slots must be slot ids in [0, {len(self._refcount)})")
+        if slots.size and (self._refcount[slots] <= 0).any():
+            free = int(slots[self._refcount[slots] <= 0][0])
+            raise ValueError(f"slot {free} is free: only slots in use can be shared")
+        if np.unique(slots).size != slots.size:
+            raise ValueError("slots must be distinct slot ids (a row never stores a slot twice)")
         self._refcount[slots] += 1
         return RowSnapshot(slots, self)
 

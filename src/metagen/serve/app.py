@@ -205,7 +205,8 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
                            code="request_timeout")
         if event.error is not None:
             raise APIError(f"generation failed: {event.error}", None, status=500, type="server_error")
-        return JSONResponse(full_response(parsed, job.completions, texts, job.prompt_records), headers=headers)
+        return JSONResponse(full_response(parsed, job.completions, texts, job.prompt_records, job.cached_tokens),
+                            headers=headers)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -259,7 +260,7 @@ async def _sse(parsed: ParsedRequest, job: ServeRequest, events: asyncio.Queue, 
             yield _data(writer.token(event.index, event.text, event.token_id, event.record, event.finish_reason,
                                      stop_reason))
         if parsed.include_usage:
-            yield _data(writer.usage(len(parsed.prompt_ids), generated))
+            yield _data(writer.usage(len(parsed.prompt_ids), generated, job.cached_tokens))
         yield "data: [DONE]\n\n"
     finally:
         if not done:

@@ -10,6 +10,10 @@
     metagen_batch_rows_max                    most rows decoded in one step so far
     metagen_decode_steps_total                decode forwards
     metagen_decode_step_rows_total            rows over all decode forwards (/ steps = mean batch)
+    metagen_prefix_cache_hits_total           requests that reused a cached prefix
+    metagen_prefix_cache_reused_tokens_total  prompt tokens taken from the prefix cache (not prefilled)
+    metagen_prefix_cache_evicted_tokens_total tokens evicted from the prefix cache
+    metagen_prefix_cache_tokens               tokens the prefix cache holds now
 """
 
 from __future__ import annotations
@@ -63,4 +67,12 @@ def render(engine: Engine, requests: RequestCounter) -> str:
     _metric(lines, "metagen_decode_steps_total", "counter", "Decode forwards.", [("", stats.steps)])
     _metric(lines, "metagen_decode_step_rows_total", "counter", "Rows over all decode forwards.",
             [("", stats.step_rows)])
+    _metric(lines, "metagen_prefix_cache_hits_total", "counter", "Requests that reused a cached prefix.",
+            [("", stats.prefix_hits)])
+    _metric(lines, "metagen_prefix_cache_reused_tokens_total", "counter",
+            "Prompt tokens taken from the prefix cache instead of prefilled.", [("", stats.prefix_tokens_reused)])
+    _metric(lines, "metagen_prefix_cache_evicted_tokens_total", "counter", "Tokens evicted from the prefix cache.",
+            [("", stats.prefix_tokens_evicted)])
+    _metric(lines, "metagen_prefix_cache_tokens", "gauge", "Tokens the prefix cache holds.",
+            [("", stats.prefix_tokens_cached)])
     return "\n".join(lines) + "\n"

@@ -33,9 +33,11 @@ def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; `cached_tokens`: prompt tokens taken from the prefix cache."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def _completion_logprobs(tokens: list[int], logprobs: list[float], tops, texts: TokenTexts, as_id: bool,
@@ -74,7 +76,7 @@ def choice_logprobs(request: ParsedRequest, tokens: list[int], logprobs: list[fl
 
 
 def full_response(request: ParsedRequest, completions: list[Completion], texts: TokenTexts,
-                  prompt_records: list[TokenRecord] | None = None) -> dict:
+                  prompt_records: list[TokenRecord] | None = None, cached_tokens: int = 0) -> dict:
     """The non-streaming answer to one request; with echo, each choice starts with the prompt's
     text and its tokens (the first with log-prob None: nothing precedes it)."""
     choices = []
@@ -102,7 +104,7 @@ def full_response(request: ParsedRequest, completions: list[Completion], texts: 
         "created": int(time.time()),
         "model": request.model,
         "choices": choices,
-        "usage": usage(len(request.prompt_ids), generated),
+        "usage": usage(len(request.prompt_ids), generated, cached_tokens),
     }
 
 
@@ -138,5 +140,5 @@ class ChunkWriter:
             choice["text"] = text
         return self._chunk([choice])
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict:
-        return self._chunk([], usage=usage(prompt_tokens, completion_tokens))
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+        return self._chunk([], usage=usage(prompt_tokens, completion_tokens, cached_tokens))
