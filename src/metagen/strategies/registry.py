@@ -98,10 +98,10 @@ class StrategySpec:
         if config is not None:
             for name, field in config_fields(config).items():
                 if field.path[0] not in self.set_by_run:
-                    found[name] = OptionField(name, field.kind, field.optional, _SHARED_DEFAULTS.get(name, field.default),
-                                              field.path)
+                    shared = config_fields(StrategyOptions).get(name)  # read from StrategyOptions: its type, default
+                    found[name] = field if shared is None else replace(shared, path=field.path)
         if self.uses_value:
-            found["value"] = OptionField("value", str, True, None, ())
+            found["value"] = replace(config_fields(StrategyOptions)["value"], path=())
         return found
 
     def parse(self, given: Mapping[str, object], where: str = "") -> tuple[int, StrategyOptions, dict]:

@@ -1,0 +1,108 @@
+"""Strategies through the API: `metagen` in the body (openai's extra_body) or the model name
+`strategy:model`, run over the engine, checked against the same strategy on a LocalGenerator."""
+
+from __future__ import annotations
+
+import pytest
+
+from metagen.decoding import LocalGenerator
+from metagen.sampling import SamplingParams
+from metagen.strategies.registry import get_strategy
+
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.slow
+
+QUESTION = [{"role": "user", "content": "What is 7 + 5? Answer with a number."}]
+SAMPLING = {"temperature": 0.9, "max_tokens": 12, "seed": 11}
+
+
+def _local(model, name: str, n: int, given: dict | None = None):
+    """The strategy run by the library on a LocalGenerator with the request's seed."""
+    spec = get_strategy(name)
+    n, options, overrides = spec.parse({"n": n, **(given or {})})
+    params = SamplingParams(**SAMPLING)
+    return spec.run(LocalGenerator(model, chat=True), QUESTION, n, params, options, params.make_generator(), overrides)
+
+
+def test_self_consistency_equals_a_local_run_and_counts_every_token(client, served_model, model):
+    answer = client.chat.completions.create(model=served_model, messages=QUESTION, **SAMPLING,
+                                            extra_body={"metagen": {"strategy": "self_consistency", "n": 4}})
+    block = answer.model_extra["metagen"]
+    local = _local(model, "self_consistency", 4)
+    # the engine draws from the strategy's generator exactly as the local loop does
+    assert [c["text"] for c in block["candidates"]] == [c.text for c in local.candidates]
+    assert block["answer"] == local.answer
+    assert block["votes"] == local.votes
+    assert answer.choices[0].message.content == local.chosen.text
+    assert block["candidates"][block["chosen"]]["text"] == local.chosen.text
+    # usage: one request of 4 rows: its prompt once, every row's tokens
+    tokens = sum(c["tokens"] for c in block["candidates"])
+    assert answer.usage.completion_tokens == tokens == block["cost"]["generated_tokens"]
+    assert answer.usage.prompt_tokens == block["cost"]["prompt_tokens_computed"]
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + tokens
+    assert block["requests"] == 1 and len(block["candidates"]) == 4
+
+
+def test_model_name_form_runs_the_strategy(client, served_model, model):
+    answer = client.chat.completions.create(model=f"self_consistency:{served_model}", messages=QUESTION, **SAMPLING,
+                                            extra_body={"metagen": {"n": 3}})
+    assert answer.model == f"self_consistency:{served_model}"
+    block = answer.model_extra["metagen"]
+    assert block["strategy"] == "self_consistency" and len(block["candidates"]) == 3
+    assert block["answer"] == _local(model, "self_consistency", 3).answer
+
+
+def test_a_multi_request_strategy_counts_all_its_requests(client, served_model, model):
+    """self_refine makes 2n - 1 requests (draft, then critique + revision per round): usage is
+    their sum, and the texts equal a local run (each request draws from the same generator)."""
+    answer = client.chat.completions.create(model=served_model, messages=QUESTION, **SAMPLING,
+                                            extra_body={"metagen": {"strategy": "self_refine", "n": 2}})
+    block = answer.model_extra["metagen"]
+    local = _local(model, "self_refine", 2)
+    assert answer.choices[0].message.content == local.chosen.text
+    assert block["requests"] == 3
+    assert answer.usage.completion_tokens == block["cost"]["generated_tokens"] == local.cost.generated_tokens
+    assert answer.usage.prompt_tokens == block["cost"]["prompt_tokens_computed"] == local.cost.prompt_tokens_computed
+
+
+@pytest.mark.parametrize(("metagen", "param", "words"), [
+    ({"strategy": "no_such_strategy"}, "metagen.strategy", "no_such_strategy"),
+    ({"strategy": "self_consistency", "width": 4}, "metagen.width", "width"),
+    ({"strategy": "self_consistency", "n": 0}, "metagen.n", ">= 1"),
+    ({"strategy": "self_consistency", "n": "four"}, "metagen.n", "must be a int"),
+    ({"strategy": "self_consistency", "n": 9}, "metagen.n", "--max-rows 8"),
+    ({"strategy": "rebase", "value": "steps", "temperature": -1.0}, "metagen.temperature", "> 0"),
+    ({"strategy": "rebase", "value": "/etc/passwd"}, "metagen.value", "steps or judge"),
+    ({"strategy": "rebase"}, "metagen.value", "needs metagen.value"),
+    ({"n": 2}, "metagen.strategy", "required"),
+])
+def test_bad_strategy_configuration_is_400_naming_the_field(client, served_model, metagen, param, words):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=served_model, messages=QUESTION, max_tokens=4,
+                                       extra_body={"metagen": metagen})
+    error = raised.value.body
+    assert error["param"] == param
+    assert words in error["message"]
+
+
+def test_unknown_strategy_in_the_model_name_is_400(client, served_model):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=f"nonesuch:{served_model}", messages=QUESTION, max_tokens=4)
+    assert raised.value.body["param"] == "model" and "nonesuch" in raised.value.body["message"]
+
+
+def test_a_strategy_needing_a_local_cache_is_400_naming_the_capability(client, served_model):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=served_model, messages=QUESTION, max_tokens=4,
+                                       extra_body={"metagen": {"strategy": "tokenwise_cd", "value": "steps"}})
+    assert raised.value.body["param"] == "metagen.strategy"
+    assert "local_cache" in raised.value.body["message"]
+
+
+@pytest.mark.parametrize(("fields", "param"), [({"stream": True}, "stream"), ({"n": 2}, "n"),
+                                               ({"logprobs": True}, "logprobs")])
+def test_request_fields_a_strategy_cannot_honour_are_refused(client, served_model, fields, param):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=served_model, messages=QUESTION, max_tokens=4, **fields,
+                                       extra_body={"metagen": {"strategy": "self_consistency", "n": 2}})
+    assert raised.value.body["param"] == param
