@@ -106,3 +106,17 @@ def test_request_fields_a_strategy_cannot_honour_are_refused(client, served_mode
         client.chat.completions.create(model=served_model, messages=QUESTION, max_tokens=4, **fields,
                                        extra_body={"metagen": {"strategy": "self_consistency", "n": 2}})
     assert raised.value.body["param"] == param
+
+
+def test_a_tree_search_runs_through_step_continuations(client, served_model):
+    """rebase over the engine: no local cache, so its steps are continuations of raw prefixes
+    (STEP_CONTINUATION); every one is an engine request, and usage sums them all."""
+    answer = client.chat.completions.create(
+        model=served_model, messages=QUESTION, temperature=0.9, max_tokens=8, seed=3,
+        extra_body={"metagen": {"strategy": "rebase", "n": 2, "value": "steps", "max_steps": 2,
+                                "max_step_tokens": 4}})
+    block = answer.model_extra["metagen"]
+    assert block["requests"] > 1
+    assert block["candidates"] and answer.choices[0].message.content == block["candidates"][block["chosen"]]["text"]
+    assert answer.usage.completion_tokens == block["cost"]["generated_tokens"]
+    assert answer.usage.prompt_tokens == block["cost"]["prompt_tokens_computed"]
