@@ -54,10 +54,13 @@ def _scalar(hint) -> tuple[type | None, bool]:
 
 
 def _nested(hint) -> type | None:
-    """The dataclass of a hint that is one (or one `| None`), else None."""
+    """The config dataclass of a hint that is one (or one `| None`), else None; SamplingParams
+    is never one (the request's sampling is the runner's to set)."""
+    from metagen.sampling import SamplingParams
+
     candidates = [hint, *typing.get_args(hint)]
     for candidate in candidates:
-        if isinstance(candidate, type) and dataclasses.is_dataclass(candidate):
+        if isinstance(candidate, type) and dataclasses.is_dataclass(candidate) and candidate is not SamplingParams:
             return candidate
     return None
 

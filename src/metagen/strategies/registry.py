@@ -81,6 +81,8 @@ class StrategySpec:
     why_unconstrained: str = ""  # when it cannot: why, for the refusal
     config: str | None = None  # "module:Class" of its own config dataclass: its scalar fields are its options
     set_by_run: frozenset[str] = frozenset({"n", "params"})  # config fields the runner sets (from n, the request)
+    extracts: bool = False  # the runner extracts each candidate's answer itself (reads pattern, answer_field)
+    defaults: tuple[tuple[str, object], ...] = ()  # its own defaults for config fields, over the config's
 
     def config_class(self) -> type | None:
         """Its config dataclass (imported on first use: the registry itself stays light)."""
@@ -100,6 +102,11 @@ class StrategySpec:
                 if field.path[0] not in self.set_by_run:
                     shared = config_fields(StrategyOptions).get(name)  # read from StrategyOptions: its type, default
                     found[name] = field if shared is None else replace(shared, path=field.path)
+            for name, value in self.defaults:
+                found[name] = replace(found[name], default=value)
+        if self.extracts:
+            shared = config_fields(StrategyOptions)
+            found.update({name: replace(shared[name], path=()) for name in ("pattern", "answer_field")})
         if self.uses_value:
             found["value"] = replace(config_fields(StrategyOptions)["value"], path=())
         return found
@@ -171,7 +178,7 @@ class StrategySpec:
         """Check the generator's capabilities (before any request), then run the strategy;
         `overrides`: values of its config fields (from `parse`), over the runner's own."""
         self.check(generator, options, params)
-        return self.runner(generator, prompt, n, params, options, rng, dict(overrides or {}))
+        return self.runner(generator, prompt, n, params, options, rng, {**dict(self.defaults), **(overrides or {})})
 
     def check_n(self, n: int) -> None:
         if n < 1:
@@ -220,8 +227,7 @@ def _weighted_voting(generator, prompt, n, params, options, rng, overrides):
     from metagen.scoring.logprob import self_certainty
     from metagen.strategies.weighted_voting import WeightedVotingConfig, weighted_voting
 
-    config = WeightedVotingConfig(n, params, options.pattern, options.math, exp_scores=False,
-                                  answer_field=options.answer_field)
+    config = WeightedVotingConfig(n, params, options.pattern, options.math, answer_field=options.answer_field)
     return weighted_voting(generator, prompt, configure(config, overrides), self_certainty, rng=rng)
 
 
@@ -293,8 +299,7 @@ def _tokenwise_cd(generator, prompt, n, params, options, rng, overrides):
     from metagen.strategies.tree.runner import run_search
 
     params = replace(params, n=1)
-    config = TokenwiseCDConfig(n=1, top_k=n, strength=LAMBDA, params=params, pattern=options.pattern,
-                               answer_field=options.answer_field)
+    config = TokenwiseCDConfig(n=1, top_k=n, params=params, pattern=options.pattern, answer_field=options.answer_field)
     return run_search(tokenwise_cd, configure(config, overrides), generator, prompt, options, rng, local_only=True)
 
 
@@ -309,9 +314,10 @@ def _kept(n: int) -> int:
     return max(1, n // 4)
 
 
-def _tree_spec(name, description, module, budget, set_by_run, fixed_step=False):
+def _tree_spec(name, description, module, budget, set_by_run, fixed_step=False, defaults=()):
     """A value-guided tree search over a local cache or a server's step continuations."""
     return StrategySpec(name, description, _tree(module, budget, fixed_step), pooled=False, uses_value=True,
+                        defaults=tuple(defaults),
                         needs_any=SEARCH, config=f"metagen.strategies.tree.{module}:{TREE_CONFIGS[module]}",
                         set_by_run=frozenset({"params", *set_by_run} | ({"step"} if fixed_step else set())))
 
@@ -337,25 +343,25 @@ S = "metagen.strategies."
 STRATEGIES: dict[str, StrategySpec] = {
     spec.name: spec
     for spec in (
-        StrategySpec("greedy", "one greedy (temperature 0) completion", _greedy, pooled=False, budget="none",
+        StrategySpec("greedy", "one greedy (temperature 0) completion", _greedy, extracts=True, pooled=False, budget="none",
                      samples=False),
-        StrategySpec("best_of_n", "best of n samples by self-certainty", _best_of_n("self_certainty"), pooled=True,
+        StrategySpec("best_of_n", "best of n samples by self-certainty", _best_of_n("self_certainty"), extracts=True, pooled=True,
                      needs=CERTAINTY, config=S + "best_of_n:BestOfNConfig"),
         StrategySpec("best_of_n_logprob", "best of n samples by mean token logprob", _best_of_n("mean_logprob"),
-                     pooled=True, needs=frozenset({caps.LOGPROBS}), config=S + "best_of_n:BestOfNConfig"),
+                     extracts=True, pooled=True, needs=frozenset({caps.LOGPROBS}), config=S + "best_of_n:BestOfNConfig"),
         StrategySpec("self_consistency", "majority vote over extracted answers", _self_consistency, pooled=True,
                      config=S + "self_consistency:SelfConsistencyConfig"),
         StrategySpec("weighted_voting", "answers weighted by self-certainty", _weighted_voting, pooled=True,
-                     needs=CERTAINTY, config=S + "weighted_voting:WeightedVotingConfig"),
+                     needs=CERTAINTY, defaults=(("exp_scores", False),), config=S + "weighted_voting:WeightedVotingConfig"),
         StrategySpec("borda", "Borda voting ranked by self-certainty, p = 0.5", _borda, pooled=True, needs=CERTAINTY,
                      config=S + "borda_voting:BordaVotingConfig"),
-        StrategySpec("mbr_chrf", "MBR with chrF", _mbr("ChrF"), pooled=True, config=S + "mbr:MBRConfig"),
-        StrategySpec("mbr_bleu", "MBR with BLEU", _mbr("Bleu"), pooled=True, config=S + "mbr:MBRConfig"),
-        StrategySpec("mbr_edit", "MBR with edit similarity", _mbr("EditSimilarity"), pooled=True,
+        StrategySpec("mbr_chrf", "MBR with chrF", _mbr("ChrF"), extracts=True, pooled=True, config=S + "mbr:MBRConfig"),
+        StrategySpec("mbr_bleu", "MBR with BLEU", _mbr("Bleu"), extracts=True, pooled=True, config=S + "mbr:MBRConfig"),
+        StrategySpec("mbr_edit", "MBR with edit similarity", _mbr("EditSimilarity"), extracts=True, pooled=True,
                      config=S + "mbr:MBRConfig"),
-        StrategySpec("mbr_embedding", "MBR with MiniLM embedding cosine", _mbr("EmbeddingCosine"), pooled=True,
+        StrategySpec("mbr_embedding", "MBR with MiniLM embedding cosine", _mbr("EmbeddingCosine"), extracts=True, pooled=True,
                      config=S + "mbr:MBRConfig"),
-        StrategySpec("self_refine", "draft + (n - 1) critique/revision rounds", _self_refine, pooled=False,
+        StrategySpec("self_refine", "draft + (n - 1) critique/revision rounds", _self_refine, extracts=True, pooled=False,
                      budget="rounds", config=S + "self_refine:SelfRefineConfig",
                      set_by_run=frozenset({"rounds", "draft_params", "critique_params", "revision_params"})),
         StrategySpec("chain_of_thought", "reason step by step, then a call for the final answer",
@@ -378,18 +384,18 @@ STRATEGIES: dict[str, StrategySpec] = {
         _tree_spec("rebase", "REBASE: width n shared by softmax of values (--value)", "rebase",
                    lambda n, params: {"width": n}, {"width"}),
         _tree_spec("mcts", "MCTS: n iterations of 4 children, value leaf evaluation (--value)", "mcts",
-                   lambda n, params: {"iterations": n, "expansions": 4}, {"iterations"}),
+                   lambda n, params: {"iterations": n}, {"iterations"}, defaults={"expansions": 4}.items()),
         _tree_spec("astar", "A*-decoding: n expansions of 4 children (--value)", "astar",
-                   lambda n, params: {"max_expansions": n, "expansions": 4}, {"max_expansions"}),
+                   lambda n, params: {"max_expansions": n}, {"max_expansions"}, defaults={"expansions": 4}.items()),
         _tree_spec("particle_filter", "particle filtering with n particles (--value)", "particle_filter",
                    lambda n, params: {"particles": n}, {"particles"}),
         _tree_spec("blockwise_cd", "blockwise controlled decoding: best of n blocks of 16 tokens (--value)",
-                   "blockwise_cd", lambda n, params: {"blocks": n, "block_tokens": BLOCK_TOKENS}, {"blocks"},
-                   fixed_step=True),
+                   "blockwise_cd", lambda n, params: {"blocks": n}, {"blocks"}, fixed_step=True,
+                   defaults={"block_tokens": BLOCK_TOKENS}.items()),
         StrategySpec("tokenwise_cd", "tokenwise controlled decoding over the top n tokens, strength 4 (--value)",
                      _tokenwise_cd, pooled=False, uses_value=True,
                      needs=frozenset({caps.LOCAL_CACHE}), why=TOKENWISE_WHY, config=S + "tokenwise_cd:TokenwiseCDConfig",
-                     set_by_run=frozenset({"n", "top_k", "params"})),
+                     set_by_run=frozenset({"n", "top_k", "params"}), defaults=(("strength", LAMBDA),)),
     )
 }
 
