@@ -47,6 +47,12 @@ def test_logit_bias_values_parse_and_duplicates_are_refused():
         (["--system", "Be brief.", "--no-chat"], "--system needs the chat template"),
         (["--strategy", "self_consistency", "--system", "Be brief.", "--no-chat"], "--system needs the chat template"),
         (["--strategy", "self_consistency", "--value", "steps"], "no chosen strategy uses a value"),
+        # flags derived from each strategy's config dataclass
+        (["--strategy", "self_consistency", "--max-steps", "3"], "max_steps is not an option of strategy"),
+        (["--strategy", "rebase", "--value", "steps", "--strategy-temperature", "0"],
+         "temperature=0.0 is out of range: must be > 0"),
+        (["--strategy", "mcts", "--value", "steps", "--expansions", "0"], "expansions=0 is out of range"),
+        (["--max-steps", "3"], "max_steps configure a strategy: they apply with --strategy only"),
     ],
 )
 def test_options_no_path_reads_and_bad_values_are_refused_before_loading(capsys, monkeypatch, argv, message):

@@ -90,3 +90,28 @@ def test_parse_refuses_by_field_name(name, given, message):
 def test_unknown_field_message_lists_what_the_strategy_accepts():
     with pytest.raises(ValueError, match=r"it accepts: n \(int, default 8\), pattern"):
         get_strategy("self_consistency").parse({"beam": 1})
+
+
+def test_run_builds_the_config_from_n_the_registry_defaults_and_the_overrides(monkeypatch):
+    from metagen.decoding import capabilities as caps
+    from metagen.strategies.tree import runner
+
+    seen = {}
+
+    def capture(search, config, generator, prompt, options, rng, **_):
+        seen["search"], seen["config"] = search.__name__, config
+        return "result"
+
+    class Server:
+        capabilities = frozenset({caps.STEP_CONTINUATION})
+
+    monkeypatch.setattr(runner, "run_search", capture)
+    spec = get_strategy("mcts")
+    n, options, overrides = spec.parse({"n": 5, "value": "steps", "exploration": 2.0, "max_step_tokens": 9})
+    params = SamplingParams(temperature=0.7, max_tokens=20)
+    assert spec.run(Server(), "q", n, params, options, None, overrides) == "result"
+    config = seen["config"]
+    assert seen["search"] == "mcts"
+    assert (config.iterations, config.expansions, config.exploration) == (5, 4, 2.0)  # n, registry default, given
+    assert (config.step.delimiter, config.step.max_step_tokens) == ("\n", 9)
+    assert config.params.temperature == 0.7 and config.params.n == 1
