@@ -16,6 +16,10 @@ repetition_penalty, no_repeat_ngram_size, mirostat_tau, mirostat_eta, stop_token
 ignore_eos, structured_outputs), vLLM's `return_tokens_as_token_ids` (logprob tokens as
 "token_id:<id>") and llama.cpp's `mirostat_mode` (0, or 2 together with mirostat_tau). A null value means "not given". Defaults: max_tokens 16 on completions (OpenAI's),
 the rest of the context on chat.
+
+`metagen` ({"strategy": NAME, option: value, ...}) or the model name `NAME:<served model>` asks
+for a meta-generation strategy (`parse_strategy`): its options are the fields of the strategy's
+own config dataclass (`StrategySpec.parse`), refused as `metagen.<field>`.
 """
 
 from __future__ import annotations
