@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from metagen.decoding import LocalGenerator
@@ -120,3 +122,29 @@ def test_a_tree_search_runs_through_step_continuations(client, served_model):
     assert block["candidates"] and answer.choices[0].message.content == block["candidates"][block["chosen"]]["text"]
     assert answer.usage.completion_tokens == block["cost"]["generated_tokens"]
     assert answer.usage.prompt_tokens == block["cost"]["prompt_tokens_computed"]
+
+
+def test_strategies_are_batched_with_other_clients_and_answer_as_alone(client, served_model, server):
+    """Two strategies and a plain request at once: every answer equals the one it gets alone, and
+    the strategies' rows shared decode steps (mean rows per step above one strategy's n)."""
+    requests = [
+        dict(model=served_model, seed=1, extra_body={"ignore_eos": True, "metagen": {"strategy": "self_consistency",
+                                                                                       "n": 3}}),
+        dict(model=f"borda:{served_model}", seed=2, extra_body={"ignore_eos": True, "metagen": {"n": 3}}),
+        dict(model=served_model, seed=3, extra_body={"ignore_eos": True}),
+    ]
+
+    def run(kwargs):
+        answer = client.chat.completions.create(messages=QUESTION, temperature=0.9, max_tokens=10, **kwargs)
+        block = answer.model_extra.get("metagen")
+        return answer.choices[0].message.content, block and [c["text"] for c in block["candidates"]], answer.usage
+
+    alone = [run(kwargs) for kwargs in requests]
+    rows_before = server.metric("metagen_decode_step_rows_total")
+    steps_before = server.metric("metagen_decode_steps_total")
+    with ThreadPoolExecutor(len(requests)) as pool:
+        together = list(pool.map(run, requests))
+    assert together == alone
+    rows = server.metric("metagen_decode_step_rows_total") - rows_before
+    steps = server.metric("metagen_decode_steps_total") - steps_before
+    assert rows / steps > 3.5, rows / steps
