@@ -148,3 +148,21 @@ def test_strategies_are_batched_with_other_clients_and_answer_as_alone(client, s
     rows = server.metric("metagen_decode_step_rows_total") - rows_before
     steps = server.metric("metagen_decode_steps_total") - steps_before
     assert rows / steps > 3.5, rows / steps
+
+
+def test_a_client_that_goes_away_cancels_its_strategy(server, served_model):
+    """The client gives up after 1 s of a long strategy: its request in flight is cancelled and
+    the batch empties (the remaining requests are never sent)."""
+    import time
+
+    cancelled = server.metric('metagen_requests_finished_total{outcome="cancelled"}')
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=1.0) as impatient:
+        with pytest.raises(openai.APITimeoutError):
+            impatient.chat.completions.create(
+                model=served_model, messages=QUESTION, max_tokens=4000, temperature=0.9,
+                extra_body={"ignore_eos": True, "metagen": {"strategy": "self_consistency", "n": 2}})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and server.metric("metagen_batch_rows") > 0:
+        time.sleep(0.2)
+    assert server.metric("metagen_batch_rows") == 0
+    assert server.metric('metagen_requests_finished_total{outcome="cancelled"}') == cancelled + 1

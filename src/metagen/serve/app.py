@@ -238,10 +238,12 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
                     break
                 if await request.is_disconnected():
                     generator.cancel()
+                    job.add_done_callback(_retrieved)  # its StrategyCancelled has no one to go to
                     return JSONResponse({}, status_code=499)
             result = job.result()
         except asyncio.CancelledError:
             generator.cancel()
+            job.add_done_callback(_retrieved)
             raise
         except QueueFullError as error:
             raise APIError(f"the server is busy: {error}; retry after {RETRY_AFTER_SECONDS} s", None, status=429,
@@ -269,6 +271,12 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
         return await generate(request, chat=True)
 
     return app
+
+
+def _retrieved(future) -> None:
+    """Consume the outcome of a strategy whose client went away (no unretrieved-exception log)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _only(body: dict, allowed: set[str]) -> None:
