@@ -4,6 +4,15 @@ Each entry runs one strategy with n samples (or n rounds) on a `Generator`:
 
     spec = STRATEGIES["weighted_voting"]
     result = spec.run(generator, prompt, n, params, options, rng)
+    n, options, overrides = spec.parse({"n": 8, "power": 0.3})   # options by name, validated
+    result = spec.run(generator, prompt, n, params, options, rng, overrides)
+
+config: the strategy's own config dataclass; its options (`spec.fields()`) are read from it
+(`strategies/options.py`): its scalar fields, minus those the runner sets (`set_by_run`: the
+request's params, the fields n sets), plus n and, for value-guided ones, value. The options every
+runner reads (pattern, math, value, step_delimiter, aggregation, answer_field) travel in
+`StrategyOptions` (one set for all the strategies of an evaluation); the others are applied to
+the built config as overrides (`options.configure`), over the registry's own `defaults`.
 
 pooled: the strategy picks or builds its output from n i.i.d. samples of the prompt drawn in
 one `generate` call, so the harness can evaluate it at every n by subsampling one stored pool.
