@@ -4,7 +4,7 @@ Each entry runs one strategy with n samples (or n rounds) on a `Generator`:
 
     spec = STRATEGIES["weighted_voting"]
     result = spec.run(generator, prompt, n, params, options, rng)
-    n, options, overrides = spec.parse({"n": 8, "power": 0.3})   # options by name, validated
+    n, options, overrides = spec.parse({"n": 8, "exp_scores": True})   # options by name, validated
     result = spec.run(generator, prompt, n, params, options, rng, overrides)
 
 config: the strategy's own config dataclass; its options (`spec.fields()`) are read from it
