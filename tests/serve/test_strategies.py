@@ -166,3 +166,24 @@ def test_a_client_that_goes_away_cancels_its_strategy(server, served_model):
         time.sleep(0.2)
     assert server.metric("metagen_batch_rows") == 0
     assert server.metric('metagen_requests_finished_total{outcome="cancelled"}') == cancelled + 1
+
+
+def test_completions_endpoint_and_a_constrained_vote(client, served_model, model):
+    """On /v1/completions the prompt is raw text (no chat template), as on LocalGenerator(chat=False);
+    a json_schema response_format constrains every sample and the vote is over its `answer` field."""
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
+              "additionalProperties": False}
+    answer = client.completions.create(
+        model=served_model, prompt="7 + 5 = ? Reply in JSON.", temperature=0.9, max_tokens=16, seed=4,
+        extra_body={"structured_outputs": {"json": schema},
+                    "metagen": {"strategy": "self_consistency", "n": 3, "answer_field": "answer"}})
+    block = answer.model_extra["metagen"]
+    spec = get_strategy("self_consistency")
+    n, options, overrides = spec.parse({"n": 3, "answer_field": "answer"})
+    params = SamplingParams(temperature=0.9, max_tokens=16, seed=4, structured_outputs={"json": schema})
+    local = spec.run(LocalGenerator(model, chat=False), "7 + 5 = ? Reply in JSON.", n, params, options,
+                     params.make_generator(), overrides)
+    assert [c["text"] for c in block["candidates"]] == [c.text for c in local.candidates]
+    assert [c["complete"] for c in block["candidates"]] == [c.complete for c in local.candidates]
+    assert block["answer"] == local.answer and block["votes"] == local.votes
+    assert answer.choices[0].text == local.chosen.text
