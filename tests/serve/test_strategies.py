@@ -9,7 +9,7 @@ import pytest
 
 from metagen.decoding import LocalGenerator
 from metagen.sampling import SamplingParams
-from metagen.strategies.registry import get_strategy
+from metagen.strategies.registry import STRATEGIES, get_strategy
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -187,3 +187,22 @@ def test_completions_endpoint_and_a_constrained_vote(client, served_model, model
     assert [c["complete"] for c in block["candidates"]] == [c.complete for c in local.candidates]
     assert block["answer"] == local.answer and block["votes"] == local.votes
     assert answer.choices[0].text == local.chosen.text
+
+
+RUNNABLE = [name for name in STRATEGIES if name not in ("tokenwise_cd", "mbr_embedding")]  # local cache; a 2nd model
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_every_strategy_the_engine_can_run_answers_and_accounts_for_its_tokens(client, served_model, name):
+    """Each strategy over the engine: 200, and the server's tally of its requests (usage) equals
+    the Cost the strategy summed itself."""
+    spec = get_strategy(name)
+    extra = {"strategy": name, **({"n": 2} if spec.budget != "none" else {}),
+             **({"value": "steps"} if spec.uses_value else {}),
+             **({"max_steps": 2} if "max_steps" in spec.fields() else {})}
+    answer = client.chat.completions.create(model=served_model, messages=QUESTION, temperature=0.8, max_tokens=6,
+                                            seed=1, extra_body={"metagen": extra})
+    block = answer.model_extra["metagen"]
+    assert block["strategy"] == name and block["candidates"] and block["requests"] >= 1
+    assert answer.usage.completion_tokens == block["cost"]["generated_tokens"]
+    assert answer.usage.prompt_tokens == block["cost"]["prompt_tokens_computed"]
