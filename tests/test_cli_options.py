@@ -47,6 +47,12 @@ def test_logit_bias_values_parse_and_duplicates_are_refused():
         (["--system", "Be brief.", "--no-chat"], "--system needs the chat template"),
         (["--strategy", "self_consistency", "--system", "Be brief.", "--no-chat"], "--system needs the chat template"),
         (["--strategy", "self_consistency", "--value", "steps"], "no chosen strategy uses a value"),
+        # flags derived from each strategy's config dataclass
+        (["--strategy", "self_consistency", "--max-steps", "3"], "max_steps is not an option of strategy"),
+        (["--strategy", "rebase", "--value", "steps", "--strategy-temperature", "0"],
+         "temperature=0.0 is out of range: must be > 0"),
+        (["--strategy", "mcts", "--value", "steps", "--expansions", "0"], "expansions=0 is out of range"),
+        (["--max-steps", "3"], "max_steps configure a strategy: they apply with --strategy only"),
     ],
 )
 def test_options_no_path_reads_and_bad_values_are_refused_before_loading(capsys, monkeypatch, argv, message):
@@ -169,3 +175,23 @@ def test_a_search_with_speculative_decoding_is_refused_naming_the_capability(cap
     err = capsys.readouterr().err
     assert err.startswith("metagen: error: ") and err.count("\n") == 1
     assert "strategy 'tokenwise_cd' needs local_cache, which SpeculativeGenerator does not provide" in err
+
+
+def test_derived_strategy_flags_reach_the_strategy_run(capsys, monkeypatch):
+    from metagen.strategies.registry import StrategySpec
+
+    seen = {}
+
+    def capture(self, generator, prompt, n, params, options, rng, overrides=None):
+        seen.update(name=self.name, n=n, options=options, overrides=overrides)
+        raise ValueError("captured")
+
+    monkeypatch.setattr(common, "load_model", lambda args: object())
+    monkeypatch.setattr(StrategySpec, "run", capture)
+    assert main(["generate", QUESTION, "--strategy", "mcts", "--n", "6", "--value", "steps", "--expansions", "2",
+                 "--max-step-tokens", "5", "--exploration", "0.5",
+                 "--no-math"]) == 2
+    assert "captured" in capsys.readouterr().err
+    assert (seen["name"], seen["n"]) == ("mcts", 6)
+    assert seen["overrides"] == {"expansions": 2, "max_step_tokens": 5, "exploration": 0.5}
+    assert seen["options"].value == "steps" and seen["options"].math is False

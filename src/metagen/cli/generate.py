@@ -22,7 +22,7 @@ from metagen.cli.args import unescape
 from metagen.cli.sampling import FLOAT_PARAMS, INT_PARAMS, OTHER_OPTIONS, add_sampling_options, given, sampling_params
 from metagen.cli.speculative import add_speculative_options, make_drafter, speculative_options, speculative_summary
 from metagen.cli.structured import CONSTRAINT_OPTIONS, STRUCTURED_OPTIONS
-from metagen.cli.strategy import generate_with_strategy
+from metagen.cli.strategy import add_strategy_options, generate_with_strategy, refuse_strategy_options
 
 
 def add_parser(commands) -> None:
@@ -47,6 +47,7 @@ def add_parser(commands) -> None:
     add_speculative_options(gen)
     common.add_model_options(gen)
     backend.add_backend_options(gen)
+    add_strategy_options(gen)  # last: a flag name another option took gets the --strategy- prefix
     gen.set_defaults(run=run)
 
 
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--speculative cannot be combined with --beam-width")
     if args.strategy is not None:
         return generate_with_strategy(args, params, speculative)
+    refuse_strategy_options(args)
     if args.answer_field is not None:
         raise ValueError("--answer-field applies to --strategy (it says where a strategy reads each answer)")
     if args.logprobs is not None and not args.json:

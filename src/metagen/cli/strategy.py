@@ -1,6 +1,9 @@
 """`metagen generate PROMPT --strategy NAME`: one meta-generation strategy on one prompt.
 
-`--n` is the strategy's budget (samples or rounds, see `metagen eval --help`); the candidates are
+`--n` is the strategy's budget (samples or rounds, see `metagen eval --help`); every other option of
+a strategy is a flag derived from its config dataclass (`StrategySpec.fields`, `add_strategy_options`):
+`--temperature` of rebase's config is `--strategy-temperature` (the sampling flag keeps its name), and
+a flag the chosen strategy does not accept is refused by name. The candidates are
 drawn by a `LocalGenerator`, a `SpeculativeGenerator` with --speculative, or the remote generator of
 --backend (the strategy's capability check refuses what a server cannot do). Prints the chosen text
 (and its answer), or with --json the chosen candidate, every candidate, the votes and the cost.
@@ -13,6 +16,69 @@ import json
 
 from metagen.cli import backend, common
 from metagen.cli.sampling import SAMPLING_ONLY, given
+
+# options with hand-written flags in cli/generate.py (their defaults mean "not given")
+HAND_WRITTEN = {"value": None, "step_delimiter": "\n", "aggregation": "best", "answer_field": None}
+
+
+def _derived_options() -> dict[str, tuple[object, list[str]]]:
+    """option name -> (its OptionField, the strategies taking it), over the whole registry."""
+    from metagen.strategies.registry import STRATEGIES
+
+    found: dict[str, tuple[object, list[str]]] = {}
+    for spec in STRATEGIES.values():
+        for name, field in spec.fields().items():
+            if name == "n" or name in HAND_WRITTEN:
+                continue
+            found.setdefault(name, (field, []))[1].append(spec.name)
+    return found
+
+
+def flag_of(parser: argparse.ArgumentParser, name: str) -> str:
+    """The flag of strategy option `name`: --name, or --strategy-name when a flag of the same name
+    is something else (a sampling flag)."""
+    flag = "--" + name.replace("_", "-")
+    return flag if flag not in parser._option_string_actions else "--strategy-" + name.replace("_", "-")
+
+
+def add_strategy_options(parser: argparse.ArgumentParser) -> None:
+    """One flag per strategy option of the registry (after every other flag, so a name already
+    taken gets the --strategy- prefix); default None = not given, the strategy's default applies."""
+    group = parser.add_argument_group("strategy options (from each strategy's config; see `--strategy`)")
+    for name, (field, takers) in _derived_options().items():
+        flag = flag_of(parser, name)
+        takers_text = ", ".join(takers) if len(takers) <= 4 else f"{', '.join(takers[:4])}, ..."
+        text = f"{takers_text}: {field.kind.__name__} (default {field.default!r})"
+        if field.kind is bool:
+            group.add_argument(flag, dest="strategy_" + name, action=argparse.BooleanOptionalAction, default=None,
+                               help=text)
+        else:
+            kind = field.kind if field.kind is not str else _unescaped
+            group.add_argument(flag, dest="strategy_" + name, type=kind, default=None, help=text,
+                               metavar=field.kind.__name__.upper())
+
+
+def _unescaped(text: str) -> str:
+    from metagen.cli.args import unescape
+
+    return unescape(text)
+
+
+def strategy_options_given(args: argparse.Namespace) -> dict[str, object]:
+    """The strategy options the command line set, by option name (hand-written flags included)."""
+    options = {name: getattr(args, name) for name, default in HAND_WRITTEN.items() if getattr(args, name) != default}
+    for name in _derived_options():
+        value = getattr(args, "strategy_" + name, None)
+        if value is not None:
+            options[name] = value
+    return options
+
+
+def refuse_strategy_options(args: argparse.Namespace) -> None:
+    """ValueError naming the derived strategy flags given without --strategy."""
+    set_flags = [name for name in _derived_options() if getattr(args, "strategy_" + name, None) is not None]
+    if set_flags:
+        raise ValueError(f"{', '.join(set_flags)} configure a strategy: they apply with --strategy only")
 
 
 def generate_with_strategy(args: argparse.Namespace, params, speculative: dict | None) -> int:
@@ -35,9 +101,9 @@ def generate_with_strategy(args: argparse.Namespace, params, speculative: dict |
                              "would have no effect")
     budget = params.n
     spec.check_n(budget)
-    options = StrategyOptions(value=args.value, step_delimiter=args.step_delimiter, aggregation=args.aggregation,
-                              answer_field=args.answer_field)
-    check_options([spec.name], options)
+    chosen = strategy_options_given(args)
+    check_options([spec.name], StrategyOptions(**{k: v for k, v in chosen.items() if k in HAND_WRITTEN}))
+    _, options, overrides = spec.parse(chosen)
     prompt = chat_prompt(args)
     rng = replace(params, n=1).make_generator()
     if args.backend is not None:
@@ -52,7 +118,7 @@ def generate_with_strategy(args: argparse.Namespace, params, speculative: dict |
             generator = SpeculativeGenerator(model, make_drafter(speculative, model), speculative["config"],
                                              chat=args.chat)
     try:
-        result = spec.run(generator, prompt, budget, replace(params, n=1), options, rng)
+        result = spec.run(generator, prompt, budget, replace(params, n=1), options, rng, overrides)
     finally:
         if args.backend is not None:
             generator.close()

@@ -22,14 +22,16 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from metagen.serve import metrics
 from metagen.serve.engine import DoneEvent, Engine, EngineStoppedError, QueueFullError, ServeRequest, TokenEvent
+from metagen.serve.engine_generator import StrategyTimeout
 from metagen.serve.protocol import APIError, ParsedRequest, parse_request
-from metagen.serve.responses import ChunkWriter, TokenTexts, full_response
+from metagen.serve.responses import ChunkWriter, TokenTexts, full_response, strategy_response
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full context of text is far smaller
 DISCONNECT_POLL = 0.5  # seconds between checks that a waiting non-streaming client is still there
@@ -158,6 +160,8 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
         parsed = parse_request(body, chat=chat, model=model, served_name=served_name, max_rows=engine.max_rows,
                                lenient=lenient)
         loop = asyncio.get_running_loop()
+        if parsed.strategy is not None:
+            return await run_strategy(request, parsed, chat)
         events: asyncio.Queue = asyncio.Queue()
 
         def emit(event) -> None:  # engine thread -> this request's queue on the server's loop
@@ -208,6 +212,57 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
         return JSONResponse(full_response(parsed, job.completions, texts, job.prompt_records, job.cached_tokens),
                             headers=headers)
 
+    workers = ThreadPoolExecutor(max_workers=max(4, engine.max_rows), thread_name_prefix="metagen-strategy")
+
+    async def run_strategy(request: Request, parsed: ParsedRequest, chat: bool):
+        """Run the request's strategy on a worker thread over an `EngineGenerator` (its requests
+        join the engine's batch); the answer is the chosen output plus the `metagen` block."""
+        from dataclasses import replace
+
+        from metagen.serve.engine_generator import EngineGenerator
+
+        strategy = parsed.strategy
+        generator = EngineGenerator(engine, model, chat=chat, timeout=request_timeout)
+        params = replace(parsed.params, n=1)
+        try:
+            strategy.spec.check(generator, strategy.options, params)
+        except ValueError as error:
+            raise APIError(str(error), "metagen.strategy", code="strategy_not_supported") from None
+        rng = params.make_generator()
+        loop = asyncio.get_running_loop()
+        job = loop.run_in_executor(workers, lambda: strategy.spec.run(generator, parsed.prompt, strategy.n, params,
+                                                                      strategy.options, rng, strategy.overrides))
+        try:
+            while True:
+                done, _ = await asyncio.wait({job}, timeout=DISCONNECT_POLL)
+                if done:
+                    break
+                if await request.is_disconnected():
+                    generator.cancel()
+                    job.add_done_callback(_retrieved)  # its StrategyCancelled has no one to go to
+                    return JSONResponse({}, status_code=499)
+            result = job.result()
+        except asyncio.CancelledError:
+            generator.cancel()
+            job.add_done_callback(_retrieved)
+            raise
+        except QueueFullError as error:
+            raise APIError(f"the server is busy: {error}; retry after {RETRY_AFTER_SECONDS} s", None, status=429,
+                           type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+        except EngineStoppedError as error:
+            raise APIError(f"the server cannot generate: {error}", None, status=503, type="server_error",
+                           code="engine_stopped") from None
+        except StrategyTimeout as error:
+            raise APIError(f"{error} (--request-timeout)", None, status=504, type="timeout",
+                           code="request_timeout") from None
+        except ValueError as error:  # the configuration cannot run on this prompt (e.g. context)
+            raise APIError(f"strategy {strategy.spec.name!r}: {error}", "metagen") from None
+        except Exception as error:  # noqa: BLE001 - answered as a server error, the server stays up
+            raise APIError(f"strategy {strategy.spec.name!r} failed: {type(error).__name__}: {error}", None,
+                           status=500, type="server_error") from None
+        return JSONResponse(strategy_response(parsed, result, generator, texts))
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await generate(request, chat=False)
@@ -217,6 +272,12 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
         return await generate(request, chat=True)
 
     return app
+
+
+def _retrieved(future) -> None:
+    """Consume the outcome of a strategy whose client went away (no unretrieved-exception log)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _only(body: dict, allowed: set[str]) -> None:

@@ -118,7 +118,7 @@ class ServeRequest:
     timeout: float | None = None  # seconds from submission (queueing included); None: no limit
     # Engine-thread state (set on admission).
     chain: object = None
-    generator: torch.Generator | None = None
+    generator: torch.Generator | None = None  # given by the submitter, or made from params.seed
     active: list[int] = field(default_factory=list)  # completion index of each of its cache rows
     logits: torch.Tensor | None = None  # (k, V) next-token logits of its rows
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache (not prefilled)
@@ -326,7 +326,8 @@ class Engine:
         if request.echo:
             check_batch_fits(model, 1, 0, positions=len(prompt_ids), what="echo rows")
         request.chain = request_chain(params, model, prompt_ids, n)
-        request.generator = params.make_generator()
+        if request.generator is None:  # a strategy run hands its own (serve/engine_generator.py)
+            request.generator = params.make_generator()
         request.rows = [Row(model.tokenizer, prompt_ids, rules, want_top=bool(params.logprobs)) for _ in range(n)]
         cache, prefixes = self._cache, self.prefix_cache
         running = [cache.snapshot(row) for row in range(cache.batch_size)] if self._running else []

@@ -16,6 +16,10 @@ repetition_penalty, no_repeat_ngram_size, mirostat_tau, mirostat_eta, stop_token
 ignore_eos, structured_outputs), vLLM's `return_tokens_as_token_ids` (logprob tokens as
 "token_id:<id>") and llama.cpp's `mirostat_mode` (0, or 2 together with mirostat_tau). A null value means "not given". Defaults: max_tokens 16 on completions (OpenAI's),
 the rest of the context on chat.
+
+`metagen` ({"strategy": NAME, option: value, ...}) or the model name `NAME:<served model>` asks
+for a meta-generation strategy (`parse_strategy`): its options are the fields of the strategy's
+own config dataclass (`StrategySpec.parse`), refused as `metagen.<field>`.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ SAMPLING_FIELDS = (
     "seed", "stop", "stop_token_ids", "ignore_eos", "n", "structured_outputs", "response_format",
 )
 COMMON_FIELDS = ("model", "stream", "stream_options", "user", "max_tokens", "return_tokens_as_token_ids",
-                 "mirostat_mode")
+                 "mirostat_mode", "metagen")
 COMPLETION_FIELDS = frozenset(SAMPLING_FIELDS + COMMON_FIELDS + ("prompt", "logprobs", "echo", "suffix", "best_of"))
 CHAT_FIELDS = frozenset(SAMPLING_FIELDS + COMMON_FIELDS + ("messages", "logprobs", "top_logprobs",
                                                             "max_completion_tokens"))
@@ -76,6 +80,19 @@ class ParsedRequest:
     logprobs: bool = False
     token_ids_as_strings: bool = False
     ignored: tuple[str, ...] = ()
+    strategy: StrategyRequest | None = None  # a meta-generation strategy runs (strategy.py)
+    prompt: object = None  # the prompt as the strategy sees it: messages (chat), text or token ids
+
+
+@dataclass
+class StrategyRequest:
+    """A strategy asked for by `metagen.strategy` or the model name `strategy:model`: its registry
+    entry, its budget n, its StrategyOptions and its config overrides (validated by `spec.parse`)."""
+
+    spec: object
+    n: int
+    options: object
+    overrides: dict
 
 
 def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows: int,
@@ -91,7 +108,10 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
                        + ": this server refuses fields it would not honour (start it with --lenient to ignore them)",
                        unknown[0])
     name = body.get("model", served_name)
-    if name != served_name:
+    named_strategy = None
+    if name != served_name and isinstance(name, str) and name.endswith(":" + served_name):
+        named_strategy = name[: -len(served_name) - 1]  # the form strategy:model
+    elif name != served_name:
         raise APIError(f"model {name!r} is not served here: this server serves {served_name!r}", "model",
                        status=404, code="model_not_found")
     stream = _bool(body, "stream", False)
@@ -171,8 +191,63 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
     echo_text = None
     if not chat and echo:
         echo_text = prompt_text if prompt_text is not None else model.tokenizer.decode(prompt_ids)
-    return ParsedRequest(chat, prompt_ids, params, served_name, echo_text, stream, include_usage, logprobs,
-                         token_strings, tuple(unknown))
+    strategy = None
+    if named_strategy is not None or "metagen" in body:
+        strategy = parse_strategy(body, named_strategy, params, max_rows)
+    prompt = _plain_messages(body) if chat else (prompt_text if prompt_text is not None else prompt_ids)
+    return ParsedRequest(chat, prompt_ids, params, name if strategy is not None else served_name, echo_text, stream,
+                         include_usage, logprobs, token_strings, tuple(unknown), strategy, prompt)
+
+
+SERVED_VALUES = ("steps", "judge")  # a value-head file would be a path named by the request: refused
+
+
+def parse_strategy(body: Mapping, named: str | None, params: SamplingParams, max_rows: int) -> StrategyRequest:
+    """The strategy of a request: `metagen` {"strategy": NAME, option: value, ...} and/or the model
+    name NAME:model (the two must agree); every option is checked by the strategy's own config
+    (`StrategySpec.parse`), and request fields a strategy cannot honour are refused by name."""
+    from metagen.strategies.registry import get_strategy
+
+    given = body.get("metagen", {})
+    if not isinstance(given, Mapping):
+        raise APIError("metagen must be an object such as {\"strategy\": \"self_consistency\", \"n\": 8}", "metagen")
+    given = dict(given)
+    name = given.pop("strategy", None)
+    if name is None and named is None:
+        raise APIError("metagen.strategy is required (or name it in the model: strategy:model)", "metagen.strategy")
+    if name is not None and named is not None and name != named:
+        raise APIError(f"metagen.strategy={name!r} and the model name's strategy {named!r} disagree: give one",
+                       "metagen.strategy")
+    name = name if name is not None else named
+    where = "metagen.strategy" if named is None or "strategy" in body.get("metagen", {}) else "model"
+    if not isinstance(name, str):
+        raise APIError(f"metagen.strategy={name!r} must be a strategy name", "metagen.strategy")
+    try:
+        spec = get_strategy(name)
+    except ValueError as error:
+        raise APIError(str(error), where) from None
+    try:
+        n, options, overrides = spec.parse(given, "metagen.")
+    except ValueError as error:
+        message = str(error)
+        raise APIError(message, _param_of(message, {})) from None
+    if options.value is not None and options.value not in SERVED_VALUES:
+        raise APIError(f"metagen.value={options.value!r}: this server takes {' or '.join(SERVED_VALUES)} (a value-head "
+                       "file would be a path named by the request, which the server does not open)", "metagen.value")
+    if spec.uses_value and options.value is None:
+        raise APIError(f"strategy {name!r} needs metagen.value: {' or '.join(SERVED_VALUES)}", "metagen.value")
+    if spec.pooled and n > max_rows:
+        raise APIError(f"metagen.n={n} is more than this server decodes at once (--max-rows {max_rows}): strategy "
+                       f"{name!r} draws its n samples as one batch", "metagen.n")
+    refusals = (("stream", body.get("stream"), "the chosen output is known only when the strategy has finished"),
+                ("n", params.n != 1, "a strategy returns one chosen output; its budget is metagen.n"),
+                ("logprobs", body.get("logprobs"), "the chosen output may be built from several requests"),
+                ("top_logprobs", "top_logprobs" in body, "the chosen output may be built from several requests"),
+                ("echo", body.get("echo"), "a strategy's prompts are its own"))
+    for field, refused, why in refusals:
+        if refused:
+            raise APIError(f"{field} is not supported with a strategy ({name!r}): {why}", field)
+    return StrategyRequest(spec, n, options, overrides)
 
 
 def _param_of(message: str, names: Mapping[str, str]) -> str | None:
@@ -229,6 +304,12 @@ def _completion_prompt(body: Mapping, model) -> tuple[list[int], str | None]:
     except ValueError as error:
         raise APIError(str(error), "prompt") from None
     return ids, prompt if isinstance(prompt, str) else None
+
+
+def _plain_messages(body: Mapping) -> list[dict]:
+    """`messages` as {role, content} with text content (checked by `_chat_prompt` first)."""
+    return [{"role": m["role"], "content": _text_content(m.get("content"), f"messages[{i}].content")}
+            for i, m in enumerate(body["messages"])]
 
 
 def _chat_prompt(body: Mapping, model) -> list[int]:

@@ -142,3 +142,32 @@ class ChunkWriter:
 
     def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
         return self._chunk([], usage=usage(prompt_tokens, completion_tokens, cached_tokens))
+
+
+def strategy_response(request: ParsedRequest, result, generator, texts: TokenTexts) -> dict:
+    """The answer to a strategy request: the chosen output as the one choice, `usage` counting
+    every request the strategy made (prompt tokens of each, generated tokens of every row), and
+    the `metagen` block: strategy, n, the chosen candidate's index, its answer, the votes (voting
+    strategies), every candidate (text, score, answer, complete, finish_reason, tokens) and the
+    full Cost."""
+    chosen = result.chosen
+    completion = Completion(text=chosen.text, token_ids=list(chosen.token_ids or []),
+                            finish_reason=chosen.finish_reason)
+    body = full_response(request, [completion], texts)
+    body["usage"] = usage(generator.prompt_tokens, generator.completion_tokens)
+    strategy = request.strategy
+    block = {
+        "strategy": strategy.spec.name,
+        "n": strategy.n,
+        "chosen": next((i for i, c in enumerate(result.candidates) if c is chosen), None),
+        "answer": chosen.answer,
+        "candidates": [{"text": c.text, "score": c.score, "answer": c.answer, "complete": c.complete,
+                        "finish_reason": c.finish_reason, "tokens": None if c.token_ids is None else len(c.token_ids)}
+                       for c in result.candidates],
+        "requests": generator.requests,
+        "cost": result.cost.to_dict(),
+    }
+    if result.votes:
+        block["votes"] = result.votes
+    body["metagen"] = block
+    return body

@@ -1,0 +1,150 @@
+"""A `Generator` whose requests go through the serving engine, for strategies run by the server.
+
+    generator = EngineGenerator(engine, model, chat=True)
+    result = spec.run(generator, messages, n, params, options, rng)   # on a worker thread
+
+Each `generate` / `continue_prefix` call encodes its prompt as `LocalGenerator` would, submits
+one `ServeRequest` of `params.n` rows and blocks until the engine's `DoneEvent`; so a strategy's
+samples join the running batch with every other client's rows (continuous batching), and the
+engine thread never waits on a strategy. Call it from a worker thread, never the engine thread.
+
+Seeding: the strategy's `torch.Generator` is handed to the engine with the request, which draws
+from it for that request's rows exactly as `decoding.sample_loop.generate` does (the engine's
+contract, see engine.py), so a strategy run here makes the same draws as on a `LocalGenerator`
+with the same generator; the texts then agree up to the floating-point rounding of a batched
+forward that other clients' rows share.
+
+`usage` tallies every request: prompt tokens (each request's prompt once: its n rows share its
+prefill) and generated tokens over all rows; Cost is built per call as `LocalGenerator` builds it.
+Capabilities: what the engine's rows carry (token ids, logprobs, top logprobs, certainties,
+stop reasons, constraints) and step / assistant continuation; no LOCAL_CACHE (the model and its
+cache belong to the engine thread) and no HIDDEN_STATES.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from metagen.decoding import capabilities as caps
+from metagen.decoding.cost import Cost, forward_flops
+from metagen.decoding.generator import Generator
+from metagen.decoding.prompts import Prompt, encode_prompt
+from metagen.decoding.sample_loop import GenerationResult
+from metagen.sampling import SamplingParams
+from metagen.serve.engine import DoneEvent, Engine, ServeRequest
+
+WAIT_POLL = 0.25  # seconds between checks that the strategy's client is still there
+
+
+class StrategyCancelled(RuntimeError):
+    """The client of the strategy went away: its remaining requests are not sent."""
+
+
+class StrategyTimeout(RuntimeError):
+    """One of the strategy's requests ran past the server's request timeout."""
+
+
+class EngineGenerator(Generator):
+    """Requests of one strategy run, through `engine` (see the module docstring).
+
+    chat: the chat-template setting, as `LocalGenerator`'s; timeout: seconds each request may
+    take (the server's --request-timeout); `cancel()` stops the run at its next request.
+    """
+
+    capabilities = frozenset({caps.TOKEN_PROMPTS, caps.TOKEN_IDS, caps.LOGPROBS, caps.TOP_LOGPROBS,
+                              caps.FULL_DISTRIBUTIONS, caps.STEP_CONTINUATION, caps.ASSISTANT_CONTINUATION,
+                              caps.STRUCTURED_OUTPUT})
+    concurrent = True  # each call is its own engine request
+
+    def __init__(self, engine: Engine, model, chat: bool | None = None, timeout: float | None = None) -> None:
+        self.engine, self.model, self.chat, self.timeout = engine, model, chat, timeout
+        self.tokenizer = model.tokenizer  # step searches render chat prompts with it
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.requests = 0
+        self._lock = threading.Lock()
+        self._cancelled = threading.Event()
+        self._jobs: list[ServeRequest] = []  # in flight (dataclasses: kept in a list, not hashed)
+
+    def cancel(self) -> None:
+        """The client went away: cancel the requests in flight and refuse further ones."""
+        self._cancelled.set()
+        with self._lock:
+            for job in self._jobs:
+                job.cancel()
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(list(token_ids))
+
+    def source_model(self):
+        return self.model
+
+    @property
+    def max_context(self) -> int | None:
+        return self.model.max_context
+
+    def count_tokens(self, prompt: Prompt) -> int | None:
+        return len(encode_prompt(self.tokenizer, prompt, self.chat))
+
+    def generate(self, prompt: Prompt, params: SamplingParams, *,
+                 generator: torch.Generator | None = None) -> GenerationResult:
+        ids = encode_prompt(self.tokenizer, prompt, self.chat, vocab_size=self.model.vocab_size)
+        return self._run(ids, params, generator)
+
+    def continue_prefix(self, prefix: str | list[int], params: SamplingParams, *,
+                        generator: torch.Generator | None = None) -> GenerationResult:
+        """The prefix's ids as given (text: its plain encoding, no chat template), like LocalGenerator."""
+        ids = list(prefix) if not isinstance(prefix, str) else self.tokenizer.encode(prefix, add_special_tokens=True)
+        return self._run(ids, params, generator)
+
+    def _run(self, ids: list[int], params: SamplingParams, rng: torch.Generator | None) -> GenerationResult:
+        if self._cancelled.is_set():
+            raise StrategyCancelled("the client went away")
+        if len(ids) >= self.model.max_context:
+            raise ValueError(f"a prompt of the strategy has {len(ids)} tokens; this model's context is "
+                             f"{self.model.max_context} tokens")
+        start = time.perf_counter()
+        finished = threading.Event()
+        ended: list[DoneEvent] = []
+
+        def emit(event) -> None:  # engine thread: only the end matters here
+            if isinstance(event, DoneEvent):
+                ended.append(event)
+                finished.set()
+
+        job = ServeRequest(ids, params, emit, timeout=self.timeout, generator=rng)
+        with self._lock:
+            self._jobs.append(job)
+        try:
+            self.engine.submit(job)  # QueueFullError / EngineStoppedError / ValueError go to the caller
+            while not finished.wait(WAIT_POLL):
+                if self._cancelled.is_set():
+                    job.cancel()
+        finally:
+            with self._lock:
+                self._jobs.remove(job)
+        event = ended[0]
+        if event.timed_out:
+            raise StrategyTimeout(event.error)
+        if event.error == "cancelled" and self._cancelled.is_set():
+            raise StrategyCancelled("the client went away")
+        if event.error is not None:
+            raise RuntimeError(f"a request of the strategy failed: {event.error}")
+        completions = job.completions
+        generated = sum(len(c.token_ids) for c in completions)
+        with self._lock:
+            self.prompt_tokens += len(ids)
+            self.completion_tokens += generated
+            self.requests += 1
+        flops = forward_flops(self.model, 0, len(ids))
+        for completion in completions:
+            flops += forward_flops(self.model, len(ids), max(len(completion.token_ids) - 1, 0))
+        longest = max((len(c.token_ids) for c in completions), default=0)
+        result = GenerationResult(completions, ids, model_calls=max(longest, 1))  # prefill + decode steps
+        result.cost = Cost(model_calls=result.model_calls, prompt_tokens_computed=len(ids),
+                           prompt_tokens_reused=len(ids) * (len(completions) - 1), generated_tokens=generated,
+                           flops=flops, wall_seconds=time.perf_counter() - start, target_steps=generated)
+        return result
