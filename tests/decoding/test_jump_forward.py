@@ -123,3 +123,19 @@ def test_sampled_rows_with_runs_of_different_lengths_keep_their_own_state():
         assert state is not None
         assert (completion.finish_reason == "stop") == (completion.token_ids[-1] == EOS)
         assert completion.complete is (state in (3, -1))
+
+
+@pytest.mark.parametrize("jump_forward", [False, True])
+def test_local_generator_passes_the_switch_and_counts_one_target_step_per_run(monkeypatch, jump_forward):
+    import metagen.decoding.generator as module
+    from metagen.decoding import LocalGenerator
+
+    model = ToyModel()
+
+    def constrained_generate(model, prompt, params, **kwargs):
+        return generate(model, prompt, params, processors=[ToyGrammar()], **kwargs)
+
+    monkeypatch.setattr(module, "generate", constrained_generate)
+    result = LocalGenerator(model, jump_forward=jump_forward).generate(PROMPT, SamplingParams(temperature=0, max_tokens=8))
+    assert (result.forced_tokens > 0) is jump_forward
+    assert result.cost.target_steps == result.generated_tokens - result.forced_tokens == len(model.calls)
