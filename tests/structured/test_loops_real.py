@@ -84,3 +84,32 @@ def test_token_healing_after_the_assistant_header_is_refused(model):
     for prompt, chat in ((URL, True), ([{"role": "user", "content": URL}], None)):
         with pytest.raises(ValueError, match="token_healing=True needs a prompt that ends with its own text"):
             generate(model, prompt, params, chat=chat)
+
+
+def test_constrained_greedy_is_the_argmax_over_allowed_tokens_step_by_step(model):
+    """The loop (jump-forward on) against the rule written out with the real StructuredProcessor:
+    at each step the argmax of the model's logits among the tokens the constraint allows."""
+    import torch
+
+    from metagen.structured import StructuredProcessor, StructuredOutputs
+
+    spec = StructuredOutputs(regex="(yes|no), because [a-z]{2,12}")
+    params = SamplingParams(temperature=0, max_tokens=10, structured_outputs=spec)
+    prompt = "Is the sky blue? Answer yes or no with a reason."
+    looped = generate(model, prompt, params).completions[0].token_ids
+    processor = StructuredProcessor(spec, model.tokenizer, 1)
+    ids = model.tokenizer.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    cache, out = model.prefill(ids)
+    path = []
+    for _ in range(10):
+        allowed = processor.apply(out.logits)  # (1, V)
+        assert torch.isfinite(allowed).sum() >= 1
+        token = int(allowed.argmax(dim=-1))
+        path.append(token)
+        if token in model.eos_token_ids:
+            break
+        processor.accept(torch.tensor([token]))
+        if processor.finished(0):  # nothing can follow: the loop ends the row here, without EOS
+            break
+        out = model.forward(cache, [[token]])
+    assert looped == path
