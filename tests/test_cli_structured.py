@@ -5,8 +5,6 @@ loaded, and one end-to-end JSON-schema generation on the embedded model."""
 from __future__ import annotations
 
 import json
-from dataclasses import fields
-
 import pytest
 
 from metagen.cli import common, main
@@ -28,7 +26,6 @@ PERSON = {
     },
     "required": ["name", "birth_date"], "additionalProperties": False,
 }
-HAS_TOKEN_HEALING = "token_healing" in {field.name for field in fields(SamplingParams)}
 
 
 @pytest.fixture
@@ -119,13 +116,24 @@ def test_one_line_keeps_the_message_and_drops_the_source_diagram():
     assert one_line(message) == "--regex='(' does not compile: at 1(8): invalid regex ( error: unclosed group"
 
 
-def test_token_healing_sets_the_field_or_is_refused_until_it_exists(capsys, monkeypatch):
-    if HAS_TOKEN_HEALING:
-        assert _params(monkeypatch, ["--token-healing"]).token_healing is True
-        return
-    monkeypatch.setattr(common, "load_model", lambda args: pytest.fail("the model was loaded before the check"))
-    assert main(["generate", "The url is http:", "--token-healing"]) == 2
-    assert "--token-healing is not available in this build" in capsys.readouterr().err
+def test_token_healing_sets_the_field(monkeypatch):
+    assert _params(monkeypatch, ["--token-healing"]).token_healing is True
+    assert _params(monkeypatch, []).token_healing is False
+
+
+@pytest.mark.slow
+def test_generate_with_token_healing_continues_the_prompt_text(capsys):
+    argv = ["generate", "The url is http:", "--no-chat", "--token-healing", "--temperature", "0",
+            "--max-tokens", "6", "--json"]
+    assert main(argv) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["text"].startswith("//")  # ":" was healed into "://", and is not repeated
+
+
+@pytest.mark.slow
+def test_token_healing_under_the_chat_template_is_refused_by_name(capsys):
+    assert main(["generate", "The url is http:", "--chat", "--token-healing", "--max-tokens", "4"]) == 2
+    assert "token_healing=True needs a prompt that ends with its own text" in capsys.readouterr().err
 
 
 def test_eval_takes_a_constraint_for_every_sample(monkeypatch, tmp_path):

@@ -149,3 +149,20 @@ def test_text_is_decoded_incrementally_not_the_whole_row_per_token():
         row.push([A, B, C][i % 3], RECORD)
     assert len(row.completion.text) == 1000
     assert tokenizer.decoded_ids < 20 * 1000  # O(1) per token; re-decoding the row would be ~500000
+
+
+def test_skip_text_keeps_the_healed_prompt_text_out_of_the_output_and_its_stop_checks():
+    """Token healing's removed text ("a" here) is reproduced by the first tokens but belongs to the
+    prompt: it is not in the text, and a stop string equal to it matches only later text."""
+    rules = StopRules(frozenset({EOS}), ("a",), 8)
+    record = TokenRecord(0.0, 0.0, 0.0, None)
+    row = Row(ToyTokenizer(), [BOS], rules, skip_text="a")
+    assert row.push(A, record) == ""
+    assert row.completion.finish_reason is None
+    assert row.push(B, record) == "b"
+    twin = row.fork()
+    assert row.push(A, record) == "" and row.completion.finish_reason == "stop"  # the stop string, later
+    assert row.completion.text == "b" and twin.completion.text == "b"
+    other = Row(ToyTokenizer(), [BOS], StopRules(frozenset({EOS}), (), 8), skip_text="a")
+    with pytest.raises(RuntimeError, match="does not reproduce"):
+        other.push(B, record)

@@ -92,3 +92,20 @@ def test_a_damaged_digest_memo_is_recomputed(tmp_path, monkeypatch):
         memo.write_text(damaged)
         assert file_digest(model) == expected
     assert not list(memo.parent.glob("*.tmp"))
+
+
+def test_token_healing_enters_the_setup_only_when_set():
+    """A field added to SamplingParams after results were stored must not change the digest of a
+    set-up that leaves it at its default (older results stay readable); set, it is part of it."""
+    from dataclasses import replace
+
+    from metagen.eval.fingerprint import digest
+    from metagen.sampling import SamplingParams
+
+    config = EvalConfig(("self_consistency",), ns=(2,), params=SamplingParams(temperature=0.8, max_tokens=256))
+    setup = config.setup()
+    assert "token_healing" not in setup["params"]
+    older = {**setup, "params": {k: v for k, v in setup["params"].items() if k != "token_healing"}}
+    assert digest(setup) == digest(older)
+    healed = replace(config, params=replace(config.params, token_healing=True)).setup()
+    assert healed["params"]["token_healing"] is True and digest(healed) != digest(setup)

@@ -63,23 +63,10 @@ def structured_fields(args: argparse.Namespace) -> dict[str, object]:
         raise ValueError("--max-whitespace applies to --json-schema and --json-object only")
     fields: dict[str, object] = {}
     if args.token_healing:
-        check_token_healing_field()
         fields["token_healing"] = True
     if chosen:
         fields["structured_outputs"] = _compiled(chosen[0], _spec(chosen[0], args))
     return fields
-
-
-def check_token_healing_field() -> None:
-    """ValueError when `SamplingParams` has no `token_healing` field (the decoding loops that read
-    it are not in this build): the flag is refused rather than silently ignored."""
-    from dataclasses import fields
-
-    from metagen.sampling import SamplingParams
-
-    if "token_healing" not in {field.name for field in fields(SamplingParams)}:
-        raise ValueError("--token-healing is not available in this build: SamplingParams has no token_healing "
-                         "field for the decoding loops to read")
 
 
 def _spec(option: str, args: argparse.Namespace):

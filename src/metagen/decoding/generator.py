@@ -118,15 +118,18 @@ class LocalGenerator(Generator):
     """A `Generator` over a local `LanguageModel` (one prefill, n forked rows, one batch).
 
     chat: wrap text prompts in the model's chat template (None: when the model has one).
+    jump_forward: feed the token runs a constraint forces in one forward (`sample_loop`); the
+        output law is the same either way.
     It provides everything a local model gives, STRUCTURED_OUTPUT included (every decoding loop
     honours `params.structured_outputs`).
     """
 
     capabilities = caps.ALL
 
-    def __init__(self, model, chat: bool | None = None) -> None:
+    def __init__(self, model, chat: bool | None = None, *, jump_forward: bool = True) -> None:
         self.model = model
         self.chat = chat
+        self.jump_forward = jump_forward
 
     def decode(self, token_ids: list[int]) -> str:
         return self.model.tokenizer.decode(list(token_ids))
@@ -156,7 +159,8 @@ class LocalGenerator(Generator):
         self, prompt: Prompt, params: SamplingParams, *, generator: torch.Generator | None = None
     ) -> GenerationResult:
         start = time.perf_counter()
-        result = generate(self.model, prompt, params, chat=self.chat, generator=generator)
+        result = generate(self.model, prompt, params, chat=self.chat, generator=generator,
+                          jump_forward=self.jump_forward)
         prompt_length = len(result.prompt_token_ids)
         flops = forward_flops(self.model, 0, prompt_length)
         for completion in result.completions:
@@ -169,6 +173,7 @@ class LocalGenerator(Generator):
             generated_tokens=result.generated_tokens,
             flops=flops,
             wall_seconds=time.perf_counter() - start,
-            target_steps=result.generated_tokens,  # one target forward per token and row
+            # one target forward per token and row, but one per jump-forward run
+            target_steps=result.generated_tokens - result.forced_tokens,
         )
         return result

@@ -56,6 +56,17 @@ def encode_prompt(tokenizer, prompt: Prompt, chat: bool | None = None, *, vocab_
     return _token_ids(items, vocab_size)
 
 
+def ends_with_generation_prompt(tokenizer, prompt: Prompt, chat: bool | None = None) -> bool:
+    """True when `encode_prompt(tokenizer, prompt, chat)` ends with the chat template's generation
+    prompt (the assistant header): text under the template, or messages whose last one is not the
+    assistant's. Token ids and plain text end with the caller's own tokens."""
+    if isinstance(prompt, str):
+        return tokenizer.chat_template is not None if chat is None else bool(chat)
+    if isinstance(prompt, Sequence) and prompt and all(isinstance(item, Mapping) for item in prompt):
+        return prompt[-1].get("role") != "assistant"
+    return False
+
+
 def _token_ids(items: list[object], vocab_size: int | None) -> list[int]:
     """Prompt items as token ids: ints (numpy / torch integer scalars too, not bools) in [0, V)."""
     ids = []

@@ -44,6 +44,11 @@ from metagen.strategies.registry import StrategyOptions, check_options, get_stra
 ORACLE = "pass@k"
 
 
+# SamplingParams fields added after results files were first written: at their default they stay
+# out of the set-up, so older results (which predate them and meant the default) remain readable.
+ADDED_LATER = {"token_healing": False}
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """strategies: registry names; ns: budgets to evaluate; params: sampling of every sample
@@ -77,7 +82,8 @@ class EvalConfig:
     def setup(self) -> dict:
         """What stored units depend on besides the problem and the model: every sampling field
         the harness does not set itself, the seed, the prompt suffix and the strategy options."""
-        params = {k: v for k, v in asdict(self.params).items() if k not in ("n", "seed")}
+        params = {k: v for k, v in asdict(self.params).items()
+                  if k not in ("n", "seed") and not (k in ADDED_LATER and v == ADDED_LATER[k])}
         options = asdict(self.options)
         if options["answer_field"] is None:  # absent as in set-ups stored before the field existed
             del options["answer_field"]

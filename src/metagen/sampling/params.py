@@ -140,6 +140,11 @@ class SamplingParams:
         response_format: OpenAI's spelling of the same ({"type": "json_object"} or {"type":
             "json_schema", "json_schema": {"name", "schema", "strict"}}); converted into
             `structured_outputs` on construction (this field then reads None).
+        token_healing: back up a prompt that ends mid-token and make the first generated tokens
+            reproduce the removed text (`metagen.structured.healing`); the completions' text
+            excludes it. Honoured by the sampling loop and speculative decoding; refused by name
+            elsewhere (chat prompts ending with the assistant header, tree search, tokenwise
+            controlled decoding, remote servers).
     """
 
     temperature: float = 1.0
@@ -165,6 +170,7 @@ class SamplingParams:
     logprobs: int | None = None
     structured_outputs: StructuredOutputs | Mapping[str, object] | None = None
     response_format: Mapping[str, object] | None = None
+    token_healing: bool = False
 
     def __post_init__(self) -> None:
         inf = math.inf
@@ -202,6 +208,8 @@ class SamplingParams:
         )
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos={self.ignore_eos!r} must be a bool")
+        if not isinstance(self.token_healing, bool):
+            raise ValueError(f"token_healing={self.token_healing!r} must be a bool")
         checked["structured_outputs"] = _structured(self.structured_outputs, self.response_format)
         checked["response_format"] = None
         if checked["structured_outputs"] is not None and self.ignore_eos:

@@ -30,7 +30,7 @@ import torch
 from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompts import Prompt, encode_prompt
-from metagen.decoding.rows import NO_OPINION, Row, StopRules, Verdict, request_chain, token_records
+from metagen.decoding.rows import NO_OPINION, Row, StopRules, Verdict, heal_request, request_chain, token_records
 from metagen.decoding.sample_loop import GenerationResult, StreamEvent
 from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
 from metagen.speculative.block_verify import block_verify
@@ -118,16 +118,18 @@ def speculative_stream(
     check_compatible(model, drafter, params)
     started = time.perf_counter()
     prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
+    prompt_ids, healed = heal_request(params, model, prompt, chat, prompt_ids)
     rules = StopRules.from_params(params, model, len(prompt_ids))
     if generator is None:
         generator = params.make_generator()
     n, vocab = params.n, model.vocab_size
     max_new = rules.max_new_tokens
     check_batch_fits(model, n, max_new, (config.max_draft_tokens if config.adaptive else config.num_draft_tokens) + 1)
-    chain = request_chain(params, model, prompt_ids, n, processors)
-    rows = [Row(model.tokenizer, prompt_ids, rules, want_top=bool(params.logprobs)) for _ in range(n)]
+    chain = request_chain(params, model, prompt_ids, n, processors, healed=healed)
+    rows = [Row(model.tokenizer, prompt_ids, rules, want_top=bool(params.logprobs), skip_text=healed)
+            for _ in range(n)]
     result = result if result is not None else GenerationResult([], prompt_ids)
-    result.prompt_token_ids = prompt_ids
+    result.prompt_token_ids, result.healed_text = prompt_ids, healed
     result.completions = [row.completion for row in rows]
     cost = Cost(prompt_tokens_computed=len(prompt_ids), prompt_tokens_reused=len(prompt_ids) * (n - 1),
                 flops=forward_flops(model, 0, len(prompt_ids)), target_steps=n)

@@ -25,7 +25,7 @@ import torch
 
 from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.prompts import Prompt, encode_prompt
-from metagen.decoding.rows import Row, StopRules, request_chain, token_records
+from metagen.decoding.rows import Row, StopRules, refuse_token_healing, request_chain, token_records
 from metagen.sampling import LogitsProcessor, SamplingParams
 from metagen.scoring.answers import check_answer_field, extract_answer
 from metagen.strategies.result import Candidate, StrategyResult, prefer_complete
@@ -64,6 +64,7 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
     value is chosen. `processors`: extra logits processors forming p (constraints), as in `stream`."""
     config = config or TokenwiseCDConfig()
     params = config.params
+    refuse_token_healing(params, "tokenwise controlled decoding")
     prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
     rules = StopRules.from_params(params, model, len(prompt_ids))
     chain = request_chain(params, model, prompt_ids, config.n, processors)

@@ -8,6 +8,22 @@
     processor.py   `StructuredProcessor`: per-row matchers behind the stateful processor interface
     healing.py     token healing: `heal_prompt` and `TokenHealingProcessor`
 
+Which law masked decoding samples. Each step keeps the model's next-token distribution on the
+tokens the constraint allows and renormalises it there:
+
+    q(y) = prod_t  p(y_t | y_<t) · 1[y_t allowed after y_<t] / Z_t,   Z_t = sum of p over allowed tokens
+
+(the mask comes before temperature and truncation, see `metagen.sampling.chain`). This is NOT the
+model conditioned on validity, p(y) · 1[y valid] / sum_y' p(y') 1[y' valid], in general: per-step
+renormalisation gives a prefix the full mass of its first token even when its valid
+continuations carry little model mass. The two coincide when every allowed prefix keeps all of
+its mass (Z_t = 1 at every step: the constraint never removes probability), and sampling the
+conditioned law exactly needs lookahead (rejection, SMC), not a mask. Greedy decoding under a
+constraint takes the argmax over the allowed tokens at each step. Jump-forward
+(`decoding.sample_loop`) and speculative decoding (`speculative.loop`) sample the same q.
+tests/decoding/test_jump_forward.py checks q by chi-square on the toy model and shows that the
+conditioned law differs.
+
 Names are imported on first use, so importing this package does not import llguidance.
 """
 

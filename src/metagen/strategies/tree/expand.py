@@ -28,7 +28,7 @@ import torch
 
 from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.prompts import Prompt, encode_prompt
-from metagen.decoding.rows import Row, StopRules, request_chain, token_records
+from metagen.decoding.rows import Row, StopRules, refuse_token_healing, request_chain, token_records
 from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
 
 
@@ -117,6 +117,7 @@ class StepExpander:
         self.prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
         if params.n != 1:
             raise ValueError(f"params.n={params.n}: tree search sets its own branching; leave n=1")
+        refuse_token_healing(params, "tree search (StepExpander)")
         self.rules = StopRules.from_params(params, model, len(self.prompt_ids))
         self.generator = generator if generator is not None else params.make_generator()
         self.cost = Cost()

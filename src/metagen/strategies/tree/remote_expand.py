@@ -38,6 +38,7 @@ import torch
 from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
 from metagen.decoding.prompts import Prompt
+from metagen.decoding.rows import refuse_token_healing
 from metagen.sampling import SamplingParams
 from metagen.strategies.tree.expand import Node, StepConfig
 
@@ -107,6 +108,7 @@ class RemoteStepExpander:
                              "model (its nodes keep their constraint state), or constrain a plain request")
         if params.n != 1:
             raise ValueError(f"params.n={params.n}: tree search sets its own branching; leave n=1")
+        refuse_token_healing(params, "tree search (RemoteStepExpander)")
         self.engine, self.params, self.step, self.value = engine, params, step, value
         self.has_logprobs = caps.LOGPROBS in have
         self.token_prompts = caps.TOKEN_PROMPTS in have
