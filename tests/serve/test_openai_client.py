@@ -160,3 +160,21 @@ def test_chat_stream_with_n_and_logprobs_matches_the_whole_answer(client, served
         assert texts[choice.index] == choice.message.content
         assert logprobs[choice.index] == [entry.logprob for entry in choice.logprobs.content]
     assert texts[0] != texts[1]
+
+
+def test_token_healing_equals_the_sampling_loop_and_is_refused_where_it_cannot_apply(client, served_model, model):
+    prompt = "The url is http:"  # ends mid-token: ":" is backed up and the output starts with it
+    answer = client.completions.create(model=served_model, prompt=prompt, max_tokens=8, temperature=0,
+                                       extra_body={"token_healing": True})
+    local = generate(model, prompt, SamplingParams(temperature=0, max_tokens=8, token_healing=True), chat=False)
+    assert local.healed_text == ":"
+    assert answer.choices[0].text == local.completions[0].text
+    assert answer.usage.prompt_tokens == len(local.prompt_token_ids)
+    with pytest.raises(openai.BadRequestError) as refused:  # a chat prompt ends with the assistant header
+        client.chat.completions.create(model=served_model, messages=[{"role": "user", "content": prompt}],
+                                       max_tokens=4, extra_body={"token_healing": True})
+    assert refused.value.body["param"] == "token_healing"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=served_model, prompt=prompt, max_tokens=4, echo=True,
+                                  extra_body={"token_healing": True})
+    assert refused.value.body["param"] == "token_healing"

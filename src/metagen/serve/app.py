@@ -171,7 +171,7 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
                 pass
 
         job = ServeRequest(parsed.prompt_ids, parsed.params, emit, echo=parsed.echo_text is not None,
-                           timeout=request_timeout)
+                           timeout=request_timeout, healed=parsed.healed)
         try:
             engine.submit(job)
         except QueueFullError as error:

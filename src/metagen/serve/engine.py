@@ -116,6 +116,7 @@ class ServeRequest:
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.monotonic)
     timeout: float | None = None  # seconds from submission (queueing included); None: no limit
+    healed: str = ""  # token healing: the prompt text backed up (`rows.heal_request`), reproduced first
     # Engine-thread state (set on admission).
     chain: object = None
     generator: torch.Generator | None = None  # given by the submitter, or made from params.seed
@@ -325,10 +326,11 @@ class Engine:
         check_batch_fits(model, self._rows_in_use() + n, rules.max_new_tokens)
         if request.echo:
             check_batch_fits(model, 1, 0, positions=len(prompt_ids), what="echo rows")
-        request.chain = request_chain(params, model, prompt_ids, n)
+        request.chain = request_chain(params, model, prompt_ids, n, healed=request.healed)
         if request.generator is None:  # a strategy run hands its own (serve/engine_generator.py)
             request.generator = params.make_generator()
-        request.rows = [Row(model.tokenizer, prompt_ids, rules, want_top=bool(params.logprobs)) for _ in range(n)]
+        request.rows = [Row(model.tokenizer, prompt_ids, rules, want_top=bool(params.logprobs),
+                            skip_text=request.healed) for _ in range(n)]
         cache, prefixes = self._cache, self.prefix_cache
         running = [cache.snapshot(row) for row in range(cache.batch_size)] if self._running else []
         reused = 0

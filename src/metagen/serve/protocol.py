@@ -29,13 +29,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from metagen.decoding.prompts import encode_prompt
+from metagen.decoding.rows import heal_request
 from metagen.sampling import SamplingParams
 from metagen.sampling.params import MAX_LOGPROBS
 
 SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty",
     "frequency_penalty", "presence_penalty", "no_repeat_ngram_size", "logit_bias", "mirostat_tau", "mirostat_eta",
-    "seed", "stop", "stop_token_ids", "ignore_eos", "n", "structured_outputs", "response_format",
+    "seed", "stop", "stop_token_ids", "ignore_eos", "n", "structured_outputs", "response_format", "token_healing",
 )
 COMMON_FIELDS = ("model", "stream", "stream_options", "user", "max_tokens", "return_tokens_as_token_ids",
                  "mirostat_mode", "metagen")
@@ -82,6 +83,7 @@ class ParsedRequest:
     ignored: tuple[str, ...] = ()
     strategy: StrategyRequest | None = None  # a meta-generation strategy runs (strategy.py)
     prompt: object = None  # the prompt as the strategy sees it: messages (chat), text or token ids
+    healed: str = ""  # token_healing: the prompt text backed up, which the output must reproduce
 
 
 @dataclass
@@ -195,8 +197,20 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
     if named_strategy is not None or "metagen" in body:
         strategy = parse_strategy(body, named_strategy, params, max_rows)
     prompt = _plain_messages(body) if chat else (prompt_text if prompt_text is not None else prompt_ids)
+    healed = ""
+    if params.token_healing:
+        if strategy is not None:
+            raise APIError("token_healing=true is not supported with a strategy: its requests are built by the "
+                           "strategy", "token_healing")
+        if echo_text is not None:
+            raise APIError("token_healing=true is not supported with echo=true (the echoed prompt would be the "
+                           "healed one)", "token_healing")
+        try:
+            prompt_ids, healed = heal_request(params, model, prompt, chat, prompt_ids)
+        except ValueError as error:
+            raise APIError(str(error), "token_healing") from None
     return ParsedRequest(chat, prompt_ids, params, name if strategy is not None else served_name, echo_text, stream,
-                         include_usage, logprobs, token_strings, tuple(unknown), strategy, prompt)
+                         include_usage, logprobs, token_strings, tuple(unknown), strategy, prompt, healed)
 
 
 SERVED_VALUES = ("steps", "judge")  # a value-head file would be a path named by the request: refused
