@@ -83,3 +83,19 @@ def test_bf16_and_int8_stay_near_fp32(pair):
         logits = model.forward(model.new_cache(1), [PROMPT], logits="all").logits[0]
         agree = (logits.argmax(-1) == expected.argmax(-1)).float().mean().item()
         assert agree >= 0.75, (family, dtype, agree)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "phi3"])
+def test_the_conversion_cache_keeps_every_family_weight(family, tmp_path, temp_cache, monkeypatch):
+    """q/k norms (optional LayerWeights fields) and fused-name linears survive the cache: the
+    second load is a cache hit and gives the first load's logits exactly."""
+    directory = save_hf(build_hf_model(family), tmp_path / family)
+    first = load(directory, dtype="int8")
+    import metagen.models.loading as loading
+
+    monkeypatch.setattr(loading, "_convert", lambda *args: pytest.fail("the second load converted again"))
+    second = load(directory, dtype="int8")
+    if family == "qwen3":
+        assert second.layers[0].q_norm is not None and torch.equal(second.layers[0].k_norm, first.layers[0].k_norm)
+    logits = [m.forward(m.new_cache(1), [PROMPT], logits="all").logits for m in (first, second)]
+    assert torch.equal(logits[0], logits[1])
