@@ -9,6 +9,8 @@ import torch
 from metagen.models import load
 from tests.models.families.conftest import FAMILIES, build_hf_model, save_hf, write_gguf
 
+pytestmark = pytest.mark.slow
+
 PROMPT = [17, 2048, 311, 9001, 42, 777, 15, 30000, 123, 4567, 89, 1000]
 TOLERANCE = 1e-4
 
