@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from metagen.models import load
-from tests.models.families.conftest import FAMILIES, build_hf_model, save_hf, write_gguf
+from tests.models.families.tiny_checkpoints import FAMILIES, build_hf_model, save_hf, write_gguf
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from metagen.models import load
-from tests.models.families.conftest import build_hf_model, save_hf
+from tests.models.families.tiny_checkpoints import build_hf_model, save_hf
 
 BASE = {"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
         "num_attention_heads": 2, "num_key_value_heads": 1}
