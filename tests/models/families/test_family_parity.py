@@ -1,7 +1,8 @@
 """Every family against transformers on the same tiny random weights, fp32, to 1e-4: over a
 prompt, and through truncate / fork / ragged multi-token append, on both execution paths (the
 fused decode kernels and the general PyTorch path); the same weights written as GGUF load to the
-same logits (Llama: Q/K interleaved by the converter; Qwen3: rotate-half rows and q/k norms)."""
+same logits (Llama: Q/K interleaved by the converter; Qwen3: rotate-half rows and q/k norms;
+Phi-3: fused attn_qkv and gate+up in ffn_up)."""
 
 import pytest
 import torch
@@ -63,7 +64,7 @@ def test_truncate_fork_and_ragged_append_match_transformers(pair):
         assert_close(out.logits[1], reference_logits(hf, PROMPT + [1345, 42, 9, 12])[-1])
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
 def test_the_same_weights_as_gguf_load_to_the_same_logits(family, tmp_path):
     hf = build_hf_model(family, tie_word_embeddings=family == "qwen3")
     model = load(write_gguf(hf, tmp_path / f"{family}.gguf", family), dtype="fp32", use_cache=False)

@@ -68,8 +68,9 @@ def write_gguf(model, path, architecture: str):
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base((getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta})["rope_theta"])
     embedded = GGUFReader(str(embedded_model_path()))
@@ -81,7 +82,8 @@ def write_gguf(model, path, architecture: str):
     layer_names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
                    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
                    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
-                   "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+                   "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+                   "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}  # Phi-3's fused tensors
     for name, tensor in model.state_dict().items():
         array = tensor.detach().float().numpy().copy()
         if name in names:
