@@ -118,7 +118,7 @@ def measure_metagen(model, prompt_ids: list[int], args) -> list[Measurement]:
                 prefill_seconds=min(r.prefill_seconds for r in results),
                 decode_seconds=min(r.decode_seconds for r in results),
                 decode_runs=[r.decode_seconds for r in results],
-                detail=f"{model.layers[0].qkv.kind} linears, {model.lm_head.kind} LM head, "
+                detail=f"{dict(model.linears())['qkv'].kind} linears, {dict(model.linears())['lm_head'].kind} LM head, "
                 f"{model.matmul_dtype} matmul inputs, float32 attention",
                 greedy_tokens=results[0].completions[0].token_ids[: args.tokens] if mode == "greedy" else None,
             )
@@ -136,10 +136,10 @@ def weight_bytes_per_token(model) -> dict[str, int]:
     def linear_bytes(linear) -> int:
         return sum(t.numel() * t.element_size() for t in linear.state().values())
 
-    linears = [getattr(layer, name) for layer in model.layers for name in ("qkv", "o", "gate_up", "down")]
+    linears = model.linears()
     return {
-        "layers": sum(linear_bytes(linear) for linear in linears),
-        "lm_head": linear_bytes(model.lm_head),
+        "layers": sum(linear_bytes(linear) for name, linear in linears if name != "lm_head"),
+        "lm_head": sum(linear_bytes(linear) for name, linear in linears if name == "lm_head"),
         "embedding_row": model.embed.shape[1] * model.embed.element_size(),
     }
 

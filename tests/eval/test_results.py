@@ -159,3 +159,20 @@ def test_an_error_while_running_a_problem_names_it(tmp_path):
 
     with pytest.raises(ValueError, match="problem 'p3': no room"):
         evaluate(Failing(), PROBLEMS, CONFIG, tmp_path)
+
+
+def test_a_file_written_when_the_native_class_was_llama_model_still_resumes(tmp_path):
+    """The native backend's class was renamed LlamaModel -> DecoderModel; its identity keeps the
+    recorded name, so a results file of the same model and set-up written before reuses every unit."""
+    from metagen.eval.fingerprint import model_identity
+
+    class DecoderModel:  # stands for metagen.models.decoder.DecoderModel (matched by class name)
+        name, dtype, source = "m", "int4", ""
+
+    written_before = {**MODEL, "weights": "source:x"}
+    _, first = _run(tmp_path, model=written_before)
+    DecoderModel.source = "x"
+    identity = model_identity(DecoderModel())
+    assert identity == written_before
+    generator, again = _run(tmp_path, model=identity)
+    assert generator.calls == [] and again == first

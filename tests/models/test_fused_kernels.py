@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from metagen.models.kernels import fused_kernels
-from metagen.models.llama import apply_rope
+from metagen.models.layer import apply_rope
 
 kernels = fused_kernels()
 pytestmark = pytest.mark.skipif(kernels is None, reason="fused kernels could not be built here")
@@ -69,7 +69,7 @@ def test_paged_decode_attention_matches_sdpa_on_ragged_rows(bf16):
 @pytest.mark.parametrize("rows, max_keys", [(3, None), (8, None), (8, 0)])  # in place; in place; SDPA
 @pytest.mark.parametrize("dtype", ["fp32", "int4"])
 def test_model_fused_decode_equals_general_path(dtype, rows, max_keys, model_fp32, monkeypatch):
-    import metagen.models.llama as llama
+    import metagen.models.decoder as llama
     from metagen.models import load
 
     if max_keys is not None:

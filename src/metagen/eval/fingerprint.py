@@ -78,6 +78,12 @@ def weights_digest(source: str | Path) -> str | None:
     return digest({item.name: file_digest(item) for item in files})
 
 
+# Classes recorded under an earlier name, so results files written before a rename still resume:
+# the native backend's class was LlamaModel until it became the family-generic DecoderModel (the
+# weights digest, not the class, tells checkpoints and families apart).
+_RECORDED_CLASS_NAMES = {"DecoderModel": "LlamaModel"}
+
+
 def model_identity(model) -> dict:
     """What of a loaded model its outputs depend on: name, class, dtype and weights identity
     (the content, where value heads' `model_identity` ties a head to an architecture).
@@ -88,7 +94,8 @@ def model_identity(model) -> dict:
     name = getattr(config, "name", None) or getattr(model, "name", None) or type(model).__name__
     source = str(getattr(model, "source", "") or "")
     weights = weights_digest(source)
-    return {"name": str(name), "class": type(model).__name__, "dtype": str(getattr(model, "dtype", None)),
+    recorded_class = _RECORDED_CLASS_NAMES.get(type(model).__name__, type(model).__name__)
+    return {"name": str(name), "class": recorded_class, "dtype": str(getattr(model, "dtype", None)),
             "weights": weights if weights is not None or not source else f"source:{source}"}
 
 

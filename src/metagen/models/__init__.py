@@ -1,14 +1,17 @@
-"""What produces logits: the LanguageModel interface, the native Llama backend, loaders."""
+"""What produces logits: the LanguageModel interface, the native decoder (every family of
+`models/families/`), loaders."""
 
 from metagen.models.base import ForwardOutput, LanguageModel
 from metagen.models.cache import KVCache
 from metagen.models.config import ModelConfig
+from metagen.models.decoder import DecoderModel
 from metagen.models.embedded import embedded_model_path
 from metagen.models.loading import DEFAULT_DTYPE, DTYPES, load
 
 __all__ = [
     "DEFAULT_DTYPE",
     "DTYPES",
+    "DecoderModel",
     "ForwardOutput",
     "KVCache",
     "LanguageModel",

@@ -72,12 +72,14 @@ class KVCache:
         dtype: torch.dtype,
         max_length: int,
         capacity: int = 1024,
+        context_note: str = "",
     ) -> None:
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
         self.max_length = max_length
+        self.context_note = context_note  # why max_length is what it is, appended to the error past it
         self.pools: list[torch.Tensor] = []  # per layer, (S, 2, KVH, D)
         self._refcount = np.zeros(0, dtype=np.int32)
         self._free = np.zeros(0, dtype=np.int64)  # stack of free slot ids
@@ -193,6 +195,36 @@ class KVCache:
         self._table = np.zeros((batch_size, self._table.shape[1]), dtype=np.int64)
         self._lengths = np.zeros(batch_size, dtype=np.int64)
 
+    def copy_prefix(self, source: KVCache, source_row: int, length: int, row: int = 0) -> None:
+        """Fill the empty `row` with the first `length` cached tokens of `source`'s `source_row`
+        (keys and values of this cache's layers, copied from `source`'s first layers).
+
+        For a model that shares the source model's first layers (an early-exit draft reusing the
+        target's prompt). Both caches must have the same KV heads, head size and dtype, and the
+        source at least as many layers; the keys keep their positions, so `row` must be empty.
+        Copies length·layers slots. TypeError / ValueError name the argument.
+        """
+        if not isinstance(source, KVCache):
+            raise TypeError(f"source must be a KVCache, got {type(source).__name__}")
+        row = self._check_row(row)
+        source_row = checks.row("source_row", source_row, source.batch_size)
+        length = checks.bounded("length", length, 0, source.length(source_row))
+        for name in ("num_kv_heads", "head_dim", "dtype"):
+            if getattr(source, name) != getattr(self, name):
+                raise ValueError(f"source cache has {name}={getattr(source, name)}, this cache {getattr(self, name)}")
+        if source.num_layers < self.num_layers:
+            raise ValueError(f"source cache has {source.num_layers} layers, fewer than this cache's {self.num_layers}")
+        if self._lengths[row]:
+            raise ValueError(f"row {row} holds {int(self._lengths[row])} tokens; copy_prefix fills an empty row")
+        if length == 0:
+            return
+        counts = np.zeros(self.batch_size, dtype=np.int64)
+        counts[row] = length
+        slots, _, _ = self.allocate(counts)
+        source_slots = torch.from_numpy(source._table[source_row, :length].copy())
+        for layer in range(self.num_layers):
+            self.pools[layer].index_copy_(0, slots, source.pools[layer].index_select(0, source_slots))
+
     @property
     def num_cached_slots(self) -> int:
         """Distinct slots in use (shared prefixes counted once)."""
@@ -215,7 +247,7 @@ class KVCache:
             row = int(end.argmax())
             raise ValueError(
                 f"row {row} would hold {int(end[row])} tokens, more than the model's context of "
-                f"{self.max_length}"
+                f"{self.max_length}{self.context_note}"
             )
         total = int(new_counts.sum())
         if total > self._num_free:

@@ -1,4 +1,4 @@
-"""Architecture description of a Llama-family checkpoint."""
+"""Architecture description of a decoder checkpoint (any family of `models/families/`)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Hyper-parameters of a Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2).
+    """Hyper-parameters of a pre-norm decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3).
 
     Attributes mirror HF `config.json` names where one exists.
     """
 
-    architecture: str  # "llama" | "qwen2" | "mistral" ...
+    architecture: str  # a family of models/families/: "llama" | "mistral" | "qwen2" | "qwen3" | "phi3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -28,6 +28,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
     name: str = ""
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
+    sliding_window: int | None = None  # keys older than this are outside attention (Mistral); see context_limit
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -35,6 +37,14 @@ class ModelConfig:
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
+
+    @property
+    def context_limit(self) -> int:
+        """Longest row the native backend runs exactly: the context, or the sliding window when
+        smaller (sliding-window attention equals full attention while every key is in the window)."""
+        if self.sliding_window is not None and self.sliding_window < self.max_position_embeddings:
+            return self.sliding_window
+        return self.max_position_embeddings
 
     @property
     def num_parameters(self) -> int:
@@ -45,6 +55,8 @@ class ModelConfig:
         per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
         if self.attention_bias:
             per_layer += q + 2 * kv
+        if self.qk_norm:
+            per_layer += 2 * self.head_dim
         embed = self.vocab_size * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return embed + head + self.num_hidden_layers * per_layer + h

@@ -21,9 +21,12 @@ import torch
 from metagen.models.config import ModelConfig
 from metagen.models.disk_cache import EntryLock, cache_directory, manifest_problem, publish, staging_directory
 from metagen.models.linear import DenseLinear, Int4Linear, Int8Linear
-from metagen.models.llama import LayerWeights, LlamaModel
+from metagen.models.decoder import DecoderModel
+from metagen.models.layer import LINEAR_FIELDS, NORM_FIELDS, LayerWeights
 
-_FORMAT_VERSION = "4"  # 3: manifest.json replaces the `done` marker; 4: linears record their stored format
+# 3: manifest.json replaces the `done` marker; 4: linears record their stored format;
+# 5: layers stored from LayerWeights' fields (optional q/k norms), config gains qk_norm and sliding_window
+_FORMAT_VERSION = "5"
 WAIT_SECONDS = 600.0  # for another process converting the same checkpoint; then we convert too
 
 
@@ -37,7 +40,7 @@ def cache_entry(path: Path, dtype: str) -> Path:
     return cache_directory() / key.hexdigest()[:24]
 
 
-def load_or_convert(path: Path, dtype: str, convert: Callable[[], LlamaModel]) -> LlamaModel:
+def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel]) -> DecoderModel:
     """The cached conversion of `path` when its entry is intact, else `convert()` (then cached).
 
     Concurrent processes converting the same entry take turns: the second loads what the first
@@ -79,7 +82,7 @@ def _linear_state(prefix: str, linear, tensors: dict, kinds: dict) -> None:
         tensors[f"{prefix}.{name}"] = tensor.contiguous()
 
 
-def _save_converted(model: LlamaModel, directory: Path) -> None:
+def _save_converted(model: DecoderModel, directory: Path) -> None:
     from safetensors.torch import save_file
 
     tensors: dict[str, torch.Tensor] = {"embed": model.embed, "norm": model.norm}
@@ -87,9 +90,10 @@ def _save_converted(model: LlamaModel, directory: Path) -> None:
         tensors["rope_freqs"] = model.freq_factors
     kinds: dict[str, dict] = {}
     for i, layer in enumerate(model.layers):
-        tensors[f"layers.{i}.attn_norm"] = layer.attn_norm
-        tensors[f"layers.{i}.mlp_norm"] = layer.mlp_norm
-        for name in ("qkv", "o", "gate_up", "down"):
+        for name in NORM_FIELDS:
+            if getattr(layer, name) is not None:  # an optional norm the family lacks is stored as absence
+                tensors[f"layers.{i}.{name}"] = getattr(layer, name)
+        for name in LINEAR_FIELDS:
             _linear_state(f"layers.{i}.{name}", getattr(layer, name), tensors, kinds)
     _linear_state("lm_head", model.lm_head, tensors, kinds)
     save_file(tensors, str(directory / "weights.safetensors"))
@@ -110,7 +114,7 @@ def _restore_linear(prefix: str, info: dict, tensors: dict):
     return linear
 
 
-def _load_converted(entry: Path, dtype: str, source: str) -> LlamaModel:
+def _load_converted(entry: Path, dtype: str, source: str) -> DecoderModel:
     from safetensors.torch import load_file
 
     from metagen.models.tokenizer import Tokenizer
@@ -122,17 +126,13 @@ def _load_converted(entry: Path, dtype: str, source: str) -> LlamaModel:
     tensors = {name: tensor.clone() for name, tensor in load_file(str(entry / "weights.safetensors")).items()}
     layers = [
         LayerWeights(
-            attn_norm=tensors[f"layers.{i}.attn_norm"],
-            qkv=_restore_linear(f"layers.{i}.qkv", kinds[f"layers.{i}.qkv"], tensors),
-            o=_restore_linear(f"layers.{i}.o", kinds[f"layers.{i}.o"], tensors),
-            mlp_norm=tensors[f"layers.{i}.mlp_norm"],
-            gate_up=_restore_linear(f"layers.{i}.gate_up", kinds[f"layers.{i}.gate_up"], tensors),
-            down=_restore_linear(f"layers.{i}.down", kinds[f"layers.{i}.down"], tensors),
+            **{name: tensors.get(f"layers.{i}.{name}") for name in NORM_FIELDS},
+            **{name: _restore_linear(f"layers.{i}.{name}", kinds[f"layers.{i}.{name}"], tensors) for name in LINEAR_FIELDS},
         )
         for i in range(config.num_hidden_layers)
     ]
     lm_head = _restore_linear("lm_head", kinds["lm_head"], tensors)
     tokenizer = Tokenizer.load(entry / "tokenizer")
-    return LlamaModel(
+    return DecoderModel(
         config, layers, tensors["embed"], tensors["norm"], lm_head, tokenizer, dtype, tensors.get("rope_freqs"), source
     )

@@ -1,6 +1,9 @@
-"""`load()`: a checkpoint (GGUF file or HF directory) -> a ready `LlamaModel`.
+"""`load()`: a checkpoint (GGUF file or HF directory) -> a ready `DecoderModel`.
 
-Conversion (dequantize, fuse Q·K·V and gate·up, pack int8/int4) runs once per (file, dtype);
+One path per file format reads the checkpoint into canonical weight sources (`weights.py`,
+driven by the family's name map); one generic builder turns them into `LayerWeights` from the
+dataclass's fields (`_build`). Conversion (dequantize, fuse Q·K·V and gate·up, pack int8/int4)
+runs once per (file, dtype);
 the result is stored as safetensors under the cache directory ($METAGEN_CACHE, default
 ~/.cache/metagen) together with the tokenizer, so the next load is a memory map (see
 `conversion_cache`).
@@ -15,11 +18,13 @@ import torch
 
 from metagen.models.config import ModelConfig
 from metagen.models.conversion_cache import load_or_convert
+from metagen.models.decoder import DecoderModel
 from metagen.models.disk_cache import cache_directory  # noqa: F401  (its historical home)
 from metagen.models.embedded import embedded_model_path
 from metagen.models.gguf_blocks import EXACT_INT4_TYPES
 from metagen.models.linear import DenseLinear, Int4Linear, Int8Linear
-from metagen.models.llama import LayerWeights, LlamaModel
+from metagen.models.families import family_for
+from metagen.models.layer import LINEAR_FIELDS, NORM_FIELDS, LayerWeights
 
 DTYPES = ("auto", "fp32", "bf16", "int8", "int4")
 DEFAULT_DTYPE = "auto"
@@ -27,8 +32,8 @@ DEFAULT_DTYPE = "auto"
 AUTO_WIDE_FORMAT = "int8"
 
 
-def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use_cache: bool = True) -> LlamaModel:
-    """Load a Llama-family model.
+def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use_cache: bool = True) -> DecoderModel:
+    """Load a decoder of any supported family (llama, mistral, qwen2, qwen3, phi3).
 
     path: a .gguf file or an HF directory (config.json, *.safetensors, tokenizer.json); None
         loads the embedded SmolLM2-135M-Instruct.
@@ -49,17 +54,18 @@ def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use
     return load_or_convert(path, dtype, lambda: _convert(path, dtype))
 
 
-def _convert(path: Path, dtype: str) -> LlamaModel:
+def _convert(path: Path, dtype: str) -> DecoderModel:
     config, sources, tokenizer = _read_checkpoint(path)
     _check_complete(config, sources, path)
     return _build(config, sources, tokenizer, dtype, str(path))
 
 
 def _check_complete(config: ModelConfig, sources: dict, path: Path) -> None:
-    """ValueError naming the checkpoint and the tensors a Llama-family model needs but it lacks."""
+    """ValueError naming the checkpoint and the tensors its family needs but it lacks."""
     needed = ["embed", "norm"] + ([] if config.tie_word_embeddings else ["lm_head"])
+    per_layer = family_for(config.architecture, str(path)).required_layer_tensors()
     for i in range(config.num_hidden_layers):
-        needed += [f"layers.{i}.{name}" for name in ("attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down")]
+        needed += [f"layers.{i}.{name}" for name in per_layer]
     missing = [name for name in needed if name not in sources]
     if missing:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
@@ -129,21 +135,19 @@ def _linear_from_parts(parts: list, dtype: str, bias_parts: list | None):
     return DenseLinear(weight.to(activation), None if bias is None else bias.to(activation))
 
 
-def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: str) -> LlamaModel:
+def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: str) -> DecoderModel:
     activation = torch.float32 if dtype == "fp32" else torch.bfloat16
+    family = family_for(config.architecture, source)
     layers = []
     for i in range(config.num_hidden_layers):
         p = f"layers.{i}."
-        layers.append(
-            LayerWeights(
-                attn_norm=sources[p + "attn_norm"].dense(),
-                qkv=_linear(sources, [p + "q", p + "k", p + "v"], dtype, [p + "q_bias", p + "k_bias", p + "v_bias"]),
-                o=_linear(sources, [p + "o"], dtype),
-                mlp_norm=sources[p + "mlp_norm"].dense(),
-                gate_up=_linear(sources, [p + "gate", p + "up"], dtype),
-                down=_linear(sources, [p + "down"], dtype),
-            )
-        )
+        weights = {}
+        for name in LINEAR_FIELDS:  # each linear from the family's parts, fused in order
+            parts, bias_parts = family.linears[name]
+            weights[name] = _linear(sources, [p + part for part in parts], dtype, [p + part for part in bias_parts])
+        for name in NORM_FIELDS:  # optional norms (q_norm, k_norm) are None when the family has none
+            weights[name] = sources[p + name].dense() if p + name in sources else None
+        layers.append(LayerWeights(**weights))
     embed = sources["embed"].dense()
     head_name = "embed" if config.tie_word_embeddings else "lm_head"
     # The LM head reads V·H weights per token; int8 keeps it 4x smaller than fp32 (an int4
@@ -153,7 +157,7 @@ def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: st
         head_dtype = AUTO_WIDE_FORMAT
     lm_head = _linear(sources, [head_name], head_dtype)
     freq_factors = sources["rope_freqs"].dense() if "rope_freqs" in sources else None
-    return LlamaModel(
+    return DecoderModel(
         config,
         layers,
         embed.to(activation),
@@ -166,17 +170,12 @@ def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: st
     )
 
 
-def weight_formats(model: LlamaModel) -> dict[str, dict[str, int]]:
+def weight_formats(model: DecoderModel) -> dict[str, dict[str, int]]:
     """What each kind of linear runs in, and from which stored format: e.g.
     {"down": {"int4 from Q4_K": 12, "int8 from Q6_K": 12}, "lm_head": {"int8 from Q8_0": 1}}."""
-    linears = {name: [getattr(layer, name) for layer in model.layers] for name in ("qkv", "o", "gate_up", "down")}
-    linears["lm_head"] = [model.lm_head]
     formats: dict[str, dict[str, int]] = {}
-    for name, items in linears.items():
-        counts: dict[str, int] = {}
-        for linear in items:
-            label = f"{linear.kind} from {linear.stored}" if linear.stored else linear.kind
-            counts[label] = counts.get(label, 0) + 1
-        formats[name] = counts
+    for name, linear in model.linears():
+        label = f"{linear.kind} from {linear.stored}" if linear.stored else linear.kind
+        counts = formats.setdefault(name, {})
+        counts[label] = counts.get(label, 0) + 1
     return formats
-

@@ -1,9 +1,14 @@
 """Checkpoint readers: GGUF files and HF safetensors directories -> config + weight sources.
 
 Both readers return a `ModelConfig` and a dict of `WeightSource`s under one naming scheme:
-`embed`, `norm`, `lm_head`, `rope_freqs` and `layers.{i}.{attn_norm, q, k, v, o, q_bias, k_bias,
-v_bias, mlp_norm, gate, up, down}`. Weights of linear layers are `(out_features, in_features)`
-with Q/K rows in the HF (rotate-half) order.
+`embed`, `norm`, `lm_head`, `rope_freqs` and `layers.{i}.{name}` for the canonical names of the
+checkpoint's family (`models/families/`: attn_norm, q, k, v, q_bias, ..., or fused qkv and
+gate_up). Weights of linear layers are `(out_features, in_features)` with Q/K rows (and q/k norm
+weights) permuted into the interleaved-pair order of `layer.apply_rope`.
+
+Checkpoint features the backend does not implement are refused by name here, before any tensor
+is read: unknown architectures and mixtures of experts, unsupported RoPE scalings, a partial
+rotary factor, another MLP activation, MLP biases.
 """
 
 from __future__ import annotations
@@ -16,43 +21,17 @@ import numpy as np
 import torch
 
 from metagen.models.config import ModelConfig
+from metagen.models.families import family_for
+from metagen.models.rope import check_rope_scaling
 
-_GGUF_LAYER_NAMES = {
-    "attn_norm.weight": "attn_norm",
-    "attn_q.weight": "q",
-    "attn_k.weight": "k",
-    "attn_v.weight": "v",
-    "attn_q.bias": "q_bias",
-    "attn_k.bias": "k_bias",
-    "attn_v.bias": "v_bias",
-    "attn_output.weight": "o",
-    "ffn_norm.weight": "mlp_norm",
-    "ffn_gate.weight": "gate",
-    "ffn_up.weight": "up",
-    "ffn_down.weight": "down",
-}
 _GGUF_GLOBAL_NAMES = {
     "token_embd.weight": "embed",
     "output_norm.weight": "norm",
     "output.weight": "lm_head",
     "rope_freqs.weight": "rope_freqs",
 }
-_HF_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm",
-    "self_attn.q_proj.weight": "q",
-    "self_attn.k_proj.weight": "k",
-    "self_attn.v_proj.weight": "v",
-    "self_attn.q_proj.bias": "q_bias",
-    "self_attn.k_proj.bias": "k_bias",
-    "self_attn.v_proj.bias": "v_bias",
-    "self_attn.o_proj.weight": "o",
-    "post_attention_layernorm.weight": "mlp_norm",
-    "mlp.gate_proj.weight": "gate",
-    "mlp.up_proj.weight": "up",
-    "mlp.down_proj.weight": "down",
-}
 _HF_GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+_ROTARY_KEYS = ("q", "k", "q_bias", "k_bias", "q_norm", "k_norm", "qkv")
 
 
 @dataclass
@@ -116,6 +95,24 @@ def interleave_rows(num_rows: int, num_heads: int) -> np.ndarray:
     return np.ascontiguousarray(source.transpose(0, 2, 1)).reshape(-1)
 
 
+def rotary_row_order(key: str, rows: int, config: ModelConfig) -> np.ndarray | None:
+    """Row permutation into interleaved-pair order for a rotary tensor (q, k, their biases and
+    norms, Phi-3's fused qkv) of `rows` rows; None for other tensors."""
+    kind = key.rsplit(".", 1)[-1]
+    heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    if kind in ("q", "q_bias"):
+        return interleave_rows(rows, heads)
+    if kind in ("k", "k_bias"):
+        return interleave_rows(rows, kv_heads)
+    if kind in ("q_norm", "k_norm"):
+        return interleave_rows(rows, 1)
+    if kind == "qkv":  # [q rows; k rows; v rows]: permute q and k within their heads, keep v
+        q_rows, k_rows = heads * dim, kv_heads * dim
+        return np.concatenate([interleave_rows(q_rows, heads), q_rows + interleave_rows(k_rows, kv_heads),
+                               np.arange(q_rows + k_rows, rows)])
+    return None
+
+
 def open_gguf(path: str | Path):
     """`gguf.GGUFReader` of `path`; a ValueError naming the file when it is truncated or not GGUF.
 
@@ -171,11 +168,11 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         return value
 
     arch = field("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise NotImplementedError(
-            f"GGUF architecture {arch!r} is not supported by the native backend "
-            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)}); load it through transformers instead"
-        )
+    family = family_for(arch, f"GGUF file {path}")
+    experts = field(f"{arch}.expert_count", 0)
+    if experts:
+        raise NotImplementedError(f"{path}: {arch}.expert_count={experts} (a mixture of experts) is not supported "
+                                  f"by the native backend")
     heads = int(required(f"{arch}.attention.head_count"))
     kv_heads = int(field(f"{arch}.attention.head_count_kv", heads))
     hidden = int(required(f"{arch}.embedding_length"))
@@ -183,6 +180,9 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
     embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embed is None:
         raise ValueError(f"{path} has no token_embd.weight tensor")
+    if "rope_factors_long.weight" in names:
+        raise NotImplementedError(f"{path}: rope_factors_long (longrope scaling) is not supported by the native "
+                                  f"backend; load it with metagen.models.TransformersModel instead")
     vocab = int(field(f"{arch}.vocab_size", int(embed.shape[1])))
     rope_scaling = None
     scaling_type = field(f"{arch}.rope.scaling.type")
@@ -191,6 +191,13 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         original = field(f"{arch}.rope.scaling.original_context_length")
         if original:
             rope_scaling["original_max_position_embeddings"] = int(original)
+    check_rope_scaling(rope_scaling, str(path))
+    head_dim = int(field(f"{arch}.attention.key_length", hidden // heads))
+    rotary = int(field(f"{arch}.rope.dimension_count", head_dim))
+    if rotary != head_dim:
+        raise NotImplementedError(f"{path}: {arch}.rope.dimension_count={rotary} rotates part of each head "
+                                  f"(head dim {head_dim}); partial rotary embeddings are not supported")
+    window = field(f"{arch}.attention.sliding_window")
     config = ModelConfig(
         architecture=arch,
         vocab_size=vocab,
@@ -199,7 +206,7 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         num_hidden_layers=int(required(f"{arch}.block_count")),
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        head_dim=int(field(f"{arch}.attention.key_length", field(f"{arch}.rope.dimension_count", hidden // heads))),
+        head_dim=head_dim,
         max_position_embeddings=int(field(f"{arch}.context_length", 4096)),
         rms_norm_eps=float(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)),
@@ -207,18 +214,19 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
         name=str(field("general.name", Path(path).stem)),
+        qk_norm=family.qk_norm,
+        sliding_window=int(window) if window else None,
     )
-    # llama.cpp already stores Llama-style Q/K interleaved; NEOX-style (Qwen2) needs permuting.
-    neox = arch not in ("llama", "mistral")
+    layer_names = family.gguf_names()
     sources: dict[str, WeightSource] = {}
     for tensor in reader.tensors:
         if tensor.name in _GGUF_GLOBAL_NAMES:
             key = _GGUF_GLOBAL_NAMES[tensor.name]
         else:
             parts = tensor.name.split(".", 2)
-            if parts[0] != "blk" or parts[2] not in _GGUF_LAYER_NAMES:
+            if parts[0] != "blk" or len(parts) < 3 or parts[2] not in layer_names:
                 continue
-            key = f"layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}"
+            key = f"layers.{parts[1]}.{layer_names[parts[2]]}"
         qtype = tensor.tensor_type
         if qtype.name in ("F32", "F16", "BF16"):
             array = np.asarray(tensor.data)
@@ -228,9 +236,10 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
             source = WeightSource(key, dense_tensor=torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape)))
         else:
             source = WeightSource(key, raw=np.asarray(tensor.data), qtype=qtype)
-        if neox and key.rsplit(".", 1)[-1] in ("q", "k", "q_bias", "k_bias"):
+        # llama.cpp stores Llama-style Q/K interleaved already; rotate-half families need permuting.
+        if family.gguf_rotate_half:
             rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else int(tensor.shape[0])
-            source.row_order = interleave_rows(rows, heads if key.endswith(("q", "q_bias")) else kv_heads)
+            source.row_order = rotary_row_order(key, rows, config)
         sources[key] = source
     return config, sources, reader
 
@@ -244,12 +253,8 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
     if not config_path.is_file():
         raise FileNotFoundError(f"{path} has no config.json; expected an HF model directory or a .gguf file")
     raw = _read_json_object(config_path)
-    arch = raw.get("model_type", "llama")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise NotImplementedError(
-            f"model_type {arch!r} is not supported by the native backend (supported: "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}); use metagen.models.TransformersModel instead"
-        )
+    family = family_for(raw.get("model_type", "llama"), str(config_path))
+    _refuse_unsupported(raw, config_path)
 
     def positive(key: str, default=None) -> int:
         return _positive_int(raw, key, config_path, default)
@@ -260,8 +265,11 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
     rope = dict(raw.get("rope_parameters") or {})
     rope_theta = raw.get("rope_theta", rope.pop("rope_theta", 10000.0))
     rope_scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    check_rope_scaling(rope_scaling, str(config_path))
+    # Qwen2/3 write a sliding_window they do not use unless use_sliding_window is true.
+    window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
     config = ModelConfig(
-        architecture=arch,
+        architecture=family.architecture,
         vocab_size=positive("vocab_size"),
         hidden_size=positive("hidden_size"),
         intermediate_size=positive("intermediate_size"),
@@ -274,12 +282,15 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
         rope_theta=float(rope_theta),
         rope_scaling=rope_scaling,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
+        attention_bias=bool(raw.get("attention_bias", family.attention_bias)),
         name=path.name,
+        qk_norm=family.qk_norm,
+        sliding_window=None if window is None else positive("sliding_window"),
     )
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path} holds no *.safetensors files")
+    layer_names = family.hf_names()
     sources: dict[str, WeightSource] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
@@ -288,22 +299,36 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
                     key = _HF_GLOBAL_NAMES[name]
                 elif name.startswith("model.layers."):
                     _, _, index, rest = name.split(".", 3)
-                    if rest not in _HF_LAYER_NAMES:
+                    if rest not in layer_names:
                         continue
-                    key = f"layers.{index}.{_HF_LAYER_NAMES[rest]}"
+                    key = f"layers.{index}.{layer_names[rest]}"
                 else:
                     continue
                 source = WeightSource(key, dense_tensor=handle.get_tensor(name))
-                if key.rsplit(".", 1)[-1] in ("q", "k", "q_bias", "k_bias"):
-                    kv = config.num_key_value_heads
-                    source.row_order = interleave_rows(
-                        source.dense_tensor.shape[0], heads if key.endswith(("q", "q_bias")) else kv
-                    )
+                source.row_order = rotary_row_order(key, source.dense_tensor.shape[0], config)
                 sources[key] = source
     if config.tie_word_embeddings or "lm_head" not in sources:
         sources.pop("lm_head", None)
         config = ModelConfig(**{**config.__dict__, "tie_word_embeddings": True})
     return config, sources
+
+
+def _refuse_unsupported(raw: dict, path: Path) -> None:
+    """NotImplementedError naming a config.json field whose feature the backend lacks."""
+    for key in ("num_local_experts", "num_experts"):
+        if isinstance(raw.get(key), int) and raw[key] > 1:
+            raise NotImplementedError(f"{path}: {key}={raw[key]} (a mixture of experts) is not supported by the "
+                                      f"native backend; load it with metagen.models.TransformersModel instead")
+    factor = raw.get("partial_rotary_factor", 1.0)
+    if factor != 1.0:
+        raise NotImplementedError(f"{path}: partial_rotary_factor={factor} (RoPE on part of each head) is not "
+                                  f"supported by the native backend")
+    activation = raw.get("hidden_act", "silu")
+    if activation != "silu":
+        raise NotImplementedError(f"{path}: hidden_act={activation!r} is not supported by the native backend "
+                                  f"(supported: 'silu')")
+    if raw.get("mlp_bias"):
+        raise NotImplementedError(f"{path}: mlp_bias=true is not supported by the native backend")
 
 
 def _read_json_object(path: Path) -> dict:

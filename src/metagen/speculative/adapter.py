@@ -141,10 +141,6 @@ def check_identity(saved: dict, actual: dict) -> None:
                              f"this target has {field}={actual.get(field)!r}: train an adapter for this model")
 
 
-def _no_vocabulary(x: Tensor) -> Tensor:
-    return x[..., :0]  # a zero-width "LM head": the body returns hidden states, skips the V×H matmul
-
-
 class AdaptedExitModel(LanguageModel):
     """The target's first `adapter.num_layers` layers, the adapter, then the target's LM head.
 
@@ -156,8 +152,6 @@ class AdaptedExitModel(LanguageModel):
         check_identity(adapter.target, model_identity(target))
         self.adapter = adapter
         self.body = early_exit_model(target, adapter.num_layers)
-        self.lm_head, self.matmul_dtype = self.body.lm_head, self.body.matmul_dtype
-        self.body.lm_head = _no_vocabulary  # the body's forward(logits="all") yields hidden states only
         self.config, self.tokenizer = self.body.config, self.body.tokenizer
         self.name = f"{self.body.name} + exit adapter"
 
@@ -182,7 +176,7 @@ class AdaptedExitModel(LanguageModel):
     def exit_hidden(self, cache, tokens, *, all_positions: bool) -> tuple[Tensor, list[int]]:
         """The exit layer's normalised hidden states: (B, T, H) at every position, or (B, H) at
         each row's last new token."""
-        out = self.body.forward(cache, tokens, logits="all" if all_positions else "none", hidden=True)
+        out = self.body.hidden_states(cache, tokens, positions="all" if all_positions else "last")
         return out.hidden, out.num_new
 
     @torch.no_grad()
@@ -193,7 +187,7 @@ class AdaptedExitModel(LanguageModel):
             return ForwardOutput(None, None, out.num_new)
         states, num_new = self.exit_hidden(cache, tokens, all_positions=logits == "all")
         adapted = self.adapter(states)  # (B, H) or (B, T, H)
-        out_logits = None if logits == "none" else self.lm_head(adapted.to(self.matmul_dtype)).float()
+        out_logits = None if logits == "none" else self.body.logits_from_hidden(adapted)
         return ForwardOutput(out_logits, adapted if hidden else None, num_new)
 
 
@@ -313,7 +307,8 @@ def train_exit_adapter(target, num_layers: int, texts_or_token_ids: Sequence[str
     collect_seconds = time.perf_counter() - started
     hidden_size = target.config.hidden_size
     # the LM head as a (V, H) matrix in the matmul dtype: the head applied to the identity
-    head = model.lm_head(torch.eye(hidden_size, dtype=model.matmul_dtype)).t().contiguous()
+    body = model.body  # the head's values are matmul-dtype numbers: casting back to that dtype is exact
+    head = body.logits_from_hidden(torch.eye(hidden_size)).t().to(body.matmul_dtype).contiguous()
 
     def student_logits(states: Tensor) -> Tensor:  # (N, H) -> (N, V) float32, at `temperature`
         return (adapter(states).to(head.dtype) @ head.t()).float() / temperature

@@ -24,7 +24,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -122,21 +121,16 @@ class ModelDrafter(Drafter):
 
     def _copy_prompt(self, target_cache, length: int) -> None:
         """Fill row 0 with the first `length` keys and values of the target's row 0."""
-        cache = self.cache
-        layout = ("num_kv_heads", "head_dim", "dtype")
-        if (target_cache is None or not hasattr(target_cache, "pools") or not hasattr(cache, "pools")
-                or target_cache.num_layers < cache.num_layers
-                or any(getattr(target_cache, a) != getattr(cache, a) for a in layout)):
-            raise ValueError(
-                f"share_prompt_cache needs the target's KVCache with the {self.name} draft's layout "
-                f"(at least {getattr(cache, 'num_layers', '?')} layers, same KV heads, head size and dtype)"
-            )
-        if length == 0:
-            return
-        slots, _, _ = cache.allocate(np.array([length]))
-        source = torch.from_numpy(target_cache.slots(0)[:length])
-        for layer in range(cache.num_layers):
-            cache.pools[layer].index_copy_(0, slots, target_cache.pools[layer].index_select(0, source))
+        copy_prefix = getattr(self.cache, "copy_prefix", None)
+        if target_cache is None or copy_prefix is None or type(target_cache) is not type(self.cache):
+            raise ValueError(f"share_prompt_cache needs the target's KVCache and a {self.name} draft with a KVCache, "
+                             f"got {type(target_cache).__name__} and {type(self.cache).__name__}")
+        try:
+            copy_prefix(target_cache, 0, length, 0)
+        except ValueError as error:
+            raise ValueError(f"share_prompt_cache needs the target's KVCache with the {self.name} draft's layout "
+                             f"(at least {self.cache.num_layers} layers, same KV heads, head size and dtype): "
+                             f"{error}") from None
 
     def select(self, rows: Sequence[int]) -> None:
         self.cache.select(list(rows))

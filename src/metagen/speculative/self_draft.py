@@ -13,29 +13,19 @@ def early_exit_model(target, num_layers: int):
 
     Shares every weight tensor with `target` (no copy); it has its own cache. Kangaroo-style
     self-drafting without an adapter: the first layers' residual stream, normalised and read
-    out by the LM head, already predicts the easy tokens.
+    out by the LM head, already predicts the easy tokens. Needs a target with a truncated-depth
+    view (`truncated(num_layers)`, the native `DecoderModel`).
     """
-    from dataclasses import replace
-
-    from metagen.models.llama import LlamaModel
-
-    if not isinstance(target, LlamaModel):
-        raise ValueError(f"early-exit drafting needs a native LlamaModel target, got {type(target).__name__}")
-    total = target.config.num_hidden_layers
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < total:
-        raise ValueError(f"num_layers={num_layers!r} is out of range: must be an int in [1, {total - 1}]")
-    name = f"{target.config.name} (first {num_layers} layers)"
-    config = replace(target.config, num_hidden_layers=num_layers, name=name)
-    model = LlamaModel(config, target.layers[:num_layers], target.embed, target.norm, target.lm_head,
-                       target.tokenizer, target.dtype, target.freq_factors, source=target.source)
-    model.use_fused = target.use_fused
-    return model
+    truncated = getattr(target, "truncated", None)
+    if not callable(truncated):
+        raise ValueError(f"early-exit drafting needs a target with truncated(num_layers) (the native backend), "
+                         f"got {type(target).__name__}")
+    return truncated(num_layers)
 
 
 def weight_bytes(model) -> int:
     """Bytes of linear weights (with scales) one decode step reads: every layer's and the LM head's."""
-    linears = [linear for layer in model.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-    return sum(t.nbytes for linear in linears + [model.lm_head] for t in linear.state().values())
+    return sum(t.nbytes for _, linear in model.linears() for t in linear.state().values())
 
 
 def quantized_model(target, dtype: str = "int4"):

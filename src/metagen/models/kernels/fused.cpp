@@ -2,7 +2,7 @@
 //
 // Eager PyTorch spends most of a small model's decode step dispatching ~20 tiny kernels per
 // layer; these fuse the norms, RoPE and the cache write into three calls per layer and read the paged KV cache
-// in place (no gather copy). Every kernel has a pure-PyTorch twin in metagen/models/llama.py
+// in place (no gather copy). Every kernel has a pure-PyTorch twin in metagen/models/decoder.py
 // that the tests compare against.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>

@@ -1,0 +1,385 @@
+"""The native decoder: a paged-cache `LanguageModel` over a stack of `layer.decoder_layer`s.
+
+Every dense family (Llama, Mistral, Qwen2, Qwen3, Phi-3; see `models/families/`) runs this one
+class: a family differs only in its weights (which norms and biases exist, how checkpoint names
+map onto `LayerWeights`), never in the forward. The code is plain tensor functions over weight
+objects (no nn.Module) so the per-token path is a short list of kernels: per layer 2 norms,
+4 matmuls, RoPE, cache write/gather, attention.
+
+Two execution paths share the layer body and differ only in how attention and the residual
+add + norm run (`_GeneralOps`, `_FusedOps`): appends of more than FUSED_MAX_NEW_TOKENS tokens per
+row (prefill) gather K/V and call SDPA; shorter ones (decode steps, speculative verification)
+run the fused CPU kernels of `models/kernels/fused.cpp`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from metagen.models import checks
+from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode
+from metagen.models.cache import KVCache
+from metagen.models.config import ModelConfig
+from metagen.models.layer import LINEAR_FIELDS, LayerWeights, apply_rope, decoder_layer
+from metagen.models.rope import rope_frequencies
+
+# rows × cached keys up to which the fused attention reads the cache in place (beyond: SDPA over
+# gathered K/V). In place wins at every size measured (int4, 2 threads, ms per decode step):
+# 16 rows × 220 keys 46 vs 53, 16 × 1000 95 vs 168, 4 × 1000 31 vs 39; rows forked from one
+# prompt read the same prefix slots, which stay in cache, while the gather copies them per row.
+FUSED_ATTENTION_MAX_KEYS = 1 << 22
+# Calls appending at most this many tokens per row (decode steps, speculative verification) run
+# through the fused kernels, each new token as its own query "row" attending to its row's cache
+# up to its own position; longer appends (prefill) use SDPA over gathered K/V.
+FUSED_MAX_NEW_TOKENS = 16
+
+
+class DecoderModel(LanguageModel):
+    """Pre-norm decoder over a paged `KVCache` (any family of `models/families/`).
+
+    `dtype` names the weight format ("fp32", "bf16", "int8", "int4", "auto"). Matmul inputs are
+    cast to the matmul dtype (fp32 for "fp32", bf16 otherwise); the residual stream, norms, RoPE,
+    attention and the KV cache stay float32 (torch's CPU attention is several times slower in
+    bf16, and the casts cost less than that). Logits are float32.
+
+    Beyond `LanguageModel`: `hidden_states` (final hidden states without the LM head),
+    `logits_from_hidden`, `truncated(L)` (the first L layers as a model sharing every weight) and
+    `linears()` (every linear with its name, for weight accounting).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layers: list[LayerWeights],
+        embed: torch.Tensor,
+        norm: torch.Tensor,
+        lm_head: object,
+        tokenizer: object,
+        dtype: str,
+        freq_factors: torch.Tensor | None = None,
+        source: str = "",
+    ) -> None:
+        self.config = config
+        self.layers = layers
+        self.embed = embed  # (V, H) in the activation dtype
+        self.norm = norm
+        self.lm_head = lm_head
+        self.tokenizer = tokenizer
+        self.dtype = dtype
+        self.source = source
+        self.name = config.name
+        self.family = config.architecture
+        self.matmul_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
+        self.freq_factors = freq_factors
+        self._rope_cache_length = 0
+        self._rotation = torch.zeros(0, dtype=torch.complex64)
+        self._cos = self._sin = torch.zeros(0)
+        self._ensure_rope(min(self.max_context, 4096))
+        from metagen.models.kernels import fused_kernels
+
+        # Decode steps (one new token per row) run through fused CPU kernels when they build;
+        # `use_fused = False` forces the pure-PyTorch path (same results, tested).
+        self.kernels = fused_kernels()
+        self.use_fused = self.kernels is not None
+
+    # ------------------------------------------------------------ interface
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_context(self) -> int:
+        """The checkpoint's context, or its sliding window when smaller: attention is exact up
+        to the window (every key is inside it), and longer rows are refused by the cache."""
+        return self.config.context_limit
+
+    def new_cache(self, batch_size: int = 1, capacity: int = 1024) -> KVCache:
+        config = self.config
+        note = ""
+        if config.context_limit < config.max_position_embeddings:
+            note = (f" (sliding_window={config.sliding_window}: the native backend attends to every key, which "
+                    f"equals sliding-window attention only up to the window)")
+        cache = KVCache(
+            config.num_hidden_layers,
+            config.num_key_value_heads,
+            config.head_dim,
+            torch.float32,
+            self.max_context,
+            checks.bounded("capacity", capacity, 1),
+            context_note=note,
+        )
+        cache.reset(batch_size)
+        return cache
+
+    def flops_per_token(self, context_length: int) -> float:
+        return self.config.flops_per_token(context_length)
+
+    @property
+    def num_parameters(self) -> int:
+        return self.config.num_parameters
+
+    def truncated(self, num_layers: int) -> "DecoderModel":
+        """The first `num_layers` layers + the final norm and LM head, as a model (early exit).
+
+        Shares every weight tensor with this model (no copy); it has its own caches."""
+        total = self.config.num_hidden_layers
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < total:
+            raise ValueError(f"num_layers={num_layers!r} is out of range: must be an int in [1, {total - 1}]")
+        config = replace(self.config, num_hidden_layers=num_layers, name=f"{self.config.name} (first {num_layers} layers)")
+        model = DecoderModel(config, self.layers[:num_layers], self.embed, self.norm, self.lm_head, self.tokenizer,
+                             self.dtype, self.freq_factors, source=self.source)
+        model.use_fused = self.use_fused
+        return model
+
+    def linears(self) -> list[tuple[str, object]]:
+        """Every linear as (kind, linear): each layer's qkv, o, gate_up, down, then "lm_head"."""
+        return [(name, getattr(layer, name)) for layer in self.layers for name in LINEAR_FIELDS] + [
+            ("lm_head", self.lm_head)]
+
+    # -------------------------------------------------------------- forward
+    @torch.no_grad()
+    def forward(
+        self,
+        cache: KVCache,
+        tokens: Sequence[Sequence[int]] | torch.Tensor,
+        *,
+        logits: LogitsMode = "last",
+        hidden: bool = False,
+    ) -> ForwardOutput:
+        x, h, counts, packed = self._run_layers(cache, tokens)
+        num_new = counts.tolist()
+        if logits == "none" and not hidden:
+            return ForwardOutput(None, None, num_new)
+        x, h = (_positions(t, counts, packed, logits == "all") for t in (x, h))
+        final = F.rms_norm(x, (self.config.hidden_size,), self.norm, self.config.rms_norm_eps) if hidden else None
+        out_logits = None
+        if logits != "none":
+            out_logits = self.lm_head(h).float()
+            # One reduction instead of an elementwise mask: NaN/inf anywhere makes the row sum non-finite.
+            if not torch.isfinite(out_logits.sum(dim=-1)).all():
+                raise FloatingPointError("the model produced NaN or infinite logits")
+        return ForwardOutput(out_logits, final, num_new)
+
+    @torch.no_grad()
+    def hidden_states(self, cache: KVCache, tokens: Sequence[Sequence[int]] | torch.Tensor, *,
+                      positions: Literal["all", "last"] = "all") -> ForwardOutput:
+        """Append `tokens` like `forward` and return the final hidden states (after the last
+        norm, float32) without running the LM head: `hidden` is (B, T, H) for "all" (padding
+        past `num_new[b]`), (B, H) for "last"; `logits` is None. For value heads and exit adapters."""
+        if positions not in ("all", "last"):
+            raise ValueError(f"positions={positions!r} is not supported: choose 'all' or 'last'")
+        x, _, counts, packed = self._run_layers(cache, tokens)
+        x = _positions(x, counts, packed, positions == "all")
+        final = F.rms_norm(x, (self.config.hidden_size,), self.norm, self.config.rms_norm_eps)
+        return ForwardOutput(None, final, counts.tolist())
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on final hidden states `(..., H)` float32 -> logits `(..., V)` float32."""
+        return self.lm_head(hidden.to(self.matmul_dtype)).float()
+
+    def _run_layers(self, cache: KVCache, tokens) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, bool]:
+        """Append `tokens` to the cache through every layer. Returns the residual stream x, its
+        final norm h (matmul dtype), the counts per row and whether x is packed: (N, H) over
+        the real new tokens row-major (fused path) rather than (B, T_q, H) with padding."""
+        ids, counts = self._pack(tokens, cache.batch_size)
+        slots, table, positions = cache.allocate(counts)
+        self._ensure_rope(int(positions.max()) + 1)  # padding queries may run past t_kv
+        packed = ids.shape[1] <= FUSED_MAX_NEW_TOKENS and self.use_fused
+        if packed:
+            ops = _FusedOps(self, cache, counts, slots, table, positions)
+            ids = ops.ids(ids)
+        else:
+            ops = _GeneralOps(self, cache, counts, slots, table, positions)
+        x = self.embed[ids].float()  # (B, T_q, H) or (N, H): the residual stream, float32
+        x, h = ops.add_norm(x, None, self.layers[0].attn_norm)
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            next_norm = self.norm if index == last else self.layers[index + 1].attn_norm
+            x, h = decoder_layer(self.config, layer, x, h, index, ops, next_norm)
+        return x, h, counts, packed
+
+    # ------------------------------------------------------------ internals
+    def _pack(self, tokens, batch_size: int) -> tuple[torch.Tensor, np.ndarray]:
+        """Token rows -> (ids (B, Tq) padded with 0, counts (B,)); ids must be integers (a float
+        or bool id is refused, not truncated) in [0, V)."""
+        if isinstance(tokens, torch.Tensor):
+            if tokens.dim() != 2:
+                raise ValueError(f"tokens must be (batch, length), got shape {tuple(tokens.shape)}")
+            _check_integer_ids("tokens", tokens)
+            ids = tokens.long()
+            counts = np.full(ids.shape[0], ids.shape[1], dtype=np.int64)
+        else:
+            rows = [_row_ids(f"tokens[{b}]", row) for b, row in enumerate(tokens)]
+            counts = np.array([len(row) for row in rows], dtype=np.int64)
+            t_q = int(counts.max(initial=0))
+            ids = torch.zeros(len(rows), t_q, dtype=torch.long)
+            for b, row in enumerate(rows):
+                ids[b, : len(row)] = row
+        if ids.shape[0] != batch_size:
+            raise ValueError(f"got tokens for {ids.shape[0]} rows but the cache has {batch_size} rows")
+        if (counts == 0).any():
+            raise ValueError(f"row {int(np.argmin(counts))} has no new tokens; every row needs at least one")
+        if ids.numel() and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            bad = ids[(ids < 0) | (ids >= self.vocab_size)][0].item()
+            raise ValueError(f"token id {bad} is out of range: must be in [0, {self.vocab_size})")
+        return ids, counts
+
+    def _ensure_rope(self, length: int) -> None:
+        if length <= self._rope_cache_length:
+            return
+        length = max(length, 2 * self._rope_cache_length)
+        inv_freq = rope_frequencies(self.config, self.freq_factors)
+        angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq.double())
+        self._rotation = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)  # (T, D/2)
+        self._cos = self._rotation.real.contiguous()  # (T, D/2) float32, for the fused kernels
+        self._sin = self._rotation.imag.contiguous()
+        self._rope_cache_length = length
+
+
+def _row_ids(name: str, row: Sequence[int]) -> torch.Tensor:
+    """One row of token ids as a tensor `(T,)`; TypeError unless they are integers."""
+    try:
+        ids = torch.tensor(list(row))  # dtype inferred: int64 for ints, float for floats
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be a sequence of int token ids, got {row!r}") from None
+    if ids.numel():
+        _check_integer_ids(name, ids)
+    return ids
+
+
+def _check_integer_ids(name: str, ids: torch.Tensor) -> None:
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids, got {ids.dtype}")
+
+
+def _pad_rows(flat: torch.Tensor, counts: np.ndarray, t_q: int) -> torch.Tensor:
+    """(N, X) values of the real new tokens, row-major -> (B, T_q, X) with zero padding."""
+    if t_q == 1:
+        return flat.unsqueeze(1)
+    out = flat.new_zeros(len(counts), t_q, flat.shape[-1])
+    valid = torch.from_numpy(np.arange(t_q)[None, :] < counts[:, None])
+    out[valid] = flat
+    return out
+
+
+def _positions(values: torch.Tensor, counts: np.ndarray, packed: bool, all_positions: bool) -> torch.Tensor:
+    """Per-token values at the positions asked for: every new token `(B, T_q, X)` (padding past
+    each row's count) or each row's last new token `(B, X)`. `values` is `(N, X)` packed
+    row-major over the real new tokens, or `(B, T_q, X)` with padding."""
+    t_q = int(counts.max())
+    if packed:
+        if all_positions:
+            return _pad_rows(values, counts, t_q)
+        return values if t_q == 1 else values[torch.from_numpy(np.cumsum(counts) - 1)]
+    if all_positions:
+        return values
+    return values[torch.arange(len(counts)), torch.from_numpy(counts - 1)]
+
+
+class _GeneralOps:
+    """Attention and add + norm of the general path: x is (B, T_q, H) with padding; new K/V
+    are written to the cache, every row's K/V gathered through its page table, SDPA with a
+    causal mask over positions (none when every row decodes one token at the same length)."""
+
+    def __init__(self, model: DecoderModel, cache: KVCache, counts: np.ndarray, slots, table, positions) -> None:
+        config = model.config
+        batch, t_q = positions.shape
+        self.cache, self.slots, self.table = cache, slots, table
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.matmul_dtype, self.eps, self.width = model.matmul_dtype, config.rms_norm_eps, (config.hidden_size,)
+        self.valid_index = None
+        if bool((counts != t_q).any()):  # flat indices of real (non-padding) new tokens, row-major like `slots`
+            valid = torch.from_numpy((np.arange(t_q)[None, :] < counts[:, None]).reshape(-1))
+            self.valid_index = valid.nonzero().squeeze(1)
+        # Every query sees keys up to its own position; rows of equal length decoding one
+        # token each need no mask at all.
+        if t_q == 1 and bool((positions[:, 0] == positions[0, 0]).all()):
+            self.mask = None
+        else:
+            t_kv = table.shape[1]
+            self.mask = (torch.arange(t_kv)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # (B, 1, Tq, Tkv)
+        self.rotation = model._rotation[positions].unsqueeze(2)  # (B, Tq, 1, D/2) complex
+
+    def attend(self, index: int, qkv: torch.Tensor) -> torch.Tensor:
+        """qkv (B, Tq, (heads + 2·kv_heads)·D) -> attention output (B, Tq, heads·D), matmul dtype."""
+        heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
+        batch, t_q, _ = qkv.shape
+        qkv = qkv.float()
+        qk = apply_rope(qkv[..., : (heads + kv_heads) * head_dim].unflatten(-1, (heads + kv_heads, head_dim)),
+                        self.rotation)
+        v = qkv[..., (heads + kv_heads) * head_dim :].unflatten(-1, (kv_heads, head_dim))
+        kv_new = torch.stack((qk[:, :, heads:], v), dim=2).view(batch * t_q, 2, kv_heads, head_dim)
+        if self.valid_index is not None:
+            kv_new = kv_new[self.valid_index]
+        self.cache.write(index, self.slots, kv_new)
+        kv = self.cache.read(index, self.table)  # (B, Tkv, 2, KVH, D)
+        q = qk[:, :, :heads].transpose(1, 2)  # (B, heads, Tq, D)
+        keys, values = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # (B, KVH, Tkv, D)
+        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.mask, enable_gqa=True)
+        return attn.transpose(1, 2).reshape(batch, t_q, heads * head_dim).to(self.matmul_dtype)
+
+    def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor):
+        if delta is not None:
+            x = x + delta
+        return x, F.rms_norm(x, self.width, weight, self.eps).to(self.matmul_dtype)
+
+
+class _FusedOps:
+    """Attention and add + norm through the fused kernels (metagen/models/kernels/fused.cpp).
+
+    Every real new token is one query (x is packed (N, H), row-major): token j of row b reads
+    row b's page table up to its own position (the new tokens' keys are stored before attention
+    runs, layer by layer), which is causal attention without a mask. Per layer: RoPE + cache
+    store (one kernel), attention reading the cache in place (SDPA over gathered K/V beyond
+    FUSED_ATTENTION_MAX_KEYS), residual add + next RMSNorm + cast (one kernel).
+    """
+
+    def __init__(self, model: DecoderModel, cache: KVCache, counts: np.ndarray, slots, table, positions) -> None:
+        config = model.config
+        batch, t_q = positions.shape
+        self.kernels, self.cache, self.slots = model.kernels, cache, slots
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.cos, self.sin = model._cos, model._sin
+        self.bf16, self.eps, self.matmul_dtype = model.matmul_dtype == torch.bfloat16, config.rms_norm_eps, model.matmul_dtype
+        self.scale = config.head_dim**-0.5
+        self.valid = None
+        if t_q > 1:  # one query per real new token, row-major like `slots`
+            self.valid = torch.from_numpy((np.arange(t_q)[None, :] < counts[:, None]).reshape(-1))
+            positions = positions.reshape(-1)[self.valid]
+            table = table[torch.from_numpy(np.repeat(np.arange(batch), counts))]
+        self.positions = positions.reshape(-1)
+        self.lengths = self.positions + 1
+        self.table = table
+        self.queries = self.positions.numel()
+        # Attention reads the cache in place (see FUSED_ATTENTION_MAX_KEYS).
+        self.in_place = self.queries * table.shape[1] <= FUSED_ATTENTION_MAX_KEYS
+        if not self.in_place:
+            self.flat_table = table.reshape(-1)
+            t_kv = table.shape[1]
+            lengths = self.lengths
+            self.mask = None if bool((lengths == lengths[0]).all()) else (
+                torch.arange(t_kv)[None, :] < lengths[:, None])[:, None, None, :]  # (N, 1, 1, Tkv)
+
+    def ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """(B, T_q) padded ids -> (N,) ids of the real new tokens."""
+        return ids.reshape(-1) if self.valid is None else ids.reshape(-1)[self.valid]
+
+    def attend(self, index: int, qkv: torch.Tensor) -> torch.Tensor:
+        """qkv (N, (heads + 2·kv_heads)·D) -> attention output (N, heads·D), matmul dtype."""
+        pool = self.cache.pools[index]
+        q = self.kernels.rope_store(qkv, self.cos, self.sin, self.positions, self.slots, pool, self.heads, self.kv_heads)
+        if self.in_place:
+            return self.kernels.paged_decode_attention(q, pool, self.table, self.lengths, self.scale, self.bf16)
+        kv = pool.index_select(0, self.flat_table).view(self.queries, -1, 2, self.kv_heads, self.head_dim)
+        attn = F.scaled_dot_product_attention(q[:, :, None], kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2),
+                                              attn_mask=self.mask, enable_gqa=True)
+        return attn.view(self.queries, self.heads * self.head_dim).to(self.matmul_dtype)
+
+    def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor):
+        return x, self.kernels.add_rms_norm(x, delta, weight, self.eps, self.bf16)  # x += delta in place

@@ -1,0 +1,106 @@
+"""Model families: what distinguishes one dense decoder from another, as data.
+
+A `Family` says which optional weights a layer has (biases, q/k norms), how a checkpoint's tensor
+names map onto the canonical names of `models/weights.py` (one map per file format), which
+canonical parts are fused into each linear of `LayerWeights`, and how its GGUF files order Q/K
+rows. The forward is shared (`models/layer.py`); a family never copies it.
+
+Adding a family: one module here (see llama.py, qwen3.py, phi3.py), registered in FAMILIES
+below, plus a parity test in tests/models/families/ (docs/ARCHITECTURE.md has the recipe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Canonical per-layer names (models/weights.py) -> (HF suffix after `model.layers.{i}.`, GGUF suffix
+# after `blk.{i}.`), shared by the Llama-style families.
+LLAMA_LAYER_NAMES = {
+    "attn_norm": ("input_layernorm.weight", "attn_norm.weight"),
+    "q": ("self_attn.q_proj.weight", "attn_q.weight"),
+    "k": ("self_attn.k_proj.weight", "attn_k.weight"),
+    "v": ("self_attn.v_proj.weight", "attn_v.weight"),
+    "q_bias": ("self_attn.q_proj.bias", "attn_q.bias"),
+    "k_bias": ("self_attn.k_proj.bias", "attn_k.bias"),
+    "v_bias": ("self_attn.v_proj.bias", "attn_v.bias"),
+    "o": ("self_attn.o_proj.weight", "attn_output.weight"),
+    "mlp_norm": ("post_attention_layernorm.weight", "ffn_norm.weight"),
+    "gate": ("mlp.gate_proj.weight", "ffn_gate.weight"),
+    "up": ("mlp.up_proj.weight", "ffn_up.weight"),
+    "down": ("mlp.down_proj.weight", "ffn_down.weight"),
+}
+# LayerWeights linear -> (canonical weight parts stacked along the output rows, their bias parts)
+LLAMA_LINEARS = {
+    "qkv": (("q", "k", "v"), ("q_bias", "k_bias", "v_bias")),
+    "o": (("o",), ()),
+    "gate_up": (("gate", "up"), ()),
+    "down": (("down",), ()),
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """A dense pre-norm decoder family.
+
+    architecture: HF `model_type` and GGUF `general.architecture`.
+    layer_names: canonical name -> (HF name, GGUF name) of each per-layer tensor.
+    linears: each linear of `LayerWeights` -> (weight parts, bias parts), fused in that order.
+    gguf_rotate_half: its GGUF files keep Q/K rows in rotate-half (NEOX) order (llama.cpp
+        converts only Llama/Mistral to interleaved pairs); they are permuted on load.
+    qk_norm: per-head RMSNorm of q and k before RoPE (canonical `q_norm`, `k_norm`).
+    attention_bias: q/k/v biases when config.json does not say (`attention_bias`).
+    """
+
+    architecture: str
+    layer_names: Mapping[str, tuple[str, str]] = field(default_factory=lambda: dict(LLAMA_LAYER_NAMES))
+    linears: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=lambda: dict(LLAMA_LINEARS))
+    gguf_rotate_half: bool = True
+    qk_norm: bool = False
+    attention_bias: bool = False
+
+    def hf_names(self) -> dict[str, str]:
+        """HF suffix -> canonical name."""
+        return {hf: canonical for canonical, (hf, _) in self.layer_names.items()}
+
+    def gguf_names(self) -> dict[str, str]:
+        """GGUF suffix -> canonical name."""
+        return {gguf: canonical for canonical, (_, gguf) in self.layer_names.items()}
+
+    def required_layer_tensors(self) -> list[str]:
+        """Canonical names every layer must have (biases are optional)."""
+        names = ["attn_norm", "mlp_norm"] + (["q_norm", "k_norm"] if self.qk_norm else [])
+        return names + [part for parts, _ in self.linears.values() for part in parts]
+
+
+def _registry() -> dict[str, Family]:
+    from metagen.models.families import llama, phi3, qwen2, qwen3
+
+    return {family.architecture: family for module in (llama, qwen2, qwen3, phi3) for family in module.FAMILIES}
+
+
+FAMILIES: dict[str, Family] = {}
+# Architectures users bring that the native backend does not run yet, with the reason.
+KNOWN_UNSUPPORTED = {
+    "mixtral": "a mixture of experts",
+    "qwen2_moe": "a mixture of experts",
+    "qwen3_moe": "a mixture of experts",
+    "gemma3": "Gemma 3 (GeGLU, (1 + w) norms, local/global attention) is not implemented yet",
+    "gemma3_text": "Gemma 3 (GeGLU, (1 + w) norms, local/global attention) is not implemented yet",
+    "gemma2": "Gemma 2 (logit soft-capping, local/global attention) is not implemented yet",
+}
+
+
+def family_for(architecture: str, where: str) -> Family:
+    """The family of `architecture`; NotImplementedError naming it and what would load it."""
+    if not FAMILIES:
+        FAMILIES.update(_registry())
+    family = FAMILIES.get(architecture)
+    if family is None:
+        reason = KNOWN_UNSUPPORTED.get(architecture)
+        raise NotImplementedError(
+            f"{where}: architecture {architecture!r}{f' ({reason})' if reason else ''} is not supported by the "
+            f"native backend (supported: {', '.join(sorted(FAMILIES))}); load it with "
+            f"metagen.models.TransformersModel instead"
+        )
+    return family

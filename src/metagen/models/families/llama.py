@@ -1,0 +1,13 @@
+"""Llama (1/2/3.x, SmolLM2) and Mistral: the base family.
+
+Pre-norm RMSNorm, SwiGLU MLP, RoPE (llama3 / linear scaling), grouped-query attention, no
+biases. llama.cpp stores their GGUF Q/K rows already interleaved. Mistral's sliding window is
+honoured by limiting the context to the window (`ModelConfig.context_limit`), where attention
+is exact.
+"""
+
+from metagen.models.families import Family
+
+LLAMA = Family("llama", gguf_rotate_half=False)
+MISTRAL = Family("mistral", gguf_rotate_half=False)
+FAMILIES = (LLAMA, MISTRAL)

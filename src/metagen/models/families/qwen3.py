@@ -1,0 +1,17 @@
+"""Qwen3 (dense): the Llama layer with a per-head RMSNorm of q and of k before RoPE, no biases,
+an explicit head_dim (128 for every size, not hidden / heads). GGUF Q/K rows in rotate-half
+order, so the q/k norm weights (over one head's dims) are permuted like a head's rows.
+"""
+
+from metagen.models.families import LLAMA_LAYER_NAMES, Family
+
+QWEN3 = Family(
+    "qwen3",
+    layer_names={
+        **LLAMA_LAYER_NAMES,
+        "q_norm": ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+        "k_norm": ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+    },
+    qk_norm=True,
+)
+FAMILIES = (QWEN3,)

@@ -1,0 +1,95 @@
+"""One pre-norm decoder layer: the body every dense family and both execution paths run.
+
+    x ← x + O(Attention(RoPE(QKNorm(Q, K)), V))   on h = RMSNorm(x)      (Touvron et al. 2023)
+    x ← x + Down(SiLU(Gate h) ⊙ Up h)              on h = RMSNorm(x)      (SwiGLU, Shazeer 2020)
+
+with RoPE (Su et al. 2021) on interleaved pairs, grouped-query attention (Ainslie et al. 2023),
+optional q/k/v bias (Qwen2, inside the fused QKV linear) and optional per-head q/k RMSNorm
+before RoPE (Qwen3). Q·K·V and gate·up run as one fused matmul each.
+
+What differs between the general (prefill) path and the fused decode path is only *how* two
+steps run, passed in as `ops`:
+- `ops.attend(index, qkv)`: RoPE on q and k, store k and v in the cache, attention; returns
+  `(..., heads·D)` in the matmul dtype;
+- `ops.add_norm(x, delta, weight)`: `x += delta` (the float32 residual stream) and the next
+  RMSNorm of x in the matmul dtype, returning `(x, h)`.
+The layer itself is written once (`decoder_layer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+import torch.nn.functional as F
+
+
+def _norm(optional: bool = False):
+    return field(default=None, metadata={"kind": "norm", "optional": True}) if optional else field(
+        metadata={"kind": "norm", "optional": False})
+
+
+def _linear():
+    return field(metadata={"kind": "linear"})
+
+
+@dataclass
+class LayerWeights:
+    """One layer's weights. Norms are float32 vectors; linears are `models.linear` objects.
+
+    The loader and the conversion cache build and store this from its fields (their metadata
+    says "norm" or "linear"); a new field is a new weight every path picks up.
+    """
+
+    attn_norm: torch.Tensor = _norm()  # (H,)
+    qkv: object = _linear()  # H -> (heads + 2·kv_heads)·D, Q/K rows in interleaved-pair order
+    o: object = _linear()  # heads·D -> H
+    mlp_norm: torch.Tensor = _norm()  # (H,)
+    gate_up: object = _linear()  # H -> 2·I
+    down: object = _linear()  # I -> H
+    q_norm: torch.Tensor | None = _norm(optional=True)  # (D,) per-head RMSNorm of q (Qwen3)
+    k_norm: torch.Tensor | None = _norm(optional=True)  # (D,) per-head RMSNorm of k (Qwen3)
+
+
+LINEAR_FIELDS = tuple(f.name for f in fields(LayerWeights) if f.metadata["kind"] == "linear")
+NORM_FIELDS = tuple(f.name for f in fields(LayerWeights) if f.metadata["kind"] == "norm")
+OPTIONAL_FIELDS = frozenset(f.name for f in fields(LayerWeights) if f.metadata.get("optional"))
+
+
+def decoder_layer(config, layer: LayerWeights, x: torch.Tensor, h: torch.Tensor, index: int, ops,
+                  next_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer on `x (..., H)` float32 (the residual stream) and `h = attn_norm(x)` in the
+    matmul dtype. Returns `(x, next_norm(x))`: the next layer's normalised input (the final
+    norm after the last layer), so the two paths can fuse each residual add with the next norm.
+    """
+    qkv = layer.qkv(h)  # (..., (heads + 2·kv_heads)·D)
+    if layer.q_norm is not None:
+        qkv = qk_rms_norm(qkv, layer.q_norm, layer.k_norm, config.num_attention_heads,
+                          config.num_key_value_heads, config.rms_norm_eps)
+    attn = ops.attend(index, qkv)  # (..., heads·D)
+    x, h = ops.add_norm(x, layer.o(attn), layer.mlp_norm)
+    gate, up = layer.gate_up(h).chunk(2, dim=-1)
+    return ops.add_norm(x, layer.down(F.silu(gate) * up), next_norm)
+
+
+def qk_rms_norm(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, heads: int, kv_heads: int,
+                eps: float) -> torch.Tensor:
+    """RMSNorm over each head's D dims of q and of k (Qwen3), before RoPE; v unchanged.
+
+    qkv: (..., (heads + 2·kv_heads)·D) any float dtype -> the same shape, float32.
+    """
+    dim = q_weight.shape[0]
+    q, k, v = qkv.float().split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
+    q = F.rms_norm(q.unflatten(-1, (heads, dim)), (dim,), q_weight, eps).flatten(-2)
+    k = F.rms_norm(k.unflatten(-1, (kv_heads, dim)), (dim,), k_weight, eps).flatten(-2)
+    return torch.cat((q, k, v), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """RoPE on interleaved pairs: dims (2i, 2i+1) as one complex number times e^{i·pos·θ_i}.
+
+    x: (B, T, heads, D) float32 (any strides with a unit last stride); rotation: (B, T, 1, D/2)
+    complex64. Returns a new (B, T, heads, D) float32 tensor. One complex multiply.
+    """
+    pairs = torch.view_as_complex(x.unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * rotation).flatten(-2)

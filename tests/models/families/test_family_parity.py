@@ -1,0 +1,104 @@
+"""Every family against transformers on the same tiny random weights, fp32, to 1e-4: over a
+prompt, and through truncate / fork / ragged multi-token append, on both execution paths (the
+fused decode kernels and the general PyTorch path); the same weights written as GGUF load to the
+same logits (Llama: Q/K interleaved by the converter; Qwen3: rotate-half rows and q/k norms;
+Phi-3: fused attn_qkv and gate+up in ffn_up)."""
+
+import pytest
+import torch
+
+from metagen.models import load
+from tests.models.families.tiny_checkpoints import FAMILIES, build_hf_model, save_hf, write_gguf
+
+pytestmark = pytest.mark.slow
+
+PROMPT = [17, 2048, 311, 9001, 42, 777, 15, 30000, 123, 4567, 89, 1000]
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def pair(request, tmp_path_factory):
+    hf = build_hf_model(request.param)
+    directory = save_hf(hf, tmp_path_factory.mktemp(request.param))
+    return request.param, hf, directory
+
+
+def reference_logits(hf, ids):
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()  # (T, V)
+
+
+def assert_close(actual, expected):
+    assert (actual - expected).abs().max().item() < TOLERANCE
+
+
+def paths(model):
+    return [False, True] if model.kernels is not None else [False]
+
+
+def test_prompt_logits_match_transformers(pair):
+    family, hf, directory = pair
+    model = load(directory, dtype="fp32", use_cache=False)
+    assert model.family == family
+    expected = reference_logits(hf, PROMPT)
+    for fused in paths(model):
+        model.use_fused = fused
+        assert_close(model.forward(model.new_cache(1), [PROMPT], logits="all").logits[0], expected)
+
+
+def test_truncate_fork_and_ragged_append_match_transformers(pair):
+    family, hf, directory = pair
+    model = load(directory, dtype="fp32", use_cache=False)
+    for fused in paths(model):
+        model.use_fused = fused
+        cache = model.new_cache(1)
+        model.forward(cache, [PROMPT + [5, 6, 7]])
+        cache.truncate(0, len(PROMPT))  # roll back three tokens
+        cache.fork(0, 1)  # two rows sharing the prompt
+        out = model.forward(cache, [[260], [1345, 42, 9]], logits="all")  # ragged append
+        assert out.num_new == [1, 3]
+        assert_close(out.logits[0, 0], reference_logits(hf, PROMPT + [260])[-1])
+        assert_close(out.logits[1], reference_logits(hf, PROMPT + [1345, 42, 9])[-3:])
+        out = model.forward(cache, [[11], [12]])  # one decode step per row
+        assert_close(out.logits[0], reference_logits(hf, PROMPT + [260, 11])[-1])
+        assert_close(out.logits[1], reference_logits(hf, PROMPT + [1345, 42, 9, 12])[-1])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
+def test_the_same_weights_as_gguf_load_to_the_same_logits(family, tmp_path):
+    hf = build_hf_model(family, tie_word_embeddings=family == "qwen3")
+    model = load(write_gguf(hf, tmp_path / f"{family}.gguf", family), dtype="fp32", use_cache=False)
+    assert model.family == family and model.config.qk_norm == (family == "qwen3")
+    expected = reference_logits(hf, PROMPT)
+    for fused in paths(model):
+        model.use_fused = fused
+        cache = model.new_cache(1)
+        assert_close(model.forward(cache, [PROMPT[:-2]], logits="all").logits[0], expected[:-2])
+        assert_close(model.forward(cache, [PROMPT[-2:]], logits="all").logits[0], expected[-2:])
+
+
+def test_bf16_and_int8_stay_near_fp32(pair):
+    """The other formats run the same layer; a coarse check that they load and agree in top-1."""
+    family, hf, directory = pair
+    expected = reference_logits(hf, PROMPT)
+    for dtype in ("bf16", "int8"):
+        model = load(directory, dtype=dtype, use_cache=False)
+        logits = model.forward(model.new_cache(1), [PROMPT], logits="all").logits[0]
+        agree = (logits.argmax(-1) == expected.argmax(-1)).float().mean().item()
+        assert agree >= 0.75, (family, dtype, agree)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "phi3"])
+def test_the_conversion_cache_keeps_every_family_weight(family, tmp_path, temp_cache, monkeypatch):
+    """q/k norms (optional LayerWeights fields) and fused-name linears survive the cache: the
+    second load is a cache hit and gives the first load's logits exactly."""
+    directory = save_hf(build_hf_model(family), tmp_path / family)
+    first = load(directory, dtype="int8")
+    import metagen.models.loading as loading
+
+    monkeypatch.setattr(loading, "_convert", lambda *args: pytest.fail("the second load converted again"))
+    second = load(directory, dtype="int8")
+    if family == "qwen3":
+        assert second.layers[0].q_norm is not None and torch.equal(second.layers[0].k_norm, first.layers[0].k_norm)
+    logits = [m.forward(m.new_cache(1), [PROMPT], logits="all").logits for m in (first, second)]
+    assert torch.equal(logits[0], logits[1])

@@ -1,0 +1,104 @@
+"""Tiny random checkpoints of every supported family, built with transformers from a config
+(2 layers, hidden 64, 4 heads over 2 KV heads, the embedded model's tokenizer) and saved as
+safetensors; `write_gguf` writes the same weights as a GGUF file the way llama.cpp's converter
+names and orders them. Nothing is downloaded."""
+
+import numpy as np
+import pytest
+import torch
+
+VOCAB = 49152  # the embedded tokenizer's
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False)
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(rope_theta=10000.0)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),  # head_dim != hidden / heads, as in Qwen3
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=None, pad_token_id=0)),
+}
+
+
+def build_hf_model(family: str, **overrides):
+    """A random fp32 transformers model of `family`. Weights ~ N(0, 0.1²) (norms 1 + N(0, 0.1²),
+    biases included) rather than the tiny init, so every weight moves the logits."""
+    transformers = pytest.importorskip("transformers")
+    config_name, model_name, extra = FAMILIES[family]
+    config = getattr(transformers, config_name)(**{**COMMON, **extra, **overrides})
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(config).float().eval()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator) * 0.1
+            parameter.copy_(1 + noise if "norm" in name else noise)
+    return model
+
+
+def save_hf(model, directory):
+    """The model as an HF directory (config.json + model.safetensors) with the embedded tokenizer."""
+    from gguf import GGUFReader
+
+    from metagen.models import embedded_model_path
+    from metagen.models.tokenizer import Tokenizer
+
+    model.save_pretrained(str(directory))
+    Tokenizer.from_gguf(GGUFReader(str(embedded_model_path()))).save(directory)
+    return directory
+
+
+def _llama_permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter for Llama: rotate-half rows (h, j, i) -> interleaved rows (h, i, j)."""
+    rows = weight.shape[0]
+    return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def write_gguf(model, path, architecture: str):
+    """`model`'s weights as an F32 GGUF with llama.cpp's names and metadata, plus the embedded
+    model's tokenizer fields. Llama Q/K rows are permuted to interleaved pairs as llama.cpp does."""
+    from gguf import GGUFReader, GGUFWriter
+
+    from metagen.models import embedded_model_path
+
+    config = model.config
+    writer = GGUFWriter(str(path), architecture)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base((getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta})["rope_theta"])
+    embedded = GGUFReader(str(embedded_model_path()))
+    for key, field in embedded.fields.items():
+        if key.startswith("tokenizer."):
+            writer.add_key_value(key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    layer_names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+                   "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                   "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
+                   "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+                   "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}  # Phi-3's fused tensors
+    for name, tensor in model.state_dict().items():
+        array = tensor.detach().float().numpy().copy()
+        if name in names:
+            if name == "lm_head.weight" and config.tie_word_embeddings:
+                continue
+            writer.add_tensor(names[name], array)
+            continue
+        _, _, index, rest = name.split(".", 3)
+        module, kind = rest.rsplit(".", 1)
+        if architecture == "llama" and module in ("self_attn.q_proj", "self_attn.k_proj"):
+            heads = config.num_attention_heads if module.endswith("q_proj") else config.num_key_value_heads
+            array = _llama_permute(array, heads)
+        writer.add_tensor(f"blk.{index}.{layer_names[module]}.{kind}", array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
