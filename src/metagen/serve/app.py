@@ -174,13 +174,8 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
                            timeout=request_timeout, healed=parsed.healed)
         try:
             engine.submit(job)
-        except QueueFullError as error:
-            raise APIError(f"the server is busy: {error}; retry after {RETRY_AFTER_SECONDS} s", None, status=429,
-                           type="rate_limit_error", code="queue_full",
-                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
-        except EngineStoppedError as error:
-            raise APIError(f"the server cannot generate: {error}", None, status=503, type="server_error",
-                           code="engine_stopped") from None
+        except (QueueFullError, EngineStoppedError) as error:
+            raise _unavailable(error) from None
         except ValueError as error:
             raise APIError(str(error), "n") from None
         headers = {"X-Metagen-Ignored-Fields": ",".join(parsed.ignored)} if parsed.ignored else {}
@@ -246,13 +241,8 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
             generator.cancel()
             job.add_done_callback(_retrieved)
             raise
-        except QueueFullError as error:
-            raise APIError(f"the server is busy: {error}; retry after {RETRY_AFTER_SECONDS} s", None, status=429,
-                           type="rate_limit_error", code="queue_full",
-                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
-        except EngineStoppedError as error:
-            raise APIError(f"the server cannot generate: {error}", None, status=503, type="server_error",
-                           code="engine_stopped") from None
+        except (QueueFullError, EngineStoppedError) as error:
+            raise _unavailable(error) from None
         except StrategyTimeout as error:
             raise APIError(f"{error} (--request-timeout)", None, status=504, type="timeout",
                            code="request_timeout") from None
@@ -272,6 +262,15 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
         return await generate(request, chat=True)
 
     return app
+
+
+def _unavailable(error: QueueFullError | EngineStoppedError) -> APIError:
+    """429 with Retry-After for a full queue; 503 when the engine has stopped."""
+    if isinstance(error, QueueFullError):
+        return APIError(f"the server is busy: {error}; retry after {RETRY_AFTER_SECONDS} s", None, status=429,
+                        type="rate_limit_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    return APIError(f"the server cannot generate: {error}", None, status=503, type="server_error",
+                    code="engine_stopped")
 
 
 def _retrieved(future) -> None:
