@@ -19,11 +19,14 @@ SAMPLING = {"temperature": 0.9, "max_tokens": 12, "seed": 11}
 
 
 def _local(model, name: str, n: int, given: dict | None = None):
-    """The strategy run by the library on a LocalGenerator with the request's seed."""
+    """The strategy run by the library on a LocalGenerator with the request's seed. The engine
+    decodes one token per step, so the local run does too (jump_forward=False): a constraint's
+    forced run fed in one forward rounds its logits differently, which can move a seeded draw."""
     spec = get_strategy(name)
     n, options, overrides = spec.parse({"n": n, **(given or {})})
     params = SamplingParams(**SAMPLING)
-    return spec.run(LocalGenerator(model, chat=True), QUESTION, n, params, options, params.make_generator(), overrides)
+    return spec.run(LocalGenerator(model, chat=True, jump_forward=False), QUESTION, n, params, options,
+                    params.make_generator(), overrides)
 
 
 def test_self_consistency_equals_a_local_run_and_counts_every_token(client, served_model, model):
@@ -181,7 +184,7 @@ def test_completions_endpoint_and_a_constrained_vote(client, served_model, model
     spec = get_strategy("self_consistency")
     n, options, overrides = spec.parse({"n": 3, "answer_field": "answer"})
     params = SamplingParams(temperature=0.9, max_tokens=16, seed=4, structured_outputs={"json": schema})
-    local = spec.run(LocalGenerator(model, chat=False), "7 + 5 = ? Reply in JSON.", n, params, options,
+    local = spec.run(LocalGenerator(model, chat=False, jump_forward=False), "7 + 5 = ? Reply in JSON.", n, params, options,
                      params.make_generator(), overrides)
     assert [c["text"] for c in block["candidates"]] == [c.text for c in local.candidates]
     assert [c["complete"] for c in block["candidates"]] == [c.complete for c in local.candidates]
