@@ -53,114 +53,20 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.rows import Row, StopRules, TokenRecord, request_chain, token_records
 from metagen.models.prefix_cache import PrefixCache
-from metagen.sampling import SamplingParams
+from metagen.serve.requests import (DoneEvent, EngineStats, EngineStoppedError, QueueFullError, ServeRequest,
+                                    TokenEvent)
+
+__all__ = ["DEFAULT_CACHE_MEMORY", "DoneEvent", "Engine", "EngineStats", "EngineStoppedError", "QueueFullError",
+           "ServeRequest", "TokenEvent", "bytes_per_token", "model_forward"]
 
 DEFAULT_CACHE_MEMORY = 256 * 2**20  # bytes of keys and values the prefix cache may keep
-
-
-class QueueFullError(RuntimeError):
-    """The engine's queue holds `max_queue` waiting requests: try again later."""
-
-
-class EngineStoppedError(RuntimeError):
-    """The engine thread has ended (shut down, or a fault in its loop): no request can run."""
-
-
-@dataclass
-class TokenEvent:
-    """One chosen token of completion `index` and the text it made safe to show."""
-
-    index: int
-    text: str
-    token_id: int
-    record: TokenRecord
-    finish_reason: str | None
-
-
-@dataclass
-class DoneEvent:
-    """Every row of the request has ended (`error` set: it failed, e.g. a processor emptied a row;
-    `timed_out`: it ran past its deadline and was stopped)."""
-
-    error: str | None = None
-    timed_out: bool = False
-
-
-@dataclass
-class ServeRequest:
-    """One request to the engine: `params.n` rows of one prompt.
-
-    emit: called on the engine thread with each `TokenEvent` and a final `DoneEvent`; it must
-        not block (the HTTP layer posts the events to its event loop).
-    echo: also score the prompt: its prefill returns logits at every position ("all"), and
-        `prompt_records[t]` is the record of prompt token t+1 given tokens 0..t (the first token
-        has none). The next-token logits then come from that forward's last position.
-    rows: one `Row` per completion (read them after the `DoneEvent`).
-    """
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    emit: Callable[[object], None]
-    echo: bool = False  # score the prompt: `prompt_records` after admission
-    rows: list[Row] = field(default_factory=list)
-    prompt_records: list[TokenRecord] | None = None  # records of prompt tokens 1..T-1 (echo)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    submitted: float = field(default_factory=time.monotonic)
-    timeout: float | None = None  # seconds from submission (queueing included); None: no limit
-    healed: str = ""  # token healing: the prompt text backed up (`rows.heal_request`), reproduced first
-    # Engine-thread state (set on admission).
-    chain: object = None
-    generator: torch.Generator | None = None  # given by the submitter, or made from params.seed
-    active: list[int] = field(default_factory=list)  # completion index of each of its cache rows
-    logits: torch.Tensor | None = None  # (k, V) next-token logits of its rows
-    cached_tokens: int = 0  # prompt tokens taken from the prefix cache (not prefilled)
-    prefix_node: object = None  # its prompt's node in the prefix cache, locked while it runs
-
-    def cancel(self) -> None:
-        """Free the request's rows at the next step boundary (a client that went away)."""
-        self.cancelled.set()
-
-    def stopped(self, now: float) -> DoneEvent | None:
-        """The event ending a request that was cancelled or ran out of time, else None."""
-        if self.cancelled.is_set():
-            return DoneEvent("cancelled")
-        if self.timeout is not None and now - self.submitted > self.timeout:
-            return DoneEvent(f"the request took longer than its {self.timeout:g} s timeout", timed_out=True)
-        return None
-
-    @property
-    def completions(self):
-        return [row.completion for row in self.rows]
-
-
-@dataclass
-class EngineStats:
-    """Counters read by /metrics (written by the engine thread; ints, read without a lock)."""
-
-    requests_finished: int = 0
-    requests_failed: int = 0
-    requests_cancelled: int = 0
-    requests_timed_out: int = 0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    steps: int = 0
-    step_rows: int = 0  # sum over decode steps of the rows in the batch
-    max_batch_rows: int = 0
-    batch_rows: int = 0  # rows in the running batch now
-    running_requests: int = 0
-    prefix_hits: int = 0  # requests that reused a cached prefix
-    prefix_tokens_reused: int = 0  # prompt tokens taken from the prefix cache
-    prefix_tokens_cached: int = 0  # tokens the prefix cache holds now
-    prefix_tokens_evicted: int = 0
 
 
 class Engine:
