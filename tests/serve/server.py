@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,6 +42,18 @@ class Server:
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+    def alone_and_together(self, run, requests: list) -> tuple[list, list, float]:
+        """`run(request)` for each request one after another, then all at once from threads: both
+        lists of answers and the mean rows per decode step while they ran together."""
+        alone = [run(request) for request in requests]
+        rows_before = self.metric("metagen_decode_step_rows_total")
+        steps_before = self.metric("metagen_decode_steps_total")
+        with ThreadPoolExecutor(len(requests)) as pool:
+            together = list(pool.map(run, requests))
+        rows = self.metric("metagen_decode_step_rows_total") - rows_before
+        steps = self.metric("metagen_decode_steps_total") - steps_before
+        return alone, together, rows / steps
 
 
 @contextmanager

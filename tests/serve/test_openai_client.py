@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -111,15 +110,9 @@ def test_concurrent_requests_give_what_each_gives_alone(client, served_model, se
         answer = client.completions.create(model=served_model, **kwargs)
         return [choice.text for choice in sorted(answer.choices, key=lambda c: c.index)]
 
-    alone = [run(kwargs) for kwargs in requests]
-    rows_before = server.metric("metagen_decode_step_rows_total")
-    steps_before = server.metric("metagen_decode_steps_total")
-    with ThreadPoolExecutor(len(requests)) as pool:
-        together = list(pool.map(run, requests))
+    alone, together, rows_per_step = server.alone_and_together(run, requests)
     assert together == alone
-    rows = server.metric("metagen_decode_step_rows_total") - rows_before
-    steps = server.metric("metagen_decode_steps_total") - steps_before
-    assert rows / steps > 1.5  # the requests were decoded as one batch, not one after another
+    assert rows_per_step > 1.5  # the requests were decoded as one batch, not one after another
 
 
 def test_echo_returns_the_prompt_with_its_log_probabilities(client, served_model, model):
