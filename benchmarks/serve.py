@@ -1,11 +1,15 @@
-"""Load on `metagen serve`: 1, 4 and 16 concurrent openai clients (by default), each sending
-`--requests` streamed completions one after another (EOS ignored, so every request generates
-`--max-tokens` tokens), against one server started here on 127.0.0.1.
+"""Load on `metagen serve` and on llama.cpp's own server: 1, 4 and 16 concurrent openai clients
+(by default), each sending streamed completions one after another (EOS ignored, so every request
+generates `--max-tokens` tokens) for `--duration` seconds (or `--requests` each), against servers
+started here on 127.0.0.1, one after the other, on the same GGUF with the same threads.
 
-Per concurrency level: requests/s and output tokens/s over the level's wall time, p50 / p99
-latency and time to first token (first streamed chunk), errors (must be 0), and the mean rows
-per decode step read from /metrics (how much continuous batching batched). The comparison with
-llama.cpp's server is not here yet.
+Per server and concurrency level: requests/s and output tokens/s over the level's wall time,
+p50 / p99 latency and time to first token (first streamed text), errors (must be 0), and for
+metagen the mean rows per decode step read from /metrics (how much continuous batching batched).
+The peer is `llama-server` (`--llama-server PATH`; built from the llama.cpp sources that
+llama-cpp-python vendors, since the wheel ships only the library) with `--parallel` slots equal to
+the most clients, continuous batching, the same context per slot as metagen's rows and its
+per-slot prompt cache on (its default).
 
 Workloads (`--workload`):
 - plain: short distinct completion prompts (above);
@@ -15,17 +19,29 @@ Workloads (`--workload`):
 The two chat workloads run on a server with the prefix cache and on one without (`--prefix-cache
 both`), and also report the prompt tokens taken from the cache (`cached_tokens` of the usage).
 
+`--soak SECONDS` instead runs `--soak-clients` (8) plain clients for that long against each server
+and samples the server process's resident memory every 10 s: the first and last samples, the
+peak, and errors.
+
     python benchmarks/serve.py [--workload plain|shared-system|multi-turn] [--clients 1,4,16]
-                               [--requests 4] [--max-tokens 32] [--threads 2] [--prefix-cache both|on|off]
+                               [--duration 30 | --requests 4] [--max-tokens 32] [--threads 2]
+                               [--prefix-cache both|on|off] [--llama-server PATH] [--soak SECONDS]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import socket
+import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "serve"))
@@ -56,12 +72,21 @@ PROMPTS = ["The history of the printing press", "A recipe for bread:", "def quic
            "The three laws of motion are", "Once upon a time in a small village", "Photosynthesis is"]
 
 
-def one_client(url: str, model: str, client_index: int, requests: int, max_tokens: int) -> list[dict]:
+def numbers(requests: int, deadline: float | None):
+    """Request numbers 0, 1, ...: `requests` of them, or as many as start before `deadline`."""
+    number = 0
+    while (number < requests) if deadline is None else (time.perf_counter() < deadline):
+        yield number
+        number += 1
+
+
+def one_client(url: str, model: str, client_index: int, requests: int, max_tokens: int,
+               deadline: float | None = None) -> list[dict]:
     from openai import OpenAI
 
     records = []
     with OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600) as client:
-        for number in range(requests):
+        for number in numbers(requests, deadline):
             start = time.perf_counter()
             first, tokens, error = None, 0, None
             try:
@@ -70,7 +95,7 @@ def one_client(url: str, model: str, client_index: int, requests: int, max_token
                     temperature=0.8, seed=client_index * 1000 + number, stream=True,
                     stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
                 for chunk in stream:
-                    if first is None:
+                    if first is None and chunk.choices and chunk.choices[0].text:
                         first = time.perf_counter() - start
                     if chunk.usage is not None:
                         tokens = chunk.usage.completion_tokens
@@ -81,7 +106,7 @@ def one_client(url: str, model: str, client_index: int, requests: int, max_token
 
 
 def chat_client(url: str, model: str, client_index: int, requests: int, max_tokens: int, workload: str,
-                tag: str) -> list[dict]:
+                tag: str, deadline: float | None = None) -> list[dict]:
     """The chat workloads: shared-system (one system prompt, a new question per request) or multi-turn
     (one growing conversation per client). `tag` names the customer, so that no run reuses another
     run's conversations."""
@@ -90,7 +115,7 @@ def chat_client(url: str, model: str, client_index: int, requests: int, max_toke
     records = []
     history = [{"role": "system", "content": SYSTEM_PROMPT}]
     with OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600) as client:
-        for number in range(requests):
+        for number in numbers(requests, deadline):
             question = f"(customer {tag}-{client_index}) " + QUESTIONS[(client_index * 3 + number) % len(QUESTIONS)]
             if workload == "shared-system":
                 messages = [history[0], {"role": "user", "content": question}]
@@ -110,7 +135,8 @@ def chat_client(url: str, model: str, client_index: int, requests: int, max_toke
                         text.append(chunk.choices[0].delta.content)
                     if chunk.usage is not None:
                         tokens = chunk.usage.completion_tokens
-                        cached = chunk.usage.prompt_tokens_details.cached_tokens
+                        details = chunk.usage.prompt_tokens_details
+                        cached = (details.cached_tokens or 0) if details is not None else 0
             except Exception as failure:  # noqa: BLE001 - counted, reported
                 error = f"{type(failure).__name__}: {failure}"
             if workload == "multi-turn":
@@ -120,80 +146,218 @@ def chat_client(url: str, model: str, client_index: int, requests: int, max_toke
     return records
 
 
+SLOT_CONTEXT = 2048  # tokens of context per llama-server slot: more than any workload's longest prompt + output
+
+
 def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+class Process:
+    """A server subprocess on 127.0.0.1 (its own process group): URL, GET, resident memory."""
+
+    def __init__(self, process: subprocess.Popen, port: int) -> None:
+        self.process, self.port = process, port
+        self.url = f"http://127.0.0.1:{port}"
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(self.url + path, timeout=10) as answer:
+            return answer.read().decode()
+
+    def rss_mib(self) -> float:
+        """Resident memory of the server process, MiB."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def llama_server(binary: str, gguf: str, threads: str, slots: int, context_per_slot: int):
+    """llama.cpp's `llama-server` on a free port: `slots` parallel slots, continuous batching, waits
+    for /health, killed (its process group) when the block ends."""
+    port = free_port()
+    command = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", threads, "-tb", threads,
+               "--parallel", str(slots), "-c", str(slots * context_per_slot), "--cont-batching", "--no-webui"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    server = Process(process, port)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {process.returncode}: {process.stderr.read()[-2000:]}")
+            try:
+                if '"ok"' in server.get("/health"):
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("llama-server did not answer /health within 120 s")
+            time.sleep(0.2)
+        threading.Thread(target=process.stderr.read, daemon=True).start()  # drain its log
+        yield server
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", default="1,4,16")
-    parser.add_argument("--requests", type=int, default=4, help="requests per client")
+    parser.add_argument("--requests", type=int, default=4, help="requests per client (without --duration)")
+    parser.add_argument("--duration", type=float, default=0.0, help="seconds per level; clients start requests "
+                                                                   "until then (0: --requests each)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", default="2")
     parser.add_argument("--workload", choices=["plain", "shared-system", "multi-turn"], default="plain")
     parser.add_argument("--prefix-cache", choices=["both", "on", "off"], default="both",
-                        help="for the chat workloads: run with the prefix cache, without, or both (default)")
+                        help="for the chat workloads: metagen with the prefix cache, without, or both (default)")
+    parser.add_argument("--llama-server", default=None, help="path of llama.cpp's llama-server: also measure it")
+    parser.add_argument("--soak", type=float, default=0.0, help="seconds of the soak run (plain workload)")
+    parser.add_argument("--soak-clients", type=int, default=8)
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args()
-    levels = [int(level) for level in args.clients.split(",")]
-    results = []
-    settings = ["on"] if args.workload == "plain" else (["on", "off"] if args.prefix_cache == "both"
-                                                          else [args.prefix_cache])
-    for setting in settings:
-        run_server(args, levels, setting, results)
-    print(f"workload {args.workload}")
-    print(f"{'cache':>5} {'clients':>7} {'req/s':>7} {'out tok/s':>9} {'p50 s':>7} {'p99 s':>7} {'ttft p50':>8} "
-          f"{'ttft p99':>8} {'cached/prompt':>13} {'rows/step':>9} {'errors':>6}")
-    for r in results:
-        print(f"{r['prefix_cache']:>5} {r['clients']:>7} {r['requests_per_s']:>7.2f} {r['output_tokens_per_s']:>9.1f} "
-              f"{r['latency_p50']:>7.2f} {r['latency_p99']:>7.2f} {r['ttft_p50']:>8.3f} {r['ttft_p99']:>8.3f} "
-              f"{r['cached_per_prompt']:>13.1f} {r['mean_rows_per_step']:>9.2f} {r['errors']:>6}")
-    print(f"({args.requests} requests per client, {args.max_tokens} tokens each, EOS ignored)")
-    for r in results:
-        if r["first_error"]:
-            print(f"{r['clients']} clients, first error: {r['first_error']}")
+    if args.soak:
+        results = soak(args)
+    else:
+        results = load_levels(args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
 
-def run_server(args, levels: list[int], setting: str, results: list[dict]) -> None:
-    """Start one server (prefix cache `setting`), run every concurrency level on it."""
-    options = ["--max-rows", str(max(levels)), "--max-queue", str(4 * max(levels)), "--threads", args.threads]
-    if setting == "off":
-        options.append("--no-prefix-cache")
-    if args.workload == "plain":
-        def worker(url, model, i, clients):
-            return one_client(url, model, i, args.requests, args.max_tokens)
-    else:
-        def worker(url, model, i, clients):
-            return chat_client(url, model, i, args.requests, args.max_tokens, args.workload, str(clients))
-    with serve_process(*options) as server:
-        model = json.loads(server.get("/v1/models"))["data"][0]["id"]
-        one_client(server.url, model, 0, 1, 4)  # warm-up (a plain prompt: nothing of the workload cached)
-        for clients in levels:
-            steps0 = server.metric("metagen_decode_steps_total")
-            rows0 = server.metric("metagen_decode_step_rows_total")
-            start = time.perf_counter()
-            with ThreadPoolExecutor(clients) as pool:
-                runs = list(pool.map(lambda i: worker(server.url, model, i, clients), range(clients)))
-            wall = time.perf_counter() - start
-            records = [record for run in runs for record in run]
-            ok = [record for record in records if record["error"] is None]
-            steps = server.metric("metagen_decode_steps_total") - steps0
-            rows = server.metric("metagen_decode_step_rows_total") - rows0
-            results.append({
-                "prefix_cache": setting, "clients": clients,
-                "cached_per_prompt": sum(r.get("cached", 0) for r in ok) / max(1, len(ok)),
-                "requests": len(records), "errors": len(records) - len(ok),
-                "requests_per_s": len(ok) / wall, "output_tokens_per_s": sum(r["tokens"] for r in ok) / wall,
-                "latency_p50": percentile([r["latency"] for r in ok], 0.5),
-                "latency_p99": percentile([r["latency"] for r in ok], 0.99),
-                "ttft_p50": percentile([r["ttft"] for r in ok], 0.5),
-                "ttft_p99": percentile([r["ttft"] for r in ok], 0.99),
-                "mean_rows_per_step": rows / steps if steps else 0.0,
-                "first_error": next((r["error"] for r in records if r["error"]), None),
-            })
+def servers(args, levels: list[int]):
+    """(label, context manager factory) of every server the run measures."""
+    from metagen.models.embedded import embedded_model_path
+
+    max_rows = max(levels)
+    settings = ["on"] if args.workload == "plain" or args.soak else (
+        ["on", "off"] if args.prefix_cache == "both" else [args.prefix_cache])
+    for setting in settings:
+        options = ["--max-rows", str(max_rows), "--max-queue", str(4 * max_rows), "--threads", args.threads]
+        if setting == "off":
+            options.append("--no-prefix-cache")
+        yield f"metagen cache {setting}", lambda options=options: serve_process(*options)
+    if args.llama_server:
+        yield "llama.cpp", lambda: llama_server(args.llama_server, str(embedded_model_path()), args.threads,
+                                                max_rows, SLOT_CONTEXT)
+
+
+def load_levels(args) -> list[dict]:
+    levels = [int(level) for level in args.clients.split(",")]
+    results = []
+    for label, start in servers(args, levels):
+        with start() as server:
+            model = json.loads(server.get("/v1/models"))["data"][0]["id"]
+            one_client(server.url, model, 0, 1, 4)  # warm-up (a plain prompt: nothing of the workload cached)
+            for clients in levels:
+                results.append(run_level(args, server, model, label, clients))
+    print(f"workload {args.workload}")
+    print(f"{'server':>17} {'clients':>7} {'req/s':>7} {'out tok/s':>9} {'p50 s':>7} {'p99 s':>7} {'ttft p50':>8} "
+          f"{'ttft p99':>8} {'cached/prompt':>13} {'rows/step':>9} {'errors':>6}")
+    for r in results:
+        print(f"{r['server']:>17} {r['clients']:>7} {r['requests_per_s']:>7.2f} {r['output_tokens_per_s']:>9.1f} "
+              f"{r['latency_p50']:>7.2f} {r['latency_p99']:>7.2f} {r['ttft_p50']:>8.3f} {r['ttft_p99']:>8.3f} "
+              f"{r['cached_per_prompt']:>13.1f} {r['mean_rows_per_step']:>9.2f} {r['errors']:>6}")
+    per = f"for {args.duration:g} s per level" if args.duration else f"{args.requests} requests per client"
+    print(f"({per}, {args.max_tokens} tokens each, EOS ignored, {args.threads} threads)")
+    for r in results:
+        if r["first_error"]:
+            print(f"{r['server']}, {r['clients']} clients, first error: {r['first_error']}")
+    return results
+
+
+def worker_for(args, deadline: float | None):
+    if args.workload == "plain" or args.soak:
+        return lambda url, model, i, clients: one_client(url, model, i, args.requests, args.max_tokens, deadline)
+    return lambda url, model, i, clients: chat_client(url, model, i, args.requests, args.max_tokens, args.workload,
+                                                      str(clients), deadline)
+
+
+def metric(server, name: str) -> float:
+    """An unlabelled metagen metric from /metrics (0 for servers without it)."""
+    try:
+        text = server.get("/metrics")
+    except OSError:
+        return 0.0
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def run_level(args, server, model: str, label: str, clients: int) -> dict:
+    steps0 = metric(server, "metagen_decode_steps_total")
+    rows0 = metric(server, "metagen_decode_step_rows_total")
+    start = time.perf_counter()
+    worker = worker_for(args, start + args.duration if args.duration else None)
+    with ThreadPoolExecutor(clients) as pool:
+        runs = list(pool.map(lambda i: worker(server.url, model, i, clients), range(clients)))
+    wall = time.perf_counter() - start
+    records = [record for run in runs for record in run]
+    ok = [record for record in records if record["error"] is None]
+    steps = metric(server, "metagen_decode_steps_total") - steps0
+    rows = metric(server, "metagen_decode_step_rows_total") - rows0
+    return {
+        "server": label, "clients": clients,
+        "cached_per_prompt": sum(r.get("cached", 0) for r in ok) / max(1, len(ok)),
+        "requests": len(records), "errors": len(records) - len(ok),
+        "requests_per_s": len(ok) / wall, "output_tokens_per_s": sum(r["tokens"] for r in ok) / wall,
+        "latency_p50": percentile([r["latency"] for r in ok], 0.5),
+        "latency_p99": percentile([r["latency"] for r in ok], 0.99),
+        "ttft_p50": percentile([r["ttft"] for r in ok if r["ttft"] is not None], 0.5),
+        "ttft_p99": percentile([r["ttft"] for r in ok if r["ttft"] is not None], 0.99),
+        "mean_rows_per_step": rows / steps if steps else 0.0,
+        "first_error": next((r["error"] for r in records if r["error"]), None),
+    }
+
+
+def soak(args) -> list[dict]:
+    """`--soak-clients` plain clients for `--soak` seconds per server; resident memory every 10 s."""
+    results = []
+    for label, start in servers(args, [args.soak_clients]):
+        with start() as server:
+            model = json.loads(server.get("/v1/models"))["data"][0]["id"]
+            one_client(server.url, model, 0, 1, 4)
+            samples, done = [], threading.Event()
+
+            def sample() -> None:
+                while not done.wait(10.0):
+                    samples.append(server.rss_mib())
+
+            samples.append(server.rss_mib())
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            soak_args = argparse.Namespace(**{**vars(args), "duration": args.soak})
+            row = run_level(soak_args, server, model, label, args.soak_clients)
+            done.set()
+            sampler.join()
+            samples.append(server.rss_mib())
+            row.update(rss_first_mib=samples[0], rss_last_mib=samples[-1], rss_peak_mib=max(samples),
+                       rss_samples=samples)
+            results.append(row)
+    print(f"soak: {args.soak_clients} clients for {args.soak:g} s, {args.max_tokens} tokens per request")
+    print(f"{'server':>17} {'requests':>8} {'errors':>6} {'out tok/s':>9} {'p99 s':>7} {'RSS first':>9} "
+          f"{'RSS last':>8} {'RSS peak':>8}")
+    for r in results:
+        print(f"{r['server']:>17} {r['requests']:>8} {r['errors']:>6} {r['output_tokens_per_s']:>9.1f} "
+              f"{r['latency_p99']:>7.2f} {r['rss_first_mib']:>9.0f} {r['rss_last_mib']:>8.0f} {r['rss_peak_mib']:>8.0f}")
+    return results
 
 
 if __name__ == "__main__":
