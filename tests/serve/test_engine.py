@@ -144,3 +144,25 @@ def test_a_fault_in_the_engine_loop_answers_everyone_and_refuses_new_requests(mo
     assert not engine.alive
     with pytest.raises(EngineStoppedError, match="broken step"):
         engine.submit(_request(model, "Hi", SamplingParams())[0])
+
+
+def test_a_strategy_call_over_max_rows_runs_as_groups_of_rows(model):
+    """n = 5 on an engine of 2 rows: three requests of 2, 2 and 1 rows; every completion comes
+    back, a seed reproduces them, and each group drew from its own generator (the groups differ)."""
+    from metagen.serve.engine_generator import EngineGenerator
+
+    engine = Engine(model, max_rows=2, max_queue=8)
+    engine.start()
+    try:
+        generator = EngineGenerator(engine, model, chat=False)
+        params = SamplingParams(temperature=1.0, seed=3, n=5, max_tokens=8, ignore_eos=True)
+        first = generator.generate("Once upon a time", params)
+        again = generator.generate("Once upon a time", params)
+    finally:
+        engine.stop()
+    texts = [completion.text for completion in first.completions]
+    assert len(texts) == 5 and all(len(c.token_ids) == 8 for c in first.completions)
+    assert texts == [completion.text for completion in again.completions]
+    assert texts[0:2] != texts[2:4]  # not one generator replayed per group
+    assert generator.requests == 2 and generator.completion_tokens == 2 * 5 * 8
+    assert first.cost.generated_tokens == 40

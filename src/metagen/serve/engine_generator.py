@@ -7,12 +7,17 @@ Each `generate` / `continue_prefix` call encodes its prompt as `LocalGenerator` 
 one `ServeRequest` of `params.n` rows and blocks until the engine's `DoneEvent`; so a strategy's
 samples join the running batch with every other client's rows (continuous batching), and the
 engine thread never waits on a strategy. Call it from a worker thread, never the engine thread.
+A call asking for more rows than the engine decodes at once (`n` > `--max-rows`) is submitted as
+groups of at most `max_rows` rows at once (the prompt's prefill is shared through the prefix
+cache when it is on); their completions are returned in group order.
 
 Seeding: the strategy's `torch.Generator` is handed to the engine with the request, which draws
 from it for that request's rows exactly as `decoding.sample_loop.generate` does (the engine's
 contract, see engine.py), so a strategy run here makes the same draws as on a `LocalGenerator`
 with the same generator; the texts then agree up to the floating-point rounding of a batched
-forward that other clients' rows share.
+forward that other clients' rows share. Split calls draw from one generator per group, each
+seeded by a draw from the call's generator (or from `params.seed`): reproducible, but not the
+draws of a `LocalGenerator` decoding all n rows together.
 
 `usage` tallies every request: prompt tokens (each request's prompt once: its n rows share its
 prefill) and generated tokens over all rows; Cost is built per call as `LocalGenerator` builds it.
@@ -23,6 +28,7 @@ cache belong to the engine thread) and no HIDDEN_STATES.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -107,33 +113,35 @@ class EngineGenerator(Generator):
             raise ValueError(f"a prompt of the strategy has {len(ids)} tokens; this model's context is "
                              f"{self.model.max_context} tokens")
         start = time.perf_counter()
-        finished = threading.Event()
-        ended: list[DoneEvent] = []
-
-        def emit(event) -> None:  # engine thread: only the end matters here
-            if isinstance(event, DoneEvent):
-                ended.append(event)
-                finished.set()
-
-        job = ServeRequest(ids, params, emit, timeout=self.timeout, generator=rng)
+        jobs = [ServeRequest(ids, group_params, self._emitter(), timeout=self.timeout, generator=group_rng)
+                for group_params, group_rng in self._groups(params, rng)]
         with self._lock:
-            self._jobs.append(job)
+            self._jobs.extend(jobs)
         try:
-            self.engine.submit(job)  # QueueFullError / EngineStoppedError / ValueError go to the caller
-            while not finished.wait(WAIT_POLL):
-                if self._cancelled.is_set():
-                    job.cancel()
+            for job in jobs:  # QueueFullError / EngineStoppedError / ValueError go to the caller
+                self.engine.submit(job)
+            for job in jobs:
+                while not job.emit.finished.wait(WAIT_POLL):
+                    if self._cancelled.is_set():
+                        for other in jobs:
+                            other.cancel()
+        except BaseException:
+            for job in jobs:  # those already submitted must not run on without their caller
+                job.cancel()
+            raise
         finally:
             with self._lock:
-                self._jobs.remove(job)
-        event = ended[0]
-        if event.timed_out:
-            raise StrategyTimeout(event.error)
-        if event.error == "cancelled" and self._cancelled.is_set():
-            raise StrategyCancelled("the client went away")
-        if event.error is not None:
-            raise RuntimeError(f"a request of the strategy failed: {event.error}")
-        completions = job.completions
+                for job in jobs:
+                    self._jobs.remove(job)
+        for job in jobs:
+            event = job.emit.ended[0]
+            if event.timed_out:
+                raise StrategyTimeout(event.error)
+            if event.error == "cancelled" and self._cancelled.is_set():
+                raise StrategyCancelled("the client went away")
+            if event.error is not None:
+                raise RuntimeError(f"a request of the strategy failed: {event.error}")
+        completions = [completion for job in jobs for completion in job.completions]
         generated = sum(len(c.token_ids) for c in completions)
         with self._lock:
             self.prompt_tokens += len(ids)
@@ -148,3 +156,35 @@ class EngineGenerator(Generator):
                            prompt_tokens_reused=len(ids) * (len(completions) - 1), generated_tokens=generated,
                            flops=flops, wall_seconds=time.perf_counter() - start, target_steps=generated)
         return result
+
+    def _groups(self, params: SamplingParams, rng: torch.Generator | None) -> list[tuple[SamplingParams, object]]:
+        """(params, generator) of each request of a call: one request of n rows, or groups of at
+        most `engine.max_rows` rows, each with a generator seeded from the call's."""
+        limit = self.engine.max_rows
+        if params.n <= limit:
+            return [(params, rng)]
+        if rng is None and params.seed is not None:
+            rng = params.make_generator()
+        groups = []
+        for first in range(0, params.n, limit):
+            size = min(limit, params.n - first)
+            group_rng = None
+            if rng is not None:
+                group_rng = torch.Generator()
+                group_rng.manual_seed(int(torch.randint(0, 2**62, (1,), generator=rng)))
+            groups.append((dataclasses.replace(params, n=size), group_rng))
+        return groups
+
+    @staticmethod
+    def _emitter():
+        """The `emit` callback of one request: records its `DoneEvent` (the engine thread's only
+        message that matters here) and sets `emit.finished`."""
+        finished, ended = threading.Event(), []
+
+        def emit(event) -> None:
+            if isinstance(event, DoneEvent):
+                ended.append(event)
+                finished.set()
+
+        emit.finished, emit.ended = finished, ended
+        return emit

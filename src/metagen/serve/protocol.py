@@ -195,7 +195,7 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
         echo_text = prompt_text if prompt_text is not None else model.tokenizer.decode(prompt_ids)
     strategy = None
     if named_strategy is not None or "metagen" in body:
-        strategy = parse_strategy(body, named_strategy, params, max_rows)
+        strategy = parse_strategy(body, named_strategy, params)
     prompt = _plain_messages(body) if chat else (prompt_text if prompt_text is not None else prompt_ids)
     healed = ""
     if params.token_healing:
@@ -216,7 +216,7 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
 SERVED_VALUES = ("steps", "judge")  # a value-head file would be a path named by the request: refused
 
 
-def parse_strategy(body: Mapping, named: str | None, params: SamplingParams, max_rows: int) -> StrategyRequest:
+def parse_strategy(body: Mapping, named: str | None, params: SamplingParams) -> StrategyRequest:
     """The strategy of a request: `metagen` {"strategy": NAME, option: value, ...} and/or the model
     name NAME:model (the two must agree); every option is checked by the strategy's own config
     (`StrategySpec.parse`), and request fields a strategy cannot honour are refused by name."""
@@ -250,9 +250,6 @@ def parse_strategy(body: Mapping, named: str | None, params: SamplingParams, max
                        "file would be a path named by the request, which the server does not open)", "metagen.value")
     if spec.uses_value and options.value is None:
         raise APIError(f"strategy {name!r} needs metagen.value: {' or '.join(SERVED_VALUES)}", "metagen.value")
-    if spec.pooled and n > max_rows:
-        raise APIError(f"metagen.n={n} is more than this server decodes at once (--max-rows {max_rows}): strategy "
-                       f"{name!r} draws its n samples as one batch", "metagen.n")
     refusals = (("stream", body.get("stream"), "the chosen output is known only when the strategy has finished"),
                 ("n", params.n != 1, "a strategy returns one chosen output; its budget is metagen.n"),
                 ("logprobs", body.get("logprobs"), "the chosen output may be built from several requests"),
