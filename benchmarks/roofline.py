@@ -1,0 +1,153 @@
+"""Where the milliseconds of one decode step go, next to what the machine allows (a roofline).
+
+For each op of one decode step at batch 1 and 16 (default `--rows 1,16`), the model of the seed
+(Part III):  time ≥ max(FLOPs / peak FLOP/s, bytes / bandwidth),  with this machine's peak and
+bandwidth measured here, beside the measured time of the op:
+
+- each kind of linear (qkv, o, gate_up, down: one layer's linear timed alone on activations of
+  the step's shape, times the number of layers) and the LM head. FLOPs = 2·rows·N·K; bytes = the
+  weight's stored bytes (codes, scales, zeros, bias) + the activations in and out;
+- attention over the cached context (`--context` tokens per row) plus everything else of the step
+  (embedding, norms, RoPE, residuals, cache writes, the Python of the forward): measured as the
+  whole step minus the linears; its bound counts the keys and values read (every row reads its
+  own context: the rows here are forks of one prompt, which an attention that reads shared
+  prefixes once would read once) and 4·rows·layers·heads·head_dim·context FLOPs;
+- the whole step (`model.forward` of one token per row), measured.
+
+Peaks: FLOP/s of a 1024³ float32 and bfloat16 matmul (torch, the step's threads; weight-only
+quantized linears compute in float32 after unpacking, so float32 is their peak); bandwidth: the
+best torch.sum over a 1 GiB float32 buffer. "% of bound" = bound / measured: 100% is at the roof.
+
+    python benchmarks/roofline.py [--model PATH] [--dtype auto] [--rows 1,16] [--context 128]
+                                  [--threads 2] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")  # as the metagen CLI sets: workers spin between kernels
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from decode import measure_bandwidth  # noqa: E402
+
+from metagen.models import load  # noqa: E402
+
+
+def timed(run, calls: int, repeats: int = 5) -> float:
+    """Median over `repeats` of the mean seconds of `calls` calls of `run()` (after a warm-up)."""
+    run()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples)
+
+
+def peak_flops(dtype: torch.dtype, size: int = 1024) -> float:
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    seconds = min(timed(lambda: torch.mm(a, b), 3, 1) for _ in range(5))
+    return 2 * size**3 / seconds
+
+
+def linear_bytes(linear) -> int:
+    return sum(t.numel() * t.element_size() for t in linear.state().values())
+
+
+def step_rows(model, rows: int, context: int, peaks: dict, bandwidth: float, steps: int) -> list[dict]:
+    """The table rows of one decode step at `rows` rows over `context` cached tokens."""
+    config = model.config
+    linears = model.linears()
+    counts: dict[str, int] = {}
+    first: dict[str, object] = {}
+    for name, linear in linears:
+        counts[name] = counts.get(name, 0) + 1
+        first.setdefault(name, linear)
+    act = torch.empty(0, dtype=model.matmul_dtype).element_size()
+    out = []
+    linear_seconds = 0.0
+    for name, linear in first.items():
+        x = torch.randn(rows, linear.in_features).to(model.matmul_dtype)
+        seconds = timed(lambda: linear(x), 50) * counts[name]
+        flops = 2 * rows * linear.out_features * linear.in_features * counts[name]
+        moved = (linear_bytes(linear) + rows * (linear.in_features + linear.out_features) * act) * counts[name]
+        peak = peaks["bf16"] if linear.kind == "dense" and model.matmul_dtype == torch.bfloat16 else peaks["fp32"]
+        out.append(row(f"{name} ({linear.kind}) ×{counts[name]}", seconds, flops, moved, peak, bandwidth))
+        linear_seconds += seconds
+    # the whole step: one token per row over `context` cached tokens (forks of one prompt)
+    cache = model.new_cache(1, capacity=context + steps + 8)
+    prompt = [[(17 * i + 5) % config.vocab_size for i in range(context)]]
+    model.forward(cache, prompt)
+    cache.select([0] * rows)
+    tokens = torch.full((rows, 1), 42, dtype=torch.long)
+    samples = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        model.forward(cache, tokens)
+        samples.append(time.perf_counter() - start)
+    step = statistics.median(samples[2:])
+    kv = 2 * config.num_key_value_heads * config.head_dim * 4 * config.num_hidden_layers  # float32 K and V
+    attention_bytes = rows * (context + steps // 2) * kv
+    attention_flops = 4 * rows * config.num_hidden_layers * config.num_attention_heads * config.head_dim * (
+        context + steps // 2)
+    out.append(row("attention + rest", step - linear_seconds, attention_flops, attention_bytes, peaks["fp32"],
+                   bandwidth))
+    total_flops = sum(r["flops"] for r in out)
+    total_bytes = sum(r["bytes"] for r in out)
+    out.append(row("whole step", step, total_flops, total_bytes, peaks["fp32"], bandwidth))
+    return out
+
+
+def row(op: str, seconds: float, flops: float, moved: float, peak: float, bandwidth: float) -> dict:
+    compute, memory = flops / peak, moved / bandwidth
+    bound = max(compute, memory)
+    return {"op": op, "ms": seconds * 1e3, "flops": flops, "bytes": moved, "compute_ms": compute * 1e3,
+            "memory_ms": memory * 1e3, "bound_ms": bound * 1e3, "limit": "memory" if memory >= compute else "compute",
+            "of_bound": bound / seconds if seconds > 0 else float("nan")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--dtype", default=None, help="weight format (default: the model's default)")
+    parser.add_argument("--rows", default="1,16")
+    parser.add_argument("--context", type=int, default=128, help="cached tokens per row")
+    parser.add_argument("--steps", type=int, default=24, help="decode steps timed for the whole step")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model = load(args.model, args.dtype)
+    bandwidth = measure_bandwidth(1024, 5)
+    peaks = {"fp32": peak_flops(torch.float32), "bf16": peak_flops(torch.bfloat16)}
+    print(f"{model.config.name}, {args.threads} threads: read bandwidth {bandwidth / 1e9:.1f} GB/s, peak "
+          f"{peaks['fp32'] / 1e9:.0f} GFLOP/s fp32, {peaks['bf16'] / 1e9:.0f} GFLOP/s bf16; context {args.context}")
+    for rows in (int(r) for r in args.rows.split(",")):
+        table = step_rows(model, rows, args.context, peaks, bandwidth, args.steps)
+        print(f"\nrows {rows}")
+        if args.markdown:
+            print("| op | measured ms | MFLOP | MB moved | compute bound ms | memory bound ms | limit | % of bound |")
+            print("|---|---|---|---|---|---|---|---|")
+            for r in table:
+                print(f"| {r['op']} | {r['ms']:.3f} | {r['flops'] / 1e6:.1f} | {r['bytes'] / 1e6:.2f} | "
+                      f"{r['compute_ms']:.3f} | {r['memory_ms']:.3f} | {r['limit']} | {r['of_bound']:.0%} |")
+        else:
+            print(f"{'op':>28} {'ms':>8} {'MFLOP':>9} {'MB':>8} {'compute':>8} {'memory':>8} {'limit':>8} {'%bound':>7}")
+            for r in table:
+                print(f"{r['op']:>28} {r['ms']:>8.3f} {r['flops'] / 1e6:>9.1f} {r['bytes'] / 1e6:>8.2f} "
+                      f"{r['compute_ms']:>8.3f} {r['memory_ms']:>8.3f} {r['limit']:>8} {r['of_bound']:>7.0%}")
+
+
+if __name__ == "__main__":
+    main()
