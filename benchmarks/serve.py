@@ -1,7 +1,9 @@
 """Load on `metagen serve` and on llama.cpp's own server: 1, 4 and 16 concurrent openai clients
 (by default), each sending streamed completions one after another (EOS ignored, so every request
 generates `--max-tokens` tokens) for `--duration` seconds (or `--requests` each), against servers
-started here on 127.0.0.1, one after the other, on the same GGUF with the same threads.
+started here on 127.0.0.1 (all of them up at once, idle while another is measured; each level
+runs on every server before the next level starts, so slow drifts of the machine hit all of them
+alike), on the same GGUF with the same threads.
 
 Per server and concurrency level: requests/s and output tokens/s over the level's wall time,
 p50 / p99 latency and time to first token (first streamed text), errors (must be 0), and for
@@ -41,7 +43,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "serve"))
@@ -63,7 +65,7 @@ SYSTEM_RULES = [
     "Deliveries go to addresses within five kilometres, cost three euros and leave at eleven and at four.",
 ]
 SYSTEM_PROMPT = "You are the assistant of the Little Oven bakery. " + " ".join(
-    f"Rule {i + 1}: {rule}" for i, rule in enumerate(SYSTEM_RULES * 2))
+    f"Rule {i + 1}: {rule}" for i, rule in enumerate(SYSTEM_RULES + SYSTEM_RULES[:4]))  # 510 tokens (SmolLM2)
 QUESTIONS = ["How much is a croissant?", "Do you deliver to the station?", "Is the rye loaf vegan?",
              "Can I order thirty rolls for Friday?", "Are you open on Sunday?", "What has almonds in it?",
              "What do you suggest if the brioche is sold out?", "How much are two baguettes?"]
@@ -167,12 +169,14 @@ class Process:
         with urllib.request.urlopen(self.url + path, timeout=10) as answer:
             return answer.read().decode()
 
-    def rss_mib(self) -> float:
-        """Resident memory of the server process, MiB."""
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
+
+
+def rss_mib(server) -> float:
+    """Resident memory of a server's process (`server.process`), MiB."""
+    for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def free_port() -> int:
@@ -260,11 +264,15 @@ def servers(args, levels: list[int]):
 def load_levels(args) -> list[dict]:
     levels = [int(level) for level in args.clients.split(",")]
     results = []
-    for label, start in servers(args, levels):
-        with start() as server:
+    with ExitStack() as stack:  # every server up at once; the levels alternate between them
+        running = []
+        for label, start in servers(args, levels):
+            server = stack.enter_context(start())
             model = json.loads(server.get("/v1/models"))["data"][0]["id"]
             one_client(server.url, model, 0, 1, 4)  # warm-up (a plain prompt: nothing of the workload cached)
-            for clients in levels:
+            running.append((label, server, model))
+        for clients in levels:
+            for label, server, model in running:
                 results.append(run_level(args, server, model, label, clients))
     print(f"workload {args.workload}")
     print(f"{'server':>17} {'clients':>7} {'req/s':>7} {'out tok/s':>9} {'p50 s':>7} {'p99 s':>7} {'ttft p50':>8} "
@@ -338,16 +346,16 @@ def soak(args) -> list[dict]:
 
             def sample() -> None:
                 while not done.wait(10.0):
-                    samples.append(server.rss_mib())
+                    samples.append(rss_mib(server))
 
-            samples.append(server.rss_mib())
+            samples.append(rss_mib(server))
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
             soak_args = argparse.Namespace(**{**vars(args), "duration": args.soak})
             row = run_level(soak_args, server, model, label, args.soak_clients)
             done.set()
             sampler.join()
-            samples.append(server.rss_mib())
+            samples.append(rss_mib(server))
             row.update(rss_first_mib=samples[0], rss_last_mib=samples[-1], rss_peak_mib=max(samples),
                        rss_samples=samples)
             results.append(row)
