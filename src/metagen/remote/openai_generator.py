@@ -264,6 +264,12 @@ class OpenAIGenerator(Generator):
                                   model_calls=cost.model_calls, cost=cost)
         return result
 
+    async def _stream_one(self, endpoint: str, request: dict, handle) -> None:
+        """Stream one request (`stream=true`), calling handle(chunk, URL) for every chunk."""
+        url = f"{self.transport.base_url}/{endpoint}"
+        async for chunk in self.transport.astream(endpoint, request):
+            handle(chunk, url)
+
     async def _post_all(self, endpoint: str, requests: list[dict]) -> list[tuple[dict, str]]:
         """(answer, URL that answered) for each request, in order; a fan-out's go out at once."""
         url = f"{self.transport.base_url}/{endpoint}"
