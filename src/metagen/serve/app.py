@@ -170,26 +170,14 @@ def create_app(backend, *, api_key: str | None = None, lenient: bool = False,
                 raise APIError(str(error), "n") from None
             raise
         headers = {"X-Metagen-Ignored-Fields": ",".join(parsed.ignored)} if parsed.ignored else {}
-        if parsed.stream:
-            return StreamingResponse(_sse(parsed, job, events, texts), media_type="text/event-stream",
+        # A stream starts with its first event, so a request failing before any output (a backend
+        # down, a timeout in the queue) is answered with its status rather than a 200 error chunk.
+        event = await _next_event(request, job, events, done_only=not parsed.stream)
+        if event is None:  # the client went away
+            return JSONResponse({}, status_code=499)
+        if parsed.stream and not (isinstance(event, DoneEvent) and event.error is not None):
+            return StreamingResponse(_sse(parsed, job, events, texts, event), media_type="text/event-stream",
                                      headers=headers)
-        try:
-            checked = loop.time()
-            while True:
-                try:
-                    event = await asyncio.wait_for(events.get(), DISCONNECT_POLL)
-                except asyncio.TimeoutError:
-                    event = None
-                if isinstance(event, DoneEvent):
-                    break
-                if loop.time() - checked >= DISCONNECT_POLL:  # tokens keep coming: check by the clock
-                    checked = loop.time()
-                    if await request.is_disconnected():
-                        job.cancel()
-                        return JSONResponse({}, status_code=499)
-        except asyncio.CancelledError:
-            job.cancel()
-            raise
         if event.timed_out:
             raise APIError(f"{event.error} (--request-timeout)", None, status=504, type="timeout",
                            code="request_timeout")
@@ -279,8 +267,32 @@ def _data(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-async def _sse(parsed: ParsedRequest, job: ServeRequest, events: asyncio.Queue, texts):
-    """The request's events as SSE chunks; closing the generator (client gone) cancels the job."""
+async def _next_event(request: Request, job: ServeRequest, events: asyncio.Queue, done_only: bool):
+    """The request's next event (its DoneEvent when `done_only`), or None when the client went away
+    (noticed within DISCONNECT_POLL seconds; the job is cancelled)."""
+    loop = asyncio.get_running_loop()
+    try:
+        checked = loop.time()
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), DISCONNECT_POLL)
+            except asyncio.TimeoutError:
+                event = None
+            if event is not None and (isinstance(event, DoneEvent) or not done_only):
+                return event
+            if loop.time() - checked >= DISCONNECT_POLL:  # tokens keep coming: check by the clock
+                checked = loop.time()
+                if await request.is_disconnected():
+                    job.cancel()
+                    return None
+    except asyncio.CancelledError:
+        job.cancel()
+        raise
+
+
+async def _sse(parsed: ParsedRequest, job: ServeRequest, events: asyncio.Queue, texts, first):
+    """The request's events, from `first`, as SSE chunks; closing the generator (client gone)
+    cancels the job."""
     writer = ChunkWriter(parsed, texts)
     done = False
     generated = 0
@@ -288,7 +300,7 @@ async def _sse(parsed: ParsedRequest, job: ServeRequest, events: asyncio.Queue, 
         if parsed.chat:
             yield _data(writer.roles())
         while True:
-            event = await events.get()
+            event, first = (first, None) if first is not None else (await events.get(), None)
             if isinstance(event, DoneEvent):
                 done = True
                 if event.error is not None:
