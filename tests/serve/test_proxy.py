@@ -43,6 +43,12 @@ def _health(url: str) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
+def _by_backend(proxy, name: str) -> dict[str, float]:
+    """A per-backend metric of /metrics: {backend URL: value}."""
+    return {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in proxy.get("/metrics").splitlines()
+            if line.startswith(name + "{")}
+
+
 # --- over metagen serve --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -179,8 +185,7 @@ def test_llama_cpp_fleet_runs_a_strategy_across_both_servers(llama_fleet):
     assert all(candidate["score"] is not None for candidate in block["candidates"])
     assert answer.usage.completion_tokens == cost["generated_tokens"] > 0
     assert answer.usage.prompt_tokens == cost["prompt_tokens_computed"] + cost["prompt_tokens_reused"]
-    answered = {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in proxy.get("/metrics").splitlines()
-                if line.startswith("metagen_backend_answered_total{")}
+    answered = _by_backend(proxy, "metagen_backend_answered_total")
     assert answered[first.url + "/v1"] > 0 and answered[second.url + "/v1"] > 0  # one fleet: both served
 
 
@@ -189,10 +194,13 @@ def test_a_dead_backend_is_failed_over_then_named(llama_fleet):
     proxy, first, second = llama_fleet
     stop(second)
     with _client(proxy.url) as through:
-        for _ in range(2):  # the live one answers; the dead one is tried, fails and is taken out
+        for _ in range(6):  # every request is answered; the dead one is tried, fails over and is taken out
             answer = through.completions.create(model="smol", prompt=PROMPT, max_tokens=3, temperature=0)
             assert answer.choices[0].text
-        assert proxy.metric("metagen_backend_errors_total") + (1 - proxy.metric("metagen_backend_up")) >= 1
+            if _by_backend(proxy, "metagen_backend_up")[second.url + "/v1"] == 0:
+                break
+        assert _by_backend(proxy, "metagen_backend_errors_total")[second.url + "/v1"] >= 1
+        assert _by_backend(proxy, "metagen_backend_up") == {first.url + "/v1": 1, second.url + "/v1": 0}
         status, health = _health(proxy.url)
         assert status == 200 and health["backends"][second.url + "/v1"].startswith("down")
         stop(first)
