@@ -6,6 +6,8 @@ directly, and every token a strategy spent is counted in usage and Cost."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -215,3 +217,14 @@ def test_a_dead_backend_is_failed_over_then_named(llama_fleet):
         assert through.models.list().data[0].id == "smol"  # the proxy keeps answering
     status, health = _health(proxy.url)
     assert status == 503 and all(state.startswith("down") for state in health["backends"].values())
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--backend", "http://127.0.0.1:9/v1"], "no endpoint of the fleet answered its probe: http://127.0.0.1:9/v1"),
+    (["--backend", "http://127.0.0.1:9/v1", "--dtype", "fp32"], "--dtype configure the local model"),
+    (["--tokenizer", "tokenizer.json"], "--tokenizer configure proxy mode: add --backend URL"),
+])
+def test_proxy_options_are_checked_at_start(options, message):
+    finished = subprocess.run([sys.executable, "-m", "metagen.cli", "serve", "--port", "0", *options],
+                              capture_output=True, text=True, timeout=120)
+    assert finished.returncode != 0 and message in finished.stderr

@@ -266,8 +266,10 @@ class OpenAIGenerator(Generator):
 
     async def _stream_one(self, endpoint: str, request: dict, handle) -> None:
         """Stream one request (`stream=true`), calling handle(chunk, URL) for every chunk."""
+        from metagen.remote.streaming import sse_chunks
+
         url = f"{self.transport.base_url}/{endpoint}"
-        async for chunk in self.transport.astream(endpoint, request):
+        async for chunk in sse_chunks(self.transport, endpoint, request):
             handle(chunk, url)
 
     async def _post_all(self, endpoint: str, requests: list[dict]) -> list[tuple[dict, str]]:

@@ -12,8 +12,7 @@ and appears in no message or repr.
 Async underneath, with a synchronous face: `await transport.apost(path, body)` from async code
 on any event loop, `transport.post(path, body)` from any thread, inside a running event loop too
 (a notebook). Both run the request on the transport's `BackgroundLoop` (loop.py), the one loop
-its client is used on (`astream`, the Server-Sent Events of a `stream=true` request, must be
-iterated on that loop); several transports may share one (a fleet's endpoints). Requests in
+its client is used on (`streaming.sse_chunks` reads a streamed answer on that loop); several transports may share one (a fleet's endpoints). Requests in
 flight at once share the client's connection pool; waiting for a free connection has no
 timeout (the request and connect timeouts start once one is free).
 """
@@ -26,7 +25,7 @@ import json
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 
@@ -79,12 +78,6 @@ def retry_after_seconds(response: httpx.Response) -> float:
     except (TypeError, ValueError):
         return 0.0
     return max(when.timestamp() - time.time(), 0.0)
-
-
-def attempt_started(error: httpx.TransportError) -> bool:
-    """Whether the server may have begun answering (a read failed): such a stream is not retried,
-    as its chunks may already have been passed on."""
-    return isinstance(error, (httpx.ReadError, httpx.ReadTimeout, httpx.RemoteProtocolError))
 
 
 class Transport:
@@ -185,51 +178,6 @@ class Transport:
             return self._decode(url, response)
 
         return await self.loop.call(send())
-
-    async def astream(self, path: str, body: dict) -> AsyncIterator[dict]:
-        """The JSON chunks of a streamed answer (`data: {...}` lines up to `data: [DONE]`); run on
-        the transport's loop. Failures before the answer starts are retried as `post`'s are; an
-        error status, a chunk carrying `error` or a broken stream raise `ServerError`."""
-        url = f"{self.base_url}/{path.lstrip('/')}"
-        for attempt in range(self.max_retries + 1):
-            last = attempt == self.max_retries
-            try:
-                async with self._client.stream("POST", url, json=body) as response:
-                    if response.status_code in RETRIED_STATUS and not last:
-                        await response.aread()
-                        await self.sleep(self._delay(attempt, retry_after_seconds(response)))
-                        continue
-                    if response.status_code >= 400:
-                        await response.aread()
-                        self._decode(url, response)  # raises with the server's message
-                    self.requests += 1
-                    async for line in response.aiter_lines():
-                        if not line.startswith("data:"):
-                            continue  # blank separators, comments, event names
-                        data = line[len("data:"):].strip()
-                        if data == "[DONE]":
-                            return
-                        chunk = self._chunk(url, data)
-                        if isinstance(chunk.get("error"), dict):
-                            raise ServerError(url, 200, str(chunk["error"].get("message") or chunk["error"]))
-                        yield chunk
-                    raise ServerError(url, 200, "the stream ended without data: [DONE]")
-            except httpx.TransportError as error:
-                if last or attempt_started(error):
-                    raise ServerError(url, None, f"{type(error).__name__}: {error} (is the server running at this "
-                                                 "address?)") from None
-                await self.sleep(self._delay(attempt, 0.0))
-        raise AssertionError("unreachable")
-
-    @staticmethod
-    def _chunk(url: str, data: str) -> dict:
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            raise ServerError(url, 200, f"stream chunk is not JSON: {data[:200]!r}") from None
-        if not isinstance(chunk, dict):
-            raise ServerError(url, 200, f"stream chunk is not a JSON object: {data[:200]!r}")
-        return chunk
 
     def _delay(self, attempt: int, floor: float) -> float:
         return max(floor, self.rng.uniform(0.5, 1.0) * min(self.max_backoff, self.backoff * 2**attempt))
