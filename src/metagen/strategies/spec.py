@@ -38,7 +38,12 @@ class StrategyOptions:
     step_delimiter: the text that ends a reasoning step; aggregation: how tree searches pick
     among their finished leaves (best value, majority vote, value-weighted vote); answer_field:
     the answer is the value at this path of a JSON output ("answer", "result.value"; instead of
-    pattern), for voting over a field of a structured output."""
+    pattern), for voting over a field of a structured output.
+
+    Written by hand rather than derived from the configs: its defaults are the registry's and
+    differ from the configs' on purpose (math True where the voting configs say False, a step
+    delimiter "\n" that may not be None where StepConfig says "\n\n" or None); each strategy's
+    option takes its kind from here and reports this default, which is what its runner passes."""
 
     pattern: str | None = None
     math: bool = True
