@@ -42,7 +42,7 @@ class StrategyOptions:
 
     Written by hand rather than derived from the configs: its defaults are the registry's and
     differ from the configs' on purpose (math True where the voting configs say False, a step
-    delimiter "\n" that may not be None where StepConfig says "\n\n" or None); each strategy's
+    delimiter "\\n" that may not be None where StepConfig says "\\n\\n" or None); each strategy's
     option takes its kind from here and reports this default, which is what its runner passes."""
 
     pattern: str | None = None
