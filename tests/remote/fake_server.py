@@ -23,6 +23,7 @@ the server had in flight at once (how far a client's requests really overlapped)
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -184,6 +185,34 @@ class FakeServer:
                     if status:
                         return self._reply(status, payload, headers)
                 status, answer = fake.complete(self.path, body)
+                if body.get("stream") and status == 200:
+                    return self._stream(answer, body)
                 self._reply(status, json.dumps(answer).encode())
+
+            def _stream(self, answer: dict, body: dict) -> None:
+                """The answer as Server-Sent Events: one chunk per word of each choice, its finish
+                reason, the usage when asked (stream_options.include_usage), then [DONE]."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                chat = answer["object"] == "chat.completion"
+
+                def send(choices: list, **extra) -> None:
+                    chunk = {"id": "x", "object": answer["object"] + ".chunk", "choices": choices, **extra}
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+                for choice in answer["choices"]:
+                    text = choice["message"]["content"] if chat else choice["text"]
+                    for word in re.findall(r"\s*\S+", text):
+                        send([{"index": choice["index"], "finish_reason": None,
+                               **({"delta": {"content": word}} if chat else {"text": word})}])
+                    last = {"index": choice["index"], "finish_reason": choice["finish_reason"]}
+                    for key in ("stop_reason", "matched_stop"):
+                        if key in choice:
+                            last[key] = choice[key]
+                    send([last | ({"delta": {}} if chat else {"text": ""})])
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    send([], usage=answer["usage"])
+                self.wfile.write(b"data: [DONE]\n\n")
 
         return Handler

@@ -1,6 +1,7 @@
 """A real `metagen serve` (uvicorn, the embedded model) on 127.0.0.1: `serve_process` starts the
 command in a subprocess on a free port, waits for /health and stops it (SIGTERM, then SIGKILL
-of its process group) when the block ends, leaving no process behind."""
+of its process group) when the block ends, leaving no process behind. `llama_process` does the
+same for llama-cpp-python's server over the embedded GGUF (a backend of proxy mode)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -58,34 +60,64 @@ class Server:
 
 @contextmanager
 def serve_process(*options: str):
+    """`metagen serve` with `options` (the local model on 2 threads unless --backend is given)."""
+    threads = () if "--backend" in options else ("--threads", "2")
+    command = [sys.executable, "-m", "metagen.cli", "serve", *threads, *options]
+    with _running(command, "/health", '"ok"') as server:
+        yield server
+
+
+@contextmanager
+def llama_process():
+    """llama-cpp-python's server over the embedded GGUF, one thread. --n_batch 1: the build on this
+    machine crashes evaluating more than one token per batch (tests/remote/conftest.py)."""
+    from metagen.models import embedded_model_path
+
+    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(embedded_model_path()), "--host",
+               "127.0.0.1", "--n_threads", "1", "--n_batch", "1", "--n_ctx", "2048"]
+    with _running(command, "/v1/models", '"data"') as server:
+        yield server
+
+
+@contextmanager
+def _running(command: list[str], ready_path: str, ready_text: str):
+    """`command` + --port P on a free port, until GET `ready_path` contains `ready_text`; stopped
+    (SIGTERM, then SIGKILL of its process group) when the block ends."""
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(Path(metagen.__file__).parents[1]))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "metagen.cli", "serve", "--port", str(port), "--threads", "2", *options],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty server never blocks on a full pipe
+    process = subprocess.Popen([*command, "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
+                               stderr=log, text=True, start_new_session=True)
     server = Server(process, port)
     try:
         deadline = time.monotonic() + STARTUP_SECONDS
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"metagen serve exited with {process.returncode}: {process.stderr.read()}")
+                log.seek(0)
+                raise RuntimeError(f"{command[2]} exited with {process.returncode}: {log.read()[-2000:]}")
             try:
-                if '"ok"' in server.get("/health"):
+                if ready_text in server.get(ready_path):
                     break
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"metagen serve did not answer /health within {STARTUP_SECONDS} s")
+                raise RuntimeError(f"{command[2]} did not answer {ready_path} within {STARTUP_SECONDS} s")
             time.sleep(0.2)
         yield server
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        process.stderr.close()
+        stop(server)
+        log.close()
+
+
+def stop(server: Server) -> None:
+    """End the server's process (and its group) if it still runs."""
+    process = server.process
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 

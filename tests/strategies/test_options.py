@@ -115,3 +115,28 @@ def test_run_builds_the_config_from_n_the_registry_defaults_and_the_overrides(mo
     assert (config.iterations, config.expansions, config.exploration) == (5, 4, 2.0)  # n, registry default, given
     assert (config.step.delimiter, config.step.max_step_tokens) == ("\n", 9)
     assert config.params.temperature == 0.7 and config.params.n == 1
+
+
+def test_the_shared_options_keep_their_kind_and_report_the_default_that_runs():
+    """StrategyOptions is the one hand-written set (the harness passes one to every strategy). Each
+    of its fields that a config also declares has that config's kind (never allowing None where the
+    config does not; step_delimiter may not be None, which StepConfig allows); its default is the registry's
+    own and may differ from the config's (math=True where SelfConsistencyConfig says False, step
+    delimiter "\\n" where StepConfig says "\\n\\n"): the runner passes StrategyOptions' value, so
+    that is the default an option reports."""
+    from metagen.strategies.options import config_fields
+
+    shared = config_fields(StrategyOptions)
+    checked = differing = 0
+    for spec in STRATEGIES.values():
+        config = spec.config_class()
+        if config is None:
+            continue
+        for name, field in config_fields(config).items():
+            if name in shared and field.path[0] not in spec.set_by_run:
+                assert field.kind == shared[name].kind, (spec.name, name)
+                assert field.optional or not shared[name].optional, (spec.name, name)  # never looser than the config
+                assert spec.fields()[name].default == shared[name].default, (spec.name, name)
+                checked += 1
+                differing += field.default != shared[name].default
+    assert checked >= 20 and differing >= 10  # pattern, math, answer_field, aggregation, step_delimiter

@@ -1,9 +1,17 @@
-"""`metagen serve`: an OpenAI-compatible server over a local model (the embedded one by default).
+"""`metagen serve`: an OpenAI-compatible server over a local model (the embedded one by default),
+or over remote OpenAI-compatible servers (proxy mode).
 
     metagen serve [--model PATH] [--dtype] [--threads] [--host 127.0.0.1] [--port 8000]
                   [--served-model-name NAME]
                   [--api-key-env VAR] [--max-rows 16] [--max-queue 64] [--request-timeout SECONDS]
                   [--cache-memory 256MiB | --no-prefix-cache] [--lenient]
+    metagen serve --backend URL [URL ...] [--backend-api-key-env VAR] [--tokenizer PATH]
+                  [--host] [--port] [--served-model-name] [--api-key-env] [--max-rows] [--request-timeout]
+                  [--lenient]
+
+Proxy mode (--backend) runs no model: requests and strategies go to the servers at the URLs (vLLM,
+SGLang, llama.cpp's server, another metagen serve; one fleet when several) through the remote
+generator (metagen.serve.proxy); the options of the local model and engine are refused with it.
 
 Binds to 127.0.0.1 unless told otherwise. FastAPI and uvicorn come with the `serve` extra
 (`pip install 'metagen[serve]'`); they are imported only when the command runs.
@@ -31,7 +39,7 @@ def add_parser(commands) -> None:
                        help="require `Authorization: Bearer <key>` with the key read from environment variable VAR")
     serve.add_argument("--max-rows", type=int, default=16,
                        help="most rows (sum of n over requests) decoded together (default 16)")
-    serve.add_argument("--max-queue", type=int, default=64,
+    serve.add_argument("--max-queue", type=int, default=None,
                        help="most requests waiting for rows; beyond it HTTP 429 with Retry-After (default 64)")
     serve.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
                        help="most seconds a request may take from its arrival, queueing included; beyond it HTTP "
@@ -44,7 +52,23 @@ def add_parser(commands) -> None:
                        help="no cross-request prefix cache (the same as --cache-memory 0)")
     serve.add_argument("--lenient", action="store_true",
                        help="ignore unknown request fields instead of answering 400 (listed in a response header)")
+    proxy = serve.add_argument_group("proxy mode (remote OpenAI-compatible servers instead of a local model)")
+    proxy.add_argument("--backend", nargs="+", default=None, metavar="URL",
+                       help="API root(s) of the servers to forward to, e.g. http://127.0.0.1:8001/v1 (several: one "
+                            "fleet, balanced, with failover)")
+    proxy.add_argument("--backend-api-key-env", default=None, metavar="VAR",
+                       help="environment variable holding the backends' API key (default: none sent)")
+    proxy.add_argument("--tokenizer", default=None, metavar="PATH",
+                       help="GGUF file or HF directory with the served model's tokenizer: token ids where the "
+                            "backends return none, chat prompts of step searches")
     serve.set_defaults(run=run)
+
+
+LOCAL_ONLY = ("model", "dtype", "threads", "max_queue", "cache_memory", "no_prefix_cache")
+PROXY_ONLY = ("backend_api_key_env", "tokenizer")
+PROXY_RETRIES = 1  # a failing backend is retried once, then the fleet fails over to another
+PROXY_TIMEOUT = 600.0  # seconds per backend request without --request-timeout
+HEALTH_INTERVAL = 10.0  # seconds between health checks of the live backends
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,6 +77,18 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--port {args.port} must be in [0, 65535]")
     if args.max_rows < 1:
         raise ValueError(f"--max-rows {args.max_rows} must be >= 1")
+    if args.backend is not None:
+        given = [name for name in LOCAL_ONLY if getattr(args, name) not in (None, False)]
+        if given:
+            raise ValueError(f"{', '.join('--' + name.replace('_', '-') for name in given)} configure the local model "
+                             "and engine, which --backend replaces")
+    else:
+        given = [name for name in PROXY_ONLY if getattr(args, name) is not None]
+        if given:
+            raise ValueError(f"{', '.join('--' + name.replace('_', '-') for name in given)} configure proxy mode: "
+                             "add --backend URL")
+    if args.max_queue is None:
+        args.max_queue = 64
     if args.max_queue < 0:
         raise ValueError(f"--max-queue {args.max_queue} must be >= 0")
     if args.served_model_name is not None and not args.served_model_name.strip():
@@ -80,18 +116,41 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as error:
         raise ValueError(f"metagen serve needs the serve extra ({error.name} is missing): "
                          "pip install 'metagen[serve]'") from None
-    from metagen.serve.engine import Engine
-
-    model = common.load_model(args)
-    engine = Engine(model, max_rows=args.max_rows, max_queue=args.max_queue, cache_memory=cache_memory)
-    engine.start()
-    name = args.served_model_name or model.name
-    app = create_app(model, engine, api_key=api_key, lenient=args.lenient, request_timeout=args.request_timeout,
-                     served_name=name)
+    backend = _proxy(args) if args.backend is not None else _local(args, cache_memory)
+    name = backend.served_name
+    app = create_app(backend, api_key=api_key, lenient=args.lenient, request_timeout=args.request_timeout)
     print(f"metagen serve: {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
                     timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
     finally:
-        engine.stop()
+        backend.close()
     return 0
+
+
+def _local(args: argparse.Namespace, cache_memory: int | None):
+    """The local model behind a started engine."""
+    from metagen.serve.engine import Engine
+    from metagen.serve.local import LocalBackend
+
+    model = common.load_model(args)
+    engine = Engine(model, max_rows=args.max_rows, max_queue=args.max_queue, cache_memory=cache_memory)
+    engine.start()
+    return LocalBackend(model, engine, args.served_model_name)
+
+
+def _proxy(args: argparse.Namespace):
+    """The fleet over --backend, probed now (an error naming every backend when none answers)."""
+    from metagen.cli.backend import backend_urls, load_tokenizer
+    from metagen.remote import FleetGenerator
+    from metagen.serve.proxy import ProxyBackend
+
+    urls = backend_urls(",".join(args.backend))
+    remote = FleetGenerator(urls, tokenizer=load_tokenizer(args.tokenizer) if args.tokenizer else None,
+                            api_key_env=args.backend_api_key_env or "", timeout=args.request_timeout or PROXY_TIMEOUT,
+                            max_retries=PROXY_RETRIES, health_interval=HEALTH_INTERVAL)
+    try:
+        return ProxyBackend(remote, served_name=args.served_model_name, max_rows=args.max_rows)
+    except BaseException:
+        remote.close()
+        raise

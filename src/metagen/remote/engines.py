@@ -61,6 +61,8 @@ class Engine:
     continues_final_message: /v1/chat/completions continues a final assistant message when
         asked (`continue_final_message`), rather than closing it and starting a new turn.
     owned_by: `owned_by` values of /v1/models entries that identify the engine.
+    streams_usage: a streamed answer ends with a usage chunk when asked
+        (`stream_options.include_usage`); llama-cpp-python's server has no such option.
     """
 
     name: str
@@ -69,6 +71,7 @@ class Engine:
     mirostat: bool = False
     continues_final_message: bool = False
     owned_by: tuple[str, ...] = ()
+    streams_usage: bool = True
     top_k_disabled: int = -1
     neutral_only: dict[str, tuple[str, str]] = field(default_factory=dict)
     notes: str = ""
@@ -92,7 +95,7 @@ ENGINES = {
         "llama.cpp",
         {name: wire for name, wire in OPENAI_FIELDS.items() if not name.endswith("_penalty")}
         | {"top_k": "top_k", "min_p": "min_p"},
-        mirostat=True, owned_by=("me", "llamacpp", "llama.cpp"), top_k_disabled=0,
+        mirostat=True, owned_by=("me", "llamacpp", "llama.cpp"), top_k_disabled=0, streams_usage=False,
         neutral_only={
             name: (wire, (f"llama.cpp applies {wire} over a window of the last 64 tokens, "
                           f"prompt included, which is not how metagen defines {name}"))

@@ -185,6 +185,38 @@ class FleetGenerator(OpenAIGenerator):
         """(answer, URL that answered) per request, in order; a fan-out's go out at once."""
         return await gather_all(self._post_one(endpoint, request) for request in requests)
 
+    async def _stream_one(self, path: str, request: dict, handle) -> None:
+        """Stream one request from some live endpoint: failing over as `_post_one` does while no
+        chunk has arrived; a stream that breaks after its first chunk raises (its text was passed on)."""
+        tried: dict[int, int] = {}
+        attempts = self.pool.failures_to_eject * len(self.endpoints) + 1
+        for _ in range(attempts):
+            endpoint = await self.pool.acquire(tried)
+            url = f"{endpoint.url}/{path}"
+            started = False
+
+            def relay(chunk: dict, url: str = url) -> None:
+                nonlocal started
+                started = True
+                handle(chunk, url)
+
+            try:
+                await endpoint.member._stream_one(path, request, relay)
+            except ServerError as error:
+                failed_here = is_endpoint_failure(error)
+                self.pool.release(endpoint, str(error), counted=failed_here)
+                if not failed_here or started:
+                    raise
+                index = self.endpoints.index(endpoint)
+                tried[index] = tried.get(index, 0) + 1
+                continue
+            except BaseException:
+                self.pool.release(endpoint, "interrupted", counted=False)
+                raise
+            self.pool.release(endpoint, None)
+            return
+        raise FleetUnavailableError(f"request failed on {attempts} attempts across the fleet: {self.pool.describe()}")
+
     async def _post_one(self, path: str, request: dict) -> tuple[dict, str]:
         """The answer to one request from some live endpoint, failing over to the others."""
         tried: dict[int, int] = {}

@@ -264,6 +264,14 @@ class OpenAIGenerator(Generator):
                                   model_calls=cost.model_calls, cost=cost)
         return result
 
+    async def _stream_one(self, endpoint: str, request: dict, handle) -> None:
+        """Stream one request (`stream=true`), calling handle(chunk, URL) for every chunk."""
+        from metagen.remote.streaming import sse_chunks
+
+        url = f"{self.transport.base_url}/{endpoint}"
+        async for chunk in sse_chunks(self.transport, endpoint, request):
+            handle(chunk, url)
+
     async def _post_all(self, endpoint: str, requests: list[dict]) -> list[tuple[dict, str]]:
         """(answer, URL that answered) for each request, in order; a fan-out's go out at once."""
         url = f"{self.transport.base_url}/{endpoint}"

@@ -12,7 +12,8 @@ and appears in no message or repr.
 Async underneath, with a synchronous face: `await transport.apost(path, body)` from async code
 on any event loop, `transport.post(path, body)` from any thread, inside a running event loop too
 (a notebook). Both run the request on the transport's `BackgroundLoop` (loop.py), the one loop
-its client is used on; several transports may share one (a fleet's endpoints). Requests in
+its client is used on (`streaming.sse_chunks` reads a streamed answer on that loop); several
+transports may share one (a fleet's endpoints). Requests in
 flight at once share the client's connection pool; waiting for a free connection has no
 timeout (the request and connect timeouts start once one is free).
 """
@@ -159,6 +160,25 @@ class Transport:
     async def apost(self, path: str, body: dict, *, retry: bool = True) -> dict:
         """`post` for async code (awaitable on any event loop)."""
         return await self.loop.call(self._send("POST", path, body, self.max_retries if retry else 0))
+
+    @property
+    def root(self) -> str:
+        """The server's root: `base_url` without its API version ("http://h:8000/v1" -> "http://h:8000"),
+        where vLLM and metagen serve /tokenize and /detokenize."""
+        head, _, last = self.base_url.rpartition("/")
+        return head if last in ("v1", "v2") and "//" in head else self.base_url
+
+    async def apost_root(self, path: str, body: dict) -> dict:
+        """POST `body` once to `path` under the server's root (not under the API version)."""
+        async def send() -> dict:
+            url = f"{self.root}/{path.lstrip('/')}"
+            try:
+                response = await self._client.post(url, json=body)
+            except httpx.TransportError as error:
+                raise ServerError(url, None, f"{type(error).__name__}: {error}") from None
+            return self._decode(url, response)
+
+        return await self.loop.call(send())
 
     def _delay(self, attempt: int, floor: float) -> float:
         return max(floor, self.rng.uniform(0.5, 1.0) * min(self.max_backoff, self.backoff * 2**attempt))

@@ -1,11 +1,17 @@
-"""The HTTP face of the engine: a FastAPI application (the `serve` extra; imported only here).
+"""The HTTP face of a backend: a FastAPI application (the `serve` extra; imported only here).
 
-    GET  /health                 200 {"status": "ok"} while the engine thread runs (no API key)
+    GET  /health                 200 {"status": "ok"} while the backend can generate (no API key)
     GET  /v1/models              the one served model (owned_by "metagen", max_model_len)
     POST /v1/completions         text or token-id prompt
     POST /v1/chat/completions    messages through the model's chat template
     POST /tokenize, /detokenize  the served tokenizer (vLLM's shapes)
     GET  /metrics                Prometheus text (metrics.py)
+
+The handlers are written once over a backend (local.py lists its interface): `LocalBackend`, the
+engine thread over a local model, or `ProxyBackend` (proxy.py), remote servers through the
+remote generator (`metagen serve --backend URL...`). Plain requests are `ServeRequest`s the
+backend runs, answered from their events; strategies run on a worker thread over the backend's
+strategy generator.
 
 Bodies are read and checked here, not by a schema library, so that every refusal is OpenAI's
 error body naming the field (protocol.py): a body over `max_body_bytes` is 413, one that is not
@@ -28,14 +34,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from metagen.serve import metrics
-from metagen.serve.engine import DoneEvent, Engine, EngineStoppedError, QueueFullError, ServeRequest, TokenEvent
 from metagen.serve.engine_generator import StrategyTimeout
 from metagen.serve.protocol import APIError, ParsedRequest, parse_request
-from metagen.serve.responses import ChunkWriter, TokenTexts, full_response, strategy_response
+from metagen.serve.requests import DoneEvent, ServeRequest, TokenEvent
+from metagen.serve.responses import ChunkWriter, full_response, strategy_response
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full context of text is far smaller
 DISCONNECT_POLL = 0.5  # seconds between checks that a waiting non-streaming client is still there
-RETRY_AFTER_SECONDS = 1
 
 
 class _CountRequests:
@@ -61,21 +66,24 @@ class _CountRequests:
             self.counter.add(scope["path"], status)
 
 
-def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bool = False,
-               max_body_bytes: int = MAX_BODY_BYTES, request_timeout: float | None = None,
-               served_name: str | None = None) -> FastAPI:
-    """The application over a started `engine` running `model`; `request_timeout`: seconds a
-    request may take from its arrival (None: no limit), else 504 (or an error chunk when streaming);
-    `served_name`: the model id clients send (default `model.name`)."""
+def create_app(backend, *, api_key: str | None = None, lenient: bool = False,
+               max_body_bytes: int = MAX_BODY_BYTES, request_timeout: float | None = None) -> FastAPI:
+    """The application over `backend` (a `LocalBackend` over a started engine, or a `ProxyBackend`);
+    `request_timeout`: seconds a request may take from its arrival (None: no limit), else 504 (or
+    an error chunk when streaming)."""
     app = FastAPI(title="metagen", docs_url=None, redoc_url=None, openapi_url=None)
-    served_name = served_name or model.name
-    texts = TokenTexts(model.tokenizer)
+    model, served_name, texts = backend.model, backend.served_name, backend.texts
     counter = metrics.RequestCounter()
     app.add_middleware(_CountRequests, counter=counter)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError):
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception):  # a defect: answered in OpenAI's shape, no traceback
+        answer = APIError(f"internal error: {type(error).__name__}: {error}", None, status=500, type="server_error")
+        return JSONResponse(answer.body(), status_code=500)
 
     def check_key(request: Request) -> None:
         if api_key is None:
@@ -104,20 +112,18 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
 
     @app.get("/health")
     async def health():
-        if not engine.alive:
-            return JSONResponse({"status": "engine stopped"}, status_code=503)
-        return {"status": "ok"}
+        status, body = await backend.health()
+        return JSONResponse(body, status_code=status)
 
     @app.get("/v1/models")
     async def models(request: Request):
         check_key(request)
-        return {"object": "list", "data": [{"id": served_name, "object": "model", "created": 0,
-                                            "owned_by": "metagen", "max_model_len": model.max_context}]}
+        return {"object": "list", "data": backend.model_cards()}
 
     @app.get("/metrics")
     async def prometheus(request: Request):
         check_key(request)
-        return PlainTextResponse(metrics.render(engine, counter), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(backend.metrics(counter), media_type="text/plain; version=0.0.4")
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -125,20 +131,7 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
         body = await read_json(request)
         if not isinstance(body, dict) or ("prompt" in body) == ("messages" in body):
             raise APIError("give exactly one of prompt (text) or messages", "prompt")
-        _only(body, {"model", "prompt", "messages", "add_special_tokens"})
-        _check_model(body, served_name)
-        if "messages" in body:
-            parsed = parse_request({"messages": body["messages"]}, chat=True, model=model, served_name=served_name,
-                                   max_rows=engine.max_rows)
-            ids = parsed.prompt_ids
-        else:
-            prompt, special = body["prompt"], body.get("add_special_tokens", True)
-            if not isinstance(prompt, str):
-                raise APIError("prompt must be a string", "prompt")
-            if not isinstance(special, bool):
-                raise APIError("add_special_tokens must be true or false", "add_special_tokens")
-            ids = model.tokenizer.encode(prompt, add_special_tokens=special)
-        return {"tokens": ids, "count": len(ids), "max_model_len": model.max_context}
+        return await backend.tokenize(body)
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
@@ -146,22 +139,17 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
         body = await read_json(request)
         if not isinstance(body, dict):
             raise APIError("the request body must be a JSON object", None)
-        _only(body, {"model", "tokens"})
-        _check_model(body, served_name)
-        tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < model.vocab_size for t in tokens):
-            raise APIError(f"tokens must be a list of token ids in [0, {model.vocab_size})", "tokens")
-        return {"prompt": model.tokenizer.decode(tokens)}
+        return await backend.detokenize(body)
 
     async def generate(request: Request, chat: bool):
         check_key(request)
         body = await read_json(request)
-        parsed = parse_request(body, chat=chat, model=model, served_name=served_name, max_rows=engine.max_rows,
+        parsed = parse_request(body, chat=chat, model=model, served_name=served_name, max_rows=backend.max_rows,
                                lenient=lenient)
         loop = asyncio.get_running_loop()
         if parsed.strategy is not None:
             return await run_strategy(request, parsed, chat)
+        backend.check(parsed)
         events: asyncio.Queue = asyncio.Queue()
 
         def emit(event) -> None:  # engine thread -> this request's queue on the server's loop
@@ -171,53 +159,43 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
                 pass
 
         job = ServeRequest(parsed.prompt_ids, parsed.params, emit, echo=parsed.echo_text is not None,
-                           timeout=request_timeout, healed=parsed.healed)
+                           timeout=request_timeout, healed=parsed.healed, prompt=parsed.prompt, stream=parsed.stream)
         try:
-            engine.submit(job)
-        except (QueueFullError, EngineStoppedError) as error:
-            raise _unavailable(error) from None
-        except ValueError as error:
-            raise APIError(str(error), "n") from None
-        headers = {"X-Metagen-Ignored-Fields": ",".join(parsed.ignored)} if parsed.ignored else {}
-        if parsed.stream:
-            return StreamingResponse(_sse(parsed, job, events, texts), media_type="text/event-stream",
-                                     headers=headers)
-        try:
-            checked = loop.time()
-            while True:
-                try:
-                    event = await asyncio.wait_for(events.get(), DISCONNECT_POLL)
-                except asyncio.TimeoutError:
-                    event = None
-                if isinstance(event, DoneEvent):
-                    break
-                if loop.time() - checked >= DISCONNECT_POLL:  # tokens keep coming: check by the clock
-                    checked = loop.time()
-                    if await request.is_disconnected():
-                        job.cancel()
-                        return JSONResponse({}, status_code=499)
-        except asyncio.CancelledError:
-            job.cancel()
+            backend.submit(job)
+        except Exception as error:  # noqa: BLE001 - a full queue, a stopped engine, n past the rows
+            answer = backend.failure(error)
+            if answer is not None:
+                raise answer from None
+            if isinstance(error, ValueError):
+                raise APIError(str(error), "n") from None
             raise
+        headers = {"X-Metagen-Ignored-Fields": ",".join(parsed.ignored)} if parsed.ignored else {}
+        # A stream starts with its first event, so a request failing before any output (a backend
+        # down, a timeout in the queue) is answered with its status rather than a 200 error chunk.
+        event = await _next_event(request, job, events, done_only=not parsed.stream)
+        if event is None:  # the client went away
+            return JSONResponse({}, status_code=499)
+        if parsed.stream and not (isinstance(event, DoneEvent) and event.error is not None):
+            return StreamingResponse(_sse(parsed, job, events, texts, event), media_type="text/event-stream",
+                                     headers=headers)
         if event.timed_out:
             raise APIError(f"{event.error} (--request-timeout)", None, status=504, type="timeout",
                            code="request_timeout")
         if event.error is not None:
-            raise APIError(f"generation failed: {event.error}", None, status=500, type="server_error")
-        return JSONResponse(full_response(parsed, job.completions, texts, job.prompt_records, job.cached_tokens),
-                            headers=headers)
+            raise _failed(event)
+        return JSONResponse(full_response(parsed, job.completions, texts, job.prompt_records, job.cached_tokens,
+                                          event.usage), headers=headers)
 
-    workers = ThreadPoolExecutor(max_workers=max(4, engine.max_rows), thread_name_prefix="metagen-strategy")
+    workers = ThreadPoolExecutor(max_workers=max(4, backend.max_rows), thread_name_prefix="metagen-strategy")
 
     async def run_strategy(request: Request, parsed: ParsedRequest, chat: bool):
-        """Run the request's strategy on a worker thread over an `EngineGenerator` (its requests
-        join the engine's batch); the answer is the chosen output plus the `metagen` block."""
+        """Run the request's strategy on a worker thread over the backend's strategy generator (an
+        `EngineGenerator`, whose requests join the engine's batch, or the remote fleet's); the
+        answer is the chosen output plus the `metagen` block."""
         from dataclasses import replace
 
-        from metagen.serve.engine_generator import EngineGenerator
-
         strategy = parsed.strategy
-        generator = EngineGenerator(engine, model, chat=chat, timeout=request_timeout)
+        generator = backend.strategy_generator(chat, request_timeout)
         params = replace(parsed.params, n=1)
         try:
             strategy.spec.check(generator, strategy.options, params)
@@ -241,16 +219,8 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
             generator.cancel()
             job.add_done_callback(_retrieved)
             raise
-        except (QueueFullError, EngineStoppedError) as error:
-            raise _unavailable(error) from None
-        except StrategyTimeout as error:
-            raise APIError(f"{error} (--request-timeout)", None, status=504, type="timeout",
-                           code="request_timeout") from None
-        except ValueError as error:  # the configuration cannot run on this prompt (e.g. context)
-            raise APIError(f"strategy {strategy.spec.name!r}: {error}", "metagen") from None
-        except Exception as error:  # noqa: BLE001 - answered as a server error, the server stays up
-            raise APIError(f"strategy {strategy.spec.name!r} failed: {type(error).__name__}: {error}", None,
-                           status=500, type="server_error") from None
+        except Exception as error:  # noqa: BLE001 - answered, the server stays up
+            raise _strategy_failure(backend, strategy.spec.name, error) from None
         return JSONResponse(strategy_response(parsed, result, generator, texts))
 
     @app.post("/v1/completions")
@@ -264,13 +234,27 @@ def create_app(model, engine: Engine, *, api_key: str | None = None, lenient: bo
     return app
 
 
-def _unavailable(error: QueueFullError | EngineStoppedError) -> APIError:
-    """429 with Retry-After for a full queue; 503 when the engine has stopped."""
-    if isinstance(error, QueueFullError):
-        return APIError(f"the server is busy: {error}; retry after {RETRY_AFTER_SECONDS} s", None, status=429,
-                        type="rate_limit_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-    return APIError(f"the server cannot generate: {error}", None, status=503, type="server_error",
-                    code="engine_stopped")
+def _strategy_failure(backend, name: str, error: Exception) -> APIError:
+    """The answer to a strategy run that raised `error`: the backend's own mapping (busy, stopped,
+    backends down or failing), a request past --request-timeout 504, a configuration the prompt
+    cannot take 400, anything else 500 naming the error (never a traceback)."""
+    answer = backend.failure(error)
+    if answer is not None:
+        return answer
+    if isinstance(error, StrategyTimeout):
+        return APIError(f"{error} (--request-timeout)", None, status=504, type="timeout", code="request_timeout")
+    if isinstance(error, ValueError):
+        return APIError(f"strategy {name!r}: {error}", "metagen")
+    return APIError(f"strategy {name!r} failed: {type(error).__name__}: {error}", None, status=500,
+                    type="server_error")
+
+
+def _failed(event: DoneEvent) -> APIError:
+    """The answer to a plain request that ended with an error event: the status the backend gave
+    (proxy mode: 502 / 503 for backends failing or down, 400 for one refusing the request), else 500."""
+    status = event.status or 500
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return APIError(f"generation failed: {event.error}", None, status=status, type=kind, code=event.code)
 
 
 def _retrieved(future) -> None:
@@ -279,24 +263,36 @@ def _retrieved(future) -> None:
         future.exception()
 
 
-def _only(body: dict, allowed: set[str]) -> None:
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise APIError(f"unknown field {unknown[0]!r}: allowed are {sorted(allowed)}", unknown[0])
-
-
-def _check_model(body: dict, served_name: str) -> None:
-    if body.get("model", served_name) != served_name:
-        raise APIError(f"model {body['model']!r} is not served here: this server serves {served_name!r}", "model",
-                       status=404, code="model_not_found")
-
-
 def _data(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-async def _sse(parsed: ParsedRequest, job: ServeRequest, events: asyncio.Queue, texts: TokenTexts):
-    """The request's events as SSE chunks; closing the generator (client gone) cancels the job."""
+async def _next_event(request: Request, job: ServeRequest, events: asyncio.Queue, done_only: bool):
+    """The request's next event (its DoneEvent when `done_only`), or None when the client went away
+    (noticed within DISCONNECT_POLL seconds; the job is cancelled)."""
+    loop = asyncio.get_running_loop()
+    try:
+        checked = loop.time()
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), DISCONNECT_POLL)
+            except asyncio.TimeoutError:
+                event = None
+            if event is not None and (isinstance(event, DoneEvent) or not done_only):
+                return event
+            if loop.time() - checked >= DISCONNECT_POLL:  # tokens keep coming: check by the clock
+                checked = loop.time()
+                if await request.is_disconnected():
+                    job.cancel()
+                    return None
+    except asyncio.CancelledError:
+        job.cancel()
+        raise
+
+
+async def _sse(parsed: ParsedRequest, job: ServeRequest, events: asyncio.Queue, texts, first):
+    """The request's events, from `first`, as SSE chunks; closing the generator (client gone)
+    cancels the job."""
     writer = ChunkWriter(parsed, texts)
     done = False
     generated = 0
@@ -304,11 +300,11 @@ async def _sse(parsed: ParsedRequest, job: ServeRequest, events: asyncio.Queue, 
         if parsed.chat:
             yield _data(writer.roles())
         while True:
-            event = await events.get()
+            event, first = (first, None) if first is not None else (await events.get(), None)
             if isinstance(event, DoneEvent):
                 done = True
                 if event.error is not None:
-                    kind, code = ("timeout", "request_timeout") if event.timed_out else ("server_error", None)
+                    kind, code = ("timeout", "request_timeout") if event.timed_out else (_failed(event).type, event.code)
                     yield _data({"error": {"message": f"generation failed: {event.error}", "type": kind,
                                            "param": None, "code": code}})
                 break
@@ -316,11 +312,13 @@ async def _sse(parsed: ParsedRequest, job: ServeRequest, events: asyncio.Queue, 
             generated += 1
             if not event.text and event.finish_reason is None and not parsed.logprobs:
                 continue  # nothing to show yet (text held back by the detokenizer or a stop string)
-            stop_reason = job.rows[event.index].completion.stop_reason if event.finish_reason else None
+            stop_reason = None
+            if event.finish_reason:  # a backend's piece names its stop; an engine row knows it
+                stop_reason = event.stop_reason if event.record is None else job.rows[event.index].completion.stop_reason
             yield _data(writer.token(event.index, event.text, event.token_id, event.record, event.finish_reason,
                                      stop_reason))
         if parsed.include_usage:
-            yield _data(writer.usage(len(parsed.prompt_ids), generated, job.cached_tokens))
+            yield _data(writer.usage(*(event.usage or (len(parsed.prompt_ids), generated, job.cached_tokens))))
         yield "data: [DONE]\n\n"
     finally:
         if not done:

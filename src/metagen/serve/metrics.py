@@ -14,6 +14,17 @@
     metagen_prefix_cache_reused_tokens_total  prompt tokens taken from the prefix cache (not prefilled)
     metagen_prefix_cache_evicted_tokens_total tokens evicted from the prefix cache
     metagen_prefix_cache_tokens               tokens the prefix cache holds now
+
+In proxy mode (`render_proxy`) the engine's gauges give way to the backends':
+
+    metagen_requests_total{endpoint, status}  as above
+    metagen_prompt_tokens_total, metagen_generation_tokens_total   as the backends reported them
+    metagen_requests_finished_total{outcome}  proxied requests (plain ones) by outcome
+    metagen_backend_requests_total            requests sent to the backends (strategies send several)
+    metagen_backend_answered_total{backend}   requests a backend answered
+    metagen_backend_errors_total{backend}     requests that failed on a backend (after its retries)
+    metagen_backend_outstanding{backend}      requests in flight on a backend
+    metagen_backend_up{backend}               1 while a backend takes requests, 0 while it is out
 """
 
 from __future__ import annotations
@@ -21,7 +32,6 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from metagen.serve.engine import Engine
 
 
 class RequestCounter:
@@ -47,17 +57,40 @@ def _metric(lines: list[str], name: str, kind: str, help_text: str, samples: lis
         lines.append(f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}")
 
 
-def render(engine: Engine, requests: RequestCounter) -> str:
-    stats = engine.stats
-    lines: list[str] = []
+def _shared(lines: list[str], stats, requests: RequestCounter, what: str) -> None:
+    """The metrics of both modes: HTTP requests, tokens and request outcomes."""
     _metric(lines, "metagen_requests_total", "counter", "HTTP requests answered, by endpoint and status code.",
             [(f'{{endpoint="{endpoint}",status="{status}"}}', count) for (endpoint, status), count in requests.items()])
     _metric(lines, "metagen_prompt_tokens_total", "counter", "Prompt tokens prefilled.", [("", stats.prompt_tokens)])
     _metric(lines, "metagen_generation_tokens_total", "counter", "Tokens generated.", [("", stats.generated_tokens)])
-    _metric(lines, "metagen_requests_finished_total", "counter", "Engine requests by outcome.",
+    _metric(lines, "metagen_requests_finished_total", "counter", f"{what} by outcome.",
             [('{outcome="finished"}', stats.requests_finished), ('{outcome="failed"}', stats.requests_failed),
              ('{outcome="cancelled"}', stats.requests_cancelled),
              ('{outcome="timed_out"}', stats.requests_timed_out)])
+
+
+def render_proxy(proxy, requests: RequestCounter) -> str:
+    """/metrics of a `ProxyBackend`: shared counts plus each backend's."""
+    lines: list[str] = []
+    _shared(lines, proxy.stats, requests, "Proxied requests")
+    _metric(lines, "metagen_backend_requests_total", "counter", "Requests sent to the backends.",
+            [("", proxy.backend_requests)])
+    endpoints = proxy.remote.stats()
+    for name, key, kind, help_text in (
+            ("metagen_backend_answered_total", "requests", "counter", "Requests a backend answered."),
+            ("metagen_backend_errors_total", "failures", "counter", "Requests that failed on a backend."),
+            ("metagen_backend_outstanding", "outstanding", "gauge", "Requests in flight on a backend."),
+            ("metagen_backend_up", "up", "gauge", "1 while a backend takes requests.")):
+        _metric(lines, name, kind, help_text,
+                [(f'{{backend="{url}"}}', int(stats[key])) for url, stats in endpoints.items()])
+    return "\n".join(lines) + "\n"
+
+
+def render(engine, requests: RequestCounter) -> str:
+    """/metrics of the local engine."""
+    stats = engine.stats
+    lines: list[str] = []
+    _shared(lines, stats, requests, "Engine requests")
     _metric(lines, "metagen_queue_depth", "gauge", "Requests waiting for rows.", [("", engine.queue_depth)])
     _metric(lines, "metagen_batch_rows", "gauge", "Rows in the running batch.", [("", stats.batch_rows)])
     _metric(lines, "metagen_running_requests", "gauge", "Requests in the running batch.",

@@ -17,6 +17,12 @@ ignore_eos, structured_outputs), vLLM's `return_tokens_as_token_ids` (logprob to
 "token_id:<id>") and llama.cpp's `mirostat_mode` (0, or 2 together with mirostat_tau). A null value means "not given". Defaults: max_tokens 16 on completions (OpenAI's),
 the rest of the context on chat.
 
+In proxy mode (`model` None: the backends' servers generate, this server has no tokenizer) the
+prompt is validated but not encoded (`prompt_ids` None; the backend encodes it and checks its
+context), chat's default max_tokens is SamplingParams' (256), token ids are checked against no
+vocabulary, and what needs the local tokenizer is refused by name: logprobs / top_logprobs (the
+token texts), echo and token_healing.
+
 `metagen` ({"strategy": NAME, option: value, ...}) or the model name `NAME:<served model>` asks
 for a meta-generation strategy (`parse_strategy`): its options are the fields of the strategy's
 own config dataclass (`StrategySpec.parse`), refused as `metagen.<field>`.
@@ -72,7 +78,7 @@ class ParsedRequest:
     """
 
     chat: bool
-    prompt_ids: list[int]
+    prompt_ids: list[int] | None  # None in proxy mode (the backend encodes the prompt)
     params: SamplingParams
     model: str
     echo_text: str | None = None  # echo: the prompt's text, put before each completion
@@ -99,7 +105,8 @@ class StrategyRequest:
 
 def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows: int,
                   lenient: bool = False) -> ParsedRequest:
-    """Validate `body` (decoded JSON) for one endpoint against `model`; APIError on the first problem."""
+    """Validate `body` (decoded JSON) for one endpoint against `model` (None: proxy mode, see the
+    module docstring); APIError on the first problem."""
     if not isinstance(body, Mapping):
         raise APIError("the request body must be a JSON object", None)
     body = {key: value for key, value in body.items() if value is not None}  # null = not given
@@ -150,7 +157,7 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
         limit_field = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         if "max_completion_tokens" in body and "max_tokens" in body:
             raise APIError("give max_tokens or max_completion_tokens, not both", "max_tokens")
-        default_max = max(model.max_context - len(prompt_ids), 1)
+        default_max = max(model.max_context - len(prompt_ids), 1) if model is not None else SamplingParams.max_tokens
     else:
         prompt_ids, prompt_text = _completion_prompt(body, model)
         if "suffix" in body:
@@ -169,7 +176,9 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
     names["max_tokens"] = limit_field
     values["max_tokens"] = body.get(limit_field, default_max)
     prompt_field = "messages" if chat else "prompt"
-    if len(prompt_ids) >= model.max_context:
+    if model is None:
+        _refuse_without_tokenizer(body, chat)
+    elif len(prompt_ids) >= model.max_context:
         raise APIError(f"the prompt has {len(prompt_ids)} tokens; this model's context is {model.max_context} "
                        "tokens, which must hold the prompt and at least one generated token", prompt_field,
                        code="context_length_exceeded")
@@ -182,12 +191,13 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
         raise APIError(str(error), _param_of(str(error), names)) from None
     if params.n > max_rows:
         raise APIError(f"n={params.n} is more than this server decodes at once (--max-rows {max_rows})", "n")
+    vocab_size = model.vocab_size if model is not None else float("inf")
     for token_id in params.stop_token_ids:
-        if token_id >= model.vocab_size:
+        if token_id >= vocab_size:
             raise APIError(f"stop_token_ids entry {token_id} is out of range: must be in [0, {model.vocab_size})",
                            "stop_token_ids")
     for token_id, _ in params.logit_bias or ():
-        if token_id >= model.vocab_size:
+        if token_id >= vocab_size:
             raise APIError(f"logit_bias token id {token_id} is out of range: must be in [0, {model.vocab_size})",
                            "logit_bias")
     echo_text = None
@@ -211,6 +221,34 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
             raise APIError(str(error), "token_healing") from None
     return ParsedRequest(chat, prompt_ids, params, name if strategy is not None else served_name, echo_text, stream,
                          include_usage, logprobs, token_strings, tuple(unknown), strategy, prompt, healed)
+
+
+def only(body: Mapping, allowed: set[str]) -> None:
+    """400 naming the first field of `body` outside `allowed`."""
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise APIError(f"unknown field {unknown[0]!r}: allowed are {sorted(allowed)}", unknown[0])
+
+
+def check_model(body: Mapping, served_name: str) -> None:
+    """404 when `body` names a model other than `served_name`."""
+    if body.get("model", served_name) != served_name:
+        raise APIError(f"model {body['model']!r} is not served here: this server serves {served_name!r}", "model",
+                       status=404, code="model_not_found")
+
+
+PROXY_REFUSALS = (("logprobs", "the backend's token texts are not relayed"),
+                  ("top_logprobs", "the backend's token texts are not relayed"),
+                  ("echo", "the prompt's log-probabilities are not relayed"),
+                  ("token_healing", "healing backs up the prompt with the served tokenizer, which this server has not"))
+
+
+def _refuse_without_tokenizer(body: Mapping, chat: bool) -> None:
+    """Proxy mode: what needs this server's own tokenizer, refused by name."""
+    for field, why in PROXY_REFUSALS:
+        value = body.get(field)
+        if value not in (None, False, 0) or (field == "logprobs" and not chat and field in body):
+            raise APIError(f"{field}={value!r} is not supported in proxy mode (--backend): {why}", field)
 
 
 SERVED_VALUES = ("steps", "judge")  # a value-head file would be a path named by the request: refused
@@ -310,6 +348,10 @@ def _completion_prompt(body: Mapping, model) -> tuple[list[int], str | None]:
         raise APIError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}", "prompt")
     if isinstance(prompt, list) and not all(isinstance(item, int) and not isinstance(item, bool) for item in prompt):
         raise APIError("prompt must be a string or a list of int token ids", "prompt")
+    if model is None:  # proxy mode: the backend encodes and checks it
+        if not prompt or (isinstance(prompt, list) and min(prompt) < 0):
+            raise APIError("prompt must be a non-empty string or list of token ids >= 0", "prompt")
+        return (list(prompt) if isinstance(prompt, list) else None), (prompt if isinstance(prompt, str) else None)
     try:
         ids = encode_prompt(model.tokenizer, prompt, chat=False, vocab_size=model.vocab_size)
     except ValueError as error:
@@ -329,7 +371,7 @@ def _chat_prompt(body: Mapping, model) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError("messages must be a non-empty list of {role, content} objects", "messages")
-    if model.tokenizer.chat_template is None:
+    if model is not None and model.tokenizer.chat_template is None:
         raise APIError(f"{model.name} has no chat template: use /v1/completions", "messages")
     plain = []
     for index, message in enumerate(messages):
@@ -344,6 +386,8 @@ def _chat_prompt(body: Mapping, model) -> list[int]:
         if role not in ROLES:
             raise APIError(f"{where}.role={role!r} must be one of {list(ROLES)}", f"{where}.role")
         plain.append({"role": role, "content": _text_content(message.get("content"), f"{where}.content")})
+    if model is None:  # proxy mode: the backend applies its template
+        return None
     try:
         return encode_prompt(model.tokenizer, plain, vocab_size=model.vocab_size)
     except ValueError as error:

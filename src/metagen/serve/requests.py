@@ -25,22 +25,30 @@ class EngineStoppedError(RuntimeError):
 
 @dataclass
 class TokenEvent:
-    """One chosen token of completion `index` and the text it made safe to show."""
+    """One chosen token of completion `index` and the text it made safe to show (in proxy mode a
+    piece of text as the backend streamed it: no token id or record)."""
 
     index: int
     text: str
-    token_id: int
-    record: TokenRecord
+    token_id: int | None
+    record: TokenRecord | None
     finish_reason: str | None
+    stop_reason: str | int | None = None  # proxy mode: the stop the backend named
 
 
 @dataclass
 class DoneEvent:
     """Every row of the request has ended (`error` set: it failed, e.g. a processor emptied a row;
-    `timed_out`: it ran past its deadline and was stopped)."""
+    `timed_out`: it ran past its deadline and was stopped). Proxy mode: `status` and `code` of the
+    answer to a failure (a backend down: 503, failing: 502, refusing the request: 400), and
+    `usage` (prompt tokens, completion tokens, cached prompt tokens) as the backends reported it
+    (None when they report none)."""
 
     error: str | None = None
     timed_out: bool = False
+    status: int | None = None
+    code: str | None = None
+    usage: tuple[int, int, int] | None = None
 
 
 @dataclass
@@ -65,6 +73,9 @@ class ServeRequest:
     submitted: float = field(default_factory=time.monotonic)
     timeout: float | None = None  # seconds from submission (queueing included); None: no limit
     healed: str = ""  # token healing: the prompt text backed up (`rows.heal_request`), reproduced first
+    stream: bool = False  # the client reads TokenEvents as they come (proxy mode then streams from the backend)
+    prompt: object = None  # proxy mode: the prompt as the client sent it (text, messages or token ids)
+    finished: list | None = None  # proxy mode: the completions as the backend returned them
     # Engine-thread state (set on admission).
     chain: object = None
     generator: torch.Generator | None = None  # given by the submitter, or made from params.seed
@@ -87,7 +98,7 @@ class ServeRequest:
 
     @property
     def completions(self):
-        return [row.completion for row in self.rows]
+        return self.finished if self.finished is not None else [row.completion for row in self.rows]
 
 
 @dataclass

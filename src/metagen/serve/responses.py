@@ -75,10 +75,12 @@ def choice_logprobs(request: ParsedRequest, tokens: list[int], logprobs: list[fl
     return _completion_logprobs(tokens, logprobs, tops, texts, request.token_ids_as_strings, offset)
 
 
-def full_response(request: ParsedRequest, completions: list[Completion], texts: TokenTexts,
-                  prompt_records: list[TokenRecord] | None = None, cached_tokens: int = 0) -> dict:
+def full_response(request: ParsedRequest, completions: list[Completion], texts: TokenTexts | None,
+                  prompt_records: list[TokenRecord] | None = None, cached_tokens: int = 0,
+                  counts: tuple[int, int, int] | None = None) -> dict:
     """The non-streaming answer to one request; with echo, each choice starts with the prompt's
-    text and its tokens (the first with log-prob None: nothing precedes it)."""
+    text and its tokens (the first with log-prob None: nothing precedes it). `counts`: (prompt,
+    completion, cached) tokens as a backend reported them (proxy mode), else counted here."""
     choices = []
     echo = request.echo_text is not None
     prompt_tokens = request.prompt_ids if echo else []
@@ -88,8 +90,10 @@ def full_response(request: ParsedRequest, completions: list[Completion], texts: 
         tops = completion.top_logprobs
         if echo and request.params.logprobs:
             tops = prompt_tops + (tops or [])
-        logprobs = choice_logprobs(request, prompt_tokens + completion.token_ids, prompt_logprobs + completion.logprobs,
-                                   tops, texts)
+        logprobs = None
+        if request.logprobs:  # (proxy mode refuses logprobs: its completions may carry no ids)
+            logprobs = choice_logprobs(request, prompt_tokens + completion.token_ids,
+                                       prompt_logprobs + completion.logprobs, tops, texts)
         choice = {"index": index, "logprobs": logprobs, "finish_reason": completion.finish_reason,
                   "stop_reason": completion.stop_reason}
         if request.chat:
@@ -97,14 +101,15 @@ def full_response(request: ParsedRequest, completions: list[Completion], texts: 
         else:
             choice["text"] = (request.echo_text or "") + completion.text
         choices.append(choice)
-    generated = sum(len(completion.token_ids) for completion in completions)
+    if counts is None:
+        counts = (len(request.prompt_ids), sum(len(completion.token_ids) for completion in completions), cached_tokens)
     return {
         "id": new_id(request.chat),
         "object": "chat.completion" if request.chat else "text_completion",
         "created": int(time.time()),
         "model": request.model,
         "choices": choices,
-        "usage": usage(len(request.prompt_ids), generated, cached_tokens),
+        "usage": usage(*counts),
     }
 
 
@@ -125,11 +130,14 @@ class ChunkWriter:
         return self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None} for i in range(self.request.params.n)])
 
-    def token(self, index: int, text: str, token: int, record: TokenRecord, finish_reason: str | None,
+    def token(self, index: int, text: str, token: int | None, record: TokenRecord | None, finish_reason: str | None,
               stop_reason: object = None) -> dict:
-        """One chosen token of choice `index` (its text may be empty: held back by a stop string)."""
-        tops = None if record.top is None else [record.top]
-        logprobs = choice_logprobs(self.request, [token], [record.logprob], tops, self.texts, self.offsets[index])
+        """One chosen token of choice `index` (its text may be empty: held back by a stop string);
+        in proxy mode a piece of text without token or record (no logprobs: refused there)."""
+        logprobs = None
+        if record is not None:
+            tops = None if record.top is None else [record.top]
+            logprobs = choice_logprobs(self.request, [token], [record.logprob], tops, self.texts, self.offsets[index])
         self.offsets[index] += len(text)
         choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         if finish_reason is not None:
@@ -153,8 +161,8 @@ def strategy_response(request: ParsedRequest, result, generator, texts: TokenTex
     chosen = result.chosen
     completion = Completion(text=chosen.text, token_ids=list(chosen.token_ids or []),
                             finish_reason=chosen.finish_reason)
-    body = full_response(request, [completion], texts)
-    body["usage"] = usage(generator.prompt_tokens, generator.completion_tokens)
+    body = full_response(request, [completion], texts,
+                         counts=(generator.prompt_tokens, generator.completion_tokens, 0))
     strategy = request.strategy
     block = {
         "strategy": strategy.spec.name,

@@ -1,0 +1,159 @@
+"""Streamed completions from a remote generator: the pieces of text as the server sends them.
+
+    cost = await stream(generator, prompt, params, on_piece, rng)   # on the generator's loop
+    on_piece(StreamPiece(index, text, finish_reason, stop_reason))
+    async for chunk in sse_chunks(transport, path, body): ...        # one request's chunks
+
+The request is the one `generate` would send (the same fields, the engine's table, the same
+refusals, the same fan-out of n over servers that ignore n, each request with its derived seed),
+with `stream: true`; choice i of fan-out request k is completion k (one choice each), else choice
+i. Servers that report usage in a stream (`Engine.streams_usage`: vLLM, SGLang, OpenAI, metagen)
+are asked for it (`stream_options.include_usage`) and the returned Cost counts it; others
+(llama.cpp's server) report none, and the Cost then counts the requests only
+(`Cost.generated_tokens` 0, `usage_known` False).
+
+Log-probabilities are not streamed here (the pieces carry text): a caller wanting them uses
+`generate`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import httpx
+import torch
+
+from metagen.decoding.cost import Cost
+from metagen.decoding.prompts import Prompt
+from metagen.remote.loop import gather_all
+from metagen.remote.prompt_fields import prompt_request
+from metagen.remote.responses import usage_cost
+from metagen.remote.transport import RETRIED_STATUS, ServerError, Transport, retry_after_seconds
+from metagen.sampling import SamplingParams
+
+LOGPROB_FIELDS = ("logprobs", "top_logprobs")
+
+
+def attempt_started(error: httpx.TransportError) -> bool:
+    """Whether the server may have begun answering (a read failed): such a stream is not retried,
+    as its chunks may already have been passed on."""
+    return isinstance(error, (httpx.ReadError, httpx.ReadTimeout, httpx.RemoteProtocolError))
+
+
+async def sse_chunks(transport: Transport, path: str, body: dict) -> AsyncIterator[dict]:
+    """The JSON chunks of a streamed answer (`data: {...}` lines up to `data: [DONE]`), iterated
+    on the transport's loop. Failures before the answer starts are retried as `Transport.post`'s
+    are; an error status, a chunk carrying `error` or a broken stream raise `ServerError`."""
+    url = f"{transport.base_url}/{path.lstrip('/')}"
+    for attempt in range(transport.max_retries + 1):
+        last = attempt == transport.max_retries
+        try:
+            async with transport._client.stream("POST", url, json=body) as response:
+                if response.status_code in RETRIED_STATUS and not last:
+                    await response.aread()
+                    await transport.sleep(transport._delay(attempt, retry_after_seconds(response)))
+                    continue
+                if response.status_code >= 400:
+                    await response.aread()
+                    transport._decode(url, response)  # raises with the server's message
+                transport.requests += 1
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue  # blank separators, comments, event names
+                    data = line[len("data:"):].strip()
+                    if data == "[DONE]":
+                        return
+                    chunk = _chunk(url, data)
+                    if isinstance(chunk.get("error"), dict):
+                        raise ServerError(url, 200, str(chunk["error"].get("message") or chunk["error"]))
+                    yield chunk
+                raise ServerError(url, 200, "the stream ended without data: [DONE]")
+        except httpx.TransportError as error:
+            if last or attempt_started(error):
+                raise ServerError(url, None, f"{type(error).__name__}: {error} (is the server running at this "
+                                             "address?)") from None
+            await transport.sleep(transport._delay(attempt, 0.0))
+    raise AssertionError("unreachable")
+
+
+def _chunk(url: str, data: str) -> dict:
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        raise ServerError(url, 200, f"stream chunk is not JSON: {data[:200]!r}") from None
+    if not isinstance(chunk, dict):
+        raise ServerError(url, 200, f"stream chunk is not a JSON object: {data[:200]!r}")
+    return chunk
+
+
+@dataclass
+class StreamPiece:
+    """New text of completion `index`; its finish reason (and the stop that ended it, where the
+    server names it) on its last piece."""
+
+    index: int
+    text: str
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass
+class StreamedCost:
+    """What a stream spent: its Cost and whether the servers reported the tokens (usage_known)."""
+
+    cost: Cost
+    usage_known: bool
+
+
+def stream_request(generator, prompt: Prompt, params: SamplingParams,
+                   rng: torch.Generator | None = None) -> tuple[str, list[tuple[dict, int]], bool]:
+    """(endpoint, [(body, choices)], usage asked) for streaming `prompt`; ValueError for what the
+    server cannot do (the generator's own refusals). The profile must be known (probed)."""
+    profile = generator.profile
+    endpoint, fields = prompt_request(prompt, generator.chat)
+    body = generator._body(profile, endpoint, fields, params)
+    if params.logprobs is None:  # generate asks for them to fill Completion.logprobs; pieces carry text only
+        for name in (*LOGPROB_FIELDS, *profile.engine.ids_request):
+            body.pop(name, None)
+    body["stream"] = True
+    usage = profile.engine.streams_usage
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    return endpoint, generator._requests(profile, body, params, rng), usage
+
+
+async def stream(generator, prompt: Prompt, params: SamplingParams, on_piece: Callable[[StreamPiece], None],
+                 rng: torch.Generator | None = None) -> StreamedCost:
+    """Stream the completions of `prompt` (see the module docstring); runs on the generator's loop."""
+    await generator._probed()
+    endpoint, requests, usage = stream_request(generator, prompt, params, rng)
+    chat = endpoint == "chat/completions"
+    cost = Cost(flops=None if generator.parameter_count is None else 0.0)
+
+    async def one(offset: int, body: dict) -> None:
+        nonlocal cost
+
+        def handle(chunk: dict, url: str) -> None:
+            nonlocal cost
+            if isinstance(chunk.get("usage"), dict):
+                cost += usage_cost(chunk, url, generator.parameter_count)
+            for choice in chunk.get("choices") or []:
+                text = ((choice.get("delta") or {}).get("content") if chat else choice.get("text")) or ""
+                stop = choice.get("stop_reason", choice.get("matched_stop"))
+                stop = stop if isinstance(stop, (str, int)) and not isinstance(stop, bool) else None
+                finish = choice.get("finish_reason")
+                if text or finish:
+                    on_piece(StreamPiece(offset + int(choice.get("index") or 0), text, finish, stop))
+
+        await generator._stream_one(endpoint, body, handle)
+
+    offsets, total = [], 0
+    for _, expected in requests:
+        offsets.append(total)
+        total += expected
+    await gather_all(one(offset, body) for offset, (body, _) in zip(offsets, requests))
+    if not usage:
+        cost.model_calls = len(requests)
+    return StreamedCost(cost, usage)

@@ -1,0 +1,231 @@
+"""Proxy mode (`metagen serve --backend URL [URL ...]`): remote OpenAI-compatible servers behind the app.
+
+`ProxyBackend` is the other backend of `create_app` (local.py lists the interface): no local
+model; a `FleetGenerator` over every URL (one URL too: one code path, with its health checks and
+per-endpoint counts) sends the requests. The servers are probed at start (FleetUnavailableError
+when none answers), so what they honour is known before the first request.
+
+Plain requests are built by the remote generator exactly as `generate` builds them — the engine's
+field table, its refusals by name (answered 400 before anything is sent, by `check`), n fanned
+out over servers that ignore it — and sent to the live endpoint with the fewest requests in
+flight, failing over to another while nothing has been answered (`fleet.py`). `stream: true`
+streams from the backend (`remote/streaming.py`) and relays its pieces as the app's own chunks.
+Strategies run over `ProxyGenerator` (proxy_generator.py), a per-run view of the same fleet.
+
+Failures are answered, never hung on nor turned into tracebacks: every endpoint down 503
+(`backend_unavailable`, naming each endpoint and its last failure), a backend failing or
+answering nonsense 502 (`backend_error`, naming its URL), a backend refusing the request 400 with
+its own message and URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import threading
+
+from metagen.remote import FleetUnavailableError, InvalidRequestError, ServerError
+from metagen.remote.streaming import stream, stream_request
+from metagen.serve import metrics
+from metagen.serve.protocol import _LEADING_FIELD, SAMPLING_FIELDS, APIError, check_model, only
+from metagen.serve.requests import DoneEvent, EngineStats, TokenEvent
+
+HEALTH_SECONDS = 5.0  # a backend not answering GET /v1/models within this is reported down
+CANCEL_POLL = 0.25  # seconds between checks that a proxied request's client is still there
+UNSUPPORTED_STATUS = (404, 405, 501)  # a backend without the endpoint
+
+
+def _param(message: str) -> str | None:
+    """The request field a refusal of the remote generator is about (its message's first word
+    when that is a field; the prompt or messages for refusals of the prompt's form)."""
+    match = _LEADING_FIELD.match(message)
+    head = match.group(1).split(".")[0] if match else None
+    if head in SAMPLING_FIELDS or head in ("max_tokens", "mirostat_tau", "logprobs"):
+        return head
+    if "token-id prompts" in message or message.startswith("prompt"):
+        return "prompt"
+    if "assistant message" in message:
+        return "messages"
+    return None
+
+
+def remote_failure(error: BaseException) -> tuple[int, str, str] | None:
+    """(status, code, message) answering a failure of the remote generator, None for others."""
+    if isinstance(error, FleetUnavailableError):
+        return 503, "backend_unavailable", f"no backend can answer: {error}"
+    if isinstance(error, InvalidRequestError):
+        return 400, "backend_rejected", f"the backend refused the request: {error}"
+    if isinstance(error, ServerError):
+        return 502, "backend_error", f"the backend failed: {error}"
+    return None
+
+
+class ProxyBackend:
+    """The app's backend over `remote` (a probed `FleetGenerator`): see the module docstring.
+
+    served_name: the model id clients send (default: the id the backends serve); max_rows: most
+    completions (n, or a pooled strategy's n) one request may ask for."""
+
+    model = None
+    texts = None
+
+    def __init__(self, remote, *, served_name: str | None = None, max_rows: int = 16) -> None:
+        self.remote, self.max_rows = remote, max_rows
+        self.profile = remote.profile  # probes every endpoint now
+        self.served_name = served_name or self.profile.model
+        self.stats = EngineStats()  # outcomes and tokens of proxied requests (plain and strategies' requests)
+        self.backend_requests = 0  # requests sent to the backends (strategies make several)
+        self._lock = threading.Lock()  # the fleet's loop and strategy threads both add usage
+
+    def add_usage(self, cost) -> None:
+        """Count what one backend request (or a strategy's) spent, from its Cost."""
+        with self._lock:
+            self.backend_requests += max(cost.model_calls, 1)
+            self.stats.prompt_tokens += cost.prompt_tokens_computed + cost.prompt_tokens_reused
+            self.stats.generated_tokens += cost.generated_tokens
+
+    # --- plain requests -------------------------------------------------------------------------------
+    def check(self, parsed) -> None:
+        """400 for what the backends' engine cannot honour (the remote generator's refusals, by
+        field), before the request starts (a stream's first chunk would commit to 200)."""
+        try:
+            stream_request(self.remote, parsed.prompt, parsed.params)
+        except ValueError as error:
+            raise APIError(f"{error} (backend {self.remote.where})", _param(str(error))) from None
+        if parsed.include_usage and not self.profile.engine.streams_usage:
+            raise APIError(f"stream_options.include_usage is not supported by this proxy's backends: "
+                           f"{self.profile.engine.name}'s server reports no usage when streaming",
+                           "stream_options.include_usage")
+
+    def submit(self, job) -> None:
+        """Start `job` on the fleet's event loop; its events come from there."""
+        self.remote.loop.submit(self._serve(job))
+
+    async def _serve(self, job) -> None:
+        """Run `job` until done, cancelled or past its deadline; always ends with one DoneEvent."""
+        work = asyncio.ensure_future(self._generate(job))
+        while True:
+            done, _ = await asyncio.wait({work}, timeout=CANCEL_POLL)
+            if done:
+                break
+            stopped = job.stopped(time.monotonic())  # the client went away, or past --request-timeout
+            if stopped is not None:
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+                self._count(stopped)
+                job.emit(stopped)
+                return
+        try:
+            usage = work.result()
+        except Exception as error:  # noqa: BLE001 - every failure is answered
+            mapped = remote_failure(error)
+            if mapped is None and isinstance(error, ValueError):
+                mapped = (400, None, str(error))
+            status, code, message = mapped or (500, None, f"{type(error).__name__}: {error}")
+            event = DoneEvent(message, status=status, code=code)
+        else:
+            event = DoneEvent(usage=usage)
+        self._count(event)
+        job.emit(event)
+
+    async def _generate(self, job) -> tuple[int, int, int] | None:
+        """Send `job` (streaming its pieces as TokenEvents when the client streams); its usage."""
+        params = job.params
+        if job.stream:
+            def piece(p) -> None:
+                job.emit(TokenEvent(p.index, p.text, None, None, p.finish_reason, p.stop_reason))
+
+            streamed = await stream(self.remote, job.prompt, params, piece)
+            cost = streamed.cost
+            self.add_usage(cost)
+            if not streamed.usage_known:
+                return None
+        else:
+            result = await self.remote._generate(job.prompt, params, None)
+            job.finished = result.completions
+            cost = result.cost
+            self.add_usage(cost)
+        return cost.prompt_tokens_computed + cost.prompt_tokens_reused, cost.generated_tokens, cost.prompt_tokens_reused
+
+    def _count(self, event: DoneEvent) -> None:
+        stats = self.stats
+        if event.error is None:
+            stats.requests_finished += 1
+        elif event.timed_out:
+            stats.requests_timed_out += 1
+        elif event.error == "cancelled":
+            stats.requests_cancelled += 1
+        else:
+            stats.requests_failed += 1
+
+    # --- strategies ----------------------------------------------------------------------------------
+    def strategy_generator(self, chat: bool, timeout: float | None):
+        from metagen.serve.proxy_generator import ProxyGenerator
+
+        return ProxyGenerator(self, chat=chat)
+
+    def failure(self, error: BaseException) -> APIError | None:
+        mapped = remote_failure(error)
+        if mapped is None:
+            return None
+        status, code, message = mapped
+        return APIError(message, None, status=status, type="server_error" if status >= 500 else "invalid_request_error",
+                        code=code)
+
+    # --- the other endpoints -------------------------------------------------------------------------
+    async def health(self) -> tuple[int, dict]:
+        """200 while some backend answers GET /v1/models, else 503; each backend up or down."""
+        async def check(endpoint) -> str | None:
+            try:
+                await asyncio.wait_for(endpoint.member.transport.aget("models", retry=False), HEALTH_SECONDS)
+            except (ServerError, asyncio.TimeoutError) as error:
+                return f"{type(error).__name__}: {error}"
+            return None
+
+        async def check_all() -> list[str | None]:
+            return list(await asyncio.gather(*(check(e) for e in self.remote.endpoints)))
+
+        failures = await self.remote.loop.call(check_all())
+        backends = {e.url: ("up" if failure is None else f"down: {failure}")
+                    for e, failure in zip(self.remote.endpoints, failures)}
+        up = any(failure is None for failure in failures)
+        return (200 if up else 503), {"status": "ok" if up else "no backend answers", "backends": backends}
+
+    def model_cards(self) -> list[dict]:
+        profile = self.profile
+        return [{"id": self.served_name, "object": "model", "created": 0, "owned_by": "metagen",
+                 "max_model_len": profile.max_model_len, "root": profile.model, "backend_engine": profile.engine.name,
+                 "backends": [e.url for e in self.remote.endpoints]}]
+
+    async def tokenize(self, body: dict) -> dict:
+        only(body, {"model", "prompt", "messages", "add_special_tokens"})
+        return await self._forward_root("tokenize", body)
+
+    async def detokenize(self, body: dict) -> dict:
+        only(body, {"model", "tokens"})
+        return await self._forward_root("detokenize", body)
+
+    async def _forward_root(self, path: str, body: dict) -> dict:
+        """POST `body` to the first live backend's /<path> (vLLM and metagen serve it at the
+        server root); 501 naming the backend when it has no such endpoint."""
+        check_model(body, self.served_name)
+        body = {**body, "model": self.profile.model}
+        live = [e for e in self.remote.endpoints if e.down_until is None] or self.remote.endpoints
+        endpoint = live[0]
+        try:
+            return await endpoint.member.transport.apost_root(path, body)
+        except ServerError as error:
+            if error.status in UNSUPPORTED_STATUS:
+                raise APIError(f"/{path} is not available in proxy mode with this backend: {error.url} answers HTTP "
+                               f"{error.status} ({self.profile.engine.name}'s server has no /{path})", None,
+                               status=501, type="server_error", code="not_supported") from None
+            status, code, message = remote_failure(error)
+            raise APIError(message, None, status=status, code=code,
+                           type="server_error" if status >= 500 else "invalid_request_error") from None
+
+    def metrics(self, counter) -> str:
+        return metrics.render_proxy(self, counter)
+
+    def close(self) -> None:
+        self.remote.close()
+

@@ -1,0 +1,148 @@
+"""The runners of the registry's strategies: runner(generator, prompt, n, params, options, rng,
+overrides) -> StrategyResult, each building its strategy's config from n, the request's params,
+the shared `StrategyOptions` and the overrides, and calling the strategy (imported on first use,
+so the registry stays light)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import replace
+
+from metagen.sampling import SamplingParams
+from metagen.strategies.options import configure
+from metagen.strategies.spec import StrategyOptions
+
+
+def _with_answers(result, options: StrategyOptions):
+    """Fill in each candidate's extracted answer (for strategies that do not extract one)."""
+    from metagen.scoring.answers import extract_answer
+
+    for candidate in result.candidates:
+        candidate.answer = extract_answer(candidate.text, options.pattern, options.answer_field)
+    return result
+
+
+def greedy(generator, prompt, n, params, options, rng, overrides):
+    from metagen.strategies.result import StrategyResult, candidates_from
+
+    result = generator.generate(prompt, replace(params, temperature=0.0, n=1), generator=rng)
+    candidates = candidates_from(result)
+    return _with_answers(StrategyResult(candidates[0], candidates, result.cost), options)
+
+
+def best_of_n(scorer_name):
+    def run(generator, prompt, n, params, options, rng, overrides):
+        from metagen.scoring import logprob
+        from metagen.strategies.best_of_n import BestOfNConfig, best_of_n
+
+        config = configure(BestOfNConfig(n, params), overrides)
+        result = best_of_n(generator, prompt, config, getattr(logprob, scorer_name), rng=rng)
+        return _with_answers(result, options)
+
+    return run
+
+
+def self_consistency(generator, prompt, n, params, options, rng, overrides):
+    from metagen.strategies.self_consistency import SelfConsistencyConfig, self_consistency
+
+    config = SelfConsistencyConfig(n, params, options.pattern, options.math, answer_field=options.answer_field)
+    return self_consistency(generator, prompt, configure(config, overrides), rng=rng)
+
+
+def weighted_voting(generator, prompt, n, params, options, rng, overrides):
+    from metagen.scoring.logprob import self_certainty
+    from metagen.strategies.weighted_voting import WeightedVotingConfig, weighted_voting
+
+    config = WeightedVotingConfig(n, params, options.pattern, options.math, answer_field=options.answer_field)
+    return weighted_voting(generator, prompt, configure(config, overrides), self_certainty, rng=rng)
+
+
+def borda(generator, prompt, n, params, options, rng, overrides):
+    from metagen.strategies.borda_voting import BordaVotingConfig, borda_voting
+
+    config = BordaVotingConfig(n, params, options.pattern, options.math, answer_field=options.answer_field)
+    return borda_voting(generator, prompt, configure(config, overrides), rng=rng)
+
+
+def mbr(utility_name):
+    def run(generator, prompt, n, params, options, rng, overrides):
+        from metagen.scoring import embeddings, utilities
+        from metagen.strategies.mbr import MBRConfig, mbr
+
+        module = embeddings if utility_name == "EmbeddingCosine" else utilities
+        utility = getattr(module, utility_name)()
+        result = mbr(generator, prompt, configure(MBRConfig(n, params, include_self=True), overrides), utility, rng=rng)
+        return _with_answers(result, options)
+
+    return run
+
+
+def self_refine(generator, prompt, n, params, options, rng, overrides):
+    from metagen.strategies.self_refine import SelfRefineConfig, self_refine
+
+    # The answers (draft, revisions) keep the request's constraint; a critique is free text.
+    critique = replace(params, structured_outputs=None)
+    config = SelfRefineConfig(rounds=n - 1, draft_params=params, critique_params=critique, revision_params=params)
+    result = self_refine(generator, prompt, configure(config, overrides), rng=rng)
+    return _with_answers(result, options)
+
+
+def chain(program_name):
+    def run(generator, prompt, n, params, options, rng, overrides):
+        from metagen.scoring.base import prompt_text
+        from metagen.strategies import chain_programs
+        from metagen.strategies.chain import ChainConfig
+
+        config = configure(ChainConfig(params=replace(params, n=1)), overrides)
+        return getattr(chain_programs, program_name)(generator, prompt_text(prompt), config, rng=rng)
+
+    return run
+
+
+def tree(module: str, budget: Callable[[int, SamplingParams], dict], fixed_step: bool = False):
+    """The runner of tree search `metagen.strategies.tree.<module>.<module>`; budget(n, params):
+    the config fields n sets; fixed_step: the runner sets `step` itself (not the step delimiter)."""
+
+    def run(generator, prompt, n, params, options, rng, overrides):
+        from metagen.strategies.tree.expand import StepConfig
+        from metagen.strategies.tree.runner import run_search
+
+        search = importlib.import_module(f"metagen.strategies.tree.{module}")
+        config_class = getattr(search, TREE_CONFIGS[module])
+        params = replace(params, n=1)
+        common = {"params": params, "pattern": options.pattern, "answer_field": options.answer_field,
+                  "math": options.math, "aggregation": options.aggregation}
+        if not fixed_step:
+            common["step"] = StepConfig(options.step_delimiter, 64)
+        config = configure(config_class(**common, **budget(n, params)), overrides)
+        return run_search(getattr(search, module), config, generator, prompt, options, rng)
+
+    return run
+
+
+def tokenwise_cd(generator, prompt, n, params, options, rng, overrides):
+    from metagen.strategies.tokenwise_cd import TokenwiseCDConfig, tokenwise_cd
+    from metagen.strategies.tree.runner import run_search
+
+    params = replace(params, n=1)
+    config = TokenwiseCDConfig(n=1, top_k=n, params=params, pattern=options.pattern, answer_field=options.answer_field)
+    return run_search(tokenwise_cd, configure(config, overrides), generator, prompt, options, rng, local_only=True)
+
+
+LAMBDA = 4.0  # tokenwise_cd's default strength
+BLOCK_TOKENS = 16  # blockwise_cd's default block length
+TREE_CONFIGS = {"step_beam_search": "StepBeamConfig", "dvts": "DVTSConfig", "rebase": "RebaseConfig",
+                "mcts": "MCTSConfig", "astar": "AStarConfig", "particle_filter": "ParticleFilterConfig",
+                "blockwise_cd": "BlockwiseCDConfig"}
+
+
+def kept(n: int) -> int:
+    return max(1, n // 4)
+
+
+def whole_answer_step(params: SamplingParams):
+    """best_of_n_value's one step: the whole answer (no delimiter, up to max_tokens)."""
+    from metagen.strategies.tree.expand import StepConfig
+
+    return StepConfig(None, params.max_tokens)

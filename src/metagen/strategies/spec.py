@@ -1,0 +1,196 @@
+"""What a strategy is to the registry: `StrategySpec` (its runner, what it needs from a generator,
+its config dataclass and so its options) and `StrategyOptions` (the options every runner reads).
+
+config: the strategy's own config dataclass; its options (`spec.fields()`) are read from it
+(`strategies/options.py`): its scalar fields, minus those the runner sets (`set_by_run`: the
+request's params, the fields n sets), plus n and, for value-guided ones, value. The options every
+runner reads (pattern, math, value, step_delimiter, aggregation, answer_field) travel in
+`StrategyOptions` (one set for all the strategies of an evaluation); the others are applied to
+the built config as overrides (`options.configure`), over the registry's own `defaults`.
+
+pooled: the strategy picks or builds its output from n i.i.d. samples of the prompt drawn in
+one `generate` call, so the harness can evaluate it at every n by subsampling one stored pool.
+budget: what n means for the strategy ("samples", "rounds", or "none" when it takes n = 1 only).
+needs: the generator capabilities it reads (`metagen.decoding.capabilities`); needs_any: sets of
+which the generator must have one in full (tree searches run on a local cache or on a server's
+step continuations); `spec.run` checks them first (`spec.check`), so a backend that cannot run a
+strategy is refused before any request is sent, with a message naming the strategy, the
+capability and what provides it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+
+from metagen.decoding import capabilities as caps
+from metagen.sampling import SamplingParams
+from metagen.strategies.options import OptionField, check_value, config_fields, configure
+
+
+@dataclass(frozen=True)
+class StrategyOptions:
+    """pattern: answer regex (None: default extraction); math: compare answers with math-verify;
+    value: what guides tree search, controlled decoding and best_of_n_value — "steps" (the
+    exact arithmetic step verifier, min over steps) or the path of a trained value head;
+    step_delimiter: the text that ends a reasoning step; aggregation: how tree searches pick
+    among their finished leaves (best value, majority vote, value-weighted vote); answer_field:
+    the answer is the value at this path of a JSON output ("answer", "result.value"; instead of
+    pattern), for voting over a field of a structured output.
+
+    Written by hand rather than derived from the configs: its defaults are the registry's and
+    differ from the configs' on purpose (math True where the voting configs say False, a step
+    delimiter "\\n" that may not be None where StepConfig says "\\n\\n" or None); each strategy's
+    option takes its kind from here and reports this default, which is what its runner passes."""
+
+    pattern: str | None = None
+    math: bool = True
+    value: str | None = None
+    step_delimiter: str = "\n"
+    aggregation: str = "best"
+    answer_field: str | None = None
+
+    def __post_init__(self) -> None:
+        from metagen.scoring.answers import check_answer_field
+
+        check_answer_field(self.pattern, self.answer_field)
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as error:
+                raise ValueError(f"pattern={self.pattern!r} is not a valid regular expression ({error})") from None
+
+
+_SHARED_DEFAULTS = {field.name: field.default for field in fields(StrategyOptions)}  # options every runner reads
+DEFAULT_N = 8  # the budget when none is given
+
+
+def value_is_head(options: StrategyOptions) -> bool:
+    """The value is a trained value head file (it reads hidden states), not "steps" / "judge"."""
+    return options.value is not None and options.value not in ("steps", "judge")
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """runner(generator, prompt, n, params, options, rng) -> StrategyResult; call it via `run`."""
+
+    name: str
+    description: str
+    runner: Callable
+    pooled: bool
+    budget: str = "samples"
+    uses_value: bool = False  # reads StrategyOptions.value / step_delimiter
+    samples: bool = True  # draws at the given temperature (False: greedy, sampling options have no effect)
+    needs: frozenset[str] = frozenset()  # generator capabilities it reads, whatever the options
+    needs_any: tuple[frozenset[str], ...] = ()  # and one of these in full (empty: no alternatives)
+    why: str = ""  # why it needs them, added to a refusal
+    constrains: bool = True  # honours params.structured_outputs on its outputs
+    why_unconstrained: str = ""  # when it cannot: why, for the refusal
+    config: str | None = None  # "module:Class" of its own config dataclass: its scalar fields are its options
+    set_by_run: frozenset[str] = frozenset({"n", "params"})  # config fields the runner sets (from n, the request)
+    extracts: bool = False  # the runner extracts each candidate's answer itself (reads pattern, answer_field)
+    defaults: tuple[tuple[str, object], ...] = ()  # its own defaults for config fields, over the config's
+
+    def config_class(self) -> type | None:
+        """Its config dataclass (imported on first use: the registry itself stays light)."""
+        if self.config is None:
+            return None
+        module, _, name = self.config.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def fields(self) -> dict[str, OptionField]:
+        """Every option this strategy accepts, by name: `n` (its budget), the configurable fields
+        of its config dataclass that the runner does not set itself (`set_by_run`), and `value`
+        for a value-guided one (the value is an object, not a config field)."""
+        found = {"n": OptionField("n", int, False, 1 if self.budget == "none" else DEFAULT_N, ())}
+        config = self.config_class()
+        if config is not None:
+            for name, field in config_fields(config).items():
+                if field.path[0] not in self.set_by_run:
+                    shared = config_fields(StrategyOptions).get(name)  # read from StrategyOptions: its type, default
+                    found[name] = field if shared is None else replace(shared, path=field.path)
+            for name, value in self.defaults:
+                found[name] = replace(found[name], default=value)
+        if self.extracts:
+            shared = config_fields(StrategyOptions)
+            found.update({name: replace(shared[name], path=()) for name in ("pattern", "answer_field")})
+        if self.uses_value:
+            found["value"] = replace(config_fields(StrategyOptions)["value"], path=())
+        return found
+
+    def parse(self, given: Mapping[str, object], where: str = "") -> tuple[int, StrategyOptions, dict]:
+        """(n, StrategyOptions, config overrides) from a mapping of option name -> value; ValueError
+        naming the field (prefixed by `where`, e.g. "metagen.") when it is unknown to this strategy,
+        of the wrong type, or out of range (the config dataclass's own checks)."""
+        accepted = self.fields()
+        for name, value in given.items():
+            if name not in accepted:
+                allowed = ", ".join(field.describe() for field in accepted.values())
+                raise ValueError(f"{where}{name} is not an option of strategy {self.name!r}; it accepts: {allowed}")
+            check_value(accepted[name], value, where + name)
+        n = given.get("n", accepted["n"].default)
+        try:
+            self.check_n(n)
+        except ValueError as error:
+            raise ValueError(f"{where}{error}") from None
+        shared = {name: value for name, value in given.items() if name in _SHARED_DEFAULTS}
+        overrides = {name: value for name, value in given.items() if name not in _SHARED_DEFAULTS and name != "n"}
+        try:
+            options = StrategyOptions(**shared)
+            config = self.config_class()
+            if config is not None:
+                present = {name for name in config_fields(config)}
+                configure(config(), {**{k: v for k, v in shared.items() if k in present}, **overrides})
+        except ValueError as error:
+            raise ValueError(f"{where}{error}") from None
+        return n, options, overrides
+
+    def required(self, options: StrategyOptions, params: SamplingParams | None = None) -> frozenset[str]:
+        """The capabilities this strategy needs with `options` and `params`: `needs`, plus
+        HIDDEN_STATES when a value-guided strategy is given a trained value head, plus
+        STRUCTURED_OUTPUT when the params carry a constraint."""
+        needs = self.needs
+        if self.uses_value and value_is_head(options):
+            needs = needs | {caps.HIDDEN_STATES}
+        if params is not None and params.structured_outputs is not None:
+            needs = needs | {caps.STRUCTURED_OUTPUT}
+        return needs
+
+    def check(self, generator, options: StrategyOptions, params: SamplingParams | None = None) -> None:
+        """ValueError naming this strategy, each capability it needs with `options` and `params`
+        that `generator` lacks, and what would provide it; a constraint on a strategy that cannot
+        apply one (chains) is refused by name."""
+        what = f"strategy {self.name!r}"
+        if params is not None and params.structured_outputs is not None and not self.constrains:
+            raise ValueError(f"{what} cannot honour structured_outputs: {self.why_unconstrained}")
+        try:
+            caps.require(self.required(options, params), generator, what)
+            caps.require_any(self.needs_any, generator, what)
+        except ValueError as error:
+            if not self.why:
+                raise
+            raise ValueError(f"{error}: {self.why}") from None
+
+    def supported_by(self, generator, options: StrategyOptions | None = None,
+                     params: SamplingParams | None = None) -> bool:
+        """Whether `generator` has what this strategy needs with `options` and `params`."""
+        options = options or StrategyOptions()
+        if params is not None and params.structured_outputs is not None and not self.constrains:
+            return False
+        return not caps.missing(self.required(options, params), generator) and (
+            not self.needs_any or any(not caps.missing(needs, generator) for needs in self.needs_any))
+
+    def run(self, generator, prompt, n: int, params: SamplingParams, options: StrategyOptions, rng,
+            overrides: Mapping[str, object] | None = None):
+        """Check the generator's capabilities (before any request), then run the strategy;
+        `overrides`: values of its config fields (from `parse`), over the runner's own."""
+        self.check(generator, options, params)
+        return self.runner(generator, prompt, n, params, options, rng, {**dict(self.defaults), **(overrides or {})})
+
+    def check_n(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"n={n} is out of range: must be >= 1")
+        if self.budget == "none" and n != 1:
+            raise ValueError(f"n={n} is out of range for strategy {self.name!r}: it takes n=1 only")

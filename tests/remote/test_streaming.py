@@ -1,0 +1,74 @@
+"""Streamed completions (`remote/streaming.py`) against scripted servers: the pieces join to what
+`generate` returns, usage is read where the engine streams it, a fleet fails over while nothing
+has arrived, and failures are raised with the server's message."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("httpx")
+
+from metagen.remote import FleetGenerator, InvalidRequestError, OpenAIGenerator
+from metagen.remote.streaming import stream
+from metagen.sampling import SamplingParams
+
+from .conftest import free_port
+from .fake_server import FakeServer
+
+PROMPT = "The capital of France is"
+
+
+def _stream(generator, prompt, params):
+    """(text per completion index, finish reasons, StreamedCost) of one streamed request."""
+    texts: dict[int, str] = {}
+    finishes: dict[int, str] = {}
+
+    def on_piece(piece) -> None:
+        texts[piece.index] = texts.get(piece.index, "") + piece.text
+        if piece.finish_reason:
+            finishes[piece.index] = piece.finish_reason
+
+    streamed = generator.loop.run(stream(generator, prompt, params, on_piece))
+    return [texts[i] for i in sorted(texts)], finishes, streamed
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llama.cpp"])
+def test_pieces_join_to_the_generated_text(engine):
+    params = SamplingParams(n=3, seed=4, max_tokens=4)
+    with FakeServer(engine) as fake, OpenAIGenerator(fake.url, max_retries=0) as generator:
+        whole = generator.generate(PROMPT, params)
+        texts, finishes, streamed = _stream(generator, PROMPT, params)
+        sent = fake.posts()[-1]
+    assert texts == [c.text for c in whole.completions] and len(set(texts)) == 3
+    assert finishes == {0: "length", 1: "length", 2: "length"}
+    assert sent["stream"] is True and "logprobs" not in sent  # no logprobs asked: none requested
+    if engine == "vllm":  # honours n, streams usage: one request, its tokens counted
+        assert sent.get("stream_options") == {"include_usage": True}
+        assert streamed.usage_known and streamed.cost.generated_tokens == whole.cost.generated_tokens == 12
+        assert streamed.cost.model_calls == 1
+    else:  # llama.cpp: n fanned out (3 requests, derived seeds as generate's), no usage in a stream
+        assert "stream_options" not in sent
+        assert not streamed.usage_known and streamed.cost.model_calls == 3
+
+
+def test_a_fleet_stream_fails_over_from_a_dead_endpoint():
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    with FakeServer("vllm") as fake:
+        with FleetGenerator([dead, fake.url], max_retries=0, health_interval=None) as fleet:
+            for _ in range(3):  # the dead one is chosen first (fewest answered) until taken out
+                texts, _, _ = _stream(fleet, PROMPT, SamplingParams(max_tokens=4, seed=1))
+                assert texts == [fleet.generate(PROMPT, SamplingParams(max_tokens=4, seed=1)).text]
+            stats = fleet.stats()
+    assert not stats[dead]["up"] and stats[fake.url]["requests"] == 6
+
+
+def test_a_refused_stream_raises_the_server_message():
+    with FakeServer("vllm") as fake, OpenAIGenerator(fake.url, max_retries=0) as generator:
+        generator.profile  # probed before the fault is scripted
+        fake.fail(400, b'{"error": {"message": "max_tokens is too large"}}')
+        with pytest.raises(InvalidRequestError, match="max_tokens is too large"):
+            _stream(generator, PROMPT, SamplingParams(max_tokens=4))
+    with FakeServer("vllm") as fake, OpenAIGenerator(fake.url, engine="openai", max_retries=0) as openai_like:
+        with pytest.raises(ValueError, match="ignore_eos"):  # refused before sending, as generate refuses it
+            _stream(openai_like, PROMPT, SamplingParams(max_tokens=4, ignore_eos=True))
+        assert not any(body.get("stream") for body in fake.posts())  # only the probe was sent
