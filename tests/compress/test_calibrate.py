@@ -136,3 +136,13 @@ def test_calibration_is_required_exactly_when_used(tiny):
         compress_model(tiny, Recipe("gptq", bits=4))
     with pytest.raises(ValueError, match="data-free"):
         compress_model(tiny, Recipe("rtn", bits=4), _rows())
+
+
+def test_obc_prunes_and_quantizes_whole_models(tiny):
+    pruned, _ = compress_model(tiny, Recipe("obc", sparsity=0.25), _rows())
+    for layer in pruned.layers:
+        for name in LINEAR_FIELDS:
+            weight = getattr(layer, name).weight
+            assert ((weight == 0).sum(1) == weight.shape[1] // 4).all()  # OBC prunes per row
+    quantized, _ = compress_model(tiny, Recipe("obc", bits=4), _rows())
+    assert isinstance(quantized.layers[1].down, Int4Linear)
