@@ -28,7 +28,7 @@ import torch
 
 from metagen.compress.gptq import SweepResult, gptq
 from metagen.compress.hessian import HessianAccumulator, check_damp
-from metagen.compress.magnitude import check_n_m, check_sparsity, magnitude_mask, prune_magnitude
+from metagen.compress.magnitude import check_n_m, check_sparsity, magnitude_mask, n_m_mask
 from metagen.compress.obc import obc_prune, obc_quantize
 from metagen.compress.quantize import check_bits, fit_grid, quantize_rtn
 from metagen.compress.sparsegpt import sparsegpt
@@ -115,8 +115,7 @@ def compress_weight(weight: torch.Tensor, hessian: torch.Tensor | None, recipe: 
         quantized, grid = quantize_rtn(weight, recipe.bits, group, clip=recipe.clip)
         return SweepResult(quantized, grid, None)
     if recipe.method == "magnitude":
-        mask = prune_magnitude(weight, recipe.sparsity, recipe.n_m) == 0 if recipe.n_m else magnitude_mask(
-            weight, recipe.sparsity)
+        mask = n_m_mask(weight.abs(), *recipe.n_m) if recipe.n_m else magnitude_mask(weight, recipe.sparsity)
         pruned = weight.masked_fill(mask, 0.0)
         if recipe.bits is None:
             return SweepResult(pruned, None, mask)

@@ -81,7 +81,7 @@ def sweep(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int | None = Non
             raise ValueError(f"group_size={group_size!r} must divide the input width {k}")
     w, h = prepare(weight, hessian, damp)
     u = inverse_cholesky(h)
-    scales, zeros, grid_meta = [], [], None
+    scales, zeros, grid_now = [], [], None  # grid_now: the current group's grid
     full_mask = torch.zeros(n, k, dtype=torch.bool) if mask_rule is not None else None
     for i1 in range(0, k, block_size):
         i2 = min(i1 + block_size, k)
@@ -103,11 +103,11 @@ def sweep(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int | None = Non
                 grid = fit_grid(group, bits, group_size, clip=clip)
                 scales.append(grid.scale)
                 zeros.append(grid.zero)
-                grid_meta = grid
+                grid_now = grid
             current = block[:, j]
             target = current.clone()
             if bits is not None:
-                target = grid_meta.quantize(current[:, None])[:, 0]
+                target = grid_now.quantize(current[:, None])[:, 0]
             if mask is not None:
                 target = target.masked_fill(mask[:, j], 0.0)
             error = (current - target) / diag[j]
@@ -120,5 +120,5 @@ def sweep(weight: torch.Tensor, hessian: torch.Tensor, *, bits: int | None = Non
             full_mask[:, i1:i2] = mask
     grid = None
     if bits is not None:
-        grid = Grid(torch.cat(scales, dim=1), torch.cat(zeros, dim=1), grid_meta.maxq, grid_meta.center, group_size)
+        grid = Grid(torch.cat(scales, dim=1), torch.cat(zeros, dim=1), grid_now.maxq, grid_now.center, group_size)
     return SweepResult(w, grid, full_mask)

@@ -18,7 +18,7 @@ leaves w_p = q(w_p); every column is quantized, in the order the loop picks.
 Each step is the exact constrained optimum of the quadratic, so after k steps w is the best
 weight with the k chosen coordinates fixed (tested against brute force). Rows are independent
 and run batched, each with its own H⁻¹ (R, K, K). Cost: O(N·k·K²) time for k steps on an
-(N, K) weight, O(rows_per_batch·K²) memory.
+(N, K) weight, O(rows_per_batch·K²) memory (≤ 256 MiB by default).
 """
 
 from __future__ import annotations
@@ -29,8 +29,12 @@ from metagen.compress.hessian import prepare
 from metagen.compress.quantize import Grid
 
 
+# float64 entries of the per-row inverses held at once (2^25: 256 MiB), which sets the rows per batch
+_BATCH_ENTRIES = 1 << 25
+
+
 def obc_prune(weight: torch.Tensor, hessian: torch.Tensor, count: int, *, damp: float = 0.0,
-              rows_per_batch: int = 64) -> torch.Tensor:
+              rows_per_batch: int | None = None) -> torch.Tensor:
     """Prune `count` weights of every row of `weight (N, K)` greedily by OBS; returns (N, K)."""
     k = weight.shape[1]
     if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= k:
@@ -39,7 +43,7 @@ def obc_prune(weight: torch.Tensor, hessian: torch.Tensor, count: int, *, damp: 
 
 
 def obc_quantize(weight: torch.Tensor, hessian: torch.Tensor, grid: Grid, *, damp: float = 0.0,
-                 rows_per_batch: int = 64) -> torch.Tensor:
+                 rows_per_batch: int | None = None) -> torch.Tensor:
     """Quantize every weight of `weight (N, K)` onto `grid`, greedily by OBS; returns (N, K)."""
     return _obc(weight, hessian, damp, rows_per_batch, weight.shape[1], grid)
 
@@ -47,6 +51,8 @@ def obc_quantize(weight: torch.Tensor, hessian: torch.Tensor, grid: Grid, *, dam
 def _obc(weight, hessian, damp, rows_per_batch, steps, grid: Grid | None) -> torch.Tensor:
     weight, hessian = prepare(weight, hessian, damp)
     inverse = torch.linalg.inv(hessian)  # (K, K) float64
+    if rows_per_batch is None:
+        rows_per_batch = max(1, _BATCH_ENTRIES // weight.shape[1] ** 2)
     out = weight.clone()
     for start in range(0, weight.shape[0], rows_per_batch):
         rows = slice(start, start + rows_per_batch)
