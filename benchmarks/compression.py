@@ -15,6 +15,12 @@ GPTQ at int4 and int3 (group 32). Perplexity: `metagen.eval.perplexity`, token-w
 
 Run:  .venv/bin/python benchmarks/compression.py --out compression.jsonl --markdown
 Each finished row is appended to --out as one JSON line, so a long run keeps what it measured.
+
+`--acceptance`: instead of the table, the quality of each int4 copy as a self-draft for
+speculative decoding of the dense target: RTN int4 vs GPTQ int4 drafts (γ = 4), acceptance rate
+(accepted / proposed draft tokens) at temperature 0 (greedy verification) and 1 (token
+verification, seeded), continuing `--prompts` excerpts of the evaluation text by
+`--new-tokens` tokens (no chat template).
 """
 
 from __future__ import annotations
@@ -64,6 +70,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="compression.jsonl")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--acceptance", action="store_true", help="self-draft acceptance of RTN vs GPTQ int4")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=48)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     text = opticks()
@@ -73,6 +82,9 @@ def main() -> None:
     ids = encode(evaluation_text, add_special_tokens=False)[: args.eval_tokens]
     calibration_ids = encode(calibration_text, add_special_tokens=False)
     rows = [calibration_ids[i * args.seq_len:(i + 1) * args.seq_len] for i in range(args.samples)]
+    if args.acceptance:
+        acceptance(dense, rows, evaluation_text, args)
+        return
     results = []
     for name in args.rows.split(","):
         recipe = ROWS[name]
@@ -96,6 +108,37 @@ def main() -> None:
         print("| model | format | perplexity | compress s |\n|---|---|---|---|")
         for row in results:
             print(f"| {row['row']} | {row['dtype']} | {row['perplexity']:.2f} | {row['compress_seconds']:.0f} |")
+
+
+def acceptance(dense, calibration_rows, evaluation_text: str, args) -> None:
+    from metagen.sampling import SamplingParams
+    from metagen.speculative.drafters import ModelDrafter
+    from metagen.speculative.loop import SpeculativeConfig, speculative_generate
+
+    paragraphs = [p.strip() for p in evaluation_text.split("\n\n") if len(p.strip()) > 400]
+    prompts = [p[:400] for p in paragraphs[:: max(1, len(paragraphs) // args.prompts)][: args.prompts]]
+    for name in ("RTN int4", "GPTQ int4"):
+        recipe = ROWS[name]
+        draft, facts = compress_model(dense, recipe, calibration_rows if recipe.needs_calibration else None)
+        for temperature in (0.0, 1.0):
+            proposed = accepted = generated = steps = 0
+            started = time.perf_counter()
+            for index, prompt in enumerate(prompts):
+                params = SamplingParams(temperature=temperature, max_tokens=args.new_tokens, ignore_eos=True)
+                result = speculative_generate(dense, ModelDrafter(draft), prompt, params,
+                                              SpeculativeConfig(num_draft_tokens=4), chat=False,
+                                              generator=torch.Generator().manual_seed(index))
+                proposed += result.cost.draft_tokens
+                accepted += result.cost.accepted_tokens
+                generated += result.cost.generated_tokens
+                steps += result.cost.target_steps
+            row = {"draft": name, "temperature": temperature, "acceptance_rate": round(accepted / proposed, 4),
+                   "block_efficiency": round(generated / steps, 3), "draft_tokens": proposed, "prompts": len(prompts),
+                   "new_tokens": args.new_tokens, "seconds": round(time.perf_counter() - started, 1),
+                   "compress_seconds": facts["seconds"]}
+            print(json.dumps(row), flush=True)
+            with open(args.out, "a") as handle:
+                handle.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

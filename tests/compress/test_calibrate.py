@@ -82,6 +82,9 @@ def test_sparse_models_are_dense_with_exact_zeros(tiny):
             assert ((weight != 0).view(weight.shape[0], -1, 4).sum(-1) == 2).all()
     half, _ = compress_model(tiny, Recipe("magnitude", sparsity=0.5, dtype="bf16"))
     assert half.dtype == "bf16" and float((half.layers[0].down.weight == 0).float().mean()) == 0.5
+    structured, _ = compress_model(tiny, Recipe("magnitude", n_m=(2, 4)))
+    weight = structured.layers[1].gate_up.weight
+    assert ((weight != 0).view(weight.shape[0], -1, 4).sum(-1) == 2).all()
 
 
 def test_int8_and_int3_formats(tiny):
