@@ -1,5 +1,5 @@
-"""Command line: `metagen generate`, `metagen eval`, `metagen task`, `metagen train-exit-adapter`, `metagen theory`,
-`metagen info`.
+"""Command line: `metagen generate`, `metagen eval`, `metagen task`, `metagen train-exit-adapter`,
+`metagen compress`, `metagen perplexity`, `metagen theory`, `metagen info`.
 
 One module per command, each with `add_parser(commands)` (which sets the command's `run` as the
 parser default) and `run(args) -> exit code`; `main` parses, dispatches to `args.run` and turns
@@ -14,10 +14,10 @@ import os
 import sys
 
 from metagen.cli import eval as evaluation
-from metagen.cli import generate, info, serve, task, theory, train_adapter
+from metagen.cli import compress, generate, info, perplexity, serve, task, theory, train_adapter
 from metagen.cli.args import check_threads
 
-_COMMANDS = (generate, evaluation, serve, task, train_adapter, theory, info)  # in the order `metagen --help` lists them
+_COMMANDS = (generate, evaluation, serve, task, train_adapter, compress, perplexity, theory, info)  # in the order `metagen --help` lists them
 
 
 def use_spinning_threads() -> None:

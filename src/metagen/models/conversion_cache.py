@@ -20,7 +20,7 @@ import torch
 
 from metagen.models.config import ModelConfig
 from metagen.models.disk_cache import EntryLock, cache_directory, manifest_problem, publish, staging_directory
-from metagen.models.linear import DenseLinear, Int4Linear, Int8Linear
+from metagen.models.linear import INT4_GROUP, DenseLinear, Int4Linear, Int8Linear
 from metagen.models.decoder import DecoderModel
 from metagen.models.layer import LINEAR_FIELDS, NORM_FIELDS, LayerWeights
 
@@ -78,11 +78,14 @@ def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel])
 
 def _linear_state(prefix: str, linear, tensors: dict, kinds: dict) -> None:
     kinds[prefix] = {"kind": linear.kind, "in_features": linear.in_features, "stored": linear.stored}
+    if linear.kind == "int4":
+        kinds[prefix]["group_size"] = linear.group_size
     for name, tensor in linear.state().items():
         tensors[f"{prefix}.{name}"] = tensor.contiguous()
 
 
 def _save_converted(model: DecoderModel, directory: Path) -> None:
+    """The model's weights, config, linear formats and tokenizer as files in `directory`."""
     from safetensors.torch import save_file
 
     tensors: dict[str, torch.Tensor] = {"embed": model.embed, "norm": model.norm}
@@ -109,7 +112,8 @@ def _restore_linear(prefix: str, info: dict, tensors: dict):
     elif info["kind"] == "int8":
         linear = Int8Linear(tensors[f"{prefix}.qweight"], tensors[f"{prefix}.scales"], bias)
     else:
-        linear = Int4Linear(tensors[f"{prefix}.packed"], tensors[f"{prefix}.scales_and_zeros"], info["in_features"], bias)
+        linear = Int4Linear(tensors[f"{prefix}.packed"], tensors[f"{prefix}.scales_and_zeros"], info["in_features"], bias,
+                            info.get("group_size", INT4_GROUP))
     linear.stored = info["stored"]
     return linear
 
@@ -136,3 +140,41 @@ def _load_converted(entry: Path, dtype: str, source: str) -> DecoderModel:
     return DecoderModel(
         config, layers, tensors["embed"], tensors["norm"], lm_head, tokenizer, dtype, tensors.get("rope_freqs"), source
     )
+
+
+RECIPE = "recipe.json"
+
+
+def is_saved_model(path: Path) -> bool:
+    """A directory written by `save_model` (a compressed model), as opposed to an HF checkpoint."""
+    return path.is_dir() and (path / RECIPE).is_file()
+
+
+def save_model(model: DecoderModel, directory: Path, recipe: dict) -> None:
+    """Save a built model (e.g. compressed) in the conversion cache's layout plus `recipe.json`
+    (how it was made), built aside and renamed into place with its manifest. Refuses to replace
+    a non-empty directory that is not a saved model."""
+    directory = Path(directory)
+    if directory.exists() and any(directory.iterdir()) and not is_saved_model(directory):
+        raise ValueError(f"--out {str(directory)!r} is a non-empty directory that is not a saved model; "
+                         f"choose a new or empty directory")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with staging_directory(directory) as staging:
+        _save_converted(model, staging)
+        (staging / RECIPE).write_text(json.dumps(recipe | {"dtype": model.dtype}, indent=1, sort_keys=True))
+        if directory.exists() and not any(directory.iterdir()):
+            directory.rmdir()
+        publish(staging, directory)
+
+
+def load_saved_model(directory: Path, dtype: str | None = None) -> DecoderModel:
+    """A model written by `save_model`, checked against its manifest, in the formats it was saved
+    in: `dtype` may be None, "auto" or that format, and anything else is refused."""
+    problem = manifest_problem(directory)
+    if problem is not None:
+        raise ValueError(f"the saved model {directory} is damaged: {problem}")
+    saved = json.loads((directory / RECIPE).read_text())["dtype"]
+    if dtype not in (None, "auto", saved):
+        raise ValueError(f"dtype={dtype!r} cannot be applied to the saved model {directory}: it runs in the formats "
+                         f"it was saved in ({saved}); choose auto or {saved}")
+    return _load_converted(directory, saved, str(directory))

@@ -14,7 +14,7 @@ run the fused CPU kernels of `models/kernels/fused.cpp`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -204,6 +204,32 @@ class DecoderModel(LanguageModel):
             x, h = decoder_layer(self.config, layer, x, h, index, ops, next_norm)
         return x, h, counts, packed
 
+    @torch.no_grad()
+    def layer_by_layer(self, cache: KVCache, tokens: Sequence[Sequence[int]] | torch.Tensor) -> Iterator["LayerStep"]:
+        """Append `tokens` through the layers one at a time, for calibration (`metagen.compress`).
+
+        Yields a `LayerStep` before each layer: the caller may run the layer on its input as often
+        as it likes, with any weights (recording a linear's inputs, then swapping in its
+        compressed version); each run writes the layer's K/V for these tokens again. The output
+        of the step's last run is the next layer's input, so compressing layer i before its last
+        run makes every later layer see the compressed one (sequential calibration). Runs the
+        general path (SDPA); no logits.
+        """
+        ids, counts = self._pack(tokens, cache.batch_size)
+        slots, table, positions = cache.allocate(counts)
+        self._ensure_rope(int(positions.max()) + 1)
+        ops = _GeneralOps(self, cache, counts, slots, table, positions)
+        x = self.embed[ids].float()  # (B, T, H) the residual stream, float32
+        x, h = ops.add_norm(x, None, self.layers[0].attn_norm)
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            next_norm = self.norm if index == last else self.layers[index + 1].attn_norm
+            step = LayerStep(self.config, index, x, h, ops, next_norm)
+            yield step
+            if step.output is None:
+                raise RuntimeError(f"layer {index} was never run: call the LayerStep before resuming")
+            x, h = step.output
+
     # ------------------------------------------------------------ internals
     def _pack(self, tokens, batch_size: int) -> tuple[torch.Tensor, np.ndarray]:
         """Token rows -> (ids (B, Tq) padded with 0, counts (B,)); ids must be integers (a float
@@ -240,6 +266,21 @@ class DecoderModel(LanguageModel):
         self._cos = self._rotation.real.contiguous()  # (T, D/2) float32, for the fused kernels
         self._sin = self._rotation.imag.contiguous()
         self._rope_cache_length = length
+
+
+class LayerStep:
+    """One layer of `DecoderModel.layer_by_layer`: `step(weights)` runs `weights` (a
+    `LayerWeights`) on the layer's input and returns its output residual stream `(B, T, H)`."""
+
+    def __init__(self, config: ModelConfig, index: int, x: torch.Tensor, h: torch.Tensor, ops, next_norm) -> None:
+        self.index = index
+        self._config, self._x, self._h, self._ops, self._next_norm = config, x, h, ops, next_norm
+        self.output: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def __call__(self, weights: LayerWeights) -> torch.Tensor:
+        self.output = decoder_layer(self._config, weights, self._x, self._h, self.index, self._ops, self._next_norm)
+        return self.output[0]
 
 
 def _row_ids(name: str, row: Sequence[int]) -> torch.Tensor:

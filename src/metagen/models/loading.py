@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from metagen.models.config import ModelConfig
-from metagen.models.conversion_cache import load_or_convert
+from metagen.models.conversion_cache import is_saved_model, load_or_convert, load_saved_model
 from metagen.models.decoder import DecoderModel
 from metagen.models.disk_cache import cache_directory  # noqa: F401  (its historical home)
 from metagen.models.embedded import embedded_model_path
@@ -35,8 +35,9 @@ AUTO_WIDE_FORMAT = "int8"
 def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use_cache: bool = True) -> DecoderModel:
     """Load a decoder of any supported family (llama, mistral, qwen2, qwen3, phi3).
 
-    path: a .gguf file or an HF directory (config.json, *.safetensors, tokenizer.json); None
-        loads the embedded SmolLM2-135M-Instruct.
+    path: a .gguf file, an HF directory (config.json, *.safetensors, tokenizer.json) or a
+        directory saved by `metagen compress` (loaded in its saved formats); None loads the
+        embedded SmolLM2-135M-Instruct.
     dtype: "auto" (default), "fp32", "bf16", "int8" or "int4" weights. "auto" never runs a
         tensor below the precision the checkpoint stores it in: int4 where the file's blocks map
         exactly onto the int4 kernel (Q4_0, Q4_1, Q4_K), int8 for every other quantized tensor,
@@ -49,6 +50,8 @@ def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use
     path = Path(path) if path is not None else embedded_model_path()
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
+    if is_saved_model(path):  # a directory written by `metagen compress`
+        return load_saved_model(path, dtype)
     if not use_cache:
         return _convert(path, dtype)
     return load_or_convert(path, dtype, lambda: _convert(path, dtype))
