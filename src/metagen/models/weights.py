@@ -309,6 +309,9 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
     # Qwen2/3 write a sliding_window they do not use unless use_sliding_window is true.
     window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
     layer_types = raw.get("layer_types")
+    if layer_types is None and window is not None and "max_window_layers" in raw:  # Qwen2/3: the first ones are global
+        first = _positive_int(raw, "max_window_layers", config_path)
+        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(positive("num_hidden_layers"))]
     if layer_types is None and family.window_pattern is not None:
         pattern = raw.get("sliding_window_pattern", family.window_pattern)
         layer_types = pattern_layer_types(_positive_int(raw, "sliding_window_pattern", config_path, pattern),

@@ -91,3 +91,17 @@ def test_a_sliding_window_counts_unless_the_checkpoint_disables_it(use_sliding_w
     save_file({}, str(directory / "model.safetensors"))
     config, _ = read_hf_directory(directory)
     assert config.sliding_window == expected and config.cache_window == expected
+
+
+def test_qwen2_max_window_layers_keeps_the_first_layers_global(tmp_path):
+    """Qwen2 with use_sliding_window: layers from max_window_layers on are windowed (transformers'
+    layer_types when config.json has none); the cache then cannot release slots."""
+    from safetensors.torch import save_file
+
+    from metagen.models.weights import read_hf_directory
+
+    directory = directory_with(tmp_path, model_type="qwen2", num_hidden_layers=3, sliding_window=8,
+                               use_sliding_window=True, max_window_layers=1)
+    save_file({}, str(directory / "model.safetensors"))
+    config, _ = read_hf_directory(directory)
+    assert [config.layer_window(i) for i in range(3)] == [None, 8, 8] and config.cache_window is None
