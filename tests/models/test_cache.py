@@ -36,6 +36,38 @@ def test_fork_shares_slots_and_truncate_releases_only_unshared():
     assert (cache.slots(2) == cache.slots(0)[:3]).all()
 
 
+def test_a_window_releases_slots_no_future_query_reads_keeping_a_truncation_margin():
+    """window 4, keep 2: when a row of length L grows, its positions below L − 4 + 1 − 2 are
+    released (once at least 2 are due); shared positions stay until no row holds them."""
+    cache = KVCache(num_layers=1, num_kv_heads=1, head_dim=4, dtype=torch.float32, max_length=100, capacity=16,
+                    window=4, keep=2)
+    cache.reset(1)
+    append(cache, [6])  # from empty: nothing to release
+    assert cache.released(0) == 0 and cache.num_cached_slots == 6
+    first = cache.snapshot(0)  # holds positions 0..5 outside the batch
+    append(cache, [1])  # L = 6: positions < 6 − 3 − 2 = 1 are due, but fewer than keep
+    assert cache.released(0) == 0
+    append(cache, [1])  # L = 7: positions < 2 released from the row (the snapshot keeps them)
+    assert cache.released(0) == 2 and cache.length(0) == 8 and cache.num_cached_slots == 8
+    cache.release(first)
+    assert cache.num_cached_slots == 6  # now free
+    cache.fork(0, 1)
+    append(cache, [3, 1])  # row 0: L = 8 -> release < 3 (1 more, not due); row 1: same
+    assert [cache.released(r) for r in (0, 1)] == [2, 2]
+    append(cache, [1, 2])  # row 0: L = 11 -> < 6; row 1: L = 9 -> < 4
+    assert [cache.released(r) for r in (0, 1)] == [6, 4]
+    assert cache.num_cached_slots == len(set(cache._table[0, 6:12]) | set(cache._table[1, 4:11]))
+    cache.truncate(0, 9)  # the next query at 9 reads 6..9: still held
+    with pytest.raises(ValueError, match=r"length=8 is out of range for row 0: .*truncated to 9 tokens at least"):
+        cache.truncate(0, 8)
+    with pytest.raises(ValueError, match="no longer holds its first 4 positions"):
+        cache.slots(1)
+    snapshot = cache.snapshot(1)
+    assert snapshot.start == 4 and snapshot.length == 11
+    cache.restore([snapshot])
+    assert cache.released(0) == 4 and cache.length(0) == 11
+
+
 def test_select_drops_rows_and_frees_their_private_slots():
     cache = make_cache()
     append(cache, [4])

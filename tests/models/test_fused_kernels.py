@@ -65,6 +65,28 @@ def test_paged_decode_attention_matches_sdpa_on_ragged_rows(bf16):
         torch.testing.assert_close(out[b].float(), expected, atol=1e-2 if bf16 else 1e-5, rtol=1e-2 if bf16 else 1e-5)
 
 
+def test_paged_decode_attention_with_starts_reads_only_the_window():
+    """Row b attends to table[b, starts[b]:lengths[b]] (a sliding window); a scale other than
+    head_dim^(-1/2) is honoured (Gemma 3's query_pre_attn_scalar)."""
+    torch.manual_seed(3)
+    heads, kv_heads, dim = 4, 2, 32
+    pool = torch.randn(150, 2, kv_heads, dim)
+    lengths = torch.tensor([5, 60, 100])
+    starts = torch.tensor([0, 57, 40])
+    table = torch.stack([torch.randperm(150)[:100] for _ in range(3)])
+    q = torch.randn(3, heads, dim)
+    out = kernels.paged_decode_attention(q, pool, table, lengths, 0.3, False, starts)
+    full = kernels.paged_decode_attention(q, pool, table, lengths, 0.3, False)
+    for b in range(3):
+        kv = pool[table[b, starts[b] : lengths[b]]]
+        expected = F.scaled_dot_product_attention(
+            q[b : b + 1, :, None], kv[None, :, 0].transpose(1, 2), kv[None, :, 1].transpose(1, 2), enable_gqa=True,
+            scale=0.3).reshape(-1)
+        torch.testing.assert_close(out[b], expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[0], full[0])  # start 0 is the whole row
+    assert (out[1:] - full[1:]).abs().max() > 1e-2  # the window changes the other rows
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("rows, max_keys", [(3, None), (8, None), (8, 0)])  # in place; in place; SDPA
 @pytest.mark.parametrize("dtype", ["fp32", "int4"])

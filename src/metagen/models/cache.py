@@ -19,6 +19,16 @@ changed, so rows can share them freely:
 Attention gathers each row's keys and values through its page table (one `index_select` per
 layer), which costs one read of what it attends to anyway. The pool grows by doubling when free slots run out.
 
+**Sliding window** (`window=W`, given when every layer attends only to the last W positions,
+e.g. Mistral): a token at position p never reads a key older than p − W + 1, so when a row
+grows, its slots older than its next query's window minus a margin of `keep` positions are
+released (`released(row)` counts them; their page-table entries stay as stale ids that nothing
+reads). The margin lets `truncate` roll a row back by up to `keep` tokens (speculative
+rejection); a deeper roll-back is refused naming the window. A row then holds at most
+W + 2·keep − 1 slots however long it grows: the pool stays bounded (the page table keeps one
+int64 per position). A model with some global layers (Gemma 3) passes no window: its cache
+releases nothing.
+
 Arguments are checked before anything changes (`metagen.models.checks`): rows, lengths and counts
 must be ints in range, and a snapshot is only accepted by the cache that made it (its slot ids
 mean nothing in another cache's pools). TypeError / ValueError name the argument and the range.
@@ -35,17 +45,19 @@ from metagen.models import checks
 
 
 class RowSnapshot:
-    """A row's page table held outside the batch: `slots (length,)`, one reference each.
+    """A row's page table held outside the batch: `slots (length − start,)`, one reference each,
+    for positions start.. (start > 0 only when a sliding-window cache released the older ones).
 
     Made by `KVCache.snapshot`; only that cache (`owner`) restores it, and `KVCache.release` gives
     the references back (once).
     """
 
-    __slots__ = ("owner", "slots")
+    __slots__ = ("owner", "slots", "start")
 
-    def __init__(self, slots: np.ndarray, owner: KVCache) -> None:
+    def __init__(self, slots: np.ndarray, owner: KVCache, start: int = 0) -> None:
         self.slots: np.ndarray | None = slots
         self.owner = owner
+        self.start = start
 
     @property
     def released(self) -> bool:
@@ -55,14 +67,18 @@ class RowSnapshot:
     def length(self) -> int:
         if self.slots is None:
             raise ValueError("this RowSnapshot was released")
-        return int(self.slots.size)
+        return self.start + int(self.slots.size)
 
 
 class KVCache:
     """Key/value cache for a batch of rows over `num_layers` layers.
 
-    Shapes: pools `(S, 2, KVH, D)` per layer; page table `(B, T_cap)` int64; lengths `(B,)`.
+    Shapes: pools `(S, 2, KVH, D)` per layer; page table `(B, T_cap)` int64; lengths `(B,)`;
+    starts `(B,)` (positions below a row's start were released by the sliding window; 0 without one).
     """
+
+    # Positions kept behind the sliding window so `truncate` can roll a row back this far.
+    DEFAULT_KEEP = 64
 
     def __init__(
         self,
@@ -73,6 +89,8 @@ class KVCache:
         max_length: int,
         capacity: int = 1024,
         context_note: str = "",
+        window: int | None = None,
+        keep: int = DEFAULT_KEEP,
     ) -> None:
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
@@ -80,6 +98,8 @@ class KVCache:
         self.dtype = dtype
         self.max_length = max_length
         self.context_note = context_note  # why max_length is what it is, appended to the error past it
+        self.window = None if window is None else checks.bounded("window", window, 1)
+        self.keep = checks.bounded("keep", keep, 0)
         self.pools: list[torch.Tensor] = []  # per layer, (S, 2, KVH, D)
         self._refcount = np.zeros(0, dtype=np.int32)
         self._free = np.zeros(0, dtype=np.int64)  # stack of free slot ids
@@ -87,6 +107,7 @@ class KVCache:
         self._grow(max(capacity, 16))
         self._table = np.zeros((1, 64), dtype=np.int64)
         self._lengths = np.zeros(1, dtype=np.int64)
+        self._starts = np.zeros(1, dtype=np.int64)
 
     # ------------------------------------------------------------------ rows
     @property
@@ -102,9 +123,17 @@ class KVCache:
         return int(self._lengths[self._check_row(row)])
 
     def slots(self, row: int) -> np.ndarray:
-        """Slot ids of a row's cached tokens, `(length,)` (a copy)."""
+        """Slot ids of a row's cached tokens, `(length,)` (a copy). ValueError when the sliding
+        window released the row's oldest positions (see `released`)."""
         row = self._check_row(row)
+        if self._starts[row]:
+            raise ValueError(f"row {row} no longer holds its first {int(self._starts[row])} positions (they left "
+                             f"the sliding window of {self.window} and were released)")
         return self._table[row, : self._lengths[row]].copy()
+
+    def released(self, row: int) -> int:
+        """How many of the row's oldest positions the sliding window released (0 without one)."""
+        return int(self._starts[self._check_row(row)])
 
     def select(self, indices: Sequence[int]) -> None:
         """Make the rows `[rows[i] for i in indices]`; repeated indices share their prefix.
@@ -115,12 +144,13 @@ class KVCache:
         idx = checks.rows("indices", indices, self.batch_size)
         uses = np.bincount(idx, minlength=self.batch_size) - 1  # change in users of each old row
         for row in np.nonzero(uses)[0]:
-            slots = self._table[row, : self._lengths[row]]
+            slots = self._table[row, self._starts[row] : self._lengths[row]]
             self._refcount[slots] += uses[row]
         dropped = self._slots_of_rows(np.nonzero(uses < 0)[0])
         self._push_free(dropped[self._refcount[dropped] == 0])
         self._table = self._table[idx] if idx.size else np.zeros((0, self._table.shape[1]), np.int64)
         self._lengths = self._lengths[idx]
+        self._starts = self._starts[idx]
 
     def fork(self, row: int, n: int) -> list[int]:
         """Append `n` rows sharing `row`'s cached prefix; returns their row numbers."""
@@ -135,6 +165,11 @@ class KVCache:
         row = self._check_row(row)
         current = int(self._lengths[row])
         length = checks.bounded("length", length, 0, current)
+        start = int(self._starts[row])
+        if start and length - self.window + 1 < start:
+            raise ValueError(f"length={length} is out of range for row {row}: its positions before {start} left the "
+                             f"sliding window of {self.window} and were released, so it can be truncated to "
+                             f"{start + self.window - 1} tokens at least")
         dropped = self._table[row, length:current]
         self._refcount[dropped] -= 1
         self._push_free(dropped[self._refcount[dropped] == 0])
@@ -142,9 +177,11 @@ class KVCache:
 
     def snapshot(self, row: int) -> RowSnapshot:
         """Keep `row`'s cached prefix alive outside the batch (slot references, no K/V copy)."""
-        slots = self.slots(row)
+        row = self._check_row(row)
+        start = int(self._starts[row])
+        slots = self._table[row, start : self._lengths[row]].copy()
         self._refcount[slots] += 1
-        return RowSnapshot(slots, self)
+        return RowSnapshot(slots, self, start)
 
     def share(self, slots: Sequence[int]) -> RowSnapshot:
         """A snapshot of any slots in use, `slots (k,)`, taking one reference each: a row made
@@ -171,15 +208,17 @@ class KVCache:
         valid (each new row takes its own references). O(Σ lengths) ints.
         """
         snapshots = checks.snapshot_list("snapshots", snapshots, self, RowSnapshot)
-        lengths = np.array([s.slots.size for s in snapshots], dtype=np.int64)
+        starts = np.array([s.start for s in snapshots], dtype=np.int64)
+        lengths = np.array([s.start + s.slots.size for s in snapshots], dtype=np.int64)
         width = max(int(lengths.max(initial=0)), self._table.shape[1])
         table = np.zeros((len(snapshots), width), dtype=np.int64)
         for row, snapshot in enumerate(snapshots):
-            table[row, : snapshot.slots.size] = snapshot.slots
+            table[row, snapshot.start : lengths[row]] = snapshot.slots
             self._refcount[snapshot.slots] += 1
         self.select([])  # release the old rows (the snapshots hold their own references)
         self._table = table
         self._lengths = lengths
+        self._starts = starts
 
     def release(self, snapshot: RowSnapshot) -> None:
         """Give back a snapshot's references (once); its unshared slots become free."""
@@ -194,6 +233,7 @@ class KVCache:
         self.select([])
         self._table = np.zeros((batch_size, self._table.shape[1]), dtype=np.int64)
         self._lengths = np.zeros(batch_size, dtype=np.int64)
+        self._starts = np.zeros(batch_size, dtype=np.int64)
 
     def copy_prefix(self, source: KVCache, source_row: int, length: int, row: int = 0) -> None:
         """Fill the empty `row` with the first `length` cached tokens of `source`'s `source_row`
@@ -209,6 +249,9 @@ class KVCache:
         row = self._check_row(row)
         source_row = checks.row("source_row", source_row, source.batch_size)
         length = checks.bounded("length", length, 0, source.length(source_row))
+        if length and source._starts[source_row]:
+            raise ValueError(f"source row {source_row} no longer holds its first {int(source._starts[source_row])} "
+                             f"positions (released by the sliding window); copy_prefix needs positions from 0")
         for name in ("num_kv_heads", "head_dim", "dtype"):
             if getattr(source, name) != getattr(self, name):
                 raise ValueError(f"source cache has {name}={getattr(source, name)}, this cache {getattr(self, name)}")
@@ -249,6 +292,8 @@ class KVCache:
                 f"row {row} would hold {int(end[row])} tokens, more than the model's context of "
                 f"{self.max_length}{self.context_note}"
             )
+        if self.window is not None:
+            self._release_outside_window(start)
         total = int(new_counts.sum())
         if total > self._num_free:
             self._grow(max(2 * len(self._refcount), len(self._refcount) + total))
@@ -291,7 +336,19 @@ class KVCache:
         """Distinct slot ids used by `rows`."""
         if rows.size == 0:
             return np.zeros(0, dtype=np.int64)
-        return np.unique(np.concatenate([self._table[r, : self._lengths[r]] for r in rows]))
+        return np.unique(np.concatenate([self._table[r, self._starts[r] : self._lengths[r]] for r in rows]))
+
+    def _release_outside_window(self, lengths: np.ndarray) -> None:
+        """Release, per row, the slots no future query reads: the next token (at position
+        `lengths[b]`) sees keys from lengths[b] − W + 1 on, and `keep` more are held for
+        truncation. Done in chunks of at least `keep` positions (≥ 1) so the work is rare."""
+        target = lengths - self.window + 1 - self.keep
+        due = np.nonzero(target - self._starts >= max(self.keep, 1))[0]
+        for row in due:
+            dropped = self._table[row, self._starts[row] : target[row]]
+            self._refcount[dropped] -= 1
+            self._push_free(dropped[self._refcount[dropped] == 0])
+            self._starts[row] = target[row]
 
     def _push_free(self, slots: np.ndarray) -> None:
         n = slots.size

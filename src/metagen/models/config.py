@@ -8,12 +8,12 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Hyper-parameters of a pre-norm decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3).
+    """Hyper-parameters of a pre-norm decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3).
 
     Attributes mirror HF `config.json` names where one exists.
     """
 
-    architecture: str  # a family of models/families/: "llama" | "mistral" | "qwen2" | "qwen3" | "phi3"
+    architecture: str  # a family of models/families/: "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "gemma3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -29,22 +29,54 @@ class ModelConfig:
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
     name: str = ""
     qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
-    sliding_window: int | None = None  # keys older than this are outside attention (Mistral); see context_limit
+    sliding_window: int | None = None  # a windowed layer attends to the last this-many positions (Mistral, Gemma 3)
+    # Per layer "sliding_attention" | "full_attention" (Gemma 3); None: every layer is windowed
+    # when sliding_window is set (Mistral), else none.
+    layer_types: tuple[str, ...] | None = None
+    rope_local_theta: float | None = None  # RoPE base of sliding layers, unscaled (Gemma 3); None: as global
+    hidden_activation: str = "silu"  # the gate's activation: "silu" (SwiGLU) | "gelu_pytorch_tanh" (GeGLU)
+    embed_scale: float | None = None  # embeddings times this, in the activation dtype (Gemma: sqrt(hidden))
+    query_pre_attn_scalar: float | None = None  # attention scale is its −1/2 power (Gemma 3); None: head_dim
+    post_norms: bool = False  # RMSNorm of the attention and MLP outputs before each residual add (Gemma 3)
 
     def __post_init__(self) -> None:
+        if self.layer_types is not None:
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
+            if len(self.layer_types) != self.num_hidden_layers:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries, expected num_hidden_layers="
+                                 f"{self.num_hidden_layers}")
+            unknown = set(self.layer_types) - {"sliding_attention", "full_attention"}
+            if unknown:
+                raise ValueError(f"layer_types holds {sorted(unknown)}; supported: 'sliding_attention', "
+                                 f"'full_attention'")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
 
-    @property
-    def context_limit(self) -> int:
-        """Longest row the native backend runs exactly: the context, or the sliding window when
-        smaller (sliding-window attention equals full attention while every key is in the window)."""
-        if self.sliding_window is not None and self.sliding_window < self.max_position_embeddings:
+    def layer_window(self, index: int) -> int | None:
+        """The window of layer `index`: it attends to positions p − W + 1 .. p (transformers'
+        `kv > q − W`); None for full causal attention."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[index] == "sliding_attention":
             return self.sliding_window
-        return self.max_position_embeddings
+        return None
+
+    def is_local_layer(self, index: int) -> bool:
+        """Whether layer `index` is a sliding layer using the local RoPE base (Gemma 3)."""
+        return self.layer_types is not None and self.layer_types[index] == "sliding_attention"
+
+    @property
+    def cache_window(self) -> int | None:
+        """The window when every layer is windowed (its cache can release older slots), else None."""
+        windows = {self.layer_window(i) for i in range(self.num_hidden_layers)}
+        return windows.pop() if len(windows) == 1 else None
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def num_parameters(self) -> int:
@@ -57,6 +89,8 @@ class ModelConfig:
             per_layer += q + 2 * kv
         if self.qk_norm:
             per_layer += 2 * self.head_dim
+        if self.post_norms:
+            per_layer += 2 * h
         embed = self.vocab_size * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return embed + head + self.num_hidden_layers * per_layer + h

@@ -1,6 +1,6 @@
 """The native decoder: a paged-cache `LanguageModel` over a stack of `layer.decoder_layer`s.
 
-Every dense family (Llama, Mistral, Qwen2, Qwen3, Phi-3; see `models/families/`) runs this one
+Every dense family (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3; see `models/families/`) runs this one
 class: a family differs only in its weights (which norms and biases exist, how checkpoint names
 map onto `LayerWeights`), never in the forward. The code is plain tensor functions over weight
 objects (no nn.Module) so the per-token path is a short list of kernels: per layer 2 norms,
@@ -10,6 +10,12 @@ Two execution paths share the layer body and differ only in how attention and th
 add + norm run (`_GeneralOps`, `_FusedOps`): appends of more than FUSED_MAX_NEW_TOKENS tokens per
 row (prefill) gather K/V and call SDPA; shorter ones (decode steps, speculative verification)
 run the fused CPU kernels of `models/kernels/fused.cpp`.
+
+Sliding-window layers (Mistral; Gemma 3's local layers) attend to the last W positions, p − W + 1
+.. p, as transformers does: the general path masks and gathers only the columns any query of
+the call can see, the fused path starts each query's read of its page table at p − W + 1. A
+layer without a window costs nothing extra. When every layer is windowed the cache releases
+slots that left every row's window (`KVCache(window=...)`).
 """
 
 from __future__ import annotations
@@ -80,6 +86,11 @@ class DecoderModel(LanguageModel):
         self._rope_cache_length = 0
         self._rotation = torch.zeros(0, dtype=torch.complex64)
         self._cos = self._sin = torch.zeros(0)
+        # Per layer: its window (None: full causal attention) and whether it uses the local RoPE
+        # table (Gemma 3's sliding layers: rope_local_theta, unscaled).
+        self.layer_windows = [config.layer_window(i) for i in range(config.num_hidden_layers)]
+        self.local_rope = [config.rope_local_theta is not None and config.is_local_layer(i)
+                           for i in range(config.num_hidden_layers)]
         self._ensure_rope(min(self.max_context, 4096))
         from metagen.models.kernels import fused_kernels
 
@@ -95,16 +106,13 @@ class DecoderModel(LanguageModel):
 
     @property
     def max_context(self) -> int:
-        """The checkpoint's context, or its sliding window when smaller: attention is exact up
-        to the window (every key is inside it), and longer rows are refused by the cache."""
-        return self.config.context_limit
+        return self.config.max_position_embeddings
 
     def new_cache(self, batch_size: int = 1, capacity: int = 1024) -> KVCache:
+        """An empty cache of `batch_size` rows. When every layer is windowed (Mistral with
+        sliding_window) it releases the slots that left every row's window, so its pool stays
+        bounded however long the rows grow."""
         config = self.config
-        note = ""
-        if config.context_limit < config.max_position_embeddings:
-            note = (f" (sliding_window={config.sliding_window}: the native backend attends to every key, which "
-                    f"equals sliding-window attention only up to the window)")
         cache = KVCache(
             config.num_hidden_layers,
             config.num_key_value_heads,
@@ -112,7 +120,7 @@ class DecoderModel(LanguageModel):
             torch.float32,
             self.max_context,
             checks.bounded("capacity", capacity, 1),
-            context_note=note,
+            window=config.cache_window,
         )
         cache.reset(batch_size)
         return cache
@@ -131,7 +139,9 @@ class DecoderModel(LanguageModel):
         total = self.config.num_hidden_layers
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < total:
             raise ValueError(f"num_layers={num_layers!r} is out of range: must be an int in [1, {total - 1}]")
-        config = replace(self.config, num_hidden_layers=num_layers, name=f"{self.config.name} (first {num_layers} layers)")
+        layer_types = None if self.config.layer_types is None else self.config.layer_types[:num_layers]
+        config = replace(self.config, num_hidden_layers=num_layers, layer_types=layer_types,
+                         name=f"{self.config.name} (first {num_layers} layers)")
         model = DecoderModel(config, self.layers[:num_layers], self.embed, self.norm, self.lm_head, self.tokenizer,
                              self.dtype, self.freq_factors, source=self.source)
         model.use_fused = self.use_fused
@@ -196,13 +206,20 @@ class DecoderModel(LanguageModel):
             ids = ops.ids(ids)
         else:
             ops = _GeneralOps(self, cache, counts, slots, table, positions)
-        x = self.embed[ids].float()  # (B, T_q, H) or (N, H): the residual stream, float32
-        x, h = ops.add_norm(x, None, self.layers[0].attn_norm)
+        x, h = ops.add_norm(self._embed(ids), None, self.layers[0].attn_norm)
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
             next_norm = self.norm if index == last else self.layers[index + 1].attn_norm
             x, h = decoder_layer(self.config, layer, x, h, index, ops, next_norm)
         return x, h, counts, packed
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The residual stream's start, float32: embedding rows (scaled in the activation dtype
+        for Gemma, as transformers does)."""
+        x = self.embed[ids]  # (B, T_q, H) or (N, H) in the activation dtype
+        if self.config.embed_scale is not None:
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
+        return x.float()
 
     @torch.no_grad()
     def layer_by_layer(self, cache: KVCache, tokens: Sequence[Sequence[int]] | torch.Tensor) -> Iterator["LayerStep"]:
@@ -219,8 +236,7 @@ class DecoderModel(LanguageModel):
         slots, table, positions = cache.allocate(counts)
         self._ensure_rope(int(positions.max()) + 1)
         ops = _GeneralOps(self, cache, counts, slots, table, positions)
-        x = self.embed[ids].float()  # (B, T, H) the residual stream, float32
-        x, h = ops.add_norm(x, None, self.layers[0].attn_norm)
+        x, h = ops.add_norm(self._embed(ids), None, self.layers[0].attn_norm)  # (B, T, H)
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
             next_norm = self.norm if index == last else self.layers[index + 1].attn_norm
@@ -257,14 +273,17 @@ class DecoderModel(LanguageModel):
         return ids, counts
 
     def _ensure_rope(self, length: int) -> None:
+        """RoPE tables for positions < length (at least): complex rotations (T, D/2) and their
+        cos / sin for the fused kernels; a second set for local layers (Gemma 3) when they
+        use another base."""
         if length <= self._rope_cache_length:
             return
         length = max(length, 2 * self._rope_cache_length)
-        inv_freq = rope_frequencies(self.config, self.freq_factors)
-        angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq.double())
-        self._rotation = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)  # (T, D/2)
-        self._cos = self._rotation.real.contiguous()  # (T, D/2) float32, for the fused kernels
-        self._sin = self._rotation.imag.contiguous()
+        self._rotation, self._cos, self._sin = _rope_tables(rope_frequencies(self.config, self.freq_factors), length)
+        self._local_rotation, self._local_cos, self._local_sin = self._rotation, self._cos, self._sin
+        if any(self.local_rope):
+            local = replace(self.config, rope_theta=self.config.rope_local_theta, rope_scaling=None)
+            self._local_rotation, self._local_cos, self._local_sin = _rope_tables(rope_frequencies(local), length)
         self._rope_cache_length = length
 
 
@@ -281,6 +300,13 @@ class LayerStep:
     def __call__(self, weights: LayerWeights) -> torch.Tensor:
         self.output = decoder_layer(self._config, weights, self._x, self._h, self.index, self._ops, self._next_norm)
         return self.output[0]
+
+
+def _rope_tables(inv_freq: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """e^{i·pos·θ} for pos < length: (T, D/2) complex64, and its cos and sin (T, D/2) float32."""
+    angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq.double())
+    rotation = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
+    return rotation, rotation.real.contiguous(), rotation.imag.contiguous()
 
 
 def _row_ids(name: str, row: Sequence[int]) -> torch.Tensor:
@@ -326,7 +352,9 @@ def _positions(values: torch.Tensor, counts: np.ndarray, packed: bool, all_posit
 class _GeneralOps:
     """Attention and add + norm of the general path: x is (B, T_q, H) with padding; new K/V
     are written to the cache, every row's K/V gathered through its page table, SDPA with a
-    causal mask over positions (none when every row decodes one token at the same length)."""
+    causal mask over positions (none when every row decodes one token at the same length).
+    A windowed layer gathers only the columns from the oldest key any query sees and masks
+    keys older than q − W + 1 (padding queries keep the plain causal mask, so no row is empty)."""
 
     def __init__(self, model: DecoderModel, cache: KVCache, counts: np.ndarray, slots, table, positions) -> None:
         config = model.config
@@ -334,6 +362,10 @@ class _GeneralOps:
         self.cache, self.slots, self.table = cache, slots, table
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.matmul_dtype, self.eps, self.width = model.matmul_dtype, config.rms_norm_eps, (config.hidden_size,)
+        self.scale = None if config.query_pre_attn_scalar is None else config.attention_scale
+        self.layer_windows, self.local_rope = model.layer_windows, model.local_rope
+        self.positions, self.counts = positions, counts
+        self.windowed: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # window -> (table, mask)
         self.valid_index = None
         if bool((counts != t_q).any()):  # flat indices of real (non-padding) new tokens, row-major like `slots`
             valid = torch.from_numpy((np.arange(t_q)[None, :] < counts[:, None]).reshape(-1))
@@ -346,23 +378,46 @@ class _GeneralOps:
             t_kv = table.shape[1]
             self.mask = (torch.arange(t_kv)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # (B, 1, Tq, Tkv)
         self.rotation = model._rotation[positions].unsqueeze(2)  # (B, Tq, 1, D/2) complex
+        self.local_rotation = self.rotation
+        if any(model.local_rope):
+            self.local_rotation = model._local_rotation[positions].unsqueeze(2)
+
+    def _window(self, window: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(table columns lo.., mask (B, 1, Tq, Tkv − lo)) of a layer with this window, where lo
+        is the oldest position any real query sees; the unwindowed pair when every key is in."""
+        if window not in self.windowed:
+            positions = self.positions
+            t_kv = self.table.shape[1]
+            if int(positions.max()) - window + 1 <= 0:
+                self.windowed[window] = (self.table, self.mask)
+                return self.windowed[window]
+            lo = max(0, int(positions[:, 0].min()) - window + 1)
+            keys = torch.arange(lo, t_kv)[None, None, :]
+            ends = torch.from_numpy(self.counts) + positions[:, 0]  # (B,) each row's length
+            padding = (positions >= ends[:, None])[:, :, None]  # (B, Tq, 1)
+            inside = (keys > positions[:, :, None] - window) | padding
+            mask = ((keys <= positions[:, :, None]) & inside).unsqueeze(1)
+            self.windowed[window] = (self.table[:, lo:], mask)
+        return self.windowed[window]
 
     def attend(self, index: int, qkv: torch.Tensor) -> torch.Tensor:
         """qkv (B, Tq, (heads + 2·kv_heads)·D) -> attention output (B, Tq, heads·D), matmul dtype."""
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         batch, t_q, _ = qkv.shape
         qkv = qkv.float()
-        qk = apply_rope(qkv[..., : (heads + kv_heads) * head_dim].unflatten(-1, (heads + kv_heads, head_dim)),
-                        self.rotation)
+        rotation = self.local_rotation if self.local_rope[index] else self.rotation
+        qk = apply_rope(qkv[..., : (heads + kv_heads) * head_dim].unflatten(-1, (heads + kv_heads, head_dim)), rotation)
         v = qkv[..., (heads + kv_heads) * head_dim :].unflatten(-1, (kv_heads, head_dim))
         kv_new = torch.stack((qk[:, :, heads:], v), dim=2).view(batch * t_q, 2, kv_heads, head_dim)
         if self.valid_index is not None:
             kv_new = kv_new[self.valid_index]
         self.cache.write(index, self.slots, kv_new)
-        kv = self.cache.read(index, self.table)  # (B, Tkv, 2, KVH, D)
+        window = self.layer_windows[index]
+        table, mask = (self.table, self.mask) if window is None else self._window(window)
+        kv = self.cache.read(index, table)  # (B, Tkv, 2, KVH, D)
         q = qk[:, :, :heads].transpose(1, 2)  # (B, heads, Tq, D)
         keys, values = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # (B, KVH, Tkv, D)
-        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.mask, enable_gqa=True)
+        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True, scale=self.scale)
         return attn.transpose(1, 2).reshape(batch, t_q, heads * head_dim).to(self.matmul_dtype)
 
     def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor):
@@ -378,7 +433,8 @@ class _FusedOps:
     row b's page table up to its own position (the new tokens' keys are stored before attention
     runs, layer by layer), which is causal attention without a mask. Per layer: RoPE + cache
     store (one kernel), attention reading the cache in place (SDPA over gathered K/V beyond
-    FUSED_ATTENTION_MAX_KEYS), residual add + next RMSNorm + cast (one kernel).
+    FUSED_ATTENTION_MAX_KEYS), residual add + next RMSNorm + cast (one kernel). A windowed
+    layer's query at position p reads its page table from p − W + 1 on.
     """
 
     def __init__(self, model: DecoderModel, cache: KVCache, counts: np.ndarray, slots, table, positions) -> None:
@@ -388,7 +444,10 @@ class _FusedOps:
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.cos, self.sin = model._cos, model._sin
         self.bf16, self.eps, self.matmul_dtype = model.matmul_dtype == torch.bfloat16, config.rms_norm_eps, model.matmul_dtype
-        self.scale = config.head_dim**-0.5
+        self.scale = config.attention_scale
+        self.layer_windows, self.local_rope = model.layer_windows, model.local_rope
+        self.local_cos, self.local_sin = model._local_cos, model._local_sin
+        self.windowed: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}  # window -> (starts, mask)
         self.valid = None
         if t_q > 1:  # one query per real new token, row-major like `slots`
             self.valid = torch.from_numpy((np.arange(t_q)[None, :] < counts[:, None]).reshape(-1))
@@ -407,6 +466,21 @@ class _FusedOps:
             self.mask = None if bool((lengths == lengths[0]).all()) else (
                 torch.arange(t_kv)[None, :] < lengths[:, None])[:, None, None, :]  # (N, 1, 1, Tkv)
 
+    def _window(self, window: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(starts (N,) of each query's first visible key or None when all are 0, the SDPA mask
+        (N, 1, 1, Tkv) when attention does not run in place)."""
+        if window not in self.windowed:
+            starts = (self.lengths - window).clamp_min(0)
+            if not bool(starts.any()):
+                self.windowed[window] = (None, None if self.in_place else self.mask)
+            else:
+                mask = None
+                if not self.in_place:
+                    keys = torch.arange(self.table.shape[1])[None, :]
+                    mask = ((keys < self.lengths[:, None]) & (keys >= starts[:, None]))[:, None, None, :]
+                self.windowed[window] = (starts, mask)
+        return self.windowed[window]
+
     def ids(self, ids: torch.Tensor) -> torch.Tensor:
         """(B, T_q) padded ids -> (N,) ids of the real new tokens."""
         return ids.reshape(-1) if self.valid is None else ids.reshape(-1)[self.valid]
@@ -414,12 +488,15 @@ class _FusedOps:
     def attend(self, index: int, qkv: torch.Tensor) -> torch.Tensor:
         """qkv (N, (heads + 2·kv_heads)·D) -> attention output (N, heads·D), matmul dtype."""
         pool = self.cache.pools[index]
-        q = self.kernels.rope_store(qkv, self.cos, self.sin, self.positions, self.slots, pool, self.heads, self.kv_heads)
+        cos, sin = (self.local_cos, self.local_sin) if self.local_rope[index] else (self.cos, self.sin)
+        q = self.kernels.rope_store(qkv, cos, sin, self.positions, self.slots, pool, self.heads, self.kv_heads)
+        window = self.layer_windows[index]
+        starts, mask = (None, None if self.in_place else self.mask) if window is None else self._window(window)
         if self.in_place:
-            return self.kernels.paged_decode_attention(q, pool, self.table, self.lengths, self.scale, self.bf16)
+            return self.kernels.paged_decode_attention(q, pool, self.table, self.lengths, self.scale, self.bf16, starts)
         kv = pool.index_select(0, self.flat_table).view(self.queries, -1, 2, self.kv_heads, self.head_dim)
         attn = F.scaled_dot_product_attention(q[:, :, None], kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2),
-                                              attn_mask=self.mask, enable_gqa=True)
+                                              attn_mask=mask, enable_gqa=True, scale=self.scale)
         return attn.view(self.queries, self.heads * self.head_dim).to(self.matmul_dtype)
 
     def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor):

@@ -5,7 +5,9 @@
 
 with RoPE (Su et al. 2021) on interleaved pairs, grouped-query attention (Ainslie et al. 2023),
 optional q/k/v bias (Qwen2, inside the fused QKV linear) and optional per-head q/k RMSNorm
-before RoPE (Qwen3). Q·K·V and gate·up run as one fused matmul each.
+before RoPE (Qwen3, Gemma 3). Q·K·V and gate·up run as one fused matmul each. Gemma 3 adds an
+RMSNorm of each sublayer's output before its residual add (`attn_post_norm`, `mlp_post_norm`)
+and GeGLU, GELU(tanh approximation)(Gate h) ⊙ Up h, for SwiGLU (`config.hidden_activation`).
 
 What differs between the general (prefill) path and the fused decode path is only *how* two
 steps run, passed in as `ops`:
@@ -49,6 +51,8 @@ class LayerWeights:
     down: object = _linear()  # I -> H
     q_norm: torch.Tensor | None = _norm(optional=True)  # (D,) per-head RMSNorm of q (Qwen3)
     k_norm: torch.Tensor | None = _norm(optional=True)  # (D,) per-head RMSNorm of k (Qwen3)
+    attn_post_norm: torch.Tensor | None = _norm(optional=True)  # (H,) RMSNorm of O's output (Gemma 3)
+    mlp_post_norm: torch.Tensor | None = _norm(optional=True)  # (H,) RMSNorm of down's output (Gemma 3)
 
 
 LINEAR_FIELDS = tuple(f.name for f in fields(LayerWeights) if f.metadata["kind"] == "linear")
@@ -67,9 +71,18 @@ def decoder_layer(config, layer: LayerWeights, x: torch.Tensor, h: torch.Tensor,
         qkv = qk_rms_norm(qkv, layer.q_norm, layer.k_norm, config.num_attention_heads,
                           config.num_key_value_heads, config.rms_norm_eps)
     attn = ops.attend(index, qkv)  # (..., heads·D)
-    x, h = ops.add_norm(x, layer.o(attn), layer.mlp_norm)
+    delta = layer.o(attn)
+    if layer.attn_post_norm is not None:
+        delta = F.rms_norm(delta.float(), delta.shape[-1:], layer.attn_post_norm, config.rms_norm_eps)
+    x, h = ops.add_norm(x, delta, layer.mlp_norm)
     gate, up = layer.gate_up(h).chunk(2, dim=-1)
-    return ops.add_norm(x, layer.down(F.silu(gate) * up), next_norm)
+    if config.hidden_activation == "silu":
+        delta = layer.down(F.silu(gate) * up)
+    else:  # "gelu_pytorch_tanh": GeGLU
+        delta = layer.down(F.gelu(gate, approximate="tanh") * up)
+    if layer.mlp_post_norm is not None:
+        delta = F.rms_norm(delta.float(), delta.shape[-1:], layer.mlp_post_norm, config.rms_norm_eps)
+    return ops.add_norm(x, delta, next_norm)
 
 
 def qk_rms_norm(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, heads: int, kv_heads: int,

@@ -33,7 +33,7 @@ AUTO_WIDE_FORMAT = "int8"
 
 
 def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use_cache: bool = True) -> DecoderModel:
-    """Load a decoder of any supported family (llama, mistral, qwen2, qwen3, phi3).
+    """Load a decoder of any supported family (llama, mistral, qwen2, qwen3, phi3, gemma3).
 
     path: a .gguf file, an HF directory (config.json, *.safetensors, tokenizer.json) or a
         directory saved by `metagen compress` (loaded in its saved formats); None loads the

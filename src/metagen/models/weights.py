@@ -4,11 +4,13 @@ Both readers return a `ModelConfig` and a dict of `WeightSource`s under one nami
 `embed`, `norm`, `lm_head`, `rope_freqs` and `layers.{i}.{name}` for the canonical names of the
 checkpoint's family (`models/families/`: attn_norm, q, k, v, q_bias, ..., or fused qkv and
 gate_up). Weights of linear layers are `(out_features, in_features)` with Q/K rows (and q/k norm
-weights) permuted into the interleaved-pair order of `layer.apply_rope`.
+weights) permuted into the interleaved-pair order of `layer.apply_rope`. RMSNorm weights are
+returned as the layer multiplies by them: a (1 + w) family's HF weights get their 1 here
+(`Family.hf_norm_offset`); its GGUF files already hold 1 + w.
 
 Checkpoint features the backend does not implement are refused by name here, before any tensor
 is read: unknown architectures and mixtures of experts, unsupported RoPE scalings, a partial
-rotary factor, another MLP activation, MLP biases.
+rotary factor, another MLP activation, MLP biases, logit soft-capping, bidirectional attention.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ _GGUF_GLOBAL_NAMES = {
 }
 _HF_GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
 _ROTARY_KEYS = ("q", "k", "q_bias", "k_bias", "q_norm", "k_norm", "qkv")
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+
+
+def pattern_layer_types(pattern: int, num_layers: int) -> tuple[str, ...]:
+    """Every `pattern`-th layer global, the others sliding (Gemma 3's `sliding_window_pattern`)."""
+    return tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers))
 
 
 @dataclass
@@ -169,6 +177,10 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
 
     arch = field("general.architecture")
     family = family_for(arch, f"GGUF file {path}")
+    for key in (f"{arch}.final_logit_softcapping", f"{arch}.attn_logit_softcapping"):
+        if field(key):
+            raise NotImplementedError(f"{path}: {key}={field(key)} (logit soft-capping) is not supported by the "
+                                      f"native backend; load it with metagen.models.TransformersModel instead")
     experts = field(f"{arch}.expert_count", 0)
     if experts:
         raise NotImplementedError(f"{path}: {arch}.expert_count={experts} (a mixture of experts) is not supported "
@@ -198,12 +210,21 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         raise NotImplementedError(f"{path}: {arch}.rope.dimension_count={rotary} rotates part of each head "
                                   f"(head dim {head_dim}); partial rotary embeddings are not supported")
     window = field(f"{arch}.attention.sliding_window")
+    blocks = int(required(f"{arch}.block_count"))
+    layer_types, local_theta, query_scalar = None, None, None
+    if family.window_pattern is not None:  # local / global layers (Gemma 3), as llama.cpp's loader sets them
+        pattern = field(f"{arch}.attention.sliding_window_pattern", family.window_pattern)
+        layer_types = (pattern_layer_types(int(pattern), blocks) if isinstance(pattern, int) else
+                       tuple("sliding_attention" if local else "full_attention" for local in pattern))
+        local_theta = float(field(f"{arch}.rope.freq_base_swa", family.local_rope_theta))
+        if blocks == 62:  # llama.cpp: Gemma 3 27B scales queries by (hidden / heads)^(-1/2), not head_dim's
+            query_scalar = hidden // heads
     config = ModelConfig(
         architecture=arch,
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=int(required(f"{arch}.feed_forward_length")),
-        num_hidden_layers=int(required(f"{arch}.block_count")),
+        num_hidden_layers=blocks,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
@@ -216,6 +237,12 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         name=str(field("general.name", Path(path).stem)),
         qk_norm=family.qk_norm,
         sliding_window=int(window) if window else None,
+        layer_types=layer_types,
+        rope_local_theta=local_theta,
+        hidden_activation=family.activation,
+        embed_scale=hidden**0.5 if family.scaled_embedding else None,
+        query_pre_attn_scalar=query_scalar,
+        post_norms=family.post_norms,
     )
     layer_names = family.gguf_names()
     sources: dict[str, WeightSource] = {}
@@ -253,6 +280,10 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
     if not config_path.is_file():
         raise FileNotFoundError(f"{path} has no config.json; expected an HF model directory or a .gguf file")
     raw = _read_json_object(config_path)
+    if raw.get("model_type") == "gemma3":
+        raise NotImplementedError(f"{config_path}: model_type 'gemma3' (Gemma3ForConditionalGeneration, vision and "
+                                  f"text) is not supported by the native backend; its text decoder alone (model_type "
+                                  f"'gemma3_text', Gemma3ForCausalLM) is")
     family = family_for(raw.get("model_type", "llama"), str(config_path))
     _refuse_unsupported(raw, config_path)
 
@@ -262,12 +293,33 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
     heads = positive("num_attention_heads")
     # transformers >= 5 writes RoPE settings as one `rope_parameters` dict; older files use
     # top-level `rope_theta` and `rope_scaling`.
+    # Gemma 3 keeps one dict per layer kind: full_attention (global) and sliding_attention (local).
     rope = dict(raw.get("rope_parameters") or {})
+    local_rope = {}
+    if "full_attention" in rope or "sliding_attention" in rope:
+        local_rope = dict(rope.get("sliding_attention") or {})
+        rope = dict(rope.get("full_attention") or {})
     rope_theta = raw.get("rope_theta", rope.pop("rope_theta", 10000.0))
     rope_scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     check_rope_scaling(rope_scaling, str(config_path))
+    if local_rope.get("rope_type", "default") != "default":
+        raise NotImplementedError(f"{config_path}: rope_parameters.sliding_attention type "
+                                  f"{local_rope['rope_type']!r} is not supported by the native backend (local "
+                                  f"layers take unscaled RoPE)")
     # Qwen2/3 write a sliding_window they do not use unless use_sliding_window is true.
     window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
+    layer_types = raw.get("layer_types")
+    if layer_types is None and window is not None and "max_window_layers" in raw:  # Qwen2/3: the first ones are global
+        first = _positive_int(raw, "max_window_layers", config_path)
+        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(positive("num_hidden_layers"))]
+    if layer_types is None and family.window_pattern is not None:
+        pattern = raw.get("sliding_window_pattern", family.window_pattern)
+        layer_types = pattern_layer_types(_positive_int(raw, "sliding_window_pattern", config_path, pattern),
+                                          positive("num_hidden_layers"))
+    local_theta = None
+    if family.local_rope_theta is not None:
+        local_theta = float(local_rope.get("rope_theta", raw.get("rope_local_base_freq", family.local_rope_theta)))
+    scalar = raw.get("query_pre_attn_scalar")
     config = ModelConfig(
         architecture=family.architecture,
         vocab_size=positive("vocab_size"),
@@ -286,7 +338,14 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
         name=path.name,
         qk_norm=family.qk_norm,
         sliding_window=None if window is None else positive("sliding_window"),
+        layer_types=layer_types,
+        rope_local_theta=local_theta,
+        hidden_activation=_activation(raw, family.activation),
+        embed_scale=positive("hidden_size") ** 0.5 if family.scaled_embedding else None,
+        query_pre_attn_scalar=None if scalar is None else float(scalar),
+        post_norms=family.post_norms,
     )
+    norm_offset = family.hf_norm_offset
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path} holds no *.safetensors files")
@@ -304,7 +363,10 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
                     key = f"layers.{index}.{layer_names[rest]}"
                 else:
                     continue
-                source = WeightSource(key, dense_tensor=handle.get_tensor(name))
+                tensor = handle.get_tensor(name)
+                if norm_offset and key.split(".")[-1].endswith("norm"):  # (1 + w) RMSNorm
+                    tensor = tensor.float() + norm_offset
+                source = WeightSource(key, dense_tensor=tensor)
                 source.row_order = rotary_row_order(key, source.dense_tensor.shape[0], config)
                 sources[key] = source
     if config.tie_word_embeddings or "lm_head" not in sources:
@@ -323,12 +385,25 @@ def _refuse_unsupported(raw: dict, path: Path) -> None:
     if factor != 1.0:
         raise NotImplementedError(f"{path}: partial_rotary_factor={factor} (RoPE on part of each head) is not "
                                   f"supported by the native backend")
-    activation = raw.get("hidden_act", "silu")
-    if activation != "silu":
-        raise NotImplementedError(f"{path}: hidden_act={activation!r} is not supported by the native backend "
-                                  f"(supported: 'silu')")
+    for key in ("hidden_activation", "hidden_act"):
+        activation = raw.get(key)
+        if activation is not None and activation not in SUPPORTED_ACTIVATIONS:
+            raise NotImplementedError(f"{path}: {key}={activation!r} is not supported by the native backend "
+                                      f"(supported: {', '.join(map(repr, SUPPORTED_ACTIVATIONS))})")
     if raw.get("mlp_bias"):
         raise NotImplementedError(f"{path}: mlp_bias=true is not supported by the native backend")
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if raw.get(key) is not None:
+            raise NotImplementedError(f"{path}: {key}={raw[key]} (logit soft-capping) is not supported by the native "
+                                      f"backend; load it with metagen.models.TransformersModel instead")
+    if raw.get("use_bidirectional_attention"):
+        raise NotImplementedError(f"{path}: use_bidirectional_attention=true (an embedding model) is not supported "
+                                  f"by the native backend")
+
+
+def _activation(raw: dict, default: str) -> str:
+    """The MLP gate's activation: Gemma's `hidden_activation`, else `hidden_act`, else the family's."""
+    return raw.get("hidden_activation") or raw.get("hidden_act") or default
 
 
 def _read_json_object(path: Path) -> dict:

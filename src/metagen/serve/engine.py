@@ -254,7 +254,8 @@ class Engine:
                                 logits="all" if request.echo else "last")
             prompt_row = cache.snapshot(0)
             cache.restore(running + [prompt_row] * n)
-            if prefixes is not None:  # later requests (running or not) reuse this prompt
+            if prefixes is not None and not prompt_row.start:  # later requests reuse this prompt (unless a
+                # sliding-window cache already released its oldest positions)
                 request.prefix_node = prefixes.insert(prompt_ids, prompt_row.slots)
                 prefixes.lock(request.prefix_node)
                 self._evict()
@@ -359,7 +360,7 @@ class Engine:
             return
         cache, kept = self._cache, set(keep)
         for b, index in enumerate(request.active):
-            if b in kept:
+            if b in kept or cache.released(rows[b]):  # a sliding window released its oldest positions
                 continue
             slots = cache.slots(rows[b])
             tokens = (request.prompt_ids + request.rows[index].completion.token_ids)[:slots.size]

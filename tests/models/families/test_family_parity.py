@@ -2,7 +2,8 @@
 prompt, and through truncate / fork / ragged multi-token append, on both execution paths (the
 fused decode kernels and the general PyTorch path); the same weights written as GGUF load to the
 same logits (Llama: Q/K interleaved by the converter; Qwen3: rotate-half rows and q/k norms;
-Phi-3: fused attn_qkv and gate+up in ffn_up)."""
+Phi-3: fused attn_qkv and gate+up in ffn_up; Gemma 3: 1 + w norms, llama.cpp's layer pattern).
+Windows past the prompt are in test_sliding_window.py."""
 
 import pytest
 import torch
@@ -77,6 +78,44 @@ def test_the_same_weights_as_gguf_load_to_the_same_logits(family, tmp_path):
         assert_close(model.forward(cache, [PROMPT[-2:]], logits="all").logits[0], expected[-2:])
 
 
+def test_a_gemma3_gguf_as_llama_cpp_writes_it_loads_to_the_same_logits(tmp_path):
+    """llama.cpp's Gemma 3 GGUF: norm weights stored as 1 + w (not shifted again on load), no
+    layer pattern (every 6th layer global), local RoPE base 10000, global base and linear scaling
+    from the metadata, the window from attention.sliding_window."""
+    hf = build_hf_model("gemma3", num_hidden_layers=6, layer_types=None, query_pre_attn_scalar=32)
+    assert hf.config.layer_types[4:] == ["sliding_attention", "full_attention"]
+    model = load(write_gguf(hf, tmp_path / "gemma3.gguf", "gemma3"), dtype="fp32", use_cache=False)
+    assert model.family == "gemma3" and model.config.layer_types == tuple(hf.config.layer_types)
+    expected = reference_logits(hf, PROMPT)
+    for fused in paths(model):
+        model.use_fused = fused
+        cache = model.new_cache(1)
+        assert_close(model.forward(cache, [PROMPT[:-2]], logits="all").logits[0], expected[:-2])
+        assert_close(model.forward(cache, [PROMPT[-2:]], logits="all").logits[0], expected[-2:])
+
+
+def test_legacy_gemma3_config_fields_give_the_same_layers(tmp_path):
+    """Older Gemma 3 config.json files: sliding_window_pattern, rope_theta, rope_local_base_freq,
+    rope_scaling instead of layer_types and per-kind rope_parameters."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from metagen.models.weights import read_hf_directory
+
+    fields = {"model_type": "gemma3_text", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+              "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+              "sliding_window": 4, "sliding_window_pattern": 2, "rope_theta": 1e6, "rope_local_base_freq": 5e3,
+              "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "query_pre_attn_scalar": 8}
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    save_file({}, str(tmp_path / "model.safetensors"))
+    config, _ = read_hf_directory(tmp_path)
+    assert config.layer_types == ("sliding_attention", "full_attention") * 2
+    assert [config.layer_window(i) for i in range(4)] == [4, None, 4, None]
+    assert (config.rope_theta, config.rope_local_theta, config.rope_scaling["factor"]) == (1e6, 5e3, 8.0)
+    assert config.hidden_activation == "gelu_pytorch_tanh" and config.embed_scale == 4.0 and config.post_norms
+
+
 def test_bf16_and_int8_stay_near_fp32(pair):
     """The other formats run the same layer; a coarse check that they load and agree in top-1."""
     family, hf, directory = pair
@@ -88,7 +127,7 @@ def test_bf16_and_int8_stay_near_fp32(pair):
         assert agree >= 0.75, (family, dtype, agree)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "phi3"])
+@pytest.mark.parametrize("family", ["qwen3", "phi3", "gemma3"])
 def test_the_conversion_cache_keeps_every_family_weight(family, tmp_path, temp_cache, monkeypatch):
     """q/k norms (optional LayerWeights fields) and fused-name linears survive the cache: the
     second load is a cache hit and gives the first load's logits exactly."""
@@ -100,5 +139,8 @@ def test_the_conversion_cache_keeps_every_family_weight(family, tmp_path, temp_c
     second = load(directory, dtype="int8")
     if family == "qwen3":
         assert second.layers[0].q_norm is not None and torch.equal(second.layers[0].k_norm, first.layers[0].k_norm)
+    if family == "gemma3":
+        assert torch.equal(second.layers[0].mlp_post_norm, first.layers[0].mlp_post_norm)
+        assert second.config.layer_types == first.config.layer_types and second.config.embed_scale == 8.0
     logits = [m.forward(m.new_cache(1), [PROMPT], logits="all").logits for m in (first, second)]
     assert torch.equal(logits[0], logits[1])

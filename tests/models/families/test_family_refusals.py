@@ -1,14 +1,11 @@
 """Checkpoint features the native backend does not implement are refused by name when the
-checkpoint is read, never silently ignored; a sliding window smaller than the context limits the
-context to the window, where attention is exact."""
+checkpoint is read, never silently ignored; Qwen's unused sliding_window is not applied."""
 
 import json
 
 import pytest
-import torch
 
 from metagen.models import load
-from tests.models.families.tiny_checkpoints import build_hf_model, save_hf
 
 BASE = {"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
         "num_attention_heads": 2, "num_key_value_heads": 1}
@@ -33,7 +30,15 @@ def directory_with(tmp_path, **fields):
          "rope_scaling type 'dynamic' is not supported"),
         ({"model_type": "phi3", "partial_rotary_factor": 0.75}, "partial_rotary_factor=0.75"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu' is not supported"),
+        ({"model_type": "gemma3_text", "hidden_activation": "relu"}, "hidden_activation='relu' is not supported"),
         ({"mlp_bias": True}, "mlp_bias=true is not supported"),
+        ({"model_type": "gemma3_text", "final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0 (logit soft"),
+        ({"model_type": "gemma3_text", "attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0 (logit soft"),
+        ({"model_type": "gemma3_text", "use_bidirectional_attention": True}, "use_bidirectional_attention=true"),
+        ({"model_type": "gemma3", "text_config": {}}, "model_type 'gemma3' (Gemma3ForConditionalGeneration"),
+        ({"model_type": "gemma2"}, "architecture 'gemma2' (Gemma 2 (logit soft-capping"),
+        ({"model_type": "gemma3_text", "rope_parameters": {"sliding_attention": {"rope_type": "yarn", "factor": 2.0}}},
+         "rope_parameters.sliding_attention type 'yarn' is not supported"),
     ],
 )
 def test_unsupported_hf_features_are_refused_by_name(fields, message, tmp_path, temp_cache):
@@ -48,13 +53,27 @@ def test_a_gguf_of_an_unsupported_architecture_is_refused_by_name(tmp_path, temp
     from gguf import GGUFWriter
 
     path = tmp_path / "gemma.gguf"
-    writer = GGUFWriter(str(path), "gemma3")
+    writer = GGUFWriter(str(path), "gemma2")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(NotImplementedError, match=r"architecture 'gemma3' \(Gemma 3 .*load it with "
+    with pytest.raises(NotImplementedError, match=r"architecture 'gemma2' \(Gemma 2 .*load it with "
                                                   r"metagen.models.TransformersModel"):
+        load(path)
+
+
+def test_a_gemma3_gguf_with_logit_softcapping_is_refused_by_name(tmp_path, temp_cache):
+    from gguf import GGUFWriter
+
+    path = tmp_path / "capped.gguf"
+    writer = GGUFWriter(str(path), "gemma3")
+    writer.add_final_logit_softcapping(30.0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(NotImplementedError, match=r"gemma3.final_logit_softcapping=30.0 \(logit soft-capping\)"):
         load(path)
 
 
@@ -71,26 +90,18 @@ def test_a_sliding_window_counts_unless_the_checkpoint_disables_it(use_sliding_w
     directory = directory_with(tmp_path, **fields)
     save_file({}, str(directory / "model.safetensors"))
     config, _ = read_hf_directory(directory)
-    assert config.sliding_window == expected and config.context_limit == (64 if expected is None else 8)
+    assert config.sliding_window == expected and config.cache_window == expected
 
 
-def test_mistral_sliding_window_limits_the_context_to_the_window(tmp_path):
-    """Inside the window sliding-window attention is full attention (exact); past it the native
-    backend would differ from transformers, so a longer row is refused naming sliding_window."""
-    window = 8
-    hf = build_hf_model("mistral", sliding_window=window)
-    model = load(save_hf(hf, tmp_path), dtype="fp32", use_cache=False)
-    assert model.max_context == window and model.config.sliding_window == window
-    ids = [17, 2048, 311, 9001, 42, 777, 15, 30000]
-    with torch.no_grad():
-        expected = hf(torch.tensor([ids])).logits[0]
-    cache = model.new_cache(1)
-    assert (model.forward(cache, [ids], logits="all").logits[0] - expected).abs().max().item() < 1e-4
-    with pytest.raises(ValueError, match=f"more than the model's context of {window} \\(sliding_window={window}"):
-        model.forward(cache, [[5]])
-    longer = ids + [5, 6, 7, 8]  # why it is refused: transformers' window changes these logits
-    with torch.no_grad():
-        windowed = hf(torch.tensor([longer])).logits[0, -1]
-        hf.config.sliding_window = None
-        full = hf(torch.tensor([longer])).logits[0, -1]
-    assert (windowed - full).abs().max().item() > 1e-2
+def test_qwen2_max_window_layers_keeps_the_first_layers_global(tmp_path):
+    """Qwen2 with use_sliding_window: layers from max_window_layers on are windowed (transformers'
+    layer_types when config.json has none); the cache then cannot release slots."""
+    from safetensors.torch import save_file
+
+    from metagen.models.weights import read_hf_directory
+
+    directory = directory_with(tmp_path, model_type="qwen2", num_hidden_layers=3, sliding_window=8,
+                               use_sliding_window=True, max_window_layers=1)
+    save_file({}, str(directory / "model.safetensors"))
+    config, _ = read_hf_directory(directory)
+    assert [config.layer_window(i) for i in range(3)] == [None, 8, 8] and config.cache_window is None

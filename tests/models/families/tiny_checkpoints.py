@@ -16,6 +16,13 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),  # head_dim != hidden / heads, as in Qwen3
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=None, pad_token_id=0)),
+    # Local layers with a window of 4 (< the test prompts), a global one between them; head_dim and
+    # query_pre_attn_scalar differ from hidden / heads; global RoPE linearly scaled, local unscaled.
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        num_hidden_layers=3, head_dim=32, query_pre_attn_scalar=24, sliding_window=4, tie_word_embeddings=True,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
 }
 
 
@@ -55,7 +62,10 @@ def _llama_permute(weight: np.ndarray, heads: int) -> np.ndarray:
 
 def write_gguf(model, path, architecture: str):
     """`model`'s weights as an F32 GGUF with llama.cpp's names and metadata, plus the embedded
-    model's tokenizer fields. Llama Q/K rows are permuted to interleaved pairs as llama.cpp does."""
+    model's tokenizer fields. Llama Q/K rows are permuted to interleaved pairs as llama.cpp does;
+    Gemma 3 norm weights get their 1 added (llama.cpp stores 1 + w), its global RoPE base and
+    scaling and its sliding window are written, no layer pattern (llama.cpp fixes every 6th
+    layer global)."""
     from gguf import GGUFReader, GGUFWriter
 
     from metagen.models import embedded_model_path
@@ -72,7 +82,16 @@ def write_gguf(model, path, architecture: str):
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base((getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta})["rope_theta"])
+    rope = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta}
+    rope = rope.get("full_attention", rope)
+    writer.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type") == "linear":
+        from gguf import RopeScalingType
+
+        writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    if architecture == "gemma3":
+        writer.add_sliding_window(config.sliding_window)
     embedded = GGUFReader(str(embedded_model_path()))
     for key, field in embedded.fields.items():
         if key.startswith("tokenizer."):
@@ -84,8 +103,13 @@ def write_gguf(model, path, architecture: str):
                    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
                    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
                    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}  # Phi-3's fused tensors
+    if architecture == "gemma3":
+        layer_names.update({"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                            "post_feedforward_layernorm": "post_ffw_norm"})
     for name, tensor in model.state_dict().items():
         array = tensor.detach().float().numpy().copy()
+        if architecture == "gemma3" and name.endswith("norm.weight"):
+            array = array + 1  # llama.cpp's converter stores Gemma's (1 + w)
         if name in names:
             if name == "lm_head.weight" and config.tie_word_embeddings:
                 continue

@@ -50,6 +50,16 @@ class Family:
         converts only Llama/Mistral to interleaved pairs); they are permuted on load.
     qk_norm: per-head RMSNorm of q and k before RoPE (canonical `q_norm`, `k_norm`).
     attention_bias: q/k/v biases when config.json does not say (`attention_bias`).
+    hf_model_type: the HF `model_type` when it differs from the GGUF architecture name.
+    post_norms: RMSNorm of each sublayer's output before the residual add (`attn_post_norm`,
+        `mlp_post_norm`).
+    hf_norm_offset: added to every RMSNorm weight read from HF files ((1 + w) norms, Gemma);
+        llama.cpp's converter already adds it to GGUF files, so GGUF weights are taken as stored.
+    activation: the MLP gate's activation when the file does not say (GGUF files never do).
+    scaled_embedding: embeddings are multiplied by sqrt(hidden_size) (Gemma).
+    local_rope_theta: RoPE base of sliding-window layers when the file does not say (Gemma 3).
+    window_pattern: every n-th layer is global, the others sliding, when the file gives no layer
+        types (transformers' Gemma 3 default; llama.cpp fixes 6 for Gemma 3 GGUF files).
     """
 
     architecture: str
@@ -58,6 +68,13 @@ class Family:
     gguf_rotate_half: bool = True
     qk_norm: bool = False
     attention_bias: bool = False
+    hf_model_type: str | None = None
+    post_norms: bool = False
+    hf_norm_offset: float = 0.0
+    activation: str = "silu"
+    scaled_embedding: bool = False
+    local_rope_theta: float | None = None
+    window_pattern: int | None = None
 
     def hf_names(self) -> dict[str, str]:
         """HF suffix -> canonical name."""
@@ -70,13 +87,15 @@ class Family:
     def required_layer_tensors(self) -> list[str]:
         """Canonical names every layer must have (biases are optional)."""
         names = ["attn_norm", "mlp_norm"] + (["q_norm", "k_norm"] if self.qk_norm else [])
+        names += ["attn_post_norm", "mlp_post_norm"] if self.post_norms else []
         return names + [part for parts, _ in self.linears.values() for part in parts]
 
 
 def _registry() -> dict[str, Family]:
-    from metagen.models.families import llama, phi3, qwen2, qwen3
+    from metagen.models.families import gemma3, llama, phi3, qwen2, qwen3
 
-    return {family.architecture: family for module in (llama, qwen2, qwen3, phi3) for family in module.FAMILIES}
+    families = [family for module in (llama, qwen2, qwen3, phi3, gemma3) for family in module.FAMILIES]
+    return {name: family for family in families for name in (family.architecture, family.hf_model_type) if name}
 
 
 FAMILIES: dict[str, Family] = {}
@@ -85,8 +104,6 @@ KNOWN_UNSUPPORTED = {
     "mixtral": "a mixture of experts",
     "qwen2_moe": "a mixture of experts",
     "qwen3_moe": "a mixture of experts",
-    "gemma3": "Gemma 3 (GeGLU, (1 + w) norms, local/global attention) is not implemented yet",
-    "gemma3_text": "Gemma 3 (GeGLU, (1 + w) norms, local/global attention) is not implemented yet",
     "gemma2": "Gemma 2 (logit soft-capping, local/global attention) is not implemented yet",
 }
 

@@ -161,10 +161,12 @@ inline float dot(const float* a, const float* b, int64_t dim) {
 
 // One query token per row attending to its cached keys, read in place through the page table.
 // q: (B, H, D) float32; pool: (S, 2, KVH, D); table: (B, T_max) int64; lengths: (B,) int64
-// (row b attends to table[b, :lengths[b]]). Returns (B, H·D) in out_dtype.
+// (row b attends to table[b, :lengths[b]]; with starts (B,) int64, a sliding window, to
+// table[b, starts[b]:lengths[b]]). Returns (B, H·D) in out_dtype.
 // softmax(q·kᵀ·scale)·v per head, heads h of one group sharing kv head h / (H / KVH).
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor pool, torch::Tensor table,
-                                     torch::Tensor lengths, double scale, bool bf16_out) {
+                                     torch::Tensor lengths, double scale, bool bf16_out,
+                                     c10::optional<torch::Tensor> starts) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous(), "q: contiguous float32");
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = pool.size(2);
@@ -177,15 +179,19 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor pool, torch:
   const float* pp = pool.data_ptr<float>();
   const int64_t* tp = tab.data_ptr<int64_t>();
   const int64_t* lp = len.data_ptr<int64_t>();
+  torch::Tensor first;
+  if (starts.has_value()) first = starts->contiguous();
+  const int64_t* fp = starts.has_value() ? first.data_ptr<int64_t>() : nullptr;
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
   at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / kv_heads, kvh = item % kv_heads;
-      const int64_t length = lp[b];
+      const int64_t skip = fp != nullptr ? fp[b] : 0;
+      const int64_t length = lp[b] - skip;
       scores.assign(group * length, 0.f);
-      const int64_t* slots = tp + b * t_max;
+      const int64_t* slots = tp + b * t_max + skip;
       for (int64_t t = 0; t < length; ++t) {
         const float* key = pp + ((slots[t] * 2) * kv_heads + kvh) * dim;
         for (int64_t g = 0; g < group; ++g) {
@@ -347,7 +353,9 @@ torch::Tensor apply_token_bitmask(torch::Tensor logits, torch::Tensor mask) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual += delta; rmsnorm(residual) * weight");
   m.def("rope_store", &rope_store, "interleaved RoPE on q, k; store k, v into cache slots");
-  m.def("paged_decode_attention", &paged_decode_attention, "one-token attention over paged K/V");
+  m.def("paged_decode_attention", &paged_decode_attention, "one-token attention over paged K/V",
+        py::arg("q"), py::arg("pool"), py::arg("table"), py::arg("lengths"), py::arg("scale"), py::arg("bf16_out"),
+        py::arg("starts") = py::none());
   m.def("top_p_cutoff", &top_p_cutoff, "smallest probability kept by top-p, per row (quickselect)");
   m.def("apply_token_bitmask", &apply_token_bitmask, "logits where the token's bit is 1, -inf elsewhere");
 }

@@ -1,0 +1,38 @@
+"""Gemma 3 (text decoder; HF `Gemma3ForCausalLM`, model_type "gemma3_text", GGUF "gemma3").
+
+The Llama layer with: (1 + w) RMSNorm weights, an RMSNorm after attention and after the MLP
+before each residual add (pre- and post-norms), GeGLU (GELU, tanh approximation), embeddings
+scaled by sqrt(hidden), per-head q/k RMSNorm, attention scale query_pre_attn_scalar^(−1/2), and
+sliding-window local layers (RoPE base rope_local_base_freq, unscaled) alternating with global
+ones (rope_theta with rope_scaling); tied embeddings. Gemma 3's HF `post_attention_layernorm` is
+the attention's post-norm, not the MLP's pre-norm as in Llama.
+
+llama.cpp's converter adds the 1 to every norm weight when it writes a GGUF, keeps Q/K rows in
+rotate-half order, writes no layer pattern (its loader fixes every 6th layer global and the
+local base at 10000) and no query_pre_attn_scalar (head_dim, or hidden / heads for the 62-layer
+27B). Logit soft-capping (Gemma 2) is refused when the checkpoint is read.
+"""
+
+from metagen.models.families import LLAMA_LAYER_NAMES, Family
+
+_NAMES = {name: pair for name, pair in LLAMA_LAYER_NAMES.items() if not name.endswith("_bias") and name != "mlp_norm"}
+GEMMA3 = Family(
+    "gemma3",
+    layer_names={
+        **_NAMES,
+        "q_norm": ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+        "k_norm": ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+        "attn_post_norm": ("post_attention_layernorm.weight", "post_attention_norm.weight"),
+        "mlp_norm": ("pre_feedforward_layernorm.weight", "ffn_norm.weight"),
+        "mlp_post_norm": ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
+    },
+    qk_norm=True,
+    hf_model_type="gemma3_text",
+    post_norms=True,
+    hf_norm_offset=1.0,
+    activation="gelu_pytorch_tanh",
+    scaled_embedding=True,
+    local_rope_theta=10000.0,
+    window_pattern=6,
+)
+FAMILIES = (GEMMA3,)
