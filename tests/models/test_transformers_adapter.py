@@ -135,7 +135,9 @@ def test_attention_kinds_without_a_position_mask_are_refused_by_name():
 
 @pytest.mark.slow
 def test_sampling_four_rows_gives_the_native_tokens(model_fp32, adapter):
-    params = SamplingParams(n=4, temperature=0.8, max_tokens=16, seed=3)
+    # top_k keeps the draws away from the tail, where a 1e-6 change of the CDF (fp32 rounding of
+    # a different kernel) can move a draw between two tokens of probability ~1e-6
+    params = SamplingParams(n=4, temperature=0.8, top_k=20, max_tokens=16, seed=3)
     prompt = [{"role": "user", "content": "Name a colour."}]
     native = generate(model_fp32, prompt, params)
     batched = generate(adapter, prompt, params)
