@@ -122,6 +122,28 @@ def test_sliding_window_models_give_the_full_sequence_logits_past_the_window(fam
             torch.testing.assert_close(step.logits[row, : len(sequence)], reference, atol=1e-4, rtol=0)
 
 
+def test_restore_mixes_empty_and_full_snapshots_and_rows_stay_independent():
+    from metagen.models import TransformersModel
+
+    hf_model = build_hf_model("llama")
+    model = TransformersModel(hf_model, tokenizer=None)
+    cache = model.new_cache(1)
+    empty = cache.snapshot(0)  # made before any forward: no layers yet
+    model.forward(cache, [[5, 6, 7]])
+    with pytest.raises(ValueError, match="made by another cache"):
+        model.new_cache(1).restore([empty])
+    cache.restore([empty, cache.snapshot(0), cache.snapshot(0)])
+    cache.truncate(2, 1)
+    out = model.forward(cache, [[5, 6, 7, 8], [8], [6, 7, 8]], logits="all")
+    reference = _rows_alone(hf_model, [[5, 6, 7, 8]])[0]  # (4, V)
+    torch.testing.assert_close(out.logits[0], reference, atol=1e-4, rtol=0)
+    torch.testing.assert_close(out.logits[1, 0], reference[-1], atol=1e-4, rtol=0)
+    torch.testing.assert_close(out.logits[2, :3], reference[1:], atol=1e-4, rtol=0)
+    other = model.new_cache(1)
+    other.restore([other.snapshot(0)])  # an empty row restores to an empty row
+    assert other.lengths == [0] and model.forward(other, [[5]]).logits.shape == (1, hf_model.config.vocab_size)
+
+
 def test_attention_kinds_without_a_position_mask_are_refused_by_name():
     from metagen.models.transformers_adapter import _attention_layout
 

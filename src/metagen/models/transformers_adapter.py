@@ -127,7 +127,8 @@ class TransformersCache:
                 heads, _, dim = getattr(full[0], name)[layer].shape
                 tensor = getattr(full[0], name)[layer].new_zeros(len(snapshots), heads, width, dim)  # (B, H, W, D)
                 for b, snapshot in enumerate(snapshots):
-                    tensor[b, :, : snapshot.length] = getattr(snapshot, name)[layer]
+                    if snapshot.length:  # an empty row's snapshot may hold no layers at all
+                        tensor[b, :, : snapshot.length] = getattr(snapshot, name)[layer]
                 parts.append(tensor)
             layers.append(tuple(parts))
         self.past = DynamicCache(layers)
@@ -243,7 +244,7 @@ class TransformersModel(LanguageModel):
         kwargs = {self._cache_argument: cache.past}
         if logits != "all" and self._keeps_logits:
             kwargs["logits_to_keep"] = 1  # every row's last new token is the last column
-        out = self.hf_model(
+        out = self.hf_model(  # extends cache.past in place
             input_ids=ids,
             attention_mask=self._masks(allowed, query_positions, key_positions),
             position_ids=query_positions,
@@ -251,7 +252,6 @@ class TransformersModel(LanguageModel):
             output_hidden_states=hidden,
             **kwargs,
         )
-        cache.past = getattr(out, "past_key_values", None) or cache.past
         cache.valid = valid
         cache._lengths = end
         count_list = counts.tolist()
