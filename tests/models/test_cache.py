@@ -154,8 +154,8 @@ def transformers_cache(batch):
     from metagen.models.transformers_adapter import TransformersCache
 
     cache = TransformersCache(batch)
-    for row in cache.rows:
-        row.length = 3  # row operations only; no transformers model needed
+    cache.valid = torch.ones(batch, 3, dtype=torch.bool)  # row operations only; no transformers model needed
+    cache._lengths[:] = 3
     return cache
 
 
