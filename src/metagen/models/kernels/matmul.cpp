@@ -1,0 +1,411 @@
+// Weight-only int4 / int8 matrix kernels for decoding: Y (M, N) = X (M, K) · Wᵀ, M = 1..64 rows
+// (more rows run in chunks of 64), every weight block read from memory once for all rows.
+//
+// Numerics (the same on every path, and for every M: row r's output never depends on the other rows):
+//   1. each row of X is quantized per block of 32 features to int8, as llama.cpp's Q8_0:
+//        a = max|x| / 127,  xq = round_half_even(x · 127 / max|x|) ∈ [-127, 127]   (a = 0, xq = 0 for a zero block)
+//   2. per block, the integer dot  d = Σ xq·q  is exact (int32);
+//   3. the float fold, per output column n and block g, in this order (fp32, fused multiply-adds):
+//        int4: w = (q − 8)·s + z, q ∈ [0, 15], s and z bf16 per (n, g):
+//              acc = fma(d, s·a, acc);  acc = fma(z − 8·s, a·Σxq, acc)
+//        int8: w = q·s, q ∈ [-127, 127], s per column n:
+//              acc = fma(d, a, acc);  after the last block acc = acc·s
+//   4. + bias (fp32), rounded once to bf16 (round half to even).
+// The AVX-512 VNNI and the AVX2 paths compute the same integers and the same float operations
+// lane by lane, so they agree bit for bit (the tests check this).
+//
+// Layouts (built by metagen/models/linear.py), columns in tiles of 16, K in blocks of 32:
+//   int4: per tile, per block, 320 bytes: 4 × 64 bytes of nibbles, chunk c byte 4j + b holding
+//         q[16t + j][32g + 4c + b] (low nibble) and q[16t + j][32g + 16 + 4c + b] (high nibble);
+//         then 16 bf16 scales s and 16 bf16 zeros z of the tile's columns.
+//   int8: per tile, per block, 512 bytes: 8 chunks of 64, chunk c byte 4j + b holding
+//         q[16t + j][32g + 4c + b] + 128 (an unsigned byte); column scales separately (fp32).
+// So one 64-byte chunk is 16 columns × 4 consecutive features: one int32 lane per column, the
+// shape of VNNI's vpdpbusd (u8 × s8, 4 products per lane); AVX2 takes it as two 32-byte halves.
+//
+// Cost per call: M·N·K multiply-adds in int8 plus O(M·N·K/32) float operations; weight bytes
+// read once: N·K/2 · 1.25 (int4), N·K (int8).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define METAGEN_X86 1
+#else
+#define METAGEN_X86 0
+#endif
+
+namespace {
+
+constexpr int64_t kTile = 16;         // output columns per tile
+constexpr int64_t kBlock = 32;        // input features per block
+constexpr int64_t kRowChunk = 64;     // rows whose accumulators live together
+constexpr int64_t kInt4BlockBytes = 320;
+constexpr int64_t kInt8BlockBytes = 512;
+
+enum Isa : int64_t { kNone = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// Activations quantized per row and block of 32 (step 1 above). codes: (M, Kp) int8 with Kp =
+// blocks·32 (zero padded); scale a, a·Σxq and 128·Σxq per (row, block).
+struct QuantizedRows {
+  std::vector<int8_t> codes;
+  std::vector<float> scale;
+  std::vector<float> scaled_sum;
+  std::vector<int32_t> offset;  // 128·Σxq: vpdpbusd on u8 weights q + 128 counts it once too many
+  int64_t blocks = 0;
+};
+
+inline float round_half_even(float v) {  // exact for |v| < 2^22 in the default rounding mode
+  const float magic = 12582912.f;       // 1.5 · 2^23
+  return (v >= 0.f) ? (v + magic) - magic : -((-v + magic) - magic);
+}
+
+template <typename In>
+void quantize_rows(const In* x, int64_t rows, int64_t k, int64_t blocks, QuantizedRows& out) {
+  const int64_t padded = blocks * kBlock;
+  out.blocks = blocks;
+  out.codes.assign(rows * padded, 0);
+  out.scale.resize(rows * blocks);
+  out.scaled_sum.resize(rows * blocks);
+  out.offset.resize(rows * blocks);
+  for (int64_t r = 0; r < rows; ++r) {
+    const In* row = x + r * k;
+    for (int64_t g = 0; g < blocks; ++g) {
+      const int64_t begin = g * kBlock, end = std::min(k, begin + kBlock);
+      float amax = 0.f;
+      for (int64_t i = begin; i < end; ++i) amax = std::max(amax, std::fabs(static_cast<float>(row[i])));
+      const float inverse = amax > 0.f ? 127.f / amax : 0.f;
+      int32_t sum = 0;
+      int8_t* codes = out.codes.data() + r * padded;
+      for (int64_t i = begin; i < end; ++i) {
+        float v = round_half_even(static_cast<float>(row[i]) * inverse);
+        v = std::min(127.f, std::max(-127.f, v));
+        codes[i] = static_cast<int8_t>(v);
+        sum += codes[i];
+      }
+      const float a = amax / 127.f;
+      out.scale[r * blocks + g] = a;
+      out.scaled_sum[r * blocks + g] = a * static_cast<float>(sum);
+      out.offset[r * blocks + g] = 128 * sum;
+    }
+  }
+}
+
+// fp32 -> bf16, round half to even, NaN kept quiet (as c10::BFloat16 does).
+inline uint16_t to_bf16(float v) {
+  if (std::isnan(v)) return 0x7FC0;
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// The end of a tile: rows × 16 accumulators (+ column scale) (+ bias) -> bf16 output columns.
+inline void store_tile(const float* acc, int64_t rows, int64_t tile, int64_t n, const float* column_scale,
+                       const float* bias, uint16_t* out, int64_t row0) {
+  const int64_t col0 = tile * kTile;
+  const int64_t width = std::min(kTile, n - col0);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint16_t* o = out + (row0 + r) * n + col0;
+    for (int64_t j = 0; j < width; ++j) {
+      float v = acc[r * kTile + j];
+      if (column_scale != nullptr) v *= column_scale[col0 + j];
+      if (bias != nullptr) v += bias[col0 + j];
+      o[j] = to_bf16(v);
+    }
+  }
+}
+
+#if METAGEN_X86
+
+// ---------------------------------------------------------------- AVX-512 (F, BW, VNNI)
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline __m512 bf16x16_avx512(const uint8_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+// d = Σ over the block's 8 chunks of vpdpbusd(weights u8, row's 4 codes broadcast); two chains for ILP.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline __m512i dot_block_avx512(const __m512i* w,
+                                                                                                const int32_t* x) {
+  __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+  for (int c = 0; c < 8; c += 2) {
+    d0 = _mm512_dpbusd_epi32(d0, w[c], _mm512_set1_epi32(x[c]));
+    d1 = _mm512_dpbusd_epi32(d1, w[c + 1], _mm512_set1_epi32(x[c + 1]));
+  }
+  return _mm512_add_epi32(d0, d1);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void int4_tiles_avx512(
+    const uint8_t* weight, const QuantizedRows& act, int64_t rows, int64_t n, const float* bias, uint16_t* out,
+    int64_t tile_begin, int64_t tile_end) {
+  const int64_t blocks = act.blocks;
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const __m512 minus_eight = _mm512_set1_ps(-8.f);
+  alignas(64) float acc[kRowChunk * kTile];
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    for (int64_t row0 = 0; row0 < rows; row0 += kRowChunk) {
+      const int64_t chunk = std::min(kRowChunk, rows - row0);
+      std::memset(acc, 0, sizeof(float) * chunk * kTile);
+      for (int64_t g = 0; g < blocks; ++g) {
+        const uint8_t* b = weight + (t * blocks + g) * kInt4BlockBytes;
+        __m512i w[8];
+        for (int c = 0; c < 4; ++c) {
+          const __m512i v = _mm512_loadu_si512(b + 64 * c);
+          w[c] = _mm512_and_si512(v, nibble);
+          w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+        }
+        const __m512 s = bf16x16_avx512(b + 256);
+        const __m512 zero = _mm512_fmadd_ps(s, minus_eight, bf16x16_avx512(b + 288));  // z − 8·s
+        for (int64_t r = 0; r < chunk; ++r) {
+          const int64_t rg = (row0 + r) * blocks + g;
+          const int32_t* x = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock + g * kBlock);
+          const __m512i d = dot_block_avx512(w, x);
+          float* a = acc + r * kTile;
+          const __m512 sa = _mm512_mul_ps(s, _mm512_set1_ps(act.scale[rg]));
+          __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sa, _mm512_load_ps(a));
+          v = _mm512_fmadd_ps(zero, _mm512_set1_ps(act.scaled_sum[rg]), v);
+          _mm512_store_ps(a, v);
+        }
+      }
+      store_tile(acc, chunk, t, n, nullptr, bias, out, row0);
+    }
+  }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void int8_tiles_avx512(
+    const uint8_t* weight, const float* column_scale, const QuantizedRows& act, int64_t rows, int64_t n,
+    const float* bias, uint16_t* out, int64_t tile_begin, int64_t tile_end) {
+  const int64_t blocks = act.blocks;
+  alignas(64) float acc[kRowChunk * kTile];
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    for (int64_t row0 = 0; row0 < rows; row0 += kRowChunk) {
+      const int64_t chunk = std::min(kRowChunk, rows - row0);
+      std::memset(acc, 0, sizeof(float) * chunk * kTile);
+      for (int64_t g = 0; g < blocks; ++g) {
+        const uint8_t* b = weight + (t * blocks + g) * kInt8BlockBytes;
+        __m512i w[8];
+        for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(b + 64 * c);
+        for (int64_t r = 0; r < chunk; ++r) {
+          const int64_t rg = (row0 + r) * blocks + g;
+          const int32_t* x = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock + g * kBlock);
+          const __m512i d = _mm512_sub_epi32(dot_block_avx512(w, x), _mm512_set1_epi32(act.offset[rg]));
+          float* a = acc + r * kTile;
+          _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(act.scale[rg]), _mm512_load_ps(a)));
+        }
+      }
+      store_tile(acc, chunk, t, n, column_scale, bias, out, row0);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- AVX2 (+ FMA)
+
+__attribute__((target("avx2,fma"))) inline __m256 bf16x8_avx2(const uint8_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
+__attribute__((target("avx2,fma"))) void int4_tiles_avx2(const uint8_t* weight, const QuantizedRows& act, int64_t rows,
+                                                         int64_t n, const float* bias, uint16_t* out,
+                                                         int64_t tile_begin, int64_t tile_end) {
+  const int64_t blocks = act.blocks;
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256 minus_eight = _mm256_set1_ps(-8.f);
+  alignas(64) float acc[kRowChunk * kTile];
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    for (int64_t row0 = 0; row0 < rows; row0 += kRowChunk) {
+      const int64_t chunk = std::min(kRowChunk, rows - row0);
+      std::memset(acc, 0, sizeof(float) * chunk * kTile);
+      for (int64_t g = 0; g < blocks; ++g) {
+        const uint8_t* b = weight + (t * blocks + g) * kInt4BlockBytes;
+        for (int half = 0; half < 2; ++half) {  // columns 8·half .. 8·half + 7
+          __m256i w[8];
+          for (int c = 0; c < 4; ++c) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(b + 64 * c + 32 * half));
+            w[c] = _mm256_and_si256(v, nibble);
+            w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+          }
+          const __m256 s = bf16x8_avx2(b + 256 + 16 * half);
+          const __m256 zero = _mm256_fmadd_ps(s, minus_eight, bf16x8_avx2(b + 288 + 16 * half));
+          for (int64_t r = 0; r < chunk; ++r) {
+            const int64_t rg = (row0 + r) * blocks + g;
+            const int32_t* x = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock + g * kBlock);
+            // u8 q ∈ [0, 15] × s8: each pair ≤ 2·15·127 in magnitude, 8 pairs summed ≤ 30480 < 2^15: exact in int16.
+            __m256i pairs = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(x[0]));
+            for (int c = 1; c < 8; ++c) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[c], _mm256_set1_epi32(x[c])));
+            const __m256i d = _mm256_madd_epi16(pairs, ones);
+            float* a = acc + r * kTile + 8 * half;
+            const __m256 sa = _mm256_mul_ps(s, _mm256_set1_ps(act.scale[rg]));
+            __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sa, _mm256_load_ps(a));
+            v = _mm256_fmadd_ps(zero, _mm256_set1_ps(act.scaled_sum[rg]), v);
+            _mm256_store_ps(a, v);
+          }
+        }
+      }
+      store_tile(acc, chunk, t, n, nullptr, bias, out, row0);
+    }
+  }
+}
+
+__attribute__((target("avx2,fma"))) void int8_tiles_avx2(const uint8_t* weight, const float* column_scale,
+                                                         const QuantizedRows& act, int64_t rows, int64_t n,
+                                                         const float* bias, uint16_t* out, int64_t tile_begin,
+                                                         int64_t tile_end) {
+  const int64_t blocks = act.blocks;
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i ones = _mm256_set1_epi16(1);
+  alignas(64) float acc[kRowChunk * kTile];
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    for (int64_t row0 = 0; row0 < rows; row0 += kRowChunk) {
+      const int64_t chunk = std::min(kRowChunk, rows - row0);
+      std::memset(acc, 0, sizeof(float) * chunk * kTile);
+      for (int64_t g = 0; g < blocks; ++g) {
+        const uint8_t* b = weight + (t * blocks + g) * kInt8BlockBytes;
+        for (int half = 0; half < 2; ++half) {
+          __m256i w[8];  // signed weights q = stored byte − 128
+          for (int c = 0; c < 8; ++c) w[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(b + 64 * c + 32 * half)), flip);
+          for (int64_t r = 0; r < chunk; ++r) {
+            const int64_t rg = (row0 + r) * blocks + g;
+            const int32_t* x = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock + g * kBlock);
+            // x·q = |x| · (q·sign x): u8 × s8 pairs ≤ 2·127·127 < 2^15 (q = −128 is refused at packing).
+            __m256i d = _mm256_setzero_si256();
+            for (int c = 0; c < 8; ++c) {
+              const __m256i xs = _mm256_set1_epi32(x[c]);
+              const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xs), _mm256_sign_epi8(w[c], xs));
+              d = _mm256_add_epi32(d, _mm256_madd_epi16(pairs, ones));
+            }
+            float* a = acc + r * kTile + 8 * half;
+            _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(act.scale[rg]), _mm256_load_ps(a)));
+          }
+        }
+      }
+      store_tile(acc, chunk, t, n, column_scale, bias, out, row0);
+    }
+  }
+}
+
+#endif  // METAGEN_X86
+
+int64_t best_isa() {
+#if METAGEN_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512vnni"))
+    return kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
+#endif
+  return kNone;
+}
+
+void check_isa(int64_t isa) {
+  TORCH_CHECK(isa == kAvx2 || isa == kAvx512, "isa must be 1 (AVX2) or 2 (AVX-512 VNNI), got ", isa);
+  TORCH_CHECK(isa <= best_isa(), "isa ", isa, " is not supported by this CPU (best: ", best_isa(), ")");
+}
+
+// x: (..., K) float32 or bf16 -> (rows, K) contiguous view + the quantized rows.
+void quantize_input(const torch::Tensor& x, int64_t k, int64_t blocks, QuantizedRows& act, int64_t& rows) {
+  TORCH_CHECK(x.size(-1) == k, "x: last dimension must be in_features = ", k, ", got ", x.size(-1));
+  auto flat = x.reshape({-1, k}).contiguous();
+  rows = flat.size(0);
+  if (flat.scalar_type() == at::kBFloat16) {
+    quantize_rows(flat.data_ptr<at::BFloat16>(), rows, k, blocks, act);
+  } else {
+    TORCH_CHECK(flat.scalar_type() == at::kFloat, "x: float32 or bfloat16, got ", flat.scalar_type());
+    quantize_rows(flat.data_ptr<float>(), rows, k, blocks, act);
+  }
+}
+
+torch::Tensor output_like(const torch::Tensor& x, int64_t n) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  return torch::empty(sizes, x.options().dtype(at::kBFloat16));
+}
+
+const float* bias_pointer(const c10::optional<torch::Tensor>& bias, int64_t n) {
+  if (!bias.has_value()) return nullptr;
+  TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+              "bias: contiguous float32 of out_features = ", n, " values");
+  return bias->data_ptr<float>();
+}
+
+// Tiles per task: enough work that a thread's share outweighs waking it.
+int64_t grain(int64_t k, int64_t rows) { return std::max<int64_t>(1, 32768 / (kTile * k * std::min<int64_t>(rows, 4))); }
+
+// y = x · dequantize(weight)ᵀ (+ bias), weight in the int4 layout above.  x: (..., K) -> (..., N) bf16.
+torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int64_t k, c10::optional<torch::Tensor> bias,
+                          int64_t isa) {
+  check_isa(isa);
+  TORCH_CHECK(n % kTile == 0 && k % kBlock == 0, "int4: out_features must divide by 16 and in_features by 32, got ",
+              n, " x ", k);
+  const int64_t blocks = k / kBlock, tiles = n / kTile;
+  TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous() && weight.numel() == tiles * blocks * kInt4BlockBytes,
+              "int4 weight: contiguous uint8 of ", tiles * blocks * kInt4BlockBytes, " bytes");
+  static thread_local QuantizedRows act;  // reused: no allocation per call once grown
+  int64_t rows = 0;
+  quantize_input(x, k, blocks, act, rows);
+  auto out = output_like(x, n);
+  const uint8_t* w = weight.data_ptr<uint8_t>();
+  const float* b = bias_pointer(bias, n);
+  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  if (rows == 0) return out;
+#if METAGEN_X86
+  at::parallel_for(0, tiles, grain(k, rows), [&](int64_t begin, int64_t end) {
+    if (isa == kAvx512) int4_tiles_avx512(w, act, rows, n, b, o, begin, end);
+    else int4_tiles_avx2(w, act, rows, n, b, o, begin, end);
+  });
+#endif
+  return out;
+}
+
+// y = x · (q·s)ᵀ (+ bias), q in the int8 layout above (N padded to tiles, K to blocks), s: (N,) fp32.
+torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor weight, torch::Tensor column_scale, int64_t n, int64_t k,
+                          c10::optional<torch::Tensor> bias, int64_t isa) {
+  check_isa(isa);
+  const int64_t blocks = (k + kBlock - 1) / kBlock, tiles = (n + kTile - 1) / kTile;
+  TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous() && weight.numel() == tiles * blocks * kInt8BlockBytes,
+              "int8 weight: contiguous uint8 of ", tiles * blocks * kInt8BlockBytes, " bytes");
+  TORCH_CHECK(column_scale.scalar_type() == at::kFloat && column_scale.is_contiguous() && column_scale.numel() == n,
+              "int8 scales: contiguous float32 of out_features = ", n, " values");
+  static thread_local QuantizedRows act;  // reused: no allocation per call once grown
+  int64_t rows = 0;
+  quantize_input(x, k, blocks, act, rows);
+  auto out = output_like(x, n);
+  const uint8_t* w = weight.data_ptr<uint8_t>();
+  const float* s = column_scale.data_ptr<float>();
+  const float* b = bias_pointer(bias, n);
+  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  if (rows == 0) return out;
+#if METAGEN_X86
+  at::parallel_for(0, tiles, grain(k, rows), [&](int64_t begin, int64_t end) {
+    if (isa == kAvx512) int8_tiles_avx512(w, s, act, rows, n, b, o, begin, end);
+    else int8_tiles_avx2(w, s, act, rows, n, b, o, begin, end);
+  });
+#endif
+  return out;
+}
+
+// The activation quantization of step 1, exposed for the tests: (codes (M, Kp) int8, scales (M, blocks)).
+std::vector<torch::Tensor> quantize_activations(torch::Tensor x) {
+  const int64_t k = x.size(-1), blocks = (k + kBlock - 1) / kBlock;
+  QuantizedRows act;
+  int64_t rows = 0;
+  quantize_input(x, k, blocks, act, rows);
+  auto codes = torch::from_blob(act.codes.data(), {rows, blocks * kBlock}, torch::kInt8).clone();
+  auto scales = torch::from_blob(act.scale.data(), {rows, blocks}, torch::kFloat).clone();
+  return {codes, scales};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("best_isa", &best_isa, "2: AVX-512 VNNI, 1: AVX2 + FMA, 0: neither (the kernels cannot run)");
+  m.def("int4_matmul", &int4_matmul, "x · int4 weightᵀ (+ bias) -> bf16");
+  m.def("int8_matmul", &int8_matmul, "x · int8 weightᵀ (+ bias) -> bf16");
+  m.def("quantize_activations", &quantize_activations, "per-row, per-32 int8 codes and scales of x");
+}
