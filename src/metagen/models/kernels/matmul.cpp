@@ -130,76 +130,115 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline __m512 bf
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 
-// d = Σ over the block's 8 chunks of vpdpbusd(weights u8, row's 4 codes broadcast); two chains for ILP.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline __m512i dot_block_avx512(const __m512i* w,
-                                                                                                const int32_t* x) {
-  __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
-  for (int c = 0; c < 8; c += 2) {
-    d0 = _mm512_dpbusd_epi32(d0, w[c], _mm512_set1_epi32(x[c]));
-    d1 = _mm512_dpbusd_epi32(d1, w[c + 1], _mm512_set1_epi32(x[c + 1]));
+// R rows (R ≤ 4) of one tile over all blocks, accumulators in registers: the rows' dot products
+// interleave (independent dependency chains) and share each unpacked block. Every row runs the
+// same instruction sequence whatever R is, so results do not depend on how rows are grouped.
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void int4_rows_avx512(
+    const uint8_t* tile_weight, const QuantizedRows& act, int64_t row0, float* acc_out) {
+  const int64_t blocks = act.blocks;
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const __m512 minus_eight = _mm512_set1_ps(-8.f);
+  __m512 acc[R];
+  const int32_t* x[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    x[r] = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock);
   }
-  return _mm512_add_epi32(d0, d1);
+  const float* scale = act.scale.data() + row0 * blocks;
+  const float* scaled_sum = act.scaled_sum.data() + row0 * blocks;
+  for (int64_t g = 0; g < blocks; ++g) {
+    const uint8_t* b = tile_weight + g * kInt4BlockBytes;
+    __m512i w[8];
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(b + 64 * c);
+      w[c] = _mm512_and_si512(v, nibble);
+      w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+    }
+    const __m512 s = bf16x16_avx512(b + 256);
+    const __m512 zero = _mm512_fmadd_ps(s, minus_eight, bf16x16_avx512(b + 288));  // z − 8·s
+    __m512i d0[R], d1[R];
+    for (int r = 0; r < R; ++r) d0[r] = d1[r] = _mm512_setzero_si512();
+    for (int c = 0; c < 8; c += 2) {
+      for (int r = 0; r < R; ++r) {
+        d0[r] = _mm512_dpbusd_epi32(d0[r], w[c], _mm512_set1_epi32(x[r][g * 8 + c]));
+        d1[r] = _mm512_dpbusd_epi32(d1[r], w[c + 1], _mm512_set1_epi32(x[r][g * 8 + c + 1]));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 sa = _mm512_mul_ps(s, _mm512_set1_ps(scale[r * blocks + g]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0[r], d1[r])), sa, acc[r]);
+      acc[r] = _mm512_fmadd_ps(zero, _mm512_set1_ps(scaled_sum[r * blocks + g]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_store_ps(acc_out + r * kTile, acc[r]);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void int4_tiles_avx512(
     const uint8_t* weight, const QuantizedRows& act, int64_t rows, int64_t n, const float* bias, uint16_t* out,
     int64_t tile_begin, int64_t tile_end) {
-  const int64_t blocks = act.blocks;
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
-  const __m512 minus_eight = _mm512_set1_ps(-8.f);
-  alignas(64) float acc[kRowChunk * kTile];
+  alignas(64) float acc[4 * kTile];
   for (int64_t t = tile_begin; t < tile_end; ++t) {
-    for (int64_t row0 = 0; row0 < rows; row0 += kRowChunk) {
-      const int64_t chunk = std::min(kRowChunk, rows - row0);
-      std::memset(acc, 0, sizeof(float) * chunk * kTile);
-      for (int64_t g = 0; g < blocks; ++g) {
-        const uint8_t* b = weight + (t * blocks + g) * kInt4BlockBytes;
-        __m512i w[8];
-        for (int c = 0; c < 4; ++c) {
-          const __m512i v = _mm512_loadu_si512(b + 64 * c);
-          w[c] = _mm512_and_si512(v, nibble);
-          w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-        }
-        const __m512 s = bf16x16_avx512(b + 256);
-        const __m512 zero = _mm512_fmadd_ps(s, minus_eight, bf16x16_avx512(b + 288));  // z − 8·s
-        for (int64_t r = 0; r < chunk; ++r) {
-          const int64_t rg = (row0 + r) * blocks + g;
-          const int32_t* x = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock + g * kBlock);
-          const __m512i d = dot_block_avx512(w, x);
-          float* a = acc + r * kTile;
-          const __m512 sa = _mm512_mul_ps(s, _mm512_set1_ps(act.scale[rg]));
-          __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sa, _mm512_load_ps(a));
-          v = _mm512_fmadd_ps(zero, _mm512_set1_ps(act.scaled_sum[rg]), v);
-          _mm512_store_ps(a, v);
-        }
+    const uint8_t* tile_weight = weight + t * act.blocks * kInt4BlockBytes;
+    for (int64_t row0 = 0; row0 < rows; row0 += 4) {
+      const int64_t count = std::min<int64_t>(4, rows - row0);
+      switch (count) {
+        case 4: int4_rows_avx512<4>(tile_weight, act, row0, acc); break;
+        case 3: int4_rows_avx512<3>(tile_weight, act, row0, acc); break;
+        case 2: int4_rows_avx512<2>(tile_weight, act, row0, acc); break;
+        default: int4_rows_avx512<1>(tile_weight, act, row0, acc); break;
       }
-      store_tile(acc, chunk, t, n, nullptr, bias, out, row0);
+      store_tile(acc, count, t, n, nullptr, bias, out, row0);
     }
   }
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void int8_rows_avx512(
+    const uint8_t* tile_weight, const QuantizedRows& act, int64_t row0, float* acc_out) {
+  const int64_t blocks = act.blocks;
+  __m512 acc[R];
+  const int32_t* x[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    x[r] = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock);
+  }
+  const float* scale = act.scale.data() + row0 * blocks;
+  const int32_t* offset = act.offset.data() + row0 * blocks;
+  for (int64_t g = 0; g < blocks; ++g) {
+    const uint8_t* b = tile_weight + g * kInt8BlockBytes;
+    __m512i d0[R], d1[R];
+    for (int r = 0; r < R; ++r) d0[r] = d1[r] = _mm512_setzero_si512();
+    for (int c = 0; c < 8; c += 2) {
+      const __m512i w0 = _mm512_loadu_si512(b + 64 * c), w1 = _mm512_loadu_si512(b + 64 * (c + 1));
+      for (int r = 0; r < R; ++r) {
+        d0[r] = _mm512_dpbusd_epi32(d0[r], w0, _mm512_set1_epi32(x[r][g * 8 + c]));
+        d1[r] = _mm512_dpbusd_epi32(d1[r], w1, _mm512_set1_epi32(x[r][g * 8 + c + 1]));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512i d = _mm512_sub_epi32(_mm512_add_epi32(d0[r], d1[r]), _mm512_set1_epi32(offset[r * blocks + g]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(scale[r * blocks + g]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_store_ps(acc_out + r * kTile, acc[r]);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void int8_tiles_avx512(
     const uint8_t* weight, const float* column_scale, const QuantizedRows& act, int64_t rows, int64_t n,
     const float* bias, uint16_t* out, int64_t tile_begin, int64_t tile_end) {
-  const int64_t blocks = act.blocks;
-  alignas(64) float acc[kRowChunk * kTile];
+  alignas(64) float acc[4 * kTile];
   for (int64_t t = tile_begin; t < tile_end; ++t) {
-    for (int64_t row0 = 0; row0 < rows; row0 += kRowChunk) {
-      const int64_t chunk = std::min(kRowChunk, rows - row0);
-      std::memset(acc, 0, sizeof(float) * chunk * kTile);
-      for (int64_t g = 0; g < blocks; ++g) {
-        const uint8_t* b = weight + (t * blocks + g) * kInt8BlockBytes;
-        __m512i w[8];
-        for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(b + 64 * c);
-        for (int64_t r = 0; r < chunk; ++r) {
-          const int64_t rg = (row0 + r) * blocks + g;
-          const int32_t* x = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock + g * kBlock);
-          const __m512i d = _mm512_sub_epi32(dot_block_avx512(w, x), _mm512_set1_epi32(act.offset[rg]));
-          float* a = acc + r * kTile;
-          _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(act.scale[rg]), _mm512_load_ps(a)));
-        }
+    const uint8_t* tile_weight = weight + t * act.blocks * kInt8BlockBytes;
+    for (int64_t row0 = 0; row0 < rows; row0 += 4) {
+      const int64_t count = std::min<int64_t>(4, rows - row0);
+      switch (count) {
+        case 4: int8_rows_avx512<4>(tile_weight, act, row0, acc); break;
+        case 3: int8_rows_avx512<3>(tile_weight, act, row0, acc); break;
+        case 2: int8_rows_avx512<2>(tile_weight, act, row0, acc); break;
+        default: int8_rows_avx512<1>(tile_weight, act, row0, acc); break;
       }
-      store_tile(acc, chunk, t, n, column_scale, bias, out, row0);
+      store_tile(acc, count, t, n, column_scale, bias, out, row0);
     }
   }
 }
