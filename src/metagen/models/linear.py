@@ -36,7 +36,7 @@ import torch.nn.functional as F
 INT4_GROUP = 32
 BACKENDS = ("auto", "torch", "avx2", "avx512")
 _ISA = {"avx2": 1, "avx512": 2}
-_resolved: dict[str, str] = {}
+_resolved: dict[str, tuple] = {}  # requested -> (backend, compiled module)
 
 # Resolved once: looking an op up through `torch.ops.aten` costs microseconds per call, and a
 # decode step makes ~120 of these calls.
@@ -46,7 +46,8 @@ _INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
 
 def resolve_backend(backend: str | None = None) -> str:
     """"torch", "avx2" or "avx512": `backend`, else METAGEN_KERNELS (default "auto"), with "auto"
-    resolved to the best instruction set the compiled kernels have on this CPU (else "torch")."""
+    resolved to the best instruction set the compiled kernels have on this CPU (else "torch").
+    Resolved once per process and value."""
     requested = backend if backend is not None else os.environ.get("METAGEN_KERNELS", "auto")
     if requested not in BACKENDS:
         source = "backend" if backend is not None else "METAGEN_KERNELS"
@@ -57,21 +58,21 @@ def resolve_backend(backend: str | None = None) -> str:
         from metagen.models.kernels import matmul_kernels
 
         module = matmul_kernels()
-        best = module.best_isa() if module is not None else 0
+        best = {2: "avx512", 1: "avx2"}.get(module.best_isa() if module is not None else 0, "torch")
         if requested == "auto":
-            _resolved[requested] = {2: "avx512", 1: "avx2"}.get(best, "torch")
-        elif best < _ISA[requested]:
-            raise ValueError(f"METAGEN_KERNELS={requested!r}: this CPU or build does not support it "
-                             f"(best: {({2: 'avx512', 1: 'avx2'}).get(best, 'torch')})")
+            chosen = best
+        elif best == "torch" or _ISA[best] < _ISA[requested]:
+            raise ValueError(f"kernels {requested!r} requested (METAGEN_KERNELS or backend=): this CPU or build "
+                             f"does not support them; the best here is {best!r}")
         else:
-            _resolved[requested] = requested
-    return _resolved[requested]
+            chosen = requested
+        _resolved[requested] = (chosen, module)
+    return _resolved[requested][0]
 
 
 def _kernels():
-    from metagen.models.kernels import matmul_kernels
-
-    return matmul_kernels()
+    """The compiled module the resolved backends use."""
+    return next(module for _, module in _resolved.values() if module is not None)
 
 
 class DenseLinear:
