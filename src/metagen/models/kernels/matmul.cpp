@@ -1,5 +1,7 @@
-// Weight-only int4 / int8 matrix kernels for decoding: Y (M, N) = X (M, K) · Wᵀ, M = 1..64 rows
-// (more rows run in chunks of 64), every weight block read from memory once for all rows.
+// Weight-only int4 / int8 matrix kernels for decoding: Y (M, N) = X (M, K) · Wᵀ for the M = 1..64
+// rows of decoding (any M works). Threads split the output columns into tiles of 16; a thread
+// runs all rows over a tile (AVX-512: 4 rows at a time, AVX2: up to 64) while the tile's weights
+// (≤ K·10 bytes) stay in its L1/L2, so every weight block is read from memory once per call.
 //
 // Numerics (the same on every path, and for every M: row r's output never depends on the other rows):
 //   1. each row of X is quantized per block of 32 features to int8, as llama.cpp's Q8_0:
