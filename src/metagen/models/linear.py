@@ -14,10 +14,12 @@ METAGEN_KERNELS:
 - "auto" (default): metagen's compiled kernels (models/kernels/matmul.cpp) with the best
   instruction set of this CPU, AVX-512 VNNI or AVX2; torch's kernels when neither is there or the
   library cannot be built. "avx512" / "avx2" force one path (an error if the CPU lacks it).
-  They quantize each activation row to int8 per block of 32 features (a = max|x|/127, as
-  llama.cpp's Q8_0), take exact integer dot products with the weight codes and fold the scales
-  in fp32; a row's result does not depend on the other rows (bit for bit, whatever M is), and
-  the two instruction sets agree bit for bit. The weights are repacked at load into the
+  They quantize each activation row per block of 32 features — METAGEN_KERNEL_ACTIVATIONS=
+  "int16" (default): 32258 levels each side of zero (a = max|x|/32258, an error ≤ 1/64516 of the
+  block's largest value, finer than bf16), taken as two int8 digits; "int8": 127 levels, as
+  llama.cpp's Q8_0 (half the multiply-adds, measurably less faithful) — take exact integer dot
+  products with the weight codes and fold the scales in fp32; a row's result does not depend on
+  the other rows (bit for bit, whatever M is), and the two instruction sets agree bit for bit. The weights are repacked at load into the
   kernels' layout (int4: 16 columns × 32 features = 320 bytes with their scales and zeros).
   An int8 matrix holding a −128 code runs torch's kernel (the AVX2 sign trick needs |q| ≤ 127;
   `Int8Linear.quantize` never makes one).
@@ -35,6 +37,7 @@ import torch.nn.functional as F
 
 INT4_GROUP = 32
 BACKENDS = ("auto", "torch", "avx2", "avx512")
+ACTIVATIONS = ("int16", "int8")
 _ISA = {"avx2": 1, "avx512": 2}
 _resolved: dict[str, tuple] = {}  # requested -> (backend, compiled module)
 
@@ -68,6 +71,14 @@ def resolve_backend(backend: str | None = None) -> str:
             chosen = requested
         _resolved[requested] = (chosen, module)
     return _resolved[requested][0]
+
+
+def wide_activations() -> bool:
+    """METAGEN_KERNEL_ACTIVATIONS: "int16" (default) -> True, "int8" -> False."""
+    value = os.environ.get("METAGEN_KERNEL_ACTIVATIONS", "int16")
+    if value not in ACTIVATIONS:
+        raise ValueError(f"METAGEN_KERNEL_ACTIVATIONS={value!r}: choose one of {', '.join(ACTIVATIONS)}")
+    return value == "int16"
 
 
 def _kernels():
@@ -115,6 +126,7 @@ class Int8Linear:
         else:
             self._kernel = _kernels()
             self._isa = _ISA[self.backend]
+            self._wide = wide_activations()
             self._qweight = None
             self.packed = pack_int8(qweight)  # kernel layout, uint8
             self._scales32 = scales.float().contiguous()  # (N,)
@@ -144,7 +156,7 @@ class Int8Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend != "torch":
             return self._kernel.int8_matmul(x, self.packed, self._scales32, self.out_features, self.in_features,
-                                            self._bias32, self._isa)
+                                            self._bias32, self._isa, self._wide)
         if x.dim() == 2:
             y = _INT8_MM(x, self._qweight, self.scales)
         else:
@@ -194,6 +206,7 @@ class Int4Linear:
         else:
             self._kernel = _kernels()
             self._isa = _ISA[self.backend]
+            self._wide = wide_activations()
             if codes is None:
                 codes = unpack_torch_int4(packed, self.out_features, in_features)
             self._packed = None
@@ -250,7 +263,7 @@ class Int4Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend != "torch":
             return self._kernel.int4_matmul(x, self.kernel_weight, self.out_features, self.in_features, self._bias32,
-                                            self._isa)
+                                            self._isa, self._wide)
         if x.dim() == 2:
             y = _INT4_MM(x, self._packed, self.group_size, self.scales_and_zeros)
         else:

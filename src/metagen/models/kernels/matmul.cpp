@@ -4,8 +4,11 @@
 // (≤ K·10 bytes) stay in its L1/L2, so every weight block is read from memory once per call.
 //
 // Numerics (the same on every path, and for every M: row r's output never depends on the other rows):
-//   1. each row of X is quantized per block of 32 features to int8, as llama.cpp's Q8_0:
-//        a = max|x| / 127,  xq = round_half_even(x · 127 / max|x|) ∈ [-127, 127]   (a = 0, xq = 0 for a zero block)
+//   1. each row of X is quantized per block of 32 features, with L = 32258 = 127·254 levels
+//      ("wide", the default) or L = 127 (llama.cpp's Q8_0):
+//        a = max|x| / L,  xq = round_half_even(x · L / max|x|) ∈ [-L, L]   (a = 0, xq = 0 for a zero block)
+//      Wide codes are split into two int8 digits, xq = 254·hi + lo with hi, lo ∈ [-127, 127], and
+//      each digit takes one int8 dot product (twice the multiply-adds of L = 127);
 //   2. per block, the integer dot  d = Σ xq·q  is exact (int32);
 //   3. the float fold, per output column n and block g, in this order (fp32, fused multiply-adds):
 //        int4: w = (q − 8)·s + z, q ∈ [0, 15], s and z bf16 per (n, g):
@@ -25,7 +28,7 @@
 // So one 64-byte chunk is 16 columns × 4 consecutive features: one int32 lane per column, the
 // shape of VNNI's vpdpbusd (u8 × s8, 4 products per lane); AVX2 takes it as two 32-byte halves.
 //
-// Cost per call: M·N·K multiply-adds in int8 plus O(M·N·K/32) float operations; weight bytes
+// Cost per call: M·N·K multiply-adds in int8 (twice that when wide) plus O(M·N·K/32) float operations; weight bytes
 // read once: N·K/2 · 1.25 (int4), N·K (int8).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -53,15 +56,21 @@ constexpr int64_t kInt8BlockBytes = 512;
 
 enum Isa : int64_t { kNone = 0, kAvx2 = 1, kAvx512 = 2 };
 
-// Activations quantized per row and block of 32 (step 1 above). codes: (M, Kp) int8 with Kp =
-// blocks·32 (zero padded); scale a, a·Σxq and 128·Σxq per (row, block).
+// Activations quantized per row and block of 32 (step 1 above). codes (hi digits when wide) and
+// low (wide only): (M, Kp) int8 with Kp = blocks·32 (zero padded); per (row, block): the scale a,
+// a·Σxq, and 128·Σxq (vpdpbusd on u8 weights q + 128 counts it once too many).
 struct QuantizedRows {
   std::vector<int8_t> codes;
+  std::vector<int8_t> low;
+  std::vector<int16_t> whole;  // xq itself (for the tests)
   std::vector<float> scale;
   std::vector<float> scaled_sum;
-  std::vector<int32_t> offset;  // 128·Σxq: vpdpbusd on u8 weights q + 128 counts it once too many
+  std::vector<int32_t> offset;
   int64_t blocks = 0;
+  bool wide = true;
 };
+
+constexpr float kWideLevels = 32258.f;  // 127·254
 
 inline float round_half_even(float v) {  // exact for |v| < 2^22 in the default rounding mode
   const float magic = 12582912.f;       // 1.5 · 2^23
@@ -69,10 +78,14 @@ inline float round_half_even(float v) {  // exact for |v| < 2^22 in the default 
 }
 
 template <typename In>
-void quantize_rows(const In* x, int64_t rows, int64_t k, int64_t blocks, QuantizedRows& out) {
+void quantize_rows(const In* x, int64_t rows, int64_t k, int64_t blocks, bool wide, QuantizedRows& out) {
   const int64_t padded = blocks * kBlock;
+  const float levels = wide ? kWideLevels : 127.f;
   out.blocks = blocks;
+  out.wide = wide;
   out.codes.assign(rows * padded, 0);
+  out.low.assign(wide ? rows * padded : 0, 0);
+  out.whole.assign(rows * padded, 0);
   out.scale.resize(rows * blocks);
   out.scaled_sum.resize(rows * blocks);
   out.offset.resize(rows * blocks);
@@ -82,16 +95,22 @@ void quantize_rows(const In* x, int64_t rows, int64_t k, int64_t blocks, Quantiz
       const int64_t begin = g * kBlock, end = std::min(k, begin + kBlock);
       float amax = 0.f;
       for (int64_t i = begin; i < end; ++i) amax = std::max(amax, std::fabs(static_cast<float>(row[i])));
-      const float inverse = amax > 0.f ? 127.f / amax : 0.f;
+      const float inverse = amax > 0.f ? levels / amax : 0.f;
       int32_t sum = 0;
-      int8_t* codes = out.codes.data() + r * padded;
       for (int64_t i = begin; i < end; ++i) {
-        float v = round_half_even(static_cast<float>(row[i]) * inverse);
-        v = std::min(127.f, std::max(-127.f, v));
-        codes[i] = static_cast<int8_t>(v);
-        sum += codes[i];
+        const float v = std::min(levels, std::max(-levels, round_half_even(static_cast<float>(row[i]) * inverse)));
+        const int32_t q = static_cast<int32_t>(v);
+        out.whole[r * padded + i] = static_cast<int16_t>(q);
+        if (wide) {
+          const int32_t hi = static_cast<int32_t>(round_half_even(v / 254.f));
+          out.codes[r * padded + i] = static_cast<int8_t>(hi);
+          out.low[r * padded + i] = static_cast<int8_t>(q - 254 * hi);
+        } else {
+          out.codes[r * padded + i] = static_cast<int8_t>(q);
+        }
+        sum += q;
       }
-      const float a = amax / 127.f;
+      const float a = amax / levels;
       out.scale[r * blocks + g] = a;
       out.scaled_sum[r * blocks + g] = a * static_cast<float>(sum);
       out.offset[r * blocks + g] = 128 * sum;
@@ -127,118 +146,95 @@ inline void store_tile(const float* acc, int64_t rows, int64_t tile, int64_t n, 
 #if METAGEN_X86
 
 // ---------------------------------------------------------------- AVX-512 (F, BW, VNNI)
+#define METAGEN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define METAGEN_AVX2 __attribute__((target("avx2,fma")))
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline __m512 bf16x16_avx512(const uint8_t* p) {
+METAGEN_AVX512 inline __m512 bf16x16_avx512(const uint8_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+// The integer dot of a block from its digits' dots: hi alone, or 254·hi + lo.
+template <bool Wide>
+METAGEN_AVX512 inline __m512i combine_avx512(__m512i hi, __m512i lo) {
+  if (!Wide) return hi;
+  return _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(hi, 8), _mm512_slli_epi32(hi, 1)), lo);
 }
 
 // R rows (R ≤ 4) of one tile over all blocks, accumulators in registers: the rows' dot products
 // interleave (independent dependency chains) and share each unpacked block. Every row runs the
 // same instruction sequence whatever R is, so results do not depend on how rows are grouped.
-template <int R>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void int4_rows_avx512(
-    const uint8_t* tile_weight, const QuantizedRows& act, int64_t row0, float* acc_out) {
+// Int4: weights are the nibbles; Int8: the stored bytes q + 128 (minus 128·Σxq afterwards).
+template <int R, bool Wide, bool Int4>
+METAGEN_AVX512 inline void rows_avx512(const uint8_t* tile_weight, const QuantizedRows& act, int64_t row0,
+                                       float* acc_out) {
   const int64_t blocks = act.blocks;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const __m512 minus_eight = _mm512_set1_ps(-8.f);
   __m512 acc[R];
-  const int32_t* x[R];
+  const int32_t* hi[R];
+  const int32_t* lo[R];
   for (int r = 0; r < R; ++r) {
     acc[r] = _mm512_setzero_ps();
-    x[r] = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock);
+    hi[r] = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock);
+    lo[r] = Wide ? reinterpret_cast<const int32_t*>(act.low.data() + (row0 + r) * blocks * kBlock) : nullptr;
   }
   const float* scale = act.scale.data() + row0 * blocks;
   const float* scaled_sum = act.scaled_sum.data() + row0 * blocks;
-  for (int64_t g = 0; g < blocks; ++g) {
-    const uint8_t* b = tile_weight + g * kInt4BlockBytes;
-    __m512i w[8];
-    for (int c = 0; c < 4; ++c) {
-      const __m512i v = _mm512_loadu_si512(b + 64 * c);
-      w[c] = _mm512_and_si512(v, nibble);
-      w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-    }
-    const __m512 s = bf16x16_avx512(b + 256);
-    const __m512 zero = _mm512_fmadd_ps(s, minus_eight, bf16x16_avx512(b + 288));  // z − 8·s
-    __m512i d0[R], d1[R];
-    for (int r = 0; r < R; ++r) d0[r] = d1[r] = _mm512_setzero_si512();
-    for (int c = 0; c < 8; c += 2) {
-      for (int r = 0; r < R; ++r) {
-        d0[r] = _mm512_dpbusd_epi32(d0[r], w[c], _mm512_set1_epi32(x[r][g * 8 + c]));
-        d1[r] = _mm512_dpbusd_epi32(d1[r], w[c + 1], _mm512_set1_epi32(x[r][g * 8 + c + 1]));
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m512 sa = _mm512_mul_ps(s, _mm512_set1_ps(scale[r * blocks + g]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0[r], d1[r])), sa, acc[r]);
-      acc[r] = _mm512_fmadd_ps(zero, _mm512_set1_ps(scaled_sum[r * blocks + g]), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) _mm512_store_ps(acc_out + r * kTile, acc[r]);
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void int4_tiles_avx512(
-    const uint8_t* weight, const QuantizedRows& act, int64_t rows, int64_t n, const float* bias, uint16_t* out,
-    int64_t tile_begin, int64_t tile_end) {
-  alignas(64) float acc[4 * kTile];
-  for (int64_t t = tile_begin; t < tile_end; ++t) {
-    const uint8_t* tile_weight = weight + t * act.blocks * kInt4BlockBytes;
-    for (int64_t row0 = 0; row0 < rows; row0 += 4) {
-      const int64_t count = std::min<int64_t>(4, rows - row0);
-      switch (count) {
-        case 4: int4_rows_avx512<4>(tile_weight, act, row0, acc); break;
-        case 3: int4_rows_avx512<3>(tile_weight, act, row0, acc); break;
-        case 2: int4_rows_avx512<2>(tile_weight, act, row0, acc); break;
-        default: int4_rows_avx512<1>(tile_weight, act, row0, acc); break;
-      }
-      store_tile(acc, count, t, n, nullptr, bias, out, row0);
-    }
-  }
-}
-
-template <int R>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void int8_rows_avx512(
-    const uint8_t* tile_weight, const QuantizedRows& act, int64_t row0, float* acc_out) {
-  const int64_t blocks = act.blocks;
-  __m512 acc[R];
-  const int32_t* x[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm512_setzero_ps();
-    x[r] = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock);
-  }
-  const float* scale = act.scale.data() + row0 * blocks;
   const int32_t* offset = act.offset.data() + row0 * blocks;
   for (int64_t g = 0; g < blocks; ++g) {
-    const uint8_t* b = tile_weight + g * kInt8BlockBytes;
-    __m512i d0[R], d1[R];
-    for (int r = 0; r < R; ++r) d0[r] = d1[r] = _mm512_setzero_si512();
-    for (int c = 0; c < 8; c += 2) {
-      const __m512i w0 = _mm512_loadu_si512(b + 64 * c), w1 = _mm512_loadu_si512(b + 64 * (c + 1));
+    __m512i w[8];
+    __m512 s, zero;
+    if (Int4) {
+      const uint8_t* b = tile_weight + g * kInt4BlockBytes;
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = _mm512_loadu_si512(b + 64 * c);
+        w[c] = _mm512_and_si512(v, nibble);
+        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+      }
+      s = bf16x16_avx512(b + 256);
+      zero = _mm512_fmadd_ps(s, minus_eight, bf16x16_avx512(b + 288));  // z − 8·s
+    } else {
+      const uint8_t* b = tile_weight + g * kInt8BlockBytes;
+      for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(b + 64 * c);
+    }
+    __m512i dh[R], dl[R];
+    for (int r = 0; r < R; ++r) dh[r] = dl[r] = _mm512_setzero_si512();
+    for (int c = 0; c < 8; ++c) {
       for (int r = 0; r < R; ++r) {
-        d0[r] = _mm512_dpbusd_epi32(d0[r], w0, _mm512_set1_epi32(x[r][g * 8 + c]));
-        d1[r] = _mm512_dpbusd_epi32(d1[r], w1, _mm512_set1_epi32(x[r][g * 8 + c + 1]));
+        dh[r] = _mm512_dpbusd_epi32(dh[r], w[c], _mm512_set1_epi32(hi[r][g * 8 + c]));
+        if (Wide) dl[r] = _mm512_dpbusd_epi32(dl[r], w[c], _mm512_set1_epi32(lo[r][g * 8 + c]));
       }
     }
     for (int r = 0; r < R; ++r) {
-      const __m512i d = _mm512_sub_epi32(_mm512_add_epi32(d0[r], d1[r]), _mm512_set1_epi32(offset[r * blocks + g]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(scale[r * blocks + g]), acc[r]);
+      __m512i d = combine_avx512<Wide>(dh[r], dl[r]);
+      if (Int4) {
+        const __m512 sa = _mm512_mul_ps(s, _mm512_set1_ps(scale[r * blocks + g]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sa, acc[r]);
+        acc[r] = _mm512_fmadd_ps(zero, _mm512_set1_ps(scaled_sum[r * blocks + g]), acc[r]);
+      } else {
+        d = _mm512_sub_epi32(d, _mm512_set1_epi32(offset[r * blocks + g]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(scale[r * blocks + g]), acc[r]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) _mm512_store_ps(acc_out + r * kTile, acc[r]);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void int8_tiles_avx512(
-    const uint8_t* weight, const float* column_scale, const QuantizedRows& act, int64_t rows, int64_t n,
-    const float* bias, uint16_t* out, int64_t tile_begin, int64_t tile_end) {
+template <bool Wide, bool Int4>
+METAGEN_AVX512 void tiles_avx512(const uint8_t* weight, const float* column_scale, const QuantizedRows& act,
+                                 int64_t rows, int64_t n, const float* bias, uint16_t* out, int64_t tile_begin,
+                                 int64_t tile_end) {
   alignas(64) float acc[4 * kTile];
+  const int64_t tile_bytes = act.blocks * (Int4 ? kInt4BlockBytes : kInt8BlockBytes);
   for (int64_t t = tile_begin; t < tile_end; ++t) {
-    const uint8_t* tile_weight = weight + t * act.blocks * kInt8BlockBytes;
+    const uint8_t* tile_weight = weight + t * tile_bytes;
     for (int64_t row0 = 0; row0 < rows; row0 += 4) {
       const int64_t count = std::min<int64_t>(4, rows - row0);
       switch (count) {
-        case 4: int8_rows_avx512<4>(tile_weight, act, row0, acc); break;
-        case 3: int8_rows_avx512<3>(tile_weight, act, row0, acc); break;
-        case 2: int8_rows_avx512<2>(tile_weight, act, row0, acc); break;
-        default: int8_rows_avx512<1>(tile_weight, act, row0, acc); break;
+        case 4: rows_avx512<4, Wide, Int4>(tile_weight, act, row0, acc); break;
+        case 3: rows_avx512<3, Wide, Int4>(tile_weight, act, row0, acc); break;
+        case 2: rows_avx512<2, Wide, Int4>(tile_weight, act, row0, acc); break;
+        default: rows_avx512<1, Wide, Int4>(tile_weight, act, row0, acc); break;
       }
       store_tile(acc, count, t, n, column_scale, bias, out, row0);
     }
@@ -247,87 +243,98 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void int8_tiles_
 
 // ---------------------------------------------------------------- AVX2 (+ FMA)
 
-__attribute__((target("avx2,fma"))) inline __m256 bf16x8_avx2(const uint8_t* p) {
+METAGEN_AVX2 inline __m256 bf16x8_avx2(const uint8_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
 }
 
-__attribute__((target("avx2,fma"))) void int4_tiles_avx2(const uint8_t* weight, const QuantizedRows& act, int64_t rows,
-                                                         int64_t n, const float* bias, uint16_t* out,
-                                                         int64_t tile_begin, int64_t tile_end) {
-  const int64_t blocks = act.blocks;
-  const __m256i nibble = _mm256_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256 minus_eight = _mm256_set1_ps(-8.f);
-  alignas(64) float acc[kRowChunk * kTile];
-  for (int64_t t = tile_begin; t < tile_end; ++t) {
-    for (int64_t row0 = 0; row0 < rows; row0 += kRowChunk) {
-      const int64_t chunk = std::min(kRowChunk, rows - row0);
-      std::memset(acc, 0, sizeof(float) * chunk * kTile);
-      for (int64_t g = 0; g < blocks; ++g) {
-        const uint8_t* b = weight + (t * blocks + g) * kInt4BlockBytes;
-        for (int half = 0; half < 2; ++half) {  // columns 8·half .. 8·half + 7
-          __m256i w[8];
-          for (int c = 0; c < 4; ++c) {
-            const __m256i v = _mm256_loadu_si256((const __m256i*)(b + 64 * c + 32 * half));
-            w[c] = _mm256_and_si256(v, nibble);
-            w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-          }
-          const __m256 s = bf16x8_avx2(b + 256 + 16 * half);
-          const __m256 zero = _mm256_fmadd_ps(s, minus_eight, bf16x8_avx2(b + 288 + 16 * half));
-          for (int64_t r = 0; r < chunk; ++r) {
-            const int64_t rg = (row0 + r) * blocks + g;
-            const int32_t* x = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock + g * kBlock);
-            // u8 q ∈ [0, 15] × s8: each pair ≤ 2·15·127 in magnitude, 8 pairs summed ≤ 30480 < 2^15: exact in int16.
-            __m256i pairs = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(x[0]));
-            for (int c = 1; c < 8; ++c) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[c], _mm256_set1_epi32(x[c])));
-            const __m256i d = _mm256_madd_epi16(pairs, ones);
-            float* a = acc + r * kTile + 8 * half;
-            const __m256 sa = _mm256_mul_ps(s, _mm256_set1_ps(act.scale[rg]));
-            __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sa, _mm256_load_ps(a));
-            v = _mm256_fmadd_ps(zero, _mm256_set1_ps(act.scaled_sum[rg]), v);
-            _mm256_store_ps(a, v);
-          }
-        }
-      }
-      store_tile(acc, chunk, t, n, nullptr, bias, out, row0);
-    }
-  }
+template <bool Wide>
+METAGEN_AVX2 inline __m256i combine_avx2(__m256i hi, __m256i lo) {
+  if (!Wide) return hi;
+  return _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(hi, 8), _mm256_slli_epi32(hi, 1)), lo);
 }
 
-__attribute__((target("avx2,fma"))) void int8_tiles_avx2(const uint8_t* weight, const float* column_scale,
-                                                         const QuantizedRows& act, int64_t rows, int64_t n,
-                                                         const float* bias, uint16_t* out, int64_t tile_begin,
-                                                         int64_t tile_end) {
+// Σ over a block's 8 chunks of (int4 codes u8 ∈ [0, 15]) × (one digit s8): each vpmaddubsw pair
+// ≤ 2·15·127, 8 of them ≤ 30480 < 2^15, so the int16 sums are exact.
+METAGEN_AVX2 inline __m256i dot_int4_avx2(const __m256i* w, const int32_t* x) {
+  __m256i pairs = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(x[0]));
+  for (int c = 1; c < 8; ++c) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[c], _mm256_set1_epi32(x[c])));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+// Σ x·q for signed int8 weights: |x| · (q·sign x), u8 × s8 pairs ≤ 2·127·127 < 2^15 (q = −128 is
+// refused at packing).
+METAGEN_AVX2 inline __m256i dot_int8_avx2(const __m256i* w, const int32_t* x) {
+  __m256i d = _mm256_setzero_si256();
+  for (int c = 0; c < 8; ++c) {
+    const __m256i xs = _mm256_set1_epi32(x[c]);
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xs), _mm256_sign_epi8(w[c], xs));
+    d = _mm256_add_epi32(d, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  }
+  return d;
+}
+
+template <bool Wide, bool Int4>
+METAGEN_AVX2 void tiles_avx2(const uint8_t* weight, const float* column_scale, const QuantizedRows& act, int64_t rows,
+                             int64_t n, const float* bias, uint16_t* out, int64_t tile_begin, int64_t tile_end) {
   const int64_t blocks = act.blocks;
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256 minus_eight = _mm256_set1_ps(-8.f);
+  const int64_t block_bytes = Int4 ? kInt4BlockBytes : kInt8BlockBytes;
   alignas(64) float acc[kRowChunk * kTile];
   for (int64_t t = tile_begin; t < tile_end; ++t) {
     for (int64_t row0 = 0; row0 < rows; row0 += kRowChunk) {
       const int64_t chunk = std::min(kRowChunk, rows - row0);
       std::memset(acc, 0, sizeof(float) * chunk * kTile);
       for (int64_t g = 0; g < blocks; ++g) {
-        const uint8_t* b = weight + (t * blocks + g) * kInt8BlockBytes;
-        for (int half = 0; half < 2; ++half) {
-          __m256i w[8];  // signed weights q = stored byte − 128
-          for (int c = 0; c < 8; ++c) w[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(b + 64 * c + 32 * half)), flip);
+        const uint8_t* b = weight + (t * blocks + g) * block_bytes;
+        for (int half = 0; half < 2; ++half) {  // columns 8·half .. 8·half + 7
+          __m256i w[8];
+          __m256 s, zero;
+          if (Int4) {
+            for (int c = 0; c < 4; ++c) {
+              const __m256i v = _mm256_loadu_si256((const __m256i*)(b + 64 * c + 32 * half));
+              w[c] = _mm256_and_si256(v, nibble);
+              w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+            }
+            s = bf16x8_avx2(b + 256 + 16 * half);
+            zero = _mm256_fmadd_ps(s, minus_eight, bf16x8_avx2(b + 288 + 16 * half));
+          } else {  // signed weights q = stored byte − 128
+            for (int c = 0; c < 8; ++c) w[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(b + 64 * c + 32 * half)), flip);
+          }
           for (int64_t r = 0; r < chunk; ++r) {
             const int64_t rg = (row0 + r) * blocks + g;
-            const int32_t* x = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock + g * kBlock);
-            // x·q = |x| · (q·sign x): u8 × s8 pairs ≤ 2·127·127 < 2^15 (q = −128 is refused at packing).
-            __m256i d = _mm256_setzero_si256();
-            for (int c = 0; c < 8; ++c) {
-              const __m256i xs = _mm256_set1_epi32(x[c]);
-              const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xs), _mm256_sign_epi8(w[c], xs));
-              d = _mm256_add_epi32(d, _mm256_madd_epi16(pairs, ones));
-            }
+            const int64_t at = (row0 + r) * blocks * kBlock + g * kBlock;
+            const int32_t* hi = reinterpret_cast<const int32_t*>(act.codes.data() + at);
+            const int32_t* lo = Wide ? reinterpret_cast<const int32_t*>(act.low.data() + at) : nullptr;
             float* a = acc + r * kTile + 8 * half;
-            _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(act.scale[rg]), _mm256_load_ps(a)));
+            if (Int4) {
+              const __m256i d = combine_avx2<Wide>(dot_int4_avx2(w, hi), Wide ? dot_int4_avx2(w, lo) : _mm256_setzero_si256());
+              const __m256 sa = _mm256_mul_ps(s, _mm256_set1_ps(act.scale[rg]));
+              __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sa, _mm256_load_ps(a));
+              v = _mm256_fmadd_ps(zero, _mm256_set1_ps(act.scaled_sum[rg]), v);
+              _mm256_store_ps(a, v);
+            } else {
+              const __m256i d = combine_avx2<Wide>(dot_int8_avx2(w, hi), Wide ? dot_int8_avx2(w, lo) : _mm256_setzero_si256());
+              _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(act.scale[rg]), _mm256_load_ps(a)));
+            }
           }
         }
       }
       store_tile(acc, chunk, t, n, column_scale, bias, out, row0);
     }
+  }
+}
+
+template <bool Int4>
+void run_tiles(int64_t isa, const uint8_t* weight, const float* column_scale, const QuantizedRows& act, int64_t rows,
+               int64_t n, const float* bias, uint16_t* out, int64_t begin, int64_t end) {
+  if (isa == kAvx512) {
+    if (act.wide) tiles_avx512<true, Int4>(weight, column_scale, act, rows, n, bias, out, begin, end);
+    else tiles_avx512<false, Int4>(weight, column_scale, act, rows, n, bias, out, begin, end);
+  } else {
+    if (act.wide) tiles_avx2<true, Int4>(weight, column_scale, act, rows, n, bias, out, begin, end);
+    else tiles_avx2<false, Int4>(weight, column_scale, act, rows, n, bias, out, begin, end);
   }
 }
 
@@ -350,15 +357,15 @@ void check_isa(int64_t isa) {
 }
 
 // x: (..., K) float32 or bf16 -> (rows, K) contiguous view + the quantized rows.
-void quantize_input(const torch::Tensor& x, int64_t k, int64_t blocks, QuantizedRows& act, int64_t& rows) {
+void quantize_input(const torch::Tensor& x, int64_t k, int64_t blocks, bool wide, QuantizedRows& act, int64_t& rows) {
   TORCH_CHECK(x.size(-1) == k, "x: last dimension must be in_features = ", k, ", got ", x.size(-1));
   auto flat = x.reshape({-1, k}).contiguous();
   rows = flat.size(0);
   if (flat.scalar_type() == at::kBFloat16) {
-    quantize_rows(flat.data_ptr<at::BFloat16>(), rows, k, blocks, act);
+    quantize_rows(flat.data_ptr<at::BFloat16>(), rows, k, blocks, wide, act);
   } else {
     TORCH_CHECK(flat.scalar_type() == at::kFloat, "x: float32 or bfloat16, got ", flat.scalar_type());
-    quantize_rows(flat.data_ptr<float>(), rows, k, blocks, act);
+    quantize_rows(flat.data_ptr<float>(), rows, k, blocks, wide, act);
   }
 }
 
@@ -380,7 +387,7 @@ int64_t grain(int64_t k, int64_t rows) { return std::max<int64_t>(1, 32768 / (kT
 
 // y = x · dequantize(weight)ᵀ (+ bias), weight in the int4 layout above.  x: (..., K) -> (..., N) bf16.
 torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int64_t k, c10::optional<torch::Tensor> bias,
-                          int64_t isa) {
+                          int64_t isa, bool wide) {
   check_isa(isa);
   TORCH_CHECK(n % kTile == 0 && k % kBlock == 0, "int4: out_features must divide by 16 and in_features by 32, got ",
               n, " x ", k);
@@ -389,7 +396,7 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int6
               "int4 weight: contiguous uint8 of ", tiles * blocks * kInt4BlockBytes, " bytes");
   static thread_local QuantizedRows act;  // reused: no allocation per call once grown
   int64_t rows = 0;
-  quantize_input(x, k, blocks, act, rows);
+  quantize_input(x, k, blocks, wide, act, rows);
   auto out = output_like(x, n);
   const uint8_t* w = weight.data_ptr<uint8_t>();
   const float* b = bias_pointer(bias, n);
@@ -397,8 +404,7 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int6
   if (rows == 0) return out;
 #if METAGEN_X86
   at::parallel_for(0, tiles, grain(k, rows), [&](int64_t begin, int64_t end) {
-    if (isa == kAvx512) int4_tiles_avx512(w, act, rows, n, b, o, begin, end);
-    else int4_tiles_avx2(w, act, rows, n, b, o, begin, end);
+    run_tiles<true>(isa, w, nullptr, act, rows, n, b, o, begin, end);
   });
 #endif
   return out;
@@ -406,7 +412,7 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int6
 
 // y = x · (q·s)ᵀ (+ bias), q in the int8 layout above (N padded to tiles, K to blocks), s: (N,) fp32.
 torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor weight, torch::Tensor column_scale, int64_t n, int64_t k,
-                          c10::optional<torch::Tensor> bias, int64_t isa) {
+                          c10::optional<torch::Tensor> bias, int64_t isa, bool wide) {
   check_isa(isa);
   const int64_t blocks = (k + kBlock - 1) / kBlock, tiles = (n + kTile - 1) / kTile;
   TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous() && weight.numel() == tiles * blocks * kInt8BlockBytes,
@@ -415,7 +421,7 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor weight, torch::Tensor c
               "int8 scales: contiguous float32 of out_features = ", n, " values");
   static thread_local QuantizedRows act;  // reused: no allocation per call once grown
   int64_t rows = 0;
-  quantize_input(x, k, blocks, act, rows);
+  quantize_input(x, k, blocks, wide, act, rows);
   auto out = output_like(x, n);
   const uint8_t* w = weight.data_ptr<uint8_t>();
   const float* s = column_scale.data_ptr<float>();
@@ -424,22 +430,24 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor weight, torch::Tensor c
   if (rows == 0) return out;
 #if METAGEN_X86
   at::parallel_for(0, tiles, grain(k, rows), [&](int64_t begin, int64_t end) {
-    if (isa == kAvx512) int8_tiles_avx512(w, s, act, rows, n, b, o, begin, end);
-    else int8_tiles_avx2(w, s, act, rows, n, b, o, begin, end);
+    run_tiles<false>(isa, w, s, act, rows, n, b, o, begin, end);
   });
 #endif
   return out;
 }
 
-// The activation quantization of step 1, exposed for the tests: (codes (M, Kp) int8, scales (M, blocks)).
-std::vector<torch::Tensor> quantize_activations(torch::Tensor x) {
+// The activation quantization of step 1, exposed for the tests: codes xq (M, Kp) int16, their
+// digits hi and lo (M, Kp) int8 (lo all zero unless wide), scales a (M, blocks) float32.
+std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool wide) {
   const int64_t k = x.size(-1), blocks = (k + kBlock - 1) / kBlock;
   QuantizedRows act;
   int64_t rows = 0;
-  quantize_input(x, k, blocks, act, rows);
-  auto codes = torch::from_blob(act.codes.data(), {rows, blocks * kBlock}, torch::kInt8).clone();
+  quantize_input(x, k, blocks, wide, act, rows);
+  auto whole = torch::from_blob(act.whole.data(), {rows, blocks * kBlock}, torch::kInt16).clone();
+  auto hi = torch::from_blob(act.codes.data(), {rows, blocks * kBlock}, torch::kInt8).clone();
+  auto lo = wide ? torch::from_blob(act.low.data(), {rows, blocks * kBlock}, torch::kInt8).clone() : torch::zeros_like(hi);
   auto scales = torch::from_blob(act.scale.data(), {rows, blocks}, torch::kFloat).clone();
-  return {codes, scales};
+  return {whole, hi, lo, scales};
 }
 
 }  // namespace
@@ -448,5 +456,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_isa", &best_isa, "2: AVX-512 VNNI, 1: AVX2 + FMA, 0: neither (the kernels cannot run)");
   m.def("int4_matmul", &int4_matmul, "x · int4 weightᵀ (+ bias) -> bf16");
   m.def("int8_matmul", &int8_matmul, "x · int8 weightᵀ (+ bias) -> bf16");
-  m.def("quantize_activations", &quantize_activations, "per-row, per-32 int8 codes and scales of x");
+  m.def("quantize_activations", &quantize_activations, "per-row, per-32 codes, their int8 digits and scales of x");
 }
