@@ -42,10 +42,12 @@ def lock_holder():
 @pytest.fixture
 def temp_cache(tmp_path, monkeypatch):
     """An empty $METAGEN_CACHE for one test; models built in it run the PyTorch path, so no
-    test compiles the fused kernels into it by accident (~40 s)."""
+    test compiles the fused or matrix kernels into it by accident (~40 s each; int4 / int8
+    linears use the matrix kernels only when this process resolved them before)."""
     from metagen.models import kernels
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("METAGEN_CACHE", str(cache))
     monkeypatch.setitem(kernels._state, "module", None)
+    monkeypatch.setitem(kernels._state, "matmul", None)
     return cache

@@ -1,26 +1,89 @@
 """Linear layers for each compute dtype: dense (fp32 / bf16) and weight-only int8 / int4.
 
-Weight-only quantized layers keep activations in bf16 and use torch's CPU kernels:
+Weight formats (the stored state; the conversion cache saves it as is):
 
-- int8: `aten._weight_int8pack_mm(x, w_int8 (N, K), scales (N,))` — one scale per output
-  channel, y = x · (w · s)ᵀ.
-- int4: `aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros (K/g, N, 2))` —
-  per group of `g` input features, w = (q − 8)·scale + zero with q ∈ [0, 15]. GGUF's Q4_1 block
-  (32 weights, w = d·q + m) is exactly this with scale = d and zero = m + 8·d; Q4_0
-  (w = d·(q − 8)) has zero = 0.
+- int8: `qweight` (N, K) int8 with one bf16 scale per output channel, w = q·s.
+- int4: per group of `g` = 32 input features, w = (q − 8)·scale + zero with q ∈ [0, 15] and
+  bf16 scale and zero per (output, group), packed in torch's `_convert_weight_to_int4pack_for_cpu`
+  layout. GGUF's Q4_1 block (32 weights, w = d·q + m) is exactly this with scale = d and
+  zero = m + 8·d; Q4_0 (w = d·(q − 8)) has zero = 0; Q4_K sub-blocks likewise (gguf_blocks.py).
+
+Two implementations compute x (..., K) -> (..., N) bf16, chosen once per process by
+METAGEN_KERNELS:
+
+- "auto" (default): metagen's compiled kernels (models/kernels/matmul.cpp) with the best
+  instruction set of this CPU, AVX-512 VNNI or AVX2; torch's kernels when neither is there or the
+  library cannot be built. "avx512" / "avx2" force one path (an error if the CPU lacks it).
+  They quantize each activation row per block of 32 features — METAGEN_KERNEL_ACTIVATIONS=
+  "int16" (default): 32258 levels each side of zero (a = max|x|/32258, an error ≤ 1/64516 of the
+  block's largest value, finer than bf16), taken as two int8 digits; "int8": 127 levels, as
+  llama.cpp's Q8_0 (half the multiply-adds, measurably less faithful) — take exact integer dot
+  products with the weight codes and fold the scales in fp32; a row's result does not depend on
+  the other rows (bit for bit, whatever M is), and the two instruction sets agree bit for bit. The weights are repacked at load into the
+  kernels' layout (int4: 16 columns × 32 features = 320 bytes with their scales and zeros).
+  An int8 matrix holding a −128 code runs torch's kernel (the AVX2 sign trick needs |q| ≤ 127;
+  `Int8Linear.quantize` never makes one).
+- "torch": `aten._weight_int8pack_mm(x, w_int8, scales)` and
+  `aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros (K/g, N, 2))`, bf16
+  activations.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
 
 INT4_GROUP = 32
+BACKENDS = ("auto", "torch", "avx2", "avx512")
+ACTIVATIONS = ("int16", "int8")
+_ISA = {"avx2": 1, "avx512": 2}
+_resolved: dict[str, tuple] = {}  # requested -> (backend, compiled module)
 
 # Resolved once: looking an op up through `torch.ops.aten` costs microseconds per call, and a
 # decode step makes ~120 of these calls.
 _INT8_MM = torch.ops.aten._weight_int8pack_mm.default
 _INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
+
+
+def resolve_backend(backend: str | None = None) -> str:
+    """"torch", "avx2" or "avx512": `backend`, else METAGEN_KERNELS (default "auto"), with "auto"
+    resolved to the best instruction set the compiled kernels have on this CPU (else "torch").
+    Resolved once per process and value."""
+    requested = backend if backend is not None else os.environ.get("METAGEN_KERNELS", "auto")
+    if requested not in BACKENDS:
+        source = "backend" if backend is not None else "METAGEN_KERNELS"
+        raise ValueError(f"{source}={requested!r}: choose one of {', '.join(BACKENDS)}")
+    if requested == "torch":
+        return "torch"
+    if requested not in _resolved:
+        from metagen.models.kernels import matmul_kernels
+
+        module = matmul_kernels()
+        best = {2: "avx512", 1: "avx2"}.get(module.best_isa() if module is not None else 0, "torch")
+        if requested == "auto":
+            chosen = best
+        elif best == "torch" or _ISA[best] < _ISA[requested]:
+            raise ValueError(f"kernels {requested!r} requested (METAGEN_KERNELS or backend=): this CPU or build "
+                             f"does not support them; the best here is {best!r}")
+        else:
+            chosen = requested
+        _resolved[requested] = (chosen, module)
+    return _resolved[requested][0]
+
+
+def wide_activations() -> bool:
+    """METAGEN_KERNEL_ACTIVATIONS: "int16" (default) -> True, "int8" -> False."""
+    value = os.environ.get("METAGEN_KERNEL_ACTIVATIONS", "int16")
+    if value not in ACTIVATIONS:
+        raise ValueError(f"METAGEN_KERNEL_ACTIVATIONS={value!r}: choose one of {', '.join(ACTIVATIONS)}")
+    return value == "int16"
+
+
+def _kernels():
+    """The compiled module the resolved backends use."""
+    return next(module for _, module in _resolved.values() if module is not None)
 
 
 class DenseLinear:
@@ -42,19 +105,42 @@ class DenseLinear:
 
 
 class Int8Linear:
-    """Weight-only int8 with per-output-channel scales; x: (..., K) bf16 -> (..., N) bf16."""
+    """Weight-only int8 with per-output-channel scales; x: (..., K) -> (..., N) bf16.
+
+    backend: "torch", "avx2", "avx512", "auto" or None (METAGEN_KERNELS); see the module docstring.
+    """
 
     kind = "int8"
     stored = ""  # the checkpoint format(s) the weight was converted from, e.g. "Q5_0" (set by the loader)
 
-    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        self.qweight = qweight  # (N, K) int8
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                 backend: str | None = None) -> None:
         self.scales = scales  # (N,) bf16
         self.bias = bias
         self.out_features, self.in_features = qweight.shape
+        self.backend = resolve_backend(backend)
+        if self.backend != "torch" and qweight.numel() and int(qweight.min()) == -128:
+            self.backend = "torch"  # see the module docstring
+        if self.backend == "torch":
+            self._qweight = qweight  # (N, K) int8
+        else:
+            self._kernel = _kernels()
+            self._isa = _ISA[self.backend]
+            self._wide = wide_activations()
+            self._qweight = None
+            self.packed = pack_int8(qweight)  # kernel layout, uint8
+            self._scales32 = scales.float().contiguous()  # (N,)
+            self._bias32 = None if bias is None else bias.float().contiguous()
+
+    @property
+    def qweight(self) -> torch.Tensor:
+        """(N, K) int8 codes."""
+        if self._qweight is not None:
+            return self._qweight
+        return unpack_int8(self.packed, self.out_features, self.in_features)
 
     @classmethod
-    def quantize(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
+    def quantize(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, backend: str | None = None) -> "Int8Linear":
         """Symmetric per-channel quantization: s = max|w_row| / 127, q = round(w / s).
 
         The kernel takes bf16 scales, so s is rounded up to bf16 first and q computed against
@@ -65,13 +151,16 @@ class Int8Linear:
         scales = exact.to(torch.bfloat16)
         scales = torch.where(scales.float() < exact, torch.nextafter(scales, torch.tensor(float("inf"), dtype=torch.bfloat16)), scales)
         qweight = torch.round(weight / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
-        return cls(qweight, scales, None if bias is None else bias.to(torch.bfloat16))
+        return cls(qweight, scales, None if bias is None else bias.to(torch.bfloat16), backend)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backend != "torch":
+            return self._kernel.int8_matmul(x, self.packed, self._scales32, self.out_features, self.in_features,
+                                            self._bias32, self._isa, self._wide)
         if x.dim() == 2:
-            y = _INT8_MM(x, self.qweight, self.scales)
+            y = _INT8_MM(x, self._qweight, self.scales)
         else:
-            y = _INT8_MM(x.reshape(-1, self.in_features), self.qweight, self.scales)
+            y = _INT8_MM(x.reshape(-1, self.in_features), self._qweight, self.scales)
             y = y.view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
@@ -84,29 +173,62 @@ class Int8Linear:
 
 
 class Int4Linear:
-    """Weight-only int4, group-wise scale and zero; x: (..., K) bf16 -> (..., N) bf16."""
+    """Weight-only int4, group-wise scale and zero; x: (..., K) -> (..., N) bf16.
+
+    backend: "torch", "avx2", "avx512", "auto" or None (METAGEN_KERNELS); see the module docstring.
+    `codes` (N, K), when the caller has them, saves unpacking `packed`.
+    """
 
     kind = "int4"
     stored = ""  # the checkpoint format(s) the weight was converted from, e.g. "Q5_0" (set by the loader)
 
     def __init__(
         self,
-        packed: torch.Tensor,
+        packed: torch.Tensor | None,
         scales_and_zeros: torch.Tensor,
         in_features: int,
         bias: torch.Tensor | None = None,
         group_size: int = INT4_GROUP,
+        backend: str | None = None,
+        codes: torch.Tensor | None = None,
     ) -> None:
-        self.packed = packed  # kernel layout, uint8
         self.scales_and_zeros = scales_and_zeros  # (K/g, N, 2) bf16
         self.group_size = group_size
         self.in_features = in_features
         self.out_features = scales_and_zeros.shape[1]
         self.bias = bias
+        self.backend = resolve_backend(backend)
+        if group_size != INT4_GROUP:
+            self.backend = "torch"  # the compiled kernels are written for groups of 32
+        if self.backend == "torch":
+            self._packed = packed if packed is not None else _torch_int4_pack(codes)  # torch's layout, uint8
+            self._codes = None
+        else:
+            self._kernel = _kernels()
+            self._isa = _ISA[self.backend]
+            self._wide = wide_activations()
+            if codes is None:
+                codes = unpack_torch_int4(packed, self.out_features, in_features)
+            self._packed = None
+            self.kernel_weight = pack_int4(codes, scales_and_zeros)  # kernel layout, uint8
+            self._bias32 = None if bias is None else bias.float().contiguous()
+
+    @property
+    def packed(self) -> torch.Tensor:
+        """The weight in torch's int4 layout (what the conversion cache stores)."""
+        if self._packed is not None:
+            return self._packed
+        return _torch_int4_pack(self.codes())
+
+    def codes(self) -> torch.Tensor:
+        """(N, K) int32 codes in [0, 15]."""
+        if self.backend == "torch":
+            return unpack_torch_int4(self._packed, self.out_features, self.in_features)
+        return unpack_int4(self.kernel_weight, self.out_features, self.in_features)
 
     @staticmethod
     def supports(out_features: int, in_features: int, group_size: int = INT4_GROUP) -> bool:
-        """The CPU kernel needs N divisible by 16 and K by the group size (and by 2)."""
+        """The CPU kernels need N divisible by 16 and K by the group size (and by 2)."""
         return out_features % 16 == 0 and in_features % group_size == 0
 
     @classmethod
@@ -117,15 +239,17 @@ class Int4Linear:
         zeros: torch.Tensor,
         bias: torch.Tensor | None = None,
         group_size: int = INT4_GROUP,
+        backend: str | None = None,
     ) -> "Int4Linear":
         """codes: (N, K) ints in [0, 15]; scales, zeros: (N, K/g); w = (q − 8)·scale + zero."""
         n, k = codes.shape
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
         scales_and_zeros = torch.stack([scales.t(), zeros.t()], dim=-1).to(torch.bfloat16).contiguous()
-        return cls(packed, scales_and_zeros, k, None if bias is None else bias.to(torch.bfloat16), group_size)
+        return cls(None, scales_and_zeros, k, None if bias is None else bias.to(torch.bfloat16), group_size,
+                   backend, codes.to(torch.int32).contiguous())
 
     @classmethod
-    def quantize(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, group_size: int = INT4_GROUP) -> "Int4Linear":
+    def quantize(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, group_size: int = INT4_GROUP,
+                 backend: str | None = None) -> "Int4Linear":
         """Asymmetric min/max quantization per group of `group_size` input features."""
         weight = weight.float()
         n, k = weight.shape
@@ -134,20 +258,88 @@ class Int4Linear:
         high = groups.amax(dim=-1)
         scales = ((high - low) / 15.0).clamp(min=1e-12)
         codes = torch.round((groups - low[..., None]) / scales[..., None]).clamp(0, 15).view(n, k)
-        return cls.from_codes(codes, scales, low + 8.0 * scales, bias, group_size)
+        return cls.from_codes(codes, scales, low + 8.0 * scales, bias, group_size, backend)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backend != "torch":
+            return self._kernel.int4_matmul(x, self.kernel_weight, self.out_features, self.in_features, self._bias32,
+                                            self._isa, self._wide)
         if x.dim() == 2:
-            y = _INT4_MM(x, self.packed, self.group_size, self.scales_and_zeros)
+            y = _INT4_MM(x, self._packed, self.group_size, self.scales_and_zeros)
         else:
-            y = _INT4_MM(x.reshape(-1, self.in_features), self.packed, self.group_size, self.scales_and_zeros)
+            y = _INT4_MM(x.reshape(-1, self.in_features), self._packed, self.group_size, self.scales_and_zeros)
             y = y.view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
     def dequantize(self) -> torch.Tensor:
-        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
-        return self(eye).float().t()  # (N, K): multiply the identity through the kernel
+        """(N, K) float32: w = (q − 8)·scale + zero with the stored bf16 scale and zero."""
+        scales, zeros = self.scales_and_zeros.float().unbind(-1)  # (K/g, N) each
+        scales = scales.t().repeat_interleave(self.group_size, dim=1)
+        zeros = zeros.t().repeat_interleave(self.group_size, dim=1)
+        return (self.codes().float() - 8.0) * scales + zeros
 
     def state(self) -> dict[str, torch.Tensor]:
         out = {"packed": self.packed, "scales_and_zeros": self.scales_and_zeros}
         return out | ({"bias": self.bias} if self.bias is not None else {})
+
+
+# ---------------------------------------------------------------- layouts (see kernels/matmul.cpp)
+# Columns in tiles of 16, features in blocks of 32; a 64-byte chunk holds 16 columns × 4 features.
+
+def pack_int4(codes: torch.Tensor, scales_and_zeros: torch.Tensor) -> torch.Tensor:
+    """codes (N, K) in [0, 15], scales_and_zeros (K/32, N, 2) bf16 -> the int4 kernel layout.
+
+    Per tile t and block g, 320 bytes: chunk c ∈ 0..3, byte 4j + b = q[16t + j, 32g + 4c + b] |
+    q[16t + j, 32g + 16 + 4c + b] << 4; then the 16 scales and the 16 zeros (bf16)."""
+    n, k = codes.shape
+    tiles, blocks = n // 16, k // 32
+    q = codes.to(torch.uint8).view(tiles, 16, blocks, 2, 4, 4)  # (t, j, g, half, c, b)
+    nibbles = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).reshape(tiles, blocks, 256)
+    scales = scales_and_zeros[..., 0].reshape(blocks, tiles, 16).transpose(0, 1).contiguous().view(torch.uint8)
+    zeros = scales_and_zeros[..., 1].reshape(blocks, tiles, 16).transpose(0, 1).contiguous().view(torch.uint8)
+    return torch.cat([nibbles, scales, zeros], dim=-1).contiguous().view(-1)
+
+
+def unpack_int4(weight: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The (N, K) int32 codes of an int4 kernel-layout weight (inverse of pack_int4)."""
+    tiles, blocks = n // 16, k // 32
+    nibbles = weight.view(tiles, blocks, 320)[..., :256].reshape(tiles, blocks, 4, 16, 4)  # (t, g, c, j, b)
+    halves = torch.stack([nibbles & 15, nibbles >> 4], dim=2)  # (t, g, half, c, j, b)
+    return halves.permute(0, 4, 1, 2, 3, 5).reshape(n, k).to(torch.int32)
+
+
+def pack_int8(qweight: torch.Tensor) -> torch.Tensor:
+    """(N, K) int8 -> the int8 kernel layout: N padded to 16 and K to 32 with zero codes, per
+    tile t and block g 512 bytes, chunk c ∈ 0..7, byte 4j + b = q[16t + j, 32g + 4c + b] + 128."""
+    n, k = qweight.shape
+    tiles, blocks = -(-n // 16), -(-k // 32)
+    padded = F.pad(qweight.to(torch.int16), (0, blocks * 32 - k, 0, tiles * 16 - n)) + 128
+    q = padded.to(torch.uint8).view(tiles, 16, blocks, 8, 4)  # (t, j, g, c, b)
+    return q.permute(0, 2, 3, 1, 4).contiguous().view(-1)
+
+
+def unpack_int8(weight: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The (N, K) int8 codes of an int8 kernel-layout weight (inverse of pack_int8)."""
+    tiles, blocks = -(-n // 16), -(-k // 32)
+    q = weight.view(tiles, blocks, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(tiles * 16, blocks * 32)
+    return (q[:n, :k].to(torch.int16) - 128).to(torch.int8)
+
+
+def unpack_torch_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The (N, K) int32 codes of torch's CPU int4 layout: rows in blocks of 64, each block
+    (K, 32) bytes with row j in the low and row 32 + j in the high nibble; a last block of
+    fewer rows holds rows 2j and 2j + 1 in byte j."""
+    flat = packed.view(-1)
+    full = n // 64 * 64  # the rows in whole blocks of 64, all at once
+    blocks = flat[: full * k // 2].view(n // 64, k, 32)
+    low, high = (blocks & 15).to(torch.int32), (blocks >> 4).to(torch.int32)
+    out = [torch.cat([low, high], dim=2).transpose(1, 2).reshape(full, k)]
+    if full < n:
+        block = flat[full * k // 2 :].view(k, (n - full) // 2)
+        low, high = (block & 15).to(torch.int32), (block >> 4).to(torch.int32)
+        out.append(torch.stack([low, high], dim=2).reshape(k, n - full).t())
+    return torch.cat(out).contiguous()
+
+
+def _torch_int4_pack(codes: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)

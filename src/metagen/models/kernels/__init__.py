@@ -1,8 +1,12 @@
-"""Fused CPU kernels for the decode step, compiled on first use (torch C++ extension).
+"""CPU kernels for the decode step, compiled on first use (torch C++ extensions).
 
-`fused_kernels()` returns the compiled module, or None when it cannot be built (no compiler or
-ninja) or is disabled with METAGEN_FUSED_KERNELS=0; the model then runs its pure-PyTorch path,
-which computes the same thing (tests compare the two).
+Two libraries, each built and cached the same way:
+- `fused_kernels()` (fused.cpp): norms, RoPE + cache write, paged attention, top-p, bitmask;
+  None when it cannot be built (no compiler or ninja) or is disabled with
+  METAGEN_FUSED_KERNELS=0; the model then runs its pure-PyTorch path, which computes the same
+  thing (tests compare the two).
+- `matmul_kernels()` (matmul.cpp): the int4 / int8 weight-only matrix kernels that
+  models/linear.py uses (see there for METAGEN_KERNELS); None when it cannot be built.
 
 The build is an entry of the on-disk cache (`disk_cache`): `$METAGEN_CACHE/kernels/<key>/`
 holding the compiled library and its manifest. The key hashes everything that goes into the
@@ -29,6 +33,15 @@ from pathlib import Path
 _NAME = "metagen_fused"
 _SOURCE = Path(__file__).with_name("fused.cpp")
 _CFLAGS = ("-O3", "-march=native", "-fopenmp-simd")
+# The matrix kernels pick their instruction set at run time (functions compiled for AVX2 and for
+# AVX-512 with target attributes), so they are built for the baseline CPU: the AVX2 path then
+# uses AVX2 only, also on a machine with AVX-512.
+_MATMUL = ("metagen_matmul", Path(__file__).with_name("matmul.cpp"), ("-O3",))
+
+
+def _library(library: str) -> tuple[str, Path, tuple[str, ...]]:
+    """(module name, source, compiler flags) of "fused" or "matmul"."""
+    return (_NAME, _SOURCE, _CFLAGS) if library == "fused" else _MATMUL
 BUILD_WAIT_SECONDS = 300.0  # a build takes ~40 s on 2 cores
 _state: dict[str, object] = {}
 
@@ -39,13 +52,24 @@ def fused_kernels():
         return _state["module"]
     module = None
     if os.environ.get("METAGEN_FUSED_KERNELS", "1") != "0":
-        try:
-            module = load_or_build(build_directory(build_inputs()))
-        except Exception as error:  # no compiler, no ninja, unwritable cache...
-            warnings.warn(f"metagen: fused CPU kernels unavailable, using the PyTorch path ({error})", stacklevel=2)
-            module = None
+        module = _build_or_warn("fused")
     _state["module"] = module
     return module
+
+
+def matmul_kernels():
+    """The compiled int4 / int8 matrix kernels module, or None when it cannot be built."""
+    if "matmul" not in _state:
+        _state["matmul"] = _build_or_warn("matmul")
+    return _state["matmul"]
+
+
+def _build_or_warn(library: str):
+    try:
+        return load_or_build(build_directory(build_inputs(library)), library=library)
+    except Exception as error:  # no compiler, no ninja, unwritable cache...
+        warnings.warn(f"metagen: {library} CPU kernels unavailable, using the PyTorch path ({error})", stacklevel=3)
+        return None
 
 
 def _cpu_fingerprint() -> str:
@@ -69,16 +93,18 @@ def _compiler_identity() -> str:
     return f"{command} -> {binary}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
-def build_inputs() -> dict[str, str]:
+def build_inputs(library: str = "fused") -> dict[str, str]:
     """Everything that goes into the compiled library; a change in any one means another build."""
     import sysconfig
 
     import torch
     from torch.utils import cpp_extension
 
+    name, source, cflags = _library(library)
     return {
-        "source": hashlib.sha256(_SOURCE.read_bytes()).hexdigest(),
-        "cflags": " ".join(_CFLAGS),
+        "library": name,
+        "source": hashlib.sha256(source.read_bytes()).hexdigest(),
+        "cflags": " ".join(cflags),
         "torch": torch.__version__,
         "torch_include": os.pathsep.join(cpp_extension.include_paths()),
         "torch_library": os.pathsep.join(cpp_extension.library_paths()),
@@ -100,7 +126,7 @@ def build_directory(inputs: dict[str, str]) -> Path:
     return cache_directory() / "kernels" / f"torch{inputs['torch']}-{digest}"
 
 
-def load_or_build(directory: Path, wait_seconds: float | None = None):
+def load_or_build(directory: Path, wait_seconds: float | None = None, library: str = "fused"):
     """The library in `directory` when it matches its manifest, else a fresh build published there.
 
     Returns None (with a warning) when another process holds the build lock for over
@@ -112,17 +138,17 @@ def load_or_build(directory: Path, wait_seconds: float | None = None):
     if manifest_problem(directory) is None:
         return _import_library(directory)
     with EntryLock(directory) as lock:
-        if not lock.acquire(wait_seconds, f"building the fused kernels in {directory}"):
+        if not lock.acquire(wait_seconds, f"building the {library} kernels in {directory}"):
             warnings.warn(f"metagen: gave up after {wait_seconds:g} s waiting for another process building the "
-                          f"fused kernels in {directory}; using the PyTorch path", stacklevel=3)
+                          f"{library} kernels in {directory}; using the PyTorch path", stacklevel=3)
             return None
         problem = manifest_problem(directory)
         if problem is None:  # built by the process we waited for
             return _import_library(directory)
         if directory.exists():
-            warnings.warn(f"metagen: rebuilding the fused kernels: {problem}", stacklevel=3)
+            warnings.warn(f"metagen: rebuilding the {library} kernels: {problem}", stacklevel=3)
         with staging_directory(directory) as staging:
-            module = _compile(staging)
+            module = _compile(staging, library)
             library = Path(module.__file__).name
             for item in staging.iterdir():  # keep only the library (objects, ninja files, torch's baton)
                 if item.name != library:
@@ -131,10 +157,11 @@ def load_or_build(directory: Path, wait_seconds: float | None = None):
         return module
 
 
-def _compile(staging: Path):
+def _compile(staging: Path, library: str = "fused"):
     from torch.utils.cpp_extension import load
 
-    return load(name=_NAME, sources=[str(_SOURCE)], extra_cflags=list(_CFLAGS), build_directory=str(staging),
+    name, source, cflags = _library(library)
+    return load(name=name, sources=[str(source)], extra_cflags=list(cflags), build_directory=str(staging),
                 verbose=False)
 
 

@@ -1,0 +1,460 @@
+// Weight-only int4 / int8 matrix kernels for decoding: Y (M, N) = X (M, K) · Wᵀ for the M = 1..64
+// rows of decoding (any M works). Threads split the output columns into tiles of 16; a thread
+// runs all rows over a tile (AVX-512: 4 rows at a time, AVX2: up to 64) while the tile's weights
+// (≤ K·10 bytes) stay in its L1/L2, so every weight block is read from memory once per call.
+//
+// Numerics (the same on every path, and for every M: row r's output never depends on the other rows):
+//   1. each row of X is quantized per block of 32 features, with L = 32258 = 127·254 levels
+//      ("wide", the default) or L = 127 (llama.cpp's Q8_0):
+//        a = max|x| / L,  xq = round_half_even(x · L / max|x|) ∈ [-L, L]   (a = 0, xq = 0 for a zero block)
+//      Wide codes are split into two int8 digits, xq = 254·hi + lo with hi, lo ∈ [-127, 127], and
+//      each digit takes one int8 dot product (twice the multiply-adds of L = 127);
+//   2. per block, the integer dot  d = Σ xq·q  is exact (int32);
+//   3. the float fold, per output column n and block g, in this order (fp32, fused multiply-adds):
+//        int4: w = (q − 8)·s + z, q ∈ [0, 15], s and z bf16 per (n, g):
+//              acc = fma(d, s·a, acc);  acc = fma(z − 8·s, a·Σxq, acc)
+//        int8: w = q·s, q ∈ [-127, 127], s per column n:
+//              acc = fma(d, a, acc);  after the last block acc = acc·s
+//   4. + bias (fp32), rounded once to bf16 (round half to even).
+// The AVX-512 VNNI and the AVX2 paths compute the same integers and the same float operations
+// lane by lane, so they agree bit for bit (the tests check this).
+//
+// Layouts (built by metagen/models/linear.py), columns in tiles of 16, K in blocks of 32:
+//   int4: per tile, per block, 320 bytes: 4 × 64 bytes of nibbles, chunk c byte 4j + b holding
+//         q[16t + j][32g + 4c + b] (low nibble) and q[16t + j][32g + 16 + 4c + b] (high nibble);
+//         then 16 bf16 scales s and 16 bf16 zeros z of the tile's columns.
+//   int8: per tile, per block, 512 bytes: 8 chunks of 64, chunk c byte 4j + b holding
+//         q[16t + j][32g + 4c + b] + 128 (an unsigned byte); column scales separately (fp32).
+// So one 64-byte chunk is 16 columns × 4 consecutive features: one int32 lane per column, the
+// shape of VNNI's vpdpbusd (u8 × s8, 4 products per lane); AVX2 takes it as two 32-byte halves.
+//
+// Cost per call: M·N·K multiply-adds in int8 (twice that when wide) plus O(M·N·K/32) float operations; weight bytes
+// read once: N·K/2 · 1.25 (int4), N·K (int8).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define METAGEN_X86 1
+#else
+#define METAGEN_X86 0
+#endif
+
+namespace {
+
+constexpr int64_t kTile = 16;         // output columns per tile
+constexpr int64_t kBlock = 32;        // input features per block
+constexpr int64_t kRowChunk = 64;     // rows whose accumulators live together
+constexpr int64_t kInt4BlockBytes = 320;
+constexpr int64_t kInt8BlockBytes = 512;
+
+enum Isa : int64_t { kNone = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// Activations quantized per row and block of 32 (step 1 above). codes (hi digits when wide) and
+// low (wide only): (M, Kp) int8 with Kp = blocks·32 (zero padded); per (row, block): the scale a,
+// a·Σxq, and 128·Σxq (vpdpbusd on u8 weights q + 128 counts it once too many).
+struct QuantizedRows {
+  std::vector<int8_t> codes;
+  std::vector<int8_t> low;
+  std::vector<int16_t> whole;  // xq itself (for the tests)
+  std::vector<float> scale;
+  std::vector<float> scaled_sum;
+  std::vector<int32_t> offset;
+  int64_t blocks = 0;
+  bool wide = true;
+};
+
+constexpr float kWideLevels = 32258.f;  // 127·254
+
+inline float round_half_even(float v) {  // exact for |v| < 2^22 in the default rounding mode
+  const float magic = 12582912.f;       // 1.5 · 2^23
+  return (v >= 0.f) ? (v + magic) - magic : -((-v + magic) - magic);
+}
+
+template <typename In>
+void quantize_rows(const In* x, int64_t rows, int64_t k, int64_t blocks, bool wide, QuantizedRows& out) {
+  const int64_t padded = blocks * kBlock;
+  const float levels = wide ? kWideLevels : 127.f;
+  out.blocks = blocks;
+  out.wide = wide;
+  out.codes.assign(rows * padded, 0);
+  out.low.assign(wide ? rows * padded : 0, 0);
+  out.whole.assign(rows * padded, 0);
+  out.scale.resize(rows * blocks);
+  out.scaled_sum.resize(rows * blocks);
+  out.offset.resize(rows * blocks);
+  for (int64_t r = 0; r < rows; ++r) {
+    const In* row = x + r * k;
+    for (int64_t g = 0; g < blocks; ++g) {
+      const int64_t begin = g * kBlock, end = std::min(k, begin + kBlock);
+      float amax = 0.f;
+      for (int64_t i = begin; i < end; ++i) amax = std::max(amax, std::fabs(static_cast<float>(row[i])));
+      const float inverse = amax > 0.f ? levels / amax : 0.f;
+      int32_t sum = 0;
+      for (int64_t i = begin; i < end; ++i) {
+        const float v = std::min(levels, std::max(-levels, round_half_even(static_cast<float>(row[i]) * inverse)));
+        const int32_t q = static_cast<int32_t>(v);
+        out.whole[r * padded + i] = static_cast<int16_t>(q);
+        if (wide) {
+          const int32_t hi = static_cast<int32_t>(round_half_even(v / 254.f));
+          out.codes[r * padded + i] = static_cast<int8_t>(hi);
+          out.low[r * padded + i] = static_cast<int8_t>(q - 254 * hi);
+        } else {
+          out.codes[r * padded + i] = static_cast<int8_t>(q);
+        }
+        sum += q;
+      }
+      const float a = amax / levels;
+      out.scale[r * blocks + g] = a;
+      out.scaled_sum[r * blocks + g] = a * static_cast<float>(sum);
+      out.offset[r * blocks + g] = 128 * sum;
+    }
+  }
+}
+
+// fp32 -> bf16, round half to even, NaN kept quiet (as c10::BFloat16 does).
+inline uint16_t to_bf16(float v) {
+  if (std::isnan(v)) return 0x7FC0;
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// The end of a tile: rows × 16 accumulators (+ column scale) (+ bias) -> bf16 output columns.
+inline void store_tile(const float* acc, int64_t rows, int64_t tile, int64_t n, const float* column_scale,
+                       const float* bias, uint16_t* out, int64_t row0) {
+  const int64_t col0 = tile * kTile;
+  const int64_t width = std::min(kTile, n - col0);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint16_t* o = out + (row0 + r) * n + col0;
+    for (int64_t j = 0; j < width; ++j) {
+      float v = acc[r * kTile + j];
+      if (column_scale != nullptr) v *= column_scale[col0 + j];
+      if (bias != nullptr) v += bias[col0 + j];
+      o[j] = to_bf16(v);
+    }
+  }
+}
+
+#if METAGEN_X86
+
+// ---------------------------------------------------------------- AVX-512 (F, BW, VNNI)
+#define METAGEN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define METAGEN_AVX2 __attribute__((target("avx2,fma")))
+
+METAGEN_AVX512 inline __m512 bf16x16_avx512(const uint8_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+// The integer dot of a block from its digits' dots: hi alone, or 254·hi + lo.
+template <bool Wide>
+METAGEN_AVX512 inline __m512i combine_avx512(__m512i hi, __m512i lo) {
+  if (!Wide) return hi;
+  return _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(hi, 8), _mm512_slli_epi32(hi, 1)), lo);
+}
+
+// R rows (R ≤ 4) of one tile over all blocks, accumulators in registers: the rows' dot products
+// interleave (independent dependency chains) and share each unpacked block. Every row runs the
+// same instruction sequence whatever R is, so results do not depend on how rows are grouped.
+// Int4: weights are the nibbles; Int8: the stored bytes q + 128 (minus 128·Σxq afterwards).
+template <int R, bool Wide, bool Int4>
+METAGEN_AVX512 inline void rows_avx512(const uint8_t* tile_weight, const QuantizedRows& act, int64_t row0,
+                                       float* acc_out) {
+  const int64_t blocks = act.blocks;
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const __m512 minus_eight = _mm512_set1_ps(-8.f);
+  __m512 acc[R];
+  const int32_t* hi[R];
+  const int32_t* lo[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    hi[r] = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock);
+    lo[r] = Wide ? reinterpret_cast<const int32_t*>(act.low.data() + (row0 + r) * blocks * kBlock) : nullptr;
+  }
+  const float* scale = act.scale.data() + row0 * blocks;
+  const float* scaled_sum = act.scaled_sum.data() + row0 * blocks;
+  const int32_t* offset = act.offset.data() + row0 * blocks;
+  for (int64_t g = 0; g < blocks; ++g) {
+    __m512i w[8];
+    __m512 s, zero;
+    if (Int4) {
+      const uint8_t* b = tile_weight + g * kInt4BlockBytes;
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = _mm512_loadu_si512(b + 64 * c);
+        w[c] = _mm512_and_si512(v, nibble);
+        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+      }
+      s = bf16x16_avx512(b + 256);
+      zero = _mm512_fmadd_ps(s, minus_eight, bf16x16_avx512(b + 288));  // z − 8·s
+    } else {
+      const uint8_t* b = tile_weight + g * kInt8BlockBytes;
+      for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(b + 64 * c);
+    }
+    __m512i dh[R], dl[R];
+    for (int r = 0; r < R; ++r) dh[r] = dl[r] = _mm512_setzero_si512();
+    for (int c = 0; c < 8; ++c) {
+      for (int r = 0; r < R; ++r) {
+        dh[r] = _mm512_dpbusd_epi32(dh[r], w[c], _mm512_set1_epi32(hi[r][g * 8 + c]));
+        if (Wide) dl[r] = _mm512_dpbusd_epi32(dl[r], w[c], _mm512_set1_epi32(lo[r][g * 8 + c]));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      __m512i d = combine_avx512<Wide>(dh[r], dl[r]);
+      if (Int4) {
+        const __m512 sa = _mm512_mul_ps(s, _mm512_set1_ps(scale[r * blocks + g]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sa, acc[r]);
+        acc[r] = _mm512_fmadd_ps(zero, _mm512_set1_ps(scaled_sum[r * blocks + g]), acc[r]);
+      } else {
+        d = _mm512_sub_epi32(d, _mm512_set1_epi32(offset[r * blocks + g]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(scale[r * blocks + g]), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_store_ps(acc_out + r * kTile, acc[r]);
+}
+
+template <bool Wide, bool Int4>
+METAGEN_AVX512 void tiles_avx512(const uint8_t* weight, const float* column_scale, const QuantizedRows& act,
+                                 int64_t rows, int64_t n, const float* bias, uint16_t* out, int64_t tile_begin,
+                                 int64_t tile_end) {
+  alignas(64) float acc[4 * kTile];
+  const int64_t tile_bytes = act.blocks * (Int4 ? kInt4BlockBytes : kInt8BlockBytes);
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    const uint8_t* tile_weight = weight + t * tile_bytes;
+    for (int64_t row0 = 0; row0 < rows; row0 += 4) {
+      const int64_t count = std::min<int64_t>(4, rows - row0);
+      switch (count) {
+        case 4: rows_avx512<4, Wide, Int4>(tile_weight, act, row0, acc); break;
+        case 3: rows_avx512<3, Wide, Int4>(tile_weight, act, row0, acc); break;
+        case 2: rows_avx512<2, Wide, Int4>(tile_weight, act, row0, acc); break;
+        default: rows_avx512<1, Wide, Int4>(tile_weight, act, row0, acc); break;
+      }
+      store_tile(acc, count, t, n, column_scale, bias, out, row0);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- AVX2 (+ FMA)
+
+METAGEN_AVX2 inline __m256 bf16x8_avx2(const uint8_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
+template <bool Wide>
+METAGEN_AVX2 inline __m256i combine_avx2(__m256i hi, __m256i lo) {
+  if (!Wide) return hi;
+  return _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(hi, 8), _mm256_slli_epi32(hi, 1)), lo);
+}
+
+// Σ over a block's 8 chunks of (int4 codes u8 ∈ [0, 15]) × (one digit s8): each vpmaddubsw pair
+// ≤ 2·15·127, 8 of them ≤ 30480 < 2^15, so the int16 sums are exact.
+METAGEN_AVX2 inline __m256i dot_int4_avx2(const __m256i* w, const int32_t* x) {
+  __m256i pairs = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(x[0]));
+  for (int c = 1; c < 8; ++c) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[c], _mm256_set1_epi32(x[c])));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+// Σ x·q for signed int8 weights: |x| · (q·sign x), u8 × s8 pairs ≤ 2·127·127 < 2^15 (q = −128 is
+// refused at packing).
+METAGEN_AVX2 inline __m256i dot_int8_avx2(const __m256i* w, const int32_t* x) {
+  __m256i d = _mm256_setzero_si256();
+  for (int c = 0; c < 8; ++c) {
+    const __m256i xs = _mm256_set1_epi32(x[c]);
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xs), _mm256_sign_epi8(w[c], xs));
+    d = _mm256_add_epi32(d, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  }
+  return d;
+}
+
+template <bool Wide, bool Int4>
+METAGEN_AVX2 void tiles_avx2(const uint8_t* weight, const float* column_scale, const QuantizedRows& act, int64_t rows,
+                             int64_t n, const float* bias, uint16_t* out, int64_t tile_begin, int64_t tile_end) {
+  const int64_t blocks = act.blocks;
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256 minus_eight = _mm256_set1_ps(-8.f);
+  const int64_t block_bytes = Int4 ? kInt4BlockBytes : kInt8BlockBytes;
+  alignas(64) float acc[kRowChunk * kTile];
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    for (int64_t row0 = 0; row0 < rows; row0 += kRowChunk) {
+      const int64_t chunk = std::min(kRowChunk, rows - row0);
+      std::memset(acc, 0, sizeof(float) * chunk * kTile);
+      for (int64_t g = 0; g < blocks; ++g) {
+        const uint8_t* b = weight + (t * blocks + g) * block_bytes;
+        for (int half = 0; half < 2; ++half) {  // columns 8·half .. 8·half + 7
+          __m256i w[8];
+          __m256 s, zero;
+          if (Int4) {
+            for (int c = 0; c < 4; ++c) {
+              const __m256i v = _mm256_loadu_si256((const __m256i*)(b + 64 * c + 32 * half));
+              w[c] = _mm256_and_si256(v, nibble);
+              w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+            }
+            s = bf16x8_avx2(b + 256 + 16 * half);
+            zero = _mm256_fmadd_ps(s, minus_eight, bf16x8_avx2(b + 288 + 16 * half));
+          } else {  // signed weights q = stored byte − 128
+            for (int c = 0; c < 8; ++c) w[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(b + 64 * c + 32 * half)), flip);
+          }
+          for (int64_t r = 0; r < chunk; ++r) {
+            const int64_t rg = (row0 + r) * blocks + g;
+            const int64_t at = (row0 + r) * blocks * kBlock + g * kBlock;
+            const int32_t* hi = reinterpret_cast<const int32_t*>(act.codes.data() + at);
+            const int32_t* lo = Wide ? reinterpret_cast<const int32_t*>(act.low.data() + at) : nullptr;
+            float* a = acc + r * kTile + 8 * half;
+            if (Int4) {
+              const __m256i d = combine_avx2<Wide>(dot_int4_avx2(w, hi), Wide ? dot_int4_avx2(w, lo) : _mm256_setzero_si256());
+              const __m256 sa = _mm256_mul_ps(s, _mm256_set1_ps(act.scale[rg]));
+              __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sa, _mm256_load_ps(a));
+              v = _mm256_fmadd_ps(zero, _mm256_set1_ps(act.scaled_sum[rg]), v);
+              _mm256_store_ps(a, v);
+            } else {
+              const __m256i d = combine_avx2<Wide>(dot_int8_avx2(w, hi), Wide ? dot_int8_avx2(w, lo) : _mm256_setzero_si256());
+              _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(act.scale[rg]), _mm256_load_ps(a)));
+            }
+          }
+        }
+      }
+      store_tile(acc, chunk, t, n, column_scale, bias, out, row0);
+    }
+  }
+}
+
+template <bool Int4>
+void run_tiles(int64_t isa, const uint8_t* weight, const float* column_scale, const QuantizedRows& act, int64_t rows,
+               int64_t n, const float* bias, uint16_t* out, int64_t begin, int64_t end) {
+  if (isa == kAvx512) {
+    if (act.wide) tiles_avx512<true, Int4>(weight, column_scale, act, rows, n, bias, out, begin, end);
+    else tiles_avx512<false, Int4>(weight, column_scale, act, rows, n, bias, out, begin, end);
+  } else {
+    if (act.wide) tiles_avx2<true, Int4>(weight, column_scale, act, rows, n, bias, out, begin, end);
+    else tiles_avx2<false, Int4>(weight, column_scale, act, rows, n, bias, out, begin, end);
+  }
+}
+
+#endif  // METAGEN_X86
+
+int64_t best_isa() {
+#if METAGEN_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512vnni"))
+    return kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
+#endif
+  return kNone;
+}
+
+void check_isa(int64_t isa) {
+  TORCH_CHECK(isa == kAvx2 || isa == kAvx512, "isa must be 1 (AVX2) or 2 (AVX-512 VNNI), got ", isa);
+  TORCH_CHECK(isa <= best_isa(), "isa ", isa, " is not supported by this CPU (best: ", best_isa(), ")");
+}
+
+// x: (..., K) float32 or bf16 -> (rows, K) contiguous view + the quantized rows.
+void quantize_input(const torch::Tensor& x, int64_t k, int64_t blocks, bool wide, QuantizedRows& act, int64_t& rows) {
+  TORCH_CHECK(x.size(-1) == k, "x: last dimension must be in_features = ", k, ", got ", x.size(-1));
+  auto flat = x.reshape({-1, k}).contiguous();
+  rows = flat.size(0);
+  if (flat.scalar_type() == at::kBFloat16) {
+    quantize_rows(flat.data_ptr<at::BFloat16>(), rows, k, blocks, wide, act);
+  } else {
+    TORCH_CHECK(flat.scalar_type() == at::kFloat, "x: float32 or bfloat16, got ", flat.scalar_type());
+    quantize_rows(flat.data_ptr<float>(), rows, k, blocks, wide, act);
+  }
+}
+
+torch::Tensor output_like(const torch::Tensor& x, int64_t n) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  return torch::empty(sizes, x.options().dtype(at::kBFloat16));
+}
+
+const float* bias_pointer(const c10::optional<torch::Tensor>& bias, int64_t n) {
+  if (!bias.has_value()) return nullptr;
+  TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+              "bias: contiguous float32 of out_features = ", n, " values");
+  return bias->data_ptr<float>();
+}
+
+// Tiles per task: enough work that a thread's share outweighs waking it.
+int64_t grain(int64_t k, int64_t rows) { return std::max<int64_t>(1, 32768 / (kTile * k * std::min<int64_t>(rows, 4))); }
+
+// y = x · dequantize(weight)ᵀ (+ bias), weight in the int4 layout above.  x: (..., K) -> (..., N) bf16.
+torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int64_t k, c10::optional<torch::Tensor> bias,
+                          int64_t isa, bool wide) {
+  check_isa(isa);
+  TORCH_CHECK(n % kTile == 0 && k % kBlock == 0, "int4: out_features must divide by 16 and in_features by 32, got ",
+              n, " x ", k);
+  const int64_t blocks = k / kBlock, tiles = n / kTile;
+  TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous() && weight.numel() == tiles * blocks * kInt4BlockBytes,
+              "int4 weight: contiguous uint8 of ", tiles * blocks * kInt4BlockBytes, " bytes");
+  static thread_local QuantizedRows act;  // reused: no allocation per call once grown
+  int64_t rows = 0;
+  quantize_input(x, k, blocks, wide, act, rows);
+  auto out = output_like(x, n);
+  const uint8_t* w = weight.data_ptr<uint8_t>();
+  const float* b = bias_pointer(bias, n);
+  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  if (rows == 0) return out;
+#if METAGEN_X86
+  at::parallel_for(0, tiles, grain(k, rows), [&](int64_t begin, int64_t end) {
+    run_tiles<true>(isa, w, nullptr, act, rows, n, b, o, begin, end);
+  });
+#endif
+  return out;
+}
+
+// y = x · (q·s)ᵀ (+ bias), q in the int8 layout above (N padded to tiles, K to blocks), s: (N,) fp32.
+torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor weight, torch::Tensor column_scale, int64_t n, int64_t k,
+                          c10::optional<torch::Tensor> bias, int64_t isa, bool wide) {
+  check_isa(isa);
+  const int64_t blocks = (k + kBlock - 1) / kBlock, tiles = (n + kTile - 1) / kTile;
+  TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous() && weight.numel() == tiles * blocks * kInt8BlockBytes,
+              "int8 weight: contiguous uint8 of ", tiles * blocks * kInt8BlockBytes, " bytes");
+  TORCH_CHECK(column_scale.scalar_type() == at::kFloat && column_scale.is_contiguous() && column_scale.numel() == n,
+              "int8 scales: contiguous float32 of out_features = ", n, " values");
+  static thread_local QuantizedRows act;  // reused: no allocation per call once grown
+  int64_t rows = 0;
+  quantize_input(x, k, blocks, wide, act, rows);
+  auto out = output_like(x, n);
+  const uint8_t* w = weight.data_ptr<uint8_t>();
+  const float* s = column_scale.data_ptr<float>();
+  const float* b = bias_pointer(bias, n);
+  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  if (rows == 0) return out;
+#if METAGEN_X86
+  at::parallel_for(0, tiles, grain(k, rows), [&](int64_t begin, int64_t end) {
+    run_tiles<false>(isa, w, s, act, rows, n, b, o, begin, end);
+  });
+#endif
+  return out;
+}
+
+// The activation quantization of step 1, exposed for the tests: codes xq (M, Kp) int16, their
+// digits hi and lo (M, Kp) int8 (lo all zero unless wide), scales a (M, blocks) float32.
+std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool wide) {
+  const int64_t k = x.size(-1), blocks = (k + kBlock - 1) / kBlock;
+  QuantizedRows act;
+  int64_t rows = 0;
+  quantize_input(x, k, blocks, wide, act, rows);
+  auto whole = torch::from_blob(act.whole.data(), {rows, blocks * kBlock}, torch::kInt16).clone();
+  auto hi = torch::from_blob(act.codes.data(), {rows, blocks * kBlock}, torch::kInt8).clone();
+  auto lo = wide ? torch::from_blob(act.low.data(), {rows, blocks * kBlock}, torch::kInt8).clone() : torch::zeros_like(hi);
+  auto scales = torch::from_blob(act.scale.data(), {rows, blocks}, torch::kFloat).clone();
+  return {whole, hi, lo, scales};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("best_isa", &best_isa, "2: AVX-512 VNNI, 1: AVX2 + FMA, 0: neither (the kernels cannot run)");
+  m.def("int4_matmul", &int4_matmul, "x · int4 weightᵀ (+ bias) -> bf16");
+  m.def("int8_matmul", &int8_matmul, "x · int8 weightᵀ (+ bias) -> bf16");
+  m.def("quantize_activations", &quantize_activations, "per-row, per-32 codes, their int8 digits and scales of x");
+}
