@@ -232,7 +232,7 @@ class TransformersModel(LanguageModel):
             raise ValueError(f"row {row} would hold {int(end[row])} tokens, more than the model's context of {self.max_context}")
         if cache.holes() > max(_MIN_HOLES_BEFORE_COMPACTION, int(cache._lengths.max(initial=0)) // 4):
             cache.compact()
-        batch, width = ids.shape
+        width = ids.shape[1]
         offset = torch.arange(width)[None, :] - (width - counts)[:, None]  # (B, T): index among the new tokens
         new_valid = offset >= 0
         query_positions = lengths[:, None] + offset.clamp(min=0)  # (B, T)
