@@ -3,11 +3,13 @@
 Both readers return a `ModelConfig` and a dict of `WeightSource`s under one naming scheme:
 `embed`, `norm`, `lm_head`, `rope_freqs` and `layers.{i}.{name}` for the canonical names of the
 checkpoint's family (`models/families/`: attn_norm, q, k, v, q_bias, ..., or fused qkv and
-gate_up). Weights of linear layers are `(out_features, in_features)` with Q/K rows (and q/k norm
+gate_up; a mixture of experts has `router` and `experts.{e}.gate` / `.up` / `.down` per expert,
+split out of stacked (E, rows, in) tensors where the file stores them so). Weights of linear layers are `(out_features, in_features)` with Q/K rows (and q/k norm
 weights) permuted into the interleaved-pair order of `layer.apply_rope`.
 
 Checkpoint features the backend does not implement are refused by name here, before any tensor
-is read: unknown architectures and mixtures of experts, unsupported RoPE scalings, a partial
+is read: unknown architectures, mixtures of experts of another shape (shared experts, dense
+layers between sparse ones, another gating function), unsupported RoPE scalings, a partial
 rotary factor, another MLP activation, MLP biases.
 """
 
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 
 from metagen.models.config import ModelConfig
-from metagen.models.families import family_for
+from metagen.models.families import HF_STACKED_EXPERTS, family_for, family_for_gguf
 from metagen.models.rope import check_rope_scaling
 
 _GGUF_GLOBAL_NAMES = {
@@ -168,11 +170,10 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         return value
 
     arch = field("general.architecture")
-    family = family_for(arch, f"GGUF file {path}")
-    experts = field(f"{arch}.expert_count", 0)
+    experts = int(field(f"{arch}.expert_count", 0) or 0)
+    family = family_for_gguf(arch, experts, f"GGUF file {path}")
     if experts:
-        raise NotImplementedError(f"{path}: {arch}.expert_count={experts} (a mixture of experts) is not supported "
-                                  f"by the native backend")
+        _refuse_unsupported_gguf_experts(field, arch, path)
     heads = int(required(f"{arch}.attention.head_count"))
     kv_heads = int(field(f"{arch}.attention.head_count_kv", heads))
     hidden = int(required(f"{arch}.embedding_length"))
@@ -199,10 +200,11 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
                                   f"(head dim {head_dim}); partial rotary embeddings are not supported")
     window = field(f"{arch}.attention.sliding_window")
     config = ModelConfig(
-        architecture=arch,
+        architecture=family.architecture,
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=int(required(f"{arch}.feed_forward_length")),
+        intermediate_size=int(field(f"{arch}.feed_forward_length", 0) if experts
+                              else required(f"{arch}.feed_forward_length")),
         num_hidden_layers=int(required(f"{arch}.block_count")),
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
@@ -216,32 +218,68 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         name=str(field("general.name", Path(path).stem)),
         qk_norm=family.qk_norm,
         sliding_window=int(window) if window else None,
+        num_experts=experts,
+        num_experts_per_tok=int(field(f"{arch}.expert_used_count", 0) or 0),
+        # Mixtral's experts are its feed-forward; llama.cpp's qwen3moe graph always renormalises.
+        moe_intermediate_size=int(field(f"{arch}.expert_feed_forward_length", 0)
+                                  or field(f"{arch}.feed_forward_length", 0)),
+        norm_topk_prob=family.always_normalize or bool(field(f"{arch}.expert_weights_norm", True)),
     )
     layer_names = family.gguf_names()
+    stacked_experts = {gguf: part for part, (_, gguf) in family.expert_names.items()}
     sources: dict[str, WeightSource] = {}
     for tensor in reader.tensors:
         if tensor.name in _GGUF_GLOBAL_NAMES:
             key = _GGUF_GLOBAL_NAMES[tensor.name]
         else:
             parts = tensor.name.split(".", 2)
-            if parts[0] != "blk" or len(parts) < 3 or parts[2] not in layer_names:
+            if parts[0] != "blk" or len(parts) < 3:
+                continue
+            if parts[2] in stacked_experts:  # (E, rows, in): one source per expert
+                for e, source in enumerate(_gguf_sources(tensor.name, tensor)):
+                    source.name = f"layers.{parts[1]}.experts.{e}.{stacked_experts[parts[2]]}"
+                    sources[source.name] = source
+                continue
+            if parts[2] not in layer_names:
                 continue
             key = f"layers.{parts[1]}.{layer_names[parts[2]]}"
-        qtype = tensor.tensor_type
-        if qtype.name in ("F32", "F16", "BF16"):
-            array = np.asarray(tensor.data)
-            if qtype.name == "BF16":
-                array = (array.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-            shape = tuple(int(s) for s in reversed(tensor.shape))
-            source = WeightSource(key, dense_tensor=torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape)))
-        else:
-            source = WeightSource(key, raw=np.asarray(tensor.data), qtype=qtype)
+        source = _gguf_sources(key, tensor)[0]
         # llama.cpp stores Llama-style Q/K interleaved already; rotate-half families need permuting.
         if family.gguf_rotate_half:
             rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else int(tensor.shape[0])
             source.row_order = rotary_row_order(key, rows, config)
         sources[key] = source
     return config, sources, reader
+
+
+def _gguf_sources(key: str, tensor) -> list[WeightSource]:
+    """The sources of one GGUF tensor: one for a matrix or vector, one per expert (the leading
+    dimension) for a stacked (E, rows, in) tensor of experts."""
+    qtype = tensor.tensor_type
+    shape = tuple(int(s) for s in reversed(tensor.shape))  # numpy order: (E, rows, in), (rows, in) or (n,)
+    if qtype.name in ("F32", "F16", "BF16"):
+        array = np.asarray(tensor.data)
+        if qtype.name == "BF16":
+            array = (array.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        dense = torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape))
+        if len(shape) == 3:
+            return [WeightSource(key, dense_tensor=expert) for expert in dense.unbind(0)]
+        return [WeightSource(key, dense_tensor=dense)]
+    raw = np.asarray(tensor.data)  # quantized: (..., rows, bytes per row)
+    if len(shape) == 3:
+        raw = raw.reshape(shape[0], shape[1], -1)
+        return [WeightSource(key, raw=raw[e], qtype=qtype) for e in range(shape[0])]
+    return [WeightSource(key, raw=raw, qtype=qtype)]
+
+
+def _refuse_unsupported_gguf_experts(field, arch: str, path) -> None:
+    """NotImplementedError naming a GGUF mixture-of-experts field the backend does not implement."""
+    for key, allowed in (("expert_shared_count", 0), ("leading_dense_block_count", 0), ("expert_weights_scale", 1.0),
+                         ("expert_gating_func", 1)):  # 1: softmax (gguf.ExpertGatingFuncType)
+        value = field(f"{arch}.{key}")
+        if value is not None and value != allowed:
+            raise NotImplementedError(f"{path}: {arch}.{key}={value} is not supported by the native backend "
+                                      f"(supported: {allowed}); load it with metagen.models.TransformersModel instead")
 
 
 def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource]]:
@@ -254,7 +292,7 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
         raise FileNotFoundError(f"{path} has no config.json; expected an HF model directory or a .gguf file")
     raw = _read_json_object(config_path)
     family = family_for(raw.get("model_type", "llama"), str(config_path))
-    _refuse_unsupported(raw, config_path)
+    _refuse_unsupported(raw, config_path, family.moe)
 
     def positive(key: str, default=None) -> int:
         return _positive_int(raw, key, config_path, default)
@@ -268,6 +306,12 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
     check_rope_scaling(rope_scaling, str(config_path))
     # Qwen2/3 write a sliding_window they do not use unless use_sliding_window is true.
     window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
+    experts = {}
+    if family.moe:  # Qwen3-MoE: num_experts, moe_intermediate_size; Mixtral: num_local_experts, intermediate_size
+        experts = dict(num_experts=positive("num_experts", raw.get("num_local_experts")),
+                       num_experts_per_tok=positive("num_experts_per_tok"),
+                       moe_intermediate_size=positive("moe_intermediate_size", raw.get("intermediate_size")),
+                       norm_topk_prob=family.always_normalize or bool(raw.get("norm_topk_prob", False)))
     config = ModelConfig(
         architecture=family.architecture,
         vocab_size=positive("vocab_size"),
@@ -286,11 +330,14 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
         name=path.name,
         qk_norm=family.qk_norm,
         sliding_window=None if window is None else positive("sliding_window"),
+        **experts,
     )
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path} holds no *.safetensors files")
     layer_names = family.hf_names()
+    for e in range(config.num_experts):  # one name per expert and part: "mlp.experts.3.up_proj.weight"
+        layer_names.update({hf.format(e=e): f"experts.{e}.{part}" for part, (hf, _) in family.expert_names.items()})
     sources: dict[str, WeightSource] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
@@ -299,6 +346,11 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
                     key = _HF_GLOBAL_NAMES[name]
                 elif name.startswith("model.layers."):
                     _, _, index, rest = name.split(".", 3)
+                    rest = rest.replace("block_sparse_moe.", "mlp.")  # Mixtral's name before transformers 5
+                    if family.moe and rest in HF_STACKED_EXPERTS:
+                        sources.update(_stacked_expert_sources(f"layers.{index}.experts.", handle.get_tensor(name),
+                                                               HF_STACKED_EXPERTS[rest]))
+                        continue
                     if rest not in layer_names:
                         continue
                     key = f"layers.{index}.{layer_names[rest]}"
@@ -313,12 +365,30 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
     return config, sources
 
 
-def _refuse_unsupported(raw: dict, path: Path) -> None:
+def _stacked_expert_sources(prefix: str, stacked: torch.Tensor, parts: tuple[str, ...]) -> dict[str, WeightSource]:
+    """Sources `{prefix}{e}.{part}` from an (E, rows, in) tensor whose rows hold `parts` in order
+    (transformers >= 5's `gate_up_proj`: gate rows then up rows)."""
+    sources = {}
+    for e, expert in enumerate(stacked.unbind(0)):
+        for part, rows in zip(parts, expert.chunk(len(parts), dim=0)):
+            sources[f"{prefix}{e}.{part}"] = WeightSource(f"{prefix}{e}.{part}", dense_tensor=rows)
+    return sources
+
+
+def _refuse_unsupported(raw: dict, path: Path, moe: bool) -> None:
     """NotImplementedError naming a config.json field whose feature the backend lacks."""
     for key in ("num_local_experts", "num_experts"):
-        if isinstance(raw.get(key), int) and raw[key] > 1:
+        if not moe and isinstance(raw.get(key), int) and raw[key] > 1:
             raise NotImplementedError(f"{path}: {key}={raw[key]} (a mixture of experts) is not supported by the "
-                                      f"native backend; load it with metagen.models.TransformersModel instead")
+                                      f"native backend for model_type {raw.get('model_type')!r}; load it with "
+                                      f"metagen.models.TransformersModel instead")
+    if moe:  # every layer sparse, no shared expert (Qwen2-MoE's), softmax routing
+        for key, allowed in (("decoder_sparse_step", 1), ("mlp_only_layers", []), ("shared_expert_intermediate_size", 0),
+                             ("first_k_dense_replace", 0), ("moe_layer_freq", 1), ("n_shared_experts", 0)):
+            if raw.get(key) not in (None, allowed):
+                raise NotImplementedError(f"{path}: {key}={raw[key]!r} (dense layers or shared experts beside the "
+                                          f"routed ones) is not supported by the native backend (supported: "
+                                          f"{allowed!r}); load it with metagen.models.TransformersModel instead")
     factor = raw.get("partial_rotary_factor", 1.0)
     if factor != 1.0:
         raise NotImplementedError(f"{path}: partial_rotary_factor={factor} (RoPE on part of each head) is not "

@@ -16,7 +16,14 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),  # head_dim != hidden / heads, as in Qwen3
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=None, pad_token_id=0)),
+    # Mixtures of experts: 8 experts, top-2 (Qwen3-MoE renormalised by norm_topk_prob).
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=None)),
 }
+# llama.cpp's GGUF architecture of each family (Mixtral is a "llama" file with experts).
+GGUF_ARCHITECTURES = {"qwen3_moe": "qwen3moe", "mixtral": "llama"}
 
 
 def build_hf_model(family: str, **overrides):
@@ -55,7 +62,9 @@ def _llama_permute(weight: np.ndarray, heads: int) -> np.ndarray:
 
 def write_gguf(model, path, architecture: str):
     """`model`'s weights as an F32 GGUF with llama.cpp's names and metadata, plus the embedded
-    model's tokenizer fields. Llama Q/K rows are permuted to interleaved pairs as llama.cpp does."""
+    model's tokenizer fields. Llama (and Mixtral) Q/K rows are permuted to interleaved pairs as
+    llama.cpp does; experts are written stacked, (E, rows, in) as `ffn_{gate,up,down}_exps`, with
+    the router as `ffn_gate_inp` and the expert metadata of llama.cpp's converter."""
     from gguf import GGUFReader, GGUFWriter
 
     from metagen.models import embedded_model_path
@@ -72,6 +81,12 @@ def write_gguf(model, path, architecture: str):
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        if hasattr(config, "moe_intermediate_size"):
+            writer.add_expert_feed_forward_length(config.moe_intermediate_size)
     writer.add_rope_freq_base((getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta})["rope_theta"])
     embedded = GGUFReader(str(embedded_model_path()))
     for key, field in embedded.fields.items():
@@ -83,7 +98,8 @@ def write_gguf(model, path, architecture: str):
                    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
                    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
                    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-                   "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}  # Phi-3's fused tensors
+                   "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # Phi-3's fused tensors
+                   "mlp.gate": "ffn_gate_inp"}  # the router of a mixture of experts
     for name, tensor in model.state_dict().items():
         array = tensor.detach().float().numpy().copy()
         if name in names:
@@ -92,6 +108,14 @@ def write_gguf(model, path, architecture: str):
             writer.add_tensor(names[name], array)
             continue
         _, _, index, rest = name.split(".", 3)
+        if rest == "mlp.experts.gate_up_proj":  # (E, 2·I, H) in memory: gate rows, then up rows
+            gate, up = np.split(array, 2, axis=1)
+            writer.add_tensor(f"blk.{index}.ffn_gate_exps.weight", np.ascontiguousarray(gate))
+            writer.add_tensor(f"blk.{index}.ffn_up_exps.weight", np.ascontiguousarray(up))
+            continue
+        if rest == "mlp.experts.down_proj":  # (E, H, I)
+            writer.add_tensor(f"blk.{index}.ffn_down_exps.weight", array)
+            continue
         module, kind = rest.rsplit(".", 1)
         if architecture == "llama" and module in ("self_attn.q_proj", "self_attn.k_proj"):
             heads = config.num_attention_heads if module.endswith("q_proj") else config.num_key_value_heads
