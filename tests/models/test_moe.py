@@ -152,40 +152,32 @@ def test_int8_and_int4_experts_stay_near_fp32(qwen3_moe):
 @pytest.mark.slow
 def test_gguf_experts_quantized_in_the_file_keep_their_blocks(tmp_path):
     """Stacked Q4_0 / Q8_0 expert tensors are split per expert: under auto the Q4_0 experts run as
-    the file's own int4 codes and Q8_0 as int8, and the model equals the dequantized fp32 one."""
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
-    from gguf.quants import quantize
+    the file's own int4 codes (weights = the file's dequantized blocks up to the kernel's bf16
+    scales) and Q8_0 as int8; the logits stay as near transformers' as int4 allows (relative L2
+    error measured 0.063, bound 0.4: Q4_0 has no zero point, so this is only a sanity bound)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
 
-    hf = build_hf_model("mixtral")
-    dense = write_gguf(hf, tmp_path / "f32.gguf", "llama")
-    reader = GGUFReader(str(dense))
-    path = tmp_path / "quantized.gguf"
-    writer = GGUFWriter(str(path), "llama")
-    for key, field in reader.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            writer.add_key_value(key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
-    qtypes = {"ffn_gate_exps": GGMLQuantizationType.Q4_0, "ffn_up_exps": GGMLQuantizationType.Q4_0,
-              "ffn_down_exps": GGMLQuantizationType.Q8_0}
-    for tensor in reader.tensors:
-        array = np.asarray(tensor.data).reshape(tuple(int(s) for s in reversed(tensor.shape)))
-        qtype = qtypes.get(tensor.name.split(".")[2]) if tensor.name.startswith("blk.") else None
-        if qtype is None:
-            writer.add_tensor(tensor.name, array)
-        else:
-            writer.add_tensor(tensor.name, quantize(array, qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    auto, exact = (load(path, dtype=dtype, use_cache=False) for dtype in ("auto", "fp32"))
     from metagen.models.loading import weight_formats
 
-    formats = weight_formats(auto)
+    types = {"ffn_gate_exps": GGMLQuantizationType.Q4_0, "ffn_up_exps": GGMLQuantizationType.Q4_0,
+             "ffn_down_exps": GGMLQuantizationType.Q8_0}
+    hf = build_hf_model("mixtral")
+    model = load(write_gguf(hf, tmp_path / "quantized.gguf", "llama", types), use_cache=False)  # dtype auto
+    formats = weight_formats(model)
     assert formats["expert_gate_up"] == {"int4 from Q4_0": 16} and formats["expert_down"] == {"int8 from Q8_0": 16}
     assert formats["router"] == {"dense from dense": 2}
+    gate_up = hf.model.layers[1].mlp.experts.gate_up_proj.detach().numpy()  # (E, 2I, H)
+    for e in (0, 5):
+        blocks = dequantize(quantize(np.ascontiguousarray(gate_up[e]), GGMLQuantizationType.Q4_0),
+                            GGMLQuantizationType.Q4_0)
+        weight = model.layers[1].expert_gate_up[e].dequantize()
+        assert torch.allclose(weight, torch.from_numpy(blocks), rtol=1e-2, atol=1e-3)
     prompt = PROMPTS[0] + PROMPTS[2]
-    a, b = (m.forward(m.new_cache(1), [prompt], logits="all").logits[0] for m in (auto, exact))
-    assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.9 and (a - b).abs().max().item() < 0.5
+    logits = model.forward(model.new_cache(1), [prompt], logits="all").logits[0]
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompt])).logits[0]
+    assert ((logits - expected).norm() / expected.norm()).item() < 0.4
 
 
 @pytest.mark.slow

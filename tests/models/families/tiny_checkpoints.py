@@ -60,11 +60,13 @@ def _llama_permute(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_gguf(model, path, architecture: str):
+def write_gguf(model, path, architecture: str, expert_types: dict | None = None):
     """`model`'s weights as an F32 GGUF with llama.cpp's names and metadata, plus the embedded
     model's tokenizer fields. Llama (and Mixtral) Q/K rows are permuted to interleaved pairs as
     llama.cpp does; experts are written stacked, (E, rows, in) as `ffn_{gate,up,down}_exps`, with
-    the router as `ffn_gate_inp` and the expert metadata of llama.cpp's converter."""
+    the router as `ffn_gate_inp` and the expert metadata of llama.cpp's converter; `expert_types`
+    quantizes them, e.g. {"ffn_gate_exps": GGMLQuantizationType.Q4_0}."""
+    from gguf.quants import quantize
     from gguf import GGUFReader, GGUFWriter
 
     from metagen.models import embedded_model_path
@@ -108,13 +110,19 @@ def write_gguf(model, path, architecture: str):
             writer.add_tensor(names[name], array)
             continue
         _, _, index, rest = name.split(".", 3)
+        stacked = {}
         if rest == "mlp.experts.gate_up_proj":  # (E, 2·I, H) in memory: gate rows, then up rows
-            gate, up = np.split(array, 2, axis=1)
-            writer.add_tensor(f"blk.{index}.ffn_gate_exps.weight", np.ascontiguousarray(gate))
-            writer.add_tensor(f"blk.{index}.ffn_up_exps.weight", np.ascontiguousarray(up))
-            continue
+            stacked = dict(zip(("ffn_gate_exps", "ffn_up_exps"), np.split(array, 2, axis=1)))
         if rest == "mlp.experts.down_proj":  # (E, H, I)
-            writer.add_tensor(f"blk.{index}.ffn_down_exps.weight", array)
+            stacked = {"ffn_down_exps": array}
+        for gguf_name, experts in stacked.items():
+            qtype = (expert_types or {}).get(gguf_name)
+            experts = np.ascontiguousarray(experts)
+            if qtype is None:
+                writer.add_tensor(f"blk.{index}.{gguf_name}.weight", experts)
+            else:
+                writer.add_tensor(f"blk.{index}.{gguf_name}.weight", quantize(experts, qtype), raw_dtype=qtype)
+        if stacked:
             continue
         module, kind = rest.rsplit(".", 1)
         if architecture == "llama" and module in ("self_attn.q_proj", "self_attn.k_proj"):
