@@ -154,7 +154,7 @@ def test_gguf_experts_quantized_in_the_file_keep_their_blocks(tmp_path):
     """Stacked Q4_0 / Q8_0 expert tensors are split per expert: under auto the Q4_0 experts run as
     the file's own int4 codes (weights = the file's dequantized blocks up to the kernel's bf16
     scales) and Q8_0 as int8; the logits stay as near transformers' as int4 allows (relative L2
-    error measured 0.063, bound 0.4: Q4_0 has no zero point, so this is only a sanity bound)."""
+    error measured 0.063, bound 0.4 as for int4 re-quantization)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
