@@ -227,6 +227,8 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
     )
     layer_names = family.gguf_names()
     stacked_experts = {gguf: part for part, (_, gguf) in family.expert_names.items()}
+    # llama.cpp's first Mixtral files hold one tensor per expert: blk.{i}.ffn_gate.{e}.weight
+    single_experts = {gguf.removesuffix("_exps.weight"): part for gguf, part in stacked_experts.items()}
     sources: dict[str, WeightSource] = {}
     for tensor in reader.tensors:
         if tensor.name in _GGUF_GLOBAL_NAMES:
@@ -240,9 +242,13 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
                     source.name = f"layers.{parts[1]}.experts.{e}.{stacked_experts[parts[2]]}"
                     sources[source.name] = source
                 continue
-            if parts[2] not in layer_names:
+            kind, _, expert = parts[2].removesuffix(".weight").partition(".")
+            if kind in single_experts and expert.isdigit():
+                key = f"layers.{parts[1]}.experts.{expert}.{single_experts[kind]}"
+            elif parts[2] in layer_names:
+                key = f"layers.{parts[1]}.{layer_names[parts[2]]}"
+            else:
                 continue
-            key = f"layers.{parts[1]}.{layer_names[parts[2]]}"
         source = _gguf_sources(key, tensor)[0]
         # llama.cpp stores Llama-style Q/K interleaved already; rotate-half families need permuting.
         if family.gguf_rotate_half:

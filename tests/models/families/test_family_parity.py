@@ -65,10 +65,13 @@ def test_truncate_fork_and_ragged_append_match_transformers(pair):
         assert_close(out.logits[1], reference_logits(hf, PROMPT + [1345, 42, 9, 12])[-1])
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "qwen3_moe", "mixtral", "mixtral-per-expert"])
 def test_the_same_weights_as_gguf_load_to_the_same_logits(family, tmp_path):
+    """(mixtral-per-expert: one GGUF tensor per expert, as llama.cpp's first Mixtral files.)"""
+    family, _, layout = family.partition("-")
     hf = build_hf_model(family, tie_word_embeddings=family == "qwen3")
-    path = write_gguf(hf, tmp_path / f"{family}.gguf", GGUF_ARCHITECTURES.get(family, family))
+    path = write_gguf(hf, tmp_path / f"{family}.gguf", GGUF_ARCHITECTURES.get(family, family),
+                      stacked_experts=layout != "per-expert")
     model = load(path, dtype="fp32", use_cache=False)
     assert model.family == family and model.config.qk_norm == (family in ("qwen3", "qwen3_moe"))
     assert model.config.num_experts == (8 if family in ("qwen3_moe", "mixtral") else 0)

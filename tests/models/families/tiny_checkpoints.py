@@ -60,12 +60,13 @@ def _llama_permute(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_gguf(model, path, architecture: str, expert_types: dict | None = None):
+def write_gguf(model, path, architecture: str, expert_types: dict | None = None, stacked_experts: bool = True):
     """`model`'s weights as an F32 GGUF with llama.cpp's names and metadata, plus the embedded
     model's tokenizer fields. Llama (and Mixtral) Q/K rows are permuted to interleaved pairs as
     llama.cpp does; experts are written stacked, (E, rows, in) as `ffn_{gate,up,down}_exps`, with
     the router as `ffn_gate_inp` and the expert metadata of llama.cpp's converter; `expert_types`
-    quantizes them, e.g. {"ffn_gate_exps": GGMLQuantizationType.Q4_0}."""
+    quantizes them, e.g. {"ffn_gate_exps": GGMLQuantizationType.Q4_0}; `stacked_experts=False` writes
+    one tensor per expert (`ffn_gate.{e}`, llama.cpp's first Mixtral layout)."""
     from gguf.quants import quantize
     from gguf import GGUFReader, GGUFWriter
 
@@ -118,7 +119,10 @@ def write_gguf(model, path, architecture: str, expert_types: dict | None = None)
         for gguf_name, experts in stacked.items():
             qtype = (expert_types or {}).get(gguf_name)
             experts = np.ascontiguousarray(experts)
-            if qtype is None:
+            if not stacked_experts:
+                for e, expert in enumerate(experts):
+                    writer.add_tensor(f"blk.{index}.{gguf_name.removesuffix('_exps')}.{e}.weight", expert)
+            elif qtype is None:
                 writer.add_tensor(f"blk.{index}.{gguf_name}.weight", experts)
             else:
                 writer.add_tensor(f"blk.{index}.{gguf_name}.weight", quantize(experts, qtype), raw_dtype=qtype)

@@ -3,7 +3,8 @@ always renormalised (`models/moe.py`). HF checkpoints name the router `block_spa
 and expert e's gate / down / up `block_sparse_moe.experts.{e}.w1 / w2 / w3` (transformers >= 5
 says `mlp.` for `block_sparse_moe.`; the reader takes both); llama.cpp writes
 Mixtral as a "llama" GGUF with `expert_count` set, Q/K interleaved, the router `ffn_gate_inp`
-and the experts stacked as `ffn_{gate,up,down}_exps`.
+and the experts stacked as `ffn_{gate,up,down}_exps` (its first Mixtral files: one tensor per
+expert, `ffn_gate.{e}`; the reader takes both).
 """
 
 from metagen.models.families import LLAMA_LAYER_NAMES, MOE_LINEARS, Family
