@@ -4,8 +4,9 @@ Both readers return a `ModelConfig` and a dict of `WeightSource`s under one nami
 `embed`, `norm`, `lm_head`, `rope_freqs` and `layers.{i}.{name}` for the canonical names of the
 checkpoint's family (`models/families/`: attn_norm, q, k, v, q_bias, ..., or fused qkv and
 gate_up; a mixture of experts has `router` and `experts.{e}.gate` / `.up` / `.down` per expert,
-split out of stacked (E, rows, in) tensors where the file stores them so). Weights of linear layers are `(out_features, in_features)` with Q/K rows (and q/k norm
-weights) permuted into the interleaved-pair order of `layer.apply_rope`.
+split out of stacked (E, rows, in) tensors where the file stores them so). Weights of linear
+layers are `(out_features, in_features)` with Q/K rows (and q/k norm weights) permuted into the
+interleaved-pair order of `layer.apply_rope`.
 
 Checkpoint features the backend does not implement are refused by name here, before any tensor
 is read: unknown architectures, mixtures of experts of another shape (shared experts, dense
