@@ -113,6 +113,16 @@ def test_rows_routed_to_different_experts_decode_like_transformers(qwen3_moe):
 
 
 @pytest.mark.slow
+def test_parameters_count_every_expert_and_flops_only_the_chosen_ones(qwen3_moe):
+    hf, directory = qwen3_moe
+    config = load(directory, dtype="fp32", use_cache=False).config
+    assert config.num_parameters == sum(p.numel() for p in hf.parameters())
+    idle_experts = config.num_hidden_layers * (8 - 2) * 3 * 64 * 32  # (E − k)·3·H·I per layer
+    matmuls = config.num_parameters - config.vocab_size * 64  # the embedding is a lookup
+    assert config.flops_per_token(0) == 2.0 * (matmuls - idle_experts)
+
+
+@pytest.mark.slow
 def test_transformers_stacked_expert_tensors_load_like_per_expert_ones(qwen3_moe, tmp_path):
     """transformers >= 5 holds a layer's experts as gate_up_proj (E, 2I, H) and down_proj
     (E, H, I); a checkpoint saved with those names loads to the same weights."""
