@@ -220,8 +220,9 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         qk_norm=family.qk_norm,
         sliding_window=int(window) if window else None,
         num_experts=experts,
-        num_experts_per_tok=int(field(f"{arch}.expert_used_count", 0) or 0),
-        # Mixtral's experts are its feed-forward; llama.cpp's qwen3moe graph always renormalises.
+        num_experts_per_tok=int(required(f"{arch}.expert_used_count")) if experts else 0,
+        # Mixtral's experts are its feed-forward. llama.cpp renormalises qwen3moe's top-k whatever
+        # the file says; expert_weights_norm is honoured when a file sets it (the model's own choice).
         moe_intermediate_size=int(field(f"{arch}.expert_feed_forward_length", 0)
                                   or field(f"{arch}.feed_forward_length", 0)),
         norm_topk_prob=family.always_normalize or bool(field(f"{arch}.expert_weights_norm", True)),
