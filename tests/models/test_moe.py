@@ -50,6 +50,7 @@ def test_the_mixture_equals_a_hand_computation_and_runs_each_chosen_expert_once(
     layer.router = DenseLinear(router)
     layer.expert_gate_up = [_Counting(torch.tensor([[1.0, 0.0], [0.0, e + 1.0]])) for e in range(3)]
     layer.expert_down = [_Counting(torch.ones(2, 1)) for _ in range(3)]
+    layer.gate_up = layer.down = None  # no shared expert
     h = torch.tensor([[[2.0, 1.0], [0.5, 3.0]], [[-1.0, -2.0], [1.0, 1.5]]])  # (B=2, T=2, H=2)
     out = moe_mlp(layer, h, top_k=2, normalize=True)
     assert out.shape == (2, 2, 2) and out.dtype == torch.float32
@@ -66,6 +67,22 @@ def test_the_mixture_equals_a_hand_computation_and_runs_each_chosen_expert_once(
     calls = [expert.calls for expert in layer.expert_gate_up]
     assert all(len(c) <= 1 for c in calls) and sum(sum(c) for c in calls) == 8
     assert [expert.calls for expert in layer.expert_down] == calls
+
+
+def test_a_shared_expert_adds_its_sigmoid_gated_output_on_every_token():
+    """Qwen2-MoE: y += σ(h·w_s) · Down_s(SiLU(Gate_s h) ⊙ Up_s h); with one routed expert that
+    outputs zero, y is the shared term alone: σ(h_0 − h_1) · SiLU(h_0)·h_1 · (1, 1)."""
+    layer = type("Layer", (), {})()
+    layer.router = DenseLinear(torch.zeros(1, 2))
+    layer.expert_gate_up, layer.expert_down = [DenseLinear(torch.eye(2))], [DenseLinear(torch.zeros(2, 1))]
+    layer.gate_up, layer.down = DenseLinear(torch.eye(2)), DenseLinear(torch.ones(2, 1))
+    layer.shared_expert_gate = DenseLinear(torch.tensor([[1.0, -1.0]]))
+    h = torch.tensor([[2.0, 1.0], [0.5, 3.0], [-1.0, -2.0]])
+    out = moe_mlp(layer, h, top_k=1, normalize=False)
+    for x, y in zip(h.tolist(), out.tolist()):
+        silu = x[0] / (1 + math.exp(-x[0]))
+        expected = silu * x[1] / (1 + math.exp(-(x[0] - x[1])))
+        assert y == pytest.approx([expected, expected], rel=1e-6)
 
 
 @pytest.fixture(scope="module")

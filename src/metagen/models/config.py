@@ -36,6 +36,7 @@ class ModelConfig:
     num_experts_per_tok: int = 0  # k experts run per token
     moe_intermediate_size: int = 0  # each expert's I
     norm_topk_prob: bool = True  # renormalise the top-k router probabilities (Mixtral: always)
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert, run on every token
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -76,7 +77,8 @@ class ModelConfig:
         h = self.hidden_size
         if not self.num_experts:
             return 3 * h * self.intermediate_size
-        return experts * 3 * h * self.moe_intermediate_size + self.num_experts * h
+        shared = 3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0
+        return experts * 3 * h * self.moe_intermediate_size + self.num_experts * h + shared
 
     def flops_per_token(self, context_length: int) -> float:
         """Forward FLOPs for one token attending to `context_length` keys.

@@ -59,6 +59,8 @@ class LayerWeights:
     k_norm: torch.Tensor | None = _norm(optional=True)  # (D,) per-head RMSNorm of k (Qwen3)
     # A mixture-of-experts MLP (models/moe.py) in place of gate_up / down:
     router: object = _linear(optional=True)  # H -> E, float32
+    # Qwen2-MoE's shared expert: gate_up / down run on every token, scaled by sigmoid(h·w_s).
+    shared_expert_gate: object = _linear(optional=True)  # H -> 1, float32
     expert_gate_up: list | None = _experts()  # E linears H -> 2·I_e
     expert_down: list | None = _experts()  # E linears I_e -> H
 
@@ -81,7 +83,7 @@ def decoder_layer(config, layer: LayerWeights, x: torch.Tensor, h: torch.Tensor,
                           config.num_key_value_heads, config.rms_norm_eps)
     attn = ops.attend(index, qkv)  # (..., heads·D)
     x, h = ops.add_norm(x, layer.o(attn), layer.mlp_norm)
-    if layer.router is not None:  # a mixture of experts (Qwen3-MoE, Mixtral)
+    if layer.router is not None:  # a mixture of experts (Qwen3-MoE, Mixtral, Qwen2-MoE)
         return ops.add_norm(x, moe_mlp(layer, h, config.num_experts_per_tok, config.norm_topk_prob), next_norm)
     gate, up = layer.gate_up(h).chunk(2, dim=-1)
     return ops.add_norm(x, layer.down(F.silu(gate) * up), next_norm)

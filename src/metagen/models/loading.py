@@ -149,8 +149,9 @@ def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: st
                 weights[name] = None
                 continue
             parts, bias_parts = family.linears[name]
-            # The router stays float32: a routing decision is discrete (see models/moe.py).
-            weights[name] = _linear(sources, [p + part for part in parts], "fp32" if name == "router" else dtype,
+            # The router (and a shared expert's gate) stays float32: see models/moe.py.
+            gating = name in ("router", "shared_expert_gate")
+            weights[name] = _linear(sources, [p + part for part in parts], "fp32" if gating else dtype,
                                     [p + part for part in bias_parts])
         for name in EXPERT_FIELDS:  # one linear per expert (None for a dense MLP)
             parts = EXPERT_LINEARS[name]

@@ -4,6 +4,9 @@
     S = top-k(p),  w_e = p_e / Σ_{j∈S} p_j     (renormalised when `normalize`, else w_e = p_e)
     y = Σ_{e∈S} w_e · Down_e(SiLU(Gate_e h) ⊙ Up_e h)                    (Jiang et al. 2024)
 
+Qwen2-MoE adds a shared expert every token runs, gated by a sigmoid:
+    y += σ(h·w_s) · Down_s(SiLU(Gate_s h) ⊙ Up_s h)
+
 The order (softmax over all E, then top-k, then renormalise) is transformers' Qwen3MoeTopKRouter /
 MixtralTopKRouter; Mixtral always renormalises, Qwen3-MoE when `norm_topk_prob`. The router runs
 in float32 whatever the experts' format (a routing decision is discrete: a bf16 rounding could
@@ -35,7 +38,8 @@ def moe_mlp(layer, h: torch.Tensor, top_k: int, normalize: bool) -> torch.Tensor
     """The mixture-of-experts MLP on `h (..., H)` (matmul dtype) -> `(..., H)` float32.
 
     layer: has `router` (H -> E, float32), `expert_gate_up` (E linears H -> 2·I) and
-    `expert_down` (E linears I -> H) in any format of `models/linear.py`.
+    `expert_down` (E linears I -> H) in any format of `models/linear.py`; a shared expert is
+    `gate_up` / `down` with `shared_expert_gate` (H -> 1, float32), or None.
     """
     flat = h.reshape(-1, h.shape[-1])  # (N, H)
     weights, experts = route(layer.router(flat.float()), top_k, normalize)  # (N, k) each
@@ -54,4 +58,7 @@ def moe_mlp(layer, h: torch.Tensor, top_k: int, normalize: bool) -> torch.Tensor
         gate, up = layer.expert_gate_up[expert](flat.index_select(0, tokens)).chunk(2, dim=-1)
         y = layer.expert_down[expert](F.silu(gate) * up)  # (n_e, H)
         out.index_add_(0, tokens, y.float() * scale.index_select(0, chosen))
+    if layer.gate_up is not None:  # the shared expert (Qwen2-MoE), on every token
+        gate, up = layer.gate_up(flat).chunk(2, dim=-1)
+        out += torch.sigmoid(layer.shared_expert_gate(flat.float())) * layer.down(F.silu(gate) * up).float()
     return out.view(*h.shape[:-1], h.shape[-1])

@@ -174,7 +174,7 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
     experts = int(field(f"{arch}.expert_count", 0) or 0)
     family = family_for_gguf(arch, experts, f"GGUF file {path}")
     if experts:
-        _refuse_unsupported_gguf_experts(field, arch, path)
+        _refuse_unsupported_gguf_experts(field, arch, path, family.shared_expert)
     heads = int(required(f"{arch}.attention.head_count"))
     kv_heads = int(field(f"{arch}.attention.head_count_kv", heads))
     hidden = int(required(f"{arch}.embedding_length"))
@@ -225,7 +225,9 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         # the file says; expert_weights_norm is honoured when a file sets it (the model's own choice).
         moe_intermediate_size=int(field(f"{arch}.expert_feed_forward_length", 0)
                                   or field(f"{arch}.feed_forward_length", 0)),
-        norm_topk_prob=family.always_normalize or bool(field(f"{arch}.expert_weights_norm", True)),
+        # Qwen2-MoE checkpoints do not renormalise (llama.cpp's qwen2moe graph neither).
+        norm_topk_prob=family.always_normalize or bool(field(f"{arch}.expert_weights_norm", not family.shared_expert)),
+        shared_expert_intermediate_size=int(field(f"{arch}.expert_shared_feed_forward_length", 0) or 0),
     )
     layer_names = family.gguf_names()
     stacked_experts = {gguf: part for part, (_, gguf) in family.expert_names.items()}
@@ -252,6 +254,8 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
             else:
                 continue
         source = _gguf_sources(key, tensor)[0]
+        if key.endswith(".shared_gate") and source.dense_tensor is not None:  # llama.cpp: (H,) for H -> 1
+            source.dense_tensor = source.dense_tensor.reshape(1, -1)
         # llama.cpp stores Llama-style Q/K interleaved already; rotate-half families need permuting.
         if family.gguf_rotate_half:
             rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else int(tensor.shape[0])
@@ -280,9 +284,9 @@ def _gguf_sources(key: str, tensor) -> list[WeightSource]:
     return [WeightSource(key, raw=raw, qtype=qtype)]
 
 
-def _refuse_unsupported_gguf_experts(field, arch: str, path) -> None:
+def _refuse_unsupported_gguf_experts(field, arch: str, path, shared: bool) -> None:
     """NotImplementedError naming a GGUF mixture-of-experts field the backend does not implement."""
-    for key, allowed in (("expert_shared_count", 0), ("leading_dense_block_count", 0), ("expert_weights_scale", 1.0),
+    for key, allowed in (("expert_shared_count", int(shared)), ("leading_dense_block_count", 0), ("expert_weights_scale", 1.0),
                          ("expert_gating_func", 1)):  # 1: softmax (gguf.ExpertGatingFuncType)
         value = field(f"{arch}.{key}")
         if value is not None and value != allowed:
@@ -300,7 +304,7 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
         raise FileNotFoundError(f"{path} has no config.json; expected an HF model directory or a .gguf file")
     raw = _read_json_object(config_path)
     family = family_for(raw.get("model_type", "llama"), str(config_path))
-    _refuse_unsupported(raw, config_path, family.moe)
+    _refuse_unsupported(raw, config_path, family.moe, family.shared_expert)
 
     def positive(key: str, default=None) -> int:
         return _positive_int(raw, key, config_path, default)
@@ -320,6 +324,8 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
                        num_experts_per_tok=positive("num_experts_per_tok"),
                        moe_intermediate_size=positive("moe_intermediate_size", raw.get("intermediate_size")),
                        norm_topk_prob=family.always_normalize or bool(raw.get("norm_topk_prob", False)))
+        if family.shared_expert:
+            experts["shared_expert_intermediate_size"] = positive("shared_expert_intermediate_size")
     config = ModelConfig(
         architecture=family.architecture,
         vocab_size=positive("vocab_size"),
@@ -334,7 +340,7 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
         rope_theta=float(rope_theta),
         rope_scaling=rope_scaling,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=bool(raw.get("attention_bias", family.attention_bias)),
+        attention_bias=bool(raw.get("attention_bias", raw.get("qkv_bias", family.attention_bias))),  # qkv_bias: Qwen2-MoE
         name=path.name,
         qk_norm=family.qk_norm,
         sliding_window=None if window is None else positive("sliding_window"),
@@ -383,7 +389,7 @@ def _stacked_expert_sources(prefix: str, stacked: torch.Tensor, parts: tuple[str
     return sources
 
 
-def _refuse_unsupported(raw: dict, path: Path, moe: bool) -> None:
+def _refuse_unsupported(raw: dict, path: Path, moe: bool, shared_expert: bool = False) -> None:
     """NotImplementedError naming a config.json field whose feature the backend lacks."""
     for key in ("num_local_experts", "num_experts"):
         if not moe and isinstance(raw.get(key), int) and raw[key] > 1:
@@ -393,6 +399,8 @@ def _refuse_unsupported(raw: dict, path: Path, moe: bool) -> None:
     if moe:  # every layer sparse, no shared expert (Qwen2-MoE's), softmax routing
         for key, allowed in (("decoder_sparse_step", 1), ("mlp_only_layers", []), ("shared_expert_intermediate_size", 0),
                              ("first_k_dense_replace", 0), ("moe_layer_freq", 1), ("n_shared_experts", 0)):
+            if shared_expert and key == "shared_expert_intermediate_size":
+                continue  # Qwen2-MoE's shared expert
             if raw.get(key) not in (None, allowed):
                 raise NotImplementedError(f"{path}: {key}={raw[key]!r} (dense layers or shared experts beside the "
                                           f"routed ones) is not supported by the native backend (supported: "

@@ -65,7 +65,7 @@ def test_truncate_fork_and_ragged_append_match_transformers(pair):
         assert_close(out.logits[1], reference_logits(hf, PROMPT + [1345, 42, 9, 12])[-1])
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "qwen3_moe", "mixtral", "mixtral-per-expert"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "qwen3_moe", "mixtral", "mixtral-per-expert", "qwen2_moe"])
 def test_the_same_weights_as_gguf_load_to_the_same_logits(family, tmp_path):
     """(mixtral-per-expert: one GGUF tensor per expert, as llama.cpp's first Mixtral files.)"""
     family, _, layout = family.partition("-")
@@ -74,7 +74,7 @@ def test_the_same_weights_as_gguf_load_to_the_same_logits(family, tmp_path):
                       stacked_experts=layout != "per-expert")
     model = load(path, dtype="fp32", use_cache=False)
     assert model.family == family and model.config.qk_norm == (family in ("qwen3", "qwen3_moe"))
-    assert model.config.num_experts == (8 if family in ("qwen3_moe", "mixtral") else 0)
+    assert model.config.num_experts == (8 if family.endswith("_moe") or family == "mixtral" else 0)
     expected = reference_logits(hf, PROMPT)
     for fused in paths(model):
         model.use_fused = fused

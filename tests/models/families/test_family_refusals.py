@@ -23,7 +23,8 @@ def directory_with(tmp_path, **fields):
     "fields, message",
     [
         ({"model_type": "gpt_neox"}, "architecture 'gpt_neox' is not supported by the native backend"),
-        ({"model_type": "qwen2_moe", "num_experts": 8}, "architecture 'qwen2_moe' (a mixture of experts with shared"),
+        ({"model_type": "qwen3_moe", "num_experts": 8, "shared_expert_intermediate_size": 64},
+         "shared_expert_intermediate_size=64 (dense layers or shared experts"),
         ({"model_type": "qwen2", "num_experts": 8}, "num_experts=8 (a mixture of experts)"),
         ({"model_type": "qwen3_moe", "num_experts": 8, "decoder_sparse_step": 2}, "decoder_sparse_step=2 (dense layers"),
         ({"model_type": "qwen3_moe", "num_experts": 8, "mlp_only_layers": [0]}, "mlp_only_layers=[0] (dense layers"),

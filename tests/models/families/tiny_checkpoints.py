@@ -21,9 +21,12 @@ FAMILIES = {
                   dict(head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM",
                 dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=None)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",  # plus a shared expert, top-k not renormalised
+                  dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                       norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[])),
 }
 # llama.cpp's GGUF architecture of each family (Mixtral is a "llama" file with experts).
-GGUF_ARCHITECTURES = {"qwen3_moe": "qwen3moe", "mixtral": "llama"}
+GGUF_ARCHITECTURES = {"qwen3_moe": "qwen3moe", "mixtral": "llama", "qwen2_moe": "qwen2moe"}
 
 
 def build_hf_model(family: str, **overrides):
@@ -90,6 +93,8 @@ def write_gguf(model, path, architecture: str, expert_types: dict | None = None,
         writer.add_expert_used_count(config.num_experts_per_tok)
         if hasattr(config, "moe_intermediate_size"):
             writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+        if hasattr(config, "shared_expert_intermediate_size"):
+            writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     writer.add_rope_freq_base((getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta})["rope_theta"])
     embedded = GGUFReader(str(embedded_model_path()))
     for key, field in embedded.fields.items():
@@ -102,7 +107,9 @@ def write_gguf(model, path, architecture: str, expert_types: dict | None = None,
                    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
                    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
                    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # Phi-3's fused tensors
-                   "mlp.gate": "ffn_gate_inp"}  # the router of a mixture of experts
+                   "mlp.gate": "ffn_gate_inp",  # the router of a mixture of experts
+                   "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
+                   "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
     for name, tensor in model.state_dict().items():
         array = tensor.detach().float().numpy().copy()
         if name in names:
@@ -129,6 +136,8 @@ def write_gguf(model, path, architecture: str, expert_types: dict | None = None,
         if stacked:
             continue
         module, kind = rest.rsplit(".", 1)
+        if module == "mlp.shared_expert_gate":  # llama.cpp stores this (1, H) weight as a vector
+            array = array.reshape(-1)
         if architecture == "llama" and module in ("self_attn.q_proj", "self_attn.k_proj"):
             heads = config.num_attention_heads if module.endswith("q_proj") else config.num_key_value_heads
             array = _llama_permute(array, heads)

@@ -64,7 +64,9 @@ class Family:
     expert_names: a mixture of experts: per-expert canonical part (gate, up, down) -> (HF name
         with `{e}` for the expert, GGUF name of the (E, rows, in) stacked tensor); empty if dense.
     always_normalize: top-k router weights renormalised whatever the config says (Mixtral);
-        otherwise config.json's `norm_topk_prob` (Qwen3-MoE).
+        otherwise config.json's `norm_topk_prob` (Qwen3-MoE, Qwen2-MoE).
+    shared_expert: a shared expert beside the routed ones (Qwen2-MoE: canonical gate, up, down
+        and shared_gate, with `shared_expert_intermediate_size`).
     """
 
     architecture: str
@@ -76,6 +78,7 @@ class Family:
     gguf_architecture: str = ""
     expert_names: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     always_normalize: bool = False
+    shared_expert: bool = False
 
     @property
     def moe(self) -> bool:
@@ -100,16 +103,15 @@ class Family:
 
 
 def _registry() -> dict[str, Family]:
-    from metagen.models.families import llama, mixtral, phi3, qwen2, qwen3, qwen3_moe
+    from metagen.models.families import llama, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe
 
-    modules = (llama, qwen2, qwen3, phi3, qwen3_moe, mixtral)
+    modules = (llama, qwen2, qwen3, phi3, qwen3_moe, mixtral, qwen2_moe)
     return {family.architecture: family for module in modules for family in module.FAMILIES}
 
 
 FAMILIES: dict[str, Family] = {}
 # Architectures users bring that the native backend does not run yet, with the reason.
 KNOWN_UNSUPPORTED = {
-    "qwen2_moe": "a mixture of experts with shared experts",
     "gemma3": "Gemma 3 (GeGLU, (1 + w) norms, local/global attention) is not implemented yet",
     "gemma3_text": "Gemma 3 (GeGLU, (1 + w) norms, local/global attention) is not implemented yet",
     "gemma2": "Gemma 2 (logit soft-capping, local/global attention) is not implemented yet",
