@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 @dataclass(frozen=True)
 class ModelConfig:
     """Hyper-parameters of a pre-norm decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3,
-    Qwen3-MoE, Mixtral).
+    Qwen3-MoE, Mixtral, Qwen2-MoE).
 
     Attributes mirror HF `config.json` names where one exists.
     """

@@ -1,6 +1,6 @@
 """The native decoder: a paged-cache `LanguageModel` over a stack of `layer.decoder_layer`s.
 
-Every family (Llama, Mistral, Qwen2, Qwen3, Phi-3, Qwen3-MoE, Mixtral; see `models/families/`)
+Every family (Llama, Mistral, Qwen2, Qwen3, Phi-3, Qwen3-MoE, Mixtral, Qwen2-MoE; `models/families/`)
 runs this one class: a family differs only in its weights (which norms and biases exist, how checkpoint names
 map onto `LayerWeights`), never in the forward. The code is plain tensor functions over weight
 objects (no nn.Module) so the per-token path is a short list of kernels: per layer 2 norms,

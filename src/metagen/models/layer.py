@@ -2,7 +2,7 @@
 
     x ← x + O(Attention(RoPE(QKNorm(Q, K)), V))   on h = RMSNorm(x)      (Touvron et al. 2023)
     x ← x + Down(SiLU(Gate h) ⊙ Up h)              on h = RMSNorm(x)      (SwiGLU, Shazeer 2020)
-                or the top-k mixture of SwiGLU experts of `models/moe.py`  (Qwen3-MoE, Mixtral)
+                or the top-k mixture of SwiGLU experts of `models/moe.py`  (Qwen3-MoE, Mixtral, Qwen2-MoE)
 
 with RoPE (Su et al. 2021) on interleaved pairs, grouped-query attention (Ainslie et al. 2023),
 optional q/k/v bias (Qwen2, inside the fused QKV linear) and optional per-head q/k RMSNorm

@@ -33,7 +33,8 @@ AUTO_WIDE_FORMAT = "int8"
 
 
 def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use_cache: bool = True) -> DecoderModel:
-    """Load a decoder of any supported family (llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral).
+    """Load a decoder of any supported family (llama, mistral, qwen2, qwen3, phi3, qwen3_moe, mixtral,
+    qwen2_moe).
 
     path: a .gguf file or an HF directory (config.json, *.safetensors, tokenizer.json); None
         loads the embedded SmolLM2-135M-Instruct.

@@ -1,4 +1,5 @@
-"""The mixture-of-experts MLP (Qwen3-MoE, Mixtral): a router picks k of E SwiGLU experts per token.
+"""The mixture-of-experts MLP (Qwen3-MoE, Mixtral, Qwen2-MoE): a router picks k of E SwiGLU experts
+per token.
 
     p = softmax(h·W_gᵀ)                       over the E experts, float32   (Shazeer et al. 2017)
     S = top-k(p),  w_e = p_e / Σ_{j∈S} p_j     (renormalised when `normalize`, else w_e = p_e)

@@ -9,8 +9,8 @@ layers are `(out_features, in_features)` with Q/K rows (and q/k norm weights) pe
 interleaved-pair order of `layer.apply_rope`.
 
 Checkpoint features the backend does not implement are refused by name here, before any tensor
-is read: unknown architectures, mixtures of experts of another shape (shared experts, dense
-layers between sparse ones, another gating function), unsupported RoPE scalings, a partial
+is read: unknown architectures, mixtures of experts of another shape (more shared experts than
+Qwen2-MoE's one, dense layers between sparse ones, another gating function), unsupported RoPE scalings, a partial
 rotary factor, another MLP activation, MLP biases.
 """
 
@@ -396,7 +396,7 @@ def _refuse_unsupported(raw: dict, path: Path, moe: bool, shared_expert: bool = 
             raise NotImplementedError(f"{path}: {key}={raw[key]} (a mixture of experts) is not supported by the "
                                       f"native backend for model_type {raw.get('model_type')!r}; load it with "
                                       f"metagen.models.TransformersModel instead")
-    if moe:  # every layer sparse, no shared expert (Qwen2-MoE's), softmax routing
+    if moe:  # every layer sparse, softmax routing, a shared expert only where the family has one
         for key, allowed in (("decoder_sparse_step", 1), ("mlp_only_layers", []), ("shared_expert_intermediate_size", 0),
                              ("first_k_dense_replace", 0), ("moe_layer_freq", 1), ("n_shared_experts", 0)):
             if shared_expert and key == "shared_expert_intermediate_size":
