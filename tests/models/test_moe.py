@@ -216,6 +216,6 @@ def test_info_shows_the_experts(qwen3_moe, capsys, temp_cache):
     facts = json.loads(capsys.readouterr().out)
     assert facts["architecture"] == "qwen3_moe"
     assert (facts["experts"], facts["experts_per_token"], facts["expert_intermediate_size"]) == (8, 2, 32)
-    assert facts["renormalized_top_k"] is True
+    assert facts["renormalized_top_k"] is True and facts["shared_expert_intermediate_size"] == 0
     assert facts["weights"]["expert_gate_up"] == {"int8 from dense": 16} and facts["weights"]["router"] == {
         "dense from dense": 2}

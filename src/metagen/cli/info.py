@@ -40,10 +40,11 @@ def run(args: argparse.Namespace) -> int:
         "chat_template": model.tokenizer.chat_template is not None,
         "weights": weight_formats(model),
     }
-    if config.num_experts:  # a mixture of experts: E experts of width I, k run per token
-        facts = {**{key: facts[key] for key in list(facts)[:-1]}, "experts": config.num_experts,
-                 "experts_per_token": config.num_experts_per_tok, "expert_intermediate_size": config.moe_intermediate_size,
-                 "renormalized_top_k": config.norm_topk_prob, "weights": facts["weights"]}
+    if config.num_experts:  # a mixture of experts: E experts of width I, k run per token (before "weights")
+        weights = facts.pop("weights")
+        facts.update(experts=config.num_experts, experts_per_token=config.num_experts_per_tok,
+                     expert_intermediate_size=config.moe_intermediate_size, renormalized_top_k=config.norm_topk_prob,
+                     shared_expert_intermediate_size=config.shared_expert_intermediate_size, weights=weights)
     if args.json:
         print(json.dumps(facts))
     else:
