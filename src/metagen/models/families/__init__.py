@@ -32,13 +32,6 @@ LLAMA_LAYER_NAMES = {
     "up": ("mlp.up_proj.weight", "ffn_up.weight"),
     "down": ("mlp.down_proj.weight", "ffn_down.weight"),
 }
-# A mixture-of-experts layer: the router replaces gate_up / down, each expert's parts are
-# canonical `experts.{e}.gate` / `.up` / `.down` fused into `expert_gate_up` / `expert_down`.
-MOE_LINEARS = {"qkv": (("q", "k", "v"), ("q_bias", "k_bias", "v_bias")), "o": (("o",), ()), "router": (("router",), ())}
-EXPERT_LINEARS = {"expert_gate_up": ("gate", "up"), "expert_down": ("down",)}
-# transformers >= 5 may save the experts of a layer stacked: HF suffix -> the canonical parts its
-# (E, rows, in) tensor holds along the rows, in order.
-HF_STACKED_EXPERTS = {"mlp.experts.gate_up_proj": ("gate", "up"), "mlp.experts.down_proj": ("down",)}
 # LayerWeights linear -> (canonical weight parts stacked along the output rows, their bias parts)
 LLAMA_LINEARS = {
     "qkv": (("q", "k", "v"), ("q_bias", "k_bias", "v_bias")),
@@ -46,6 +39,13 @@ LLAMA_LINEARS = {
     "gate_up": (("gate", "up"), ()),
     "down": (("down",), ()),
 }
+# A mixture-of-experts layer: the router replaces gate_up / down, each expert's parts are
+# canonical `experts.{e}.gate` / `.up` / `.down` fused into `expert_gate_up` / `expert_down`.
+MOE_LINEARS = {"qkv": LLAMA_LINEARS["qkv"], "o": LLAMA_LINEARS["o"], "router": (("router",), ())}
+EXPERT_LINEARS = {"expert_gate_up": ("gate", "up"), "expert_down": ("down",)}
+# transformers >= 5 may save the experts of a layer stacked: HF suffix -> the canonical parts its
+# (E, rows, in) tensor holds along the rows, in order.
+HF_STACKED_EXPERTS = {"mlp.experts.gate_up_proj": ("gate", "up"), "mlp.experts.down_proj": ("down",)}
 
 
 @dataclass(frozen=True)
