@@ -1,5 +1,6 @@
-"""`metagen info`: describe a model — architecture, sizes, context, tokens, and how each kind of
-linear layer's weights are stored (e.g. "int8 from Q5_0 ×12"); one JSON object with --json."""
+"""`metagen info`: describe a model — architecture, sizes, context, tokens, its experts (count,
+top-k) if a mixture of experts, and how each kind of linear layer's weights are stored (e.g.
+"int8 from Q5_0 ×12"); one JSON object with --json."""
 
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ def run(args: argparse.Namespace) -> int:
         "chat_template": model.tokenizer.chat_template is not None,
         "weights": weight_formats(model),
     }
+    if config.num_experts:  # a mixture of experts: E experts of width I, k run per token (before "weights")
+        weights = facts.pop("weights")
+        facts.update(experts=config.num_experts, experts_per_token=config.num_experts_per_tok,
+                     expert_intermediate_size=config.moe_intermediate_size, renormalized_top_k=config.norm_topk_prob,
+                     shared_expert_intermediate_size=config.shared_expert_intermediate_size, weights=weights)
     if args.json:
         print(json.dumps(facts))
     else:

@@ -8,12 +8,13 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Hyper-parameters of a pre-norm decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3).
+    """Hyper-parameters of a pre-norm decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3,
+    Qwen3-MoE, Mixtral, Qwen2-MoE).
 
     Attributes mirror HF `config.json` names where one exists.
     """
 
-    architecture: str  # a family of models/families/: "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "gemma3"
+    architecture: str  # a family of models/families/: "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "qwen3_moe", ...
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -38,6 +39,12 @@ class ModelConfig:
     embed_scale: float | None = None  # embeddings times this, in the activation dtype (Gemma: sqrt(hidden))
     query_pre_attn_scalar: float | None = None  # attention scale is its −1/2 power (Gemma 3); None: head_dim
     post_norms: bool = False  # RMSNorm of the attention and MLP outputs before each residual add (Gemma 3)
+    # A mixture of experts (models/moe.py; 0 experts: a dense MLP of intermediate_size):
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # k experts run per token
+    moe_intermediate_size: int = 0  # each expert's I
+    norm_topk_prob: bool = True  # renormalise the top-k router probabilities (Mixtral: always)
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert, run on every token
 
     def __post_init__(self) -> None:
         if self.layer_types is not None:
@@ -54,6 +61,9 @@ class ModelConfig:
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} is out of range: must be in "
+                             f"[1, num_experts={self.num_experts}]")
 
     def layer_window(self, index: int) -> int | None:
         """The window of layer `index`: it attends to positions p − W + 1 .. p (transformers'
@@ -84,7 +94,7 @@ class ModelConfig:
         h, i = self.hidden_size, self.intermediate_size
         q = self.num_attention_heads * self.head_dim
         kv = self.num_key_value_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+        per_layer = h * (q + 2 * kv) + q * h + self._mlp_parameters(self.num_experts) + 2 * h
         if self.attention_bias:
             per_layer += q + 2 * kv
         if self.qk_norm:
@@ -95,13 +105,25 @@ class ModelConfig:
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return embed + head + self.num_hidden_layers * per_layer + h
 
+    def _mlp_parameters(self, experts: int) -> int:
+        """One layer's MLP parameters counting `experts` experts (and the whole router) when the
+        model is a mixture of experts."""
+        h = self.hidden_size
+        if not self.num_experts:
+            return 3 * h * self.intermediate_size
+        shared = 3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0
+        return experts * 3 * h * self.moe_intermediate_size + self.num_experts * h + shared
+
     def flops_per_token(self, context_length: int) -> float:
         """Forward FLOPs for one token attending to `context_length` keys.
 
         2·(non-embedding params + LM head) for the matmuls plus 4·layers·heads·head_dim·context
-        for attention scores and the weighted sum (Kaplan et al. 2020 accounting).
+        for attention scores and the weighted sum (Kaplan et al. 2020 accounting); a mixture of
+        experts counts only the k experts a token runs.
         """
         matmul_params = self.num_parameters - self.vocab_size * self.hidden_size
+        matmul_params -= self.num_hidden_layers * (self._mlp_parameters(self.num_experts)
+                                                   - self._mlp_parameters(self.num_experts_per_tok))
         if self.tie_word_embeddings:
             matmul_params += self.vocab_size * self.hidden_size  # the head still multiplies
         attention = 4 * self.num_hidden_layers * self.num_attention_heads * self.head_dim * context_length

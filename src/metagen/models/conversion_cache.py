@@ -22,11 +22,12 @@ from metagen.models.config import ModelConfig
 from metagen.models.disk_cache import EntryLock, cache_directory, manifest_problem, publish, staging_directory
 from metagen.models.linear import INT4_GROUP, DenseLinear, Int4Linear, Int8Linear
 from metagen.models.decoder import DecoderModel
-from metagen.models.layer import LINEAR_FIELDS, NORM_FIELDS, LayerWeights
+from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, NORM_FIELDS, LayerWeights
 
 # 3: manifest.json replaces the `done` marker; 4: linears record their stored format;
-# 5: layers stored from LayerWeights' fields (optional q/k norms), config gains qk_norm and sliding_window
-_FORMAT_VERSION = "5"
+# 5: layers stored from LayerWeights' fields (optional q/k norms), config gains qk_norm and sliding_window;
+# 6: optional linears (router) and per-expert linears, config gains the mixture-of-experts fields
+_FORMAT_VERSION = "6"
 WAIT_SECONDS = 600.0  # for another process converting the same checkpoint; then we convert too
 
 
@@ -96,8 +97,12 @@ def _save_converted(model: DecoderModel, directory: Path) -> None:
         for name in NORM_FIELDS:
             if getattr(layer, name) is not None:  # an optional norm the family lacks is stored as absence
                 tensors[f"layers.{i}.{name}"] = getattr(layer, name)
-        for name in LINEAR_FIELDS:
-            _linear_state(f"layers.{i}.{name}", getattr(layer, name), tensors, kinds)
+        for name in LINEAR_FIELDS:  # an optional linear the layer lacks is stored as absence
+            if getattr(layer, name) is not None:
+                _linear_state(f"layers.{i}.{name}", getattr(layer, name), tensors, kinds)
+        for name in EXPERT_FIELDS:
+            for e, linear in enumerate(getattr(layer, name) or ()):
+                _linear_state(f"layers.{i}.{name}.{e}", linear, tensors, kinds)
     _linear_state("lm_head", model.lm_head, tensors, kinds)
     save_file(tensors, str(directory / "weights.safetensors"))
     (directory / "config.json").write_text(model.config.to_json())
@@ -128,10 +133,18 @@ def _load_converted(entry: Path, dtype: str, source: str) -> DecoderModel:
     # Fresh allocations: the packed-weight kernels use aligned vector loads, and tensors carved
     # out of the file's buffer are not guaranteed 64-byte aligned.
     tensors = {name: tensor.clone() for name, tensor in load_file(str(entry / "weights.safetensors")).items()}
+
+    def linear(prefix: str):
+        return _restore_linear(prefix, kinds[prefix], tensors) if prefix in kinds else None
+
+    def experts(prefix: str):
+        return [linear(f"{prefix}.{e}") for e in range(config.num_experts)] if f"{prefix}.0" in kinds else None
+
     layers = [
         LayerWeights(
             **{name: tensors.get(f"layers.{i}.{name}") for name in NORM_FIELDS},
-            **{name: _restore_linear(f"layers.{i}.{name}", kinds[f"layers.{i}.{name}"], tensors) for name in LINEAR_FIELDS},
+            **{name: linear(f"layers.{i}.{name}") for name in LINEAR_FIELDS},
+            **{name: experts(f"layers.{i}.{name}") for name in EXPERT_FIELDS},
         )
         for i in range(config.num_hidden_layers)
     ]

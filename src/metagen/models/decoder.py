@@ -1,8 +1,8 @@
 """The native decoder: a paged-cache `LanguageModel` over a stack of `layer.decoder_layer`s.
 
-Every dense family (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3; see `models/families/`) runs this one
-class: a family differs only in its weights (which norms and biases exist, how checkpoint names
-map onto `LayerWeights`), never in the forward. The code is plain tensor functions over weight
+Every family (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3, Qwen3-MoE, Mixtral, Qwen2-MoE; see
+`models/families/`) runs this one class: a family differs only in its weights (which norms and
+biases exist, how checkpoint names map onto `LayerWeights`), never in the forward. The code is plain tensor functions over weight
 objects (no nn.Module) so the per-token path is a short list of kernels: per layer 2 norms,
 4 matmuls, RoPE, cache write/gather, attention.
 
@@ -32,7 +32,7 @@ from metagen.models import checks
 from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode
 from metagen.models.cache import KVCache
 from metagen.models.config import ModelConfig
-from metagen.models.layer import LINEAR_FIELDS, LayerWeights, apply_rope, decoder_layer
+from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, LayerWeights, apply_rope, decoder_layer
 from metagen.models.rope import rope_frequencies
 
 # rows × cached keys up to which the fused attention reads the cache in place (beyond: SDPA over
@@ -148,9 +148,13 @@ class DecoderModel(LanguageModel):
         return model
 
     def linears(self) -> list[tuple[str, object]]:
-        """Every linear as (kind, linear): each layer's qkv, o, gate_up, down, then "lm_head"."""
-        return [(name, getattr(layer, name)) for layer in self.layers for name in LINEAR_FIELDS] + [
-            ("lm_head", self.lm_head)]
+        """Every linear as (kind, linear): each layer's qkv, o, gate_up, down (or router and every
+        expert's expert_gate_up, expert_down), then "lm_head"."""
+        out = []
+        for layer in self.layers:
+            out += [(name, getattr(layer, name)) for name in LINEAR_FIELDS if getattr(layer, name) is not None]
+            out += [(name, linear) for name in EXPERT_FIELDS for linear in getattr(layer, name) or ()]
+        return out + [("lm_head", self.lm_head)]
 
     # -------------------------------------------------------------- forward
     @torch.no_grad()

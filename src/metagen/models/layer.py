@@ -2,6 +2,7 @@
 
     x ← x + O(Attention(RoPE(QKNorm(Q, K)), V))   on h = RMSNorm(x)      (Touvron et al. 2023)
     x ← x + Down(SiLU(Gate h) ⊙ Up h)              on h = RMSNorm(x)      (SwiGLU, Shazeer 2020)
+                or the top-k mixture of SwiGLU experts of `models/moe.py`  (Qwen3-MoE, Mixtral, Qwen2-MoE)
 
 with RoPE (Su et al. 2021) on interleaved pairs, grouped-query attention (Ainslie et al. 2023),
 optional q/k/v bias (Qwen2, inside the fused QKV linear) and optional per-head q/k RMSNorm
@@ -25,14 +26,21 @@ from dataclasses import dataclass, field, fields
 import torch
 import torch.nn.functional as F
 
+from metagen.models.moe import moe_mlp
+
 
 def _norm(optional: bool = False):
     return field(default=None, metadata={"kind": "norm", "optional": True}) if optional else field(
         metadata={"kind": "norm", "optional": False})
 
 
-def _linear():
-    return field(metadata={"kind": "linear"})
+def _linear(optional: bool = False):
+    return field(default=None, metadata={"kind": "linear", "optional": True}) if optional else field(
+        metadata={"kind": "linear", "optional": False})
+
+
+def _experts():
+    return field(default=None, metadata={"kind": "experts", "optional": True})
 
 
 @dataclass
@@ -47,16 +55,23 @@ class LayerWeights:
     qkv: object = _linear()  # H -> (heads + 2·kv_heads)·D, Q/K rows in interleaved-pair order
     o: object = _linear()  # heads·D -> H
     mlp_norm: torch.Tensor = _norm()  # (H,)
-    gate_up: object = _linear()  # H -> 2·I
-    down: object = _linear()  # I -> H
+    gate_up: object = _linear(optional=True)  # H -> 2·I (None in a mixture-of-experts layer)
+    down: object = _linear(optional=True)  # I -> H
     q_norm: torch.Tensor | None = _norm(optional=True)  # (D,) per-head RMSNorm of q (Qwen3)
     k_norm: torch.Tensor | None = _norm(optional=True)  # (D,) per-head RMSNorm of k (Qwen3)
     attn_post_norm: torch.Tensor | None = _norm(optional=True)  # (H,) RMSNorm of O's output (Gemma 3)
     mlp_post_norm: torch.Tensor | None = _norm(optional=True)  # (H,) RMSNorm of down's output (Gemma 3)
+    # A mixture-of-experts MLP (models/moe.py) in place of gate_up / down:
+    router: object = _linear(optional=True)  # H -> E, float32
+    # Qwen2-MoE's shared expert: gate_up / down run on every token, scaled by sigmoid(h·w_s).
+    shared_expert_gate: object = _linear(optional=True)  # H -> 1, float32
+    expert_gate_up: list | None = _experts()  # E linears H -> 2·I_e
+    expert_down: list | None = _experts()  # E linears I_e -> H
 
 
 LINEAR_FIELDS = tuple(f.name for f in fields(LayerWeights) if f.metadata["kind"] == "linear")
 NORM_FIELDS = tuple(f.name for f in fields(LayerWeights) if f.metadata["kind"] == "norm")
+EXPERT_FIELDS = tuple(f.name for f in fields(LayerWeights) if f.metadata["kind"] == "experts")
 OPTIONAL_FIELDS = frozenset(f.name for f in fields(LayerWeights) if f.metadata.get("optional"))
 
 
@@ -75,6 +90,8 @@ def decoder_layer(config, layer: LayerWeights, x: torch.Tensor, h: torch.Tensor,
     if layer.attn_post_norm is not None:
         delta = F.rms_norm(delta.float(), delta.shape[-1:], layer.attn_post_norm, config.rms_norm_eps)
     x, h = ops.add_norm(x, delta, layer.mlp_norm)
+    if layer.router is not None:  # a mixture of experts (Qwen3-MoE, Mixtral, Qwen2-MoE)
+        return ops.add_norm(x, moe_mlp(layer, h, config.num_experts_per_tok, config.norm_topk_prob), next_norm)
     gate, up = layer.gate_up(h).chunk(2, dim=-1)
     if config.hidden_activation == "silu":
         delta = layer.down(F.silu(gate) * up)

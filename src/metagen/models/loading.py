@@ -23,8 +23,8 @@ from metagen.models.disk_cache import cache_directory  # noqa: F401  (its histor
 from metagen.models.embedded import embedded_model_path
 from metagen.models.gguf_blocks import EXACT_INT4_TYPES
 from metagen.models.linear import DenseLinear, Int4Linear, Int8Linear
-from metagen.models.families import family_for
-from metagen.models.layer import LINEAR_FIELDS, NORM_FIELDS, LayerWeights
+from metagen.models.families import EXPERT_LINEARS, family_for
+from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, NORM_FIELDS, LayerWeights
 
 DTYPES = ("auto", "fp32", "bf16", "int8", "int4")
 DEFAULT_DTYPE = "auto"
@@ -33,7 +33,8 @@ AUTO_WIDE_FORMAT = "int8"
 
 
 def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use_cache: bool = True) -> DecoderModel:
-    """Load a decoder of any supported family (llama, mistral, qwen2, qwen3, phi3, gemma3).
+    """Load a decoder of any supported family (llama, mistral, qwen2, qwen3, phi3, gemma3, qwen3_moe,
+    mixtral, qwen2_moe).
 
     path: a .gguf file, an HF directory (config.json, *.safetensors, tokenizer.json) or a
         directory saved by `metagen compress` (loaded in its saved formats); None loads the
@@ -66,7 +67,9 @@ def _convert(path: Path, dtype: str) -> DecoderModel:
 def _check_complete(config: ModelConfig, sources: dict, path: Path) -> None:
     """ValueError naming the checkpoint and the tensors its family needs but it lacks."""
     needed = ["embed", "norm"] + ([] if config.tie_word_embeddings else ["lm_head"])
-    per_layer = family_for(config.architecture, str(path)).required_layer_tensors()
+    family = family_for(config.architecture, str(path))
+    per_layer = family.required_layer_tensors()
+    per_layer += [f"experts.{e}.{part}" for e in range(config.num_experts) for part in family.expert_names]
     for i in range(config.num_hidden_layers):
         needed += [f"layers.{i}.{name}" for name in per_layer]
     missing = [name for name in needed if name not in sources]
@@ -145,9 +148,19 @@ def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: st
     for i in range(config.num_hidden_layers):
         p = f"layers.{i}."
         weights = {}
-        for name in LINEAR_FIELDS:  # each linear from the family's parts, fused in order
+        for name in LINEAR_FIELDS:  # each linear from the family's parts, fused in order (None if it has none)
+            if name not in family.linears:
+                weights[name] = None
+                continue
             parts, bias_parts = family.linears[name]
-            weights[name] = _linear(sources, [p + part for part in parts], dtype, [p + part for part in bias_parts])
+            # The router (and a shared expert's gate) stays float32: see models/moe.py.
+            gating = name in ("router", "shared_expert_gate")
+            weights[name] = _linear(sources, [p + part for part in parts], "fp32" if gating else dtype,
+                                    [p + part for part in bias_parts])
+        for name in EXPERT_FIELDS:  # one linear per expert (None for a dense MLP)
+            parts = EXPERT_LINEARS[name]
+            weights[name] = [_linear(sources, [f"{p}experts.{e}.{part}" for part in parts], dtype)
+                             for e in range(config.num_experts)] if family.moe else None
         for name in NORM_FIELDS:  # optional norms (q_norm, k_norm) are None when the family has none
             weights[name] = sources[p + name].dense() if p + name in sources else None
         layers.append(LayerWeights(**weights))
@@ -176,7 +189,7 @@ def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: st
 def weight_formats(model: DecoderModel) -> dict[str, dict[str, int]]:
     """What each kind of linear runs in, and from which stored format: e.g.
     {"down": {"int4 from Q4_K": 12, "int8 from Q6_K": 12}, "lm_head": {"int8 from Q8_0": 1}}."""
-    formats: dict[str, dict[str, int]] = {}
+    formats: dict[str, dict[str, int]] = {}  # an expert linear counts once per expert
     for name, linear in model.linears():
         label = f"{linear.kind} from {linear.stored}" if linear.stored else linear.kind
         counts = formats.setdefault(name, {})

@@ -3,14 +3,18 @@
 Both readers return a `ModelConfig` and a dict of `WeightSource`s under one naming scheme:
 `embed`, `norm`, `lm_head`, `rope_freqs` and `layers.{i}.{name}` for the canonical names of the
 checkpoint's family (`models/families/`: attn_norm, q, k, v, q_bias, ..., or fused qkv and
-gate_up). Weights of linear layers are `(out_features, in_features)` with Q/K rows (and q/k norm
-weights) permuted into the interleaved-pair order of `layer.apply_rope`. RMSNorm weights are
-returned as the layer multiplies by them: a (1 + w) family's HF weights get their 1 here
-(`Family.hf_norm_offset`); its GGUF files already hold 1 + w.
+gate_up; a mixture of experts has `router` and `experts.{e}.gate` / `.up` / `.down` per expert,
+split out of stacked (E, rows, in) tensors where the file stores them so). Weights of linear
+layers are `(out_features, in_features)` with Q/K rows (and q/k norm weights) permuted into the
+interleaved-pair order of `layer.apply_rope`. RMSNorm weights are returned as the layer
+multiplies by them: a (1 + w) family's HF weights get their 1 here (`Family.hf_norm_offset`);
+its GGUF files already hold 1 + w.
 
 Checkpoint features the backend does not implement are refused by name here, before any tensor
-is read: unknown architectures and mixtures of experts, unsupported RoPE scalings, a partial
-rotary factor, another MLP activation, MLP biases, logit soft-capping, bidirectional attention.
+is read: unknown architectures, mixtures of experts of another shape (more shared experts than
+Qwen2-MoE's one, dense layers between sparse ones, another gating function), unsupported RoPE
+scalings, a partial rotary factor, another MLP activation, MLP biases, logit soft-capping,
+bidirectional attention.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 import torch
 
 from metagen.models.config import ModelConfig
-from metagen.models.families import family_for
+from metagen.models.families import HF_STACKED_EXPERTS, family_for, family_for_gguf
 from metagen.models.rope import check_rope_scaling
 
 _GGUF_GLOBAL_NAMES = {
@@ -176,15 +180,14 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         return value
 
     arch = field("general.architecture")
-    family = family_for(arch, f"GGUF file {path}")
+    experts = int(field(f"{arch}.expert_count", 0) or 0)
+    family = family_for_gguf(arch, experts, f"GGUF file {path}")
     for key in (f"{arch}.final_logit_softcapping", f"{arch}.attn_logit_softcapping"):
         if field(key):
             raise NotImplementedError(f"{path}: {key}={field(key)} (logit soft-capping) is not supported by the "
                                       f"native backend; load it with metagen.models.TransformersModel instead")
-    experts = field(f"{arch}.expert_count", 0)
     if experts:
-        raise NotImplementedError(f"{path}: {arch}.expert_count={experts} (a mixture of experts) is not supported "
-                                  f"by the native backend")
+        _refuse_unsupported_gguf_experts(field, arch, path, family.shared_expert)
     heads = int(required(f"{arch}.attention.head_count"))
     kv_heads = int(field(f"{arch}.attention.head_count_kv", heads))
     hidden = int(required(f"{arch}.embedding_length"))
@@ -220,10 +223,11 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         if blocks == 62:  # llama.cpp: Gemma 3 27B scales queries by (hidden / heads)^(-1/2), not head_dim's
             query_scalar = hidden // heads
     config = ModelConfig(
-        architecture=arch,
+        architecture=family.architecture,
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=int(required(f"{arch}.feed_forward_length")),
+        intermediate_size=int(field(f"{arch}.feed_forward_length", 0) if experts
+                              else required(f"{arch}.feed_forward_length")),
         num_hidden_layers=blocks,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
@@ -243,32 +247,79 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         embed_scale=hidden**0.5 if family.scaled_embedding else None,
         query_pre_attn_scalar=query_scalar,
         post_norms=family.post_norms,
+        num_experts=experts,
+        num_experts_per_tok=int(required(f"{arch}.expert_used_count")) if experts else 0,
+        # Mixtral's experts are its feed-forward. llama.cpp renormalises qwen3moe's top-k whatever
+        # the file says; expert_weights_norm is honoured when a file sets it (the model's own choice).
+        moe_intermediate_size=int(field(f"{arch}.expert_feed_forward_length", 0)
+                                  or field(f"{arch}.feed_forward_length", 0)),
+        # Qwen2-MoE checkpoints do not renormalise (llama.cpp's qwen2moe graph neither).
+        norm_topk_prob=family.always_normalize or bool(field(f"{arch}.expert_weights_norm", not family.shared_expert)),
+        shared_expert_intermediate_size=int(field(f"{arch}.expert_shared_feed_forward_length", 0) or 0),
     )
     layer_names = family.gguf_names()
+    stacked_experts = {gguf: part for part, (_, gguf) in family.expert_names.items()}
+    # llama.cpp's first Mixtral files hold one tensor per expert: blk.{i}.ffn_gate.{e}.weight
+    single_experts = {gguf.removesuffix("_exps.weight"): part for gguf, part in stacked_experts.items()}
     sources: dict[str, WeightSource] = {}
     for tensor in reader.tensors:
         if tensor.name in _GGUF_GLOBAL_NAMES:
             key = _GGUF_GLOBAL_NAMES[tensor.name]
         else:
             parts = tensor.name.split(".", 2)
-            if parts[0] != "blk" or len(parts) < 3 or parts[2] not in layer_names:
+            if parts[0] != "blk" or len(parts) < 3:
                 continue
-            key = f"layers.{parts[1]}.{layer_names[parts[2]]}"
-        qtype = tensor.tensor_type
-        if qtype.name in ("F32", "F16", "BF16"):
-            array = np.asarray(tensor.data)
-            if qtype.name == "BF16":
-                array = (array.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-            shape = tuple(int(s) for s in reversed(tensor.shape))
-            source = WeightSource(key, dense_tensor=torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape)))
-        else:
-            source = WeightSource(key, raw=np.asarray(tensor.data), qtype=qtype)
+            if parts[2] in stacked_experts:  # (E, rows, in): one source per expert
+                for e, source in enumerate(_gguf_sources(tensor.name, tensor)):
+                    source.name = f"layers.{parts[1]}.experts.{e}.{stacked_experts[parts[2]]}"
+                    sources[source.name] = source
+                continue
+            kind, _, expert = parts[2].removesuffix(".weight").partition(".")
+            if kind in single_experts and expert.isdigit():
+                key = f"layers.{parts[1]}.experts.{expert}.{single_experts[kind]}"
+            elif parts[2] in layer_names:
+                key = f"layers.{parts[1]}.{layer_names[parts[2]]}"
+            else:
+                continue
+        source = _gguf_sources(key, tensor)[0]
+        if key.endswith(".shared_gate") and source.dense_tensor is not None:  # llama.cpp: (H,) for H -> 1
+            source.dense_tensor = source.dense_tensor.reshape(1, -1)
         # llama.cpp stores Llama-style Q/K interleaved already; rotate-half families need permuting.
         if family.gguf_rotate_half:
             rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else int(tensor.shape[0])
             source.row_order = rotary_row_order(key, rows, config)
         sources[key] = source
     return config, sources, reader
+
+
+def _gguf_sources(key: str, tensor) -> list[WeightSource]:
+    """The sources of one GGUF tensor: one for a matrix or vector, one per expert (the leading
+    dimension) for a stacked (E, rows, in) tensor of experts."""
+    qtype = tensor.tensor_type
+    shape = tuple(int(s) for s in reversed(tensor.shape))  # numpy order: (E, rows, in), (rows, in) or (n,)
+    if qtype.name in ("F32", "F16", "BF16"):
+        array = np.asarray(tensor.data)
+        if qtype.name == "BF16":
+            array = (array.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        dense = torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape))
+        if len(shape) == 3:
+            return [WeightSource(key, dense_tensor=expert) for expert in dense.unbind(0)]
+        return [WeightSource(key, dense_tensor=dense)]
+    raw = np.asarray(tensor.data)  # quantized: (..., rows, bytes per row)
+    if len(shape) == 3:
+        raw = raw.reshape(shape[0], shape[1], -1)
+        return [WeightSource(key, raw=raw[e], qtype=qtype) for e in range(shape[0])]
+    return [WeightSource(key, raw=raw, qtype=qtype)]
+
+
+def _refuse_unsupported_gguf_experts(field, arch: str, path, shared: bool) -> None:
+    """NotImplementedError naming a GGUF mixture-of-experts field the backend does not implement."""
+    for key, allowed in (("expert_shared_count", int(shared)), ("leading_dense_block_count", 0), ("expert_weights_scale", 1.0),
+                         ("expert_gating_func", 1)):  # 1: softmax (gguf.ExpertGatingFuncType)
+        value = field(f"{arch}.{key}")
+        if value is not None and value != allowed:
+            raise NotImplementedError(f"{path}: {arch}.{key}={value} is not supported by the native backend "
+                                      f"(supported: {allowed}); load it with metagen.models.TransformersModel instead")
 
 
 def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource]]:
@@ -285,7 +336,7 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
                                   f"text) is not supported by the native backend; its text decoder alone (model_type "
                                   f"'gemma3_text', Gemma3ForCausalLM) is")
     family = family_for(raw.get("model_type", "llama"), str(config_path))
-    _refuse_unsupported(raw, config_path)
+    _refuse_unsupported(raw, config_path, family.moe, family.shared_expert)
 
     def positive(key: str, default=None) -> int:
         return _positive_int(raw, key, config_path, default)
@@ -320,6 +371,14 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
     if family.local_rope_theta is not None:
         local_theta = float(local_rope.get("rope_theta", raw.get("rope_local_base_freq", family.local_rope_theta)))
     scalar = raw.get("query_pre_attn_scalar")
+    experts = {}
+    if family.moe:  # Qwen3-MoE: num_experts, moe_intermediate_size; Mixtral: num_local_experts, intermediate_size
+        experts = dict(num_experts=positive("num_experts", raw.get("num_local_experts")),
+                       num_experts_per_tok=positive("num_experts_per_tok"),
+                       moe_intermediate_size=positive("moe_intermediate_size", raw.get("intermediate_size")),
+                       norm_topk_prob=family.always_normalize or bool(raw.get("norm_topk_prob", False)))
+        if family.shared_expert:
+            experts["shared_expert_intermediate_size"] = positive("shared_expert_intermediate_size")
     config = ModelConfig(
         architecture=family.architecture,
         vocab_size=positive("vocab_size"),
@@ -334,7 +393,7 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
         rope_theta=float(rope_theta),
         rope_scaling=rope_scaling,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=bool(raw.get("attention_bias", family.attention_bias)),
+        attention_bias=bool(raw.get("attention_bias", raw.get("qkv_bias", family.attention_bias))),  # qkv_bias: Qwen2-MoE
         name=path.name,
         qk_norm=family.qk_norm,
         sliding_window=None if window is None else positive("sliding_window"),
@@ -344,12 +403,15 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
         embed_scale=positive("hidden_size") ** 0.5 if family.scaled_embedding else None,
         query_pre_attn_scalar=None if scalar is None else float(scalar),
         post_norms=family.post_norms,
+        **experts,
     )
     norm_offset = family.hf_norm_offset
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path} holds no *.safetensors files")
     layer_names = family.hf_names()
+    for e in range(config.num_experts):  # one name per expert and part: "mlp.experts.3.up_proj.weight"
+        layer_names.update({hf.format(e=e): f"experts.{e}.{part}" for part, (hf, _) in family.expert_names.items()})
     sources: dict[str, WeightSource] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
@@ -358,6 +420,11 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
                     key = _HF_GLOBAL_NAMES[name]
                 elif name.startswith("model.layers."):
                     _, _, index, rest = name.split(".", 3)
+                    rest = rest.replace("block_sparse_moe.", "mlp.")  # Mixtral's name before transformers 5
+                    if family.moe and rest in HF_STACKED_EXPERTS:
+                        sources.update(_stacked_expert_sources(f"layers.{index}.experts.", handle.get_tensor(name),
+                                                               HF_STACKED_EXPERTS[rest]))
+                        continue
                     if rest not in layer_names:
                         continue
                     key = f"layers.{index}.{layer_names[rest]}"
@@ -375,12 +442,32 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
     return config, sources
 
 
-def _refuse_unsupported(raw: dict, path: Path) -> None:
+def _stacked_expert_sources(prefix: str, stacked: torch.Tensor, parts: tuple[str, ...]) -> dict[str, WeightSource]:
+    """Sources `{prefix}{e}.{part}` from an (E, rows, in) tensor whose rows hold `parts` in order
+    (transformers >= 5's `gate_up_proj`: gate rows then up rows)."""
+    sources = {}
+    for e, expert in enumerate(stacked.unbind(0)):
+        for part, rows in zip(parts, expert.chunk(len(parts), dim=0)):
+            sources[f"{prefix}{e}.{part}"] = WeightSource(f"{prefix}{e}.{part}", dense_tensor=rows)
+    return sources
+
+
+def _refuse_unsupported(raw: dict, path: Path, moe: bool, shared_expert: bool = False) -> None:
     """NotImplementedError naming a config.json field whose feature the backend lacks."""
     for key in ("num_local_experts", "num_experts"):
-        if isinstance(raw.get(key), int) and raw[key] > 1:
+        if not moe and isinstance(raw.get(key), int) and raw[key] > 1:
             raise NotImplementedError(f"{path}: {key}={raw[key]} (a mixture of experts) is not supported by the "
-                                      f"native backend; load it with metagen.models.TransformersModel instead")
+                                      f"native backend for model_type {raw.get('model_type')!r}; load it with "
+                                      f"metagen.models.TransformersModel instead")
+    if moe:  # every layer sparse, softmax routing, a shared expert only where the family has one
+        for key, allowed in (("decoder_sparse_step", 1), ("mlp_only_layers", []), ("shared_expert_intermediate_size", 0),
+                             ("first_k_dense_replace", 0), ("moe_layer_freq", 1), ("n_shared_experts", 0)):
+            if shared_expert and key == "shared_expert_intermediate_size":
+                continue  # Qwen2-MoE's shared expert
+            if raw.get(key) not in (None, allowed):
+                raise NotImplementedError(f"{path}: {key}={raw[key]!r} (dense layers or shared experts beside the "
+                                          f"routed ones) is not supported by the native backend (supported: "
+                                          f"{allowed!r}); load it with metagen.models.TransformersModel instead")
     factor = raw.get("partial_rotary_factor", 1.0)
     if factor != 1.0:
         raise NotImplementedError(f"{path}: partial_rotary_factor={factor} (RoPE on part of each head) is not "

@@ -2,14 +2,15 @@
 prompt, and through truncate / fork / ragged multi-token append, on both execution paths (the
 fused decode kernels and the general PyTorch path); the same weights written as GGUF load to the
 same logits (Llama: Q/K interleaved by the converter; Qwen3: rotate-half rows and q/k norms;
-Phi-3: fused attn_qkv and gate+up in ffn_up; Gemma 3: 1 + w norms, llama.cpp's layer pattern).
+Phi-3: fused attn_qkv and gate+up in ffn_up; Gemma 3: 1 + w norms, llama.cpp's layer pattern;
+Qwen3-MoE and Mixtral: the router and experts stacked as ffn_{gate,up,down}_exps).
 Windows past the prompt are in test_sliding_window.py."""
 
 import pytest
 import torch
 
 from metagen.models import load
-from tests.models.families.tiny_checkpoints import FAMILIES, build_hf_model, save_hf, write_gguf
+from tests.models.families.tiny_checkpoints import FAMILIES, GGUF_ARCHITECTURES, build_hf_model, save_hf, write_gguf
 
 pytestmark = pytest.mark.slow
 
@@ -65,11 +66,16 @@ def test_truncate_fork_and_ragged_append_match_transformers(pair):
         assert_close(out.logits[1], reference_logits(hf, PROMPT + [1345, 42, 9, 12])[-1])
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "qwen3_moe", "mixtral", "mixtral-per-expert", "qwen2_moe"])
 def test_the_same_weights_as_gguf_load_to_the_same_logits(family, tmp_path):
+    """(mixtral-per-expert: one GGUF tensor per expert, as llama.cpp's first Mixtral files.)"""
+    family, _, layout = family.partition("-")
     hf = build_hf_model(family, tie_word_embeddings=family == "qwen3")
-    model = load(write_gguf(hf, tmp_path / f"{family}.gguf", family), dtype="fp32", use_cache=False)
-    assert model.family == family and model.config.qk_norm == (family == "qwen3")
+    path = write_gguf(hf, tmp_path / f"{family}.gguf", GGUF_ARCHITECTURES.get(family, family),
+                      stacked_experts=layout != "per-expert")
+    model = load(path, dtype="fp32", use_cache=False)
+    assert model.family == family and model.config.qk_norm == (family in ("qwen3", "qwen3_moe"))
+    assert model.config.num_experts == (8 if family.endswith("_moe") or family == "mixtral" else 0)
     expected = reference_logits(hf, PROMPT)
     for fused in paths(model):
         model.use_fused = fused
@@ -127,16 +133,19 @@ def test_bf16_and_int8_stay_near_fp32(pair):
         assert agree >= 0.75, (family, dtype, agree)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "phi3", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3", "phi3", "gemma3", "qwen3_moe"])
 def test_the_conversion_cache_keeps_every_family_weight(family, tmp_path, temp_cache, monkeypatch):
-    """q/k norms (optional LayerWeights fields) and fused-name linears survive the cache: the
-    second load is a cache hit and gives the first load's logits exactly."""
+    """q/k norms (optional LayerWeights fields), fused-name linears, the router and every expert
+    survive the cache: the second load is a cache hit and gives the first load's logits exactly."""
     directory = save_hf(build_hf_model(family), tmp_path / family)
     first = load(directory, dtype="int8")
     import metagen.models.loading as loading
 
     monkeypatch.setattr(loading, "_convert", lambda *args: pytest.fail("the second load converted again"))
     second = load(directory, dtype="int8")
+    if family == "qwen3_moe":
+        assert second.layers[0].gate_up is None and len(second.layers[1].expert_down) == 8
+        assert torch.equal(second.layers[1].router.weight, first.layers[1].router.weight)
     if family == "qwen3":
         assert second.layers[0].q_norm is not None and torch.equal(second.layers[0].k_norm, first.layers[0].k_norm)
     if family == "gemma3":

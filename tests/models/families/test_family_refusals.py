@@ -20,9 +20,11 @@ def directory_with(tmp_path, **fields):
     "fields, message",
     [
         ({"model_type": "gpt_neox"}, "architecture 'gpt_neox' is not supported by the native backend"),
-        ({"model_type": "mixtral", "num_local_experts": 8}, "architecture 'mixtral' (a mixture of experts)"),
-        ({"model_type": "qwen3_moe"}, "architecture 'qwen3_moe' (a mixture of experts)"),
+        ({"model_type": "qwen3_moe", "num_experts": 8, "shared_expert_intermediate_size": 64},
+         "shared_expert_intermediate_size=64 (dense layers or shared experts"),
         ({"model_type": "qwen2", "num_experts": 8}, "num_experts=8 (a mixture of experts)"),
+        ({"model_type": "qwen3_moe", "num_experts": 8, "decoder_sparse_step": 2}, "decoder_sparse_step=2 (dense layers"),
+        ({"model_type": "qwen3_moe", "num_experts": 8, "mlp_only_layers": [0]}, "mlp_only_layers=[0] (dense layers"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling type 'yarn' is not supported"),
         ({"model_type": "phi3", "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}},
          "rope_scaling type 'longrope' is not supported"),
@@ -105,3 +107,28 @@ def test_qwen2_max_window_layers_keeps_the_first_layers_global(tmp_path):
     save_file({}, str(directory / "model.safetensors"))
     config, _ = read_hf_directory(directory)
     assert [config.layer_window(i) for i in range(3)] == [None, 8, 8] and config.cache_window is None
+
+
+@pytest.mark.parametrize(
+    "architecture, fields, message",
+    [
+        ("qwen3", {"expert_count": 8}, "qwen3.expert_count=8 (a mixture of experts) is not supported for architecture"),
+        ("qwen3moe", {"expert_count": 8, "expert_shared_count": 1}, "qwen3moe.expert_shared_count=1 is not supported"),
+        ("qwen3moe", {"expert_count": 8, "expert_gating_func": 2}, "qwen3moe.expert_gating_func=2 is not supported"),
+        ("qwen3moe", {}, "a dense layer is not supported for architecture 'qwen3moe'"),
+    ],
+)
+def test_a_gguf_mixture_of_experts_the_backend_lacks_is_refused_by_name(architecture, fields, message, tmp_path,
+                                                                        temp_cache):
+    from gguf import GGUFWriter
+
+    path = tmp_path / "moe.gguf"
+    writer = GGUFWriter(str(path), architecture)
+    for key, value in fields.items():
+        writer.add_uint32(f"{architecture}.{key}", value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(NotImplementedError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load(path)

@@ -1,11 +1,13 @@
-"""Model families: what distinguishes one dense decoder from another, as data.
+"""Model families: what distinguishes one decoder from another, as data.
 
-A `Family` says which optional weights a layer has (biases, q/k norms), how a checkpoint's tensor
+A `Family` says which optional weights a layer has (biases, q/k norms, a router and experts), how
+a checkpoint's tensor
 names map onto the canonical names of `models/weights.py` (one map per file format), which
 canonical parts are fused into each linear of `LayerWeights`, and how its GGUF files order Q/K
 rows. The forward is shared (`models/layer.py`); a family never copies it.
 
-Adding a family: one module here (see llama.py, qwen3.py, phi3.py), registered in FAMILIES
+Adding a family: one module here (see llama.py, qwen3.py, phi3.py; qwen3_moe.py for a mixture
+of experts), registered in FAMILIES
 below, plus a parity test in tests/models/families/ (docs/ARCHITECTURE.md has the recipe).
 """
 
@@ -37,13 +39,20 @@ LLAMA_LINEARS = {
     "gate_up": (("gate", "up"), ()),
     "down": (("down",), ()),
 }
+# A mixture-of-experts layer: the router replaces gate_up / down, each expert's parts are
+# canonical `experts.{e}.gate` / `.up` / `.down` fused into `expert_gate_up` / `expert_down`.
+MOE_LINEARS = {"qkv": LLAMA_LINEARS["qkv"], "o": LLAMA_LINEARS["o"], "router": (("router",), ())}
+EXPERT_LINEARS = {"expert_gate_up": ("gate", "up"), "expert_down": ("down",)}
+# transformers >= 5 may save the experts of a layer stacked: HF suffix -> the canonical parts its
+# (E, rows, in) tensor holds along the rows, in order.
+HF_STACKED_EXPERTS = {"mlp.experts.gate_up_proj": ("gate", "up"), "mlp.experts.down_proj": ("down",)}
 
 
 @dataclass(frozen=True)
 class Family:
-    """A dense pre-norm decoder family.
+    """A pre-norm decoder family.
 
-    architecture: HF `model_type` and GGUF `general.architecture`.
+    architecture: HF `model_type` (and GGUF `general.architecture` unless `gguf_architecture`).
     layer_names: canonical name -> (HF name, GGUF name) of each per-layer tensor.
     linears: each linear of `LayerWeights` -> (weight parts, bias parts), fused in that order.
     gguf_rotate_half: its GGUF files keep Q/K rows in rotate-half (NEOX) order (llama.cpp
@@ -60,6 +69,14 @@ class Family:
     local_rope_theta: RoPE base of sliding-window layers when the file does not say (Gemma 3).
     window_pattern: every n-th layer is global, the others sliding, when the file gives no layer
         types (transformers' Gemma 3 default; llama.cpp fixes 6 for Gemma 3 GGUF files).
+    gguf_architecture: GGUF `general.architecture` when it differs ("qwen3moe"; Mixtral is "llama"
+        with experts).
+    expert_names: a mixture of experts: per-expert canonical part (gate, up, down) -> (HF name
+        with `{e}` for the expert, GGUF name of the (E, rows, in) stacked tensor); empty if dense.
+    always_normalize: top-k router weights renormalised whatever the config says (Mixtral);
+        otherwise config.json's `norm_topk_prob` (Qwen3-MoE, Qwen2-MoE).
+    shared_expert: a shared expert beside the routed ones (Qwen2-MoE: canonical gate, up, down
+        and shared_gate, with `shared_expert_intermediate_size`).
     """
 
     architecture: str
@@ -75,6 +92,18 @@ class Family:
     scaled_embedding: bool = False
     local_rope_theta: float | None = None
     window_pattern: int | None = None
+    gguf_architecture: str = ""
+    expert_names: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    always_normalize: bool = False
+    shared_expert: bool = False
+
+    @property
+    def moe(self) -> bool:
+        return bool(self.expert_names)
+
+    @property
+    def gguf_name(self) -> str:
+        return self.gguf_architecture or self.architecture
 
     def hf_names(self) -> dict[str, str]:
         """HF suffix -> canonical name."""
@@ -92,18 +121,16 @@ class Family:
 
 
 def _registry() -> dict[str, Family]:
-    from metagen.models.families import gemma3, llama, phi3, qwen2, qwen3
+    from metagen.models.families import gemma3, llama, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe
 
-    families = [family for module in (llama, qwen2, qwen3, phi3, gemma3) for family in module.FAMILIES]
+    modules = (llama, qwen2, qwen3, phi3, gemma3, qwen3_moe, mixtral, qwen2_moe)
+    families = [family for module in modules for family in module.FAMILIES]
     return {name: family for family in families for name in (family.architecture, family.hf_model_type) if name}
 
 
 FAMILIES: dict[str, Family] = {}
 # Architectures users bring that the native backend does not run yet, with the reason.
 KNOWN_UNSUPPORTED = {
-    "mixtral": "a mixture of experts",
-    "qwen2_moe": "a mixture of experts",
-    "qwen3_moe": "a mixture of experts",
     "gemma2": "Gemma 2 (logit soft-capping, local/global attention) is not implemented yet",
 }
 
@@ -121,3 +148,18 @@ def family_for(architecture: str, where: str) -> Family:
             f"metagen.models.TransformersModel instead"
         )
     return family
+
+
+def family_for_gguf(architecture: str, experts: int, where: str) -> Family:
+    """The family of a GGUF file's `general.architecture` with `experts` experts (Mixtral files say
+    "llama" and carry experts); NotImplementedError naming what is not supported."""
+    if not FAMILIES:
+        FAMILIES.update(_registry())
+    for family in FAMILIES.values():
+        if family.gguf_name == architecture and family.moe == bool(experts):
+            return family
+    if any(family.gguf_name == architecture for family in FAMILIES.values()):
+        kind = f"{architecture}.expert_count={experts} (a mixture of experts)" if experts else "a dense layer"
+        raise NotImplementedError(f"{where}: {kind} is not supported for architecture {architecture!r} by the "
+                                  f"native backend; load it with metagen.models.TransformersModel instead")
+    return family_for(architecture, where)

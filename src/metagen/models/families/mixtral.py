@@ -1,0 +1,28 @@
+"""Mixtral (8x7B, 8x22B): the Llama layer with a mixture of SwiGLU experts as its MLP, top-k
+always renormalised (`models/moe.py`). HF checkpoints name the router `block_sparse_moe.gate`
+and expert e's gate / down / up `block_sparse_moe.experts.{e}.w1 / w2 / w3` (transformers >= 5
+says `mlp.` for `block_sparse_moe.`; the reader takes both); llama.cpp writes
+Mixtral as a "llama" GGUF with `expert_count` set, Q/K interleaved, the router `ffn_gate_inp`
+and the experts stacked as `ffn_{gate,up,down}_exps` (its first Mixtral files: one tensor per
+expert, `ffn_gate.{e}`; the reader takes both).
+"""
+
+from metagen.models.families import LLAMA_LAYER_NAMES, MOE_LINEARS, Family
+
+MIXTRAL = Family(
+    "mixtral",
+    layer_names={
+        **{name: pair for name, pair in LLAMA_LAYER_NAMES.items() if name not in ("gate", "up", "down")},
+        "router": ("mlp.gate.weight", "ffn_gate_inp.weight"),
+    },
+    linears=MOE_LINEARS,
+    gguf_rotate_half=False,
+    gguf_architecture="llama",
+    expert_names={
+        "gate": ("mlp.experts.{e}.w1.weight", "ffn_gate_exps.weight"),
+        "up": ("mlp.experts.{e}.w3.weight", "ffn_up_exps.weight"),
+        "down": ("mlp.experts.{e}.w2.weight", "ffn_down_exps.weight"),
+    },
+    always_normalize=True,
+)
+FAMILIES = (MIXTRAL,)

@@ -1,0 +1,31 @@
+"""Qwen2-MoE (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): the Qwen2 layer (q/k/v biases) with a mixture of
+experts whose top-k weights are not renormalised (`norm_topk_prob`, false in these checkpoints),
+plus a shared expert every token runs, scaled by σ(h·w_s) (`models/moe.py`). The shared expert
+loads as the layer's gate_up / down. llama.cpp's GGUF ("qwen2moe") names it `ffn_{gate,up,down}_shexp`
+and its gate `ffn_gate_inp_shexp`; rotate-half Q/K.
+"""
+
+from metagen.models.families import LLAMA_LAYER_NAMES, MOE_LINEARS, Family
+
+QWEN2_MOE = Family(
+    "qwen2_moe",
+    layer_names={
+        **{name: pair for name, pair in LLAMA_LAYER_NAMES.items() if name not in ("gate", "up", "down")},
+        "router": ("mlp.gate.weight", "ffn_gate_inp.weight"),
+        "gate": ("mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
+        "up": ("mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
+        "down": ("mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
+        "shared_gate": ("mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"),
+    },
+    linears={**MOE_LINEARS, "gate_up": (("gate", "up"), ()), "down": (("down",), ()),
+             "shared_expert_gate": (("shared_gate",), ())},
+    attention_bias=True,
+    gguf_architecture="qwen2moe",
+    expert_names={
+        "gate": ("mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight"),
+        "up": ("mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight"),
+        "down": ("mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight"),
+    },
+    shared_expert=True,
+)
+FAMILIES = (QWEN2_MOE,)
