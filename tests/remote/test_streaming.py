@@ -72,3 +72,15 @@ def test_a_refused_stream_raises_the_server_message():
         with pytest.raises(ValueError, match="ignore_eos"):  # refused before sending, as generate refuses it
             _stream(openai_like, PROMPT, SamplingParams(max_tokens=4, ignore_eos=True))
         assert not any(body.get("stream") for body in fake.posts())  # only the probe was sent
+
+
+def test_text_only_requests_ask_for_no_logprobs_unless_the_params_do():
+    """Proxy mode's plain requests (`text_only`): logprobs cost llama-cpp-python's server ~5x."""
+    with FakeServer("vllm") as fake, OpenAIGenerator(fake.url, max_retries=0) as generator:
+        plain = generator.loop.run(generator._generate(PROMPT, SamplingParams(max_tokens=4), None, text_only=True))
+        sent = fake.posts()[-1]
+        assert not {"logprobs", "top_logprobs", "return_tokens_as_token_ids"} & set(sent)
+        assert plain.text == generator.generate(PROMPT, SamplingParams(max_tokens=4)).text
+        assert "logprobs" in fake.posts()[-1]  # generate asks, to fill Completion.logprobs
+        generator.loop.run(generator._generate(PROMPT, SamplingParams(max_tokens=4, logprobs=2), None, text_only=True))
+        assert fake.posts()[-1]["logprobs"] == 2

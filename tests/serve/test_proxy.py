@@ -170,6 +170,11 @@ def test_llama_cpp_plain_stream_and_refusals(llama_fleet):
         with pytest.raises(openai.BadRequestError) as raised:
             through.completions.create(model="smol", prompt=PROMPT, max_tokens=2, extra_body={"ignore_eos": True})
         assert raised.value.body["param"] == "ignore_eos" and "llama.cpp" in raised.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as raised:  # named: the capability and the servers lacking it
+            through.chat.completions.create(model="smol", messages=QUESTION, max_tokens=2,
+                                            extra_body={"metagen": {"strategy": "best_of_n", "n": 2}})
+        message = raised.value.body["message"]
+        assert "needs full_distributions, which the backend fleet (llama.cpp at" in message and first.url in message
     status, body = _post(proxy.url + "/tokenize", {"prompt": PROMPT})
     assert status == 501 and first.url in body["error"]["message"]
 

@@ -72,7 +72,7 @@ def require(needs, generator, what: str) -> None:
     lacking = missing(needs, generator)
     if lacking:
         providers = "; ".join(f"{need}: {PROVIDERS[need]}" for need in lacking)
-        raise ValueError(f"{what} needs {', '.join(lacking)}, which {type(generator).__name__} does not provide "
+        raise ValueError(f"{what} needs {', '.join(lacking)}, which {described(generator)} does not provide "
                          f"(what provides it — {providers})")
 
 
@@ -85,6 +85,12 @@ def require_constraint(params, generator, what: str) -> None:
             return
 
 
+def described(generator) -> str:
+    """How refusals name a generator: its `described_as` where it sets one (the proxy's fleet names
+    its servers), else its class."""
+    return getattr(generator, "described_as", None) or type(generator).__name__
+
+
 def require_any(alternatives, generator, what: str) -> None:
     """Like `require`, for a strategy that runs with any one of several capability sets (e.g. a
     local cache, or continuation by a server): nothing when `generator` has one of them in
@@ -92,7 +98,7 @@ def require_any(alternatives, generator, what: str) -> None:
     lacking = [missing(alternative, generator) for alternative in alternatives]
     if not lacking or any(not names for names in lacking):
         return
-    name = type(generator).__name__
+    name = described(generator)
     first, *others = [", ".join(names) for names in lacking]
     message = f"{what} needs {first}, which {name} does not provide"
     for other in others:

@@ -61,6 +61,18 @@ from metagen.remote.transport import Transport
 from metagen.sampling import SamplingParams
 
 
+LOGPROB_FIELDS = ("logprobs", "top_logprobs")
+
+
+def text_body(body: dict, profile: ServerProfile, params: SamplingParams) -> dict:
+    """`body` without the logprobs and token-id fields `_body` adds to fill `Completion.logprobs`,
+    unless `params.logprobs` asks for them (stop_reason is then read from the engine's own field
+    only, never from the sampled tokens' text)."""
+    if params.logprobs is not None:
+        return body
+    return {key: value for key, value in body.items() if key not in LOGPROB_FIELDS + tuple(profile.engine.ids_request)}
+
+
 class OpenAIGenerator(Generator):
     """A `Generator` over an OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI).
 
@@ -203,8 +215,10 @@ class OpenAIGenerator(Generator):
         generator's own); many awaited at once run concurrently."""
         return await self.loop.call(self._generate(prompt, params, generator))
 
-    async def _generate(self, prompt: Prompt, params: SamplingParams,
-                        generator: torch.Generator | None) -> GenerationResult:
+    async def _generate(self, prompt: Prompt, params: SamplingParams, generator: torch.Generator | None,
+                        text_only: bool = False) -> GenerationResult:
+        """`generate`; text_only: ask for no logprobs or ids beyond `params.logprobs` (proxy mode
+        relays text only, and llama-cpp-python's server takes ~5x longer with logprobs on)."""
         endpoint, fields = prompt_request(prompt, self.chat)
         messages = fields.get("messages")
         final = bool(messages) and messages[-1].get("role") == "assistant"
@@ -212,7 +226,7 @@ class OpenAIGenerator(Generator):
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=False,
                                                       continue_final_message=True)
             endpoint, fields = "completions", {"prompt": text}
-        return await self._complete(endpoint, fields, params, generator)
+        return await self._complete(endpoint, fields, params, generator, text_only)
 
     def _continues_final_message(self, profile: ServerProfile) -> bool:
         """The server continues a final assistant message itself (vLLM, SGLang: the engine
@@ -239,10 +253,12 @@ class OpenAIGenerator(Generator):
         return await self._complete("completions", fields, params, generator)
 
     async def _complete(self, endpoint: str, fields: dict, params: SamplingParams,
-                        generator: torch.Generator | None) -> GenerationResult:
+                        generator: torch.Generator | None, text_only: bool = False) -> GenerationResult:
         start = time.perf_counter()
         profile = await self._probed()
         body = self._body(profile, endpoint, fields, params)
+        if text_only:
+            body = text_body(body, profile, params)
         chat = endpoint == "chat/completions"
         completions: list[RemoteCompletion] = []
         cost = Cost(flops=None if self.parameter_count is None else 0.0)

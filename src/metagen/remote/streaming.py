@@ -28,13 +28,11 @@ import torch
 from metagen.decoding.cost import Cost
 from metagen.decoding.prompts import Prompt
 from metagen.remote.loop import gather_all
+from metagen.remote.openai_generator import text_body
 from metagen.remote.prompt_fields import prompt_request
 from metagen.remote.responses import usage_cost
 from metagen.remote.transport import RETRIED_STATUS, ServerError, Transport, retry_after_seconds
 from metagen.sampling import SamplingParams
-
-LOGPROB_FIELDS = ("logprobs", "top_logprobs")
-
 
 def attempt_started(error: httpx.TransportError) -> bool:
     """Whether the server may have begun answering (a read failed): such a stream is not retried,
@@ -113,10 +111,7 @@ def stream_request(generator, prompt: Prompt, params: SamplingParams,
     server cannot do (the generator's own refusals). The profile must be known (probed)."""
     profile = generator.profile
     endpoint, fields = prompt_request(prompt, generator.chat)
-    body = generator._body(profile, endpoint, fields, params)
-    if params.logprobs is None:  # generate asks for them to fill Completion.logprobs; pieces carry text only
-        for name in (*LOGPROB_FIELDS, *profile.engine.ids_request):
-            body.pop(name, None)
+    body = text_body(generator._body(profile, endpoint, fields, params), profile, params)  # pieces carry text
     body["stream"] = True
     usage = profile.engine.streams_usage
     if usage:

@@ -141,7 +141,7 @@ class ProxyBackend:
             if not streamed.usage_known:
                 return None
         else:
-            result = await self.remote._generate(job.prompt, params, None)
+            result = await self.remote._generate(job.prompt, params, None, text_only=True)
             job.finished = result.completions
             cost = result.cost
             self.add_usage(cost)

@@ -45,6 +45,8 @@ class ProxyGenerator(Generator):
         self.requests = 0
         self._lock = threading.Lock()
         self._cancelled = threading.Event()
+        profile = self.remote.profile
+        self.described_as = f"the backend fleet ({profile.engine.name} at {[e.url for e in self.remote.endpoints]})"
 
     @property
     def capabilities(self) -> frozenset[str]:
