@@ -50,7 +50,7 @@ _INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
 def resolve_backend(backend: str | None = None) -> str:
     """"torch", "avx2" or "avx512": `backend`, else METAGEN_KERNELS (default "auto"), with "auto"
     resolved to the best instruction set the compiled kernels have on this CPU (else "torch").
-    Resolved once per process and value."""
+    Resolved once per process and value (once the compiled library is there)."""
     requested = backend if backend is not None else os.environ.get("METAGEN_KERNELS", "auto")
     if requested not in BACKENDS:
         source = "backend" if backend is not None else "METAGEN_KERNELS"
@@ -69,6 +69,8 @@ def resolve_backend(backend: str | None = None) -> str:
                              f"does not support them; the best here is {best!r}")
         else:
             chosen = requested
+        if module is None:  # not cached: matmul_kernels() remembers a failed build itself
+            return chosen
         _resolved[requested] = (chosen, module)
     return _resolved[requested][0]
 
