@@ -8,8 +8,9 @@ import torch
 from metagen.compress.calibrate import Recipe, compress_model
 from metagen.models import load
 from metagen.models.conversion_cache import save_model
-from metagen.models.layer import LINEAR_FIELDS
 from metagen.models.linear import DenseLinear, Int4Linear, Int8Linear
+
+LINEAR_FIELDS = ("qkv", "o", "gate_up", "down")  # a dense layer's linears, in forward order
 
 
 @pytest.fixture

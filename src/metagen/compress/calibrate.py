@@ -160,6 +160,9 @@ def compress_model(model: DecoderModel, recipe: Recipe, calibration: list[list[i
     if model.dtype != "fp32":
         raise ValueError(f"compress a model loaded with dtype='fp32' (got {model.dtype!r}): the methods start "
                          f"from the dense weights")
+    if model.config.num_experts:
+        raise NotImplementedError(f"{model.config.name} is a mixture of experts ({model.config.num_experts} "
+                                  f"experts): compressing experts is not implemented")
     if recipe.needs_calibration and not calibration:
         raise ValueError(f"method={recipe.method!r} needs calibration text")
     if not recipe.needs_calibration and calibration:
@@ -178,7 +181,7 @@ def compress_model(model: DecoderModel, recipe: Recipe, calibration: list[list[i
         for step in work.layer_by_layer(cache, calibration):
             layer = layers[step.index]
             compressed = {}
-            for name in LINEAR_FIELDS:  # forward order: each sees the ones before it compressed
+            for name in _linear_names(layer):  # forward order: each sees the ones before it compressed
                 linear = getattr(layer, name)
                 accumulator = HessianAccumulator(linear.in_features)
                 try:
@@ -194,7 +197,8 @@ def compress_model(model: DecoderModel, recipe: Recipe, calibration: list[list[i
                 progress(step.index + 1, total)
     else:
         for index, layer in enumerate(layers):
-            results.append({name: compress_weight(getattr(layer, name).weight, None, recipe) for name in LINEAR_FIELDS})
+            results.append({name: compress_weight(getattr(layer, name).weight, None, recipe)
+                            for name in _linear_names(layer)})
             if progress is not None:
                 progress(index + 1, total)
     built = _build(model, recipe, results)
@@ -203,13 +207,18 @@ def compress_model(model: DecoderModel, recipe: Recipe, calibration: list[list[i
     return built, facts
 
 
+def _linear_names(layer) -> list[str]:
+    """The layer's linears in forward order (qkv, o, gate_up, down; optional ones it lacks left out)."""
+    return [name for name in LINEAR_FIELDS if getattr(layer, name) is not None]
+
+
 def _build(model: DecoderModel, recipe: Recipe, results: list[dict[str, SweepResult]]) -> DecoderModel:
     dtype = recipe.model_dtype
     activation = torch.float32 if dtype == "fp32" else torch.bfloat16
     layers = []
     for layer, compressed in zip(model.layers, results):
         linears = {name: _linear(compressed[name], getattr(layer, name).bias, recipe, activation)
-                   for name in LINEAR_FIELDS}
+                   for name in _linear_names(layer)}
         layers.append(replace(layer, **linears))
     head_weight = model.lm_head.weight.float()
     lm_head = Int8Linear.quantize(head_weight) if dtype in ("int4", "int8") else DenseLinear(head_weight.to(activation))
