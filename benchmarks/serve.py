@@ -148,7 +148,7 @@ def chat_client(url: str, model: str, client_index: int, requests: int, max_toke
     return records
 
 
-SLOT_CONTEXT = 2048  # tokens of context per llama-server slot: more than any workload's longest prompt + output
+SLOT_CONTEXT = 8192  # tokens of context per llama-server slot: the embedded model's context, as metagen's rows have
 
 
 def percentile(values: list[float], q: float) -> float:
