@@ -135,7 +135,9 @@ def test_collect_value_data_on_real_model(model):
     # the last prefix state of each completion is the state a fresh forward over prompt + completion ends in
     last = dataset.hidden[dataset.position == dataset.lengths[dataset.completion]]  # (4, H)
     fresh = model.forward(model.new_cache(4), dataset.sequences, logits="none", hidden=True).hidden  # (4, H)
-    assert torch.allclose(last, fresh, atol=0.05, rtol=0.05)
+    # bf16 activations through 30 layers: step-by-step decoding and one prefill round differently
+    # (about 1% of each state's norm; a state one position off is ~100% away)
+    assert ((last - fresh).norm(dim=-1) / fresh.norm(dim=-1)).max().item() < 0.03
     assert dataset.cost.model_calls > 0 and dataset.identity == model_identity(model)
 
 
