@@ -188,47 +188,43 @@ class FleetGenerator(OpenAIGenerator):
     async def _stream_one(self, path: str, request: dict, handle) -> None:
         """Stream one request from some live endpoint: failing over as `_post_one` does while no
         chunk has arrived; a stream that breaks after its first chunk raises (its text was passed on)."""
-        tried: dict[int, int] = {}
-        attempts = self.pool.failures_to_eject * len(self.endpoints) + 1
-        for _ in range(attempts):
-            endpoint = await self.pool.acquire(tried)
-            url = f"{endpoint.url}/{path}"
+        started = False
+
+        async def stream(endpoint) -> None:
+            nonlocal started
             started = False
 
-            def relay(chunk: dict, url: str = url) -> None:
+            def relay(chunk: dict, url: str) -> None:  # the member passes the URL it streamed from
                 nonlocal started
                 started = True
                 handle(chunk, url)
 
-            try:
-                await endpoint.member._stream_one(path, request, relay)
-            except ServerError as error:
-                failed_here = is_endpoint_failure(error)
-                self.pool.release(endpoint, str(error), counted=failed_here)
-                if not failed_here or started:
-                    raise
-                index = self.endpoints.index(endpoint)
-                tried[index] = tried.get(index, 0) + 1
-                continue
-            except BaseException:
-                self.pool.release(endpoint, "interrupted", counted=False)
-                raise
-            self.pool.release(endpoint, None)
-            return
-        raise FleetUnavailableError(f"request failed on {attempts} attempts across the fleet: {self.pool.describe()}")
+            await endpoint.member._stream_one(path, request, relay)
+
+        await self._on_some_endpoint(stream, retry=lambda: not started)
 
     async def _post_one(self, path: str, request: dict) -> tuple[dict, str]:
         """The answer to one request from some live endpoint, failing over to the others."""
+
+        async def post(endpoint) -> tuple[dict, str]:
+            return await endpoint.member.transport.apost(path, request), f"{endpoint.url}/{path}"
+
+        return await self._on_some_endpoint(post)
+
+    async def _on_some_endpoint(self, run, retry=lambda: True):
+        """`await run(endpoint)` on a live endpoint, in the pool's order: an endpoint failure
+        (`is_endpoint_failure`) is counted against it and the next one is tried while `retry()`
+        says so; any other error is the request's own and is raised at once."""
         tried: dict[int, int] = {}
         attempts = self.pool.failures_to_eject * len(self.endpoints) + 1
         for _ in range(attempts):
             endpoint = await self.pool.acquire(tried)
             try:
-                answer = await endpoint.member.transport.apost(path, request)
+                result = await run(endpoint)
             except ServerError as error:
                 failed_here = is_endpoint_failure(error)
                 self.pool.release(endpoint, str(error), counted=failed_here)
-                if not failed_here:
+                if not failed_here or not retry():
                     raise
                 index = self.endpoints.index(endpoint)
                 tried[index] = tried.get(index, 0) + 1
@@ -237,5 +233,5 @@ class FleetGenerator(OpenAIGenerator):
                 self.pool.release(endpoint, "interrupted", counted=False)
                 raise
             self.pool.release(endpoint, None)
-            return answer, f"{endpoint.url}/{path}"
+            return result
         raise FleetUnavailableError(f"request failed on {attempts} attempts across the fleet: {self.pool.describe()}")
