@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "serve"))
 
-from server import serve_process  # noqa: E402  (tests/serve/server.py: start, wait for /health, stop)
+from server import Server, serve_process  # noqa: E402  (tests/serve/server.py: start, wait for /health, stop)
 
 SYSTEM_RULES = [
     "Greet the customer and answer in at most two sentences.",
@@ -158,19 +158,6 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-class Process:
-    """A server subprocess on 127.0.0.1 (its own process group): URL, GET, resident memory."""
-
-    def __init__(self, process: subprocess.Popen, port: int) -> None:
-        self.process, self.port = process, port
-        self.url = f"http://127.0.0.1:{port}"
-
-    def get(self, path: str) -> str:
-        with urllib.request.urlopen(self.url + path, timeout=10) as answer:
-            return answer.read().decode()
-
-
-
 def rss_mib(server) -> float:
     """Resident memory of a server's process (`server.process`), MiB."""
     for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines():
@@ -194,7 +181,7 @@ def llama_server(binary: str, gguf: str, threads: str, slots: int, context_per_s
                "--parallel", str(slots), "-c", str(slots * context_per_slot), "--cont-batching", "--no-webui"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
-    server = Process(process, port)
+    server = Server(process, port)  # its URL and GET
     try:
         deadline = time.monotonic() + 120
         while True:
