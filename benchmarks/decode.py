@@ -134,7 +134,7 @@ def weight_bytes_per_token(model) -> dict[str, int]:
     """
 
     def linear_bytes(linear) -> int:
-        return sum(t.numel() * t.element_size() for t in linear.state().values())
+        return linear.nbytes
 
     linears = model.linears()
     return {

@@ -62,7 +62,7 @@ def peak_flops(dtype: torch.dtype, size: int = 1024) -> float:
 
 
 def linear_bytes(linear) -> int:
-    return sum(t.numel() * t.element_size() for t in linear.state().values())
+    return linear.nbytes
 
 
 def step_rows(model, rows: int, context: int, peaks: dict, bandwidth: float, steps: int) -> list[dict]:

@@ -1,6 +1,7 @@
 """The default dtype "auto" never runs a tensor below the precision its checkpoint stores:
-int4 only where GGUF blocks map exactly onto the int4 kernel (Q4_0, Q4_1, Q4_K), int8 for
-every other quantized tensor, bf16 for float tensors."""
+int4 where GGUF blocks map exactly onto the int4 kernel (Q4_0, Q4_1, Q4_K), the grouped 5/6/8-bit
+kernel for Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 (their own codes), int8 per row for the other
+quantized types, bf16 for float tensors."""
 
 import json
 
@@ -34,8 +35,9 @@ def dequantized(source):
 
 @pytest.mark.parametrize(
     ("qtype", "kind"),
-    [(T.Q4_0, "int4"), (T.Q4_1, "int4"), (T.Q4_K, "int4"), (T.Q5_0, "int8"), (T.Q5_1, "int8"), (T.Q8_0, "int8"),
-     (T.Q2_K, "int8"), (T.Q3_K, "int8"), (T.Q5_K, "int8"), (T.Q6_K, "int8"), (T.F32, "dense")],
+    [(T.Q4_0, "int4"), (T.Q4_1, "int4"), (T.Q4_K, "int4"), (T.Q5_0, "int5g32"), (T.Q5_1, "int5g32"),
+     (T.Q8_0, "int8g32"), (T.Q2_K, "int8"), (T.Q3_K, "int8"), (T.Q5_K, "int5g32"), (T.Q6_K, "int6g16"),
+     (T.F32, "dense")],
 )
 def test_auto_keeps_each_stored_format_and_stays_close_to_the_file(qtype, kind):
     source = source_of(qtype)
@@ -48,17 +50,22 @@ def test_auto_keeps_each_stored_format_and_stays_close_to_the_file(qtype, kind):
     assert relative_error(linear(x.bfloat16()).float(), reference) < 0.02
 
 
-def test_auto_gives_a_fused_linear_the_format_of_its_most_precise_part():
+def test_auto_runs_each_part_of_a_fused_linear_in_its_own_format():
     sources = {"q": source_of(T.Q4_K, seed=1), "k": source_of(T.Q4_0, seed=2), "v": source_of(T.Q8_0, seed=3)}
     assert _linear(sources, ["q", "k"], "auto").kind == "int4"
     fused = _linear(sources, ["q", "k", "v"], "auto")
-    assert fused.kind == "int8" and fused.stored == "Q4_0+Q4_K+Q8_0"
+    assert fused.kind == "concat" and fused.stored == "Q4_0+Q4_K+Q8_0"
+    assert [part.kind for part in fused.parts] == ["int4", "int8g32"]  # q and k as one int4 linear
+    x = torch.randn(3, 512)
+    reference = x @ torch.cat([dequantized(sources[n]) for n in "qkv"]).t()
+    assert fused(x.bfloat16()).shape == (3, 192)
+    assert relative_error(fused(x.bfloat16()).float(), reference) < 0.01
 
 
 def test_explicit_int4_requantizes_what_auto_keeps():
     source = source_of(T.Q6_K)
     assert _linear({"w": source}, ["w"], "int4").kind == "int4"
-    assert _linear({"w": source}, ["w"], "auto").kind == "int8"
+    assert _linear({"w": source}, ["w"], "auto").kind == "int6g16"
 
 
 @pytest.mark.slow
@@ -71,7 +78,7 @@ def test_default_load_of_the_embedded_q4_1_file(model, capsys):
     layers = model.config.num_hidden_layers
     for name in ("qkv", "o", "gate_up", "down"):
         assert formats[name] == {"int4 from Q4_1": layers}  # the file's own 4-bit blocks
-    assert formats["lm_head"] == {"int8 from Q8_0": 1}  # tied to the Q8_0 embedding
+    assert formats["lm_head"] == {"int8g32 from Q8_0": 1}  # tied to the Q8_0 embedding, its own blocks
     assert main(["info", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["weights"] == formats
 
@@ -82,8 +89,10 @@ def test_quantized_self_draft_must_read_fewer_bytes_than_an_auto_target(model):
     from metagen.speculative import quantized_model
     from metagen.speculative.self_draft import weight_bytes
 
-    with pytest.raises(ValueError, match="int4 draft is not cheaper than the auto target"):
-        quantized_model(model, "int4")  # the embedded file already runs in int4 under auto
+    with pytest.raises(ValueError, match="int8 draft is not cheaper than the auto target"):
+        quantized_model(model, "int8")  # the embedded file already runs in int4 under auto
     target = load(dtype="bf16")
     draft = quantized_model(target, "int4")
-    assert weight_bytes(draft) == weight_bytes(model) < weight_bytes(target)
+    # the same int4 layers; the draft's head is int8 per row, auto's the file's Q8_0 blocks (+6%)
+    assert weight_bytes(draft) < weight_bytes(model) < weight_bytes(target)
+    assert weight_bytes(model) - weight_bytes(draft) < 0.07 * model.lm_head.nbytes

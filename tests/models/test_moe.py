@@ -192,7 +192,7 @@ def test_gguf_experts_quantized_in_the_file_keep_their_blocks(tmp_path):
     hf = build_hf_model("mixtral")
     model = load(write_gguf(hf, tmp_path / "quantized.gguf", "llama", types), use_cache=False)  # dtype auto
     formats = weight_formats(model)
-    assert formats["expert_gate_up"] == {"int4 from Q4_0": 16} and formats["expert_down"] == {"int8 from Q8_0": 16}
+    assert formats["expert_gate_up"] == {"int4 from Q4_0": 16} and formats["expert_down"] == {"int8g32 from Q8_0": 16}
     assert formats["router"] == {"dense from dense": 2}
     gate_up = hf.model.layers[1].mlp.experts.gate_up_proj.detach().numpy()  # (E, 2I, H)
     for e in (0, 5):

@@ -1,6 +1,6 @@
 """`metagen info`: describe a model — architecture, sizes, context, tokens, its experts (count,
 top-k) if a mixture of experts, and how each kind of linear layer's weights are stored (e.g.
-"int8 from Q5_0 ×12"); one JSON object with --json."""
+"int5g32 from Q5_0 ×12"); one JSON object with --json."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _print_table(facts: dict) -> None:
     """One "key  value" line per fact (integers with thousands separators), one per kind of linear."""
     width = max(len(k) for k in facts)
     for key, value in facts.items():
-        if key == "weights":  # one line per kind of linear: "int8 from Q5_0 ×12, ..."
+        if key == "weights":  # one line per kind of linear: "int5g32 from Q5_0 ×12, ..."
             for name, counts in value.items():
                 text = ", ".join(f"{label} ×{count}" for label, count in counts.items())
                 print(f"{'weights.' + name:<{width}}  {text}")

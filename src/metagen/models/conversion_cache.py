@@ -20,14 +20,15 @@ import torch
 
 from metagen.models.config import ModelConfig
 from metagen.models.disk_cache import EntryLock, cache_directory, manifest_problem, publish, staging_directory
-from metagen.models.linear import INT4_GROUP, DenseLinear, Int4Linear, Int8Linear
+from metagen.models.linear import INT4_GROUP, ConcatLinear, DenseLinear, GroupedLinear, Int4Linear, Int8Linear
 from metagen.models.decoder import DecoderModel
 from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, NORM_FIELDS, LayerWeights
 
 # 3: manifest.json replaces the `done` marker; 4: linears record their stored format;
 # 5: layers stored from LayerWeights' fields (optional q/k norms), config gains qk_norm and sliding_window;
 # 6: optional linears (router) and per-expert linears, config gains the mixture-of-experts fields
-_FORMAT_VERSION = "6"
+# 7: grouped 5/6/8-bit linears (GGUF Q5_x, Q6_K, Q8_0 kept exactly) and concatenated linears
+_FORMAT_VERSION = "7"
 WAIT_SECONDS = 600.0  # for another process converting the same checkpoint; then we convert too
 
 
@@ -78,11 +79,21 @@ def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel])
 
 
 def _linear_state(prefix: str, linear, tensors: dict, kinds: dict) -> None:
-    kinds[prefix] = {"kind": linear.kind, "in_features": linear.in_features, "stored": linear.stored}
+    kinds[prefix] = _linear_info(prefix, linear, tensors)
+
+
+def _linear_info(prefix: str, linear, tensors: dict) -> dict:
+    """What `_restore_linear` needs besides the tensors (which go into `tensors`)."""
+    info = {"kind": linear.kind, "in_features": linear.in_features, "stored": linear.stored}
+    if isinstance(linear, ConcatLinear):
+        return info | {"parts": [_linear_info(f"{prefix}.{i}", part, tensors) for i, part in enumerate(linear.parts)]}
     if linear.kind == "int4":
-        kinds[prefix]["group_size"] = linear.group_size
+        info["group_size"] = linear.group_size
+    if isinstance(linear, GroupedLinear):
+        info |= linear.format()
     for name, tensor in linear.state().items():
         tensors[f"{prefix}.{name}"] = tensor.contiguous()
+    return info
 
 
 def _save_converted(model: DecoderModel, directory: Path) -> None:
@@ -116,6 +127,12 @@ def _restore_linear(prefix: str, info: dict, tensors: dict):
         linear = DenseLinear(tensors[f"{prefix}.weight"], bias)
     elif info["kind"] == "int8":
         linear = Int8Linear(tensors[f"{prefix}.qweight"], tensors[f"{prefix}.scales"], bias)
+    elif info["kind"] == "concat":
+        linear = ConcatLinear([_restore_linear(f"{prefix}.{i}", part, tensors) for i, part in enumerate(info["parts"])])
+    elif "bits" in info:
+        linear = GroupedLinear(tensors[f"{prefix}.codes"], tensors[f"{prefix}.scales"].float(),
+                               None if f"{prefix}.zeros" not in tensors else tensors[f"{prefix}.zeros"].float(),
+                               info["bits"], info["group"], info["offset"], bias)
     else:
         linear = Int4Linear(tensors[f"{prefix}.packed"], tensors[f"{prefix}.scales_and_zeros"], info["in_features"], bias,
                             info.get("group_size", INT4_GROUP))

@@ -78,3 +78,116 @@ def int4_codes(raw: np.ndarray, type_name: str):
     if type_name == "Q4_K":
         return _q4_k(raw)
     return None
+
+
+# ------------------------------------------------------------------ 5-, 6- and 8-bit blocks
+# The grouped kernel (linear.GroupedLinear) computes w = (u − o)·s + z with unsigned codes u of
+# 5, 6 or 8 bits, one scale s (and zero z) per group of 16 or 32 input features. GGUF's wider
+# blocks are exactly this, in float32 (ggml's own dequantization does the same products):
+#
+# - Q8_0, 34 bytes = 32 weights: d (fp16), 32 int8 q; w = d·q      -> u = q + 128, o = 128, s = d.
+# - Q5_0, 22 bytes: d, 4 bytes qh, 16 bytes nibbles; the 5th bit of weight i is bit i of qh;
+#   w = d·(q − 16)                                                   -> u = q, o = 16, s = d.
+# - Q5_1, 24 bytes: d, m, qh, nibbles; w = d·q + m                   -> o = 0, s = d, z = m.
+# - Q6_K, 210 bytes = 256 weights: 128 bytes low nibbles, 64 bytes of 2-bit highs, 16 int8
+#   sub-block scales sc, d; w = d·sc_j·(q − 32) per 16 weights       -> o = 32, s = d·sc_j (group 16).
+# - Q5_K, 176 bytes = 256 weights: d, dmin, 12 bytes of 6-bit sc/m (as Q4_K), 32 bytes of 5th
+#   bits, 128 bytes nibbles; w = d·sc_j·q − dmin·m_j per 32         -> o = 0, s = d·sc_j, z = −dmin·m_j.
+
+GROUPED_TYPES = ("Q5_0", "Q5_1", "Q8_0", "Q6_K", "Q5_K")
+
+
+class GroupCodes:
+    """A GGUF tensor's codes in the grouped kernel's terms: `codes` (N, K) uint8 u, `scales`
+    (N, K/group) float32, `zeros` (N, K/group) float32 or None, `bits`, `group`, `offset` o:
+    w = (u − o)·s (+ z)."""
+
+    def __init__(self, codes, scales, zeros, bits: int, group: int, offset: int) -> None:
+        self.codes, self.scales, self.zeros = codes, scales, zeros
+        self.bits, self.group, self.offset = bits, group, offset
+
+    def dequantize(self) -> np.ndarray:
+        """(N, K) float32 in ggml's order of operations."""
+        scales = np.repeat(self.scales, self.group, axis=1)
+        w = (self.codes.astype(np.float32) - np.float32(self.offset)) * scales
+        return w if self.zeros is None else w + np.repeat(self.zeros, self.group, axis=1)
+
+
+def _fifth_bits(qh_bytes: np.ndarray) -> np.ndarray:
+    """(N, B, 4) bytes of a little-endian uint32 -> (N, B, 32) bits, bit i of weight i."""
+    qh = qh_bytes.copy().view(np.uint32)  # (N, B, 1)
+    return ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+
+
+def _q5_legacy(raw: np.ndarray, with_min: bool) -> GroupCodes:
+    header = 4 if with_min else 2
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, header + 20)
+    d = _fp16(blocks, 0)
+    high = _fifth_bits(blocks[..., header : header + 4])
+    qs = blocks[..., header + 4 :]
+    low = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+    codes = (low | (high << 4)).reshape(rows, -1)
+    if with_min:
+        return GroupCodes(codes, d, _fp16(blocks, 2), bits=5, group=32, offset=0)
+    return GroupCodes(codes, d, None, bits=5, group=32, offset=16)
+
+
+def _q8_0(raw: np.ndarray) -> GroupCodes | None:
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, 34)
+    q = blocks[..., 2:].copy().view(np.int8)
+    if (q == -128).any():  # outside the symmetric range the kernel's AVX2 path takes
+        return None
+    codes = (q.astype(np.int16) + 128).astype(np.uint8).reshape(rows, -1)
+    return GroupCodes(codes, _fp16(blocks, 0), None, bits=8, group=32, offset=128)
+
+
+def _q6_k(raw: np.ndarray) -> GroupCodes:
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, 210)
+    nb = blocks.shape[1]
+    ql, qh = blocks[..., :128], blocks[..., 128:192]
+    sc = blocks[..., 192:208].copy().view(np.int8).astype(np.float32)  # (N, B, 16)
+    d = _fp16(blocks, 208)
+    # Each half of 128 weights: 64 low-nibble bytes give weights 0..63 (low) and 64..127 (high);
+    # 32 high bytes give 2 bits to weights 0..31, 32..63, 64..95, 96..127 (shifts 0, 2, 4, 6).
+    low = ql.reshape(rows, nb, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)
+    low = (low & 0x0F).reshape(rows, nb, 2, 128)
+    high = qh.reshape(rows, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)
+    high = (high & 0x03).reshape(rows, nb, 2, 128)
+    codes = (low | (high << 4)).reshape(rows, -1)
+    return GroupCodes(codes, (d[..., None] * sc).reshape(rows, -1), None, bits=6, group=16, offset=32)
+
+
+def _q5_k(raw: np.ndarray) -> GroupCodes:
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, 176)
+    nb = blocks.shape[1]
+    d, dmin = _fp16(blocks, 0), _fp16(blocks, 2)
+    sc, m = _q4_k_scales_and_mins(blocks[..., 4:16])
+    qh, qs = blocks[..., 16:48], blocks[..., 48:]
+    low = qs.reshape(rows, nb, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)
+    low = (low & 0x0F).reshape(rows, nb, 8, 32)  # sub-block j: low nibbles of chunk j/2, or high
+    high = (qh[..., None, :] >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1  # bit j: sub-block j
+    codes = (low | (high << 4)).reshape(rows, -1)
+    scales = (d[..., None] * sc).reshape(rows, -1)
+    zeros = -(dmin[..., None] * m).reshape(rows, -1)
+    return GroupCodes(codes, scales, zeros, bits=5, group=32, offset=0)
+
+
+def group_codes(raw: np.ndarray, type_name: str) -> GroupCodes | None:
+    """The grouped kernel's exact codes for a 5-, 6- or 8-bit GGUF tensor, else None.
+
+    raw: (N, bytes per row) uint8. None also for a Q8_0 tensor holding the code −128."""
+    if type_name == "Q5_0":
+        return _q5_legacy(raw, with_min=False)
+    if type_name == "Q5_1":
+        return _q5_legacy(raw, with_min=True)
+    if type_name == "Q8_0":
+        return _q8_0(raw)
+    if type_name == "Q6_K":
+        return _q6_k(raw)
+    if type_name == "Q5_K":
+        return _q5_k(raw)
+    return None

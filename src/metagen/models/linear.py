@@ -102,6 +102,11 @@ class DenseLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weights, scales and bias one call reads."""
+        return sum(t.nbytes for t in self.state().values())
+
     def state(self) -> dict[str, torch.Tensor]:
         return {"weight": self.weight} | ({"bias": self.bias} if self.bias is not None else {})
 
@@ -168,6 +173,11 @@ class Int8Linear:
 
     def dequantize(self) -> torch.Tensor:
         return self.qweight.float() * self.scales.float()[:, None]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weights, scales and bias one call reads."""
+        return sum(t.nbytes for t in self.state().values())
 
     def state(self) -> dict[str, torch.Tensor]:
         out = {"qweight": self.qweight, "scales": self.scales}
@@ -280,9 +290,123 @@ class Int4Linear:
         zeros = zeros.t().repeat_interleave(self.group_size, dim=1)
         return (self.codes().float() - 8.0) * scales + zeros
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weights, scales and bias one call reads."""
+        return sum(t.nbytes for t in self.state().values())
+
     def state(self) -> dict[str, torch.Tensor]:
         out = {"packed": self.packed, "scales_and_zeros": self.scales_and_zeros}
         return out | ({"bias": self.bias} if self.bias is not None else {})
+
+
+class GroupedLinear:
+    """Weight-only 5-, 6- or 8-bit codes with a scale (and zero) per group of 16 or 32 input
+    features: w = (u − o)·s (+ z), u ∈ [0, 2^bits); x: (..., K) -> (..., N) bf16.
+
+    The format of GGUF's Q5_0 / Q5_1 / Q5_K / Q6_K / Q8_0 blocks (`gguf_blocks.group_codes`), so
+    those tensors run at their own precision. Scales and zeros are kept in fp16 when every value
+    is exactly an fp16 (the legacy blocks), else in fp32 (K-quant sub-block scales d·sc).
+    Bytes per weight: bits/8 + the scales' (5-bit: 0.69 with fp16 scales; 6-bit, groups of 16:
+    1.0; 8-bit: 1.06). The compiled kernels run it; on the "torch" backend the weight is
+    dequantized once to bf16 and runs as a dense matrix.
+    """
+
+    stored = ""  # the checkpoint format(s) the weight was converted from, e.g. "Q5_0" (set by the loader)
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int, group: int,
+                 offset: int, bias: torch.Tensor | None = None, backend: str | None = None) -> None:
+        n, k = codes.shape
+        if bits not in (5, 6, 8) or group not in (16, 32) or k % 32:
+            raise ValueError(f"grouped weights: bits must be 5, 6 or 8 (got {bits}), group 16 or 32 (got {group}) "
+                             f"and in_features a multiple of 32 (got {k})")
+        if bits == 8 and (zeros is not None or offset != 128 or int(codes.min()) == 0):
+            raise ValueError("grouped weights: 8-bit codes must be symmetric (offset 128, no zeros, no code 0)")
+        if not 0 <= offset < 2**bits or scales.shape != (n, k // group) or (zeros is not None and zeros.shape != scales.shape):
+            raise ValueError(f"grouped weights: offset {offset} must be in [0, {2**bits}) and scales / zeros of shape "
+                             f"({n}, {k // group}), got {tuple(scales.shape)}")
+        self.bits, self.group, self.offset = bits, group, offset
+        self.out_features, self.in_features = n, k
+        self.kind = f"int{bits}g{group}"
+        values = [scales] + ([] if zeros is None else [zeros])
+        self.half = all(bool((v.float().half().float() == v.float()).all()) for v in values)
+        value_dtype = torch.float16 if self.half else torch.float32
+        self.scales = scales.to(value_dtype)
+        self.zeros = None if zeros is None else zeros.to(value_dtype)
+        self.bias = bias
+        self.backend = resolve_backend(backend)
+        if self.backend == "torch":
+            self._codes = codes.to(torch.uint8)
+            self._dense = self.dequantize().to(torch.bfloat16)
+        else:
+            self._kernel = _kernels()
+            self._isa = _ISA[self.backend]
+            self._wide = wide_activations()
+            self._codes = None
+            self.packed = pack_grouped(codes, self.scales, self.zeros, bits, group)
+            self._bias32 = None if bias is None else bias.float().contiguous()
+
+    def codes(self) -> torch.Tensor:
+        """(N, K) uint8 codes u."""
+        if self._codes is not None:
+            return self._codes
+        return unpack_grouped(self.packed, self.out_features, self.in_features, self.bits, self.group, self.half,
+                              self.zeros is not None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backend == "torch":
+            return F.linear(x.to(torch.bfloat16), self._dense, None if self.bias is None else self.bias.to(torch.bfloat16))
+        return self._kernel.grouped_matmul(x, self.packed, self.out_features, self.in_features, self._bias32, self._isa,
+                                           self._wide, self.bits, self.group, self.zeros is not None, self.half,
+                                           self.offset)
+
+    def dequantize(self) -> torch.Tensor:
+        """(N, K) float32: w = (u − o)·s (+ z)."""
+        scales = self.scales.float().repeat_interleave(self.group, dim=1)
+        w = (self.codes().float() - self.offset) * scales
+        return w if self.zeros is None else w + self.zeros.float().repeat_interleave(self.group, dim=1)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of codes, scales, zeros and bias one call reads (the kernel layout)."""
+        weight = self._dense if self.backend == "torch" else self.packed
+        return weight.nbytes + (0 if self.bias is None else self.bias.nbytes)
+
+    def format(self) -> dict:
+        """What the conversion cache records besides the tensors."""
+        return {"bits": self.bits, "group": self.group, "offset": self.offset}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        out = {"codes": self.codes(), "scales": self.scales}
+        out |= {"zeros": self.zeros} if self.zeros is not None else {}
+        return out | ({"bias": self.bias} if self.bias is not None else {})
+
+
+class ConcatLinear:
+    """Linears with the same input stacked along the output: y = [y_0, y_1, ...]. A fused
+    projection (Q·K·V, gate·up) whose parts a checkpoint stores in different formats runs each
+    part in its own."""
+
+    kind = "concat"
+    stored = ""
+
+    def __init__(self, parts: list) -> None:
+        if len(parts) < 2 or len({p.in_features for p in parts}) != 1:
+            raise ValueError("ConcatLinear takes two or more linears with the same in_features")
+        self.parts = parts
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.bias = None  # the parts hold their own
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.nbytes for part in self.parts)
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([part.dequantize() if hasattr(part, "dequantize") else part.weight.float() for part in self.parts])
 
 
 # ---------------------------------------------------------------- layouts (see kernels/matmul.cpp)
@@ -325,6 +449,61 @@ def unpack_int8(weight: torch.Tensor, n: int, k: int) -> torch.Tensor:
     tiles, blocks = -(-n // 16), -(-k // 32)
     q = weight.view(tiles, blocks, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(tiles * 16, blocks * 32)
     return (q[:n, :k].to(torch.int16) - 128).to(torch.int8)
+
+
+def _grouped_values(values: torch.Tensor, tiles: int, blocks: int) -> torch.Tensor:
+    """(N, K/g) fp16 / fp32 -> (tiles, blocks, bytes): per block its groups' 16 values each."""
+    n = values.shape[0]
+    padded = F.pad(values, (0, 0, 0, tiles * 16 - n))
+    per_block = padded.shape[1] // blocks
+    v = padded.view(tiles, 16, blocks, per_block).permute(0, 2, 3, 1).contiguous()
+    return v.view(torch.uint8).reshape(tiles, blocks, -1)
+
+
+def pack_grouped(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int,
+                 group: int) -> torch.Tensor:
+    """codes (N, K) in [0, 2^bits), scales / zeros (N, K/group) fp16 or fp32 -> the grouped kernel
+    layout (kernels/matmul.cpp): N padded to 16 (codes 128 for 8 bits, else 0; scales 0). Per
+    tile t and block g: 8-bit: 8 chunks × 64 bytes, byte 4j + b of chunk c = u[16t + j, 32g + 4c + b];
+    5 / 6 bits: int4's 256 bytes of low nibbles, then per high bit p eight little-endian 64-bit
+    masks, bit 4j + b of mask c = bit 4 + p of u[16t + j, 32g + 4c + b]; then the scales (and zeros)."""
+    n, k = codes.shape
+    tiles, blocks = -(-n // 16), k // 32
+    u = F.pad(codes.to(torch.int32), (0, 0, 0, tiles * 16 - n), value=128 if bits == 8 else 0).to(torch.uint8)
+    chunks = u.view(tiles, 16, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # (t, g, c, j, b)
+    if bits == 8:
+        parts = [chunks.reshape(tiles, blocks, 512)]
+    else:
+        low = chunks[:, :, :4] & 15
+        high = chunks[:, :, 4:] & 15
+        parts = [(low | (high << 4)).reshape(tiles, blocks, 256)]
+        weights = (1 << torch.arange(8, dtype=torch.int32))
+        for p in range(bits - 4):
+            bit = ((chunks.to(torch.int32) >> (4 + p)) & 1).reshape(tiles, blocks, 8, 8, 8)  # (t, g, c, byte, bit)
+            parts.append((bit * weights).sum(-1).to(torch.uint8).reshape(tiles, blocks, 64))
+    parts.append(_grouped_values(scales, tiles, blocks))
+    if zeros is not None:
+        parts.append(_grouped_values(zeros, tiles, blocks))
+    return torch.cat(parts, dim=-1).contiguous().view(-1)
+
+
+def unpack_grouped(weight: torch.Tensor, n: int, k: int, bits: int, group: int, half: bool, zero: bool) -> torch.Tensor:
+    """The (N, K) uint8 codes of a grouped kernel-layout weight (inverse of pack_grouped)."""
+    tiles, blocks = -(-n // 16), k // 32
+    code_bytes = 512 if bits == 8 else 256 + (bits - 4) * 64
+    value_bytes = (32 // group) * 16 * (2 if half else 4)
+    b = weight.view(tiles, blocks, code_bytes + value_bytes * (2 if zero else 1))
+    if bits == 8:
+        chunks = b[..., :512].reshape(tiles, blocks, 8, 16, 4)
+    else:
+        nibbles = b[..., :256].reshape(tiles, blocks, 4, 16, 4)
+        chunks = torch.cat([nibbles & 15, nibbles >> 4], dim=2).to(torch.int32)  # (t, g, c, j, b)
+        for p in range(bits - 4):
+            masks = b[..., 256 + 64 * p : 256 + 64 * (p + 1)].reshape(tiles, blocks, 8, 8, 1).to(torch.int32)
+            bit = ((masks >> torch.arange(8, dtype=torch.int32)) & 1).reshape(tiles, blocks, 8, 16, 4)
+            chunks = chunks | (bit << (4 + p))
+        chunks = chunks.to(torch.uint8)
+    return chunks.permute(0, 3, 1, 2, 4).reshape(tiles * 16, k)[:n].contiguous()
 
 
 def unpack_torch_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:

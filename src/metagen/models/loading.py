@@ -22,13 +22,13 @@ from metagen.models.decoder import DecoderModel
 from metagen.models.disk_cache import cache_directory  # noqa: F401  (its historical home)
 from metagen.models.embedded import embedded_model_path
 from metagen.models.gguf_blocks import EXACT_INT4_TYPES
-from metagen.models.linear import DenseLinear, Int4Linear, Int8Linear
+from metagen.models.linear import ConcatLinear, DenseLinear, GroupedLinear, Int4Linear, Int8Linear
 from metagen.models.families import EXPERT_LINEARS, family_for
 from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, NORM_FIELDS, LayerWeights
 
 DTYPES = ("auto", "fp32", "bf16", "int8", "int4")
 DEFAULT_DTYPE = "auto"
-# What "auto" runs a weight in when its stored blocks do not map exactly onto int4 codes.
+# What "auto" runs a quantized weight in when no kernel holds its blocks exactly.
 AUTO_WIDE_FORMAT = "int8"
 
 
@@ -41,8 +41,10 @@ def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use
         embedded SmolLM2-135M-Instruct.
     dtype: "auto" (default), "fp32", "bf16", "int8" or "int4" weights. "auto" never runs a
         tensor below the precision the checkpoint stores it in: int4 where the file's blocks map
-        exactly onto the int4 kernel (Q4_0, Q4_1, Q4_K), int8 for every other quantized tensor,
-        bf16 for float tensors (see docs/ARCHITECTURE.md for the measured faithfulness of each).
+        exactly onto the int4 kernel (Q4_0, Q4_1, Q4_K), the grouped 5-, 6- and 8-bit kernel
+        for Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 (their own codes and scales), int8 per row for the
+        other quantized types, bf16 for float tensors (see docs/ARCHITECTURE.md for the measured
+        faithfulness of each).
         An explicit int4 / int8 re-quantizes every tensor that does not map exactly.
     """
     dtype = DEFAULT_DTYPE if dtype is None else dtype
@@ -91,23 +93,32 @@ def _read_checkpoint(path: Path):
     return config, sources, Tokenizer.from_gguf(reader)
 
 
-def _auto_format(parts: list) -> str:
-    """The format "auto" gives one (fused) linear: never below the precision of any part.
+def _auto_format(part) -> tuple:
+    """The format "auto" gives one stored tensor: never below the precision it has.
 
-    int4 when every part's blocks are exactly int4 codes; bf16 when every part is stored as
-    floats (F32 / F16 / BF16 / safetensors); otherwise AUTO_WIDE_FORMAT.
-    """
-    types = {part.type_name for part in parts}
-    if types <= set(EXACT_INT4_TYPES):
-        return "int4"
-    if all(part.raw is None for part in parts):
-        return "bf16"
-    return AUTO_WIDE_FORMAT
+    ("int4",) for blocks that are exactly int4 codes (Q4_0, Q4_1, Q4_K); ("grouped", bits, group,
+    zeros, offset) for the 5-, 6- and 8-bit blocks the grouped kernel holds exactly (Q5_0, Q5_1,
+    Q5_K, Q6_K, Q8_0); ("bf16",) for floats (F32 / F16 / BF16 / safetensors); else
+    (AUTO_WIDE_FORMAT,) (the 2- and 3-bit K-quants and the IQ types, re-quantized per row)."""
+    if part.type_name in EXACT_INT4_TYPES:
+        return ("int4",)
+    if part.type_name in GROUPED_FORMATS:
+        return ("grouped",) + GROUPED_FORMATS[part.type_name]
+    if part.raw is None:
+        return ("bf16",)
+    return (AUTO_WIDE_FORMAT,)
+
+
+# bits, group, has zeros, offset of each GGUF type the grouped kernel holds exactly (gguf_blocks.py)
+GROUPED_FORMATS = {"Q5_0": (5, 32, False, 16), "Q5_1": (5, 32, True, 0), "Q5_K": (5, 32, True, 0),
+                   "Q6_K": (6, 16, False, 32), "Q8_0": (8, 32, False, 128)}
 
 
 def _linear(sources: dict, names: list[str], dtype: str, bias_names: list[str] | None = None):
     """One fused linear from the row-wise concatenation of `names` (out dims stacked).
 
+    Under "auto" each part keeps its own format: consecutive parts stored alike run as one
+    linear, and parts stored differently (e.g. Q·K in Q4_K, V in Q6_K) as a `ConcatLinear`.
     The linear's `stored` attribute names the checkpoint formats it was built from.
     """
     missing = [n for n in names if n not in sources]
@@ -115,16 +126,29 @@ def _linear(sources: dict, names: list[str], dtype: str, bias_names: list[str] |
         raise ValueError(f"checkpoint is missing tensors: {', '.join(missing)}")
     parts = [sources[n] for n in names]
     stored = "+".join(sorted({part.type_name for part in parts}))
-    if dtype == "auto":
-        dtype = _auto_format(parts)
-    linear = _linear_from_parts(parts, dtype, bias_names and [sources.get(n) for n in bias_names])
+    biases = [sources.get(n) for n in bias_names] if bias_names else [None] * len(parts)
+    if not all(b is not None for b in biases):
+        biases = [None] * len(parts)
+    if dtype != "auto":
+        linear = _linear_from_parts(parts, dtype, biases)
+    else:
+        runs: list[tuple[tuple, list, list]] = []  # (format, parts, biases) of consecutive parts stored alike
+        for part, bias in zip(parts, biases):
+            form = _auto_format(part)
+            if runs and runs[-1][0] == form:
+                runs[-1][1].append(part)
+                runs[-1][2].append(bias)
+            else:
+                runs.append((form, [part], [bias]))
+        pieces = [_linear_from_parts(run_parts, form[0], run_biases) for form, run_parts, run_biases in runs]
+        linear = pieces[0] if len(pieces) == 1 else ConcatLinear(pieces)
     linear.stored = stored
     return linear
 
 
-def _linear_from_parts(parts: list, dtype: str, bias_parts: list | None):
+def _linear_from_parts(parts: list, dtype: str, bias_parts: list):
     bias = None
-    if bias_parts and all(part is not None for part in bias_parts):
+    if all(part is not None for part in bias_parts):
         bias = torch.cat([part.dense() for part in bias_parts])
     if dtype == "int4":
         exact = [part.int4_codes() for part in parts]
@@ -132,6 +156,15 @@ def _linear_from_parts(parts: list, dtype: str, bias_parts: list | None):
             codes, scales, zeros = (torch.cat(pieces) for pieces in zip(*exact))
             if Int4Linear.supports(*codes.shape):
                 return Int4Linear.from_codes(codes, scales, zeros, bias)
+    if dtype == "grouped":
+        exact = [part.group_codes() for part in parts]
+        if all(e is not None for e in exact):  # None: a Q8_0 tensor holding the code −128
+            first = exact[0]
+            zeros = None if first.zeros is None else torch.cat([torch.from_numpy(e.zeros) for e in exact])
+            return GroupedLinear(torch.cat([torch.from_numpy(e.codes) for e in exact]),
+                                 torch.cat([torch.from_numpy(e.scales) for e in exact]), zeros, first.bits, first.group,
+                                 first.offset, None if bias is None else bias.float())
+        dtype = AUTO_WIDE_FORMAT
     weight = torch.cat([part.dense() for part in parts])
     if dtype == "int4" and Int4Linear.supports(*weight.shape):
         return Int4Linear.quantize(weight, bias)
@@ -169,7 +202,7 @@ def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: st
     # The LM head reads V·H weights per token; int8 keeps it 4x smaller than fp32 (an int4
     # head loses too much: GGUF ships it at 8 bits or more). "auto" keeps a float head in bf16.
     head_dtype = "int8" if dtype in ("int8", "int4") else dtype
-    if dtype == "auto" and _auto_format([sources[head_name]]) == "int4":
+    if dtype == "auto" and _auto_format(sources[head_name]) == ("int4",):
         head_dtype = AUTO_WIDE_FORMAT
     lm_head = _linear(sources, [head_name], head_dtype)
     freq_factors = sources["rope_freqs"].dense() if "rope_freqs" in sources else None
@@ -188,7 +221,7 @@ def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: st
 
 def weight_formats(model: DecoderModel) -> dict[str, dict[str, int]]:
     """What each kind of linear runs in, and from which stored format: e.g.
-    {"down": {"int4 from Q4_K": 12, "int8 from Q6_K": 12}, "lm_head": {"int8 from Q8_0": 1}}."""
+    {"down": {"int4 from Q4_K": 12, "int6g16 from Q6_K": 12}, "lm_head": {"int8g32 from Q8_0": 1}}."""
     formats: dict[str, dict[str, int]] = {}  # an expert linear counts once per expert
     for name, linear in model.linears():
         label = f"{linear.kind} from {linear.stored}" if linear.stored else linear.kind

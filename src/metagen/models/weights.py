@@ -96,6 +96,18 @@ class WeightSource:
         return out[0], out[1], out[2]
 
 
+    def group_codes(self):
+        """The grouped kernel's exact `GroupCodes` for Q5_0 / Q5_1 / Q5_K / Q6_K / Q8_0, else None
+        (see `gguf_blocks`)."""
+        from metagen.models.gguf_blocks import group_codes
+
+        exact = group_codes(self.raw, self.type_name) if self.raw is not None else None
+        if exact is not None and self.row_order is not None:
+            order = self.row_order
+            exact.codes, exact.scales = exact.codes[order], exact.scales[order]
+            exact.zeros = None if exact.zeros is None else exact.zeros[order]
+        return exact
+
 def interleave_rows(num_rows: int, num_heads: int) -> np.ndarray:
     """Row order taking rotate-half Q/K rows (HF, NEOX) to interleaved pairs (llama.cpp).
 

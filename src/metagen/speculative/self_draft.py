@@ -25,7 +25,7 @@ def early_exit_model(target, num_layers: int):
 
 def weight_bytes(model) -> int:
     """Bytes of linear weights (with scales) one decode step reads: every layer's and the LM head's."""
-    return sum(t.nbytes for _, linear in model.linears() for t in linear.state().values())
+    return sum(linear.nbytes for _, linear in model.linears())
 
 
 def quantized_model(target, dtype: str = "int4"):

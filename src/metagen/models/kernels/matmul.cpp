@@ -15,6 +15,10 @@
 //              acc = fma(d, s·a, acc);  acc = fma(z − 8·s, a·Σxq, acc)
 //        int8: w = q·s, q ∈ [-127, 127], s per column n:
 //              acc = fma(d, a, acc);  after the last block acc = acc·s
+//        grouped: w = (u − o)·s + z, u ∈ [0, 2^bits), s (and z) per (n, group of 16 or 32), o an
+//              integer (2^(bits−1) for symmetric formats, 0 with zeros); per group h of the block
+//              d_h = Σ xq·u − o·Σxq (exact):  acc = fma(d_h, s_h·a, acc);  acc = fma(z_h, a·Σ_h xq, acc)
+//              (with groups of 32 the block's single d and a·Σxq are the int4 path's)
 //   4. + bias (fp32), rounded once to bf16 (round half to even).
 // The AVX-512 VNNI and the AVX2 paths compute the same integers and the same float operations
 // lane by lane, so they agree bit for bit (the tests check this).
@@ -25,6 +29,11 @@
 //         then 16 bf16 scales s and 16 bf16 zeros z of the tile's columns.
 //   int8: per tile, per block, 512 bytes: 8 chunks of 64, chunk c byte 4j + b holding
 //         q[16t + j][32g + 4c + b] + 128 (an unsigned byte); column scales separately (fp32).
+//   grouped (bits 5, 6 or 8; GGUF's Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 blocks hold exactly these codes):
+//         per tile, per block: the codes — bits 8: as int8 (byte = u); bits 5 / 6: the low four
+//         bits as int4's nibbles (256 bytes), then per high bit p (bits − 4 of them) eight 64-bit
+//         masks, mask c bit 4j + b = bit 4 + p of u[16t + j][32g + 4c + b]; then per group of the
+//         block (one or two) 16 scales (fp16 or fp32), then as many zeros when the format has them.
 // So one 64-byte chunk is 16 columns × 4 consecutive features: one int32 lane per column, the
 // shape of VNNI's vpdpbusd (u8 × s8, 4 products per lane); AVX2 takes it as two 32-byte halves.
 //
@@ -66,6 +75,7 @@ struct QuantizedRows {
   std::vector<float> scale;
   std::vector<float> scaled_sum;
   std::vector<int32_t> offset;
+  std::vector<int32_t> half_sum;  // Σxq over features 0..15 and 16..31 of each block: (rows, blocks, 2)
   int64_t blocks = 0;
   bool wide = true;
 };
@@ -89,6 +99,7 @@ void quantize_rows(const In* x, int64_t rows, int64_t k, int64_t blocks, bool wi
   out.scale.resize(rows * blocks);
   out.scaled_sum.resize(rows * blocks);
   out.offset.resize(rows * blocks);
+  out.half_sum.resize(rows * blocks * 2);
   for (int64_t r = 0; r < rows; ++r) {
     const In* row = x + r * k;
     for (int64_t g = 0; g < blocks; ++g) {
@@ -96,7 +107,7 @@ void quantize_rows(const In* x, int64_t rows, int64_t k, int64_t blocks, bool wi
       float amax = 0.f;
       for (int64_t i = begin; i < end; ++i) amax = std::max(amax, std::fabs(static_cast<float>(row[i])));
       const float inverse = amax > 0.f ? levels / amax : 0.f;
-      int32_t sum = 0;
+      int32_t sum = 0, first_half = 0;
       for (int64_t i = begin; i < end; ++i) {
         const float v = std::min(levels, std::max(-levels, round_half_even(static_cast<float>(row[i]) * inverse)));
         const int32_t q = static_cast<int32_t>(v);
@@ -109,7 +120,10 @@ void quantize_rows(const In* x, int64_t rows, int64_t k, int64_t blocks, bool wi
           out.codes[r * padded + i] = static_cast<int8_t>(q);
         }
         sum += q;
+        if (i < begin + kBlock / 2) first_half += q;
       }
+      out.half_sum[(r * blocks + g) * 2] = first_half;
+      out.half_sum[(r * blocks + g) * 2 + 1] = sum - first_half;
       const float a = amax / levels;
       out.scale[r * blocks + g] = a;
       out.scaled_sum[r * blocks + g] = a * static_cast<float>(sum);
@@ -143,11 +157,23 @@ inline void store_tile(const float* acc, int64_t rows, int64_t tile, int64_t n, 
   }
 }
 
+// A grouped weight's shape per block (see the layouts above).
+struct GroupFormat {
+  int64_t bits = 8;
+  int64_t groups = 1;      // per block of 32: 1 (groups of 32) or 2 (groups of 16)
+  bool zero = false;       // per-group zeros follow the scales
+  bool half = false;       // scales (and zeros) stored as fp16, else fp32
+  int32_t offset = 0;      // o: w = (u − o)·s + z
+  int64_t code_bytes() const { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
+  int64_t value_bytes() const { return groups * kTile * (half ? 2 : 4); }
+  int64_t block_bytes() const { return code_bytes() + value_bytes() * (zero ? 2 : 1); }
+};
+
 #if METAGEN_X86
 
 // ---------------------------------------------------------------- AVX-512 (F, BW, VNNI)
 #define METAGEN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-#define METAGEN_AVX2 __attribute__((target("avx2,fma")))
+#define METAGEN_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 METAGEN_AVX512 inline __m512 bf16x16_avx512(const uint8_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
@@ -237,6 +263,102 @@ METAGEN_AVX512 void tiles_avx512(const uint8_t* weight, const float* column_scal
         default: rows_avx512<1, Wide, Int4>(tile_weight, act, row0, acc); break;
       }
       store_tile(acc, count, t, n, column_scale, bias, out, row0);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- grouped formats (bits 5, 6, 8)
+
+METAGEN_AVX512 inline __m512 values_avx512(const uint8_t* p, bool half) {
+  return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)) : _mm512_loadu_ps(p);
+}
+
+// R rows (R ≤ 4) of one tile of a grouped weight; the same instruction sequence for every R.
+template <int R, bool Wide, int Bits>
+METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const GroupFormat& f, const QuantizedRows& act,
+                                               int64_t row0, float* acc_out) {
+  const int64_t blocks = act.blocks, block_bytes = f.block_bytes(), code_bytes = f.code_bytes();
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const __m512i bit4 = _mm512_set1_epi8(0x10), bit5 = _mm512_set1_epi8(0x20);
+  __m512 acc[R];
+  const int32_t* hi[R];
+  const int32_t* lo[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    hi[r] = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock);
+    lo[r] = Wide ? reinterpret_cast<const int32_t*>(act.low.data() + (row0 + r) * blocks * kBlock) : nullptr;
+  }
+  for (int64_t g = 0; g < blocks; ++g) {
+    const uint8_t* b = tile_weight + g * block_bytes;
+    __m512i w[8];
+    if (Bits == 8) {
+      for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(b + 64 * c);
+    } else {
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = _mm512_loadu_si512(b + 64 * c);
+        w[c] = _mm512_and_si512(v, nibble);
+        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+      }
+      const uint64_t* planes = reinterpret_cast<const uint64_t*>(b + 256);
+      for (int c = 0; c < 8; ++c) {
+        w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(planes[c], bit4));
+        if (Bits == 6) w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(planes[8 + c], bit5));
+      }
+    }
+    const uint8_t* values = b + code_bytes;
+    const int64_t value_bytes = f.value_bytes(), step = f.half ? 32 : 64;
+    for (int r = 0; r < R; ++r) {
+      __m512i d0h = _mm512_setzero_si512(), d1h = _mm512_setzero_si512();
+      __m512i d0l = _mm512_setzero_si512(), d1l = _mm512_setzero_si512();
+      for (int c = 0; c < 4; ++c) {
+        d0h = _mm512_dpbusd_epi32(d0h, w[c], _mm512_set1_epi32(hi[r][g * 8 + c]));
+        d1h = _mm512_dpbusd_epi32(d1h, w[c + 4], _mm512_set1_epi32(hi[r][g * 8 + c + 4]));
+        if (Wide) {
+          d0l = _mm512_dpbusd_epi32(d0l, w[c], _mm512_set1_epi32(lo[r][g * 8 + c]));
+          d1l = _mm512_dpbusd_epi32(d1l, w[c + 4], _mm512_set1_epi32(lo[r][g * 8 + c + 4]));
+        }
+      }
+      const int64_t rg = (row0 + r) * blocks + g;
+      const int32_t* sums = act.half_sum.data() + rg * 2;
+      const float a = act.scale[rg];
+      __m512i d0 = combine_avx512<Wide>(d0h, d0l), d1 = combine_avx512<Wide>(d1h, d1l);
+      if (f.groups == 1) {
+        const __m512i d = _mm512_sub_epi32(_mm512_add_epi32(d0, d1), _mm512_set1_epi32(f.offset * (sums[0] + sums[1])));
+        const __m512 sa = _mm512_mul_ps(values_avx512(values, f.half), _mm512_set1_ps(a));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sa, acc[r]);
+        if (f.zero) acc[r] = _mm512_fmadd_ps(values_avx512(values + value_bytes, f.half), _mm512_set1_ps(act.scaled_sum[rg]), acc[r]);
+      } else {
+        d0 = _mm512_sub_epi32(d0, _mm512_set1_epi32(f.offset * sums[0]));
+        d1 = _mm512_sub_epi32(d1, _mm512_set1_epi32(f.offset * sums[1]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(values_avx512(values, f.half), _mm512_set1_ps(a)), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(values_avx512(values + step, f.half), _mm512_set1_ps(a)), acc[r]);
+        if (f.zero) {
+          acc[r] = _mm512_fmadd_ps(values_avx512(values + value_bytes, f.half), _mm512_set1_ps(a * static_cast<float>(sums[0])), acc[r]);
+          acc[r] = _mm512_fmadd_ps(values_avx512(values + value_bytes + step, f.half), _mm512_set1_ps(a * static_cast<float>(sums[1])), acc[r]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_store_ps(acc_out + r * kTile, acc[r]);
+}
+
+template <bool Wide, int Bits>
+METAGEN_AVX512 void grouped_tiles_avx512(const uint8_t* weight, const GroupFormat& f, const QuantizedRows& act,
+                                         int64_t rows, int64_t n, const float* bias, uint16_t* out, int64_t tile_begin,
+                                         int64_t tile_end) {
+  alignas(64) float acc[4 * kTile];
+  const int64_t tile_bytes = act.blocks * f.block_bytes();
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    const uint8_t* tile_weight = weight + t * tile_bytes;
+    for (int64_t row0 = 0; row0 < rows; row0 += 4) {
+      const int64_t count = std::min<int64_t>(4, rows - row0);
+      switch (count) {
+        case 4: grouped_rows_avx512<4, Wide, Bits>(tile_weight, f, act, row0, acc); break;
+        case 3: grouped_rows_avx512<3, Wide, Bits>(tile_weight, f, act, row0, acc); break;
+        case 2: grouped_rows_avx512<2, Wide, Bits>(tile_weight, f, act, row0, acc); break;
+        default: grouped_rows_avx512<1, Wide, Bits>(tile_weight, f, act, row0, acc); break;
+      }
+      store_tile(acc, count, t, n, nullptr, bias, out, row0);
     }
   }
 }
@@ -338,6 +460,131 @@ void run_tiles(int64_t isa, const uint8_t* weight, const float* column_scale, co
   }
 }
 
+
+METAGEN_AVX2 inline __m256 values_avx2(const uint8_t* p, bool half) {
+  return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)) : _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+}
+
+// 0x10 in each byte whose bit is set in `mask` (bit i -> byte i of 32).
+METAGEN_AVX2 inline __m256i spread_bits_avx2(uint32_t mask, __m256i value) {
+  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3,
+                                        3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(mask)), pick);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), value);
+}
+
+// Σ over chunks [first, first + 4) of (unsigned codes ≤ 63) × (one digit s8), int32 per column:
+// each vpmaddubsw pair ≤ 2·63·127 < 2^15, widened per chunk.
+METAGEN_AVX2 inline __m256i dot_codes_avx2(const __m256i* w, const int32_t* x, int first) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i d = _mm256_setzero_si256();
+  for (int c = first; c < first + 4; ++c)
+    d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_maddubs_epi16(w[c], _mm256_set1_epi32(x[c])), ones));
+  return d;
+}
+
+// The same for 8-bit codes taken as signed q = u − 128 (|q| ≤ 127: u = 0 is refused at packing):
+// Σ q·x = Σ u·x − 128·Σx, computed with the sign trick.
+METAGEN_AVX2 inline __m256i dot_signed_avx2(const __m256i* w, const int32_t* x, int first) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i d = _mm256_setzero_si256();
+  for (int c = first; c < first + 4; ++c) {
+    const __m256i xs = _mm256_set1_epi32(x[c]);
+    d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(xs), _mm256_sign_epi8(w[c], xs)), ones));
+  }
+  return d;
+}
+
+template <bool Wide, int Bits>
+METAGEN_AVX2 void grouped_tiles_avx2(const uint8_t* weight, const GroupFormat& f, const QuantizedRows& act, int64_t rows,
+                                     int64_t n, const float* bias, uint16_t* out, int64_t tile_begin, int64_t tile_end) {
+  const int64_t blocks = act.blocks, block_bytes = f.block_bytes(), code_bytes = f.code_bytes();
+  const int64_t value_bytes = f.value_bytes(), step = f.half ? 32 : 64, lane = f.half ? 16 : 32;
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i bit4 = _mm256_set1_epi8(0x10), bit5 = _mm256_set1_epi8(0x20);
+  // 8-bit codes are dotted as signed q = u − 128, so their offset is already taken.
+  const int32_t offset = Bits == 8 ? f.offset - 128 : f.offset;
+  alignas(64) float acc[kRowChunk * kTile];
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    for (int64_t row0 = 0; row0 < rows; row0 += kRowChunk) {
+      const int64_t chunk = std::min(kRowChunk, rows - row0);
+      std::memset(acc, 0, sizeof(float) * chunk * kTile);
+      for (int64_t g = 0; g < blocks; ++g) {
+        const uint8_t* b = weight + (t * blocks + g) * block_bytes;
+        const uint8_t* values = b + code_bytes;
+        for (int half = 0; half < 2; ++half) {  // columns 8·half .. 8·half + 7
+          __m256i w[8];
+          if (Bits == 8) {
+            for (int c = 0; c < 8; ++c) w[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(b + 64 * c + 32 * half)), flip);
+          } else {
+            for (int c = 0; c < 4; ++c) {
+              const __m256i v = _mm256_loadu_si256((const __m256i*)(b + 64 * c + 32 * half));
+              w[c] = _mm256_and_si256(v, nibble);
+              w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+            }
+            const uint32_t* planes = reinterpret_cast<const uint32_t*>(b + 256);
+            for (int c = 0; c < 8; ++c) {
+              w[c] = _mm256_or_si256(w[c], spread_bits_avx2(planes[2 * c + half], bit4));
+              if (Bits == 6) w[c] = _mm256_or_si256(w[c], spread_bits_avx2(planes[16 + 2 * c + half], bit5));
+            }
+          }
+          const uint8_t* v0 = values + lane * half;
+          for (int64_t r = 0; r < chunk; ++r) {
+            const int64_t rg = (row0 + r) * blocks + g;
+            const int64_t at = (row0 + r) * blocks * kBlock + g * kBlock;
+            const int32_t* hi = reinterpret_cast<const int32_t*>(act.codes.data() + at);
+            const int32_t* lo = Wide ? reinterpret_cast<const int32_t*>(act.low.data() + at) : nullptr;
+            const int32_t* sums = act.half_sum.data() + rg * 2;
+            const float a = act.scale[rg];
+            __m256i d0, d1;
+            if (Bits == 8) {
+              d0 = combine_avx2<Wide>(dot_signed_avx2(w, hi, 0), Wide ? dot_signed_avx2(w, lo, 0) : _mm256_setzero_si256());
+              d1 = combine_avx2<Wide>(dot_signed_avx2(w, hi, 4), Wide ? dot_signed_avx2(w, lo, 4) : _mm256_setzero_si256());
+            } else {
+              d0 = combine_avx2<Wide>(dot_codes_avx2(w, hi, 0), Wide ? dot_codes_avx2(w, lo, 0) : _mm256_setzero_si256());
+              d1 = combine_avx2<Wide>(dot_codes_avx2(w, hi, 4), Wide ? dot_codes_avx2(w, lo, 4) : _mm256_setzero_si256());
+            }
+            float* out_acc = acc + r * kTile + 8 * half;
+            __m256 v = _mm256_load_ps(out_acc);
+            if (f.groups == 1) {
+              const __m256i d = _mm256_sub_epi32(_mm256_add_epi32(d0, d1), _mm256_set1_epi32(offset * (sums[0] + sums[1])));
+              v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(values_avx2(v0, f.half), _mm256_set1_ps(a)), v);
+              if (f.zero) v = _mm256_fmadd_ps(values_avx2(v0 + value_bytes, f.half), _mm256_set1_ps(act.scaled_sum[rg]), v);
+            } else {
+              d0 = _mm256_sub_epi32(d0, _mm256_set1_epi32(offset * sums[0]));
+              d1 = _mm256_sub_epi32(d1, _mm256_set1_epi32(offset * sums[1]));
+              v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_mul_ps(values_avx2(v0, f.half), _mm256_set1_ps(a)), v);
+              v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_mul_ps(values_avx2(v0 + step, f.half), _mm256_set1_ps(a)), v);
+              if (f.zero) {
+                v = _mm256_fmadd_ps(values_avx2(v0 + value_bytes, f.half), _mm256_set1_ps(a * static_cast<float>(sums[0])), v);
+                v = _mm256_fmadd_ps(values_avx2(v0 + value_bytes + step, f.half), _mm256_set1_ps(a * static_cast<float>(sums[1])), v);
+              }
+            }
+            _mm256_store_ps(out_acc, v);
+          }
+        }
+      }
+      store_tile(acc, chunk, t, n, nullptr, bias, out, row0);
+    }
+  }
+}
+
+template <bool Wide>
+void grouped_dispatch(int64_t isa, const uint8_t* weight, const GroupFormat& f, const QuantizedRows& act, int64_t rows,
+                      int64_t n, const float* bias, uint16_t* out, int64_t begin, int64_t end) {
+  if (isa == kAvx512) {
+    if (f.bits == 5) grouped_tiles_avx512<Wide, 5>(weight, f, act, rows, n, bias, out, begin, end);
+    else if (f.bits == 6) grouped_tiles_avx512<Wide, 6>(weight, f, act, rows, n, bias, out, begin, end);
+    else grouped_tiles_avx512<Wide, 8>(weight, f, act, rows, n, bias, out, begin, end);
+  } else {
+    if (f.bits == 5) grouped_tiles_avx2<Wide, 5>(weight, f, act, rows, n, bias, out, begin, end);
+    else if (f.bits == 6) grouped_tiles_avx2<Wide, 6>(weight, f, act, rows, n, bias, out, begin, end);
+    else grouped_tiles_avx2<Wide, 8>(weight, f, act, rows, n, bias, out, begin, end);
+  }
+}
+
 #endif  // METAGEN_X86
 
 int64_t best_isa() {
@@ -346,7 +593,7 @@ int64_t best_isa() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512vnni"))
     return kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return kAvx2;
 #endif
   return kNone;
 }
@@ -436,6 +683,43 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor weight, torch::Tensor c
   return out;
 }
 
+// y = x · dequantize(weight)ᵀ (+ bias), weight in the grouped layout above (N padded to tiles).
+// bits ∈ {5, 6, 8}; group 16 or 32; zero: zeros follow the scales; half: fp16 scales (else fp32);
+// offset o of w = (u − o)·s + z.
+torch::Tensor grouped_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int64_t k, c10::optional<torch::Tensor> bias,
+                             int64_t isa, bool wide, int64_t bits, int64_t group, bool zero, bool half, int64_t offset) {
+  check_isa(isa);
+  TORCH_CHECK(bits == 5 || bits == 6 || bits == 8, "grouped: bits must be 5, 6 or 8, got ", bits);
+  TORCH_CHECK(group == 16 || group == 32, "grouped: group must be 16 or 32, got ", group);
+  TORCH_CHECK(k % kBlock == 0, "grouped: in_features must divide by 32, got ", k);
+  TORCH_CHECK(offset >= 0 && offset < (int64_t{1} << bits), "grouped: offset must be in [0, 2^bits), got ", offset);
+  TORCH_CHECK(bits != 8 || zero || offset == 128, "grouped: 8-bit codes without zeros take offset 128, got ", offset);
+  GroupFormat f;
+  f.bits = bits;
+  f.groups = kBlock / group;
+  f.zero = zero;
+  f.half = half;
+  f.offset = static_cast<int32_t>(offset);
+  const int64_t blocks = k / kBlock, tiles = (n + kTile - 1) / kTile;
+  TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous() && weight.numel() == tiles * blocks * f.block_bytes(),
+              "grouped weight: contiguous uint8 of ", tiles * blocks * f.block_bytes(), " bytes");
+  static thread_local QuantizedRows act;  // reused: no allocation per call once grown
+  int64_t rows = 0;
+  quantize_input(x, k, blocks, wide, act, rows);
+  auto out = output_like(x, n);
+  const uint8_t* w = weight.data_ptr<uint8_t>();
+  const float* b = bias_pointer(bias, n);
+  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  if (rows == 0) return out;
+#if METAGEN_X86
+  at::parallel_for(0, tiles, grain(k, rows), [&](int64_t begin, int64_t end) {
+    if (wide) grouped_dispatch<true>(isa, w, f, act, rows, n, b, o, begin, end);
+    else grouped_dispatch<false>(isa, w, f, act, rows, n, b, o, begin, end);
+  });
+#endif
+  return out;
+}
+
 // The activation quantization of step 1, exposed for the tests: codes xq (M, Kp) int16, their
 // digits hi and lo (M, Kp) int8 (lo all zero unless wide), scales a (M, blocks) float32.
 std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool wide) {
@@ -456,5 +740,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_isa", &best_isa, "2: AVX-512 VNNI, 1: AVX2 + FMA, 0: neither (the kernels cannot run)");
   m.def("int4_matmul", &int4_matmul, "x · int4 weightᵀ (+ bias) -> bf16");
   m.def("int8_matmul", &int8_matmul, "x · int8 weightᵀ (+ bias) -> bf16");
+  m.def("grouped_matmul", &grouped_matmul, "x · grouped (5-, 6- or 8-bit) weightᵀ (+ bias) -> bf16");
   m.def("quantize_activations", &quantize_activations, "per-row, per-32 codes, their int8 digits and scales of x");
 }

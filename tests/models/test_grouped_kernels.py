@@ -1,0 +1,118 @@
+"""The grouped 5-, 6- and 8-bit kernel (kernels/matmul.cpp, linear.GroupedLinear) and GGUF's
+blocks that map onto it exactly (gguf_blocks.group_codes).
+
+The definition and the error bound are the int4 / int8 kernels' (test_matmul_kernels.py): the
+product of the kernel's own quantized activations with the dequantized weight, in float64.
+"""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from metagen.models.gguf_blocks import GROUPED_TYPES, group_codes
+from metagen.models.linear import GroupedLinear, pack_grouped, unpack_grouped
+from tests.models.test_gguf_types import k_quant_blocks
+from tests.models.test_matmul_kernels import ISAS, ROWS, assert_matches_definition, kernels, wide  # noqa: F401 (fixture)
+
+T = GGMLQuantizationType
+pytestmark = pytest.mark.skipif(kernels is None or kernels.best_isa() == 0, reason="matrix kernels unavailable here")
+# bits, group, zeros, fp16 values: the GGUF formats (Q5_0, Q5_1, Q6_K, Q8_0, Q5_K) and the rest
+FORMATS = [(5, 32, False, True), (5, 32, True, True), (6, 16, False, False), (8, 32, False, True),
+           (5, 32, True, False), (6, 32, True, True), (8, 16, False, False), (5, 16, True, False)]
+
+
+def random_grouped(n, k, bits, group, zero, half, seed=0, backend=None, bias=True):
+    generator = torch.Generator().manual_seed(seed)
+    codes = torch.randint(1 if bits == 8 else 0, 2**bits, (n, k), generator=generator)
+    scales = torch.randn(n, k // group, generator=generator) * 0.01
+    zeros = torch.randn(n, k // group, generator=generator) * 0.02 if zero else None
+    if half:
+        scales = scales.half().float()
+        zeros = None if zeros is None else zeros.half().float()
+    bias = torch.randn(n, generator=generator) * 0.1 if bias else None
+    return GroupedLinear(codes, scales, zeros, bits, group, 0 if zero else 2 ** (bits - 1), bias, backend)
+
+
+def gguf_raw(qtype, rows=48, cols=512, seed=0):
+    if qtype in (T.Q5_K, T.Q6_K):
+        return k_quant_blocks(qtype, rows, cols, seed)
+    weight = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32) * 0.1
+    return quantize(weight, qtype)
+
+
+@pytest.mark.parametrize("type_name", GROUPED_TYPES)
+def test_gguf_blocks_become_codes_that_dequantize_exactly(type_name):
+    qtype = T[type_name]
+    raw = gguf_raw(qtype)
+    codes = group_codes(raw, type_name)
+    assert np.array_equal(codes.dequantize(), dequantize(raw, qtype).astype(np.float32))  # bit for bit
+    assert codes.codes.dtype == np.uint8 and codes.codes.max() < 2**codes.bits
+
+
+def test_a_q8_0_block_holding_minus_128_is_left_to_the_int8_path():
+    raw = gguf_raw(T.Q8_0).reshape(48, -1, 34).copy()
+    raw[3, 2, 7] = 0x80  # q = −128
+    assert group_codes(raw.reshape(48, -1), "Q8_0") is None
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("form", FORMATS, ids=lambda f: f"int{f[0]}g{f[1]}{'z' if f[2] else ''}{'h' if f[3] else ''}")
+def test_grouped_matches_its_definition(isa, rows, form, wide):
+    n, k = 40, 160  # N not a multiple of 16: the last tile is padded
+    linear = random_grouped(n, k, *form, seed=rows, backend=isa)
+    assert linear.half == form[3]
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * 2
+    assert_matches_definition(linear(x), x, linear.dequantize(), linear.bias, wide)
+
+
+@pytest.mark.parametrize("form", FORMATS[:4])
+def test_rows_do_not_depend_on_the_batch_and_both_isas_agree_bit_for_bit(form):
+    x = torch.randn(64, 96, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    reference = random_grouped(48, 96, *form, backend="avx2")
+    expected = torch.cat([reference(x[r : r + 1]) for r in range(64)])
+    for isa in ISAS:
+        linear = random_grouped(48, 96, *form, backend=isa)
+        for rows in (5, 16, 33, 64):
+            assert torch.equal(linear(x[:rows]), expected[:rows]), (isa, rows)
+
+
+@pytest.mark.parametrize("form", FORMATS)
+def test_layout_round_trips(form):
+    bits, group, zero, half = form
+    linear = random_grouped(40, 96, *form, seed=3)
+    codes = linear.codes()
+    assert torch.equal(unpack_grouped(pack_grouped(codes, linear.scales, linear.zeros, bits, group), 40, 96, bits, group,
+                                      half, zero), codes)
+    saved = linear.state()
+    again = GroupedLinear(saved["codes"], saved["scales"].float(), saved.get("zeros"), bits, group, linear.offset,
+                          saved["bias"])
+    assert torch.equal(again.dequantize(), linear.dequantize())
+    code_bytes = {5: 0.625, 6: 0.75, 8: 1.0}[bits] * 48 * 96  # 40 rows padded to 48
+    values = (48 * 96 // group) * (2 if half else 4) * (2 if zero else 1)
+    assert linear.packed.numel() == code_bytes + values
+
+
+def test_torch_backend_runs_the_dequantized_weight():
+    linear = random_grouped(32, 64, 6, 16, False, False, backend="torch")
+    x = torch.randn(3, 64)
+    expected = x.bfloat16().float() @ linear.dequantize().bfloat16().float().t() + linear.bias.bfloat16().float()
+    torch.testing.assert_close(linear(x).float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_bad_grouped_formats_are_refused_by_name():
+    codes = torch.zeros(16, 64, dtype=torch.uint8) + 1
+    scales = torch.ones(16, 2)
+    with pytest.raises(ValueError, match="bits must be 5, 6 or 8"):
+        GroupedLinear(codes, scales, None, 4, 32, 8)
+    with pytest.raises(ValueError, match="group 16 or 32"):
+        GroupedLinear(codes, scales, None, 5, 64, 16)
+    with pytest.raises(ValueError, match="8-bit codes must be symmetric"):
+        GroupedLinear(codes, scales, scales, 8, 32, 0)
+    with pytest.raises(ValueError, match=r"scales / zeros of shape \(16, 4\)"):
+        GroupedLinear(codes, scales, None, 6, 16, 32)
+    with pytest.raises(RuntimeError, match="bits must be 5, 6 or 8"):
+        kernels.grouped_matmul(torch.randn(1, 64), torch.zeros(1, dtype=torch.uint8), 16, 64, None, 1, True, 7, 32,
+                               False, False, 0)
