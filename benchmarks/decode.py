@@ -82,6 +82,7 @@ class Measurement:
     detail: str = ""  # how the engine holds the weights
     greedy_tokens: list[int] | None = None  # row 0's tokens, for the agreement check
     agreement: int | None = None  # leading greedy tokens equal to the reference's
+    agreement_llama_cpp: int | None = None  # leading greedy tokens equal to llama.cpp's
     ratio_to_hf_fp32: float | None = None
     ratio_to_llama_cpp: float | None = None
 
@@ -248,9 +249,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def add_comparisons(measurements: list[Measurement]) -> None:
-    """Ratios to transformers fp32 (same mode) and to llama.cpp (greedy); greedy agreement.
-
-    The agreement reference is transformers fp32 greedy when measured, else metagen fp32.
+    """Ratios to transformers fp32 (same mode) and to llama.cpp (greedy); greedy agreement with
+    the fp32 reference (transformers fp32 greedy when measured, else metagen fp32) and with
+    llama.cpp's greedy tokens on the same file.
     """
     find = {(m.engine, m.weights, m.mode): m for m in measurements}
     llama = find.get(("llama.cpp", "GGUF", "greedy"))
@@ -265,6 +266,8 @@ def add_comparisons(measurements: list[Measurement]) -> None:
         m.ratio_to_llama_cpp = ratio(m, llama) if m.mode == "greedy" else None
         if reference is not None and m.greedy_tokens is not None:
             m.agreement = common_prefix(m.greedy_tokens, reference.greedy_tokens)
+        if llama is not None and m is not llama and m.greedy_tokens is not None:
+            m.agreement_llama_cpp = common_prefix(m.greedy_tokens, llama.greedy_tokens)
 
 
 def ceilings(bytes_by_dtype: dict[str, dict[str, int]], bandwidth: float, measurements) -> list[dict]:
@@ -289,14 +292,16 @@ def _ratio(value: float | None) -> str:
 
 
 def result_rows(measurements: list[Measurement], tokens: int) -> list[list[str]]:
-    rows = [["engine", "weights", "mode", "prefill ms", "decode tok/s", "vs HF fp32", "vs llama.cpp", "greedy agrees"]]
+    rows = [["engine", "weights", "mode", "prefill ms", "decode tok/s", "vs HF fp32", "vs llama.cpp", "greedy agrees",
+             "= llama.cpp greedy"]]
     for m in measurements:
         mode = "greedy, 1 row" if m.mode == "greedy" else f"sampling, {m.rows} rows"
         agrees = "—" if m.agreement is None else f"{m.agreement}/{tokens}"
+        same = "—" if m.agreement_llama_cpp is None else f"{m.agreement_llama_cpp}/{tokens}"
         rate = "n/a (noise)" if m.tokens_per_second is None else f"{m.tokens_per_second:.1f}"
         rows.append([
             m.engine, m.weights, mode, f"{1000 * m.prefill_seconds:.1f}", rate,
-            _ratio(m.ratio_to_hf_fp32), _ratio(m.ratio_to_llama_cpp), agrees,
+            _ratio(m.ratio_to_hf_fp32), _ratio(m.ratio_to_llama_cpp), agrees, same,
         ])
     return rows
 
