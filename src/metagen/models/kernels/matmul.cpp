@@ -87,6 +87,57 @@ inline float round_half_even(float v) {  // exact for |v| < 2^22 in the default 
   return (v >= 0.f) ? (v + magic) - magic : -((-v + magic) - magic);
 }
 
+// Step 1 for one block: max|x| (NaN ignored), then q = clamp(round_half_even(x · inverse)) and,
+// when wide, its high digit round_half_even(q / 254). The AVX2 versions do the same fp32
+// operations lane by lane (the codes are identical; the tests compare them with the formula).
+inline float block_amax(const float* v, int64_t count) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(v[i]));
+  return amax;
+}
+
+inline void block_codes(const float* v, int64_t count, float inverse, float levels, bool wide, int32_t* q, int32_t* hi) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float c = std::min(levels, std::max(-levels, round_half_even(v[i] * inverse)));
+    q[i] = static_cast<int32_t>(c);
+    hi[i] = wide ? static_cast<int32_t>(round_half_even(c / 254.f)) : 0;
+  }
+}
+
+#if METAGEN_X86
+__attribute__((target("avx2,fma"))) inline float block_amax_avx2(const float* v) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < kBlock; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_load_ps(v + i)), m);  // NaN -> m
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float amax = 0.f;
+  for (float lane : lanes) amax = std::max(amax, lane);
+  return amax;
+}
+
+__attribute__((target("avx2,fma"))) inline void block_codes_avx2(const float* v, float inverse, float levels, bool wide,
+                                                                  int32_t* q, int32_t* hi) {
+  const __m256 scale = _mm256_set1_ps(inverse), top = _mm256_set1_ps(levels), bottom = _mm256_set1_ps(-levels);
+  const __m256 digit = _mm256_set1_ps(254.f);
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  for (int i = 0; i < kBlock; i += 8) {
+    __m256 c = _mm256_round_ps(_mm256_mul_ps(_mm256_load_ps(v + i), scale), kNearest);
+    c = _mm256_min_ps(_mm256_max_ps(c, bottom), top);  // NaN -> −levels, as std::max(−levels, NaN)
+    _mm256_store_si256(reinterpret_cast<__m256i*>(q + i), _mm256_cvtps_epi32(c));
+    const __m256i h = wide ? _mm256_cvtps_epi32(_mm256_round_ps(_mm256_div_ps(c, digit), kNearest)) : _mm256_setzero_si256();
+    _mm256_store_si256(reinterpret_cast<__m256i*>(hi + i), h);
+  }
+}
+#else
+inline float block_amax_avx2(const float* v) { return block_amax(v, kBlock); }
+inline void block_codes_avx2(const float* v, float inverse, float levels, bool wide, int32_t* q, int32_t* hi) {
+  block_codes(v, kBlock, inverse, levels, wide, q, hi);
+}
+#endif
+
+int64_t best_isa();
+
 template <typename In>
 void quantize_rows(const In* x, int64_t rows, int64_t k, int64_t blocks, bool wide, QuantizedRows& out) {
   const int64_t padded = blocks * kBlock;
@@ -100,27 +151,27 @@ void quantize_rows(const In* x, int64_t rows, int64_t k, int64_t blocks, bool wi
   out.scaled_sum.resize(rows * blocks);
   out.offset.resize(rows * blocks);
   out.half_sum.resize(rows * blocks * 2);
+  const bool vector = best_isa() >= kAvx2;
+  alignas(32) float block[kBlock];
+  alignas(32) int32_t q[kBlock], hi[kBlock];
   for (int64_t r = 0; r < rows; ++r) {
     const In* row = x + r * k;
     for (int64_t g = 0; g < blocks; ++g) {
       const int64_t begin = g * kBlock, end = std::min(k, begin + kBlock);
-      float amax = 0.f;
-      for (int64_t i = begin; i < end; ++i) amax = std::max(amax, std::fabs(static_cast<float>(row[i])));
+      for (int64_t i = begin; i < end; ++i) block[i - begin] = static_cast<float>(row[i]);
+      const int64_t count = end - begin;
+      const float amax = vector && count == kBlock ? block_amax_avx2(block) : block_amax(block, count);
       const float inverse = amax > 0.f ? levels / amax : 0.f;
+      if (vector && count == kBlock) block_codes_avx2(block, inverse, levels, wide, q, hi);
+      else block_codes(block, count, inverse, levels, wide, q, hi);
       int32_t sum = 0, first_half = 0;
-      for (int64_t i = begin; i < end; ++i) {
-        const float v = std::min(levels, std::max(-levels, round_half_even(static_cast<float>(row[i]) * inverse)));
-        const int32_t q = static_cast<int32_t>(v);
-        out.whole[r * padded + i] = static_cast<int16_t>(q);
-        if (wide) {
-          const int32_t hi = static_cast<int32_t>(round_half_even(v / 254.f));
-          out.codes[r * padded + i] = static_cast<int8_t>(hi);
-          out.low[r * padded + i] = static_cast<int8_t>(q - 254 * hi);
-        } else {
-          out.codes[r * padded + i] = static_cast<int8_t>(q);
-        }
-        sum += q;
-        if (i < begin + kBlock / 2) first_half += q;
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t at = r * padded + begin + j;
+        out.whole[at] = static_cast<int16_t>(q[j]);
+        out.codes[at] = static_cast<int8_t>(wide ? hi[j] : q[j]);
+        if (wide) out.low[at] = static_cast<int8_t>(q[j] - 254 * hi[j]);
+        sum += q[j];
+        if (j < kBlock / 2) first_half += q[j];
       }
       out.half_sum[(r * blocks + g) * 2] = first_half;
       out.half_sum[(r * blocks + g) * 2 + 1] = sum - first_half;
@@ -587,7 +638,7 @@ void grouped_dispatch(int64_t isa, const uint8_t* weight, const GroupFormat& f, 
 
 #endif  // METAGEN_X86
 
-int64_t best_isa() {
+int64_t detect_isa() {
 #if METAGEN_X86
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
@@ -596,6 +647,11 @@ int64_t best_isa() {
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return kAvx2;
 #endif
   return kNone;
+}
+
+int64_t best_isa() {
+  static const int64_t isa = detect_isa();
+  return isa;
 }
 
 void check_isa(int64_t isa) {
