@@ -43,7 +43,7 @@ def assert_matches_definition(y: torch.Tensor, x: torch.Tensor, weight: torch.Te
     expected = xd @ w.t() + (0 if bias is None else bias.double())
     bound = 2.0**-8 * expected.abs() + 2.0**-19 * (xd.abs() @ w.abs().t()) + 1e-30
     error = (y.reshape(expected.shape).double() - expected).abs()
-    assert y.dtype == torch.bfloat16
+    assert y.dtype == (torch.float32 if x.dtype == torch.float32 else torch.bfloat16)  # x's dtype
     assert (error <= bound).all(), f"max error / bound {(error / bound).max().item():.3f}"
 
 

@@ -49,10 +49,12 @@ FUSED_MAX_NEW_TOKENS = 16
 class DecoderModel(LanguageModel):
     """Pre-norm decoder over a paged `KVCache` (any family of `models/families/`).
 
-    `dtype` names the weight format ("fp32", "bf16", "int8", "int4", "auto"). Matmul inputs are
-    cast to the matmul dtype (fp32 for "fp32", bf16 otherwise); the residual stream, norms, RoPE,
-    attention and the KV cache stay float32 (torch's CPU attention is several times slower in
-    bf16, and the casts cost less than that). Logits are float32.
+    `dtype` names the weight format ("fp32", "bf16", "int8", "int4", "auto"). Matmul inputs and
+    outputs are in the matmul dtype: float32 when every linear takes float32 at full precision
+    (fp32 weights, or quantized weights on the compiled kernels, which quantize each activation
+    block to 16 bits themselves), else bf16 (bf16 weights, torch's int4/int8 kernels). The
+    residual stream, norms, RoPE, attention and the KV cache stay float32 (torch's CPU attention
+    is several times slower in bf16, and the casts cost less than that). Logits are float32.
 
     Beyond `LanguageModel`: `hidden_states` (final hidden states without the LM head),
     `logits_from_hidden`, `truncated(L)` (the first L layers as a model sharing every weight) and
@@ -81,7 +83,7 @@ class DecoderModel(LanguageModel):
         self.source = source
         self.name = config.name
         self.family = config.architecture
-        self.matmul_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
+        self.matmul_dtype = torch.float32 if all(linear.takes_float for _, linear in self.linears()) else torch.bfloat16
         self.freq_factors = freq_factors
         self._rope_cache_length = 0
         self._rotation = torch.zeros(0, dtype=torch.complex64)

@@ -8,8 +8,9 @@ Weight formats (the stored state; the conversion cache saves it as is):
   layout. GGUF's Q4_1 block (32 weights, w = d·q + m) is exactly this with scale = d and
   zero = m + 8·d; Q4_0 (w = d·(q − 8)) has zero = 0; Q4_K sub-blocks likewise (gguf_blocks.py).
 
-Two implementations compute x (..., K) -> (..., N) bf16, chosen once per process by
-METAGEN_KERNELS:
+Two implementations compute x (..., K) -> (..., N), chosen once per process by
+METAGEN_KERNELS (the compiled kernels return x's dtype, float32 unrounded or bf16; torch's take
+and return bf16; `takes_float` says which):
 
 - "auto" (default): metagen's compiled kernels (models/kernels/matmul.cpp) with the best
   instruction set of this CPU, AVX-512 VNNI or AVX2; torch's kernels when neither is there or the
@@ -99,6 +100,11 @@ class DenseLinear:
         self.bias = bias
         self.out_features, self.in_features = weight.shape
 
+    @property
+    def takes_float(self) -> bool:
+        """Whether float32 activations run at full precision (a float32 weight)."""
+        return self.weight.dtype == torch.float32
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
@@ -159,6 +165,12 @@ class Int8Linear:
         scales = torch.where(scales.float() < exact, torch.nextafter(scales, torch.tensor(float("inf"), dtype=torch.bfloat16)), scales)
         qweight = torch.round(weight / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
         return cls(qweight, scales, None if bias is None else bias.to(torch.bfloat16), backend)
+
+    @property
+    def takes_float(self) -> bool:
+        """Whether float32 activations run at full precision: the compiled kernels take them (and
+        return float32); torch's kernels take bf16."""
+        return self.backend != "torch"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend != "torch":
@@ -272,6 +284,12 @@ class Int4Linear:
         codes = torch.round((groups - low[..., None]) / scales[..., None]).clamp(0, 15).view(n, k)
         return cls.from_codes(codes, scales, low + 8.0 * scales, bias, group_size, backend)
 
+    @property
+    def takes_float(self) -> bool:
+        """Whether float32 activations run at full precision: the compiled kernels take them (and
+        return float32); torch's kernels take bf16."""
+        return self.backend != "torch"
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend != "torch":
             return self._kernel.int4_matmul(x, self.kernel_weight, self.out_features, self.in_features, self._bias32,
@@ -353,6 +371,12 @@ class GroupedLinear:
         return unpack_grouped(self.packed, self.out_features, self.in_features, self.bits, self.group, self.half,
                               self.zeros is not None)
 
+    @property
+    def takes_float(self) -> bool:
+        """Whether float32 activations run at full precision: the compiled kernels take them (and
+        return float32); torch's kernels take bf16."""
+        return self.backend != "torch"
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "torch":
             return F.linear(x.to(torch.bfloat16), self._dense, None if self.bias is None else self.bias.to(torch.bfloat16))
@@ -397,6 +421,10 @@ class ConcatLinear:
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
         self.bias = None  # the parts hold their own
+
+    @property
+    def takes_float(self) -> bool:
+        return all(part.takes_float for part in self.parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([part(x) for part in self.parts], dim=-1)
@@ -465,8 +493,10 @@ def pack_grouped(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor 
     """codes (N, K) in [0, 2^bits), scales / zeros (N, K/group) fp16 or fp32 -> the grouped kernel
     layout (kernels/matmul.cpp): N padded to 16 (codes 128 for 8 bits, else 0; scales 0). Per
     tile t and block g: 8-bit: 8 chunks × 64 bytes, byte 4j + b of chunk c = u[16t + j, 32g + 4c + b];
-    5 / 6 bits: int4's 256 bytes of low nibbles, then per high bit p eight little-endian 64-bit
-    masks, bit 4j + b of mask c = bit 4 + p of u[16t + j, 32g + 4c + b]; then the scales (and zeros)."""
+    5 / 6 bits: int4's 256 bytes of low nibbles, then 64-byte planes of the high bits laid out like
+    a chunk: 5 bits, bit c of byte 4j + b = bit 4 of u[16t + j, 32g + 4c + b]; 6 bits, two planes
+    (chunks 0-3, 4-7) holding bits 4-5 of chunk c's code at bits 2(c mod 4), +1; then the scales
+    (and zeros)."""
     n, k = codes.shape
     tiles, blocks = -(-n // 16), k // 32
     u = F.pad(codes.to(torch.int32), (0, 0, 0, tiles * 16 - n), value=128 if bits == 8 else 0).to(torch.uint8)
@@ -477,10 +507,13 @@ def pack_grouped(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor 
         low = chunks[:, :, :4] & 15
         high = chunks[:, :, 4:] & 15
         parts = [(low | (high << 4)).reshape(tiles, blocks, 256)]
-        weights = (1 << torch.arange(8, dtype=torch.int32))
-        for p in range(bits - 4):
-            bit = ((chunks.to(torch.int32) >> (4 + p)) & 1).reshape(tiles, blocks, 8, 8, 8)  # (t, g, c, byte, bit)
-            parts.append((bit * weights).sum(-1).to(torch.uint8).reshape(tiles, blocks, 64))
+        high = (chunks.to(torch.int32) >> 4).reshape(tiles, blocks, 8, 64)  # (t, g, c, lane)
+        if bits == 5:  # one plane: bit c of lane byte = bit 4 of chunk c's code
+            planes = [(high << torch.arange(8, dtype=torch.int32)[:, None]).sum(2)]
+        else:  # two planes (chunks 0-3, 4-7): bits 2c', 2c' + 1 = bits 4, 5 of chunk 4p + c'
+            shifts = (2 * torch.arange(4, dtype=torch.int32))[:, None]
+            planes = [(high[:, :, 4 * p : 4 * p + 4] << shifts).sum(2) for p in range(2)]
+        parts += [plane.to(torch.uint8) for plane in planes]
     parts.append(_grouped_values(scales, tiles, blocks))
     if zeros is not None:
         parts.append(_grouped_values(zeros, tiles, blocks))
@@ -498,10 +531,12 @@ def unpack_grouped(weight: torch.Tensor, n: int, k: int, bits: int, group: int, 
     else:
         nibbles = b[..., :256].reshape(tiles, blocks, 4, 16, 4)
         chunks = torch.cat([nibbles & 15, nibbles >> 4], dim=2).to(torch.int32)  # (t, g, c, j, b)
-        for p in range(bits - 4):
-            masks = b[..., 256 + 64 * p : 256 + 64 * (p + 1)].reshape(tiles, blocks, 8, 8, 1).to(torch.int32)
-            bit = ((masks >> torch.arange(8, dtype=torch.int32)) & 1).reshape(tiles, blocks, 8, 16, 4)
-            chunks = chunks | (bit << (4 + p))
+        planes = b[..., 256 : 256 + 64 * (bits - 4)].reshape(tiles, blocks, bits - 4, 1, 64).to(torch.int32)
+        if bits == 5:
+            high = (planes[:, :, 0] >> torch.arange(8, dtype=torch.int32)[:, None]) & 1  # (t, g, c, lane)
+        else:
+            high = ((planes >> (2 * torch.arange(4, dtype=torch.int32))[:, None]) & 3).reshape(tiles, blocks, 8, 64)
+        chunks = chunks | (high.reshape(tiles, blocks, 8, 16, 4) << 4)
         chunks = chunks.to(torch.uint8)
     return chunks.permute(0, 3, 1, 2, 4).reshape(tiles * 16, k)[:n].contiguous()
 

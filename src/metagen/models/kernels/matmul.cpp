@@ -19,7 +19,7 @@
 //              integer (2^(bits−1) for symmetric formats, 0 with zeros); per group h of the block
 //              d_h = Σ xq·u − o·Σxq (exact):  acc = fma(d_h, s_h·a, acc);  acc = fma(z_h, a·Σ_h xq, acc)
 //              (with groups of 32 the block's single d and a·Σxq are the int4 path's)
-//   4. + bias (fp32), rounded once to bf16 (round half to even).
+//   4. + bias (fp32); the output has x's dtype: float32 as is, bf16 rounded once (half to even).
 // The AVX-512 VNNI and the AVX2 paths compute the same integers and the same float operations
 // lane by lane, so they agree bit for bit (the tests check this).
 //
@@ -31,9 +31,11 @@
 //         q[16t + j][32g + 4c + b] + 128 (an unsigned byte); column scales separately (fp32).
 //   grouped (bits 5, 6 or 8; GGUF's Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 blocks hold exactly these codes):
 //         per tile, per block: the codes — bits 8: as int8 (byte = u); bits 5 / 6: the low four
-//         bits as int4's nibbles (256 bytes), then per high bit p (bits − 4 of them) eight 64-bit
-//         masks, mask c bit 4j + b = bit 4 + p of u[16t + j][32g + 4c + b]; then per group of the
-//         block (one or two) 16 scales (fp16 or fp32), then as many zeros when the format has them.
+//         bits as int4's nibbles (256 bytes), then the high bits in planes of 64 bytes laid out
+//         like a chunk (byte 4j + b): 5 bits, one plane, bit c = bit 4 of u[16t + j][32g + 4c + b];
+//         6 bits, two planes (chunks 0-3, 4-7), bits 2(c mod 4) and 2(c mod 4) + 1 = bits 4, 5 of
+//         that u; then per group of the block (one or two) 16 scales (fp16 or fp32), then as many
+//         zeros when the format has them.
 // So one 64-byte chunk is 16 columns × 4 consecutive features: one int32 lane per column, the
 // shape of VNNI's vpdpbusd (u8 × s8, 4 products per lane); AVX2 takes it as two 32-byte halves.
 //
@@ -192,18 +194,25 @@ inline uint16_t to_bf16(float v) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-// The end of a tile: rows × 16 accumulators (+ column scale) (+ bias) -> bf16 output columns.
+// Where a call's (rows, N) result goes: bf16 (rounded once) or float32, as its input.
+struct Output {
+  void* data;
+  bool is_float;
+};
+
+// The end of a tile: rows × 16 accumulators (+ column scale) (+ bias) -> output columns.
 inline void store_tile(const float* acc, int64_t rows, int64_t tile, int64_t n, const float* column_scale,
-                       const float* bias, uint16_t* out, int64_t row0) {
+                       const float* bias, Output out, int64_t row0) {
   const int64_t col0 = tile * kTile;
   const int64_t width = std::min(kTile, n - col0);
   for (int64_t r = 0; r < rows; ++r) {
-    uint16_t* o = out + (row0 + r) * n + col0;
     for (int64_t j = 0; j < width; ++j) {
       float v = acc[r * kTile + j];
       if (column_scale != nullptr) v *= column_scale[col0 + j];
       if (bias != nullptr) v += bias[col0 + j];
-      o[j] = to_bf16(v);
+      const int64_t at = (row0 + r) * n + col0 + j;
+      if (out.is_float) static_cast<float*>(out.data)[at] = v;
+      else static_cast<uint16_t*>(out.data)[at] = to_bf16(v);
     }
   }
 }
@@ -299,7 +308,7 @@ METAGEN_AVX512 inline void rows_avx512(const uint8_t* tile_weight, const Quantiz
 
 template <bool Wide, bool Int4>
 METAGEN_AVX512 void tiles_avx512(const uint8_t* weight, const float* column_scale, const QuantizedRows& act,
-                                 int64_t rows, int64_t n, const float* bias, uint16_t* out, int64_t tile_begin,
+                                 int64_t rows, int64_t n, const float* bias, Output out, int64_t tile_begin,
                                  int64_t tile_end) {
   alignas(64) float acc[4 * kTile];
   const int64_t tile_bytes = act.blocks * (Int4 ? kInt4BlockBytes : kInt8BlockBytes);
@@ -320,6 +329,15 @@ METAGEN_AVX512 void tiles_avx512(const uint8_t* weight, const float* column_scal
 
 // ---------------------------------------------------------------- grouped formats (bits 5, 6, 8)
 
+// How far chunk c's high bits sit from bit 4 in a plane byte (5 bits: bit c; 6 bits: bits
+// 2(c mod 4), +1 of plane c / 4); > 0 shifts left. 16-bit lane shifts are exact here: what
+// crosses from the neighbouring byte lands outside the bits kept.
+constexpr int high_shift(int bits, int c) { return bits == 5 ? 4 - c : 4 - 2 * (c % 4); }
+
+METAGEN_AVX512 inline __m512i shift_bytes_avx512(__m512i v, int s) {
+  return s > 0 ? _mm512_slli_epi16(v, s) : s < 0 ? _mm512_srli_epi16(v, -s) : v;
+}
+
 METAGEN_AVX512 inline __m512 values_avx512(const uint8_t* p, bool half) {
   return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)) : _mm512_loadu_ps(p);
 }
@@ -330,7 +348,7 @@ METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const
                                                int64_t row0, float* acc_out) {
   const int64_t blocks = act.blocks, block_bytes = f.block_bytes(), code_bytes = f.code_bytes();
   const __m512i nibble = _mm512_set1_epi8(0x0F);
-  const __m512i bit4 = _mm512_set1_epi8(0x10), bit5 = _mm512_set1_epi8(0x20);
+  const __m512i high_mask = _mm512_set1_epi8(Bits == 6 ? 0x30 : 0x10);
   __m512 acc[R];
   const int32_t* hi[R];
   const int32_t* lo[R];
@@ -350,10 +368,11 @@ METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const
         w[c] = _mm512_and_si512(v, nibble);
         w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
       }
-      const uint64_t* planes = reinterpret_cast<const uint64_t*>(b + 256);
+      const __m512i plane0 = _mm512_loadu_si512(b + 256);
+      const __m512i plane1 = Bits == 6 ? _mm512_loadu_si512(b + 320) : plane0;
       for (int c = 0; c < 8; ++c) {
-        w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(planes[c], bit4));
-        if (Bits == 6) w[c] = _mm512_or_si512(w[c], _mm512_maskz_mov_epi8(planes[8 + c], bit5));
+        const __m512i plane = (Bits == 6 && c >= 4) ? plane1 : plane0;
+        w[c] = _mm512_or_si512(w[c], _mm512_and_si512(shift_bytes_avx512(plane, high_shift(Bits, c)), high_mask));
       }
     }
     const uint8_t* values = b + code_bytes;
@@ -395,7 +414,7 @@ METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const
 
 template <bool Wide, int Bits>
 METAGEN_AVX512 void grouped_tiles_avx512(const uint8_t* weight, const GroupFormat& f, const QuantizedRows& act,
-                                         int64_t rows, int64_t n, const float* bias, uint16_t* out, int64_t tile_begin,
+                                         int64_t rows, int64_t n, const float* bias, Output out, int64_t tile_begin,
                                          int64_t tile_end) {
   alignas(64) float acc[4 * kTile];
   const int64_t tile_bytes = act.blocks * f.block_bytes();
@@ -448,7 +467,7 @@ METAGEN_AVX2 inline __m256i dot_int8_avx2(const __m256i* w, const int32_t* x) {
 
 template <bool Wide, bool Int4>
 METAGEN_AVX2 void tiles_avx2(const uint8_t* weight, const float* column_scale, const QuantizedRows& act, int64_t rows,
-                             int64_t n, const float* bias, uint16_t* out, int64_t tile_begin, int64_t tile_end) {
+                             int64_t n, const float* bias, Output out, int64_t tile_begin, int64_t tile_end) {
   const int64_t blocks = act.blocks;
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
@@ -501,7 +520,7 @@ METAGEN_AVX2 void tiles_avx2(const uint8_t* weight, const float* column_scale, c
 
 template <bool Int4>
 void run_tiles(int64_t isa, const uint8_t* weight, const float* column_scale, const QuantizedRows& act, int64_t rows,
-               int64_t n, const float* bias, uint16_t* out, int64_t begin, int64_t end) {
+               int64_t n, const float* bias, Output out, int64_t begin, int64_t end) {
   if (isa == kAvx512) {
     if (act.wide) tiles_avx512<true, Int4>(weight, column_scale, act, rows, n, bias, out, begin, end);
     else tiles_avx512<false, Int4>(weight, column_scale, act, rows, n, bias, out, begin, end);
@@ -516,13 +535,8 @@ METAGEN_AVX2 inline __m256 values_avx2(const uint8_t* p, bool half) {
   return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)) : _mm256_loadu_ps(reinterpret_cast<const float*>(p));
 }
 
-// 0x10 in each byte whose bit is set in `mask` (bit i -> byte i of 32).
-METAGEN_AVX2 inline __m256i spread_bits_avx2(uint32_t mask, __m256i value) {
-  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3,
-                                        3, 3, 3, 3);
-  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(mask)), pick);
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), value);
+METAGEN_AVX2 inline __m256i shift_bytes_avx2(__m256i v, int s) {
+  return s > 0 ? _mm256_slli_epi16(v, s) : s < 0 ? _mm256_srli_epi16(v, -s) : v;
 }
 
 // Σ over chunks [first, first + 4) of (unsigned codes ≤ 63) × (one digit s8), int32 per column:
@@ -549,12 +563,12 @@ METAGEN_AVX2 inline __m256i dot_signed_avx2(const __m256i* w, const int32_t* x, 
 
 template <bool Wide, int Bits>
 METAGEN_AVX2 void grouped_tiles_avx2(const uint8_t* weight, const GroupFormat& f, const QuantizedRows& act, int64_t rows,
-                                     int64_t n, const float* bias, uint16_t* out, int64_t tile_begin, int64_t tile_end) {
+                                     int64_t n, const float* bias, Output out, int64_t tile_begin, int64_t tile_end) {
   const int64_t blocks = act.blocks, block_bytes = f.block_bytes(), code_bytes = f.code_bytes();
   const int64_t value_bytes = f.value_bytes(), step = f.half ? 32 : 64, lane = f.half ? 16 : 32;
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  const __m256i bit4 = _mm256_set1_epi8(0x10), bit5 = _mm256_set1_epi8(0x20);
+  const __m256i high_mask = _mm256_set1_epi8(Bits == 6 ? 0x30 : 0x10);
   // 8-bit codes are dotted as signed q = u − 128, so their offset is already taken.
   const int32_t offset = Bits == 8 ? f.offset - 128 : f.offset;
   alignas(64) float acc[kRowChunk * kTile];
@@ -575,10 +589,11 @@ METAGEN_AVX2 void grouped_tiles_avx2(const uint8_t* weight, const GroupFormat& f
               w[c] = _mm256_and_si256(v, nibble);
               w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
             }
-            const uint32_t* planes = reinterpret_cast<const uint32_t*>(b + 256);
+            const __m256i plane0 = _mm256_loadu_si256((const __m256i*)(b + 256 + 32 * half));
+            const __m256i plane1 = Bits == 6 ? _mm256_loadu_si256((const __m256i*)(b + 320 + 32 * half)) : plane0;
             for (int c = 0; c < 8; ++c) {
-              w[c] = _mm256_or_si256(w[c], spread_bits_avx2(planes[2 * c + half], bit4));
-              if (Bits == 6) w[c] = _mm256_or_si256(w[c], spread_bits_avx2(planes[16 + 2 * c + half], bit5));
+              const __m256i plane = (Bits == 6 && c >= 4) ? plane1 : plane0;
+              w[c] = _mm256_or_si256(w[c], _mm256_and_si256(shift_bytes_avx2(plane, high_shift(Bits, c)), high_mask));
             }
           }
           const uint8_t* v0 = values + lane * half;
@@ -624,7 +639,7 @@ METAGEN_AVX2 void grouped_tiles_avx2(const uint8_t* weight, const GroupFormat& f
 
 template <bool Wide>
 void grouped_dispatch(int64_t isa, const uint8_t* weight, const GroupFormat& f, const QuantizedRows& act, int64_t rows,
-                      int64_t n, const float* bias, uint16_t* out, int64_t begin, int64_t end) {
+                      int64_t n, const float* bias, Output out, int64_t begin, int64_t end) {
   if (isa == kAvx512) {
     if (f.bits == 5) grouped_tiles_avx512<Wide, 5>(weight, f, act, rows, n, bias, out, begin, end);
     else if (f.bits == 6) grouped_tiles_avx512<Wide, 6>(weight, f, act, rows, n, bias, out, begin, end);
@@ -672,10 +687,11 @@ void quantize_input(const torch::Tensor& x, int64_t k, int64_t blocks, bool wide
   }
 }
 
+// (..., N) in x's dtype: float32 stays float32 (not rounded), bf16 is rounded once.
 torch::Tensor output_like(const torch::Tensor& x, int64_t n) {
   auto sizes = x.sizes().vec();
   sizes.back() = n;
-  return torch::empty(sizes, x.options().dtype(at::kBFloat16));
+  return torch::empty(sizes, x.options().dtype(x.scalar_type() == at::kFloat ? at::kFloat : at::kBFloat16));
 }
 
 const float* bias_pointer(const c10::optional<torch::Tensor>& bias, int64_t n) {
@@ -703,7 +719,7 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int6
   auto out = output_like(x, n);
   const uint8_t* w = weight.data_ptr<uint8_t>();
   const float* b = bias_pointer(bias, n);
-  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const Output o{out.data_ptr(), out.scalar_type() == at::kFloat};
   if (rows == 0) return out;
 #if METAGEN_X86
   at::parallel_for(0, tiles, grain(k, rows), [&](int64_t begin, int64_t end) {
@@ -729,7 +745,7 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor weight, torch::Tensor c
   const uint8_t* w = weight.data_ptr<uint8_t>();
   const float* s = column_scale.data_ptr<float>();
   const float* b = bias_pointer(bias, n);
-  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const Output o{out.data_ptr(), out.scalar_type() == at::kFloat};
   if (rows == 0) return out;
 #if METAGEN_X86
   at::parallel_for(0, tiles, grain(k, rows), [&](int64_t begin, int64_t end) {
@@ -765,7 +781,7 @@ torch::Tensor grouped_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, i
   auto out = output_like(x, n);
   const uint8_t* w = weight.data_ptr<uint8_t>();
   const float* b = bias_pointer(bias, n);
-  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const Output o{out.data_ptr(), out.scalar_type() == at::kFloat};
   if (rows == 0) return out;
 #if METAGEN_X86
   at::parallel_for(0, tiles, grain(k, rows), [&](int64_t begin, int64_t end) {
@@ -794,8 +810,8 @@ std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool wide) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_isa", &best_isa, "2: AVX-512 VNNI, 1: AVX2 + FMA, 0: neither (the kernels cannot run)");
-  m.def("int4_matmul", &int4_matmul, "x · int4 weightᵀ (+ bias) -> bf16");
-  m.def("int8_matmul", &int8_matmul, "x · int8 weightᵀ (+ bias) -> bf16");
-  m.def("grouped_matmul", &grouped_matmul, "x · grouped (5-, 6- or 8-bit) weightᵀ (+ bias) -> bf16");
+  m.def("int4_matmul", &int4_matmul, "x · int4 weightᵀ (+ bias), in x's dtype");
+  m.def("int8_matmul", &int8_matmul, "x · int8 weightᵀ (+ bias), in x's dtype");
+  m.def("grouped_matmul", &grouped_matmul, "x · grouped (5-, 6- or 8-bit) weightᵀ (+ bias), in x's dtype");
   m.def("quantize_activations", &quantize_activations, "per-row, per-32 codes, their int8 digits and scales of x");
 }
