@@ -92,11 +92,13 @@ def decoder_layer(config, layer: LayerWeights, x: torch.Tensor, h: torch.Tensor,
     x, h = ops.add_norm(x, delta, layer.mlp_norm)
     if layer.router is not None:  # a mixture of experts (Qwen3-MoE, Mixtral, Qwen2-MoE)
         return ops.add_norm(x, moe_mlp(layer, h, config.num_experts_per_tok, config.norm_topk_prob), next_norm)
-    gate, up = layer.gate_up(h).chunk(2, dim=-1)
+    gate_up = layer.gate_up(h)  # a fresh tensor: its gate half is activated in place
+    width = gate_up.shape[-1] // 2
+    gate, up = gate_up[..., :width], gate_up[..., width:]
     if config.hidden_activation == "silu":
-        delta = layer.down(F.silu(gate) * up)
+        delta = layer.down(F.silu(gate, inplace=True).mul_(up))
     else:  # "gelu_pytorch_tanh": GeGLU
-        delta = layer.down(F.gelu(gate, approximate="tanh") * up)
+        delta = layer.down(F.gelu(gate, approximate="tanh").mul_(up))
     if layer.mlp_post_norm is not None:
         delta = F.rms_norm(delta.float(), delta.shape[-1:], layer.mlp_post_norm, config.rms_norm_eps)
     return ops.add_norm(x, delta, next_norm)
