@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from metagen.models.kernels import fused_kernels
-from metagen.models.shared_prefix import SHARED_PREFIX_MIN_KEYS, SharedPrefixPlan, find_shared_prefixes, \
-    shared_prefix_default
+from metagen.models.shared_prefix import SHARED_PREFIX_MIN_KEYS, SHARED_PREFIX_MIN_QUERY_KEYS, SharedPrefixPlan, \
+    find_shared_prefixes, shared_prefix_default
 
 kernels = fused_kernels()
 needs_kernels = pytest.mark.skipif(kernels is None, reason="fused kernels could not be built here")
@@ -149,12 +149,12 @@ def test_split_attention_equals_unsplit_attention(heads, kv_heads, dim, t_q):
     """Two prompts shared by 3 and 2 rows (one of them forked at a shorter length), a row of its
     own; suffixes of unequal lengths; t_q new tokens per row (ragged when 3: each query reads its
     row's keys up to its own position, as the fused path packs them)."""
-    prefixes = [(0, 300), (0, 300), (1, 150), (None), (0, 250), (1, 150)]
+    prefixes = [(0, 300), (0, 300), (1, 320), (None), (0, 250), (1, 320)]
     suffixes = [0, 17, 5, 90, 40, 1]
     counts = [1] * 6 if t_q == 1 else [3, 1, 2, 3, 1, 3]
     pool, table, positions, counts = random_batch(heads, kv_heads, dim, prefixes, suffixes, counts)
     plan = SharedPrefixPlan.of_step(table, positions, counts)
-    assert [(rows.tolist(), p) for rows, p in plan.groups] == [([0, 1, 4], 250), ([2, 5], 150)]
+    assert [(rows.tolist(), p) for rows, p in plan.groups] == [([0, 1, 4], 250), ([2, 5], 320)]
     # packed queries, one per real new token (as _FusedOps builds them)
     valid = torch.from_numpy((np.arange(counts.max())[None, :] < counts[:, None]).reshape(-1))
     lengths = positions.reshape(-1)[valid] + 1
@@ -165,10 +165,16 @@ def test_split_attention_equals_unsplit_attention(heads, kv_heads, dim, t_q):
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_no_plan_without_a_long_enough_shared_prefix():
-    pool, table, positions, counts = random_batch(4, 2, 64, [(0, 40), (0, 40), None], [3, 9, 50], [1, 1, 1])
-    assert SharedPrefixPlan.of_step(table, positions, counts) is None  # 40 < SHARED_PREFIX_MIN_KEYS
-    assert SHARED_PREFIX_MIN_KEYS > 40
+def test_a_group_is_split_only_when_its_queries_times_prefix_keys_pay():
+    assert (SHARED_PREFIX_MIN_KEYS, SHARED_PREFIX_MIN_QUERY_KEYS) == (64, 512)
+    _, table, positions, counts = random_batch(4, 2, 64, [(0, 40)] * 16, [3] * 16, [1] * 16)
+    assert SharedPrefixPlan.of_step(table, positions, counts) is None  # 40 keys < 64
+    _, table, positions, counts = random_batch(4, 2, 64, [(0, 200), (0, 200), None], [3, 9, 50], [1, 1, 1])
+    assert SharedPrefixPlan.of_step(table, positions, counts) is None  # 2 queries × 200 keys < 512
+    _, table, positions, counts = random_batch(4, 2, 64, [(0, 200), (0, 200), None], [3, 9, 50], [2, 1, 1])
+    assert [(r.tolist(), p) for r, p in SharedPrefixPlan.of_step(table, positions, counts).groups] == [([0, 1], 200)]
+    _, table, positions, counts = random_batch(4, 2, 64, [(0, 64)] * 8, [3] * 8, [1] * 8)
+    assert SharedPrefixPlan.of_step(table, positions, counts).groups[0][1] == 64  # 8 × 64 = 512
 
 
 # ------------------------------------------------------------------ the model
@@ -236,12 +242,12 @@ def test_windowed_layers_split_only_where_the_window_sees_the_whole_prefix(model
     try:
         model.kernels = counting
         model.layer_windows = [60 if i % 3 == 0 else (4096 if i % 3 == 1 else None) for i in range(layers)]
-        split = forked_steps(model, prompt, 4, 2, True)
+        split = forked_steps(model, prompt, 6, 2, True)
         cut = sum(1 for w in model.layer_windows if w == 60)
         assert counting.shared_calls == 3 * (layers - cut)
-        plain = forked_steps(model, prompt, 4, 2, False)
+        plain = forked_steps(model, prompt, 6, 2, False)
         model.layer_windows = saved[2]
-        unwindowed = forked_steps(model, prompt, 4, 2, False)
+        unwindowed = forked_steps(model, prompt, 6, 2, False)
     finally:
         model.kernels, model.use_shared_prefix, model.layer_windows = saved
     for a, b in zip(split, plain):
@@ -258,7 +264,7 @@ def test_sampling_forked_rows_gives_the_same_tokens_with_the_split_on_and_off(mo
     from metagen.sampling import SamplingParams
 
     model = model_fp32
-    messages = [{"role": "user", "content": "Write a short story about a lighthouse keeper. " * 5}]
+    messages = [{"role": "user", "content": "Write a short story about a lighthouse keeper. " * 8}]
     params = SamplingParams(n=6, max_tokens=12, temperature=1.0, top_p=0.95, ignore_eos=True)
     results = {}
     saved = model.use_shared_prefix
@@ -268,7 +274,7 @@ def test_sampling_forked_rows_gives_the_same_tokens_with_the_split_on_and_off(mo
             results[split] = generate(model, messages, params, generator=torch.Generator().manual_seed(7))
     finally:
         model.use_shared_prefix = saved
-    assert len(results[True].prompt_token_ids) >= SHARED_PREFIX_MIN_KEYS
+    assert 6 * len(results[True].prompt_token_ids) >= SHARED_PREFIX_MIN_QUERY_KEYS
     for a, b in zip(results[True].completions, results[False].completions):
         assert a.token_ids == b.token_ids
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
