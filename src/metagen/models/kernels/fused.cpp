@@ -425,12 +425,32 @@ std::tuple<torch::Tensor, torch::Tensor> paged_attention_part(torch::Tensor q, t
 }
 
 constexpr int64_t kPrefixBlock = 64;  // keys per block: K block transposed (D × 64 floats) stays in L1
-constexpr int64_t kQueryBlock = 4;    // queries sharing each load of a key or value vector
+constexpr int64_t kQueryBlock = 6;    // queries sharing each load of a key or value vector
 
 // 16 floats in one vector (GCC/Clang vector extension: one AVX-512 register, two AVX2 ones).
 typedef float float16v __attribute__((vector_size(64), aligned(4)));
 inline float16v load16(const float* p) { float16v v; std::memcpy(&v, p, sizeof(v)); return v; }
 inline void store16(float* p, float16v v) { std::memcpy(p, &v, sizeof(v)); }
+typedef int32_t int16v __attribute__((vector_size(64), aligned(4)));
+
+// exp_nonpositive on 16 lanes (GCC does not vectorize the scalar one's floor and bit cast): the
+// same reduction and polynomial, n rounded to nearest by adding and subtracting 1.5·2^23.
+inline float16v exp16_nonpositive(float16v x) {
+  const float16v low = float16v{} - 87.0f;
+  x = x < low ? low : x;
+  const float16v shift = float16v{} + 12582912.0f;  // 1.5·2^23
+  const float16v n = (x * 1.44269504088896341f + shift) - shift;
+  const float16v r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float16v p = float16v{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int16v bits = (__builtin_convertvector(n, int16v) + 127) << 23;
+  return p * reinterpret_cast<const float16v&>(bits);
+}
 
 // One work item of shared_prefix_attention: the queries Q (rows of `queries`, (Q, D), already
 // scaled) of one kv head against keys [0, length) of `slots`, flash-attention style over blocks of
@@ -481,15 +501,28 @@ void prefix_block_attention(const float* queries, int64_t count, const float* po
     for (int64_t q = 0; q < count; ++q) {
       float* s = scores.data() + q * kPrefixBlock;
       float top = m[q];
-#pragma omp simd reduction(max : top)
-      for (int64_t t = 0; t < block; ++t) top = std::max(top, s[t]);
+      if (block == kPrefixBlock) {
+        float16v most = load16(s);
+        for (int64_t j = 1; j < kKeyVectors; ++j) {
+          const float16v v = load16(s + j * kLanes);
+          most = most < v ? v : most;
+        }
+        for (int64_t i = 0; i < kLanes; ++i) top = std::max(top, most[i]);
+      } else {
+        for (int64_t t = 0; t < block; ++t) top = std::max(top, s[t]);
+      }
       const float correction = exp_nonpositive(m[q] - top);  // 0 when m was −inf
+      float16v sum = {};
+      for (int64_t j = 0; j < kKeyVectors; ++j) {
+        const float16v e = exp16_nonpositive(load16(s + j * kLanes) - top);
+        store16(s + j * kLanes, e);
+        sum += e;
+      }
       float total = 0.f;
-#pragma omp simd reduction(+ : total)
-      for (int64_t t = 0; t < kPrefixBlock; ++t) {
-        const float e = t < block ? exp_nonpositive(s[t] - top) : 0.f;
-        s[t] = e;
-        total += e;
+      for (int64_t i = 0; i < kLanes; ++i) total += sum[i];
+      for (int64_t t = block; t < kPrefixBlock; ++t) {  // keys past the block's end (zero keys)
+        total -= s[t];
+        s[t] = 0.f;
       }
       l[q] = l[q] * correction + total;
       m[q] = top;
