@@ -166,15 +166,15 @@ def test_split_attention_equals_unsplit_attention(heads, kv_heads, dim, t_q):
 
 
 def test_a_group_is_split_only_when_its_queries_times_prefix_keys_pay():
-    assert (SHARED_PREFIX_MIN_KEYS, SHARED_PREFIX_MIN_QUERY_KEYS) == (64, 512)
+    assert (SHARED_PREFIX_MIN_KEYS, SHARED_PREFIX_MIN_QUERY_KEYS) == (64, 256)
     _, table, positions, counts = random_batch(4, 2, 64, [(0, 40)] * 16, [3] * 16, [1] * 16)
     assert SharedPrefixPlan.of_step(table, positions, counts) is None  # 40 keys < 64
-    _, table, positions, counts = random_batch(4, 2, 64, [(0, 200), (0, 200), None], [3, 9, 50], [1, 1, 1])
-    assert SharedPrefixPlan.of_step(table, positions, counts) is None  # 2 queries × 200 keys < 512
-    _, table, positions, counts = random_batch(4, 2, 64, [(0, 200), (0, 200), None], [3, 9, 50], [2, 1, 1])
-    assert [(r.tolist(), p) for r, p in SharedPrefixPlan.of_step(table, positions, counts).groups] == [([0, 1], 200)]
-    _, table, positions, counts = random_batch(4, 2, 64, [(0, 64)] * 8, [3] * 8, [1] * 8)
-    assert SharedPrefixPlan.of_step(table, positions, counts).groups[0][1] == 64  # 8 × 64 = 512
+    _, table, positions, counts = random_batch(4, 2, 64, [(0, 100), (0, 100), None], [3, 9, 50], [1, 1, 1])
+    assert SharedPrefixPlan.of_step(table, positions, counts) is None  # 2 queries × 100 keys < 256
+    _, table, positions, counts = random_batch(4, 2, 64, [(0, 100), (0, 100), None], [3, 9, 50], [2, 1, 1])
+    assert [(r.tolist(), p) for r, p in SharedPrefixPlan.of_step(table, positions, counts).groups] == [([0, 1], 100)]
+    _, table, positions, counts = random_batch(4, 2, 64, [(0, 64)] * 4, [3] * 4, [1] * 4)
+    assert SharedPrefixPlan.of_step(table, positions, counts).groups[0][1] == 64  # 4 × 64 = 256
 
 
 # ------------------------------------------------------------------ the model

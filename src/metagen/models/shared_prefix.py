@@ -19,8 +19,8 @@ then a second, longer prefix among a few of them (a tree) split at the common pa
 split when its prefix has at least `SHARED_PREFIX_MIN_KEYS` keys and its queries × prefix keys
 reach `SHARED_PREFIX_MIN_QUERY_KEYS`; below that the extra kernel calls and the combine cost more
 than the reads they save. Measured per layer (SmolLM2: 9 heads, 3 kv heads, D = 64; one thread,
-CPU time, split / unsplit): 2 rows 0.98 at 256 keys, 0.85 at 512; 4 rows 0.86 at 64, 0.74 at
-128; 16 rows 1.02 at 32, 0.70 at 64, 0.59 at 512.
+CPU time, split / unsplit; 16 own keys per row): 2 rows 0.96 at 64 keys, 0.78 at 128, 0.62 at
+512; 4 rows 1.11 at 32, 0.70 at 64, 0.45 at 512; 16 rows 0.85 at 32, 0.52 at 64, 0.31 at 512.
 
 The switch: `DecoderModel.use_shared_prefix` (default from `METAGEN_SHARED_PREFIX`, "1" on,
 "0" off). Only the fused decode path splits (the general path, prefill, always attends row by
@@ -35,9 +35,9 @@ import numpy as np
 import torch
 
 # Shortest shared prefix (keys) worth a separate pass, and the least queries × prefix keys of a
-# group (2 rows from 256 keys, 4 from 128, 8 or more from 64): smaller ones attend unsplit.
+# group (2 rows from 128 keys, 4 or more from 64): smaller ones attend unsplit.
 SHARED_PREFIX_MIN_KEYS = 64
-SHARED_PREFIX_MIN_QUERY_KEYS = 512
+SHARED_PREFIX_MIN_QUERY_KEYS = 256
 
 
 def shared_prefix_default() -> bool:
