@@ -225,7 +225,7 @@ def test_model_forked_rows_give_the_same_logits_with_the_split_on_and_off(model_
     finally:
         model.kernels, model.use_shared_prefix = saved
     for a, b in zip(split, plain):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=0)  # as fused vs general (test_fused_kernels)
 
 
 @needs_kernels
@@ -251,7 +251,7 @@ def test_windowed_layers_split_only_where_the_window_sees_the_whole_prefix(model
     finally:
         model.kernels, model.use_shared_prefix, model.layer_windows = saved
     for a, b in zip(split, plain):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=0)  # as fused vs general (test_fused_kernels)
     assert max((a - b).abs().max().item() for a, b in zip(split, unwindowed)) > 1e-2  # the window matters
 
 
@@ -277,7 +277,7 @@ def test_sampling_forked_rows_gives_the_same_tokens_with_the_split_on_and_off(mo
     assert 6 * len(results[True].prompt_token_ids) >= SHARED_PREFIX_MIN_QUERY_KEYS
     for a, b in zip(results[True].completions, results[False].completions):
         assert a.token_ids == b.token_ids
-        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-4)
     # the switch changes the computation (identical logprobs would mean the split never ran)
     assert any(a.logprobs != b.logprobs for a, b in zip(results[True].completions, results[False].completions))
 

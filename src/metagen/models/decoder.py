@@ -443,7 +443,8 @@ class _FusedOps:
     runs, layer by layer), which is causal attention without a mask. Per layer: RoPE + cache
     store (one kernel), attention reading the cache in place (SDPA over gathered K/V beyond
     FUSED_ATTENTION_MAX_KEYS), residual add + next RMSNorm + cast (one kernel). A windowed
-    layer's query at position p reads its page table from p − W + 1 on.
+    layer's query at position p reads its page table from p − W + 1 on. Rows sharing a cached
+    prefix read it once per group (`shared_prefix.SharedPrefixPlan`, when `use_shared_prefix`).
     """
 
     def __init__(self, model: DecoderModel, cache: KVCache, counts: np.ndarray, slots, table, positions) -> None:
