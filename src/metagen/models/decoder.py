@@ -460,7 +460,7 @@ class _FusedOps:
         self.windowed: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}  # window -> (starts, mask)
         # Groups of rows sharing a cached prefix, attended as prefix + suffixes (None: row by row).
         self.shared = None
-        if model.use_shared_prefix and cache.dtype == torch.float32 and self.head_dim in (64, 128, 256):
+        if model.use_shared_prefix and cache.pools[0].dtype == torch.float32 and self.head_dim in (64, 128, 256):
             self.shared = SharedPrefixPlan.of_step(table, positions, counts)
         self.valid = None
         if t_q > 1:  # one query per real new token, row-major like `slots`
