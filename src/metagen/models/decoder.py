@@ -34,6 +34,7 @@ from metagen.models.cache import KVCache
 from metagen.models.config import ModelConfig
 from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, LayerWeights, apply_rope, decoder_layer
 from metagen.models.rope import rope_frequencies
+from metagen.models.shared_prefix import SharedPrefixPlan, shared_prefix_default
 
 # rows × cached keys up to which the fused attention reads the cache in place (beyond: SDPA over
 # gathered K/V). In place wins at every size measured (int4, 2 threads, ms per decode step):
@@ -100,6 +101,9 @@ class DecoderModel(LanguageModel):
         # `use_fused = False` forces the pure-PyTorch path (same results, tested).
         self.kernels = fused_kernels()
         self.use_fused = self.kernels is not None
+        # Rows sharing a cached prefix read it once per decode step for all of them
+        # (models/shared_prefix.py); False (or METAGEN_SHARED_PREFIX=0) attends row by row.
+        self.use_shared_prefix = shared_prefix_default()
 
     # ------------------------------------------------------------ interface
     @property
@@ -147,6 +151,7 @@ class DecoderModel(LanguageModel):
         model = DecoderModel(config, self.layers[:num_layers], self.embed, self.norm, self.lm_head, self.tokenizer,
                              self.dtype, self.freq_factors, source=self.source)
         model.use_fused = self.use_fused
+        model.use_shared_prefix = self.use_shared_prefix
         return model
 
     def linears(self) -> list[tuple[str, object]]:
@@ -440,7 +445,8 @@ class _FusedOps:
     runs, layer by layer), which is causal attention without a mask. Per layer: RoPE + cache
     store (one kernel), attention reading the cache in place (SDPA over gathered K/V beyond
     FUSED_ATTENTION_MAX_KEYS), residual add + next RMSNorm + cast (one kernel). A windowed
-    layer's query at position p reads its page table from p − W + 1 on.
+    layer's query at position p reads its page table from p − W + 1 on. Rows sharing a cached
+    prefix read it once per group (`shared_prefix.SharedPrefixPlan`, when `use_shared_prefix`).
     """
 
     def __init__(self, model: DecoderModel, cache: KVCache, counts: np.ndarray, slots, table, positions) -> None:
@@ -454,6 +460,10 @@ class _FusedOps:
         self.layer_windows, self.local_rope = model.layer_windows, model.local_rope
         self.local_cos, self.local_sin = model._local_cos, model._local_sin
         self.windowed: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}  # window -> (starts, mask)
+        # Groups of rows sharing a cached prefix, attended as prefix + suffixes (None: row by row).
+        self.shared = None
+        if model.use_shared_prefix and cache.pools[0].dtype == torch.float32 and self.head_dim in (64, 128, 256):
+            self.shared = SharedPrefixPlan.of_step(table, positions, counts)
         self.valid = None
         if t_q > 1:  # one query per real new token, row-major like `slots`
             self.valid = torch.from_numpy((np.arange(t_q)[None, :] < counts[:, None]).reshape(-1))
@@ -499,6 +509,8 @@ class _FusedOps:
         window = self.layer_windows[index]
         starts, mask = (None, None if self.in_place else self.mask) if window is None else self._window(window)
         if self.in_place:
+            if self.shared is not None and starts is None:  # a window that cuts in attends row by row
+                return self.shared.attend(self.kernels, q, pool, self.table, self.lengths, self.scale, self.bf16)
             return self.kernels.paged_decode_attention(q, pool, self.table, self.lengths, self.scale, self.bf16, starts)
         kv = pool.index_select(0, self.flat_table).view(self.queries, -1, 2, self.kv_heads, self.head_dim)
         attn = F.scaled_dot_product_attention(q[:, :, None], kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2),

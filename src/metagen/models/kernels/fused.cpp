@@ -348,6 +348,350 @@ torch::Tensor apply_token_bitmask(torch::Tensor logits, torch::Tensor mask) {
   return out;
 }
 
+// ---------------------------------------------------------------- shared-prefix (cascade) attention
+// Attention over a key range split in parts, each part returning its softmax-normalized output
+// and its log-sum-exp, combined exactly afterwards (metagen/models/shared_prefix.py):
+//   lse_i = log Σ_{t∈part i} e^{s_t},  o_i = Σ_{t∈part i} e^{s_t − lse_i} v_t,
+//   o = Σ_i e^{lse_i − lse} o_i with lse = log Σ_i e^{lse_i}   (Juravsky et al., 2024, Hydragen).
+
+// One query per row n attending to table[n, starts[n]:lengths[n]] (a part of its keys).
+// q: (N, H, D) float32; pool: (S, 2, KVH, D) float32; table: (N, T_max) int64; lengths, starts:
+// (N,) int64. Returns (out (N, H, D) float32, lse (N, H) float32); an empty range gives out = 0,
+// lse = −inf. O(N·H·(lengths − starts)·D).
+std::tuple<torch::Tensor, torch::Tensor> paged_attention_part(torch::Tensor q, torch::Tensor pool,
+                                                              torch::Tensor table, torch::Tensor lengths,
+                                                              torch::Tensor starts, double scale) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous(), "q: contiguous float32");
+  TORCH_CHECK(pool.scalar_type() == at::kFloat && pool.is_contiguous(), "pool: contiguous float32");
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t kv_heads = pool.size(2);
+  const int64_t group = heads / kv_heads;
+  const int64_t t_max = table.size(1);
+  auto tab = table.contiguous();
+  auto len = lengths.contiguous();
+  auto first = starts.contiguous();
+  auto out = torch::empty({batch, heads, dim}, q.options());
+  auto lse = torch::empty({batch, heads}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* pp = pool.data_ptr<float>();
+  const int64_t* tp = tab.data_ptr<int64_t>();
+  const int64_t* lp = len.data_ptr<int64_t>();
+  const int64_t* fp = first.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  float* ep = lse.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / kv_heads, kvh = item % kv_heads;
+      const int64_t skip = fp[b];
+      const int64_t length = std::max<int64_t>(lp[b] - skip, 0);
+      const int64_t* slots = tp + b * t_max + skip;
+      scores.assign(group * length, 0.f);
+      for (int64_t t = 0; t < length; ++t) {
+        const float* key = pp + ((slots[t] * 2) * kv_heads + kvh) * dim;
+        for (int64_t g = 0; g < group; ++g) {
+          const float* query = qp + (b * heads + kvh * group + g) * dim;
+          scores[g * length + t] = dot(query, key, dim) * sc;
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = kvh * group + g;
+        float* o = op + (b * heads + h) * dim;
+        for (int64_t i = 0; i < dim; ++i) o[i] = 0.f;
+        if (length == 0) {
+          ep[b * heads + h] = -INFINITY;
+          continue;
+        }
+        float* s = scores.data() + g * length;
+        float top = -INFINITY;
+        for (int64_t t = 0; t < length; ++t) top = std::max(top, s[t]);
+        for (int64_t t = 0; t < length; ++t) s[t] = exp_nonpositive(s[t] - top);
+        float total = 0.f;
+#pragma omp simd reduction(+ : total)
+        for (int64_t t = 0; t < length; ++t) total += s[t];
+        const float norm = 1.f / total;
+        for (int64_t t = 0; t < length; ++t) {
+          const float* value = pp + ((slots[t] * 2 + 1) * kv_heads + kvh) * dim;
+          const float p = s[t] * norm;
+#pragma omp simd
+          for (int64_t i = 0; i < dim; ++i) o[i] += p * value[i];
+        }
+        ep[b * heads + h] = top + std::log(total);
+      }
+    }
+  });
+  return {out, lse};
+}
+
+constexpr int64_t kPrefixBlock = 64;  // keys per block: K block transposed (D × 64 floats) stays in L1
+constexpr int64_t kQueryBlock = 6;    // queries sharing each load of a key or value vector
+
+// 16 floats in one vector (GCC/Clang vector extension: one AVX-512 register, two AVX2 ones).
+typedef float float16v __attribute__((vector_size(64), aligned(4)));
+inline float16v load16(const float* p) { float16v v; std::memcpy(&v, p, sizeof(v)); return v; }
+inline void store16(float* p, float16v v) { std::memcpy(p, &v, sizeof(v)); }
+typedef int32_t int16v __attribute__((vector_size(64), aligned(4)));
+
+// exp_nonpositive on 16 lanes (GCC does not vectorize the scalar one's floor and bit cast): the
+// same reduction and polynomial, n rounded to nearest by adding and subtracting 1.5·2^23.
+inline float16v exp16_nonpositive(float16v x) {
+  const float16v low = float16v{} - 87.0f;
+  x = x < low ? low : x;
+  const float16v shift = float16v{} + 12582912.0f;  // 1.5·2^23
+  const float16v n = (x * 1.44269504088896341f + shift) - shift;
+  const float16v r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float16v p = float16v{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int16v bits = (__builtin_convertvector(n, int16v) + 127) << 23;
+  return p * reinterpret_cast<const float16v&>(bits);
+}
+
+// One work item of shared_prefix_attention: the queries Q (rows of `queries`, (Q, D), already
+// scaled) of one kv head against keys [0, length) of `slots`, flash-attention style over blocks of
+// kPrefixBlock keys: running max m (Q,), running sum l (Q,) and unnormalized output o (Q, D)
+// with o = Σ_t e^{s_t − m} v_t, l = Σ_t e^{s_t − m}. Scores of a block are a (Q × D)·(D × 64)
+// matrix product, values a (Q × 64)·(64 × D) one, kQueryBlock query rows held in registers: every
+// key and value vector is loaded once per kQueryBlock queries instead of once per query.
+// Dim (the head dimension) is a multiple of 16.
+template <int64_t Dim>
+void prefix_block_attention(const float* queries, int64_t count, const float* pool, const int64_t* slots,
+                            int64_t length, int64_t kv_heads, int64_t kvh, float* m, float* l, float* o) {
+  constexpr int64_t kLanes = 16, kKeyVectors = kPrefixBlock / kLanes, kDimVectors = Dim / kLanes;
+  std::vector<float> keys_t(Dim * kPrefixBlock), scores((count + kQueryBlock) * kPrefixBlock, 0.f);
+  for (int64_t q = 0; q < count; ++q) {
+    m[q] = -INFINITY;
+    l[q] = 0.f;
+  }
+  std::fill(o, o + count * Dim, 0.f);
+  for (int64_t first = 0; first < length; first += kPrefixBlock) {
+    const int64_t block = std::min(kPrefixBlock, length - first);
+    // keys_t[d][t] = key t of the block, dimension d (zero past the block's end)
+    for (int64_t t = 0; t < kPrefixBlock; ++t) {
+      if (t < block) {
+        const float* key = pool + ((slots[first + t] * 2) * kv_heads + kvh) * Dim;
+        for (int64_t d = 0; d < Dim; ++d) keys_t[d * kPrefixBlock + t] = key[d];
+      } else {
+        for (int64_t d = 0; d < Dim; ++d) keys_t[d * kPrefixBlock + t] = 0.f;
+      }
+    }
+    // scores (count × 64) = queries (count × D) · keys_t (D × 64), kQueryBlock rows at a time
+    for (int64_t q0 = 0; q0 < count; q0 += kQueryBlock) {
+      const int64_t rows = std::min(kQueryBlock, count - q0);
+      float16v acc[kQueryBlock][kKeyVectors] = {};
+      const float* qrow[kQueryBlock];
+      for (int64_t r = 0; r < kQueryBlock; ++r) qrow[r] = queries + (q0 + std::min(r, rows - 1)) * Dim;
+      for (int64_t d = 0; d < Dim; ++d) {
+        float16v kt[kKeyVectors];
+        for (int64_t j = 0; j < kKeyVectors; ++j) kt[j] = load16(keys_t.data() + d * kPrefixBlock + j * kLanes);
+        for (int64_t r = 0; r < kQueryBlock; ++r) {
+          const float x = qrow[r][d];
+          for (int64_t j = 0; j < kKeyVectors; ++j) acc[r][j] += x * kt[j];
+        }
+      }
+      for (int64_t r = 0; r < kQueryBlock; ++r)
+        for (int64_t j = 0; j < kKeyVectors; ++j) store16(scores.data() + (q0 + r) * kPrefixBlock + j * kLanes, acc[r][j]);
+    }
+    // online softmax: rescale what came before to the new running max
+    for (int64_t q = 0; q < count; ++q) {
+      float* s = scores.data() + q * kPrefixBlock;
+      float top = m[q];
+      if (block == kPrefixBlock) {
+        float16v most = load16(s);
+        for (int64_t j = 1; j < kKeyVectors; ++j) {
+          const float16v v = load16(s + j * kLanes);
+          most = most < v ? v : most;
+        }
+        for (int64_t i = 0; i < kLanes; ++i) top = std::max(top, most[i]);
+      } else {
+        for (int64_t t = 0; t < block; ++t) top = std::max(top, s[t]);
+      }
+      const float correction = exp_nonpositive(m[q] - top);  // 0 when m was −inf
+      float16v sum = {};
+      for (int64_t j = 0; j < kKeyVectors; ++j) {
+        const float16v e = exp16_nonpositive(load16(s + j * kLanes) - top);
+        store16(s + j * kLanes, e);
+        sum += e;
+      }
+      float total = 0.f;
+      for (int64_t i = 0; i < kLanes; ++i) total += sum[i];
+      for (int64_t t = block; t < kPrefixBlock; ++t) {  // keys past the block's end (zero keys)
+        total -= s[t];
+        s[t] = 0.f;
+      }
+      l[q] = l[q] * correction + total;
+      m[q] = top;
+      if (correction != 1.f) {
+        float* oq = o + q * Dim;
+        for (int64_t i = 0; i < Dim; ++i) oq[i] *= correction;
+      }
+    }
+    // o (count × D) += p (count × 64) · values (64 × D), kQueryBlock rows in registers
+    for (int64_t q0 = 0; q0 < count; q0 += kQueryBlock) {
+      const int64_t rows = std::min(kQueryBlock, count - q0);
+      float16v acc[kQueryBlock][kDimVectors];
+      for (int64_t r = 0; r < kQueryBlock; ++r)
+        for (int64_t j = 0; j < kDimVectors; ++j)
+          acc[r][j] = r < rows ? load16(o + (q0 + r) * Dim + j * kLanes) : float16v{};
+      for (int64_t t = 0; t < block; ++t) {
+        const float* value = pool + ((slots[first + t] * 2 + 1) * kv_heads + kvh) * Dim;
+        float16v v[kDimVectors];
+        for (int64_t j = 0; j < kDimVectors; ++j) v[j] = load16(value + j * kLanes);
+        for (int64_t r = 0; r < kQueryBlock; ++r) {
+          const float p = scores[(q0 + r) * kPrefixBlock + t];  // rows past count read zeros
+          for (int64_t j = 0; j < kDimVectors; ++j) acc[r][j] += p * v[j];
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < kDimVectors; ++j) store16(o + (q0 + r) * Dim + j * kLanes, acc[r][j]);
+    }
+  }
+}
+
+// Attention of groups of queries to their group's shared prefix, each prefix's keys and values
+// read once for all its queries. Group g: keys prefix_slots[prefix_offsets[g]:prefix_offsets[g+1]],
+// queries query_index[query_offsets[g]:query_offsets[g+1]] (rows of q). q: (N, H, D) float32;
+// pool: (S, 2, KVH, D) float32. Returns (out (N, H, D), lse (N, H)) as paged_attention_part;
+// queries in no group get out = 0, lse = −inf. Work items are (group, kv head, key split), the
+// splits merged by log-sum-exp at the end. O(Σ_g |queries_g|·H·P_g·D) flops, O(Σ_g P_g·KVH·D)
+// bytes of K/V read.
+std::tuple<torch::Tensor, torch::Tensor> shared_prefix_attention(torch::Tensor q, torch::Tensor pool,
+                                                                 torch::Tensor prefix_slots,
+                                                                 torch::Tensor prefix_offsets,
+                                                                 torch::Tensor query_index,
+                                                                 torch::Tensor query_offsets, double scale) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous(), "q: contiguous float32");
+  TORCH_CHECK(pool.scalar_type() == at::kFloat && pool.is_contiguous(), "pool: contiguous float32");
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
+  TORCH_CHECK(dim == 64 || dim == 128 || dim == 256, "shared_prefix_attention: head dim 64, 128 or 256, got ", dim);
+  const int64_t kv_heads = pool.size(2);
+  const int64_t group = heads / kv_heads;
+  auto slots_all = prefix_slots.contiguous();
+  auto poff = prefix_offsets.contiguous();
+  auto qidx = query_index.contiguous();
+  auto qoff = query_offsets.contiguous();
+  const int64_t groups = poff.numel() - 1;
+  const int64_t* sp = slots_all.data_ptr<int64_t>();
+  const int64_t* pop = poff.data_ptr<int64_t>();
+  const int64_t* qip = qidx.data_ptr<int64_t>();
+  const int64_t* qop = qoff.data_ptr<int64_t>();
+  auto out = torch::zeros({batch, heads, dim}, q.options());
+  auto lse = torch::full({batch, heads}, -INFINITY, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* pp = pool.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  float* ep = lse.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  // Split each prefix so that there are about 4 items per thread (at least 256 keys each).
+  const int64_t threads = at::get_num_threads();
+  struct Item { int64_t g, kvh, first, length, scratch; };
+  std::vector<Item> items;
+  std::vector<int64_t> split_count(groups), split_base(groups);
+  int64_t scratch_rows = 0;  // rows of (query·group) partial results
+  const int64_t wanted = std::max<int64_t>(1, (4 * threads + groups * kv_heads - 1) / (groups * kv_heads));
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t length = pop[g + 1] - pop[g];
+    const int64_t count = (qop[g + 1] - qop[g]) * group;
+    int64_t split = std::max<int64_t>(256, (length + wanted - 1) / wanted);
+    split = (split + kPrefixBlock - 1) / kPrefixBlock * kPrefixBlock;
+    split_count[g] = std::max<int64_t>(1, (length + split - 1) / split);
+    split_base[g] = scratch_rows;
+    for (int64_t kvh = 0; kvh < kv_heads; ++kvh)
+      for (int64_t s = 0; s < split_count[g]; ++s) {
+        const int64_t first = s * split;
+        items.push_back({g, kvh, first, std::max<int64_t>(0, std::min(split, length - first)), scratch_rows});
+        scratch_rows += count;
+      }
+  }
+  std::vector<float> part_m(scratch_rows), part_l(scratch_rows), part_o(scratch_rows * dim);
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> queries;
+    for (int64_t i = begin; i < end; ++i) {
+      const Item& item = items[i];
+      const int64_t first_query = qop[item.g], count = (qop[item.g + 1] - first_query) * group;
+      queries.resize(count * dim);
+      for (int64_t j = 0; j < count / group; ++j)
+        for (int64_t g = 0; g < group; ++g) {
+          const float* src = qp + (qip[first_query + j] * heads + item.kvh * group + g) * dim;
+          float* dst = queries.data() + (j * group + g) * dim;
+          for (int64_t d = 0; d < dim; ++d) dst[d] = src[d] * sc;
+        }
+      const int64_t* slots = sp + pop[item.g] + item.first;
+      float* m = part_m.data() + item.scratch;
+      float* l = part_l.data() + item.scratch;
+      float* o = part_o.data() + item.scratch * dim;
+      if (dim == 64)
+        prefix_block_attention<64>(queries.data(), count, pp, slots, item.length, kv_heads, item.kvh, m, l, o);
+      else if (dim == 128)
+        prefix_block_attention<128>(queries.data(), count, pp, slots, item.length, kv_heads, item.kvh, m, l, o);
+      else if (dim == 256)
+        prefix_block_attention<256>(queries.data(), count, pp, slots, item.length, kv_heads, item.kvh, m, l, o);
+    }
+  });
+  // Merge each query head's splits: lse = M + log Σ_s e^{m_s − M} l_s, out = Σ_s e^{m_s − M} o_s / Σ_s e^{m_s − M} l_s.
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t first_query = qop[g], queries = qop[g + 1] - first_query, count = queries * group;
+    const int64_t splits = split_count[g];
+    at::parallel_for(0, count * kv_heads, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t kvh = item / count, row = item % count;  // row = j·group + g'
+        const int64_t j = row / group, h = kvh * group + row % group;
+        const int64_t base = split_base[g] + kvh * splits * count + row;
+        float top = -INFINITY;
+        for (int64_t s = 0; s < splits; ++s) top = std::max(top, part_m[base + s * count]);
+        float total = 0.f;
+        float* o = op + (qip[first_query + j] * heads + h) * dim;
+        for (int64_t s = 0; s < splits; ++s) {
+          const int64_t at_split = base + s * count;
+          if (part_l[at_split] == 0.f) continue;  // an empty split
+          const float w = std::exp(part_m[at_split] - top);
+          total += w * part_l[at_split];
+          const float* os = part_o.data() + at_split * dim;
+          for (int64_t i = 0; i < dim; ++i) o[i] += w * os[i];
+        }
+        const float norm = 1.f / total;
+        for (int64_t i = 0; i < dim; ++i) o[i] *= norm;
+        ep[qip[first_query + j] * heads + h] = top + std::log(total);
+      }
+    });
+  }
+  return {out, lse};
+}
+
+// Attention over the union of two disjoint key sets from each part's output and log-sum-exp:
+// o = e^{lse_a − lse} o_a + e^{lse_b − lse} o_b, lse = log(e^{lse_a} + e^{lse_b}); a part with
+// lse = −inf (no keys) gets weight 0, and at least one part per query head must have keys.
+// out_a, out_b: (N, H, D) float32; lse_a, lse_b: (N, H) float32. Returns (N, H·D) in out dtype.
+torch::Tensor combine_attention_parts(torch::Tensor out_a, torch::Tensor lse_a, torch::Tensor out_b,
+                                      torch::Tensor lse_b, bool bf16_out) {
+  TORCH_CHECK(out_a.scalar_type() == at::kFloat && out_b.scalar_type() == at::kFloat, "outputs: float32");
+  TORCH_CHECK(out_a.sizes() == out_b.sizes() && lse_a.sizes() == lse_b.sizes(), "parts of different shapes");
+  auto a = out_a.contiguous(), b = out_b.contiguous(), la = lse_a.contiguous(), lb = lse_b.contiguous();
+  const int64_t batch = a.size(0), heads = a.size(1), dim = a.size(2);
+  auto out = torch::empty({batch, heads * dim}, a.options());
+  const float *ap = a.data_ptr<float>(), *bp = b.data_ptr<float>();
+  const float *lap = la.data_ptr<float>(), *lbp = lb.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, batch * heads, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const float top = std::max(lap[item], lbp[item]);
+      const float wa = std::exp(lap[item] - top), wb = std::exp(lbp[item] - top);
+      const float norm = 1.f / (wa + wb);
+      const float ca = wa * norm, cb = wb * norm;
+      const float *x = ap + item * dim, *y = bp + item * dim;
+      float* o = op + item * dim;
+#pragma omp simd
+      for (int64_t i = 0; i < dim; ++i) o[i] = ca * x[i] + cb * y[i];
+    }
+  });
+  return bf16_out ? out.to(at::kBFloat16) : out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -356,6 +700,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "one-token attention over paged K/V",
         py::arg("q"), py::arg("pool"), py::arg("table"), py::arg("lengths"), py::arg("scale"), py::arg("bf16_out"),
         py::arg("starts") = py::none());
+  m.def("paged_attention_part", &paged_attention_part, "attention to table[n, starts[n]:lengths[n]]: (out, lse)");
+  m.def("shared_prefix_attention", &shared_prefix_attention,
+        "attention of groups of queries to their group's shared prefix, read once per group: (out, lse)");
+  m.def("combine_attention_parts", &combine_attention_parts, "attention over two key sets from each one's (out, lse)");
   m.def("top_p_cutoff", &top_p_cutoff, "smallest probability kept by top-p, per row (quickselect)");
   m.def("apply_token_bitmask", &apply_token_bitmask, "logits where the token's bit is 1, -inf elsewhere");
 }
