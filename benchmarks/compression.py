@@ -120,7 +120,8 @@ def obtain(dense, name: str, calibration: list[list[int]], models_dir: Path | No
     return model, facts | {"reused": False}
 
 
-def interleaved(first: Callable[[], float], second: Callable[[], float], rounds: int) -> tuple[list[float], list[float]]:
+def interleaved(first: Callable[[], float], second: Callable[[], float],
+                rounds: int) -> tuple[list[float], list[float]]:
     """`rounds` timings of each callable, alternating which goes first (ABBA...): round r runs
     first then second for even r, second then first for odd r. One warm-up call of each first."""
     if rounds < 1:
