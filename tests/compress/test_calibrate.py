@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from metagen.compress.calibrate import Recipe, compress_model
+from metagen.compress.calibrate import Recipe, compress_model, compress_weight, fused_parts
 from metagen.models import load
 from metagen.models.conversion_cache import save_model
 from metagen.models.linear import DenseLinear, Int4Linear, Int8Linear
@@ -86,6 +86,45 @@ def test_sparse_models_are_dense_with_exact_zeros(tiny):
     structured, _ = compress_model(tiny, Recipe("magnitude", n_m=(2, 4)))
     weight = structured.layers[1].gate_up.weight
     assert ((weight != 0).view(weight.shape[0], -1, 4).sum(-1) == 2).all()
+
+
+def test_unstructured_pruning_thresholds_each_fused_projection_as_a_separate_linear():
+    generator = torch.Generator().manual_seed(0)
+    # q rows 10x larger than k and v: one threshold over the fused rows prunes k and v almost whole
+    weight = torch.randn(64, 32, generator=generator) * torch.cat([torch.full((32, 1), 10.0), torch.ones(32, 1)])
+    mix = torch.randn(32, 32, generator=generator)
+    x = mix @ torch.randn(32, 256, generator=generator)  # correlated inputs (K, tokens)
+    hessian = 2 * x @ x.t()
+    parts = (32, 16, 16)
+    for recipe in (Recipe("magnitude", sparsity=0.5), Recipe("sparsegpt", sparsity=0.5),
+                   Recipe("sparsegpt", sparsity=0.5, bits=4)):
+        result = compress_weight(weight, hessian, recipe, parts)
+        expected = [compress_weight(piece, hessian, recipe) for piece in weight.split(parts)]
+        assert torch.equal(result.weight, torch.cat([e.weight for e in expected]))
+        assert [float(m.float().mean()) for m in result.mask.split(parts)] == [0.5, 0.5, 0.5]
+        if recipe.bits:
+            assert torch.equal(result.grid.scale, torch.cat([e.grid.scale for e in expected]))
+            assert torch.equal(result.grid.zero, torch.cat([e.grid.zero for e in expected]))
+        fused = compress_weight(weight, hessian, recipe)
+        assert float(fused.mask[32:].float().mean()) > 0.8  # what one threshold over q, k, v does
+    # row-separable methods: the parts on their own give the whole linear's result
+    for recipe in (Recipe("gptq", bits=4), Recipe("magnitude", n_m=(2, 4)), Recipe("rtn", bits=3, clip=True)):
+        whole = compress_weight(weight, hessian, recipe, parts).weight
+        pieces = torch.cat([compress_weight(piece, hessian, recipe).weight for piece in weight.split(parts)])
+        assert torch.allclose(whole, pieces, atol=1e-5)
+    with pytest.raises(ValueError, match=r"parts=\(32, 16\) do not sum to the weight's 64 rows"):
+        compress_weight(weight, hessian, Recipe("magnitude", sparsity=0.5), (32, 16))
+
+
+def test_a_whole_model_prunes_q_k_v_and_gate_up_each_to_the_sparsity(tiny):
+    assert fused_parts(tiny.config, "qkv", 64) == (32, 16, 16)  # 4 heads, 2 kv heads of 8
+    assert fused_parts(tiny.config, "gate_up", 128) == (64, 64) and fused_parts(tiny.config, "o", 32) is None
+    for model in (compress_model(tiny, Recipe("magnitude", sparsity=0.5))[0],
+                  compress_model(tiny, Recipe("sparsegpt", sparsity=0.5), _rows())[0]):
+        for layer in model.layers:
+            for name, parts in (("qkv", (32, 16, 16)), ("gate_up", (64, 64)), ("o", (32,)), ("down", (32,))):
+                zeros = (getattr(layer, name).weight == 0).split(list(parts))
+                assert [float(z.float().mean()) for z in zeros] == [0.5] * len(parts), name
 
 
 def test_int8_and_int3_formats(tiny):

@@ -6,7 +6,9 @@ of its four linears are recorded in forward order — Q·K·V (one fused linear,
 one Hessian), O, gate·up, down — each linear is compressed from its Hessian H = 2XXᵀ and swapped
 in before the next one's inputs are recorded, and the layer's output with every linear compressed
 is what the next layer sees. A recording run stops as soon as the linear's input is seen
-(`_Recorded`), so a layer costs about three runs instead of five.
+(`_Recorded`), so a layer costs about three runs instead of five. Unstructured pruning picks its
+threshold within each projection of a fused linear (q, k, v; gate, up), as the papers' separate
+linears have it (`compress_weight`).
 
 Data-free methods (rtn, magnitude) need no calibration: each weight is compressed on its own.
 The LM head and embeddings are never compressed (quantized formats keep the int8 head of
@@ -107,9 +109,27 @@ class Recipe:
         return asdict(self) | {"n_m": list(self.n_m) if self.n_m else None}
 
 
-def compress_weight(weight: torch.Tensor, hessian: torch.Tensor | None, recipe: Recipe) -> SweepResult:
-    """One linear's weight (N, K) compressed by `recipe` (hessian (K, K) for calibrated methods)."""
+def compress_weight(weight: torch.Tensor, hessian: torch.Tensor | None, recipe: Recipe,
+                    parts: tuple[int, ...] | None = None) -> SweepResult:
+    """One linear's weight (N, K) compressed by `recipe` (hessian (K, K) for calibrated methods).
+
+    parts: row counts of the projections fused in this linear (q, k, v in `qkv`; gate, up in
+    `gate_up`), summing to N. Unstructured pruning (magnitude, SparseGPT at a sparsity) picks one
+    threshold over the rows it sees, so it runs on each part as on a separate linear — the
+    papers' layers are those projections; a threshold over the fused rows prunes the part of
+    smaller weights far more (measured on Qwen2.5-0.5B's layer 0: v 93% pruned, q 45%). Every
+    other method treats rows independently (one H per linear), so parts do not change it."""
     weight = weight.float()
+    if parts is not None and len(parts) > 1 and recipe.sparsity and recipe.method in ("magnitude", "sparsegpt"):
+        if sum(parts) != weight.shape[0]:
+            raise ValueError(f"parts={parts} do not sum to the weight's {weight.shape[0]} rows")
+        pieces = [compress_weight(piece, hessian, recipe) for piece in weight.split(list(parts))]
+        grid = None
+        if pieces[0].grid is not None:
+            first = pieces[0].grid
+            grid = replace(first, scale=torch.cat([p.grid.scale for p in pieces]),
+                           zero=torch.cat([p.grid.zero for p in pieces]))
+        return SweepResult(torch.cat([p.weight for p in pieces]), grid, torch.cat([p.mask for p in pieces]))
     group = weight.shape[1] if recipe.bits == 8 else recipe.group_size
     if recipe.method == "rtn":
         quantized, grid = quantize_rtn(weight, recipe.bits, group, clip=recipe.clip)
@@ -188,7 +208,8 @@ def compress_model(model: DecoderModel, recipe: Recipe, calibration: list[list[i
                     step(replace(layer, **{name: _Recorder(accumulator)}))
                 except _Recorded:
                     pass
-                compressed[name] = compress_weight(linear.weight, accumulator.hessian, recipe)
+                compressed[name] = compress_weight(linear.weight, accumulator.hessian, recipe,
+                                                   fused_parts(model.config, name, linear.weight.shape[0]))
                 layer = replace(layer, **{name: DenseLinear(compressed[name].weight, linear.bias)})
             layers[step.index] = layer
             step(layer)
@@ -197,7 +218,8 @@ def compress_model(model: DecoderModel, recipe: Recipe, calibration: list[list[i
                 progress(step.index + 1, total)
     else:
         for index, layer in enumerate(layers):
-            results.append({name: compress_weight(getattr(layer, name).weight, None, recipe)
+            results.append({name: compress_weight(getattr(layer, name).weight, None, recipe,
+                                                  fused_parts(model.config, name, getattr(layer, name).weight.shape[0]))
                             for name in _linear_names(layer)})
             if progress is not None:
                 progress(index + 1, total)
@@ -205,6 +227,17 @@ def compress_model(model: DecoderModel, recipe: Recipe, calibration: list[list[i
     facts = {"seconds": round(time.perf_counter() - started, 1),
              "calibration_tokens": sum(len(row) for row in calibration) if calibration else 0}
     return built, facts
+
+
+def fused_parts(config, name: str, rows: int) -> tuple[int, ...] | None:
+    """Row counts of the projections fused in linear `name` of `rows` rows: (q, k, v) for qkv,
+    (gate, up) for gate_up, None for a linear that is one projection."""
+    if name == "qkv":
+        kv = config.num_key_value_heads * config.head_dim
+        return (config.num_attention_heads * config.head_dim, kv, kv)
+    if name == "gate_up":
+        return (rows // 2, rows // 2)
+    return None
 
 
 def _linear_names(layer) -> list[str]:
