@@ -12,7 +12,11 @@
 #include <limits>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -204,20 +208,19 @@ inline float exp_nonpositive(float x) {
 
 // Dot product of two float vectors in 8 independent lanes, so the compiler emits 8-wide FMAs
 // (a plain `sum += a[i] * b[i]` loop is a serial dependency chain it must not reorder).
-template <int64_t Dim, typename Elem>
-inline float dot_lanes(const float* a, const Elem* b, int64_t dim) {
+template <int64_t Dim>
+inline float dot_lanes(const float* a, const float* b, int64_t dim) {
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   const int64_t n = Dim > 0 ? Dim : dim;
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * widen(b[i + j]);
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
   float tail = 0.f;
-  for (; i < n; ++i) tail += a[i] * widen(b[i]);
+  for (; i < n; ++i) tail += a[i] * b[i];
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail;
 }
 
-template <typename Elem>
-inline float dot(const float* a, const Elem* b, int64_t dim) {
+inline float dot(const float* a, const float* b, int64_t dim) {
   if (dim == 64) return dot_lanes<64>(a, b, dim);
   if (dim == 128) return dot_lanes<128>(a, b, dim);
   return dot_lanes<0>(a, b, dim);
@@ -232,13 +235,34 @@ inline float dot(const float* a, const Elem* b, int64_t dim) {
 // Compact keys and values are widened to float in the inner loops, an int8 head's scale applied
 // once per dot product (q·k̂ = s_k · Σ q_i k_i) and once per value (p · s_v), so the result is
 // attention over the dequantized keys and values without materializing them.
+// A cached key or value row as float: the row itself for a float32 pool, else widened into
+// `buffer` (once per row, shared by the group's heads).
+inline const float* widen_row(const float* row, float*, int64_t) { return row; }
+template <typename Elem>
+inline const float* widen_row(const Elem* row, float* buffer, int64_t dim) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  for (; i + 8 <= dim; i += 8) {  // 8 elements: zero- / sign-extend to 32 bits, then to float
+    if constexpr (std::is_same_v<Elem, uint16_t>) {
+      const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
+      _mm256_storeu_ps(buffer + i, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+    } else {
+      const __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + i)));
+      _mm256_storeu_ps(buffer + i, _mm256_cvtepi32_ps(wide));
+    }
+  }
+#endif
+  for (; i < dim; ++i) buffer[i] = widen(row[i]);
+  return buffer;
+}
+
 template <typename Elem>
 void paged_attention_impl(const float* qp, const Elem* pp, const float* scales, const int64_t* tp,
                           const int64_t* lp, const int64_t* fp, float* op, int64_t batch, int64_t heads,
                           int64_t kv_heads, int64_t dim, int64_t t_max, float sc) {
   const int64_t group = heads / kv_heads;
   at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+    std::vector<float> scores, norms(group), buffer(dim);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / kv_heads, kvh = item % kv_heads;
       const int64_t skip = fp != nullptr ? fp[b] : 0;
@@ -246,7 +270,7 @@ void paged_attention_impl(const float* qp, const Elem* pp, const float* scales, 
       scores.assign(group * length, 0.f);
       const int64_t* slots = tp + b * t_max + skip;
       for (int64_t t = 0; t < length; ++t) {
-        const Elem* key = pp + ((slots[t] * 2) * kv_heads + kvh) * dim;
+        const float* key = widen_row(pp + ((slots[t] * 2) * kv_heads + kvh) * dim, buffer.data(), dim);
         const float key_scale = scales != nullptr ? sc * scales[(slots[t] * 2) * kv_heads + kvh] : sc;
         for (int64_t g = 0; g < group; ++g) {
           const float* query = qp + (b * heads + kvh * group + g) * dim;
@@ -261,14 +285,20 @@ void paged_attention_impl(const float* qp, const Elem* pp, const float* scales, 
         float total = 0.f;
 #pragma omp simd reduction(+ : total)
         for (int64_t t = 0; t < length; ++t) total += s[t];
-        const float norm = 1.f / total;
+        norms[g] = 1.f / total;
         float* o = op + (b * heads + kvh * group + g) * dim;
         for (int64_t i = 0; i < dim; ++i) o[i] = 0.f;
-        for (int64_t t = 0; t < length; ++t) {
-          const Elem* value = pp + ((slots[t] * 2 + 1) * kv_heads + kvh) * dim;
-          const float p = scales != nullptr ? s[t] * norm * scales[(slots[t] * 2 + 1) * kv_heads + kvh] : s[t] * norm;
+      }
+      // One pass over the values for the whole group: each value row is read (and widened) once.
+      for (int64_t t = 0; t < length; ++t) {
+        const float* value = widen_row(pp + ((slots[t] * 2 + 1) * kv_heads + kvh) * dim, buffer.data(), dim);
+        const float value_scale = scales != nullptr ? scales[(slots[t] * 2 + 1) * kv_heads + kvh] : 1.f;
+        for (int64_t g = 0; g < group; ++g) {
+          const float p = scales != nullptr ? scores[g * length + t] * norms[g] * value_scale
+                                            : scores[g * length + t] * norms[g];
+          float* o = op + (b * heads + kvh * group + g) * dim;
 #pragma omp simd
-          for (int64_t i = 0; i < dim; ++i) o[i] += p * widen(value[i]);
+          for (int64_t i = 0; i < dim; ++i) o[i] += p * value[i];
         }
       }
     }
