@@ -256,6 +256,16 @@ inline const float* widen_row(const Elem* row, float* buffer, int64_t dim) {
   return buffer;
 }
 
+// Ask for the cache lines of the row `ahead` positions on: the rows are scattered through the
+// pool (page table), so the hardware prefetcher cannot predict them.
+template <typename Elem>
+inline void prefetch_row(const Elem* row, int64_t dim) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t offset = 0; offset < dim * static_cast<int64_t>(sizeof(Elem)); offset += 64)
+    __builtin_prefetch(bytes + offset);
+}
+constexpr int64_t PREFETCH_AHEAD = 8;
+
 template <typename Elem>
 void paged_attention_impl(const float* qp, const Elem* pp, const float* scales, const int64_t* tp,
                           const int64_t* lp, const int64_t* fp, float* op, int64_t batch, int64_t heads,
@@ -270,6 +280,7 @@ void paged_attention_impl(const float* qp, const Elem* pp, const float* scales, 
       scores.assign(group * length, 0.f);
       const int64_t* slots = tp + b * t_max + skip;
       for (int64_t t = 0; t < length; ++t) {
+        if (t + PREFETCH_AHEAD < length) prefetch_row(pp + ((slots[t + PREFETCH_AHEAD] * 2) * kv_heads + kvh) * dim, dim);
         const float* key = widen_row(pp + ((slots[t] * 2) * kv_heads + kvh) * dim, buffer.data(), dim);
         const float key_scale = scales != nullptr ? sc * scales[(slots[t] * 2) * kv_heads + kvh] : sc;
         for (int64_t g = 0; g < group; ++g) {
@@ -291,6 +302,8 @@ void paged_attention_impl(const float* qp, const Elem* pp, const float* scales, 
       }
       // One pass over the values for the whole group: each value row is read (and widened) once.
       for (int64_t t = 0; t < length; ++t) {
+        if (t + PREFETCH_AHEAD < length)
+          prefetch_row(pp + ((slots[t + PREFETCH_AHEAD] * 2 + 1) * kv_heads + kvh) * dim, dim);
         const float* value = widen_row(pp + ((slots[t] * 2 + 1) * kv_heads + kvh) * dim, buffer.data(), dim);
         const float value_scale = scales != nullptr ? scales[(slots[t] * 2 + 1) * kv_heads + kvh] : 1.f;
         for (int64_t g = 0; g < group; ++g) {
