@@ -144,13 +144,21 @@ def speed(models: dict, ids: list[int], args) -> dict:
 
 def markdown(result: dict) -> str:
     args, lines = result["settings"], []
+    if "quality" in result:
+        quality_table(result, args, lines)
+    if "speed" in result:
+        speed_table(result, args, lines)
+    return "\n".join(lines) + "\n"
+
+
+def quality_table(result: dict, args: dict, lines: list[str]) -> None:
     lines.append(f"Quality against fp32 KV ({args['dtype']} weights; {args['windows']} windows of {args['length']} "
                  f"tokens of *Opticks*; prefill: every position of one prefill of {args['length'] - args['steps']} "
                  f"tokens; decode: {args['steps']} fused decode steps after it):\n")
     lines.append("| KV format | bytes / token | vs fp32 | prefill mean KL | prefill max KL | prefill top-1 | "
                  "positions ≥ 1000 mean KL | decode mean KL | decode max KL | decode top-1 |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
-    fp32_bytes = result["memory"]["fp32"]["bytes_per_token"]
+    fp32_bytes = result["memory"]["fp32"]["bytes_per_token"]  # (per format: pool bytes per slot agree)
     for kv in FORMATS:
         size = result["memory"][kv]["bytes_per_token"]
         if kv == "fp32":
@@ -161,6 +169,9 @@ def markdown(result: dict) -> str:
         lines.append(f"| {kv} | {size:,} | {size / fp32_bytes:.3f} | {pre['mean_kl']:.2e} | {pre['max_kl']:.2e} | "
                      f"{100 * pre['top1_agreement']:.1f}% | {late['mean_kl']:.2e} | {dec['mean_kl']:.2e} | "
                      f"{dec['max_kl']:.2e} | {100 * dec['top1_agreement']:.1f}% |")
+
+
+def speed_table(result: dict, args: dict, lines: list[str]) -> None:
     lines.append(f"\nDecode step at {args['context']} cached tokens (ms per step, median of {args['repeats']} "
                  f"interleaved rounds of {args['steps']} steps; ratio to fp32's median in the same run):\n")
     lines.append("| KV format | rows | median ms / step | best ms / step | vs fp32 |")
@@ -168,7 +179,6 @@ def markdown(result: dict) -> str:
     for entry in result["speed"].values():
         lines.append(f"| {entry['format']} | {entry['rows']} | {entry['median_ms']:.1f} | {entry['best_ms']:.1f} | "
                      f"{entry['ratio_to_fp32']:.2f} |")
-    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -205,7 +215,7 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "settings"}, indent=1))
-    if args.markdown and "quality" in result and "speed" in result:
+    if args.markdown:
         print(markdown(result))
     return 0
 
