@@ -292,9 +292,9 @@ class KVCache:
         (keys and values of this cache's layers, copied from `source`'s first layers).
 
         For a model that shares the source model's first layers (an early-exit draft reusing the
-        target's prompt). Both caches must have the same KV heads, head size and KV format (`kv_dtype`: codes and
-        int8 scales are copied as stored), and the
-        source at least as many layers; the keys keep their positions, so `row` must be empty.
+        target's prompt). Both caches must have the same KV heads, head size and KV format
+        (`kv_dtype`: elements and int8 scales are copied as stored), and the source at least as
+        many layers; the keys keep their positions, so `row` must be empty.
         Copies length·layers slots. TypeError / ValueError name the argument.
         """
         if not isinstance(source, KVCache):
