@@ -154,3 +154,81 @@ def test_fused_multi_token_appends_equal_general_path(mode, model_fp32):
         torch.testing.assert_close(fused_out.logits, plain_out.logits, atol=2e-4, rtol=0)
         torch.testing.assert_close(fused_out.hidden, plain_out.hidden, atol=2e-4, rtol=0)
     assert fused_out.num_new == [5, 1, 3]
+
+
+def _compact(pool, kv_dtype):
+    """A float32 pool (S, 2, KVH, D) in a compact format: (pool, scales or None, the float32
+    values it stands for)."""
+    from metagen.models.cache import dequantize_int8, quantize_int8
+
+    if kv_dtype == "bf16":
+        compact = pool.to(torch.bfloat16)
+        return compact, None, compact.float()
+    codes, scales = quantize_int8(pool)
+    return codes, scales, dequantize_int8(codes, scales)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_store_rounds_keys_and_values_into_a_compact_pool(kv_dtype, dtype):
+    """The stored elements are exactly the float32 kernel's keys and values rounded to the pool's
+    format: bf16 to nearest even, int8 by `quantize_int8` (same codes and scales); q is unchanged."""
+    torch.manual_seed(4)
+    heads, kv_heads, dim, n = 9, 3, 64, 5
+    qkv = (torch.randn(n, (heads + 2 * kv_heads) * dim) * 3).to(dtype)
+    qkv[2, (heads + kv_heads) * dim : (heads + kv_heads + 1) * dim] = 0  # an all-zero value head: scale 0
+    angles = torch.rand(100, dim // 2) * 6
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    positions, slots = torch.tensor([0, 7, 42, 99, 3]), torch.tensor([5, 1, 9, 2, 11])
+    reference = torch.zeros(12, 2, kv_heads, dim)
+    q_reference = kernels.rope_store(qkv, cos, sin, positions, slots, reference, heads, kv_heads)
+    expected_pool, expected_scales, _ = _compact(reference, kv_dtype)
+    pool = torch.zeros_like(expected_pool)
+    scales = None if expected_scales is None else torch.full_like(expected_scales, -1.0)
+    q = kernels.rope_store(qkv, cos, sin, positions, slots, pool, heads, kv_heads, scales)
+    assert torch.equal(q, q_reference)
+    assert torch.equal(pool[slots], expected_pool[slots])
+    untouched = torch.ones(12, dtype=torch.bool)
+    untouched[slots] = False
+    assert not pool[untouched].any()
+    if scales is not None:
+        assert torch.equal(scales[slots], expected_scales[slots])
+        assert scales[9, 1, 0] == 0 and not pool[9, 1, 0].any()  # token 2 is stored in slot 9
+        assert (scales[untouched] == -1).all()
+        error = (reference[slots] - pool[slots].float() * scales[slots, ..., None]).abs()
+        assert (error <= scales[slots, ..., None] / 2 + 1e-6).all()  # round to nearest: half a step at most
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("starts, dim", [(False, 64), (True, 64), (False, 20)])  # 20: the widening's scalar tail
+def test_paged_decode_attention_over_a_compact_pool_is_attention_over_its_dequantized_values(kv_dtype, starts, dim):
+    torch.manual_seed(5)
+    heads, kv_heads = 9, 3
+    pool, scales, values = _compact(torch.randn(200, 2, kv_heads, dim) * 2, kv_dtype)
+    lengths = torch.tensor([1, 37, 120, 90])
+    first = torch.tensor([0, 5, 100, 0]) if starts else None
+    table = torch.stack([torch.randperm(200)[:120] for _ in range(4)])
+    q = torch.randn(4, heads, dim)
+    out = kernels.paged_decode_attention(q, pool, table, lengths, 0.125, False, first, scales)
+    for b, length in enumerate(lengths.tolist()):
+        kv = values[table[b, (0 if first is None else first[b]) : length]]  # (T, 2, KVH, D) float32
+        expected = F.scaled_dot_product_attention(
+            q[b : b + 1, :, None], kv[None, :, 0].transpose(1, 2), kv[None, :, 1].transpose(1, 2), enable_gqa=True,
+            scale=0.125).reshape(-1)
+        torch.testing.assert_close(out[b], expected, atol=1e-5, rtol=1e-5)
+    plain = kernels.paged_decode_attention(q, pool.float() if scales is None else pool.float() * scales[..., None],
+                                           table, lengths, 0.125, False, first)
+    torch.testing.assert_close(out, plain, atol=1e-5, rtol=1e-5)  # same as the float32 kernel on the values
+
+
+def test_compact_pools_are_checked():
+    q, table, lengths = torch.randn(1, 2, 8), torch.zeros(1, 1, dtype=torch.long), torch.tensor([1])
+    codes, scales = torch.zeros(4, 2, 1, 8, dtype=torch.int8), torch.ones(4, 2, 1)
+    with pytest.raises(RuntimeError, match="an int8 pool needs its scales"):
+        kernels.paged_decode_attention(q, codes, table, lengths, 1.0, False)
+    with pytest.raises(RuntimeError, match="an int8 pool needs its scales"):
+        kernels.paged_decode_attention(q, codes, table, lengths, 1.0, False, None, torch.ones(3, 2, 1))
+    with pytest.raises(RuntimeError, match="scales are for int8 pools only"):
+        kernels.paged_decode_attention(q, codes.float(), table, lengths, 1.0, False, None, scales)
+    with pytest.raises(RuntimeError, match="pool: float32, bfloat16 or int8"):
+        kernels.paged_decode_attention(q, codes.half(), table, lengths, 1.0, False)

@@ -2,7 +2,7 @@
 local model: --backend URL[,URL...], --served-model, --api-key-env, --parameters, --tokenizer
 (and --concurrency for `metagen eval`).
 
-With --backend, the options that only configure the local model (--model, --dtype, --threads,
+With --backend, the options that only configure the local model (--model, --dtype, --kv-dtype, --threads,
 --speculative, --beam-width) are refused with the reason; without it, the remote-only options
 are. `make_generator` builds the generator once: one URL gives an `OpenAIGenerator`, several
 a fleet over them (`metagen.remote.connect`).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-LOCAL_ONLY = ("model", "dtype", "threads", "speculative", "beam-width")
+LOCAL_ONLY = ("model", "dtype", "kv-dtype", "threads", "speculative", "beam-width")
 REMOTE_ONLY = ("served-model", "api-key-env", "parameters", "tokenizer")
 
 

@@ -1,4 +1,4 @@
-"""What every model-loading command shares: the --model / --dtype / --threads options and the load.
+"""What every model-loading command shares: the --model / --dtype / --kv-dtype / --threads options and the load.
 
 `load_model` is the one place a command loads weights; commands call it as `common.load_model`, so
 a test replaces the load for all of them by patching this module.
@@ -10,19 +10,23 @@ import argparse
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """--model, --dtype and --threads (checked in `metagen.cli.main` before any command runs)."""
+    """--model, --dtype, --kv-dtype and --threads (checked in `metagen.cli.main` before any command runs)."""
     parser.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded SmolLM2-135M)")
     parser.add_argument("--dtype", default=None, choices=["auto", "fp32", "bf16", "int8", "int4"],
                         help="weight format (default auto: each tensor at least at the precision the file stores)")
+    parser.add_argument("--kv-dtype", default=None, choices=["fp32", "bf16", "int8"],  # models.cache.KV_DTYPES
+                        help="KV cache format (default fp32; bf16 halves the bytes per cached token, int8 with a "
+                             "scale per head stores about a quarter)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
 def load_model(args: argparse.Namespace):
-    """The model of --model at --dtype, with torch using --threads threads (torch imported here)."""
+    """The model of --model at --dtype with --kv-dtype caches, torch using --threads threads (torch
+    imported here)."""
     import torch
 
     from metagen.models import load
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    return load(args.model, args.dtype)
+    return load(args.model, args.dtype, kv_dtype=getattr(args, "kv_dtype", None))

@@ -1,7 +1,7 @@
 """`metagen serve`: an OpenAI-compatible server over a local model (the embedded one by default),
 or over remote OpenAI-compatible servers (proxy mode).
 
-    metagen serve [--model PATH] [--dtype] [--threads] [--host 127.0.0.1] [--port 8000]
+    metagen serve [--model PATH] [--dtype] [--kv-dtype] [--threads] [--host 127.0.0.1] [--port 8000]
                   [--served-model-name NAME]
                   [--api-key-env VAR] [--max-rows 16] [--max-queue 64] [--request-timeout SECONDS]
                   [--cache-memory 256MiB | --no-prefix-cache] [--lenient]
@@ -64,7 +64,7 @@ def add_parser(commands) -> None:
     serve.set_defaults(run=run)
 
 
-LOCAL_ONLY = ("model", "dtype", "threads", "max_queue", "cache_memory", "no_prefix_cache")
+LOCAL_ONLY = ("model", "dtype", "kv_dtype", "threads", "max_queue", "cache_memory", "no_prefix_cache")
 PROXY_ONLY = ("backend_api_key_env", "tokenizer")
 PROXY_RETRIES = 1  # a failing backend is retried once, then the fleet fails over to another
 PROXY_TIMEOUT = 600.0  # seconds per backend request without --request-timeout

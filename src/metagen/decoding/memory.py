@@ -4,7 +4,8 @@ Per row a decoding loop holds
 - a few float32 (positions, V) logit tensors at once — the raw logits, the adapted ones, their
   log-softmax and the sampling adapters' sorted copies: LOGIT_COPIES · positions · V · 4 bytes;
 - the keys and values of its new tokens (the prompt's are shared): new_tokens · 2 · L · KVH · D
-  · 4 bytes (the cache is float32).
+  · 4 bytes in a float32 cache (2 in bf16, 1 plus a 4-byte scale per head in int8: the model's
+  `kv_dtype`).
 A batch that cannot fit would otherwise start allocating (n = 100,000 rows over a 49,152-token
 vocabulary asks for ~20 GB per logits copy) and fail late or drive the machine into swap.
 """
@@ -32,10 +33,14 @@ def available_memory() -> int | None:
 
 
 def kv_bytes_per_token(model) -> int:
-    """Bytes one token's keys and values take in the float32 cache (0 when the model does not say)."""
+    """Bytes one token's keys and values take in the model's cache format (float32 unless its
+    `kv_dtype` says otherwise; 0 when the model does not say)."""
+    from metagen.models.cache import kv_bytes_per_token as per_token
+
     config = getattr(model, "config", None)
     try:
-        return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+        return per_token(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
+                         getattr(model, "kv_dtype", "fp32"))
     except AttributeError:
         return 0
 

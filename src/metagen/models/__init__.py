@@ -2,7 +2,7 @@
 `models/families/`), loaders."""
 
 from metagen.models.base import ForwardOutput, LanguageModel
-from metagen.models.cache import KVCache
+from metagen.models.cache import DEFAULT_KV_DTYPE, KV_DTYPES, KVCache
 from metagen.models.config import ModelConfig
 from metagen.models.decoder import DecoderModel
 from metagen.models.embedded import embedded_model_path
@@ -10,7 +10,9 @@ from metagen.models.loading import DEFAULT_DTYPE, DTYPES, load
 
 __all__ = [
     "DEFAULT_DTYPE",
+    "DEFAULT_KV_DTYPE",
     "DTYPES",
+    "KV_DTYPES",
     "DecoderModel",
     "ForwardOutput",
     "KVCache",

@@ -19,6 +19,16 @@ changed, so rows can share them freely:
 Attention gathers each row's keys and values through its page table (one `index_select` per
 layer), which costs one read of what it attends to anyway. The pool grows by doubling when free slots run out.
 
+**Element format** (`dtype`, the model's `kv_dtype`; see `KV_DTYPES`): float32 (default), bfloat16
+(half the bytes per token; rounded to nearest even) or int8 with one float32 scale per
+(slot, key/value, head) in `scales[layer] (S, 2, KVH)`: x̂ = q·s with s = max|x| / 127 and
+q = round(x / s) (symmetric, per head; an all-zero head has s = 0). Bytes per token per layer:
+2·KVH·D·4 (fp32), 2·KVH·D·2 (bf16), 2·KVH·(D + 4) (int8), so D = 64 stores 26.6% of fp32's.
+Keys and values are rounded once, when written (`write`, or the fused `rope_store`), and read
+back widened to float (`read` dequantizes the rows it gathers; the fused attention kernel widens
+in its inner loop). Everything else (fork, truncate, snapshots, the prefix cache) moves slot ids
+and never looks at the elements; `copy_prefix` copies elements and scales alike.
+
 **Sliding window** (`window=W`, given when every layer attends only to the last W positions,
 e.g. Mistral): a token at position p never reads a key older than p − W + 1, so when a row
 grows, its slots older than its next query's window minus a margin of `keep` positions are
@@ -42,6 +52,40 @@ import numpy as np
 import torch
 
 from metagen.models import checks
+
+# KV dtype names (the `kv_dtype` option of `load` and --kv-dtype) -> the pools' element type.
+KV_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
+DEFAULT_KV_DTYPE = "fp32"
+INT8_LEVELS = 127  # symmetric int8: codes in [-127, 127]
+
+
+def check_kv_dtype(kv_dtype: object, name: str = "kv_dtype") -> str:
+    """`kv_dtype` when it names a KV format; ValueError naming `name` and the allowed values."""
+    if not isinstance(kv_dtype, str) or kv_dtype not in KV_DTYPES:
+        raise ValueError(f"{name}={kv_dtype!r} is not supported: choose one of {', '.join(KV_DTYPES)}")
+    return kv_dtype
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str = DEFAULT_KV_DTYPE) -> int:
+    """Bytes one cached token takes over all layers: keys, values and (int8) their scales."""
+    element = torch.empty(0, dtype=KV_DTYPES[check_kv_dtype(kv_dtype)]).element_size()
+    scale = 4 if kv_dtype == "int8" else 0
+    return num_layers * 2 * num_kv_heads * (head_dim * element + scale)
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-head int8: `x (..., D)` float32 -> codes `(..., D)` int8 and scales `(...)`
+    float32 with x ≈ codes · scales; s = max|x| / 127, q = round(x / s), an all-zero head s = 0.
+    The same arithmetic as fused.cpp's `store_head`, so both give the same codes."""
+    scales = x.abs().amax(-1) / INT8_LEVELS
+    divisor = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = torch.round(x / divisor.unsqueeze(-1)).clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
+    return codes, scales
+
+
+def dequantize_int8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """codes `(..., D)` int8, scales `(...)` -> `(..., D)` float32."""
+    return codes.float() * scales.unsqueeze(-1)
 
 
 class RowSnapshot:
@@ -73,8 +117,10 @@ class RowSnapshot:
 class KVCache:
     """Key/value cache for a batch of rows over `num_layers` layers.
 
-    Shapes: pools `(S, 2, KVH, D)` per layer; page table `(B, T_cap)` int64; lengths `(B,)`;
-    starts `(B,)` (positions below a row's start were released by the sliding window; 0 without one).
+    Shapes: pools `(S, 2, KVH, D)` per layer in `dtype` (torch.float32, torch.bfloat16 or
+    torch.int8, see the module docstring), with `scales (S, 2, KVH)` float32 per layer for int8;
+    page table `(B, T_cap)` int64; lengths `(B,)`; starts `(B,)` (positions below a row's start
+    were released by the sliding window; 0 without one).
     """
 
     # Positions kept behind the sliding window so `truncate` can roll a row back this far.
@@ -95,12 +141,18 @@ class KVCache:
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
+        names = {torch_dtype: name for name, torch_dtype in KV_DTYPES.items()}
+        if dtype not in names:
+            raise ValueError(f"dtype={dtype!r} is not supported: choose one of "
+                             f"{', '.join(str(d) for d in KV_DTYPES.values())} (kv_dtype {', '.join(KV_DTYPES)})")
         self.dtype = dtype
+        self.kv_dtype = names[dtype]
         self.max_length = max_length
         self.context_note = context_note  # why max_length is what it is, appended to the error past it
         self.window = None if window is None else checks.bounded("window", window, 1)
         self.keep = checks.bounded("keep", keep, 0)
         self.pools: list[torch.Tensor] = []  # per layer, (S, 2, KVH, D)
+        self.scales: list[torch.Tensor] = []  # per layer, (S, 2, KVH) float32; int8 pools only
         self._refcount = np.zeros(0, dtype=np.int32)
         self._free = np.zeros(0, dtype=np.int64)  # stack of free slot ids
         self._num_free = 0
@@ -240,8 +292,9 @@ class KVCache:
         (keys and values of this cache's layers, copied from `source`'s first layers).
 
         For a model that shares the source model's first layers (an early-exit draft reusing the
-        target's prompt). Both caches must have the same KV heads, head size and dtype, and the
-        source at least as many layers; the keys keep their positions, so `row` must be empty.
+        target's prompt). Both caches must have the same KV heads, head size and KV format
+        (`kv_dtype`: elements and int8 scales are copied as stored), and the source at least as
+        many layers; the keys keep their positions, so `row` must be empty.
         Copies length·layers slots. TypeError / ValueError name the argument.
         """
         if not isinstance(source, KVCache):
@@ -252,7 +305,7 @@ class KVCache:
         if length and source._starts[source_row]:
             raise ValueError(f"source row {source_row} no longer holds its first {int(source._starts[source_row])} "
                              f"positions (released by the sliding window); copy_prefix needs positions from 0")
-        for name in ("num_kv_heads", "head_dim", "dtype"):
+        for name in ("num_kv_heads", "head_dim", "kv_dtype"):
             if getattr(source, name) != getattr(self, name):
                 raise ValueError(f"source cache has {name}={getattr(source, name)}, this cache {getattr(self, name)}")
         if source.num_layers < self.num_layers:
@@ -267,6 +320,22 @@ class KVCache:
         source_slots = torch.from_numpy(source._table[source_row, :length].copy())
         for layer in range(self.num_layers):
             self.pools[layer].index_copy_(0, slots, source.pools[layer].index_select(0, source_slots))
+            if self.scales:
+                self.scales[layer].index_copy_(0, slots, source.scales[layer].index_select(0, source_slots))
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one cached token takes over all layers (keys, values and int8 scales)."""
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_dtype)
+
+    @property
+    def pool_bytes(self) -> int:
+        """Bytes of every layer's pool and scales as allocated (used and free slots)."""
+        return sum(t.nbytes for t in self.pools) + sum(t.nbytes for t in self.scales)
+
+    def layer_scales(self, layer: int) -> torch.Tensor | None:
+        """`layer`'s int8 scales `(S, 2, KVH)`, None for float pools (the fused kernels' argument)."""
+        return self.scales[layer] if self.scales else None
 
     @property
     def num_cached_slots(self) -> int:
@@ -320,13 +389,26 @@ class KVCache:
         )
 
     def write(self, layer: int, slots: torch.Tensor, key_value: torch.Tensor) -> None:
-        """Store `key_value: (N, 2, KVH, D)` of new tokens into `slots: (N,)` of `layer`."""
-        self.pools[layer].index_copy_(0, slots, key_value)
+        """Store `key_value: (N, 2, KVH, D)` float32 of new tokens into `slots: (N,)` of `layer`,
+        rounded to the cache's format."""
+        if self.scales:
+            codes, scales = quantize_int8(key_value)
+            self.pools[layer].index_copy_(0, slots, codes)
+            self.scales[layer].index_copy_(0, slots, scales)
+        else:
+            self.pools[layer].index_copy_(0, slots, key_value.to(self.dtype))
 
     def read(self, layer: int, table: torch.Tensor) -> torch.Tensor:
-        """Keys and values of `layer` gathered through `table (B, T)`: `(B, T, 2, KVH, D)`."""
+        """Keys and values of `layer` gathered through `table (B, T)`: `(B, T, 2, KVH, D)` float32
+        (compact formats widened, int8 dequantized, for the gathered rows only)."""
         batch, length = table.shape
-        return self.pools[layer].index_select(0, table.reshape(-1)).view(batch, length, 2, self.num_kv_heads, self.head_dim)
+        flat = table.reshape(-1)
+        kv = self.pools[layer].index_select(0, flat)
+        if self.scales:
+            kv = dequantize_int8(kv, self.scales[layer].index_select(0, flat))
+        elif self.dtype != torch.float32:
+            kv = kv.float()
+        return kv.view(batch, length, 2, self.num_kv_heads, self.head_dim)
 
     # ------------------------------------------------------------ internals
     def _check_row(self, row: int) -> int:
@@ -369,6 +451,14 @@ class KVCache:
                 self.pools.append(grown)
             else:
                 self.pools[layer] = grown
+            if self.dtype == torch.int8:
+                scales = torch.zeros(shape[:-1], dtype=torch.float32)
+                if old:
+                    scales[:old] = self.scales[layer]
+                if len(self.scales) <= layer:
+                    self.scales.append(scales)
+                else:
+                    self.scales[layer] = scales
         refcount = np.zeros(capacity, dtype=np.int32)
         refcount[:old] = self._refcount
         self._refcount = refcount

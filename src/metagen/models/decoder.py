@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from metagen.models import checks
 from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode
-from metagen.models.cache import KVCache
+from metagen.models.cache import DEFAULT_KV_DTYPE, KV_DTYPES, KVCache, check_kv_dtype
 from metagen.models.config import ModelConfig
 from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, LayerWeights, apply_rope, decoder_layer
 from metagen.models.rope import rope_frequencies
@@ -54,8 +54,11 @@ class DecoderModel(LanguageModel):
     outputs are in the matmul dtype: float32 when every linear takes float32 at full precision
     (fp32 weights, or quantized weights on the compiled kernels, which quantize each activation
     block to 16 bits themselves), else bf16 (bf16 weights, torch's int4/int8 kernels). The
-    residual stream, norms, RoPE, attention and the KV cache stay float32 (torch's CPU attention
-    is several times slower in bf16, and the casts cost less than that). Logits are float32.
+    residual stream, norms, RoPE and attention stay float32 (torch's CPU attention is several
+    times slower in bf16, and the casts cost less than that). Logits are float32. `kv_dtype`
+    ("fp32" default, "bf16", "int8") is the format of the caches `new_cache` makes (see
+    `models/cache.py`): keys and values are rounded to it when stored and widened back to
+    float32 when attention reads them.
 
     Beyond `LanguageModel`: `hidden_states` (final hidden states without the LM head),
     `logits_from_hidden`, `truncated(L)` (the first L layers as a model sharing every weight) and
@@ -73,8 +76,10 @@ class DecoderModel(LanguageModel):
         dtype: str,
         freq_factors: torch.Tensor | None = None,
         source: str = "",
+        kv_dtype: str = DEFAULT_KV_DTYPE,
     ) -> None:
         self.config = config
+        self.kv_dtype = check_kv_dtype(kv_dtype)
         self.layers = layers
         self.embed = embed  # (V, H) in the activation dtype
         self.norm = norm
@@ -123,7 +128,7 @@ class DecoderModel(LanguageModel):
             config.num_hidden_layers,
             config.num_key_value_heads,
             config.head_dim,
-            torch.float32,
+            KV_DTYPES[self.kv_dtype],
             self.max_context,
             checks.bounded("capacity", capacity, 1),
             window=config.cache_window,
@@ -149,7 +154,7 @@ class DecoderModel(LanguageModel):
         config = replace(self.config, num_hidden_layers=num_layers, layer_types=layer_types,
                          name=f"{self.config.name} (first {num_layers} layers)")
         model = DecoderModel(config, self.layers[:num_layers], self.embed, self.norm, self.lm_head, self.tokenizer,
-                             self.dtype, self.freq_factors, source=self.source)
+                             self.dtype, self.freq_factors, source=self.source, kv_dtype=self.kv_dtype)
         model.use_fused = self.use_fused
         model.use_shared_prefix = self.use_shared_prefix
         return model
@@ -476,7 +481,6 @@ class _FusedOps:
         # Attention reads the cache in place (see FUSED_ATTENTION_MAX_KEYS).
         self.in_place = self.queries * table.shape[1] <= FUSED_ATTENTION_MAX_KEYS
         if not self.in_place:
-            self.flat_table = table.reshape(-1)
             t_kv = table.shape[1]
             lengths = self.lengths
             self.mask = None if bool((lengths == lengths[0]).all()) else (
@@ -503,16 +507,17 @@ class _FusedOps:
 
     def attend(self, index: int, qkv: torch.Tensor) -> torch.Tensor:
         """qkv (N, (heads + 2·kv_heads)·D) -> attention output (N, heads·D), matmul dtype."""
-        pool = self.cache.pools[index]
+        pool, scales = self.cache.pools[index], self.cache.layer_scales(index)  # scales: int8 pools only
         cos, sin = (self.local_cos, self.local_sin) if self.local_rope[index] else (self.cos, self.sin)
-        q = self.kernels.rope_store(qkv, cos, sin, self.positions, self.slots, pool, self.heads, self.kv_heads)
+        q = self.kernels.rope_store(qkv, cos, sin, self.positions, self.slots, pool, self.heads, self.kv_heads, scales)
         window = self.layer_windows[index]
         starts, mask = (None, None if self.in_place else self.mask) if window is None else self._window(window)
         if self.in_place:
             if self.shared is not None and starts is None:  # a window that cuts in attends row by row
                 return self.shared.attend(self.kernels, q, pool, self.table, self.lengths, self.scale, self.bf16)
-            return self.kernels.paged_decode_attention(q, pool, self.table, self.lengths, self.scale, self.bf16, starts)
-        kv = pool.index_select(0, self.flat_table).view(self.queries, -1, 2, self.kv_heads, self.head_dim)
+            return self.kernels.paged_decode_attention(q, pool, self.table, self.lengths, self.scale, self.bf16, starts,
+                                                       scales)
+        kv = self.cache.read(index, self.table)  # (N, Tkv, 2, KVH, D) float32
         attn = F.scaled_dot_product_attention(q[:, :, None], kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2),
                                               attn_mask=mask, enable_gqa=True, scale=self.scale)
         return attn.view(self.queries, self.heads * self.head_dim).to(self.matmul_dtype)

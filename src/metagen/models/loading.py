@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from metagen.models.cache import DEFAULT_KV_DTYPE, check_kv_dtype
 from metagen.models.config import ModelConfig
 from metagen.models.conversion_cache import is_saved_model, load_or_convert, load_saved_model
 from metagen.models.decoder import DecoderModel
@@ -32,7 +33,8 @@ DEFAULT_DTYPE = "auto"
 AUTO_WIDE_FORMAT = "int8"
 
 
-def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use_cache: bool = True) -> DecoderModel:
+def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, kv_dtype: str | None = None,
+         use_cache: bool = True) -> DecoderModel:
     """Load a decoder of any supported family (llama, mistral, qwen2, qwen3, phi3, gemma3, qwen3_moe,
     mixtral, qwen2_moe).
 
@@ -46,18 +48,25 @@ def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, use
         other quantized types, bf16 for float tensors (see docs/ARCHITECTURE.md for the measured
         faithfulness of each).
         An explicit int4 / int8 re-quantizes every tensor that does not map exactly.
+    kv_dtype: the KV cache's format, "fp32" (default), "bf16" (half the bytes per cached token)
+        or "int8" with a float32 scale per (token, key/value, head) (about a quarter); see
+        `models/cache.py` and the measured quality in BENCHMARKS.md.
     """
     dtype = DEFAULT_DTYPE if dtype is None else dtype
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported: choose one of {', '.join(DTYPES)}")
+    kv_dtype = check_kv_dtype(DEFAULT_KV_DTYPE if kv_dtype is None else kv_dtype)
     path = Path(path) if path is not None else embedded_model_path()
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
     if is_saved_model(path):  # a directory written by `metagen compress`
-        return load_saved_model(path, dtype)
-    if not use_cache:
-        return _convert(path, dtype)
-    return load_or_convert(path, dtype, lambda: _convert(path, dtype))
+        model = load_saved_model(path, dtype)
+    elif not use_cache:
+        model = _convert(path, dtype)
+    else:
+        model = load_or_convert(path, dtype, lambda: _convert(path, dtype))
+    model.kv_dtype = kv_dtype  # the weights do not depend on it: one conversion serves every KV format
+    return model
 
 
 def _convert(path: Path, dtype: str) -> DecoderModel:

@@ -429,9 +429,9 @@ class Engine:
 
 
 def bytes_per_token(cache) -> int:
-    """Bytes of keys and values one cached token takes: layers · 2 · kv_heads · head_dim · itemsize."""
-    element = torch.empty(0, dtype=cache.dtype).element_size()
-    return cache.num_layers * 2 * cache.num_kv_heads * cache.head_dim * element
+    """Bytes of keys and values one cached token takes: layers · 2 · kv_heads · head_dim · itemsize
+    (plus the int8 scales: `KVCache.bytes_per_token`)."""
+    return cache.bytes_per_token
 
 
 def model_forward(model, cache, tokens: Sequence[int]):

@@ -65,7 +65,8 @@ def make_drafter(
     """A drafter from its CLI name: "ngram", "early-exit", "quantized" or "model:PATH".
 
     exit_layer / exit_adapter: early-exit depth and an optional trained adapter file (its layer
-    count wins when given). draft_dtype: weights of "quantized" and "model:PATH" drafters.
+    count wins when given). draft_dtype: weights of "quantized" and "model:PATH" drafters (their
+    caches take the target's kv_dtype).
     confidence: model drafters stop a row's draft after a token below this probability.
     """
     if kind == "ngram":
@@ -93,5 +94,6 @@ def make_drafter(
     if kind.startswith("model:") and len(kind) > len("model:"):
         from metagen.models import load
 
-        return ModelDrafter(load(kind[len("model:"):], draft_dtype), confidence=confidence, name="model")
+        draft = load(kind[len("model:"):], draft_dtype, kv_dtype=getattr(target, "kv_dtype", None))
+        return ModelDrafter(draft, confidence=confidence, name="model")
     raise ValueError(f"speculative drafter {kind!r} is unknown: choose one of {', '.join(DRAFTER_KINDS)}")

@@ -38,7 +38,8 @@ def quantized_model(target, dtype: str = "int4"):
         raise ValueError(f"dtype={dtype!r} is not supported for a draft: choose one of {', '.join(formats)}")
     if not getattr(target, "source", ""):
         raise ValueError("quantized self-drafting needs a target loaded from a file (target.source is empty)")
-    draft = load(target.source, dtype=dtype)
+    # the target's KV format, so the draft can take the target's prompt keys and values (copy_prefix)
+    draft = load(target.source, dtype=dtype, kv_dtype=getattr(target, "kv_dtype", None))
     if weight_bytes(draft) >= weight_bytes(target):
         raise ValueError(
             f"a {dtype} draft is not cheaper than the {target.dtype} target ({weight_bytes(draft):,} vs "

@@ -12,7 +12,11 @@
 #include <limits>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -66,56 +70,119 @@ torch::Tensor add_rms_norm(torch::Tensor residual, c10::optional<torch::Tensor> 
   return out;
 }
 
+// Cache element formats (the KV dtype, `models/cache.py`): float32; bfloat16 (stored as its
+// 16 bits, rounded to nearest even like torch's .to(bfloat16)); int8 with one float32 scale per
+// (slot, key/value, head): x̂ = q · s, s = max|x| / 127, q = nearbyint(x / s) (s = 0 for an
+// all-zero head, divided as 1). `widen` reads one element back as float.
+inline float widen(float x) { return x; }
+inline float widen(int8_t x) { return static_cast<float>(x); }
+inline float widen(uint16_t bf16_bits) {
+  const uint32_t bits = static_cast<uint32_t>(bf16_bits) << 16;
+  float x;
+  std::memcpy(&x, &bits, sizeof(x));
+  return x;
+}
+
+// Store one head's `dim` values `x` into the cache: converted to Elem; for int8 quantized with
+// its scale written to *scale.
+inline void store_head(const float* x, float* y, float*, int64_t dim) { std::memcpy(y, x, dim * sizeof(float)); }
+inline void store_head(const float* x, uint16_t* y, float*, int64_t dim) {
+  for (int64_t i = 0; i < dim; ++i) y[i] = c10::BFloat16(x[i]).x;  // round to nearest even
+}
+inline void store_head(const float* x, int8_t* y, float* scale, int64_t dim) {
+  float top = 0.f;
+  for (int64_t i = 0; i < dim; ++i) top = std::max(top, std::fabs(x[i]));
+  const float s = top / 127.f;
+  const float divisor = s > 0.f ? s : 1.f;
+  for (int64_t i = 0; i < dim; ++i) {
+    const float q = std::nearbyint(x[i] / divisor);
+    y[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, q)));
+  }
+  *scale = s;
+}
+
 // RoPE on interleaved pairs for q and k, then k and v stored into their cache slots.
 // qkv: (N, (H + 2·KVH)·D) float32 or bf16; cos, sin: (T_max, D/2) float32 tables;
-// positions, slots: (N,) int64; pool: (S, 2, KVH, D) float32. Returns rotated q (N, H, D).
-template <typename In>
+// positions, slots: (N,) int64; pool: (S, 2, KVH, D) float32, bf16 or int8, with scales
+// (S, 2, KVH) float32 for int8. Returns rotated q (N, H, D) float32.
+template <typename In, typename Elem>
 void rope_store_impl(const In* qkv, const float* cos, const float* sin, const int64_t* positions,
-                     const int64_t* slots, float* pool, float* q_out, int64_t n, int64_t heads,
+                     const int64_t* slots, Elem* pool, float* scales, float* q_out, int64_t n, int64_t heads,
                      int64_t kv_heads, int64_t dim) {
   const int64_t half = dim / 2;
   const int64_t stride = (heads + 2 * kv_heads) * dim;
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> head(dim);
     for (int64_t t = begin; t < end; ++t) {
       const In* row = qkv + t * stride;
       const float* c = cos + positions[t] * half;
       const float* s = sin + positions[t] * half;
-      float* key_slot = pool + slots[t] * 2 * kv_heads * dim;
-      float* value_slot = key_slot + kv_heads * dim;
+      Elem* key_slot = pool + slots[t] * 2 * kv_heads * dim;
+      Elem* value_slot = key_slot + kv_heads * dim;
+      float* key_scales = scales != nullptr ? scales + slots[t] * 2 * kv_heads : nullptr;
       for (int64_t h = 0; h < heads + kv_heads; ++h) {
         const In* x = row + h * dim;
-        float* y = h < heads ? q_out + (t * heads + h) * dim : key_slot + (h - heads) * dim;
+        float* y = h < heads ? q_out + (t * heads + h) * dim : head.data();
         for (int64_t i = 0; i < half; ++i) {
           const float x0 = as_float(x[2 * i]), x1 = as_float(x[2 * i + 1]);
           y[2 * i] = x0 * c[i] - x1 * s[i];
           y[2 * i + 1] = x0 * s[i] + x1 * c[i];
         }
+        if (h >= heads)
+          store_head(y, key_slot + (h - heads) * dim, key_scales ? key_scales + (h - heads) : nullptr, dim);
       }
       const In* v = row + (heads + kv_heads) * dim;
-      for (int64_t i = 0; i < kv_heads * dim; ++i) value_slot[i] = as_float(v[i]);
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        for (int64_t i = 0; i < dim; ++i) head[i] = as_float(v[h * dim + i]);
+        store_head(head.data(), value_slot + h * dim, key_scales ? key_scales + kv_heads + h : nullptr, dim);
+      }
     }
   });
 }
 
+// Calls fn(Elem* pool, float* scales) with the pool's element type (float, bf16 bits, int8);
+// checks that int8 pools come with their (S, 2, KVH) float32 scales.
+template <typename Fn>
+void with_pool(torch::Tensor& pool, const c10::optional<torch::Tensor>& scales, Fn fn) {
+  TORCH_CHECK(pool.is_contiguous(), "pool: contiguous (S, 2, KVH, D)");
+  if (pool.scalar_type() == at::kChar) {
+    TORCH_CHECK(scales.has_value() && scales->scalar_type() == at::kFloat && scales->is_contiguous() &&
+                    scales->numel() == pool.numel() / pool.size(-1),
+                "an int8 pool needs its scales: contiguous float32 (S, 2, KVH)");
+    fn(pool.data_ptr<int8_t>(), scales->data_ptr<float>());
+    return;
+  }
+  TORCH_CHECK(!scales.has_value(), "scales are for int8 pools only");
+  if (pool.scalar_type() == at::kBFloat16) {
+    fn(reinterpret_cast<uint16_t*>(pool.data_ptr<at::BFloat16>()), static_cast<float*>(nullptr));
+  } else {
+    TORCH_CHECK(pool.scalar_type() == at::kFloat, "pool: float32, bfloat16 or int8");
+    fn(pool.data_ptr<float>(), static_cast<float*>(nullptr));
+  }
+}
+
 torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor positions,
-                         torch::Tensor slots, torch::Tensor pool, int64_t heads, int64_t kv_heads) {
-  TORCH_CHECK(pool.scalar_type() == at::kFloat && pool.is_contiguous(), "pool: contiguous float32");
+                         torch::Tensor slots, torch::Tensor pool, int64_t heads, int64_t kv_heads,
+                         c10::optional<torch::Tensor> scales) {
   const int64_t dim = pool.size(-1);
   const int64_t n = positions.numel();
   auto flat = qkv.reshape({n, (heads + 2 * kv_heads) * dim}).contiguous();
-  auto q = torch::empty({n, heads, dim}, pool.options());
+  auto q = torch::empty({n, heads, dim}, pool.options().dtype(at::kFloat));
   auto pos = positions.contiguous();
   auto sl = slots.contiguous();
-  if (flat.scalar_type() == at::kBFloat16) {
-    rope_store_impl<at::BFloat16>(flat.data_ptr<at::BFloat16>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
-                                  pos.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), pool.data_ptr<float>(),
-                                  q.data_ptr<float>(), n, heads, kv_heads, dim);
-  } else {
-    TORCH_CHECK(flat.scalar_type() == at::kFloat, "qkv: float32 or bfloat16");
-    rope_store_impl<float>(flat.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
-                           pos.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), pool.data_ptr<float>(),
-                           q.data_ptr<float>(), n, heads, kv_heads, dim);
-  }
+  with_pool(pool, scales, [&](auto* elements, float* scale_data) {
+    using Elem = std::remove_pointer_t<decltype(elements)>;
+    if (flat.scalar_type() == at::kBFloat16) {
+      rope_store_impl<at::BFloat16, Elem>(flat.data_ptr<at::BFloat16>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                                          pos.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), elements, scale_data,
+                                          q.data_ptr<float>(), n, heads, kv_heads, dim);
+    } else {
+      TORCH_CHECK(flat.scalar_type() == at::kFloat, "qkv: float32 or bfloat16");
+      rope_store_impl<float, Elem>(flat.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                                   pos.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), elements, scale_data,
+                                   q.data_ptr<float>(), n, heads, kv_heads, dim);
+    }
+  });
   return q;
 }
 
@@ -160,32 +227,52 @@ inline float dot(const float* a, const float* b, int64_t dim) {
 }
 
 // One query token per row attending to its cached keys, read in place through the page table.
-// q: (B, H, D) float32; pool: (S, 2, KVH, D); table: (B, T_max) int64; lengths: (B,) int64
-// (row b attends to table[b, :lengths[b]]; with starts (B,) int64, a sliding window, to
+// q: (B, H, D) float32; pool: (S, 2, KVH, D) float32, bf16 or int8 (then scales (S, 2, KVH)
+// float32); table: (B, T_max) int64; lengths: (B,) int64 (row b attends to
+// table[b, :lengths[b]]; with starts (B,) int64, a sliding window, to
 // table[b, starts[b]:lengths[b]]). Returns (B, H·D) in out_dtype.
 // softmax(q·kᵀ·scale)·v per head, heads h of one group sharing kv head h / (H / KVH).
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor pool, torch::Tensor table,
-                                     torch::Tensor lengths, double scale, bool bf16_out,
-                                     c10::optional<torch::Tensor> starts) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous(), "q: contiguous float32");
-  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
-  const int64_t kv_heads = pool.size(2);
+// Compact keys and values are widened to float in the inner loops, an int8 head's scale applied
+// once per dot product (q·k̂ = s_k · Σ q_i k_i) and once per value (p · s_v), so the result is
+// attention over the dequantized keys and values without materializing them.
+// A cached key or value row as float: the row itself for a float32 pool, else widened into
+// `buffer` (once per row, shared by the group's heads).
+inline const float* widen_row(const float* row, float*, int64_t) { return row; }
+template <typename Elem>
+inline const float* widen_row(const Elem* row, float* buffer, int64_t dim) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  for (; i + 8 <= dim; i += 8) {  // 8 elements: zero- / sign-extend to 32 bits, then to float
+    if constexpr (std::is_same_v<Elem, uint16_t>) {
+      const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
+      _mm256_storeu_ps(buffer + i, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+    } else {
+      const __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + i)));
+      _mm256_storeu_ps(buffer + i, _mm256_cvtepi32_ps(wide));
+    }
+  }
+#endif
+  for (; i < dim; ++i) buffer[i] = widen(row[i]);
+  return buffer;
+}
+
+// Ask for the cache lines of the row `ahead` positions on: the rows are scattered through the
+// pool (page table), so the hardware prefetcher cannot predict them.
+template <typename Elem>
+inline void prefetch_row(const Elem* row, int64_t dim) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t offset = 0; offset < dim * static_cast<int64_t>(sizeof(Elem)); offset += 64)
+    __builtin_prefetch(bytes + offset);
+}
+constexpr int64_t PREFETCH_AHEAD = 8;
+
+template <typename Elem>
+void paged_attention_impl(const float* qp, const Elem* pp, const float* scales, const int64_t* tp,
+                          const int64_t* lp, const int64_t* fp, float* op, int64_t batch, int64_t heads,
+                          int64_t kv_heads, int64_t dim, int64_t t_max, float sc) {
   const int64_t group = heads / kv_heads;
-  const int64_t t_max = table.size(1);
-  auto tab = table.contiguous();
-  auto len = lengths.contiguous();
-  auto out = torch::empty({batch, heads * dim}, q.options());
-  const float* qp = q.data_ptr<float>();
-  const float* pp = pool.data_ptr<float>();
-  const int64_t* tp = tab.data_ptr<int64_t>();
-  const int64_t* lp = len.data_ptr<int64_t>();
-  torch::Tensor first;
-  if (starts.has_value()) first = starts->contiguous();
-  const int64_t* fp = starts.has_value() ? first.data_ptr<int64_t>() : nullptr;
-  float* op = out.data_ptr<float>();
-  const float sc = static_cast<float>(scale);
   at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+    std::vector<float> scores, norms(group), buffer(dim);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / kv_heads, kvh = item % kv_heads;
       const int64_t skip = fp != nullptr ? fp[b] : 0;
@@ -193,10 +280,12 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor pool, torch:
       scores.assign(group * length, 0.f);
       const int64_t* slots = tp + b * t_max + skip;
       for (int64_t t = 0; t < length; ++t) {
-        const float* key = pp + ((slots[t] * 2) * kv_heads + kvh) * dim;
+        if (t + PREFETCH_AHEAD < length) prefetch_row(pp + ((slots[t + PREFETCH_AHEAD] * 2) * kv_heads + kvh) * dim, dim);
+        const float* key = widen_row(pp + ((slots[t] * 2) * kv_heads + kvh) * dim, buffer.data(), dim);
+        const float key_scale = scales != nullptr ? sc * scales[(slots[t] * 2) * kv_heads + kvh] : sc;
         for (int64_t g = 0; g < group; ++g) {
           const float* query = qp + (b * heads + kvh * group + g) * dim;
-          scores[g * length + t] = dot(query, key, dim) * sc;
+          scores[g * length + t] = dot(query, key, dim) * key_scale;
         }
       }
       for (int64_t g = 0; g < group; ++g) {
@@ -207,16 +296,44 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor pool, torch:
         float total = 0.f;
 #pragma omp simd reduction(+ : total)
         for (int64_t t = 0; t < length; ++t) total += s[t];
-        const float norm = 1.f / total;
+        norms[g] = 1.f / total;
         float* o = op + (b * heads + kvh * group + g) * dim;
         for (int64_t i = 0; i < dim; ++i) o[i] = 0.f;
-        for (int64_t t = 0; t < length; ++t) {
-          const float* value = pp + ((slots[t] * 2 + 1) * kv_heads + kvh) * dim;
-          const float p = s[t] * norm;
+      }
+      // One pass over the values for the whole group: each value row is read (and widened) once.
+      for (int64_t t = 0; t < length; ++t) {
+        if (t + PREFETCH_AHEAD < length)
+          prefetch_row(pp + ((slots[t + PREFETCH_AHEAD] * 2 + 1) * kv_heads + kvh) * dim, dim);
+        const float* value = widen_row(pp + ((slots[t] * 2 + 1) * kv_heads + kvh) * dim, buffer.data(), dim);
+        const float value_scale = scales != nullptr ? scales[(slots[t] * 2 + 1) * kv_heads + kvh] : 1.f;
+        for (int64_t g = 0; g < group; ++g) {
+          const float p = scales != nullptr ? scores[g * length + t] * norms[g] * value_scale
+                                            : scores[g * length + t] * norms[g];
+          float* o = op + (b * heads + kvh * group + g) * dim;
 #pragma omp simd
           for (int64_t i = 0; i < dim; ++i) o[i] += p * value[i];
-        }      }
+        }
+      }
     }
+  });
+}
+
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor pool, torch::Tensor table,
+                                     torch::Tensor lengths, double scale, bool bf16_out,
+                                     c10::optional<torch::Tensor> starts, c10::optional<torch::Tensor> scales) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous(), "q: contiguous float32");
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t kv_heads = pool.size(2);
+  const int64_t t_max = table.size(1);
+  auto tab = table.contiguous();
+  auto len = lengths.contiguous();
+  auto out = torch::empty({batch, heads * dim}, q.options());
+  torch::Tensor first;
+  if (starts.has_value()) first = starts->contiguous();
+  const int64_t* fp = starts.has_value() ? first.data_ptr<int64_t>() : nullptr;
+  with_pool(pool, scales, [&](auto* elements, float* scale_data) {
+    paged_attention_impl(q.data_ptr<float>(), elements, scale_data, tab.data_ptr<int64_t>(), len.data_ptr<int64_t>(),
+                         fp, out.data_ptr<float>(), batch, heads, kv_heads, dim, t_max, static_cast<float>(scale));
   });
   return bf16_out ? out.to(at::kBFloat16) : out;
 }
@@ -696,10 +813,12 @@ torch::Tensor combine_attention_parts(torch::Tensor out_a, torch::Tensor lse_a, 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual += delta; rmsnorm(residual) * weight");
-  m.def("rope_store", &rope_store, "interleaved RoPE on q, k; store k, v into cache slots");
+  m.def("rope_store", &rope_store, "interleaved RoPE on q, k; store k, v into cache slots",
+        py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("positions"), py::arg("slots"), py::arg("pool"),
+        py::arg("heads"), py::arg("kv_heads"), py::arg("scales") = py::none());
   m.def("paged_decode_attention", &paged_decode_attention, "one-token attention over paged K/V",
         py::arg("q"), py::arg("pool"), py::arg("table"), py::arg("lengths"), py::arg("scale"), py::arg("bf16_out"),
-        py::arg("starts") = py::none());
+        py::arg("starts") = py::none(), py::arg("scales") = py::none());
   m.def("paged_attention_part", &paged_attention_part, "attention to table[n, starts[n]:lengths[n]]: (out, lse)");
   m.def("shared_prefix_attention", &shared_prefix_attention,
         "attention of groups of queries to their group's shared prefix, read once per group: (out, lse)");
