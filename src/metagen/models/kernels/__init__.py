@@ -32,11 +32,11 @@ from pathlib import Path
 
 _NAME = "metagen_fused"
 _SOURCE = Path(__file__).with_name("fused.cpp")
-_CFLAGS = ("-O3", "-march=native", "-fopenmp-simd")
+_CFLAGS = ("-O3", "-march=native", "-fopenmp")
 # The matrix kernels pick their instruction set at run time (functions compiled for AVX2 and for
 # AVX-512 with target attributes), so they are built for the baseline CPU: the AVX2 path then
 # uses AVX2 only, also on a machine with AVX-512.
-_MATMUL = ("metagen_matmul", Path(__file__).with_name("matmul.cpp"), ("-O3",))
+_MATMUL = ("metagen_matmul", Path(__file__).with_name("matmul.cpp"), ("-O3", "-fopenmp"))
 
 
 def _library(library: str) -> tuple[str, Path, tuple[str, ...]]:

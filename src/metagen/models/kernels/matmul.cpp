@@ -713,7 +713,10 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int6
   const int64_t blocks = k / kBlock, tiles = n / kTile;
   TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous() && weight.numel() == tiles * blocks * kInt4BlockBytes,
               "int4 weight: contiguous uint8 of ", tiles * blocks * kInt4BlockBytes, " bytes");
-  static thread_local QuantizedRows act;  // reused: no allocation per call once grown
+  // The caller's buffer, reused: no allocation per call once grown. Worker threads see it through
+  // this reference (a thread_local named inside the parallel lambda would be each worker's own).
+  static thread_local QuantizedRows buffer;
+  QuantizedRows& act = buffer;
   int64_t rows = 0;
   quantize_input(x, k, blocks, wide, act, rows);
   auto out = output_like(x, n);
@@ -738,7 +741,10 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor weight, torch::Tensor c
               "int8 weight: contiguous uint8 of ", tiles * blocks * kInt8BlockBytes, " bytes");
   TORCH_CHECK(column_scale.scalar_type() == at::kFloat && column_scale.is_contiguous() && column_scale.numel() == n,
               "int8 scales: contiguous float32 of out_features = ", n, " values");
-  static thread_local QuantizedRows act;  // reused: no allocation per call once grown
+  // The caller's buffer, reused: no allocation per call once grown. Worker threads see it through
+  // this reference (a thread_local named inside the parallel lambda would be each worker's own).
+  static thread_local QuantizedRows buffer;
+  QuantizedRows& act = buffer;
   int64_t rows = 0;
   quantize_input(x, k, blocks, wide, act, rows);
   auto out = output_like(x, n);
@@ -775,7 +781,10 @@ torch::Tensor grouped_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, i
   const int64_t blocks = k / kBlock, tiles = (n + kTile - 1) / kTile;
   TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous() && weight.numel() == tiles * blocks * f.block_bytes(),
               "grouped weight: contiguous uint8 of ", tiles * blocks * f.block_bytes(), " bytes");
-  static thread_local QuantizedRows act;  // reused: no allocation per call once grown
+  // The caller's buffer, reused: no allocation per call once grown. Worker threads see it through
+  // this reference (a thread_local named inside the parallel lambda would be each worker's own).
+  static thread_local QuantizedRows buffer;
+  QuantizedRows& act = buffer;
   int64_t rows = 0;
   quantize_input(x, k, blocks, wide, act, rows);
   auto out = output_like(x, n);
