@@ -704,6 +704,26 @@ const float* bias_pointer(const c10::optional<torch::Tensor>& bias, int64_t n) {
 // Tiles per task: enough work that a thread's share outweighs waking it.
 int64_t grain(int64_t k, int64_t rows) { return std::max<int64_t>(1, 32768 / (kTile * k * std::min<int64_t>(rows, 4))); }
 
+// What every matrix call shares: quantize x's rows, allocate y in x's dtype, split the column
+// tiles over torch's threads; `tiles_of(act, rows, out, begin, end)` runs one range of tiles.
+template <typename TilesOf>
+torch::Tensor run_matmul(const torch::Tensor& x, int64_t n, int64_t k, int64_t blocks, int64_t tiles, bool wide,
+                         TilesOf tiles_of) {
+  // The caller's buffer, reused: no allocation per call once grown. Worker threads see it through
+  // this reference (a thread_local named inside the parallel lambda would be each worker's own).
+  static thread_local QuantizedRows buffer;
+  QuantizedRows& act = buffer;
+  int64_t rows = 0;
+  quantize_input(x, k, blocks, wide, act, rows);
+  auto out = output_like(x, n);
+  const Output o{out.data_ptr(), out.scalar_type() == at::kFloat};
+  if (rows == 0) return out;
+#if METAGEN_X86
+  at::parallel_for(0, tiles, grain(k, rows), [&](int64_t begin, int64_t end) { tiles_of(act, rows, o, begin, end); });
+#endif
+  return out;
+}
+
 // y = x · dequantize(weight)ᵀ (+ bias), weight in the int4 layout above.  x: (..., K) -> (..., N) bf16.
 torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int64_t k, c10::optional<torch::Tensor> bias,
                           int64_t isa, bool wide) {
@@ -713,23 +733,14 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int6
   const int64_t blocks = k / kBlock, tiles = n / kTile;
   TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous() && weight.numel() == tiles * blocks * kInt4BlockBytes,
               "int4 weight: contiguous uint8 of ", tiles * blocks * kInt4BlockBytes, " bytes");
-  // The caller's buffer, reused: no allocation per call once grown. Worker threads see it through
-  // this reference (a thread_local named inside the parallel lambda would be each worker's own).
-  static thread_local QuantizedRows buffer;
-  QuantizedRows& act = buffer;
-  int64_t rows = 0;
-  quantize_input(x, k, blocks, wide, act, rows);
-  auto out = output_like(x, n);
   const uint8_t* w = weight.data_ptr<uint8_t>();
   const float* b = bias_pointer(bias, n);
-  const Output o{out.data_ptr(), out.scalar_type() == at::kFloat};
-  if (rows == 0) return out;
+  return run_matmul(x, n, k, blocks, tiles, wide, [&](const QuantizedRows& act, int64_t rows, Output o, int64_t begin,
+                                                       int64_t end) {
 #if METAGEN_X86
-  at::parallel_for(0, tiles, grain(k, rows), [&](int64_t begin, int64_t end) {
     run_tiles<true>(isa, w, nullptr, act, rows, n, b, o, begin, end);
-  });
 #endif
-  return out;
+  });
 }
 
 // y = x · (q·s)ᵀ (+ bias), q in the int8 layout above (N padded to tiles, K to blocks), s: (N,) fp32.
@@ -741,24 +752,15 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor weight, torch::Tensor c
               "int8 weight: contiguous uint8 of ", tiles * blocks * kInt8BlockBytes, " bytes");
   TORCH_CHECK(column_scale.scalar_type() == at::kFloat && column_scale.is_contiguous() && column_scale.numel() == n,
               "int8 scales: contiguous float32 of out_features = ", n, " values");
-  // The caller's buffer, reused: no allocation per call once grown. Worker threads see it through
-  // this reference (a thread_local named inside the parallel lambda would be each worker's own).
-  static thread_local QuantizedRows buffer;
-  QuantizedRows& act = buffer;
-  int64_t rows = 0;
-  quantize_input(x, k, blocks, wide, act, rows);
-  auto out = output_like(x, n);
   const uint8_t* w = weight.data_ptr<uint8_t>();
   const float* s = column_scale.data_ptr<float>();
   const float* b = bias_pointer(bias, n);
-  const Output o{out.data_ptr(), out.scalar_type() == at::kFloat};
-  if (rows == 0) return out;
+  return run_matmul(x, n, k, blocks, tiles, wide, [&](const QuantizedRows& act, int64_t rows, Output o, int64_t begin,
+                                                       int64_t end) {
 #if METAGEN_X86
-  at::parallel_for(0, tiles, grain(k, rows), [&](int64_t begin, int64_t end) {
     run_tiles<false>(isa, w, s, act, rows, n, b, o, begin, end);
-  });
 #endif
-  return out;
+  });
 }
 
 // y = x · dequantize(weight)ᵀ (+ bias), weight in the grouped layout above (N padded to tiles).
@@ -781,24 +783,15 @@ torch::Tensor grouped_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, i
   const int64_t blocks = k / kBlock, tiles = (n + kTile - 1) / kTile;
   TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous() && weight.numel() == tiles * blocks * f.block_bytes(),
               "grouped weight: contiguous uint8 of ", tiles * blocks * f.block_bytes(), " bytes");
-  // The caller's buffer, reused: no allocation per call once grown. Worker threads see it through
-  // this reference (a thread_local named inside the parallel lambda would be each worker's own).
-  static thread_local QuantizedRows buffer;
-  QuantizedRows& act = buffer;
-  int64_t rows = 0;
-  quantize_input(x, k, blocks, wide, act, rows);
-  auto out = output_like(x, n);
   const uint8_t* w = weight.data_ptr<uint8_t>();
   const float* b = bias_pointer(bias, n);
-  const Output o{out.data_ptr(), out.scalar_type() == at::kFloat};
-  if (rows == 0) return out;
+  return run_matmul(x, n, k, blocks, tiles, wide, [&](const QuantizedRows& act, int64_t rows, Output o, int64_t begin,
+                                                       int64_t end) {
 #if METAGEN_X86
-  at::parallel_for(0, tiles, grain(k, rows), [&](int64_t begin, int64_t end) {
     if (wide) grouped_dispatch<true>(isa, w, f, act, rows, n, b, o, begin, end);
     else grouped_dispatch<false>(isa, w, f, act, rows, n, b, o, begin, end);
-  });
 #endif
-  return out;
+  });
 }
 
 // The activation quantization of step 1, exposed for the tests: codes xq (M, Kp) int16, their
