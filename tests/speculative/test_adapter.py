@@ -25,13 +25,19 @@ ROWS = [[1, 504, 3458, 314, 260, 2110], [1, 40, 1090], [1, 9519, 28, 2200, 30]]
 
 @pytest.fixture(scope="module")
 def trained(model):
-    """A quick adapter (least squares + 10 Adam steps) on a few model samples, and its report."""
+    """A quick adapter (least squares + 10 Adam steps) on a dozen model samples, and its report."""
     texts = ["The sky is blue because sunlight scatters off air molecules, and blue light scatters most.",
              "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
              "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen in plants.",
              "To make pancakes, mix flour, milk, eggs and a pinch of salt, then fry in a hot pan.",
              "The French Revolution began in 1789 with the storming of the Bastille in Paris.",
-             "A prime number has exactly two divisors: one and itself. Two is the only even prime."]
+             "A prime number has exactly two divisors: one and itself. Two is the only even prime.",
+             "Water boils at one hundred degrees Celsius at sea level and at lower temperatures on mountains.",
+             "for i in range(10):\n    if i % 2 == 0:\n        print(i, 'is even')",
+             "The heart pumps blood through arteries to the organs, and veins carry it back to the heart.",
+             "Shakespeare wrote Hamlet, Macbeth and Romeo and Juliet around the turn of the seventeenth century.",
+             "A triangle's angles add up to one hundred and eighty degrees in Euclidean geometry.",
+             "Bread rises because yeast eats sugar and releases carbon dioxide that the dough traps."]
     return train_exit_adapter(model, EXIT_LAYER, texts, rank=16, steps=10, batch_tokens=64, held_out=0.34)
 
 

@@ -136,7 +136,7 @@ def test_make_drafter_names_and_errors(model):
     with pytest.raises(ValueError, match="num_layers"):
         make_drafter("early-exit", model, exit_layer=30)
     with pytest.raises(ValueError, match="not cheaper"):
-        make_drafter("quantized", model, draft_dtype="int4")  # the int4 target cannot draft for itself
+        make_drafter("quantized", model, draft_dtype="int8")  # 8-bit layers cannot draft for an int4 target
 
 
 def test_cli_json_reports_acceptance_and_block_efficiency(model, capsys):
