@@ -433,9 +433,6 @@ class ConcatLinear:
     def nbytes(self) -> int:
         return sum(part.nbytes for part in self.parts)
 
-    def dequantize(self) -> torch.Tensor:
-        return torch.cat([part.dequantize() if hasattr(part, "dequantize") else part.weight.float() for part in self.parts])
-
 
 # ---------------------------------------------------------------- layouts (see kernels/matmul.cpp)
 # Columns in tiles of 16, features in blocks of 32; a 64-byte chunk holds 16 columns × 4 features.
