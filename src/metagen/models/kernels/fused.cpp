@@ -206,6 +206,17 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
+// Softmax numerators in place: s[t] <- e^(s[t] - max s); sets `top` = max s, returns Σ s[t].
+inline float exp_from_max(float* s, int64_t length, float& top) {
+  top = -INFINITY;
+  for (int64_t t = 0; t < length; ++t) top = std::max(top, s[t]);
+  for (int64_t t = 0; t < length; ++t) s[t] = exp_nonpositive(s[t] - top);
+  float total = 0.f;
+#pragma omp simd reduction(+ : total)
+  for (int64_t t = 0; t < length; ++t) total += s[t];
+  return total;
+}
+
 // Dot product of two float vectors in 8 independent lanes, so the compiler emits 8-wide FMAs
 // (a plain `sum += a[i] * b[i]` loop is a serial dependency chain it must not reorder).
 template <int64_t Dim>
@@ -290,12 +301,8 @@ void paged_attention_impl(const float* qp, const Elem* pp, const float* scales, 
       }
       for (int64_t g = 0; g < group; ++g) {
         float* s = scores.data() + g * length;
-        float top = -INFINITY;
-        for (int64_t t = 0; t < length; ++t) top = std::max(top, s[t]);
-        for (int64_t t = 0; t < length; ++t) s[t] = exp_nonpositive(s[t] - top);
-        float total = 0.f;
-#pragma omp simd reduction(+ : total)
-        for (int64_t t = 0; t < length; ++t) total += s[t];
+        float top;
+        const float total = exp_from_max(s, length, top);
         norms[g] = 1.f / total;
         float* o = op + (b * heads + kvh * group + g) * dim;
         for (int64_t i = 0; i < dim; ++i) o[i] = 0.f;
@@ -521,12 +528,8 @@ std::tuple<torch::Tensor, torch::Tensor> paged_attention_part(torch::Tensor q, t
           continue;
         }
         float* s = scores.data() + g * length;
-        float top = -INFINITY;
-        for (int64_t t = 0; t < length; ++t) top = std::max(top, s[t]);
-        for (int64_t t = 0; t < length; ++t) s[t] = exp_nonpositive(s[t] - top);
-        float total = 0.f;
-#pragma omp simd reduction(+ : total)
-        for (int64_t t = 0; t < length; ++t) total += s[t];
+        float top;
+        const float total = exp_from_max(s, length, top);
         const float norm = 1.f / total;
         for (int64_t t = 0; t < length; ++t) {
           const float* value = pp + ((slots[t] * 2 + 1) * kv_heads + kvh) * dim;
