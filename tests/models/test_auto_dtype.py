@@ -35,8 +35,8 @@ def dequantized(source):
 
 @pytest.mark.parametrize(
     ("qtype", "kind"),
-    [(T.Q4_0, "int4"), (T.Q4_1, "int4"), (T.Q4_K, "int4"), (T.Q5_0, "int5g32"), (T.Q5_1, "int5g32"),
-     (T.Q8_0, "int8g32"), (T.Q2_K, "int8"), (T.Q3_K, "int8"), (T.Q5_K, "int5g32"), (T.Q6_K, "int6g16"),
+    [(T.Q4_0, "int4"), (T.Q4_1, "int4"), (T.Q4_K, "int4g32k"), (T.Q5_0, "int5g32"), (T.Q5_1, "int5g32"),
+     (T.Q8_0, "int8g32"), (T.Q2_K, "int8"), (T.Q3_K, "int8"), (T.Q5_K, "int5g32k"), (T.Q6_K, "int6g16k"),
      (T.F32, "dense")],
 )
 def test_auto_keeps_each_stored_format_and_stays_close_to_the_file(qtype, kind):
@@ -51,21 +51,30 @@ def test_auto_keeps_each_stored_format_and_stays_close_to_the_file(qtype, kind):
 
 
 def test_auto_runs_each_part_of_a_fused_linear_in_its_own_format():
-    sources = {"q": source_of(T.Q4_K, seed=1), "k": source_of(T.Q4_0, seed=2), "v": source_of(T.Q8_0, seed=3)}
+    sources = {"q": source_of(T.Q4_1, seed=1), "k": source_of(T.Q4_0, seed=2), "v": source_of(T.Q8_0, seed=3),
+               "g": source_of(T.Q4_K, seed=4)}
     assert _linear(sources, ["q", "k"], "auto").kind == "int4"
-    fused = _linear(sources, ["q", "k", "v"], "auto")
-    assert fused.kind == "concat" and fused.stored == "Q4_0+Q4_K+Q8_0"
-    assert [part.kind for part in fused.parts] == ["int4", "int8g32"]  # q and k as one int4 linear
+    fused = _linear(sources, ["q", "k", "v", "g"], "auto")
+    assert fused.kind == "concat" and fused.stored == "Q4_0+Q4_1+Q4_K+Q8_0"
+    assert [part.kind for part in fused.parts] == ["int4", "int8g32", "int4g32k"]  # q and k as one int4 linear
     x = torch.randn(3, 512)
-    reference = x @ torch.cat([dequantized(sources[n]) for n in "qkv"]).t()
-    assert fused(x.bfloat16()).shape == (3, 192)
+    reference = x @ torch.cat([dequantized(sources[n]) for n in "qkvg"]).t()
+    assert fused(x.bfloat16()).shape == (3, 256)
     assert relative_error(fused(x.bfloat16()).float(), reference) < 0.01
+
+
+def test_k_quants_run_exactly_their_own_blocks():
+    """Q4_K / Q5_K / Q6_K keep their two-level scales: the weight the kernel holds is the file's,
+    bit for bit (no value rounded to bf16 or fp16 on the way)."""
+    for qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
+        linear = _linear({"w": source_of(qtype)}, ["w"], "auto")
+        assert linear.factored and torch.equal(linear.dequantize(), dequantized(source_of(qtype)))
 
 
 def test_explicit_int4_requantizes_what_auto_keeps():
     source = source_of(T.Q6_K)
     assert _linear({"w": source}, ["w"], "int4").kind == "int4"
-    assert _linear({"w": source}, ["w"], "auto").kind == "int6g16"
+    assert _linear({"w": source}, ["w"], "auto").kind == "int6g16k"
 
 
 @pytest.mark.slow

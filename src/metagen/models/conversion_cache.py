@@ -28,7 +28,8 @@ from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, NORM_FIELDS, Laye
 # 5: layers stored from LayerWeights' fields (optional q/k norms), config gains qk_norm and sliding_window;
 # 6: optional linears (router) and per-expert linears, config gains the mixture-of-experts fields
 # 7: grouped 5/6/8-bit linears (GGUF Q5_x, Q6_K, Q8_0 kept exactly) and concatenated linears
-_FORMAT_VERSION = "7"
+# 8: K-quant tensors (Q4_K, Q5_K, Q6_K) keep their two-level scales (linear.Factored)
+_FORMAT_VERSION = "8"
 WAIT_SECONDS = 600.0  # for another process converting the same checkpoint; then we convert too
 
 
@@ -130,9 +131,10 @@ def _restore_linear(prefix: str, info: dict, tensors: dict):
     elif info["kind"] == "concat":
         linear = ConcatLinear([_restore_linear(f"{prefix}.{i}", part, tensors) for i, part in enumerate(info["parts"])])
     elif "bits" in info:
-        linear = GroupedLinear(tensors[f"{prefix}.codes"], tensors[f"{prefix}.scales"].float(),
-                               None if f"{prefix}.zeros" not in tensors else tensors[f"{prefix}.zeros"].float(),
-                               info["bits"], info["group"], info["offset"], bias)
+        names = ("codes", "scales", "zeros", "scales_top", "scales_sub", "zeros_top", "zeros_sub")
+        state = {name: tensors[f"{prefix}.{name}"] for name in names if f"{prefix}.{name}" in tensors}
+        linear = GroupedLinear(state["codes"], GroupedLinear.restore_values(state, "scales"),
+                               GroupedLinear.restore_values(state, "zeros"), info["bits"], info["group"], info["offset"], bias)
     else:
         linear = Int4Linear(tensors[f"{prefix}.packed"], tensors[f"{prefix}.scales_and_zeros"], info["in_features"], bias,
                             info.get("group_size", INT4_GROUP))

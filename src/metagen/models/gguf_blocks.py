@@ -55,15 +55,8 @@ def _q4_k_scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _q4_k(raw: np.ndarray):
-    rows = raw.shape[0]
-    blocks = raw.reshape(rows, -1, 144)  # (N, K/256, 144)
-    d, dmin = _fp16(blocks, 0), _fp16(blocks, 2)
-    sc, m = _q4_k_scales_and_mins(blocks[..., 4:16])
-    scales = d[..., None] * sc  # (N, K/256, 8)
-    zeros = 8.0 * scales - dmin[..., None] * m
-    qs = blocks[..., 16:].reshape(rows, -1, 4, 32)  # four chunks of 64 weights
-    codes = np.stack([qs & 0x0F, qs >> 4], axis=3)  # (N, K/256, 4, 2, 32): low then high nibbles
-    return codes.reshape(rows, -1).astype(np.int32), scales.reshape(rows, -1), zeros.reshape(rows, -1)
+    exact = _q4_k_group(raw)  # w = d·sc·q − dmin·m = (q − 8)·s + (8·s + z)
+    return exact.codes.astype(np.int32), exact.scales, 8.0 * exact.scales + exact.zeros
 
 
 def int4_codes(raw: np.ndarray, type_name: str):
@@ -80,10 +73,12 @@ def int4_codes(raw: np.ndarray, type_name: str):
     return None
 
 
-# ------------------------------------------------------------------ 5-, 6- and 8-bit blocks
+# ------------------------------------------------------------------ grouped blocks (4-, 5-, 6-, 8-bit)
 # The grouped kernel (linear.GroupedLinear) computes w = (u − o)·s + z with unsigned codes u of
-# 5, 6 or 8 bits, one scale s (and zero z) per group of 16 or 32 input features. GGUF's wider
-# blocks are exactly this, in float32 (ggml's own dequantization does the same products):
+# 4, 5, 6 or 8 bits, one scale s (and zero z) per group of 16 or 32 input features. GGUF's
+# blocks are exactly this, in float32 (ggml's own dequantization does the same products); the
+# K-quants' s and z are products of an fp16 per 256 and a small integer per group, kept as such
+# (`GroupCodes.factors`):
 #
 # - Q8_0, 34 bytes = 32 weights: d (fp16), 32 int8 q; w = d·q      -> u = q + 128, o = 128, s = d.
 # - Q5_0, 22 bytes: d, 4 bytes qh, 16 bytes nibbles; the 5th bit of weight i is bit i of qh;
@@ -93,18 +88,28 @@ def int4_codes(raw: np.ndarray, type_name: str):
 #   sub-block scales sc, d; w = d·sc_j·(q − 32) per 16 weights       -> o = 32, s = d·sc_j (group 16).
 # - Q5_K, 176 bytes = 256 weights: d, dmin, 12 bytes of 6-bit sc/m (as Q4_K), 32 bytes of 5th
 #   bits, 128 bytes nibbles; w = d·sc_j·q − dmin·m_j per 32         -> o = 0, s = d·sc_j, z = −dmin·m_j.
+# - Q4_K, as Q5_K without the 5th bits (see above)                  -> bits 4, o = 0, s = d·sc_j, z = −dmin·m_j.
 
-GROUPED_TYPES = ("Q5_0", "Q5_1", "Q8_0", "Q6_K", "Q5_K")
+GROUPED_TYPES = ("Q4_K", "Q5_0", "Q5_1", "Q8_0", "Q6_K", "Q5_K")
 
 
 class GroupCodes:
     """A GGUF tensor's codes in the grouped kernel's terms: `codes` (N, K) uint8 u, `scales`
     (N, K/group) float32, `zeros` (N, K/group) float32 or None, `bits`, `group`, `offset` o:
-    w = (u − o)·s (+ z)."""
+    w = (u − o)·s (+ z). `factors`: for the K-quants, {"scales": (top, sub), "zeros": (top, sub)}
+    with top (N, K/256) float32 (d, −dmin) and sub (N, K/group) int8 (sc, m): s = top·sub."""
 
-    def __init__(self, codes, scales, zeros, bits: int, group: int, offset: int) -> None:
+    def __init__(self, codes, scales, zeros, bits: int, group: int, offset: int, factors: dict | None = None) -> None:
         self.codes, self.scales, self.zeros = codes, scales, zeros
         self.bits, self.group, self.offset = bits, group, offset
+        self.factors = factors
+
+    def take_rows(self, order: np.ndarray) -> None:
+        """Reorder the output rows (in place)."""
+        self.codes, self.scales = self.codes[order], self.scales[order]
+        self.zeros = None if self.zeros is None else self.zeros[order]
+        if self.factors is not None:
+            self.factors = {name: (top[order], sub[order]) for name, (top, sub) in self.factors.items()}
 
     def dequantize(self) -> np.ndarray:
         """(N, K) float32 in ggml's order of operations."""
@@ -157,7 +162,8 @@ def _q6_k(raw: np.ndarray) -> GroupCodes:
     high = qh.reshape(rows, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)
     high = (high & 0x03).reshape(rows, nb, 2, 128)
     codes = (low | (high << 4)).reshape(rows, -1)
-    return GroupCodes(codes, (d[..., None] * sc).reshape(rows, -1), None, bits=6, group=16, offset=32)
+    factors = {"scales": (d, sc.astype(np.int8).reshape(rows, -1))}
+    return GroupCodes(codes, (d[..., None] * sc).reshape(rows, -1), None, bits=6, group=16, offset=32, factors=factors)
 
 
 def _q5_k(raw: np.ndarray) -> GroupCodes:
@@ -171,15 +177,33 @@ def _q5_k(raw: np.ndarray) -> GroupCodes:
     low = (low & 0x0F).reshape(rows, nb, 8, 32)  # sub-block j: low nibbles of chunk j/2, or high
     high = (qh[..., None, :] >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1  # bit j: sub-block j
     codes = (low | (high << 4)).reshape(rows, -1)
+    return _k_codes(codes, d, dmin, sc, m, bits=5)
+
+
+def _k_codes(codes, d, dmin, sc, m, bits: int) -> GroupCodes:
+    """Q4_K / Q5_K: s = d·sc, z = −dmin·m per 32 (d, dmin: (N, K/256); sc, m: (N, K/256, 8))."""
+    rows = codes.shape[0]
     scales = (d[..., None] * sc).reshape(rows, -1)
     zeros = -(dmin[..., None] * m).reshape(rows, -1)
-    return GroupCodes(codes, scales, zeros, bits=5, group=32, offset=0)
+    factors = {"scales": (d, sc.astype(np.int8).reshape(rows, -1)), "zeros": (-dmin, m.astype(np.int8).reshape(rows, -1))}
+    return GroupCodes(codes, scales, zeros, bits=bits, group=32, offset=0, factors=factors)
+
+
+def _q4_k_group(raw: np.ndarray) -> GroupCodes:
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, 144)
+    sc, m = _q4_k_scales_and_mins(blocks[..., 4:16])
+    qs = blocks[..., 16:].reshape(rows, -1, 4, 32)
+    codes = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(rows, -1)
+    return _k_codes(codes, _fp16(blocks, 0), _fp16(blocks, 2), sc, m, bits=4)
 
 
 def group_codes(raw: np.ndarray, type_name: str) -> GroupCodes | None:
-    """The grouped kernel's exact codes for a 5-, 6- or 8-bit GGUF tensor, else None.
+    """The grouped kernel's exact codes for a Q4_K, Q5_x, Q6_K or Q8_0 GGUF tensor, else None.
 
     raw: (N, bytes per row) uint8. None also for a Q8_0 tensor holding the code −128."""
+    if type_name == "Q4_K":
+        return _q4_k_group(raw)
     if type_name == "Q5_0":
         return _q5_legacy(raw, with_min=False)
     if type_name == "Q5_1":

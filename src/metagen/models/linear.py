@@ -7,6 +7,8 @@ Weight formats (the stored state; the conversion cache saves it as is):
   bf16 scale and zero per (output, group), packed in torch's `_convert_weight_to_int4pack_for_cpu`
   layout. GGUF's Q4_1 block (32 weights, w = d·q + m) is exactly this with scale = d and
   zero = m + 8·d; Q4_0 (w = d·(q − 8)) has zero = 0; Q4_K sub-blocks likewise (gguf_blocks.py).
+- grouped (`GroupedLinear`): 4-, 5-, 6- or 8-bit codes, a scale (and zero) per group of 16 or 32,
+  plain or `Factored` (the K-quants' int8 per group under a float per 256 features).
 
 Two implementations compute x (..., K) -> (..., N), chosen once per process by
 METAGEN_KERNELS (the compiled kernels return x's dtype, float32 unrounded or bf16; torch's take
@@ -318,39 +320,86 @@ class Int4Linear:
         return out | ({"bias": self.bias} if self.bias is not None else {})
 
 
+FACTOR_SPAN = 256  # input features under one top value of a `Factored` scale or zero
+
+
+class Factored:
+    """Per-group values stored in two levels, as GGUF's K-quants store their sub-block scales and
+    mins: v = fl(top · sub) in float32, `sub` (N, K/group) int8 per group, `top` (N, K/256) float
+    per 256 input features. Q4_K / Q5_K: scale d·sc and zero −dmin·m with 6-bit sc, m; Q6_K:
+    scale d·sc with int8 sc. One byte per group instead of a float: Q6_K's 6-bit codes take 0.82
+    bytes per weight instead of 1.0, Q4_K's 0.58 instead of 0.625."""
+
+    def __init__(self, top: torch.Tensor, sub: torch.Tensor) -> None:
+        if top.dim() != 2 or sub.dim() != 2 or top.shape[0] != sub.shape[0] or sub.shape[1] % max(top.shape[1], 1):
+            raise ValueError(f"Factored: top (N, K/256) and sub (N, K/group) with the same N, got {tuple(top.shape)} "
+                             f"and {tuple(sub.shape)}")
+        as_float = sub.float()
+        if sub.numel() and ((as_float.round() != as_float).any() or as_float.min() < -128 or as_float.max() > 127):
+            raise ValueError("Factored: sub values must be integers in [-128, 127] (int8)")
+        self.top, self.sub = top, sub.to(torch.int8)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.sub.shape
+
+    def values(self) -> torch.Tensor:
+        """(N, K/group) float32: fl(top · sub)."""
+        per = self.sub.shape[1] // self.top.shape[1]
+        return self.top.float().repeat_interleave(per, dim=1) * self.sub.float()
+
+    def __getitem__(self, rows) -> "Factored":
+        return Factored(self.top[rows], self.sub[rows])
+
+
+def _exact_half(values: list[torch.Tensor]) -> bool:
+    return all(bool((v.float().half().float() == v.float()).all()) for v in values)
+
+
 class GroupedLinear:
-    """Weight-only 5-, 6- or 8-bit codes with a scale (and zero) per group of 16 or 32 input
+    """Weight-only 4-, 5-, 6- or 8-bit codes with a scale (and zero) per group of 16 or 32 input
     features: w = (u − o)·s (+ z), u ∈ [0, 2^bits); x: (..., K) -> (..., N) bf16.
 
-    The format of GGUF's Q5_0 / Q5_1 / Q5_K / Q6_K / Q8_0 blocks (`gguf_blocks.group_codes`), so
-    those tensors run at their own precision. Scales and zeros are kept in fp16 when every value
-    is exactly an fp16 (the legacy blocks), else in fp32 (K-quant sub-block scales d·sc).
-    Bytes per weight: bits/8 + the scales' (5-bit: 0.69 with fp16 scales; 6-bit, groups of 16:
-    1.0; 8-bit: 1.06). The compiled kernels run it; on the "torch" backend the weight is
-    dequantized once to bf16 and runs as a dense matrix.
+    The format of GGUF's Q4_K / Q5_0 / Q5_1 / Q5_K / Q6_K / Q8_0 blocks (`gguf_blocks.group_codes`),
+    so those tensors run at their own precision. Plain scales and zeros are kept in fp16 when
+    every value is exactly an fp16 (the legacy blocks), else in fp32; `Factored` ones (the K-quants'
+    int8 sub-block values under an fp16 d per 256) as such. Bytes per weight: bits/8 + the
+    values' (Q4_K 0.58, Q5_K 0.70, Q6_K 0.82, Q5_0 0.69, Q8_0 1.06). The compiled kernels run it;
+    on the "torch" backend the weight is dequantized once to bf16 and runs as a dense matrix.
     """
 
     stored = ""  # the checkpoint format(s) the weight was converted from, e.g. "Q5_0" (set by the loader)
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int, group: int,
-                 offset: int, bias: torch.Tensor | None = None, backend: str | None = None) -> None:
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor | Factored, zeros: torch.Tensor | Factored | None,
+                 bits: int, group: int, offset: int, bias: torch.Tensor | None = None, backend: str | None = None) -> None:
         n, k = codes.shape
-        if bits not in (5, 6, 8) or group not in (16, 32) or k % 32:
-            raise ValueError(f"grouped weights: bits must be 5, 6 or 8 (got {bits}), group 16 or 32 (got {group}) "
+        if bits not in (4, 5, 6, 8) or group not in (16, 32) or k % 32:
+            raise ValueError(f"grouped weights: bits must be 4, 5, 6 or 8 (got {bits}), group 16 or 32 (got {group}) "
                              f"and in_features a multiple of 32 (got {k})")
         if bits == 8 and (zeros is not None or offset != 128 or int(codes.min()) == 0):
             raise ValueError("grouped weights: 8-bit codes must be symmetric (offset 128, no zeros, no code 0)")
         if not 0 <= offset < 2**bits or scales.shape != (n, k // group) or (zeros is not None and zeros.shape != scales.shape):
             raise ValueError(f"grouped weights: offset {offset} must be in [0, {2**bits}) and scales / zeros of shape "
                              f"({n}, {k // group}), got {tuple(scales.shape)}")
+        self.factored = isinstance(scales, Factored)
+        if zeros is not None and isinstance(zeros, Factored) != self.factored:
+            raise ValueError("grouped weights: scales and zeros must both be Factored or both plain")
+        if self.factored and (k % FACTOR_SPAN or scales.top.shape[1] != k // FACTOR_SPAN):
+            raise ValueError(f"grouped weights: Factored values need in_features divisible by {FACTOR_SPAN} (got {k}) "
+                             f"and one top value per {FACTOR_SPAN} features")
         self.bits, self.group, self.offset = bits, group, offset
         self.out_features, self.in_features = n, k
-        self.kind = f"int{bits}g{group}"
+        self.kind = f"int{bits}g{group}" + ("k" if self.factored else "")
         values = [scales] + ([] if zeros is None else [zeros])
-        self.half = all(bool((v.float().half().float() == v.float()).all()) for v in values)
-        value_dtype = torch.float16 if self.half else torch.float32
-        self.scales = scales.to(value_dtype)
-        self.zeros = None if zeros is None else zeros.to(value_dtype)
+        if self.factored:
+            self.half = _exact_half([v.top for v in values])
+            self.scales, self.zeros = (None if v is None else Factored(v.top.to(torch.float16 if self.half else torch.float32), v.sub)
+                                       for v in (scales, zeros))
+        else:
+            self.half = _exact_half(values)
+            value_dtype = torch.float16 if self.half else torch.float32
+            self.scales = scales.to(value_dtype)
+            self.zeros = None if zeros is None else zeros.to(value_dtype)
         self.bias = bias
         self.backend = resolve_backend(backend)
         if self.backend == "torch":
@@ -369,7 +418,7 @@ class GroupedLinear:
         if self._codes is not None:
             return self._codes
         return unpack_grouped(self.packed, self.out_features, self.in_features, self.bits, self.group, self.half,
-                              self.zeros is not None)
+                              self.zeros is not None, self.factored)
 
     @property
     def takes_float(self) -> bool:
@@ -382,13 +431,18 @@ class GroupedLinear:
             return F.linear(x.to(torch.bfloat16), self._dense, None if self.bias is None else self.bias.to(torch.bfloat16))
         return self._kernel.grouped_matmul(x, self.packed, self.out_features, self.in_features, self._bias32, self._isa,
                                            self._wide, self.bits, self.group, self.zeros is not None, self.half,
-                                           self.offset)
+                                           self.factored, self.offset)
+
+    def values(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(scales, zeros) per group as float32 (N, K/group) (zeros None when the format has none)."""
+        plain = [None if v is None else v.values() if self.factored else v.float() for v in (self.scales, self.zeros)]
+        return plain[0], plain[1]
 
     def dequantize(self) -> torch.Tensor:
         """(N, K) float32: w = (u − o)·s (+ z)."""
-        scales = self.scales.float().repeat_interleave(self.group, dim=1)
-        w = (self.codes().float() - self.offset) * scales
-        return w if self.zeros is None else w + self.zeros.float().repeat_interleave(self.group, dim=1)
+        scales, zeros = self.values()
+        w = (self.codes().float() - self.offset) * scales.repeat_interleave(self.group, dim=1)
+        return w if zeros is None else w + zeros.repeat_interleave(self.group, dim=1)
 
     @property
     def nbytes(self) -> int:
@@ -398,12 +452,23 @@ class GroupedLinear:
 
     def format(self) -> dict:
         """What the conversion cache records besides the tensors."""
-        return {"bits": self.bits, "group": self.group, "offset": self.offset}
+        return {"bits": self.bits, "group": self.group, "offset": self.offset, "factored": self.factored}
 
     def state(self) -> dict[str, torch.Tensor]:
-        out = {"codes": self.codes(), "scales": self.scales}
-        out |= {"zeros": self.zeros} if self.zeros is not None else {}
+        out = {"codes": self.codes()}
+        for name, value in (("scales", self.scales), ("zeros", self.zeros)):
+            if isinstance(value, Factored):
+                out |= {f"{name}_top": value.top, f"{name}_sub": value.sub}
+            elif value is not None:
+                out[name] = value
         return out | ({"bias": self.bias} if self.bias is not None else {})
+
+    @staticmethod
+    def restore_values(state: dict[str, torch.Tensor], name: str) -> torch.Tensor | Factored | None:
+        """`name`'s ("scales" / "zeros") values from `state()`'s tensors."""
+        if f"{name}_top" in state:
+            return Factored(state[f"{name}_top"], state[f"{name}_sub"])
+        return state[name].float() if name in state else None
 
 
 class ConcatLinear:
@@ -485,21 +550,24 @@ def _grouped_values(values: torch.Tensor, tiles: int, blocks: int) -> torch.Tens
     return v.view(torch.uint8).reshape(tiles, blocks, -1)
 
 
-def pack_grouped(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int,
+def pack_grouped(codes: torch.Tensor, scales: torch.Tensor | Factored, zeros: torch.Tensor | Factored | None, bits: int,
                  group: int) -> torch.Tensor:
     """codes (N, K) in [0, 2^bits), scales / zeros (N, K/group) fp16 or fp32 -> the grouped kernel
     layout (kernels/matmul.cpp): N padded to 16 (codes 128 for 8 bits, else 0; scales 0). Per
     tile t and block g: 8-bit: 8 chunks × 64 bytes, byte 4j + b of chunk c = u[16t + j, 32g + 4c + b];
     5 / 6 bits: int4's 256 bytes of low nibbles, then 64-byte planes of the high bits laid out like
     a chunk: 5 bits, bit c of byte 4j + b = bit 4 of u[16t + j, 32g + 4c + b]; 6 bits, two planes
-    (chunks 0-3, 4-7) holding bits 4-5 of chunk c's code at bits 2(c mod 4), +1; then the scales
-    (and zeros)."""
+    (chunks 0-3, 4-7) holding bits 4-5 of chunk c's code at bits 2(c mod 4), +1; 4 bits: the
+    nibbles alone; then the scales (and zeros). Factored values: the int8 subs per block, and
+    every 8 blocks preceded by the 16 columns' top scales (and zeros)."""
     n, k = codes.shape
     tiles, blocks = -(-n // 16), k // 32
     u = F.pad(codes.to(torch.int32), (0, 0, 0, tiles * 16 - n), value=128 if bits == 8 else 0).to(torch.uint8)
     chunks = u.view(tiles, 16, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # (t, g, c, j, b)
     if bits == 8:
         parts = [chunks.reshape(tiles, blocks, 512)]
+    elif bits == 4:
+        parts = [(chunks[:, :, :4] | (chunks[:, :, 4:] << 4)).reshape(tiles, blocks, 256)]
     else:
         low = chunks[:, :, :4] & 15
         high = chunks[:, :, 4:] & 15
@@ -511,20 +579,32 @@ def pack_grouped(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor 
             shifts = (2 * torch.arange(4, dtype=torch.int32))[:, None]
             planes = [(high[:, :, 4 * p : 4 * p + 4] << shifts).sum(2) for p in range(2)]
         parts += [plane.to(torch.uint8) for plane in planes]
-    parts.append(_grouped_values(scales, tiles, blocks))
-    if zeros is not None:
-        parts.append(_grouped_values(zeros, tiles, blocks))
-    return torch.cat(parts, dim=-1).contiguous().view(-1)
+    values = [v for v in (scales, zeros) if v is not None]
+    if not isinstance(scales, Factored):
+        return torch.cat(parts + [_grouped_values(v, tiles, blocks) for v in values], dim=-1).contiguous().view(-1)
+    supers = blocks // 8
+    per_block = torch.cat(parts + [_grouped_values(v.sub, tiles, blocks) for v in values], dim=-1)
+    tops = torch.cat([_grouped_values(v.top, tiles, supers) for v in values], dim=-1)
+    return torch.cat([tops, per_block.reshape(tiles, supers, -1)], dim=-1).contiguous().view(-1)
 
 
-def unpack_grouped(weight: torch.Tensor, n: int, k: int, bits: int, group: int, half: bool, zero: bool) -> torch.Tensor:
+def unpack_grouped(weight: torch.Tensor, n: int, k: int, bits: int, group: int, half: bool, zero: bool,
+                   factored: bool = False) -> torch.Tensor:
     """The (N, K) uint8 codes of a grouped kernel-layout weight (inverse of pack_grouped)."""
     tiles, blocks = -(-n // 16), k // 32
     code_bytes = 512 if bits == 8 else 256 + (bits - 4) * 64
-    value_bytes = (32 // group) * 16 * (2 if half else 4)
-    b = weight.view(tiles, blocks, code_bytes + value_bytes * (2 if zero else 1))
+    value_bytes = (32 // group) * 16 * (1 if factored else 2 if half else 4)
+    block_bytes = code_bytes + value_bytes * (2 if zero else 1)
+    if factored:
+        top_bytes = 16 * (2 if half else 4) * (2 if zero else 1)
+        b = weight.view(tiles, blocks // 8, top_bytes + 8 * block_bytes)[..., top_bytes:].reshape(tiles, blocks, block_bytes)
+    else:
+        b = weight.view(tiles, blocks, block_bytes)
     if bits == 8:
         chunks = b[..., :512].reshape(tiles, blocks, 8, 16, 4)
+    elif bits == 4:
+        nibbles = b[..., :256].reshape(tiles, blocks, 4, 16, 4)
+        chunks = torch.cat([nibbles & 15, nibbles >> 4], dim=2)
     else:
         nibbles = b[..., :256].reshape(tiles, blocks, 4, 16, 4)
         chunks = torch.cat([nibbles & 15, nibbles >> 4], dim=2).to(torch.int32)  # (t, g, c, j, b)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from metagen.models.cache import DEFAULT_KV_DTYPE, check_kv_dtype
@@ -23,7 +24,7 @@ from metagen.models.decoder import DecoderModel
 from metagen.models.disk_cache import cache_directory  # noqa: F401  (its historical home)
 from metagen.models.embedded import embedded_model_path
 from metagen.models.gguf_blocks import EXACT_INT4_TYPES
-from metagen.models.linear import ConcatLinear, DenseLinear, GroupedLinear, Int4Linear, Int8Linear
+from metagen.models.linear import ConcatLinear, DenseLinear, Factored, GroupedLinear, Int4Linear, Int8Linear
 from metagen.models.families import EXPERT_LINEARS, family_for
 from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, NORM_FIELDS, LayerWeights
 
@@ -105,21 +106,22 @@ def _read_checkpoint(path: Path):
 def _auto_format(part) -> tuple:
     """The format "auto" gives one stored tensor: never below the precision it has.
 
-    ("int4",) for blocks that are exactly int4 codes (Q4_0, Q4_1, Q4_K); ("grouped", bits, group,
-    zeros, offset) for the 5-, 6- and 8-bit blocks the grouped kernel holds exactly (Q5_0, Q5_1,
-    Q5_K, Q6_K, Q8_0); ("bf16",) for floats (F32 / F16 / BF16 / safetensors); else
-    (AUTO_WIDE_FORMAT,) (the 2- and 3-bit K-quants and the IQ types, re-quantized per row)."""
-    if part.type_name in EXACT_INT4_TYPES:
-        return ("int4",)
+    ("grouped", bits, group, zeros, offset) for the blocks the grouped kernel holds exactly, with
+    their own two-level scales for the K-quants (Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0); ("int4",) for
+    the other blocks that are exactly int4 codes (Q4_0, Q4_1); ("bf16",) for floats (F32 / F16 /
+    BF16 / safetensors); else (AUTO_WIDE_FORMAT,) (the 2- and 3-bit K-quants and the IQ types,
+    re-quantized per row)."""
     if part.type_name in GROUPED_FORMATS:
         return ("grouped",) + GROUPED_FORMATS[part.type_name]
+    if part.type_name in EXACT_INT4_TYPES:
+        return ("int4",)
     if part.raw is None:
         return ("bf16",)
     return (AUTO_WIDE_FORMAT,)
 
 
 # bits, group, has zeros, offset of each GGUF type the grouped kernel holds exactly (gguf_blocks.py)
-GROUPED_FORMATS = {"Q5_0": (5, 32, False, 16), "Q5_1": (5, 32, True, 0), "Q5_K": (5, 32, True, 0),
+GROUPED_FORMATS = {"Q4_K": (4, 32, True, 0), "Q5_0": (5, 32, False, 16), "Q5_1": (5, 32, True, 0), "Q5_K": (5, 32, True, 0),
                    "Q6_K": (6, 16, False, 32), "Q8_0": (8, 32, False, 128)}
 
 
@@ -169,10 +171,9 @@ def _linear_from_parts(parts: list, dtype: str, bias_parts: list):
         exact = [part.group_codes() for part in parts]
         if all(e is not None for e in exact):  # None: a Q8_0 tensor holding the code −128
             first = exact[0]
-            zeros = None if first.zeros is None else torch.cat([torch.from_numpy(e.zeros) for e in exact])
-            return GroupedLinear(torch.cat([torch.from_numpy(e.codes) for e in exact]),
-                                 torch.cat([torch.from_numpy(e.scales) for e in exact]), zeros, first.bits, first.group,
-                                 first.offset, None if bias is None else bias.float())
+            scales, zeros = (_group_values(exact, name) for name in ("scales", "zeros"))
+            return GroupedLinear(torch.cat([torch.from_numpy(e.codes) for e in exact]), scales, zeros, first.bits,
+                                 first.group, first.offset, None if bias is None else bias.float())
         dtype = AUTO_WIDE_FORMAT
     weight = torch.cat([part.dense() for part in parts])
     if dtype == "int4" and Int4Linear.supports(*weight.shape):
@@ -181,6 +182,16 @@ def _linear_from_parts(parts: list, dtype: str, bias_parts: list):
         return Int8Linear.quantize(weight, bias)
     activation = torch.float32 if dtype == "fp32" else torch.bfloat16
     return DenseLinear(weight.to(activation), None if bias is None else bias.to(activation))
+
+
+def _group_values(exact: list, name: str):
+    """The stacked parts' "scales" or "zeros": `Factored` where the blocks store them in two levels."""
+    if getattr(exact[0], name) is None:
+        return None
+    if exact[0].factors is not None:
+        tops, subs = zip(*(e.factors[name] for e in exact))
+        return Factored(torch.from_numpy(np.concatenate(tops)), torch.from_numpy(np.concatenate(subs)))
+    return torch.cat([torch.from_numpy(getattr(e, name)) for e in exact])
 
 
 def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: str) -> DecoderModel:

@@ -97,15 +97,13 @@ class WeightSource:
 
 
     def group_codes(self):
-        """The grouped kernel's exact `GroupCodes` for Q5_0 / Q5_1 / Q5_K / Q6_K / Q8_0, else None
+        """The grouped kernel's exact `GroupCodes` for Q4_K / Q5_0 / Q5_1 / Q5_K / Q6_K / Q8_0, else None
         (see `gguf_blocks`)."""
         from metagen.models.gguf_blocks import group_codes
 
         exact = group_codes(self.raw, self.type_name) if self.raw is not None else None
         if exact is not None and self.row_order is not None:
-            order = self.row_order
-            exact.codes, exact.scales = exact.codes[order], exact.scales[order]
-            exact.zeros = None if exact.zeros is None else exact.zeros[order]
+            exact.take_rows(self.row_order)
         return exact
 
 def interleave_rows(num_rows: int, num_heads: int) -> np.ndarray:

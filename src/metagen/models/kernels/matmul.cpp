@@ -18,7 +18,10 @@
 //        grouped: w = (u − o)·s + z, u ∈ [0, 2^bits), s (and z) per (n, group of 16 or 32), o an
 //              integer (2^(bits−1) for symmetric formats, 0 with zeros); per group h of the block
 //              d_h = Σ xq·u − o·Σxq (exact):  acc = fma(d_h, s_h·a, acc);  acc = fma(z_h, a·Σ_h xq, acc)
-//              (with groups of 32 the block's single d and a·Σxq are the int4 path's)
+//              (with groups of 32 the block's single d and a·Σxq are the int4 path's).
+//              Two-level ("factored") values, as GGUF's K-quants store them: s = fl(S·σ) and
+//              z = fl(Z·ζ) in fp32, σ, ζ int8 per group, S, Z per (n, 256 features); exact when S
+//              and Z are fp16 (11 significant bits × 8)
 //   4. + bias (fp32); the output has x's dtype: float32 as is, bf16 rounded once (half to even).
 // The AVX-512 VNNI and the AVX2 paths compute the same integers and the same float operations
 // lane by lane, so they agree bit for bit (the tests check this).
@@ -29,13 +32,14 @@
 //         then 16 bf16 scales s and 16 bf16 zeros z of the tile's columns.
 //   int8: per tile, per block, 512 bytes: 8 chunks of 64, chunk c byte 4j + b holding
 //         q[16t + j][32g + 4c + b] + 128 (an unsigned byte); column scales separately (fp32).
-//   grouped (bits 5, 6 or 8; GGUF's Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 blocks hold exactly these codes):
-//         per tile, per block: the codes — bits 8: as int8 (byte = u); bits 5 / 6: the low four
+//   grouped (bits 4, 5, 6 or 8; GGUF's Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 blocks hold exactly these codes):
+//         per tile, per block: the codes — bits 8: as int8 (byte = u); bits 4: int4's nibbles; bits 5 / 6: the low four
 //         bits as int4's nibbles (256 bytes), then the high bits in planes of 64 bytes laid out
 //         like a chunk (byte 4j + b): 5 bits, one plane, bit c = bit 4 of u[16t + j][32g + 4c + b];
 //         6 bits, two planes (chunks 0-3, 4-7), bits 2(c mod 4) and 2(c mod 4) + 1 = bits 4, 5 of
 //         that u; then per group of the block (one or two) 16 scales (fp16 or fp32), then as many
-//         zeros when the format has them.
+//         zeros when the format has them. Factored: the per-group values are 16 int8 σ (then ζ),
+//         and every 8 blocks (256 features) start with the 16 columns' S (then Z), fp16 or fp32.
 // So one 64-byte chunk is 16 columns × 4 consecutive features: one int32 lane per column, the
 // shape of VNNI's vpdpbusd (u8 × s8, 4 products per lane); AVX2 takes it as two 32-byte halves.
 //
@@ -217,16 +221,27 @@ inline void store_tile(const float* acc, int64_t rows, int64_t tile, int64_t n, 
   }
 }
 
+constexpr int64_t kSuperBlocks = 8;  // blocks of 32 under one factored top value (256 features)
+
 // A grouped weight's shape per block (see the layouts above).
 struct GroupFormat {
   int64_t bits = 8;
   int64_t groups = 1;      // per block of 32: 1 (groups of 32) or 2 (groups of 16)
   bool zero = false;       // per-group zeros follow the scales
-  bool half = false;       // scales (and zeros) stored as fp16, else fp32
+  bool half = false;       // scales and zeros (factored: the top values S, Z) stored as fp16, else fp32
+  bool factored = false;   // per-group int8 σ (ζ) under a top S (Z) per 256 features
   int32_t offset = 0;      // o: w = (u − o)·s + z
   int64_t code_bytes() const { return bits == 8 ? 512 : 256 + (bits - 4) * 64; }
-  int64_t value_bytes() const { return groups * kTile * (half ? 2 : 4); }
+  int64_t value_bytes() const { return groups * kTile * (factored ? 1 : half ? 2 : 4); }
   int64_t block_bytes() const { return code_bytes() + value_bytes() * (zero ? 2 : 1); }
+  int64_t top_bytes() const { return factored ? kTile * (half ? 2 : 4) * (zero ? 2 : 1) : 0; }
+  int64_t tile_bytes(int64_t blocks) const { return blocks * block_bytes() + blocks / kSuperBlocks * top_bytes(); }
+  const uint8_t* block(const uint8_t* tile_weight, int64_t g) const {
+    return tile_weight + g * block_bytes() + (factored ? (g / kSuperBlocks + 1) * top_bytes() : 0);
+  }
+  const uint8_t* top(const uint8_t* tile_weight, int64_t g) const {
+    return tile_weight + g / kSuperBlocks * (top_bytes() + kSuperBlocks * block_bytes());
+  }
 };
 
 #if METAGEN_X86
@@ -327,7 +342,7 @@ METAGEN_AVX512 void tiles_avx512(const uint8_t* weight, const float* column_scal
   }
 }
 
-// ---------------------------------------------------------------- grouped formats (bits 5, 6, 8)
+// ---------------------------------------------------------------- grouped formats (bits 4, 5, 6, 8)
 
 // How far chunk c's high bits sit from bit 4 in a plane byte (5 bits: bit c; 6 bits: bits
 // 2(c mod 4), +1 of plane c / 4); > 0 shifts left. 16-bit lane shifts are exact here: what
@@ -342,11 +357,36 @@ METAGEN_AVX512 inline __m512 values_avx512(const uint8_t* p, bool half) {
   return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)) : _mm512_loadu_ps(p);
 }
 
+METAGEN_AVX512 inline __m512 int8x16_avx512(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
+
+// Block g's per-group scales s[h] and zeros z[h] (16 columns each), plain or factored.
+METAGEN_AVX512 inline void block_values_avx512(const uint8_t* tile_weight, const GroupFormat& f, int64_t g,
+                                               const uint8_t* values, __m512* s, __m512* z) {
+  const int64_t value_bytes = f.value_bytes();
+  if (f.factored) {
+    const uint8_t* top = f.top(tile_weight, g);
+    const __m512 top_s = values_avx512(top, f.half);
+    const __m512 top_z = f.zero ? values_avx512(top + kTile * (f.half ? 2 : 4), f.half) : _mm512_setzero_ps();
+    for (int h = 0; h < f.groups; ++h) {
+      s[h] = _mm512_mul_ps(top_s, int8x16_avx512(values + kTile * h));
+      z[h] = f.zero ? _mm512_mul_ps(top_z, int8x16_avx512(values + value_bytes + kTile * h)) : _mm512_setzero_ps();
+    }
+  } else {
+    const int64_t step = f.half ? 32 : 64;
+    for (int h = 0; h < f.groups; ++h) {
+      s[h] = values_avx512(values + step * h, f.half);
+      z[h] = f.zero ? values_avx512(values + value_bytes + step * h, f.half) : _mm512_setzero_ps();
+    }
+  }
+}
+
 // R rows (R ≤ 4) of one tile of a grouped weight; the same instruction sequence for every R.
 template <int R, bool Wide, int Bits>
 METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const GroupFormat& f, const QuantizedRows& act,
                                                int64_t row0, float* acc_out) {
-  const int64_t blocks = act.blocks, block_bytes = f.block_bytes(), code_bytes = f.code_bytes();
+  const int64_t blocks = act.blocks, code_bytes = f.code_bytes();
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const __m512i high_mask = _mm512_set1_epi8(Bits == 6 ? 0x30 : 0x10);
   __m512 acc[R];
@@ -358,7 +398,7 @@ METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const
     lo[r] = Wide ? reinterpret_cast<const int32_t*>(act.low.data() + (row0 + r) * blocks * kBlock) : nullptr;
   }
   for (int64_t g = 0; g < blocks; ++g) {
-    const uint8_t* b = tile_weight + g * block_bytes;
+    const uint8_t* b = f.block(tile_weight, g);
     __m512i w[8];
     if (Bits == 8) {
       for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(b + 64 * c);
@@ -368,6 +408,8 @@ METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const
         w[c] = _mm512_and_si512(v, nibble);
         w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
       }
+    }
+    if (Bits == 5 || Bits == 6) {
       const __m512i plane0 = _mm512_loadu_si512(b + 256);
       const __m512i plane1 = Bits == 6 ? _mm512_loadu_si512(b + 320) : plane0;
       for (int c = 0; c < 8; ++c) {
@@ -375,37 +417,50 @@ METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const
         w[c] = _mm512_or_si512(w[c], _mm512_and_si512(shift_bytes_avx512(plane, high_shift(Bits, c)), high_mask));
       }
     }
-    const uint8_t* values = b + code_bytes;
-    const int64_t value_bytes = f.value_bytes(), step = f.half ? 32 : 64;
-    for (int r = 0; r < R; ++r) {
-      __m512i d0h = _mm512_setzero_si512(), d1h = _mm512_setzero_si512();
-      __m512i d0l = _mm512_setzero_si512(), d1l = _mm512_setzero_si512();
-      for (int c = 0; c < 4; ++c) {
-        d0h = _mm512_dpbusd_epi32(d0h, w[c], _mm512_set1_epi32(hi[r][g * 8 + c]));
-        d1h = _mm512_dpbusd_epi32(d1h, w[c + 4], _mm512_set1_epi32(hi[r][g * 8 + c + 4]));
-        if (Wide) {
-          d0l = _mm512_dpbusd_epi32(d0l, w[c], _mm512_set1_epi32(lo[r][g * 8 + c]));
-          d1l = _mm512_dpbusd_epi32(d1l, w[c + 4], _mm512_set1_epi32(lo[r][g * 8 + c + 4]));
+    __m512 s[2], z[2];
+    block_values_avx512(tile_weight, f, g, b + code_bytes, s, z);
+    // The rows' dot products interleave (independent dependency chains), as in rows_avx512.
+    if (f.groups == 1) {  // one dot per block and row
+      __m512i dh[R], dl[R];
+      for (int r = 0; r < R; ++r) dh[r] = dl[r] = _mm512_setzero_si512();
+      for (int c = 0; c < 8; ++c) {
+        for (int r = 0; r < R; ++r) {
+          dh[r] = _mm512_dpbusd_epi32(dh[r], w[c], _mm512_set1_epi32(hi[r][g * 8 + c]));
+          if (Wide) dl[r] = _mm512_dpbusd_epi32(dl[r], w[c], _mm512_set1_epi32(lo[r][g * 8 + c]));
         }
       }
+      for (int r = 0; r < R; ++r) {
+        const int64_t rg = (row0 + r) * blocks + g;
+        const int32_t* sums = act.half_sum.data() + rg * 2;
+        const __m512i d = _mm512_sub_epi32(combine_avx512<Wide>(dh[r], dl[r]), _mm512_set1_epi32(f.offset * (sums[0] + sums[1])));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s[0], _mm512_set1_ps(act.scale[rg])), acc[r]);
+        if (f.zero) acc[r] = _mm512_fmadd_ps(z[0], _mm512_set1_ps(act.scaled_sum[rg]), acc[r]);
+      }
+      continue;
+    }
+    __m512i d0h[R], d1h[R], d0l[R], d1l[R];  // groups of 16: features 0-15 and 16-31 of the block
+    for (int r = 0; r < R; ++r) d0h[r] = d1h[r] = d0l[r] = d1l[r] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      for (int r = 0; r < R; ++r) {
+        d0h[r] = _mm512_dpbusd_epi32(d0h[r], w[c], _mm512_set1_epi32(hi[r][g * 8 + c]));
+        d1h[r] = _mm512_dpbusd_epi32(d1h[r], w[c + 4], _mm512_set1_epi32(hi[r][g * 8 + c + 4]));
+        if (Wide) {
+          d0l[r] = _mm512_dpbusd_epi32(d0l[r], w[c], _mm512_set1_epi32(lo[r][g * 8 + c]));
+          d1l[r] = _mm512_dpbusd_epi32(d1l[r], w[c + 4], _mm512_set1_epi32(lo[r][g * 8 + c + 4]));
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
       const int64_t rg = (row0 + r) * blocks + g;
       const int32_t* sums = act.half_sum.data() + rg * 2;
       const float a = act.scale[rg];
-      __m512i d0 = combine_avx512<Wide>(d0h, d0l), d1 = combine_avx512<Wide>(d1h, d1l);
-      if (f.groups == 1) {
-        const __m512i d = _mm512_sub_epi32(_mm512_add_epi32(d0, d1), _mm512_set1_epi32(f.offset * (sums[0] + sums[1])));
-        const __m512 sa = _mm512_mul_ps(values_avx512(values, f.half), _mm512_set1_ps(a));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sa, acc[r]);
-        if (f.zero) acc[r] = _mm512_fmadd_ps(values_avx512(values + value_bytes, f.half), _mm512_set1_ps(act.scaled_sum[rg]), acc[r]);
-      } else {
-        d0 = _mm512_sub_epi32(d0, _mm512_set1_epi32(f.offset * sums[0]));
-        d1 = _mm512_sub_epi32(d1, _mm512_set1_epi32(f.offset * sums[1]));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(values_avx512(values, f.half), _mm512_set1_ps(a)), acc[r]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(values_avx512(values + step, f.half), _mm512_set1_ps(a)), acc[r]);
-        if (f.zero) {
-          acc[r] = _mm512_fmadd_ps(values_avx512(values + value_bytes, f.half), _mm512_set1_ps(a * static_cast<float>(sums[0])), acc[r]);
-          acc[r] = _mm512_fmadd_ps(values_avx512(values + value_bytes + step, f.half), _mm512_set1_ps(a * static_cast<float>(sums[1])), acc[r]);
-        }
+      const __m512i d0 = _mm512_sub_epi32(combine_avx512<Wide>(d0h[r], d0l[r]), _mm512_set1_epi32(f.offset * sums[0]));
+      const __m512i d1 = _mm512_sub_epi32(combine_avx512<Wide>(d1h[r], d1l[r]), _mm512_set1_epi32(f.offset * sums[1]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(s[0], _mm512_set1_ps(a)), acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(s[1], _mm512_set1_ps(a)), acc[r]);
+      if (f.zero) {
+        acc[r] = _mm512_fmadd_ps(z[0], _mm512_set1_ps(a * static_cast<float>(sums[0])), acc[r]);
+        acc[r] = _mm512_fmadd_ps(z[1], _mm512_set1_ps(a * static_cast<float>(sums[1])), acc[r]);
       }
     }
   }
@@ -417,7 +472,7 @@ METAGEN_AVX512 void grouped_tiles_avx512(const uint8_t* weight, const GroupForma
                                          int64_t rows, int64_t n, const float* bias, Output out, int64_t tile_begin,
                                          int64_t tile_end) {
   alignas(64) float acc[4 * kTile];
-  const int64_t tile_bytes = act.blocks * f.block_bytes();
+  const int64_t tile_bytes = f.tile_bytes(act.blocks);
   for (int64_t t = tile_begin; t < tile_end; ++t) {
     const uint8_t* tile_weight = weight + t * tile_bytes;
     for (int64_t row0 = 0; row0 < rows; row0 += 4) {
@@ -535,6 +590,32 @@ METAGEN_AVX2 inline __m256 values_avx2(const uint8_t* p, bool half) {
   return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)) : _mm256_loadu_ps(reinterpret_cast<const float*>(p));
 }
 
+METAGEN_AVX2 inline __m256 int8x8_avx2(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+
+// Block g's per-group scales s[h] and zeros z[h] of columns 8·half .. 8·half + 7, plain or factored.
+METAGEN_AVX2 inline void block_values_avx2(const uint8_t* tile_weight, const GroupFormat& f, int64_t g,
+                                           const uint8_t* values, int half, __m256* s, __m256* z) {
+  const int64_t value_bytes = f.value_bytes();
+  if (f.factored) {
+    const int64_t width = f.half ? 2 : 4;
+    const uint8_t* top = f.top(tile_weight, g) + 8 * width * half;
+    const __m256 top_s = values_avx2(top, f.half);
+    const __m256 top_z = f.zero ? values_avx2(top + kTile * width, f.half) : _mm256_setzero_ps();
+    for (int h = 0; h < f.groups; ++h) {
+      s[h] = _mm256_mul_ps(top_s, int8x8_avx2(values + kTile * h + 8 * half));
+      z[h] = f.zero ? _mm256_mul_ps(top_z, int8x8_avx2(values + value_bytes + kTile * h + 8 * half)) : _mm256_setzero_ps();
+    }
+  } else {
+    const int64_t step = f.half ? 32 : 64, lane = f.half ? 16 : 32;
+    for (int h = 0; h < f.groups; ++h) {
+      s[h] = values_avx2(values + lane * half + step * h, f.half);
+      z[h] = f.zero ? values_avx2(values + value_bytes + lane * half + step * h, f.half) : _mm256_setzero_ps();
+    }
+  }
+}
+
 METAGEN_AVX2 inline __m256i shift_bytes_avx2(__m256i v, int s) {
   return s > 0 ? _mm256_slli_epi16(v, s) : s < 0 ? _mm256_srli_epi16(v, -s) : v;
 }
@@ -564,8 +645,7 @@ METAGEN_AVX2 inline __m256i dot_signed_avx2(const __m256i* w, const int32_t* x, 
 template <bool Wide, int Bits>
 METAGEN_AVX2 void grouped_tiles_avx2(const uint8_t* weight, const GroupFormat& f, const QuantizedRows& act, int64_t rows,
                                      int64_t n, const float* bias, Output out, int64_t tile_begin, int64_t tile_end) {
-  const int64_t blocks = act.blocks, block_bytes = f.block_bytes(), code_bytes = f.code_bytes();
-  const int64_t value_bytes = f.value_bytes(), step = f.half ? 32 : 64, lane = f.half ? 16 : 32;
+  const int64_t blocks = act.blocks, code_bytes = f.code_bytes(), tile_bytes = f.tile_bytes(blocks);
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   const __m256i high_mask = _mm256_set1_epi8(Bits == 6 ? 0x30 : 0x10);
@@ -577,8 +657,8 @@ METAGEN_AVX2 void grouped_tiles_avx2(const uint8_t* weight, const GroupFormat& f
       const int64_t chunk = std::min(kRowChunk, rows - row0);
       std::memset(acc, 0, sizeof(float) * chunk * kTile);
       for (int64_t g = 0; g < blocks; ++g) {
-        const uint8_t* b = weight + (t * blocks + g) * block_bytes;
-        const uint8_t* values = b + code_bytes;
+        const uint8_t* tile_weight = weight + t * tile_bytes;
+        const uint8_t* b = f.block(tile_weight, g);
         for (int half = 0; half < 2; ++half) {  // columns 8·half .. 8·half + 7
           __m256i w[8];
           if (Bits == 8) {
@@ -589,6 +669,8 @@ METAGEN_AVX2 void grouped_tiles_avx2(const uint8_t* weight, const GroupFormat& f
               w[c] = _mm256_and_si256(v, nibble);
               w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
             }
+          }
+          if (Bits == 5 || Bits == 6) {
             const __m256i plane0 = _mm256_loadu_si256((const __m256i*)(b + 256 + 32 * half));
             const __m256i plane1 = Bits == 6 ? _mm256_loadu_si256((const __m256i*)(b + 320 + 32 * half)) : plane0;
             for (int c = 0; c < 8; ++c) {
@@ -596,7 +678,8 @@ METAGEN_AVX2 void grouped_tiles_avx2(const uint8_t* weight, const GroupFormat& f
               w[c] = _mm256_or_si256(w[c], _mm256_and_si256(shift_bytes_avx2(plane, high_shift(Bits, c)), high_mask));
             }
           }
-          const uint8_t* v0 = values + lane * half;
+          __m256 s[2], z[2];
+          block_values_avx2(tile_weight, f, g, b + code_bytes, half, s, z);
           for (int64_t r = 0; r < chunk; ++r) {
             const int64_t rg = (row0 + r) * blocks + g;
             const int64_t at = (row0 + r) * blocks * kBlock + g * kBlock;
@@ -616,16 +699,16 @@ METAGEN_AVX2 void grouped_tiles_avx2(const uint8_t* weight, const GroupFormat& f
             __m256 v = _mm256_load_ps(out_acc);
             if (f.groups == 1) {
               const __m256i d = _mm256_sub_epi32(_mm256_add_epi32(d0, d1), _mm256_set1_epi32(offset * (sums[0] + sums[1])));
-              v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(values_avx2(v0, f.half), _mm256_set1_ps(a)), v);
-              if (f.zero) v = _mm256_fmadd_ps(values_avx2(v0 + value_bytes, f.half), _mm256_set1_ps(act.scaled_sum[rg]), v);
+              v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(s[0], _mm256_set1_ps(a)), v);
+              if (f.zero) v = _mm256_fmadd_ps(z[0], _mm256_set1_ps(act.scaled_sum[rg]), v);
             } else {
               d0 = _mm256_sub_epi32(d0, _mm256_set1_epi32(offset * sums[0]));
               d1 = _mm256_sub_epi32(d1, _mm256_set1_epi32(offset * sums[1]));
-              v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_mul_ps(values_avx2(v0, f.half), _mm256_set1_ps(a)), v);
-              v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_mul_ps(values_avx2(v0 + step, f.half), _mm256_set1_ps(a)), v);
+              v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_mul_ps(s[0], _mm256_set1_ps(a)), v);
+              v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_mul_ps(s[1], _mm256_set1_ps(a)), v);
               if (f.zero) {
-                v = _mm256_fmadd_ps(values_avx2(v0 + value_bytes, f.half), _mm256_set1_ps(a * static_cast<float>(sums[0])), v);
-                v = _mm256_fmadd_ps(values_avx2(v0 + value_bytes + step, f.half), _mm256_set1_ps(a * static_cast<float>(sums[1])), v);
+                v = _mm256_fmadd_ps(z[0], _mm256_set1_ps(a * static_cast<float>(sums[0])), v);
+                v = _mm256_fmadd_ps(z[1], _mm256_set1_ps(a * static_cast<float>(sums[1])), v);
               }
             }
             _mm256_store_ps(out_acc, v);
@@ -641,11 +724,13 @@ template <bool Wide>
 void grouped_dispatch(int64_t isa, const uint8_t* weight, const GroupFormat& f, const QuantizedRows& act, int64_t rows,
                       int64_t n, const float* bias, Output out, int64_t begin, int64_t end) {
   if (isa == kAvx512) {
-    if (f.bits == 5) grouped_tiles_avx512<Wide, 5>(weight, f, act, rows, n, bias, out, begin, end);
+    if (f.bits == 4) grouped_tiles_avx512<Wide, 4>(weight, f, act, rows, n, bias, out, begin, end);
+    else if (f.bits == 5) grouped_tiles_avx512<Wide, 5>(weight, f, act, rows, n, bias, out, begin, end);
     else if (f.bits == 6) grouped_tiles_avx512<Wide, 6>(weight, f, act, rows, n, bias, out, begin, end);
     else grouped_tiles_avx512<Wide, 8>(weight, f, act, rows, n, bias, out, begin, end);
   } else {
-    if (f.bits == 5) grouped_tiles_avx2<Wide, 5>(weight, f, act, rows, n, bias, out, begin, end);
+    if (f.bits == 4) grouped_tiles_avx2<Wide, 4>(weight, f, act, rows, n, bias, out, begin, end);
+    else if (f.bits == 5) grouped_tiles_avx2<Wide, 5>(weight, f, act, rows, n, bias, out, begin, end);
     else if (f.bits == 6) grouped_tiles_avx2<Wide, 6>(weight, f, act, rows, n, bias, out, begin, end);
     else grouped_tiles_avx2<Wide, 8>(weight, f, act, rows, n, bias, out, begin, end);
   }
@@ -764,12 +849,15 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor weight, torch::Tensor c
 }
 
 // y = x · dequantize(weight)ᵀ (+ bias), weight in the grouped layout above (N padded to tiles).
-// bits ∈ {5, 6, 8}; group 16 or 32; zero: zeros follow the scales; half: fp16 scales (else fp32);
-// offset o of w = (u − o)·s + z.
+// bits ∈ {4, 5, 6, 8}; group 16 or 32; zero: zeros follow the scales; half: fp16 scales (else fp32);
+// factored: int8 per-group values under a top value per 256 features; offset o of w = (u − o)·s + z.
 torch::Tensor grouped_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int64_t k, c10::optional<torch::Tensor> bias,
-                             int64_t isa, bool wide, int64_t bits, int64_t group, bool zero, bool half, int64_t offset) {
+                             int64_t isa, bool wide, int64_t bits, int64_t group, bool zero, bool half, bool factored,
+                             int64_t offset) {
   check_isa(isa);
-  TORCH_CHECK(bits == 5 || bits == 6 || bits == 8, "grouped: bits must be 5, 6 or 8, got ", bits);
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "grouped: bits must be 4, 5, 6 or 8, got ", bits);
+  TORCH_CHECK(!factored || k % (kBlock * kSuperBlocks) == 0, "grouped: factored values need in_features divisible by ",
+              kBlock * kSuperBlocks, ", got ", k);
   TORCH_CHECK(group == 16 || group == 32, "grouped: group must be 16 or 32, got ", group);
   TORCH_CHECK(k % kBlock == 0, "grouped: in_features must divide by 32, got ", k);
   TORCH_CHECK(offset >= 0 && offset < (int64_t{1} << bits), "grouped: offset must be in [0, 2^bits), got ", offset);
@@ -779,10 +867,11 @@ torch::Tensor grouped_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, i
   f.groups = kBlock / group;
   f.zero = zero;
   f.half = half;
+  f.factored = factored;
   f.offset = static_cast<int32_t>(offset);
   const int64_t blocks = k / kBlock, tiles = (n + kTile - 1) / kTile;
-  TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous() && weight.numel() == tiles * blocks * f.block_bytes(),
-              "grouped weight: contiguous uint8 of ", tiles * blocks * f.block_bytes(), " bytes");
+  TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous() && weight.numel() == tiles * f.tile_bytes(blocks),
+              "grouped weight: contiguous uint8 of ", tiles * f.tile_bytes(blocks), " bytes");
   const uint8_t* w = weight.data_ptr<uint8_t>();
   const float* b = bias_pointer(bias, n);
   return run_matmul(x, n, k, blocks, tiles, wide, [&](const QuantizedRows& act, int64_t rows, Output o, int64_t begin,
@@ -814,6 +903,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_isa", &best_isa, "2: AVX-512 VNNI, 1: AVX2 + FMA, 0: neither (the kernels cannot run)");
   m.def("int4_matmul", &int4_matmul, "x · int4 weightᵀ (+ bias), in x's dtype");
   m.def("int8_matmul", &int8_matmul, "x · int8 weightᵀ (+ bias), in x's dtype");
-  m.def("grouped_matmul", &grouped_matmul, "x · grouped (5-, 6- or 8-bit) weightᵀ (+ bias), in x's dtype");
+  m.def("grouped_matmul", &grouped_matmul, "x · grouped (4-, 5-, 6- or 8-bit) weightᵀ (+ bias), in x's dtype");
   m.def("quantize_activations", &quantize_activations, "per-row, per-32 codes, their int8 digits and scales of x");
 }
