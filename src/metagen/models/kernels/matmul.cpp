@@ -384,8 +384,9 @@ METAGEN_AVX512 inline void block_values_avx512(const uint8_t* tile_weight, const
 
 // R rows (R ≤ 4) of one tile of a grouped weight; the same instruction sequence for every R.
 template <int R, bool Wide, int Bits>
-METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const GroupFormat& f, const QuantizedRows& act,
+METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const GroupFormat& format, const QuantizedRows& act,
                                                int64_t row0, float* acc_out) {
+  const GroupFormat f = format;  // a local copy: the compiler keeps its fields in registers across the stores below
   const int64_t blocks = act.blocks, code_bytes = f.code_bytes();
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const __m512i high_mask = _mm512_set1_epi8(Bits == 6 ? 0x30 : 0x10);
@@ -423,10 +424,24 @@ METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const
     if (f.groups == 1) {  // one dot per block and row
       __m512i dh[R], dl[R];
       for (int r = 0; r < R; ++r) dh[r] = dl[r] = _mm512_setzero_si512();
-      for (int c = 0; c < 8; ++c) {
-        for (int r = 0; r < R; ++r) {
-          dh[r] = _mm512_dpbusd_epi32(dh[r], w[c], _mm512_set1_epi32(hi[r][g * 8 + c]));
-          if (Wide) dl[r] = _mm512_dpbusd_epi32(dl[r], w[c], _mm512_set1_epi32(lo[r][g * 8 + c]));
+      if (R == 1) {  // one row: two chains per digit (chunks 0-3, 4-7) halve the dependency latency
+        __m512i dh2 = _mm512_setzero_si512(), dl2 = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c) {
+          dh[0] = _mm512_dpbusd_epi32(dh[0], w[c], _mm512_set1_epi32(hi[0][g * 8 + c]));
+          dh2 = _mm512_dpbusd_epi32(dh2, w[c + 4], _mm512_set1_epi32(hi[0][g * 8 + c + 4]));
+          if (Wide) {
+            dl[0] = _mm512_dpbusd_epi32(dl[0], w[c], _mm512_set1_epi32(lo[0][g * 8 + c]));
+            dl2 = _mm512_dpbusd_epi32(dl2, w[c + 4], _mm512_set1_epi32(lo[0][g * 8 + c + 4]));
+          }
+        }
+        dh[0] = _mm512_add_epi32(dh[0], dh2);
+        dl[0] = _mm512_add_epi32(dl[0], dl2);
+      } else {
+        for (int c = 0; c < 8; ++c) {
+          for (int r = 0; r < R; ++r) {
+            dh[r] = _mm512_dpbusd_epi32(dh[r], w[c], _mm512_set1_epi32(hi[r][g * 8 + c]));
+            if (Wide) dl[r] = _mm512_dpbusd_epi32(dl[r], w[c], _mm512_set1_epi32(lo[r][g * 8 + c]));
+          }
         }
       }
       for (int r = 0; r < R; ++r) {
