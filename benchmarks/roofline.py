@@ -14,9 +14,12 @@ bandwidth measured here, beside the measured time of the op:
   prefixes once would read once) and 4·rows·layers·heads·head_dim·context FLOPs;
 - the whole step (`model.forward` of one token per row), measured.
 
-Peaks: FLOP/s of a 1024³ float32 and bfloat16 matmul (torch, the step's threads; weight-only
-quantized linears compute in float32 after unpacking, so float32 is their peak); bandwidth: the
-best torch.sum over a 1 GiB float32 buffer. "% of bound" = bound / measured: 100% is at the roof.
+Peaks: dense linears and attention, the FLOP/s of a 1024³ float32 or bfloat16 matmul (torch, the
+step's threads); each quantized format, its own kernel's compute roof: the FLOP/s of the same
+kernel and format on a weight that sits in cache (N = 512, K = 1024) at M = 64 rows, where only
+its instruction mix bounds it (with the default 16-bit activation codes every weight byte takes
+two int8 dot products). Bandwidth: the best torch.sum over a 1 GiB float32 buffer. "% of bound"
+= bound / measured: 100% is at the roof.
 
     python benchmarks/roofline.py [--model PATH] [--dtype auto] [--rows 1,16] [--context 128]
                                   [--threads 2] [--markdown]
@@ -65,6 +68,49 @@ def linear_bytes(linear) -> int:
     return linear.nbytes
 
 
+def _same_format(linear, n: int, k: int):
+    """A random (n, k) linear in `linear`'s quantized format, or None for a dense one."""
+    from metagen.models.linear import Factored, GroupedLinear, Int4Linear, Int8Linear
+
+    generator = torch.Generator().manual_seed(0)
+    if isinstance(linear, Int4Linear):
+        return Int4Linear.from_codes(torch.randint(0, 16, (n, k), generator=generator), torch.rand(n, k // 32) * 0.01,
+                                     torch.rand(n, k // 32) * 0.01)
+    if isinstance(linear, Int8Linear):
+        return Int8Linear.quantize(torch.randn(n, k, generator=generator))
+    if isinstance(linear, GroupedLinear):
+        groups = k // linear.group
+
+        def values():
+            if linear.factored:
+                return Factored(torch.rand(n, k // 256).half().float(), torch.randint(0, 64, (n, groups), generator=generator))
+            return torch.rand(n, groups).half().float() if linear.half else torch.rand(n, groups)
+
+        low = 1 if linear.bits == 8 else 0
+        return GroupedLinear(torch.randint(low, 2**linear.bits, (n, k), generator=generator), values(),
+                             values() if linear.zeros is not None else None, linear.bits, linear.group, linear.offset)
+    return None
+
+
+_kernel_peaks: dict[str, float] = {}
+
+
+def kernel_peak(linear, peaks: dict, matmul_dtype: torch.dtype) -> float:
+    """FLOP/s roof of the kernel `linear` runs on (see the module docstring); a concatenation of
+    linears in several formats takes its slowest part's."""
+    parts = getattr(linear, "parts", None)
+    if parts is not None:
+        return min(kernel_peak(part, peaks, matmul_dtype) for part in parts)
+    if linear.kind == "dense":
+        return peaks["bf16"] if matmul_dtype == torch.bfloat16 else peaks["fp32"]
+    if linear.kind not in _kernel_peaks:
+        rows, n, k = 64, 512, 1024
+        sample = _same_format(linear, n, k)
+        x = torch.randn(rows, k).to(matmul_dtype)
+        _kernel_peaks[linear.kind] = 2 * rows * n * k / min(timed(lambda: sample(x), 20, 1) for _ in range(5))
+    return _kernel_peaks[linear.kind]
+
+
 def step_rows(model, rows: int, context: int, peaks: dict, bandwidth: float, steps: int) -> list[dict]:
     """The table rows of one decode step at `rows` rows over `context` cached tokens."""
     config = model.config
@@ -82,7 +128,7 @@ def step_rows(model, rows: int, context: int, peaks: dict, bandwidth: float, ste
         seconds = timed(lambda: linear(x), 50) * counts[name]
         flops = 2 * rows * linear.out_features * linear.in_features * counts[name]
         moved = (linear_bytes(linear) + rows * (linear.in_features + linear.out_features) * act) * counts[name]
-        peak = peaks["bf16"] if linear.kind == "dense" and model.matmul_dtype == torch.bfloat16 else peaks["fp32"]
+        peak = kernel_peak(linear, peaks, model.matmul_dtype)
         out.append(row(f"{name} ({linear.kind}) ×{counts[name]}", seconds, flops, moved, peak, bandwidth))
         linear_seconds += seconds
     # the whole step: one token per row over `context` cached tokens (forks of one prompt)
@@ -105,16 +151,24 @@ def step_rows(model, rows: int, context: int, peaks: dict, bandwidth: float, ste
                    bandwidth))
     total_flops = sum(r["flops"] for r in out)
     total_bytes = sum(r["bytes"] for r in out)
-    out.append(row("whole step", step, total_flops, total_bytes, peaks["fp32"], bandwidth))
+    whole = row("whole step", step, total_flops, total_bytes, peaks["fp32"], bandwidth)
+    # the whole step's compute bound: each op's, summed (its ops run on different roofs)
+    whole["compute_ms"] = sum(r["compute_ms"] for r in out)
+    whole.update(_bound(whole["compute_ms"], whole["memory_ms"], step))
+    out.append(whole)
     return out
 
 
+def _bound(compute_ms: float, memory_ms: float, seconds: float) -> dict:
+    bound = max(compute_ms, memory_ms)
+    return {"bound_ms": bound, "limit": "memory" if memory_ms >= compute_ms else "compute",
+            "of_bound": bound / 1e3 / seconds if seconds > 0 else float("nan")}
+
+
 def row(op: str, seconds: float, flops: float, moved: float, peak: float, bandwidth: float) -> dict:
-    compute, memory = flops / peak, moved / bandwidth
-    bound = max(compute, memory)
-    return {"op": op, "ms": seconds * 1e3, "flops": flops, "bytes": moved, "compute_ms": compute * 1e3,
-            "memory_ms": memory * 1e3, "bound_ms": bound * 1e3, "limit": "memory" if memory >= compute else "compute",
-            "of_bound": bound / seconds if seconds > 0 else float("nan")}
+    compute, memory = flops / peak * 1e3, moved / bandwidth * 1e3
+    return {"op": op, "ms": seconds * 1e3, "flops": flops, "bytes": moved, "compute_ms": compute, "memory_ms": memory,
+            "peak": peak} | _bound(compute, memory, seconds)
 
 
 def main() -> None:
@@ -137,10 +191,11 @@ def main() -> None:
         table = step_rows(model, rows, args.context, peaks, bandwidth, args.steps)
         print(f"\nrows {rows}")
         if args.markdown:
-            print("| op | measured ms | MFLOP | MB moved | compute bound ms | memory bound ms | limit | % of bound |")
-            print("|---|---|---|---|---|---|---|---|")
+            print("| op | measured ms | MFLOP | MB moved | roof GFLOP/s | compute bound ms | memory bound ms | limit | % of bound |")
+            print("|---|---|---|---|---|---|---|---|---|")
             for r in table:
-                print(f"| {r['op']} | {r['ms']:.3f} | {r['flops'] / 1e6:.1f} | {r['bytes'] / 1e6:.2f} | "
+                roof = "" if r["op"] == "whole step" else f"{r['peak'] / 1e9:.0f}"
+                print(f"| {r['op']} | {r['ms']:.3f} | {r['flops'] / 1e6:.1f} | {r['bytes'] / 1e6:.2f} | {roof} | "
                       f"{r['compute_ms']:.3f} | {r['memory_ms']:.3f} | {r['limit']} | {r['of_bound']:.0%} |")
         else:
             print(f"{'op':>28} {'ms':>8} {'MFLOP':>9} {'MB':>8} {'compute':>8} {'memory':>8} {'limit':>8} {'%bound':>7}")
