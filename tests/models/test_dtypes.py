@@ -56,3 +56,16 @@ def test_compact_dtypes_stay_close_to_fp32(model_fp32, dtype):
     agreement = (reference.argmax(-1) == logits.argmax(-1)).float().mean().item()
     assert kl.mean().item() < 0.02, f"{dtype}: mean KL {kl.mean().item():.4f}"
     assert agreement > 0.9, f"{dtype}: top-1 agreement {agreement:.3f}"
+
+
+@pytest.mark.parametrize("backend", ["torch", None])
+@pytest.mark.parametrize("make", [Int4Linear.quantize, Int8Linear.quantize], ids=["int4", "int8"])
+def test_a_strided_input_runs_on_every_backend(make, backend):
+    """An MLP's activated gate is a slice of the gate·up output (not contiguous for several
+    tokens); torch's int4 / int8 kernels refuse such a matrix, so the linears make it contiguous."""
+    torch.manual_seed(11)
+    linear = make(torch.randn(32, 64) * 0.1, backend=backend)
+    both = torch.randn(2, 3, 128).to(torch.bfloat16)
+    strided = both[..., :64]
+    assert not strided.is_contiguous()
+    assert torch.equal(linear(strided), linear(strided.contiguous()))

@@ -178,11 +178,9 @@ class Int8Linear:
         if self.backend != "torch":
             return self._kernel.int8_matmul(x, self.packed, self._scales32, self.out_features, self.in_features,
                                             self._bias32, self._isa, self._wide)
-        if x.dim() == 2:
-            y = _INT8_MM(x, self._qweight, self.scales)
-        else:
-            y = _INT8_MM(x.reshape(-1, self.in_features), self._qweight, self.scales)
-            y = y.view(*x.shape[:-1], self.out_features)
+        # torch's kernels take a contiguous matrix (an MLP's activated gate is a slice of gate·up)
+        y = _INT8_MM(x.reshape(-1, self.in_features).contiguous(), self._qweight, self.scales)
+        y = y.view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
     def dequantize(self) -> torch.Tensor:
@@ -296,11 +294,8 @@ class Int4Linear:
         if self.backend != "torch":
             return self._kernel.int4_matmul(x, self.kernel_weight, self.out_features, self.in_features, self._bias32,
                                             self._isa, self._wide)
-        if x.dim() == 2:
-            y = _INT4_MM(x, self._packed, self.group_size, self.scales_and_zeros)
-        else:
-            y = _INT4_MM(x.reshape(-1, self.in_features), self._packed, self.group_size, self.scales_and_zeros)
-            y = y.view(*x.shape[:-1], self.out_features)
+        y = _INT4_MM(x.reshape(-1, self.in_features).contiguous(), self._packed, self.group_size, self.scales_and_zeros)
+        y = y.view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
     def dequantize(self) -> torch.Tensor:
