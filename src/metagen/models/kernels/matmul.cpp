@@ -236,12 +236,22 @@ struct GroupFormat {
   int64_t block_bytes() const { return code_bytes() + value_bytes() * (zero ? 2 : 1); }
   int64_t top_bytes() const { return factored ? kTile * (half ? 2 : 4) * (zero ? 2 : 1) : 0; }
   int64_t tile_bytes(int64_t blocks) const { return blocks * block_bytes() + blocks / kSuperBlocks * top_bytes(); }
-  const uint8_t* block(const uint8_t* tile_weight, int64_t g) const {
-    return tile_weight + g * block_bytes() + (factored ? (g / kSuperBlocks + 1) * top_bytes() : 0);
+};
+
+// Walks a tile's blocks in order: `block` is block g's first byte, `top` its factored top values.
+struct BlockCursor {
+  const uint8_t* block;
+  const uint8_t* top;
+  int64_t block_bytes, top_bytes;
+  BlockCursor(const uint8_t* tile_weight, const GroupFormat& f)
+      : block(tile_weight), top(tile_weight), block_bytes(f.block_bytes()), top_bytes(f.top_bytes()) {}
+  void enter(int64_t g) {  // call before reading block g (g = 0, 1, ...)
+    if (top_bytes != 0 && g % kSuperBlocks == 0) {
+      top = block;
+      block += top_bytes;
+    }
   }
-  const uint8_t* top(const uint8_t* tile_weight, int64_t g) const {
-    return tile_weight + g / kSuperBlocks * (top_bytes() + kSuperBlocks * block_bytes());
-  }
+  void next() { block += block_bytes; }
 };
 
 #if METAGEN_X86
@@ -361,12 +371,11 @@ METAGEN_AVX512 inline __m512 int8x16_avx512(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
 }
 
-// Block g's per-group scales s[h] and zeros z[h] (16 columns each), plain or factored.
-METAGEN_AVX512 inline void block_values_avx512(const uint8_t* tile_weight, const GroupFormat& f, int64_t g,
-                                               const uint8_t* values, __m512* s, __m512* z) {
+// A block's per-group scales s[h] and zeros z[h] (16 columns each), plain or factored (under `top`).
+METAGEN_AVX512 inline void block_values_avx512(const uint8_t* top, const GroupFormat& f, const uint8_t* values,
+                                               __m512* s, __m512* z) {
   const int64_t value_bytes = f.value_bytes();
   if (f.factored) {
-    const uint8_t* top = f.top(tile_weight, g);
     const __m512 top_s = values_avx512(top, f.half);
     const __m512 top_z = f.zero ? values_avx512(top + kTile * (f.half ? 2 : 4), f.half) : _mm512_setzero_ps();
     for (int h = 0; h < f.groups; ++h) {
@@ -398,8 +407,10 @@ METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const
     hi[r] = reinterpret_cast<const int32_t*>(act.codes.data() + (row0 + r) * blocks * kBlock);
     lo[r] = Wide ? reinterpret_cast<const int32_t*>(act.low.data() + (row0 + r) * blocks * kBlock) : nullptr;
   }
-  for (int64_t g = 0; g < blocks; ++g) {
-    const uint8_t* b = f.block(tile_weight, g);
+  BlockCursor cursor(tile_weight, f);
+  for (int64_t g = 0; g < blocks; ++g, cursor.next()) {
+    cursor.enter(g);
+    const uint8_t* b = cursor.block;
     __m512i w[8];
     if (Bits == 8) {
       for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(b + 64 * c);
@@ -419,7 +430,7 @@ METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const
       }
     }
     __m512 s[2], z[2];
-    block_values_avx512(tile_weight, f, g, b + code_bytes, s, z);
+    block_values_avx512(cursor.top, f, b + code_bytes, s, z);
     // The rows' dot products interleave (independent dependency chains), as in rows_avx512.
     if (f.groups == 1) {  // one dot per block and row
       __m512i dh[R], dl[R];
@@ -609,13 +620,14 @@ METAGEN_AVX2 inline __m256 int8x8_avx2(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
 
-// Block g's per-group scales s[h] and zeros z[h] of columns 8·half .. 8·half + 7, plain or factored.
-METAGEN_AVX2 inline void block_values_avx2(const uint8_t* tile_weight, const GroupFormat& f, int64_t g,
-                                           const uint8_t* values, int half, __m256* s, __m256* z) {
+// A block's per-group scales s[h] and zeros z[h] of columns 8·half .. 8·half + 7, plain or
+// factored (under `tile_top`, the 16 columns' top values).
+METAGEN_AVX2 inline void block_values_avx2(const uint8_t* tile_top, const GroupFormat& f, const uint8_t* values, int half,
+                                           __m256* s, __m256* z) {
   const int64_t value_bytes = f.value_bytes();
   if (f.factored) {
     const int64_t width = f.half ? 2 : 4;
-    const uint8_t* top = f.top(tile_weight, g) + 8 * width * half;
+    const uint8_t* top = tile_top + 8 * width * half;
     const __m256 top_s = values_avx2(top, f.half);
     const __m256 top_z = f.zero ? values_avx2(top + kTile * width, f.half) : _mm256_setzero_ps();
     for (int h = 0; h < f.groups; ++h) {
@@ -671,9 +683,10 @@ METAGEN_AVX2 void grouped_tiles_avx2(const uint8_t* weight, const GroupFormat& f
     for (int64_t row0 = 0; row0 < rows; row0 += kRowChunk) {
       const int64_t chunk = std::min(kRowChunk, rows - row0);
       std::memset(acc, 0, sizeof(float) * chunk * kTile);
-      for (int64_t g = 0; g < blocks; ++g) {
-        const uint8_t* tile_weight = weight + t * tile_bytes;
-        const uint8_t* b = f.block(tile_weight, g);
+      BlockCursor cursor(weight + t * tile_bytes, f);
+      for (int64_t g = 0; g < blocks; ++g, cursor.next()) {
+        cursor.enter(g);
+        const uint8_t* b = cursor.block;
         for (int half = 0; half < 2; ++half) {  // columns 8·half .. 8·half + 7
           __m256i w[8];
           if (Bits == 8) {
@@ -694,7 +707,7 @@ METAGEN_AVX2 void grouped_tiles_avx2(const uint8_t* weight, const GroupFormat& f
             }
           }
           __m256 s[2], z[2];
-          block_values_avx2(tile_weight, f, g, b + code_bytes, half, s, z);
+          block_values_avx2(cursor.top, f, b + code_bytes, half, s, z);
           for (int64_t r = 0; r < chunk; ++r) {
             const int64_t rg = (row0 + r) * blocks + g;
             const int64_t at = (row0 + r) * blocks * kBlock + g * kBlock;
