@@ -1,6 +1,7 @@
 """Where the milliseconds of one decode step go, next to what the machine allows (a roofline).
 
-For each op of one decode step at batch 1 and 16 (default `--rows 1,16`), the model of the seed
+For each op of one decode step at batch 1 and 16 (default `--rows 1,16`; `--tokens 1,5` adds a
+γ = 4 speculative verification: 5 new tokens per row), the model of the seed
 (Part III):  time ≥ max(FLOPs / peak FLOP/s, bytes / bandwidth),  with this machine's peak and
 bandwidth measured here, beside the measured time of the op:
 
@@ -111,8 +112,9 @@ def kernel_peak(linear, peaks: dict, matmul_dtype: torch.dtype) -> float:
     return _kernel_peaks[linear.kind]
 
 
-def step_rows(model, rows: int, context: int, peaks: dict, bandwidth: float, steps: int) -> list[dict]:
-    """The table rows of one decode step at `rows` rows over `context` cached tokens."""
+def step_rows(model, rows: int, context: int, peaks: dict, bandwidth: float, steps: int, tokens: int = 1) -> list[dict]:
+    """The table rows of one decode step of `tokens` new tokens per row (5 for a γ = 4
+    speculative verification) at `rows` rows over `context` cached tokens."""
     config = model.config
     linears = model.linears()
     counts: dict[str, int] = {}
@@ -123,11 +125,12 @@ def step_rows(model, rows: int, context: int, peaks: dict, bandwidth: float, ste
     act = torch.empty(0, dtype=model.matmul_dtype).element_size()
     out = []
     linear_seconds = 0.0
+    m = rows * tokens  # activation rows of each linear
     for name, linear in first.items():
-        x = torch.randn(rows, linear.in_features).to(model.matmul_dtype)
+        x = torch.randn(m, linear.in_features).to(model.matmul_dtype)
         seconds = timed(lambda: linear(x), 50) * counts[name]
-        flops = 2 * rows * linear.out_features * linear.in_features * counts[name]
-        moved = (linear_bytes(linear) + rows * (linear.in_features + linear.out_features) * act) * counts[name]
+        flops = 2 * m * linear.out_features * linear.in_features * counts[name]
+        moved = (linear_bytes(linear) + m * (linear.in_features + linear.out_features) * act) * counts[name]
         peak = kernel_peak(linear, peaks, model.matmul_dtype)
         out.append(row(f"{name} ({linear.kind}) ×{counts[name]}", seconds, flops, moved, peak, bandwidth))
         linear_seconds += seconds
@@ -136,17 +139,20 @@ def step_rows(model, rows: int, context: int, peaks: dict, bandwidth: float, ste
     prompt = [[(17 * i + 5) % config.vocab_size for i in range(context)]]
     model.forward(cache, prompt)
     cache.select([0] * rows)
-    tokens = torch.full((rows, 1), 42, dtype=torch.long)
+    new = torch.full((rows, tokens), 42, dtype=torch.long)
     samples = []
     for _ in range(steps):
         start = time.perf_counter()
-        model.forward(cache, tokens)
+        model.forward(cache, new, logits="all" if tokens > 1 else "last")  # a verification scores every position
         samples.append(time.perf_counter() - start)
+        if tokens > 1:
+            for row_index, length in enumerate(cache.lengths):  # a rejected draft: back to the context
+                cache.truncate(row_index, length - tokens)
     step = statistics.median(samples[2:])
     kv = 2 * config.num_key_value_heads * config.head_dim * 4 * config.num_hidden_layers  # float32 K and V
-    attention_bytes = rows * (context + steps // 2) * kv
-    attention_flops = 4 * rows * config.num_hidden_layers * config.num_attention_heads * config.head_dim * (
-        context + steps // 2)
+    keys = context + (1 if tokens > 1 else steps // 2)  # keys each new token attends to, on average
+    attention_bytes = rows * keys * kv
+    attention_flops = 4 * m * config.num_hidden_layers * config.num_attention_heads * config.head_dim * keys
     out.append(row("attention + rest", step - linear_seconds, attention_flops, attention_bytes, peaks["fp32"],
                    bandwidth))
     total_flops = sum(r["flops"] for r in out)
@@ -179,6 +185,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=128, help="cached tokens per row")
     parser.add_argument("--steps", type=int, default=24, help="decode steps timed for the whole step")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tokens", default="1", help="new tokens per row per step, comma-separated (5: a γ = 4 "
+                        "verification; the cache is truncated back after each step)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -187,9 +195,10 @@ def main() -> None:
     peaks = {"fp32": peak_flops(torch.float32), "bf16": peak_flops(torch.bfloat16)}
     print(f"{model.config.name}, {args.threads} threads: read bandwidth {bandwidth / 1e9:.1f} GB/s, peak "
           f"{peaks['fp32'] / 1e9:.0f} GFLOP/s fp32, {peaks['bf16'] / 1e9:.0f} GFLOP/s bf16; context {args.context}")
-    for rows in (int(r) for r in args.rows.split(",")):
-        table = step_rows(model, rows, args.context, peaks, bandwidth, args.steps)
-        print(f"\nrows {rows}")
+    shapes = [(int(r), int(t)) for r in args.rows.split(",") for t in args.tokens.split(",")]
+    for rows, tokens in shapes:
+        table = step_rows(model, rows, args.context, peaks, bandwidth, args.steps, tokens)
+        print(f"\nrows {rows}, {tokens} new token{'s' if tokens > 1 else ''} per row")
         if args.markdown:
             print("| op | measured ms | MFLOP | MB moved | roof GFLOP/s | compute bound ms | memory bound ms | limit | % of bound |")
             print("|---|---|---|---|---|---|---|---|---|")
