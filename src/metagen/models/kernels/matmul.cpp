@@ -458,7 +458,8 @@ METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const
       for (int r = 0; r < R; ++r) {
         const int64_t rg = (row0 + r) * blocks + g;
         const int32_t* sums = act.half_sum.data() + rg * 2;
-        const __m512i d = _mm512_sub_epi32(combine_avx512<Wide>(dh[r], dl[r]), _mm512_set1_epi32(f.offset * (sums[0] + sums[1])));
+        __m512i d = combine_avx512<Wide>(dh[r], dl[r]);
+        if (f.offset != 0) d = _mm512_sub_epi32(d, _mm512_set1_epi32(f.offset * (sums[0] + sums[1])));
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s[0], _mm512_set1_ps(act.scale[rg])), acc[r]);
         if (f.zero) acc[r] = _mm512_fmadd_ps(z[0], _mm512_set1_ps(act.scaled_sum[rg]), acc[r]);
       }
@@ -480,8 +481,11 @@ METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const
       const int64_t rg = (row0 + r) * blocks + g;
       const int32_t* sums = act.half_sum.data() + rg * 2;
       const float a = act.scale[rg];
-      const __m512i d0 = _mm512_sub_epi32(combine_avx512<Wide>(d0h[r], d0l[r]), _mm512_set1_epi32(f.offset * sums[0]));
-      const __m512i d1 = _mm512_sub_epi32(combine_avx512<Wide>(d1h[r], d1l[r]), _mm512_set1_epi32(f.offset * sums[1]));
+      __m512i d0 = combine_avx512<Wide>(d0h[r], d0l[r]), d1 = combine_avx512<Wide>(d1h[r], d1l[r]);
+      if (f.offset != 0) {
+        d0 = _mm512_sub_epi32(d0, _mm512_set1_epi32(f.offset * sums[0]));
+        d1 = _mm512_sub_epi32(d1, _mm512_set1_epi32(f.offset * sums[1]));
+      }
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(s[0], _mm512_set1_ps(a)), acc[r]);
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(s[1], _mm512_set1_ps(a)), acc[r]);
       if (f.zero) {
