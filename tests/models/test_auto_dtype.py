@@ -104,4 +104,8 @@ def test_quantized_self_draft_must_read_fewer_bytes_than_an_auto_target(model):
     draft = quantized_model(target, "int4")
     # the same int4 layers; the draft's head is int8 per row, auto's the file's Q8_0 blocks (+6%)
     assert weight_bytes(draft) < weight_bytes(model) < weight_bytes(target)
-    assert weight_bytes(model) - weight_bytes(draft) < 0.07 * model.lm_head.nbytes
+    head = model.lm_head
+    if head.backend == "torch":  # METAGEN_KERNELS=torch runs a grouped head as a dense bf16 matrix
+        assert head.nbytes == head.out_features * head.in_features * 2
+    else:
+        assert weight_bytes(model) - weight_bytes(draft) < 0.07 * head.nbytes
