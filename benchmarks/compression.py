@@ -291,14 +291,18 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--layer-error", action="store_true",
                         help="layer-wise error and time of each method on a few linears (OBC included)")
-    parser.add_argument("--layers", default="0", help="--layer-error: comma-separated decoder layer indices")
-    parser.add_argument("--linears", default="qkv,o,gate_up,down", help="--layer-error: linears of each layer")
+    parser.add_argument("--layers", default=None, help="--layer-error: comma-separated decoder layer indices (0)")
+    parser.add_argument("--linears", default=None, help="--layer-error: linears of each layer (qkv,o,gate_up,down)")
     parser.add_argument("--weight-rows", type=int, default=None,
                         help="--layer-error: only the first rows of each projection (default: all)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if sum((args.speed, args.acceptance, args.layer_error)) > 1:
         raise SystemExit("choose one of --speed, --acceptance, --layer-error")
+    if not args.layer_error:
+        for option in ("layers", "linears", "weight_rows"):
+            if getattr(args, option) is not None:
+                raise SystemExit(f"--{option.replace('_', '-')} is a --layer-error option: add --layer-error or drop it")
     if args.layer_error:
         names = row_names(args.rows or LAYER_DEFAULT, LAYER_ROWS)
     else:
@@ -324,8 +328,9 @@ def main() -> None:
         heldout = [ids[i * args.seq_len:(i + 1) * args.seq_len] for i in range(args.samples)]
         if len(heldout[-1]) != args.seq_len:
             raise SystemExit(f"--eval-tokens={args.eval_tokens} is fewer than --samples × --seq-len held-out tokens")
-        layer_errors(dense, calibration, heldout, int_list(args.layers, "--layers"),
-                     [name.strip() for name in args.linears.split(",") if name.strip()], names, args.weight_rows,
+        layer_errors(dense, calibration, heldout, int_list(args.layers or "0", "--layers"),
+                     [name.strip() for name in (args.linears or "qkv,o,gate_up,down").split(",") if name.strip()],
+                     names, args.weight_rows,
                      lambda row: record(row | common))
         return
     results = []
