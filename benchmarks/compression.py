@@ -302,7 +302,8 @@ def main() -> None:
     if not args.layer_error:
         for option in ("layers", "linears", "weight_rows"):
             if getattr(args, option) is not None:
-                raise SystemExit(f"--{option.replace('_', '-')} is a --layer-error option: add --layer-error or drop it")
+                flag = "--" + option.replace("_", "-")
+                raise SystemExit(f"{flag} is a --layer-error option: add --layer-error or drop it")
     if args.layer_error:
         names = row_names(args.rows or LAYER_DEFAULT, LAYER_ROWS)
     else:

@@ -131,7 +131,8 @@ def test_relative_error_is_the_layer_output_error_over_the_output():
     accumulator = HessianAccumulator(7)
     accumulator.add(inputs[:10])
     accumulator.add(inputs[10:])
-    expected = layer_error(weight, weight + noise, inputs) / float((weight.double() @ inputs.double().t()).square().sum())
+    output = float((weight.double() @ inputs.double().t()).square().sum())
+    expected = layer_error(weight, weight + noise, inputs) / output
     assert bench.relative_error(weight, weight + noise, accumulator.hessian) == pytest.approx(expected, rel=1e-9)
     assert bench.relative_error(weight, weight, accumulator.hessian) == 0.0
 
