@@ -29,9 +29,20 @@ reloads it afterwards, so the three see the same weights and compress once):
   verification, seeded), continuing `--prompts` excerpts of the evaluation text by
   `--new-tokens` tokens (no chat template).
 
+A fourth, `--layer-error`, is for optimal brain compression, which costs O(N·K³) per linear
+(K greedy steps per row, each sweeping that row's (K, K) inverse Hessian) and is far too slow for
+a whole model: it compresses only the linears `--linears` of decoder layers `--layers`, each on
+its own from the dense model's calibration inputs (OBC's layer-wise problem), optionally only
+the first `--weight-rows` rows of each projection (rows are independent problems with the same
+H, so a subset of rows is an exact sample of the layer), with the `--rows` of `LAYER_ROWS` (the
+table's methods and OBC int4 / int3 / 50%). It reports each one's relative layer-wise error
+‖WX − ŴX‖² / ‖WX‖² on the calibration activations and on as many held-out evaluation tokens,
+and its seconds (with the estimate for all rows of that linear).
+
 Run:  .venv/bin/python benchmarks/compression.py --out compression.jsonl --markdown
       .venv/bin/python benchmarks/compression.py --model M.gguf --models-dir DIR --speed
       .venv/bin/python benchmarks/compression.py --model M.gguf --models-dir DIR --acceptance
+      .venv/bin/python benchmarks/compression.py --layer-error --layers 0,15 --linears qkv,o
 Each finished row is appended to --out as one JSON line, so a long run keeps what it measured.
 """
 
@@ -49,7 +60,7 @@ from pathlib import Path
 
 import torch
 
-from metagen.compress.calibrate import Recipe, compress_model
+from metagen.compress.calibrate import Recipe, compress_model, compress_weight, fused_parts, layer_hessians
 from metagen.eval.perplexity import perplexity
 from metagen.models import load
 
@@ -67,6 +78,14 @@ ROWS = {
     "GPTQ int3": Recipe("gptq", bits=3),
 }
 
+# --layer-error only: OBC is too slow for the whole-model rows above
+LAYER_ROWS = {name: recipe for name, recipe in ROWS.items() if recipe is not None} | {
+    "OBC int4": Recipe("obc", bits=4),
+    "OBC int3": Recipe("obc", bits=3),
+    "OBC 50%": Recipe("obc", sparsity=0.5),
+}
+LAYER_DEFAULT = "RTN int4,GPTQ int4,OBC int4,RTN int3,GPTQ int3,OBC int3,magnitude 50%,SparseGPT 50%,OBC 50%"
+
 
 def opticks() -> str:
     spec = importlib.util.find_spec("tvm_ffi")
@@ -75,12 +94,12 @@ def opticks() -> str:
     return (Path(spec.submodule_search_locations[0]) / "3rdparty/libbacktrace/Isaac.Newton-Opticks.txt").read_text()
 
 
-def row_names(value: str) -> list[str]:
-    """Comma-separated row names, each checked against ROWS (ValueError naming the unknown one)."""
+def row_names(value: str, table: dict = ROWS) -> list[str]:
+    """Comma-separated row names, each checked against `table` (ValueError naming the unknown one)."""
     names = [name.strip() for name in value.split(",") if name.strip()]
     for name in names:
-        if name not in ROWS:
-            raise ValueError(f"row {name!r} is not in the table: choose from {', '.join(ROWS)}")
+        if name not in table:
+            raise ValueError(f"row {name!r} is not in the table: choose from {', '.join(table)}")
     if not names:
         raise ValueError("no rows given")
     return names
@@ -118,6 +137,65 @@ def obtain(dense, name: str, calibration: list[list[int]], models_dir: Path | No
         save_model(model, directory, wanted | facts)
         model = load(directory)  # memory-mapped, as a later run sees it
     return model, facts | {"reused": False}
+
+
+def weight_rows(weight: torch.Tensor, parts: tuple[int, ...] | None,
+                count: int | None) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """The first `count` rows of each projection of a (possibly fused, `parts`) weight, stacked,
+    and the parts of the result; all rows when `count` is None."""
+    parts = parts or (weight.shape[0],)
+    if count is None:
+        return weight, parts
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= min(parts):
+        raise ValueError(f"weight rows={count!r} is out of range: must be an int in [1, {min(parts)}] "
+                         f"(the smallest projection of this linear)")
+    return torch.cat([piece[:count] for piece in weight.split(list(parts))]), (count,) * len(parts)
+
+
+def relative_error(weight: torch.Tensor, compressed: torch.Tensor, hessian: torch.Tensor) -> float:
+    """‖W X − Ŵ X‖² / ‖W X‖² from H = c·X Xᵀ (any c > 0): tr(Δ H Δᵀ) / tr(W H Wᵀ), Δ = W − Ŵ."""
+    w, delta, h = weight.double(), weight.double() - compressed.double(), hessian.double()
+    return float(((delta @ h) * delta).sum() / ((w @ h) * w).sum())
+
+
+def int_list(value: str, field: str) -> list[int]:
+    """Comma-separated integers (ValueError naming `field` otherwise)."""
+    try:
+        numbers = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{field}={value!r} must be comma-separated integers") from None
+    if not numbers:
+        raise ValueError(f"{field}={value!r} names no integer")
+    return numbers
+
+
+def layer_errors(dense, calibration: list[list[int]], heldout: list[list[int]], layers: list[int],
+                 linears: list[str], names: list[str], count: int | None, record: Callable[[dict], None]) -> None:
+    """The --layer-error measurement: each row of `names` (LAYER_ROWS) on each linear of each
+    layer, alone, from the dense model's inputs; one record per (layer, linear, row)."""
+    for index in layers:
+        calibration_h = layer_hessians(dense, calibration, index)
+        heldout_h = layer_hessians(dense, heldout, index)
+        for linear in linears:
+            if linear not in calibration_h:
+                raise ValueError(f"linear {linear!r} is not in layer {index}: choose from {', '.join(calibration_h)}")
+            weight = getattr(dense.layers[index], linear).weight.float()
+            sub, parts = weight_rows(weight, fused_parts(dense.config, linear, weight.shape[0]), count)
+            for name in names:
+                recipe = LAYER_ROWS[name]
+                started = time.perf_counter()
+                result = compress_weight(sub, calibration_h[linear] if recipe.needs_calibration else None, recipe,
+                                         parts)
+                seconds = time.perf_counter() - started
+                record({"mode": "layer-error", "layer": index, "linear": linear, "row": name,
+                        "recipe": recipe.to_dict(), "rows": sub.shape[0], "of_rows": weight.shape[0],
+                        "in_features": weight.shape[1],
+                        "relative_error": relative_error(sub, result.weight, calibration_h[linear]),
+                        "heldout_relative_error": relative_error(sub, result.weight, heldout_h[linear]),
+                        "seconds": round(seconds, 2),
+                        "seconds_all_rows_estimate": round(seconds * weight.shape[0] / sub.shape[0], 1),
+                        "calibration_tokens": sum(len(row) for row in calibration),
+                        "heldout_tokens": sum(len(row) for row in heldout)})
 
 
 def interleaved(first: Callable[[], float], second: Callable[[], float],
@@ -192,7 +270,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded SmolLM2-135M)")
     parser.add_argument("--models-dir", default=None, help="save compressed models here and reuse them")
-    parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows to run")
+    parser.add_argument("--rows", default=None, help="comma-separated rows to run (default: every row of "
+                        "the table; with --layer-error: " + LAYER_DEFAULT + ")")
     parser.add_argument("--eval-tokens", type=int, default=3072)
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--stride", type=int, default=512)
@@ -210,9 +289,25 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=4, help="--acceptance: draft tokens per step")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--layer-error", action="store_true",
+                        help="layer-wise error and time of each method on a few linears (OBC included)")
+    parser.add_argument("--layers", default=None, help="--layer-error: comma-separated decoder layer indices (0)")
+    parser.add_argument("--linears", default=None, help="--layer-error: linears of each layer (qkv,o,gate_up,down)")
+    parser.add_argument("--weight-rows", type=int, default=None,
+                        help="--layer-error: only the first rows of each projection (default: all)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    names = row_names(args.drafts if args.acceptance else args.rows)
+    if sum((args.speed, args.acceptance, args.layer_error)) > 1:
+        raise SystemExit("choose one of --speed, --acceptance, --layer-error")
+    if not args.layer_error:
+        for option in ("layers", "linears", "weight_rows"):
+            if getattr(args, option) is not None:
+                flag = "--" + option.replace("_", "-")
+                raise SystemExit(f"{flag} is a --layer-error option: add --layer-error or drop it")
+    if args.layer_error:
+        names = row_names(args.rows or LAYER_DEFAULT, LAYER_ROWS)
+    else:
+        names = row_names(args.drafts if args.acceptance else args.rows or ",".join(ROWS))
     text = opticks()
     calibration_text, evaluation_text = text[: int(0.4 * len(text))], text[len(text) // 2:]
     dense = load(args.model, dtype="fp32")
@@ -228,6 +323,17 @@ def main() -> None:
         with open(args.out, "a") as handle:
             handle.write(json.dumps(row) + "\n")
 
+    if args.layer_error:
+        if args.models_dir:
+            raise SystemExit("--layer-error compresses single linears and saves no model: drop --models-dir")
+        heldout = [ids[i * args.seq_len:(i + 1) * args.seq_len] for i in range(args.samples)]
+        if len(heldout[-1]) != args.seq_len:
+            raise SystemExit(f"--eval-tokens={args.eval_tokens} is fewer than --samples × --seq-len held-out tokens")
+        layer_errors(dense, calibration, heldout, int_list(args.layers or "0", "--layers"),
+                     [name.strip() for name in (args.linears or "qkv,o,gate_up,down").split(",") if name.strip()],
+                     names, args.weight_rows,
+                     lambda row: record(row | common))
+        return
     results = []
     for name in names:
         if ROWS[name] is None and (args.speed or args.acceptance):

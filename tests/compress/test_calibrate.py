@@ -189,3 +189,43 @@ def test_obc_prunes_and_quantizes_whole_models(tiny):
             assert ((weight == 0).sum(1) == weight.shape[1] // 4).all()  # OBC prunes per row
     quantized, _ = compress_model(tiny, Recipe("obc", bits=4), _rows())
     assert isinstance(quantized.layers[1].down, Int4Linear)
+
+
+class _Passthrough:
+    """A linear that keeps every input it sees, then runs the real one."""
+
+    def __init__(self, linear) -> None:
+        self.linear, self.inputs = linear, []
+
+    def __getattr__(self, name):
+        return getattr(self.linear, name)
+
+    def __call__(self, x):
+        self.inputs.append(x.detach().reshape(-1, x.shape[-1]).double())
+        return self.linear(x)
+
+
+def test_layer_hessians_are_2xxt_of_each_linears_inputs_in_the_dense_forward(tiny):
+    from dataclasses import replace
+
+    from metagen.compress.calibrate import layer_hessians
+    from metagen.models.decoder import DecoderModel
+
+    rows = _rows(3, count=2, length=40)
+    hessians = layer_hessians(tiny, rows, 1)
+    assert set(hessians) == set(LINEAR_FIELDS)
+    layers = list(tiny.layers)
+    spies = {name: _Passthrough(getattr(layers[1], name)) for name in LINEAR_FIELDS}
+    layers[1] = replace(layers[1], **spies)
+    spied = DecoderModel(tiny.config, layers, tiny.embed, tiny.norm, tiny.lm_head, tiny.tokenizer, "fp32",
+                         tiny.freq_factors, source=tiny.source)
+    spied.use_fused = False  # the general path, as calibration runs
+    spied.forward(spied.new_cache(2), rows, logits="last")
+    for name, spy in spies.items():
+        x = torch.cat(spy.inputs)
+        assert x.shape[0] == 2 * 40
+        assert torch.allclose(hessians[name], 2.0 * x.t() @ x / x.shape[0], rtol=1e-5, atol=1e-7), name
+    # layer 0's differ (other inputs), and a bad index is refused by name
+    assert not torch.allclose(layer_hessians(tiny, rows, 0)["qkv"], hessians["qkv"])
+    with pytest.raises(ValueError, match="index=2 is out of range"):
+        layer_hessians(tiny, rows, 2)

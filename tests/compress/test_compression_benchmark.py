@@ -99,3 +99,60 @@ def test_a_target_drafting_for_itself_accepts_every_token_and_a_coarse_copy_does
     assert 0.0 < other["acceptance_rate"] < 1.0
     assert other["generated_tokens"] == 2 * 9
     assert other["block_efficiency"] == pytest.approx(other["generated_tokens"] / other["target_steps"], abs=1e-3)
+
+
+def test_layer_rows_add_obc_to_the_methods_of_the_table_but_not_to_its_rows():
+    assert bench.row_names("OBC int4,GPTQ int4", bench.LAYER_ROWS) == ["OBC int4", "GPTQ int4"]
+    assert "dense" not in bench.LAYER_ROWS
+    assert bench.row_names(bench.LAYER_DEFAULT, bench.LAYER_ROWS)
+    with pytest.raises(ValueError, match="row 'OBC int4' is not in the table"):
+        bench.row_names("OBC int4")
+    assert bench.int_list("0, 15", "--layers") == [0, 15]
+    with pytest.raises(ValueError, match="--layers='a' must be"):
+        bench.int_list("a", "--layers")
+
+
+def test_weight_rows_take_the_first_rows_of_each_projection():
+    weight = torch.arange(12.0).reshape(6, 2)  # projections of 3, 2 and 1 rows
+    sub, parts = bench.weight_rows(weight, (3, 2, 1), 1)
+    assert parts == (1, 1, 1) and sub.tolist() == [[0.0, 1.0], [6.0, 7.0], [10.0, 11.0]]
+    assert bench.weight_rows(weight, None, 2)[0].tolist() == weight[:2].tolist()
+    assert bench.weight_rows(weight, None, None) == (weight, (6,))
+    with pytest.raises(ValueError, match=r"weight rows=2 is out of range: must be an int in \[1, 1\]"):
+        bench.weight_rows(weight, (3, 2, 1), 2)
+
+
+def test_relative_error_is_the_layer_output_error_over_the_output():
+    from metagen.compress.hessian import HessianAccumulator, layer_error
+
+    generator = torch.Generator().manual_seed(0)
+    weight, noise = torch.randn(5, 7, generator=generator), 0.1 * torch.randn(5, 7, generator=generator)
+    inputs = torch.randn(30, 7, generator=generator)
+    accumulator = HessianAccumulator(7)
+    accumulator.add(inputs[:10])
+    accumulator.add(inputs[10:])
+    output = float((weight.double() @ inputs.double().t()).square().sum())
+    expected = layer_error(weight, weight + noise, inputs) / output
+    assert bench.relative_error(weight, weight + noise, accumulator.hessian) == pytest.approx(expected, rel=1e-9)
+    assert bench.relative_error(weight, weight, accumulator.hessian) == 0.0
+
+
+def test_layer_errors_measure_each_method_on_a_subset_of_rows(tiny):
+    generator = torch.Generator().manual_seed(0)
+    calibration = torch.randint(0, 49152, (2, 32), generator=generator).tolist()
+    heldout = torch.randint(0, 49152, (2, 32), generator=generator).tolist()
+    rows = []
+    names = ["RTN int4", "OBC int4", "GPTQ int4", "magnitude 50%", "OBC 50%"]
+    bench.layer_errors(tiny, calibration, heldout, [1], ["qkv", "down"], names, 4, rows.append)
+    assert [(r["linear"], r["row"]) for r in rows] == [(linear, name) for linear in ("qkv", "down") for name in names]
+    qkv = {r["row"]: r for r in rows if r["linear"] == "qkv"}
+    assert qkv["RTN int4"]["rows"] == 3 * 4 and qkv["RTN int4"]["of_rows"] == tiny.layers[1].qkv.weight.shape[0]
+    # the second-order methods beat their data-free counterparts on the loss they minimize
+    assert qkv["OBC int4"]["relative_error"] < qkv["RTN int4"]["relative_error"]
+    assert qkv["GPTQ int4"]["relative_error"] < qkv["RTN int4"]["relative_error"]
+    assert qkv["OBC 50%"]["relative_error"] < qkv["magnitude 50%"]["relative_error"]
+    assert all(r["heldout_relative_error"] > 0 for r in rows)
+    assert all(r["seconds_all_rows_estimate"] == pytest.approx(r["seconds"] * r["of_rows"] / r["rows"], abs=0.1)
+               for r in rows)
+    with pytest.raises(ValueError, match="linear 'mlp' is not in layer 1"):
+        bench.layer_errors(tiny, calibration, heldout, [1], ["mlp"], names, 4, rows.append)

@@ -229,6 +229,36 @@ def compress_model(model: DecoderModel, recipe: Recipe, calibration: list[list[i
     return built, facts
 
 
+def layer_hessians(model: DecoderModel, calibration: list[list[int]], index: int) -> dict[str, torch.Tensor]:
+    """The Hessians H = 2XXᵀ (`HessianAccumulator`, float64 (K, K)) of the inputs of every
+    linear of decoder layer `index`, by name, from `calibration` run through the dense `model`
+    (fp32, nothing compressed): the layer-wise problems of that layer, each linear on its own
+    (OBC's setting), for measuring methods on a few layers instead of the whole model."""
+    if model.dtype != "fp32":
+        raise ValueError(f"layer_hessians needs a model loaded with dtype='fp32' (got {model.dtype!r})")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(model.layers):
+        raise ValueError(f"index={index!r} is out of range: must be an int in [0, {len(model.layers) - 1}]")
+    lengths = {len(row) for row in calibration}
+    if not calibration or len(lengths) != 1:
+        raise ValueError(f"calibration rows must be non-empty and of one length, got lengths {sorted(lengths)}")
+    cache = model.new_cache(len(calibration), capacity=len(calibration) * lengths.pop())
+    for step in model.layer_by_layer(cache, calibration):
+        layer = model.layers[step.index]
+        if step.index < index:
+            step(layer)
+            continue
+        hessians = {}
+        for name in _linear_names(layer):
+            accumulator = HessianAccumulator(getattr(layer, name).in_features)
+            try:
+                step(replace(layer, **{name: _Recorder(accumulator)}))
+            except _Recorded:
+                pass
+            hessians[name] = accumulator.hessian
+        return hessians
+    raise AssertionError("unreachable: layer_by_layer yields every layer")
+
+
 def fused_parts(config, name: str, rows: int) -> tuple[int, ...] | None:
     """Row counts of the projections fused in linear `name` of `rows` rows: (q, k, v) for qkv,
     (gate, up) for gate_up, None for a linear that is one projection."""
