@@ -5,9 +5,12 @@ For each op of one decode step at batch 1 and 16 (default `--rows 1,16`; `--toke
 (Part III):  time ≥ max(FLOPs / peak FLOP/s, bytes / bandwidth),  with this machine's peak and
 bandwidth measured here, beside the measured time of the op:
 
-- each kind of linear (qkv, o, gate_up, down: one layer's linear timed alone on activations of
-  the step's shape, times the number of layers) and the LM head. FLOPs = 2·rows·N·K; bytes = the
-  weight's stored bytes (codes, scales, zeros, bias) + the activations in and out;
+- each kind of linear (qkv, o, gate_up, down) and the LM head, on activations of the step's
+  shape: every linear of the model called once in the step's order (layer by layer), each call
+  timed, summed per kind; the median over passes. Every weight is read once per pass, as in a
+  step, so no weight is still in cache from its own previous call (timing one layer's linear in
+  a loop would measure cache, not memory). FLOPs = 2·rows·N·K; bytes = the weight's stored
+  bytes (codes, scales, zeros, bias) + the activations in and out;
 - attention over the cached context (`--context` tokens per row) plus everything else of the step
   (embedding, norms, RoPE, residuals, cache writes, the Python of the forward): measured as the
   whole step minus the linears; its bound counts the keys and values read (every row reads its
@@ -17,7 +20,7 @@ bandwidth measured here, beside the measured time of the op:
 
 Peaks: dense linears and attention, the FLOP/s of a 1024³ float32 or bfloat16 matmul (torch, the
 step's threads); each quantized format, its own kernel's compute roof: the FLOP/s of the same
-kernel and format on a weight that sits in cache (N = 512, K = 1024) at M = 64 rows, where only
+kernel and format on a weight that sits in cache (N = 4096, K = 1024) at M = 64 rows, where only
 its instruction mix bounds it (with the default 16-bit activation codes every weight byte takes
 two int8 dot products). Bandwidth: the best torch.sum over a 1 GiB float32 buffer. "% of bound"
 = bound / measured: 100% is at the roof.
@@ -105,7 +108,7 @@ def kernel_peak(linear, peaks: dict, matmul_dtype: torch.dtype) -> float:
     if linear.kind == "dense":
         return peaks["bf16"] if matmul_dtype == torch.bfloat16 else peaks["fp32"]
     if linear.kind not in _kernel_peaks:
-        rows, n, k = 64, 512, 1024
+        rows, n, k = 64, 4096, 1024
         sample = _same_format(linear, n, k)
         x = torch.randn(rows, k).to(matmul_dtype)
         _kernel_peaks[linear.kind] = 2 * rows * n * k / min(timed(lambda: sample(x), 20, 1) for _ in range(5))
@@ -119,20 +122,38 @@ def step_rows(model, rows: int, context: int, peaks: dict, bandwidth: float, ste
     linears = model.linears()
     counts: dict[str, int] = {}
     first: dict[str, object] = {}
+    kinds: dict[str, list[str]] = {}
     for name, linear in linears:
         counts[name] = counts.get(name, 0) + 1
         first.setdefault(name, linear)
+        if linear.kind not in kinds.setdefault(name, []):
+            kinds[name].append(linear.kind)
     act = torch.empty(0, dtype=model.matmul_dtype).element_size()
+    m = rows * tokens  # activation rows of each linear
+    inputs = {name: torch.randn(m, linear.in_features).to(model.matmul_dtype) for name, linear in first.items()}
+    passes: dict[str, list[float]] = {name: [] for name in first}
+    for _ in range(6):  # the first pass warms up
+        spent = dict.fromkeys(first, 0.0)
+        for name, linear in linears:
+            x = inputs[name]
+            start = time.perf_counter()
+            linear(x)
+            spent[name] += time.perf_counter() - start
+        for name, seconds in spent.items():
+            passes[name].append(seconds)
     out = []
     linear_seconds = 0.0
-    m = rows * tokens  # activation rows of each linear
-    for name, linear in first.items():
-        x = torch.randn(m, linear.in_features).to(model.matmul_dtype)
-        seconds = timed(lambda: linear(x), 50) * counts[name]
-        flops = 2 * m * linear.out_features * linear.in_features * counts[name]
-        moved = (linear_bytes(linear) + m * (linear.in_features + linear.out_features) * act) * counts[name]
-        peak = kernel_peak(linear, peaks, model.matmul_dtype)
-        out.append(row(f"{name} ({linear.kind}) ×{counts[name]}", seconds, flops, moved, peak, bandwidth))
+    for name in first:
+        seconds = statistics.median(passes[name][1:])
+        alike = [linear for kind, linear in linears if kind == name]  # e.g. down: Q4_K in some layers, Q6_K in others
+        flops = sum(2 * m * linear.out_features * linear.in_features for linear in alike)
+        moved = sum(linear_bytes(linear) + m * (linear.in_features + linear.out_features) * act for linear in alike)
+        # the kinds' roofs weighted by their FLOPs: the time the compute bound allows for all of them
+        compute_seconds = sum(2 * m * linear.out_features * linear.in_features / kernel_peak(linear, peaks,
+                                                                                            model.matmul_dtype)
+                              for linear in alike)
+        label = f"{name} ({', '.join(kinds[name])}) ×{counts[name]}"
+        out.append(row(label, seconds, flops, moved, flops / compute_seconds, bandwidth))
         linear_seconds += seconds
     # the whole step: one token per row over `context` cached tokens (forks of one prompt)
     cache = model.new_cache(1, capacity=context + steps + 8)
