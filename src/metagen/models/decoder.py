@@ -467,7 +467,7 @@ class _FusedOps:
         self.windowed: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}  # window -> (starts, mask)
         # Groups of rows sharing a cached prefix, attended as prefix + suffixes (None: row by row).
         self.shared = None
-        if model.use_shared_prefix and cache.pools[0].dtype == torch.float32 and self.head_dim in (64, 128, 256):
+        if model.use_shared_prefix and self.head_dim in (64, 128, 256):
             self.shared = SharedPrefixPlan.of_step(table, positions, counts)
         self.valid = None
         if t_q > 1:  # one query per real new token, row-major like `slots`
@@ -514,7 +514,8 @@ class _FusedOps:
         starts, mask = (None, None if self.in_place else self.mask) if window is None else self._window(window)
         if self.in_place:
             if self.shared is not None and starts is None:  # a window that cuts in attends row by row
-                return self.shared.attend(self.kernels, q, pool, self.table, self.lengths, self.scale, self.bf16)
+                return self.shared.attend(self.kernels, q, pool, self.table, self.lengths, self.scale, self.bf16,
+                                          scales)
             return self.kernels.paged_decode_attention(q, pool, self.table, self.lengths, self.scale, self.bf16, starts,
                                                        scales)
         kv = self.cache.read(index, self.table)  # (N, Tkv, 2, KVH, D) float32

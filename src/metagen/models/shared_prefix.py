@@ -24,7 +24,9 @@ CPU time, split / unsplit; 16 own keys per row): 2 rows 0.96 at 64 keys, 0.78 at
 
 The switch: `DecoderModel.use_shared_prefix` (default from `METAGEN_SHARED_PREFIX`, "1" on,
 "0" off). Only the fused decode path splits (the general path, prefill, always attends row by
-row); a sliding-window layer whose window cuts into some query's keys attends unsplit.
+row); a sliding-window layer whose window cuts into some query's keys attends unsplit. Every
+KV format splits: bf16 and int8 keys and values are widened (int8 times its scale) as they are
+read, as in the unsplit kernel.
 """
 
 from __future__ import annotations
@@ -113,11 +115,12 @@ class SharedPrefixPlan:
         return cls(groups, table_np, counts) if groups else None
 
     def attend(self, kernels, q: torch.Tensor, pool: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor,
-               scale: float, bf16_out: bool) -> torch.Tensor:
+               scale: float, bf16_out: bool, scales: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of the packed queries `q (N, H, D)` (query n reads `table[n, :lengths[n]]`)
-        as prefix part + suffix part, combined by log-sum-exp. Returns (N, H·D), bf16 when
-        `bf16_out`, else float32."""
+        as prefix part + suffix part, combined by log-sum-exp. `pool` float32, bf16 or int8 (with
+        its `scales`). Returns (N, H·D), bf16 when `bf16_out`, else float32."""
         prefix_out, prefix_lse = kernels.shared_prefix_attention(q, pool, self.prefix_slots, self.prefix_offsets,
-                                                                 self.query_index, self.query_offsets, scale)
-        suffix_out, suffix_lse = kernels.paged_attention_part(q, pool, table, lengths, self.suffix_starts, scale)
+                                                                 self.query_index, self.query_offsets, scale, scales)
+        suffix_out, suffix_lse = kernels.paged_attention_part(q, pool, table, lengths, self.suffix_starts, scale,
+                                                              scales)
         return kernels.combine_attention_parts(prefix_out, prefix_lse, suffix_out, suffix_lse, bf16_out)

@@ -267,6 +267,18 @@ inline const float* widen_row(const Elem* row, float* buffer, int64_t dim) {
   return buffer;
 }
 
+// One cached head (slot, kv = 0 key / 1 value, kv head) as `dim` floats: the pool's own memory for
+// a float32 pool, else widened (times its int8 scale) into `buffer`.
+template <typename Elem>
+inline const float* cached_head(const Elem* pool, const float* scales, int64_t slot, int64_t kv, int64_t kv_heads,
+                                int64_t kvh, int64_t dim, float* buffer) {
+  const int64_t at = (slot * 2 + kv) * kv_heads + kvh;
+  const float* row = widen_row(pool + at * dim, buffer, dim);
+  if (scales != nullptr)  // int8: row is buffer
+    for (int64_t i = 0; i < dim; ++i) buffer[i] *= scales[at];
+  return row;
+}
+
 // Ask for the cache lines of the row `ahead` positions on: the rows are scattered through the
 // pool (page table), so the hardware prefetcher cannot predict them.
 template <typename Elem>
@@ -479,14 +491,14 @@ torch::Tensor apply_token_bitmask(torch::Tensor logits, torch::Tensor mask) {
 //   o = Σ_i e^{lse_i − lse} o_i with lse = log Σ_i e^{lse_i}   (Juravsky et al., 2024, Hydragen).
 
 // One query per row n attending to table[n, starts[n]:lengths[n]] (a part of its keys).
-// q: (N, H, D) float32; pool: (S, 2, KVH, D) float32; table: (N, T_max) int64; lengths, starts:
-// (N,) int64. Returns (out (N, H, D) float32, lse (N, H) float32); an empty range gives out = 0,
+// q: (N, H, D) float32; pool: (S, 2, KVH, D) float32, bf16 or int8 (then scales (S, 2, KVH),
+// keys and values widened as they are read); table: (N, T_max) int64; lengths, starts: (N,) int64. Returns (out (N, H, D) float32, lse (N, H) float32); an empty range gives out = 0,
 // lse = −inf. O(N·H·(lengths − starts)·D).
 std::tuple<torch::Tensor, torch::Tensor> paged_attention_part(torch::Tensor q, torch::Tensor pool,
                                                               torch::Tensor table, torch::Tensor lengths,
-                                                              torch::Tensor starts, double scale) {
+                                                              torch::Tensor starts, double scale,
+                                                              c10::optional<torch::Tensor> scales) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous(), "q: contiguous float32");
-  TORCH_CHECK(pool.scalar_type() == at::kFloat && pool.is_contiguous(), "pool: contiguous float32");
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = pool.size(2);
   const int64_t group = heads / kv_heads;
@@ -497,15 +509,15 @@ std::tuple<torch::Tensor, torch::Tensor> paged_attention_part(torch::Tensor q, t
   auto out = torch::empty({batch, heads, dim}, q.options());
   auto lse = torch::empty({batch, heads}, q.options());
   const float* qp = q.data_ptr<float>();
-  const float* pp = pool.data_ptr<float>();
   const int64_t* tp = tab.data_ptr<int64_t>();
   const int64_t* lp = len.data_ptr<int64_t>();
   const int64_t* fp = first.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   float* ep = lse.data_ptr<float>();
   const float sc = static_cast<float>(scale);
+  with_pool(pool, scales, [&](auto* pp, float* pool_scales) {
   at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+    std::vector<float> scores, head(dim);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / kv_heads, kvh = item % kv_heads;
       const int64_t skip = fp[b];
@@ -513,7 +525,7 @@ std::tuple<torch::Tensor, torch::Tensor> paged_attention_part(torch::Tensor q, t
       const int64_t* slots = tp + b * t_max + skip;
       scores.assign(group * length, 0.f);
       for (int64_t t = 0; t < length; ++t) {
-        const float* key = pp + ((slots[t] * 2) * kv_heads + kvh) * dim;
+        const float* key = cached_head(pp, pool_scales, slots[t], 0, kv_heads, kvh, dim, head.data());
         for (int64_t g = 0; g < group; ++g) {
           const float* query = qp + (b * heads + kvh * group + g) * dim;
           scores[g * length + t] = dot(query, key, dim) * sc;
@@ -532,7 +544,7 @@ std::tuple<torch::Tensor, torch::Tensor> paged_attention_part(torch::Tensor q, t
         const float total = exp_from_max(s, length, top);
         const float norm = 1.f / total;
         for (int64_t t = 0; t < length; ++t) {
-          const float* value = pp + ((slots[t] * 2 + 1) * kv_heads + kvh) * dim;
+          const float* value = cached_head(pp, pool_scales, slots[t], 1, kv_heads, kvh, dim, head.data());
           const float p = s[t] * norm;
 #pragma omp simd
           for (int64_t i = 0; i < dim; ++i) o[i] += p * value[i];
@@ -540,6 +552,7 @@ std::tuple<torch::Tensor, torch::Tensor> paged_attention_part(torch::Tensor q, t
         ep[b * heads + h] = top + std::log(total);
       }
     }
+  });
   });
   return {out, lse};
 }
@@ -579,11 +592,12 @@ inline float16v exp16_nonpositive(float16v x) {
 // matrix product, values a (Q × 64)·(64 × D) one, kQueryBlock query rows held in registers: every
 // key and value vector is loaded once per kQueryBlock queries instead of once per query.
 // Dim (the head dimension) is a multiple of 16.
-template <int64_t Dim>
-void prefix_block_attention(const float* queries, int64_t count, const float* pool, const int64_t* slots,
-                            int64_t length, int64_t kv_heads, int64_t kvh, float* m, float* l, float* o) {
+template <int64_t Dim, typename Elem>
+void prefix_block_attention(const float* queries, int64_t count, const Elem* pool, const float* pool_scales,
+                            const int64_t* slots, int64_t length, int64_t kv_heads, int64_t kvh, float* m, float* l,
+                            float* o) {
   constexpr int64_t kLanes = 16, kKeyVectors = kPrefixBlock / kLanes, kDimVectors = Dim / kLanes;
-  std::vector<float> keys_t(Dim * kPrefixBlock), scores((count + kQueryBlock) * kPrefixBlock, 0.f);
+  std::vector<float> keys_t(Dim * kPrefixBlock), scores((count + kQueryBlock) * kPrefixBlock, 0.f), head(Dim);
   for (int64_t q = 0; q < count; ++q) {
     m[q] = -INFINITY;
     l[q] = 0.f;
@@ -594,7 +608,7 @@ void prefix_block_attention(const float* queries, int64_t count, const float* po
     // keys_t[d][t] = key t of the block, dimension d (zero past the block's end)
     for (int64_t t = 0; t < kPrefixBlock; ++t) {
       if (t < block) {
-        const float* key = pool + ((slots[first + t] * 2) * kv_heads + kvh) * Dim;
+        const float* key = cached_head(pool, pool_scales, slots[first + t], 0, kv_heads, kvh, Dim, head.data());
         for (int64_t d = 0; d < Dim; ++d) keys_t[d * kPrefixBlock + t] = key[d];
       } else {
         for (int64_t d = 0; d < Dim; ++d) keys_t[d * kPrefixBlock + t] = 0.f;
@@ -659,7 +673,7 @@ void prefix_block_attention(const float* queries, int64_t count, const float* po
         for (int64_t j = 0; j < kDimVectors; ++j)
           acc[r][j] = r < rows ? load16(o + (q0 + r) * Dim + j * kLanes) : float16v{};
       for (int64_t t = 0; t < block; ++t) {
-        const float* value = pool + ((slots[first + t] * 2 + 1) * kv_heads + kvh) * Dim;
+        const float* value = cached_head(pool, pool_scales, slots[first + t], 1, kv_heads, kvh, Dim, head.data());
         float16v v[kDimVectors];
         for (int64_t j = 0; j < kDimVectors; ++j) v[j] = load16(value + j * kLanes);
         for (int64_t r = 0; r < kQueryBlock; ++r) {
@@ -676,7 +690,8 @@ void prefix_block_attention(const float* queries, int64_t count, const float* po
 // Attention of groups of queries to their group's shared prefix, each prefix's keys and values
 // read once for all its queries. Group g: keys prefix_slots[prefix_offsets[g]:prefix_offsets[g+1]],
 // queries query_index[query_offsets[g]:query_offsets[g+1]] (rows of q). q: (N, H, D) float32;
-// pool: (S, 2, KVH, D) float32. Returns (out (N, H, D), lse (N, H)) as paged_attention_part;
+// pool: (S, 2, KVH, D) float32, bf16 or int8 (with scales) as paged_attention_part's. Returns
+// (out (N, H, D), lse (N, H)) as paged_attention_part;
 // queries in no group get out = 0, lse = −inf. Work items are (group, kv head, key split), the
 // splits merged by log-sum-exp at the end. O(Σ_g |queries_g|·H·P_g·D) flops, O(Σ_g P_g·KVH·D)
 // bytes of K/V read.
@@ -684,9 +699,9 @@ std::tuple<torch::Tensor, torch::Tensor> shared_prefix_attention(torch::Tensor q
                                                                  torch::Tensor prefix_slots,
                                                                  torch::Tensor prefix_offsets,
                                                                  torch::Tensor query_index,
-                                                                 torch::Tensor query_offsets, double scale) {
+                                                                 torch::Tensor query_offsets, double scale,
+                                                                 c10::optional<torch::Tensor> scales) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous(), "q: contiguous float32");
-  TORCH_CHECK(pool.scalar_type() == at::kFloat && pool.is_contiguous(), "pool: contiguous float32");
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   TORCH_CHECK(dim == 64 || dim == 128 || dim == 256, "shared_prefix_attention: head dim 64, 128 or 256, got ", dim);
   const int64_t kv_heads = pool.size(2);
@@ -703,7 +718,6 @@ std::tuple<torch::Tensor, torch::Tensor> shared_prefix_attention(torch::Tensor q
   auto out = torch::zeros({batch, heads, dim}, q.options());
   auto lse = torch::full({batch, heads}, -INFINITY, q.options());
   const float* qp = q.data_ptr<float>();
-  const float* pp = pool.data_ptr<float>();
   float* op = out.data_ptr<float>();
   float* ep = lse.data_ptr<float>();
   const float sc = static_cast<float>(scale);
@@ -729,6 +743,7 @@ std::tuple<torch::Tensor, torch::Tensor> shared_prefix_attention(torch::Tensor q
       }
   }
   std::vector<float> part_m(scratch_rows), part_l(scratch_rows), part_o(scratch_rows * dim);
+  with_pool(pool, scales, [&](auto* pp, float* pool_scales) {
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> queries;
     for (int64_t i = begin; i < end; ++i) {
@@ -746,12 +761,13 @@ std::tuple<torch::Tensor, torch::Tensor> shared_prefix_attention(torch::Tensor q
       float* l = part_l.data() + item.scratch;
       float* o = part_o.data() + item.scratch * dim;
       if (dim == 64)
-        prefix_block_attention<64>(queries.data(), count, pp, slots, item.length, kv_heads, item.kvh, m, l, o);
+        prefix_block_attention<64>(queries.data(), count, pp, pool_scales, slots, item.length, kv_heads, item.kvh, m, l, o);
       else if (dim == 128)
-        prefix_block_attention<128>(queries.data(), count, pp, slots, item.length, kv_heads, item.kvh, m, l, o);
+        prefix_block_attention<128>(queries.data(), count, pp, pool_scales, slots, item.length, kv_heads, item.kvh, m, l, o);
       else if (dim == 256)
-        prefix_block_attention<256>(queries.data(), count, pp, slots, item.length, kv_heads, item.kvh, m, l, o);
+        prefix_block_attention<256>(queries.data(), count, pp, pool_scales, slots, item.length, kv_heads, item.kvh, m, l, o);
     }
+  });
   });
   // Merge each query head's splits: lse = M + log Σ_s e^{m_s − M} l_s, out = Σ_s e^{m_s − M} o_s / Σ_s e^{m_s − M} l_s.
   for (int64_t g = 0; g < groups; ++g) {
