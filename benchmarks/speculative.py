@@ -13,7 +13,7 @@ metagen configurations, each against plain decoding of the same weights:
 - bf16 target: n-gram, and the int4 copy of the same checkpoint as quantized self-draft;
 - fp32 target: the int4 copy as quantized self-draft;
 - token and block verification at temperature 1 (temperature 0 verifies greedily);
-- with `--qwen-dir DIR`: Qwen2.5-Coder-1.5B (int4) drafted by Qwen2.5-Coder-0.5B (int4).
+- with `--qwen-dir DIR`: Qwen2.5-Coder-1.5B drafted by Qwen2.5-Coder-0.5B, both in the default format.
 
 Peers on the same weights (transformers loads the GGUF dequantized to fp32): plain `generate`,
 prompt lookup decoding (`prompt_lookup_num_tokens`) and self-speculative early exit
@@ -211,17 +211,18 @@ def metagen_suite(rows: list[Row], kinds, args) -> None:
 
 def qwen_suite(rows: list[Row], args) -> None:
     directory = Path(args.qwen_dir)
-    target = load(directory / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", dtype="int4")
-    draft = load(directory / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", dtype="int4")
+    # both in metagen's default format: each tensor as the file stores it
+    target = load(directory / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+    draft = load(directory / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
     kinds = {"code": QWEN_PROMPTS}
     for temperature in args.temperatures:
         verifies = ["token"] if temperature == 0 else ["token", "block"]
         print(f"Qwen2.5-Coder 1.5B <- 0.5B, temperature {temperature}", flush=True)
-        run_metagen(rows, target, "qwen-1.5b int4", "plain", None, "token", temperature, kinds, args)
+        run_metagen(rows, target, "qwen-1.5b auto", "plain", None, "token", temperature, kinds, args)
         for verify in verifies:
-            run_metagen(rows, target, "qwen-1.5b int4", "model: qwen-0.5b int4", lambda: ModelDrafter(draft),
+            run_metagen(rows, target, "qwen-1.5b auto", "model: qwen-0.5b auto", lambda: ModelDrafter(draft),
                         verify, temperature, kinds, args)
-            run_metagen(rows, target, "qwen-1.5b int4", "ngram", NgramDrafter, verify, temperature, kinds, args)
+            run_metagen(rows, target, "qwen-1.5b auto", "ngram", NgramDrafter, verify, temperature, kinds, args)
 
 
 # ------------------------------------------------------------------------ transformers
