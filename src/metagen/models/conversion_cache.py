@@ -133,8 +133,8 @@ def _restore_linear(prefix: str, info: dict, tensors: dict):
     elif "bits" in info:
         names = ("codes", "scales", "zeros", "scales_top", "scales_sub", "zeros_top", "zeros_sub")
         state = {name: tensors[f"{prefix}.{name}"] for name in names if f"{prefix}.{name}" in tensors}
-        linear = GroupedLinear(state["codes"], GroupedLinear.restore_values(state, "scales"),
-                               GroupedLinear.restore_values(state, "zeros"), info["bits"], info["group"], info["offset"], bias)
+        scales, zeros = (GroupedLinear.restore_values(state, name) for name in ("scales", "zeros"))
+        linear = GroupedLinear(state["codes"], scales, zeros, info["bits"], info["group"], info["offset"], bias)
     else:
         linear = Int4Linear(tensors[f"{prefix}.packed"], tensors[f"{prefix}.scales_and_zeros"], info["in_features"], bias,
                             info.get("group_size", INT4_GROUP))

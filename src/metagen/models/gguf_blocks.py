@@ -185,7 +185,8 @@ def _k_codes(codes, d, dmin, sc, m, bits: int) -> GroupCodes:
     rows = codes.shape[0]
     scales = (d[..., None] * sc).reshape(rows, -1)
     zeros = -(dmin[..., None] * m).reshape(rows, -1)
-    factors = {"scales": (d, sc.astype(np.int8).reshape(rows, -1)), "zeros": (-dmin, m.astype(np.int8).reshape(rows, -1))}
+    factors = {"scales": (d, sc.astype(np.int8).reshape(rows, -1)),
+               "zeros": (-dmin, m.astype(np.int8).reshape(rows, -1))}
     return GroupCodes(codes, scales, zeros, bits=bits, group=32, offset=0, factors=factors)
 
 

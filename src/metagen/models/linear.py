@@ -343,9 +343,6 @@ class Factored:
         per = self.sub.shape[1] // self.top.shape[1]
         return self.top.float().repeat_interleave(per, dim=1) * self.sub.float()
 
-    def __getitem__(self, rows) -> "Factored":
-        return Factored(self.top[rows], self.sub[rows])
-
 
 def _exact_half(values: list[torch.Tensor]) -> bool:
     return all(bool((v.float().half().float() == v.float()).all()) for v in values)
@@ -388,8 +385,9 @@ class GroupedLinear:
         values = [scales] + ([] if zeros is None else [zeros])
         if self.factored:
             self.half = _exact_half([v.top for v in values])
-            self.scales, self.zeros = (None if v is None else Factored(v.top.to(torch.float16 if self.half else torch.float32), v.sub)
-                                       for v in (scales, zeros))
+            top_dtype = torch.float16 if self.half else torch.float32
+            self.scales = Factored(scales.top.to(top_dtype), scales.sub)
+            self.zeros = None if zeros is None else Factored(zeros.top.to(top_dtype), zeros.sub)
         else:
             self.half = _exact_half(values)
             value_dtype = torch.float16 if self.half else torch.float32

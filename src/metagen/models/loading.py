@@ -121,8 +121,8 @@ def _auto_format(part) -> tuple:
 
 
 # bits, group, has zeros, offset of each GGUF type the grouped kernel holds exactly (gguf_blocks.py)
-GROUPED_FORMATS = {"Q4_K": (4, 32, True, 0), "Q5_0": (5, 32, False, 16), "Q5_1": (5, 32, True, 0), "Q5_K": (5, 32, True, 0),
-                   "Q6_K": (6, 16, False, 32), "Q8_0": (8, 32, False, 128)}
+GROUPED_FORMATS = {"Q4_K": (4, 32, True, 0), "Q5_0": (5, 32, False, 16), "Q5_1": (5, 32, True, 0),
+                   "Q5_K": (5, 32, True, 0), "Q6_K": (6, 16, False, 32), "Q8_0": (8, 32, False, 128)}
 
 
 def _linear(sources: dict, names: list[str], dtype: str, bias_names: list[str] | None = None):
