@@ -393,9 +393,8 @@ METAGEN_AVX512 inline void block_values_avx512(const uint8_t* top, const GroupFo
 
 // R rows (R ≤ 4) of one tile of a grouped weight; the same instruction sequence for every R.
 template <int R, bool Wide, int Bits>
-METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const GroupFormat& format, const QuantizedRows& act,
+METAGEN_AVX512 inline void grouped_rows_avx512(const uint8_t* tile_weight, const GroupFormat& f, const QuantizedRows& act,
                                                int64_t row0, float* acc_out) {
-  const GroupFormat f = format;  // a local copy: the compiler keeps its fields in registers across the stores below
   const int64_t blocks = act.blocks, code_bytes = f.code_bytes();
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const __m512i high_mask = _mm512_set1_epi8(Bits == 6 ? 0x30 : 0x10);
