@@ -150,6 +150,7 @@ class FakeServer:
                 pass
 
             def _reply(self, status: int, payload: bytes, headers: dict | None = None) -> None:
+                self._leave()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 for key, value in (headers or {}).items():
@@ -165,13 +166,23 @@ class FakeServer:
                 fake.requests.append((self.path, {}, dict(self.headers)))
                 self._reply(200, json.dumps(fake.models()).encode())
 
+            counted = False  # whether this request is in `in_flight`
+
             def do_POST(self) -> None:
                 with fake._count_lock:
                     fake.in_flight += 1
                     fake.peak = max(fake.peak, fake.in_flight)
+                self.counted = True
                 try:
                     self._answer()
                 finally:
+                    self._leave()
+
+            def _leave(self) -> None:
+                """Counts the request out before its answer is sent: a client that has read the
+                answer may send its next request before this handler's thread runs on."""
+                if self.counted:
+                    self.counted = False
                     with fake._count_lock:
                         fake.in_flight -= 1
 
@@ -192,6 +203,7 @@ class FakeServer:
             def _stream(self, answer: dict, body: dict) -> None:
                 """The answer as Server-Sent Events: one chunk per word of each choice, its finish
                 reason, the usage when asked (stream_options.include_usage), then [DONE]."""
+                self._leave()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()

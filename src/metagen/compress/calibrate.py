@@ -167,7 +167,7 @@ class _Recorder:
     def __init__(self, accumulator: HessianAccumulator) -> None:
         self.accumulator = accumulator
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         self.accumulator.add(x.float())
         raise _Recorded
 

@@ -20,6 +20,8 @@ slots that left every row's window (`KVCache(window=...)`).
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Literal
@@ -109,6 +111,7 @@ class DecoderModel(LanguageModel):
         # Rows sharing a cached prefix read it once per decode step for all of them
         # (models/shared_prefix.py); False (or METAGEN_SHARED_PREFIX=0) attends row by row.
         self.use_shared_prefix = shared_prefix_default()
+        self._step_buffers = _StepBufferSets()  # the decode path's reused intermediates
 
     # ------------------------------------------------------------ interface
     @property
@@ -365,6 +368,14 @@ def _positions(values: torch.Tensor, counts: np.ndarray, packed: bool, all_posit
     return values[torch.arange(len(counts)), torch.from_numpy(counts - 1)]
 
 
+def _activate(gate: torch.Tensor, activation: str) -> torch.Tensor:
+    """The MLP gate's activation, in place: SiLU (SwiGLU) or GELU's tanh approximation (GeGLU,
+    config "gelu_pytorch_tanh")."""
+    if activation == "silu":
+        return F.silu(gate, inplace=True)
+    return torch.ops.aten.gelu_.default(gate, approximate="tanh")
+
+
 class _GeneralOps:
     """Attention and add + norm of the general path: x is (B, T_q, H) with padding; new K/V
     are written to the cache, every row's K/V gathered through its page table, SDPA with a
@@ -441,6 +452,14 @@ class _GeneralOps:
             x = x + delta
         return x, F.rms_norm(x, self.width, weight, self.eps).to(self.matmul_dtype)
 
+    def gated(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+        """act(gate) ⊙ up, in place in gate_up's gate half (returned as a view)."""
+        width = gate_up.shape[-1] // 2
+        return _activate(gate_up[..., :width], activation).mul_(gate_up[..., width:])
+
+    def buffer(self, name: str, linear) -> None:
+        return None  # fresh tensors: a prefill runs once per prompt
+
 
 class _FusedOps:
     """Attention and add + norm through the fused kernels (metagen/models/kernels/fused.cpp).
@@ -464,6 +483,7 @@ class _FusedOps:
         self.scale = config.attention_scale
         self.layer_windows, self.local_rope = model.layer_windows, model.local_rope
         self.local_cos, self.local_sin = model._local_cos, model._local_sin
+        self.width = config.hidden_size
         self.windowed: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}  # window -> (starts, mask)
         # Groups of rows sharing a cached prefix, attended as prefix + suffixes (None: row by row).
         self.shared = None
@@ -478,6 +498,7 @@ class _FusedOps:
         self.lengths = self.positions + 1
         self.table = table
         self.queries = self.positions.numel()
+        self.buffers = model._step_buffers.get(self.queries)
         # Attention reads the cache in place (see FUSED_ATTENTION_MAX_KEYS).
         self.in_place = self.queries * table.shape[1] <= FUSED_ATTENTION_MAX_KEYS
         if not self.in_place:
@@ -509,19 +530,66 @@ class _FusedOps:
         """qkv (N, (heads + 2·kv_heads)·D) -> attention output (N, heads·D), matmul dtype."""
         pool, scales = self.cache.pools[index], self.cache.layer_scales(index)  # scales: int8 pools only
         cos, sin = (self.local_cos, self.local_sin) if self.local_rope[index] else (self.cos, self.sin)
-        q = self.kernels.rope_store(qkv, cos, sin, self.positions, self.slots, pool, self.heads, self.kv_heads, scales)
+        buffers, heads, dim = self.buffers, self.heads, self.head_dim
+        q = self.kernels.rope_store(qkv, cos, sin, self.positions, self.slots, pool, heads, self.kv_heads, scales,
+                                    buffers.get("q", (self.queries, heads, dim), torch.float32))
         window = self.layer_windows[index]
         starts, mask = (None, None if self.in_place else self.mask) if window is None else self._window(window)
         if self.in_place:
+            out = buffers.get("attention", (self.queries, heads * dim), self.matmul_dtype)
             if self.shared is not None and starts is None:  # a window that cuts in attends row by row
                 return self.shared.attend(self.kernels, q, pool, self.table, self.lengths, self.scale, self.bf16,
-                                          scales)
+                                          scales, buffers, out)
             return self.kernels.paged_decode_attention(q, pool, self.table, self.lengths, self.scale, self.bf16, starts,
-                                                       scales)
+                                                       scales, out)
         kv = self.cache.read(index, self.table)  # (N, Tkv, 2, KVH, D) float32
         attn = F.scaled_dot_product_attention(q[:, :, None], kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2),
                                               attn_mask=mask, enable_gqa=True, scale=self.scale)
         return attn.view(self.queries, self.heads * self.head_dim).to(self.matmul_dtype)
 
     def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor):
-        return x, self.kernels.add_rms_norm(x, delta, weight, self.eps, self.bf16)  # x += delta in place
+        h = self.buffers.get("h", (self.queries, self.width), self.matmul_dtype)
+        return x, self.kernels.add_rms_norm(x, delta, weight, self.eps, self.bf16, h)  # x += delta in place
+
+    def gated(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+        """act(gate) ⊙ up into a contiguous buffer (the gate half activated in place)."""
+        width = gate_up.shape[-1] // 2
+        out = self.buffers.get("gated", (self.queries, width), self.matmul_dtype)
+        return torch.mul(_activate(gate_up[:, :width], activation), gate_up[:, width:], out=out)
+
+    def buffer(self, name: str, linear) -> torch.Tensor:
+        return self.buffers.get(name, (self.queries, linear.out_features), self.matmul_dtype)
+
+
+class StepBuffers:
+    """The intermediates of a decode step of N queries (a linear's output, q, attention, the
+    normalised stream), one reused buffer per name: a step writes each layer's into the same
+    memory, so the layer loop allocates nothing after the first step of that size. A buffer is
+    overwritten by the next layer (or step) that uses its name; only the residual stream and the
+    logits, which a step returns, are fresh tensors."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.shape != shape or buffer.dtype != dtype:
+            buffer = self._buffers[name] = torch.empty(shape, dtype=dtype)
+        return buffer
+
+
+class _StepBufferSets(threading.local):
+    """A model's `StepBuffers` per step size N, per thread (two threads decoding on one model
+    must not share buffers); the MAX_SIZES most recently used sizes are kept."""
+
+    MAX_SIZES = 8
+
+    def __init__(self) -> None:
+        self.sets: OrderedDict[int, StepBuffers] = OrderedDict()
+
+    def get(self, queries: int) -> StepBuffers:
+        buffers = self.sets.pop(queries, None) or StepBuffers()
+        self.sets[queries] = buffers  # most recent last
+        while len(self.sets) > self.MAX_SIZES:
+            self.sets.popitem(last=False)
+        return buffers

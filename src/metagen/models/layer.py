@@ -15,7 +15,10 @@ steps run, passed in as `ops`:
 - `ops.attend(index, qkv)`: RoPE on q and k, store k and v in the cache, attention; returns
   `(..., heads·D)` in the matmul dtype;
 - `ops.add_norm(x, delta, weight)`: `x += delta` (the float32 residual stream) and the next
-  RMSNorm of x in the matmul dtype, returning `(x, h)`.
+  RMSNorm of x in the matmul dtype, returning `(x, h)`;
+- `ops.gated(gate_up, activation)`: the MLP's act(gate) ⊙ up of `[gate | up]`;
+- `ops.buffer(name, linear)`: where `linear`'s output goes: the decode path's reused
+  `(N, out_features)` buffer `name` (its layer loop allocates nothing), or None (a fresh tensor).
 The layer itself is written once (`decoder_layer`).
 """
 
@@ -81,24 +84,19 @@ def decoder_layer(config, layer: LayerWeights, x: torch.Tensor, h: torch.Tensor,
     matmul dtype. Returns `(x, next_norm(x))`: the next layer's normalised input (the final
     norm after the last layer), so the two paths can fuse each residual add with the next norm.
     """
-    qkv = layer.qkv(h)  # (..., (heads + 2·kv_heads)·D)
+    qkv = layer.qkv(h, ops.buffer("qkv", layer.qkv))  # (..., (heads + 2·kv_heads)·D)
     if layer.q_norm is not None:
         qkv = qk_rms_norm(qkv, layer.q_norm, layer.k_norm, config.num_attention_heads,
                           config.num_key_value_heads, config.rms_norm_eps)
     attn = ops.attend(index, qkv)  # (..., heads·D)
-    delta = layer.o(attn)
+    delta = layer.o(attn, ops.buffer("o", layer.o))
     if layer.attn_post_norm is not None:
         delta = F.rms_norm(delta.float(), delta.shape[-1:], layer.attn_post_norm, config.rms_norm_eps)
     x, h = ops.add_norm(x, delta, layer.mlp_norm)
     if layer.router is not None:  # a mixture of experts (Qwen3-MoE, Mixtral, Qwen2-MoE)
         return ops.add_norm(x, moe_mlp(layer, h, config.num_experts_per_tok, config.norm_topk_prob), next_norm)
-    gate_up = layer.gate_up(h)  # a fresh tensor: its gate half is activated in place
-    width = gate_up.shape[-1] // 2
-    gate, up = gate_up[..., :width], gate_up[..., width:]
-    if config.hidden_activation == "silu":
-        delta = layer.down(F.silu(gate, inplace=True).mul_(up))
-    else:  # "gelu_pytorch_tanh": GeGLU
-        delta = layer.down(F.gelu(gate, approximate="tanh").mul_(up))
+    gate_up = layer.gate_up(h, ops.buffer("gate_up", layer.gate_up))
+    delta = layer.down(ops.gated(gate_up, config.hidden_activation), ops.buffer("down", layer.down))
     if layer.mlp_post_norm is not None:
         delta = F.rms_norm(delta.float(), delta.shape[-1:], layer.mlp_post_norm, config.rms_norm_eps)
     return ops.add_norm(x, delta, next_norm)

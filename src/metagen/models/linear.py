@@ -10,6 +10,10 @@ Weight formats (the stored state; the conversion cache saves it as is):
 - grouped (`GroupedLinear`): 4-, 5-, 6- or 8-bit codes, a scale (and zero) per group of 16 or 32,
   plain or `Factored` (the K-quants' int8 per group under a float per 256 features).
 
+Every linear is called as `linear(x)` or `linear(x, out)`: `out`, a caller's (rows, N) buffer with
+unit stride along N (a decode step's reused one; a column slice of it for a ConcatLinear's parts),
+receives the result, which is returned. The compiled kernels write into it; the torch paths copy.
+
 Two implementations compute x (..., K) -> (..., N), chosen once per process by
 METAGEN_KERNELS (the compiled kernels return x's dtype, float32 unrounded or bf16; torch's take
 and return bf16; `takes_float` says which):
@@ -91,6 +95,11 @@ def _kernels():
     return next(module for _, module in _resolved.values() if module is not None)
 
 
+def _into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+    """`y`, or `out` holding it (a caller's buffer; the torch backend has no in-place kernel)."""
+    return y if out is None else out.copy_(y)
+
+
 class DenseLinear:
     """y = x·Wᵀ (+ b). weight: (N, K) in the compute dtype."""
 
@@ -107,8 +116,12 @@ class DenseLinear:
         """Whether float32 activations run at full precision (a float32 weight)."""
         return self.weight.dtype == torch.float32
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is None:
+            return F.linear(x, self.weight, self.bias)
+        if self.bias is None:
+            return torch.mm(x, self.weight.t(), out=out)
+        return torch.addmm(self.bias, x, self.weight.t(), out=out)
 
     @property
     def nbytes(self) -> int:
@@ -174,14 +187,14 @@ class Int8Linear:
         return float32); torch's kernels take bf16."""
         return self.backend != "torch"
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.backend != "torch":
             return self._kernel.int8_matmul(x, self.packed, self._scales32, self.out_features, self.in_features,
-                                            self._bias32, self._isa, self._wide)
+                                            self._bias32, self._isa, self._wide, out)
         # torch's kernels take a contiguous matrix (an MLP's activated gate is a slice of gate·up)
         y = _INT8_MM(x.reshape(-1, self.in_features).contiguous(), self._qweight, self.scales)
         y = y.view(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+        return _into(out, y if self.bias is None else y + self.bias)
 
     def dequantize(self) -> torch.Tensor:
         return self.qweight.float() * self.scales.float()[:, None]
@@ -290,13 +303,13 @@ class Int4Linear:
         return float32); torch's kernels take bf16."""
         return self.backend != "torch"
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.backend != "torch":
             return self._kernel.int4_matmul(x, self.kernel_weight, self.out_features, self.in_features, self._bias32,
-                                            self._isa, self._wide)
+                                            self._isa, self._wide, out)
         y = _INT4_MM(x.reshape(-1, self.in_features).contiguous(), self._packed, self.group_size, self.scales_and_zeros)
         y = y.view(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+        return _into(out, y if self.bias is None else y + self.bias)
 
     def dequantize(self) -> torch.Tensor:
         """(N, K) float32: w = (q − 8)·scale + zero with the stored bf16 scale and zero."""
@@ -419,12 +432,13 @@ class GroupedLinear:
         return float32); torch's kernels take bf16."""
         return self.backend != "torch"
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.backend == "torch":
-            return F.linear(x.to(torch.bfloat16), self._dense, None if self.bias is None else self.bias.to(torch.bfloat16))
+            bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+            return _into(out, F.linear(x.to(torch.bfloat16), self._dense, bias))
         return self._kernel.grouped_matmul(x, self.packed, self.out_features, self.in_features, self._bias32, self._isa,
                                            self._wide, self.bits, self.group, self.zeros is not None, self.half,
-                                           self.factored, self.offset)
+                                           self.factored, self.offset, out)
 
     def values(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(scales, zeros) per group as float32 (N, K/group) (zeros None when the format has none)."""
@@ -484,8 +498,14 @@ class ConcatLinear:
     def takes_float(self) -> bool:
         return all(part.takes_float for part in self.parts)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([part(x) for part in self.parts], dim=-1)
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is None:
+            return torch.cat([part(x) for part in self.parts], dim=-1)
+        start = 0
+        for part in self.parts:  # each part writes its columns of `out` in place
+            part(x, out[:, start : start + part.out_features])
+            start += part.out_features
+        return out
 
     @property
     def nbytes(self) -> int:

@@ -115,12 +115,21 @@ class SharedPrefixPlan:
         return cls(groups, table_np, counts) if groups else None
 
     def attend(self, kernels, q: torch.Tensor, pool: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor,
-               scale: float, bf16_out: bool, scales: torch.Tensor | None = None) -> torch.Tensor:
+               scale: float, bf16_out: bool, scales: torch.Tensor | None = None, buffers=None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of the packed queries `q (N, H, D)` (query n reads `table[n, :lengths[n]]`)
         as prefix part + suffix part, combined by log-sum-exp. `pool` float32, bf16 or int8 (with
-        its `scales`). Returns (N, H·D), bf16 when `bf16_out`, else float32."""
+        its `scales`). Returns (N, H·D), bf16 when `bf16_out`, else float32: in `out` when given,
+        the parts in `buffers` (a decoder.StepBuffers) when given."""
+        parts = [None] * 4
+        if buffers is not None:
+            n, heads, dim = q.shape
+            parts = [buffers.get(name, shape, torch.float32) for name, shape in (
+                ("prefix_out", (n, heads, dim)), ("prefix_lse", (n, heads)),
+                ("suffix_out", (n, heads, dim)), ("suffix_lse", (n, heads)))]
         prefix_out, prefix_lse = kernels.shared_prefix_attention(q, pool, self.prefix_slots, self.prefix_offsets,
-                                                                 self.query_index, self.query_offsets, scale, scales)
+                                                                 self.query_index, self.query_offsets, scale, scales,
+                                                                 parts[0], parts[1])
         suffix_out, suffix_lse = kernels.paged_attention_part(q, pool, table, lengths, self.suffix_starts, scale,
-                                                              scales)
-        return kernels.combine_attention_parts(prefix_out, prefix_lse, suffix_out, suffix_lse, bf16_out)
+                                                              scales, parts[2], parts[3])
+        return kernels.combine_attention_parts(prefix_out, prefix_lse, suffix_out, suffix_lse, bf16_out, out)

@@ -20,6 +20,18 @@
 
 namespace {
 
+// A kernel's result: the caller's buffer `out` when given (a decode step reuses one per
+// intermediate, so the layer loop allocates nothing), checked to be contiguous, of `sizes` and
+// `dtype`; else a fresh tensor.
+torch::Tensor result_buffer(const c10::optional<torch::Tensor>& out, at::IntArrayRef sizes, at::ScalarType dtype,
+                            const char* name) {
+  if (!out.has_value()) return torch::empty(sizes, torch::TensorOptions().dtype(dtype));
+  TORCH_CHECK(out->scalar_type() == dtype && out->is_contiguous() && out->sizes() == sizes, name,
+              ": must be a contiguous ", dtype, " tensor of shape ", sizes, ", got ", out->scalar_type(), " ",
+              out->sizes(), out->is_contiguous() ? "" : " (not contiguous)");
+  return *out;
+}
+
 template <typename T>
 inline float as_float(T value) { return static_cast<float>(value); }
 
@@ -46,11 +58,11 @@ void add_rms_norm_impl(float* residual, const Delta* delta, const float* weight,
 }
 
 torch::Tensor add_rms_norm(torch::Tensor residual, c10::optional<torch::Tensor> delta,
-                           torch::Tensor weight, double eps, bool bf16_out) {
+                           torch::Tensor weight, double eps, bool bf16_out, c10::optional<torch::Tensor> out_buffer) {
   TORCH_CHECK(residual.scalar_type() == at::kFloat && residual.is_contiguous(), "residual: contiguous float32");
   const int64_t width = residual.size(-1);
   const int64_t rows = residual.numel() / width;
-  auto out = torch::empty(residual.sizes(), residual.options().dtype(bf16_out ? at::kBFloat16 : at::kFloat));
+  auto out = result_buffer(out_buffer, residual.sizes(), bf16_out ? at::kBFloat16 : at::kFloat, "out");
   float* x = residual.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
   const float e = static_cast<float>(eps);
@@ -163,11 +175,11 @@ void with_pool(torch::Tensor& pool, const c10::optional<torch::Tensor>& scales, 
 
 torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor positions,
                          torch::Tensor slots, torch::Tensor pool, int64_t heads, int64_t kv_heads,
-                         c10::optional<torch::Tensor> scales) {
+                         c10::optional<torch::Tensor> scales, c10::optional<torch::Tensor> out) {
   const int64_t dim = pool.size(-1);
   const int64_t n = positions.numel();
   auto flat = qkv.reshape({n, (heads + 2 * kv_heads) * dim}).contiguous();
-  auto q = torch::empty({n, heads, dim}, pool.options().dtype(at::kFloat));
+  auto q = result_buffer(out, {n, heads, dim}, at::kFloat, "out");
   auto pos = positions.contiguous();
   auto sl = slots.contiguous();
   with_pool(pool, scales, [&](auto* elements, float* scale_data) {
@@ -339,14 +351,16 @@ void paged_attention_impl(const float* qp, const Elem* pp, const float* scales, 
 
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor pool, torch::Tensor table,
                                      torch::Tensor lengths, double scale, bool bf16_out,
-                                     c10::optional<torch::Tensor> starts, c10::optional<torch::Tensor> scales) {
+                                     c10::optional<torch::Tensor> starts, c10::optional<torch::Tensor> scales,
+                                     c10::optional<torch::Tensor> out_buffer) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous(), "q: contiguous float32");
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = pool.size(2);
   const int64_t t_max = table.size(1);
   auto tab = table.contiguous();
   auto len = lengths.contiguous();
-  auto out = torch::empty({batch, heads * dim}, q.options());
+  // bf16_out: attention in float32, rounded once into out_buffer (or a fresh bf16 tensor).
+  auto out = result_buffer(bf16_out ? c10::nullopt : out_buffer, {batch, heads * dim}, at::kFloat, "out");
   torch::Tensor first;
   if (starts.has_value()) first = starts->contiguous();
   const int64_t* fp = starts.has_value() ? first.data_ptr<int64_t>() : nullptr;
@@ -354,7 +368,9 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor pool, torch:
     paged_attention_impl(q.data_ptr<float>(), elements, scale_data, tab.data_ptr<int64_t>(), len.data_ptr<int64_t>(),
                          fp, out.data_ptr<float>(), batch, heads, kv_heads, dim, t_max, static_cast<float>(scale));
   });
-  return bf16_out ? out.to(at::kBFloat16) : out;
+  if (!bf16_out) return out;
+  return out_buffer.has_value() ? result_buffer(out_buffer, out.sizes(), at::kBFloat16, "out").copy_(out)
+                                : out.to(at::kBFloat16);
 }
 
 // Σ row[i] over threshold <= row[i] < upper, in 8 independent double lanes so it vectorizes
@@ -497,7 +513,9 @@ torch::Tensor apply_token_bitmask(torch::Tensor logits, torch::Tensor mask) {
 std::tuple<torch::Tensor, torch::Tensor> paged_attention_part(torch::Tensor q, torch::Tensor pool,
                                                               torch::Tensor table, torch::Tensor lengths,
                                                               torch::Tensor starts, double scale,
-                                                              c10::optional<torch::Tensor> scales) {
+                                                              c10::optional<torch::Tensor> scales,
+                                                              c10::optional<torch::Tensor> out_buffer,
+                                                              c10::optional<torch::Tensor> lse_buffer) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous(), "q: contiguous float32");
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = pool.size(2);
@@ -506,8 +524,8 @@ std::tuple<torch::Tensor, torch::Tensor> paged_attention_part(torch::Tensor q, t
   auto tab = table.contiguous();
   auto len = lengths.contiguous();
   auto first = starts.contiguous();
-  auto out = torch::empty({batch, heads, dim}, q.options());
-  auto lse = torch::empty({batch, heads}, q.options());
+  auto out = result_buffer(out_buffer, {batch, heads, dim}, at::kFloat, "out");
+  auto lse = result_buffer(lse_buffer, {batch, heads}, at::kFloat, "lse");
   const float* qp = q.data_ptr<float>();
   const int64_t* tp = tab.data_ptr<int64_t>();
   const int64_t* lp = len.data_ptr<int64_t>();
@@ -700,7 +718,9 @@ std::tuple<torch::Tensor, torch::Tensor> shared_prefix_attention(torch::Tensor q
                                                                  torch::Tensor prefix_offsets,
                                                                  torch::Tensor query_index,
                                                                  torch::Tensor query_offsets, double scale,
-                                                                 c10::optional<torch::Tensor> scales) {
+                                                                 c10::optional<torch::Tensor> scales,
+                                                                 c10::optional<torch::Tensor> out_buffer,
+                                                                 c10::optional<torch::Tensor> lse_buffer) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous(), "q: contiguous float32");
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   TORCH_CHECK(dim == 64 || dim == 128 || dim == 256, "shared_prefix_attention: head dim 64, 128 or 256, got ", dim);
@@ -715,8 +735,8 @@ std::tuple<torch::Tensor, torch::Tensor> shared_prefix_attention(torch::Tensor q
   const int64_t* pop = poff.data_ptr<int64_t>();
   const int64_t* qip = qidx.data_ptr<int64_t>();
   const int64_t* qop = qoff.data_ptr<int64_t>();
-  auto out = torch::zeros({batch, heads, dim}, q.options());
-  auto lse = torch::full({batch, heads}, -INFINITY, q.options());
+  auto out = result_buffer(out_buffer, {batch, heads, dim}, at::kFloat, "out").zero_();
+  auto lse = result_buffer(lse_buffer, {batch, heads}, at::kFloat, "lse").fill_(-INFINITY);
   const float* qp = q.data_ptr<float>();
   float* op = out.data_ptr<float>();
   float* ep = lse.data_ptr<float>();
@@ -804,12 +824,12 @@ std::tuple<torch::Tensor, torch::Tensor> shared_prefix_attention(torch::Tensor q
 // lse = −inf (no keys) gets weight 0, and at least one part per query head must have keys.
 // out_a, out_b: (N, H, D) float32; lse_a, lse_b: (N, H) float32. Returns (N, H·D) in out dtype.
 torch::Tensor combine_attention_parts(torch::Tensor out_a, torch::Tensor lse_a, torch::Tensor out_b,
-                                      torch::Tensor lse_b, bool bf16_out) {
+                                      torch::Tensor lse_b, bool bf16_out, c10::optional<torch::Tensor> out_buffer) {
   TORCH_CHECK(out_a.scalar_type() == at::kFloat && out_b.scalar_type() == at::kFloat, "outputs: float32");
   TORCH_CHECK(out_a.sizes() == out_b.sizes() && lse_a.sizes() == lse_b.sizes(), "parts of different shapes");
   auto a = out_a.contiguous(), b = out_b.contiguous(), la = lse_a.contiguous(), lb = lse_b.contiguous();
   const int64_t batch = a.size(0), heads = a.size(1), dim = a.size(2);
-  auto out = torch::empty({batch, heads * dim}, a.options());
+  auto out = result_buffer(bf16_out ? c10::nullopt : out_buffer, {batch, heads * dim}, at::kFloat, "out");
   const float *ap = a.data_ptr<float>(), *bp = b.data_ptr<float>();
   const float *lap = la.data_ptr<float>(), *lbp = lb.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -825,23 +845,34 @@ torch::Tensor combine_attention_parts(torch::Tensor out_a, torch::Tensor lse_a, 
       for (int64_t i = 0; i < dim; ++i) o[i] = ca * x[i] + cb * y[i];
     }
   });
-  return bf16_out ? out.to(at::kBFloat16) : out;
+  if (!bf16_out) return out;
+  return out_buffer.has_value() ? result_buffer(out_buffer, out.sizes(), at::kBFloat16, "out").copy_(out)
+                                : out.to(at::kBFloat16);
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("add_rms_norm", &add_rms_norm, "residual += delta; rmsnorm(residual) * weight");
+  // Every `out` / `lse`: the caller's buffer to write the result into (None: a fresh tensor).
+  m.def("add_rms_norm", &add_rms_norm, "residual += delta; rmsnorm(residual) * weight", py::arg("residual"),
+        py::arg("delta"), py::arg("weight"), py::arg("eps"), py::arg("bf16_out"), py::arg("out") = py::none());
   m.def("rope_store", &rope_store, "interleaved RoPE on q, k; store k, v into cache slots",
         py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("positions"), py::arg("slots"), py::arg("pool"),
-        py::arg("heads"), py::arg("kv_heads"), py::arg("scales") = py::none());
+        py::arg("heads"), py::arg("kv_heads"), py::arg("scales") = py::none(), py::arg("out") = py::none());
   m.def("paged_decode_attention", &paged_decode_attention, "one-token attention over paged K/V",
         py::arg("q"), py::arg("pool"), py::arg("table"), py::arg("lengths"), py::arg("scale"), py::arg("bf16_out"),
-        py::arg("starts") = py::none(), py::arg("scales") = py::none());
-  m.def("paged_attention_part", &paged_attention_part, "attention to table[n, starts[n]:lengths[n]]: (out, lse)");
+        py::arg("starts") = py::none(), py::arg("scales") = py::none(), py::arg("out") = py::none());
+  m.def("paged_attention_part", &paged_attention_part, "attention to table[n, starts[n]:lengths[n]]: (out, lse)",
+        py::arg("q"), py::arg("pool"), py::arg("table"), py::arg("lengths"), py::arg("starts"), py::arg("scale"),
+        py::arg("scales") = py::none(), py::arg("out") = py::none(), py::arg("lse") = py::none());
   m.def("shared_prefix_attention", &shared_prefix_attention,
-        "attention of groups of queries to their group's shared prefix, read once per group: (out, lse)");
-  m.def("combine_attention_parts", &combine_attention_parts, "attention over two key sets from each one's (out, lse)");
+        "attention of groups of queries to their group's shared prefix, read once per group: (out, lse)",
+        py::arg("q"), py::arg("pool"), py::arg("prefix_slots"), py::arg("prefix_offsets"), py::arg("query_index"),
+        py::arg("query_offsets"), py::arg("scale"), py::arg("scales") = py::none(), py::arg("out") = py::none(),
+        py::arg("lse") = py::none());
+  m.def("combine_attention_parts", &combine_attention_parts, "attention over two key sets from each one's (out, lse)",
+        py::arg("out_a"), py::arg("lse_a"), py::arg("out_b"), py::arg("lse_b"), py::arg("bf16_out"),
+        py::arg("out") = py::none());
   m.def("top_p_cutoff", &top_p_cutoff, "smallest probability kept by top-p, per row (quickselect)");
   m.def("apply_token_bitmask", &apply_token_bitmask, "logits where the token's bit is 1, -inf elsewhere");
 }

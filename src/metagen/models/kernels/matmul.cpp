@@ -198,10 +198,12 @@ inline uint16_t to_bf16(float v) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-// Where a call's (rows, N) result goes: bf16 (rounded once) or float32, as its input.
+// Where a call's (rows, N) result goes: bf16 (rounded once) or float32, as its input; row r
+// starts `stride` elements after row r − 1 (N for a fresh result, more for a column slice).
 struct Output {
   void* data;
   bool is_float;
+  int64_t stride;
 };
 
 // The end of a tile: rows × 16 accumulators (+ column scale) (+ bias) -> output columns.
@@ -214,7 +216,7 @@ inline void store_tile(const float* acc, int64_t rows, int64_t tile, int64_t n, 
       float v = acc[r * kTile + j];
       if (column_scale != nullptr) v *= column_scale[col0 + j];
       if (bias != nullptr) v += bias[col0 + j];
-      const int64_t at = (row0 + r) * n + col0 + j;
+      const int64_t at = (row0 + r) * out.stride + col0 + j;
       if (out.is_float) static_cast<float*>(out.data)[at] = v;
       else static_cast<uint16_t*>(out.data)[at] = to_bf16(v);
     }
@@ -803,11 +805,22 @@ void quantize_input(const torch::Tensor& x, int64_t k, int64_t blocks, bool wide
   }
 }
 
-// (..., N) in x's dtype: float32 stays float32 (not rounded), bf16 is rounded once.
-torch::Tensor output_like(const torch::Tensor& x, int64_t n) {
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
-  return torch::empty(sizes, x.options().dtype(x.scalar_type() == at::kFloat ? at::kFloat : at::kBFloat16));
+// (..., N) in x's dtype: float32 stays float32 (not rounded), bf16 is rounded once. With `out`
+// (the caller's buffer, reused across calls): that buffer, checked to be (rows, N) in that dtype
+// with unit stride along N (a column slice of a wider buffer is fine).
+torch::Tensor output_like(const torch::Tensor& x, int64_t rows, int64_t n, const c10::optional<torch::Tensor>& out) {
+  const auto dtype = x.scalar_type() == at::kFloat ? at::kFloat : at::kBFloat16;
+  if (!out.has_value()) {
+    auto sizes = x.sizes().vec();
+    sizes.back() = n;
+    return torch::empty(sizes, x.options().dtype(dtype));
+  }
+  TORCH_CHECK(out->scalar_type() == dtype, "out: must be ", dtype, " (the input's dtype), got ", out->scalar_type());
+  TORCH_CHECK(out->dim() == 2 && out->size(0) == rows && out->size(1) == n && out->stride(1) == 1 &&
+                  out->stride(0) >= n,
+              "out: must be (rows, out_features) = (", rows, ", ", n, ") with unit stride along out_features, got ",
+              out->sizes(), " with strides ", out->strides());
+  return *out;
 }
 
 const float* bias_pointer(const c10::optional<torch::Tensor>& bias, int64_t n) {
@@ -824,15 +837,15 @@ int64_t grain(int64_t k, int64_t rows) { return std::max<int64_t>(1, 32768 / (kT
 // tiles over torch's threads; `tiles_of(act, rows, out, begin, end)` runs one range of tiles.
 template <typename TilesOf>
 torch::Tensor run_matmul(const torch::Tensor& x, int64_t n, int64_t k, int64_t blocks, int64_t tiles, bool wide,
-                         TilesOf tiles_of) {
+                         const c10::optional<torch::Tensor>& out_buffer, TilesOf tiles_of) {
   // The caller's buffer, reused: no allocation per call once grown. Worker threads see it through
   // this reference (a thread_local named inside the parallel lambda would be each worker's own).
   static thread_local QuantizedRows buffer;
   QuantizedRows& act = buffer;
   int64_t rows = 0;
   quantize_input(x, k, blocks, wide, act, rows);
-  auto out = output_like(x, n);
-  const Output o{out.data_ptr(), out.scalar_type() == at::kFloat};
+  auto out = output_like(x, rows, n, out_buffer);
+  const Output o{out.data_ptr(), out.scalar_type() == at::kFloat, out.dim() == 2 ? out.stride(0) : n};
   if (rows == 0) return out;
 #if METAGEN_X86
   at::parallel_for(0, tiles, grain(k, rows), [&](int64_t begin, int64_t end) { tiles_of(act, rows, o, begin, end); });
@@ -842,7 +855,7 @@ torch::Tensor run_matmul(const torch::Tensor& x, int64_t n, int64_t k, int64_t b
 
 // y = x · dequantize(weight)ᵀ (+ bias), weight in the int4 layout above.  x: (..., K) -> (..., N) bf16.
 torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int64_t k, c10::optional<torch::Tensor> bias,
-                          int64_t isa, bool wide) {
+                          int64_t isa, bool wide, c10::optional<torch::Tensor> out) {
   check_isa(isa);
   TORCH_CHECK(n % kTile == 0 && k % kBlock == 0, "int4: out_features must divide by 16 and in_features by 32, got ",
               n, " x ", k);
@@ -851,7 +864,7 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int6
               "int4 weight: contiguous uint8 of ", tiles * blocks * kInt4BlockBytes, " bytes");
   const uint8_t* w = weight.data_ptr<uint8_t>();
   const float* b = bias_pointer(bias, n);
-  return run_matmul(x, n, k, blocks, tiles, wide, [&](const QuantizedRows& act, int64_t rows, Output o, int64_t begin,
+  return run_matmul(x, n, k, blocks, tiles, wide, out, [&](const QuantizedRows& act, int64_t rows, Output o, int64_t begin,
                                                        int64_t end) {
 #if METAGEN_X86
     run_tiles<true>(isa, w, nullptr, act, rows, n, b, o, begin, end);
@@ -861,7 +874,7 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int6
 
 // y = x · (q·s)ᵀ (+ bias), q in the int8 layout above (N padded to tiles, K to blocks), s: (N,) fp32.
 torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor weight, torch::Tensor column_scale, int64_t n, int64_t k,
-                          c10::optional<torch::Tensor> bias, int64_t isa, bool wide) {
+                          c10::optional<torch::Tensor> bias, int64_t isa, bool wide, c10::optional<torch::Tensor> out) {
   check_isa(isa);
   const int64_t blocks = (k + kBlock - 1) / kBlock, tiles = (n + kTile - 1) / kTile;
   TORCH_CHECK(weight.scalar_type() == at::kByte && weight.is_contiguous() && weight.numel() == tiles * blocks * kInt8BlockBytes,
@@ -871,7 +884,7 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor weight, torch::Tensor c
   const uint8_t* w = weight.data_ptr<uint8_t>();
   const float* s = column_scale.data_ptr<float>();
   const float* b = bias_pointer(bias, n);
-  return run_matmul(x, n, k, blocks, tiles, wide, [&](const QuantizedRows& act, int64_t rows, Output o, int64_t begin,
+  return run_matmul(x, n, k, blocks, tiles, wide, out, [&](const QuantizedRows& act, int64_t rows, Output o, int64_t begin,
                                                        int64_t end) {
 #if METAGEN_X86
     run_tiles<false>(isa, w, s, act, rows, n, b, o, begin, end);
@@ -884,7 +897,7 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor weight, torch::Tensor c
 // factored: int8 per-group values under a top value per 256 features; offset o of w = (u − o)·s + z.
 torch::Tensor grouped_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, int64_t k, c10::optional<torch::Tensor> bias,
                              int64_t isa, bool wide, int64_t bits, int64_t group, bool zero, bool half, bool factored,
-                             int64_t offset) {
+                             int64_t offset, c10::optional<torch::Tensor> out) {
   check_isa(isa);
   TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "grouped: bits must be 4, 5, 6 or 8, got ", bits);
   TORCH_CHECK(!factored || k % (kBlock * kSuperBlocks) == 0, "grouped: factored values need in_features divisible by ",
@@ -905,7 +918,7 @@ torch::Tensor grouped_matmul(torch::Tensor x, torch::Tensor weight, int64_t n, i
               "grouped weight: contiguous uint8 of ", tiles * f.tile_bytes(blocks), " bytes");
   const uint8_t* w = weight.data_ptr<uint8_t>();
   const float* b = bias_pointer(bias, n);
-  return run_matmul(x, n, k, blocks, tiles, wide, [&](const QuantizedRows& act, int64_t rows, Output o, int64_t begin,
+  return run_matmul(x, n, k, blocks, tiles, wide, out, [&](const QuantizedRows& act, int64_t rows, Output o, int64_t begin,
                                                        int64_t end) {
 #if METAGEN_X86
     if (wide) grouped_dispatch<true>(isa, w, f, act, rows, n, b, o, begin, end);
@@ -932,8 +945,16 @@ std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool wide) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_isa", &best_isa, "2: AVX-512 VNNI, 1: AVX2 + FMA, 0: neither (the kernels cannot run)");
-  m.def("int4_matmul", &int4_matmul, "x · int4 weightᵀ (+ bias), in x's dtype");
-  m.def("int8_matmul", &int8_matmul, "x · int8 weightᵀ (+ bias), in x's dtype");
-  m.def("grouped_matmul", &grouped_matmul, "x · grouped (4-, 5-, 6- or 8-bit) weightᵀ (+ bias), in x's dtype");
+  m.def("int4_matmul", &int4_matmul, "x · int4 weightᵀ (+ bias), in x's dtype (into out when given)", py::arg("x"),
+        py::arg("weight"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("isa"), py::arg("wide"),
+        py::arg("out") = py::none());
+  m.def("int8_matmul", &int8_matmul, "x · int8 weightᵀ (+ bias), in x's dtype (into out when given)", py::arg("x"),
+        py::arg("weight"), py::arg("column_scale"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("isa"),
+        py::arg("wide"), py::arg("out") = py::none());
+  m.def("grouped_matmul", &grouped_matmul,
+        "x · grouped (4-, 5-, 6- or 8-bit) weightᵀ (+ bias), in x's dtype (into out when given)", py::arg("x"),
+        py::arg("weight"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("isa"), py::arg("wide"),
+        py::arg("bits"), py::arg("group"), py::arg("zero"), py::arg("half"), py::arg("factored"), py::arg("offset"),
+        py::arg("out") = py::none());
   m.def("quantize_activations", &quantize_activations, "per-row, per-32 codes, their int8 digits and scales of x");
 }
