@@ -167,7 +167,8 @@ def test_split_attention_equals_unsplit_attention(heads, kv_heads, dim, t_q, kv_
     pool, table, positions, counts = random_batch(heads, kv_heads, dim, prefixes, suffixes, counts)
     pool, scales = compact_pool(pool, kv_dtype)
     plan = SharedPrefixPlan.of_step(table, positions, counts)
-    assert [(rows.tolist(), p) for rows, p in plan.groups] == [([0, 1, 4], 250), ([2, 5], 320)]
+    own = [([3], 90)] if t_q == 3 else []  # row 3's 3 queries read its own 90 keys once: 270 query-keys
+    assert [(rows.tolist(), p) for rows, p in plan.groups] == [([0, 1, 4], 250), ([2, 5], 320)] + own
     # packed queries, one per real new token (as _FusedOps builds them)
     valid = torch.from_numpy((np.arange(counts.max())[None, :] < counts[:, None]).reshape(-1))
     lengths = positions.reshape(-1)[valid] + 1
@@ -188,6 +189,23 @@ def test_a_group_is_split_only_when_its_queries_times_prefix_keys_pay():
     assert [(r.tolist(), p) for r, p in SharedPrefixPlan.of_step(table, positions, counts).groups] == [([0, 1], 100)]
     _, table, positions, counts = random_batch(4, 2, 64, [(0, 64)] * 4, [3] * 4, [1] * 4)
     assert SharedPrefixPlan.of_step(table, positions, counts).groups[0][1] == 64  # 4 × 64 = 256
+
+
+def test_a_row_of_its_own_reads_its_keys_once_for_its_queries_when_that_pays():
+    """A row in no group is a group of one when its new tokens × cached keys reach
+    SHARED_PREFIX_MIN_QUERY_KEYS: a speculative verification (5 tokens over 128 keys), or one
+    token over a long context; its prefix is all its cached keys."""
+    def groups(suffixes, counts):
+        _, table, positions, counts = random_batch(4, 2, 64, [None] * len(suffixes), suffixes, counts)
+        plan = SharedPrefixPlan.of_step(table, positions, counts)
+        return None if plan is None else [(rows.tolist(), p) for rows, p in plan.groups]
+
+    assert groups([128], [5]) == [([0], 128)]
+    assert groups([300, 200, 60], [1, 1, 5]) == [([0], 300)]  # 200 keys × 1, and 60 < 64 keys: row by row
+    assert groups([200], [1]) is None
+    _, table, positions, counts = random_batch(4, 2, 64, [(0, 100), (0, 100), None], [3, 9, 120], [2, 1, 3])
+    assert [(r.tolist(), p) for r, p in SharedPrefixPlan.of_step(table, positions, counts).groups] == [
+        ([0, 1], 100), ([2], 120)]
 
 
 # ------------------------------------------------------------------ the model
