@@ -8,8 +8,14 @@ import torch
 import torch.nn.functional as F
 
 from metagen.models.kernels import fused_kernels
-from metagen.models.shared_prefix import SHARED_PREFIX_MIN_KEYS, SHARED_PREFIX_MIN_QUERY_KEYS, SharedPrefixPlan, \
-    find_shared_prefixes, shared_prefix_default
+from metagen.models.shared_prefix import (
+    OWN_PREFIX_MIN_QUERY_KEYS,
+    SHARED_PREFIX_MIN_KEYS,
+    SHARED_PREFIX_MIN_QUERY_KEYS,
+    SharedPrefixPlan,
+    find_shared_prefixes,
+    shared_prefix_default,
+)
 
 kernels = fused_kernels()
 needs_kernels = pytest.mark.skipif(kernels is None, reason="fused kernels could not be built here")
@@ -162,12 +168,12 @@ def test_split_attention_equals_unsplit_attention(heads, kv_heads, dim, t_q, kv_
     row's keys up to its own position, as the fused path packs them); every KV format (compact
     keys and values widened as they are read, as the unsplit kernel does)."""
     prefixes = [(0, 300), (0, 300), (1, 320), (None), (0, 250), (1, 320)]
-    suffixes = [0, 17, 5, 90, 40, 1]
+    suffixes = [0, 17, 5, 900, 40, 1]
     counts = [1] * 6 if t_q == 1 else [3, 1, 2, 3, 1, 3]
     pool, table, positions, counts = random_batch(heads, kv_heads, dim, prefixes, suffixes, counts)
     pool, scales = compact_pool(pool, kv_dtype)
     plan = SharedPrefixPlan.of_step(table, positions, counts)
-    own = [([3], 90)] if t_q == 3 else []  # row 3's 3 queries read its own 90 keys once: 270 query-keys
+    own = [([3], 900)] if t_q == 3 else []  # row 3's 3 queries read its own 900 keys once
     assert [(rows.tolist(), p) for rows, p in plan.groups] == [([0, 1, 4], 250), ([2, 5], 320)] + own
     # packed queries, one per real new token (as _FusedOps builds them)
     valid = torch.from_numpy((np.arange(counts.max())[None, :] < counts[:, None]).reshape(-1))
@@ -192,20 +198,21 @@ def test_a_group_is_split_only_when_its_queries_times_prefix_keys_pay():
 
 
 def test_a_row_of_its_own_reads_its_keys_once_for_its_queries_when_that_pays():
-    """A row in no group is a group of one when its new tokens × cached keys reach
-    SHARED_PREFIX_MIN_QUERY_KEYS: a speculative verification (5 tokens over 128 keys), or one
-    token over a long context; its prefix is all its cached keys."""
+    """A row in no group appending several tokens is a group of one when its new tokens × cached
+    keys reach OWN_PREFIX_MIN_QUERY_KEYS (a speculative verification: 5 tokens over 500 keys);
+    its prefix is all its cached keys. One token stays row by row, however long its context."""
+    assert OWN_PREFIX_MIN_QUERY_KEYS == 2048
+
     def groups(suffixes, counts):
         _, table, positions, counts = random_batch(4, 2, 64, [None] * len(suffixes), suffixes, counts)
         plan = SharedPrefixPlan.of_step(table, positions, counts)
         return None if plan is None else [(rows.tolist(), p) for rows, p in plan.groups]
 
-    assert groups([128], [5]) == [([0], 128)]
-    assert groups([300, 200, 60], [1, 1, 5]) == [([0], 300)]  # 200 keys × 1, and 60 < 64 keys: row by row
-    assert groups([200], [1]) is None
-    _, table, positions, counts = random_batch(4, 2, 64, [(0, 100), (0, 100), None], [3, 9, 120], [2, 1, 3])
+    assert groups([500], [5]) == [([0], 500)]
+    assert groups([1100, 1000, 400, 3000], [2, 2, 5, 1]) == [([0], 1100)]  # 2000 and 2000 query-keys; one token
+    _, table, positions, counts = random_batch(4, 2, 64, [(0, 100), (0, 100), None], [3, 9, 700], [2, 1, 3])
     assert [(r.tolist(), p) for r, p in SharedPrefixPlan.of_step(table, positions, counts).groups] == [
-        ([0, 1], 100), ([2], 120)]
+        ([0, 1], 100), ([2], 700)]
 
 
 # ------------------------------------------------------------------ the model

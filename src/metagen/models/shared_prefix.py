@@ -12,13 +12,16 @@ its own suffix. The two parts are combined exactly by their log-sum-exps (Juravs
 
 which is softmax attention over the union of the parts, up to float rounding.
 
-A row in no group is a group of its own when its new tokens × cached keys pay the same way (a
-speculative verification's γ + 1 queries over its context, or one query over a long context):
-the prefix kernel reads each of its keys once for all its queries and the heads of a kv head, as
-blocks of matrix-matrix products, where the row-by-row kernel reads it per query with one dot
-product per head. Measured per layer, 2 threads, 5 new tokens over 128 keys: SmolLM2 (9 heads,
-3 kv heads, D = 64) 45 → 31 µs, Qwen2.5-1.5B (12 heads, 2 kv heads, D = 128) 326 → 57 µs; one
-token over 1000 keys: 92-125 → 76 µs and 150-185 → 116 µs.
+A row in no group appending several tokens (a speculative verification's γ + 1) is a group of
+its own when its new tokens × cached keys reach `OWN_PREFIX_MIN_QUERY_KEYS` (2048): the prefix
+kernel reads each of its keys once for all its queries and the heads of a kv head, as blocks of
+matrix-matrix products, where the row-by-row kernel reads it per query with one dot product per
+head. Whole SmolLM2 steps, split / row by row, alternating in one process: 5 tokens over 1000
+keys 20.2 / 24.8 ms, over 128 keys 20.4 / 20.0; 2 tokens over 1000 keys 15.5 / 15.3, over 128
+keys 11.0 / 9.3; one token over 1000 keys 14.0 / 11.7 (so one token stays row by row). One
+Qwen2.5-Coder-1.5B layer (12 heads, 2 kv heads, D = 128), 5 tokens over 1000 keys: 2.6 ms row by
+row before the D = 128 dot product got its 32 lanes, 1.04 ms after, 0.30 ms split (kernels
+alone, random keys: 5 tokens over 128 keys 154 / 53 µs; SmolLM2 62 / 32 µs).
 
 Detection (`find_shared_prefixes`, once per step from the page table, O(B·P) integer compares):
 rows are grouped by their first slot; a group's prefix is its rows' longest common run of slot
@@ -48,6 +51,9 @@ import torch
 # group (2 rows from 128 keys, 4 or more from 64): smaller ones attend unsplit.
 SHARED_PREFIX_MIN_KEYS = 64
 SHARED_PREFIX_MIN_QUERY_KEYS = 256
+# A row of its own (no group) appending several tokens splits from this many new tokens × cached
+# keys (the module docstring has the measurements).
+OWN_PREFIX_MIN_QUERY_KEYS = 2048
 
 
 def shared_prefix_default() -> bool:
@@ -119,13 +125,15 @@ class SharedPrefixPlan:
         table_np = table.numpy()
         groups = [(rows, prefix) for rows, prefix in find_shared_prefixes(table_np, lengths, min_keys)
                   if int(counts[rows].sum()) * prefix >= SHARED_PREFIX_MIN_QUERY_KEYS]
-        # A row in no group reads its own cached keys through the same kernel when its queries ×
-        # keys pay (several new tokens, a speculative verification; or a long context): the
-        # kernel reads each key once for all the row's queries and heads of a kv head.
+        # A row in no group appending several tokens (a speculative verification) reads its own
+        # cached keys through the same kernel when its queries × keys pay: each key is read once
+        # for all its queries and the heads of a kv head. (One new token over a long context
+        # measured slower this way: 14.0 vs 11.7 ms per SmolLM2 step at 1000 keys.)
         grouped = np.zeros(len(counts), dtype=bool)
         for rows, _ in groups:
             grouped[rows] = True
-        for row in np.nonzero(~grouped & (lengths >= min_keys) & (counts * lengths >= SHARED_PREFIX_MIN_QUERY_KEYS))[0]:
+        pays = (counts >= 2) & (lengths >= min_keys) & (counts * lengths >= OWN_PREFIX_MIN_QUERY_KEYS)
+        for row in np.nonzero(~grouped & pays)[0]:
             groups.append((np.array([row]), int(lengths[row])))
         return cls(groups, table_np, counts) if groups else None
 
