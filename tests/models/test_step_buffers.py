@@ -9,7 +9,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from metagen.models.kernels import fused_kernels, matmul_kernels
-from metagen.models.linear import ConcatLinear, DenseLinear, GroupedLinear, Int4Linear, Int8Linear
+from metagen.models.linear import ConcatLinear, DenseLinear, GroupedLinear, Int4Linear, Int8Linear, resolve_backend
 
 fused = fused_kernels()
 matmul = matmul_kernels()
@@ -143,6 +143,9 @@ def test_the_decode_layer_loop_allocates_nothing(model, rows, tokens):
     """A step's allocations do not grow with the number of layers: the 30-layer model allocates
     what its first 10 layers do (the step's fixed handful: ids, cache bookkeeping, the residual
     stream, the logits)."""
+    if resolve_backend() == "torch":
+        pytest.skip("METAGEN_KERNELS=torch: torch's int4 / int8 kernels have no out= form, their results are "
+                    "copied into the buffers")
     deep = _allocations_per_step(model, rows, tokens)
     shallow = _allocations_per_step(model.truncated(10), rows, tokens)
     assert deep == shallow, (deep, shallow)
