@@ -121,6 +121,8 @@ class SharedPrefixPlan:
         """The plan for a step appending `counts (B,)` tokens at `positions (B, T_q)` with page
         table `table (B, T_kv)`, or None when no group shares a prefix worth splitting (see the
         module docstring)."""
+        if table.shape[0] < 2 and counts[0] < 2:  # one row decoding one token: nothing to share
+            return None
         lengths = positions[:, 0].numpy()  # cached keys of each row before this step
         table_np = table.numpy()
         groups = [(rows, prefix) for rows, prefix in find_shared_prefixes(table_np, lengths, min_keys)

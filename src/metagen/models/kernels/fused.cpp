@@ -32,6 +32,14 @@ torch::Tensor result_buffer(const c10::optional<torch::Tensor>& out, at::IntArra
   return *out;
 }
 
+// A float32 attention result as the caller asked: itself, or rounded once to bf16 (into the
+// caller's bf16 buffer when given).
+torch::Tensor float_or_bf16(const torch::Tensor& out, bool bf16_out, const c10::optional<torch::Tensor>& out_buffer) {
+  if (!bf16_out) return out;
+  return out_buffer.has_value() ? result_buffer(out_buffer, out.sizes(), at::kBFloat16, "out").copy_(out)
+                                : out.to(at::kBFloat16);
+}
+
 template <typename T>
 inline float as_float(T value) { return static_cast<float>(value); }
 
@@ -371,9 +379,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor pool, torch:
     paged_attention_impl(q.data_ptr<float>(), elements, scale_data, tab.data_ptr<int64_t>(), len.data_ptr<int64_t>(),
                          fp, out.data_ptr<float>(), batch, heads, kv_heads, dim, t_max, static_cast<float>(scale));
   });
-  if (!bf16_out) return out;
-  return out_buffer.has_value() ? result_buffer(out_buffer, out.sizes(), at::kBFloat16, "out").copy_(out)
-                                : out.to(at::kBFloat16);
+  return float_or_bf16(out, bf16_out, out_buffer);
 }
 
 // Σ row[i] over threshold <= row[i] < upper, in 8 independent double lanes so it vectorizes
@@ -848,9 +854,7 @@ torch::Tensor combine_attention_parts(torch::Tensor out_a, torch::Tensor lse_a, 
       for (int64_t i = 0; i < dim; ++i) o[i] = ca * x[i] + cb * y[i];
     }
   });
-  if (!bf16_out) return out;
-  return out_buffer.has_value() ? result_buffer(out_buffer, out.sizes(), at::kBFloat16, "out").copy_(out)
-                                : out.to(at::kBFloat16);
+  return float_or_bf16(out, bf16_out, out_buffer);
 }
 
 }  // namespace
