@@ -23,11 +23,13 @@ both`), and also report the prompt tokens taken from the cache (`cached_tokens` 
 
 `--soak SECONDS` instead runs `--soak-clients` (8) plain clients for that long against each server
 and samples the server process's resident memory every 10 s: the first and last samples, the
-peak, and errors.
+peak, and errors. `--hostile K` soaks each server a second time with K hostile clients beside the
+valid ones (benchmarks/hostile.py: malformed, oversized and work-multiplying requests), and
+reports what each hostile request was answered, and the number of /metrics lines after each run.
 
     python benchmarks/serve.py [--workload plain|shared-system|multi-turn] [--clients 1,4,16]
                                [--duration 30 | --requests 4] [--max-tokens 32] [--threads 2]
-                               [--prefix-cache both|on|off] [--llama-server PATH] [--soak SECONDS]
+                               [--prefix-cache both|on|off] [--llama-server PATH] [--soak SECONDS [--hostile K]]
 """
 
 from __future__ import annotations
@@ -221,6 +223,8 @@ def main() -> None:
     parser.add_argument("--llama-server", default=None, help="path of llama.cpp's llama-server: also measure it")
     parser.add_argument("--soak", type=float, default=0.0, help="seconds of the soak run (plain workload)")
     parser.add_argument("--soak-clients", type=int, default=8)
+    parser.add_argument("--hostile", type=int, default=0,
+                        help="with --soak: soak again beside this many hostile clients (benchmarks/hostile.py)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args()
     if args.soak:
@@ -309,7 +313,7 @@ def run_level(args, server, model: str, label: str, clients: int) -> dict:
     steps = metric(server, "metagen_decode_steps_total") - steps0
     rows = metric(server, "metagen_decode_step_rows_total") - rows0
     return {
-        "server": label, "clients": clients,
+        "server": label, "clients": clients, "latency_max": max((r["latency"] for r in ok), default=float("nan")),
         "cached_per_prompt": sum(r.get("cached", 0) for r in ok) / max(1, len(ok)),
         "requests": len(records), "errors": len(records) - len(ok),
         "requests_per_s": len(ok) / wall, "output_tokens_per_s": sum(r["tokens"] for r in ok) / wall,
@@ -323,36 +327,59 @@ def run_level(args, server, model: str, label: str, clients: int) -> dict:
 
 
 def soak(args) -> list[dict]:
-    """`--soak-clients` plain clients for `--soak` seconds per server; resident memory every 10 s."""
-    results = []
+    """`--soak-clients` plain clients for `--soak` seconds per server; resident memory every 10 s.
+    With `--hostile K`, each server is soaked twice in one run: the valid clients alone, then the
+    same clients beside K hostile ones (benchmarks/hostile.py), so their latency and errors can be
+    read side by side."""
+    results, hostile_runs = [], [0] + ([args.hostile] if args.hostile else [])
     for label, start in servers(args, [args.soak_clients]):
         with start() as server:
             model = json.loads(server.get("/v1/models"))["data"][0]["id"]
             one_client(server.url, model, 0, 1, 4)
-            samples, done = [], threading.Event()
-
-            def sample() -> None:
-                while not done.wait(10.0):
-                    samples.append(rss_mib(server))
-
-            samples.append(rss_mib(server))
-            sampler = threading.Thread(target=sample, daemon=True)
-            sampler.start()
-            soak_args = argparse.Namespace(**{**vars(args), "duration": args.soak})
-            row = run_level(soak_args, server, model, label, args.soak_clients)
-            done.set()
-            sampler.join()
-            samples.append(rss_mib(server))
-            row.update(rss_first_mib=samples[0], rss_last_mib=samples[-1], rss_peak_mib=max(samples),
-                       rss_samples=samples)
-            results.append(row)
+            for hostile in hostile_runs:
+                results.append(soak_run(args, server, model, label, hostile))
     print(f"soak: {args.soak_clients} clients for {args.soak:g} s, {args.max_tokens} tokens per request")
-    print(f"{'server':>17} {'requests':>8} {'errors':>6} {'out tok/s':>9} {'p99 s':>7} {'RSS first':>9} "
-          f"{'RSS last':>8} {'RSS peak':>8}")
+    print(f"{'server':>17} {'hostile':>7} {'requests':>8} {'errors':>6} {'out tok/s':>9} {'p50 s':>7} {'p99 s':>7} "
+          f"{'max s':>7} {'RSS first':>9} {'RSS last':>8} {'RSS peak':>8} {'/metrics lines':>14}")
     for r in results:
-        print(f"{r['server']:>17} {r['requests']:>8} {r['errors']:>6} {r['output_tokens_per_s']:>9.1f} "
-              f"{r['latency_p99']:>7.2f} {r['rss_first_mib']:>9.0f} {r['rss_last_mib']:>8.0f} {r['rss_peak_mib']:>8.0f}")
+        print(f"{r['server']:>17} {r['hostile']:>7} {r['requests']:>8} {r['errors']:>6} "
+              f"{r['output_tokens_per_s']:>9.1f} {r['latency_p50']:>7.2f} {r['latency_p99']:>7.2f} "
+              f"{r['latency_max']:>7.2f} {r['rss_first_mib']:>9.0f} {r['rss_last_mib']:>8.0f} "
+              f"{r['rss_peak_mib']:>8.0f} {r['metrics_lines']:>14}")
+        for name, entry in r.get("hostile_answers", {}).items():
+            statuses = ", ".join(f"{status} x{count}" for status, count in sorted(entry["statuses"].items()))
+            print(f"{'':>19}{name:<26} {statuses:<28} slowest {entry['max_seconds']:.1f} s")
+        if r["first_error"]:
+            print(f"{'':>19}first error of a valid client: {r['first_error']}")
     return results
+
+
+def soak_run(args, server, model: str, label: str, hostile: int) -> dict:
+    """One soak of `server`: the valid clients for `--soak` seconds, beside `hostile` hostile ones."""
+    from hostile import hostile_client, summary  # benchmarks/hostile.py
+
+    samples, done = [rss_mib(server)], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(10.0):
+            samples.append(rss_mib(server))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stop_at = time.perf_counter() + args.soak
+    with ThreadPoolExecutor(max(1, hostile)) as pool:
+        attacks = [pool.submit(hostile_client, server.url, model, 5 * index, stop_at) for index in range(hostile)]
+        soak_args = argparse.Namespace(**{**vars(args), "duration": args.soak})
+        row = run_level(soak_args, server, model, label, args.soak_clients)
+        records = [record for attack in attacks for record in attack.result()]
+    done.set()
+    sampler.join()
+    samples.append(rss_mib(server))
+    row.update(hostile=hostile, rss_first_mib=samples[0], rss_last_mib=samples[-1], rss_peak_mib=max(samples),
+               rss_samples=samples, metrics_lines=len(server.get("/metrics").splitlines()))
+    if hostile:
+        row["hostile_answers"] = summary(records)
+    return row
 
 
 if __name__ == "__main__":
