@@ -71,8 +71,8 @@ def test_bodies_not_declared_json_are_415(server, path, content_type, body):
 @pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8",
                                           "Application/JSON;charset=UTF-8", "application/vnd.api+json"])
 def test_json_bodies_are_read_whatever_their_parameters(server, content_type):
-    status, _, answer = _raw_post(server, "/tokenize", JSON_BODY, {"Content-Type": content_type})
-    assert status == 200 and answer["count"] >= 1
+    status, _, answer = _raw_post(server, "/tokenize", b'{"prompt": "Hi"}', {"Content-Type": content_type})
+    assert status == 200 and answer["count"] >= 1, answer
 
 
 def test_metrics_series_stay_few_whatever_paths_are_asked(server):
@@ -107,7 +107,8 @@ def test_a_deeply_nested_body_is_400_before_it_is_decoded(server, client, served
         status, _, answer = _post(server, "/v1/completions", body.encode())
         assert status == 400, answer
         assert answer["error"]["code"] == "json_too_deep" and answer["error"]["param"] is None
-        assert "100000 deep, more than the limit of 128" in answer["error"]["message"]
+        assert re.search(r"nests arrays and objects 10000[01] deep, more than the limit of 128$",
+                         answer["error"]["message"])
     status, _, answer = _post(server, "/detokenize", b'{"tokens": ' + b"[" * 5000 + b"]" * 5000 + b"}")
     assert status == 400 and answer["error"]["code"] == "json_too_deep"
     # a schema sent as JSON text is a string in the body: it is measured when it is read as a schema
