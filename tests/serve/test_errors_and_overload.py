@@ -250,6 +250,12 @@ def test_lenient_lists_any_field_name_in_a_safe_header(keyed_lenient_server):
     assert status == 200 and len(",".join(items)) <= 1024
     more = re.fullmatch(r"\((\d+) more\)", items[-1])
     assert items[:-1] == names[: len(items) - 1] and int(more.group(1)) == len(names) - (len(items) - 1)
+    # a strategy's answer lists them too (it had no header: the fields were ignored silently)
+    body = json.dumps({"prompt": "Hi", "max_tokens": 1, "topk": 3,
+                       "metagen": {"strategy": "self_consistency", "n": 2}}).encode()
+    status, answer_headers, answer = _raw_post(server, "/v1/completions", body, headers)
+    assert status == 200 and answer["metagen"]["strategy"] == "self_consistency"
+    assert answer_headers["X-Metagen-Ignored-Fields"] == "topk"
 
 
 def test_api_key_lenient_and_request_timeout(keyed_lenient_server):
