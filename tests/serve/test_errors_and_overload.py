@@ -3,11 +3,15 @@ the field, and a server that keeps answering after each."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import random
+import re
 import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -31,6 +35,90 @@ def _post(server, path: str, body: bytes, headers: dict | None = None) -> tuple[
         return error.code, dict(error.headers), json.loads(error.read())
 
 
+def _raw_post(server, path: str, body: bytes, headers: dict) -> tuple[int, object, object]:
+    """POST with exactly `headers` (urllib would add a form Content-Type of its own); the JSON answer."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        connection.request("POST", path, body=body, headers=headers)
+        answer = connection.getresponse()
+        return answer.status, answer.headers, json.loads(answer.read())  # headers: case-insensitive
+    finally:
+        connection.close()
+
+
+JSON_BODY = json.dumps({"prompt": "Hi", "max_tokens": 1}).encode()
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/tokenize"])
+@pytest.mark.parametrize("content_type, body", [
+    ("text/plain", JSON_BODY),  # what a web page's fetch() or <form enctype="text/plain"> may send anywhere
+    ("text/plain;charset=UTF-8", JSON_BODY),
+    ("application/x-www-form-urlencoded", JSON_BODY),
+    ("multipart/form-data; boundary=b", b'--b\r\nContent-Disposition: form-data; name="x"\r\n\r\n'
+     + JSON_BODY + b"\r\n--b--\r\n"),
+    (None, JSON_BODY),  # a fetch() of a Blob without a type sends no Content-Type
+])
+def test_bodies_not_declared_json_are_415(server, path, content_type, body):
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    status, _, answer = _raw_post(server, path, body, headers)
+    assert status == 415, answer
+    error = answer["error"]
+    assert error["code"] == "unsupported_media_type" and error["type"] == "invalid_request_error"
+    assert (repr(content_type) if content_type else "no Content-Type") in error["message"]
+    assert "application/json" in error["message"]
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8",
+                                          "Application/JSON;charset=UTF-8", "application/vnd.api+json"])
+def test_json_bodies_are_read_whatever_their_parameters(server, content_type):
+    status, _, answer = _raw_post(server, "/tokenize", b'{"prompt": "Hi"}', {"Content-Type": content_type})
+    assert status == 200 and answer["count"] >= 1, answer
+
+
+def test_metrics_series_stay_few_whatever_paths_are_asked(server):
+    """Every path a client invents was a series of its own in /metrics, without limit (and a path
+    with a quote broke the exposition format): unmatched paths share the label "other"."""
+    rng = random.Random(0)
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789-_.\"%{}"
+    for _ in range(200):
+        path = "/" + "/".join("".join(rng.choices(alphabet, k=rng.randint(1, 12))) for _ in range(rng.randint(1, 3)))
+        with pytest.raises(urllib.error.HTTPError) as raised:
+            server.get(urllib.parse.quote(path))
+        assert raised.value.code == 404
+    with pytest.raises(urllib.error.HTTPError) as raised:  # a route with the wrong method keeps its route
+        server.get("/v1/completions")
+    assert raised.value.code == 405
+    series = [line for line in server.get("/metrics").splitlines() if line.startswith("metagen_requests_total{")]
+    labels = {re.fullmatch(r'metagen_requests_total\{endpoint="([^"]*)",status="(\d+)"\} \d+', line).groups()
+              for line in series}
+    routes = {"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
+              "/metrics", "other"}
+    assert {endpoint for endpoint, _ in labels} <= routes
+    assert ("other", "404") in labels and ("/v1/completions", "405") in labels
+    assert len(series) <= 3 * len(routes)  # a few statuses per route, not one series per path asked
+    assert server.metric('metagen_requests_total{endpoint="other",status="404"}') >= 200
+
+
+def test_a_deeply_nested_body_is_400_before_it_is_decoded(server, client, served_model):
+    """[[[...]]] 100,000 deep made the recursive decoder raise RecursionError (500 and a traceback
+    in the log); it is refused by its depth, measured without recursion, wherever it nests."""
+    deep = "[" * 100_000 + "]" * 100_000
+    for body in (deep, json.dumps({"prompt": "Hi"})[:-1] + ', "user": ' + deep + "}"):
+        status, _, answer = _post(server, "/v1/completions", body.encode())
+        assert status == 400, answer
+        assert answer["error"]["code"] == "json_too_deep" and answer["error"]["param"] is None
+        assert re.search(r"nests arrays and objects 10000[01] deep, more than the limit of 128$",
+                         answer["error"]["message"])
+    status, _, answer = _post(server, "/detokenize", b'{"tokens": ' + b"[" * 5000 + b"]" * 5000 + b"}")
+    assert status == 400 and answer["error"]["code"] == "json_too_deep"
+    # a schema sent as JSON text is a string in the body: it is measured when it is read as a schema
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(model=served_model, prompt="Hi", max_tokens=2,
+                                  extra_body={"structured_outputs": {"json": deep}})
+    assert raised.value.param == "structured_outputs.json" and "limit of 128" in raised.value.message
+    assert client.completions.create(model=served_model, prompt="Hi", max_tokens=2).choices  # still answering
+
+
 @pytest.mark.parametrize("extra, param, message", [
     ({"temperature": -0.5}, "temperature", "out of range"),
     ({"top_p": 0}, "top_p", "out of range"),
@@ -40,6 +128,10 @@ def _post(server, path: str, body: bytes, headers: dict | None = None) -> tuple[
     ({"stop_token_ids": [10**7]}, "stop_token_ids", "out of range"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
      "response_format.json_schema.schema", ""),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "{not json"}}},
+     "response_format.json_schema.schema", "is not valid JSON: Expecting"),
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "structured_outputs",
+     "not both"),
 ])
 def test_bad_fields_are_400_naming_the_field(client, served_model, extra, param, message):
     with pytest.raises(openai.BadRequestError) as raised:
@@ -128,31 +220,68 @@ def test_full_queue_is_429_and_a_client_that_leaves_frees_its_rows():
             assert server.metric("metagen_generation_tokens_total") < 4000  # the long row stopped early
 
 
-def test_api_key_lenient_and_request_timeout(monkeypatch):
-    monkeypatch.setenv("METAGEN_TEST_KEY", "s3cret")
-    with serve_process("--api-key-env", "METAGEN_TEST_KEY", "--lenient", "--request-timeout", "3") as server:
-        assert '"ok"' in server.get("/health")
-        with openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0) as client:
-            with pytest.raises(openai.AuthenticationError) as raised:
-                client.models.list()
-            assert raised.value.body["code"] == "invalid_api_key"
-        status, _, _ = _post(server, "/tokenize", b'{"prompt": "Hi"}')
-        assert status == 401
-        with openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0) as client:
-            model = client.models.list().data[0].id
-            answer = client.completions.with_raw_response.create(
-                model=model, prompt="Hi", max_tokens=2, extra_body={"topk": 3, "best_effort": True})
-            assert answer.headers["x-metagen-ignored-fields"] == "best_effort,topk"
-            assert answer.parse().choices[0].text is not None
-            with pytest.raises(openai.BadRequestError) as raised:  # lenient on names, not on values
-                client.completions.create(model=model, prompt="Hi", max_tokens=2, temperature=-1)
-            assert raised.value.param == "temperature"
-            start = time.monotonic()
-            with pytest.raises(openai.InternalServerError) as raised:  # longer than --request-timeout 3
-                client.completions.create(model=model, prompt="Hi", max_tokens=5000, extra_body={"ignore_eos": True})
-            assert raised.value.status_code == 504 and raised.value.body["code"] == "request_timeout"
-            assert time.monotonic() - start < 30
-            assert client.completions.create(model=model, prompt="Hi", max_tokens=2).choices  # still answering
+@pytest.fixture(scope="module")
+def keyed_lenient_server():
+    """A server with an API key (s3cret), --lenient and --request-timeout 3."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("METAGEN_TEST_KEY", "s3cret")
+        with serve_process("--api-key-env", "METAGEN_TEST_KEY", "--lenient", "--request-timeout", "3") as server:
+            yield server
+
+
+def test_lenient_lists_any_field_name_in_a_safe_header(keyed_lenient_server):
+    """Ignored names went into X-Metagen-Ignored-Fields as they were: one outside latin-1 was a 500,
+    CR / LF / NUL dropped the connection. Each name is percent-encoded (read back with unquote)
+    and the header is bounded, the names past it counted."""
+    server = keyed_lenient_server
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer s3cret"}
+    for name in ("名前", "bad\r\nX-Injected: yes", "nul\x00", "a,b", "\ud800", "%41", "(2 more)"):
+        body = json.dumps({"prompt": "Hi", "max_tokens": 1, name: 1}).encode()
+        status, answer_headers, answer = _raw_post(server, "/v1/completions", body, headers)
+        assert status == 200, answer
+        assert "X-Injected" not in answer_headers
+        value = answer_headers["X-Metagen-Ignored-Fields"]
+        assert value.isascii() and value.isprintable() and "," not in value
+        assert urllib.parse.unquote(value, errors="surrogatepass") == name
+    names = [f"field_{index:03d}_{'x' * 12}" for index in range(300)]
+    body = json.dumps({"prompt": "Hi", "max_tokens": 1, **dict.fromkeys(names, 1)}).encode()
+    status, answer_headers, _ = _raw_post(server, "/v1/completions", body, headers)
+    items = answer_headers["X-Metagen-Ignored-Fields"].split(",")
+    assert status == 200 and len(",".join(items)) <= 1024
+    more = re.fullmatch(r"\((\d+) more\)", items[-1])
+    assert items[:-1] == names[: len(items) - 1] and int(more.group(1)) == len(names) - (len(items) - 1)
+    # a strategy's answer lists them too (it had no header: the fields were ignored silently)
+    body = json.dumps({"prompt": "Hi", "max_tokens": 1, "topk": 3,
+                       "metagen": {"strategy": "self_consistency", "n": 2}}).encode()
+    status, answer_headers, answer = _raw_post(server, "/v1/completions", body, headers)
+    assert status == 200 and answer["metagen"]["strategy"] == "self_consistency"
+    assert answer_headers["X-Metagen-Ignored-Fields"] == "topk"
+
+
+def test_api_key_lenient_and_request_timeout(keyed_lenient_server):
+    server = keyed_lenient_server
+    assert '"ok"' in server.get("/health")
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0) as client:
+        with pytest.raises(openai.AuthenticationError) as raised:
+            client.models.list()
+        assert raised.value.body["code"] == "invalid_api_key"
+    status, _, _ = _post(server, "/tokenize", b'{"prompt": "Hi"}')
+    assert status == 401
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0) as client:
+        model = client.models.list().data[0].id
+        answer = client.completions.with_raw_response.create(
+            model=model, prompt="Hi", max_tokens=2, extra_body={"topk": 3, "best_effort": True})
+        assert answer.headers["x-metagen-ignored-fields"] == "best_effort,topk"
+        assert answer.parse().choices[0].text is not None
+        with pytest.raises(openai.BadRequestError) as raised:  # lenient on names, not on values
+            client.completions.create(model=model, prompt="Hi", max_tokens=2, temperature=-1)
+        assert raised.value.param == "temperature"
+        start = time.monotonic()
+        with pytest.raises(openai.InternalServerError) as raised:  # longer than --request-timeout 3
+            client.completions.create(model=model, prompt="Hi", max_tokens=5000, extra_body={"ignore_eos": True})
+        assert raised.value.status_code == 504 and raised.value.body["code"] == "request_timeout"
+        assert time.monotonic() - start < 30
+        assert client.completions.create(model=model, prompt="Hi", max_tokens=2).choices  # still answering
 
 
 def test_serve_refuses_bad_options_before_loading_the_model(monkeypatch, capsys):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metagen.serve.protocol import APIError, parse_request
+from metagen.serve.protocol import SAMPLING_FIELDS, APIError, _param_of, parse_request
 
 pytestmark = pytest.mark.slow  # the embedded model's tokenizer and chat template
 
@@ -66,6 +66,13 @@ def test_chat_fields(model):
     ({"prompt": "Hi", "logit_bias": {"999999999": 1}}, False, "logit_bias", "out of range"),
     ({"prompt": "Hi", "mirostat_tau": 5.0, "top_k": 3}, False, "mirostat_tau", "cannot be combined"),
     ({"prompt": "Hi", "structured_outputs": {"regexp": "a"}}, False, "structured_outputs", "unknown fields"),
+    ({"prompt": "Hi", "response_format": {"type": "json_schema", "json_schema": {"schema": "{not json"}}}, False,
+     "response_format.json_schema.schema", "is not valid JSON"),
+    ({"prompt": "Hi", "response_format": {"type": "json_schema", "json_schema": {"schema": "[" * 10**5}}}, False,
+     "response_format.json_schema.schema", "100000 deep, more than the limit of 128"),
+    ({"prompt": "Hi", "structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}}, False,
+     "structured_outputs", "not both"),
+    ({"prompt": "Hi", "logprobs": -1}, False, "logprobs", "out of range"),
     ({"prompt": "Hi", "model": "other"}, False, "model", "not served here"),
     ({"prompt": "Hi", "n": 9}, False, "n", "--max-rows 8"),
     ({"prompt": "Hi", "mirostat_mode": 1, "mirostat_tau": 5.0}, False, "mirostat_mode", "0 (off) or 2"),
@@ -81,3 +88,30 @@ def test_lenient_drops_unknown_fields_but_lists_them(model):
     assert refusal(model, {"prompt": "Hi", "frequency": 1}).param == "frequency"
     parsed = parse(model, {"prompt": "Hi", "frequency": 1, "abc": 2}, lenient=True)
     assert parsed.ignored == ("abc", "frequency")
+
+
+@pytest.mark.parametrize("message, param", [
+    ("temperature=-1 is out of range: must be in [0, inf)", "temperature"),
+    ("response_format.json_schema.schema='{}' does not compile: ...", "response_format.json_schema.schema"),
+    ("logprobs=99 is out of range", "top_logprobs"),  # mapped to the request's spelling
+    ("stop_token_ids entry -1 is out of range", "stop_token_ids"),
+    ("Expecting value: line 1 column 1 (char 0)", None),  # a message's first word is not a field
+    ("maximum recursion depth exceeded", None),
+    ("recursion too deep", None),
+    ("nested.path is wrong", None),
+    ("temperatures=1", None),  # a field's name as a prefix of a longer word
+    ("metagen.Expecting value", None),
+    ("metagen.n=0 is out of range", "metagen.n"),
+    ("metagen.my option is not an option of strategy 'best_of_n'", "metagen.my option"),
+])
+def test_param_is_a_known_field_or_none(message, param):
+    names = {field: field for field in (*SAMPLING_FIELDS, "max_tokens")} | {"logprobs": "top_logprobs"}
+    names |= {"metagen.n": "metagen.n", "metagen.my option": "metagen.my option"}
+    assert _param_of(message, names) == param
+
+
+def test_strategy_errors_name_the_option_given_or_metagen(model):
+    error = refusal(model, {"prompt": "Hi", "metagen": {"strategy": "best_of_n", "n": "x"}})
+    assert error.param == "metagen.n"
+    error = refusal(model, {"prompt": "Hi", "metagen": {"strategy": "best_of_n", "no such option": 1}})
+    assert error.param == "metagen.no such option"  # the key as given, not "metagen.no"

@@ -48,6 +48,23 @@ def test_bad_fields_are_named(kwargs, message):
         StructuredOutputs(**kwargs)
 
 
+@pytest.mark.parametrize("schema, message", [
+    ("{not json", r"^response_format.json_schema.schema is not valid JSON: Expecting"),
+    ("[" * 100_000, r"^response_format.json_schema.schema nests arrays and objects 100000 deep, more than the limit"),
+])
+def test_a_response_format_schema_is_named_as_the_request_spells_it(schema, message):
+    with pytest.raises(ValueError, match=message):
+        from_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+
+
+def test_a_schema_nested_too_deep_is_a_value_error():
+    deep: dict = {}
+    for _ in range(100_000):
+        deep = {"items": deep}
+    with pytest.raises(ValueError, match=r"^structured_outputs.json cannot be written as JSON"):
+        StructuredOutputs(json=deep)
+
+
 def test_response_format_mapping():
     assert from_response_format(None) is None and from_response_format({"type": "text"}) is None
     assert from_response_format({"type": "json_object"}).kind == "json_object"

@@ -88,7 +88,7 @@ def _structured(structured_outputs: object, response_format: object) -> Structur
     spec = from_response_format(response_format)
     if structured_outputs is not None:
         if spec is not None:
-            raise ValueError("set structured_outputs or response_format, not both")
+            raise ValueError("structured_outputs is set together with response_format: give one, not both")
         if isinstance(structured_outputs, Mapping):
             allowed = {item.name for item in fields(StructuredOutputs)} - {"field"}
             unknown = sorted(set(structured_outputs) - allowed)

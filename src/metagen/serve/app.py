@@ -14,9 +14,12 @@ backend runs, answered from their events; strategies run on a worker thread over
 strategy generator.
 
 Bodies are read and checked here, not by a schema library, so that every refusal is OpenAI's
-error body naming the field (protocol.py): a body over `max_body_bytes` is 413, one that is not
-JSON 400, a full queue 429 with Retry-After. With an API key, every endpoint but /health needs
+error body naming the field (protocol.py): a body not declared `application/json` is 415 (a web
+page can post text/plain, form and multipart bodies anywhere without asking), one over
+`max_body_bytes` 413, one that is not JSON or nests deeper than MAX_JSON_DEPTH 400, a full queue
+429 with Retry-After. With an API key, every endpoint but /health needs
 `Authorization: Bearer <key>`, compared in constant time (`hmac.compare_digest`).
+/metrics counts requests by route (an unmatched path is "other"), so its series stay few.
 
 Streams are Server-Sent Events (`data: {chunk}` ... `data: [DONE]`). A streaming client that
 goes away cancels its request (the response generator is closed); a waiting non-streaming one
@@ -35,7 +38,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from metagen.serve import metrics
 from metagen.serve.engine_generator import StrategyTimeout
-from metagen.serve.protocol import APIError, ParsedRequest, parse_request
+from metagen.serve.protocol import (APIError, ParsedRequest, check_json_content_type, ignored_fields_header,
+                                    load_body, parse_request)
 from metagen.serve.requests import DoneEvent, ServeRequest, TokenEvent
 from metagen.serve.responses import ChunkWriter, full_response, strategy_response
 
@@ -44,7 +48,9 @@ DISCONNECT_POLL = 0.5  # seconds between checks that a waiting non-streaming cli
 
 
 class _CountRequests:
-    """Pure ASGI middleware counting answered requests by path and status (streams untouched)."""
+    """Pure ASGI middleware counting answered requests by route and status (streams untouched):
+    the path of the route the router matched (FastAPI leaves it in the scope; a known path with
+    the wrong method too), else "other", so that the series stay as few as the routes."""
 
     def __init__(self, app, counter: metrics.RequestCounter) -> None:
         self.app, self.counter = app, counter
@@ -63,7 +69,8 @@ class _CountRequests:
         try:
             await self.app(scope, receive, counting_send)
         finally:
-            self.counter.add(scope["path"], status)
+            route = scope.get("route")
+            self.counter.add(getattr(route, "path", None) or "other", status)
 
 
 def create_app(backend, *, api_key: str | None = None, lenient: bool = False,
@@ -95,6 +102,7 @@ def create_app(backend, *, api_key: str | None = None, lenient: bool = False,
                            type="authentication_error", code="invalid_api_key")
 
     async def read_json(request: Request) -> object:
+        check_json_content_type(request.headers.get("content-type"))
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
             raise APIError(f"the request body has {declared} bytes, more than the limit of {max_body_bytes}",
@@ -105,10 +113,7 @@ def create_app(backend, *, api_key: str | None = None, lenient: bool = False,
             if len(body) > max_body_bytes:
                 raise APIError(f"the request body is larger than the limit of {max_body_bytes} bytes", None,
                                status=413, code="request_too_large")
-        try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise APIError(f"the request body is not valid JSON: {error}", None) from None
+        return load_body(bytes(body))
 
     @app.get("/health")
     async def health():
@@ -147,8 +152,9 @@ def create_app(backend, *, api_key: str | None = None, lenient: bool = False,
         parsed = parse_request(body, chat=chat, model=model, served_name=served_name, max_rows=backend.max_rows,
                                lenient=lenient)
         loop = asyncio.get_running_loop()
+        headers = {"X-Metagen-Ignored-Fields": ignored_fields_header(parsed.ignored)} if parsed.ignored else {}
         if parsed.strategy is not None:
-            return await run_strategy(request, parsed, chat)
+            return await run_strategy(request, parsed, chat, headers)
         backend.check(parsed)
         events: asyncio.Queue = asyncio.Queue()
 
@@ -169,7 +175,6 @@ def create_app(backend, *, api_key: str | None = None, lenient: bool = False,
             if isinstance(error, ValueError):
                 raise APIError(str(error), "n") from None
             raise
-        headers = {"X-Metagen-Ignored-Fields": ",".join(parsed.ignored)} if parsed.ignored else {}
         # A stream starts with its first event, so a request failing before any output (a backend
         # down, a timeout in the queue) is answered with its status rather than a 200 error chunk.
         event = await _next_event(request, job, events, done_only=not parsed.stream)
@@ -188,7 +193,7 @@ def create_app(backend, *, api_key: str | None = None, lenient: bool = False,
 
     workers = ThreadPoolExecutor(max_workers=max(4, backend.max_rows), thread_name_prefix="metagen-strategy")
 
-    async def run_strategy(request: Request, parsed: ParsedRequest, chat: bool):
+    async def run_strategy(request: Request, parsed: ParsedRequest, chat: bool, headers: dict[str, str]):
         """Run the request's strategy on a worker thread over the backend's strategy generator (an
         `EngineGenerator`, whose requests join the engine's batch, or the remote fleet's); the
         answer is the chosen output plus the `metagen` block."""
@@ -221,7 +226,7 @@ def create_app(backend, *, api_key: str | None = None, lenient: bool = False,
             raise
         except Exception as error:  # noqa: BLE001 - answered, the server stays up
             raise _strategy_failure(backend, strategy.spec.name, error) from None
-        return JSONResponse(strategy_response(parsed, result, generator, texts))
+        return JSONResponse(strategy_response(parsed, result, generator, texts), headers=headers)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -1,6 +1,7 @@
 """/metrics in the Prometheus text exposition format (version 0.0.4).
 
-    metagen_requests_total{endpoint, status}  HTTP requests answered, by endpoint and status code
+    metagen_requests_total{endpoint, status}  HTTP requests answered, by route (its path; "other" for
+                                              a path no route matches) and status code
     metagen_prompt_tokens_total               prompt tokens prefilled
     metagen_generation_tokens_total           tokens generated
     metagen_requests_finished_total{outcome}  engine requests: finished / failed / cancelled / timed_out
@@ -35,7 +36,8 @@ from collections import Counter
 
 
 class RequestCounter:
-    """HTTP requests by (endpoint, status); safe to bump from any thread."""
+    """HTTP requests by (endpoint, status); safe to bump from any thread. The caller labels by
+    route, not by the path asked, so the series are at most routes x statuses."""
 
     def __init__(self) -> None:
         self._counts: Counter[tuple[str, int]] = Counter()

@@ -4,7 +4,14 @@ Every field is checked; a bad one raises `APIError` (HTTP 400, OpenAI's error bo
 `param` names the field as the request spelled it. Unknown fields are refused too (vLLM and
 SGLang drop them silently; a client that misspells `top_k` should hear about it), unless the
 server runs with --lenient, which ignores them and lists them in the response's header
-`X-Metagen-Ignored-Fields`.
+`X-Metagen-Ignored-Fields` (`ignored_fields_header`: each name percent-encoded outside HTTP's
+token characters, at most `IGNORED_HEADER_CHARS` characters, the names that do not fit counted).
+
+Bodies (`load_body`): a POST's body must be declared JSON (`Content-Type: application/json`, or
+`application/<x>+json`, parameters such as charset allowed; else 415), so that a web page, which
+can send text/plain, form or multipart bodies to any address without asking, cannot drive a
+server that has no API key; it may nest arrays and objects at most `MAX_JSON_DEPTH` deep (400,
+checked before the recursive decoder runs).
 
 Accepted fields: OpenAI's (model, prompt / messages, max_tokens / max_completion_tokens,
 temperature, top_p, n, stream, stream_options.include_usage, stop, logprobs / top_logprobs,
@@ -30,12 +37,15 @@ own config dataclass (`StrategySpec.parse`), refused as `metagen.<field>`.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from metagen.decoding.prompts import encode_prompt
 from metagen.decoding.rows import heal_request
+from metagen.json_depth import MAX_JSON_DEPTH, check_json_depth
 from metagen.sampling import SamplingParams
 from metagen.sampling.params import MAX_LOGPROBS
 
@@ -52,6 +62,10 @@ CHAT_FIELDS = frozenset(SAMPLING_FIELDS + COMMON_FIELDS + ("messages", "logprobs
 MESSAGE_FIELDS = frozenset(("role", "content"))
 ROLES = ("system", "user", "assistant")
 _LEADING_FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)")
+_NAME_CHARACTER = re.compile(r"[A-Za-z0-9_]")
+_SUBFIELDS = re.compile(r"(?:\.[A-Za-z_][A-Za-z0-9_]*)*")  # ".json_schema.schema" after a field
+IGNORED_HEADER_CHARS = 1024  # X-Metagen-Ignored-Fields at most this long (its tail "(N more)" included)
+_TOKEN_CHARACTERS = "!#$&'*+-.^_`|~"  # RFC 9110 tchar besides letters and digits ('%' left out: it escapes)
 
 
 class APIError(Exception):
@@ -103,6 +117,56 @@ class StrategyRequest:
     overrides: dict
 
 
+def check_json_content_type(content_type: str | None) -> None:
+    """415 unless `content_type` (a request's Content-Type header) declares JSON: application/json
+    or application/<x>+json, with or without parameters (charset=utf-8)."""
+    media = (content_type or "").partition(";")[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return
+    given = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+    raise APIError(f"the request body has {given}: send it as JSON with Content-Type: application/json", None,
+                   status=415, code="unsupported_media_type")
+
+
+def load_body(body: bytes) -> object:
+    """The JSON value of a request body; 400 when it is not JSON or nests arrays and objects deeper
+    than MAX_JSON_DEPTH (measured without recursion before the recursive decoder runs, see
+    metagen.json_depth). The text is decoded as `json.loads` decodes bytes (UTF-8, -16 or -32)."""
+    try:
+        text = body.decode(json.detect_encoding(body), "surrogatepass")
+    except UnicodeDecodeError as error:
+        raise APIError(f"the request body is not valid JSON: {error}", None) from None
+    try:
+        check_json_depth(text, "the request body")
+    except ValueError as error:
+        raise APIError(str(error), None, code="json_too_deep") from None
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise APIError(f"the request body is not valid JSON: {error}", None) from None
+
+
+def ignored_fields_header(names: Sequence[str], limit: int = IGNORED_HEADER_CHARS) -> str:
+    """X-Metagen-Ignored-Fields for the unknown fields `names` that --lenient ignored: the names
+    comma-separated, each percent-encoded (UTF-8) outside RFC 9110's token characters, so the value
+    is ASCII with no CR, LF, NUL or comma inside a name (urllib.parse.unquote reads a name back);
+    names past `limit` characters are counted in a last item "(N more)", which no encoded name can
+    spell. O(total length of the names)."""
+    encoded = [quote(name, safe=_TOKEN_CHARACTERS, errors="surrogatepass") for name in names]
+    whole = ",".join(encoded)
+    if len(whole) <= limit:
+        return whole
+    room = limit - len(f"({len(names)} more)")  # kept for the count
+    parts: list[str] = []
+    used = 0
+    for item in encoded:
+        used += len(item) + 1  # the item and the comma after it
+        if used > room:
+            break
+        parts.append(item)
+    return ",".join([*parts, f"({len(names) - len(parts)} more)"])
+
+
 def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows: int,
                   lenient: bool = False) -> ParsedRequest:
     """Validate `body` (decoded JSON) for one endpoint against `model` (None: proxy mode, see the
@@ -133,7 +197,7 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
             raise APIError("stream_options must be an object with the one field include_usage", "stream_options")
         include_usage = _bool(options, "include_usage", False, "stream_options.include_usage")
     token_strings = _bool(body, "return_tokens_as_token_ids", False)
-    names = {field: field for field in SAMPLING_FIELDS}  # SamplingParams field -> request field
+    names = {field: field for field in (*SAMPLING_FIELDS, "logprobs")}  # SamplingParams field -> request field
     values = {field: body[field] for field in SAMPLING_FIELDS if field in body}
     if "mirostat_mode" in body:  # llama.cpp's switch: 2 = Mirostat 2.0 with mirostat_tau, 0 = off
         mode = body["mirostat_mode"]
@@ -281,8 +345,9 @@ def parse_strategy(body: Mapping, named: str | None, params: SamplingParams) -> 
     try:
         n, options, overrides = spec.parse(given, "metagen.")
     except ValueError as error:
-        message = str(error)
-        raise APIError(message, _param_of(message, {})) from None
+        message = str(error)  # "metagen.<option>..." for an option the request gave; anything else is about metagen
+        given_options = {f"metagen.{option}": f"metagen.{option}" for option in given if isinstance(option, str)}
+        raise APIError(message, _param_of(message, given_options) or "metagen") from None
     if options.value is not None and options.value not in SERVED_VALUES:
         raise APIError(f"metagen.value={options.value!r}: this server takes {' or '.join(SERVED_VALUES)} (a value-head "
                        "file would be a path named by the request, which the server does not open)", "metagen.value")
@@ -299,16 +364,18 @@ def parse_strategy(body: Mapping, named: str | None, params: SamplingParams) -> 
     return StrategyRequest(spec, n, options, overrides)
 
 
-def _param_of(message: str, names: Mapping[str, str]) -> str | None:
-    """The request field a SamplingParams error is about: the field its message starts with
-    ("temperature=-1 is out of range", "response_format.json_schema.schema ...")."""
-    match = _LEADING_FIELD.match(message)
-    if match is None:
-        return None
-    path = match.group(1)
-    head, dot, rest = path.partition(".")
-    head = names.get(head, head)
-    return head + dot + rest
+def _param_of(message: str, fields: Mapping[str, str]) -> str | None:
+    """The request field an error of SamplingParams (or of a strategy's options) is about: the
+    field its message starts with, with the subfields that follow ("temperature=-1 is out of
+    range", "response_format.json_schema.schema='...' does not compile"), when it is one of
+    `fields` (the longest wins), spelled as the request spelled it (`fields` maps the message's
+    name to the request's); None otherwise, so that a message starting with an ordinary word
+    ("Expecting value", "maximum recursion depth") never becomes a param. O(|fields| log |fields|)."""
+    for known in sorted(fields, key=len, reverse=True):
+        after = message[len(known):]
+        if message.startswith(known) and not _NAME_CHARACTER.match(after):  # "temperature=", not "temperatures"
+            return fields[known] + _SUBFIELDS.match(after).group(0)
+    return None
 
 
 def _bool(body: Mapping, field: str, default: bool, name: str | None = None) -> bool:

@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from metagen.json_depth import check_json_depth
+
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 _LARK_START = re.compile(r"^\s*(%llguidance\b|start\s*:)", re.MULTILINE)  # llguidance's test for Lark
 DEFAULT_MAX_WHITESPACE = 8
@@ -74,7 +76,7 @@ class StructuredOutputs:
         ):
             raise ValueError(f"{self.field}.max_whitespace={self.max_whitespace!r} must be an int >= 0 or None")
         if self.json is not None:
-            object.__setattr__(self, "json", _schema_text(f"{self.field}.json", self.json))
+            object.__setattr__(self, "json", _schema_text(self.kind_field, self.json))
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
@@ -150,8 +152,10 @@ def from_response_format(response_format: Mapping[str, Any] | None,
 
 
 def _schema_text(field: str, schema: object) -> str:
-    """Canonical JSON text of a schema given as a dict, a bool or JSON text."""
+    """Canonical JSON text of a schema given as a dict, a bool or JSON text (at most MAX_JSON_DEPTH
+    deep: the decoder, the encoder and the schema compiler recurse per level)."""
     if isinstance(schema, str):
+        check_json_depth(schema, field)
         try:
             schema = json_module.loads(schema)
         except json_module.JSONDecodeError as error:
@@ -160,7 +164,7 @@ def _schema_text(field: str, schema: object) -> str:
         raise ValueError(f"{field} must be a JSON Schema (an object or a bool), got {type(schema).__name__}")
     try:
         return json_module.dumps(schema, ensure_ascii=False)  # key order kept: it is the order of generation
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, RecursionError) as error:  # RecursionError: a dict nested too deep
         raise ValueError(f"{field} cannot be written as JSON: {error}") from None
 
 
