@@ -134,9 +134,10 @@ def check_value(field: OptionField, value: object, where: str) -> None:
 
 def check_work(fields: Mapping[str, OptionField], given: Mapping[str, object], limit: int, where: str = "",
                limit_name: str = "max_n") -> None:
-    """ValueError naming the first option of `given` (already type-checked against `fields`) that
-    counts work (`OptionField.sizes_work`) and exceeds `limit`, its value and the limit; an option
-    not given is checked at its default (a limit below a default refuses requests that omit it)."""
+    """ValueError naming the first option of `fields` that counts work (`OptionField.sizes_work`)
+    and exceeds `limit`, its value and the limit. The value is the one in `given` (type-checked
+    against `fields` first), else the option's default: a limit below a default refuses a request
+    that omits the option, saying so. O(options)."""
     for name, field in fields.items():
         value = given.get(name, field.default)
         if field.sizes_work and isinstance(value, int) and value > limit:
