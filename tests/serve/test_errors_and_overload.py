@@ -186,6 +186,55 @@ def test_tokenize_and_detokenize_round_trip(server, model):
     assert status == 400 and error["error"]["param"] == "tokens"
 
 
+QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+def _strategy(server, metagen: dict, **fields) -> tuple[int, dict, dict]:
+    body = {"messages": QUESTION, "max_tokens": 2, "temperature": 0.8, "seed": 1, "metagen": metagen, **fields}
+    return _post(server, "/v1/chat/completions", json.dumps(body).encode())
+
+
+@pytest.mark.parametrize(("metagen", "param", "words"), [
+    # 125 000 request groups of --max-rows 8 were built before any check (n = 10**9: 62.5 M, +100 MB/s)
+    ({"strategy": "self_consistency", "n": 10**6}, "metagen.n", "metagen.n=1000000 is out of range: must be <= 128"),
+    ({"strategy": "mcts", "value": "steps", "n": 2, "expansions": 10**6}, "metagen.expansions",
+     "metagen.expansions=1000000 is out of range: must be <= 128"),
+    # a format spec padded each critique to the given width (20 000 000: 490 MB and 15 s per round)
+    ({"strategy": "self_refine", "n": 2, "critique_template": "{answer:a>2000}"}, "metagen.critique_template",
+     "format spec"),
+])
+def test_a_request_sized_past_the_limits_is_400_before_any_work(server, metagen, param, words):
+    requests_before = server.metric("metagen_requests_finished_total")
+    status, headers, body = _strategy(server, metagen)
+    assert status == 400, body
+    assert body["error"]["param"] == param and words in body["error"]["message"]
+    assert server.metric("metagen_requests_finished_total") == requests_before  # nothing reached the engine
+    assert '"ok"' in server.get("/health")
+
+
+def test_max_n_and_a_strategy_call_that_can_never_be_queued():
+    """--max-n bounds n and every option that sizes the work. A strategy call of n completions is
+    ceil(n / --max-rows) engine requests, queued at once: more than --max-queue can never be queued,
+    even on an idle server, so it is a 400 naming n and the limit (--max-rows x --max-queue), not
+    a 429 whose Retry-After a client would follow forever."""
+    with serve_process("--max-rows", "2", "--max-queue", "2", "--max-n", "16") as server:
+        status, _, body = _strategy(server, {"strategy": "self_consistency", "n": 17})
+        assert status == 400 and body["error"]["param"] == "metagen.n"
+        assert "metagen.n=17 is out of range: must be <= 16 (--max-n" in body["error"]["message"]
+        status, _, body = _post(server, "/v1/completions", json.dumps({"prompt": "Hi", "n": 17}).encode())
+        assert status == 400 and body["error"]["param"] == "n" and "--max-n 16" in body["error"]["message"]
+        for _ in range(2):  # the same answer every time: retrying cannot help
+            status, headers, body = _strategy(server, {"strategy": "self_consistency", "n": 5})
+            assert status == 400, body
+            assert "retry-after" not in {name.lower() for name in headers}
+            error = body["error"]
+            assert error["param"] == "metagen.n" and error["type"] == "invalid_request_error"
+            assert "n=5" in error["message"] and "at most 4 completions" in error["message"]
+        status, _, body = _strategy(server, {"strategy": "self_consistency", "n": 4})  # fits: 2 requests of 2
+        assert status == 200, body
+        assert body["metagen"]["strategy"] == "self_consistency"
+
+
 def _wait_for(condition, seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -297,6 +346,11 @@ def test_serve_refuses_bad_options_before_loading_the_model(monkeypatch, capsys)
     assert "--request-timeout 0.0 must be > 0 seconds" in capsys.readouterr().err
     assert main(["serve", "--port", "70000"]) == 2
     assert "--port 70000 must be in [0, 65535]" in capsys.readouterr().err
+    assert main(["serve", "--max-n", "0"]) == 2
+    assert "--max-n 0 must be >= 1" in capsys.readouterr().err
+    # no place in the queue: every request would be refused with 429 and Retry-After, forever
+    assert main(["serve", "--max-queue", "0"]) == 2
+    assert "--max-queue 0 must be >= 1" in capsys.readouterr().err
 
 
 def test_a_non_streaming_client_that_leaves_frees_its_rows(server):

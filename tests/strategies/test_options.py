@@ -140,3 +140,62 @@ def test_the_shared_options_keep_their_kind_and_report_the_default_that_runs():
                 checked += 1
                 differing += field.default != shared[name].default
     assert checked >= 20 and differing >= 10  # pattern, math, answer_field, aggregation, step_delimiter
+
+
+# Every int option of the registry is a count that multiplies the work (samples, rounds, branches,
+# steps: bounded by `max_n`) or a length in tokens or characters bounded by something else
+# (max_tokens, or the config's own range). A new int option must be put in one of the two sets.
+SIZES_WORK = {
+    "greedy": {"n"}, "best_of_n": {"n"}, "best_of_n_logprob": {"n"}, "self_consistency": {"n"},
+    "weighted_voting": {"n"}, "borda": {"n"}, "mbr_chrf": {"n"}, "mbr_bleu": {"n"}, "mbr_edit": {"n"},
+    "mbr_embedding": {"n"}, "self_refine": {"n"}, "chain_of_thought": {"n", "max_tool_calls"},
+    "self_ask": {"n", "max_tool_calls"}, "calculator": {"n", "max_tool_calls"}, "best_of_n_value": {"n"},
+    "step_beam": {"n", "max_steps"}, "dvts": {"n", "max_steps"}, "rebase": {"n", "max_steps"},
+    "mcts": {"n", "expansions", "max_steps"}, "astar": {"n", "expansions", "solutions"},
+    "particle_filter": {"n", "max_steps"}, "blockwise_cd": {"n", "max_blocks"}, "tokenwise_cd": {"n"},
+}
+LENGTHS = {"max_step_tokens", "block_tokens", "max_tool_chars", "answer_tokens"}
+
+
+def test_every_int_option_is_marked_as_sizing_the_work_or_is_a_length():
+    assert set(SIZES_WORK) == set(STRATEGIES)
+    for spec in STRATEGIES.values():
+        fields = spec.fields()
+        assert {name for name, field in fields.items() if field.sizes_work} == SIZES_WORK[spec.name], spec.name
+        others = {name for name, field in fields.items() if field.kind is int and not field.sizes_work}
+        assert others <= LENGTHS, (spec.name, others - LENGTHS)
+
+
+def test_the_marks_of_configs_outside_the_registry_and_of_nested_fields():
+    from metagen.strategies.tree.mcts import MCTSConfig
+    from metagen.strategies.verifier_refine import VerifierRefineConfig
+
+    refine = config_fields(VerifierRefineConfig)
+    assert {name for name, field in refine.items() if field.sizes_work} == {
+        "initial_candidates", "rounds", "revisions_per_round", "beam"}
+    mcts = config_fields(MCTSConfig)
+    assert mcts["iterations"].sizes_work and not mcts["max_step_tokens"].sizes_work  # nested: step.max_step_tokens
+
+
+@pytest.mark.parametrize(("name", "option"), [(name, option) for name, options in SIZES_WORK.items()
+                                              for option in sorted(options)])
+def test_parse_bounds_every_option_that_sizes_the_work(name, option):
+    """n = 10**9 (62.5 M request groups in a server before any check) and every other count
+    are refused by `parse` when `max_n` is given, naming the field, the value and the limit."""
+    spec = get_strategy(name)
+    value = {"value": "steps"} if spec.uses_value else {}
+    with pytest.raises(ValueError, match=rf"^x\.{option}=1000000000 is out of range: must be <= 128 \(--max-n"):
+        spec.parse({option: 10**9, **value}, "x.", max_n=128, limit_name="--max-n")
+    if option != "n" or spec.budget != "none":
+        spec.parse({option: 64, **value}, "x.", max_n=64)  # at the limit: accepted
+
+
+def test_the_bound_applies_to_defaults_too_and_not_to_lengths():
+    spec = get_strategy("self_consistency")
+    with pytest.raises(ValueError, match=r"^n=8 is out of range: must be <= 4 \(max_n.*8 is its default: give n <= 4"):
+        spec.parse({}, max_n=4)
+    assert spec.parse({"n": 4}, max_n=4)[0] == 4
+    with pytest.raises(ValueError, match=r"^x\.max_steps=16 is out of range: must be <= 8 .*give x\.max_steps <= 8"):
+        get_strategy("rebase").parse({"n": 2, "value": "steps"}, "x.", max_n=8)
+    get_strategy("rebase").parse({"n": 2, "value": "steps", "max_steps": 8, "max_step_tokens": 10**6}, max_n=8)
+    assert spec.parse({"n": 10**6})[0] == 10**6  # the library sets no bound unless asked

@@ -3,10 +3,10 @@ or over remote OpenAI-compatible servers (proxy mode).
 
     metagen serve [--model PATH] [--dtype] [--kv-dtype] [--threads] [--host 127.0.0.1] [--port 8000]
                   [--served-model-name NAME]
-                  [--api-key-env VAR] [--max-rows 16] [--max-queue 64] [--request-timeout SECONDS]
+                  [--api-key-env VAR] [--max-rows 16] [--max-queue 64] [--max-n 128] [--request-timeout SECONDS]
                   [--cache-memory 256MiB | --no-prefix-cache] [--lenient]
     metagen serve --backend URL [URL ...] [--backend-api-key-env VAR] [--tokenizer PATH]
-                  [--host] [--port] [--served-model-name] [--api-key-env] [--max-rows] [--request-timeout]
+                  [--host] [--port] [--served-model-name] [--api-key-env] [--max-rows] [--max-n] [--request-timeout]
                   [--lenient]
 
 Proxy mode (--backend) runs no model: requests and strategies go to the servers at the URLs (vLLM,
@@ -41,6 +41,9 @@ def add_parser(commands) -> None:
                        help="most rows (sum of n over requests) decoded together (default 16)")
     serve.add_argument("--max-queue", type=int, default=None,
                        help="most requests waiting for rows; beyond it HTTP 429 with Retry-After (default 64)")
+    serve.add_argument("--max-n", type=int, default=None,
+                       help="most completions (n) a request may ask for, and the bound on every strategy option "
+                            "that counts work: metagen.n, widths, expansions, iterations, steps (default 128)")
     serve.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
                        help="most seconds a request may take from its arrival, queueing included; beyond it HTTP "
                             "504 (default: no limit)")
@@ -89,8 +92,14 @@ def run(args: argparse.Namespace) -> int:
                              "add --backend URL")
     if args.max_queue is None:
         args.max_queue = 64
-    if args.max_queue < 0:
-        raise ValueError(f"--max-queue {args.max_queue} must be >= 0")
+    if args.max_queue < 1:  # a request waits in the queue before it is admitted: 0 would refuse them all
+        raise ValueError(f"--max-queue {args.max_queue} must be >= 1")
+    if args.max_n is None:
+        from metagen.serve.protocol import DEFAULT_MAX_N
+
+        args.max_n = DEFAULT_MAX_N
+    if args.max_n < 1:
+        raise ValueError(f"--max-n {args.max_n} must be >= 1")
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise ValueError("--served-model-name must not be empty")
     if args.request_timeout is not None and not args.request_timeout > 0:
@@ -118,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
                          "pip install 'metagen[serve]'") from None
     backend = _proxy(args) if args.backend is not None else _local(args, cache_memory)
     name = backend.served_name
-    app = create_app(backend, api_key=api_key, lenient=args.lenient, request_timeout=args.request_timeout)
+    app = create_app(backend, api_key=api_key, lenient=args.lenient, request_timeout=args.request_timeout,
+                     max_n=args.max_n)
     print(f"metagen serve: {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning",

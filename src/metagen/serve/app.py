@@ -38,8 +38,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from metagen.serve import metrics
 from metagen.serve.engine_generator import StrategyTimeout
-from metagen.serve.protocol import (APIError, ParsedRequest, check_json_content_type, ignored_fields_header,
-                                    load_body, parse_request)
+from metagen.serve.protocol import (DEFAULT_MAX_N, APIError, ParsedRequest, check_json_content_type,
+                                    ignored_fields_header, load_body, parse_request)
 from metagen.serve.requests import DoneEvent, ServeRequest, TokenEvent
 from metagen.serve.responses import ChunkWriter, full_response, strategy_response
 
@@ -74,10 +74,12 @@ class _CountRequests:
 
 
 def create_app(backend, *, api_key: str | None = None, lenient: bool = False,
-               max_body_bytes: int = MAX_BODY_BYTES, request_timeout: float | None = None) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, request_timeout: float | None = None,
+               max_n: int = DEFAULT_MAX_N) -> FastAPI:
     """The application over `backend` (a `LocalBackend` over a started engine, or a `ProxyBackend`);
     `request_timeout`: seconds a request may take from its arrival (None: no limit), else 504 (or
-    an error chunk when streaming)."""
+    an error chunk when streaming); `max_n`: the bound on n and on every strategy option that
+    counts work (`parse_request`)."""
     app = FastAPI(title="metagen", docs_url=None, redoc_url=None, openapi_url=None)
     model, served_name, texts = backend.model, backend.served_name, backend.texts
     counter = metrics.RequestCounter()
@@ -150,7 +152,7 @@ def create_app(backend, *, api_key: str | None = None, lenient: bool = False,
         check_key(request)
         body = await read_json(request)
         parsed = parse_request(body, chat=chat, model=model, served_name=served_name, max_rows=backend.max_rows,
-                               lenient=lenient)
+                               lenient=lenient, max_n=max_n)
         loop = asyncio.get_running_loop()
         headers = {"X-Metagen-Ignored-Fields": ignored_fields_header(parsed.ignored)} if parsed.ignored else {}
         if parsed.strategy is not None:

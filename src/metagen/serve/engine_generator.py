@@ -9,7 +9,10 @@ samples join the running batch with every other client's rows (continuous batchi
 engine thread never waits on a strategy. Call it from a worker thread, never the engine thread.
 A call asking for more rows than the engine decodes at once (`n` > `--max-rows`) is submitted as
 groups of at most `max_rows` rows at once (the prompt's prefill is shared through the prefix
-cache when it is on); their completions are returned in group order.
+cache when it is on); their completions are returned in group order. The groups wait in the
+engine's queue together, so a call of more than `max_rows x max_queue` rows could never be
+queued, even on an idle server: it raises `RequestTooLargeError` (HTTP 400) before any group is
+built, where a call that fits but meets a full queue raises `QueueFullError` (429, retry later).
 
 Seeding: the strategy's `torch.Generator` is handed to the engine with the request, which draws
 from it for that request's rows exactly as `decoding.sample_loop.generate` does (the engine's
@@ -41,6 +44,7 @@ from metagen.decoding.prompts import Prompt, encode_prompt
 from metagen.decoding.sample_loop import GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.serve.engine import DoneEvent, Engine, ServeRequest
+from metagen.serve.requests import RequestTooLargeError
 
 WAIT_POLL = 0.25  # seconds between checks that the strategy's client is still there
 
@@ -160,7 +164,12 @@ class EngineGenerator(Generator):
     def _groups(self, params: SamplingParams, rng: torch.Generator | None) -> list[tuple[SamplingParams, object]]:
         """(params, generator) of each request of a call: one request of n rows, or groups of at
         most `engine.max_rows` rows, each with a generator seeded from the call's."""
-        limit = self.engine.max_rows
+        limit, places = self.engine.max_rows, self.engine.max_queue
+        if -(-params.n // limit) > places:  # ceil(n / max_rows) requests, all queued at once
+            raise RequestTooLargeError(
+                f"a call of the strategy asks for n={params.n} completions: {-(-params.n // limit)} requests of at "
+                f"most --max-rows {limit} rows, which --max-queue {places} can never hold at once; this server draws "
+                f"at most {limit * places} completions per call: lower metagen.n")
         if params.n <= limit:
             return [(params, rng)]
         if rng is None and params.seed is not None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from metagen.serve import metrics
 from metagen.serve.protocol import APIError, check_model, only, parse_request
-from metagen.serve.requests import EngineStoppedError, QueueFullError
+from metagen.serve.requests import EngineStoppedError, QueueFullError, RequestTooLargeError
 from metagen.serve.responses import TokenTexts
 
 RETRY_AFTER_SECONDS = 1
@@ -51,7 +51,11 @@ class LocalBackend:
         return EngineGenerator(self.engine, self.model, chat=chat, timeout=timeout)
 
     def failure(self, error: BaseException) -> APIError | None:
-        """429 with Retry-After for a full queue; 503 when the engine has stopped."""
+        """429 with Retry-After for a full queue (the request fits once others leave); 400 naming
+        metagen.n for a strategy call that no queue state could take (`RequestTooLargeError`);
+        503 when the engine has stopped."""
+        if isinstance(error, RequestTooLargeError):
+            return APIError(str(error), "metagen.n")
         if isinstance(error, QueueFullError):
             return APIError(f"the server is busy: {error}; retry after {RETRY_AFTER_SECONDS} s", None, status=429,
                             type="rate_limit_error", code="queue_full",

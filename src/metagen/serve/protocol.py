@@ -33,6 +33,10 @@ token texts), echo and token_healing.
 `metagen` ({"strategy": NAME, option: value, ...}) or the model name `NAME:<served model>` asks
 for a meta-generation strategy (`parse_strategy`): its options are the fields of the strategy's
 own config dataclass (`StrategySpec.parse`), refused as `metagen.<field>`.
+
+`max_n` (`metagen serve --max-n`, default 128 as OpenAI's n) bounds a plain request's n and a
+strategy's metagen.n and every option that counts work (widths, expansions, iterations, depths:
+`options.check_work`), here, before anything is built for the request.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ CHAT_FIELDS = frozenset(SAMPLING_FIELDS + COMMON_FIELDS + ("messages", "logprobs
                                                             "max_completion_tokens"))
 MESSAGE_FIELDS = frozenset(("role", "content"))
 ROLES = ("system", "user", "assistant")
+DEFAULT_MAX_N = 128  # the most completions, samples, branches or steps one request may ask for (OpenAI's bound on n)
 _LEADING_FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)")
 _NAME_CHARACTER = re.compile(r"[A-Za-z0-9_]")
 _SUBFIELDS = re.compile(r"(?:\.[A-Za-z_][A-Za-z0-9_]*)*")  # ".json_schema.schema" after a field
@@ -168,7 +173,7 @@ def ignored_fields_header(names: Sequence[str], limit: int = IGNORED_HEADER_CHAR
 
 
 def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows: int,
-                  lenient: bool = False) -> ParsedRequest:
+                  lenient: bool = False, max_n: int = DEFAULT_MAX_N) -> ParsedRequest:
     """Validate `body` (decoded JSON) for one endpoint against `model` (None: proxy mode, see the
     module docstring); APIError on the first problem."""
     if not isinstance(body, Mapping):
@@ -253,6 +258,8 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
         params = SamplingParams(**values)
     except ValueError as error:
         raise APIError(str(error), _param_of(str(error), names)) from None
+    if params.n > max_n:
+        raise APIError(f"n={params.n} is out of range: must be <= {max_n} (--max-n {max_n})", "n")
     if params.n > max_rows:
         raise APIError(f"n={params.n} is more than this server decodes at once (--max-rows {max_rows})", "n")
     vocab_size = model.vocab_size if model is not None else float("inf")
@@ -269,7 +276,7 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
         echo_text = prompt_text if prompt_text is not None else model.tokenizer.decode(prompt_ids)
     strategy = None
     if named_strategy is not None or "metagen" in body:
-        strategy = parse_strategy(body, named_strategy, params)
+        strategy = parse_strategy(body, named_strategy, params, max_n)
     prompt = _plain_messages(body) if chat else (prompt_text if prompt_text is not None else prompt_ids)
     healed = ""
     if params.token_healing:
@@ -318,10 +325,12 @@ def _refuse_without_tokenizer(body: Mapping, chat: bool) -> None:
 SERVED_VALUES = ("steps", "judge")  # a value-head file would be a path named by the request: refused
 
 
-def parse_strategy(body: Mapping, named: str | None, params: SamplingParams) -> StrategyRequest:
+def parse_strategy(body: Mapping, named: str | None, params: SamplingParams,
+                   max_n: int = DEFAULT_MAX_N) -> StrategyRequest:
     """The strategy of a request: `metagen` {"strategy": NAME, option: value, ...} and/or the model
     name NAME:model (the two must agree); every option is checked by the strategy's own config
-    (`StrategySpec.parse`), and request fields a strategy cannot honour are refused by name."""
+    (`StrategySpec.parse`; n and every option that counts work <= `max_n`), and request fields a
+    strategy cannot honour are refused by name."""
     from metagen.strategies.registry import get_strategy
 
     given = body.get("metagen", {})
@@ -343,11 +352,12 @@ def parse_strategy(body: Mapping, named: str | None, params: SamplingParams) -> 
     except ValueError as error:
         raise APIError(str(error), where) from None
     try:
-        n, options, overrides = spec.parse(given, "metagen.")
+        n, options, overrides = spec.parse(given, "metagen.", max_n=max_n, limit_name=f"--max-n {max_n}")
     except ValueError as error:
-        message = str(error)  # "metagen.<option>..." for an option the request gave; anything else is about metagen
-        given_options = {f"metagen.{option}": f"metagen.{option}" for option in given if isinstance(option, str)}
-        raise APIError(message, _param_of(message, given_options) or "metagen") from None
+        message = str(error)  # "metagen.<option>..." for an option given or defaulted; anything else is about metagen
+        options = {f"metagen.{option}": f"metagen.{option}" for option in [*given, *spec.fields()]
+                   if isinstance(option, str)}
+        raise APIError(message, _param_of(message, options) or "metagen") from None
     if options.value is not None and options.value not in SERVED_VALUES:
         raise APIError(f"metagen.value={options.value!r}: this server takes {' or '.join(SERVED_VALUES)} (a value-head "
                        "file would be a path named by the request, which the server does not open)", "metagen.value")

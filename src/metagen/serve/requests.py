@@ -19,6 +19,11 @@ class QueueFullError(RuntimeError):
     """The engine's queue holds `max_queue` waiting requests: try again later."""
 
 
+class RequestTooLargeError(ValueError):
+    """A call whose requests could never all be queued at once (more than `max_queue` groups of
+    `max_rows` rows): a client error, refused the same way on an idle server as on a busy one."""
+
+
 class EngineStoppedError(RuntimeError):
     """The engine thread has ended (shut down, or a fault in its loop): no request can run."""
 

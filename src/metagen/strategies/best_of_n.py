@@ -18,6 +18,7 @@ from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import mean_logprob
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
 
 
@@ -25,7 +26,7 @@ from metagen.strategies.result import StrategyResult, candidates_from, prefer_co
 class BestOfNConfig:
     """n: candidates sampled; params: how each is sampled (its `n` is overridden by `n`)."""
 
-    n: int = 8
+    n: int = sizes_work(8)
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
 
     def __post_init__(self) -> None:

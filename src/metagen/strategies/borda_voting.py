@@ -21,6 +21,7 @@ from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import self_certainty
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.voting import sample_answers, tally, winner
 
@@ -29,7 +30,7 @@ from metagen.strategies.voting import sample_answers, tally, winner
 class BordaVotingConfig:
     """n, params, pattern, math: as in self-consistency; power: p in v(r) = (N − r + 1)^p."""
 
-    n: int = 8
+    n: int = sizes_work(8)
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
     pattern: str | None = None
     math: bool = False

@@ -9,7 +9,8 @@
     result.text, result.values["reasoning"], result.trace, result.cost
 
 Steps run in order against a dict of named text values: each reads values through a
-`str.format` template (or a function of the values) and stores its output under its `name`.
+`str.format` template of plain {name} fields (`templates.py`; checked when the `Chain` is built)
+or a function of the values, and stores its output under its `name`.
 `Generate` sends one chat request [system?, user, assistant prefill?]; `CallTool` runs a `Tool`;
 `Transform` computes a value in Python. Cost: the sum of every model call; tools add wall time.
 
@@ -46,7 +47,9 @@ import torch
 from metagen.decoding.cost import Cost
 from metagen.decoding.generator import Generator
 from metagen.sampling import SamplingParams
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import Candidate, StrategyResult
+from metagen.strategies.templates import check_template, template_fields
 from metagen.tools import Tool
 
 Template = str | Callable[[Mapping[str, str]], str]
@@ -61,7 +64,7 @@ class ChainConfig:
     """
 
     params: SamplingParams = SamplingParams(temperature=0.0, max_tokens=256)
-    max_tool_calls: int = 4
+    max_tool_calls: int = sizes_work(4)
     max_tool_chars: int = 1000
     answer_tokens: int = 32
 
@@ -142,6 +145,26 @@ class ChainResult(StrategyResult):
     trace: list[TraceEntry] = field(default_factory=list)
 
 
+ANSWER_FIELDS = {"open", "input", "close", "output"}  # the fields of a ToolBinding's answer
+
+
+def _check_templates(step: Generate | CallTool | Transform) -> None:
+    """ValueError naming the template of `step` (or of a binding's handler) that is not plain named
+    fields (`templates.template_fields`); which names exist is known only at run time (`_fill`)."""
+    parts = {"input": step.input} if isinstance(step, CallTool) else {}
+    if isinstance(step, Generate):
+        parts = {"template": step.template, "system": step.system, "prefill": step.prefill}
+    for part, template in parts.items():
+        if template is not None and not callable(template):
+            template_fields(f"{step.name}.{part}", template)
+    if not isinstance(step, Generate):
+        return
+    for index, binding in enumerate(step.tools):
+        check_template(f"{step.name}.tools[{index}].answer", binding.answer, set(), ANSWER_FIELDS)
+        if isinstance(binding.handler, Generate):
+            _check_templates(binding.handler)
+
+
 def _fill(template: Template, values: Mapping[str, str], step: str) -> str:
     if callable(template):
         return str(template(values))
@@ -166,6 +189,8 @@ class Chain:
         self.output = names[-1] if output is None else output
         if self.output not in names:
             raise ValueError(f"output={output!r} is not the name of a step: {names}")
+        for step in self.steps:
+            _check_templates(step)
 
     def run(self, generator: Generator, inputs: Mapping[str, str], *, rng: torch.Generator | None = None) -> ChainResult:
         state = _Run(generator, self.config, rng)

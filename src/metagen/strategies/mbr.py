@@ -27,6 +27,7 @@ from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.utilities import ChrF, Utility
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
 
 
@@ -36,7 +37,7 @@ class MBRConfig:
     sampled (its `n` is overridden by `n`); include_self: count u(y_i, y_i) in Ū_i and average
     over N instead of N − 1 (the seed's formula; needed for MBR = weighted voting)."""
 
-    n: int = 8
+    n: int = sizes_work(8)
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
     include_self: bool = True
 

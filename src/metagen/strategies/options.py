@@ -11,6 +11,14 @@ other types (SamplingParams, callables) are never options: the runner sets them.
 
 `check_value` checks a value's type against its field (an int is a float, a bool is not an int);
 ranges are the config's own `__post_init__` checks, which name the field.
+
+An int field that counts what the strategy does (samples, rounds, branches per node, beam widths,
+iterations, depth in steps) is declared with `sizes_work(default)`; its option is marked
+(`OptionField.sizes_work`), and `check_work` bounds every marked option with one limit (a server's
+`--max-n`) before anything is built: the work of a search is a product of such counts (beam width x
+expansions x steps model calls), so each must be bounded for the product to be. Lengths in tokens
+or characters (max_step_tokens, block_tokens) are not marked: params.max_tokens and the context
+bound them, or the config's own range does.
 Cost: one `typing.get_type_hints` per config class (cached); nothing here runs per token.
 """
 
@@ -24,18 +32,27 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 SCALARS = (bool, int, float, str)
+_SIZES_WORK = "sizes_work"  # the dataclass field metadata key of `sizes_work`
+
+
+def sizes_work(default: int):
+    """An int config field that counts work (samples, rounds, branches, steps): `field(default=...)`
+    marked so that `check_work` bounds its option (see the module)."""
+    return dataclasses.field(default=default, metadata={_SIZES_WORK: True})
 
 
 @dataclass(frozen=True)
 class OptionField:
     """One configurable field: kind (bool, int, float or str), optional (None allowed), its
-    default, and its path in the config (("step", "delimiter") for a nested field)."""
+    default, its path in the config (("step", "delimiter") for a nested field), and whether it
+    counts work (declared with `sizes_work`; bounded by `check_work`)."""
 
     name: str
     kind: type
     optional: bool
     default: object
     path: tuple[str, ...]
+    sizes_work: bool = False
 
     def describe(self) -> str:
         kind = self.kind.__name__ + (" or null" if self.optional else "")
@@ -83,7 +100,8 @@ def config_fields(config: type) -> dict[str, OptionField]:
             continue
         kind, optional = _scalar(hints[field.name])
         if kind is not None:
-            found[field.name] = OptionField(field.name, kind, optional, _default(field), (field.name,))
+            found[field.name] = OptionField(field.name, kind, optional, _default(field), (field.name,),
+                                            bool(field.metadata.get(_SIZES_WORK)))
             continue
         nested = _nested(hints[field.name])
         if nested is None:
@@ -92,7 +110,8 @@ def config_fields(config: type) -> dict[str, OptionField]:
         for inner in config_fields(nested).values():
             name = inner.name if field.name in inner.name else f"{field.name}_{inner.name}"
             default = getattr(outer_default, inner.path[0], inner.default) if outer_default is not None else inner.default
-            found[name] = OptionField(name, inner.kind, inner.optional, default, (field.name, *inner.path))
+            found[name] = OptionField(name, inner.kind, inner.optional, default, (field.name, *inner.path),
+                                      inner.sizes_work)
     return found
 
 
@@ -111,6 +130,20 @@ def check_value(field: OptionField, value: object, where: str) -> None:
     if not ok:
         raise ValueError(f"{where}={value!r} must be a {field.kind.__name__}"
                          + (" or null" if field.optional else ""))
+
+
+def check_work(fields: Mapping[str, OptionField], given: Mapping[str, object], limit: int, where: str = "",
+               limit_name: str = "max_n") -> None:
+    """ValueError naming the first option of `fields` that counts work (`OptionField.sizes_work`)
+    and exceeds `limit`, its value and the limit. The value is the one in `given` (type-checked
+    against `fields` first), else the option's default: a limit below a default refuses a request
+    that omits the option, saying so. O(options)."""
+    for name, field in fields.items():
+        value = given.get(name, field.default)
+        if field.sizes_work and isinstance(value, int) and value > limit:
+            default = "" if name in given else f"; {value} is its default: give {where}{name} <= {limit}"
+            raise ValueError(f"{where}{name}={value} is out of range: must be <= {limit} ({limit_name}, the bound on "
+                             f"every option that counts samples, rounds, branches or steps){default}")
 
 
 def configure(config, overrides: Mapping[str, object]):

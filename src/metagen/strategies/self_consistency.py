@@ -16,6 +16,7 @@ from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.voting import sample_answers, tally, winner
 
@@ -25,7 +26,7 @@ class SelfConsistencyConfig:
     """n: paths sampled; params: sampling of each path; pattern: answer regex (None: the default
     extraction); math: compare answers with math-verify."""
 
-    n: int = 8
+    n: int = sizes_work(8)
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
     pattern: str | None = None
     math: bool = False

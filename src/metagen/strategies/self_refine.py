@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from string import Formatter
 
 import torch
 
@@ -28,7 +27,9 @@ from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, as_scorer
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+from metagen.strategies.templates import check_template
 
 CRITIQUE_TEMPLATE = (
     "Question:\n{question}\n\n"
@@ -51,12 +52,12 @@ class SelfRefineConfig:
     """rounds: critique-and-revise rounds at most, >= 0 (0 returns the draft).
     draft_params / critique_params / revision_params: sampling of each step (`n` is set to 1).
     critique_template: str.format template of the critique request; fields {question},
-        {answer} (required) and {stop_phrase}.
+        {answer} (required) and {stop_phrase}, plain names only (`templates.check_template`).
     revision_template: fields {question}, {answer} and {critique} (the last two required).
     stop_phrase: refinement ends when the critique contains it (case-sensitive substring).
     """
 
-    rounds: int = 3
+    rounds: int = sizes_work(3)
     draft_params: SamplingParams = DEFAULT_PARAMS
     critique_params: SamplingParams = DEFAULT_PARAMS
     revision_params: SamplingParams = DEFAULT_PARAMS
@@ -169,20 +170,3 @@ def check_count(name: str, value: object, low: int) -> None:
 def check_params(name: str, value: object) -> None:
     if not isinstance(value, SamplingParams):
         raise ValueError(f"{name}={value!r} is not a SamplingParams")
-
-
-def check_template(name: str, template: object, required: set[str], allowed: set[str]) -> None:
-    """ValueError unless `template` is a str.format template whose fields include `required`
-    and lie in `allowed` (literal braces are written {{ and }})."""
-    fields_text = ", ".join("{" + f + "}" for f in sorted(allowed))
-    if not isinstance(template, str):
-        raise ValueError(f"{name}={template!r} is not a string: must be a template with fields among {fields_text}")
-    try:
-        found = {field_name for _, field_name, _, _ in Formatter().parse(template) if field_name is not None}
-    except ValueError as error:
-        raise ValueError(f"{name}={template!r} is not a valid format template ({error})") from None
-    problems = [f"{kind} fields {sorted(names)}" for kind, names in
-                (("unknown", found - allowed), ("missing", required - found)) if names]
-    if problems:
-        raise ValueError(f"{name}={template!r} has {'; '.join(problems)}: fields must be among {fields_text}, "
-                         f"with {', '.join('{' + f + '}' for f in sorted(required))} required")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields, replace
 
 from metagen.decoding import capabilities as caps
 from metagen.sampling import SamplingParams
-from metagen.strategies.options import OptionField, check_value, config_fields, configure
+from metagen.strategies.options import OptionField, check_value, check_work, config_fields, configure
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class StrategySpec:
         """Every option this strategy accepts, by name: `n` (its budget), the configurable fields
         of its config dataclass that the runner does not set itself (`set_by_run`), and `value`
         for a value-guided one (the value is an object, not a config field)."""
-        found = {"n": OptionField("n", int, False, 1 if self.budget == "none" else DEFAULT_N, ())}
+        found = {"n": OptionField("n", int, False, 1 if self.budget == "none" else DEFAULT_N, (), sizes_work=True)}
         config = self.config_class()
         if config is not None:
             for name, field in config_fields(config).items():
@@ -120,16 +120,21 @@ class StrategySpec:
             found["value"] = replace(config_fields(StrategyOptions)["value"], path=())
         return found
 
-    def parse(self, given: Mapping[str, object], where: str = "") -> tuple[int, StrategyOptions, dict]:
+    def parse(self, given: Mapping[str, object], where: str = "", *, max_n: int | None = None,
+              limit_name: str = "max_n") -> tuple[int, StrategyOptions, dict]:
         """(n, StrategyOptions, config overrides) from a mapping of option name -> value; ValueError
         naming the field (prefixed by `where`, e.g. "metagen.") when it is unknown to this strategy,
-        of the wrong type, or out of range (the config dataclass's own checks)."""
+        of the wrong type, or out of range (the config dataclass's own checks). max_n: the bound
+        on n and on every option that counts work (`options.check_work`; None: no bound), checked
+        before anything is built; limit_name: how the message names it (a server's "--max-n")."""
         accepted = self.fields()
         for name, value in given.items():
             if name not in accepted:
                 allowed = ", ".join(field.describe() for field in accepted.values())
                 raise ValueError(f"{where}{name} is not an option of strategy {self.name!r}; it accepts: {allowed}")
             check_value(accepted[name], value, where + name)
+        if max_n is not None:
+            check_work(accepted, given, max_n, where, limit_name)
         n = given.get("n", accepted["n"].default)
         try:
             self.check_n(n)

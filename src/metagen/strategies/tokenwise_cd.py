@@ -28,6 +28,7 @@ from metagen.decoding.prompts import Prompt, encode_prompt
 from metagen.decoding.rows import Row, StopRules, refuse_token_healing, request_chain, token_records
 from metagen.sampling import LogitsProcessor, SamplingParams
 from metagen.scoring.answers import check_answer_field, extract_answer
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import Candidate, StrategyResult, prefer_complete
 
 
@@ -36,8 +37,8 @@ class TokenwiseCDConfig:
     """n: samples drawn (rows decoded together); top_k: candidates valued per token; strength:
     λ; params: the sampling adapters forming p, max_tokens, stop strings and tokens."""
 
-    n: int = 1
-    top_k: int = 8
+    n: int = sizes_work(1)
+    top_k: int = sizes_work(8)
     strength: float = 1.0
     params: SamplingParams = SamplingParams(temperature=1.0, max_tokens=256)
     pattern: str | None = None

@@ -28,8 +28,10 @@ from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, Verdict, Verifier, as_scorer
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import Candidate, StrategyResult, candidates_from, prefer_complete
-from metagen.strategies.self_refine import chat_prompt, check_count, check_params, check_template, split_question
+from metagen.strategies.self_refine import chat_prompt, check_count, check_params, split_question
+from metagen.strategies.templates import check_template
 
 REVISION_TEMPLATE = (
     "Question:\n{question}\n\n"
@@ -49,10 +51,10 @@ class VerifierRefineConfig:
     (the last two required).
     """
 
-    initial_candidates: int = 4
-    rounds: int = 3
-    revisions_per_round: int = 4
-    beam: int = 1
+    initial_candidates: int = sizes_work(4)
+    rounds: int = sizes_work(3)
+    revisions_per_round: int = sizes_work(4)
+    beam: int = sizes_work(1)
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
     revision_template: str = REVISION_TEMPLATE
 

@@ -20,6 +20,7 @@ from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import mean_logprob
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.voting import sample_answers, tally, winner
 
@@ -28,7 +29,7 @@ from metagen.strategies.voting import sample_answers, tally, winner
 class WeightedVotingConfig:
     """n, params, pattern, math: as in self-consistency; exp_scores: weight = exp(score)."""
 
-    n: int = 8
+    n: int = sizes_work(8)
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
     pattern: str | None = None
     math: bool = False

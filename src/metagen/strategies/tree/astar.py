@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from metagen.decoding.prompts import Prompt
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.tree.expand import Node
 from metagen.strategies.tree.expander import open_expander
@@ -34,9 +35,9 @@ class AStarConfig(TreeConfig):
     """expansions: children per popped node; max_expansions: budget of expanded pops;
     solutions: finished pops that end the search; step_cost and logprob_weight (β): g's terms."""
 
-    expansions: int = 4
-    max_expansions: int = 16
-    solutions: int = 1
+    expansions: int = sizes_work(4)
+    max_expansions: int = sizes_work(16)
+    solutions: int = sizes_work(1)
     step_cost: float = 0.0
     logprob_weight: float = 0.0
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from metagen.decoding.prompts import Prompt
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.tree.expand import StepConfig
 from metagen.strategies.tree.expander import open_expander
@@ -30,9 +31,9 @@ class BlockwiseCDConfig(TreeConfig):
     The steps are the blocks: `step` is derived (StepConfig(None, M)) and must not be given."""
 
     step: StepConfig | None = None
-    blocks: int = 4
+    blocks: int = sizes_work(4)
     block_tokens: int = 16
-    max_blocks: int = 64
+    max_blocks: int = sizes_work(64)
 
     def __post_init__(self) -> None:
         super().__post_init__()

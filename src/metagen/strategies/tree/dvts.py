@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from metagen.decoding.prompts import Prompt
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
@@ -24,9 +25,9 @@ class DVTSConfig(TreeConfig):
     """subtrees: independent searches; expansions: next steps sampled per subtree and depth;
     max_steps: depth limit."""
 
-    subtrees: int = 4
-    expansions: int = 4
-    max_steps: int = 16
+    subtrees: int = sizes_work(4)
+    expansions: int = sizes_work(4)
+    max_steps: int = sizes_work(16)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from metagen.decoding.prompts import Prompt
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.tree.expand import Node
 from metagen.strategies.tree.expander import open_expander
@@ -31,10 +32,10 @@ class MCTSConfig(TreeConfig):
     """iterations: select-expand-backup rounds; expansions: children per expanded node;
     exploration: c_uct; max_steps: depth limit (a node at it counts as finished)."""
 
-    iterations: int = 8
-    expansions: int = 3
+    iterations: int = sizes_work(8)
+    expansions: int = sizes_work(3)
     exploration: float = 1.0
-    max_steps: int = 16
+    max_steps: int = sizes_work(16)
 
     def __post_init__(self) -> None:
         super().__post_init__()

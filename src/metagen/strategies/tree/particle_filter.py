@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from metagen.decoding.prompts import Prompt
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
@@ -30,9 +31,9 @@ from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_s
 class ParticleFilterConfig(TreeConfig):
     """particles: N; temperature: T of the resampling weights; max_steps: depth limit."""
 
-    particles: int = 8
+    particles: int = sizes_work(8)
     temperature: float = 0.1
-    max_steps: int = 16
+    max_steps: int = sizes_work(16)
 
     def __post_init__(self) -> None:
         super().__post_init__()

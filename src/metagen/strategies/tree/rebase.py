@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from metagen.decoding.prompts import Prompt
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
@@ -28,9 +29,9 @@ class RebaseConfig(TreeConfig):
     """width: total budget B (solutions wanted); temperature: T of the balancing softmax;
     max_steps: depth limit."""
 
-    width: int = 8
+    width: int = sizes_work(8)
     temperature: float = 0.2
-    max_steps: int = 16
+    max_steps: int = sizes_work(16)
 
     def __post_init__(self) -> None:
         super().__post_init__()

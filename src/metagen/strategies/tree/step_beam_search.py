@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from metagen.decoding.prompts import Prompt
+from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
@@ -27,9 +28,9 @@ class StepBeamConfig(TreeConfig):
     """beam_width: nodes kept per depth (and solutions wanted); expansions: next steps sampled
     per kept node; max_steps: depth limit."""
 
-    beam_width: int = 4
-    expansions: int = 4
-    max_steps: int = 16
+    beam_width: int = sizes_work(4)
+    expansions: int = sizes_work(4)
+    max_steps: int = sizes_work(16)
 
     def __post_init__(self) -> None:
         super().__post_init__()
