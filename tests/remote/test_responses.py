@@ -38,6 +38,8 @@ def test_text_keyed_top_logprobs_do_not_pass_for_id_keyed_ones():
     ({"object": "list"}, "no 'choices' list"),
     ({"choices": [{"index": 0, "finish_reason": "stop"}]}, "malformed choice"),
     ({"choices": [{"index": 0, "text": "x", "finish_reason": "abort"}]}, "finish_reason='abort'"),
+    ({"choices": [{"index": 0, "text": "x", "finish_reason": "stop",
+                   "logprobs": {"tokens": [7], "token_logprobs": [-1.0]}}]}, "logprobs tokens are not all strings"),
 ])
 def test_malformed_answers_are_server_errors(payload, message):
     with pytest.raises(ServerError, match=message):

@@ -111,6 +111,8 @@ def parse_choice(choice: dict, chat: bool, top_k: int | None) -> RemoteCompletio
     logprobs = choice.get("logprobs")
     if logprobs:
         tokens, values, tops = (_chat_logprobs if chat else _completion_logprobs)(logprobs)
+        if not all(isinstance(token, str) for token in tokens):
+            raise TypeError(f"logprobs tokens are not all strings: {str(tokens)[:100]}")
         completion.tokens, completion.logprobs = tokens, values
         sampled_ids = [token_id(token) for token in tokens]
         if completion.token_ids is None and tokens and None not in sampled_ids:
