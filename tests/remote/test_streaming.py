@@ -95,6 +95,11 @@ def _one_choice_fewer(chunks):
     return [chunk for chunk in chunks if not any(c["index"] == 2 for c in chunk["choices"])]
 
 
+def _without_usage(chunks):
+    """vLLM asked for usage (stream_options.include_usage) but the stream ends without it."""
+    return [chunk for chunk in chunks if "usage" not in chunk]
+
+
 def _index(value):
     def edit(chunks):
         chunks[0]["choices"][0]["index"] = value
@@ -120,6 +125,7 @@ def _text(value):
 @pytest.mark.parametrize("edit, message", [
     (_without_finish, r"ended without a finish_reason for choice 2 of 3"),
     (_one_choice_fewer, r"ended without a finish_reason for choice 2 of 3"),
+    (_without_usage, r"ended without the usage asked for \(stream_options.include_usage\)"),
     (_index(3), r"choice index 3, but the request asked for 3 choices \(0 to 2\)"),
     (_index(-1), r"choice index -1, but the request asked for 3 choices"),
     (_index("0"), r"choice index '0', but the request asked for 3 choices"),

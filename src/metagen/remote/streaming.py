@@ -151,16 +151,15 @@ async def stream(generator, prompt: Prompt, params: SamplingParams, on_piece: Ca
     cost = Cost(flops=None if generator.parameter_count is None else 0.0)
 
     async def one(offset: int, body: dict, expected: int) -> None:
-        nonlocal cost
         finished: dict[int, str] = {}  # choice index -> its finish reason
-        seen = {"url": f"{generator.where}/{endpoint}", "usage": False}
+        last_url, usage_seen = f"{generator.where}/{endpoint}", False
 
         def handle(chunk: dict, url: str) -> None:
-            nonlocal cost
-            seen["url"] = url
+            nonlocal cost, last_url, usage_seen
+            last_url = url
             if chunk.get("usage") is not None:
                 cost += usage_cost(chunk, url, generator.parameter_count)
-                seen["usage"] = True
+                usage_seen = True
             choices = chunk.get("choices")
             if choices is not None and not isinstance(choices, list):
                 raise ServerError(url, 200, f"stream chunk has choices {str(choices)[:200]} (expected a list)")
@@ -181,11 +180,11 @@ async def stream(generator, prompt: Prompt, params: SamplingParams, on_piece: Ca
         await generator._stream_one(endpoint, body, handle)
         missing = [index for index in range(expected) if index not in finished]
         if missing:
-            raise ServerError(seen["url"], 200, f"the stream ended without a finish_reason for choice "
-                                                f"{', '.join(map(str, missing))} of {expected}: an incomplete answer")
-        if usage and not seen["usage"]:
-            raise ServerError(seen["url"], 200, "the stream ended without the usage asked for "
-                                                "(stream_options.include_usage)")
+            raise ServerError(last_url, 200, f"the stream ended without a finish_reason for choice "
+                                             f"{', '.join(map(str, missing))} of {expected}: an incomplete answer")
+        if usage and not usage_seen:
+            raise ServerError(last_url, 200, "the stream ended without the usage asked for "
+                                             "(stream_options.include_usage)")
 
     offsets, total = [], 0
     for _, expected in requests:
