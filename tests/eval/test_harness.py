@@ -253,9 +253,11 @@ def test_a_pool_generator_provides_what_its_samples_store():
     assert Pool.from_dict(pool.to_dict()).samples[1].flops is None
     text_only = Pool(1, 1.0, 0, 0, [Sample("z", [], [], [], "stop", 0.0)])
     assert PoolGenerator(text_only, [0]).capabilities == {caps.STRUCTURED_OUTPUT}
-def test_a_generator_without_token_ids_is_refused_naming_the_capability(tmp_path):
+def test_a_pool_demands_only_what_its_strategies_read(tmp_path):
     """A remote server that returns no ids (and no tokenizer given) leaves Completion.token_ids
-    None; the harness stores ids in its pools, so it refuses rather than crash or store []."""
+    None: voting over the texts still runs, costed from the counted tokens; a strategy reading
+    what the samples lack (self-certainty: ids and every distribution) is refused by name, before
+    anything is stored when the generator declared it, before generating when it does not."""
 
     class NoIds(DiceGenerator):
         def generate(self, prompt, params, *, generator=None):
@@ -265,18 +267,29 @@ def test_a_generator_without_token_ids_is_refused_naming_the_capability(tmp_path
             result.prompt_token_ids = None
             return result
 
-    config = EvalConfig(("self_consistency",), (2,), params=SamplingParams(temperature=1.0, max_tokens=8))
-    with pytest.raises(ValueError, match="needs token_ids.*NoIds"):
-        evaluate(NoIds(), PROBLEMS[:1], config, tmp_path / "out")  # declares TOKEN_IDS, returns none
+    texts = EvalConfig(("self_consistency", "best_of_n_logprob"), (2,), params=SamplingParams(temperature=1.0, max_tokens=8))
+    report = evaluate(NoIds(), PROBLEMS[:1], texts, tmp_path / "texts")
+    reference = evaluate(DiceGenerator(), PROBLEMS[:1], texts, tmp_path / "ids")
+    assert [(p.strategy, p.n, p.accuracy, p.cost.generated_tokens) for p in report.points] == [
+        (p.strategy, p.n, p.accuracy, p.cost.generated_tokens) for p in reference.points]  # counted from the logprobs
+    assert all(s["token_ids"] == [] and s["token_count"] == len(s["logprobs"]) > 0
+               for s in _pools(tmp_path / "texts")["p0"])
+
+    certainty = EvalConfig(("weighted_voting",), (2,), params=SamplingParams(temperature=1.0, max_tokens=8))
+    with pytest.raises(ValueError, match="strategy 'weighted_voting' from a stored sample pool needs "
+                                         "full_distributions, which the samples NoIds returned"):
+        evaluate(NoIds(), PROBLEMS[:1], certainty, tmp_path / "out")  # declares them, returns no ids
+    stored = tmp_path / "out" / "results.jsonl"
+    assert not stored.exists() or not _pools(tmp_path / "out")  # the useless pool was not stored
 
     class Undeclared(NoIds):
-        capabilities = NoIds.capabilities - {"token_ids"}
+        capabilities = NoIds.capabilities - {"full_distributions"}
 
         def generate(self, prompt, params, *, generator=None):
             raise AssertionError("generated although the capability is missing")
 
-    with pytest.raises(ValueError, match="stored sample pool needs token_ids, which Undeclared"):
-        evaluate(Undeclared(), PROBLEMS[:1], config, tmp_path / "out2")
+    with pytest.raises(ValueError, match="strategy 'weighted_voting' needs full_distributions, which Undeclared"):
+        evaluate(Undeclared(), PROBLEMS[:1], certainty, tmp_path / "out2")
 
 
 def test_a_pool_of_separate_requests_costs_each_subset_its_share(tmp_path):
@@ -303,3 +316,42 @@ def test_a_pool_of_separate_requests_costs_each_subset_its_share(tmp_path):
     assert at[2].model_calls == 2 and at[2].prompt_tokens_computed == pytest.approx(11 / 4)
     local = evaluate(DiceGenerator(), PROBLEMS[:1], config, tmp_path / "local")  # one shared prefill
     assert {p.n: p.cost.prompt_tokens_computed for p in local.points} == {2: 4, 8: 4}
+
+
+@pytest.mark.parametrize("engine", ["openai", "llama.cpp"])
+def test_every_text_level_strategy_runs_over_a_server_without_token_ids(tmp_path, capsys, engine):
+    """OpenAI's API and llama.cpp's server return token texts with logprobs but never ids; with no
+    tokenizer given, every strategy that reads only text (and logprobs) must still evaluate from a
+    pool, costed from the servers' usage. The fakes (tests/remote/fake_server.py) reproduce them:
+    "openai" honours n in one request (usage: the total of the n samples); "llama.cpp" answers one
+    choice per request (n fanned out, usage per sample)."""
+    pytest.importorskip("httpx")
+    from metagen.cli import main
+    from metagen.remote import OpenAIGenerator
+    from metagen.strategies.registry import STRATEGIES
+    from tests.remote.fake_server import FakeServer
+
+    with FakeServer(engine) as fake, OpenAIGenerator(fake.url, max_retries=0) as remote:
+        assert "token_ids" not in remote.capabilities
+        names = [name for name, spec in STRATEGIES.items() if not spec.uses_value and spec.supported_by(remote)]
+        # what remains needs what these servers do not give: every next-token distribution
+        # (self-certainty, which also reads ids), or a continued assistant message
+        assert {"greedy", "self_consistency", "best_of_n_logprob", "mbr_chrf", "self_refine"} <= set(names)
+        assert {name for name, spec in STRATEGIES.items() if not spec.uses_value} - set(names) == {
+            "best_of_n", "weighted_voting", "borda", "chain_of_thought", "self_ask", "calculator"}
+        config = EvalConfig(tuple(names), ns=(1, 2), params=SamplingParams(temperature=1.0, max_tokens=4))
+        problems = [Problem("p0", "q0", "alpha"), Problem("p1", "q1", "beta")]
+        report = evaluate(remote, problems, config, tmp_path / "api")
+        code = main(["eval", "--backend", fake.url, "--task", "arithmetic", "--count", "2", "--strategy",
+                     "self_consistency", "--n", "1,2", "--max-tokens", "4", "--out", str(tmp_path / "cli"), "--json"])
+        captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert {p.strategy for p in report.points} == set(names) | {"pass@k"}
+    pools = [record["pool"] for record in _records(tmp_path / "api") if record["kind"] == "pool"]
+    for pool in pools:  # no ids stored; each sample's tokens counted all the same
+        assert all(s["token_ids"] == [] and s["token_count"] == 4 and len(s["logprobs"]) == 4 for s in pool["samples"])
+    at = {(p.strategy, p.n): p.cost for p in report.points}
+    assert at[("self_consistency", 2)].generated_tokens == 8 and at[("self_consistency", 1)].generated_tokens == 4
+    assert at[("self_consistency", 2)].prompt_tokens_computed > 0
+    assert [(r["strategy"], r["n"]) for r in json.loads(captured.out)["results"]] == [
+        ("self_consistency", 1), ("self_consistency", 2), ("pass@k", 1), ("pass@k", 2)]

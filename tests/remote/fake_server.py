@@ -9,13 +9,19 @@ sources):
 - "sglang": `owned_by="sglang"`; honours n; token texts only; choices carry `matched_stop`.
 - "llama.cpp": `owned_by="me"`; answers n with one choice; a token-id prompt is a 500
   (pydantic validation error through llama-cpp-python's error handler).
-- "openai": `owned_by="system"`; otherwise answered as vLLM without its extras.
+- "openai": `owned_by="system"`; otherwise answered as vLLM without its extras: OpenAI's API
+  honours n, returns logprobs keyed by token text and never token ids, and its usage carries
+  `prompt_tokens_details.cached_tokens` (0 here).
 A request carrying a constraint field (vLLM `structured_outputs`, `response_format`, SGLang
 `json_schema` / `regex` / `ebnf`, llama.cpp `grammar`) is answered with `constrained_text` when
 that is set, ending with finish_reason "stop" as an engine does where its grammar accepts (or
 "length" when `constrained_finish` says so; `constrained_stop` is reported as the stop string
 that cut it).
 Faults are scripted with `fail(status, body, headers)`: the next generation requests get them.
+Broken answers: `usage_edit(usage)` returns the usage to send instead (a server reporting
+negative or non-numeric counts); `stream_edit(chunks)` returns the chunks a stream sends
+instead of the well-formed ones (a stream cut before its finish_reason, with fewer choices
+than asked, or naming a choice index the request never asked for).
 `delay` holds every generation answer that many seconds; `peak` is the most generation requests
 the server had in flight at once (how far a client's requests really overlapped).
 """
@@ -40,6 +46,8 @@ class FakeServer:
         self.faults: list[tuple[int, bytes, dict, float]] = []
         self.choices_override: int | None = None
         self.delay = 0.0
+        self.usage_edit = None  # usage dict -> the usage dict to send
+        self.stream_edit = None  # list of stream chunks -> the chunks to send
         self.constrained_text: str | None = None
         self.constrained_finish = "stop"
         self.constrained_stop: str | None = None  # the stop string reported as having cut it
@@ -136,8 +144,10 @@ class FakeServer:
         prompt_tokens = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 5
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": sum(m[1] for m in made),
                  "total_tokens": prompt_tokens + sum(m[1] for m in made)}
-        if self.engine == "vllm":
+        if self.engine in ("vllm", "openai"):
             usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        if self.usage_edit is not None:
+            usage = self.usage_edit(usage)
         kind = "chat.completion" if chat else "text_completion"
         return 200, {"id": "x", "object": kind, "model": body.get("model"), "choices": [m[0] for m in made],
                      "usage": usage}
@@ -209,9 +219,10 @@ class FakeServer:
                 self.end_headers()
                 chat = answer["object"] == "chat.completion"
 
+                chunks = []
+
                 def send(choices: list, **extra) -> None:
-                    chunk = {"id": "x", "object": answer["object"] + ".chunk", "choices": choices, **extra}
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    chunks.append({"id": "x", "object": answer["object"] + ".chunk", "choices": choices, **extra})
 
                 for choice in answer["choices"]:
                     text = choice["message"]["content"] if chat else choice["text"]
@@ -225,6 +236,10 @@ class FakeServer:
                     send([last | ({"delta": {}} if chat else {"text": ""})])
                 if (body.get("stream_options") or {}).get("include_usage"):
                     send([], usage=answer["usage"])
+                if fake.stream_edit is not None:
+                    chunks = fake.stream_edit(chunks)
+                for chunk in chunks:
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.write(b"data: [DONE]\n\n")
 
         return Handler

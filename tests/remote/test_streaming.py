@@ -84,3 +84,72 @@ def test_text_only_requests_ask_for_no_logprobs_unless_the_params_do():
         assert "logprobs" in fake.posts()[-1]  # generate asks, to fill Completion.logprobs
         generator.loop.run(generator._generate(PROMPT, SamplingParams(max_tokens=4, logprobs=2), None, text_only=True))
         assert fake.posts()[-1]["logprobs"] == 2
+
+
+def _without_finish(chunks):
+    """The stream cut before its last choice's finish_reason (a server that dropped the end)."""
+    return [chunk for chunk in chunks if not any(c.get("finish_reason") and c["index"] == 2 for c in chunk["choices"])]
+
+
+def _one_choice_fewer(chunks):
+    return [chunk for chunk in chunks if not any(c["index"] == 2 for c in chunk["choices"])]
+
+
+def _without_usage(chunks):
+    """vLLM asked for usage (stream_options.include_usage) but the stream ends without it."""
+    return [chunk for chunk in chunks if "usage" not in chunk]
+
+
+def _index(value):
+    def edit(chunks):
+        chunks[0]["choices"][0]["index"] = value
+        return chunks
+    return edit
+
+
+def _finish(value):
+    def edit(chunks):
+        last = next(c for chunk in chunks for c in chunk["choices"] if c.get("finish_reason"))
+        last["finish_reason"] = value
+        return chunks
+    return edit
+
+
+def _text(value):
+    def edit(chunks):
+        chunks[0]["choices"][0]["text"] = value
+        return chunks
+    return edit
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_without_finish, r"ended without a finish_reason for choice 2 of 3"),
+    (_one_choice_fewer, r"ended without a finish_reason for choice 2 of 3"),
+    (_without_usage, r"ended without the usage asked for \(stream_options.include_usage\)"),
+    (_index(3), r"choice index 3, but the request asked for 3 choices \(0 to 2\)"),
+    (_index(-1), r"choice index -1, but the request asked for 3 choices"),
+    (_index("0"), r"choice index '0', but the request asked for 3 choices"),
+    (_finish("abort"), r"finish_reason='abort' \(expected 'stop' or 'length'\)"),
+    (_text(7), r"choice 0 has text 7 \(expected a string\)"),
+])
+def test_an_incomplete_or_malformed_stream_is_an_error_not_a_shorter_answer(edit, message):
+    """The rule of `parse_choices` for whole answers: every asked choice ends with stop / length,
+    every index is one the request asked for, or the stream is a ServerError naming what was sent."""
+    from metagen.remote import ServerError
+
+    with FakeServer("vllm") as fake, OpenAIGenerator(fake.url, max_retries=0) as generator:
+        generator.profile
+        fake.stream_edit = edit
+        with pytest.raises(ServerError, match=message) as raised:
+            _stream(generator, PROMPT, SamplingParams(n=3, seed=4, max_tokens=4))
+    assert raised.value.url == f"{fake.url}/completions"
+
+
+def test_negative_usage_in_a_stream_is_a_server_error():
+    from metagen.remote import ServerError
+
+    with FakeServer("vllm") as fake, OpenAIGenerator(fake.url, max_retries=0, parameter_count=1e6) as generator:
+        generator.profile
+        fake.usage_edit = lambda usage: {**usage, "completion_tokens": -12}
+        with pytest.raises(ServerError, match=r"usage.completion_tokens=-12 .*a non-negative integer"):
+            _stream(generator, PROMPT, SamplingParams(n=3, seed=4, max_tokens=4))

@@ -233,3 +233,76 @@ def test_proxy_options_are_checked_at_start(options, message):
     finished = subprocess.run([sys.executable, "-m", "metagen.cli", "serve", "--port", "0", *options],
                               capture_output=True, text=True, timeout=120)
     assert finished.returncode != 0 and message in finished.stderr
+
+
+# --- over a scripted backend answering nonsense ----------------------------------------------------------
+# The fake (tests/remote/fake_server.py) answers as vLLM does; its edits break the answer the way a
+# faulty or cut-off backend would, and the proxy must answer an error naming what the backend sent.
+
+@pytest.fixture(scope="module")
+def broken():
+    from tests.remote.fake_server import FakeServer
+
+    with FakeServer("vllm") as fake, serve_process("--backend", fake.url, "--served-model-name", "fake") as proxy:
+        yield fake, proxy
+
+
+@pytest.fixture
+def backend(broken):
+    fake, proxy = broken
+    yield fake, proxy
+    fake.stream_edit = fake.usage_edit = None
+
+
+def _sse(url: str, body: dict) -> tuple[int, list]:
+    """(status, [each data: payload, parsed, "[DONE]" as it is]) of a streamed request."""
+    request = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            lines = answer.read().decode().splitlines()
+            status = answer.status
+    except urllib.error.HTTPError as error:
+        return error.code, [json.loads(error.read())]
+    data = [line[len("data: "):] for line in lines if line.startswith("data: ")]
+    return status, [item if item == "[DONE]" else json.loads(item) for item in data]
+
+
+def test_a_backend_stream_cut_before_its_finish_is_relayed_as_an_error_chunk(backend):
+    fake, proxy = backend
+    fake.stream_edit = lambda chunks: [c for c in chunks if not any(x.get("finish_reason") for x in c["choices"])]
+    status, events = _sse(proxy.url + "/v1/completions", {"model": "fake", "prompt": PROMPT, "max_tokens": 4})
+    assert status == 200  # the first pieces were relayed before the end was missed
+    assert [e for e in events[:-2] if "error" in e] == [] and any(e["choices"][0]["text"] for e in events[:-2])
+    assert not any(c.get("finish_reason") for e in events[:-2] for c in e["choices"])  # no made-up finish
+    error = events[-2]["error"]
+    assert events[-1] == "[DONE]" and error["code"] == "backend_error"
+    assert "ended without a finish_reason for choice 0 of 1" in error["message"] and fake.url in error["message"]
+
+
+def test_a_backend_chunk_naming_a_choice_never_asked_for_is_answered_502(backend):
+    fake, proxy = backend
+
+    def stray(chunks):
+        chunks[0]["choices"][0]["index"] = 3
+        return chunks
+
+    fake.stream_edit = stray
+    status, events = _sse(proxy.url + "/v1/chat/completions",
+                          {"model": "fake", "messages": QUESTION, "max_tokens": 4, "n": 2})
+    assert status == 502 and events[0]["error"]["code"] == "backend_error"
+    assert "choice index 3, but the request asked for 2 choices (0 to 1)" in events[0]["error"]["message"]
+    status, answer = _post(proxy.url + "/v1/completions", {"model": "fake", "prompt": PROMPT, "max_tokens": 4})
+    assert status == 200 and answer["choices"][0]["text"]  # the proxy still answers
+
+
+@pytest.mark.parametrize("value", [-12, "many"])
+def test_malformed_backend_usage_is_a_bad_gateway_never_a_400_or_a_negative_count(backend, value):
+    fake, proxy = backend
+    fake.usage_edit = lambda usage: {**usage, "completion_tokens": value}
+    status, answer = _post(proxy.url + "/v1/completions", {"model": "fake", "prompt": PROMPT, "max_tokens": 4})
+    assert status == 502 and answer["error"]["code"] == "backend_error"
+    assert f"usage.completion_tokens={value!r}" in answer["error"]["message"]
+    status, answer = _post(proxy.url + "/v1/chat/completions", {
+        "model": "fake", "messages": QUESTION, "max_tokens": 4, "metagen": {"strategy": "self_consistency", "n": 2}})
+    assert status == 502 and f"usage.completion_tokens={value!r}" in answer["error"]["message"]

@@ -18,7 +18,8 @@ TOKEN_PROMPTS = "token_prompts"  # prompts given as token ids
 TOKEN_IDS = "token_ids"  # completions carry the ids of their tokens
 LOGPROBS = "logprobs"  # log p of every sampled token
 TOP_LOGPROBS = "top_logprobs"  # the top-k log-probabilities at every position
-FULL_DISTRIBUTIONS = "full_distributions"  # every next-token distribution (Completion.certainties)
+FULL_DISTRIBUTIONS = "full_distributions"  # every next-token distribution (Completion.certainties,
+# one per token id: self-certainty reads both, so it implies TOKEN_IDS)
 PROMPT_SCORING = "prompt_scoring"  # log-probabilities of given text (echo)
 HIDDEN_STATES = "hidden_states"  # final hidden states (value heads)
 LOCAL_CACHE = "local_cache"  # a local LanguageModel whose KV cache rows can be snapshotted

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from metagen.decoding.capabilities import PROVIDERS, TOKEN_IDS, require
+from metagen.decoding.capabilities import described, require
 from metagen.decoding.cost import Cost
 from metagen.eval.fingerprint import generator_identity, model_identity, weights_digest
 from metagen.eval.metrics import mean_and_stderr, pass_at_k
@@ -135,12 +135,21 @@ def check_generator(generator, problems: Sequence[Problem], config: EvalConfig) 
     """ValueError before anything is generated when `generator` cannot run a chosen strategy
     (naming the strategy and the capability it lacks) or a problem's prompt leaves no room to
     generate in its context (checked only when the generator can tell both lengths)."""
+    for name in config.strategies:  # a pool stores what the generator returns: its strategies need no more
+        get_strategy(name).check(generator, config.options, config.params)
+    _check_prompts_fit(generator, problems, config)
+
+
+def check_pool(pool: Pool, generator, config: EvalConfig) -> None:
+    """ValueError naming each pooled strategy of `config` and what it needs (its `needs`,
+    `StrategySpec.required`) that the samples `generator` returned do not all carry (a generator
+    declaring token ids or logprobs that returned none), before the pool is stored."""
+    stored = PoolGenerator(pool, range(len(pool.samples)))
+    stored.described_as = f"the samples {described(generator)} returned"
     for name in config.strategies:
         spec = get_strategy(name)
-        spec.check(generator, config.options, config.params)
-        if spec.pooled:  # pools store and count each sample's token ids
-            require({TOKEN_IDS}, generator, f"evaluating strategy {name!r} from a stored sample pool")
-    _check_prompts_fit(generator, problems, config)
+        if spec.pooled:
+            require(spec.required(config.options), stored, f"evaluating strategy {name!r} from a stored sample pool")
 
 
 def _check_prompts_fit(generator, problems: Sequence[Problem], config: EvalConfig) -> None:
@@ -197,34 +206,65 @@ def _sample_pool(generator, prompt: str, problem: Problem, config: EvalConfig) -
     result = generator.generate(prompt, replace(config.params, n=size, seed=None),
                                 generator=_rng(config.seed, problem.id, "pool"))
     wall = time.perf_counter() - start
-    if any(completion.token_ids is None for completion in result.completions):
-        raise ValueError(f"the eval harness needs {TOKEN_IDS} (sample pools count and store token ids), "
-                         f"which {type(generator).__name__} did not return; use {PROVIDERS[TOKEN_IDS]}")
     prompt_tokens = len(result.prompt_token_ids or ()) or _prompt_length(result.cost)
-    prompt_flops, decode_flops = _split_flops(result, prompt_tokens)
+    counts = _token_counts(result)
+    prompt_flops, decode_flops = _split_flops(result, prompt_tokens, counts)
     samples = []
-    for completion, flops in zip(result.completions, decode_flops):
+    for completion, flops, count in zip(result.completions, decode_flops, counts):
         answer = extract_answer(completion.text, config.options.pattern, config.options.answer_field)
-        samples.append(Sample(completion.text, completion.token_ids, [round(x, 5) for x in completion.logprobs],
+        ids = completion.token_ids
+        samples.append(Sample(completion.text, list(ids or ()), [round(x, 5) for x in completion.logprobs],
                               [round(x, 5) for x in completion.certainties], completion.finish_reason, flops,
-                              answer, _correct(answer, problem, config.options), completion.complete))
+                              answer, _correct(answer, problem, config.options), completion.complete,
+                              token_count=None if ids is not None else count))
     reported = None
     if result.cost is not None:
         reported = {"prompt_tokens_computed": result.cost.prompt_tokens_computed,
                     "prompt_tokens_reused": result.cost.prompt_tokens_reused, "model_calls": result.cost.model_calls}
-    return Pool(prompt_tokens, prompt_flops, result.prefill_seconds, wall - result.prefill_seconds, samples, reported)
+    pool = Pool(prompt_tokens, prompt_flops, result.prefill_seconds, wall - result.prefill_seconds, samples, reported)
+    check_pool(pool, generator, config)
+    return pool
 
 
-def _split_flops(result, prompt_tokens: int) -> tuple[float | None, list[float | None]]:
+def _token_counts(result) -> list[int]:
+    """Generated tokens of each completion: len(token_ids) where the ids are known; else one per
+    logprob where it has logprobs (or no text); the rest share what the generator reported
+    generating beyond those (`cost.generated_tokens`; a server answering n in one request
+    reports only the total) in proportion to their text length, rounded to integers that sum
+    to it (largest remainder) — an estimate, used only without ids and logprobs."""
+    counts: list[int | None] = []
+    for completion in result.completions:
+        if completion.token_ids is not None:
+            counts.append(len(completion.token_ids))
+        elif completion.logprobs or not completion.text:
+            counts.append(len(completion.logprobs))
+        else:
+            counts.append(None)
+    unknown = [i for i, count in enumerate(counts) if count is None]
+    if unknown:
+        total = result.cost.generated_tokens if result.cost is not None else 0
+        left = max(total - sum(count for count in counts if count is not None), 0)
+        chars = [len(result.completions[i].text) for i in unknown]
+        shares = [left * c / sum(chars) for c in chars]
+        floors = [math.floor(share) for share in shares]
+        by_remainder = sorted(range(len(unknown)), key=lambda j: floors[j] - shares[j])
+        for j in by_remainder[:left - sum(floors)]:
+            floors[j] += 1
+        for i, count in zip(unknown, floors):
+            counts[i] = count
+    return counts
+
+
+def _split_flops(result, prompt_tokens: int, counts: list[int]) -> tuple[float | None, list[float | None]]:
     """The generator's reported FLOPs F (`result.cost.flops`) split into the prompt's share and
     each completion's, in proportion to the tokens each runs through the model: the prompt's
-    P tokens and, for a completion of L tokens, L − 1 (its last token is never fed back):
+    P tokens and, for a completion of L tokens (`counts`), L − 1 (its last token is never fed back):
 
         prompt = F · P / T,   completion_i = F · (L_i − 1) / T,   T = P + Σ_i (L_i − 1)
 
     (exact up to the attention term, which grows with position). All None when F is unknown."""
     flops = result.cost.flops if result.cost is not None else None
-    fed = [max(len(completion.token_ids) - 1, 0) for completion in result.completions]
+    fed = [max(count - 1, 0) for count in counts]
     if flops is None:
         return None, [None] * len(fed)
     total = prompt_tokens + sum(fed)

@@ -25,7 +25,11 @@ from metagen.decoding.sample_loop import Completion, GenerationResult
 class Sample:
     """One stored completion. flops: its decode FLOPs (the shared prompt's are in the pool);
     None when the generator could not know them; complete: `Completion.complete` (False: cut
-    before the run's constraint accepted it; absent in files written before it was stored)."""
+    before the run's constraint accepted it; absent in files written before it was stored).
+
+    token_count: its generated tokens when the ids are not stored (a server that returns none,
+    such as OpenAI's or llama.cpp's, and no tokenizer given: `token_ids` is then []); None when
+    they are, and the count is len(token_ids). Absent from the file when None."""
 
     text: str
     token_ids: list[int]
@@ -36,23 +40,38 @@ class Sample:
     answer: str | None = None
     correct: bool = False
     complete: bool | None = None
+    token_count: int | None = None
+
+    @property
+    def length(self) -> int:
+        """Its generated tokens (from the ids, else `token_count`)."""
+        return len(self.token_ids) if self.token_count is None else self.token_count
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        data = dict(self.__dict__)
+        if data["token_count"] is None:  # samples with ids are written as before the field existed
+            del data["token_count"]
+        return data
 
     @classmethod
     def from_dict(cls, data, where: str = "sample") -> Sample:
         """The inverse of `to_dict`; ValueError naming the field (as `where.field`) that is
         missing, unknown or of the wrong type."""
-        _check_fields(cls, data, where, optional=("answer", "correct", "complete"))
+        _check_fields(cls, data, where, optional=("answer", "correct", "complete", "token_count"))
         for name in ("token_ids", "logprobs", "certainties"):
             kind = int if name == "token_ids" else (int, float)
             if not all(isinstance(x, kind) and not isinstance(x, bool) for x in data[name]):
                 raise ValueError(f"field '{where}.{name}' must be a list of numbers")
+        count = data.get("token_count")
+        if count is not None and (count < 0 or data["token_ids"]):
+            raise ValueError(f"field '{where}.token_count'={count} must be >= 0, and only given when "
+                             f"'{where}.token_ids' is empty")
         return cls(**data)
 
     def completion(self) -> Completion:
-        return Completion(self.text, list(self.token_ids), list(self.logprobs), certainties=list(self.certainties),
+        """The stored completion (token_ids None when they were not stored: unknown)."""
+        ids = None if self.token_count is not None else list(self.token_ids)
+        return Completion(self.text, ids, list(self.logprobs), certainties=list(self.certainties),
                           finish_reason=self.finish_reason, complete=self.complete)
 
 
@@ -101,10 +120,10 @@ class Pool:
         unknown (None) when the prompt's or any chosen sample's are."""
         chosen = [self.samples[i] for i in indices]
         parts = [self.prompt_flops, *(s.flops for s in chosen)]
-        tokens = sum(len(s.token_ids) for s in chosen)
-        pool_tokens = sum(len(s.token_ids) for s in self.samples) or 1
+        tokens = sum(s.length for s in chosen)
+        pool_tokens = sum(s.length for s in self.samples) or 1
         cost = Cost(
-            model_calls=max((len(s.token_ids) for s in chosen), default=0),
+            model_calls=max((s.length for s in chosen), default=0),
             prompt_tokens_computed=self.prompt_tokens,
             prompt_tokens_reused=self.prompt_tokens * (len(chosen) - 1),
             generated_tokens=tokens,
@@ -120,7 +139,7 @@ class Pool:
 
 
 _REPORTED = ("prompt_tokens_computed", "prompt_tokens_reused", "model_calls")
-_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "str | None": (str, type(None)),
+_TYPES = {"str": (str,), "int": (int,), "int | None": (int, type(None)), "float": (int, float), "bool": (bool,), "str | None": (str, type(None)),
           "bool | None": (bool, type(None)),
           "float | None": (int, float, type(None)),
           "list[int]": (list,), "list[float]": (list,), "list[Sample]": (list,), "dict | None": (dict, type(None))}
@@ -151,8 +170,8 @@ class PoolGenerator(Generator):
 
     It checks that the strategy asks for exactly len(indices) samples, so a strategy that
     samples more (or twice) is caught instead of silently served stale data. Its capabilities
-    are what the pool stores: token ids, logprobs and certainties (FULL_DISTRIBUTIONS), each
-    only when every sample carries it, and STRUCTURED_OUTPUT: the samples were drawn under the
+    are what the pool stores (`stored_capabilities`): token ids, logprobs and certainties
+    (FULL_DISTRIBUTIONS), each only when every sample carries it, and STRUCTURED_OUTPUT: the samples were drawn under the
     run's params, constraint included, by the run's generator (checked for it before sampling).
     """
 
@@ -180,14 +199,16 @@ class PoolGenerator(Generator):
 
 
 def stored_capabilities(pool: Pool) -> frozenset[str]:
-    """TOKEN_IDS when every sample with text has token ids; LOGPROBS / FULL_DISTRIBUTIONS when
-    every sample has one logprob / certainty per token."""
+    """What the samples store, each only when every sample has it: TOKEN_IDS (ids stored for
+    every sample with text); LOGPROBS (one logprob per generated token, ids stored or not: a
+    server without ids still returns logprobs); FULL_DISTRIBUTIONS (one certainty per token
+    id: self-certainty reads both)."""
     samples = pool.samples
     have = set()
-    if all(s.token_ids or not s.text for s in samples):
+    if all(s.length == len(s.logprobs) and (s.length or not s.text) for s in samples):
+        have.add(caps.LOGPROBS)
+    if all((s.token_ids and s.token_count is None) or not s.text for s in samples):
         have.add(caps.TOKEN_IDS)
-        if all(len(s.logprobs) == len(s.token_ids) for s in samples):
-            have.add(caps.LOGPROBS)
         if all(len(s.certainties) == len(s.token_ids) for s in samples):
             have.add(caps.FULL_DISTRIBUTIONS)
     return frozenset(have)

@@ -15,7 +15,8 @@ needs: the generator capabilities it reads (`metagen.decoding.capabilities`); ne
 which the generator must have one in full (tree searches run on a local cache or on a server's
 step continuations); `spec.run` checks them first (`spec.check`), so a backend that cannot run a
 strategy is refused before any request is sent, with a message naming the strategy, the
-capability and what provides it.
+capability and what provides it. For a pooled strategy `needs` is also all its stored samples
+must carry: empty (voting, MBR: text only) runs on any server, token ids or not.
 """
 
 from __future__ import annotations
