@@ -41,10 +41,10 @@ class PromptScorer:
     def add(self, logits: Tensor) -> None:
         """Score the tokens the logits of the next C positions `(C, V)` predict (those inside
         the prompt). The caller may free `logits` afterwards: nothing here refers to it."""
-        count, total = logits.shape[0], self.prompt_ids.shape[0]
-        if logits.dim() != 2 or not 1 <= count <= total - self.positions:
-            raise ValueError(f"logits must be (C, V) with 1 <= C <= {total - self.positions} (the prompt positions "
-                             f"left), got {tuple(logits.shape)}")
+        count, left = (logits.shape[0] if logits.dim() == 2 else 0), self.prompt_ids.shape[0] - self.positions
+        if not 1 <= count <= left:
+            raise ValueError(f"logits must be (C, V) with 1 <= C <= {left} (the prompt positions left), got "
+                             f"{tuple(logits.shape)}")
         start = self.positions
         if self._last is not None:  # z_{start-1} scores x_start
             self._score(self._last[None], start)

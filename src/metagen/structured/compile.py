@@ -116,8 +116,8 @@ def _check_first_step(spec: StructuredOutputs, probe: Any, mask: bytes, engine_t
     reason = _engine_message(probe.get_error()) or f"token {first}, which the mask allows, is refused"
     if spec.kind == "choice":
         limit = parser_limits().max_items_in_row
-        raise ValueError(f"{spec.kind_field} has {len(spec.choice)} strings, more than the {limit - 1} the "
-                         f"constraint engine takes (llguidance's max_items_in_row is {limit}: {reason})")
+        raise ValueError(f"{spec.kind_field} has {len(spec.choice)} strings, over the constraint engine's limit of "
+                         f"{limit - 1} (llguidance's max_items_in_row is {limit}: {reason})")
     raise ValueError(f"{spec.kind_field}={_shorten(_spec_text(spec))} is beyond the constraint engine's limits: "
                      f"llguidance: {reason}")
 
