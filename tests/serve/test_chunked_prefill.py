@@ -5,11 +5,13 @@ while a long prompt is prefilled, and echo never materialises the whole prompt's
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from metagen.decoding.prompts import encode_prompt
 from metagen.sampling import SamplingParams
-from metagen.serve.engine import DEFAULT_PREFILL_CHUNK, Engine, TokenEvent
+from metagen.serve.engine import DEFAULT_PREFILL_CHUNK, DoneEvent, Engine, ServeRequest, TokenEvent
 
 from .test_prefix_cache import SYSTEM, Run, chat, run
 
@@ -141,3 +143,29 @@ def test_prefill_chunk_is_checked(model_fp32):
         with pytest.raises(ValueError, match=r"prefill_chunk=.* must be an int >= 1"):
             Engine(model_fp32, prefill_chunk=bad)
     assert Engine(model_fp32).prefill_chunk == DEFAULT_PREFILL_CHUNK
+
+
+def test_a_request_cancelled_mid_prefill_frees_its_partial_prompt_row(model_fp32, monkeypatch):
+    engine = Engine(model_fp32, max_rows=2, cache_memory=0, prefill_chunk=16)
+    events, done = [], threading.Event()
+    request = ServeRequest(_prompt(model_fp32, 3), SamplingParams(temperature=0, max_tokens=4),
+                           lambda event: (events.append(event), isinstance(event, DoneEvent) and done.set()))
+    forward, pieces = model_fp32.forward, []
+
+    def cancelling(cache, tokens, **kwargs):  # the client leaves after the prompt's second piece
+        pieces.append(len(tokens[0]))
+        if len(pieces) == 2:
+            request.cancel()
+        return forward(cache, tokens, **kwargs)
+
+    monkeypatch.setattr(model_fp32, "forward", cancelling)
+    engine.start()
+    try:
+        engine.submit(request)
+        assert done.wait(120) and events == [DoneEvent("cancelled")]
+        monkeypatch.setattr(model_fp32, "forward", forward)
+        run(engine, _prompt(model_fp32, 1)[:5], SamplingParams(temperature=0, max_tokens=1))
+        assert engine._cache.num_cached_slots == 0  # nothing holds a slot once every request ended
+    finally:
+        engine.stop()
+    assert pieces == [16, 16]

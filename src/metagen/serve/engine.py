@@ -4,12 +4,14 @@ Requests join and leave the running batch at step boundaries. The cache's rows a
 request, in admission order, so request r owns the contiguous rows `[start_r, start_r + k_r)`
 and its logits are the slice `logits[start_r : start_r + k_r]` (a view, no copy). One step:
 
-    admit waiting requests while rows are free:            # each prefilled alone (below)
-        snapshot the running rows
-        cache.restore([share(cached prefix slots)])         # or reset(1) when nothing is cached
-        out = model.forward(cache, [prompt_ids[cached:]])   # the prompt's own forward, (1, V)
-        cache.restore(running + [prompt row] * n)           # page-table ints, no K/V copy
-        prefix_cache.insert(prompt_ids, prompt slots); lock it
+    admit waiting requests while rows are free, at most `prefill_chunk` prompt tokens in all:
+        snapshot the running rows                           # each prompt prefilled alone (below)
+        cache.restore([its prompt row])                     # a cached prefix, or its earlier pieces,
+                                                            # or reset(1) for its first piece
+        out = model.forward(cache, [next piece of prompt])  # "none", "last" (1, V) on the last piece
+        last piece: cache.restore(running + [prompt row] * n)   # page-table ints, no K/V copy
+                    prefix_cache.insert(prompt_ids, prompt slots); lock it
+        else:       prompt row = cache.snapshot(0); cache.restore(running)   # it goes on next step
     for each request r (rows a..b):                         # per-request sampling state
         processed = chain_r.process(logits[a:b])            # its own SamplingParams / constraint
         tokens    = chain_r.choose(processed, generator_r)  # its own torch.Generator
@@ -21,15 +23,25 @@ and its logits are the slice `logits[start_r : start_r + k_r]` (a view, no copy)
     logits = model.forward(cache, last tokens (B, 1))       # one decode forward for every row
 
 Each request goes through exactly the steps `decoding.sample_loop.stream` takes alone: the same
-prefill (a 1-row forward of the prompt), the same chain (`request_chain`) and the same
+prefill (1-row forwards of the prompt), the same chain (`request_chain`) and the same
 generator draws in the same order (one `torch.Generator` per request, drawing for that request's
 rows only), so a request's output does not depend on its batch companions except through the
 floating-point rounding of a batched forward. Prefilling each prompt alone keeps its prefill
-bit-identical to a run alone (when no prefix comes from the prefix cache, below); a mixed
-prefill + decode forward would pad it.
+bit-identical to a run alone (when no prefix comes from the prefix cache and the prompt fits in
+one chunk, below); a mixed prefill + decode forward would pad it.
 
-Cost per step: one forward of B rows × 1 token plus one forward per admitted prompt; the
-per-request work is O(k_r · V) for the chain and the records.
+Chunked prefill (as vLLM's chunked prefill and llama.cpp's n_batch): a step forwards at most
+`prefill_chunk` prompt tokens (`metagen serve --prefill-chunk`, default 256), then the running
+rows decode, so a long prompt delays each running stream by one chunk's forward per token
+instead of its whole prefill (a 3,000-token prompt stopped every stream for ~16 s on a loaded
+2-core machine; `benchmarks/prefill_stall.py`). Between steps the partly prefilled prompt row
+waits as a snapshot (`ServeRequest.prompt_row`, holding its slots). A prompt fed in pieces is
+the cached-prefix case below: the same keys, values and logits as a whole prefill up to float
+rounding (tests: fp32 token for token), and bit-identical for prompts up to one chunk.
+
+Cost per step: one forward of B rows × 1 token plus the prefill forwards of at most
+`prefill_chunk` prompt tokens (one per prompt touched) with two snapshots of the running rows'
+page tables each; the per-request work is O(k_r · V) for the chain and the records.
 
 Prefix cache (RadixAttention; `models/prefix_cache.py`): with `cache_memory` > 0 a radix tree
 indexes the KV slots of prompts (at admission) and of finished rows (prompt + output) by their
@@ -40,7 +52,10 @@ least recently used unlocked leaves are evicted once the tree holds more than
 `cache_memory / bytes_per_token` tokens. Reused keys and values are the ones a full prefill
 computes up to float rounding (split vs whole prefill: < 4e-5 in logits for fp32 weights,
 up to ~0.16 with bf16 activations, which can flip a greedy token whose top-2 margin is smaller).
-Echo requests need logits at every prompt position and are prefilled whole.
+Echo requests need logits at every prompt position: they take no cached prefix, each piece of
+their prefill returns `(C, V)` logits that a `PromptScorer` turns into the records the response
+returns (log-prob and top-k per token) before the next piece, so no `(T, V)` tensor of the whole
+prompt exists (it was ~200 KB per prompt token at V = 49,152, twice over with its log-softmax).
 
 Thread model: `submit` (any thread) puts a `ServeRequest` in a bounded queue; the engine thread
 is the only one touching the model, the cache, the chains and the rows. Events go back through
