@@ -122,7 +122,8 @@ def test_import_stays_light():
 # its first token fails in the matcher: refused up front, naming the field and the limit.
 @pytest.mark.parametrize("structured, message", [
     ({"choice": [f"option {i}" for i in range(3000)]},
-     r"structured_outputs.choice has 3000 strings, over the constraint engine's limit of 1999 .* max_items_in_row is 2000"),
+     r"structured_outputs.choice has 3000 strings, over the constraint engine's limit of 1999 "
+     r".* max_items_in_row is 2000"),
     ({"grammar": 'start: "a"{100000}'}, r"structured_outputs.grammar='start: \"a\"\{100000\}' is beyond the "
                                         r"constraint engine's limits: .*limit 50000"),
     ({"grammar": 'root ::= "x" "a"{100000}'}, r"structured_outputs.grammar=.* is beyond .*limit 50000"),

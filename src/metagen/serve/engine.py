@@ -79,8 +79,8 @@ from metagen.models.prefix_cache import PrefixCache
 from metagen.serve.requests import (DoneEvent, EngineStats, EngineStoppedError, QueueFullError, ServeRequest,
                                     TokenEvent)
 
-__all__ = ["DEFAULT_CACHE_MEMORY", "DEFAULT_PREFILL_CHUNK", "DoneEvent", "Engine", "EngineStats", "EngineStoppedError", "QueueFullError",
-           "ServeRequest", "TokenEvent", "bytes_per_token", "model_forward"]
+__all__ = ["DEFAULT_CACHE_MEMORY", "DEFAULT_PREFILL_CHUNK", "DoneEvent", "Engine", "EngineStats", "EngineStoppedError",
+           "QueueFullError", "ServeRequest", "TokenEvent", "bytes_per_token", "model_forward"]
 
 DEFAULT_CACHE_MEMORY = 256 * 2**20  # bytes of keys and values the prefix cache may keep
 DEFAULT_PREFILL_CHUNK = 256  # prompt tokens forwarded per engine step (then the running rows decode)
