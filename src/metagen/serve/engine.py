@@ -35,9 +35,10 @@ Chunked prefill (as vLLM's chunked prefill and llama.cpp's n_batch): a step forw
 rows decode, so a long prompt delays each running stream by one chunk's forward per token
 instead of its whole prefill (a 3,530-token prompt: worst gap 91-135 s whole, 7-8 s in pieces
 of 256, on a loaded 2-core machine; BENCHMARKS.md, `benchmarks/prefill_stall.py`). Between
-steps the partly prefilled prompt row waits as a snapshot (`ServeRequest.prompt_row`, holding its slots). A prompt fed in pieces is
-the cached-prefix case below: the same keys, values and logits as a whole prefill up to float
-rounding (tests: fp32 token for token), and bit-identical for prompts up to one chunk.
+steps the partly prefilled prompt row waits as a snapshot (`ServeRequest.prompt_row`, holding
+its slots). A prompt fed in pieces is the cached-prefix case below: the same keys, values and
+logits as a whole prefill up to float rounding (tests: fp32 token for token), and bit-identical
+for prompts up to one chunk.
 
 Cost per step: one forward of B rows × 1 token plus the prefill forwards of at most
 `prefill_chunk` prompt tokens (one per prompt touched) with two snapshots of the running rows'
