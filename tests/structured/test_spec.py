@@ -133,3 +133,28 @@ def test_import_stays_light():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"}, check=True)
     assert result.stdout.strip() == "[]"
+
+
+# Past llguidance's parser limits (max_items_in_row 2000, step_max_items 50000) a spec compiles but
+# its first token fails in the matcher: refused up front, naming the field and the limit.
+@pytest.mark.parametrize("structured, message", [
+    ({"choice": [f"option {i}" for i in range(3000)]},
+     r"structured_outputs.choice has 3000 strings, over the constraint engine's limit of 1999 "
+     r".* max_items_in_row is 2000"),
+    ({"grammar": 'start: "a"{100000}'}, r"structured_outputs.grammar='start: \"a\"\{100000\}' is beyond the "
+                                        r"constraint engine's limits: .*limit 50000"),
+    ({"grammar": 'root ::= "x" "a"{100000}'}, r"structured_outputs.grammar=.* is beyond .*limit 50000"),
+])
+def test_specs_past_the_engine_limits_are_refused_naming_the_field_and_the_limit(structured, message):
+    with pytest.raises(ValueError, match=f"(?s){message}"):
+        SamplingParams(structured_outputs=structured)
+    assert SamplingParams(structured_outputs={"choice": [f"option {i}" for i in range(1999)]})  # at the limit
+
+
+def test_response_format_past_the_engine_limits_names_response_format():
+    schema = {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "integer"}}, "required": [f"k{i}"]}
+                        for i in range(3000)]}
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    with pytest.raises(ValueError, match=r"(?s)response_format.json_schema.schema=.* is beyond the "
+                                                r"constraint engine's limits: .*max is 2000"):
+        SamplingParams(response_format=bad)

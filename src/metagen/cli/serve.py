@@ -4,7 +4,7 @@ or over remote OpenAI-compatible servers (proxy mode).
     metagen serve [--model PATH] [--dtype] [--kv-dtype] [--threads] [--host 127.0.0.1] [--port 8000]
                   [--served-model-name NAME]
                   [--api-key-env VAR] [--max-rows 16] [--max-queue 64] [--max-n 128] [--request-timeout SECONDS]
-                  [--cache-memory 256MiB | --no-prefix-cache] [--lenient]
+                  [--cache-memory 256MiB | --no-prefix-cache] [--prefill-chunk 256] [--lenient]
     metagen serve --backend URL [URL ...] [--backend-api-key-env VAR] [--tokenizer PATH]
                   [--host] [--port] [--served-model-name] [--api-key-env] [--max-rows] [--max-n] [--request-timeout]
                   [--lenient]
@@ -53,6 +53,9 @@ def add_parser(commands) -> None:
                             "disables it)")
     serve.add_argument("--no-prefix-cache", action="store_true",
                        help="no cross-request prefix cache (the same as --cache-memory 0)")
+    serve.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
+                       help="most prompt tokens prefilled per engine step; a longer prompt is prefilled over "
+                            "several steps, between which running streams decode (default 256)")
     serve.add_argument("--lenient", action="store_true",
                        help="ignore unknown request fields instead of answering 400 (listed in a response header)")
     proxy = serve.add_argument_group("proxy mode (remote OpenAI-compatible servers instead of a local model)")
@@ -67,7 +70,8 @@ def add_parser(commands) -> None:
     serve.set_defaults(run=run)
 
 
-LOCAL_ONLY = ("model", "dtype", "kv_dtype", "threads", "max_queue", "cache_memory", "no_prefix_cache")
+LOCAL_ONLY = ("model", "dtype", "kv_dtype", "threads", "max_queue", "cache_memory", "no_prefix_cache",
+              "prefill_chunk")
 PROXY_ONLY = ("backend_api_key_env", "tokenizer")
 PROXY_RETRIES = 1  # a failing backend is retried once, then the fleet fails over to another
 PROXY_TIMEOUT = 600.0  # seconds per backend request without --request-timeout
@@ -100,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         args.max_n = DEFAULT_MAX_N
     if args.max_n < 1:
         raise ValueError(f"--max-n {args.max_n} must be >= 1")
+    if args.prefill_chunk is not None and args.prefill_chunk < 1:
+        raise ValueError(f"--prefill-chunk {args.prefill_chunk} must be >= 1 (prompt tokens per engine step)")
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise ValueError("--served-model-name must not be empty")
     if args.request_timeout is not None and not args.request_timeout > 0:
@@ -140,11 +146,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _local(args: argparse.Namespace, cache_memory: int | None):
     """The local model behind a started engine."""
-    from metagen.serve.engine import Engine
+    from metagen.serve.engine import DEFAULT_PREFILL_CHUNK, Engine
     from metagen.serve.local import LocalBackend
 
     model = common.load_model(args)
-    engine = Engine(model, max_rows=args.max_rows, max_queue=args.max_queue, cache_memory=cache_memory)
+    engine = Engine(model, max_rows=args.max_rows, max_queue=args.max_queue, cache_memory=cache_memory,
+                    prefill_chunk=args.prefill_chunk or DEFAULT_PREFILL_CHUNK)
     engine.start()
     return LocalBackend(model, engine, args.served_model_name)
 

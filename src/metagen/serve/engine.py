@@ -4,12 +4,14 @@ Requests join and leave the running batch at step boundaries. The cache's rows a
 request, in admission order, so request r owns the contiguous rows `[start_r, start_r + k_r)`
 and its logits are the slice `logits[start_r : start_r + k_r]` (a view, no copy). One step:
 
-    admit waiting requests while rows are free:            # each prefilled alone (below)
-        snapshot the running rows
-        cache.restore([share(cached prefix slots)])         # or reset(1) when nothing is cached
-        out = model.forward(cache, [prompt_ids[cached:]])   # the prompt's own forward, (1, V)
-        cache.restore(running + [prompt row] * n)           # page-table ints, no K/V copy
-        prefix_cache.insert(prompt_ids, prompt slots); lock it
+    admit waiting requests while rows are free, at most `prefill_chunk` prompt tokens in all:
+        snapshot the running rows                           # each prompt prefilled alone (below)
+        cache.restore([its prompt row])                     # a cached prefix, or its earlier pieces,
+                                                            # or reset(1) for its first piece
+        out = model.forward(cache, [next piece of prompt])  # "none", "last" (1, V) on the last piece
+        last piece: cache.restore(running + [prompt row] * n)   # page-table ints, no K/V copy
+                    prefix_cache.insert(prompt_ids, prompt slots); lock it
+        else:       prompt row = cache.snapshot(0); cache.restore(running)   # it goes on next step
     for each request r (rows a..b):                         # per-request sampling state
         processed = chain_r.process(logits[a:b])            # its own SamplingParams / constraint
         tokens    = chain_r.choose(processed, generator_r)  # its own torch.Generator
@@ -21,15 +23,26 @@ and its logits are the slice `logits[start_r : start_r + k_r]` (a view, no copy)
     logits = model.forward(cache, last tokens (B, 1))       # one decode forward for every row
 
 Each request goes through exactly the steps `decoding.sample_loop.stream` takes alone: the same
-prefill (a 1-row forward of the prompt), the same chain (`request_chain`) and the same
+prefill (1-row forwards of the prompt), the same chain (`request_chain`) and the same
 generator draws in the same order (one `torch.Generator` per request, drawing for that request's
 rows only), so a request's output does not depend on its batch companions except through the
 floating-point rounding of a batched forward. Prefilling each prompt alone keeps its prefill
-bit-identical to a run alone (when no prefix comes from the prefix cache, below); a mixed
-prefill + decode forward would pad it.
+bit-identical to a run alone (when no prefix comes from the prefix cache and the prompt fits in
+one chunk, below); a mixed prefill + decode forward would pad it.
 
-Cost per step: one forward of B rows × 1 token plus one forward per admitted prompt; the
-per-request work is O(k_r · V) for the chain and the records.
+Chunked prefill (as vLLM's chunked prefill and llama.cpp's n_batch): a step forwards at most
+`prefill_chunk` prompt tokens (`metagen serve --prefill-chunk`, default 256), then the running
+rows decode, so a long prompt delays each running stream by one chunk's forward per token
+instead of its whole prefill (a 3,530-token prompt: worst gap 91-135 s whole, 7-8 s in pieces
+of 256, on a loaded 2-core machine; BENCHMARKS.md, `benchmarks/prefill_stall.py`). Between
+steps the partly prefilled prompt row waits as a snapshot (`ServeRequest.prompt_row`, holding
+its slots). A prompt fed in pieces is the cached-prefix case below: the same keys, values and
+logits as a whole prefill up to float rounding (tests: fp32 token for token), and bit-identical
+for prompts up to one chunk.
+
+Cost per step: one forward of B rows × 1 token plus the prefill forwards of at most
+`prefill_chunk` prompt tokens (one per prompt touched) with two snapshots of the running rows'
+page tables each; the per-request work is O(k_r · V) for the chain and the records.
 
 Prefix cache (RadixAttention; `models/prefix_cache.py`): with `cache_memory` > 0 a radix tree
 indexes the KV slots of prompts (at admission) and of finished rows (prompt + output) by their
@@ -40,7 +53,10 @@ least recently used unlocked leaves are evicted once the tree holds more than
 `cache_memory / bytes_per_token` tokens. Reused keys and values are the ones a full prefill
 computes up to float rounding (split vs whole prefill: < 4e-5 in logits for fp32 weights,
 up to ~0.16 with bf16 activations, which can flip a greedy token whose top-2 margin is smaller).
-Echo requests need logits at every prompt position and are prefilled whole.
+Echo requests need logits at every prompt position: they take no cached prefix, each piece of
+their prefill returns `(C, V)` logits that a `PromptScorer` turns into the records the response
+returns (log-prob and top-k per token) before the next piece, so no `(T, V)` tensor of the whole
+prompt exists (it was ~200 KB per prompt token at V = 49,152, twice over with its log-softmax).
 
 Thread model: `submit` (any thread) puts a `ServeRequest` in a bounded queue; the engine thread
 is the only one touching the model, the cache, the chains and the rows. Events go back through
@@ -58,15 +74,17 @@ from collections.abc import Sequence
 import torch
 
 from metagen.decoding.memory import check_batch_fits
+from metagen.decoding.prompt_scoring import PromptScorer
 from metagen.decoding.rows import Row, StopRules, TokenRecord, request_chain, token_records
 from metagen.models.prefix_cache import PrefixCache
 from metagen.serve.requests import (DoneEvent, EngineStats, EngineStoppedError, QueueFullError, ServeRequest,
                                     TokenEvent)
 
-__all__ = ["DEFAULT_CACHE_MEMORY", "DoneEvent", "Engine", "EngineStats", "EngineStoppedError", "QueueFullError",
-           "ServeRequest", "TokenEvent", "bytes_per_token", "model_forward"]
+__all__ = ["DEFAULT_CACHE_MEMORY", "DEFAULT_PREFILL_CHUNK", "DoneEvent", "Engine", "EngineStats", "EngineStoppedError",
+           "QueueFullError", "ServeRequest", "TokenEvent", "bytes_per_token", "model_forward"]
 
 DEFAULT_CACHE_MEMORY = 256 * 2**20  # bytes of keys and values the prefix cache may keep
+DEFAULT_PREFILL_CHUNK = 256  # prompt tokens forwarded per engine step (then the running rows decode)
 
 
 class Engine:
@@ -76,9 +94,15 @@ class Engine:
     max_queue: most requests waiting for rows; `submit` raises `QueueFullError` beyond it.
     cache_memory: bytes of keys and values the prefix cache may keep (0: no prefix cache; None:
         `DEFAULT_CACHE_MEMORY` when the model's cache can share slots, else none).
+    prefill_chunk: most prompt tokens forwarded per step, over all the prompts being prefilled;
+        a longer prompt is prefilled over several steps, each followed by a decode step of the
+        running rows.
     """
 
-    def __init__(self, model, *, max_rows: int = 16, max_queue: int = 64, cache_memory: int | None = None) -> None:
+    def __init__(self, model, *, max_rows: int = 16, max_queue: int = 64, cache_memory: int | None = None,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk={prefill_chunk!r} must be an int >= 1 (prompt tokens per step)")
         if max_rows < 1:
             raise ValueError(f"max_rows={max_rows} must be >= 1")
         if max_queue < 0:
@@ -89,6 +113,7 @@ class Engine:
         self.model = model
         self.max_rows = max_rows
         self.max_queue = max_queue
+        self.prefill_chunk = prefill_chunk
         self._cache = model.new_cache(1)
         self.prefix_cache = self._make_prefix_cache(cache_memory)
         self.stats = EngineStats()
@@ -189,27 +214,35 @@ class Engine:
         return sum(len(request.active) for request in self._running)
 
     def _admit(self, pending: list[ServeRequest]) -> list[ServeRequest]:
-        """Prefill the pending requests that fit (in arrival order); returns those still waiting."""
+        """Prefill up to `prefill_chunk` prompt tokens of the pending requests that fit (in arrival
+        order; a long prompt goes on at the next step); returns those still waiting."""
         still = []
         now = time.monotonic()
+        budget = self.prefill_chunk
         for request in pending:
             stopped = request.stopped(now)
             if stopped is not None:
                 self._dequeued()
+                self._drop_prefill(request)
                 self._count_stop(stopped)
                 request.emit(stopped)
                 continue
-            if still or self._rows_in_use() + request.params.n > self.max_rows:
+            if still or budget == 0 or self._rows_in_use() + request.params.n > self.max_rows:
                 still.append(request)  # first come, first served: no overtaking
                 continue
-            self._dequeued()
             try:
-                self._prefill(request)
+                budget -= self._prefill(request, budget)
             except Exception as error:  # noqa: BLE001 - one request's failure must not stop the engine
+                self._dequeued()
+                self._drop_prefill(request)
                 self.stats.requests_failed += 1
                 self._leave(request)
                 request.emit(DoneEvent(f"{type(error).__name__}: {error}"))
                 continue
+            if request.logits is None:  # part of its prompt is still to come
+                still.append(request)
+                continue
+            self._dequeued()
             self._running.append(request)
         return still
 
@@ -223,62 +256,88 @@ class Engine:
         with self._lock:
             self._waiting_count -= 1
 
-    def _prefill(self, request: ServeRequest) -> None:
-        """Set up the request's chain, rows and generator and add its n rows (the prompt prefilled
-        alone, then shared by the n rows) at the end of the batch."""
+    def _start(self, request: ServeRequest) -> None:
+        """Set up the request's chain, rows and generator, and its prompt row: the longest cached
+        prefix of the prompt (a snapshot sharing its slots) or none."""
         model, params, prompt_ids = self.model, request.params, request.prompt_ids
         rules = StopRules.from_params(params, model, len(prompt_ids))
         n = params.n
         check_batch_fits(model, self._rows_in_use() + n, rules.max_new_tokens)
         if request.echo:
-            check_batch_fits(model, 1, 0, positions=len(prompt_ids), what="echo rows")
+            check_batch_fits(model, 1, 0, positions=min(len(prompt_ids), self.prefill_chunk), what="echo rows")
+            request.scorer = PromptScorer(prompt_ids, params.logprobs or 0)
         request.chain = request_chain(params, model, prompt_ids, n, healed=request.healed)
         if request.generator is None:  # a strategy run hands its own (serve/engine_generator.py)
             request.generator = params.make_generator()
         request.rows = [Row(model.tokenizer, prompt_ids, rules, want_top=bool(params.logprobs),
                             skip_text=request.healed) for _ in range(n)]
+        prefixes, reused = self.prefix_cache, 0
+        if prefixes is not None and not request.echo:  # at least the last token is computed
+            found = prefixes.match(prompt_ids[:-1])
+            reused = found.length
+            if reused:
+                request.prompt_row = self._cache.share(found.slots)
+        request.cached_tokens = request.prefilled = reused
+        if reused:
+            self.stats.prefix_hits += 1
+            self.stats.prefix_tokens_reused += reused
+
+    def _prefill(self, request: ServeRequest, budget: int) -> int:
+        """Forward the next (at most `budget`) tokens of the request's prompt on its own prompt
+        row; once the whole prompt is in, add its n rows (the prompt row shared n times) at the end
+        of the batch and set `request.logits`. Returns the tokens forwarded."""
+        model, prompt_ids = self.model, request.prompt_ids
+        if request.chain is None:  # its first piece
+            self._start(request)
+        begin = request.prefilled
+        end = min(len(prompt_ids), begin + budget)
+        last = end == len(prompt_ids)
         cache, prefixes = self._cache, self.prefix_cache
         running = [cache.snapshot(row) for row in range(cache.batch_size)] if self._running else []
-        reused = 0
         try:
-            if prefixes is not None and not request.echo:  # at least the last token is computed
-                found = prefixes.match(prompt_ids[:-1])
-                reused = found.length
-            if reused:
-                prefix_row = cache.share(found.slots)
-                cache.restore([prefix_row])
-                cache.release(prefix_row)
+            if request.prompt_row is not None:
+                cache.restore([request.prompt_row])
+                cache.release(request.prompt_row)
+                request.prompt_row = None
             else:
                 cache.reset(1)
-            out = model.forward(cache, [list(prompt_ids[reused:])],  # what `model.prefill` computes
-                                logits="all" if request.echo else "last")
+            out = model.forward(cache, [list(prompt_ids[begin:end])],  # `model.prefill`'s computation, in pieces
+                                logits="all" if request.echo else "last" if last else "none")
             prompt_row = cache.snapshot(0)
-            cache.restore(running + [prompt_row] * n)
-            if prefixes is not None and not prompt_row.start:  # later requests reuse this prompt (unless a
-                # sliding-window cache already released its oldest positions)
-                request.prefix_node = prefixes.insert(prompt_ids, prompt_row.slots)
-                prefixes.lock(request.prefix_node)
-                self._evict()
-            cache.release(prompt_row)
+            if not last:
+                cache.restore(running)
+                request.prompt_row = prompt_row
+            else:
+                cache.restore(running + [prompt_row] * request.params.n)
+                if prefixes is not None and not prompt_row.start:  # later requests reuse this prompt (unless
+                    # a sliding-window cache already released its oldest positions)
+                    request.prefix_node = prefixes.insert(prompt_ids, prompt_row.slots)
+                    prefixes.lock(request.prefix_node)
+                    self._evict()
+                cache.release(prompt_row)
         except Exception:
             cache.restore(running)  # the running rows are untouched by a failed prefill
             raise
         finally:
             for snapshot in running:
                 cache.release(snapshot)
-        request.cached_tokens = reused
-        if reused:
-            self.stats.prefix_hits += 1
-            self.stats.prefix_tokens_reused += reused
-        logits = out.logits  # (1, V), or (1, T, V) with echo
+        request.prefilled = end
         if request.echo:
-            positions = logits[0]  # (T, V)
-            request.prompt_records = token_records(positions[:-1], torch.tensor(prompt_ids[1:], dtype=torch.long),
-                                                   None, params.logprobs or 0)
-            logits = positions[-1:]
-        request.logits = logits.expand(n, -1)  # (n, V): every row starts from the prompt
-        request.active = list(range(n))
-        self.stats.prompt_tokens += len(prompt_ids)
+            request.scorer.add(out.logits[0])  # (C, V): records of the tokens these positions predict
+        if last:
+            logits = out.logits[0, -1:].clone() if request.echo else out.logits  # (1, V), no view of a (C, V) chunk
+            if request.echo:
+                request.prompt_records, request.scorer = request.scorer.records, None
+            request.logits = logits.expand(request.params.n, -1)  # (n, V): every row starts from the prompt
+            request.active = list(range(request.params.n))
+            self.stats.prompt_tokens += len(prompt_ids)
+        return end - begin
+
+    def _drop_prefill(self, request: ServeRequest) -> None:
+        """Release the prompt row of a request leaving before its prefill ended."""
+        if request.prompt_row is not None:
+            self._cache.release(request.prompt_row)
+            request.prompt_row = None
 
     def _step(self) -> None:
         """Choose one token for every running row, drop the rows that ended, forward the rest."""

@@ -62,9 +62,10 @@ class ServeRequest:
 
     emit: called on the engine thread with each `TokenEvent` and a final `DoneEvent`; it must
         not block (the HTTP layer posts the events to its event loop).
-    echo: also score the prompt: its prefill returns logits at every position ("all"), and
-        `prompt_records[t]` is the record of prompt token t+1 given tokens 0..t (the first token
-        has none). The next-token logits then come from that forward's last position.
+    echo: also score the prompt: each piece of its prefill returns logits at every position
+        ("all"), scored as they come (`PromptScorer`), and `prompt_records[t]` is the record of
+        prompt token t+1 given tokens 0..t (the first token has none). The next-token logits then
+        come from the last forward's last position.
     rows: one `Row` per completion (read them after the `DoneEvent`).
     """
 
@@ -88,6 +89,9 @@ class ServeRequest:
     logits: torch.Tensor | None = None  # (k, V) next-token logits of its rows
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache (not prefilled)
     prefix_node: object = None  # its prompt's node in the prefix cache, locked while it runs
+    prefilled: int = 0  # prompt tokens in its prompt row so far (cached + forwarded)
+    prompt_row: object = None  # snapshot of its prompt row between the steps of a chunked prefill
+    scorer: object = None  # echo: the `PromptScorer` fed by the prefill's chunks
 
     def cancel(self) -> None:
         """Free the request's rows at the next step boundary (a client that went away)."""

@@ -18,7 +18,11 @@ compiles in ~1 ms on SmolLM2's vocabulary, so a repeated request pays it once.
 Errors: a spec that does not compile, and one that no text satisfies (a fresh matcher that is
 not accepting and allows no token, e.g. the regex `[^\\s\\S]`), raise ValueError naming the field
 (`structured_outputs.regex`, `response_format.json_schema.schema`, ...) and quoting llguidance.
-`check_compiles(spec)` runs the same checks on a byte vocabulary, without a model.
+A spec that compiles but outgrows llguidance's per-step parser limits (a `choice` of more than
+1999 strings, `"a"{100000}`) fails at its first token: `build_matcher` consumes one allowed
+token on a copy and raises ValueError naming the field and the limit, so a server answers 400
+before decoding starts. `check_compiles(spec)` runs the same checks on a byte vocabulary,
+without a model.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import weakref
 from collections import OrderedDict
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from metagen.structured.engine import byte_tokenizer, engine_tokenizer, llguidance, parser_limits
 from metagen.structured.spec import StructuredOutputs
@@ -91,7 +97,29 @@ def build_matcher(spec: StructuredOutputs, engine_tokenizer_: Any, prefix: str =
         reason = _engine_message(probe.get_error()) or "no token can start it"
         raise ValueError(f"{spec.kind_field}={_shorten(_spec_text(spec))} cannot be satisfied: no text matches it "
                          f"(llguidance: {reason})")
+    _check_first_step(spec, probe, mask, engine_tokenizer_)
     return matcher
+
+
+def _check_first_step(spec: StructuredOutputs, probe: Any, mask: bytes, engine_tokenizer_: Any) -> None:
+    """ValueError naming the field when the first token the mask allows fails in the matcher: the
+    grammar compiled but its parse outgrows llguidance's per-step limits (`parser_limits`:
+    max_items_in_row = 2000 Earley items in one row, e.g. a choice of more than 1999 strings, and
+    step_max_items = 50000, e.g. `"a"{100000}`). Both show at the first step, when the parser
+    predicts every alternative; a request would otherwise fail only once decoding started.
+    Cost: one token consumed on a copy, O(first Earley row)."""
+    words = np.frombuffer(mask, dtype=np.uint32)  # bit i of word w: token 32·w + i allowed
+    allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+    first = next((int(token) for token in allowed[:64] if not engine_tokenizer_.is_special_token(int(token))), None)
+    if first is None or (probe.try_consume_tokens([first]) == 1 and not probe.is_error()):
+        return
+    reason = _engine_message(probe.get_error()) or f"token {first}, which the mask allows, is refused"
+    if spec.kind == "choice":
+        limit = parser_limits().max_items_in_row
+        raise ValueError(f"{spec.kind_field} has {len(spec.choice)} strings, over the constraint engine's limit of "
+                         f"{limit - 1} (llguidance's max_items_in_row is {limit}: {reason})")
+    raise ValueError(f"{spec.kind_field}={_shorten(_spec_text(spec))} is beyond the constraint engine's limits: "
+                     f"llguidance: {reason}")
 
 
 def compiled_matcher(spec: StructuredOutputs, tokenizer: Tokenizer, prefix: str = "") -> Any:
