@@ -32,14 +32,14 @@ from metagen.strategies.voting import sample_answers, tally, winner
 
 @dataclass(frozen=True)
 class AdaptiveConsistencyConfig:
-    """n_max: most samples drawn; round_size: samples per generate call (a round may be cut
-    short by n_max, so it counts no work beyond n_max); threshold: stop when the posterior
+    """n_max: most samples drawn; round_size: samples per generate call (the last round is cut
+    to n_max); threshold: stop when the posterior
     probability that the leading answer is the majority reaches it, in (0, 1); rule: "beta"
     (top two answers, exact) or "dirichlet" (all answers, Monte Carlo with mc_samples draws
-    seeded by mc_seed); params, pattern, math, answer_field: as in self-consistency."""
+    seeded by mc_seed; CPU only, at most 100000 a check); params, pattern, math, answer_field: as in self-consistency."""
 
     n_max: int = sizes_work(16)
-    round_size: int = 1
+    round_size: int = sizes_work(1)
     threshold: float = 0.95
     rule: str = "beta"
     mc_samples: int = 4096
@@ -58,8 +58,8 @@ class AdaptiveConsistencyConfig:
         check_threshold(self.threshold)
         if self.rule not in RULES:
             raise ValueError(f"rule={self.rule!r} is not a stopping rule; choose from {', '.join(RULES)}")
-        if not 1 <= self.mc_samples <= 1_000_000:
-            raise ValueError(f"mc_samples={self.mc_samples} is out of range: must be in [1, 1000000]")
+        if not 1 <= self.mc_samples <= 100_000:
+            raise ValueError(f"mc_samples={self.mc_samples} is out of range: must be in [1, 100000]")
 
 
 def adaptive_consistency(
