@@ -65,3 +65,12 @@ def test_allocation_round_needs_self_consistency_and_fits_the_pool():
         EvalConfig(("best_of_n",), ns=(4,), allocation_round=2)
     with pytest.raises(ValueError, match=r"allocation_round=9 is out of range: must be in \[1, 8\]"):
         EvalConfig(("self_consistency",), ns=(4, 8), allocation_round=9)
+
+
+def test_eval_command_passes_the_allocation_round(capsys):
+    from metagen.cli import main
+
+    # refused by EvalConfig before any model is loaded: the flag reaches it
+    code = main(["eval", "--task", "arithmetic", "--allocation-round", "9", "--strategy", "self_consistency",
+                 "--n", "4,8"])
+    assert code == 2 and "allocation_round=9 is out of range" in capsys.readouterr().err
