@@ -40,6 +40,9 @@ def add_parser(commands) -> None:
     evaluation.add_argument("--max-tokens", type=int, default=256, help="new tokens per sample (default 256)")
     evaluation.add_argument("--seed", type=int, default=0, help="seeds samples and subsets (default 0)")
     evaluation.add_argument("--subsets", type=int, default=16, help="random n-subsets of a pool per problem")
+    evaluation.add_argument("--allocation-round", type=int, default=None, metavar="K",
+                            help="also report self_consistency_allocated: K samples per problem first, then "
+                                 "n x problems allocated by expected gain (needs self_consistency)")
     evaluation.add_argument("--pattern", default=None, help="answer regex (default: boxed / 'answer is' / last number)")
     evaluation.add_argument("--answer-field", default=None, metavar="PATH",
                             help="the answer is this field of a JSON output (e.g. 'answer'; with --json-schema), "
@@ -100,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         params=SamplingParams(**sampling),
         seed=args.seed,
         subsets=args.subsets,
+        allocation_round=args.allocation_round,
         options=StrategyOptions(args.pattern, not args.no_math, args.value, args.step_delimiter, args.aggregation,
                                 answer_field=args.answer_field),
         prompt_suffix=args.prompt_suffix,

@@ -54,7 +54,9 @@ class EvalConfig:
     """strategies: registry names; ns: budgets to evaluate; params: sampling of every sample
     (its n and seed are ignored: the harness sets n per unit and seeds from `seed`); seed:
     seeds pools, subsets and live runs; subsets: random n-subsets of a pool averaged per
-    problem for n < pool size; prompt_suffix: appended to each question."""
+    problem for n < pool size; prompt_suffix: appended to each question; allocation_round: k,
+    the first round of the compute-optimal allocation across problems evaluated against
+    self_consistency's uniform n (`allocation.py`; None: not evaluated; it changes no stored unit)."""
 
     strategies: tuple[str, ...]
     ns: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -63,6 +65,7 @@ class EvalConfig:
     subsets: int = 16
     options: StrategyOptions = StrategyOptions()
     prompt_suffix: str = ""
+    allocation_round: int | None = None
 
     def __post_init__(self) -> None:
         if not self.strategies:
@@ -74,6 +77,13 @@ class EvalConfig:
         if self.subsets < 1:
             raise ValueError(f"subsets={self.subsets} is out of range: must be >= 1")
         check_options(self.strategies, self.options)
+        if self.allocation_round is not None:
+            if "self_consistency" not in self.strategies:
+                raise ValueError(f"allocation_round={self.allocation_round} needs self_consistency among the "
+                                 "strategies (the uniform-n baseline, and the pool the allocation reads)")
+            if not 1 <= self.allocation_round <= max(self.ns):
+                raise ValueError(f"allocation_round={self.allocation_round} is out of range: must be in "
+                                 f"[1, {max(self.ns)}] (the largest n)")
 
     @property
     def pool_size(self) -> int:
@@ -92,7 +102,9 @@ class EvalConfig:
 
 @dataclass
 class CurvePoint:
-    """One (strategy, n) point: accuracy over problems and the mean cost per problem."""
+    """One (strategy, n) point: accuracy over problems and the mean cost per problem; samples:
+    the mean samples drawn per problem (pooled strategies: n, or fewer for one that stops
+    early; None where not counted)."""
 
     strategy: str
     n: int
@@ -100,10 +112,14 @@ class CurvePoint:
     stderr: float
     problems: int
     cost: Cost
+    samples: float | None = None
 
     def to_dict(self) -> dict:
-        return {"strategy": self.strategy, "n": self.n, "accuracy": self.accuracy, "stderr": self.stderr,
+        data = {"strategy": self.strategy, "n": self.n, "accuracy": self.accuracy, "stderr": self.stderr,
                 "problems": self.problems, "cost": self.cost.to_dict()}
+        if self.samples is not None:
+            data["samples"] = self.samples
+        return data
 
 
 @dataclass
@@ -407,16 +423,18 @@ def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalCon
         spec = get_strategy(name)
         budgets = sorted(set(config.ns)) if spec.budget != "none" else [1]
         for n in budgets:
-            scores, costs = [], []
+            scores, costs, drawn = [], [], []
             for problem in problems:
                 if spec.pooled:
                     pool = pools[problem.id]
                     hits, subset_costs = [], []
                     for indices in _subsets(len(pool.samples), n, config.subsets, config.seed, problem.id, n):
-                        result = spec.run(PoolGenerator(pool, indices, decode), problem.question + config.prompt_suffix,
+                        served = PoolGenerator(pool, indices, decode, sequential=spec.sequential)
+                        result = spec.run(served, problem.question + config.prompt_suffix,
                                           n, config.params, config.options, None)
                         hits.append(float(_score(result, problem, config.options)))
                         subset_costs.append(result.cost)
+                        drawn.append(served.served)
                     scores.append(sum(hits) / len(hits))
                     costs.append(_mean_cost(subset_costs))
                 else:
@@ -424,7 +442,8 @@ def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalCon
                     scores.append(float(record["correct"]))
                     costs.append(Cost(**record["cost"]))
             accuracy, stderr = mean_and_stderr(scores)
-            report.points.append(CurvePoint(name, n, accuracy, stderr, len(problems), _mean_cost(costs)))
+            samples = sum(drawn) / len(drawn) if drawn else None
+            report.points.append(CurvePoint(name, n, accuracy, stderr, len(problems), _mean_cost(costs), samples))
     if config.pool_size:
         for k in sorted(set(config.ns)):
             scores, costs = [], []
@@ -436,6 +455,11 @@ def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalCon
                                          _subsets(len(pool.samples), k, config.subsets, config.seed, problem.id, k)]))
             accuracy, stderr = mean_and_stderr(scores)
             report.points.append(CurvePoint(ORACLE, k, accuracy, stderr, len(problems), _mean_cost(costs)))
+    if config.allocation_round is not None:
+        from metagen.eval.allocation import allocation_points
+
+        report.points += allocation_points(pools, problems, config,
+                                           lambda result, problem: _score(result, problem, config.options), decode)
     return report
 
 

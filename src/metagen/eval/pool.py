@@ -4,7 +4,9 @@ A pooled strategy (one that picks or builds its output from n i.i.d. samples of 
 best-of-N, voting, MBR) run with n samples has the same output distribution as the strategy
 run on a uniformly random n-subset of N ≥ n stored i.i.d. samples. So its expected accuracy at
 every n ≤ N is estimated without bias by averaging over subsets of one pool (search-and-learn
-does the same), and a whole curve costs one N-sample generation per problem.
+does the same), and a whole curve costs one N-sample generation per problem. The stored
+samples are exchangeable, so a subset read in order is an i.i.d. sequence: a strategy that
+samples in rounds and stops early (adaptive self-consistency) is evaluated on its prefix.
 
 `PoolGenerator` is a `Generator` that serves a chosen subset of a pool, so the evaluation runs
 the library's own strategy code on it, with the cost the subset would have had.
@@ -169,27 +171,39 @@ class PoolGenerator(Generator):
     """Serves `pool.samples[indices]` as the completions of the next `generate` call.
 
     It checks that the strategy asks for exactly len(indices) samples, so a strategy that
-    samples more (or twice) is caught instead of silently served stale data. Its capabilities
+    samples more (or twice) is caught instead of silently served stale data. sequential: the
+    strategy draws in several calls (adaptive self-consistency, in rounds): each call is served
+    the next params.n of `indices`, in order, with that chunk's cost (a prefill per call), and
+    one that asks for more than remain is caught; `served` counts the samples handed out. Its capabilities
     are what the pool stores (`stored_capabilities`): token ids, logprobs and certainties
     (FULL_DISTRIBUTIONS), each only when every sample carries it, and STRUCTURED_OUTPUT: the samples were drawn under the
     run's params, constraint included, by the run's generator (checked for it before sampling).
     """
 
-    def __init__(self, pool: Pool, indices: Sequence[int], decode=None) -> None:
+    def __init__(self, pool: Pool, indices: Sequence[int], decode=None, *, sequential: bool = False) -> None:
         self.pool = pool
         self.indices = list(indices)
         self._decode = decode
+        self.sequential = sequential
         self.calls = 0
+        self.served = 0
         self.capabilities = stored_capabilities(pool) | {caps.STRUCTURED_OUTPUT}
 
     def generate(self, prompt, params, *, generator=None) -> GenerationResult:
-        if self.calls:
+        left = len(self.indices) - self.served
+        if self.sequential:
+            if params.n > left:
+                raise RuntimeError(f"strategy asked for n={params.n} more samples, the pool subset has {left} left "
+                                   f"of {len(self.indices)}")
+        elif self.calls:
             raise RuntimeError("a pooled strategy must sample its candidates in one generate call")
-        if params.n != len(self.indices):
+        elif params.n != len(self.indices):
             raise RuntimeError(f"strategy asked for n={params.n} samples, the pool subset has {len(self.indices)}")
+        chunk = self.indices[self.served:self.served + params.n]
         self.calls += 1
-        completions = [self.pool.samples[i].completion() for i in self.indices]
-        cost = self.pool.subset_cost(self.indices)
+        self.served += len(chunk)
+        completions = [self.pool.samples[i].completion() for i in chunk]
+        cost = self.pool.subset_cost(chunk)
         return GenerationResult(completions, [], model_calls=cost.model_calls, cost=cost)
 
     def decode(self, token_ids: list[int]) -> str:

@@ -20,6 +20,7 @@ from metagen.strategies.runners import (
     BLOCK_TOKENS,
     LAMBDA,
     TREE_CONFIGS,
+    adaptive_consistency,
     best_of_n,
     borda,
     chain,
@@ -76,6 +77,10 @@ STRATEGIES: dict[str, StrategySpec] = {
                      extracts=True, pooled=True, needs=frozenset({caps.LOGPROBS}), config=S + "best_of_n:BestOfNConfig"),
         StrategySpec("self_consistency", "majority vote over extracted answers", self_consistency, pooled=True,
                      config=S + "self_consistency:SelfConsistencyConfig"),
+        StrategySpec("adaptive_consistency", "majority vote sampled one at a time until the leading answer is "
+                     "the majority with posterior probability 0.95 (at most n)", adaptive_consistency, pooled=True,
+                     sequential=True, config=S + "adaptive_consistency:AdaptiveConsistencyConfig",
+                     set_by_run=frozenset({"n_max", "params"})),
         StrategySpec("weighted_voting", "answers weighted by self-certainty", weighted_voting, pooled=True,
                      needs=CERTAINTY, defaults=(("exp_scores", False),), config=S + "weighted_voting:WeightedVotingConfig"),
         StrategySpec("borda", "Borda voting ranked by self-certainty, p = 0.5", borda, pooled=True, needs=CERTAINTY,

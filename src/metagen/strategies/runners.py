@@ -50,6 +50,14 @@ def self_consistency(generator, prompt, n, params, options, rng, overrides):
     return self_consistency(generator, prompt, configure(config, overrides), rng=rng)
 
 
+def adaptive_consistency(generator, prompt, n, params, options, rng, overrides):
+    from metagen.strategies.adaptive_consistency import AdaptiveConsistencyConfig, adaptive_consistency
+
+    config = AdaptiveConsistencyConfig(n, params=params, pattern=options.pattern, math=options.math,
+                                       answer_field=options.answer_field)
+    return adaptive_consistency(generator, prompt, configure(config, overrides), rng=rng)
+
+
 def weighted_voting(generator, prompt, n, params, options, rng, overrides):
     from metagen.scoring.logprob import self_certainty
     from metagen.strategies.weighted_voting import WeightedVotingConfig, weighted_voting

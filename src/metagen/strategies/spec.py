@@ -10,6 +10,9 @@ the built config as overrides (`options.configure`), over the registry's own `de
 
 pooled: the strategy picks or builds its output from n i.i.d. samples of the prompt drawn in
 one `generate` call, so the harness can evaluate it at every n by subsampling one stored pool.
+sequential: pooled, but it draws its samples over several `generate` calls (in rounds) and
+may stop before n (adaptive self-consistency); the harness serves it a pool's samples in order,
+one call after another (`PoolGenerator(sequential=True)`), and reports the mean it drew.
 budget: what n means for the strategy ("samples", "rounds", or "none" when it takes n = 1 only).
 needs: the generator capabilities it reads (`metagen.decoding.capabilities`); needs_any: sets of
 which the generator must have one in full (tree searches run on a local cache or on a server's
@@ -81,6 +84,7 @@ class StrategySpec:
     description: str
     runner: Callable
     pooled: bool
+    sequential: bool = False  # pooled, drawing its samples in several calls (see the module)
     budget: str = "samples"
     uses_value: bool = False  # reads StrategyOptions.value / step_delimiter
     samples: bool = True  # draws at the given temperature (False: greedy, sampling options have no effect)

@@ -1,0 +1,87 @@
+"""Adaptive self-consistency (Aggarwal et al. 2023): sample in rounds, stop when the leading
+answer is the majority with posterior probability >= threshold, at most n_max samples.
+
+    repeat: draw min(round_size, n_max − drawn) samples; v = tally(all answers so far)
+    until should_stop(v, threshold, rule) or drawn = n_max;  return the majority answer
+
+The stopping rule reads answer counts only (`stopping.py`), so any grouping of outputs into
+classes plugs in (math-aware answer matching here; test-output clusters of programs alike).
+Easy problems stop after a few agreeing samples (4 with round_size 1 and the default 0.95),
+hard ones use up to n_max: the same accuracy as self-consistency at n_max for fewer samples.
+Cost: one generate call per round (each computes the prompt again unless the generator caches
+it), ⌈drawn / round_size⌉ stopping checks (O(drawn) each for "beta"). The result's candidates
+are every sample drawn, in order: len(result.candidates) is the budget actually spent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from metagen.decoding.cost import Cost
+from metagen.decoding.generator import Generator
+from metagen.decoding.prompts import Prompt
+from metagen.sampling import SamplingParams
+from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
+from metagen.strategies.options import sizes_work
+from metagen.strategies.result import StrategyResult
+from metagen.strategies.stopping import RULES, check_threshold, should_stop
+from metagen.strategies.voting import sample_answers, tally, winner
+
+
+@dataclass(frozen=True)
+class AdaptiveConsistencyConfig:
+    """n_max: most samples drawn; round_size: samples per generate call (the last round is cut
+    to n_max); threshold: stop when the posterior
+    probability that the leading answer is the majority reaches it, in (0, 1); rule: "beta"
+    (top two answers, exact) or "dirichlet" (all answers, Monte Carlo with mc_samples draws
+    seeded by mc_seed; CPU only, at most 100000 a check); params, pattern, math, answer_field: as in self-consistency."""
+
+    n_max: int = sizes_work(16)
+    round_size: int = sizes_work(1)
+    threshold: float = 0.95
+    rule: str = "beta"
+    mc_samples: int = 4096
+    mc_seed: int = 0
+    params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
+    pattern: str | None = None
+    math: bool = False
+    answer_field: str | None = None
+
+    def __post_init__(self) -> None:
+        check_answer_field(self.pattern, self.answer_field)
+        if self.n_max < 1:
+            raise ValueError(f"n_max={self.n_max} is out of range: must be >= 1")
+        if self.round_size < 1:
+            raise ValueError(f"round_size={self.round_size} is out of range: must be >= 1")
+        check_threshold(self.threshold)
+        if self.rule not in RULES:
+            raise ValueError(f"rule={self.rule!r} is not a stopping rule; choose from {', '.join(RULES)}")
+        if not 1 <= self.mc_samples <= 100_000:
+            raise ValueError(f"mc_samples={self.mc_samples} is out of range: must be in [1, 100000]")
+
+
+def adaptive_consistency(
+    generator: Generator,
+    prompt: Prompt,
+    config: AdaptiveConsistencyConfig | None = None,
+    extractor: AnswerExtractor | None = None,
+    *,
+    rng: torch.Generator | None = None,
+) -> StrategyResult:
+    """Majority vote over samples drawn `config.round_size` at a time until the stopping rule
+    holds or `config.n_max` are drawn; cost: every round's."""
+    config = config or AdaptiveConsistencyConfig()
+    extract = extractor or (lambda text: extract_answer(text, config.pattern, config.answer_field))
+    candidates, cost = [], Cost()
+    while len(candidates) < config.n_max:
+        size = min(config.round_size, config.n_max - len(candidates))
+        drawn, round_cost = sample_answers(generator, prompt, config.params, size, extract, rng)
+        candidates += drawn
+        cost += round_cost
+        votes = tally(candidates, [1.0] * len(candidates), config.math)
+        if should_stop(list(votes.values()), config.threshold, config.rule,
+                       samples=config.mc_samples, seed=config.mc_seed):
+            break
+    return StrategyResult(winner(candidates, votes, config.math), candidates, cost, votes)

@@ -1,0 +1,76 @@
+"""Adaptive self-consistency and the compute-optimal allocation, evaluated from stored pools."""
+
+import pytest
+
+from metagen.decoding import Cost, Generator
+from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.eval import EvalConfig, Problem, evaluate
+from metagen.sampling import SamplingParams
+from tests.eval.dice import PROBLEMS, DiceGenerator
+
+# each question's samples, in the order drawn (the last repeats): a certain problem; a hard one
+# whose first four lean wrong (9, 2, 9, 9) but whose later samples say 2; a hopeless even split
+SCRIPTS = {"certain": ["1"], "hard": ["9", "2", "9", "9", "2"], "hopeless": ["7", "8"] * 32}
+KINDS = [Problem("c0", "certain", "1"), Problem("c1", "certain", "1"), Problem("hard", "hard", "2"),
+         Problem("hopeless", "hopeless", "3")]
+
+
+class Scripted(Generator):
+    """Answers each question from its script, in order; 3 tokens and 10 FLOPs a sample."""
+
+    def generate(self, prompt, params, *, generator=None):
+        script = SCRIPTS[prompt]
+        answers = [script[min(i, len(script) - 1)] for i in range(params.n)]
+        completions = [Completion(f"The answer is {a}", [1, 2, 3], [-0.1] * 3, finish_reason="stop") for a in answers]
+        return GenerationResult(completions, [5, 6], cost=Cost(model_calls=3, prompt_tokens_computed=2,
+                                                               generated_tokens=3 * params.n, flops=10.0 * params.n))
+
+
+def test_adaptive_consistency_stops_early_from_the_pool(tmp_path):
+    # temperature 0: every sample answers 0, so the vote stops after four samples at every n >= 4
+    config = EvalConfig(("self_consistency", "adaptive_consistency"), ns=(2, 8, 16), params=SamplingParams(temperature=0.0))
+    report = evaluate(DiceGenerator(), PROBLEMS, config, tmp_path)
+    points = {(p.strategy, p.n): p for p in report.points}
+    for n, drawn in ((2, 2), (8, 4), (16, 4)):
+        adaptive, uniform = points[("adaptive_consistency", n)], points[("self_consistency", n)]
+        assert adaptive.samples == drawn and uniform.samples == n
+        assert adaptive.accuracy == uniform.accuracy
+        assert adaptive.cost.generated_tokens < uniform.cost.generated_tokens or n == 2
+    assert points[("adaptive_consistency", 8)].to_dict()["samples"] == 4
+    assert "samples" not in points[("pass@k", 8)].to_dict()
+
+
+def test_allocation_from_the_pool_in_order_is_known_exactly(tmp_path):
+    # subsets=1: each pool is read in its stored order. n = 6 for 4 problems: B = 24, the first round
+    # (k = 4) takes 16. Certain (4 agreeing) and hopeless (2 against 2) gain nothing by the model;
+    # the hard one (3 against 1) gets 7 more: a 12th sample after 11 cannot change a two-answer
+    # plurality's expected accuracy (it only makes ties), so it stays unspent. Its first 11 say 2
+    # eight times against 9's three.
+    config = EvalConfig(("self_consistency",), ns=(4, 6, 32), subsets=1, params=SamplingParams(temperature=1.0),
+                        allocation_round=4)
+    report = evaluate(Scripted(), KINDS, config, tmp_path)
+    points = {(p.strategy, p.n): p for p in report.points}
+    allocated = points[("self_consistency_allocated", 6)]
+    assert allocated.samples == (4 + 4 + 11 + 4) / 4 and allocated.accuracy == 3 / 4  # hopeless never right
+    assert allocated.cost.generated_tokens == 3 * allocated.samples
+    assert allocated.cost.model_calls == (4 * 3 + 3) / 4  # a second call for the hard problem only
+    # uniform n = 4 from the prefix would vote 9 on the hard problem; with nothing to allocate at
+    # n = k the allocated point is exactly that
+    at_k = points[("self_consistency_allocated", 4)]
+    assert at_k.samples == 4 and at_k.accuracy == 2 / 4 and at_k.cost.model_calls == 3
+
+
+def test_allocation_round_needs_self_consistency_and_fits_the_pool():
+    with pytest.raises(ValueError, match="allocation_round=2 needs self_consistency among the strategies"):
+        EvalConfig(("best_of_n",), ns=(4,), allocation_round=2)
+    with pytest.raises(ValueError, match=r"allocation_round=9 is out of range: must be in \[1, 8\]"):
+        EvalConfig(("self_consistency",), ns=(4, 8), allocation_round=9)
+
+
+def test_eval_command_passes_the_allocation_round(capsys):
+    from metagen.cli import main
+
+    # refused by EvalConfig before any model is loaded: the flag reaches it
+    code = main(["eval", "--task", "arithmetic", "--allocation-round", "9", "--strategy", "self_consistency",
+                 "--n", "4,8"])
+    assert code == 2 and "allocation_round=9 is out of range" in capsys.readouterr().err
