@@ -55,7 +55,7 @@ def test_patterns_that_need_backtracking_are_refused_naming_the_field(pattern, f
 
 
 def test_an_invalid_pattern_is_refused_naming_the_field():
-    with pytest.raises(ValueError, match=r"pattern='\(a' is not a valid RE2 regular expression \(missing \)"):
+    with pytest.raises(ValueError, match=r"pattern='\(a' is not a valid regular expression \(missing \).*RE2 syntax"):
         StrategyOptions(pattern="(a")
 
 
@@ -146,3 +146,10 @@ def test_the_worker_dies_with_its_parent_even_while_computing():
         parent.wait()
         parent.stdout.close()
     assert _gone_within(pid, 20)
+
+
+def test_the_exact_answer_verifier_refuses_a_backtracking_pattern_when_built():
+    from metagen.scoring.exact_answer import ExactAnswerVerifier
+
+    with pytest.raises(ValueError, match=r"pattern='\(\?<=is \)\\\\d' is refused .*no lookaround"):
+        ExactAnswerVerifier("4", pattern=r"(?<=is )\d")

@@ -55,7 +55,7 @@ def compile_pattern(pattern: str):
         elif any(detail.startswith(f"invalid perl operator: {token}") for token in _LOOKAROUND):
             feature = "lookaround"
         else:
-            raise ValueError(f"pattern={pattern!r} is not a valid RE2 regular expression ({detail})") from None
+            raise ValueError(f"pattern={pattern!r} is not a valid regular expression ({detail}; RE2 syntax)") from None
         raise ValueError(f"pattern={pattern!r} is refused ({detail}): answer patterns run on RE2, in time linear in "
                          f"the text, which has no {feature} (it needs backtracking, whose time can grow "
                          "exponentially with the text); capture the answer in a group instead") from None
