@@ -153,3 +153,13 @@ def test_the_exact_answer_verifier_refuses_a_backtracking_pattern_when_built():
 
     with pytest.raises(ValueError, match=r"pattern='\(\?<=is \)\\\\d' is refused .*no lookaround"):
         ExactAnswerVerifier("4", pattern=r"(?<=is )\d")
+
+
+def test_a_worker_killed_from_outside_is_replaced(worker):
+    from metagen.scoring.math_equal import math_equal
+
+    assert math_equal("1/2", "0.5")
+    killed = worker.pid
+    os.kill(killed, signal.SIGKILL)
+    assert _gone_within(killed, 10)
+    assert math_equal("2/4", "0.5") and worker.pid not in (None, killed)
