@@ -40,3 +40,14 @@ def test_bad_paths_and_two_sources_are_refused_by_name():
         check_answer_field("x", "a")
     with pytest.raises(ValueError, match="both say where the answer is"):
         extract_answer(DOC, "x", "answer")
+
+
+@pytest.mark.parametrize("text", [
+    "[" * 100_000 + "]" * 100_000,  # deeper than the interpreter's recursion limit
+    '{"answer": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    '{"answer": ' + "[" * 100_000,  # and cut
+])
+def test_deeply_nested_json_is_no_answer_not_a_recursion_error(text):
+    assert json_field(text, "answer") is None
+    assert extract_answer(text, field="answer") is None
+

@@ -78,6 +78,7 @@ def test_a_multi_request_strategy_counts_all_its_requests(client, served_model, 
     ({"strategy": "rebase", "value": "/etc/passwd"}, "metagen.value", "steps or judge"),
     ({"strategy": "rebase"}, "metagen.value", "needs metagen.value"),
     ({"n": 2}, "metagen.strategy", "required"),
+    ({"strategy": "self_consistency", "pattern": "(a)\\1"}, "metagen.pattern", "no backreferences"),
 ])
 def test_bad_strategy_configuration_is_400_naming_the_field(client, served_model, metagen, param, words):
     with pytest.raises(openai.BadRequestError) as raised:
@@ -201,3 +202,29 @@ def test_every_strategy_the_engine_can_run_answers_and_accounts_for_its_tokens(c
     assert block["strategy"] == name and block["candidates"] and block["requests"] >= 1
     assert answer.usage.completion_tokens == block["cost"]["generated_tokens"]
     assert answer.usage.prompt_tokens == block["cost"]["prompt_tokens_computed"]
+
+
+def test_a_backtracking_answer_pattern_never_holds_the_server(client, served_model, server):
+    """pattern (a+)+$ against a forced output of 60 a's and a "!": Python's backtracking re
+    would try 2^60 splits holding the GIL, so no stream and no /health would answer again. On
+    RE2 the request answers (no match) and /health answers all along (10 s each: a loaded
+    machine's bound, against never)."""
+    import threading
+
+    forced = "a" * 60 + "!"
+    outcome = {}
+
+    def run():
+        outcome["answer"] = client.chat.completions.create(
+            model=served_model, messages=QUESTION, max_tokens=64, temperature=0.9, seed=1,
+            extra_body={"structured_outputs": {"regex": "a{60}!"},
+                        "metagen": {"strategy": "self_consistency", "n": 2, "pattern": "(a+)+$"}})
+
+    request = threading.Thread(target=run)
+    request.start()
+    while request.is_alive():
+        assert '"ok"' in server.get("/health")  # urlopen times out after 10 s
+        request.join(0.2)
+    block = outcome["answer"].model_extra["metagen"]
+    assert [c["text"] for c in block["candidates"]] == [forced, forced]
+    assert block["answer"] is None

@@ -88,6 +88,24 @@ def test_answer_extraction_and_matching():
     assert answers_match(" Paris. ", "paris")
 
 
+def test_a_vote_with_an_answer_too_costly_to_compare_finishes_and_counts_it_apart():
+    """9^{9^{9}} against 1/2 makes sympy compute a 370-million-digit power (minutes, holding the
+    interpreter; no signal stops it, and off the main thread math-verify sets none): on a worker
+    thread, as in the server, the comparison is a non-match at MATH_TIMEOUT_SECONDS (5 s), so the
+    tower is a class of its own and the vote goes on (120 s bounds a loaded machine)."""
+    pytest.importorskip("math_verify")
+    from concurrent.futures import ThreadPoolExecutor
+
+    outputs = [("the answer is 1/2", [-1.0]), ("the answer is 9^{9^{9}}", [-1.0]), ("the answer is 0.5", [-1.0])]
+    pool = ThreadPoolExecutor(1)
+    try:
+        vote = pool.submit(self_consistency, CannedGenerator(outputs), "q", SelfConsistencyConfig(n=3, math=True))
+        result = vote.result(timeout=120)
+    finally:
+        pool.shutdown(wait=False)
+    assert result.votes == {"1/2": 2.0, "9^{9^{9}}": 1.0} and result.answer == "1/2"
+
+
 def test_bad_config_names_the_field():
     with pytest.raises(ValueError, match="n=0"):
         BestOfNConfig(n=0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from metagen.scoring.answers import AnswerExtractor, answers_match, extract_answer
+from metagen.scoring.answers import AnswerExtractor, answers_match, compile_pattern, extract_answer
 from metagen.scoring.base import Verdict, Verifier
 
 if TYPE_CHECKING:
@@ -17,7 +17,8 @@ class ExactAnswerVerifier(Verifier):
 
     The answer is the candidate's `answer` field when a strategy has set it, else it is
     extracted from its text (`pattern` regex or `extractor` function, default extraction
-    otherwise). math: compare with math-verify ("0.5" = "1/2" = "\\frac{1}{2}").
+    otherwise; `pattern` runs on RE2, see `answers.compile_pattern`). math: compare with
+    math-verify ("0.5" = "1/2" = "\\frac{1}{2}"), within `MATH_TIMEOUT_SECONDS` (past it: incorrect).
     """
 
     name = "exact_answer"
@@ -32,6 +33,8 @@ class ExactAnswerVerifier(Verifier):
     ) -> None:
         if pattern is not None and extractor is not None:
             raise ValueError("give pattern or extractor, not both")
+        if pattern is not None:
+            compile_pattern(pattern)  # refused now (ValueError naming it), not at the first candidate
         self.reference = str(reference)
         self.math = math
         self.extract = extractor or (lambda text: extract_answer(text, pattern))
