@@ -163,3 +163,22 @@ def test_generation_requests_in_flight_are_bounded():
             answers = list(pool.map(lambda i: transport.post("completions", {"prompt": "Hi", "seed": i}), range(6)))
         assert len(answers) == 6 and server.peak == 2
         transport.close()
+
+
+def test_a_stream_of_keep_alive_comments_ends_at_the_deadline():
+    """A server that opens the stream and then sends only SSE comments (`: keep-alive`), as a
+    proxy in front of a stalled engine does: every read gets bytes, no chunk ever comes. The
+    streamed call ends at its deadline (1 s here) instead of never (bounded by 30 s for a loaded
+    machine)."""
+    from metagen.remote import OpenAIGenerator
+    from metagen.remote.streaming import stream
+    from metagen.sampling import SamplingParams
+
+    with FakeServer("vllm") as server, OpenAIGenerator(server.url, timeout=1.0, max_retries=0) as generator:
+        assert generator.profile.model
+        server.drip = 0.05
+        pieces = []
+        started = time.monotonic()
+        with pytest.raises(ServerError, match=r"the stream did not end within 1 s"):
+            generator.loop.run(stream(generator, "Hi", SamplingParams(max_tokens=2), pieces.append))
+        assert time.monotonic() - started < 30 and pieces == []
