@@ -26,6 +26,8 @@ Faults of real servers, each named where it is set:
 - `reject(predicate, status, body)`: requests whose body matches get that status, every time
   (a request the engine cannot run, e.g. llama.cpp's 500 for a grammar it fails to build from a
   3,000-string `choice`), the others are answered.
+- `models_delay = s`: GET /v1/models answered s seconds late, generation at once
+  (llama-cpp-python's server generating on a loaded machine answered /v1/models in over 5 s).
 - `slots = k`: GET /props answers `{"total_slots": k}` as llama.cpp's server does; else 404 (as
   llama-cpp-python, vLLM and SGLang answer).
 """
@@ -58,6 +60,7 @@ class FakeServer:
         self.drip = 0.0
         self.rejects: list[tuple[object, int, bytes]] = []
         self.slots: int | None = None
+        self.models_delay = 0.0
         self._released = threading.Event()  # set on exit: hanging handlers return
         self._count_lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -193,6 +196,8 @@ class FakeServer:
                 if fake.hang:
                     fake._released.wait()
                     return
+                if self.path == "/v1/models" and fake.models_delay:
+                    fake._released.wait(fake.models_delay)
                 if self.path == "/props":
                     if fake.slots is None:
                         return self._reply(404, b'{"error": {"message": "File Not Found"}}')

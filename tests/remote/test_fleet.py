@@ -252,6 +252,7 @@ def test_the_last_live_endpoint_is_never_ejected_by_request_failures(fakes):
             FleetGenerator([proxy.url], max_retries=0, failures_to_eject=1, cooldown=60) as fleet:
         assert fleet.profile.model
         proxy.fault("drop")
+        proxy.fault("drop")  # the request's two attempts (failures_to_eject · 1 + 1)
         with pytest.raises(FleetUnavailableError, match="disconnected"):
             fleet.generate("hi", SamplingParams(max_tokens=2))
         assert fleet.stats()[proxy.url]["up"]
@@ -276,11 +277,24 @@ def test_a_hanging_endpoint_is_taken_out_and_its_requests_fail_over(fakes):
         assert stats[b.url]["requests"] == 4
 
 
+def test_an_endpoint_answering_requests_but_not_its_health_check_in_time_is_busy_not_out(fakes):
+    """llama-cpp-python's server generating on a loaded machine answers GET /v1/models in over 5 s
+    (seen in tests/serve/test_proxy.py's fleets): while it keeps answering requests it stays in."""
+    a, b = fakes
+    with FleetGenerator([a.url, b.url], max_retries=0, health_interval=0.2) as fleet:
+        assert fleet.profile.model
+        for seed in range(2):
+            fleet.generate("hi", SamplingParams(max_tokens=2, seed=seed))  # one to each
+        a.models_delay = 8.0
+        assert wait_for(lambda: "busy, kept" in (fleet.stats()[a.url]["last_failure"] or ""), 30)
+        assert fleet.stats()[a.url]["up"]
+
+
 def test_a_day_long_retry_after_fails_over_at_once(fakes):
     """429 with Retry-After: 86400 (a quota gateway in front of vLLM): not slept on; the other
     replica answers the request at once."""
     a, b = fakes
-    with FleetGenerator([a.url, b.url], max_retries=2) as fleet, ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(1) as pool, FleetGenerator([a.url, b.url], max_retries=2) as fleet:  # closed first
         fleet.pool.endpoints[1].sent = 1  # the first request goes to a (ties go to the one given fewest)
         assert fleet.profile.model
         a.fail(429, '{"error": {"message": "quota"}}', headers={"Retry-After": "86400"})

@@ -14,9 +14,9 @@ so they spread over the endpoints.
 
 Faults: a request that fails on an endpoint after the transport's retries (no connection,
 timeout, 429 / 5xx) is sent again, unchanged (same seed, so the same answer), to another
-endpoint, each endpoint at most once per request; when every endpoint has failed it, the last
-HTTP error is raised (a 500 every replica gives is the request's own: 502 in proxy mode), or
-`FleetUnavailableError` when none answered at all. Only failures with no answer count towards
+endpoint, at most failures_to_eject · endpoints + 1 times, and never again to an endpoint that
+answered it with an HTTP error (a 500 every replica gives is the request's own: it is raised,
+502 in proxy mode); with no attempt left and no HTTP error, `FleetUnavailableError`. Only failures with no answer count towards
 ejection (outlier detection, `pool.py`): `failures_to_eject` consecutive ones take an endpoint
 out for `cooldown` seconds, never the last live one, then a health check (GET /v1/models within
 HEALTH_TIMEOUT; the full probe if it was never probed) takes it back. Every `health_interval`
@@ -236,16 +236,15 @@ class FleetGenerator(OpenAIGenerator):
     async def _on_some_endpoint(self, run, retry=lambda: True):
         """`await run(endpoint)` on a live endpoint, in the pool's order: an endpoint failure
         (`is_endpoint_failure`) is recorded (counted towards ejection when nothing answered, see
-        `pool.py`) and the next endpoint not yet tried is tried while `retry()` says so; any other
-        error is the request's own and is raised at once."""
-        tried: set[int] = set()
+        `pool.py`) and the next pick is tried while `retry()` says so (never again an endpoint that
+        answered with an HTTP error); any other error is the request's own and is raised at once."""
+        tried: dict[int, int] = {}
+        refused: set[int] = set()  # endpoints that answered it with an HTTP error
         last: ServerError | None = None
-        while True:
-            endpoint = await self.pool.acquire(tried)
-            if endpoint is None:  # every endpoint failed this request or is down
-                if last is not None and last.status is not None:
-                    raise last  # an HTTP error on every endpoint tried: the request's own
-                raise FleetUnavailableError(f"the request failed on every endpoint of the fleet: {self.pool.describe()}")
+        for _ in range(self.pool.failures_to_eject * len(self.endpoints) + 1):
+            endpoint = await self.pool.acquire(tried, frozenset(refused))
+            if endpoint is None:  # every endpoint refused this request or is down
+                break
             attempt = asyncio.ensure_future(run(endpoint))
             endpoint.attempts.add(attempt)
             try:
@@ -277,4 +276,10 @@ class FleetGenerator(OpenAIGenerator):
                 if not failed_here or not retry():
                     raise error
             last = error
-            tried.add(self.endpoints.index(endpoint))
+            index = self.endpoints.index(endpoint)
+            tried[index] = tried.get(index, 0) + 1
+            if error.status is not None:
+                refused.add(index)
+        if last is not None and last.status is not None:
+            raise last  # an HTTP error from the endpoints tried: the request's own
+        raise FleetUnavailableError(f"the request failed on every endpoint of the fleet: {self.pool.describe()}")

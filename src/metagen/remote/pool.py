@@ -1,7 +1,8 @@
 """Which endpoint of a fleet takes the next request: least outstanding, bounded, health-checked.
 
-    pick = argmin over live endpoints not yet tried by this request, with
-           outstanding < min(max_concurrency, endpoint's slots), of (outstanding, requests sent)
+    pick = argmin over live endpoints that have not refused this request with an HTTP error, with
+           outstanding < min(max_concurrency, endpoint's slots), of
+           (times this request already failed there, outstanding, requests sent)
 
 Outlier detection: an endpoint is live until `failures_to_eject` consecutive requests fail on it
 with no answer (connection errors, timeouts of a server not answering its health check, each
@@ -11,10 +12,13 @@ cool-down. An HTTP error status (a 500 for one request the engine cannot run, a 
 about the endpoint's health and is not counted, and a timeout of a server that still answers its
 health check is slowness, not death; the last live endpoint is never ejected by request failures
 (ejecting it would turn one bad request into 503 for everyone). `watch(interval)` checks the live
-ones on a schedule too: one failing its check (no answer within the transport's HEALTH_TIMEOUT) is
-taken out the same way, the last one too (it really does not answer), before a request fails on
-it, and the requests in flight on an endpoint taken out are cancelled (the fleet sends them to
-another); endpoints whose cool-down is over are rechecked, as the next request would. The pool
+ones on a schedule too: one failing its check (an error, or no answer within the transport's
+HEALTH_TIMEOUT) is taken out the same way, the last one too, before a request fails on it, and
+the requests in flight on an endpoint taken out are cancelled (the fleet sends them to another);
+endpoints whose cool-down is over are rechecked, as the next request would. A check given no
+answer in time is not enough while the endpoint is making progress (it answered a request within
+PROGRESS_SECONDS): llama-cpp-python's server, generating on a loaded machine, answers /v1/models
+late but is alive; one that answers nothing, requests nor checks, is hung. The pool
 lives on the fleet's event loop (`loop.py`): every coroutine that acquires and releases runs on that one thread, so its state
 needs no lock (other threads only read counts, through `stats`). An acquire with every live
 endpoint at its limit awaits a release. With no endpoint live, `acquire` raises
@@ -27,6 +31,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+
+
+PROGRESS_SECONDS = 60.0  # an endpoint that answered a request this recently is busy, not hung
 
 
 class FleetUnavailableError(RuntimeError):
@@ -44,6 +51,7 @@ class Endpoint:
     outstanding: int = 0
     sent: int = 0  # requests given to it (ties go to the one given fewest: not to one that never answers)
     slots: int | None = None  # requests it works on at once (probed; None: not said)
+    answered_at: float | None = None  # when it last answered a request (the pool's clock)
     consecutive: int = 0
     down_until: float | None = None  # None: live
     checking: bool = False
@@ -92,23 +100,24 @@ class EndpointPool:
     def _limit(self, endpoint: Endpoint) -> int:
         return min(self.max_concurrency, endpoint.slots or self.max_concurrency)
 
-    async def acquire(self, tried: set[int]) -> Endpoint | None:
-        """A live endpoint with room not in `tried` (indices of endpoints this request failed
-        on), counted as outstanding; None when every endpoint not tried is down (and none is being
-        checked); FleetUnavailableError when that is every endpoint."""
+    async def acquire(self, tried: dict[int, int], refused: frozenset[int] = frozenset()) -> Endpoint | None:
+        """A live endpoint with room, counted as outstanding; `tried`: failures of this request by
+        endpoint index (chosen last), `refused`: endpoints that answered it with an HTTP error (not
+        chosen). None when every endpoint not refused is down (and none is being checked);
+        FleetUnavailableError when nothing was refused and every endpoint is down."""
         while True:
             due = self._claim_due()
             if due is not None:
                 await self._recheck(due)
                 continue
-            chosen = self._choose(tried)
+            chosen = self._choose(tried, refused)
             if chosen is not None:
                 chosen.outstanding += 1
                 chosen.sent += 1
                 return chosen
-            others = [e for i, e in enumerate(self.endpoints) if i not in tried]
+            others = [e for i, e in enumerate(self.endpoints) if i not in refused]
             if all(e.down_until is not None and not e.checking for e in others):
-                if not tried:
+                if not refused:
                     raise FleetUnavailableError(f"every endpoint of the fleet is down: {self.describe()}")
                 return None
             await self._wait(self._next_due_in())
@@ -121,6 +130,7 @@ class EndpointPool:
         if failure is None:
             endpoint.requests += 1
             endpoint.consecutive = 0
+            endpoint.answered_at = self.clock()
         elif counted:
             endpoint.failures += 1
             endpoint.consecutive += 1
@@ -152,10 +162,11 @@ class EndpointPool:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
 
-    def _choose(self, tried: set[int]) -> Endpoint | None:
-        free = [e for i, e in enumerate(self.endpoints)
-                if i not in tried and e.down_until is None and e.outstanding < self._limit(e)]
-        return min(free, key=lambda e: (e.outstanding, e.sent), default=None)
+    def _choose(self, tried: dict[int, int], refused: frozenset[int]) -> Endpoint | None:
+        free = [(i, e) for i, e in enumerate(self.endpoints)
+                if i not in refused and e.down_until is None and e.outstanding < self._limit(e)]
+        best = min(free, key=lambda item: (tried.get(item[0], 0), item[1].outstanding, item[1].sent), default=None)
+        return None if best is None else best[1]
 
     def _claim_due(self) -> Endpoint | None:
         """A down endpoint whose cool-down is over, marked as being checked (one checker each)."""
@@ -187,6 +198,9 @@ class EndpointPool:
             failure = await self.health_check(endpoint)
         except Exception as error:  # noqa: BLE001 - a failing check is a failure, never a crash
             failure = f"{type(error).__name__}: {error}"
+        if getattr(failure, "unanswered", False) and endpoint.down_until is None and self._progressing(endpoint):
+            endpoint.last_failure = f"health check: {failure} (answering requests: busy, kept)"
+            return None
         if endpoint.down_until != float("inf"):  # not taken out for good (by the check itself)
             if failure is None:
                 endpoint.down_until, endpoint.consecutive = None, 0
@@ -194,6 +208,9 @@ class EndpointPool:
                 self.take_down(endpoint, f"health check: {failure}")
         self._wake()
         return failure
+
+    def _progressing(self, endpoint: Endpoint) -> bool:
+        return endpoint.answered_at is not None and self.clock() - endpoint.answered_at < PROGRESS_SECONDS
 
     async def _recheck(self, endpoint: Endpoint) -> None:
         try:

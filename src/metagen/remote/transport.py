@@ -61,6 +61,13 @@ class ServerError(RuntimeError):
         super().__init__(f"{url}: {where}: {message}")
 
 
+class Unanswered(str):
+    """A health check's failure that was no answer in time (not a refused connection or an error
+    status): the server is hung, or too busy to answer."""
+
+    unanswered = True
+
+
 class InvalidRequestError(ServerError, ValueError):
     """The server rejected the request as invalid (400 / 404 / 422): its message names why."""
 
@@ -210,13 +217,17 @@ class Transport:
         return self._gate
 
     async def alive(self) -> str | None:
-        """None when the server answers GET /v1/models within HEALTH_TIMEOUT, else why not."""
+        """None when the server answers GET /v1/models within HEALTH_TIMEOUT, else why not (an
+        `Unanswered` when it gave no answer in time: hung, or too busy to answer)."""
+        url = f"{self.base_url}/models"
         try:
-            await asyncio.wait_for(self._send("GET", "models", None, 0), HEALTH_TIMEOUT)
-        except ServerError as error:
-            return str(error)
-        except asyncio.TimeoutError:
-            return f"GET {self.base_url}/models: no answer within {HEALTH_TIMEOUT:g} s"
+            response = await asyncio.wait_for(self._client.get(url), HEALTH_TIMEOUT)
+        except (asyncio.TimeoutError, httpx.TimeoutException):
+            return Unanswered(f"GET {url}: no answer within {HEALTH_TIMEOUT:g} s")
+        except httpx.TransportError as error:
+            return f"GET {url}: {type(error).__name__}: {error}"
+        if response.status_code >= 400:
+            return f"GET {url}: HTTP {response.status_code}: {server_message(response)}"
         return None
 
     def retry_wait(self, url: str, response: httpx.Response) -> float:
