@@ -124,3 +124,32 @@ def test_a_killed_concurrent_run_resumes_exactly_once(tmp_path):
     assert len(generator.calls) < len(whole.calls)  # units on disk were not regenerated
     assert _canonical(out) == _canonical(tmp_path / "whole")
     assert _timeless(resumed.to_dict()) == _timeless(reference.to_dict())
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_a_problem_whose_request_finally_fails_leaves_the_others_to_finish(tmp_path, concurrency):
+    """A remote server failing one problem's request past its retries (a fault proxy's drops, a
+    server busy past the deadline): the other problems finish, the unfinished one is named, and a
+    rerun resumes it alone."""
+    pytest.importorskip("httpx")
+    from metagen.eval.harness import UnfinishedProblemsError
+    from metagen.remote import ServerError
+
+    class Flaky(ConcurrentDiceGenerator):
+        failing = True
+
+        def generate(self, prompt, params, *, generator=None):
+            if self.failing and "question 3" in str(prompt):
+                raise ServerError("http://127.0.0.1:1/v1/completions", None, "no answer within the call's deadline")
+            return super().generate(prompt, params, generator=generator)
+
+    with pytest.raises(UnfinishedProblemsError, match=r"1 of \d+ problems unfinished.*rerun with the same "
+                                                      r"directory .*p3: .*deadline") as raised:
+        evaluate(flaky := Flaky(), PROBLEMS, CONFIG, tmp_path, concurrency=concurrency)
+    assert list(raised.value.failures) == ["p3"]
+    finished = {key[1] for key in _keys(tmp_path)}
+    assert finished == {p.id for p in PROBLEMS} - {"p3"}
+    flaky.failing, before = False, len(flaky.calls)  # the server is back
+    evaluate(flaky, PROBLEMS, CONFIG, tmp_path, concurrency=concurrency)
+    assert {key[1] for key in _keys(tmp_path)} == {p.id for p in PROBLEMS}
+    assert flaky.calls[before:] and all("question 3" in str(call) for call in flaky.calls[before:])  # it alone ran

@@ -24,6 +24,18 @@ instead of the well-formed ones (a stream cut before its finish_reason, with few
 than asked, or naming a choice index the request never asked for).
 `delay` holds every generation answer that many seconds; `peak` is the most generation requests
 the server had in flight at once (how far a client's requests really overlapped).
+Faults of real servers, each named where it is set:
+- `hang = True`: every request (GETs too) is read and never answered, the connection left open
+  (a wedged process: it accepts connections, its event loop never runs the handler).
+- `drip = s`: generation answers are sent one byte every s seconds (a server behind a slow link,
+  or one sending SSE keep-alive comments forever: every read gets something, none gets all).
+- `reject(predicate, status, body)`: requests whose body matches get that status, every time
+  (a request the engine cannot run, e.g. llama.cpp's 500 for a grammar it fails to build from a
+  3,000-string `choice`), the others are answered.
+- `models_delay = s`: GET /v1/models answered s seconds late, generation at once
+  (llama-cpp-python's server generating on a loaded machine answered /v1/models in over 5 s).
+- `slots = k`: GET /props answers `{"total_slots": k}` as llama.cpp's server does; else 404 (as
+  llama-cpp-python, vLLM and SGLang answer).
 """
 
 from __future__ import annotations
@@ -52,6 +64,12 @@ class FakeServer:
         self.constrained_finish = "stop"
         self.constrained_stop: str | None = None  # the stop string reported as having cut it
         self.in_flight = self.peak = 0
+        self.hang = False
+        self.drip = 0.0
+        self.rejects: list[tuple[object, int, bytes]] = []
+        self.slots: int | None = None
+        self.models_delay = 0.0
+        self._released = threading.Event()  # set on exit: hanging handlers return
         self._count_lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -65,6 +83,7 @@ class FakeServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._released.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
@@ -74,8 +93,12 @@ class FakeServer:
         normal answer, late)."""
         self.faults.append((status, body.encode() if isinstance(body, str) else body, headers or {}, delay))
 
+    def reject(self, predicate, status: int = 500, body: str = '{"error": {"message": "cannot run this"}}') -> None:
+        """Every generation request whose body satisfies `predicate` gets `status` (see the docstring)."""
+        self.rejects.append((predicate, status, body.encode()))
+
     def posts(self) -> list[dict]:
-        return [body for path, body, _ in self.requests if path != "/v1/models"]
+        return [body for path, body, _ in self.requests if path not in ("/v1/models", "/props")]
 
     # answers -------------------------------------------------------------------------------
 
@@ -168,12 +191,27 @@ class FakeServer:
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 try:
+                    if fake.drip and status == 200 and self.command == "POST":
+                        for k in range(len(payload)):
+                            self.wfile.write(payload[k:k + 1])
+                            self.wfile.flush()
+                            if fake._released.wait(fake.drip):
+                                return
                     self.wfile.write(payload)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up first (the timeout tests): nothing to report
 
             def do_GET(self) -> None:
                 fake.requests.append((self.path, {}, dict(self.headers)))
+                if fake.hang:
+                    fake._released.wait()
+                    return
+                if self.path == "/v1/models" and fake.models_delay:
+                    fake._released.wait(fake.models_delay)
+                if self.path == "/props":
+                    if fake.slots is None:
+                        return self._reply(404, b'{"error": {"message": "File Not Found"}}')
+                    return self._reply(200, json.dumps({"total_slots": fake.slots}).encode())
                 self._reply(200, json.dumps(fake.models()).encode())
 
             counted = False  # whether this request is in `in_flight`
@@ -199,7 +237,13 @@ class FakeServer:
             def _answer(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.requests.append((self.path, body, dict(self.headers)))
+                if fake.hang:
+                    fake._released.wait()
+                    return
                 time.sleep(fake.delay)
+                for predicate, status, payload in fake.rejects:
+                    if predicate(body):
+                        return self._reply(status, payload)
                 if fake.faults:
                     status, payload, headers, delay = fake.faults.pop(0)
                     time.sleep(delay)
@@ -218,6 +262,12 @@ class FakeServer:
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
                 chat = answer["object"] == "chat.completion"
+                while fake.drip and not fake._released.wait(fake.drip):
+                    try:  # SSE comments keep the connection busy; no chunk ever comes
+                        self.wfile.write(b": keep-alive\n\n")
+                        self.wfile.flush()
+                    except (BrokenPipeError, ConnectionResetError):
+                        return
 
                 chunks = []
 

@@ -21,6 +21,7 @@ from metagen.remote import (
     FleetUnavailableError,
     InvalidRequestError,
     OpenAIGenerator,
+    ServerError,
 )
 from metagen.sampling import SamplingParams
 
@@ -221,6 +222,140 @@ def test_capabilities_are_the_intersection():
 def test_bad_settings_are_named(urls, options, wrong):
     with pytest.raises(ValueError, match=wrong):
         FleetGenerator(urls, **options)
+
+
+# faults one request, or one endpoint, must not turn into an outage ----------------------------
+
+
+def test_a_request_every_endpoint_fails_with_500_takes_none_out(fakes):
+    """llama.cpp answers 500 to a request it cannot run (a grammar built from a 3,000-string
+    `choice`): every replica does the same. It is tried once on each, raised as the server's own
+    error, and takes no endpoint out."""
+    a, b = fakes
+    for server in fakes:
+        server.reject(lambda body: body.get("max_tokens") == 7, 500, '{"error": {"message": "grammar too large"}}')
+    with FleetGenerator([a.url, b.url], max_retries=0, failures_to_eject=1, cooldown=60) as fleet:
+        assert fleet.profile.model
+        with pytest.raises(ServerError, match="grammar too large") as raised:
+            fleet.generate("hi", SamplingParams(max_tokens=7))
+        assert not isinstance(raised.value, FleetUnavailableError) and raised.value.status == 500
+        assert [sum(p.get("max_tokens") == 7 for p in s.posts()) for s in fakes] == [1, 1]  # once on each
+        assert all(s["up"] for s in fleet.stats().values())
+        assert fleet.generate("hi", SamplingParams(max_tokens=2)).cost.model_calls == 1  # others still served
+
+
+def test_the_last_live_endpoint_is_never_ejected_by_request_failures(fakes):
+    """Connection drops on the only endpoint left (a fault proxy): each request fails, the endpoint
+    stays in service, so the next request is answered instead of 503 for the cool-down."""
+    a, _ = fakes
+    with FaultProxy(origin(a.url)) as proxy, \
+            FleetGenerator([proxy.url], max_retries=0, failures_to_eject=1, cooldown=60) as fleet:
+        assert fleet.profile.model
+        proxy.fault("drop")
+        proxy.fault("drop")  # the request's two attempts (failures_to_eject · 1 + 1)
+        with pytest.raises(FleetUnavailableError, match="disconnected"):
+            fleet.generate("hi", SamplingParams(max_tokens=2))
+        assert fleet.stats()[proxy.url]["up"]
+        assert fleet.generate("hi", SamplingParams(max_tokens=2)).cost.model_calls == 1
+
+
+def test_a_hanging_endpoint_is_taken_out_and_its_requests_fail_over(fakes):
+    """A wedged replica (accepts connections, answers nothing, health checks included): its health
+    check times out (HEALTH_TIMEOUT, 5 s), it is taken out and the requests in flight on it go to
+    the other replica, long before their own 120 s timeout."""
+    a, b = fakes
+    with FleetGenerator([a.url, b.url], max_retries=0, health_interval=0.2, timeout=120) as fleet:
+        assert fleet.profile.model
+        a.hang = True
+        started = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda s: fleet.generate("hi", SamplingParams(max_tokens=2, seed=s)), range(4)))
+        assert all(r.completions for r in results)
+        assert time.monotonic() - started < 60  # health check and failover, not the 120 s timeout
+        stats = fleet.stats()
+        assert not stats[a.url]["up"] and "health check" in stats[a.url]["last_failure"]
+        assert stats[b.url]["requests"] == 4
+
+
+def test_an_endpoint_answering_requests_but_not_its_health_check_in_time_is_busy_not_out(fakes):
+    """llama-cpp-python's server generating on a loaded machine answers GET /v1/models in over 5 s
+    (seen in tests/serve/test_proxy.py's fleets): while it keeps answering requests it stays in."""
+    a, b = fakes
+    with FleetGenerator([a.url, b.url], max_retries=0, health_interval=0.2) as fleet:
+        assert fleet.profile.model
+        for seed in range(2):
+            fleet.generate("hi", SamplingParams(max_tokens=2, seed=seed))  # one to each
+        a.models_delay = 8.0
+        assert wait_for(lambda: "busy, kept" in (fleet.stats()[a.url]["last_failure"] or ""), 30)
+        assert fleet.stats()[a.url]["up"]
+
+
+def test_a_day_long_retry_after_fails_over_at_once(fakes):
+    """429 with Retry-After: 86400 (a quota gateway in front of vLLM): not slept on; the other
+    replica answers the request at once."""
+    a, b = fakes
+    with ThreadPoolExecutor(1) as pool, FleetGenerator([a.url, b.url], max_retries=2) as fleet:  # closed first
+        fleet.pool.endpoints[1].sent = 1  # the first request goes to a (ties go to the one given fewest)
+        assert fleet.profile.model
+        a.fail(429, '{"error": {"message": "quota"}}', headers={"Retry-After": "86400"})
+        result = pool.submit(fleet.generate, "hi", SamplingParams(max_tokens=2)).result(timeout=30)
+        assert result.completions and not a.faults
+        assert fleet.stats()[a.url]["up"] and "Retry-After 86400 s" in fleet.stats()[a.url]["last_failure"]
+
+
+def test_a_servers_slots_bound_its_requests_in_flight():
+    """llama.cpp's server reports `total_slots` at GET /props: a fan-out sends it no more at once
+    (the rest wait in the client, untimed, instead of timing out in the server's queue)."""
+    with FakeServer("llama.cpp") as one:
+        one.slots = 1
+        with FleetGenerator([one.url], max_retries=0, max_concurrency_per_endpoint=4) as fleet:
+            assert fleet.profile.slots == 1 and fleet.stats()[one.url]["slots"] == 1
+            one.delay, one.peak = 0.1, 0
+            result = fleet.generate("hi", SamplingParams(n=4, max_tokens=2, seed=1))
+            assert len(result.completions) == 4 and one.peak == 1
+        with OpenAIGenerator(one.url, max_retries=0) as single:
+            one.peak = 0
+            assert len(single.generate("hi", SamplingParams(n=3, max_tokens=2, seed=1)).completions) == 3
+            assert single.profile.slots == 1 and one.peak == 1
+
+
+def test_max_rows_bounds_one_calls_fan_out_and_native_n():
+    with FakeServer("llama.cpp") as fan, FakeServer("vllm") as native:
+        with FleetGenerator([fan.url], max_retries=0, max_concurrency_per_endpoint=8) as fleet:
+            fleet.max_rows = 2
+            assert fleet.profile.model
+            fan.delay, fan.peak = 0.1, 0
+            result = fleet.generate("hi", SamplingParams(n=6, max_tokens=2, seed=1))
+            assert len(result.completions) == 6 and fan.peak == 2
+        with FleetGenerator([native.url], max_retries=0) as fleet:
+            fleet.max_rows = 2
+            assert fleet.profile.native_n
+            result = fleet.generate("hi", SamplingParams(n=5, max_tokens=2, seed=1))
+            sent = [body for body in native.posts() if body.get("max_tokens") == 2]
+            assert [body["n"] for body in sent] == [2, 2, 1] and len({body["seed"] for body in sent}) == 3
+            assert len(result.completions) == 5
+
+
+def test_gather_all_with_a_limit_runs_and_creates_that_many_at_once():
+    from metagen.remote.loop import gather_all
+
+    finished = running = peak = 0
+
+    async def one(index):
+        nonlocal running, peak, finished
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.001)
+        running -= 1
+        finished += 1
+        return index
+
+    def make():
+        for index in range(1000):
+            assert index - finished <= 3  # made only when a place is free: never 1000 at once
+            yield one(index)
+
+    assert asyncio.run(gather_all(make(), limit=3)) == list(range(1000)) and peak == 3
 
 
 # two real llama.cpp replicas ---------------------------------------------------------------

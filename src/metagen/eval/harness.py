@@ -16,7 +16,10 @@ file, line and field, before generating anything (see `results.py`).
 `evaluate(..., concurrency=k)` runs k problems at once on threads, for generators that allow it
 (`Generator.concurrent`, e.g. a remote server): each unit is appended whole under one lock, so a
 kill loses at most the units in flight, and every unit draws from its own rng, so the results
-equal those of a sequential run.
+equal those of a sequential run. A problem whose remote request finally fails (a server that
+stays down or busy past the transport's retries and deadline) does not stop the others: they run
+to the end, then `UnfinishedProblemsError` names each unfinished problem and its failure (the
+finished ones are on disk, and a rerun with the same directory resumes the rest).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -343,21 +347,52 @@ def check_concurrency(generator, concurrency: int) -> None:
                          "use concurrency 1, or a remote backend)")
 
 
+class UnfinishedProblemsError(RuntimeError):
+    """Problems left unfinished because their remote requests failed; the others are done."""
+
+    def __init__(self, failures: dict[str, BaseException], total: int, where: str | None) -> None:
+        self.failures = failures
+        listed = "; ".join(f"{problem}: {error}" for problem, error in failures.items())
+        resume = f"rerun with the same directory ({where}) to resume them" if where else \
+            "give an output directory to resume them"
+        super().__init__(f"{len(failures)} of {total} problems unfinished, their remote requests failed "
+                         f"({resume}): {listed}")
+
+
+def request_failed(error: BaseException) -> bool:
+    """Whether `error` is a remote request that finally failed (the server's fault, not the
+    problem's: a server refusing the request as invalid is a ValueError, and stops the run). The
+    remote modules are looked up only if loaded: importing the harness imports no httpx."""
+    kinds = []
+    for module, name in (("metagen.remote.transport", "ServerError"), ("metagen.remote.pool", "FleetUnavailableError")):
+        if module in sys.modules:
+            kinds.append(getattr(sys.modules[module], name))
+    return bool(kinds) and isinstance(error, tuple(kinds)) and not isinstance(error, ValueError)
+
+
 def _run_problems(generator, problems: Sequence[Problem], config: EvalConfig, results: ResultsFile, live,
                   progress, concurrency: int) -> None:
     """Run every problem's missing units, `concurrency` problems at a time on threads. Each unit
     is appended whole under the results file's lock, so a kill loses at most the units in
-    flight; the first failure stops the problems not yet started and is raised."""
-    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+    flight; the first failure stops the problems not yet started and is raised, except a remote
+    request that finally failed (`request_failed`): the other problems run on, and
+    `UnfinishedProblemsError` names the unfinished ones at the end."""
     from threading import Lock
 
     lock, done = Lock(), [0]
+    unfinished: dict[str, BaseException] = {}
 
     def run(problem: Problem) -> None:
         try:
             _run_problem(generator, problem, config, results, live)
         except ValueError as error:
             raise ValueError(f"problem {problem.id!r}: {error}") from error
+        except Exception as error:  # noqa: BLE001 - sorted below: a failed request, or raised
+            if not request_failed(error):
+                raise
+            with lock:
+                unfinished[str(problem.id)] = error
+            return
         with lock:
             done[0] += 1
             if progress is not None:
@@ -366,7 +401,17 @@ def _run_problems(generator, problems: Sequence[Problem], config: EvalConfig, re
     if concurrency == 1:
         for problem in problems:
             run(problem)
-        return
+    else:
+        _run_threads(run, problems, concurrency)
+    if unfinished:
+        raise UnfinishedProblemsError(unfinished, len(problems), str(results.path.parent) if results.path else None)
+
+
+def _run_threads(run, problems: Sequence[Problem], concurrency: int) -> None:
+    """`run(problem)` for every problem, `concurrency` at a time; the first exception raised stops
+    the problems not yet started and is raised."""
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="metagen-eval") as pool:
         futures = [pool.submit(run, problem) for problem in problems]
         try:

@@ -14,13 +14,22 @@ so they spread over the endpoints.
 
 Faults: a request that fails on an endpoint after the transport's retries (no connection,
 timeout, 429 / 5xx) is sent again, unchanged (same seed, so the same answer), to another
-endpoint; `failures_to_eject` consecutive failures take an endpoint out for `cooldown` seconds,
-then a health check (GET /v1/models; the full probe if it was never probed) takes it back. Every
-`health_interval` seconds the live endpoints are checked too (on the fleet's loop, from its first
-use until `close()`; None: never), and one failing its check is taken out the same way before a
-request fails on it. A
+endpoint, at most failures_to_eject · endpoints + 1 times, and never again to an endpoint that
+answered it with an HTTP error (a 500 every replica gives is the request's own: it is raised,
+502 in proxy mode); with no attempt left and no HTTP error, `FleetUnavailableError`. Only failures with no answer count towards
+ejection (outlier detection, `pool.py`): `failures_to_eject` consecutive ones take an endpoint
+out for `cooldown` seconds, never the last live one, then a health check (GET /v1/models within
+HEALTH_TIMEOUT; the full probe if it was never probed) takes it back. Every `health_interval`
+seconds the live endpoints are checked too (on the fleet's loop, from its first use until
+`close()`; None: never), and one failing its check is taken out before a request fails on it, its
+requests in flight sent to the others. The endpoints' transports do not retry a busy server
+(`retry_busy=False`): a Retry-After or a timeout of a server that is alive fails over at once. A
 request the server rejects as invalid (400 / 404 / 422) is raised at once: every replica would
-say the same. With every endpoint down: `FleetUnavailableError` naming each and its last failure.
+say the same.
+
+Bounds: at most `max_concurrency_per_endpoint` requests in flight on an endpoint, fewer where
+the server says it works on fewer at once (llama.cpp's slots, probed); one call's fan-out has
+at most `max_rows` requests in flight (None: the fleet's capacity), the rest created as those end.
 
 `Cost.model_calls` counts answered requests; `stats()` gives requests / failures / outstanding
 per endpoint.
@@ -70,6 +79,8 @@ class FleetGenerator(OpenAIGenerator):
     cooldown: seconds an endpoint stays out before its health check.
     health_interval: seconds between health checks of the live endpoints (None: none; only
         endpoints taken out are checked, after their cool-down).
+    deadline: seconds one request may take on one endpoint, its retries there included (see
+        `Transport`; None: its default).
     Every other keyword is `OpenAIGenerator`'s, applied to each endpoint.
     """
 
@@ -78,7 +89,7 @@ class FleetGenerator(OpenAIGenerator):
                  engine: str = "auto",
                  chat: bool | None = None, tokenizer=None, parameter_count: float | None = None,
                  api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, connect_timeout: float = 5.0,
-                 max_retries: int = 4) -> None:
+                 max_retries: int = 4, deadline: float | None = None) -> None:
         if isinstance(base_urls, str) or not base_urls:
             raise ValueError(f"base_urls={base_urls!r} must be a non-empty list of URL strings")
         if len(set(base_urls)) != len(base_urls):
@@ -98,7 +109,7 @@ class FleetGenerator(OpenAIGenerator):
         self.loop = BackgroundLoop("metagen-fleet")  # one loop for every endpoint's requests
         members = [OpenAIGenerator(url, model, engine=engine, transport=Transport(
             url, api_key_env=api_key_env, timeout=timeout, connect_timeout=connect_timeout,
-            max_retries=max_retries, loop=self.loop)) for url in base_urls]
+            max_retries=max_retries, deadline=deadline, retry_busy=False, loop=self.loop)) for url in base_urls]
         self.endpoints = [Endpoint(member.transport.base_url, member) for member in members]
         self.pool = EndpointPool(self.endpoints, max_concurrency=max_concurrency_per_endpoint,
                                  failures_to_eject=failures_to_eject, cooldown=cooldown,
@@ -134,12 +145,18 @@ class FleetGenerator(OpenAIGenerator):
         return {e.url: e.stats() for e in self.endpoints}
 
     async def _probe(self) -> ServerProfile:
-        """The intersection of every reachable endpoint's profile (each probed once, concurrently)."""
+        """The intersection of every reachable endpoint's profile (each probed once, concurrently;
+        one not answering its health check first is down, not waited for)."""
         async def attempt(endpoint: Endpoint) -> ServerProfile | ServerError:
+            down = await endpoint.member.transport.alive()
+            if down is not None:
+                return ServerError(endpoint.url, None, down)
             try:
-                return await endpoint.member._probed()
+                profile = await endpoint.member._probed()
             except ServerError as error:  # unreachable or failing: down, not a capability answer
                 return error
+            endpoint.slots = profile.slots
+            return profile
 
         answers = await asyncio.gather(*(attempt(endpoint) for endpoint in self.endpoints))
         outcomes = dict(zip([e.url for e in self.endpoints], answers))
@@ -157,20 +174,20 @@ class FleetGenerator(OpenAIGenerator):
     async def _health_check(self, endpoint: Endpoint) -> str | None:
         """None when `endpoint` may serve again; an endpoint first probed now must honour what the
         fleet honours (else it stays out for good)."""
+        down = await endpoint.member.transport.alive()
+        if down is not None or endpoint.member._profile is not None:
+            return down
         try:
-            if endpoint.member._profile is None:
-                try:
-                    reason = self._incompatibility(await endpoint.member._probed(), endpoint.url)
-                except ValueError as error:  # e.g. it does not serve the fleet's model
-                    reason = str(error)
-                if reason is not None:
-                    self.pool.take_down(endpoint, reason, forever=True)
-                    return reason
-            else:
-                await endpoint.member.transport.aget("models", retry=False)
+            profile = await endpoint.member._probed()
+            endpoint.slots = profile.slots
+            reason = self._incompatibility(profile, endpoint.url)
+        except ValueError as error:  # e.g. it does not serve the fleet's model
+            reason = str(error)
         except ServerError as error:
             return str(error)
-        return None
+        if reason is not None:
+            self.pool.take_down(endpoint, reason, forever=True)
+        return reason
 
     def _incompatibility(self, profile: ServerProfile, url: str) -> str | None:
         """Why an endpoint with `profile` cannot join the fleet (None: it can; health checks run
@@ -181,9 +198,14 @@ class FleetGenerator(OpenAIGenerator):
             return str(error)
         return None if joined == self._profile else f"{url} honours less than the fleet: {profile}"
 
+    def _fan_out_limit(self) -> int:
+        """Requests of one call in flight at once: max_rows, at most the live endpoints' capacity."""
+        capacity = self.pool.capacity()
+        return capacity if self.max_rows is None else min(self.max_rows, capacity)
+
     async def _post_all(self, endpoint: str, requests: list[dict]) -> list[tuple[dict, str]]:
-        """(answer, URL that answered) per request, in order; a fan-out's go out at once."""
-        return await gather_all(self._post_one(endpoint, request) for request in requests)
+        """(answer, URL that answered) per request, in order; a fan-out's go out as places free up."""
+        return await gather_all((self._post_one(endpoint, request) for request in requests), self._fan_out_limit())
 
     async def _stream_one(self, path: str, request: dict, handle) -> None:
         """Stream one request from some live endpoint: failing over as `_post_one` does while no
@@ -213,25 +235,51 @@ class FleetGenerator(OpenAIGenerator):
 
     async def _on_some_endpoint(self, run, retry=lambda: True):
         """`await run(endpoint)` on a live endpoint, in the pool's order: an endpoint failure
-        (`is_endpoint_failure`) is counted against it and the next one is tried while `retry()`
-        says so; any other error is the request's own and is raised at once."""
+        (`is_endpoint_failure`) is recorded (counted towards ejection when nothing answered, see
+        `pool.py`) and the next pick is tried while `retry()` says so (never again an endpoint that
+        answered with an HTTP error); any other error is the request's own and is raised at once."""
         tried: dict[int, int] = {}
-        attempts = self.pool.failures_to_eject * len(self.endpoints) + 1
-        for _ in range(attempts):
-            endpoint = await self.pool.acquire(tried)
+        refused: set[int] = set()  # endpoints that answered it with an HTTP error
+        last: ServerError | None = None
+        for _ in range(self.pool.failures_to_eject * len(self.endpoints) + 1):
+            endpoint = await self.pool.acquire(tried, frozenset(refused))
+            if endpoint is None:  # every endpoint refused this request or is down
+                break
+            attempt = asyncio.ensure_future(run(endpoint))
+            endpoint.attempts.add(attempt)
             try:
-                result = await run(endpoint)
-            except ServerError as error:
-                failed_here = is_endpoint_failure(error)
-                self.pool.release(endpoint, str(error), counted=failed_here)
-                if not failed_here or not retry():
-                    raise
-                index = self.endpoints.index(endpoint)
-                tried[index] = tried.get(index, 0) + 1
-                continue
-            except BaseException:
-                self.pool.release(endpoint, "interrupted", counted=False)
+                await asyncio.wait({attempt})
+            except BaseException:  # the caller went away
+                attempt.cancel()
+                await asyncio.gather(attempt, return_exceptions=True)
+                self.pool.release(endpoint, "interrupted", counted=False, recorded=False)
                 raise
-            self.pool.release(endpoint, None)
-            return result
-        raise FleetUnavailableError(f"request failed on {attempts} attempts across the fleet: {self.pool.describe()}")
+            finally:
+                endpoint.attempts.discard(attempt)
+            if attempt.cancelled():  # the endpoint was taken out while the request was in flight
+                error = ServerError(endpoint.url, None, f"taken out while the request was in flight "
+                                                        f"({endpoint.last_failure})")
+                self.pool.release(endpoint, str(error), counted=False, recorded=False)
+                if not retry():
+                    raise error
+            else:
+                error = attempt.exception()
+                if error is None:
+                    self.pool.release(endpoint, None)
+                    return attempt.result()
+                if not isinstance(error, ServerError):
+                    self.pool.release(endpoint, "interrupted", counted=False, recorded=False)
+                    raise error
+                failed_here = is_endpoint_failure(error)
+                self.pool.release(endpoint, str(error), counted=failed_here and error.status is None and not error.busy,
+                                  recorded=failed_here)
+                if not failed_here or not retry():
+                    raise error
+            last = error
+            index = self.endpoints.index(endpoint)
+            tried[index] = tried.get(index, 0) + 1
+            if error.status is not None:
+                refused.add(index)
+        if last is not None and last.status is not None:
+            raise last  # an HTTP error from the endpoints tried: the request's own
+        raise FleetUnavailableError(f"the request failed on every endpoint of the fleet: {self.pool.describe()}")

@@ -126,14 +126,39 @@ class BackgroundLoop:
             finalizer()
 
 
-async def gather_all(awaitables: Iterable[Awaitable[T]]) -> list[T]:
+async def gather_all(awaitables: Iterable[Awaitable[T]], limit: int | None = None) -> list[T]:
     """The results of `awaitables`, run concurrently, in order; when one fails, the others are
-    cancelled (and awaited) and its exception is raised as it is."""
-    tasks = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
+    cancelled (and awaited) and its exception is raised as it is. limit: at most this many run at
+    once, the next taken from the iterable as one ends (a generator of coroutines is then
+    consumed lazily: n = 100,000 makes `limit` tasks at a time, not n)."""
+    if limit is None:
+        tasks = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+    if limit < 1:
+        raise ValueError(f"limit={limit!r} is out of range: must be >= 1 or None")
+    pending = iter(enumerate(awaitables))
+    results: dict[int, T] = {}
+    running: dict[asyncio.Future, int] = {}
     try:
-        return list(await asyncio.gather(*tasks))
+        while True:
+            while len(running) < limit and (item := next(pending, None)) is not None:
+                running[asyncio.ensure_future(item[1])] = item[0]
+            if not running:
+                return [results[index] for index in range(len(results))]
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                results[running.pop(task)] = task.result()  # raises the first failure
     except BaseException:
-        for task in tasks:
+        for task in running:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*running, return_exceptions=True)
+        for _, awaitable in pending:  # never started: no "was never awaited" warning
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()
         raise

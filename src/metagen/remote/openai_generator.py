@@ -11,6 +11,9 @@ accepts them (probed), else they are refused.
 
 n completions: one request with `n` where the server honours it, else n requests with distinct
 seeds derived from one base seed (params.seed, or a draw from `generator`, or fresh entropy).
+`max_rows` (None: no bound) bounds the rows of one call in flight: requests of at most max_rows
+choices (seeds derived per request), at most max_rows of a fan-out sent at once (the next as one
+ends); the transport's `max_in_flight` (the server's slots where it says) bounds them across calls.
 Whatever is asked and cannot be delivered is refused before any request: a SamplingParams field
 the engine does not honour, logprobs from a server that returns none, token prompts.
 
@@ -57,7 +60,7 @@ from metagen.remote.responses import (
     stop_from_tokens,
     usage_cost,
 )
-from metagen.remote.transport import Transport
+from metagen.remote.transport import ServerError, Transport
 from metagen.sampling import SamplingParams
 
 
@@ -109,6 +112,7 @@ class OpenAIGenerator(Generator):
         self.chat = chat if chat is not None else bool(tokenizer is not None and tokenizer.chat_template)
         self.tokenizer = tokenizer
         self.parameter_count = parameter_count
+        self.max_rows: int | None = None  # rows of one call in flight at most (module docstring)
         self._profile: ServerProfile | None = None
         self._probe_lock = asyncio.Lock()  # concurrent first calls probe once (on the generator's loop)
 
@@ -193,16 +197,21 @@ class OpenAIGenerator(Generator):
             body.update(profile.engine.ids_request)
         return body
 
-    @staticmethod
-    def _requests(profile: ServerProfile, body: dict, params: SamplingParams,
+    def _requests(self, profile: ServerProfile, body: dict, params: SamplingParams,
                   generator: torch.Generator | None) -> list[tuple[dict, int]]:
-        """(request body, choices expected) for the n completions: one request or a fan-out."""
+        """(request body, choices expected) for the n completions: one request (n <= max_rows
+        where the server honours n), requests of max_rows choices each, or a fan-out."""
         base = params.seed
         if generator is not None:
             base = int(torch.randint(0, 1 << SEED_BITS, (1,), generator=generator))
-        if profile.native_n or params.n == 1:
+        rows = self.max_rows or params.n
+        if params.n == 1 or (profile.native_n and params.n <= rows):
             seeded = body if base is None else {**body, "seed": base}
             return [({**seeded, "n": params.n}, params.n)]
+        if profile.native_n:
+            base = secrets.randbits(SEED_BITS) if base is None else base
+            return [({**body, "n": min(rows, params.n - first), "seed": derived_seed(base, first // rows)},
+                     min(rows, params.n - first)) for first in range(0, params.n, rows)]
         base = secrets.randbits(SEED_BITS) if base is None else base
         return [({**body, "n": 1, "seed": derived_seed(base, index)}, 1) for index in range(params.n)]
 
@@ -285,11 +294,21 @@ class OpenAIGenerator(Generator):
         from metagen.remote.streaming import sse_chunks
 
         url = f"{self.transport.base_url}/{endpoint}"
-        async for chunk in sse_chunks(self.transport, endpoint, request):
-            handle(chunk, url)
+
+        async def relay() -> None:
+            async with self.transport.gate():  # a place on the server, untimed; then the deadline runs
+                async for chunk in sse_chunks(self.transport, endpoint, request):
+                    handle(chunk, url)
+
+        try:  # the whole stream, keep-alive comments or not, within the transport's deadline
+            await asyncio.wait_for(relay(), self.transport.deadline)
+        except asyncio.TimeoutError:
+            raise ServerError(url, None, f"the stream did not end within {self.transport.deadline:g} s") from None
 
     async def _post_all(self, endpoint: str, requests: list[dict]) -> list[tuple[dict, str]]:
-        """(answer, URL that answered) for each request, in order; a fan-out's go out at once."""
+        """(answer, URL that answered) for each request, in order; a fan-out's go out as places
+        free up (at most max_rows, and the transport's max_in_flight, at once)."""
         url = f"{self.transport.base_url}/{endpoint}"
-        answers = await gather_all(self.transport.apost(endpoint, request) for request in requests)
+        limit = min(self.max_rows or self.transport.max_in_flight, self.transport.max_in_flight)
+        answers = await gather_all((self.transport.apost(endpoint, request) for request in requests), limit)
         return [(answer, url) for answer in answers]

@@ -1,14 +1,24 @@
 """Which endpoint of a fleet takes the next request: least outstanding, bounded, health-checked.
 
-    pick = argmin over live endpoints with outstanding < limit of
-           (times this request already failed there, outstanding, answered)
+    pick = argmin over live endpoints that have not refused this request with an HTTP error, with
+           outstanding < min(max_concurrency, endpoint's slots), of
+           (times this request already failed there, outstanding, requests sent)
 
-An endpoint is live until `failures_to_eject` consecutive requests fail on it (connection
-errors, timeouts, 429 / 5xx, each after the transport's own retries); then it is down for
-`cooldown` seconds, after which the next `acquire` health-checks it (one checker at a time) and
-takes it back or leaves it down for another cool-down. `watch(interval)` checks the live ones on
-a schedule too: one failing its check is taken out the same way, before a request fails on it
-(and endpoints whose cool-down is over are rechecked, as the next request would). The pool
+Outlier detection: an endpoint is live until `failures_to_eject` consecutive requests fail on it
+with no answer (connection errors, timeouts of a server not answering its health check, each
+after the transport's own retries); then it is down for `cooldown` seconds, after which the next
+`acquire` health-checks it (one checker at a time) and takes it back or leaves it down for another
+cool-down. An HTTP error status (a 500 for one request the engine cannot run, a 429) says nothing
+about the endpoint's health and is not counted, and a timeout of a server that still answers its
+health check is slowness, not death; the last live endpoint is never ejected by request failures
+(ejecting it would turn one bad request into 503 for everyone). `watch(interval)` checks the live
+ones on a schedule too: one failing its check (an error, or no answer within the transport's
+HEALTH_TIMEOUT) is taken out the same way, the last one too, before a request fails on it, and
+the requests in flight on an endpoint taken out are cancelled (the fleet sends them to another);
+endpoints whose cool-down is over are rechecked, as the next request would. A check given no
+answer in time is not enough while the endpoint is making progress (it answered a request within
+PROGRESS_SECONDS): llama-cpp-python's server, generating on a loaded machine, answers /v1/models
+late but is alive; one that answers nothing, requests nor checks, is hung. The pool
 lives on the fleet's event loop (`loop.py`): every coroutine that acquires and releases runs on that one thread, so its state
 needs no lock (other threads only read counts, through `stats`). An acquire with every live
 endpoint at its limit awaits a release. With no endpoint live, `acquire` raises
@@ -20,7 +30,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+PROGRESS_SECONDS = 60.0  # an endpoint that answered a request this recently is busy, not hung
 
 
 class FleetUnavailableError(RuntimeError):
@@ -36,14 +49,18 @@ class Endpoint:
     requests: int = 0  # answered
     failures: int = 0  # failed (each after the transport's retries)
     outstanding: int = 0
+    sent: int = 0  # requests given to it (ties go to the one given fewest: not to one that never answers)
+    slots: int | None = None  # requests it works on at once (probed; None: not said)
+    answered_at: float | None = None  # when it last answered a request (the pool's clock)
     consecutive: int = 0
     down_until: float | None = None  # None: live
     checking: bool = False
     last_failure: str | None = None
+    attempts: set = field(default_factory=set)  # tasks of requests in flight on it (cancelled when taken out)
 
     def stats(self) -> dict:
         return {"requests": self.requests, "failures": self.failures, "outstanding": self.outstanding,
-                "up": self.down_until is None, "last_failure": self.last_failure}
+                "up": self.down_until is None, "last_failure": self.last_failure, "slots": self.slots}
 
 
 class EndpointPool:
@@ -69,39 +86,61 @@ class EndpointPool:
         return "; ".join(parts)
 
     def take_down(self, endpoint: Endpoint, failure: str, forever: bool = False) -> None:
+        """Out for the cool-down (or for good): its requests in flight are cancelled."""
         endpoint.last_failure = failure
         endpoint.down_until = float("inf") if forever else self.clock() + self.cooldown
+        for attempt in list(endpoint.attempts):
+            attempt.cancel()
         self._wake()
 
-    async def acquire(self, tried: dict[int, int]) -> Endpoint:
-        """A live endpoint with room, counted as outstanding; `tried`: failures of this request
-        by endpoint index (those are chosen last)."""
+    def capacity(self) -> int:
+        """Requests the live endpoints take at once (at least 1)."""
+        return max(sum(self._limit(e) for e in self.endpoints if e.down_until is None), 1)
+
+    def _limit(self, endpoint: Endpoint) -> int:
+        return min(self.max_concurrency, endpoint.slots or self.max_concurrency)
+
+    async def acquire(self, tried: dict[int, int], refused: frozenset[int] = frozenset()) -> Endpoint | None:
+        """A live endpoint with room, counted as outstanding; `tried`: failures of this request by
+        endpoint index (chosen last), `refused`: endpoints that answered it with an HTTP error (not
+        chosen). None when every endpoint not refused is down (and none is being checked);
+        FleetUnavailableError when nothing was refused and every endpoint is down."""
         while True:
             due = self._claim_due()
             if due is not None:
                 await self._recheck(due)
                 continue
-            chosen = self._choose(tried)
+            chosen = self._choose(tried, refused)
             if chosen is not None:
                 chosen.outstanding += 1
+                chosen.sent += 1
                 return chosen
-            if all(e.down_until is not None and not e.checking for e in self.endpoints):
-                raise FleetUnavailableError(f"every endpoint of the fleet is down: {self.describe()}")
+            others = [e for i, e in enumerate(self.endpoints) if i not in refused]
+            if all(e.down_until is not None and not e.checking for e in others):
+                if not refused:
+                    raise FleetUnavailableError(f"every endpoint of the fleet is down: {self.describe()}")
+                return None
             await self._wait(self._next_due_in())
 
-    def release(self, endpoint: Endpoint, failure: str | None, counted: bool = True) -> None:
-        """The request on `endpoint` ended: answered (failure None) or failed; counted=False for
-        failures that say nothing about the endpoint (a request it rejected as invalid)."""
+    def release(self, endpoint: Endpoint, failure: str | None, counted: bool = True, recorded: bool = True) -> None:
+        """The request on `endpoint` ended: answered (failure None) or failed. counted: an outlier
+        failure (no answer) towards ejection; recorded=False for failures that say nothing about
+        the endpoint (a request it rejected as invalid, one cancelled by its caller)."""
         endpoint.outstanding -= 1
         if failure is None:
             endpoint.requests += 1
             endpoint.consecutive = 0
+            endpoint.answered_at = self.clock()
         elif counted:
             endpoint.failures += 1
             endpoint.consecutive += 1
             endpoint.last_failure = failure
-            if endpoint.consecutive >= self.failures_to_eject and endpoint.down_until is None:
-                endpoint.down_until = self.clock() + self.cooldown
+            others_live = any(e.down_until is None for e in self.endpoints if e is not endpoint)
+            if endpoint.consecutive >= self.failures_to_eject and endpoint.down_until is None and others_live:
+                self.take_down(endpoint, failure)
+        elif recorded:  # the request's own failure (HTTP 5xx), or slowness: named, not counted
+            endpoint.failures += 1
+            endpoint.last_failure = failure
         self._wake()
 
     def _wake(self) -> None:
@@ -123,12 +162,11 @@ class EndpointPool:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
 
-    def _choose(self, tried: dict[int, int]) -> Endpoint | None:
+    def _choose(self, tried: dict[int, int], refused: frozenset[int]) -> Endpoint | None:
         free = [(i, e) for i, e in enumerate(self.endpoints)
-                if e.down_until is None and e.outstanding < self.max_concurrency]
-        if not free:
-            return None
-        return min(free, key=lambda item: (tried.get(item[0], 0), item[1].outstanding, item[1].requests))[1]
+                if i not in refused and e.down_until is None and e.outstanding < self._limit(e)]
+        best = min(free, key=lambda item: (tried.get(item[0], 0), item[1].outstanding, item[1].sent), default=None)
+        return None if best is None else best[1]
 
     def _claim_due(self) -> Endpoint | None:
         """A down endpoint whose cool-down is over, marked as being checked (one checker each)."""
@@ -149,26 +187,36 @@ class EndpointPool:
             due = []
             while (endpoint := self._claim_due()) is not None:
                 due.append(endpoint)
-            checks = await asyncio.gather(*(self.health_check(e) for e in live),
-                                          *(self._recheck(e) for e in due), return_exceptions=True)
-            for endpoint, failure in zip(live, checks):
-                if isinstance(failure, BaseException):
-                    failure = f"{type(failure).__name__}: {failure}"
-                if failure is not None and endpoint.down_until is None:
-                    self.take_down(endpoint, f"health check: {failure}")
+            await asyncio.gather(*(self.check(e) for e in live), *(self._recheck(e) for e in due),
+                                 return_exceptions=True)
+
+    async def check(self, endpoint: Endpoint) -> str | None:
+        """Health-check `endpoint` now and act on it: back in service when it answers (unless out
+        for good), out for the cool-down when it does not (its requests in flight cancelled).
+        None when it answered, else the failure."""
+        try:
+            failure = await self.health_check(endpoint)
+        except Exception as error:  # noqa: BLE001 - a failing check is a failure, never a crash
+            failure = f"{type(error).__name__}: {error}"
+        if getattr(failure, "unanswered", False) and endpoint.down_until is None and self._progressing(endpoint):
+            endpoint.last_failure = f"health check: {failure} (answering requests: busy, kept)"
+            return None
+        if endpoint.down_until != float("inf"):  # not taken out for good (by the check itself)
+            if failure is None:
+                endpoint.down_until, endpoint.consecutive = None, 0
+            else:
+                self.take_down(endpoint, f"health check: {failure}")
+        self._wake()
+        return failure
+
+    def _progressing(self, endpoint: Endpoint) -> bool:
+        return endpoint.answered_at is not None and self.clock() - endpoint.answered_at < PROGRESS_SECONDS
 
     async def _recheck(self, endpoint: Endpoint) -> None:
         try:
-            failure = await self.health_check(endpoint)
+            await self.check(endpoint)
         finally:
             endpoint.checking = False
-        if failure is None:
-            endpoint.down_until, endpoint.consecutive = None, 0
-        else:
-            endpoint.last_failure = f"health check: {failure}"
-            if endpoint.down_until != float("inf"):  # not taken out for good by the check
-                endpoint.down_until = self.clock() + self.cooldown
-        self._wake()
 
     def _next_due_in(self) -> float | None:
         """Seconds until the next cool-down ends (None: none pending)."""

@@ -7,6 +7,9 @@
                                          one choice), logprobs, top logprobs, returned token ids
     prompt=[token ids]                -> token-id prompts (a 4xx answer means no)
     echo=True, logprobs=1             -> prompt scoring (the prompt's own logprobs come back)
+    GET /props (server root)          -> slots: requests the server works on at once (llama.cpp's
+                                         `total_slots`; None where /props is absent: vLLM, SGLang,
+                                         llama-cpp-python), the most a client should have in flight
 
 Nothing is assumed from the engine's name alone: the table in `engines.py` says which request
 fields to send; the probe says what actually comes back. `probe_async` runs on the transport's
@@ -38,6 +41,7 @@ class ServerProfile:
     token_prompts: bool
     prompt_scoring: bool
     completions: bool = True  # /v1/completions answers (a chat-only model does not)
+    slots: int | None = None  # requests worked on at once (llama.cpp /props total_slots); None: not said
 
     @property
     def tells_stops(self) -> bool:
@@ -88,6 +92,16 @@ async def served_model(transport: Transport, model: str | None, engine: str) -> 
     return model, found, length if isinstance(length, int) else None
 
 
+async def server_slots(transport: Transport) -> int | None:
+    """The server's `total_slots` (llama.cpp's GET /props), None when it does not say."""
+    try:
+        props = await transport.aget_root("props")
+    except ServerError:  # absent (404) or not answering in time: unknown
+        return None
+    slots = props.get("total_slots")
+    return slots if isinstance(slots, int) and not isinstance(slots, bool) and slots >= 1 else None
+
+
 async def _try(transport: Transport, body: dict) -> dict | None:
     """The answer to a probe request (sent once), None when the server answers with an error:
     llama-cpp-python answers a request it cannot parse with HTTP 500, so any error status means
@@ -122,6 +136,9 @@ async def probe_async(transport: Transport, model: str | None = None, engine: st
     scored = await _try(transport, {**base, "prompt": "Hello world", "echo": True, "logprobs": 1})
     scored_tokens = ((scored or {}).get("choices") or [{}])[0].get("logprobs") or {}
     as_ids = await _try(transport, {**base, "prompt": ids if returns_ids else [1, 2]})
+    slots = await server_slots(transport)
+    if slots is not None:  # never more in flight than the server works on: the rest wait here, untimed
+        transport.limit_in_flight(min(slots, transport.max_in_flight))
     return ServerProfile(
         engine=found,
         model=model,
@@ -133,4 +150,5 @@ async def probe_async(transport: Transport, model: str | None = None, engine: st
         token_prompts=as_ids is not None and bool(as_ids.get("choices")),
         prompt_scoring=len(scored_tokens.get("tokens") or []) > 1,
         completions=bool(choices),
+        slots=slots,
     )

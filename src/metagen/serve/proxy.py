@@ -14,8 +14,16 @@ Strategies run over `ProxyGenerator` (proxy_generator.py), a per-run view of the
 
 Failures are answered, never hung on nor turned into tracebacks: every endpoint down 503
 (`backend_unavailable`, naming each endpoint and its last failure), a backend failing or
-answering nonsense 502 (`backend_error`, naming its URL), a backend refusing the request 400 with
-its own message and URL.
+answering nonsense 502 (`backend_error`, naming its URL; a request every backend fails with 500
+is this: it takes no backend out, `fleet.py`), a backend refusing the request 400 with its own
+message and URL.
+
+Bounds: `max_rows` is the most completions of one request in flight on the backends: a plain
+request's n (checked at parse), and a strategy's calls, whose n is sent as requests of at most
+max_rows choices (servers honouring n) or a fan-out of at most max_rows requests at once (servers
+ignoring it), the next sent as one ends. Each backend has at most `max_concurrency_per_endpoint`
+requests in flight (`--backend-concurrency`), fewer where it reports fewer slots (llama.cpp);
+the rest wait in the proxy, untimed by the backend's timeout.
 """
 
 from __future__ import annotations
@@ -30,7 +38,6 @@ from metagen.serve import metrics
 from metagen.serve.protocol import _LEADING_FIELD, SAMPLING_FIELDS, APIError, check_model, only
 from metagen.serve.requests import DoneEvent, EngineStats, TokenEvent
 
-HEALTH_SECONDS = 5.0  # a backend not answering GET /v1/models within this is reported down
 CANCEL_POLL = 0.25  # seconds between checks that a proxied request's client is still there
 UNSUPPORTED_STATUS = (404, 405, 501)  # a backend without the endpoint
 
@@ -71,6 +78,7 @@ class ProxyBackend:
 
     def __init__(self, remote, *, served_name: str | None = None, max_rows: int = 16) -> None:
         self.remote, self.max_rows = remote, max_rows
+        remote.max_rows = max_rows  # a strategy's n: at most max_rows in flight (module docstring)
         self.profile = remote.profile  # probes every endpoint now
         self.served_name = served_name or self.profile.model
         self.stats = EngineStats()  # outcomes and tokens of proxied requests (plain and strategies' requests)
@@ -174,21 +182,18 @@ class ProxyBackend:
 
     # --- the other endpoints -------------------------------------------------------------------------
     async def health(self) -> tuple[int, dict]:
-        """200 while some backend answers GET /v1/models, else 503; each backend up or down."""
-        async def check(endpoint) -> str | None:
-            try:
-                await asyncio.wait_for(endpoint.member.transport.aget("models", retry=False), HEALTH_SECONDS)
-            except (ServerError, asyncio.TimeoutError) as error:
-                return f"{type(error).__name__}: {error}"
-            return None
+        """200 while some backend can take requests, else 503; each backend "up", or "down" with
+        why. Each is health-checked now (GET /v1/models within HEALTH_TIMEOUT) and the fleet acts
+        on the result as on its own checks (back in service when it answers, out when it does
+        not), so what /health says is what the next request meets."""
+        pool = self.remote.pool
 
         async def check_all() -> list[str | None]:
-            return list(await asyncio.gather(*(check(e) for e in self.remote.endpoints)))
+            return list(await asyncio.gather(*(pool.check(e) for e in self.remote.endpoints)))
 
-        failures = await self.remote.loop.call(check_all())
-        backends = {e.url: ("up" if failure is None else f"down: {failure}")
-                    for e, failure in zip(self.remote.endpoints, failures)}
-        up = any(failure is None for failure in failures)
+        await self.remote.loop.call(check_all())
+        backends = {e.url: ("up" if e.down_until is None else f"down: {e.last_failure}") for e in self.remote.endpoints}
+        up = any(e.down_until is None for e in self.remote.endpoints)
         return (200 if up else 503), {"status": "ok" if up else "no backend answers", "backends": backends}
 
     def model_cards(self) -> list[dict]:
