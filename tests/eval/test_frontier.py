@@ -192,3 +192,12 @@ def test_the_frontier_plot_is_written_and_matplotlib_stays_unimported(tmp_path):
     code = ("import sys, metagen.eval, metagen.eval.frontier, metagen.eval.plots; "
             "assert 'matplotlib' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_rows_read_back_name_what_is_missing_or_unknown():
+    row = C.to_dict()
+    assert CurvePoint.from_dict(json.loads(json.dumps(row))) == C
+    with pytest.raises(ValueError, match="has no field 'accuracy'"):
+        CurvePoint.from_dict({k: v for k, v in row.items() if k != "accuracy"})
+    with pytest.raises(ValueError, match="field 'cost' is .*'joules'.*expected an object of fields among"):
+        CurvePoint.from_dict({**row, "cost": {"joules": 1.0}})

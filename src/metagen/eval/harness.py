@@ -123,6 +123,9 @@ class CurvePoint:
         missing = [name for name in ("strategy", "n", "accuracy", "cost") if name not in row]
         if missing:
             raise ValueError(f"result row {row!r:.80} has no field {missing[0]!r}")
+        fields = sorted(Cost().to_dict())
+        if not isinstance(row["cost"], dict) or set(row["cost"]) - set(fields):
+            raise ValueError(f"result row field 'cost' is {row['cost']!r:.80}: expected an object of fields among {fields}")
         interval = row.get("interval")
         return cls(row["strategy"], row["n"], row["accuracy"], row.get("stderr", float("nan")),
                    row.get("problems", 0), Cost(**row["cost"]), None if interval is None else tuple(interval),

@@ -97,7 +97,8 @@ def plot_frontier(points: list[CurvePoint], path: str | Path, title: str = "") -
     figure, axis = plt.subplots(figsize=(8, 5))
     for point in placed:
         low, high = point.interval if point.interval is not None else (point.accuracy, point.accuracy)
-        axis.errorbar([point.cost.flops], [point.accuracy], yerr=[[max(point.accuracy - low, 0)], [max(high - point.accuracy, 0)]],
+        below, above = max(point.accuracy - low, 0.0), max(high - point.accuracy, 0.0)
+        axis.errorbar([point.cost.flops], [point.accuracy], yerr=[[below], [above]],
                       fmt=marker[point.strategy], color=color[point.model], elinewidth=0.8, capsize=2, markersize=6)
         axis.annotate(str(point.n), (point.cost.flops, point.accuracy), textcoords="offset points", xytext=(4, 3),
                       fontsize=7)
