@@ -16,7 +16,7 @@ import pytest
 from metagen.decoding import Cost
 from metagen.eval import EvalConfig, evaluate
 from metagen.eval.frontier import (Choice, bootstrap_interval, budget_ladder, compute_optimal, format_compute_optimal,
-                                   frontier, per_budget)
+                                   frontier, intervals_overlap, per_budget)
 from metagen.eval.harness import ORACLE, CurvePoint
 from metagen.sampling import SamplingParams
 from tests.eval.dice import PROBLEMS, DiceGenerator
@@ -78,6 +78,7 @@ def test_per_budget_picks_the_most_accurate_that_fits_with_its_runner_up():
     )
     assert table.unplaced == (F,)
     assert per_budget(POINTS, [-0.0]).choices[0].best is H
+    assert per_budget([B, A], [20]).choices == (Choice(20.0, A, B, True),)  # equally accurate: the cheaper
 
 
 def test_per_budget_says_when_nothing_fits_or_an_interval_is_missing():
@@ -89,12 +90,25 @@ def test_per_budget_says_when_nothing_fits_or_an_interval_is_missing():
     assert unknown.choices == (Choice(1e30, None, None, None),) and unknown.unplaced == (F,)
 
 
+def test_intervals_overlap_when_they_share_a_point():
+    def with_interval(low, high):
+        return point("s", 1, 0.5, 1.0, (low, high))
+
+    low, high, touching = with_interval(0.1, 0.2), with_interval(0.8, 0.9), with_interval(0.2, 0.8)
+    assert intervals_overlap(low, high) is False and intervals_overlap(high, low) is False
+    assert intervals_overlap(low, touching) is True and intervals_overlap(touching, high) is True
+    assert intervals_overlap(low, point("s", 1, 0.5, 1.0)) is None
+
+
 def test_budget_ladder_is_log_spaced_with_exact_ends():
     points = [point("a", 1, 0.1, 1e9), point("b", 1, 0.2, 1e12), point("c", 1, 0.3, None), point("d", 1, 0.0, 0.0)]
     ladder = budget_ladder(points, rungs=4)
     assert ladder[0] == 1e9 and ladder[-1] == 1e12  # exact: the dearest point fits the last rung
     assert ladder == pytest.approx((1e9, 1e10, 1e11, 1e12))
     assert budget_ladder(points, rungs=1) == (1e12,)
+    uneven = [point("a", 1, 0.1, 1.3e9), point("b", 1, 0.2, 1.9e12)]  # 1.3e9 · (1.9e12 / 1.3e9) < 1.9e12
+    ladder = budget_ladder(uneven, rungs=5)
+    assert ladder[-1] == 1.9e12 and per_budget(uneven, ladder).choices[-1].best is uneven[1]
     assert budget_ladder([point("a", 1, 0.1, 3.0), point("b", 2, 0.2, 3.0)]) == (3.0,)
     assert budget_ladder([point("d", 1, 0.0, 0.0)]) == (0.0,)
     assert budget_ladder([F]) == ()
@@ -144,6 +158,10 @@ def test_bootstrap_is_seeded_exact_when_degenerate_and_checks_its_arguments():
     scores = [0.0, 0.5, 1.0, 1.0, 0.25]
     assert bootstrap_interval(scores, np.random.default_rng(7)) == bootstrap_interval(scores, np.random.default_rng(7))
     assert bootstrap_interval([1.0] * 12, np.random.default_rng(0)) == (1.0, 1.0)
+    for seed in range(5):  # percentiles are resample means, never interpolated between two of them
+        low, high = bootstrap_interval([1.0, 0.0, 1.0, 1.0, 0.0], np.random.default_rng(seed), resamples=7)
+        assert (low * 5) == pytest.approx(round(low * 5), abs=1e-9)
+        assert (high * 5) == pytest.approx(round(high * 5), abs=1e-9)
     low, high = bootstrap_interval(scores, np.random.default_rng(0), resamples=1)
     assert low == high  # one resample: both quantiles are its mean
     with pytest.raises(ValueError, match="per_problem has shape"):
