@@ -40,7 +40,7 @@ def bootstrap_interval(per_problem: Sequence[float], rng: "numpy.random.Generato
     exactly, so the interval tends to that distribution's quantiles as R grows.
 
     rng: a seeded `numpy.random.Generator` (the only randomness). Time O(R·P), memory
-    O(min(R·P, 2^20) + R) (resamples drawn in chunks)."""
+    O(R + max(P, 2^20)) (resamples drawn in chunks of about 2^20 indices)."""
     import numpy as np
 
     values = np.asarray(per_problem, dtype=np.float64)  # (P,)
