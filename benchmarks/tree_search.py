@@ -11,11 +11,13 @@ temperature 0.5, at most 128 new tokens, steps ending at a newline. Two harness 
   blockwise CD (blocks of 16 tokens), tokenwise CD (top-n, λ = 4), all guided by `--value`
   (a value-head file, "steps" for the exact step verifier, or "judge").
 
-Prints one markdown table: accuracy ± standard error, generated tokens, TFLOPs per problem (the
-value's share), the share of prompt + prefix tokens computed against what re-prefilling every
-expansion would compute, and whether the point is on the accuracy-vs-FLOPs frontier (no other
-point is at least as accurate for fewer FLOPs). Results are resumable (`--out`); the baselines
-are shared by runs with different values in the same `--out`.
+Prints one markdown table: accuracy ± standard error, its 95% bootstrap interval over problems,
+generated tokens, TFLOPs per problem (the value's share), the share of prompt + prefix tokens
+computed against what re-prefilling every expansion would compute, and whether the point is on
+the accuracy-vs-FLOPs frontier (`metagen.eval.frontier`: no other point is at least as accurate
+for fewer FLOPs); then the "at budget C use X" table. figures_*/frontier.png draws them.
+Results are resumable (`--out`); the baselines are shared by runs with different values in the
+same `--out`.
 
 Run:  .venv/bin/python benchmarks/tree_search.py --value runs/value_head/value_head_linear.safetensors \\
           --out runs/tree_search --markdown
@@ -31,6 +33,7 @@ from pathlib import Path
 from metagen.decoding import LocalGenerator
 from metagen.eval import EvalConfig, arithmetic_problems, evaluate
 from metagen.eval.fingerprint import model_identity
+from metagen.eval.frontier import format_compute_optimal, frontier
 from metagen.eval.harness import ORACLE, EvalReport
 from metagen.models import load
 from metagen.sampling import SamplingParams
@@ -40,28 +43,18 @@ SEARCHES = ("best_of_n_value", "step_beam", "dvts", "rebase", "mcts", "astar", "
             "tokenwise_cd")
 
 
-def frontier(points) -> set[tuple[str, int]]:
-    """(strategy, n) of the points no other point beats: as accurate or more for fewer FLOPs."""
-    keep = set()
-    for p in points:
-        beaten = any(q is not p and q.cost.flops <= p.cost.flops and q.accuracy >= p.accuracy
-                     and (q.cost.flops < p.cost.flops or q.accuracy > p.accuracy) for q in points)
-        if not beaten:
-            keep.add((p.strategy, p.n))
-    return keep
-
-
 def table(points) -> str:
-    best = frontier(points)
-    lines = ["| strategy | n | accuracy | generated tokens | TFLOPs (value) | prefix computed / naive | frontier |",
-             "|---|---|---|---|---|---|---|"]
+    best = {point.key for point in frontier(points).points}
+    lines = ["| strategy | n | accuracy | 95% interval | generated tokens | TFLOPs (value) | prefix computed / naive "
+             "| frontier |", "|---|---|---|---|---|---|---|---|"]
     for p in points:
         cost = p.cost
         naive = cost.prompt_tokens_computed + cost.prompt_tokens_reused
         share = f"{cost.prompt_tokens_computed / naive:.3f}" if naive else "–"
-        lines.append(f"| {p.strategy} | {p.n} | {p.accuracy:.3f} ± {p.stderr:.3f} | {cost.generated_tokens:.0f} | "
+        lines.append(f"| {p.strategy} | {p.n} | {p.accuracy:.3f} ± {p.stderr:.3f} | "
+                     f"[{p.interval[0]:.3f}, {p.interval[1]:.3f}] | {cost.generated_tokens:.0f} | "
                      f"{cost.flops / 1e12:.3f} ({cost.scorer_flops / 1e12:.4f}) | {share} | "
-                     f"{'yes' if (p.strategy, p.n) in best else ''} |")
+                     f"{'yes' if p.key in best else ''} |")
     return "\n".join(lines)
 
 
@@ -98,11 +91,12 @@ def main() -> None:
     figures = out / f"figures_{Path(args.value).stem}"
     figures.mkdir(parents=True, exist_ok=True)
     (figures / "summary.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
-    from metagen.eval.plots import plot_curves
+    from metagen.eval.plots import plot_curves, plot_frontier
 
-    plot_curves(report, figures, title=f"SmolLM2-135M int4, {len(problems)} arithmetic problems, "
-                                       f"value: {Path(args.value).stem}")
-    print(table(points) if args.markdown else json.dumps(report.to_dict()))
+    title = f"SmolLM2-135M int4, {len(problems)} arithmetic problems, value: {Path(args.value).stem}"
+    plot_curves(report, figures, title=title)
+    plot_frontier(points, figures / "frontier.png", title=title)
+    print(table(points) + "\n\n" + format_compute_optimal(points) if args.markdown else json.dumps(report.to_dict()))
 
 
 if __name__ == "__main__":

@@ -125,6 +125,20 @@ def test_eval_on_a_backend_runs_concurrently_and_resumes_without_regenerating(ca
     assert _timeless(again) == _timeless(out)
 
 
+def test_eval_on_a_backend_without_flops_places_no_point_and_says_so(capsys, tmp_path):
+    """A served model has no parameter count here: its FLOPs are unknown, so no configuration is
+    put on the frontier or chosen for a budget (never as if it cost 0); all are listed unplaced."""
+    with FakeServer("vllm") as server:
+        code, out, err = _run(capsys, *EVAL, "--backend", server.url, "--out", str(tmp_path), "--json")
+        assert code == 0, err
+        data = json.loads(out)
+        assert data["frontier"] == [] and data["per_budget"] == []
+        assert data["unplaced"] == [row for row in data["results"] if row["strategy"] != "pass@k"]
+        assert {row["model"] for row in data["unplaced"]} == {"fake-model"}
+        assert not (tmp_path / "frontier.png").exists()
+        assert "not placed (FLOPs unknown): fake-model greedy n=1" in (tmp_path / "summary.txt").read_text()
+
+
 def test_eval_resume_against_another_served_model_is_refused(capsys, tmp_path):
     with FakeServer("vllm", model="model-a") as server:
         assert _run(capsys, *EVAL, "--backend", server.url, "--out", str(tmp_path))[0] == 0

@@ -152,3 +152,23 @@ def test_failures_are_one_line_before_the_model_loads(tmp_path, capsys, loads, r
     assert main(argv) == 2
     assert named in _error(capsys)
     assert loads == []
+
+
+def test_the_output_answers_which_configuration_to_use_per_budget(tmp_path, capsys, loads):
+    """--json: rows keyed by model, strategy, n with an interval; frontier, per_budget and unplaced at
+    the top; --out: the frontier plot and the "at budget C use X" table in summary.txt."""
+    assert main([*BASE, "--out", str(tmp_path)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {(row["model"], row["strategy"], row["n"]) for row in data["results"]} >= {
+        ("toy", "greedy", 1), ("toy", "self_consistency", 1), ("toy", "self_consistency", 2)}
+    assert all(len(row["interval"]) == 2 and row["cost"]["flops"] > 0 for row in data["results"])
+    assert data["frontier"] and all(row in data["results"] and row["strategy"] != "pass@k" for row in data["frontier"])
+    assert len(data["per_budget"]) == 8 and data["unplaced"] == []
+    last = data["per_budget"][-1]  # the dearest budget affords every configuration
+    assert last["budget_flops"] == max(row["cost"]["flops"] for row in data["results"] if row["strategy"] != "pass@k")
+    assert last["best"]["accuracy"] == max(row["accuracy"] for row in data["results"] if row["strategy"] != "pass@k")
+    assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "compute-optimal frontier: toy " in summary and "budget TFLOPs" in summary
+    assert main(BASE[:-1]) == 0  # the text output carries the same table
+    assert "budget TFLOPs" in capsys.readouterr().out

@@ -55,7 +55,9 @@ def add_parser(commands) -> None:
                             help="text that ends a reasoning step (default newline; \\n, \\t... interpreted)")
     evaluation.add_argument("--aggregation", default="best", choices=("best", "majority", "weighted"),
                             help="tree search: pick the leaf of best value, or vote over leaves' answers")
-    evaluation.add_argument("--json", action="store_true", help='print {"results": [...]} on stdout')
+    evaluation.add_argument("--json", action="store_true",
+                            help='print {"results": [...], "frontier": [...], "per_budget": [...], "unplaced": [...]} '
+                                 "on stdout")
     add_structured_options(evaluation)
     common.add_model_options(evaluation)
     backend.add_backend_options(evaluation, concurrency=True)
@@ -79,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from metagen.decoding import LocalGenerator
     from metagen.eval import EvalConfig, arithmetic_problems, evaluate, format_table, load_jsonl
     from metagen.eval.fingerprint import model_identity
+    from metagen.eval.frontier import format_compute_optimal
     from metagen.outputs import check_writable_directory
     from metagen.sampling import SamplingParams
     from metagen.strategies.registry import StrategyOptions
@@ -122,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if args.backend is not None:
             generator.close()
-    table = format_table(report)
+    table = format_table(report) + "\n\n" + format_compute_optimal(report.configurations())
     if args.out is not None:
         name = generator.model.config.name if identity is not None else generator.served_identity()["name"]
         _write_outputs(args.out, report, table, title=f"{name}, {len(problems)} problems")
@@ -145,15 +148,16 @@ def _parse_list(text: str, name: str, convert):
 
 
 def _write_outputs(out_dir: str, report, table: str, title: str) -> None:
-    """summary.txt, summary.json and the accuracy-vs-compute plots in --out."""
+    """summary.txt, summary.json, the accuracy-vs-compute plots and the frontier plot in --out."""
     from pathlib import Path
 
-    from metagen.eval.plots import plot_curves
+    from metagen.eval.plots import plot_curves, plot_frontier
 
     out = Path(out_dir)
     (out / "summary.txt").write_text(table + "\n")
     (out / "summary.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     plot_curves(report, out, title=title)
+    plot_frontier(report.configurations(), out / "frontier.png", title=title)
 
 
 def _progress(done: int, total: int, started: list[float]) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from metagen.eval.metrics import mean_and_stderr
 from metagen.eval.pool import Pool, PoolGenerator
 from metagen.eval.tasks import Problem
 from metagen.strategies.allocation import allocate, vote_curve_from_counts
@@ -36,12 +35,13 @@ def _orderings(pool: Pool, count: int, *seed_parts) -> list[list[int]]:
     return [list(range(size))] + [rng.sample(range(size), size) for _ in range(count - 1)]
 
 
-def allocation_points(pools: dict[str, Pool], problems: Sequence[Problem], config, score, decode=None) -> list:
+def allocation_points(pools: dict[str, Pool], problems: Sequence[Problem], config, model: str, score,
+                      decode=None) -> list:
     """One `CurvePoint` named ALLOCATED per n of `config.ns` with n >= config.allocation_round
     (the first round k); score(result, problem) -> bool is the harness's own scoring."""
     import numpy as np
 
-    from metagen.eval.harness import CurvePoint, _mean_cost
+    from metagen.eval.harness import _mean_cost, _point
 
     spec = get_strategy("self_consistency")
     k = config.allocation_round
@@ -74,8 +74,7 @@ def allocation_points(pools: dict[str, Pool], problems: Sequence[Problem], confi
                 costs[problem.id].append(cost)
             spent.append(sum(allocation) / len(problems))
         scores = [sum(hits[p.id]) / len(hits[p.id]) for p in problems]
-        accuracy, stderr = mean_and_stderr(scores)
         mean_cost = _mean_cost([_mean_cost(costs[p.id]) for p in problems])
-        points.append(CurvePoint(ALLOCATED, n, accuracy, stderr, len(problems), mean_cost, sum(spent) / len(spent)))
+        points.append(_point(ALLOCATED, n, scores, mean_cost, model, config.seed, sum(spent) / len(spent)))
     return points
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from metagen.decoding.capabilities import described, require
 from metagen.decoding.cost import Cost
 from metagen.eval.fingerprint import generator_identity, model_identity, weights_digest
+from metagen.eval.frontier import bootstrap_interval
 from metagen.eval.metrics import mean_and_stderr, pass_at_k
 from metagen.eval.pool import Pool, PoolGenerator, Sample
 from metagen.eval.results import ResultsFile
@@ -106,9 +107,12 @@ class EvalConfig:
 
 @dataclass
 class CurvePoint:
-    """One (strategy, n) point: accuracy over problems and the mean cost per problem; samples:
-    the mean samples drawn per problem (pooled strategies: n, or fewer for one that stops
-    early; None where not counted)."""
+    """One (model, strategy, n) point: accuracy over problems, its standard error and 95%
+    percentile-bootstrap interval over problems (`frontier.bootstrap_interval`; None when not
+    computed), and the mean cost per problem (FLOPs, generated tokens, wall seconds, ...).
+    `model`: the model's name (`run_setup`'s model identity), so points of several models can
+    be put side by side. samples: the mean samples drawn per problem (pooled strategies: n, or
+    fewer for one that stops early; None where not counted)."""
 
     strategy: str
     n: int
@@ -116,22 +120,51 @@ class CurvePoint:
     stderr: float
     problems: int
     cost: Cost
+    interval: tuple[float, float] | None = None
+    model: str = ""
     samples: float | None = None
 
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return self.model, self.strategy, self.n
+
     def to_dict(self) -> dict:
-        data = {"strategy": self.strategy, "n": self.n, "accuracy": self.accuracy, "stderr": self.stderr,
+        data = {"model": self.model, "strategy": self.strategy, "n": self.n, "accuracy": self.accuracy,
+                "interval": None if self.interval is None else list(self.interval), "stderr": self.stderr,
                 "problems": self.problems, "cost": self.cost.to_dict()}
         if self.samples is not None:
             data["samples"] = self.samples
         return data
+
+    @classmethod
+    def from_dict(cls, row: dict) -> "CurvePoint":
+        """A row of `to_dict` (a `--json` output, summary.json) back; ValueError naming a missing field."""
+        missing = [name for name in ("strategy", "n", "accuracy", "cost") if name not in row]
+        if missing:
+            raise ValueError(f"result row {row!r:.80} has no field {missing[0]!r}")
+        fields = sorted(Cost().to_dict())
+        if not isinstance(row["cost"], dict) or set(row["cost"]) - set(fields):
+            raise ValueError(f"result row field 'cost' is {row['cost']!r:.80}: expected an object of fields among {fields}")
+        interval = row.get("interval")
+        return cls(row["strategy"], row["n"], row["accuracy"], row.get("stderr", float("nan")),
+                   row.get("problems", 0), Cost(**row["cost"]), None if interval is None else tuple(interval),
+                   row.get("model", ""), row.get("samples"))
 
 
 @dataclass
 class EvalReport:
     points: list[CurvePoint] = field(default_factory=list)
 
+    def configurations(self) -> list[CurvePoint]:
+        """The points one can run: all but the oracle coverage pass@k (which needs the answer)."""
+        return [point for point in self.points if point.strategy != ORACLE]
+
     def to_dict(self) -> dict:
-        return {"results": [point.to_dict() for point in self.points]}
+        """{"results": [rows], "frontier", "per_budget", "unplaced"} (`frontier.compute_optimal`
+        over the configurations, at budgets log-spaced from the cheapest to the dearest)."""
+        from metagen.eval.frontier import compute_optimal
+
+        return {"results": [point.to_dict() for point in self.points], **compute_optimal(self.configurations())}
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -463,6 +496,7 @@ def _mean_cost(costs: list[Cost]) -> Cost:
 def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalConfig, decode=None) -> EvalReport:
     """Accuracy and mean cost per (strategy, n), plus the oracle coverage pass@k of the pools."""
     report = EvalReport()
+    model = results.setup.get("model", {}).get("name", "")
     pools = {problem.id: results.pool(problem) for problem in problems} if config.pool_size else {}
     for name in config.strategies:
         spec = get_strategy(name)
@@ -486,9 +520,8 @@ def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalCon
                     record = results.live(problem, name, n)
                     scores.append(float(record["correct"]))
                     costs.append(Cost(**record["cost"]))
-            accuracy, stderr = mean_and_stderr(scores)
             samples = sum(drawn) / len(drawn) if drawn else None
-            report.points.append(CurvePoint(name, n, accuracy, stderr, len(problems), _mean_cost(costs), samples))
+            report.points.append(_point(name, n, scores, _mean_cost(costs), model, config.seed, samples))
     if config.pool_size:
         for k in sorted(set(config.ns)):
             scores, costs = [], []
@@ -498,23 +531,36 @@ def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalCon
                 scores.append(pass_at_k(len(pool.samples), correct, k))
                 costs.append(_mean_cost([pool.subset_cost(i) for i in
                                          _subsets(len(pool.samples), k, config.subsets, config.seed, problem.id, k)]))
-            accuracy, stderr = mean_and_stderr(scores)
-            report.points.append(CurvePoint(ORACLE, k, accuracy, stderr, len(problems), _mean_cost(costs)))
+            report.points.append(_point(ORACLE, k, scores, _mean_cost(costs), model, config.seed))
     if config.allocation_round is not None:
         from metagen.eval.allocation import allocation_points
 
-        report.points += allocation_points(pools, problems, config,
+        report.points += allocation_points(pools, problems, config, model,
                                            lambda result, problem: _score(result, problem, config.options), decode)
     return report
 
 
+def _point(strategy: str, n: int, scores: list[float], cost: Cost, model: str, seed: int,
+           samples: float | None = None) -> CurvePoint:
+    """A curve point from per-problem scores: mean, standard error and the bootstrap interval
+    (its rng seeded by (seed, strategy, n), so a rerun reports the same interval)."""
+    import numpy
+
+    accuracy, stderr = mean_and_stderr(scores)
+    interval = (bootstrap_interval(scores, numpy.random.default_rng(_seed(seed, strategy, n, "bootstrap")))
+                if scores else None)
+    return CurvePoint(strategy, n, accuracy, stderr, len(scores), cost, interval, model, samples)
+
+
 def format_table(report: EvalReport) -> str:
-    """A plain-text table: strategy, n, accuracy ± stderr, generated tokens, TFLOPs ("unknown"
-    when the generator could not count them), seconds per problem."""
-    header = f"{'strategy':<20} {'n':>3}  {'accuracy':>15}  {'gen tokens':>10}  {'TFLOPs':>8}  {'s/problem':>9}"
+    """A plain-text table: strategy, n, accuracy [95% bootstrap interval], generated tokens,
+    TFLOPs ("unknown" when the generator could not count them), seconds per problem."""
+    header = (f"{'strategy':<20} {'n':>3}  {'accuracy [95% interval]':>23}  {'gen tokens':>10}  {'TFLOPs':>8}  "
+              f"{'s/problem':>9}")
     lines = [header, "-" * len(header)]
     for p in report.points:
-        lines.append(f"{p.strategy:<20} {p.n:>3}  {p.accuracy:>7.3f} ± {p.stderr:<5.3f}  "
+        interval = "" if p.interval is None else f"[{p.interval[0]:.3f}, {p.interval[1]:.3f}]"
+        lines.append(f"{p.strategy:<20} {p.n:>3}  {p.accuracy:>7.3f} {interval:>15}  "
                      f"{p.cost.generated_tokens:>10.1f}  {_tflops(p.cost.flops):>8}  {p.cost.wall_seconds:>9.2f}")
     return "\n".join(lines)
 

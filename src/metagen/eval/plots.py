@@ -1,10 +1,11 @@
-"""Accuracy-vs-compute plots (matplotlib, imported only here, drawn off-screen)."""
+"""Accuracy-vs-compute plots (matplotlib, imported only inside the functions, drawn off-screen)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from metagen.eval.harness import ORACLE, EvalReport
+from metagen.eval.frontier import describe, frontier
+from metagen.eval.harness import ORACLE, CurvePoint, EvalReport
 
 AXES = (
     ("generated_tokens", "generated tokens per problem", "accuracy_vs_tokens.png"),
@@ -17,17 +18,9 @@ def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> lis
     oracle coverage pass@k dashed. Returns the files written. An axis whose cost is unknown
     (None) for any point — FLOPs of a generator that cannot count them — is not drawn at all:
     a partial or zero-filled curve would be wrong."""
-    try:
-        import matplotlib
-    except ImportError as error:
-        raise ImportError("plots need matplotlib: pip install 'metagen[plot]'") from error
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     strategies = list(dict.fromkeys(point.strategy for point in report.points))
-    # up to 18 distinct colours, none of them gray: gray is the oracle's
-    palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i not in (14, 15)]
-    palette = palette[0::2] + palette[1::2]  # the saturated shades first
+    palette = _palette(plt)
     written = []
     for field, label, filename in AXES:
         if any(getattr(point.cost, field) is None for point in report.points):
@@ -59,3 +52,84 @@ def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> lis
         plt.close(figure)
         written.append(path)
     return written
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise ImportError("plots need matplotlib: pip install 'metagen[plot]'") from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _palette(plt) -> list:
+    """Up to 18 distinct colours, the saturated shades first, none of them gray (the oracle's)."""
+    palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i not in (14, 15)]
+    return palette[0::2] + palette[1::2]
+
+
+MARKERS = "os^Dv<>pP*Xh"
+
+
+def plot_frontier(points: list[CurvePoint], path: str | Path, title: str = "") -> Path | None:
+    """Accuracy vs FLOPs per problem (log x) of every configuration: one colour per model, one
+    marker per strategy, the 95% interval as a vertical bar, and the compute-optimal frontier
+    (`frontier.frontier`) drawn as the step function "best accuracy within budget C" through
+    its points. Points of unknown FLOPs cannot be placed: they are named under the axes, not
+    drawn; nor can points of 0 FLOPs on a log axis (they are named too). Returns the file
+    written, or None when no point could be drawn."""
+    on = frontier(points)
+    placed = [point for point in points if point.cost.flops is not None and point.cost.flops > 0]
+    free = [point for point in points if point.cost.flops == 0]
+    if not placed:
+        return None
+    plt = _pyplot()
+    from matplotlib.lines import Line2D
+
+    models = list(dict.fromkeys(point.model for point in placed))
+    strategies = list(dict.fromkeys(point.strategy for point in placed))
+    palette = _palette(plt)
+    color = {model: palette[i % len(palette)] for i, model in enumerate(models)}
+    marker = {strategy: MARKERS[i % len(MARKERS)] for i, strategy in enumerate(strategies)}
+    figure, axis = plt.subplots(figsize=(8, 5))
+    for point in placed:
+        low, high = point.interval if point.interval is not None else (point.accuracy, point.accuracy)
+        below, above = max(point.accuracy - low, 0.0), max(high - point.accuracy, 0.0)
+        axis.errorbar([point.cost.flops], [point.accuracy], yerr=[[below], [above]],
+                      fmt=marker[point.strategy], color=color[point.model], elinewidth=0.8, capsize=2, markersize=6)
+        axis.annotate(str(point.n), (point.cost.flops, point.accuracy), textcoords="offset points", xytext=(4, 3),
+                      fontsize=7)
+    xs = [point.cost.flops for point in on.points if point.cost.flops > 0]
+    ys = [point.accuracy for point in on.points if point.cost.flops > 0]
+    right = max(point.cost.flops for point in placed)
+    axis.step(xs + [right], ys + ys[-1:], where="post", color="tab:green", linewidth=2, alpha=0.6, zorder=0)
+    handles = [Line2D([], [], color="tab:green", linewidth=2, alpha=0.6, label="compute-optimal frontier")]
+    handles += [Line2D([], [], color=color[model], marker="o", linestyle="", label=model or "(unnamed model)")
+                for model in models]
+    handles += [Line2D([], [], color="black", marker=marker[strategy], linestyle="", label=strategy)
+                for strategy in strategies]
+    axis.legend(handles=handles, fontsize=8, loc="lower right")
+    axis.set_xscale("log")
+    axis.set_xlabel("FLOPs per problem (2·params·tokens + attention)")
+    axis.set_ylabel("accuracy (95% bootstrap interval)")
+    axis.set_ylim(0, 1.02)
+    axis.grid(True, alpha=0.3)
+    notes = [f"{label}: {_listed(group)}" for label, group in (("not placed (FLOPs unknown)", on.unplaced),
+                                                                 ("not drawn (0 FLOPs)", free)) if group]
+    if notes:
+        figure.text(0.01, 0.01, "; ".join(notes), fontsize=7)
+    if title:
+        axis.set_title(title)
+    path = Path(path)
+    figure.tight_layout(rect=(0, 0.04 if notes else 0, 1, 1))
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def _listed(points: list[CurvePoint], shown: int = 6) -> str:
+    more = f" and {len(points) - shown} more" if len(points) > shown else ""
+    return ", ".join(describe(point) for point in points[:shown]) + more

@@ -1,0 +1,240 @@
+"""The compute-optimal frontier and the answer per budget: which (model, strategy, n) to use for
+a compute budget C (Wu et al. 2024, "Inference scaling laws"):
+
+    argmin_{model, strategy, n}  error(model, strategy, n)   s.t.  cost(model, strategy, n) ≤ C
+
+with the cost in FLOPs per problem (the mean over the evaluated problems, `Cost.flops`).
+
+Every function takes the evaluation's result rows, `CurvePoint`s (`harness.py`; rows read back
+from a `--json` output or summary.json through `CurvePoint.from_dict`), each identified by
+(model, strategy, n). A point whose FLOPs are unknown (None: a remote model without a parameter
+count) cannot be placed on the cost axis: it is never treated as free (0) nor as dearest, but
+returned in `unplaced`, so the caller can say which configurations were left out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy
+
+    from metagen.eval.harness import CurvePoint
+
+BOOTSTRAP_RESAMPLES = 2000
+LEVEL = 0.95
+
+
+def bootstrap_interval(per_problem: Sequence[float], rng: "numpy.random.Generator",
+                       resamples: int = BOOTSTRAP_RESAMPLES, level: float = LEVEL) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of `per_problem` (each problem's score: 0/1, or
+    the fraction of n-subsets answered correctly for a pooled strategy) over problems (Efron 1979).
+
+    Draw R resamples of the P problems with replacement, x*_r = mean of resample r; the interval
+    is the (α/2, 1 − α/2) empirical quantiles of x*_1..x*_R, α = 1 − level, each taken as the
+    smallest x* whose empirical CDF reaches the level ("inverted CDF":
+    sorted(x*)[ceil(R·q) − 1]). For 0/1 scores with k of P correct, x* ~ Binomial(P, k/P) / P
+    exactly, so the interval tends to that distribution's quantiles as R grows.
+
+    rng: a seeded `numpy.random.Generator` (the only randomness). Time O(R·P), memory
+    O(R + max(P, 2^20)) (resamples drawn in chunks of about 2^20 indices)."""
+    import numpy as np
+
+    values = np.asarray(per_problem, dtype=np.float64)  # (P,)
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError(f"per_problem has shape {values.shape}: need a non-empty list of per-problem scores")
+    if not np.all(np.isfinite(values)):
+        raise ValueError("per_problem holds a non-finite score: every score must be a finite number")
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
+        raise ValueError(f"resamples={resamples!r} is out of range: must be an integer >= 1")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level={level!r} is out of range: must be in (0, 1)")
+    count = values.size
+    means = np.empty(resamples)  # (R,)
+    chunk = max(1, (1 << 20) // count)
+    for start in range(0, resamples, chunk):
+        stop = min(start + chunk, resamples)
+        indices = rng.integers(0, count, size=(stop - start, count))  # (chunk, P)
+        means[start:stop] = values[indices].mean(axis=1)
+    means.sort()
+    alpha = 1.0 - level
+
+    def quantile(q: float) -> float:
+        return float(means[max(math.ceil(resamples * q - 1e-9), 1) - 1])
+
+    return quantile(alpha / 2), quantile(1.0 - alpha / 2)
+
+
+def intervals_overlap(a: CurvePoint, b: CurvePoint) -> bool | None:
+    """Whether the accuracy intervals of `a` and `b` share a point: max(lows) ≤ min(highs);
+    None when either has no interval. Overlapping 95% intervals mean the evaluation does not
+    separate the two at that level (it is a conservative test, not a significance test)."""
+    if a.interval is None or b.interval is None:
+        return None
+    return max(a.interval[0], b.interval[0]) <= min(a.interval[1], b.interval[1])
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """points: on the frontier, by increasing FLOPs (equal points in input order);
+    unplaced: the points whose FLOPs are unknown, in input order."""
+
+    points: tuple
+    unplaced: tuple
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The answer at one budget: the most accurate point whose mean FLOPs fit (ties: the
+    cheaper, then the first given), the next one in that order, and whether their accuracy
+    intervals overlap (None without a runner-up or an interval). best None: nothing fits."""
+
+    budget: float
+    best: CurvePoint | None
+    runner_up: CurvePoint | None
+    overlap: bool | None
+
+    def to_dict(self) -> dict:
+        return {"budget_flops": self.budget, "best": None if self.best is None else self.best.to_dict(),
+                "runner_up": None if self.runner_up is None else self.runner_up.to_dict(),
+                "intervals_overlap": self.overlap}
+
+
+@dataclass(frozen=True)
+class BudgetTable:
+    """choices: one per budget, in the order given; unplaced: points of unknown FLOPs."""
+
+    choices: tuple[Choice, ...]
+    unplaced: tuple
+
+
+def _split(points: Sequence[CurvePoint]) -> tuple[list, list]:
+    """(placed, unplaced), after checking every point's accuracy and FLOPs (ValueError naming the point)."""
+    placed, unplaced = [], []
+    for point in points:
+        where = f"point (model={point.model!r}, strategy={point.strategy!r}, n={point.n})"
+        if not (isinstance(point.accuracy, (int, float)) and 0.0 <= point.accuracy <= 1.0):
+            raise ValueError(f"{where} has accuracy={point.accuracy!r}: must be in [0, 1]")
+        flops = point.cost.flops
+        if flops is None:
+            unplaced.append(point)
+        elif not (math.isfinite(flops) and flops >= 0):
+            raise ValueError(f"{where} has cost.flops={flops!r}: must be a finite number >= 0, or None (unknown)")
+        else:
+            placed.append(point)
+    return placed, unplaced
+
+
+def frontier(points: Sequence[CurvePoint]) -> Frontier:
+    """The compute-optimal frontier: the points no other point dominates. q dominates p when
+
+        flops(q) ≤ flops(p)  and  accuracy(q) ≥ accuracy(p),  one of them strict
+
+    (as accurate or more for fewer FLOPs, or more accurate for as many). Two points with equal
+    FLOPs and accuracy do not dominate each other: both are on it. Points of unknown FLOPs are
+    returned in `unplaced`, never compared. Sweep over FLOPs groups in increasing order: a
+    group's most accurate points are on the frontier iff they beat every cheaper point.
+    O(P log P)."""
+    placed, unplaced = _split(points)
+    order = sorted(range(len(placed)), key=lambda i: (placed[i].cost.flops, i))
+    on, best_cheaper, start = [], -math.inf, 0
+    while start < len(order):
+        stop = start
+        while stop < len(order) and placed[order[stop]].cost.flops == placed[order[start]].cost.flops:
+            stop += 1
+        group = [placed[i] for i in order[start:stop]]  # equal FLOPs, input order
+        top = max(point.accuracy for point in group)
+        if top > best_cheaper:
+            on.extend(point for point in group if point.accuracy == top)
+            best_cheaper = top
+        start = stop
+    return Frontier(tuple(on), tuple(unplaced))
+
+
+def per_budget(points: Sequence[CurvePoint], budgets: Sequence[float]) -> BudgetTable:
+    """"At budget C use X": for each C, the most accurate point with flops ≤ C (ties broken by
+    fewer FLOPs, then input order; it is always on the `frontier`), the runner-up in the same
+    order, and whether their intervals overlap. Points of unknown FLOPs are in `unplaced`: they
+    might fit any budget, so the table says they were left out. O(P log P + B·P)."""
+    for budget in budgets:
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (math.isfinite(budget)
+                                                                                    and budget >= 0):
+            raise ValueError(f"budget={budget!r} is out of range: must be a finite number of FLOPs >= 0")
+    placed, unplaced = _split(points)
+    ranked = [placed[i] for i in sorted(range(len(placed)),
+                                        key=lambda i: (-placed[i].accuracy, placed[i].cost.flops, i))]
+    choices = []
+    for budget in budgets:
+        fits = [point for point in ranked if point.cost.flops <= budget][:2]
+        best = fits[0] if fits else None
+        runner_up = fits[1] if len(fits) > 1 else None
+        overlap = intervals_overlap(best, runner_up) if runner_up is not None else None
+        choices.append(Choice(float(budget), best, runner_up, overlap))
+    return BudgetTable(tuple(choices), tuple(unplaced))
+
+
+def budget_ladder(points: Sequence[CurvePoint], rungs: int = 8) -> tuple[float, ...]:
+    """`rungs` budgets spaced evenly in log FLOPs from the cheapest placed point to the dearest,
+    both ends exact (so the dearest point fits the last rung):
+
+        C_i = lo · (hi / lo)^(i / (rungs − 1)),  i = 0..rungs−1,  lo = min flops > 0, hi = max flops
+
+    One rung (hi) when rungs is 1 or all placed points cost the same; () when none is placed.
+    Points costing 0 fit every rung. O(P + rungs)."""
+    if isinstance(rungs, bool) or not isinstance(rungs, int) or rungs < 1:
+        raise ValueError(f"rungs={rungs!r} is out of range: must be an integer >= 1")
+    placed, _ = _split(points)
+    if not placed:
+        return ()
+    hi = max(point.cost.flops for point in placed)
+    positive = [point.cost.flops for point in placed if point.cost.flops > 0]
+    lo = min(positive) if positive else hi
+    if rungs == 1 or lo == hi:
+        return (float(hi),)
+    inner = tuple(lo * (hi / lo) ** (i / (rungs - 1)) for i in range(1, rungs - 1))
+    return (float(lo), *inner, float(hi))
+
+
+def compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float] | None = None) -> dict:
+    """The JSON of the answer: {"frontier": [rows on it], "per_budget": [{"budget_flops", "best",
+    "runner_up", "intervals_overlap"}], "unplaced": [rows of unknown FLOPs]}, rows as
+    `CurvePoint.to_dict`; budgets default to `budget_ladder(points)`."""
+    table = per_budget(points, budget_ladder(points) if budgets is None else budgets)
+    return {"frontier": [point.to_dict() for point in frontier(points).points],
+            "per_budget": [choice.to_dict() for choice in table.choices],
+            "unplaced": [point.to_dict() for point in table.unplaced]}
+
+
+def describe(point: CurvePoint) -> str:
+    """'model strategy n=4' (the model left out when unnamed)."""
+    return " ".join(part for part in (point.model, point.strategy, f"n={point.n}") if part)
+
+
+def format_compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float] | None = None) -> str:
+    """The text of `compute_optimal`: the frontier's points by increasing FLOPs, then an "at
+    budget C use X" table (budget in TFLOPs, the choice with its accuracy and interval, the
+    runner-up, whether their intervals overlap), then the points left out (FLOPs unknown)."""
+    table = per_budget(points, budget_ladder(points) if budgets is None else budgets)
+    on = frontier(points).points
+
+    def shown(point: CurvePoint | None) -> str:
+        if point is None:
+            return "–"
+        interval = "" if point.interval is None else f" [{point.interval[0]:.3f}, {point.interval[1]:.3f}]"
+        return f"{describe(point)}: {point.accuracy:.3f}{interval}"
+
+    header = f"{'budget TFLOPs':>13}  {'use':<48}  {'runner-up':<48}  overlap"
+    lines = ["compute-optimal frontier: " + (", ".join(describe(point) for point in on) or "–"), "", header,
+             "-" * len(header)]
+    for choice in table.choices:
+        best = shown(choice.best) if choice.best is not None else "nothing fits"
+        overlap = {True: "yes", False: "no", None: "–"}[choice.overlap]
+        lines.append(f"{choice.budget / 1e12:>13.4g}  {best:<48}  {shown(choice.runner_up):<48}  {overlap}")
+    if not table.choices:
+        lines.append("no point could be placed: every point's FLOPs are unknown")
+    if table.unplaced:
+        lines.append("not placed (FLOPs unknown): " + ", ".join(describe(point) for point in table.unplaced))
+    return "\n".join(lines)
