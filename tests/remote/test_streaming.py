@@ -153,3 +153,31 @@ def test_negative_usage_in_a_stream_is_a_server_error():
         fake.usage_edit = lambda usage: {**usage, "completion_tokens": -12}
         with pytest.raises(ServerError, match=r"usage.completion_tokens=-12 .*a non-negative integer"):
             _stream(generator, PROMPT, SamplingParams(n=3, seed=4, max_tokens=4))
+
+
+@pytest.mark.parametrize("retry_after", ["86400", "Fri, 01 Jan 2100 00:00:00 GMT"])
+def test_a_stream_refused_with_a_day_long_retry_after_fails_at_once(retry_after):
+    """A gateway answering a streamed request 429 with a day-long Retry-After: the stream, like a
+    whole answer (test_transport.py), fails at once instead of waiting (it may then fail over)."""
+    import random
+
+    from metagen.remote.streaming import sse_chunks
+    from metagen.remote.transport import ServerError, Transport
+
+    waits: list[float] = []
+
+    async def record(seconds: float) -> None:
+        waits.append(seconds)
+
+    with FakeServer() as fake:
+        fake.fail(429, b'{"error": {"message": "quota exhausted"}}', {"Retry-After": retry_after})
+        transport = Transport(fake.url, sleep=record, rng=random.Random(0), max_retries=4)
+
+        async def first_chunk():
+            async for chunk in sse_chunks(transport, "completions", {"prompt": "Hi", "max_tokens": 1, "stream": True}):
+                return chunk
+
+        with pytest.raises(ServerError, match=r"Retry-After \d+ s is more than the 60 s") as error:
+            transport.loop.run(first_chunk())
+        transport.close()
+    assert waits == [] and error.value.status == 429 and error.value.busy

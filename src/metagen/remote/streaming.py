@@ -33,7 +33,7 @@ from metagen.remote.loop import gather_all
 from metagen.remote.openai_generator import text_body
 from metagen.remote.prompt_fields import prompt_request
 from metagen.remote.responses import check_finish, choice_index, usage_cost
-from metagen.remote.transport import RETRIED_STATUS, ServerError, Transport, retry_after_seconds
+from metagen.remote.transport import RETRIED_STATUS, ServerError, Transport
 from metagen.sampling import SamplingParams
 
 def attempt_started(error: httpx.TransportError) -> bool:
@@ -53,7 +53,7 @@ async def sse_chunks(transport: Transport, path: str, body: dict) -> AsyncIterat
             async with transport._client.stream("POST", url, json=body) as response:
                 if response.status_code in RETRIED_STATUS and not last:
                     await response.aread()
-                    await transport.sleep(transport._delay(attempt, retry_after_seconds(response)))
+                    await transport.sleep(transport._delay(attempt, transport.retry_wait(url, response)))
                     continue
                 if response.status_code >= 400:
                     await response.aread()
