@@ -278,3 +278,25 @@ def test_values_are_compared_outside_the_sandbox_with_python_semantics():
 def test_tests_the_sandbox_could_fake_are_refused(test, message):
     with pytest.raises(ValueError, match=message):
         CodeExecutionVerifier(test, setup="def helper(x):\n    return x")
+
+
+def test_a_long_fence_line_without_a_newline_is_read_in_linear_time():
+    """A model's answer opening a fence and then writing 300,000 characters on one line: the tag and
+    the rest of the line competed for the same characters (O(L^2): 32,000 took 1.5 s, this size
+    minutes, on a verifier's worker thread). The bound is generous (linear time takes milliseconds)."""
+    import time
+
+    started = time.perf_counter()
+    text = "```" + "a" * 300_000
+    assert extract_program(text) == text  # no fence line ends: the whole answer is the program
+    assert time.perf_counter() - started < 10
+
+
+@pytest.mark.parametrize("text, program", [
+    ("```python\nx = 1\n```", "x = 1\n"),
+    ("```py title=a.py\nx = 2\n```", "x = 2\n"),
+    ("```c++\nint x;\n```\n```\ny = 3\n```", "y = 3\n"),
+    ("  ```Python3 {.numberLines}\nz = 4\n  ```\n", "z = 4\n"),
+])
+def test_fence_tags_are_read_as_before(text, program):
+    assert extract_program(text) == program

@@ -53,7 +53,11 @@ if TYPE_CHECKING:
 HARNESS = (Path(__file__).parent / "code_harness.py").read_text(encoding="utf-8")
 RECORD_CHARS = 50_000  # longest record line the harness writes (a value, or an error's traceback)
 
-FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)", re.DOTALL | re.MULTILINE)
+# A fence line: ``` then its tag, then (after a character no tag has) anything to the newline. The
+# tag and the rest of the line never compete for the same characters, so a long first line without
+# a newline is read once, not tried at every split (O(L) instead of O(L^2)).
+FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)(?:[^\w+\-\n][^\n]*)?\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)",
+                   re.DOTALL | re.MULTILINE)
 PYTHON_TAGS = ("python", "py", "python3")
 
 

@@ -37,7 +37,10 @@ from typing import Any
 from metagen.json_depth import check_json_depth
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
-_LARK_START = re.compile(r"^\s*(%llguidance\b|start\s*:)", re.MULTILINE)  # llguidance's test for Lark
+# llguidance's test for Lark: a line starting (after spaces / tabs) with `%llguidance` or `start:`.
+# [^\S\n] (whitespace but newline) keeps the search linear: `^\s*` would rescan every following
+# blank line from each line start, O(L^2) on a grammar of many newlines.
+_LARK_START = re.compile(r"^[^\S\n]*(%llguidance\b|start\s*:)", re.MULTILINE)
 DEFAULT_MAX_WHITESPACE = 8
 
 
