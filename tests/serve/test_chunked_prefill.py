@@ -115,6 +115,32 @@ def test_running_streams_keep_emitting_while_a_long_prompt_is_prefilled(model_fp
     assert during >= len(ids) // 16 - 2
 
 
+def test_a_short_prompt_behind_a_long_one_is_not_held_up_for_its_whole_prefill(model_fp32):
+    """A long prompt (10+ chunks) and then a short one: the short one's first token comes before the
+    long one's (first come, first served gave the long prompt every chunk first, and a short
+    request waited for its whole prefill: a valid client's 40 s under hostile long prompts).
+    Ordered, not timed; both outputs equal their runs alone."""
+    engine = Engine(model_fp32, max_rows=4, cache_memory=0, prefill_chunk=16)
+    engine.start()
+    try:
+        params = SamplingParams(temperature=0, max_tokens=2)
+        long_ids = _prompt(model_fp32, 6)
+        short_ids = encode_prompt(model_fp32.tokenizer, "The first customer asked for", chat=False)
+        assert len(long_ids) // 16 >= 10 and len(short_ids) <= 8  # fits in the half of a chunk left to it
+        order: list[str] = []
+        long = Run(engine, long_ids, params)
+        short = Run(engine, short_ids, params)
+        for name, waiting in (("long", long), ("short", short)):
+            threading.Thread(target=lambda name=name, waiting=waiting: waiting.first.wait(120) and order.append(name),
+                             daemon=True).start()
+        long.wait(), short.wait()
+        alone = [run(engine, ids, params).completions[0].token_ids for ids in (long_ids, short_ids)]
+    finally:
+        engine.stop()
+    assert order[0] == "short"
+    assert [long.request.completions[0].token_ids, short.request.completions[0].token_ids] == alone
+
+
 def test_a_chunked_prefill_after_a_cached_prefix_equals_a_cold_whole_prefill(model_fp32):
     cached = Engine(model_fp32, max_rows=4, cache_memory=64 * 2**20, prefill_chunk=16)
     cold = Engine(model_fp32, max_rows=4, cache_memory=0, prefill_chunk=100_000)

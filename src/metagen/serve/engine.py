@@ -4,7 +4,8 @@ Requests join and leave the running batch at step boundaries. The cache's rows a
 request, in admission order, so request r owns the contiguous rows `[start_r, start_r + k_r)`
 and its logits are the slice `logits[start_r : start_r + k_r]` (a view, no copy). One step:
 
-    admit waiting requests while rows are free, at most `prefill_chunk` prompt tokens in all:
+    admit waiting requests while rows are free, at most `prefill_chunk` prompt tokens in all
+    (split by `prefill_plan`: a short prompt is not held up behind a long one):
         snapshot the running rows                           # each prompt prefilled alone (below)
         cache.restore([its prompt row])                     # a cached prefix, or its earlier pieces,
                                                             # or reset(1) for its first piece
@@ -85,6 +86,32 @@ __all__ = ["DEFAULT_CACHE_MEMORY", "DEFAULT_PREFILL_CHUNK", "DoneEvent", "Engine
 
 DEFAULT_CACHE_MEMORY = 256 * 2**20  # bytes of keys and values the prefix cache may keep
 DEFAULT_PREFILL_CHUNK = 256  # prompt tokens forwarded per engine step (then the running rows decode)
+
+
+def prefill_plan(remaining: list[int], budget: int) -> list[int]:
+    """Prompt tokens to forward this step for each waiting prompt (arrival order; `remaining`: the
+    tokens each has still to prefill), at most `budget` in all: the oldest first gets up to half
+    the budget (a long prompt always advances), then every prompt whose rest fits in what is left
+    gets all of it, in order (a short prompt arriving behind a long one is not held up for the
+    whole long prefill), then what is left goes to the rest in order. Without other prompts the
+    oldest gets min(rest, budget), as first come, first served would give it. O(len(remaining)).
+
+        prefill_plan([3000, 40, 10], 256) == [206, 40, 10]
+    """
+    plan = [0] * len(remaining)
+    if not remaining:
+        return plan
+    plan[0] = min(remaining[0], (budget + 1) // 2)
+    left = budget - plan[0]
+    for index, total in enumerate(remaining):
+        if 0 < total - plan[index] <= left:
+            left -= total - plan[index]
+            plan[index] = total
+    for index, total in enumerate(remaining):
+        take = min(total - plan[index], left)
+        plan[index] += take
+        left -= take
+    return plan
 
 
 class Engine:
@@ -214,11 +241,12 @@ class Engine:
         return sum(len(request.active) for request in self._running)
 
     def _admit(self, pending: list[ServeRequest]) -> list[ServeRequest]:
-        """Prefill up to `prefill_chunk` prompt tokens of the pending requests that fit (in arrival
-        order; a long prompt goes on at the next step); returns those still waiting."""
-        still = []
+        """Prefill at most `prefill_chunk` prompt tokens of the pending requests whose rows fit,
+        split by `prefill_plan` (a short prompt behind a long one starts within a step; rows are
+        still given first come, first served: a request whose rows do not fit holds back the ones
+        behind it); returns those still waiting."""
+        still, ready, failed = [], [], set()
         now = time.monotonic()
-        budget = self.prefill_chunk
         for request in pending:
             stopped = request.stopped(now)
             if stopped is not None:
@@ -226,25 +254,39 @@ class Engine:
                 self._drop_prefill(request)
                 self._count_stop(stopped)
                 request.emit(stopped)
-                continue
-            if still or budget == 0 or self._rows_in_use() + request.params.n > self.max_rows:
-                still.append(request)  # first come, first served: no overtaking
-                continue
-            try:
-                budget -= self._prefill(request, budget)
-            except Exception as error:  # noqa: BLE001 - one request's failure must not stop the engine
-                self._dequeued()
-                self._drop_prefill(request)
-                self.stats.requests_failed += 1
-                self._leave(request)
-                request.emit(DoneEvent(f"{type(error).__name__}: {error}"))
+            elif still or self._rows_in_use() + sum(r.params.n for r in ready) + request.params.n > self.max_rows:
+                still.append(request)  # no overtaking for rows
+            else:
+                ready.append(request)
+        for request in ready:
+            if request.chain is None and not self._attempt(request, self._start):  # its cached prefix, its rows
+                failed.add(id(request))
+        ready = [request for request in ready if id(request) not in failed]
+        plan = prefill_plan([len(request.prompt_ids) - request.prefilled for request in ready], self.prefill_chunk)
+        for request, tokens in zip(ready, plan):
+            if tokens and not self._attempt(request, lambda request: self._prefill(request, tokens)):
                 continue
             if request.logits is None:  # part of its prompt is still to come
                 still.append(request)
                 continue
             self._dequeued()
             self._running.append(request)
-        return still
+        order = {id(request): number for number, request in enumerate(pending)}
+        return sorted(still, key=lambda request: order[id(request)])
+
+    def _attempt(self, request: ServeRequest, work) -> bool:
+        """work(request); on an exception the request fails alone (its event says why, its partial
+        prompt row is released) and False is returned: one request must not stop the engine."""
+        try:
+            work(request)
+        except Exception as error:  # noqa: BLE001
+            self._dequeued()
+            self._drop_prefill(request)
+            self.stats.requests_failed += 1
+            self._leave(request)
+            request.emit(DoneEvent(f"{type(error).__name__}: {error}"))
+            return False
+        return True
 
     def _count_stop(self, event: DoneEvent) -> None:
         if event.timed_out:
