@@ -37,6 +37,7 @@ and return bf16; `takes_float` says which):
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -632,12 +633,14 @@ def unpack_grouped(weight: torch.Tensor, n: int, k: int, bits: int, group: int, 
 
 
 def unpack_torch_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """The (N, K) int32 codes of torch's CPU int4 layout: rows in blocks of 64, each block
-    (K, 32) bytes with row j in the low and row 32 + j in the high nibble; a last block of
-    fewer rows holds rows 2j and 2j + 1 in byte j."""
+    """The (N, K) int32 codes of torch's CPU int4 layout: rows in blocks of B (64 where torch's
+    kernels use AVX-512, 32 with AVX2: `_torch_int4_block`), each block (K, B/2) bytes with row j
+    in the low and row B/2 + j in the high nibble; a last block of fewer rows holds rows 2j and
+    2j + 1 in byte j."""
+    size = _torch_int4_block()
     flat = packed.view(-1)
-    full = n // 64 * 64  # the rows in whole blocks of 64, all at once
-    blocks = flat[: full * k // 2].view(n // 64, k, 32)
+    full = n // size * size  # the rows in whole blocks, all at once
+    blocks = flat[: full * k // 2].view(n // size, k, size // 2)
     low, high = (blocks & 15).to(torch.int32), (blocks >> 4).to(torch.int32)
     out = [torch.cat([low, high], dim=2).transpose(1, 2).reshape(full, k)]
     if full < n:
@@ -645,6 +648,23 @@ def unpack_torch_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
         low, high = (block & 15).to(torch.int32), (block >> 4).to(torch.int32)
         out.append(torch.stack([low, high], dim=2).reshape(k, n - full).t())
     return torch.cat(out).contiguous()
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_int4_block() -> int:
+    """The rows per block of torch's CPU int4 layout on this machine: its packing kernel is
+    compiled per ISA (64 rows with AVX-512, 32 with AVX2), so it is read off a probe of 64 rows
+    packed once and unpacked each known way. RuntimeError if none gives the codes back."""
+    k = 32
+    codes = torch.randint(0, 16, (64, k), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    flat = _torch_int4_pack(codes).view(-1)
+    for size in (64, 32, 16):
+        blocks = flat.view(64 // size, k, size // 2)
+        unpacked = torch.cat([blocks & 15, blocks >> 4], dim=2).to(torch.int32).transpose(1, 2).reshape(64, k)
+        if torch.equal(unpacked, codes):
+            return size
+    raise RuntimeError("torch's CPU int4 layout on this machine is none of the known ones (blocks of 64, 32 or 16 "
+                       "rows): metagen cannot read int4 weights packed by torch here")
 
 
 def _torch_int4_pack(codes: torch.Tensor) -> torch.Tensor:
