@@ -6,6 +6,7 @@ from pathlib import Path
 
 from metagen.eval.frontier import describe, frontier
 from metagen.eval.harness import ORACLE, CurvePoint, EvalReport
+from metagen.plotting import pyplot
 
 AXES = (
     ("generated_tokens", "generated tokens per problem", "accuracy_vs_tokens.png"),
@@ -18,7 +19,7 @@ def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> lis
     oracle coverage pass@k dashed. Returns the files written. An axis whose cost is unknown
     (None) for any point — FLOPs of a generator that cannot count them — is not drawn at all:
     a partial or zero-filled curve would be wrong."""
-    plt = _pyplot()
+    plt = pyplot()
     strategies = list(dict.fromkeys(point.strategy for point in report.points))
     palette = _palette(plt)
     written = []
@@ -54,17 +55,6 @@ def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> lis
     return written
 
 
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as error:
-        raise ImportError("plots need matplotlib: pip install 'metagen[plot]'") from error
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _palette(plt) -> list:
     """Up to 18 distinct colours, the saturated shades first, none of them gray (the oracle's)."""
     palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i not in (14, 15)]
@@ -86,7 +76,7 @@ def plot_frontier(points: list[CurvePoint], path: str | Path, title: str = "") -
     free = [point for point in points if point.cost.flops == 0]
     if not placed:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.lines import Line2D
 
     models = list(dict.fromkeys(point.model for point in placed))

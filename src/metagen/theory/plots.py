@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from metagen.plotting import pyplot
 from metagen.theory.best_of_n import bon_kl, bon_kl_bound, bon_pmf, bon_win_rate, kl_divergence, reward_cdf
 from metagen.theory.tilt import kl_regularized_optimum, max_tilt_kl, tilt
 
@@ -120,17 +121,6 @@ def tilt_data(n_max: int, p=SEED_P, q=SEED_Q) -> dict:
     }
 
 
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as error:
-        raise ImportError("plots need matplotlib: pip install 'metagen[plot]'") from error
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _save(plt, figure, out_dir, key: str) -> Path:
     path = Path(out_dir) / FILES[key]
     figure.tight_layout()
@@ -147,7 +137,7 @@ def _label_powers_of_two(axis, ns, xs, ys, color) -> None:
 
 def plot_win_rate(data: dict, out_dir) -> Path:
     """Win rate vs KL (data from `win_rate_data`). Returns the PNG written."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(7, 4.5))
     axis.plot(data["continuous_optimum"]["kl"], data["continuous_optimum"]["win_rate"], ":", color="gray",
               label="best win rate at that KL, no ties")
@@ -170,7 +160,7 @@ def plot_win_rate(data: dict, out_dir) -> Path:
 
 def plot_reward_kl(data: dict, out_dir) -> Path:
     """Best-of-n and the KL-regularized optimum on the reward–KL plane (data from `reward_kl_data`)."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(7, 4.5))
     axis.plot(data["optimum"]["kl"], data["optimum"]["expected_reward"], "-", color="black",
               label="KL-regularized optimum p·exp(r/β)/Z, β swept")
@@ -197,7 +187,7 @@ def _to_plane(points) -> tuple[np.ndarray, np.ndarray]:
 
 def plot_tilt_simplex(data: dict, out_dir) -> Path:
     """The tilt path on the simplex with KL(π ‖ p) and H(π ‖ q) contours (data from `tilt_data`)."""
-    plt = _pyplot()
+    plt = pyplot()
     p, q = np.asarray(data["p"]), np.asarray(data["q"])
     steps = 120  # barycentric grid of the contours: (M, 3), M = (steps − 1)(steps − 2)/2 interior points
     grid = np.array([(i, j, steps - i - j) for i in range(1, steps) for j in range(1, steps - i)]) / steps
