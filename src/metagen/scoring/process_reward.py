@@ -14,8 +14,10 @@ reads it). Implementations:
   ("last", "min" or "prod" of the step scores, as in search-and-learn's PRM aggregation).
 
 `ProcessRewardModel` implementations: `ValueHeadPRM` (the value head read at every step end, one
-forward), `ArithmeticStepVerifier` (checks every `a op b = c` a step writes, exactly), and
-`JudgePRM` in `judge_prm.py` (an LLM asked whether each step is correct).
+forward), `ArithmeticStepVerifier` (checks every `a op b = c` a step writes, exactly),
+`JudgePRM` in `judge_prm.py` (an LLM asked whether each step is correct), `CheckpointPRM` in
+`step_prm.py` (Math-Shepherd / Qwen2.5-Math-PRM checkpoints, several solutions per forward) and
+`PoolingPRM` in `remote_prm.py` (such a PRM served by vLLM's pooling API).
 """
 
 from __future__ import annotations
@@ -105,6 +107,10 @@ class ProcessRewardModel(ABC):
     def score_steps(self, prompt: str, steps: Sequence[str]) -> Values:
         """Scores of steps[0], steps[:2], ..., steps (the prompt is the question's text)."""
 
+    def score_many(self, prompt: str, solutions: Sequence[Sequence[str]]) -> list[Values]:
+        """`score_steps` of each solution; a PRM that scores several in one forward overrides it."""
+        return [self.score_steps(prompt, steps) for steps in solutions]
+
 
 def aggregate(scores: Sequence[float], how: str) -> float:
     """One number from per-step scores: last, min, prod or mean (an empty list scores 1)."""
@@ -152,10 +158,9 @@ class StepRewardValue(PrefixValue):
         return self.text_values([self.tokenizer.decode(list(c), skip_special_tokens=True) for c in continuations])
 
     def text_values(self, texts: Sequence[str]) -> Values:
+        solutions = [split_steps(text, self.delimiter) or [text] for text in texts]  # a blank one is one step
         out, cost = [], Cost()
-        for text in texts:
-            steps = split_steps(text, self.delimiter) or [text]  # a blank solution is judged as one step
-            scored = self.prm.score_steps(self.prompt, steps)
+        for scored in self.prm.score_many(self.prompt, solutions):  # one call: the PRM may batch them
             out.append(aggregate(scored.values, self.how))
             cost += scored.cost
         return Values(out, cost)

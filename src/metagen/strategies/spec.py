@@ -37,7 +37,8 @@ from metagen.strategies.options import OptionField, check_value, check_work, con
 class StrategyOptions:
     """pattern: answer regex (None: default extraction); math: compare answers with math-verify;
     value: what guides tree search, controlled decoding and best_of_n_value — "steps" (the
-    exact arithmetic step verifier, min over steps) or the path of a trained value head;
+    exact arithmetic step verifier, min over steps), "judge", a process reward model
+    ("prm:PATH", "reward:URL"; scoring/step_prm.py) or the path of a trained value head;
     step_delimiter: the text that ends a reasoning step; aggregation: how tree searches pick
     among their finished leaves (best value, majority vote, value-weighted vote); answer_field:
     the answer is the value at this path of a JSON output ("answer", "result.value"; instead of
@@ -66,8 +67,11 @@ DEFAULT_N = 8  # the budget when none is given
 
 
 def value_is_head(options: StrategyOptions) -> bool:
-    """The value is a trained value head file (it reads hidden states), not "steps" / "judge"."""
-    return options.value is not None and options.value not in ("steps", "judge")
+    """The value is a trained value head file (it reads hidden states), not "steps" / "judge" /
+    a process reward model ("prm:PATH", "reward:URL", ...: they read the steps' text)."""
+    from metagen.scoring.step_prm import is_prm_spec
+
+    return options.value is not None and options.value not in ("steps", "judge") and not is_prm_spec(options.value)
 
 
 @dataclass(frozen=True)

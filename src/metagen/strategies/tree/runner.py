@@ -18,7 +18,9 @@ best-of-N and voting at similar token cost); `run_search` runs a built config:
 
 The value (`StrategyOptions.value`): "steps" = the exact arithmetic step verifier, "judge" = the
 model itself asked whether each step is correct (`JudgePRM`); both score a partial solution by
-the min over its steps. Otherwise the path of a `ValueHead` file for this model.
+the min over its steps. "prm:PATH" / "prm-shepherd:PATH" / "prm-qwen:PATH": a process reward
+model checkpoint, "reward:URL" / "reward-shepherd:URL": one served by vLLM (`scoring/step_prm.py`;
+min over steps too). Otherwise the path of a `ValueHead` file for this model.
 
 The backend: a generator with LOCAL_CACHE runs the searches on its local model (KV snapshots);
 else one with STEP_CONTINUATION runs them through its completions (`RemoteStepExpander`; the
@@ -47,7 +49,8 @@ def make_value(spec: str | None, model, prompt, delimiter: str, generator=None):
 
     if spec is None:
         raise ValueError("this strategy needs a value: --value steps (arithmetic step verifier), "
-                         "--value judge (the model judges each step) or --value PATH (a trained value head)")
+                         "--value judge (the model judges each step), --value prm:PATH (a process reward model), "
+                         "--value reward:URL (one served by vLLM) or --value PATH (a trained value head)")
     tokenizer = model.tokenizer if model is not None else getattr(generator, "tokenizer", None)
     if spec == "steps":
         return StepRewardValue(ArithmeticStepVerifier(), tokenizer, prompt_text(prompt), delimiter, how="min")
@@ -57,6 +60,10 @@ def make_value(spec: str | None, model, prompt, delimiter: str, generator=None):
 
         judge = LocalGenerator(model) if model is not None else generator
         return StepRewardValue(JudgePRM(judge), tokenizer, prompt_text(prompt), delimiter, how="min")
+    from metagen.scoring.step_prm import is_prm_spec, prm_value
+
+    if is_prm_spec(spec):  # a process reward model: local checkpoint or a served one
+        return prm_value(spec, tokenizer, prompt_text(prompt), delimiter)
     if model is None:
         raise ValueError(f"value={spec!r} is a trained value head, which reads a local model's hidden states: "
                          "a remote generator has none; use --value steps or --value judge")
