@@ -192,17 +192,18 @@ class Transport:
         """The JSON answer to GET `path`; retry=False sends it once (health checks)."""
         return self.loop.run(self.aget(path, retry=retry))
 
-    def post(self, path: str, body: dict, *, retry: bool = True) -> dict:
-        """The JSON answer to POST `body`; retry=False sends it once (probes)."""
-        return self.loop.run(self.apost(path, body, retry=retry))
+    def post(self, path: str, body: dict, *, retry: bool = True, root: bool = False) -> dict:
+        """The JSON answer to POST `body`; retry=False sends it once (probes); root: `path` is
+        under the server's root, not its API version (vLLM's /pooling), retried alike."""
+        return self.loop.run(self.apost(path, body, retry=retry, root=root))
 
     async def aget(self, path: str, *, retry: bool = True) -> dict:
         """`get` for async code (awaitable on any event loop)."""
         return await self.loop.call(self._send("GET", path, None, self.max_retries if retry else 0))
 
-    async def apost(self, path: str, body: dict, *, retry: bool = True) -> dict:
+    async def apost(self, path: str, body: dict, *, retry: bool = True, root: bool = False) -> dict:
         """`post` for async code (awaitable on any event loop)."""
-        return await self.loop.call(self._send("POST", path, body, self.max_retries if retry else 0))
+        return await self.loop.call(self._send("POST", path, body, self.max_retries if retry else 0, root))
 
     def limit_in_flight(self, count: int) -> None:
         """At most `count` generation requests in flight from now on (a server's slots)."""
@@ -272,10 +273,10 @@ class Transport:
         floor = min(floor, self.max_retry_after)
         return max(floor, self.rng.uniform(0.5, 1.0) * min(self.max_backoff, self.backoff * 2**attempt))
 
-    async def _send(self, method: str, path: str, body: dict | None, max_retries: int) -> dict:
+    async def _send(self, method: str, path: str, body: dict | None, max_retries: int, root: bool = False) -> dict:
         """The decoded JSON answer to one request, retrying what may succeed on a second try, within
         the deadline (see the module docstring). GETs are health checks and probes: not gated."""
-        url = f"{self.base_url}/{path.lstrip('/')}"
+        url = f"{self.root if root else self.base_url}/{path.lstrip('/')}"
         end: list[float] = []  # the deadline, set when the first attempt has its place
         failures = attempt = 0
         while True:

@@ -227,11 +227,16 @@ def load_prm(spec: str) -> ProcessRewardModel:
                              "of a process reward model)")
         else:
             prm = CheckpointPRM(target, kind)
-        for old in _loaded.values():
-            getattr(old, "close", lambda: None)()
-        _loaded.clear()
+        release_prms()
         _loaded[spec] = prm
     return _loaded[spec]
+
+
+def release_prms() -> None:
+    """Drop the PRM `load_prm` holds (a served one's connections closed)."""
+    for prm in _loaded.values():
+        getattr(prm, "close", lambda: None)()
+    _loaded.clear()
 
 
 def prm_value(spec: str, tokenizer, question: str, delimiter: str) -> StepRewardValue:

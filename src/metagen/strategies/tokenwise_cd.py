@@ -93,7 +93,7 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
         cost.generated_tokens += b_count * k  # every candidate is run and valued, not only the kept one
         cost.target_steps += b_count * k
         lengths = [len(prompt_ids) + len(rows[i].completion.token_ids) for i in active]
-        cost.flops += sum(forward_flops(model, length, 1) for length in lengths) * k
+        cost += Cost(flops=sum(forward_flops(model, length, 1) for length in lengths) * k)  # None stays None
         # each candidate extends its row's cached prefix, which valuing [x, y, z] from scratch would recompute
         cost.prompt_tokens_reused += k * sum(lengths)
         values = torch.tensor(scored.values).view(b_count, k)

@@ -161,6 +161,7 @@ class StepExpander:
         step_texts = ["" for _ in origin]
         active = list(range(len(origin)))  # child index of each cache row
         new_nodes: list[Node] = []
+        decode_flops = 0.0  # added once, after the loop: a value of unknown cost makes cost.flops None
         while active:
             processed = chain.process(logits)
             tokens = chain.choose(processed, self.generator)  # (B,)
@@ -178,7 +179,7 @@ class StepExpander:
                 step_texts[child] += row.decoded
                 step_length = len(row.completion.token_ids) - len(parent.row.completion.token_ids)
                 length = parent.length + step_length
-                self.cost.flops += forward_flops(self.model, length - 1, 1)
+                decode_flops += forward_flops(self.model, length - 1, 1)
                 if not self._step_ends(row, step_texts[child], step_length):
                     keep.append(b)
                     continue
@@ -199,6 +200,7 @@ class StepExpander:
                 logits = out.logits[keep]
             else:
                 logits = out.logits
+        self.cost += Cost(flops=decode_flops)
         self.cost.wall_seconds += time.perf_counter() - start
         if self.value is not None:
             self.score(new_nodes)
