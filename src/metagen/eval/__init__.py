@@ -1,8 +1,9 @@
-"""Evaluation: tasks, a resumable harness over strategies × budgets, and accuracy-vs-compute plots."""
+"""Evaluation: tasks (arithmetic, JSONL, HumanEval code problems graded in the sandbox), a
+resumable harness over strategies × budgets, and accuracy-vs-compute plots."""
 
 from metagen.eval.harness import CurvePoint, EvalConfig, EvalReport, evaluate, format_table, summarize
 from metagen.eval.metrics import pass_at_k
-from metagen.eval.tasks import Problem, arithmetic_problems, load_jsonl, write_jsonl
+from metagen.eval.tasks import Problem, arithmetic_problems, humaneval_problems, load_jsonl, write_jsonl
 
 __all__ = [
     "CurvePoint",
@@ -12,6 +13,7 @@ __all__ = [
     "arithmetic_problems",
     "evaluate",
     "format_table",
+    "humaneval_problems",
     "load_jsonl",
     "pass_at_k",
     "summarize",

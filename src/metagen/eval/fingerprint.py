@@ -3,13 +3,15 @@ only the same work.
 
 A record of `results.jsonl` (a pool of samples, or one strategy × n result) depends on
 
-    the problem:  its question and reference answer;
+    the problem:  its question and reference answer (a code problem: its entry point and tests);
     the set-up:   model   — name, class, dtype and the identity of its weights file(s)
                   generator — its class and chat setting (the prompt template)
                   params  — every SamplingParams field but n and seed, which the harness sets
                             per unit (n = the pool size or the strategy's n, seed = `seed` below)
                   seed, prompt_suffix, options (answer pattern, math, value, step delimiter,
                   aggregation), and the content of a value-head file given as the value;
+                  code    — with code problems only: the prompt mode used (chat or completion,
+                            its request text or stop strings) and the sandbox's limits
     the unit:     pool, or (strategy, n) — part of the record's key.
 
 Each record carries `{"setup": digest(set-up), "question": digest(question), "answer":

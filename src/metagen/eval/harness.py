@@ -7,6 +7,14 @@ soon as it is done:
   - a pool of max(n) samples when any pooled strategy is asked for (see `pool.py`): pooled
     strategies at every n are then evaluated on random n-subsets of it, without new generation;
   - one record per (strategy, n) for strategies that are not pooled (greedy, self-refine).
+Code problems (`Problem.is_code`, HumanEval's form) are put to the model completion- or
+chat-style (`code_prompts.py`; the mode used is part of the set-up) and graded by running their
+hidden tests in the sandbox (`code_grading.py`), here only: every pool sample once when the pool
+is stored, and the chosen reply of each live run; a pooled strategy's choice is graded by the
+stored grade of the sample whose text it is (or run when it built a new text). Their samples and
+live records keep the raw reply (`text`), the `program` run, the `reason` it failed and the
+sandbox's `sandbox_seconds` (grading time, not the strategy's compute: not in `cost`).
+
 Every line carries the fingerprint of what produced it (problem, model, generation set-up; see
 `fingerprint.py`). A rerun with the same directory skips every unit already on disk whose
 fingerprint matches (a torn last line from a killed run is dropped and redone) and refuses a
@@ -37,6 +45,8 @@ from pathlib import Path
 from metagen.decoding.capabilities import described, require
 from metagen.decoding.cost import Cost
 from metagen.eval.fingerprint import generator_identity, model_identity, weights_digest
+from metagen.eval.code_grading import MEMORY_MB, TIMEOUT, Grade, grade, grade_all
+from metagen.eval.code_prompts import code_params, code_prompt, code_setup, resolve_mode
 from metagen.eval.frontier import bootstrap_interval
 from metagen.eval.metrics import mean_and_stderr, pass_at_k
 from metagen.eval.pool import Pool, PoolGenerator, Sample
@@ -61,7 +71,10 @@ class EvalConfig:
     seeds pools, subsets and live runs; subsets: random n-subsets of a pool averaged per
     problem for n < pool size; prompt_suffix: appended to each question; allocation_round: k,
     the first round of the compute-optimal allocation across problems evaluated against
-    self_consistency's uniform n (`allocation.py`; None: not evaluated; it changes no stored unit)."""
+    self_consistency's uniform n (`allocation.py`; None: not evaluated; it changes no stored unit).
+    code_prompt: how code problems are asked, "auto" | "chat" | "completion" (`code_prompts.py`);
+    code_timeout, code_memory_mb: the sandbox's limits per graded reply (`code_grading.py`).
+    The three enter the set-up only when there are code problems (`code_setup`)."""
 
     strategies: tuple[str, ...]
     ns: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -71,8 +84,21 @@ class EvalConfig:
     options: StrategyOptions = StrategyOptions()
     prompt_suffix: str = ""
     allocation_round: int | None = None
+    code_prompt: str = "auto"
+    code_timeout: float = TIMEOUT
+    code_memory_mb: int = MEMORY_MB
 
     def __post_init__(self) -> None:
+        from metagen.eval.code_prompts import MODES
+
+        if self.code_prompt not in MODES:
+            raise ValueError(f"code_prompt={self.code_prompt!r} must be one of {MODES}")
+        if isinstance(self.code_timeout, bool) or not isinstance(self.code_timeout, (int, float)) or \
+                not 0 < self.code_timeout <= 3600:
+            raise ValueError(f"code_timeout={self.code_timeout!r} is out of range: must be seconds in (0, 3600]")
+        memory = self.code_memory_mb
+        if isinstance(memory, bool) or not isinstance(memory, int) or memory < 64:
+            raise ValueError(f"code_memory_mb={self.code_memory_mb!r} is out of range: must be an int >= 64")
         if not self.strategies:
             raise ValueError("strategies is empty: name at least one strategy")
         for name in self.strategies:
@@ -212,8 +238,9 @@ def _check_prompts_fit(generator, problems: Sequence[Problem], config: EvalConfi
     if context is None:
         return
     too_long = []
+    mode = code_mode(problems, config, generator)
     for problem in problems:
-        length = generator.count_tokens(problem.question + config.prompt_suffix)
+        length = generator.count_tokens(_request(problem, config, mode)[0])
         if length is None:
             return
         if length >= context:
@@ -243,6 +270,42 @@ def _correct(answer: str | None, problem: Problem, options: StrategyOptions) -> 
     return answers_match(answer, problem.answer, options.math)
 
 
+def code_mode(problems: Sequence[Problem], config: EvalConfig, generator) -> str | None:
+    """The code prompt mode of this run ("chat" or "completion", `code_prompts.resolve_mode`),
+    or None when no problem is a code problem."""
+    return resolve_mode(config.code_prompt, generator) if any(p.is_code for p in problems) else None
+
+
+def _request(problem: Problem, config: EvalConfig, mode: str | None) -> tuple[str, SamplingParams]:
+    """The prompt a strategy is given for `problem` and the sampling params of its samples: the
+    question and `config.params`, or for a code problem its prompt and params in `mode`."""
+    if not problem.is_code:
+        return problem.question + config.prompt_suffix, config.params
+    return code_prompt(problem.question, mode) + config.prompt_suffix, code_params(config.params, mode)
+
+
+def _stored_mode(results: ResultsFile) -> str | None:
+    return results.setup.get("code", {}).get("prompt")
+
+
+def _grade(text: str, problem: Problem, config: EvalConfig, known: dict[str, Grade] | None = None) -> Grade:
+    """The grade of a reply to a code problem: the stored one when `known` holds its text (a pool
+    sample), else a sandbox run (remembered in `known`)."""
+    if known is not None and text in known:
+        return known[text]
+    graded = grade(problem, text, timeout=config.code_timeout, memory_mb=config.code_memory_mb)
+    if known is not None:
+        known[text] = graded
+    return graded
+
+
+def _known_grades(pool: Pool | None) -> dict[str, Grade]:
+    """The stored grades of a code problem's pool samples, by text."""
+    if pool is None:
+        return {}
+    return {s.text: Grade(s.correct, s.reason or "", s.program, s.sandbox_seconds or 0.0) for s in pool.samples}
+
+
 def _prompt_length(cost: Cost | None) -> int:
     """The prompt's length from a cost when the ids are unknown: every request of a remote
     generator carries the whole prompt (computed or served from the server's cache)."""
@@ -251,25 +314,38 @@ def _prompt_length(cost: Cost | None) -> int:
     return round((cost.prompt_tokens_computed + cost.prompt_tokens_reused) / cost.model_calls)
 
 
-def _sample_pool(generator, prompt: str, problem: Problem, config: EvalConfig) -> Pool:
+def _sample_pool(generator, prompt: str, problem: Problem, config: EvalConfig,
+                 params: SamplingParams | None = None) -> Pool:
+    """max(n) samples of `prompt` (sampled under `params`, default `config.params`), each
+    graded: its answer checked, or a code problem's program run against its tests (`grade_all`,
+    a few sandbox runs at once)."""
     from dataclasses import replace
 
     size = config.pool_size
     start = time.perf_counter()
-    result = generator.generate(prompt, replace(config.params, n=size, seed=None),
+    result = generator.generate(prompt, replace(params or config.params, n=size, seed=None),
                                 generator=_rng(config.seed, problem.id, "pool"))
     wall = time.perf_counter() - start
     prompt_tokens = len(result.prompt_token_ids or ()) or _prompt_length(result.cost)
     counts = _token_counts(result)
     prompt_flops, decode_flops = _split_flops(result, prompt_tokens, counts)
+    grades = [None] * len(result.completions)
+    if problem.is_code:
+        grades = grade_all(problem, [c.text for c in result.completions], timeout=config.code_timeout,
+                           memory_mb=config.code_memory_mb)
     samples = []
-    for completion, flops, count in zip(result.completions, decode_flops, counts):
-        answer = extract_answer(completion.text, config.options.pattern, config.options.answer_field)
+    for completion, flops, count, graded in zip(result.completions, decode_flops, counts, grades):
         ids = completion.token_ids
+        if graded is None:
+            answer = extract_answer(completion.text, config.options.pattern, config.options.answer_field)
+            correct, code = _correct(answer, problem, config.options), {}
+        else:
+            answer, correct = None, graded.passed
+            code = {"program": graded.program, "reason": graded.reason, "sandbox_seconds": round(graded.seconds, 4)}
         samples.append(Sample(completion.text, list(ids or ()), [round(x, 5) for x in completion.logprobs],
                               [round(x, 5) for x in completion.certainties], completion.finish_reason, flops,
-                              answer, _correct(answer, problem, config.options), completion.complete,
-                              token_count=None if ids is not None else count))
+                              answer, correct, completion.complete,
+                              token_count=None if ids is not None else count, **code))
     reported = None
     if result.cost is not None:
         reported = {"prompt_tokens_computed": result.cost.prompt_tokens_computed,
@@ -326,11 +402,15 @@ def _split_flops(result, prompt_tokens: int, counts: list[int]) -> tuple[float |
     return flops * prompt_tokens / total, [flops * tokens / total for tokens in fed]
 
 
-def _score(result, problem: Problem, options: StrategyOptions) -> bool:
+def _score(result, problem: Problem, config: EvalConfig, known: dict[str, Grade] | None = None) -> bool:
+    """Whether a strategy's chosen output is right: its answer, or a code problem's program run
+    against the tests (a pool sample's stored grade when `known` holds its text)."""
+    if problem.is_code:
+        return _grade(result.chosen.text, problem, config, known).passed
     answer = result.chosen.answer
     if answer is None:
-        answer = extract_answer(result.chosen.text, options.pattern, options.answer_field)
-    return _correct(answer, problem, options)
+        answer = extract_answer(result.chosen.text, config.options.pattern, config.options.answer_field)
+    return _correct(answer, problem, config.options)
 
 
 def evaluate(
@@ -354,11 +434,18 @@ def evaluate(
     not depend on `concurrency`: each unit draws from its own rng (seed, problem id, unit)."""
     check_concurrency(generator, concurrency)
     check_generator(generator, problems, config)  # before the directory is even created
+    mode = code_mode(problems, config, generator)
+    if mode == "completion" and config.prompt_suffix:
+        raise ValueError(f"prompt_suffix={config.prompt_suffix!r} would stand between a code problem's function "
+                         "header and the body the model writes in completion-style prompting: leave it empty, "
+                         "or use chat-style prompting")
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
     results = ResultsFile(out / "results.jsonl" if out is not None else None)
     setup = run_setup(config, generator, model)
+    if mode is not None:  # only with code problems: set-ups of other runs stay as they were
+        setup["code"] = code_setup(mode, config.code_timeout, config.code_memory_mb)
     results.check(setup, problems, config.pool_size)
     if out is not None:  # a readable copy; results.jsonl carries the set-up of its own units
         copy = {**results.setup, "fingerprint": results.setup_digest}
@@ -460,16 +547,22 @@ def _run_threads(run, problems: Sequence[Problem], concurrency: int) -> None:
 
 def _run_problem(generator, problem: Problem, config: EvalConfig, results: ResultsFile, live) -> None:
     """Generate the units of `problem` not yet in `results`: its pool, then each live (strategy, n)."""
-    prompt = problem.question + config.prompt_suffix
+    prompt, params = _request(problem, config, _stored_mode(results))
     if config.pool_size and results.pool(problem) is None:
-        results.add_pool(problem, _sample_pool(generator, prompt, problem, config))
+        results.add_pool(problem, _sample_pool(generator, prompt, problem, config, params))
     for name, n in live:
         if results.live(problem, name, n) is None:
-            result = get_strategy(name).run(generator, prompt, n, config.params, config.options,
+            result = get_strategy(name).run(generator, prompt, n, params, config.options,
                                             _rng(config.seed, problem.id, name, n))
-            results.add_live(problem, name, n, {"correct": _score(result, problem, config.options),
-                                                "answer": result.chosen.answer, "text": result.chosen.text,
-                                                "cost": result.cost.to_dict()})
+            if problem.is_code:
+                graded = _grade(result.chosen.text, problem, config)
+                fields = {"correct": graded.passed, "answer": None, "text": result.chosen.text,
+                          "program": graded.program, "reason": graded.reason,
+                          "sandbox_seconds": round(graded.seconds, 4)}
+            else:
+                fields = {"correct": _score(result, problem, config), "answer": result.chosen.answer,
+                          "text": result.chosen.text}
+            results.add_live(problem, name, n, {**fields, "cost": result.cost.to_dict()})
 
 
 # ----------------------------------------------------------------------------- summary
@@ -498,6 +591,8 @@ def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalCon
     report = EvalReport()
     model = results.setup.get("model", {}).get("name", "")
     pools = {problem.id: results.pool(problem) for problem in problems} if config.pool_size else {}
+    mode = _stored_mode(results)
+    known = {problem.id: _known_grades(pools.get(problem.id)) for problem in problems if problem.is_code}
     for name in config.strategies:
         spec = get_strategy(name)
         budgets = sorted(set(config.ns)) if spec.budget != "none" else [1]
@@ -507,11 +602,11 @@ def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalCon
                 if spec.pooled:
                     pool = pools[problem.id]
                     hits, subset_costs = [], []
+                    prompt, params = _request(problem, config, mode)
                     for indices in _subsets(len(pool.samples), n, config.subsets, config.seed, problem.id, n):
                         served = PoolGenerator(pool, indices, decode, sequential=spec.sequential)
-                        result = spec.run(served, problem.question + config.prompt_suffix,
-                                          n, config.params, config.options, None)
-                        hits.append(float(_score(result, problem, config.options)))
+                        result = spec.run(served, prompt, n, params, config.options, None)
+                        hits.append(float(_score(result, problem, config, known.get(problem.id))))
                         subset_costs.append(result.cost)
                         drawn.append(served.served)
                     scores.append(sum(hits) / len(hits))
@@ -536,7 +631,8 @@ def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalCon
         from metagen.eval.allocation import allocation_points
 
         report.points += allocation_points(pools, problems, config, model,
-                                           lambda result, problem: _score(result, problem, config.options), decode)
+                                           lambda result, problem: _score(result, problem, config,
+                                                                          known.get(problem.id)), decode)
     return report
 
 

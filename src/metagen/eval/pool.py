@@ -31,7 +31,11 @@ class Sample:
 
     token_count: its generated tokens when the ids are not stored (a server that returns none,
     such as OpenAI's or llama.cpp's, and no tokenizer given: `token_ids` is then []); None when
-    they are, and the count is len(token_ids). Absent from the file when None."""
+    they are, and the count is len(token_ids). Absent from the file when None.
+
+    A code problem's sample (`code_grading`): answer None, correct = its program passed the
+    tests, program = what was run (None: the reply holds no code), reason = "passed" or why not,
+    sandbox_seconds = the grading run's wall time. All None (absent from the file) for others."""
 
     text: str
     token_ids: list[int]
@@ -43,6 +47,9 @@ class Sample:
     correct: bool = False
     complete: bool | None = None
     token_count: int | None = None
+    program: str | None = None
+    reason: str | None = None
+    sandbox_seconds: float | None = None
 
     @property
     def length(self) -> int:
@@ -51,15 +58,16 @@ class Sample:
 
     def to_dict(self) -> dict:
         data = dict(self.__dict__)
-        if data["token_count"] is None:  # samples with ids are written as before the field existed
-            del data["token_count"]
+        for name in _LATER_FIELDS:  # absent when None: such samples are written as before the field existed
+            if data[name] is None:
+                del data[name]
         return data
 
     @classmethod
     def from_dict(cls, data, where: str = "sample") -> Sample:
         """The inverse of `to_dict`; ValueError naming the field (as `where.field`) that is
         missing, unknown or of the wrong type."""
-        _check_fields(cls, data, where, optional=("answer", "correct", "complete", "token_count"))
+        _check_fields(cls, data, where, optional=("answer", "correct", "complete", *_LATER_FIELDS))
         for name in ("token_ids", "logprobs", "certainties"):
             kind = int if name == "token_ids" else (int, float)
             if not all(isinstance(x, kind) and not isinstance(x, bool) for x in data[name]):
@@ -140,6 +148,7 @@ class Pool:
         return cost
 
 
+_LATER_FIELDS = ("token_count", "program", "reason", "sandbox_seconds")
 _REPORTED = ("prompt_tokens_computed", "prompt_tokens_reused", "model_calls")
 _TYPES = {"str": (str,), "int": (int,), "int | None": (int, type(None)), "float": (int, float), "bool": (bool,), "str | None": (str, type(None)),
           "bool | None": (bool, type(None)),

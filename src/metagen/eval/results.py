@@ -6,7 +6,9 @@ problems run concurrently the units of several problems interleave, and nothing 
     {"kind": "setup", "fingerprint": S, "setup": {...}}            before the first unit of a set-up
     {"kind": "pool", "id": ..., "fingerprint": F, "pool": {...}}     max(n) samples of one problem
     {"kind": "live", "id": ..., "strategy": ..., "n": ..., "fingerprint": F, "correct": ..., "cost": {...}, ...}
-with F = {"setup": S, "question": digest, "answer": digest}.
+with F = {"setup": S, "question": digest, "answer": digest} (a code problem's "answer": its entry
+point and tests, `Problem.reference`). A code problem's live record also carries "program",
+"reason" and "sandbox_seconds" (see `harness.py`).
 
 A run reuses a stored unit only when it is provably the same work: `check` refuses, before
 anything is generated, a file holding units of another set-up or of another problem under the
@@ -162,11 +164,12 @@ class ResultsFile:
                                      f"(--out) or delete {self.path}")
 
     def _check_problem(self, key: tuple, record: dict, problem) -> None:
-        expected = problem_fingerprint(self.setup_digest, problem.question, problem.answer)
-        for name in ("question", "answer"):
+        expected = problem_fingerprint(self.setup_digest, problem.question, problem.reference)
+        for name, value in (("question", problem.question), ("answer", problem.reference)):
             if record["fingerprint"][name] != expected[name]:
-                raise ValueError(f"{self._where(key)} holds problem {problem.id!r} with another {name} than this "
-                                 f"run's problem {problem.id!r} ({getattr(problem, name)[:60]!r}); use another "
+                what = "test or entry point" if name == "answer" and problem.is_code else name
+                raise ValueError(f"{self._where(key)} holds problem {problem.id!r} with another {what} than this "
+                                 f"run's problem {problem.id!r} ({value[:60]!r}); use another "
                                  f"output directory (--out) or delete {self.path}")
 
     def _where(self, key: tuple) -> str:
@@ -206,7 +209,7 @@ class ResultsFile:
         if self.setup_digest not in self.setups:
             self.setups[self.setup_digest] = (0, self.setup)
             self._append({"kind": "setup", "fingerprint": self.setup_digest, "setup": self.setup})
-        record = {**head, "fingerprint": problem_fingerprint(self.setup_digest, problem.question, problem.answer),
+        record = {**head, "fingerprint": problem_fingerprint(self.setup_digest, problem.question, problem.reference),
                   **fields}
         self._append({**record, **({"pool": record["pool"].to_dict()} if "pool" in record else {})})
         self.records[self.key(record)] = record

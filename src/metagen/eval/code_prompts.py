@@ -1,0 +1,83 @@
+"""How a code problem is put to a model: completion-style for base models, chat-style for
+instruct models.
+
+  completion  the prompt source as it is; the model continues it with the function's body,
+              stopped at HumanEval's stop strings (Chen et al. 2021: the next top-level `def`,
+              `class`, `if __name__`, `print(` or comment), sent as `SamplingParams.stop`;
+              the generator must send text as it is (no chat template);
+  chat        a request in words followed by the source in a ```python fence (`CHAT_REQUEST`);
+              the generator wraps it in the model's chat template, and the reply holds the
+              whole function in a fenced block.
+
+`build_program` (`scoring/code_problems`) reads a reply of either kind. "auto" picks chat
+exactly when a text prompt reaches the model through a chat template (`chat_applies`): a
+local model's tokenizer has one (or the generator forces `chat`), or a remote backend sends text
+to /v1/chat/completions (`OpenAIGenerator.chat`; without a tokenizer, or with chat=False, text
+goes to /v1/completions and completion-style is used). The mode actually used is part of the
+run's set-up (`code_setup`), so resumed results never mix the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from metagen.sampling import SamplingParams
+
+MODES = ("auto", "chat", "completion")
+STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
+CHAT_REQUEST = ("Complete the following Python function. Keep its signature, and reply with the whole "
+                "function in a ```python block.\n\n```python\n{code}```")
+
+
+def chat_applies(generator) -> bool:
+    """Whether a text prompt given to `generator.generate` reaches the model through a chat
+    template: its `chat` setting when set (a remote backend's is always set), else whether its
+    local model's tokenizer has a template (`encode_prompt`'s default)."""
+    if generator.chat is not None:
+        return bool(generator.chat)
+    source = generator.source_model()
+    return getattr(getattr(source, "tokenizer", None), "chat_template", None) is not None
+
+
+def resolve_mode(mode: str, generator) -> str:
+    """"chat" or "completion" for `mode` ("auto": chat exactly when `chat_applies`); ValueError
+    for an unknown mode, or completion-style with a generator that would wrap the source in a
+    chat template (the model would see a request it was not asked, and the reply would not
+    continue the function)."""
+    if mode not in MODES:
+        raise ValueError(f"code prompt mode {mode!r} must be one of {MODES}")
+    applies = chat_applies(generator)
+    if mode == "auto":
+        return "chat" if applies else "completion"
+    if mode == "completion" and applies:
+        raise ValueError(f"code prompt mode 'completion' needs a generator that sends text as it is, but "
+                         f"{type(generator).__name__} (chat={generator.chat}) wraps it in a chat template: "
+                         "create it with chat=False, or use mode 'chat' or 'auto'")
+    return mode
+
+
+def code_prompt(source: str, mode: str) -> str:
+    """The text a strategy is given for a code problem's prompt `source` in `mode`."""
+    if mode == "chat":
+        return CHAT_REQUEST.format(code=source if source.endswith("\n") else source + "\n")
+    if mode == "completion":
+        return source
+    raise ValueError(f"code prompt mode {mode!r} must be 'chat' or 'completion' (resolve 'auto' first)")
+
+
+def code_params(params: SamplingParams, mode: str) -> SamplingParams:
+    """`params` with HumanEval's stop strings added in completion mode (kept as they are in chat)."""
+    if mode != "completion":
+        return params
+    stop = (params.stop,) if isinstance(params.stop, str) else tuple(params.stop)
+    return replace(params, stop=stop + tuple(s for s in STOP if s not in stop))
+
+
+def code_setup(mode: str, timeout: float, memory_mb: int) -> dict:
+    """The run set-up's "code" entry: what stored code units depend on besides the problem."""
+    entry = {"prompt": mode, "timeout": timeout, "memory_mb": memory_mb}
+    if mode == "chat":
+        entry["request"] = CHAT_REQUEST
+    else:
+        entry["stop"] = list(STOP)
+    return entry
