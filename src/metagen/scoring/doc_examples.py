@@ -37,7 +37,7 @@ from metagen.scoring.code_problems import entry_point_of, function_names
 
 SEPARATORS = ("==>", "=>", "==", "->", "➞", "should return", "returns")
 _SEPARATOR = re.compile(r"[ \t]*(?:#[ \t]*)?(==>|=>|==|->|➞|should return|returns)(?![=>])[ \t]*")
-_TAIL = re.compile(r"[ \t]*(?:[.,;:][ \t]*)?(?:$|#|\(|\band\b|\bor\b)")
+_TAIL = re.compile(r"[ \t]*(?:$|#|\(|\band\b|\bor\b|[.,;:](?:[ \t]|$))")
 MAX_CONTINUATION_LINES = 20  # lines an inline call's brackets may span
 
 
@@ -207,8 +207,11 @@ def _call_problem(expression: str, names: set[str], top_call: bool) -> str | Non
         return "it calls no function the prompt defines"
     if isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name) and tree.func.id == "print":
         return "it prints instead of returning a value"
-    unknown = sorted({node.id for node in ast.walk(tree) if isinstance(node, ast.Name)
-                      and node.id not in names and not hasattr(builtins, node.id)})
+    bound = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+    bound |= {argument.arg for node in ast.walk(tree) if isinstance(node, ast.Lambda)
+              for argument in ast.walk(node.args) if isinstance(argument, ast.arg)}  # comprehension, lambda
+    unknown = sorted({node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id not in names
+                      and node.id not in bound and not hasattr(builtins, node.id)})
     if unknown:
         return f"it reads {', '.join(unknown)}, which the prompt does not define"
     return None
@@ -230,6 +233,8 @@ def _literal_prefix(text: str) -> int | None:
             if token.type in (tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.ENDMARKER):
                 break
             ends.append(token.end[1])
+            if text[token.end[1] - 1] == "." and token.end[1] > 1:  # "16." may end a sentence
+                ends.append(token.end[1] - 1)
     except (tokenize.TokenError, SyntaxError):
         pass
     for end in sorted(set(ends), reverse=True):

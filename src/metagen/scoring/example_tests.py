@@ -2,9 +2,11 @@
 prompt alone (the problem's hidden tests never reach a strategy).
 
     tests = ExampleTests(prompt_text)      # the examples of the prompt's code (`doc_examples`)
-    tests.score(reply)         # share of the examples the reply's program passes; None: no examples
-    tests.cluster_key(reply)   # its outcome on every example's call, as one key; None: no cluster
-    tests.cost                 # what the runs so far spent (sandbox seconds; no model call)
+    score, cost = tests.score(reply)       # share of the examples passed; None: the prompt has none
+    key, cost = tests.cluster_key(reply)   # its outcome on every example's call; None: no cluster
+    scores = ExampleScorer(tests)(prompt, candidates)   # as a `Scorer` (best-of-N)
+
+cost: what the run spent (sandbox wall seconds; no model call, no FLOPs).
 
 The program is `code_problems.build_program(prompt code, reply)`; it runs once in the sandbox on
 all the examples (`CodeExecutionVerifier`, each example `assert (call) == expected`, the expected
@@ -36,6 +38,7 @@ from collections import OrderedDict
 from functools import partial
 
 from metagen.decoding.cost import Cost
+from metagen.scoring.base import Scorer, Scores
 from metagen.scoring.code_execution import CodeExecutionVerifier
 from metagen.scoring.code_problems import build_program, code_in_prompt, entry_point_of
 from metagen.scoring.doc_examples import doc_examples
@@ -61,33 +64,31 @@ class ExampleTests:
                                                memory_mb=memory_mb, isolation=isolation, program=make_program)
                          if self.examples else None)
         self.program = make_program
-        self.cost = Cost()
 
-    def score(self, reply: str) -> float | None:
-        """Share of the examples the reply's program passes; None when the problem has none."""
+    def score(self, reply: str) -> tuple[float | None, Cost]:
+        """(share of the examples the reply's program passes, cost); None when the problem has none."""
         if self.verifier is None:
-            return None
+            return None, Cost()
         program = self.program(reply)
         if program is None:
-            return 0.0
+            return 0.0, Cost()
         verdict = self.verifier.judge(*self._run(program))
-        self.cost += verdict.cost
-        return verdict.score
+        return verdict.score, verdict.cost
 
-    def cluster_key(self, reply: str) -> str | None:
-        """The key of the reply's cluster (see the module docstring), None when it joins none."""
+    def cluster_key(self, reply: str) -> tuple[str | None, Cost]:
+        """(the key of the reply's cluster, cost); None when it joins none (see the module docstring)."""
         program = self.program(reply)
         if program is None:
-            return None
+            return None, Cost()
         if self.verifier is None:
             try:
-                return _digest(ast.unparse(ast.parse(program)))
-            except (SyntaxError, ValueError, RecursionError):
-                return None
+                return _digest(ast.unparse(ast.parse(program))), Cost()
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                return None, Cost()
         report, run = self._run(program)
-        self.cost += Cost(wall_seconds=run.wall_seconds)
+        cost = Cost(wall_seconds=run.wall_seconds)
         if report.problem is not None or report.program is None or report.program["error"] is not None:
-            return None
+            return None, cost
         outcomes = []
         for index, (number,) in enumerate(self.verifier.checks_of):  # one check per example
             if index in report.errors:
@@ -97,7 +98,7 @@ class ExampleTests:
                 outcomes.append(f"= {canonical(report.values[number])}")
             else:
                 outcomes.append(f"no value ({run.status})")
-        return _digest("\n".join(outcomes))
+        return _digest("\n".join(outcomes)), cost
 
     def _run(self, program: str):
         """(report, run) of `program` on the examples, from the cache or one sandbox run."""
@@ -113,6 +114,26 @@ class ExampleTests:
             while len(_runs) > RUN_CACHE:
                 _runs.popitem(last=False)
         return done
+
+
+class ExampleScorer(Scorer):
+    """`ExampleTests.score` as a `Scorer`; ValueError for a problem without examples (it has no
+    score: the caller falls back instead, see best_of_n_value)."""
+
+    name = "tests"
+
+    def __init__(self, tests: ExampleTests) -> None:
+        self.tests = tests
+
+    def score(self, prompt, candidates) -> Scores:
+        if self.tests.verifier is None:
+            raise ValueError("the prompt's docstrings hold no examples, so its answers have no tests score")
+        values, cost = [], Cost()
+        for candidate in candidates:
+            value, spent = self.tests.score(candidate.text)
+            values.append(value)
+            cost += spent
+        return Scores(values, cost)
 
 
 def canonical(value) -> str:

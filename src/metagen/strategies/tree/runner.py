@@ -18,7 +18,9 @@ best-of-N and voting at similar token cost); `run_search` runs a built config:
 
 The value (`StrategyOptions.value`): "steps" = the exact arithmetic step verifier, "judge" = the
 model itself asked whether each step is correct (`JudgePRM`); both score a partial solution by
-the min over its steps. Otherwise the path of a `ValueHead` file for this model.
+the min over its steps. Otherwise the path of a `ValueHead` file for this model. "tests" (the
+share of a code prompt's docstring examples a program passes) scores whole answers only: no
+search here takes it; best_of_n_value runs it pooled (`runners.best_by_tests`).
 
 The backend: a generator with LOCAL_CACHE runs the searches on its local model (KV snapshots);
 else one with STEP_CONTINUATION runs them through its completions (`RemoteStepExpander`; the
@@ -32,6 +34,7 @@ from functools import lru_cache
 
 from metagen.decoding import capabilities as caps
 from metagen.scoring.base import prompt_text
+from metagen.strategies.spec import WHOLE_ANSWER_VALUES
 
 @lru_cache(maxsize=4)
 def _load_head(path: str, model):
@@ -48,6 +51,9 @@ def make_value(spec: str | None, model, prompt, delimiter: str, generator=None):
     if spec is None:
         raise ValueError("this strategy needs a value: --value steps (arithmetic step verifier), "
                          "--value judge (the model judges each step) or --value PATH (a trained value head)")
+    if spec in WHOLE_ANSWER_VALUES:
+        raise ValueError(f"value={spec!r} scores whole answers only, not the partial solutions a search values; "
+                         "use it with best_of_n_value")
     tokenizer = model.tokenizer if model is not None else getattr(generator, "tokenizer", None)
     if spec == "steps":
         return StepRewardValue(ArithmeticStepVerifier(), tokenizer, prompt_text(prompt), delimiter, how="min")
