@@ -168,7 +168,8 @@ def code_cluster(adaptive: bool):
     """AlphaCode-style clustering (`code_cluster`) or its adaptive stopping (`adaptive_code_cluster`):
     self-consistency / adaptive self-consistency whose answer is each sample's cluster key
     (`ExampleTests.cluster_key`: its outputs on the docstring examples' calls), plus the
-    sandbox's wall seconds."""
+    sandbox's wall seconds. result.votes: cluster key -> size; each candidate's answer is then
+    extracted from its text as for best_of_n (a key is no answer a grader could read)."""
 
     def run(generator, prompt, n, params, options, rng, overrides):
         from metagen.scoring.base import prompt_text
@@ -193,7 +194,7 @@ def code_cluster(adaptive: bool):
             result = self_consistency(generator, prompt, config, key, rng=rng)
         for cost in spent:
             result.cost += cost
-        return result
+        return _with_answers(result, options)  # the keys stay in result.votes; answers as for best_of_n
 
     return run
 
