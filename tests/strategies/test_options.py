@@ -153,7 +153,7 @@ SIZES_WORK = {
     "step_beam": {"n", "max_steps"}, "dvts": {"n", "max_steps"}, "rebase": {"n", "max_steps"},
     "mcts": {"n", "expansions", "max_steps"}, "astar": {"n", "expansions", "solutions"},
     "particle_filter": {"n", "max_steps"}, "blockwise_cd": {"n", "max_blocks"}, "tokenwise_cd": {"n"},
-    "adaptive_consistency": {"n", "round_size"},
+    "adaptive_consistency": {"n", "round_size"}, "code_cluster": {"n"}, "adaptive_code_cluster": {"n", "round_size"},
 }
 LENGTHS = {"max_step_tokens", "block_tokens", "max_tool_chars", "answer_tokens"}
 # ints that count no model work: the stopping rule's Monte Carlo draws (bounded by its config's

@@ -63,7 +63,8 @@ def add_parser(commands) -> None:
     evaluation.add_argument("--no-math", action="store_true", help="compare answers as strings, not with math-verify")
     evaluation.add_argument("--prompt-suffix", default="", help="text appended to every question")
     evaluation.add_argument("--value", default=None,
-                            help="value for tree search / controlled decoding: steps | judge | prm:PATH | reward:URL | a value-head file")
+                            help="value for tree search / controlled decoding: steps | judge | prm:PATH | reward:URL | "
+                            "a value-head file | tests (best_of_n_value on code: the docstring examples passed)")
     evaluation.add_argument("--step-delimiter", default="\n", type=unescape,
                             help="text that ends a reasoning step (default newline; \\n, \\t... interpreted)")
     evaluation.add_argument("--aggregation", default="best", choices=("best", "majority", "weighted"),

@@ -35,7 +35,8 @@ def add_parser(commands) -> None:
     gen.add_argument("--length-penalty", type=float, default=None, help="beam search: α in logp/len^α (default 1)")
     gen.add_argument("--strategy", default=None, help="meta-generation strategy (see `metagen eval --help`); --n is its budget")
     gen.add_argument("--value", default=None,
-                     help="value guiding tree search / controlled decoding: steps | judge | prm:PATH | reward:URL | a value-head file")
+                     help="value guiding tree search / controlled decoding: steps | judge | prm:PATH | reward:URL | "
+                          "a value-head file | tests (best_of_n_value on code: the docstring examples passed)")
     gen.add_argument("--step-delimiter", default="\n", type=unescape,
                      help="text that ends a reasoning step (default newline; escapes as in --stop)")
     gen.add_argument("--aggregation", default="best", choices=("best", "majority", "weighted"),

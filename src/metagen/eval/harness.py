@@ -118,7 +118,7 @@ class EvalConfig:
 
     @property
     def pool_size(self) -> int:
-        return max(self.ns) if any(get_strategy(s).pooled for s in self.strategies) else 0
+        return max(self.ns) if any(get_strategy(s).is_pooled(self.options) for s in self.strategies) else 0
 
     def setup(self) -> dict:
         """What stored units depend on besides the problem and the model: every sampling field
@@ -227,7 +227,7 @@ def check_pool(pool: Pool, generator, config: EvalConfig) -> None:
     stored.described_as = f"the samples {described(generator)} returned"
     for name in config.strategies:
         spec = get_strategy(name)
-        if spec.pooled:
+        if spec.is_pooled(config.options):
             require(spec.required(config.options), stored, f"evaluating strategy {name!r} from a stored sample pool")
 
 
@@ -450,7 +450,7 @@ def evaluate(
     if out is not None:  # a readable copy; results.jsonl carries the set-up of its own units
         copy = {**results.setup, "fingerprint": results.setup_digest}
         (out / "run.json").write_text(json.dumps(copy, indent=1) + "\n")
-    live = [(name, n) for name in config.strategies if not get_strategy(name).pooled
+    live = [(name, n) for name in config.strategies if not get_strategy(name).is_pooled(config.options)
             for n in (sorted(set(config.ns)) if get_strategy(name).budget != "none" else [1])]
     _run_problems(generator, problems, config, results, live, progress, concurrency)
     return summarize(results, problems, config, decode=generator.decode)
@@ -599,7 +599,7 @@ def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalCon
         for n in budgets:
             scores, costs, drawn = [], [], []
             for problem in problems:
-                if spec.pooled:
+                if spec.is_pooled(config.options):
                     pool = pools[problem.id]
                     hits, subset_costs = [], []
                     prompt, params = _request(problem, config, mode)

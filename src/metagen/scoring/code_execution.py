@@ -36,15 +36,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metagen.decoding.cost import Cost
 from metagen.scoring.base import Verdict, Verifier
 from metagen.scoring.code_checks import plan_tests
-from metagen.scoring.code_report import read_report
-from metagen.scoring.sandbox import run_python
+from metagen.scoring.code_report import Report, read_report
+from metagen.scoring.sandbox import SandboxResult, run_python
 
 if TYPE_CHECKING:
     from metagen.decoding.prompts import Prompt
@@ -83,6 +83,8 @@ class CodeExecutionVerifier(Verifier):
     setup: code run before the program (imports, helpers the tests use).
     isolation: the sandbox's isolation mode (see `sandbox.run_python`).
     feedback_chars: most characters of error text kept per failing test.
+    program: the program a candidate's text makes (None: it holds no code); default
+        `extract_program`, for a code problem's prompt `code_problems.build_program` bound to it.
     """
 
     name = "code_execution"
@@ -96,6 +98,7 @@ class CodeExecutionVerifier(Verifier):
         setup: str = "",
         isolation: str = "auto",
         feedback_chars: int = 600,
+        program: Callable[[str], str | None] = extract_program,
     ) -> None:
         self.tests = [tests] if isinstance(tests, str) else [str(test) for test in tests]
         if not self.tests or not all(test.strip() for test in self.tests):
@@ -107,12 +110,18 @@ class CodeExecutionVerifier(Verifier):
         self.steps, self.checks = plan_tests(self.tests, setup)
         self.checks_of = [[k for k, check in enumerate(self.checks) if check.test == t] for t in range(len(self.tests))]
         self.timeout, self.memory_mb, self.setup = float(timeout), memory_mb, setup
-        self.isolation, self.feedback_chars = isolation, feedback_chars
+        self.isolation, self.feedback_chars, self.program = isolation, feedback_chars, program
 
     def verify(self, prompt: Prompt, candidate: Candidate) -> Verdict:
-        program = extract_program(candidate.text)
+        program = self.program(candidate.text)
         if program is None:
             return Verdict(False, 0.0, "No Python code was found in the response.")
+        report, run = self.execute(program)
+        return self.judge(report, run)
+
+    def execute(self, program: str) -> tuple[Report, SandboxResult]:
+        """One sandbox run of `program` on the tests: the report of the values it claims (read
+        by `code_report`, trusting none of it) and how the run ended (its wall seconds)."""
         payload = {"setup": self.setup, "program": program, "tests": self.steps, "timeout": self.timeout,
                    "value_limit": RECORD_CHARS}
         run = run_python(
@@ -120,8 +129,11 @@ class CodeExecutionVerifier(Verifier):
             timeout=self.timeout * (len(self.tests) + 1) + 2.0,  # + interpreter start-up
             max_output_bytes=(RECORD_CHARS + 100) * (len(self.checks) + len(self.tests) + 1),
         )
+        return read_report(run.stdout, len(self.tests), len(self.checks)), run
+
+    def judge(self, report: Report, run: SandboxResult) -> Verdict:
+        """The verdict on a run (`execute`): each reported value compared with its expected one here."""
         cost = Cost(wall_seconds=run.wall_seconds)
-        report = read_report(run.stdout, len(self.tests), len(self.checks))
         if report.problem is not None:
             feedback = (f"0 of {len(self.tests)} tests passed.\nThe run cannot be trusted: {report.problem}. "
                         "The program wrote to the verifier's report channel.")

@@ -43,6 +43,11 @@ def entry_point_of(code: str) -> str | None:
     return names[-1] if names else None
 
 
+def function_names(code: str) -> list[str]:
+    """The names of the top-level functions `code` defines, in order."""
+    return _DEF.findall(code)
+
+
 def defines(code: str, name: str) -> bool:
     """Whether `code` has a top-level `def name(`."""
     return name in _DEF.findall(code)

@@ -24,6 +24,7 @@ from metagen.strategies.runners import (
     best_of_n,
     borda,
     chain,
+    code_cluster,
     greedy,
     kept,
     mbr,
@@ -32,18 +33,27 @@ from metagen.strategies.runners import (
     tokenwise_cd,
     tree,
     weighted_voting,
+    whole_answer_or_tree,
     whole_answer_step,
 )
-from metagen.strategies.spec import DEFAULT_N, StrategyOptions, StrategySpec, value_is_head
+from metagen.strategies.spec import (
+    DEFAULT_N,
+    StrategyOptions,
+    StrategySpec,
+    value_is_head,
+    value_scores_whole_answers,
+)
 
 __all__ = ["DEFAULT_N", "STRATEGIES", "StrategyOptions", "StrategySpec", "check_options", "default_params",
-           "get_strategy", "value_is_head"]
+           "get_strategy", "value_is_head", "value_scores_whole_answers"]
 
 
-def _tree_spec(name, description, module, budget, set_by_run, fixed_step=False, defaults=()):
-    """A value-guided tree search over a local cache or a server's step continuations."""
-    return StrategySpec(name, description, tree(module, budget, fixed_step), pooled=False, uses_value=True,
-                        defaults=tuple(defaults),
+def _tree_spec(name, description, module, budget, set_by_run, fixed_step=False, defaults=(), whole_answer=False):
+    """A value-guided tree search over a local cache or a server's step continuations; whole_answer:
+    it values whole answers only, and runs pooled with a whole-answer value (`StrategySpec.whole_answer`)."""
+    runner = tree(module, budget, fixed_step)
+    return StrategySpec(name, description, whole_answer_or_tree(runner) if whole_answer else runner, pooled=False,
+                        uses_value=True, whole_answer=whole_answer, defaults=tuple(defaults),
                         needs_any=SEARCH, config=f"metagen.strategies.tree.{module}:{TREE_CONFIGS[module]}",
                         set_by_run=frozenset({"params", *set_by_run} | ({"step"} if fixed_step else set())))
 
@@ -65,6 +75,8 @@ UNCONSTRAINED_CHAIN = {"constrains": False, "why_unconstrained": (
     "or a tree search instead")}
 
 S = "metagen.strategies."
+# code clusters vote over keys of program outputs, not extracted answers: no pattern, math or field
+CLUSTER_SET = frozenset({"n", "params", "pattern", "math", "answer_field"})
 
 STRATEGIES: dict[str, StrategySpec] = {
     spec.name: spec
@@ -81,6 +93,13 @@ STRATEGIES: dict[str, StrategySpec] = {
                      "the majority with posterior probability 0.95 (at most n)", adaptive_consistency, pooled=True,
                      sequential=True, config=S + "adaptive_consistency:AdaptiveConsistencyConfig",
                      set_by_run=frozenset({"n_max", "params"})),
+        StrategySpec("code_cluster", "code: programs clustered by their outputs on the prompt's docstring example "
+                     "calls (AlphaCode), one from the largest cluster", code_cluster(adaptive=False), pooled=True,
+                     config=S + "self_consistency:SelfConsistencyConfig", set_by_run=CLUSTER_SET),
+        StrategySpec("adaptive_code_cluster", "code_cluster sampled one at a time until the largest cluster is the "
+                     "majority with posterior probability 0.95 (at most n)", code_cluster(adaptive=True),
+                     pooled=True, sequential=True, config=S + "adaptive_consistency:AdaptiveConsistencyConfig",
+                     set_by_run=CLUSTER_SET | {"n_max"}),
         StrategySpec("weighted_voting", "answers weighted by self-certainty", weighted_voting, pooled=True,
                      needs=CERTAINTY, defaults=(("exp_scores", False),), config=S + "weighted_voting:WeightedVotingConfig"),
         StrategySpec("borda", "Borda voting ranked by self-certainty, p = 0.5", borda, pooled=True, needs=CERTAINTY,
@@ -103,10 +122,11 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec("calculator", "inline <<calculator>> calls while solving", chain("calculator_chain"),
                      pooled=False, budget="none", needs=CONTINUATION, config=S + "chain:ChainConfig",
                      **UNCONSTRAINED_CHAIN),
-        _tree_spec("best_of_n_value", "best of n samples by the value (--value)", "step_beam_search",
+        _tree_spec("best_of_n_value", "best of n samples by the value (--value; pooled with --value tests: "
+                   "the share of a code prompt's docstring examples passed)", "step_beam_search",
                    lambda n, params: {"beam_width": 1, "expansions": n, "max_steps": 1,
                                       "step": whole_answer_step(params)},
-                   {"beam_width", "expansions", "max_steps"}, fixed_step=True),
+                   {"beam_width", "expansions", "max_steps"}, fixed_step=True, whole_answer=True),
         _tree_spec("step_beam", "step-level beam search: n children per depth, n/4 kept (--value)", "step_beam_search",
                    lambda n, params: {"beam_width": kept(n), "expansions": n // kept(n)}, {"beam_width", "expansions"}),
         _tree_spec("dvts", "diverse verifier tree search: n/4 subtrees, 4 children each (--value)", "dvts",
@@ -131,7 +151,13 @@ STRATEGIES: dict[str, StrategySpec] = {
 
 
 def check_options(names, options: StrategyOptions) -> None:
-    """ValueError when a value or step delimiter is given but none of the strategies reads it."""
+    """ValueError when a value or step delimiter is given but none of the strategies reads it, or
+    a whole-answer value is given to a search that values partial solutions."""
+    if value_scores_whole_answers(options):
+        partial = [name for name in names if get_strategy(name).uses_value and not get_strategy(name).whole_answer]
+        if partial:
+            raise ValueError(f"value={options.value!r} scores whole answers only, but {', '.join(partial)} value "
+                             "partial solutions; use it with best_of_n_value")
     if any(get_strategy(name).uses_value for name in names):
         return
     if options.value is not None:

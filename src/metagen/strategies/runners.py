@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from metagen.sampling import SamplingParams
 from metagen.strategies.options import configure
-from metagen.strategies.spec import StrategyOptions
+from metagen.strategies.spec import StrategyOptions, value_scores_whole_answers
 
 
 def _with_answers(result, options: StrategyOptions):
@@ -125,6 +125,76 @@ def tree(module: str, budget: Callable[[int, SamplingParams], dict], fixed_step:
             common["step"] = StepConfig(options.step_delimiter, 64)
         config = configure(config_class(**common, **budget(n, params)), overrides)
         return run_search(getattr(search, module), config, generator, prompt, options, rng)
+
+    return run
+
+
+def whole_answer_or_tree(tree_runner):
+    """best_of_n_value's runner: with a value that scores finished answers only
+    (`value_scores_whole_answers`) the best of n samples drawn in one call (`best_by_tests`, so
+    the harness evaluates it from a pool); else `tree_runner` (a one-step tree search)."""
+
+    def run(generator, prompt, n, params, options, rng, overrides):
+        if value_scores_whole_answers(options):
+            return best_by_tests(generator, prompt, n, params, options, rng, overrides)
+        return tree_runner(generator, prompt, n, params, options, rng, overrides)
+
+    return run
+
+
+def best_by_tests(generator, prompt, n, params, options, rng, overrides):
+    """The best of n samples by the share of the prompt's docstring examples their programs pass
+    (ties: the first). A prompt without examples gives no score: the first sample (complete
+    ones first) is returned and every candidate's score stays None. Cost: the samples' plus
+    the sandbox's wall seconds (no FLOPs)."""
+    from metagen.scoring.base import prompt_text
+    from metagen.scoring.example_tests import ExampleScorer, ExampleTests
+    from metagen.strategies.best_of_n import BestOfNConfig, best_of_n
+    from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+
+    if options.aggregation != "best":
+        raise ValueError(f"aggregation={options.aggregation!r} applies to the leaves of a tree search; with "
+                         f"value={options.value!r} best_of_n_value keeps the best sample (aggregation 'best')")
+    tests = ExampleTests(prompt_text(prompt))
+    config = configure(BestOfNConfig(n, params), overrides)
+    if tests.verifier is not None:
+        return _with_answers(best_of_n(generator, prompt, config, ExampleScorer(tests), rng=rng), options)
+    result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
+    candidates = candidates_from(result)
+    return _with_answers(StrategyResult(prefer_complete(candidates)[0], candidates, result.cost), options)
+
+
+def code_cluster(adaptive: bool):
+    """AlphaCode-style clustering (`code_cluster`) or its adaptive stopping (`adaptive_code_cluster`):
+    self-consistency / adaptive self-consistency whose answer is each sample's cluster key
+    (`ExampleTests.cluster_key`: its outputs on the docstring examples' calls), plus the
+    sandbox's wall seconds. result.votes: cluster key -> size; each candidate's answer is then
+    extracted from its text as for best_of_n (a key is no answer a grader could read)."""
+
+    def run(generator, prompt, n, params, options, rng, overrides):
+        from metagen.scoring.base import prompt_text
+        from metagen.scoring.example_tests import ExampleTests
+
+        tests, spent = ExampleTests(prompt_text(prompt)), []
+
+        def key(text):
+            found, cost = tests.cluster_key(text)
+            spent.append(cost)
+            return found
+
+        if adaptive:
+            from metagen.strategies.adaptive_consistency import AdaptiveConsistencyConfig, adaptive_consistency
+
+            config = configure(AdaptiveConsistencyConfig(n, params=params), overrides)
+            result = adaptive_consistency(generator, prompt, config, key, rng=rng)
+        else:
+            from metagen.strategies.self_consistency import SelfConsistencyConfig, self_consistency
+
+            config = configure(SelfConsistencyConfig(n, params), overrides)
+            result = self_consistency(generator, prompt, config, key, rng=rng)
+        for cost in spent:
+            result.cost += cost
+        return _with_answers(result, options)  # the keys stay in result.votes; answers as for best_of_n
 
     return run
 

@@ -10,6 +10,9 @@ the built config as overrides (`options.configure`), over the registry's own `de
 
 pooled: the strategy picks or builds its output from n i.i.d. samples of the prompt drawn in
 one `generate` call, so the harness can evaluate it at every n by subsampling one stored pool.
+whole_answer: a value-guided strategy that values whole answers only (best_of_n_value): with a
+value that scores only finished answers (`WHOLE_ANSWER_VALUES`) it is the argmax of that value
+over n i.i.d. samples, so it runs pooled (`is_pooled(options)`), needing no search backend.
 sequential: pooled, but it draws its samples over several `generate` calls (in rounds) and
 may stop before n (adaptive self-consistency); the harness serves it a pool's samples in order,
 one call after another (`PoolGenerator(sequential=True)`), and reports the mean it drew.
@@ -38,7 +41,8 @@ class StrategyOptions:
     """pattern: answer regex (None: default extraction); math: compare answers with math-verify;
     value: what guides tree search, controlled decoding and best_of_n_value — "steps" (the
     exact arithmetic step verifier, min over steps), "judge", a process reward model
-    ("prm:PATH", "reward:URL"; scoring/step_prm.py) or the path of a trained value head;
+    ("prm:PATH", "reward:URL"; scoring/step_prm.py), "tests" (best_of_n_value only: the share of
+    a code prompt's docstring examples a whole answer passes) or the path of a trained value head;
     step_delimiter: the text that ends a reasoning step; aggregation: how tree searches pick
     among their finished leaves (best value, majority vote, value-weighted vote); answer_field:
     the answer is the value at this path of a JSON output ("answer", "result.value"; instead of
@@ -66,12 +70,24 @@ _SHARED_DEFAULTS = {field.name: field.default for field in fields(StrategyOption
 DEFAULT_N = 8  # the budget when none is given
 
 
+# values that score finished answers only: "tests" runs a code problem's program on its
+# docstring's examples (`scoring/example_tests.py`), score = share passed
+WHOLE_ANSWER_VALUES = ("tests",)
+
+
 def value_is_head(options: StrategyOptions) -> bool:
     """The value is a trained value head file (it reads hidden states), not "steps" / "judge" /
-    a process reward model ("prm:PATH", "reward:URL", ...: they read the steps' text)."""
+    a process reward model ("prm:PATH", "reward:URL", ...: they read the steps' text) or a
+    whole-answer value."""
     from metagen.scoring.step_prm import is_prm_spec
 
-    return options.value is not None and options.value not in ("steps", "judge") and not is_prm_spec(options.value)
+    return (options.value is not None and options.value not in ("steps", "judge", *WHOLE_ANSWER_VALUES)
+            and not is_prm_spec(options.value))
+
+
+def value_scores_whole_answers(options: StrategyOptions) -> bool:
+    """The value scores finished answers only (`WHOLE_ANSWER_VALUES`), not partial solutions."""
+    return options.value in WHOLE_ANSWER_VALUES
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,7 @@ class StrategySpec:
     sequential: bool = False  # pooled, drawing its samples in several calls (see the module)
     budget: str = "samples"
     uses_value: bool = False  # reads StrategyOptions.value / step_delimiter
+    whole_answer: bool = False  # values whole answers only: pooled with a whole-answer value (see the module)
     samples: bool = True  # draws at the given temperature (False: greedy, sampling options have no effect)
     needs: frozenset[str] = frozenset()  # generator capabilities it reads, whatever the options
     needs_any: tuple[frozenset[str], ...] = ()  # and one of these in full (empty: no alternatives)
@@ -95,6 +112,15 @@ class StrategySpec:
     set_by_run: frozenset[str] = frozenset({"n", "params"})  # config fields the runner sets (from n, the request)
     extracts: bool = False  # the runner extracts each candidate's answer itself (reads pattern, answer_field)
     defaults: tuple[tuple[str, object], ...] = ()  # its own defaults for config fields, over the config's
+
+    def is_pooled(self, options: StrategyOptions) -> bool:
+        """Whether the harness evaluates it from a sample pool with these options: `pooled`, or a
+        `whole_answer` strategy given a value that scores finished answers only."""
+        return self.pooled or (self.whole_answer and value_scores_whole_answers(options))
+
+    def _needs_any(self, options: StrategyOptions) -> tuple[frozenset[str], ...]:
+        """needs_any, unless it runs pooled from plain samples (`is_pooled` by its value)."""
+        return () if not self.pooled and self.is_pooled(options) else self.needs_any
 
     def config_class(self) -> type | None:
         """Its config dataclass (imported on first use: the registry itself stays light)."""
@@ -175,7 +201,7 @@ class StrategySpec:
             raise ValueError(f"{what} cannot honour structured_outputs: {self.why_unconstrained}")
         try:
             caps.require(self.required(options, params), generator, what)
-            caps.require_any(self.needs_any, generator, what)
+            caps.require_any(self._needs_any(options), generator, what)
         except ValueError as error:
             if not self.why:
                 raise
@@ -187,8 +213,9 @@ class StrategySpec:
         options = options or StrategyOptions()
         if params is not None and params.structured_outputs is not None and not self.constrains:
             return False
+        needs_any = self._needs_any(options)
         return not caps.missing(self.required(options, params), generator) and (
-            not self.needs_any or any(not caps.missing(needs, generator) for needs in self.needs_any))
+            not needs_any or any(not caps.missing(needs, generator) for needs in needs_any))
 
     def run(self, generator, prompt, n: int, params: SamplingParams, options: StrategyOptions, rng,
             overrides: Mapping[str, object] | None = None):

@@ -20,7 +20,9 @@ The value (`StrategyOptions.value`): "steps" = the exact arithmetic step verifie
 model itself asked whether each step is correct (`JudgePRM`); both score a partial solution by
 the min over its steps. "prm:PATH" / "prm-shepherd:PATH" / "prm-qwen:PATH": a process reward
 model checkpoint, "reward:URL" / "reward-shepherd:URL": one served by vLLM (`scoring/step_prm.py`;
-min over steps too). Otherwise the path of a `ValueHead` file for this model.
+min over steps too). Otherwise the path of a `ValueHead` file for this model. "tests" (the
+share of a code prompt's docstring examples a program passes) scores whole answers only: no
+search here takes it; best_of_n_value runs it pooled (`runners.best_by_tests`).
 
 The backend: a generator with LOCAL_CACHE runs the searches on its local model (KV snapshots);
 else one with STEP_CONTINUATION runs them through its completions (`RemoteStepExpander`; the
@@ -34,6 +36,7 @@ from functools import lru_cache
 
 from metagen.decoding import capabilities as caps
 from metagen.scoring.base import prompt_text
+from metagen.strategies.spec import WHOLE_ANSWER_VALUES
 
 @lru_cache(maxsize=4)
 def _load_head(path: str, model):
@@ -51,6 +54,9 @@ def make_value(spec: str | None, model, prompt, delimiter: str, generator=None):
         raise ValueError("this strategy needs a value: --value steps (arithmetic step verifier), "
                          "--value judge (the model judges each step), --value prm:PATH (a process reward model), "
                          "--value reward:URL (one served by vLLM) or --value PATH (a trained value head)")
+    if spec in WHOLE_ANSWER_VALUES:
+        raise ValueError(f"value={spec!r} scores whole answers only, not the partial solutions a search values; "
+                         "use it with best_of_n_value")
     tokenizer = model.tokenizer if model is not None else getattr(generator, "tokenizer", None)
     if spec == "steps":
         return StepRewardValue(ArithmeticStepVerifier(), tokenizer, prompt_text(prompt), delimiter, how="min")

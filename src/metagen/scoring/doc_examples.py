@@ -1,0 +1,279 @@
+"""The examples a code problem's docstrings write, as checks a program can be run on.
+
+A HumanEval-form prompt shows the function to write with a docstring, which often gives a few
+calls and their results. Two ways of writing them are read:
+
+  - doctest: `>>> expression` (continued by `... ` lines), then the expected value on the lines
+    up to a blank line, the next `>>>` or the docstring's end; no expected line means the call
+    returns None (doctest prints nothing for None: HumanEval/12's `>>> longest([])`);
+  - inline: `call SEP value` on one line (a call's brackets may go on over the next lines),
+    SEP one of `==`, `==>`, `=>`, `->`, `➞`, `returns`, `should return` (a `#` before it is
+    allowed, so is text before the call: `for f(1) == 2`, `* f([]) => []`); several on one
+    line are read one after the other.
+
+An example is kept when its expression parses, calls a function the prompt defines (the entry
+point or a helper) and reads no name but those functions and builtins (`fib4(n) -> ...` is not
+one), and its value is a Python literal (`ast.literal_eval`; `true`, `1 + 9 = 10` are not);
+after an inline value only the line's end, punctuation, a comment or a parenthesis may follow.
+What looks like an example but is not kept is counted in `skipped`, with the reason. Expected
+values are compared with ==, as doctest would compare their printed form; a docstring whose
+example is wrong (HumanEval has a few) makes a right program fail that example.
+
+Docstrings are read from the source text (escapes such as `\\n` inside a docstring's example
+stay as written, so the example reads as the reader sees it). Cost: O(L·W) for L docstring lines
+of W characters (a literal is tried at each token end of an inline value).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import io
+import re
+import tokenize
+from dataclasses import dataclass, field
+
+from metagen.scoring.code_problems import entry_point_of, function_names
+
+SEPARATORS = ("==>", "=>", "==", "->", "➞", "should return", "returns")
+_SEPARATOR = re.compile(r"[ \t]*(?:#[ \t]*)?(==>|=>|==|->|➞|should return|returns)(?![=>])[ \t]*")
+_TAIL = re.compile(r"[ \t]*(?:$|#|\(|\band\b|\bor\b|[.,;:](?:[ \t]|$))")
+MAX_CONTINUATION_LINES = 20  # lines an inline call's brackets may span
+
+
+@dataclass(frozen=True)
+class Example:
+    """expression: the call (Python source); expected: its value as written; line: where the
+    example starts in the prompt's code (1-based); form: ">>>" or the inline separator."""
+
+    expression: str
+    expected: object
+    line: int
+    form: str
+
+    def test(self) -> str:
+        """The example as a test `CodeExecutionVerifier` accepts (the expected value stays
+        outside the sandbox)."""
+        return f"assert ({self.expression}) == {self.expected!r}"
+
+
+@dataclass
+class DocExamples:
+    """examples: the checks found, in order; skipped: (line, text, why) of example-like lines
+    that are not kept."""
+
+    examples: list[Example] = field(default_factory=list)
+    skipped: list[tuple[int, str, str]] = field(default_factory=list)
+
+
+def doc_examples(code: str, entry_point: str | None = None) -> DocExamples:
+    """The examples in the docstrings of `code` (a prompt's source, see `code_in_prompt`) that call
+    a function it defines (`entry_point` included, default `entry_point_of(code)`)."""
+    names = set(function_names(code)) | ({entry_point or entry_point_of(code)} - {None})
+    found = DocExamples()
+    if not names:
+        return found
+    call_start = re.compile(r"(?<![\w.])(?:" + "|".join(map(re.escape, sorted(names))) + r")[ \t]*\(")
+    for first_line, lines in _docstrings(code):
+        _read_doctests(lines, first_line, names, found)
+        _read_inline(lines, first_line, names, call_start, found)
+    found.examples.sort(key=lambda example: example.line)
+    return found
+
+
+def _docstrings(code: str) -> list[tuple[int, list[str]]]:
+    """(line of its first line, its source lines) of every string literal standing as a
+    statement (docstrings); the whole text when `code` does not parse even with a body added."""
+    for source in (code, code.rstrip() + "\n    pass\n"):
+        try:
+            tree = ast.parse(source)
+            break
+        except (SyntaxError, ValueError):
+            continue
+    else:
+        return [(1, code.splitlines())]
+    lines = code.splitlines()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            start, end = node.lineno, min(node.end_lineno, len(lines))
+            found.append((start, lines[start - 1:end]))
+    return found
+
+
+def _read_doctests(lines: list[str], first_line: int, names: set[str], found: DocExamples) -> None:
+    index = 0
+    while index < len(lines):
+        stripped = lines[index].strip()
+        if not stripped.startswith(">>>"):
+            index += 1
+            continue
+        line, source = first_line + index, [stripped[3:].strip()]
+        index += 1
+        while index < len(lines) and lines[index].strip().startswith("..."):
+            source.append(lines[index].strip()[3:].strip())
+            index += 1
+        expected = []
+        while index < len(lines):
+            text = lines[index].strip().removesuffix('"""').removesuffix("'''").strip()
+            if not text or text.startswith(">>>"):
+                break
+            expected.append(text)
+            index += 1
+            if lines[index - 1].strip().endswith(('"""', "'''")):
+                break
+        expression = "\n".join(source).removesuffix('"""').removesuffix("'''").strip()
+        why = _call_problem(expression, names, top_call=False)
+        form = ">>>"
+        if why is None:
+            tree = ast.parse(expression, mode="eval").body
+            ok, value = _literal("\n".join(expected)) if expected else (True, None)
+            why = None if ok else f"the expected output {' '.join(expected)!r} is not a Python literal"
+            if why is None and isinstance(tree, ast.Compare):  # `>>> f(x) == y` (then True, or no output)
+                tree, value, why, form = _asserted(tree, value)
+            elif why is None and not expected and not isinstance(tree, ast.Call):
+                why = "it has no expected output, and only a call's None prints nothing"
+        if why is None:
+            expression = ast.unparse(tree)  # comments and line breaks gone
+            found.examples.append(Example(expression, value, line, form))
+        else:
+            found.skipped.append((line, stripped, why))
+
+
+def _read_inline(lines: list[str], first_line: int, names: set[str], call_start: re.Pattern,
+                 found: DocExamples) -> None:
+    index = 0
+    while index < len(lines):
+        text = lines[index]
+        if text.strip().startswith(">>>") or not call_start.search(text):
+            index += 1
+            continue
+        start = call_start.search(text).start()  # prose before the call may hold quotes
+        joined, used = text, 1  # a call whose brackets stay open goes on over the next lines
+        while _open_brackets(joined[start:]) > 0 and used < MAX_CONTINUATION_LINES and index + used < len(lines):
+            joined += "\n" + lines[index + used]
+            used += 1
+        _read_line(joined, first_line + index, names, call_start, found)
+        index += used
+
+
+def _read_line(text: str, line: int, names: set[str], call_start: re.Pattern, found: DocExamples) -> None:
+    position = 0
+    while (match := call_start.search(text, position)) is not None:
+        end = _closing_bracket(text, match.end() - 1)
+        if end is None:
+            return
+        call, rest = text[match.start():end + 1], text[end + 1:]
+        position = end + 1
+        separator = _SEPARATOR.match(rest)
+        if separator is None:
+            continue  # a call in prose, not an example
+        shown = " ".join((call + rest).split())
+        why = _call_problem(call, names, top_call=True)
+        value_text = rest[separator.end():]
+        length = None if why is not None else _literal_prefix(value_text)
+        if why is None and length is None:
+            why = f"what follows {separator.group(1)!r} is not a Python literal"
+        if why is not None:
+            found.skipped.append((line, shown, why))
+            continue
+        _, value = _literal(value_text[:length])
+        found.examples.append(Example(ast.unparse(ast.parse(call, mode="eval")), value, line, separator.group(1)))
+        position = end + 1 + separator.end() + length
+
+
+def _asserted(compare: ast.Compare, shown: object):
+    """(call, expected, None, "==") of a doctest `call == literal` whose output is True or
+    empty (an assertion written after `>>>`); (compare, None, why, "") otherwise."""
+    if len(compare.ops) != 1 or not isinstance(compare.ops[0], ast.Eq) or shown not in (True, None):
+        return compare, None, "it is a comparison that does not assert `call == value`", ""
+    ok, value = _literal(ast.unparse(compare.comparators[0]))
+    if not ok or not isinstance(compare.left, ast.Call):
+        return compare, None, "it compares with something that is not a Python literal", ""
+    return compare.left, value, None, "=="
+
+
+def _call_problem(expression: str, names: set[str], top_call: bool) -> str | None:
+    """Why `expression` is not an example's call (None when it is): it must parse, call one of
+    `names` (be such a call, when `top_call`) and read no name but those and builtins."""
+    try:
+        tree = ast.parse(expression, mode="eval").body
+    except (SyntaxError, ValueError):
+        return "the call does not parse"
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    if top_call and not (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name) and tree.func.id in names):
+        return "it is not a call of a function the prompt defines"
+    if not any(isinstance(node.func, ast.Name) and node.func.id in names for node in calls):
+        return "it calls no function the prompt defines"
+    if isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name) and tree.func.id == "print":
+        return "it prints instead of returning a value"
+    bound = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+    bound |= {argument.arg for node in ast.walk(tree) if isinstance(node, ast.Lambda)
+              for argument in ast.walk(node.args) if isinstance(argument, ast.arg)}  # comprehension, lambda
+    unknown = sorted({node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id not in names
+                      and node.id not in bound and not hasattr(builtins, node.id)})
+    if unknown:
+        return f"it reads {', '.join(unknown)}, which the prompt does not define"
+    return None
+
+
+def _literal(text: str) -> tuple[bool, object]:
+    try:
+        return True, ast.literal_eval(text.strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False, None
+
+
+def _literal_prefix(text: str) -> int | None:
+    """Length of the longest prefix of `text` that is a Python literal followed by an end (see
+    `_TAIL`), tried at each token end; None when there is none."""
+    ends = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text.split("\n")[0] + "\n").readline):
+            if token.type in (tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.ENDMARKER):
+                break
+            ends.append(token.end[1])
+            if text[token.end[1] - 1] == "." and token.end[1] > 1:  # "16." may end a sentence
+                ends.append(token.end[1] - 1)
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    for end in sorted(set(ends), reverse=True):
+        if _literal(text[:end])[0] and _TAIL.match(text, end):
+            if text[end - 1] == "." and _literal(text[:end - 1])[0]:
+                return end - 1  # "should return -15." ends a sentence: the number is -15
+            return end
+    return None
+
+
+def _scan(text: str):
+    """(index, character) of `text` outside quoted strings (a quote left open runs to the end)."""
+    index, quote = 0, None
+    while index < len(text):
+        character = text[index]
+        if quote is not None:
+            if character == "\\":
+                index += 1
+            elif character == quote:
+                quote = None
+        elif character in "'\"":
+            quote = character
+        else:
+            yield index, character
+        index += 1
+
+
+def _open_brackets(text: str) -> int:
+    depth = 0
+    for _, character in _scan(text):
+        depth += (character in "([{") - (character in ")]}")
+    return depth
+
+
+def _closing_bracket(text: str, start: int) -> int | None:
+    """Index of the bracket closing the one at `start`, None when it stays open."""
+    depth = 0
+    for index, character in _scan(text[start:]):
+        depth += (character in "([{") - (character in ")]}")
+        if depth == 0:
+            return start + index
+    return None
