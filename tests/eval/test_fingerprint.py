@@ -109,3 +109,16 @@ def test_token_healing_enters_the_setup_only_when_set():
     assert digest(setup) == digest(older)
     healed = replace(config, params=replace(config.params, token_healing=True)).setup()
     assert healed["params"]["token_healing"] is True and digest(healed) != digest(setup)
+
+
+def test_a_process_reward_model_checkpoint_counts_by_content(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\0" * 32)
+    config = EvalConfig(("rebase",), ns=(2,), options=StrategyOptions(value=f"prm:{tmp_path}"))
+    before = run_setup(config, DiceGenerator())
+    _rewrite(weights, b"\1" * 32)
+    old, new = differences(before, run_setup(config, DiceGenerator()))
+    assert old.startswith("value_weights=") and new.startswith("value_weights=") and old != new
+    served = EvalConfig(("rebase",), ns=(2,), options=StrategyOptions(value="reward:http://127.0.0.1:9"))
+    assert "value_weights" not in run_setup(served, DiceGenerator())

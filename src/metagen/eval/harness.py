@@ -207,6 +207,12 @@ def run_setup(config: EvalConfig, generator, model: dict | None = None) -> dict:
     setup = {"model": dict(model), "generator": generator_identity(generator), **config.setup()}
     if value_is_head(config.options):  # a value-head file: its content counts
         setup["value_weights"] = weights_digest(config.options.value)
+    else:
+        from metagen.scoring.step_prm import parse_prm_spec
+
+        prm = parse_prm_spec(config.options.value)
+        if prm is not None and prm[0] == "local":  # a process reward model checkpoint: so does its content
+            setup["value_weights"] = weights_digest(prm[2])
     return setup
 
 
