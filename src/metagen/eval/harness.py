@@ -346,10 +346,12 @@ class ModelRun:
     """One model of a sweep. label: its short display name, unique in the sweep (the points'
     `CurvePoint.model`, and what its set-up is filed under in results.jsonl); open(): a context
     manager yielding (generator, identity) — identity as `run_setup`'s `model` (None: from the
-    generator) — that frees the model on exit (called once, when the model's turn comes)."""
+    generator) — that frees the model on exit (called once, when the model's turn comes);
+    concurrency: problems run at once on this model (None: the sweep's)."""
 
     label: str
     open: Callable[[], AbstractContextManager]
+    concurrency: int | None = None
 
 
 def evaluate(
@@ -416,26 +418,33 @@ def evaluate_models(
         def counted(done: int, total: int, before: int = index * len(problems)) -> None:
             progress(before + done, len(models) * total)
 
-        with run.open() as (generator, identity):
-            check_concurrency(generator, concurrency)
-            check_generator(generator, problems, config)  # before the directory is even created
-            units = results.bind(run.label, run_setup(config, generator, identity), config.pool_size)
-            if out is not None:
-                out.mkdir(parents=True, exist_ok=True)
-                setups[run.label] = {**units.setup, "fingerprint": units.fingerprint}
-                _write_run_json(out, setups)
-            try:
-                _run_problems(generator, problems, config, units, live, None if progress is None else counted,
-                              concurrency)
-            except UnfinishedProblemsError as error:
-                unfinished.update({(f"{run.label}: {problem}" if len(models) > 1 else problem): failure
-                                   for problem, failure in error.failures.items()})
-                continue
-            report.points += summarize(units, problems, config, decode=generator.decode,
-                                       flops_estimate=generator.flops_estimate).points
+        try:
+            report.points += _run_model(run, problems, config, results, live, out, setups,
+                                        None if progress is None else counted,
+                                        concurrency if run.concurrency is None else run.concurrency)
+        except UnfinishedProblemsError as error:
+            unfinished.update({(f"{run.label}: {problem}" if len(models) > 1 else problem): failure
+                               for problem, failure in error.failures.items()})
     if unfinished:
         raise UnfinishedProblemsError(unfinished, len(problems) * len(models), str(out) if out is not None else None)
     return report
+
+
+def _run_model(run: ModelRun, problems: Sequence[Problem], config: EvalConfig, results: ResultsFile, live,
+               out: Path | None, setups: dict, progress, concurrency: int) -> list[CurvePoint]:
+    """Open one model, check it, run its missing units, summarize them and close it (a function
+    of its own so that nothing refers to the model once it returns)."""
+    with run.open() as (generator, identity):
+        check_concurrency(generator, concurrency)
+        check_generator(generator, problems, config)  # before the directory is even created
+        units = results.bind(run.label, run_setup(config, generator, identity), config.pool_size)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            setups[run.label] = {**units.setup, "fingerprint": units.fingerprint}
+            _write_run_json(out, setups)
+        _run_problems(generator, problems, config, units, live, progress, concurrency)
+        return summarize(units, problems, config, decode=generator.decode,
+                         flops_estimate=generator.flops_estimate).points
 
 
 def shared_setup(config: EvalConfig) -> dict:
