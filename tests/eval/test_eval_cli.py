@@ -176,6 +176,6 @@ def test_the_output_answers_which_configuration_to_use_per_budget(tmp_path, caps
     assert last["best"]["accuracy"] == max(row["accuracy"] for row in data["results"] if row["strategy"] != "pass@k")
     assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = (tmp_path / "summary.txt").read_text()
-    assert "compute-optimal frontier: toy " in summary and "budget TFLOPs" in summary
+    assert f"compute-optimal frontier: {name} " in summary and "budget TFLOPs" in summary
     assert main(BASE[:-1]) == 0  # the text output carries the same table
     assert "budget TFLOPs" in capsys.readouterr().out
