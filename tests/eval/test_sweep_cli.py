@@ -79,3 +79,23 @@ def test_parsing_errors_name_the_flag(capsys, loads, argv, named):
         code = exit.code
     assert code == 2 and named in capsys.readouterr().err
     assert loads == []  # nothing loaded
+
+
+@pytest.mark.slow
+def test_the_embedded_model_and_a_tiny_checkpoint_in_one_sweep(tmp_path, capsys, one_thread):
+    """Two real local models loaded in turn: rows of both, each model's greedy FLOPs those of the
+    one formula on its own architecture (the tiny one's far fewer per token)."""
+    pytest.importorskip("transformers")
+    from tests.models.families.tiny_checkpoints import build_hf_model, save_hf
+
+    tiny = save_hf(build_hf_model("llama"), tmp_path / "tiny")
+    argv = ["eval", "--task", "arithmetic", "--count", "2", "--strategy", "greedy", "--n", "1", "--max-tokens", "4",
+            "--model", "embedded", "--model", str(tiny), "--json", "--out", str(tmp_path / "out")]
+    assert main(argv) == 0, capsys.readouterr().err
+    rows = {row["model"]: row for row in json.loads(capsys.readouterr().out)["results"]}
+    assert set(rows) == {"SmolLM2-135M-Instruct.Q4_1", "tiny"}
+    per_token = {name: row["cost"]["flops"] / (row["cost"]["prompt_tokens_computed"] + row["cost"]["generated_tokens"])
+                 for name, row in rows.items()}
+    assert per_token["tiny"] * 20 < per_token["SmolLM2-135M-Instruct.Q4_1"]  # N: 3.2M (mostly its LM head) vs 134.5M
+    assert main(argv) == 0  # resumed: nothing generated again
+    assert {row["model"]: row for row in json.loads(capsys.readouterr().out)["results"]}.keys() == rows.keys()
