@@ -42,7 +42,9 @@ def add_backend_options(parser: argparse.ArgumentParser, concurrency: bool = Fal
                             "returns none" + per + ("; 'none' for none" if repeat else ""))
     if concurrency:
         group.add_argument("--concurrency", type=int, default=1, metavar="K",
-                           help="problems evaluated at once (default 1; > 1 needs --backend)")
+                           help="problems evaluated at once (default 1; > 1 needs --backend" +
+                                (", and applies to the --backend models: local ones run one problem at a time)"
+                                 if repeat else ")"))
 
 
 def check_backend_options(args: argparse.Namespace) -> None:
