@@ -139,13 +139,15 @@ def test_eval_on_a_backend_without_flops_places_no_point_and_says_so(capsys, tmp
         assert "not placed (FLOPs unknown): fake-model greedy n=1" in (tmp_path / "summary.txt").read_text()
 
 
-def test_eval_resume_against_another_served_model_is_refused(capsys, tmp_path):
+def test_eval_resume_against_another_server_of_the_same_model_id_is_refused(capsys, tmp_path):
+    """A served model is filed under its id: another id joins the directory (tests/eval/
+    test_model_sweep.py), the same id served by another engine is refused before generating."""
     with FakeServer("vllm", model="model-a") as server:
         assert _run(capsys, *EVAL, "--backend", server.url, "--out", str(tmp_path))[0] == 0
-    with FakeServer("vllm", model="model-b") as server:
+    with FakeServer("sglang", model="model-a") as server:
         code, _, err = _run(capsys, *EVAL, "--backend", server.url, "--out", str(tmp_path))
         assert len(server.posts()) <= 3  # probes only: refused before generating
-    assert code == 2 and "model.name='model-a'" in err and "model.name='model-b'" in err
+    assert code == 2 and "model.engine='vllm'" in err and "model.engine='sglang'" in err
 
 
 @pytest.mark.slow

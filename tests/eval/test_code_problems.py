@@ -262,10 +262,10 @@ def test_completion_style_sends_the_source_with_humaneval_stops_and_chat_style_a
 
 def test_resumed_results_cannot_mix_prompt_modes(tmp_path):
     config = EvalConfig(("greedy",), ns=(1,), params=SamplingParams(temperature=0.0))
-    evaluate(Replies(COMPLETIONS), [ADD], config, tmp_path)
+    evaluate(Replies(COMPLETIONS), [ADD], config, tmp_path, label="toy")
     chat = Replies({"add": [("```python\ndef add(a, b):\n    return a + b\n```", -0.1)]}, template="{{ messages }}")
-    with pytest.raises(ValueError, match="code.prompt='completion'.*code.prompt='chat'"):
-        evaluate(chat, [ADD], config, tmp_path)
+    with pytest.raises(ValueError, match="code.prompt='completion'.*code.prompt='chat'"):  # one model, two modes
+        evaluate(chat, [ADD], config, tmp_path, label="toy")
     assert chat.calls == []
 
 

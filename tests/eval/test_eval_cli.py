@@ -79,17 +79,23 @@ def test_other_work_in_the_same_out_is_refused(tmp_path, capsys, loads, change, 
     assert capsys.readouterr().out == "" and (tmp_path / "results.jsonl").read_bytes() == results
 
 
-def test_another_model_file_of_the_same_name_is_refused(tmp_path, capsys, loads):
+def test_another_model_file_under_the_same_name_is_refused(tmp_path, capsys, loads):
+    """A model is filed under its file's stem: a copy of the weights reuses its units, a file of
+    another name joins the directory, other weights under the same name are refused."""
     first, second = tmp_path / "a.gguf", tmp_path / "b.gguf"
     first.write_bytes(b"GGUF" + bytes(range(256)) * 64)
     second.write_bytes(b"GGUF" + bytes(range(255, -1, -1)) * 64)
     out = tmp_path / "out"
     assert main([*BASE, "--model", str(first), "--out", str(out)]) == 0
+    written = (out / "results.jsonl").read_bytes()
     copy = tmp_path / "copy.gguf"
     copy.write_bytes(first.read_bytes())  # the same weights elsewhere: the same model
     assert main([*BASE, "--model", str(copy), "--out", str(out)]) == 0
+    assert (out / "results.jsonl").read_bytes() == written
+    assert main([*BASE, "--model", str(second), "--out", str(out)]) == 0  # another model joins
     capsys.readouterr()
-    assert main([*BASE, "--model", str(second), "--out", str(out)]) == 2
+    first.write_bytes(second.read_bytes()[::-1] + b"x")  # other weights under the name 'a'
+    assert main([*BASE, "--model", str(first), "--out", str(out)]) == 2
     assert "results.jsonl:2 was produced with model.weights=" in _error(capsys)
 
 
@@ -159,8 +165,9 @@ def test_the_output_answers_which_configuration_to_use_per_budget(tmp_path, caps
     the top; --out: the frontier plot and the "at budget C use X" table in summary.txt."""
     assert main([*BASE, "--out", str(tmp_path)]) == 0
     data = json.loads(capsys.readouterr().out)
+    name = "SmolLM2-135M-Instruct.Q4_1"  # the default (embedded) model's label: its file's stem
     assert {(row["model"], row["strategy"], row["n"]) for row in data["results"]} >= {
-        ("toy", "greedy", 1), ("toy", "self_consistency", 1), ("toy", "self_consistency", 2)}
+        (name, "greedy", 1), (name, "self_consistency", 1), (name, "self_consistency", 2)}
     assert all(len(row["interval"]) == 2 and row["cost"]["flops"] > 0 for row in data["results"])
     assert data["frontier"] and all(row in data["results"] and row["strategy"] != "pass@k" for row in data["frontier"])
     assert len(data["per_budget"]) == 8 and data["unplaced"] == []
@@ -169,6 +176,6 @@ def test_the_output_answers_which_configuration_to_use_per_budget(tmp_path, caps
     assert last["best"]["accuracy"] == max(row["accuracy"] for row in data["results"] if row["strategy"] != "pass@k")
     assert (tmp_path / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = (tmp_path / "summary.txt").read_text()
-    assert "compute-optimal frontier: toy " in summary and "budget TFLOPs" in summary
+    assert f"compute-optimal frontier: {name} " in summary and "budget TFLOPs" in summary
     assert main(BASE[:-1]) == 0  # the text output carries the same table
     assert "budget TFLOPs" in capsys.readouterr().out

@@ -35,8 +35,10 @@ def test_other_problems_under_the_same_ids_are_refused_before_generating(tmp_pat
     assert (tmp_path / "results.jsonl").read_bytes() == before  # nothing generated, nothing appended
 
 
-@pytest.mark.parametrize(("field", "value"), [("dtype", "fp32"), ("weights", "bbbb"), ("name", "other")])
+@pytest.mark.parametrize(("field", "value"), [("dtype", "fp32"), ("weights", "bbbb")])
 def test_another_model_is_refused_naming_the_field(tmp_path, field, value):
+    """The same model name with another identity; a model of another name joins the directory
+    (tests/eval/test_model_sweep.py)."""
     _run(tmp_path, model=MODEL)
     with pytest.raises(ValueError, match=rf"results.jsonl:2 was produced with model.{field}='{MODEL[field]}', "
                                          rf"this run has model.{field}='{value}'; use another output directory"):

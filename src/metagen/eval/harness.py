@@ -21,6 +21,11 @@ fingerprint matches (a torn last line from a killed run is dropped and redone) a
 directory holding units of another set-up or of other problems under the same ids, naming the
 file, line and field, before generating anything (see `results.py`).
 
+`evaluate_models(models, ...)` runs a sweep of several models into one directory, one model
+after another (opened, every problem run, closed: one local model in memory at a time); each
+model's units are keyed by its own set-up fingerprint and its points named by its label, so
+one report, frontier and plot span them all (`ModelRun`; `evaluate` is the one-model case).
+
 `evaluate(..., concurrency=k)` runs k problems at once on threads, for generators that allow it
 (`Generator.concurrent`, e.g. a remote server): each unit is appended whole under one lock, so a
 kill loses at most the units in flight, and every unit draws from its own rng, so the results
@@ -39,6 +44,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,7 +56,7 @@ from metagen.eval.code_prompts import code_params, code_prompt, code_setup, reso
 from metagen.eval.frontier import bootstrap_interval
 from metagen.eval.metrics import mean_and_stderr, pass_at_k
 from metagen.eval.pool import Pool, PoolGenerator, Sample
-from metagen.eval.results import ResultsFile
+from metagen.eval.results import ModelUnits, ResultsFile
 from metagen.eval.tasks import Problem
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import answers_match, extract_answer
@@ -138,7 +144,9 @@ class CurvePoint:
     computed), and the mean cost per problem (FLOPs, generated tokens, wall seconds, ...).
     `model`: the model's name (`run_setup`'s model identity), so points of several models can
     be put side by side. samples: the mean samples drawn per problem (pooled strategies: n, or
-    fewer for one that stops early; None where not counted)."""
+    fewer for one that stops early; None where not counted). flops_estimate: how cost.flops
+    were estimated when not by the architecture's formula (`Generator.flops_estimate`, e.g. a
+    remote model's 2·N·tokens); None: counted exactly, or unknown."""
 
     strategy: str
     n: int
@@ -149,6 +157,7 @@ class CurvePoint:
     interval: tuple[float, float] | None = None
     model: str = ""
     samples: float | None = None
+    flops_estimate: str | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -160,6 +169,8 @@ class CurvePoint:
                 "problems": self.problems, "cost": self.cost.to_dict()}
         if self.samples is not None:
             data["samples"] = self.samples
+        if self.flops_estimate is not None:
+            data["flops_estimate"] = self.flops_estimate
         return data
 
     @classmethod
@@ -174,7 +185,7 @@ class CurvePoint:
         interval = row.get("interval")
         return cls(row["strategy"], row["n"], row["accuracy"], row.get("stderr", float("nan")),
                    row.get("problems", 0), Cost(**row["cost"]), None if interval is None else tuple(interval),
-                   row.get("model", ""), row.get("samples"))
+                   row.get("model", ""), row.get("samples"), row.get("flops_estimate"))
 
 
 @dataclass
@@ -204,16 +215,7 @@ def run_setup(config: EvalConfig, generator, model: dict | None = None) -> dict:
     if model is None:
         source = generator.source_model()
         model = model_identity(source) if source is not None else (generator.served_identity() or {})
-    setup = {"model": dict(model), "generator": generator_identity(generator), **config.setup()}
-    if value_is_head(config.options):  # a value-head file: its content counts
-        setup["value_weights"] = weights_digest(config.options.value)
-    else:
-        from metagen.scoring.step_prm import parse_prm_spec
-
-        prm = parse_prm_spec(config.options.value)
-        if prm is not None and prm[0] == "local":  # a process reward model checkpoint: so does its content
-            setup["value_weights"] = weights_digest(prm[2])
-    return setup
+    return {"model": dict(model), "generator": generator_identity(generator), **shared_setup(config)}
 
 
 def check_generator(generator, problems: Sequence[Problem], config: EvalConfig) -> None:
@@ -419,6 +421,19 @@ def _score(result, problem: Problem, config: EvalConfig, known: dict[str, Grade]
     return _correct(answer, problem, config.options)
 
 
+@dataclass(frozen=True)
+class ModelRun:
+    """One model of a sweep. label: its short display name, unique in the sweep (the points'
+    `CurvePoint.model`, and what its set-up is filed under in results.jsonl); open(): a context
+    manager yielding (generator, identity) — identity as `run_setup`'s `model` (None: from the
+    generator) — that frees the model on exit (called once, when the model's turn comes);
+    concurrency: problems run at once on this model (None: the sweep's)."""
+
+    label: str
+    open: Callable[[], AbstractContextManager]
+    concurrency: int | None = None
+
+
 def evaluate(
     generator,
     problems: Sequence[Problem],
@@ -426,11 +441,13 @@ def evaluate(
     out_dir: str | Path | None = None,
     *,
     model: dict | None = None,
+    label: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     concurrency: int = 1,
 ) -> EvalReport:
-    """Run (or resume) the evaluation and summarize it. `generator` is any `Generator`; `model`
-    the identity of the model behind it (`model_identity(model)`; see `run_setup`);
+    """Run (or resume) the evaluation of one model and summarize it. `generator` is any
+    `Generator`; `model` the identity of the model behind it (`model_identity(model)`; see
+    `run_setup`); `label` its name in the report and results file (None: the identity's name);
     `concurrency`: problems run at once, on threads (> 1 needs `generator.concurrent`);
     `progress(done, total)` is called from one thread at a time.
 
@@ -438,28 +455,105 @@ def evaluate(
     directory holding units of another set-up or other problems under the same ids is
     refused, naming the file, line and field, before anything is generated. The results do
     not depend on `concurrency`: each unit draws from its own rng (seed, problem id, unit)."""
-    check_concurrency(generator, concurrency)
-    check_generator(generator, problems, config)  # before the directory is even created
-    mode = code_mode(problems, config, generator)
-    if mode == "completion" and config.prompt_suffix:
-        raise ValueError(f"prompt_suffix={config.prompt_suffix!r} would stand between a code problem's function "
-                         "header and the body the model writes in completion-style prompting: leave it empty, "
-                         "or use chat-style prompting")
+    if label is None:
+        label = run_setup(config, generator, model)["model"].get("name") or type(generator).__name__
+    run = ModelRun(label, lambda: nullcontext((generator, model)))
+    return evaluate_models([run], problems, config, out_dir, progress=progress, concurrency=concurrency)
+
+
+def evaluate_models(
+    models: Sequence[ModelRun],
+    problems: Sequence[Problem],
+    config: EvalConfig,
+    out_dir: str | Path | None = None,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    concurrency: int = 1,
+) -> EvalReport:
+    """Run (or resume) the evaluation of every model of `models` into one directory, one model
+    after another (each opened, run on every problem, summarized and closed before the next is
+    opened), and return one report of all their points. Checked before any model is opened: the
+    labels (non-empty, distinct), and the stored units' shared set-up and problems; checked when
+    a model is opened, before it generates: its generator and set-up against its stored units
+    (`ResultsFile.bind`). A model whose remote requests finally fail does not stop the others:
+    `UnfinishedProblemsError` names each unfinished (model, problem) at the end.
+    progress(done, total) counts problems over all models."""
+    labels = [run.label for run in models]
+    if not labels:
+        raise ValueError("models is empty: give at least one model")
+    for label in labels:
+        if not isinstance(label, str) or not label:
+            raise ValueError(f"model label {label!r} must be a non-empty string")
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ValueError(f"model label(s) {', '.join(map(repr, repeated))} given more than once: each model of a "
+                         "sweep needs its own name")
     out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
     results = ResultsFile(out / "results.jsonl" if out is not None else None)
-    setup = run_setup(config, generator, model)
-    if mode is not None:  # only with code problems: set-ups of other runs stay as they were
-        setup["code"] = code_setup(mode, config.code_timeout, config.code_memory_mb)
-    results.check(setup, problems, config.pool_size)
-    if out is not None:  # a readable copy; results.jsonl carries the set-up of its own units
-        copy = {**results.setup, "fingerprint": results.setup_digest}
-        (out / "run.json").write_text(json.dumps(copy, indent=1) + "\n")
+    results.check_shared(shared_setup(config), problems)
     live = [(name, n) for name in config.strategies if not get_strategy(name).is_pooled(config.options)
             for n in (sorted(set(config.ns)) if get_strategy(name).budget != "none" else [1])]
-    _run_problems(generator, problems, config, results, live, progress, concurrency)
-    return summarize(results, problems, config, decode=generator.decode)
+    report, setups, unfinished = EvalReport(), {}, {}
+    for index, run in enumerate(models):
+        def counted(done: int, total: int, before: int = index * len(problems)) -> None:
+            progress(before + done, len(models) * total)
+
+        try:
+            report.points += _run_model(run, problems, config, results, live, out, setups,
+                                        None if progress is None else counted,
+                                        concurrency if run.concurrency is None else run.concurrency)
+        except UnfinishedProblemsError as error:
+            unfinished.update({(f"{run.label}: {problem}" if len(models) > 1 else problem): failure
+                               for problem, failure in error.failures.items()})
+    if unfinished:
+        raise UnfinishedProblemsError(unfinished, len(problems) * len(models), str(out) if out is not None else None)
+    return report
+
+
+def _run_model(run: ModelRun, problems: Sequence[Problem], config: EvalConfig, results: ResultsFile, live,
+               out: Path | None, setups: dict, progress, concurrency: int) -> list[CurvePoint]:
+    """Open one model, check it, run its missing units, summarize them and close it (a function
+    of its own so that nothing refers to the model once it returns)."""
+    with run.open() as (generator, identity):
+        check_concurrency(generator, concurrency)
+        check_generator(generator, problems, config)  # before the directory is even created
+        mode = code_mode(problems, config, generator)
+        if mode == "completion" and config.prompt_suffix:
+            raise ValueError(f"prompt_suffix={config.prompt_suffix!r} would stand between a code problem's function "
+                             "header and the body the model writes in completion-style prompting: leave it empty, "
+                             "or use chat-style prompting")
+        setup = run_setup(config, generator, identity)
+        if mode is not None:  # only with code problems: set-ups of other runs stay as they were
+            setup["code"] = code_setup(mode, config.code_timeout, config.code_memory_mb)
+        units = results.bind(run.label, setup, config.pool_size)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            setups[run.label] = {**units.setup, "fingerprint": units.fingerprint}
+            _write_run_json(out, setups)
+        _run_problems(generator, problems, config, units, live, progress, concurrency)
+        return summarize(units, problems, config, decode=generator.decode,
+                         flops_estimate=generator.flops_estimate).points
+
+
+def shared_setup(config: EvalConfig) -> dict:
+    """The set-up fields every model of a sweep shares (`run_setup` without `MODEL_FIELDS`)."""
+    setup = config.setup()
+    if value_is_head(config.options):  # a value-head file: its content counts
+        setup["value_weights"] = weights_digest(config.options.value)
+    else:
+        from metagen.scoring.step_prm import parse_prm_spec
+
+        prm = parse_prm_spec(config.options.value)
+        if prm is not None and prm[0] == "local":  # a process reward model checkpoint: so does its content
+            setup["value_weights"] = weights_digest(prm[2])
+    return setup
+
+
+def _write_run_json(out: Path, setups: dict[str, dict]) -> None:
+    """run.json, a readable copy of the set-ups (results.jsonl carries each unit's own): the one
+    model's set-up with its fingerprint, or {"models": {label: that}} for a sweep."""
+    copy = next(iter(setups.values())) if len(setups) == 1 else {"models": setups}
+    (out / "run.json").write_text(json.dumps(copy, indent=1) + "\n")
 
 
 def check_concurrency(generator, concurrency: int) -> None:
@@ -496,7 +590,7 @@ def request_failed(error: BaseException) -> bool:
     return bool(kinds) and isinstance(error, tuple(kinds)) and not isinstance(error, ValueError)
 
 
-def _run_problems(generator, problems: Sequence[Problem], config: EvalConfig, results: ResultsFile, live,
+def _run_problems(generator, problems: Sequence[Problem], config: EvalConfig, results: ModelUnits, live,
                   progress, concurrency: int) -> None:
     """Run every problem's missing units, `concurrency` problems at a time on threads. Each unit
     is appended whole under the results file's lock, so a kill loses at most the units in
@@ -551,7 +645,7 @@ def _run_threads(run, problems: Sequence[Problem], concurrency: int) -> None:
             raise failed[0].exception()
 
 
-def _run_problem(generator, problem: Problem, config: EvalConfig, results: ResultsFile, live) -> None:
+def _run_problem(generator, problem: Problem, config: EvalConfig, results: ModelUnits, live) -> None:
     """Generate the units of `problem` not yet in `results`: its pool, then each live (strategy, n)."""
     prompt, params = _request(problem, config, _stored_mode(results))
     if config.pool_size and results.pool(problem) is None:
@@ -592,10 +686,13 @@ def _mean_cost(costs: list[Cost]) -> Cost:
     return total.scaled(1 / max(len(costs), 1))
 
 
-def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalConfig, decode=None) -> EvalReport:
-    """Accuracy and mean cost per (strategy, n), plus the oracle coverage pass@k of the pools."""
+def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConfig, decode=None,
+              flops_estimate: str | None = None) -> EvalReport:
+    """Accuracy and mean cost per (strategy, n) of one model's units, plus the oracle coverage
+    pass@k of its pools; every point named by the model's label and marked with how its FLOPs
+    were estimated (`flops_estimate`, None: exact or unknown)."""
     report = EvalReport()
-    model = results.setup.get("model", {}).get("name", "")
+    model = results.label
     pools = {problem.id: results.pool(problem) for problem in problems} if config.pool_size else {}
     mode = _stored_mode(results)
     known = {problem.id: _known_grades(pools.get(problem.id)) for problem in problems if problem.is_code}
@@ -639,6 +736,9 @@ def summarize(results: ResultsFile, problems: Sequence[Problem], config: EvalCon
         report.points += allocation_points(pools, problems, config, model,
                                            lambda result, problem: _score(result, problem, config,
                                                                           known.get(problem.id)), decode)
+    if flops_estimate is not None:
+        for point in report.points:
+            point.flops_estimate = flops_estimate if point.cost.flops is not None else None
     return report
 
 
@@ -655,15 +755,24 @@ def _point(strategy: str, n: int, scores: list[float], cost: Cost, model: str, s
 
 
 def format_table(report: EvalReport) -> str:
-    """A plain-text table: strategy, n, accuracy [95% bootstrap interval], generated tokens,
-    TFLOPs ("unknown" when the generator could not count them), seconds per problem."""
-    header = (f"{'strategy':<20} {'n':>3}  {'accuracy [95% interval]':>23}  {'gen tokens':>10}  {'TFLOPs':>8}  "
-              f"{'s/problem':>9}")
+    """A plain-text table: model (when the report holds several), strategy, n, accuracy [95%
+    bootstrap interval], generated tokens, TFLOPs ("unknown" when the generator could not count
+    them; "~" before an estimate, explained under the table), seconds per problem."""
+    models = list(dict.fromkeys(point.model for point in report.points))
+    width = max([len("model"), *map(len, models)]) if len(models) > 1 else 0
+    column = f"{'model':<{width}}  " if width else ""
+    header = (f"{column}{'strategy':<20} {'n':>3}  {'accuracy [95% interval]':>23}  {'gen tokens':>10}  "
+              f"{'TFLOPs':>9}  {'s/problem':>9}")
     lines = [header, "-" * len(header)]
     for p in report.points:
         interval = "" if p.interval is None else f"[{p.interval[0]:.3f}, {p.interval[1]:.3f}]"
-        lines.append(f"{p.strategy:<20} {p.n:>3}  {p.accuracy:>7.3f} {interval:>15}  "
-                     f"{p.cost.generated_tokens:>10.1f}  {_tflops(p.cost.flops):>8}  {p.cost.wall_seconds:>9.2f}")
+        flops = ("~" if p.flops_estimate is not None else "") + _tflops(p.cost.flops)
+        model = f"{p.model:<{width}}  " if width else ""
+        lines.append(f"{model}{p.strategy:<20} {p.n:>3}  {p.accuracy:>7.3f} {interval:>15}  "
+                     f"{p.cost.generated_tokens:>10.1f}  {flops:>9}  {p.cost.wall_seconds:>9.2f}")
+    estimates = dict.fromkeys((p.model, p.flops_estimate) for p in report.points if p.flops_estimate is not None)
+    for model, estimate in estimates:
+        lines.append(f"~ {model or 'model'}: FLOPs estimated as {estimate}")
     return "\n".join(lines)
 
 

@@ -16,25 +16,31 @@ AXES = (
 
 def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> list[Path]:
     """One PNG per compute axis: a line per strategy (accuracy at each n, labelled by n), the
-    oracle coverage pass@k dashed. Returns the files written. An axis whose cost is unknown
+    oracle coverage pass@k dashed; with several models a line per (model, strategy), one
+    colour per strategy and one line style per model. Returns the files written. An axis whose cost is unknown
     (None) for any point — FLOPs of a generator that cannot count them — is not drawn at all:
     a partial or zero-filled curve would be wrong."""
     plt = pyplot()
     strategies = list(dict.fromkeys(point.strategy for point in report.points))
+    models = list(dict.fromkeys(point.model for point in report.points))
     palette = _palette(plt)
     written = []
     for field, label, filename in AXES:
         if any(getattr(point.cost, field) is None for point in report.points):
             continue
         figure, axis = plt.subplots(figsize=(7, 4.5))
-        for strategy in strategies:
-            points = sorted((p for p in report.points if p.strategy == strategy), key=lambda p: p.n)
+        for (model, strategy) in dict.fromkeys((p.model, p.strategy) for p in report.points):
+            points = sorted((p for p in report.points if p.strategy == strategy and p.model == model),
+                            key=lambda p: p.n)
             xs = [getattr(p.cost, field) for p in points]
             ys = [p.accuracy for p in points]
             color = palette[strategies.index(strategy) % len(palette)]
             style = {"linestyle": "--", "color": "gray"} if strategy == ORACLE else {"color": color}
+            if len(models) > 1 and strategy != ORACLE:
+                style["linestyle"] = LINE_STYLES[models.index(model) % len(LINE_STYLES)]
             marker = "s" if len(points) == 1 else "o"
-            axis.plot(xs, ys, marker=marker, label=strategy + (" (oracle)" if strategy == ORACLE else ""), **style)
+            label = strategy + (" (oracle)" if strategy == ORACLE else "")
+            axis.plot(xs, ys, marker=marker, label=f"{model} {label}" if len(models) > 1 else label, **style)
             if strategy != ORACLE:
                 for p, x, y in zip(points, xs, ys):
                     axis.annotate(str(p.n), (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
@@ -62,6 +68,7 @@ def _palette(plt) -> list:
 
 
 MARKERS = "os^Dv<>pP*Xh"
+LINE_STYLES = ("-", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
 
 
 def plot_frontier(points: list[CurvePoint], path: str | Path, title: str = "") -> Path | None:

@@ -10,11 +10,20 @@ with F = {"setup": S, "question": digest, "answer": digest} (a code problem's "a
 point and tests, `Problem.reference`). A code problem's live record also carries "program",
 "reason" and "sandbox_seconds" (see `harness.py`).
 
-A run reuses a stored unit only when it is provably the same work: `check` refuses, before
-anything is generated, a file holding units of another set-up or of another problem under the
-same id, naming the file, the line and the differing field. Refusing (not recomputing) keeps
-one directory = one set-up, and never throws away finished work silently. A torn last line
-(a killed write) is dropped and redone; any other malformed line is reported with its number.
+The units of several models coexist in one file (a sweep, `harness.evaluate_models`): each
+unit is keyed by its set-up's fingerprint S, which holds the model's identity, and each setup
+line also names its model's display name ("model": label; absent in files written before).
+A run reuses a stored unit only when it is provably the same work, and refuses, before
+anything is generated, naming the file, the line and the differing field:
+  - `check_shared`: a unit of another shared set-up (sampling, seed, prompt suffix, options:
+    every field but "model" and "generator") or of another problem under the same id — one
+    directory holds one experiment, over any number of models;
+  - `bind(label, setup)`: a unit whose model has this model's label (or, in a file written
+    before labels, its identity's name) but another fingerprint (another dtype, weights file,
+    ...), checked when that model is loaded.
+Units of models not in the run are kept, unused. Refusing (not recomputing) never throws away
+finished work silently. A torn last line (a killed write) is dropped and redone; any other
+malformed line is reported with its number.
 """
 
 from __future__ import annotations
@@ -36,18 +45,19 @@ _UNKNOWABLE = frozenset({"flops", "scorer_flops"})  # None: the generator could 
 def _is_count(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 _FINGERPRINT_FIELDS = ("setup", "question", "answer")
+MODEL_FIELDS = ("model", "generator", "code")  # the set-up fields of one model (code: its prompting mode follows its chat template); the others are the sweep's
 
 
 class ResultsFile:
-    """Finished units keyed by (kind, problem id, strategy, n); `path` None keeps them in memory."""
+    """Finished units keyed by (set-up fingerprint, kind, problem id, strategy, n); `path` None
+    keeps them in memory. Read a model's units through the view `bind` returns."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.records: dict[tuple, dict] = {}
         self.lines: dict[tuple, int] = {}
-        self.setups: dict[str, tuple[int, dict]] = {}  # fingerprint -> (line, set-up)
-        self.setup: dict = {}
-        self.setup_digest: str | None = None  # set by `check`
+        self.setups: dict[str, tuple[int, dict, str | None]] = {}  # fingerprint -> (line, set-up, label)
+        self.shared: dict | None = None  # set by `check_shared`
         self._lock = threading.Lock()  # one unit (and its set-up line) appended at a time
         if path is not None and path.exists():
             for number, line in self._read_lines(path):
@@ -87,7 +97,7 @@ class ResultsFile:
         except ValueError as error:
             raise ValueError(f"{where}: {error}; move the file away to start over") from None
         if record["kind"] == "setup":
-            self.setups[record["fingerprint"]] = (number, record["setup"])
+            self.setups[record["fingerprint"]] = (number, record["setup"], record.get("model"))
             return
         if record["fingerprint"]["setup"] not in self.setups:
             raise ValueError(f"{where}: its set-up {record['fingerprint']['setup']!r} is described by no earlier "
@@ -110,6 +120,9 @@ class ResultsFile:
                 raise ValueError("a setup line needs an object 'setup' and a string 'fingerprint'")
             if digest(record["setup"]) != record["fingerprint"]:
                 raise ValueError("field 'fingerprint' does not match its 'setup' (edited by hand?)")
+            if not isinstance(record.get("model", ""), str) or record.get("model") == "":
+                raise ValueError(f"field 'model' is {record['model']!r}: expected the model's name (a non-empty "
+                                 "string) or no field")
             return
         if not isinstance(record.get("id"), str):
             raise ValueError("field 'id' is missing or not a string")
@@ -136,35 +149,60 @@ class ResultsFile:
 
     @staticmethod
     def key(record: dict) -> tuple:
-        return record["kind"], record["id"], record.get("strategy"), record.get("n")
+        return record["fingerprint"]["setup"], record["kind"], record["id"], record.get("strategy"), record.get("n")
 
     # ------------------------------------------------------------------------- checking
 
-    def check(self, setup: dict, problems: Sequence, pool_size: int = 0) -> None:
-        """Bind the file to this run's set-up; ValueError (file, line, field) when a stored unit
-        was produced by another set-up, or for another problem under one of `problems`' ids, or
-        when a stored pool is smaller than `pool_size`. Units of other ids are kept, unused."""
-        setup = json.loads(json.dumps(setup))  # as stored: tuples as lists, keys as strings
-        self.setup_digest = digest(setup)
-        self.setup = setup
-        for key, record in self.records.items():
-            stored = record["fingerprint"]["setup"]
-            if stored != self.setup_digest:
-                old, new = differences(self.setups[stored][1], setup)
-                raise ValueError(f"{self._where(key)} was produced with {old}, this run has {new}; "
+    def check_shared(self, shared: dict, problems: Sequence) -> None:
+        """Bind the file to this run's shared set-up (every set-up field but `MODEL_FIELDS`);
+        ValueError (file, line, field) when a stored set-up has other shared fields, or a stored
+        unit holds another problem under one of `problems`' ids. Needs no model: checked before
+        any is loaded. Units of other ids are kept, unused."""
+        shared = json.loads(json.dumps(shared))  # as stored: tuples as lists, keys as strings
+        self.shared = shared
+        for fingerprint, (line, setup, _) in self.setups.items():
+            stored = {name: value for name, value in setup.items() if name not in MODEL_FIELDS}
+            if stored != shared:
+                old, new = differences(stored, shared)
+                raise ValueError(f"{self._first_line(fingerprint, line)} was produced with {old}, this run has {new}; "
                                  f"use another output directory (--out) or delete {self.path}")
         by_id = {problem.id: problem for problem in problems}
         for key, record in self.records.items():
             problem = by_id.get(record["id"])
             if problem is not None:
                 self._check_problem(key, record, problem)
-                if record["kind"] == "pool" and len(record["pool"].samples) < pool_size:
-                    raise ValueError(f"{self._where(key)} holds a pool of {len(record['pool'].samples)} samples, "
-                                     f"this run needs {pool_size} (the largest n); use another output directory "
-                                     f"(--out) or delete {self.path}")
+
+    def bind(self, label: str, setup: dict, pool_size: int = 0) -> "ModelUnits":
+        """The units of one model, named `label` in the report, with the whole `setup` (shared
+        fields and its model's). ValueError (file, line, field) when a stored set-up of the same
+        label — or, written before labels, of the same model name — has another fingerprint, or
+        when one of this set-up's pools is smaller than `pool_size` (the largest n)."""
+        if self.shared is None:
+            raise RuntimeError("call check_shared(shared, problems) before binding a model")
+        setup = json.loads(json.dumps(setup))
+        fingerprint = digest(setup)
+        name = setup.get("model", {}).get("name")
+        for stored, (line, stored_setup, stored_label) in self.setups.items():
+            same_model = stored_label == label if stored_label is not None else \
+                stored_setup.get("model", {}).get("name") == name
+            if same_model and stored != fingerprint:
+                old, new = differences(stored_setup, setup)
+                raise ValueError(f"{self._first_line(stored, line)} was produced with {old}, this run has {new}; "
+                                 f"use another output directory (--out) or delete {self.path} (model {label!r})")
+        for key, record in self.records.items():
+            if key[0] == fingerprint and key[1] == "pool" and len(record["pool"].samples) < pool_size:
+                raise ValueError(f"{self._where(key)} holds a pool of {len(record['pool'].samples)} samples, "
+                                 f"this run needs {pool_size} (the largest n); use another output directory "
+                                 f"(--out) or delete {self.path}")
+        return ModelUnits(self, label, setup, fingerprint)
+
+    def _first_line(self, fingerprint: str, setup_line: int) -> str:
+        """Where a set-up's first unit is (its setup line when it has none)."""
+        lines = [number for key, number in self.lines.items() if key[0] == fingerprint]
+        return f"{self.path}:{min(lines) if lines else setup_line}"
 
     def _check_problem(self, key: tuple, record: dict, problem) -> None:
-        expected = problem_fingerprint(self.setup_digest, problem.question, problem.reference)
+        expected = problem_fingerprint(key[0], problem.question, problem.reference)
         for name, value in (("question", problem.question), ("answer", problem.reference)):
             if record["fingerprint"][name] != expected[name]:
                 what = "test or entry point" if name == "answer" and problem.is_code else name
@@ -175,7 +213,40 @@ class ResultsFile:
     def _where(self, key: tuple) -> str:
         return f"{self.path}:{self.lines[key]}" if key in self.lines else "a stored result"
 
-    # ------------------------------------------------------------------------- units
+    # ------------------------------------------------------------------------- appending
+
+    def add(self, units: "ModelUnits", head: dict, fields: dict, problem) -> None:
+        """Append one unit as one whole line, after its set-up's line when it is the first
+        (thread-safe: several problems may finish at once)."""
+        with self._lock:
+            if units.fingerprint not in self.setups:
+                self.setups[units.fingerprint] = (0, units.setup, units.label)
+                self._append({"kind": "setup", "fingerprint": units.fingerprint, "setup": units.setup,
+                              "model": units.label})
+            record = {**head, "fingerprint": problem_fingerprint(units.fingerprint, problem.question,
+                                                                 problem.reference), **fields}
+            self._append({**record, **({"pool": record["pool"].to_dict()} if "pool" in record else {})})
+            self.records[self.key(record)] = record
+
+    def _append(self, record: dict) -> None:
+        if self.path is None:
+            return
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+class ModelUnits:
+    """The units of one model in a `ResultsFile` (`ResultsFile.bind`): label, whole set-up and
+    its fingerprint; reads and appends go to the shared file."""
+
+    def __init__(self, results: ResultsFile, label: str, setup: dict, fingerprint: str) -> None:
+        self.results, self.label, self.setup, self.fingerprint = results, label, setup, fingerprint
+
+    @property
+    def path(self) -> Path | None:
+        return self.results.path
 
     def pool(self, problem) -> Pool | None:
         record = self._get(("pool", problem.id, None, None), problem)
@@ -185,39 +256,14 @@ class ResultsFile:
         return self._get(("live", problem.id, strategy, n), problem)
 
     def _get(self, key: tuple, problem) -> dict | None:
-        if self.setup_digest is None:
-            raise RuntimeError("call check(setup, problems) before reading units")
-        record = self.records.get(key)
+        key = (self.fingerprint, *key)
+        record = self.results.records.get(key)
         if record is not None:
-            self._check_problem(key, record, problem)
+            self.results._check_problem(key, record, problem)
         return record
 
     def add_pool(self, problem, pool: Pool) -> None:
-        self._add({"kind": "pool", "id": problem.id}, {"pool": pool}, problem)
+        self.results.add(self, {"kind": "pool", "id": problem.id}, {"pool": pool}, problem)
 
     def add_live(self, problem, strategy: str, n: int, fields: dict) -> None:
-        self._add({"kind": "live", "id": problem.id, "strategy": strategy, "n": n}, fields, problem)
-
-    def _add(self, head: dict, fields: dict, problem) -> None:
-        """Append one unit as one whole line (thread-safe: several problems may finish at once)."""
-        if self.setup_digest is None:
-            raise RuntimeError("call check(setup, problems) before adding units")
-        with self._lock:
-            self._add_locked(head, fields, problem)
-
-    def _add_locked(self, head: dict, fields: dict, problem) -> None:
-        if self.setup_digest not in self.setups:
-            self.setups[self.setup_digest] = (0, self.setup)
-            self._append({"kind": "setup", "fingerprint": self.setup_digest, "setup": self.setup})
-        record = {**head, "fingerprint": problem_fingerprint(self.setup_digest, problem.question, problem.reference),
-                  **fields}
-        self._append({**record, **({"pool": record["pool"].to_dict()} if "pool" in record else {})})
-        self.records[self.key(record)] = record
-
-    def _append(self, record: dict) -> None:
-        if self.path is None:
-            return
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, separators=(",", ":")) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        self.results.add(self, {"kind": "live", "id": problem.id, "strategy": strategy, "n": n}, fields, problem)

@@ -114,20 +114,27 @@ class ModelConfig:
         shared = 3 * h * self.shared_expert_intermediate_size + h if self.shared_expert_intermediate_size else 0
         return experts * 3 * h * self.moe_intermediate_size + self.num_experts * h + shared
 
-    def flops_per_token(self, context_length: int) -> float:
-        """Forward FLOPs for one token attending to `context_length` keys.
-
-        2·(non-embedding params + LM head) for the matmuls plus 4·layers·heads·head_dim·context
-        for attention scores and the weighted sum (Kaplan et al. 2020 accounting); a mixture of
-        experts counts only the k experts a token runs.
-        """
-        matmul_params = self.num_parameters - self.vocab_size * self.hidden_size
-        matmul_params -= self.num_hidden_layers * (self._mlp_parameters(self.num_experts)
-                                                   - self._mlp_parameters(self.num_experts_per_tok))
+    @property
+    def non_embedding_parameters(self) -> int:
+        """The parameters one token multiplies through, N: every layer (only the k experts a
+        token runs, in a mixture of experts), the final norm and the LM head (a V×h matmul
+        whether or not it is tied to the embedding); not the input embedding table, a lookup.
+        Counted from the architecture, so a quantized checkpoint counts its logical parameters."""
+        active = self.num_parameters - self.vocab_size * self.hidden_size
+        active -= self.num_hidden_layers * (self._mlp_parameters(self.num_experts)
+                                            - self._mlp_parameters(self.num_experts_per_tok))
         if self.tie_word_embeddings:
-            matmul_params += self.vocab_size * self.hidden_size  # the head still multiplies
-        attention = 4 * self.num_hidden_layers * self.num_attention_heads * self.head_dim * context_length
-        return 2.0 * matmul_params + attention
+            active += self.vocab_size * self.hidden_size  # the tied head still multiplies
+        return active
+
+    def flops_per_token(self, context_length: int) -> float:
+        """Forward FLOPs for one token attending to `context_length` keys:
+        2·N + 4·layers·heads·head_dim·context (`decoding.cost.transformer_flops_per_token`,
+        N = `non_embedding_parameters`)."""
+        from metagen.decoding.cost import transformer_flops_per_token
+
+        return transformer_flops_per_token(self.non_embedding_parameters, self.num_hidden_layers,
+                                           self.num_attention_heads * self.head_dim, context_length)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -175,6 +175,7 @@ class TransformersModel(LanguageModel):
         self._mask_dtype = next(hf_model.parameters()).dtype
         text_config = self.config.get_text_config(decoder=True) if hasattr(self.config, "get_text_config") else self.config
         self._layer_types, self._window = _attention_layout(text_config)
+        self._flops_shape = _flops_shape(hf_model, text_config)
         parameters = inspect.signature(hf_model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
         self._keeps_logits = "logits_to_keep" in parameters
@@ -210,8 +211,11 @@ class TransformersModel(LanguageModel):
         return TransformersCache(batch_size)
 
     def flops_per_token(self, context_length: int) -> float:
-        params = sum(p.numel() for p in self.hf_model.parameters())
-        return 2.0 * params
+        """2·N + 4·layers·heads·head_dim·context, as the native backend counts
+        (`decoding.cost.transformer_flops_per_token`; N from `_flops_shape`)."""
+        from metagen.decoding.cost import transformer_flops_per_token
+
+        return transformer_flops_per_token(*self._flops_shape, context_length)
 
     @torch.no_grad()  # not inference_mode: the cache edits its tensors in place outside forward
     def forward(
@@ -312,6 +316,29 @@ def _gather_positions(values: torch.Tensor, source: torch.Tensor, keep: torch.Te
     """`values (B, T, X)` -> out[b, t] = values[b, source[b, t]] where keep[b, t], else 0."""
     index = source[:, :, None].expand(-1, -1, values.shape[-1])
     return torch.where(keep[:, :, None], values.gather(1, index), 0.0)
+
+
+def _logical_size(parameter: torch.Tensor) -> int:
+    """Elements of the matrix a parameter stands for: a packed quantized parameter (bitsandbytes'
+    quant_state) counts its logical shape, not its storage."""
+    shape = getattr(getattr(parameter, "quant_state", None), "shape", None)
+    return int(np.prod(shape)) if shape is not None else parameter.numel()
+
+
+def _flops_shape(hf_model, config) -> tuple[int, int, int]:
+    """(N, layers, attention width) of `transformer_flops_per_token`: N = every parameter but the
+    input embedding table, the LM head counted once whether or not it is tied (as
+    `ModelConfig.non_embedding_parameters`; a mixture of experts counts all its experts here,
+    transformers exposes no per-token count); width = heads·head_dim."""
+    total = sum(_logical_size(p) for p in hf_model.parameters())  # a tied matrix once
+    embedding = hf_model.get_input_embeddings().weight
+    head = hf_model.get_output_embeddings()
+    active = total - _logical_size(embedding)
+    if head is not None and head.weight is embedding:
+        active += _logical_size(embedding)  # the tied head still multiplies
+    heads = int(config.num_attention_heads)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return active, int(config.num_hidden_layers), heads * int(head_dim)
 
 
 def _attention_layout(config) -> tuple[list[str] | None, int | None]:

@@ -120,6 +120,15 @@ class OpenAIGenerator(Generator):
         return f"OpenAIGenerator({self.transport.base_url!r}, model={self.requested_model!r}, engine={self.engine_name!r})"
 
     @property
+    def flops_estimate(self) -> str | None:
+        """FLOPs = 2·N·(prompt tokens computed + generated tokens) from the server's usage, N the
+        parameter count given: the layer and context shape is unknown, so the attention term
+        is omitted (None without a parameter count: the FLOPs are unknown, not estimated)."""
+        if self.parameter_count is None:
+            return None
+        return f"2·N·tokens with N={self.parameter_count:.4g} given, attention omitted"
+
+    @property
     def where(self) -> str:
         """The server(s) named in refusals."""
         return self.transport.base_url
