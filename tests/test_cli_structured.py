@@ -137,18 +137,16 @@ def test_token_healing_under_the_chat_template_is_refused_by_name(capsys):
 
 
 def test_eval_takes_a_constraint_for_every_sample(monkeypatch, tmp_path):
-    import metagen.eval as evaluation
+    import metagen.eval.harness as harness
 
     seen = {}
 
-    def stop(generator, problems, config, *args, **kwargs):
+    def stop(models, problems, config, *args, **kwargs):
         seen["params"] = config.params
         raise KeyboardInterrupt
 
     monkeypatch.setattr(common, "load_model", lambda args: None)
-    monkeypatch.setattr("metagen.decoding.LocalGenerator", lambda model: None)
-    monkeypatch.setattr("metagen.eval.fingerprint.model_identity", lambda model: None)
-    monkeypatch.setattr(evaluation, "evaluate", stop)
+    monkeypatch.setattr(harness, "evaluate_models", stop)
     assert main(["eval", "--task", "arithmetic", "--count", "2", "--strategy", "self_consistency", "--n", "1",
                  "--regex", "[0-9]+"]) == 130
     assert seen["params"].structured_outputs.regex == "[0-9]+"
