@@ -3,7 +3,8 @@
 
 One module per command, each with `add_parser(commands)` (which sets the command's `run` as the
 parser default) and `run(args) -> exit code`; `main` parses, dispatches to `args.run` and turns
-every failure into one line on stderr. Importing this package imports no torch: commands import
+every failure into one line on stderr. Importing this package and building the parser import no
+torch (tests/test_cli_imports.py: the strategy table is light); commands import
 what they need when they run.
 """
 

@@ -21,6 +21,7 @@ import time
 from metagen.cli import backend, common, sweep
 from metagen.cli.args import unescape
 from metagen.cli.structured import add_structured_options, structured_fields
+from metagen.strategies.spec import StrategyOptions
 
 
 def add_parser(commands) -> None:
@@ -59,17 +60,18 @@ def add_parser(commands) -> None:
                             help="also report self_consistency_allocated: K samples per problem first, then "
                                  "n x problems allocated by expected gain (needs self_consistency)")
     evaluation.add_argument("--pattern", default=None, help="answer regex (default: boxed / 'answer is' / last number)")
-    evaluation.add_argument("--answer-field", default=None, metavar="PATH",
+    evaluation.add_argument("--answer-field", default=StrategyOptions.answer_field, metavar="PATH",
                             help="the answer is this field of a JSON output (e.g. 'answer'; with --json-schema), "
                                  "instead of --pattern")
     evaluation.add_argument("--no-math", action="store_true", help="compare answers as strings, not with math-verify")
     evaluation.add_argument("--prompt-suffix", default="", help="text appended to every question")
-    evaluation.add_argument("--value", default=None,
+    evaluation.add_argument("--value", default=StrategyOptions.value,
                             help="value for tree search / controlled decoding: steps | judge | prm:PATH | reward:URL | "
                             "a value-head file | tests (best_of_n_value on code: the docstring examples passed)")
-    evaluation.add_argument("--step-delimiter", default="\n", type=unescape,
+    evaluation.add_argument("--step-delimiter", default=StrategyOptions.step_delimiter, type=unescape,
                             help="text that ends a reasoning step (default newline; \\n, \\t... interpreted)")
-    evaluation.add_argument("--aggregation", default="best", choices=("best", "majority", "weighted"),
+    evaluation.add_argument("--aggregation", default=StrategyOptions.aggregation,
+                            choices=("best", "majority", "weighted"),
                             help="tree search: pick the leaf of best value, or vote over leaves' answers")
     evaluation.add_argument("--json", action="store_true",
                             help='print {"results": [...], "frontier": [...], "per_budget": [...], "unplaced": [...]} '
@@ -99,7 +101,6 @@ def run(args: argparse.Namespace) -> int:
     from metagen.eval.harness import evaluate_models
     from metagen.outputs import check_writable_directory
     from metagen.sampling import SamplingParams
-    from metagen.strategies.registry import StrategyOptions
 
     sweep.check(args)
     problems = _problems(args)

@@ -23,6 +23,7 @@ from metagen.cli.sampling import FLOAT_PARAMS, INT_PARAMS, OTHER_OPTIONS, add_sa
 from metagen.cli.speculative import add_speculative_options, make_drafter, speculative_options, speculative_summary
 from metagen.cli.structured import CONSTRAINT_OPTIONS, STRUCTURED_OPTIONS
 from metagen.cli.strategy import add_strategy_options, generate_with_strategy, refuse_strategy_options
+from metagen.strategies.spec import StrategyOptions
 
 
 def add_parser(commands) -> None:
@@ -34,14 +35,14 @@ def add_parser(commands) -> None:
     gen.add_argument("--beam-width", type=int, default=None, help="beam search with this many beams")
     gen.add_argument("--length-penalty", type=float, default=None, help="beam search: α in logp/len^α (default 1)")
     gen.add_argument("--strategy", default=None, help="meta-generation strategy (see `metagen eval --help`); --n is its budget")
-    gen.add_argument("--value", default=None,
+    gen.add_argument("--value", default=StrategyOptions.value,
                      help="value guiding tree search / controlled decoding: steps | judge | prm:PATH | reward:URL | "
                           "a value-head file | tests (best_of_n_value on code: the docstring examples passed)")
-    gen.add_argument("--step-delimiter", default="\n", type=unescape,
+    gen.add_argument("--step-delimiter", default=StrategyOptions.step_delimiter, type=unescape,
                      help="text that ends a reasoning step (default newline; escapes as in --stop)")
-    gen.add_argument("--aggregation", default="best", choices=("best", "majority", "weighted"),
+    gen.add_argument("--aggregation", default=StrategyOptions.aggregation, choices=("best", "majority", "weighted"),
                      help="tree search: pick the leaf of best value, or vote over leaves' answers")
-    gen.add_argument("--answer-field", default=None, metavar="PATH",
+    gen.add_argument("--answer-field", default=StrategyOptions.answer_field, metavar="PATH",
                      help="--strategy: the answer is this field of the JSON output (e.g. 'answer' or 'result.value'), "
                           "for voting over a field of a --json-schema output")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--answer-field applies to --strategy (it says where a strategy reads each answer)")
     if args.logprobs is not None and not args.json:
         raise ValueError("--logprobs shows in the --json output only: add --json")
-    if args.value is not None or args.step_delimiter != "\n" or args.aggregation != "best":
+    if any(getattr(args, name) != getattr(StrategyOptions, name) for name in ("value", "step_delimiter", "aggregation")):
         raise ValueError("--value, --step-delimiter and --aggregation apply to --strategy (tree search, "
                          "controlled decoding)")
     if args.backend is not None:

@@ -16,9 +16,11 @@ import json
 
 from metagen.cli import backend, common
 from metagen.cli.sampling import SAMPLING_ONLY, given
+from metagen.strategies.spec import StrategyOptions
 
-# options with hand-written flags in cli/generate.py (their defaults mean "not given")
-HAND_WRITTEN = {"value": None, "step_delimiter": "\n", "aggregation": "best", "answer_field": None}
+# options with hand-written flags in cli/generate.py; their defaults (StrategyOptions', the one
+# place they are written) mean "not given"
+HAND_WRITTEN = ("value", "step_delimiter", "aggregation", "answer_field")
 
 
 def _derived_options() -> dict[str, tuple[object, list[str]]]:
@@ -34,28 +36,23 @@ def _derived_options() -> dict[str, tuple[object, list[str]]]:
     return found
 
 
-def flag_of(parser: argparse.ArgumentParser, name: str) -> str:
-    """The flag of strategy option `name`: --name, or --strategy-name when a flag of the same name
-    is something else (a sampling flag)."""
-    flag = "--" + name.replace("_", "-")
-    return flag if flag not in parser._option_string_actions else "--strategy-" + name.replace("_", "-")
-
-
 def add_strategy_options(parser: argparse.ArgumentParser) -> None:
-    """One flag per strategy option of the registry (after every other flag, so a name already
-    taken gets the --strategy- prefix); default None = not given, the strategy's default applies."""
+    """One flag per strategy option of the registry (after every other flag): --name, or
+    --strategy-name when --name is already another flag (a sampling flag: argparse refuses the
+    second one); default None = not given, the strategy's default applies."""
     group = parser.add_argument_group("strategy options (from each strategy's config; see `--strategy`)")
     for name, (field, takers) in _derived_options().items():
-        flag = flag_of(parser, name)
         takers_text = ", ".join(takers) if len(takers) <= 4 else f"{', '.join(takers[:4])}, ..."
         text = f"{takers_text}: {field.kind.__name__} (default {field.default!r})"
         if field.kind is bool:
-            group.add_argument(flag, dest="strategy_" + name, action=argparse.BooleanOptionalAction, default=None,
-                               help=text)
+            how = {"action": argparse.BooleanOptionalAction}
         else:
-            kind = field.kind if field.kind is not str else _unescaped
-            group.add_argument(flag, dest="strategy_" + name, type=kind, default=None, help=text,
-                               metavar=field.kind.__name__.upper())
+            how = {"type": field.kind if field.kind is not str else _unescaped, "metavar": field.kind.__name__.upper()}
+        flag = name.replace("_", "-")
+        try:
+            group.add_argument("--" + flag, dest="strategy_" + name, default=None, help=text, **how)
+        except argparse.ArgumentError:  # --name is taken
+            group.add_argument("--strategy-" + flag, dest="strategy_" + name, default=None, help=text, **how)
 
 
 def _unescaped(text: str) -> str:
@@ -66,7 +63,8 @@ def _unescaped(text: str) -> str:
 
 def strategy_options_given(args: argparse.Namespace) -> dict[str, object]:
     """The strategy options the command line set, by option name (hand-written flags included)."""
-    options = {name: getattr(args, name) for name, default in HAND_WRITTEN.items() if getattr(args, name) != default}
+    options = {name: getattr(args, name) for name in HAND_WRITTEN 
+               if getattr(args, name) != getattr(StrategyOptions, name)}
     for name in _derived_options():
         value = getattr(args, "strategy_" + name, None)
         if value is not None:
@@ -87,7 +85,7 @@ def generate_with_strategy(args: argparse.Namespace, params, speculative: dict |
     from metagen.cli.generate import chat_prompt
     from metagen.cli.speculative import make_drafter
     from metagen.decoding import LocalGenerator
-    from metagen.strategies.registry import StrategyOptions, check_options, get_strategy
+    from metagen.strategies.registry import check_options, get_strategy
 
     spec = get_strategy(args.strategy)
     if args.beam_width is not None:

@@ -1,32 +1,34 @@
 """Primitive generators (the sampling loop, beam search) and the sequence-level `Generator`
-interface with its `Cost`, which meta-generation strategies build on."""
+interface with its `Cost`, which meta-generation strategies build on.
 
-from metagen.decoding.cost import Cost
-from metagen.decoding.generator import Generator, LocalGenerator, LocalModel
-from metagen.decoding.beam_search import BeamSearchConfig, BeamSearchResult, Hypothesis, beam_search
-from metagen.decoding.prompts import encode_prompt
-from metagen.decoding.rows import Completion, Row, StopRules, TokenRecord, request_chain, token_records
-from metagen.decoding.sample_loop import GenerationResult, StreamEvent, generate, generate_batch, stream
+Names are imported on first use (`metagen._lazy`): `capabilities`, `Cost` and `prompts` import
+no torch."""
 
-__all__ = [
-    "Cost",
-    "Generator",
-    "LocalGenerator",
-    "LocalModel",
-    "BeamSearchConfig",
-    "BeamSearchResult",
-    "Completion",
-    "GenerationResult",
-    "Hypothesis",
-    "Row",
-    "StopRules",
-    "StreamEvent",
-    "TokenRecord",
-    "beam_search",
-    "encode_prompt",
-    "generate",
-    "generate_batch",
-    "request_chain",
-    "stream",
-    "token_records",
-]
+from metagen._lazy import lazy_package
+
+# name -> the submodule that defines it
+_EXPORTS = {
+    "Cost": "cost",
+    "Generator": "generator",
+    "LocalGenerator": "generator",
+    "LocalModel": "generator",
+    "BeamSearchConfig": "beam_search",
+    "BeamSearchResult": "beam_search",
+    "Hypothesis": "beam_search",
+    "beam_search": "beam_search",
+    "encode_prompt": "prompts",
+    "Completion": "rows",
+    "Row": "rows",
+    "StopRules": "rows",
+    "TokenRecord": "rows",
+    "request_chain": "rows",
+    "token_records": "rows",
+    "GenerationResult": "sample_loop",
+    "StreamEvent": "sample_loop",
+    "generate": "sample_loop",
+    "generate_batch": "sample_loop",
+    "stream": "sample_loop",
+}
+lazy_package(__name__, _EXPORTS)
+
+__all__ = list(_EXPORTS)

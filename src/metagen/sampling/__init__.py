@@ -14,66 +14,47 @@ one host synchronisation per call. Adapters called on their own never remove a N
 so the choice after them still reports it.
 """
 
-from ._tokens import token_counts
-from .chain import SamplerChain
-from .contrastive import contrastive
-from .epsilon import epsilon
-from .eta import entropy, eta
-from .logit_bias import LogitBias, bias_vector, logit_bias
-from .min_p import min_p
-from .mirostat import Mirostat, mirostat_truncate, mirostat_update
-from .no_repeat_ngram import NoRepeatNgramState, banned_tokens, no_repeat_ngram
-from .params import SamplingParams
-from .penalties import (
-    frequency_penalty,
-    frequency_penalty_from_counts,
-    presence_penalty,
-    presence_penalty_from_counts,
-    repetition_penalty,
-    repetition_penalty_from_mask,
-)
-from .penalty_state import PenaltyState
-from .processor import LogitsProcessor, StatelessProcessor
-from .sample import TokenLogprobs, check_choosable, greedy, sample, token_logprobs
-from .temperature import temperature
-from .top_k import top_k
-from .top_p import top_p
-from .typical import typical
+from metagen._lazy import lazy_package
 
-__all__ = [
-    "LogitBias",
-    "LogitsProcessor",
-    "Mirostat",
-    "NoRepeatNgramState",
-    "PenaltyState",
-    "SamplerChain",
-    "SamplingParams",
-    "StatelessProcessor",
-    "TokenLogprobs",
-    "banned_tokens",
-    "bias_vector",
-    "check_choosable",
-    "contrastive",
-    "entropy",
-    "epsilon",
-    "eta",
-    "frequency_penalty",
-    "frequency_penalty_from_counts",
-    "greedy",
-    "logit_bias",
-    "min_p",
-    "mirostat_truncate",
-    "mirostat_update",
-    "no_repeat_ngram",
-    "presence_penalty",
-    "presence_penalty_from_counts",
-    "repetition_penalty",
-    "repetition_penalty_from_mask",
-    "sample",
-    "temperature",
-    "token_counts",
-    "token_logprobs",
-    "top_k",
-    "top_p",
-    "typical",
-]
+# name -> the submodule that defines it, imported on first use (`metagen._lazy`): SamplingParams
+# imports no torch
+_EXPORTS = {
+    "token_counts": "_tokens",
+    "SamplerChain": "chain",
+    "contrastive": "contrastive",
+    "epsilon": "epsilon",
+    "entropy": "eta",
+    "eta": "eta",
+    "LogitBias": "logit_bias",
+    "bias_vector": "logit_bias",
+    "logit_bias": "logit_bias",
+    "min_p": "min_p",
+    "Mirostat": "mirostat",
+    "mirostat_truncate": "mirostat",
+    "mirostat_update": "mirostat",
+    "NoRepeatNgramState": "no_repeat_ngram",
+    "banned_tokens": "no_repeat_ngram",
+    "no_repeat_ngram": "no_repeat_ngram",
+    "SamplingParams": "params",
+    "frequency_penalty": "penalties",
+    "frequency_penalty_from_counts": "penalties",
+    "presence_penalty": "penalties",
+    "presence_penalty_from_counts": "penalties",
+    "repetition_penalty": "penalties",
+    "repetition_penalty_from_mask": "penalties",
+    "PenaltyState": "penalty_state",
+    "LogitsProcessor": "processor",
+    "StatelessProcessor": "processor",
+    "TokenLogprobs": "sample",
+    "check_choosable": "sample",
+    "greedy": "sample",
+    "sample": "sample",
+    "token_logprobs": "sample",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "typical": "typical",
+}
+lazy_package(__name__, _EXPORTS)
+
+__all__ = sorted(_EXPORTS)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-
-import torch
+from typing import TYPE_CHECKING
 
 from metagen.structured.spec import StructuredOutputs, from_response_format
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_LOGPROBS = 20
 LOGIT_BIAS_LIMIT = 100.0
@@ -264,6 +266,8 @@ class SamplingParams:
 
     def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator:
         """A torch.Generator seeded with `seed`, or from fresh OS entropy when seed is None."""
+        import torch  # here: importing SamplingParams imports no torch
+
         generator = torch.Generator(device=device)
         if self.seed is None:
             generator.seed()

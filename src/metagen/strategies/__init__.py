@@ -1,54 +1,44 @@
-"""Meta-generation strategies: they call a `Generator` many times and pick or build an answer."""
+"""Meta-generation strategies: they call a `Generator` many times and pick or build an answer.
 
-from metagen.strategies.best_of_n import BestOfNConfig, best_of_n
-from metagen.strategies.borda_voting import BordaVotingConfig, borda_voting
-from metagen.strategies.chain import CallTool, Chain, ChainConfig, ChainResult, Generate, ToolBinding, TraceEntry, Transform
-from metagen.strategies.chain_programs import (
-    calculator_binding,
-    calculator_chain,
-    chain_of_thought,
-    python_binding,
-    self_ask,
-    tool_loop,
-)
-from metagen.strategies.mbr import MBRConfig, mbr
-from metagen.strategies.result import Candidate, StrategyResult
-from metagen.strategies.self_consistency import SelfConsistencyConfig, self_consistency
-from metagen.strategies.self_refine import SelfRefineConfig, SelfRefineResult, self_refine
-from metagen.strategies.verifier_refine import VerifierRefineConfig, VerifierRefineResult, verifier_refine
-from metagen.strategies.weighted_voting import WeightedVotingConfig, weighted_voting
+Names are imported on first use (`metagen._lazy`): a strategy module imports torch only when it runs."""
 
-__all__ = [
-    "BestOfNConfig",
-    "BordaVotingConfig",
-    "CallTool",
-    "Candidate",
-    "Chain",
-    "ChainConfig",
-    "ChainResult",
-    "Generate",
-    "MBRConfig",
-    "SelfConsistencyConfig",
-    "SelfRefineConfig",
-    "SelfRefineResult",
-    "StrategyResult",
-    "ToolBinding",
-    "TraceEntry",
-    "Transform",
-    "VerifierRefineConfig",
-    "VerifierRefineResult",
-    "WeightedVotingConfig",
-    "best_of_n",
-    "borda_voting",
-    "calculator_binding",
-    "calculator_chain",
-    "chain_of_thought",
-    "mbr",
-    "python_binding",
-    "self_ask",
-    "self_consistency",
-    "self_refine",
-    "tool_loop",
-    "verifier_refine",
-    "weighted_voting",
-]
+from metagen._lazy import lazy_package
+
+# name -> the submodule that defines it
+_EXPORTS = {
+    "BestOfNConfig": "best_of_n",
+    "best_of_n": "best_of_n",
+    "BordaVotingConfig": "borda_voting",
+    "borda_voting": "borda_voting",
+    "CallTool": "chain",
+    "Chain": "chain",
+    "ChainConfig": "chain",
+    "ChainResult": "chain",
+    "Generate": "chain",
+    "ToolBinding": "chain",
+    "TraceEntry": "chain",
+    "Transform": "chain",
+    "calculator_binding": "chain_programs",
+    "calculator_chain": "chain_programs",
+    "chain_of_thought": "chain_programs",
+    "python_binding": "chain_programs",
+    "self_ask": "chain_programs",
+    "tool_loop": "chain_programs",
+    "MBRConfig": "mbr",
+    "mbr": "mbr",
+    "Candidate": "result",
+    "StrategyResult": "result",
+    "SelfConsistencyConfig": "self_consistency",
+    "self_consistency": "self_consistency",
+    "SelfRefineConfig": "self_refine",
+    "SelfRefineResult": "self_refine",
+    "self_refine": "self_refine",
+    "VerifierRefineConfig": "verifier_refine",
+    "VerifierRefineResult": "verifier_refine",
+    "verifier_refine": "verifier_refine",
+    "WeightedVotingConfig": "weighted_voting",
+    "weighted_voting": "weighted_voting",
+}
+lazy_package(__name__, _EXPORTS)
+
+__all__ = sorted(_EXPORTS)

@@ -16,18 +16,21 @@ are every sample drawn, in order: len(result.candidates) is the budget actually 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from metagen.decoding.cost import Cost
-from metagen.decoding.generator import Generator
-from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.stopping import RULES, check_threshold, should_stop
 from metagen.strategies.voting import sample_answers, tally, winner
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.generator import Generator
+    from metagen.decoding.prompts import Prompt
 
 
 @dataclass(frozen=True)

@@ -9,17 +9,20 @@ Cost: one prefill + N rows decoded as one batch, plus whatever the scorer spends
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-
-import torch
+from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
-from metagen.decoding.generator import Generator
-from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import mean_logprob
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.generator import Generator
+    from metagen.decoding.prompts import Prompt
 
 
 @dataclass(frozen=True)

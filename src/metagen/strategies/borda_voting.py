@@ -12,11 +12,8 @@ mean of their ranks' weights. The answer with the largest total wins.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from metagen.decoding.generator import Generator
-from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.scoring.base import Scorer, as_scorer
@@ -24,6 +21,12 @@ from metagen.scoring.logprob import self_certainty
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.voting import sample_answers, tally, winner
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.generator import Generator
+    from metagen.decoding.prompts import Prompt
 
 
 @dataclass(frozen=True)

@@ -41,16 +41,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-
-import torch
+from typing import TYPE_CHECKING
 
 from metagen.decoding.cost import Cost
-from metagen.decoding.generator import Generator
 from metagen.sampling import SamplingParams
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import Candidate, StrategyResult
 from metagen.strategies.templates import check_template, template_fields
 from metagen.tools import Tool
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.generator import Generator
 
 Template = str | Callable[[Mapping[str, str]], str]
 

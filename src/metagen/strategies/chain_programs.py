@@ -12,14 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-import torch
-
-from metagen.decoding.generator import Generator
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import extract_answer
 from metagen.strategies.chain import Chain, ChainConfig, ChainResult, Generate, ToolBinding, Transform
 from metagen.tools import Calculator, PythonTool, Tool
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.generator import Generator
 
 COT_TRIGGER = "Let's think step by step."
 SELF_ASK_EXAMPLE = (

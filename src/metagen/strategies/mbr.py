@@ -18,17 +18,20 @@ evaluations; N(N−1) without self-pairs).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
-from metagen.decoding.generator import Generator
-from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
-from metagen.scoring.utilities import ChrF, Utility
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from metagen.decoding.generator import Generator
+    from metagen.decoding.prompts import Prompt
+    from metagen.scoring.utilities import Utility
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class MBRConfig:
 def expected_utilities(utilities: np.ndarray, include_self: bool = False) -> np.ndarray:
     """Ū: (N,) row means of U: (N, N), over j ≠ i (divided by N − 1) or over all j (by N).
     Self-pairs are not read when include_self=False (they may be NaN)."""
+    import numpy as np  # here: importing the config imports no numpy
+
     n = utilities.shape[0]
     if include_self:
         return utilities.mean(axis=1)
@@ -72,7 +77,10 @@ def mbr(
     return the highest (first among ties). utility: default chrF (`metagen[mbr]` extra)."""
     config = config or MBRConfig()
     caps.require_constraint(config.params, generator, "mbr with structured_outputs")
-    utility = utility or ChrF()
+    if utility is None:
+        from metagen.scoring.utilities import ChrF
+
+        utility = ChrF()
     result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
     candidates = candidates_from(result)
     utilities, utility_cost = utility(prompt, candidates, diagonal=config.include_self)  # (N, N)

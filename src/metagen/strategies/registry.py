@@ -16,10 +16,16 @@ from __future__ import annotations
 
 from metagen.decoding import capabilities as caps
 from metagen.sampling import SamplingParams
+from metagen.scoring.logprob import mean_logprob, self_certainty
+from metagen.strategies import chain_programs
+from metagen.strategies.adaptive_consistency import AdaptiveConsistencyConfig
+from metagen.strategies.best_of_n import BestOfNConfig
+from metagen.strategies.borda_voting import BordaVotingConfig
+from metagen.strategies.chain import ChainConfig
+from metagen.strategies.mbr import MBRConfig
 from metagen.strategies.runners import (
     BLOCK_TOKENS,
     LAMBDA,
-    TREE_CONFIGS,
     adaptive_consistency,
     best_of_n,
     borda,
@@ -36,6 +42,9 @@ from metagen.strategies.runners import (
     whole_answer_or_tree,
     whole_answer_step,
 )
+from metagen.strategies.runners import bleu, chrf, edit_similarity, embedding_cosine
+from metagen.strategies.self_consistency import SelfConsistencyConfig
+from metagen.strategies.self_refine import SelfRefineConfig
 from metagen.strategies.spec import (
     DEFAULT_N,
     StrategyOptions,
@@ -43,18 +52,23 @@ from metagen.strategies.spec import (
     value_is_head,
     value_scores_whole_answers,
 )
+from metagen.strategies.tokenwise_cd import TokenwiseCDConfig
+from metagen.strategies.tree import astar, blockwise_cd, dvts, mcts, particle_filter, rebase, step_beam_search
+from metagen.strategies.weighted_voting import WeightedVotingConfig
 
 __all__ = ["DEFAULT_N", "STRATEGIES", "StrategyOptions", "StrategySpec", "check_options", "default_params",
            "get_strategy", "value_is_head", "value_scores_whole_answers"]
 
 
-def _tree_spec(name, description, module, budget, set_by_run, fixed_step=False, defaults=(), whole_answer=False):
-    """A value-guided tree search over a local cache or a server's step continuations; whole_answer:
-    it values whole answers only, and runs pooled with a whole-answer value (`StrategySpec.whole_answer`)."""
-    runner = tree(module, budget, fixed_step)
+def _tree_spec(name, description, search, config, budget, set_by_run, fixed_step=False, defaults=(),
+               whole_answer=False):
+    """A value-guided tree search `search` with its config dataclass `config`, over a local cache or a
+    server's step continuations; whole_answer: it values whole answers only, and runs pooled with a
+    whole-answer value (`StrategySpec.whole_answer`)."""
+    runner = tree(search, config, budget, fixed_step)
     return StrategySpec(name, description, whole_answer_or_tree(runner) if whole_answer else runner, pooled=False,
                         uses_value=True, whole_answer=whole_answer, defaults=tuple(defaults),
-                        needs_any=SEARCH, config=f"metagen.strategies.tree.{module}:{TREE_CONFIGS[module]}",
+                        needs_any=SEARCH, config=config,
                         set_by_run=frozenset({"params", *set_by_run} | ({"step"} if fixed_step else set())))
 
 
@@ -74,7 +88,6 @@ UNCONSTRAINED_CHAIN = {"constrains": False, "why_unconstrained": (
     "its state from one request to the next; constrain a sampling strategy (best_of_n, self_consistency, ...) "
     "or a tree search instead")}
 
-S = "metagen.strategies."
 # code clusters vote over keys of program outputs, not extracted answers: no pattern, math or field
 CLUSTER_SET = frozenset({"n", "params", "pattern", "math", "answer_field"})
 
@@ -83,68 +96,73 @@ STRATEGIES: dict[str, StrategySpec] = {
     for spec in (
         StrategySpec("greedy", "one greedy (temperature 0) completion", greedy, extracts=True, pooled=False, budget="none",
                      samples=False),
-        StrategySpec("best_of_n", "best of n samples by self-certainty", best_of_n("self_certainty"), extracts=True, pooled=True,
-                     needs=CERTAINTY, config=S + "best_of_n:BestOfNConfig"),
-        StrategySpec("best_of_n_logprob", "best of n samples by mean token logprob", best_of_n("mean_logprob"),
-                     extracts=True, pooled=True, needs=frozenset({caps.LOGPROBS}), config=S + "best_of_n:BestOfNConfig"),
+        StrategySpec("best_of_n", "best of n samples by self-certainty", best_of_n(self_certainty), extracts=True, pooled=True,
+                     needs=CERTAINTY, config=BestOfNConfig),
+        StrategySpec("best_of_n_logprob", "best of n samples by mean token logprob", best_of_n(mean_logprob),
+                     extracts=True, pooled=True, needs=frozenset({caps.LOGPROBS}), config=BestOfNConfig),
         StrategySpec("self_consistency", "majority vote over extracted answers", self_consistency, pooled=True,
-                     config=S + "self_consistency:SelfConsistencyConfig"),
+                     config=SelfConsistencyConfig),
         StrategySpec("adaptive_consistency", "majority vote sampled one at a time until the leading answer is "
                      "the majority with posterior probability 0.95 (at most n)", adaptive_consistency, pooled=True,
-                     sequential=True, config=S + "adaptive_consistency:AdaptiveConsistencyConfig",
+                     sequential=True, config=AdaptiveConsistencyConfig,
                      set_by_run=frozenset({"n_max", "params"})),
         StrategySpec("code_cluster", "code: programs clustered by their outputs on the prompt's docstring example "
                      "calls (AlphaCode), one from the largest cluster", code_cluster(adaptive=False), pooled=True,
-                     config=S + "self_consistency:SelfConsistencyConfig", set_by_run=CLUSTER_SET),
+                     config=SelfConsistencyConfig, set_by_run=CLUSTER_SET),
         StrategySpec("adaptive_code_cluster", "code_cluster sampled one at a time until the largest cluster is the "
                      "majority with posterior probability 0.95 (at most n)", code_cluster(adaptive=True),
-                     pooled=True, sequential=True, config=S + "adaptive_consistency:AdaptiveConsistencyConfig",
+                     pooled=True, sequential=True, config=AdaptiveConsistencyConfig,
                      set_by_run=CLUSTER_SET | {"n_max"}),
         StrategySpec("weighted_voting", "answers weighted by self-certainty", weighted_voting, pooled=True,
-                     needs=CERTAINTY, defaults=(("exp_scores", False),), config=S + "weighted_voting:WeightedVotingConfig"),
+                     needs=CERTAINTY, defaults=(("exp_scores", False),), config=WeightedVotingConfig),
         StrategySpec("borda", "Borda voting ranked by self-certainty, p = 0.5", borda, pooled=True, needs=CERTAINTY,
-                     config=S + "borda_voting:BordaVotingConfig"),
-        StrategySpec("mbr_chrf", "MBR with chrF", mbr("ChrF"), extracts=True, pooled=True, config=S + "mbr:MBRConfig"),
-        StrategySpec("mbr_bleu", "MBR with BLEU", mbr("Bleu"), extracts=True, pooled=True, config=S + "mbr:MBRConfig"),
-        StrategySpec("mbr_edit", "MBR with edit similarity", mbr("EditSimilarity"), extracts=True, pooled=True,
-                     config=S + "mbr:MBRConfig"),
-        StrategySpec("mbr_embedding", "MBR with MiniLM embedding cosine", mbr("EmbeddingCosine"), extracts=True, pooled=True,
-                     config=S + "mbr:MBRConfig"),
+                     config=BordaVotingConfig),
+        StrategySpec("mbr_chrf", "MBR with chrF", mbr(chrf), extracts=True, pooled=True, config=MBRConfig),
+        StrategySpec("mbr_bleu", "MBR with BLEU", mbr(bleu), extracts=True, pooled=True, config=MBRConfig),
+        StrategySpec("mbr_edit", "MBR with edit similarity", mbr(edit_similarity), extracts=True, pooled=True,
+                     config=MBRConfig),
+        StrategySpec("mbr_embedding", "MBR with MiniLM embedding cosine", mbr(embedding_cosine), extracts=True, pooled=True,
+                     config=MBRConfig),
         StrategySpec("self_refine", "draft + (n - 1) critique/revision rounds", self_refine, extracts=True, pooled=False,
-                     budget="rounds", config=S + "self_refine:SelfRefineConfig",
+                     budget="rounds", config=SelfRefineConfig,
                      set_by_run=frozenset({"rounds", "draft_params", "critique_params", "revision_params"})),
         StrategySpec("chain_of_thought", "reason step by step, then a call for the final answer",
-                     chain("chain_of_thought"), pooled=False, budget="none", needs=CONTINUATION,
-                     config=S + "chain:ChainConfig", **UNCONSTRAINED_CHAIN),
-        StrategySpec("self_ask", "follow-up questions answered by the model, then the answer", chain("self_ask"),
-                     pooled=False, budget="none", needs=CONTINUATION, config=S + "chain:ChainConfig",
+                     chain(chain_programs.chain_of_thought), pooled=False, budget="none", needs=CONTINUATION,
+                     config=ChainConfig, **UNCONSTRAINED_CHAIN),
+        StrategySpec("self_ask", "follow-up questions answered by the model, then the answer",
+                     chain(chain_programs.self_ask), pooled=False, budget="none", needs=CONTINUATION, config=ChainConfig,
                      **UNCONSTRAINED_CHAIN),
-        StrategySpec("calculator", "inline <<calculator>> calls while solving", chain("calculator_chain"),
-                     pooled=False, budget="none", needs=CONTINUATION, config=S + "chain:ChainConfig",
+        StrategySpec("calculator", "inline <<calculator>> calls while solving",
+                     chain(chain_programs.calculator_chain), pooled=False, budget="none", needs=CONTINUATION, config=ChainConfig,
                      **UNCONSTRAINED_CHAIN),
         _tree_spec("best_of_n_value", "best of n samples by the value (--value; pooled with --value tests: "
-                   "the share of a code prompt's docstring examples passed)", "step_beam_search",
+                   "the share of a code prompt's docstring examples passed)", step_beam_search.step_beam_search,
+                   step_beam_search.StepBeamConfig,
                    lambda n, params: {"beam_width": 1, "expansions": n, "max_steps": 1,
                                       "step": whole_answer_step(params)},
                    {"beam_width", "expansions", "max_steps"}, fixed_step=True, whole_answer=True),
-        _tree_spec("step_beam", "step-level beam search: n children per depth, n/4 kept (--value)", "step_beam_search",
+        _tree_spec("step_beam", "step-level beam search: n children per depth, n/4 kept (--value)",
+                   step_beam_search.step_beam_search, step_beam_search.StepBeamConfig,
                    lambda n, params: {"beam_width": kept(n), "expansions": n // kept(n)}, {"beam_width", "expansions"}),
-        _tree_spec("dvts", "diverse verifier tree search: n/4 subtrees, 4 children each (--value)", "dvts",
+        _tree_spec("dvts", "diverse verifier tree search: n/4 subtrees, 4 children each (--value)",
+                   dvts.dvts, dvts.DVTSConfig,
                    lambda n, params: {"subtrees": kept(n), "expansions": n // kept(n)}, {"subtrees", "expansions"}),
-        _tree_spec("rebase", "REBASE: width n shared by softmax of values (--value)", "rebase",
-                   lambda n, params: {"width": n}, {"width"}),
-        _tree_spec("mcts", "MCTS: n iterations of 4 children, value leaf evaluation (--value)", "mcts",
-                   lambda n, params: {"iterations": n}, {"iterations"}, defaults={"expansions": 4}.items()),
-        _tree_spec("astar", "A*-decoding: n expansions of 4 children (--value)", "astar",
+        _tree_spec("rebase", "REBASE: width n shared by softmax of values (--value)", rebase.rebase,
+                   rebase.RebaseConfig, lambda n, params: {"width": n}, {"width"}),
+        _tree_spec("mcts", "MCTS: n iterations of 4 children, value leaf evaluation (--value)", mcts.mcts,
+                   mcts.MCTSConfig, lambda n, params: {"iterations": n}, {"iterations"},
+                   defaults={"expansions": 4}.items()),
+        _tree_spec("astar", "A*-decoding: n expansions of 4 children (--value)", astar.astar, astar.AStarConfig,
                    lambda n, params: {"max_expansions": n}, {"max_expansions"}, defaults={"expansions": 4}.items()),
-        _tree_spec("particle_filter", "particle filtering with n particles (--value)", "particle_filter",
+        _tree_spec("particle_filter", "particle filtering with n particles (--value)",
+                   particle_filter.particle_filter, particle_filter.ParticleFilterConfig,
                    lambda n, params: {"particles": n}, {"particles"}),
         _tree_spec("blockwise_cd", "blockwise controlled decoding: best of n blocks of 16 tokens (--value)",
-                   "blockwise_cd", lambda n, params: {"blocks": n}, {"blocks"}, fixed_step=True,
-                   defaults={"block_tokens": BLOCK_TOKENS}.items()),
+                   blockwise_cd.blockwise_cd, blockwise_cd.BlockwiseCDConfig, lambda n, params: {"blocks": n},
+                   {"blocks"}, fixed_step=True, defaults={"block_tokens": BLOCK_TOKENS}.items()),
         StrategySpec("tokenwise_cd", "tokenwise controlled decoding over the top n tokens, strength 4 (--value)",
                      tokenwise_cd, pooled=False, uses_value=True,
-                     needs=frozenset({caps.LOCAL_CACHE}), why=TOKENWISE_WHY, config=S + "tokenwise_cd:TokenwiseCDConfig",
+                     needs=frozenset({caps.LOCAL_CACHE}), why=TOKENWISE_WHY, config=TokenwiseCDConfig,
                      set_by_run=frozenset({"n", "top_k", "params"}), defaults=(("strength", LAMBDA),)),
     )
 }

@@ -1,11 +1,11 @@
 """The runners of the registry's strategies: runner(generator, prompt, n, params, options, rng,
 overrides) -> StrategyResult, each building its strategy's config from n, the request's params,
-the shared `StrategyOptions` and the overrides, and calling the strategy (imported on first use,
-so the registry stays light)."""
+the shared `StrategyOptions` and the overrides, and calling the strategy. Each is given the
+objects it runs (a scorer, a utility's class, a chain program, a search and its config), never a
+name to look up; what they import at run time (scorers' backends, the sandbox) loads there."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -31,13 +31,14 @@ def greedy(generator, prompt, n, params, options, rng, overrides):
     return _with_answers(StrategyResult(candidates[0], candidates, result.cost), options)
 
 
-def best_of_n(scorer_name):
+def best_of_n(scorer):
+    """The runner of best-of-n by `scorer` (a function (prompt_text, candidate) -> float)."""
+
     def run(generator, prompt, n, params, options, rng, overrides):
-        from metagen.scoring import logprob
         from metagen.strategies.best_of_n import BestOfNConfig, best_of_n
 
         config = configure(BestOfNConfig(n, params), overrides)
-        result = best_of_n(generator, prompt, config, getattr(logprob, scorer_name), rng=rng)
+        result = best_of_n(generator, prompt, config, scorer, rng=rng)
         return _with_answers(result, options)
 
     return run
@@ -73,14 +74,15 @@ def borda(generator, prompt, n, params, options, rng, overrides):
     return borda_voting(generator, prompt, configure(config, overrides), rng=rng)
 
 
-def mbr(utility_name):
+def mbr(utility: Callable):
+    """The runner of MBR with the utility `utility(generator)` builds (on first use: a utility's
+    backend, sacrebleu or a sentence encoder, loads when it runs)."""
+
     def run(generator, prompt, n, params, options, rng, overrides):
-        from metagen.scoring import embeddings, utilities
         from metagen.strategies.mbr import MBRConfig, mbr
 
-        module = embeddings if utility_name == "EmbeddingCosine" else utilities
-        utility = getattr(module, utility_name)()
-        result = mbr(generator, prompt, configure(MBRConfig(n, params, include_self=True), overrides), utility, rng=rng)
+        config = configure(MBRConfig(n, params, include_self=True), overrides)
+        result = mbr(generator, prompt, config, utility(generator), rng=rng)
         return _with_answers(result, options)
 
     return run
@@ -96,35 +98,36 @@ def self_refine(generator, prompt, n, params, options, rng, overrides):
     return _with_answers(result, options)
 
 
-def chain(program_name):
+def chain(program: Callable):
+    """The runner of chain program `program(generator, question, config, rng=)` (chain_programs.py)."""
+
     def run(generator, prompt, n, params, options, rng, overrides):
         from metagen.scoring.base import prompt_text
-        from metagen.strategies import chain_programs
         from metagen.strategies.chain import ChainConfig
 
         config = configure(ChainConfig(params=replace(params, n=1)), overrides)
-        return getattr(chain_programs, program_name)(generator, prompt_text(prompt), config, rng=rng)
+        return program(generator, prompt_text(prompt), config, rng=rng)
 
     return run
 
 
-def tree(module: str, budget: Callable[[int, SamplingParams], dict], fixed_step: bool = False):
-    """The runner of tree search `metagen.strategies.tree.<module>.<module>`; budget(n, params):
-    the config fields n sets; fixed_step: the runner sets `step` itself (not the step delimiter)."""
+def tree(search: Callable, config_class: type, budget: Callable[[int, SamplingParams], dict],
+         fixed_step: bool = False):
+    """The runner of tree search `search` with its config dataclass `config_class`; budget(n,
+    params): the config fields n sets; fixed_step: the runner sets `step` itself (not the step
+    delimiter)."""
 
     def run(generator, prompt, n, params, options, rng, overrides):
-        from metagen.strategies.tree.expand import StepConfig
+        from metagen.strategies.tree.node import StepConfig
         from metagen.strategies.tree.runner import run_search
 
-        search = importlib.import_module(f"metagen.strategies.tree.{module}")
-        config_class = getattr(search, TREE_CONFIGS[module])
         params = replace(params, n=1)
         common = {"params": params, "pattern": options.pattern, "answer_field": options.answer_field,
                   "math": options.math, "aggregation": options.aggregation}
         if not fixed_step:
             common["step"] = StepConfig(options.step_delimiter, 64)
         config = configure(config_class(**common, **budget(n, params)), overrides)
-        return run_search(getattr(search, module), config, generator, prompt, options, rng)
+        return run_search(search, config, generator, prompt, options, rng)
 
     return run
 
@@ -210,9 +213,6 @@ def tokenwise_cd(generator, prompt, n, params, options, rng, overrides):
 
 LAMBDA = 4.0  # tokenwise_cd's default strength
 BLOCK_TOKENS = 16  # blockwise_cd's default block length
-TREE_CONFIGS = {"step_beam_search": "StepBeamConfig", "dvts": "DVTSConfig", "rebase": "RebaseConfig",
-                "mcts": "MCTSConfig", "astar": "AStarConfig", "particle_filter": "ParticleFilterConfig",
-                "blockwise_cd": "BlockwiseCDConfig"}
 
 
 def kept(n: int) -> int:
@@ -221,6 +221,31 @@ def kept(n: int) -> int:
 
 def whole_answer_step(params: SamplingParams):
     """best_of_n_value's one step: the whole answer (no delimiter, up to max_tokens)."""
-    from metagen.strategies.tree.expand import StepConfig
+    from metagen.strategies.tree.node import StepConfig
 
     return StepConfig(None, params.max_tokens)
+
+
+# MBR utilities, built per run from the run's generator (their backends load when built)
+def chrf(generator):
+    from metagen.scoring.utilities import ChrF
+
+    return ChrF()
+
+
+def bleu(generator):
+    from metagen.scoring.utilities import Bleu
+
+    return Bleu()
+
+
+def edit_similarity(generator):
+    from metagen.scoring.utilities import EditSimilarity
+
+    return EditSimilarity()
+
+
+def embedding_cosine(generator):
+    from metagen.scoring.embeddings import EmbeddingCosine
+
+    return EmbeddingCosine()

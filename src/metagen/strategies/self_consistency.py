@@ -9,16 +9,19 @@ Answers are extracted by regex or a function and compared as math with math-veri
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from metagen.decoding.generator import Generator
-from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.voting import sample_answers, tally, winner
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.generator import Generator
+    from metagen.decoding.prompts import Prompt
 
 
 @dataclass(frozen=True)

@@ -18,18 +18,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-
-import torch
+from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
-from metagen.decoding.generator import Generator
-from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
 from metagen.strategies.templates import check_template
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.generator import Generator
+    from metagen.decoding.prompts import Prompt
 
 CRITIQUE_TEMPLATE = (
     "Question:\n{question}\n\n"

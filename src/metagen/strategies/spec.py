@@ -27,7 +27,6 @@ must carry: empty (voting, MBR: text only) runs on any server, token ids or not.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 
@@ -108,7 +107,7 @@ class StrategySpec:
     why: str = ""  # why it needs them, added to a refusal
     constrains: bool = True  # honours params.structured_outputs on its outputs
     why_unconstrained: str = ""  # when it cannot: why, for the refusal
-    config: str | None = None  # "module:Class" of its own config dataclass: its scalar fields are its options
+    config: type | None = None  # its own config dataclass: its scalar fields are its options
     set_by_run: frozenset[str] = frozenset({"n", "params"})  # config fields the runner sets (from n, the request)
     extracts: bool = False  # the runner extracts each candidate's answer itself (reads pattern, answer_field)
     defaults: tuple[tuple[str, object], ...] = ()  # its own defaults for config fields, over the config's
@@ -123,11 +122,8 @@ class StrategySpec:
         return () if not self.pooled and self.is_pooled(options) else self.needs_any
 
     def config_class(self) -> type | None:
-        """Its config dataclass (imported on first use: the registry itself stays light)."""
-        if self.config is None:
-            return None
-        module, _, name = self.config.partition(":")
-        return getattr(importlib.import_module(module), name)
+        """Its config dataclass (a strategy module imports no torch, so the table stays light)."""
+        return self.config
 
     def fields(self) -> dict[str, OptionField]:
         """Every option this strategy accepts, by name: `n` (its budget), the configurable fields

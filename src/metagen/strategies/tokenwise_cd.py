@@ -20,16 +20,20 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from metagen.decoding.cost import Cost, forward_flops
-from metagen.decoding.prompts import Prompt, encode_prompt
-from metagen.decoding.rows import Row, StopRules, refuse_token_healing, request_chain, token_records
-from metagen.sampling import LogitsProcessor, SamplingParams
+from metagen.sampling import SamplingParams
 from metagen.scoring.answers import check_answer_field, extract_answer
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import Candidate, StrategyResult, prefer_complete
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.prompts import Prompt
+    from metagen.decoding.rows import Row
+    from metagen.sampling import LogitsProcessor
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,8 @@ class TokenwiseCDConfig:
 def tilted_choice(logprobs: torch.Tensor, values: torch.Tensor, strength: float,
                   generator: torch.Generator | None) -> torch.Tensor:
     """Draw one of k candidates per row from softmax(log p + λ·V): logprobs, values (B, k) → (B,)."""
+    import torch  # here (a dict lookup per token): importing the config imports no torch
+
     weights = torch.softmax(logprobs.double() + strength * values.double(), dim=-1)
     return torch.multinomial(weights, 1, generator=generator).squeeze(1)
 
@@ -63,6 +69,11 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
                  processors: Sequence[LogitsProcessor] = ()) -> StrategyResult:
     """Draw `config.n` sequences token by token from π (module docstring); the candidate of best
     value is chosen. `processors`: extra logits processors forming p (constraints), as in `stream`."""
+    import torch  # here: importing the config imports no torch
+
+    from metagen.decoding.prompts import encode_prompt
+    from metagen.decoding.rows import Row, StopRules, refuse_token_healing, request_chain, token_records
+
     config = config or TokenwiseCDConfig()
     params = config.params
     refuse_token_healing(params, "tokenwise controlled decoding")

@@ -19,19 +19,22 @@ verifications, and one scorer call per batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-
-import torch
+from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
-from metagen.decoding.generator import Generator
-from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, Verdict, Verifier, as_scorer
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import Candidate, StrategyResult, candidates_from, prefer_complete
 from metagen.strategies.self_refine import chat_prompt, check_count, check_params, split_question
 from metagen.strategies.templates import check_template
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.generator import Generator
+    from metagen.decoding.prompts import Prompt
 
 REVISION_TEMPLATE = (
     "Question:\n{question}\n\n"

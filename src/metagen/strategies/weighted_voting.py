@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import math as _math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from metagen.decoding.generator import Generator
-from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.scoring.base import Scorer, as_scorer
@@ -23,6 +20,12 @@ from metagen.scoring.logprob import mean_logprob
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.voting import sample_answers, tally, winner
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.generator import Generator
+    from metagen.decoding.prompts import Prompt
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,18 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from metagen.decoding.prompts import Prompt
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
-from metagen.strategies.tree.expand import Node
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+from metagen.strategies.tree.node import Node
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.prompts import Prompt
 
 EPSILON = 1e-6
 

@@ -14,15 +14,18 @@ tokenwise sampler). Cost: K · (tokens of the answer) generated, one value call 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from metagen.decoding.prompts import Prompt
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
-from metagen.strategies.tree.expand import StepConfig
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+from metagen.strategies.tree.node import StepConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.prompts import Prompt
 
 
 @dataclass(frozen=True)

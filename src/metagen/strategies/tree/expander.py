@@ -20,15 +20,17 @@ Two implementations:
 
 from __future__ import annotations
 
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
-from metagen.decoding.prompts import Prompt
 from metagen.sampling import SamplingParams
-from metagen.strategies.tree.expand import Node, StepConfig, StepExpander
+from metagen.strategies.tree.node import Node, StepConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.prompts import Prompt
 
 
 class Expander(Protocol):
@@ -48,6 +50,7 @@ def open_expander(backend, prompt: Prompt, params: SamplingParams, step: StepCon
     `StepExpander`; a Generator with STEP_CONTINUATION -> `RemoteStepExpander`; anything else:
     ValueError naming what is missing. chat None: the generator's own setting."""
     from metagen.decoding.generator import Generator
+    from metagen.strategies.tree.expand import StepExpander
 
     if not isinstance(backend, Generator):
         return StepExpander(backend, prompt, params, step, value, chat=chat, generator=generator)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import check_answer_field, extract_answer
 from metagen.strategies.result import Candidate, StrategyResult, prefer_complete
-from metagen.strategies.tree.expand import Node, StepConfig
+from metagen.strategies.tree.node import Node, StepConfig
 from metagen.strategies.voting import tally, winner
 
 AGGREGATIONS = ("best", "majority", "weighted")

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from metagen.decoding.prompts import Prompt
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.prompts import Prompt
 
 
 @dataclass(frozen=True)
@@ -44,11 +47,15 @@ class ParticleFilterConfig(TreeConfig):
 
 def resampling_weights(values: list[float], temperature: float) -> torch.Tensor:
     """softmax(V / T): (N,) float64."""
+    import torch  # here: importing the search's config imports no torch
+
     return torch.softmax(torch.tensor(values, dtype=torch.float64) / temperature, dim=0)
 
 
 def particle_filter(model, prompt: Prompt, value, config: ParticleFilterConfig | None = None, *,
                     chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+    import torch  # here: importing the search's config imports no torch
+
     if value is None:
         raise ValueError("particle filtering weights particles by a value: pass a PrefixValue")
     config = config or ParticleFilterConfig()

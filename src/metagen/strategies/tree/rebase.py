@@ -14,14 +14,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from metagen.decoding.prompts import Prompt
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.prompts import Prompt
 
 
 @dataclass(frozen=True)

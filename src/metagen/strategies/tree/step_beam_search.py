@@ -13,14 +13,17 @@ Cost: beam_width · k steps per depth; values of every child (one batched call p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from metagen.decoding.prompts import Prompt
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.prompts import Prompt
 
 
 @dataclass(frozen=True)
