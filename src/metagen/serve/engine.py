@@ -18,13 +18,14 @@ and its logits are the slice `logits[start_r : start_r + k_r]` (a view, no copy)
         tokens    = chain_r.choose(processed, generator_r)  # its own torch.Generator
         chain_r.accept(tokens)
     records = token_records(all rows at once)               # one batched log-softmax / top-k
-    row.push(token, record, chain_r.stop_verdict(b))        # per row: the shared decoding core
+    batch_r.push(b, token, record)                          # per row: the shared decoding core
     prefix_cache.insert(finished rows' prompt + output)     # before their rows leave
-    cache.select(rows still running); chain_r.select(...)   # finished / cancelled rows leave
+    batch_r.keep(its rows going on)                         # its chain and rows (`RowBatch`)
+    cache.select(rows going on, every request)              # finished / cancelled rows leave
     logits = model.forward(cache, last tokens (B, 1))       # one decode forward for every row
 
 Each request goes through exactly the steps `decoding.sample_loop.stream` takes alone: the same
-prefill (1-row forwards of the prompt), the same chain (`request_chain`) and the same
+prefill (1-row forwards of the prompt), the same set-up (`RowBatch.start`) and the same
 generator draws in the same order (one `torch.Generator` per request, drawing for that request's
 rows only), so a request's output does not depend on its batch companions except through the
 floating-point rounding of a batched forward. Prefilling each prompt alone keeps its prefill
@@ -74,9 +75,10 @@ from collections.abc import Sequence
 
 import torch
 
+from metagen.decoding.batch import RowBatch
 from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompt_scoring import PromptScorer
-from metagen.decoding.rows import Row, StopRules, TokenRecord, request_chain, token_records
+from metagen.decoding.rows import TokenRecord, token_records
 from metagen.models.prefix_cache import PrefixCache
 from metagen.serve.requests import (DoneEvent, EngineStats, EngineStoppedError, QueueFullError, ServeRequest,
                                     TokenEvent)
@@ -238,7 +240,7 @@ class Engine:
             self._running = []
 
     def _rows_in_use(self) -> int:
-        return sum(len(request.active) for request in self._running)
+        return sum(len(request.batch.active) for request in self._running)
 
     def _admit(self, pending: list[ServeRequest]) -> list[ServeRequest]:
         """Prefill at most `prefill_chunk` prompt tokens of the pending requests whose rows fit,
@@ -259,7 +261,7 @@ class Engine:
             else:
                 ready.append(request)
         for request in ready:
-            if request.chain is None and not self._attempt(request, self._start):  # its cached prefix, its rows
+            if request.batch is None and not self._attempt(request, self._start):  # its cached prefix, its rows
                 failed.add(id(request))
         ready = [request for request in ready if id(request) not in failed]
         plan = prefill_plan([len(request.prompt_ids) - request.prefilled for request in ready], self.prefill_chunk)
@@ -299,20 +301,16 @@ class Engine:
             self._waiting_count -= 1
 
     def _start(self, request: ServeRequest) -> None:
-        """Set up the request's chain, rows and generator, and its prompt row: the longest cached
-        prefix of the prompt (a snapshot sharing its slots) or none."""
+        """Set up the request's rows (`RowBatch.start`: chain, rows, generator; a strategy run
+        hands its own generator, serve/engine_generator.py) and its prompt row: the longest
+        cached prefix of the prompt (a snapshot sharing its slots) or none."""
         model, params, prompt_ids = self.model, request.params, request.prompt_ids
-        rules = StopRules.from_params(params, model, len(prompt_ids))
-        n = params.n
-        check_batch_fits(model, self._rows_in_use() + n, rules.max_new_tokens)
+        batch = RowBatch.start(model, prompt_ids, params, healed=request.healed, generator=request.generator,
+                               rows_in_use=self._rows_in_use())  # its rows live in the engine's shared cache
         if request.echo:
             check_batch_fits(model, 1, 0, positions=min(len(prompt_ids), self.prefill_chunk), what="echo rows")
             request.scorer = PromptScorer(prompt_ids, params.logprobs or 0)
-        request.chain = request_chain(params, model, prompt_ids, n, healed=request.healed)
-        if request.generator is None:  # a strategy run hands its own (serve/engine_generator.py)
-            request.generator = params.make_generator()
-        request.rows = [Row(model.tokenizer, prompt_ids, rules, want_top=bool(params.logprobs),
-                            skip_text=request.healed) for _ in range(n)]
+        request.batch, request.rows = batch, batch.rows
         prefixes, reused = self.prefix_cache, 0
         if prefixes is not None and not request.echo:  # at least the last token is computed
             found = prefixes.match(prompt_ids[:-1])
@@ -329,7 +327,7 @@ class Engine:
         row; once the whole prompt is in, add its n rows (the prompt row shared n times) at the end
         of the batch and set `request.logits`. Returns the tokens forwarded."""
         model, prompt_ids = self.model, request.prompt_ids
-        if request.chain is None:  # its first piece
+        if request.batch is None:  # its first piece
             self._start(request)
         begin = request.prefilled
         end = min(len(prompt_ids), begin + budget)
@@ -371,7 +369,6 @@ class Engine:
             if request.echo:
                 request.prompt_records, request.scorer = request.scorer.records, None
             request.logits = logits.expand(request.params.n, -1)  # (n, V): every row starts from the prompt
-            request.active = list(range(request.params.n))
             self.stats.prompt_tokens += len(prompt_ids)
         return end - begin
 
@@ -387,7 +384,7 @@ class Engine:
         chosen: list[tuple[ServeRequest, range, torch.Tensor, torch.Tensor]] = []
         start = 0
         for request in self._running:  # 1. per request: its chain on its rows, its generator
-            k = len(request.active)
+            k = len(request.batch.active)
             rows = range(start, start + k)
             start += k
             stopped = request.stopped(now)
@@ -420,9 +417,7 @@ class Engine:
                 self._leave(request)
                 request.emit(DoneEvent())
                 continue
-            if len(keep) < k:
-                request.chain.select(torch.tensor(keep, dtype=torch.long))
-                request.active = [request.active[b] for b in keep]
+            request.batch.keep(keep)  # its chain and rows; the shared cache's rows are selected below
             kept_rows += [rows[b] for b in keep]
             next_tokens += [chosen_ids[b] for b in keep]
             still_running.append(request)
@@ -449,7 +444,7 @@ class Engine:
             return
         start = 0
         for request in still_running:
-            k = len(request.active)
+            k = len(request.batch.active)
             request.logits = out.logits[start:start + k]  # (k, V) view
             start += k
 
@@ -460,7 +455,7 @@ class Engine:
         if prefixes is None:
             return
         cache, kept = self._cache, set(keep)
-        for b, index in enumerate(request.active):
+        for b, index in enumerate(request.batch.active):
             if b in kept or cache.released(rows[b]):  # a sliding window released its oldest positions
                 continue
             slots = cache.slots(rows[b])
@@ -483,9 +478,9 @@ class Engine:
     def _choose(request: ServeRequest) -> tuple[torch.Tensor, torch.Tensor]:
         """The request's processed logits `(k, V)` and chosen tokens `(k,)` for its rows, its
         processors advanced (`sample_loop.stream`'s process -> choose -> accept)."""
-        chain = request.chain
+        chain = request.batch.chain
         processed = chain.process(request.logits)
-        tokens = chain.choose(processed, request.generator)
+        tokens = chain.choose(processed, request.batch.generator)
         chain.accept(tokens)
         return processed, tokens
 
@@ -515,13 +510,12 @@ class Engine:
     def _push(self, request: ServeRequest, tokens: torch.Tensor, records: list[TokenRecord]) -> tuple[list[int], list[int]]:
         """Push each row's token into its `Row` and emit it; returns the positions of the rows that
         go on, and the chosen ids."""
-        chain = request.chain
+        batch = request.batch
         chosen = tokens.tolist()
         keep = []
-        for b, (index, token) in enumerate(zip(request.active, chosen)):
-            row = request.rows[index]
-            text = row.push(token, records[b], chain.stop_verdict(b))
-            finish = row.completion.finish_reason
+        for b, (index, token) in enumerate(zip(batch.active, chosen)):
+            text = batch.push(b, token, records[b])
+            finish = batch.rows[index].completion.finish_reason
             if finish is None:
                 keep.append(b)
             request.emit(TokenEvent(index, text, token, records[b], finish))

@@ -82,10 +82,9 @@ class ServeRequest:
     stream: bool = False  # the client reads TokenEvents as they come (proxy mode then streams from the backend)
     prompt: object = None  # proxy mode: the prompt as the client sent it (text, messages or token ids)
     finished: list | None = None  # proxy mode: the completions as the backend returned them
+    generator: torch.Generator | None = None  # given by the submitter (None: from params.seed or fresh)
     # Engine-thread state (set on admission).
-    chain: object = None
-    generator: torch.Generator | None = None  # given by the submitter, or made from params.seed
-    active: list[int] = field(default_factory=list)  # completion index of each of its cache rows
+    batch: object = None  # its `RowBatch`: chain, generator, rows, the completion of each of its cache rows
     logits: torch.Tensor | None = None  # (k, V) next-token logits of its rows
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache (not prefilled)
     prefix_node: object = None  # its prompt's node in the prefix cache, locked while it runs

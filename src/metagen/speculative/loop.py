@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
+from metagen.decoding.batch import RowBatch
 from metagen.decoding.cost import Cost, forward_flops
-from metagen.decoding.memory import check_batch_fits
-from metagen.decoding.prompts import Prompt, encode_prompt
-from metagen.decoding.rows import NO_OPINION, Row, StopRules, Verdict, heal_request, request_chain, token_records
+from metagen.decoding.prompts import Prompt
+from metagen.decoding.rows import NO_OPINION, Row, Verdict, token_records
 from metagen.decoding.sample_loop import GenerationResult, StreamEvent
 from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
 from metagen.speculative.block_verify import block_verify
@@ -117,26 +117,20 @@ def speculative_stream(
     config = config or SpeculativeConfig()
     check_compatible(model, drafter, params)
     started = time.perf_counter()
-    prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
-    prompt_ids, healed = heal_request(params, model, prompt, chat, prompt_ids)
-    rules = StopRules.from_params(params, model, len(prompt_ids))
-    if generator is None:
-        generator = params.make_generator()
+    gamma_most = config.max_draft_tokens if config.adaptive else config.num_draft_tokens
+    batch = RowBatch.for_prompt(model, prompt, params, processors, chat=chat, generator=generator,
+                                positions=gamma_most + 1)
+    prompt_ids, chain, generator, rows = batch.prompt_ids, batch.chain, batch.generator, batch.rows
     n, vocab = params.n, model.vocab_size
-    max_new = rules.max_new_tokens
-    check_batch_fits(model, n, max_new, (config.max_draft_tokens if config.adaptive else config.num_draft_tokens) + 1)
-    chain = request_chain(params, model, prompt_ids, n, processors, healed=healed)
-    rows = [Row(model.tokenizer, prompt_ids, rules, want_top=bool(params.logprobs), skip_text=healed)
-            for _ in range(n)]
-    result = result if result is not None else GenerationResult([], prompt_ids)
-    result.prompt_token_ids, result.healed_text = prompt_ids, healed
-    result.completions = [row.completion for row in rows]
+    max_new = batch.rules.max_new_tokens
+    result = batch.fill(result if result is not None else GenerationResult([], prompt_ids))
     cost = Cost(prompt_tokens_computed=len(prompt_ids), prompt_tokens_reused=len(prompt_ids) * (n - 1),
                 flops=forward_flops(model, 0, len(prompt_ids)), target_steps=n)
     emitter = _Emitter(rows, params)
 
-    cache, out = model.prefill(prompt_ids, batch_size=n)
+    cache, out = batch.prefill()
     drafter.start(prompt_ids, n, target_cache=cache)
+    batch.followers.append(drafter)
     cost.model_calls += 1
     cost.flops += drafter.prefill_flops
     result.prefill_seconds = time.perf_counter() - started
@@ -144,26 +138,21 @@ def speculative_stream(
     processed = chain.process(out.logits)
     tokens = chain.choose(processed, generator)
     chain.accept(tokens)
-    contexts = [list(prompt_ids) for _ in range(n)]
-    active = list(range(n))
+    contexts = [list(prompt_ids) for _ in range(n)]  # per completion: prompt + committed tokens
     for b, token in enumerate(tokens.tolist()):
         yield from emitter.emit(b, [token], out.logits[b : b + 1], processed[b : b + 1], [chain.stop_verdict(b)])
         contexts[b].append(token)
-    gammas = [config.num_draft_tokens] * n
+    gammas = [config.num_draft_tokens] * n  # per completion: its next draft length
 
     while True:
-        keep = [b for b, index in enumerate(active) if rows[index].completion.finish_reason is None]
+        keep = batch.live()
         if not keep:
             break
-        if len(keep) < len(active):
-            cache.select(keep)
-            chain.select(torch.tensor(keep, dtype=torch.long))
-            drafter.select(keep)
-            active = [active[b] for b in keep]
-            gammas = [gammas[b] for b in keep]
+        batch.keep(keep)
+        active = batch.active
         row_contexts = [contexts[index] for index in active]
-        lengths = [max(0, min(gammas[b], max_new - len(rows[index].completion.token_ids) - 1))
-                   for b, index in enumerate(active)]
+        lengths = [max(0, min(gammas[index], max_new - len(rows[index].completion.token_ids) - 1))
+                   for index in active]
         draft = drafter.propose(row_contexts, lengths, chain, generator)
         _check_draft(draft, lengths, vocab, drafter.name)
         cost.model_calls += draft.calls
@@ -186,7 +175,7 @@ def speculative_stream(
             cost.accepted_tokens += tau
             cost.target_steps += 1
             cache.truncate(b, before[b] + 1 + tau)
-            gammas[b] = config.next_length(gammas[b], len(proposed), tau)
+            gammas[index] = config.next_length(gammas[index], len(proposed), tau)
             row_verdicts = verdicts[b][:tau] + [chain.stop_verdict(b)] if chain.judges_stop else None
             pushed = yield from emitter.emit(index, emitted, out.logits[b], processed[b], row_verdicts)
             contexts[index].extend(emitted[:pushed])

@@ -1,0 +1,124 @@
+"""`RowBatch`: one request's rows decoding together — its set-up and the one "drop finished rows".
+
+Every loop that samples a request's `params.n` rows (the sampling loop, jump-forward,
+speculative decoding, the serving engine) starts and shrinks its rows here, as nano-vllm's
+scheduler works over one `Sequence` type:
+
+    batch = RowBatch.start(model, prompt_ids, params, ...)  # stop rules → generator → memory check
+                                                            #   → request chain → one Row per completion
+    cache, out = batch.prefill()                            # the prompt once, forked into n cache rows
+    text = batch.push(b, token, record)                     # live row b takes a token (rows.Row.push)
+    batch.keep(batch.live())                                # finished rows leave: cache, chain, followers
+                                                            #   (a drafter's rows) and `active` move together
+
+`active[b]` is the completion index live row b holds (rows leave the batch, completions stay in
+`rows` / `completions` in their order). In the serving engine many requests share one cache, so
+a request's `RowBatch` has no cache of its own (`cache=None`): the engine selects the shared
+cache's rows once per step for every request, and `keep` moves the request's chain and rows.
+
+Cost: `keep` is O(B) plus the cache's and the processors' own `select` (O(B) page-table ints for
+the paged cache, a gather of each processor's per-row state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from metagen.decoding.memory import check_batch_fits
+from metagen.decoding.prompts import Prompt, encode_prompt
+from metagen.decoding.rows import Row, StopRules, TokenRecord, Verdict, heal_request, request_chain
+from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
+
+
+class RowBatch:
+    """The live rows of one request: its stop rules, sampler chain, generator and `Row`s, and the
+    cache rows they decode in (None when the cache is shared with other requests).
+
+    Attributes:
+        rows: one `Row` per completion, in completion order (finished ones stay).
+        active: the completion index of each live row, in cache-row order.
+        followers: objects with `select(indices)` whose rows follow the cache's (a drafter).
+    """
+
+    def __init__(self, model, prompt_ids: list[int], params: SamplingParams, rules: StopRules, chain: SamplerChain,
+                 generator: torch.Generator | None, *, healed: str = "") -> None:
+        self.model, self.prompt_ids, self.params, self.rules = model, prompt_ids, params, rules
+        self.chain, self.generator, self.healed = chain, generator, healed
+        self.rows = [Row(model.tokenizer, prompt_ids, rules, want_top=bool(params.logprobs), skip_text=healed)
+                     for _ in range(params.n)]
+        self.active = list(range(params.n))
+        self.cache = None
+        self.followers: list = []
+
+    @classmethod
+    def start(cls, model, prompt_ids: list[int], params: SamplingParams, processors: Sequence[LogitsProcessor] = (),
+              *, healed: str = "", generator: torch.Generator | None = None, rows_in_use: int = 0,
+              positions: int = 1) -> RowBatch:
+        """Set up a request of `params.n` rows: its stop rules (ValueError when the prompt leaves
+        no room), its generator (`generator`, else `params.seed`'s, else fresh OS entropy; torch's
+        global RNG is left alone), the memory check of `rows_in_use + n` rows scoring `positions`
+        tokens at a time (before any per-row state is allocated), its sampler chain
+        (`request_chain`: `processors` first, each with its state after the prompt for one row)
+        and one `Row` per completion."""
+        rules = StopRules.from_params(params, model, len(prompt_ids))
+        if generator is None:
+            generator = params.make_generator()
+        check_batch_fits(model, rows_in_use + params.n, rules.max_new_tokens, positions)
+        chain = request_chain(params, model, prompt_ids, params.n, processors, healed=healed)
+        return cls(model, prompt_ids, params, rules, chain, generator, healed=healed)
+
+    @classmethod
+    def for_prompt(cls, model, prompt: Prompt, params: SamplingParams, processors: Sequence[LogitsProcessor] = (),
+                   *, chat: bool | None = None, generator: torch.Generator | None = None,
+                   positions: int = 1) -> RowBatch:
+        """`start` for a prompt as given (text, chat messages or token ids): encoded, and healed
+        when `params.token_healing` asks (`rows.heal_request`)."""
+        prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
+        prompt_ids, healed = heal_request(params, model, prompt, chat, prompt_ids)
+        return cls.start(model, prompt_ids, params, processors, healed=healed, generator=generator,
+                         positions=positions)
+
+    @property
+    def completions(self):
+        return [row.completion for row in self.rows]
+
+    def fill(self, result):
+        """`result` (a `GenerationResult`) given this request's prompt, healed text and
+        completions (filled as the rows grow)."""
+        result.prompt_token_ids, result.healed_text = self.prompt_ids, self.healed
+        result.completions = self.completions
+        return result
+
+    def prefill(self):
+        """Prefill the prompt once and fork its cache into the n rows; returns `(cache, out)`
+        with `out.logits (n, V)` (`model.prefill`). The batch owns the cache from then on."""
+        self.cache, out = self.model.prefill(self.prompt_ids, batch_size=self.params.n)
+        return self.cache, out
+
+    def row(self, b: int) -> Row:
+        """The `Row` live row `b` decodes."""
+        return self.rows[self.active[b]]
+
+    def push(self, b: int, token: int, record: TokenRecord, verdict: Verdict | None = None) -> str:
+        """Live row `b` takes `token` (`Row.push`; `verdict`: the processors' (may_stop,
+        must_stop) after it, by default the chain's now); returns the text it makes safe to show."""
+        return self.row(b).push(token, record, self.chain.stop_verdict(b) if verdict is None else verdict)
+
+    def live(self) -> list[int]:
+        """The live rows that have not finished, in order."""
+        return [b for b, index in enumerate(self.active) if not self.rows[index].finished]
+
+    def keep(self, indices: list[int]) -> None:
+        """Live row i becomes old live row `indices[i]` (`indices`: increasing, non-empty; the
+        rows left out leave): the cache (when the batch owns one), the chain, the followers and
+        `active` move together. A no-op when every row stays."""
+        if len(indices) == len(self.active):  # increasing: all of them, in order
+            return
+        if self.cache is not None:
+            self.cache.select(indices)
+        self.chain.select(torch.tensor(indices, dtype=torch.long))
+        for follower in self.followers:
+            follower.select(indices)
+        self.active = [self.active[b] for b in indices]
