@@ -34,7 +34,7 @@ from .penalties import (
 )
 from .penalty_state import PenaltyState
 from .processor import LogitsProcessor, StatelessProcessor
-from .sample import TokenLogprobs, check_choosable, greedy, sample, token_logprobs
+from .sample import EmptiedRowError, TokenLogprobs, check_choosable, greedy, sample, token_logprobs
 from .temperature import temperature
 from .top_k import top_k
 from .top_p import top_p
@@ -53,6 +53,7 @@ __all__ = [
     "banned_tokens",
     "bias_vector",
     "check_choosable",
+    "EmptiedRowError",
     "contrastive",
     "entropy",
     "epsilon",
