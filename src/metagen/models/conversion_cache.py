@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from metagen.models.cache import DEFAULT_KV_DTYPE
 from metagen.models.config import ModelConfig
 from metagen.models.disk_cache import EntryLock, cache_directory, manifest_problem, publish, staging_directory
 from metagen.models.linear import restore_linear
@@ -43,7 +44,8 @@ def cache_entry(path: Path, dtype: str) -> Path:
     return cache_directory() / key.hexdigest()[:24]
 
 
-def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel]) -> DecoderModel:
+def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel], *,
+                    kv_dtype: str = DEFAULT_KV_DTYPE) -> DecoderModel:
     """The cached conversion of `path` when its entry is intact, else `convert()` (then cached).
 
     Concurrent processes converting the same entry take turns: the second loads what the first
@@ -51,7 +53,7 @@ def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel])
     """
     entry = cache_entry(path, dtype)
     if manifest_problem(entry) is None:
-        return _load_converted(entry, dtype, str(path))
+        return _load_converted(entry, dtype, str(path), kv_dtype)
     try:
         lock = EntryLock(entry)
     except OSError as error:
@@ -65,7 +67,7 @@ def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel])
             return convert()
         problem = manifest_problem(entry)
         if problem is None:  # another process converted it while we waited
-            return _load_converted(entry, dtype, str(path))
+            return _load_converted(entry, dtype, str(path), kv_dtype)
         if entry.exists():
             warnings.warn(f"metagen: damaged cache entry ({problem}); converting {path} again", stacklevel=3)
         model = convert()
@@ -108,7 +110,7 @@ def _save_converted(model: DecoderModel, directory: Path) -> None:
     model.tokenizer.save(directory / "tokenizer")
 
 
-def _load_converted(entry: Path, dtype: str, source: str) -> DecoderModel:
+def _load_converted(entry: Path, dtype: str, source: str, kv_dtype: str = DEFAULT_KV_DTYPE) -> DecoderModel:
     from safetensors.torch import load_file
 
     from metagen.models.tokenizer import Tokenizer
@@ -136,7 +138,8 @@ def _load_converted(entry: Path, dtype: str, source: str) -> DecoderModel:
     lm_head = restore_linear("lm_head", kinds["lm_head"], tensors)
     tokenizer = Tokenizer.load(entry / "tokenizer")
     return DecoderModel(
-        config, layers, tensors["embed"], tensors["norm"], lm_head, tokenizer, dtype, tensors.get("rope_freqs"), source
+        config, layers, tensors["embed"], tensors["norm"], lm_head, tokenizer, dtype, tensors.get("rope_freqs"), source,
+        kv_dtype,
     )
 
 
@@ -165,7 +168,7 @@ def save_model(model: DecoderModel, directory: Path, recipe: dict) -> None:
         publish(staging, directory)
 
 
-def load_saved_model(directory: Path, dtype: str | None = None) -> DecoderModel:
+def load_saved_model(directory: Path, dtype: str | None = None, *, kv_dtype: str = DEFAULT_KV_DTYPE) -> DecoderModel:
     """A model written by `save_model`, checked against its manifest, in the formats it was saved
     in: `dtype` may be None, "auto" or that format, and anything else is refused."""
     problem = manifest_problem(directory)
@@ -175,4 +178,4 @@ def load_saved_model(directory: Path, dtype: str | None = None) -> DecoderModel:
     if dtype not in (None, "auto", saved):
         raise ValueError(f"dtype={dtype!r} cannot be applied to the saved model {directory}: it runs in the formats "
                          f"it was saved in ({saved}); choose auto or {saved}")
-    return _load_converted(directory, saved, str(directory))
+    return _load_converted(directory, saved, str(directory), kv_dtype)

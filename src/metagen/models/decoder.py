@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from metagen.models import checks
 from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode
-from metagen.models.cache import DEFAULT_KV_DTYPE, KV_DTYPES, KVCache, check_kv_dtype
+from metagen.models.cache import DEFAULT_KV_DTYPE, KV_DTYPES, KVCache, check_kv_dtype, kv_bytes_per_token
 from metagen.models.config import ModelConfig
 from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, LayerWeights, Ops, decoder_layer
 from metagen.models.layer_ops import FusedOps, GeneralOps
@@ -66,6 +66,8 @@ class DecoderModel(LanguageModel):
     `logits_from_hidden`, `truncated(L)` (the first L layers as a model sharing every weight) and
     `linears()` (every linear with its name, for weight accounting).
     """
+
+    paged_cache = True
 
     def __init__(
         self,
@@ -139,6 +141,12 @@ class DecoderModel(LanguageModel):
 
     def flops_per_token(self, context_length: int) -> float:
         return self.config.flops_per_token(context_length)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """layers · 2 · kv_heads · (head_dim · itemsize (+ a float32 scale per head in int8))."""
+        config = self.config
+        return kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, self.kv_dtype)
 
     @property
     def num_parameters(self) -> int:
