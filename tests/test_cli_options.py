@@ -103,6 +103,7 @@ class _TinyModel:
     vocab_size = 49152
     max_context = 2048
     eos_token_ids = frozenset({0})
+    kv_bytes_per_token = 0
 
     def __init__(self, prefill):
         from metagen.theory.kgram import SymbolTokenizer
@@ -113,11 +114,11 @@ class _TinyModel:
 
 @pytest.mark.slow
 def test_memory_bound_counts_logits_and_cache(model):
-    from metagen.decoding.memory import LOGIT_COPIES, check_batch_fits, kv_bytes_per_token
+    from metagen.decoding.memory import LOGIT_COPIES, check_batch_fits
 
     config = model.config
-    assert kv_bytes_per_token(model) == 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
-    per_row = LOGIT_COPIES * model.vocab_size * 4 + 100 * kv_bytes_per_token(model)
+    assert model.kv_bytes_per_token == 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    per_row = LOGIT_COPIES * model.vocab_size * 4 + 100 * model.kv_bytes_per_token
     from metagen.decoding import memory
 
     original = memory.available_memory

@@ -9,6 +9,7 @@ from metagen.sampling import (
     SamplerChain,
     SamplingParams,
     StatelessProcessor,
+    check_choosable,
     epsilon,
     eta,
     frequency_penalty,
@@ -259,3 +260,22 @@ def test_a_row_the_processors_empty_names_them_and_their_fields(temperature) -> 
                                          r"structured:choice -> no_repeat_ngram: the settings structured_outputs, "
                                          r"no_repeat_ngram_size leave no token"):
         chain.next_tokens(torch.zeros(1, 5), torch.Generator().manual_seed(0))
+
+
+def test_an_emptied_row_is_a_typed_error_carrying_the_row_and_the_processors() -> None:
+    """The chain names the processors from the error's fields (`EmptiedRowError.row`), not by
+    matching the text of check_choosable's message; a row emptied before any processor says so
+    without naming one."""
+    from metagen.sampling import EmptiedRowError
+
+    only_one = StatelessProcessor("structured:choice", lambda z: torch.where(
+        torch.arange(z.shape[-1]) == 1, z, torch.full_like(z, -INF)), argmax_invariant=False)
+    chain = SamplerChain.from_params(SamplingParams(no_repeat_ngram_size=1), 2, 5, prompt_ids=[1], masks=[only_one])
+    logits = torch.zeros(2, 5)
+    with pytest.raises(EmptiedRowError) as caught:
+        chain.next_tokens(logits, torch.Generator().manual_seed(0))
+    assert caught.value.row == (0,) and caught.value.processors == ("structured:choice", "no_repeat_ngram")
+    with pytest.raises(EmptiedRowError) as caught:
+        check_choosable(torch.tensor([[0.0, 1.0], [-INF, -INF]]))
+    assert caught.value.row == (1,) and caught.value.processors == ()
+    assert "by the processors" not in str(caught.value)

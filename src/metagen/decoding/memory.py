@@ -5,7 +5,7 @@ Per row a decoding loop holds
   log-softmax and the sampling adapters' sorted copies: LOGIT_COPIES · positions · V · 4 bytes;
 - the keys and values of its new tokens (the prompt's are shared): new_tokens · 2 · L · KVH · D
   · 4 bytes in a float32 cache (2 in bf16, 1 plus a 4-byte scale per head in int8: the model's
-  `kv_dtype`).
+  `kv_bytes_per_token`, part of the `LanguageModel` interface).
 A batch that cannot fit would otherwise start allocating (n = 100,000 rows over a 49,152-token
 vocabulary asks for ~20 GB per logits copy) and fail late or drive the machine into swap.
 """
@@ -32,19 +32,6 @@ def available_memory() -> int | None:
         return None
 
 
-def kv_bytes_per_token(model) -> int:
-    """Bytes one token's keys and values take in the model's cache format (float32 unless its
-    `kv_dtype` says otherwise; 0 when the model does not say)."""
-    from metagen.models.cache import kv_bytes_per_token as per_token
-
-    config = getattr(model, "config", None)
-    try:
-        return per_token(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
-                         getattr(model, "kv_dtype", "fp32"))
-    except AttributeError:
-        return 0
-
-
 def check_batch_fits(model, rows: int, new_tokens: int, positions: int = 1, *, what: str = "n") -> None:
     """ValueError naming `what` when `rows` rows of `new_tokens` tokens (scored `positions` at a
     time) cannot fit in the memory available now."""
@@ -52,7 +39,7 @@ def check_batch_fits(model, rows: int, new_tokens: int, positions: int = 1, *, w
     if available is None:
         return
     logits = LOGIT_COPIES * positions * model.vocab_size * 4
-    per_row = logits + new_tokens * kv_bytes_per_token(model)
+    per_row = logits + new_tokens * model.kv_bytes_per_token
     if rows * per_row > available:
         raise ValueError(
             f"{what}={rows} is too large for this machine: {rows} rows need about {rows * per_row / 2**30:.1f} GiB "

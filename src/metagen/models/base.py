@@ -41,6 +41,9 @@ class LanguageModel(ABC):
 
     name: str
     tokenizer: object  # metagen.models.tokenizer.Tokenizer
+    # new_cache() makes a paged `models.cache.KVCache`, whose slots rows and snapshots can share
+    # (`share`, `release`, `pools`): what the serving engine's prefix cache needs.
+    paged_cache: bool = False
 
     @property
     @abstractmethod
@@ -75,6 +78,12 @@ class LanguageModel(ABC):
     def flops_per_token(self, context_length: int) -> float:
         """Estimated forward FLOPs for one token attending to `context_length` keys."""
         raise NotImplementedError(f"{type(self).__name__} does not estimate FLOPs")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one cached token's keys and values take in this model's caches (what memory
+        checks count per new token); 0 for a model whose cache holds no per-token tensors."""
+        return 0
 
     def prefill(self, token_ids: Sequence[int], batch_size: int = 1, **kwargs) -> tuple[object, ForwardOutput]:
         """New cache holding `token_ids` once, forked into `batch_size` (an int >= 1) rows, and its

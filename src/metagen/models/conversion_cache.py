@@ -18,9 +18,10 @@ from pathlib import Path
 
 import torch
 
+from metagen.models.cache import DEFAULT_KV_DTYPE
 from metagen.models.config import ModelConfig
 from metagen.models.disk_cache import EntryLock, cache_directory, manifest_problem, publish, staging_directory
-from metagen.models.linear import INT4_GROUP, ConcatLinear, DenseLinear, GroupedLinear, Int4Linear, Int8Linear
+from metagen.models.linear import restore_linear
 from metagen.models.decoder import DecoderModel
 from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, NORM_FIELDS, LayerWeights
 
@@ -43,7 +44,8 @@ def cache_entry(path: Path, dtype: str) -> Path:
     return cache_directory() / key.hexdigest()[:24]
 
 
-def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel]) -> DecoderModel:
+def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel], *,
+                    kv_dtype: str = DEFAULT_KV_DTYPE) -> DecoderModel:
     """The cached conversion of `path` when its entry is intact, else `convert()` (then cached).
 
     Concurrent processes converting the same entry take turns: the second loads what the first
@@ -51,7 +53,7 @@ def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel])
     """
     entry = cache_entry(path, dtype)
     if manifest_problem(entry) is None:
-        return _load_converted(entry, dtype, str(path))
+        return _load_converted(entry, dtype, str(path), kv_dtype)
     try:
         lock = EntryLock(entry)
     except OSError as error:
@@ -65,7 +67,7 @@ def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel])
             return convert()
         problem = manifest_problem(entry)
         if problem is None:  # another process converted it while we waited
-            return _load_converted(entry, dtype, str(path))
+            return _load_converted(entry, dtype, str(path), kv_dtype)
         if entry.exists():
             warnings.warn(f"metagen: damaged cache entry ({problem}); converting {path} again", stacklevel=3)
         model = convert()
@@ -80,21 +82,7 @@ def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel])
 
 
 def _linear_state(prefix: str, linear, tensors: dict, kinds: dict) -> None:
-    kinds[prefix] = _linear_info(prefix, linear, tensors)
-
-
-def _linear_info(prefix: str, linear, tensors: dict) -> dict:
-    """What `_restore_linear` needs besides the tensors (which go into `tensors`)."""
-    info = {"kind": linear.kind, "in_features": linear.in_features, "stored": linear.stored}
-    if isinstance(linear, ConcatLinear):
-        return info | {"parts": [_linear_info(f"{prefix}.{i}", part, tensors) for i, part in enumerate(linear.parts)]}
-    if linear.kind == "int4":
-        info["group_size"] = linear.group_size
-    if isinstance(linear, GroupedLinear):
-        info |= linear.format()
-    for name, tensor in linear.state().items():
-        tensors[f"{prefix}.{name}"] = tensor.contiguous()
-    return info
+    kinds[prefix] = linear.record(prefix, tensors)
 
 
 def _save_converted(model: DecoderModel, directory: Path) -> None:
@@ -122,27 +110,7 @@ def _save_converted(model: DecoderModel, directory: Path) -> None:
     model.tokenizer.save(directory / "tokenizer")
 
 
-def _restore_linear(prefix: str, info: dict, tensors: dict):
-    bias = tensors.get(f"{prefix}.bias")
-    if info["kind"] == "dense":
-        linear = DenseLinear(tensors[f"{prefix}.weight"], bias)
-    elif info["kind"] == "int8":
-        linear = Int8Linear(tensors[f"{prefix}.qweight"], tensors[f"{prefix}.scales"], bias)
-    elif info["kind"] == "concat":
-        linear = ConcatLinear([_restore_linear(f"{prefix}.{i}", part, tensors) for i, part in enumerate(info["parts"])])
-    elif "bits" in info:
-        names = ("codes", "scales", "zeros", "scales_top", "scales_sub", "zeros_top", "zeros_sub")
-        state = {name: tensors[f"{prefix}.{name}"] for name in names if f"{prefix}.{name}" in tensors}
-        scales, zeros = (GroupedLinear.restore_values(state, name) for name in ("scales", "zeros"))
-        linear = GroupedLinear(state["codes"], scales, zeros, info["bits"], info["group"], info["offset"], bias)
-    else:
-        linear = Int4Linear(tensors[f"{prefix}.packed"], tensors[f"{prefix}.scales_and_zeros"], info["in_features"], bias,
-                            info.get("group_size", INT4_GROUP))
-    linear.stored = info["stored"]
-    return linear
-
-
-def _load_converted(entry: Path, dtype: str, source: str) -> DecoderModel:
+def _load_converted(entry: Path, dtype: str, source: str, kv_dtype: str = DEFAULT_KV_DTYPE) -> DecoderModel:
     from safetensors.torch import load_file
 
     from metagen.models.tokenizer import Tokenizer
@@ -154,7 +122,7 @@ def _load_converted(entry: Path, dtype: str, source: str) -> DecoderModel:
     tensors = {name: tensor.clone() for name, tensor in load_file(str(entry / "weights.safetensors")).items()}
 
     def linear(prefix: str):
-        return _restore_linear(prefix, kinds[prefix], tensors) if prefix in kinds else None
+        return restore_linear(prefix, kinds[prefix], tensors) if prefix in kinds else None
 
     def experts(prefix: str):
         return [linear(f"{prefix}.{e}") for e in range(config.num_experts)] if f"{prefix}.0" in kinds else None
@@ -167,10 +135,11 @@ def _load_converted(entry: Path, dtype: str, source: str) -> DecoderModel:
         )
         for i in range(config.num_hidden_layers)
     ]
-    lm_head = _restore_linear("lm_head", kinds["lm_head"], tensors)
+    lm_head = restore_linear("lm_head", kinds["lm_head"], tensors)
     tokenizer = Tokenizer.load(entry / "tokenizer")
     return DecoderModel(
-        config, layers, tensors["embed"], tensors["norm"], lm_head, tokenizer, dtype, tensors.get("rope_freqs"), source
+        config, layers, tensors["embed"], tensors["norm"], lm_head, tokenizer, dtype, tensors.get("rope_freqs"), source,
+        kv_dtype,
     )
 
 
@@ -199,7 +168,7 @@ def save_model(model: DecoderModel, directory: Path, recipe: dict) -> None:
         publish(staging, directory)
 
 
-def load_saved_model(directory: Path, dtype: str | None = None) -> DecoderModel:
+def load_saved_model(directory: Path, dtype: str | None = None, *, kv_dtype: str = DEFAULT_KV_DTYPE) -> DecoderModel:
     """A model written by `save_model`, checked against its manifest, in the formats it was saved
     in: `dtype` may be None, "auto" or that format, and anything else is refused."""
     problem = manifest_problem(directory)
@@ -209,4 +178,4 @@ def load_saved_model(directory: Path, dtype: str | None = None) -> DecoderModel:
     if dtype not in (None, "auto", saved):
         raise ValueError(f"dtype={dtype!r} cannot be applied to the saved model {directory}: it runs in the formats "
                          f"it was saved in ({saved}); choose auto or {saved}")
-    return _load_converted(directory, saved, str(directory))
+    return _load_converted(directory, saved, str(directory), kv_dtype)

@@ -7,7 +7,7 @@ objects (no nn.Module) so the per-token path is a short list of kernels: per lay
 4 matmuls, RoPE, cache write/gather, attention.
 
 Two execution paths share the layer body and differ only in how attention and the residual
-add + norm run (`_GeneralOps`, `_FusedOps`): appends of more than FUSED_MAX_NEW_TOKENS tokens per
+add + norm run (`layer_ops.GeneralOps`, `layer_ops.FusedOps`, the `layer.Ops` protocol): appends of more than FUSED_MAX_NEW_TOKENS tokens per
 row (prefill) gather K/V and call SDPA; shorter ones (decode steps, speculative verification)
 run the fused CPU kernels of `models/kernels/fused.cpp`.
 
@@ -20,8 +20,6 @@ slots that left every row's window (`KVCache(window=...)`).
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Literal
@@ -32,11 +30,13 @@ import torch.nn.functional as F
 
 from metagen.models import checks
 from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode
-from metagen.models.cache import DEFAULT_KV_DTYPE, KV_DTYPES, KVCache, check_kv_dtype
+from metagen.models.cache import DEFAULT_KV_DTYPE, KV_DTYPES, KVCache, check_kv_dtype, kv_bytes_per_token
 from metagen.models.config import ModelConfig
-from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, LayerWeights, apply_rope, decoder_layer
-from metagen.models.rope import rope_frequencies
-from metagen.models.shared_prefix import SharedPrefixPlan, shared_prefix_default
+from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, LayerWeights, Ops, decoder_layer
+from metagen.models.layer_ops import FusedOps, GeneralOps
+from metagen.models.rope import RopeTables
+from metagen.models.shared_prefix import shared_prefix_default
+from metagen.models.step_buffers import StepBuffers, StepBufferSets  # noqa: F401  (StepBuffers re-exported)
 
 # rows × cached keys up to which the fused attention reads the cache in place (beyond: SDPA over
 # gathered K/V). In place wins at every size measured (int4, 2 threads, ms per decode step):
@@ -67,6 +67,8 @@ class DecoderModel(LanguageModel):
     `linears()` (every linear with its name, for weight accounting).
     """
 
+    paged_cache = True
+
     def __init__(
         self,
         config: ModelConfig,
@@ -93,15 +95,13 @@ class DecoderModel(LanguageModel):
         self.family = config.architecture
         self.matmul_dtype = torch.float32 if all(linear.takes_float for _, linear in self.linears()) else torch.bfloat16
         self.freq_factors = freq_factors
-        self._rope_cache_length = 0
-        self._rotation = torch.zeros(0, dtype=torch.complex64)
-        self._cos = self._sin = torch.zeros(0)
         # Per layer: its window (None: full causal attention) and whether it uses the local RoPE
         # table (Gemma 3's sliding layers: rope_local_theta, unscaled).
         self.layer_windows = [config.layer_window(i) for i in range(config.num_hidden_layers)]
         self.local_rope = [config.rope_local_theta is not None and config.is_local_layer(i)
                            for i in range(config.num_hidden_layers)]
-        self._ensure_rope(min(self.max_context, 4096))
+        self.rope = RopeTables(config, freq_factors, any(self.local_rope))
+        self.rope.ensure(min(self.max_context, 4096))
         from metagen.models.kernels import fused_kernels
 
         # Decode steps (one new token per row) run through fused CPU kernels when they build;
@@ -111,7 +111,7 @@ class DecoderModel(LanguageModel):
         # Rows sharing a cached prefix read it once per decode step for all of them
         # (models/shared_prefix.py); False (or METAGEN_SHARED_PREFIX=0) attends row by row.
         self.use_shared_prefix = shared_prefix_default()
-        self._step_buffers = _StepBufferSets()  # the decode path's reused intermediates
+        self.step_buffers = StepBufferSets()  # the decode path's reused intermediates
 
     # ------------------------------------------------------------ interface
     @property
@@ -141,6 +141,12 @@ class DecoderModel(LanguageModel):
 
     def flops_per_token(self, context_length: int) -> float:
         return self.config.flops_per_token(context_length)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """layers · 2 · kv_heads · (head_dim · itemsize (+ a float32 scale per head in int8))."""
+        config = self.config
+        return kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, self.kv_dtype)
 
     @property
     def num_parameters(self) -> int:
@@ -216,21 +222,30 @@ class DecoderModel(LanguageModel):
         """Append `tokens` to the cache through every layer. Returns the residual stream x, its
         final norm h (matmul dtype), the counts per row and whether x is packed: (N, H) over
         the real new tokens row-major (fused path) rather than (B, T_q, H) with padding."""
-        ids, counts = self._pack(tokens, cache.batch_size)
-        slots, table, positions = cache.allocate(counts)
-        self._ensure_rope(int(positions.max()) + 1)  # padding queries may run past t_kv
-        packed = ids.shape[1] <= FUSED_MAX_NEW_TOKENS and self.use_fused
-        if packed:
-            ops = _FusedOps(self, cache, counts, slots, table, positions)
-            ids = ops.ids(ids)
-        else:
-            ops = _GeneralOps(self, cache, counts, slots, table, positions)
-        x, h = ops.add_norm(self._embed(ids), None, self.layers[0].attn_norm)
-        last = len(self.layers) - 1
-        for index, layer in enumerate(self.layers):
-            next_norm = self.norm if index == last else self.layers[index + 1].attn_norm
+        ops, x, h, counts, packed = self._start(cache, tokens, fused=self.use_fused)
+        for index, (layer, next_norm) in enumerate(self._layers_and_next_norms()):
             x, h = decoder_layer(self.config, layer, x, h, index, ops, next_norm)
         return x, h, counts, packed
+
+    def _start(self, cache: KVCache, tokens, fused: bool) -> tuple[Ops, torch.Tensor, torch.Tensor, np.ndarray, bool]:
+        """What every layer loop does first: check and pack `tokens`, allocate their cache slots,
+        grow the RoPE tables, choose the path (fused when allowed and at most FUSED_MAX_NEW_TOKENS
+        per row) and normalise the embeddings. Returns (ops, x, h, counts, packed)."""
+        ids, counts = self._pack(tokens, cache.batch_size)
+        slots, table, positions = cache.allocate(counts)
+        self.rope.ensure(int(positions.max()) + 1)  # padding queries may run past t_kv
+        packed = fused and ids.shape[1] <= FUSED_MAX_NEW_TOKENS
+        if packed:
+            ops = FusedOps(self, cache, counts, slots, table, positions, FUSED_ATTENTION_MAX_KEYS)
+            ids = ops.ids(ids)
+        else:
+            ops = GeneralOps(self, cache, counts, slots, table, positions)
+        x, h = ops.add_norm(self._embed(ids), None, self.layers[0].attn_norm)  # (B, T, H) or (N, H)
+        return ops, x, h, counts, packed
+
+    def _layers_and_next_norms(self) -> list[tuple[LayerWeights, torch.Tensor]]:
+        """Each layer with the norm of its output: the next layer's attn_norm, the final norm last."""
+        return list(zip(self.layers, [layer.attn_norm for layer in self.layers[1:]] + [self.norm]))
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The residual stream's start, float32: embedding rows (scaled in the activation dtype
@@ -251,14 +266,8 @@ class DecoderModel(LanguageModel):
         run makes every later layer see the compressed one (sequential calibration). Runs the
         general path (SDPA); no logits.
         """
-        ids, counts = self._pack(tokens, cache.batch_size)
-        slots, table, positions = cache.allocate(counts)
-        self._ensure_rope(int(positions.max()) + 1)
-        ops = _GeneralOps(self, cache, counts, slots, table, positions)
-        x, h = ops.add_norm(self._embed(ids), None, self.layers[0].attn_norm)  # (B, T, H)
-        last = len(self.layers) - 1
-        for index, layer in enumerate(self.layers):
-            next_norm = self.norm if index == last else self.layers[index + 1].attn_norm
+        ops, x, h, _, _ = self._start(cache, tokens, fused=False)
+        for index, (layer, next_norm) in enumerate(self._layers_and_next_norms()):
             step = LayerStep(self.config, index, x, h, ops, next_norm)
             yield step
             if step.output is None:
@@ -291,20 +300,6 @@ class DecoderModel(LanguageModel):
             raise ValueError(f"token id {bad} is out of range: must be in [0, {self.vocab_size})")
         return ids, counts
 
-    def _ensure_rope(self, length: int) -> None:
-        """RoPE tables for positions < length (at least): complex rotations (T, D/2) and their
-        cos / sin for the fused kernels; a second set for local layers (Gemma 3) when they
-        use another base."""
-        if length <= self._rope_cache_length:
-            return
-        length = max(length, 2 * self._rope_cache_length)
-        self._rotation, self._cos, self._sin = _rope_tables(rope_frequencies(self.config, self.freq_factors), length)
-        self._local_rotation, self._local_cos, self._local_sin = self._rotation, self._cos, self._sin
-        if any(self.local_rope):
-            local = replace(self.config, rope_theta=self.config.rope_local_theta, rope_scaling=None)
-            self._local_rotation, self._local_cos, self._local_sin = _rope_tables(rope_frequencies(local), length)
-        self._rope_cache_length = length
-
 
 class LayerStep:
     """One layer of `DecoderModel.layer_by_layer`: `step(weights)` runs `weights` (a
@@ -319,13 +314,6 @@ class LayerStep:
     def __call__(self, weights: LayerWeights) -> torch.Tensor:
         self.output = decoder_layer(self._config, weights, self._x, self._h, self.index, self._ops, self._next_norm)
         return self.output[0]
-
-
-def _rope_tables(inv_freq: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """e^{i·pos·θ} for pos < length: (T, D/2) complex64, and its cos and sin (T, D/2) float32."""
-    angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq.double())
-    rotation = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
-    return rotation, rotation.real.contiguous(), rotation.imag.contiguous()
 
 
 def _row_ids(name: str, row: Sequence[int]) -> torch.Tensor:
@@ -366,230 +354,3 @@ def _positions(values: torch.Tensor, counts: np.ndarray, packed: bool, all_posit
     if all_positions:
         return values
     return values[torch.arange(len(counts)), torch.from_numpy(counts - 1)]
-
-
-def _activate(gate: torch.Tensor, activation: str) -> torch.Tensor:
-    """The MLP gate's activation, in place: SiLU (SwiGLU) or GELU's tanh approximation (GeGLU,
-    config "gelu_pytorch_tanh")."""
-    if activation == "silu":
-        return F.silu(gate, inplace=True)
-    return torch.ops.aten.gelu_.default(gate, approximate="tanh")
-
-
-class _GeneralOps:
-    """Attention and add + norm of the general path: x is (B, T_q, H) with padding; new K/V
-    are written to the cache, every row's K/V gathered through its page table, SDPA with a
-    causal mask over positions (none when every row decodes one token at the same length).
-    A windowed layer gathers only the columns from the oldest key any query sees and masks
-    keys older than q − W + 1 (padding queries keep the plain causal mask, so no row is empty)."""
-
-    def __init__(self, model: DecoderModel, cache: KVCache, counts: np.ndarray, slots, table, positions) -> None:
-        config = model.config
-        batch, t_q = positions.shape
-        self.cache, self.slots, self.table = cache, slots, table
-        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        self.matmul_dtype, self.eps, self.width = model.matmul_dtype, config.rms_norm_eps, (config.hidden_size,)
-        self.scale = None if config.query_pre_attn_scalar is None else config.attention_scale
-        self.layer_windows, self.local_rope = model.layer_windows, model.local_rope
-        self.positions, self.counts = positions, counts
-        self.windowed: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # window -> (table, mask)
-        self.valid_index = None
-        if bool((counts != t_q).any()):  # flat indices of real (non-padding) new tokens, row-major like `slots`
-            valid = torch.from_numpy((np.arange(t_q)[None, :] < counts[:, None]).reshape(-1))
-            self.valid_index = valid.nonzero().squeeze(1)
-        # Every query sees keys up to its own position; rows of equal length decoding one
-        # token each need no mask at all.
-        if t_q == 1 and bool((positions[:, 0] == positions[0, 0]).all()):
-            self.mask = None
-        else:
-            t_kv = table.shape[1]
-            self.mask = (torch.arange(t_kv)[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # (B, 1, Tq, Tkv)
-        self.rotation = model._rotation[positions].unsqueeze(2)  # (B, Tq, 1, D/2) complex
-        self.local_rotation = self.rotation
-        if any(model.local_rope):
-            self.local_rotation = model._local_rotation[positions].unsqueeze(2)
-
-    def _window(self, window: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(table columns lo.., mask (B, 1, Tq, Tkv − lo)) of a layer with this window, where lo
-        is the oldest position any real query sees; the unwindowed pair when every key is in."""
-        if window not in self.windowed:
-            positions = self.positions
-            t_kv = self.table.shape[1]
-            if int(positions.max()) - window + 1 <= 0:
-                self.windowed[window] = (self.table, self.mask)
-                return self.windowed[window]
-            lo = max(0, int(positions[:, 0].min()) - window + 1)
-            keys = torch.arange(lo, t_kv)[None, None, :]
-            ends = torch.from_numpy(self.counts) + positions[:, 0]  # (B,) each row's length
-            padding = (positions >= ends[:, None])[:, :, None]  # (B, Tq, 1)
-            inside = (keys > positions[:, :, None] - window) | padding
-            mask = ((keys <= positions[:, :, None]) & inside).unsqueeze(1)
-            self.windowed[window] = (self.table[:, lo:], mask)
-        return self.windowed[window]
-
-    def attend(self, index: int, qkv: torch.Tensor) -> torch.Tensor:
-        """qkv (B, Tq, (heads + 2·kv_heads)·D) -> attention output (B, Tq, heads·D), matmul dtype."""
-        heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
-        batch, t_q, _ = qkv.shape
-        qkv = qkv.float()
-        rotation = self.local_rotation if self.local_rope[index] else self.rotation
-        qk = apply_rope(qkv[..., : (heads + kv_heads) * head_dim].unflatten(-1, (heads + kv_heads, head_dim)), rotation)
-        v = qkv[..., (heads + kv_heads) * head_dim :].unflatten(-1, (kv_heads, head_dim))
-        kv_new = torch.stack((qk[:, :, heads:], v), dim=2).view(batch * t_q, 2, kv_heads, head_dim)
-        if self.valid_index is not None:
-            kv_new = kv_new[self.valid_index]
-        self.cache.write(index, self.slots, kv_new)
-        window = self.layer_windows[index]
-        table, mask = (self.table, self.mask) if window is None else self._window(window)
-        kv = self.cache.read(index, table)  # (B, Tkv, 2, KVH, D)
-        q = qk[:, :, :heads].transpose(1, 2)  # (B, heads, Tq, D)
-        keys, values = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # (B, KVH, Tkv, D)
-        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True, scale=self.scale)
-        return attn.transpose(1, 2).reshape(batch, t_q, heads * head_dim).to(self.matmul_dtype)
-
-    def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor):
-        if delta is not None:
-            x = x + delta
-        return x, F.rms_norm(x, self.width, weight, self.eps).to(self.matmul_dtype)
-
-    def gated(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
-        """act(gate) ⊙ up, in place in gate_up's gate half (returned as a view)."""
-        width = gate_up.shape[-1] // 2
-        return _activate(gate_up[..., :width], activation).mul_(gate_up[..., width:])
-
-    def buffer(self, name: str, linear) -> None:
-        return None  # fresh tensors: a prefill runs once per prompt
-
-
-class _FusedOps:
-    """Attention and add + norm through the fused kernels (metagen/models/kernels/fused.cpp).
-
-    Every real new token is one query (x is packed (N, H), row-major): token j of row b reads
-    row b's page table up to its own position (the new tokens' keys are stored before attention
-    runs, layer by layer), which is causal attention without a mask. Per layer: RoPE + cache
-    store (one kernel), attention reading the cache in place (SDPA over gathered K/V beyond
-    FUSED_ATTENTION_MAX_KEYS), residual add + next RMSNorm + cast (one kernel). A windowed
-    layer's query at position p reads its page table from p − W + 1 on. Rows sharing a cached
-    prefix read it once per group (`shared_prefix.SharedPrefixPlan`, when `use_shared_prefix`).
-    """
-
-    def __init__(self, model: DecoderModel, cache: KVCache, counts: np.ndarray, slots, table, positions) -> None:
-        config = model.config
-        batch, t_q = positions.shape
-        self.kernels, self.cache, self.slots = model.kernels, cache, slots
-        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        self.cos, self.sin = model._cos, model._sin
-        self.bf16, self.eps, self.matmul_dtype = model.matmul_dtype == torch.bfloat16, config.rms_norm_eps, model.matmul_dtype
-        self.scale = config.attention_scale
-        self.layer_windows, self.local_rope = model.layer_windows, model.local_rope
-        self.local_cos, self.local_sin = model._local_cos, model._local_sin
-        self.width = config.hidden_size
-        self.windowed: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}  # window -> (starts, mask)
-        # Groups of rows sharing a cached prefix, attended as prefix + suffixes (None: row by row).
-        self.shared = None
-        if model.use_shared_prefix and self.head_dim in (64, 128, 256):
-            self.shared = SharedPrefixPlan.of_step(table, positions, counts)
-        self.valid = None
-        if t_q > 1:  # one query per real new token, row-major like `slots`
-            self.valid = torch.from_numpy((np.arange(t_q)[None, :] < counts[:, None]).reshape(-1))
-            positions = positions.reshape(-1)[self.valid]
-            table = table[torch.from_numpy(np.repeat(np.arange(batch), counts))]
-        self.positions = positions.reshape(-1)
-        self.lengths = self.positions + 1
-        self.table = table
-        self.queries = self.positions.numel()
-        self.buffers = model._step_buffers.get(self.queries)
-        # Attention reads the cache in place (see FUSED_ATTENTION_MAX_KEYS).
-        self.in_place = self.queries * table.shape[1] <= FUSED_ATTENTION_MAX_KEYS
-        if not self.in_place:
-            t_kv = table.shape[1]
-            lengths = self.lengths
-            self.mask = None if bool((lengths == lengths[0]).all()) else (
-                torch.arange(t_kv)[None, :] < lengths[:, None])[:, None, None, :]  # (N, 1, 1, Tkv)
-
-    def _window(self, window: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(starts (N,) of each query's first visible key or None when all are 0, the SDPA mask
-        (N, 1, 1, Tkv) when attention does not run in place)."""
-        if window not in self.windowed:
-            starts = (self.lengths - window).clamp_min(0)
-            if not bool(starts.any()):
-                self.windowed[window] = (None, None if self.in_place else self.mask)
-            else:
-                mask = None
-                if not self.in_place:
-                    keys = torch.arange(self.table.shape[1])[None, :]
-                    mask = ((keys < self.lengths[:, None]) & (keys >= starts[:, None]))[:, None, None, :]
-                self.windowed[window] = (starts, mask)
-        return self.windowed[window]
-
-    def ids(self, ids: torch.Tensor) -> torch.Tensor:
-        """(B, T_q) padded ids -> (N,) ids of the real new tokens."""
-        return ids.reshape(-1) if self.valid is None else ids.reshape(-1)[self.valid]
-
-    def attend(self, index: int, qkv: torch.Tensor) -> torch.Tensor:
-        """qkv (N, (heads + 2·kv_heads)·D) -> attention output (N, heads·D), matmul dtype."""
-        pool, scales = self.cache.pools[index], self.cache.layer_scales(index)  # scales: int8 pools only
-        cos, sin = (self.local_cos, self.local_sin) if self.local_rope[index] else (self.cos, self.sin)
-        buffers, heads, dim = self.buffers, self.heads, self.head_dim
-        q = self.kernels.rope_store(qkv, cos, sin, self.positions, self.slots, pool, heads, self.kv_heads, scales,
-                                    buffers.get("q", (self.queries, heads, dim), torch.float32))
-        window = self.layer_windows[index]
-        starts, mask = (None, None if self.in_place else self.mask) if window is None else self._window(window)
-        if self.in_place:
-            out = buffers.get("attention", (self.queries, heads * dim), self.matmul_dtype)
-            if self.shared is not None and starts is None:  # a window that cuts in attends row by row
-                return self.shared.attend(self.kernels, q, pool, self.table, self.lengths, self.scale, self.bf16,
-                                          scales, buffers, out)
-            return self.kernels.paged_decode_attention(q, pool, self.table, self.lengths, self.scale, self.bf16, starts,
-                                                       scales, out)
-        kv = self.cache.read(index, self.table)  # (N, Tkv, 2, KVH, D) float32
-        attn = F.scaled_dot_product_attention(q[:, :, None], kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2),
-                                              attn_mask=mask, enable_gqa=True, scale=self.scale)
-        return attn.view(self.queries, self.heads * self.head_dim).to(self.matmul_dtype)
-
-    def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor):
-        h = self.buffers.get("h", (self.queries, self.width), self.matmul_dtype)
-        return x, self.kernels.add_rms_norm(x, delta, weight, self.eps, self.bf16, h)  # x += delta in place
-
-    def gated(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
-        """act(gate) ⊙ up into a contiguous buffer (the gate half activated in place)."""
-        width = gate_up.shape[-1] // 2
-        out = self.buffers.get("gated", (self.queries, width), self.matmul_dtype)
-        return torch.mul(_activate(gate_up[:, :width], activation), gate_up[:, width:], out=out)
-
-    def buffer(self, name: str, linear) -> torch.Tensor:
-        return self.buffers.get(name, (self.queries, linear.out_features), self.matmul_dtype)
-
-
-class StepBuffers:
-    """The intermediates of a decode step of N queries (a linear's output, q, attention, the
-    normalised stream), one reused buffer per name: a step writes each layer's into the same
-    memory, so the layer loop allocates nothing after the first step of that size. A buffer is
-    overwritten by the next layer (or step) that uses its name; only the residual stream and the
-    logits, which a step returns, are fresh tensors."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
-
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        buffer = self._buffers.get(name)
-        if buffer is None or buffer.shape != shape or buffer.dtype != dtype:
-            buffer = self._buffers[name] = torch.empty(shape, dtype=dtype)
-        return buffer
-
-
-class _StepBufferSets(threading.local):
-    """A model's `StepBuffers` per step size N, per thread (two threads decoding on one model
-    must not share buffers); the MAX_SIZES most recently used sizes are kept."""
-
-    MAX_SIZES = 8
-
-    def __init__(self) -> None:
-        self.sets: OrderedDict[int, StepBuffers] = OrderedDict()
-
-    def get(self, queries: int) -> StepBuffers:
-        buffers = self.sets.pop(queries, None) or StepBuffers()
-        self.sets[queries] = buffers  # most recent last
-        while len(self.sets) > self.MAX_SIZES:
-            self.sets.popitem(last=False)
-        return buffers

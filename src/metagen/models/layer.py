@@ -19,12 +19,14 @@ steps run, passed in as `ops`:
 - `ops.gated(gate_up, activation)`: the MLP's act(gate) ⊙ up of `[gate | up]`;
 - `ops.buffer(name, linear)`: where `linear`'s output goes: the decode path's reused
   `(N, out_features)` buffer `name` (its layer loop allocates nothing), or None (a fresh tensor).
-The layer itself is written once (`decoder_layer`).
+The layer itself is written once (`decoder_layer`); `Ops` is that contract and
+`models/layer_ops.py` holds the two implementations.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -78,7 +80,24 @@ EXPERT_FIELDS = tuple(f.name for f in fields(LayerWeights) if f.metadata["kind"]
 OPTIONAL_FIELDS = frozenset(f.name for f in fields(LayerWeights) if f.metadata.get("optional"))
 
 
-def decoder_layer(config, layer: LayerWeights, x: torch.Tensor, h: torch.Tensor, index: int, ops,
+class Ops(Protocol):
+    """How a layer's attention and residual add + norm run (see the module docstring)."""
+
+    def attend(self, index: int, qkv: torch.Tensor) -> torch.Tensor:
+        """qkv (..., (heads + 2·kv_heads)·D) -> attention output (..., heads·D), matmul dtype."""
+
+    def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None,
+                 weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, RMSNorm(x + delta)·weight in the matmul dtype)."""
+
+    def gated(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+        """act(gate) ⊙ up of `[gate | up]` (..., 2·I) -> (..., I)."""
+
+    def buffer(self, name: str, linear) -> torch.Tensor | None:
+        """Where `linear`'s output goes: a reused (N, out_features) buffer, or None (a fresh tensor)."""
+
+
+def decoder_layer(config, layer: LayerWeights, x: torch.Tensor, h: torch.Tensor, index: int, ops: Ops,
                   next_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer on `x (..., H)` float32 (the residual stream) and `h = attn_norm(x)` in the
     matmul dtype. Returns `(x, next_norm(x))`: the next layer's normalised input (the final

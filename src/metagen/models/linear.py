@@ -1,4 +1,4 @@
-"""Linear layers for each compute dtype: dense (fp32 / bf16) and weight-only int8 / int4.
+"""Linear layers for each compute dtype: dense (fp32 / bf16) and weight-only int8 / int4 / grouped.
 
 Weight formats (the stored state; the conversion cache saves it as is):
 
@@ -10,44 +10,50 @@ Weight formats (the stored state; the conversion cache saves it as is):
 - grouped (`GroupedLinear`): 4-, 5-, 6- or 8-bit codes, a scale (and zero) per group of 16 or 32,
   plain or `Factored` (the K-quants' int8 per group under a float per 256 features).
 
-Every linear is called as `linear(x)` or `linear(x, out)`: `out`, a caller's (rows, N) buffer with
-unit stride along N (a decode step's reused one; a column slice of it for a ConcatLinear's parts),
-receives the result, which is returned. The compiled kernels write into it; the torch paths copy.
+Every linear is a `Linear`, called as `linear(x)` or `linear(x, out)`: `out`, a caller's (rows, N)
+buffer with unit stride along N (a decode step's reused one; a column slice of it for a
+ConcatLinear's parts), receives the result, which is returned. The compiled kernels write into
+it; the torch paths copy. Which kernels run (`backend`) is `kernel_backend.resolve_backend`'s
+choice; the weights are repacked at load into the compiled kernels' layout (`models/packing.py`;
+int4: 16 columns × 32 features = 320 bytes with their scales and zeros). An int8 matrix holding
+a −128 code runs torch's kernel (the AVX2 sign trick needs |q| ≤ 127; `Int8Linear.quantize`
+never makes one). On "torch": `aten._weight_int8pack_mm(x, w_int8, scales)` and
+`aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros (K/g, N, 2))`, bf16
+activations.
 
-Two implementations compute x (..., K) -> (..., N), chosen once per process by
-METAGEN_KERNELS (the compiled kernels return x's dtype, float32 unrounded or bf16; torch's take
-and return bf16; `takes_float` says which):
-
-- "auto" (default): metagen's compiled kernels (models/kernels/matmul.cpp) with the best
-  instruction set of this CPU, AVX-512 VNNI or AVX2; torch's kernels when neither is there or the
-  library cannot be built. "avx512" / "avx2" force one path (an error if the CPU lacks it).
-  They quantize each activation row per block of 32 features — METAGEN_KERNEL_ACTIVATIONS=
-  "int16" (default): 32258 levels each side of zero (a = max|x|/32258, an error ≤ 1/64516 of the
-  block's largest value, finer than bf16), taken as two int8 digits; "int8": 127 levels, as
-  llama.cpp's Q8_0 (half the multiply-adds, measurably less faithful) — take exact integer dot
-  products with the weight codes and fold the scales in fp32; a row's result does not depend on
-  the other rows (bit for bit, whatever M is), and the two instruction sets agree bit for bit. The weights are repacked at load into the
-  kernels' layout (int4: 16 columns × 32 features = 320 bytes with their scales and zeros).
-  An int8 matrix holding a −128 code runs torch's kernel (the AVX2 sign trick needs |q| ≤ 127;
-  `Int8Linear.quantize` never makes one).
-- "torch": `aten._weight_int8pack_mm(x, w_int8, scales)` and
-  `aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros (K/g, N, 2))`, bf16
-  activations.
+What the conversion cache stores of a linear is `record` (its kind, in_features, stored format,
+`format()` and its `state()` tensors) and `restore_linear` builds it back.
 """
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 import torch.nn.functional as F
 
+from metagen.models.kernel_backend import (  # noqa: F401  (re-exported: tests and callers import them from here)
+    ACTIVATIONS,
+    BACKENDS,
+    ISA,
+    compiled_kernels,
+    resolve_backend,
+    wide_activations,
+)
+from metagen.models.packing import (  # noqa: F401  (re-exported)
+    FACTOR_SPAN,
+    Factored,
+    pack_grouped,
+    pack_int4,
+    pack_int8,
+    torch_int4_pack,
+    unpack_grouped,
+    unpack_int4,
+    unpack_int8,
+    unpack_torch_int4,
+)
+
+_torch_int4_pack = torch_int4_pack  # the name tests import
+
 INT4_GROUP = 32
-BACKENDS = ("auto", "torch", "avx2", "avx512")
-ACTIVATIONS = ("int16", "int8")
-_ISA = {"avx2": 1, "avx512": 2}
-_resolved: dict[str, tuple] = {}  # requested -> (backend, compiled module)
 
 # Resolved once: looking an op up through `torch.ops.aten` costs microseconds per call, and a
 # decode step makes ~120 of these calls.
@@ -55,57 +61,73 @@ _INT8_MM = torch.ops.aten._weight_int8pack_mm.default
 _INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
 
 
-def resolve_backend(backend: str | None = None) -> str:
-    """"torch", "avx2" or "avx512": `backend`, else METAGEN_KERNELS (default "auto"), with "auto"
-    resolved to the best instruction set the compiled kernels have on this CPU (else "torch").
-    Resolved once per process and value (once the compiled library is there)."""
-    requested = backend if backend is not None else os.environ.get("METAGEN_KERNELS", "auto")
-    if requested not in BACKENDS:
-        source = "backend" if backend is not None else "METAGEN_KERNELS"
-        raise ValueError(f"{source}={requested!r}: choose one of {', '.join(BACKENDS)}")
-    if requested == "torch":
-        return "torch"
-    if requested not in _resolved:
-        from metagen.models.kernels import matmul_kernels
-
-        module = matmul_kernels()
-        best = {2: "avx512", 1: "avx2"}.get(module.best_isa() if module is not None else 0, "torch")
-        if requested == "auto":
-            chosen = best
-        elif best == "torch" or _ISA[best] < _ISA[requested]:
-            raise ValueError(f"kernels {requested!r} requested (METAGEN_KERNELS or backend=): this CPU or build "
-                             f"does not support them; the best here is {best!r}")
-        else:
-            chosen = requested
-        if module is None:  # not cached: matmul_kernels() remembers a failed build itself
-            return chosen
-        _resolved[requested] = (chosen, module)
-    return _resolved[requested][0]
-
-
-def wide_activations() -> bool:
-    """METAGEN_KERNEL_ACTIVATIONS: "int16" (default) -> True, "int8" -> False."""
-    value = os.environ.get("METAGEN_KERNEL_ACTIVATIONS", "int16")
-    if value not in ACTIVATIONS:
-        raise ValueError(f"METAGEN_KERNEL_ACTIVATIONS={value!r}: choose one of {', '.join(ACTIVATIONS)}")
-    return value == "int16"
-
-
-def _kernels():
-    """The compiled module the resolved backends use."""
-    return next(module for _, module in _resolved.values() if module is not None)
-
-
 def _into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
     """`y`, or `out` holding it (a caller's buffer; the torch backend has no in-place kernel)."""
     return y if out is None else out.copy_(y)
 
 
-class DenseLinear:
+class Linear:
+    """x (..., K) -> y (..., N) = x·Wᵀ (+ b) with W (N, K) in some stored format.
+
+    What every linear has: `kind` (its format's name in the conversion cache), `in_features` K,
+    `out_features` N, `bias` (N,) or None, `stored` (the checkpoint format(s) the weight was
+    converted from, e.g. "Q5_0"; set by the loader), `backend` ("torch" or a compiled kernel's
+    instruction set), `takes_float` (whether float32 activations run at full precision: the
+    compiled kernels take them and return float32; torch's quantized kernels take bf16),
+    `nbytes` (bytes one call reads), `state()` (the tensors the conversion cache stores) and
+    `format()` (what else it records)."""
+
+    kind = ""
+    stored = ""
+    backend = "torch"
+    in_features: int
+    out_features: int
+    bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} does not define __call__")
+
+    @property
+    def takes_float(self) -> bool:
+        return self.backend != "torch"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weights, scales and bias one call reads."""
+        return sum(t.nbytes for t in self.state().values())
+
+    def state(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} does not define state()")
+
+    def format(self) -> dict:
+        """What the conversion cache records besides the kind, in_features, stored and tensors."""
+        return {}
+
+    def record(self, prefix: str, tensors: dict[str, torch.Tensor]) -> dict:
+        """The conversion cache's record of this linear; its tensors go into `tensors` as
+        `{prefix}.{name}`. `restore_linear` is the inverse."""
+        info = {"kind": self.kind, "in_features": self.in_features, "stored": self.stored} | self.format()
+        for name, tensor in self.state().items():
+            tensors[f"{prefix}.{name}"] = tensor.contiguous()
+        return info
+
+    @classmethod
+    def restore(cls, prefix: str, info: dict, tensors: dict[str, torch.Tensor], bias: torch.Tensor | None) -> "Linear":
+        """The linear `record` stored under `prefix` (tensors `{prefix}.{name}`)."""
+        raise NotImplementedError(f"{cls.__name__} cannot be restored")
+
+    def _use_kernels(self) -> None:
+        """Bind the compiled kernels of `self.backend` (not "torch") and the float32 bias they take."""
+        self._kernel = compiled_kernels()
+        self._isa = ISA[self.backend]
+        self._wide = wide_activations()
+        self._bias32 = None if self.bias is None else self.bias.float().contiguous()
+
+
+class DenseLinear(Linear):
     """y = x·Wᵀ (+ b). weight: (N, K) in the compute dtype."""
 
     kind = "dense"
-    stored = ""  # the checkpoint format(s) the weight was converted from, e.g. "Q5_0" (set by the loader)
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight = weight
@@ -124,23 +146,21 @@ class DenseLinear:
             return torch.mm(x, self.weight.t(), out=out)
         return torch.addmm(self.bias, x, self.weight.t(), out=out)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of weights, scales and bias one call reads."""
-        return sum(t.nbytes for t in self.state().values())
-
     def state(self) -> dict[str, torch.Tensor]:
         return {"weight": self.weight} | ({"bias": self.bias} if self.bias is not None else {})
 
+    @classmethod
+    def restore(cls, prefix: str, info: dict, tensors: dict, bias: torch.Tensor | None) -> "DenseLinear":
+        return cls(tensors[f"{prefix}.weight"], bias)
 
-class Int8Linear:
+
+class Int8Linear(Linear):
     """Weight-only int8 with per-output-channel scales; x: (..., K) -> (..., N) bf16.
 
     backend: "torch", "avx2", "avx512", "auto" or None (METAGEN_KERNELS); see the module docstring.
     """
 
     kind = "int8"
-    stored = ""  # the checkpoint format(s) the weight was converted from, e.g. "Q5_0" (set by the loader)
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
                  backend: str | None = None) -> None:
@@ -153,13 +173,10 @@ class Int8Linear:
         if self.backend == "torch":
             self._qweight = qweight  # (N, K) int8
         else:
-            self._kernel = _kernels()
-            self._isa = _ISA[self.backend]
-            self._wide = wide_activations()
+            self._use_kernels()
             self._qweight = None
             self.packed = pack_int8(qweight)  # kernel layout, uint8
             self._scales32 = scales.float().contiguous()  # (N,)
-            self._bias32 = None if bias is None else bias.float().contiguous()
 
     @property
     def qweight(self) -> torch.Tensor:
@@ -182,12 +199,6 @@ class Int8Linear:
         qweight = torch.round(weight / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
         return cls(qweight, scales, None if bias is None else bias.to(torch.bfloat16), backend)
 
-    @property
-    def takes_float(self) -> bool:
-        """Whether float32 activations run at full precision: the compiled kernels take them (and
-        return float32); torch's kernels take bf16."""
-        return self.backend != "torch"
-
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.backend != "torch":
             return self._kernel.int8_matmul(x, self.packed, self._scales32, self.out_features, self.in_features,
@@ -200,17 +211,16 @@ class Int8Linear:
     def dequantize(self) -> torch.Tensor:
         return self.qweight.float() * self.scales.float()[:, None]
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of weights, scales and bias one call reads."""
-        return sum(t.nbytes for t in self.state().values())
-
     def state(self) -> dict[str, torch.Tensor]:
         out = {"qweight": self.qweight, "scales": self.scales}
         return out | ({"bias": self.bias} if self.bias is not None else {})
 
+    @classmethod
+    def restore(cls, prefix: str, info: dict, tensors: dict, bias: torch.Tensor | None) -> "Int8Linear":
+        return cls(tensors[f"{prefix}.qweight"], tensors[f"{prefix}.scales"], bias)
 
-class Int4Linear:
+
+class Int4Linear(Linear):
     """Weight-only int4, group-wise scale and zero; x: (..., K) -> (..., N) bf16.
 
     backend: "torch", "avx2", "avx512", "auto" or None (METAGEN_KERNELS); see the module docstring.
@@ -218,7 +228,6 @@ class Int4Linear:
     """
 
     kind = "int4"
-    stored = ""  # the checkpoint format(s) the weight was converted from, e.g. "Q5_0" (set by the loader)
 
     def __init__(
         self,
@@ -239,24 +248,21 @@ class Int4Linear:
         if group_size != INT4_GROUP:
             self.backend = "torch"  # the compiled kernels are written for groups of 32
         if self.backend == "torch":
-            self._packed = packed if packed is not None else _torch_int4_pack(codes)  # torch's layout, uint8
+            self._packed = packed if packed is not None else torch_int4_pack(codes)  # torch's layout, uint8
             self._codes = None
         else:
-            self._kernel = _kernels()
-            self._isa = _ISA[self.backend]
-            self._wide = wide_activations()
+            self._use_kernels()
             if codes is None:
                 codes = unpack_torch_int4(packed, self.out_features, in_features)
             self._packed = None
             self.kernel_weight = pack_int4(codes, scales_and_zeros)  # kernel layout, uint8
-            self._bias32 = None if bias is None else bias.float().contiguous()
 
     @property
     def packed(self) -> torch.Tensor:
         """The weight in torch's int4 layout (what the conversion cache stores)."""
         if self._packed is not None:
             return self._packed
-        return _torch_int4_pack(self.codes())
+        return torch_int4_pack(self.codes())
 
     def codes(self) -> torch.Tensor:
         """(N, K) int32 codes in [0, 15]."""
@@ -298,12 +304,6 @@ class Int4Linear:
         codes = torch.round((groups - low[..., None]) / scales[..., None]).clamp(0, 15).view(n, k)
         return cls.from_codes(codes, scales, low + 8.0 * scales, bias, group_size, backend)
 
-    @property
-    def takes_float(self) -> bool:
-        """Whether float32 activations run at full precision: the compiled kernels take them (and
-        return float32); torch's kernels take bf16."""
-        return self.backend != "torch"
-
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.backend != "torch":
             return self._kernel.int4_matmul(x, self.kernel_weight, self.out_features, self.in_features, self._bias32,
@@ -319,50 +319,24 @@ class Int4Linear:
         zeros = zeros.t().repeat_interleave(self.group_size, dim=1)
         return (self.codes().float() - 8.0) * scales + zeros
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of weights, scales and bias one call reads."""
-        return sum(t.nbytes for t in self.state().values())
-
     def state(self) -> dict[str, torch.Tensor]:
         out = {"packed": self.packed, "scales_and_zeros": self.scales_and_zeros}
         return out | ({"bias": self.bias} if self.bias is not None else {})
 
+    def format(self) -> dict:
+        return {"group_size": self.group_size}
 
-FACTOR_SPAN = 256  # input features under one top value of a `Factored` scale or zero
-
-
-class Factored:
-    """Per-group values stored in two levels, as GGUF's K-quants store their sub-block scales and
-    mins: v = fl(top · sub) in float32, `sub` (N, K/group) int8 per group, `top` (N, K/256) float
-    per 256 input features. Q4_K / Q5_K: scale d·sc and zero −dmin·m with 6-bit sc, m; Q6_K:
-    scale d·sc with int8 sc. One byte per group instead of a float: Q6_K's 6-bit codes take 0.82
-    bytes per weight instead of 1.0, Q4_K's 0.58 instead of 0.625."""
-
-    def __init__(self, top: torch.Tensor, sub: torch.Tensor) -> None:
-        if top.dim() != 2 or sub.dim() != 2 or top.shape[0] != sub.shape[0] or sub.shape[1] % max(top.shape[1], 1):
-            raise ValueError(f"Factored: top (N, K/256) and sub (N, K/group) with the same N, got {tuple(top.shape)} "
-                             f"and {tuple(sub.shape)}")
-        as_float = sub.float()
-        if sub.numel() and ((as_float.round() != as_float).any() or as_float.min() < -128 or as_float.max() > 127):
-            raise ValueError("Factored: sub values must be integers in [-128, 127] (int8)")
-        self.top, self.sub = top, sub.to(torch.int8)
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.sub.shape
-
-    def values(self) -> torch.Tensor:
-        """(N, K/group) float32: fl(top · sub)."""
-        per = self.sub.shape[1] // self.top.shape[1]
-        return self.top.float().repeat_interleave(per, dim=1) * self.sub.float()
+    @classmethod
+    def restore(cls, prefix: str, info: dict, tensors: dict, bias: torch.Tensor | None) -> "Int4Linear":
+        return cls(tensors[f"{prefix}.packed"], tensors[f"{prefix}.scales_and_zeros"], info["in_features"], bias,
+                   info.get("group_size", INT4_GROUP))
 
 
 def _exact_half(values: list[torch.Tensor]) -> bool:
     return all(bool((v.float().half().float() == v.float()).all()) for v in values)
 
 
-class GroupedLinear:
+class GroupedLinear(Linear):
     """Weight-only 4-, 5-, 6- or 8-bit codes with a scale (and zero) per group of 16 or 32 input
     features: w = (u − o)·s (+ z), u ∈ [0, 2^bits); x: (..., K) -> (..., N) bf16.
 
@@ -374,7 +348,6 @@ class GroupedLinear:
     on the "torch" backend the weight is dequantized once to bf16 and runs as a dense matrix.
     """
 
-    stored = ""  # the checkpoint format(s) the weight was converted from, e.g. "Q5_0" (set by the loader)
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor | Factored, zeros: torch.Tensor | Factored | None,
                  bits: int, group: int, offset: int, bias: torch.Tensor | None = None, backend: str | None = None) -> None:
@@ -413,12 +386,9 @@ class GroupedLinear:
             self._codes = codes.to(torch.uint8)
             self._dense = self.dequantize().to(torch.bfloat16)
         else:
-            self._kernel = _kernels()
-            self._isa = _ISA[self.backend]
-            self._wide = wide_activations()
+            self._use_kernels()
             self._codes = None
             self.packed = pack_grouped(codes, self.scales, self.zeros, bits, group)
-            self._bias32 = None if bias is None else bias.float().contiguous()
 
     def codes(self) -> torch.Tensor:
         """(N, K) uint8 codes u."""
@@ -426,12 +396,6 @@ class GroupedLinear:
             return self._codes
         return unpack_grouped(self.packed, self.out_features, self.in_features, self.bits, self.group, self.half,
                               self.zeros is not None, self.factored)
-
-    @property
-    def takes_float(self) -> bool:
-        """Whether float32 activations run at full precision: the compiled kernels take them (and
-        return float32); torch's kernels take bf16."""
-        return self.backend != "torch"
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.backend == "torch":
@@ -478,14 +442,20 @@ class GroupedLinear:
             return Factored(state[f"{name}_top"], state[f"{name}_sub"])
         return state[name].float() if name in state else None
 
+    @classmethod
+    def restore(cls, prefix: str, info: dict, tensors: dict, bias: torch.Tensor | None) -> "GroupedLinear":
+        names = ("codes", "scales", "zeros", "scales_top", "scales_sub", "zeros_top", "zeros_sub")
+        state = {name: tensors[f"{prefix}.{name}"] for name in names if f"{prefix}.{name}" in tensors}
+        scales, zeros = (cls.restore_values(state, name) for name in ("scales", "zeros"))
+        return cls(state["codes"], scales, zeros, info["bits"], info["group"], info["offset"], bias)
 
-class ConcatLinear:
+
+class ConcatLinear(Linear):
     """Linears with the same input stacked along the output: y = [y_0, y_1, ...]. A fused
     projection (Q·K·V, gate·up) whose parts a checkpoint stores in different formats runs each
     part in its own."""
 
     kind = "concat"
-    stored = ""
 
     def __init__(self, parts: list) -> None:
         if len(parts) < 2 or len({p.in_features for p in parts}) != 1:
@@ -512,160 +482,22 @@ class ConcatLinear:
     def nbytes(self) -> int:
         return sum(part.nbytes for part in self.parts)
 
+    def record(self, prefix: str, tensors: dict[str, torch.Tensor]) -> dict:
+        """Each part's record, its tensors under `{prefix}.{i}`."""
+        info = {"kind": self.kind, "in_features": self.in_features, "stored": self.stored}
+        return info | {"parts": [part.record(f"{prefix}.{i}", tensors) for i, part in enumerate(self.parts)]}
 
-# ---------------------------------------------------------------- layouts (see kernels/matmul.cpp)
-# Columns in tiles of 16, features in blocks of 32; a 64-byte chunk holds 16 columns × 4 features.
-
-def pack_int4(codes: torch.Tensor, scales_and_zeros: torch.Tensor) -> torch.Tensor:
-    """codes (N, K) in [0, 15], scales_and_zeros (K/32, N, 2) bf16 -> the int4 kernel layout.
-
-    Per tile t and block g, 320 bytes: chunk c ∈ 0..3, byte 4j + b = q[16t + j, 32g + 4c + b] |
-    q[16t + j, 32g + 16 + 4c + b] << 4; then the 16 scales and the 16 zeros (bf16)."""
-    n, k = codes.shape
-    tiles, blocks = n // 16, k // 32
-    q = codes.to(torch.uint8).view(tiles, 16, blocks, 2, 4, 4)  # (t, j, g, half, c, b)
-    nibbles = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).reshape(tiles, blocks, 256)
-    scales = scales_and_zeros[..., 0].reshape(blocks, tiles, 16).transpose(0, 1).contiguous().view(torch.uint8)
-    zeros = scales_and_zeros[..., 1].reshape(blocks, tiles, 16).transpose(0, 1).contiguous().view(torch.uint8)
-    return torch.cat([nibbles, scales, zeros], dim=-1).contiguous().view(-1)
+    @classmethod
+    def restore(cls, prefix: str, info: dict, tensors: dict, bias: torch.Tensor | None) -> "ConcatLinear":
+        return cls([restore_linear(f"{prefix}.{i}", part, tensors) for i, part in enumerate(info["parts"])])
 
 
-def unpack_int4(weight: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """The (N, K) int32 codes of an int4 kernel-layout weight (inverse of pack_int4)."""
-    tiles, blocks = n // 16, k // 32
-    nibbles = weight.view(tiles, blocks, 320)[..., :256].reshape(tiles, blocks, 4, 16, 4)  # (t, g, c, j, b)
-    halves = torch.stack([nibbles & 15, nibbles >> 4], dim=2)  # (t, g, half, c, j, b)
-    return halves.permute(0, 4, 1, 2, 3, 5).reshape(n, k).to(torch.int32)
+_KINDS = {"dense": DenseLinear, "int8": Int8Linear, "int4": Int4Linear, "concat": ConcatLinear}
 
 
-def pack_int8(qweight: torch.Tensor) -> torch.Tensor:
-    """(N, K) int8 -> the int8 kernel layout: N padded to 16 and K to 32 with zero codes, per
-    tile t and block g 512 bytes, chunk c ∈ 0..7, byte 4j + b = q[16t + j, 32g + 4c + b] + 128."""
-    n, k = qweight.shape
-    tiles, blocks = -(-n // 16), -(-k // 32)
-    padded = F.pad(qweight.to(torch.int16), (0, blocks * 32 - k, 0, tiles * 16 - n)) + 128
-    q = padded.to(torch.uint8).view(tiles, 16, blocks, 8, 4)  # (t, j, g, c, b)
-    return q.permute(0, 2, 3, 1, 4).contiguous().view(-1)
-
-
-def unpack_int8(weight: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """The (N, K) int8 codes of an int8 kernel-layout weight (inverse of pack_int8)."""
-    tiles, blocks = -(-n // 16), -(-k // 32)
-    q = weight.view(tiles, blocks, 8, 16, 4).permute(0, 3, 1, 2, 4).reshape(tiles * 16, blocks * 32)
-    return (q[:n, :k].to(torch.int16) - 128).to(torch.int8)
-
-
-def _grouped_values(values: torch.Tensor, tiles: int, blocks: int) -> torch.Tensor:
-    """(N, K/g) fp16 / fp32 -> (tiles, blocks, bytes): per block its groups' 16 values each."""
-    n = values.shape[0]
-    padded = F.pad(values, (0, 0, 0, tiles * 16 - n))
-    per_block = padded.shape[1] // blocks
-    v = padded.view(tiles, 16, blocks, per_block).permute(0, 2, 3, 1).contiguous()
-    return v.view(torch.uint8).reshape(tiles, blocks, -1)
-
-
-def pack_grouped(codes: torch.Tensor, scales: torch.Tensor | Factored, zeros: torch.Tensor | Factored | None, bits: int,
-                 group: int) -> torch.Tensor:
-    """codes (N, K) in [0, 2^bits), scales / zeros (N, K/group) fp16 or fp32 -> the grouped kernel
-    layout (kernels/matmul.cpp): N padded to 16 (codes 128 for 8 bits, else 0; scales 0). Per
-    tile t and block g: 8-bit: 8 chunks × 64 bytes, byte 4j + b of chunk c = u[16t + j, 32g + 4c + b];
-    5 / 6 bits: int4's 256 bytes of low nibbles, then 64-byte planes of the high bits laid out like
-    a chunk: 5 bits, bit c of byte 4j + b = bit 4 of u[16t + j, 32g + 4c + b]; 6 bits, two planes
-    (chunks 0-3, 4-7) holding bits 4-5 of chunk c's code at bits 2(c mod 4), +1; 4 bits: the
-    nibbles alone; then the scales (and zeros). Factored values: the int8 subs per block, and
-    every 8 blocks preceded by the 16 columns' top scales (and zeros)."""
-    n, k = codes.shape
-    tiles, blocks = -(-n // 16), k // 32
-    u = F.pad(codes.to(torch.int32), (0, 0, 0, tiles * 16 - n), value=128 if bits == 8 else 0).to(torch.uint8)
-    chunks = u.view(tiles, 16, blocks, 8, 4).permute(0, 2, 3, 1, 4)  # (t, g, c, j, b)
-    if bits == 8:
-        parts = [chunks.reshape(tiles, blocks, 512)]
-    elif bits == 4:
-        parts = [(chunks[:, :, :4] | (chunks[:, :, 4:] << 4)).reshape(tiles, blocks, 256)]
-    else:
-        low = chunks[:, :, :4] & 15
-        high = chunks[:, :, 4:] & 15
-        parts = [(low | (high << 4)).reshape(tiles, blocks, 256)]
-        high = (chunks.to(torch.int32) >> 4).reshape(tiles, blocks, 8, 64)  # (t, g, c, lane)
-        if bits == 5:  # one plane: bit c of lane byte = bit 4 of chunk c's code
-            planes = [(high << torch.arange(8, dtype=torch.int32)[:, None]).sum(2)]
-        else:  # two planes (chunks 0-3, 4-7): bits 2c', 2c' + 1 = bits 4, 5 of chunk 4p + c'
-            shifts = (2 * torch.arange(4, dtype=torch.int32))[:, None]
-            planes = [(high[:, :, 4 * p : 4 * p + 4] << shifts).sum(2) for p in range(2)]
-        parts += [plane.to(torch.uint8) for plane in planes]
-    values = [v for v in (scales, zeros) if v is not None]
-    if not isinstance(scales, Factored):
-        return torch.cat(parts + [_grouped_values(v, tiles, blocks) for v in values], dim=-1).contiguous().view(-1)
-    supers = blocks // 8
-    per_block = torch.cat(parts + [_grouped_values(v.sub, tiles, blocks) for v in values], dim=-1)
-    tops = torch.cat([_grouped_values(v.top, tiles, supers) for v in values], dim=-1)
-    return torch.cat([tops, per_block.reshape(tiles, supers, -1)], dim=-1).contiguous().view(-1)
-
-
-def unpack_grouped(weight: torch.Tensor, n: int, k: int, bits: int, group: int, half: bool, zero: bool,
-                   factored: bool = False) -> torch.Tensor:
-    """The (N, K) uint8 codes of a grouped kernel-layout weight (inverse of pack_grouped)."""
-    tiles, blocks = -(-n // 16), k // 32
-    code_bytes = 512 if bits == 8 else 256 + (bits - 4) * 64
-    value_bytes = (32 // group) * 16 * (1 if factored else 2 if half else 4)
-    block_bytes = code_bytes + value_bytes * (2 if zero else 1)
-    if factored:
-        top_bytes = 16 * (2 if half else 4) * (2 if zero else 1)
-        b = weight.view(tiles, blocks // 8, top_bytes + 8 * block_bytes)[..., top_bytes:].reshape(tiles, blocks, block_bytes)
-    else:
-        b = weight.view(tiles, blocks, block_bytes)
-    if bits == 8:
-        chunks = b[..., :512].reshape(tiles, blocks, 8, 16, 4)
-    elif bits == 4:
-        nibbles = b[..., :256].reshape(tiles, blocks, 4, 16, 4)
-        chunks = torch.cat([nibbles & 15, nibbles >> 4], dim=2)
-    else:
-        nibbles = b[..., :256].reshape(tiles, blocks, 4, 16, 4)
-        chunks = torch.cat([nibbles & 15, nibbles >> 4], dim=2).to(torch.int32)  # (t, g, c, j, b)
-        planes = b[..., 256 : 256 + 64 * (bits - 4)].reshape(tiles, blocks, bits - 4, 1, 64).to(torch.int32)
-        if bits == 5:
-            high = (planes[:, :, 0] >> torch.arange(8, dtype=torch.int32)[:, None]) & 1  # (t, g, c, lane)
-        else:
-            high = ((planes >> (2 * torch.arange(4, dtype=torch.int32))[:, None]) & 3).reshape(tiles, blocks, 8, 64)
-        chunks = chunks | (high.reshape(tiles, blocks, 8, 16, 4) << 4)
-        chunks = chunks.to(torch.uint8)
-    return chunks.permute(0, 3, 1, 2, 4).reshape(tiles * 16, k)[:n].contiguous()
-
-
-def unpack_torch_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """The (N, K) int32 codes of torch's CPU int4 layout: rows in blocks of B (64 where torch's
-    kernels use AVX-512, 32 with AVX2: `_torch_int4_block`), each block (K, B/2) bytes with row j
-    in the low and row B/2 + j in the high nibble; a last block of fewer rows holds rows 2j and
-    2j + 1 in byte j."""
-    size = _torch_int4_block()
-    flat = packed.view(-1)
-    full = n // size * size  # the rows in whole blocks, all at once
-    blocks = flat[: full * k // 2].view(n // size, k, size // 2)
-    low, high = (blocks & 15).to(torch.int32), (blocks >> 4).to(torch.int32)
-    out = [torch.cat([low, high], dim=2).transpose(1, 2).reshape(full, k)]
-    if full < n:
-        block = flat[full * k // 2 :].view(k, (n - full) // 2)
-        low, high = (block & 15).to(torch.int32), (block >> 4).to(torch.int32)
-        out.append(torch.stack([low, high], dim=2).reshape(k, n - full).t())
-    return torch.cat(out).contiguous()
-
-
-@functools.lru_cache(maxsize=1)
-def _torch_int4_block() -> int:
-    """The rows per block of torch's CPU int4 layout on this machine: its packing kernel is
-    compiled per ISA (64 rows with AVX-512, 32 with AVX2), so it is read off a probe of 64 rows
-    packed once and unpacked each known way. RuntimeError if none gives the codes back."""
-    k = 32
-    codes = torch.randint(0, 16, (64, k), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
-    flat = _torch_int4_pack(codes).view(-1)
-    for size in (64, 32, 16):
-        blocks = flat.view(64 // size, k, size // 2)
-        unpacked = torch.cat([blocks & 15, blocks >> 4], dim=2).to(torch.int32).transpose(1, 2).reshape(64, k)
-        if torch.equal(unpacked, codes):
-            return size
-    raise RuntimeError("torch's CPU int4 layout on this machine is none of the known ones (blocks of 64, 32 or 16 "
-                       "rows): metagen cannot read int4 weights packed by torch here")
-
-
-def _torch_int4_pack(codes: torch.Tensor) -> torch.Tensor:
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+def restore_linear(prefix: str, info: dict, tensors: dict[str, torch.Tensor]) -> Linear:
+    """The linear whose `record` under `prefix` is `info` (its tensors `{prefix}.{name}` in `tensors`)."""
+    kind = GroupedLinear if "bits" in info else _KINDS[info["kind"]]
+    linear = kind.restore(prefix, info, tensors, tensors.get(f"{prefix}.bias"))
+    linear.stored = info["stored"]
+    return linear

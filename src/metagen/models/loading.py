@@ -60,20 +60,18 @@ def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, kv_
     path = Path(path) if path is not None else embedded_model_path()
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
+    # The weights do not depend on kv_dtype: one conversion serves every KV format.
     if is_saved_model(path):  # a directory written by `metagen compress`
-        model = load_saved_model(path, dtype)
-    elif not use_cache:
-        model = _convert(path, dtype)
-    else:
-        model = load_or_convert(path, dtype, lambda: _convert(path, dtype))
-    model.kv_dtype = kv_dtype  # the weights do not depend on it: one conversion serves every KV format
-    return model
+        return load_saved_model(path, dtype, kv_dtype=kv_dtype)
+    if not use_cache:
+        return _convert(path, dtype, kv_dtype)
+    return load_or_convert(path, dtype, lambda: _convert(path, dtype, kv_dtype), kv_dtype=kv_dtype)
 
 
-def _convert(path: Path, dtype: str) -> DecoderModel:
+def _convert(path: Path, dtype: str, kv_dtype: str) -> DecoderModel:
     config, sources, tokenizer = _read_checkpoint(path)
     _check_complete(config, sources, path)
-    return _build(config, sources, tokenizer, dtype, str(path))
+    return _build(config, sources, tokenizer, dtype, str(path), kv_dtype)
 
 
 def _check_complete(config: ModelConfig, sources: dict, path: Path) -> None:
@@ -194,7 +192,7 @@ def _group_values(exact: list, name: str):
     return torch.cat([torch.from_numpy(getattr(e, name)) for e in exact])
 
 
-def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: str) -> DecoderModel:
+def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: str, kv_dtype: str) -> DecoderModel:
     activation = torch.float32 if dtype == "fp32" else torch.bfloat16
     family = family_for(config.architecture, source)
     layers = []
@@ -236,6 +234,7 @@ def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: st
         dtype,
         freq_factors,
         source,
+        kv_dtype,
     )
 
 

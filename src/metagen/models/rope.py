@@ -10,6 +10,7 @@ sequence length; they are refused by name when the checkpoint is read (`check_ro
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -52,3 +53,36 @@ def rope_frequencies(config, freq_factors: torch.Tensor | None = None) -> torch.
         middle = (wavelength <= original / low) & (wavelength >= original / high)
         inv_freq = torch.where(middle, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
     return inv_freq.float()
+
+
+def rope_tables(inv_freq: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """e^{i·pos·θ} for pos < length: (T, D/2) complex64, and its cos and sin (T, D/2) float32."""
+    angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq.double())
+    rotation = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
+    return rotation, rotation.real.contiguous(), rotation.imag.contiguous()
+
+
+class RopeTables:
+    """A model's RoPE tables for positions < `length`, grown on demand (doubling): `rotation`
+    (T, D/2) complex64 for the general path and its `cos` / `sin` (T, D/2) float32 for the fused
+    kernels; `local_rotation`, `local_cos`, `local_sin` the same for sliding-window layers with
+    their own base (Gemma 3's rope_local_theta, unscaled), else the global ones."""
+
+    def __init__(self, config, freq_factors: torch.Tensor | None, local: bool) -> None:
+        self.config, self.freq_factors, self.local = config, freq_factors, local
+        self.length = 0
+        self.rotation = torch.zeros(0, dtype=torch.complex64)
+        self.cos = self.sin = torch.zeros(0)
+        self.local_rotation, self.local_cos, self.local_sin = self.rotation, self.cos, self.sin
+
+    def ensure(self, length: int) -> None:
+        """Tables for positions < length (at least), at least twice the previous length."""
+        if length <= self.length:
+            return
+        length = max(length, 2 * self.length)
+        self.rotation, self.cos, self.sin = rope_tables(rope_frequencies(self.config, self.freq_factors), length)
+        self.local_rotation, self.local_cos, self.local_sin = self.rotation, self.cos, self.sin
+        if self.local:
+            local = replace(self.config, rope_theta=self.config.rope_local_theta, rope_scaling=None)
+            self.local_rotation, self.local_cos, self.local_sin = rope_tables(rope_frequencies(local), length)
+        self.length = length

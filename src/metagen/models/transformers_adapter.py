@@ -217,6 +217,15 @@ class TransformersModel(LanguageModel):
 
         return transformer_flops_per_token(*self._flops_shape, context_length)
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Counted as a float32 cache of the config's layers, kv heads and head_dim; 0 when the
+        config does not name all three."""
+        from metagen.models.cache import kv_bytes_per_token
+
+        sizes = [getattr(self.config, key, None) for key in ("num_hidden_layers", "num_key_value_heads", "head_dim")]
+        return 0 if None in sizes else kv_bytes_per_token(*sizes, "fp32")
+
     @torch.no_grad()  # not inference_mode: the cache edits its tensors in place outside forward
     def forward(
         self,

@@ -230,8 +230,8 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         layer_types = (pattern_layer_types(int(pattern), blocks) if isinstance(pattern, int) else
                        tuple("sliding_attention" if local else "full_attention" for local in pattern))
         local_theta = float(field(f"{arch}.rope.freq_base_swa", family.local_rope_theta))
-        if blocks == 62:  # llama.cpp: Gemma 3 27B scales queries by (hidden / heads)^(-1/2), not head_dim's
-            query_scalar = hidden // heads
+    if blocks in family.gguf_hidden_query_scale:
+        query_scalar = hidden // heads
     config = ModelConfig(
         architecture=family.architecture,
         vocab_size=vocab,
@@ -269,8 +269,9 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
     )
     layer_names = family.gguf_names()
     stacked_experts = {gguf: part for part, (_, gguf) in family.expert_names.items()}
-    # llama.cpp's first Mixtral files hold one tensor per expert: blk.{i}.ffn_gate.{e}.weight
-    single_experts = {gguf.removesuffix("_exps.weight"): part for gguf, part in stacked_experts.items()}
+    single_experts = {}
+    if family.gguf_single_experts:  # blk.{i}.ffn_gate.{e}.weight
+        single_experts = {gguf.removesuffix("_exps.weight"): part for gguf, part in stacked_experts.items()}
     sources: dict[str, WeightSource] = {}
     for tensor in reader.tensors:
         if tensor.name in _GGUF_GLOBAL_NAMES:
@@ -292,7 +293,7 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
             else:
                 continue
         source = _gguf_sources(key, tensor)[0]
-        if key.endswith(".shared_gate") and source.dense_tensor is not None:  # llama.cpp: (H,) for H -> 1
+        if key.rpartition(".")[2] in family.gguf_row_vectors and source.dense_tensor is not None:  # (H,) -> (1, H)
             source.dense_tensor = source.dense_tensor.reshape(1, -1)
         # llama.cpp stores Llama-style Q/K interleaved already; rotate-half families need permuting.
         if family.gguf_rotate_half:
@@ -430,7 +431,8 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
                     key = _HF_GLOBAL_NAMES[name]
                 elif name.startswith("model.layers."):
                     _, _, index, rest = name.split(".", 3)
-                    rest = rest.replace("block_sparse_moe.", "mlp.")  # Mixtral's name before transformers 5
+                    for old, new in family.hf_renames.items():
+                        rest = rest.replace(old, new)
                     if family.moe and rest in HF_STACKED_EXPERTS:
                         sources.update(_stacked_expert_sources(f"layers.{index}.experts.", handle.get_tensor(name),
                                                                HF_STACKED_EXPERTS[rest]))

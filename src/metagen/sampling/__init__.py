@@ -45,6 +45,7 @@ _EXPORTS = {
     "PenaltyState": "penalty_state",
     "LogitsProcessor": "processor",
     "StatelessProcessor": "processor",
+    "EmptiedRowError": "sample",
     "TokenLogprobs": "sample",
     "check_choosable": "sample",
     "greedy": "sample",

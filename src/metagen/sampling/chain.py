@@ -65,7 +65,7 @@ from .no_repeat_ngram import NoRepeatNgramState
 from .params import SamplingParams
 from .penalty_state import PenaltyState
 from .processor import LogitsProcessor, StatelessProcessor, overrides_stop_hooks
-from .sample import check_choosable, greedy, sample
+from .sample import EmptiedRowError, check_choosable, greedy, sample
 from .temperature import temperature
 from .top_k import top_k
 from .top_p import top_p
@@ -210,8 +210,13 @@ class SamplerChain:
         """
         try:
             return self._choose(logits, generator)
-        except ValueError as error:
-            raise ValueError(self._emptied(str(error))) from None
+        except EmptiedRowError as error:
+            if not self.names:
+                raise
+            # the input was checked in `process`, so together the processors left nothing (e.g.
+            # structured_outputs allows only tokens that no_repeat_ngram_size forbids)
+            fields = tuple(_FIELDS.get(name.split(":")[0], name) for name in self.names)
+            raise EmptiedRowError(error.row, tuple(self.names), fields) from None
 
     def accept(self, tokens: Tensor) -> None:
         """Advance every processor with the chosen `tokens (B,)` (negative entries mark rows that
@@ -226,17 +231,6 @@ class SamplerChain:
         tokens = self.choose(self.process(logits), generator)
         self.accept(tokens)
         return tokens
-
-    def _emptied(self, message: str) -> str:
-        """`message` of an all -inf row after processing, with the processors that removed every
-        token: the input was checked in `process`, so together they left nothing (e.g.
-        structured_outputs allows only tokens that no_repeat_ngram_size forbids)."""
-        if "every token was removed" not in message or not self.names:
-            return message
-        fields = [_FIELDS.get(name.split(":")[0], name) for name in self.names]
-        where = message.split(":")[0]  # "logits row (b,) is all -inf (every token was removed)"
-        return (f"{where} by the processors {' -> '.join(self.names)}: the settings {', '.join(fields)} leave no "
-                "token that all of them allow; drop or loosen one")
 
     # ----------------------------------------------------------- following the KV cache
 

@@ -156,7 +156,7 @@ class Engine:
 
     def _make_prefix_cache(self, cache_memory: int | None) -> PrefixCache | None:
         cache = self._cache
-        can_share = hasattr(cache, "share") and hasattr(cache, "pools")
+        can_share = self.model.paged_cache
         if cache_memory == 0 or (cache_memory is None and not can_share):
             return None
         if not can_share:

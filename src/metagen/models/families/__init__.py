@@ -77,6 +77,15 @@ class Family:
         otherwise config.json's `norm_topk_prob` (Qwen3-MoE, Qwen2-MoE).
     shared_expert: a shared expert beside the routed ones (Qwen2-MoE: canonical gate, up, down
         and shared_gate, with `shared_expert_intermediate_size`).
+    hf_renames: older HF name pieces -> today's, applied to each layer tensor's name before the
+        lookup (Mixtral's `block_sparse_moe.` before transformers 5).
+    gguf_single_experts: its GGUF files may hold one tensor per expert, `blk.{i}.ffn_gate.{e}.weight`,
+        instead of the stacked `ffn_gate_exps` (llama.cpp's first Mixtral files).
+    gguf_row_vectors: canonical names of H -> 1 linears llama.cpp stores as (H,) vectors, read
+        as (1, H) (Qwen2-MoE's shared_gate).
+    gguf_hidden_query_scale: block counts whose GGUF files (which carry no query_pre_attn_scalar)
+        scale queries by (hidden / heads)^(−1/2) rather than head_dim's, as llama.cpp does (Gemma 3
+        27B: 62 blocks).
     """
 
     architecture: str
@@ -96,6 +105,10 @@ class Family:
     expert_names: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     always_normalize: bool = False
     shared_expert: bool = False
+    hf_renames: Mapping[str, str] = field(default_factory=dict)
+    gguf_single_experts: bool = False
+    gguf_row_vectors: frozenset[str] = frozenset()
+    gguf_hidden_query_scale: frozenset[int] = frozenset()
 
     @property
     def moe(self) -> bool:

@@ -34,5 +34,6 @@ GEMMA3 = Family(
     scaled_embedding=True,
     local_rope_theta=10000.0,
     window_pattern=6,
+    gguf_hidden_query_scale=frozenset({62}),
 )
 FAMILIES = (GEMMA3,)

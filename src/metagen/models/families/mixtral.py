@@ -24,5 +24,7 @@ MIXTRAL = Family(
         "down": ("mlp.experts.{e}.w2.weight", "ffn_down_exps.weight"),
     },
     always_normalize=True,
+    hf_renames={"block_sparse_moe.": "mlp."},
+    gguf_single_experts=True,
 )
 FAMILIES = (MIXTRAL,)

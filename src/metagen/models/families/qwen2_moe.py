@@ -27,5 +27,6 @@ QWEN2_MOE = Family(
         "down": ("mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight"),
     },
     shared_expert=True,
+    gguf_row_vectors=frozenset({"shared_gate"}),
 )
 FAMILIES = (QWEN2_MOE,)
