@@ -123,3 +123,34 @@ def test_real_model_as_judge(model):
                                                              diagonal=False)
     assert cost.model_calls == 2 and np.isfinite(utilities[~np.eye(2, dtype=bool)]).all()
     assert ((0 <= utilities[~np.eye(2, dtype=bool)]) & (utilities[~np.eye(2, dtype=bool)] <= 1)).all()
+
+
+class SamplerAndJudge(ScriptedJudge):
+    """One model that both samples (calls with n > 1: `texts`) and judges (greedy one-token calls:
+    `agreement`), as the registry's mbr_judge uses the run's own generator for both."""
+
+    def __init__(self, texts):
+        super().__init__(agreement)
+        self.texts = texts
+
+    def generate(self, prompt, params, *, generator=None):
+        if params.max_tokens != 1:
+            self.prompts.append(prompt)
+            completions = [Completion(text=text, token_ids=[1], logprobs=[-1.0]) for text in self.texts[:params.n]]
+            return GenerationResult(completions, [0], cost=Cost(model_calls=1, flops=100.0))
+        return super().generate(prompt, params, generator=generator)
+
+
+def test_mbr_judge_in_the_registry_judges_with_the_run_generator():
+    from metagen.sampling import SamplingParams
+    from metagen.strategies.registry import get_strategy
+    from metagen.strategies.spec import StrategyOptions
+
+    generator = SamplerAndJudge(["red apple", "green pear", "red cherry"])
+    result = get_strategy("mbr_judge").run(generator, "Name a fruit.", 3, SamplingParams(max_tokens=16),
+                                           StrategyOptions(), None)
+    # include_self: each row sums 0.9 for itself plus the judge's agreement with the two others
+    assert [c.score for c in result.candidates] == pytest.approx([(0.9 + 0.2 + 0.9) / 3, (0.2 + 0.9 + 0.2) / 3,
+                                                                   (0.9 + 0.2 + 0.9) / 3])
+    assert result.text == "red apple"
+    assert len(generator.prompts) == 1 + 9 and result.cost.model_calls == 1 + 9 and result.cost.flops == 100.0 + 90

@@ -310,3 +310,59 @@ def test_verifier_refine_on_the_real_model(model):
     assert [c.score for c in result.candidates] == [float(v.passed) for v in result.verdicts]
     assert result.cost.generated_tokens == sum(len(c.token_ids) for c in result.candidates)
     assert result.cost.prompt_tokens_reused > 0 and result.cost.flops > 0
+
+
+# ---------------------------------------------------------------- verifier_refine in the registry
+
+CODE_PROMPT = '''def double(x):
+    """Twice x.
+    >>> double(2)
+    4
+    >>> double(5)
+    10
+    """
+'''
+
+
+def reply(body):
+    return f"```python\ndef double(x):\n    return {body}\n```"
+
+
+def test_the_registry_entry_revises_with_the_failing_examples_until_they_pass():
+    """The entry's verifier is the prompt's docstring examples: the first attempt (x + 2) passes
+    double(2) but not double(5); the revision prompt carries that feedback, and the second attempt
+    (2 * x), which passes both, ends the run before the budget of n = 3."""
+    from metagen.strategies.registry import get_strategy
+    from metagen.strategies.spec import StrategyOptions
+
+    generator = ScriptedGenerator([reply("x + 2"), reply("2 * x"), reply("x")])
+    spec = get_strategy("verifier_refine")
+    result = spec.run(generator, user(CODE_PROMPT), 3, SamplingParams(temperature=0.8, max_tokens=64),
+                      StrategyOptions(), None)
+    assert len(generator.prompts) == 2 and result.passed and result.rounds == 1
+    assert result.text == reply("2 * x") and result.parents == [None, 0]
+    revision = generator.prompts[1][-1]["content"]
+    assert "double(5)" in revision and reply("x + 2") in revision
+    assert [params.n for params in generator.params] == [1, 1]
+    assert result.cost.model_calls == 2 and result.cost.wall_seconds > 0  # the samples plus the sandbox's time
+
+
+def test_the_registry_entry_without_examples_returns_the_first_sample():
+    from metagen.strategies.registry import get_strategy
+    from metagen.strategies.spec import StrategyOptions
+
+    generator = ScriptedGenerator([reply("x + x")])
+    prompt = user("def double(x):\n    \"\"\"Twice x.\"\"\"\n")
+    result = get_strategy("verifier_refine").run(generator, prompt, 4, SamplingParams(max_tokens=64),
+                                                 StrategyOptions(), None)
+    assert result.text == reply("x + x") and len(generator.prompts) == 1
+
+
+def test_mbr_judge_is_refused_without_top_logprobs_before_any_request():
+    from metagen.strategies.registry import get_strategy
+    from metagen.strategies.spec import StrategyOptions
+
+    generator = ScriptedGenerator([])
+    with pytest.raises(ValueError, match="mbr_judge.*top_logprobs.*Yes/No token"):
+        get_strategy("mbr_judge").run(generator, "Q?", 2, SamplingParams(), StrategyOptions(), None)
+    assert generator.prompts == []

@@ -22,6 +22,7 @@ EXPECTED_NEEDS = {
     "self_ask": {caps.ASSISTANT_CONTINUATION},
     "calculator": {caps.ASSISTANT_CONTINUATION},
     "tokenwise_cd": {caps.LOCAL_CACHE},  # values the top-k next tokens at every position
+    "mbr_judge": {caps.TOP_LOGPROBS},  # the model judges pairs by P(Yes) among its top tokens
 }
 SEARCHES = [name for name, spec in STRATEGIES.items() if spec.uses_value and name != "tokenwise_cd"]
 # tree searches run on a local cache, or on a server continuing prefixes to the step delimiter

@@ -21,8 +21,11 @@ from typing import TYPE_CHECKING
 from metagen.decoding.cost import Cost
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
+from metagen.strategies.self_consistency import CLUSTER_SET
+from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.stopping import RULES, check_threshold, should_stop
 from metagen.strategies.voting import sample_answers, tally, winner
 
@@ -88,3 +91,13 @@ def adaptive_consistency(
                        samples=config.mc_samples, seed=config.mc_seed):
             break
     return StrategyResult(winner(candidates, votes, config.math), candidates, cost, votes)
+
+
+register(StrategySpec("adaptive_consistency", "majority vote sampled one at a time until the leading answer is "
+                      "the majority with posterior probability 0.95 (at most n)", runners.adaptive_consistency,
+                      pooled=True, sequential=True, config=AdaptiveConsistencyConfig,
+                      set_by_run=frozenset({"n_max", "params"})), __name__)
+register(StrategySpec("adaptive_code_cluster", "code_cluster sampled one at a time until the largest cluster is the "
+                      "majority with posterior probability 0.95 (at most n)", runners.code_cluster(adaptive=True),
+                      pooled=True, sequential=True, config=AdaptiveConsistencyConfig,
+                      set_by_run=CLUSTER_SET | {"n_max"}), __name__)

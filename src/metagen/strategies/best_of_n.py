@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING
 from metagen.decoding import capabilities as caps
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, as_scorer
-from metagen.scoring.logprob import mean_logprob
+from metagen.scoring.logprob import mean_logprob, self_certainty
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+from metagen.strategies.spec import CERTAINTY, StrategySpec, register
 
 if TYPE_CHECKING:
     import torch
@@ -56,3 +58,9 @@ def best_of_n(
         candidate.score = value
     chosen = max(prefer_complete(candidates), key=lambda c: c.score)  # never a cut output over a complete one
     return StrategyResult(chosen, candidates, result.cost + scores.cost)
+
+
+register(StrategySpec("best_of_n", "best of n samples by self-certainty", runners.best_of_n(self_certainty),
+                      extracts=True, pooled=True, needs=CERTAINTY, config=BestOfNConfig), __name__)
+register(StrategySpec("best_of_n_logprob", "best of n samples by mean token logprob", runners.best_of_n(mean_logprob),
+                      extracts=True, pooled=True, needs=frozenset({caps.LOGPROBS}), config=BestOfNConfig), __name__)

@@ -18,8 +18,10 @@ from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import self_certainty
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
+from metagen.strategies.spec import CERTAINTY, StrategySpec, register
 from metagen.strategies.voting import sample_answers, tally, winner
 
 if TYPE_CHECKING:
@@ -83,3 +85,7 @@ def borda_voting(
         candidate.score = value
     votes = tally(candidates, borda_weights(scores.values, config.power), config.math)
     return StrategyResult(winner(candidates, votes, config.math), candidates, cost + scores.cost, votes)
+
+
+register(StrategySpec("borda", "Borda voting ranked by self-certainty, p = 0.5", runners.borda, pooled=True,
+                      needs=CERTAINTY, config=BordaVotingConfig), __name__)

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
 from metagen.sampling import SamplingParams
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+from metagen.strategies.spec import StrategySpec, register
 
 if TYPE_CHECKING:
     import numpy as np
@@ -90,3 +92,19 @@ def mbr(
     eligible = {id(c) for c in prefer_complete(candidates)}  # cut outputs count as references, never win
     chosen = max((c for c in candidates if id(c) in eligible), key=lambda c: c.score)
     return StrategyResult(chosen, candidates, result.cost + utility_cost)
+
+
+register(StrategySpec("mbr_chrf", "MBR with chrF", runners.mbr(runners.chrf), extracts=True, pooled=True,
+                      config=MBRConfig), __name__)
+register(StrategySpec("mbr_bleu", "MBR with BLEU", runners.mbr(runners.bleu), extracts=True, pooled=True,
+                      config=MBRConfig), __name__)
+register(StrategySpec("mbr_edit", "MBR with edit similarity", runners.mbr(runners.edit_similarity), extracts=True,
+                      pooled=True, config=MBRConfig), __name__)
+register(StrategySpec("mbr_embedding", "MBR with MiniLM embedding cosine", runners.mbr(runners.embedding_cosine),
+                      extracts=True, pooled=True, config=MBRConfig), __name__)
+# the judge is the run's own generator, called O(n²) times: it cannot run from a stored pool
+register(StrategySpec("mbr_judge", "MBR with the model judging whether two answers agree (P(Yes), O(n²) calls)",
+                      runners.mbr(runners.llm_judge), extracts=True, pooled=False,
+                      needs=frozenset({caps.TOP_LOGPROBS}),
+                      why="the model judges each pair of answers, reading the top logprobs of its Yes/No token",
+                      config=MBRConfig), __name__)

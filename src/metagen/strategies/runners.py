@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from metagen.sampling import SamplingParams
 from metagen.strategies.options import configure
-from metagen.strategies.spec import StrategyOptions, value_scores_whole_answers
+from metagen.strategies.spec import SEARCH, StrategyOptions, StrategySpec, register, value_scores_whole_answers
 
 
 def _with_answers(result, options: StrategyOptions):
@@ -145,6 +145,19 @@ def whole_answer_or_tree(tree_runner):
     return run
 
 
+def tree_spec(name, description, search, config, budget, set_by_run, fixed_step=False, defaults=(),
+              whole_answer=False) -> StrategySpec:
+    """The entry of value-guided tree search `search` with its config dataclass `config`, over a
+    local cache or a server's step continuations; budget(n, params): the config fields n sets
+    (`set_by_run`: their names); whole_answer: it values whole answers only, and runs pooled with
+    a whole-answer value (`StrategySpec.whole_answer`)."""
+    runner = tree(search, config, budget, fixed_step)
+    return StrategySpec(name, description, whole_answer_or_tree(runner) if whole_answer else runner, pooled=False,
+                        uses_value=True, whole_answer=whole_answer, defaults=tuple(defaults),
+                        needs_any=SEARCH, config=config,
+                        set_by_run=frozenset({"params", *set_by_run} | ({"step"} if fixed_step else set())))
+
+
 def best_by_tests(generator, prompt, n, params, options, rng, overrides):
     """The best of n samples by the share of the prompt's docstring examples their programs pass
     (ties: the first). A prompt without examples gives no score: the first sample (complete
@@ -202,6 +215,27 @@ def code_cluster(adaptive: bool):
     return run
 
 
+def verifier_refine(generator, prompt, n, params, options, rng, overrides):
+    """Refinement by the prompt's docstring examples: n attempts at most, a sample, then each
+    revision shown the examples its predecessor failed (`ExampleTests.verifier`; rounds = n − 1,
+    one candidate per round unless the overrides widen it). A prompt without examples has no
+    verifier: the first sample (complete ones first) is returned, with no revision. Cost: the
+    samples' plus the sandbox's wall seconds."""
+    from metagen.scoring.base import prompt_text
+    from metagen.scoring.example_tests import ExampleTests
+    from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+    from metagen.strategies.verifier_refine import VerifierRefineConfig, verifier_refine
+
+    config = configure(VerifierRefineConfig(initial_candidates=1, rounds=n - 1, revisions_per_round=1, beam=1,
+                                            params=replace(params, n=1)), overrides)
+    tests = ExampleTests(prompt_text(prompt))
+    if tests.verifier is not None:
+        return _with_answers(verifier_refine(generator, prompt, tests.verifier, config, rng=rng), options)
+    result = generator.generate(prompt, replace(config.params, n=config.initial_candidates), generator=rng)
+    candidates = candidates_from(result)
+    return _with_answers(StrategyResult(prefer_complete(candidates)[0], candidates, result.cost), options)
+
+
 def tokenwise_cd(generator, prompt, n, params, options, rng, overrides):
     from metagen.strategies.tokenwise_cd import TokenwiseCDConfig, tokenwise_cd
     from metagen.strategies.tree.runner import run_search
@@ -249,3 +283,14 @@ def embedding_cosine(generator):
     from metagen.scoring.embeddings import EmbeddingCosine
 
     return EmbeddingCosine()
+
+
+def llm_judge(generator):
+    """The run's own generator as the judge of agreement (`LLMJudgeUtility`)."""
+    from metagen.scoring.judge import LLMJudgeUtility
+
+    return LLMJudgeUtility(generator)
+
+
+register(StrategySpec("greedy", "one greedy (temperature 0) completion", greedy, extracts=True, pooled=False,
+                      budget="none", samples=False), __name__)

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING
 
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
+from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.voting import sample_answers, tally, winner
 
 if TYPE_CHECKING:
@@ -55,3 +57,13 @@ def self_consistency(
     candidates, cost = sample_answers(generator, prompt, config.params, config.n, extract, rng)
     votes = tally(candidates, [1.0] * len(candidates), config.math)
     return StrategyResult(winner(candidates, votes, config.math), candidates, cost, votes)
+
+
+# code clusters vote over keys of program outputs, not extracted answers: no pattern, math or field
+CLUSTER_SET = frozenset({"n", "params", "pattern", "math", "answer_field"})
+
+register(StrategySpec("self_consistency", "majority vote over extracted answers", runners.self_consistency,
+                      pooled=True, config=SelfConsistencyConfig), __name__)
+register(StrategySpec("code_cluster", "code: programs clustered by their outputs on the prompt's docstring example "
+                      "calls (AlphaCode), one from the largest cluster", runners.code_cluster(adaptive=False),
+                      pooled=True, config=SelfConsistencyConfig, set_by_run=CLUSTER_SET), __name__)

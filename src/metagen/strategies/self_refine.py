@@ -24,8 +24,10 @@ from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, as_scorer
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.templates import check_template
 
 if TYPE_CHECKING:
@@ -173,3 +175,9 @@ def check_count(name: str, value: object, low: int) -> None:
 def check_params(name: str, value: object) -> None:
     if not isinstance(value, SamplingParams):
         raise ValueError(f"{name}={value!r} is not a SamplingParams")
+
+
+register(StrategySpec("self_refine", "draft + (n - 1) critique/revision rounds", runners.self_refine, extracts=True,
+                      pooled=False, budget="rounds", config=SelfRefineConfig,
+                      set_by_run=frozenset({"rounds", "draft_params", "critique_params", "revision_params"})),
+         __name__)

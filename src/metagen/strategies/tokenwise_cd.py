@@ -22,11 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost, forward_flops
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import check_answer_field, extract_answer
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import Candidate, StrategyResult, prefer_complete
+from metagen.strategies.spec import StrategySpec, register
 
 if TYPE_CHECKING:
     import torch
@@ -141,3 +144,10 @@ def _candidate(row: Row, score: float | None, config: TokenwiseCDConfig) -> Cand
                      certainties=completion.certainties, score=score,
                      answer=extract_answer(completion.text, config.pattern, config.answer_field),
                      complete=completion.complete)
+
+
+register(StrategySpec("tokenwise_cd", "tokenwise controlled decoding over the top n tokens, strength 4 (--value)",
+                      runners.tokenwise_cd, pooled=False, uses_value=True, needs=frozenset({caps.LOCAL_CACHE}),
+                      why="it values the top-k next tokens at every position, which needs a local model",
+                      config=TokenwiseCDConfig, set_by_run=frozenset({"n", "top_k", "params"}),
+                      defaults=(("strength", runners.LAMBDA),)), __name__)

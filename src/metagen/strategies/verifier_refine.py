@@ -25,9 +25,11 @@ from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, Verdict, Verifier, as_scorer
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import Candidate, StrategyResult, candidates_from, prefer_complete
 from metagen.strategies.self_refine import chat_prompt, check_count, check_params, split_question
+from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.templates import check_template
 
 if TYPE_CHECKING:
@@ -145,3 +147,9 @@ def _assess(result: VerifierRefineResult, batch: list[Candidate], generation_cos
     result.verdicts.extend(verdicts)
     result.parents.extend([parent] * len(batch))
     return any(verdict.passed for verdict in verdicts)
+
+
+register(StrategySpec("verifier_refine", "code: a sample, then up to n - 1 revisions each shown the docstring "
+                      "examples the last attempt failed; stops at the first that passes them",
+                      runners.verifier_refine, extracts=True, pooled=False, budget="rounds",
+                      config=VerifierRefineConfig, set_by_run=frozenset({"rounds", "params"})), __name__)

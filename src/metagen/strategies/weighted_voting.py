@@ -17,8 +17,10 @@ from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import mean_logprob
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
+from metagen.strategies.spec import CERTAINTY, StrategySpec, register
 from metagen.strategies.voting import sample_answers, tally, winner
 
 if TYPE_CHECKING:
@@ -68,3 +70,7 @@ def weighted_voting(
         weights.append(weight)
     votes = tally(candidates, weights, config.math)
     return StrategyResult(winner(candidates, votes, config.math), candidates, cost + scores.cost, votes)
+
+
+register(StrategySpec("weighted_voting", "answers weighted by self-certainty", runners.weighted_voting, pooled=True,
+                      needs=CERTAINTY, defaults=(("exp_scores", False),), config=WeightedVotingConfig), __name__)

@@ -18,8 +18,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
+from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 from metagen.strategies.tree.node import Node
@@ -89,3 +91,8 @@ def _walk(root: Node):
         node = stack.pop()
         yield node
         stack.extend(node.children)
+
+
+register(runners.tree_spec("mcts", "MCTS: n iterations of 4 children, value leaf evaluation (--value)", mcts,
+                           MCTSConfig, lambda n, params: {"iterations": n}, {"iterations"},
+                           defaults={"expansions": 4}.items()), __name__)

@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
 from metagen.strategies.result import StrategyResult
+from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 
@@ -78,3 +80,7 @@ def rebase(model, prompt: Prompt, value, config: RebaseConfig | None = None, *,
         kept = [j for j, count in enumerate(counts) if count > 0]
         frontier, counts = [frontier[j] for j in kept], [counts[j] for j in kept]
     return finish_search(expander, leaves, config, frontier)
+
+
+register(runners.tree_spec("rebase", "REBASE: width n shared by softmax of values (--value)", rebase, RebaseConfig,
+                           lambda n, params: {"width": n}, {"width"}), __name__)
