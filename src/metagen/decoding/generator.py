@@ -60,10 +60,15 @@ class Generator(ABC):
     capabilities: what this generator provides (see `metagen.decoding.capabilities`).
     chat: its chat-template setting, part of its identity (None: the model's default, or a
         backend that applies no template of its own).
+    tokenizer: the tokenizer it knows (a local model's, or one given to a remote backend), else
+        None; step values that read token ids use it.
+    described_as: how refusals name it (`capabilities.described`); None: its class name.
     """
 
     capabilities: frozenset[str] = frozenset()
     chat: bool | None = None
+    tokenizer = None
+    described_as: str | None = None
     concurrent: bool = False
     # How its Cost.flops are estimated when not by the one formula of the architecture
     # (`decoding.cost.transformer_flops_per_token`), shown beside them in reports; None: exact.
@@ -133,6 +138,10 @@ class LocalGenerator(Generator):
         self.model = model
         self.chat = chat
         self.jump_forward = jump_forward
+
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer
 
     def decode(self, token_ids: list[int]) -> str:
         return self.model.tokenizer.decode(list(token_ids))

@@ -57,7 +57,7 @@ def make_value(spec: str | None, model, prompt, delimiter: str, generator=None):
     if spec in WHOLE_ANSWER_VALUES:
         raise ValueError(f"value={spec!r} scores whole answers only, not the partial solutions a search values; "
                          "use it with best_of_n_value")
-    tokenizer = model.tokenizer if model is not None else getattr(generator, "tokenizer", None)
+    tokenizer = model.tokenizer if model is not None else generator.tokenizer
     if spec == "steps":
         return StepRewardValue(ArithmeticStepVerifier(), tokenizer, prompt_text(prompt), delimiter, how="min")
     if spec == "judge":
