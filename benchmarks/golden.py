@@ -71,7 +71,7 @@ def _strategy(result) -> dict:
             "cost": _cost(result.cost), "candidates": [
                 {"text": c.text, "token_ids": c.token_ids, "logprobs": _logprobs(c.logprobs),
                  "finish_reason": c.finish_reason, "answer": c.answer, "complete": c.complete,
-                 "score": None if c.score is None else round(c.score, ROUND)} for c in result.candidates]}
+                 "score": None if c.score is None else round(c.score, ROUND)} for c in result.completions]}
 
 
 SCHEMA = {"type": "object", "properties": {"order_has_already_been_paid_in_full": {"type": "boolean"},

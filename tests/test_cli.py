@@ -94,11 +94,11 @@ def test_beam_width_two_matches_beam_search(model, capsys):
     argv = ["generate", QUESTION, "--beam-width", "2", "--max-tokens", "6", "--length-penalty", "0", "--json"]
     assert main(argv) == 0
     payload = json.loads(capsys.readouterr().out)
-    best = beam_search(model, QUESTION, BeamSearchConfig(width=2, max_tokens=6, length_penalty=0.0)).hypotheses[0]
+    best = beam_search(model, QUESTION, BeamSearchConfig(width=2, max_tokens=6, length_penalty=0.0)).completions[0]
     assert payload["tokens"] == best.token_ids
     assert payload["text"] == best.text
-    assert payload["logprob"] == pytest.approx(best.logprob, abs=1e-5)
-    assert payload["finish_reason"] == ("stop" if best.finished else "length")
+    assert payload["logprob"] == pytest.approx(best.cumulative_logprob, abs=1e-5)
+    assert payload["finish_reason"] == (best.finish_reason or "length")
     assert payload["timing"]["model_calls"] >= 1
 
 

@@ -91,7 +91,7 @@ def test_sampled_sequences_follow_the_enumerated_joint_distribution(settings, ad
     assert model.calls[0] == [len(PROMPT)]
     still_going = sum(1 for c in result.completions if len(c.token_ids) == 2)
     assert model.calls[1:] == [[1] * still_going]
-    assert result.model_calls == 2
+    assert result.cost.model_calls == 2
 
 
 def test_top_k_never_samples_outside_the_kept_tokens():
@@ -220,7 +220,7 @@ def test_finished_rows_leave_the_batch_and_keep_their_own_history():
     assert model.calls[0] == [1]
     for step, call in enumerate(model.calls[1:], start=1):
         assert call == [1] * sum(1 for n in lengths if n > step)
-    assert result.model_calls == len(model.calls) == max(lengths)
+    assert result.cost.model_calls == len(model.calls) == max(lengths)
     # Each row's log-probs are those of its own history (the toy's logits depend on the last two
     # tokens, so a row given another row's cache after a select would not match).
     for completion in result.completions:

@@ -94,7 +94,7 @@ def test_judge_utility_matrix_calls_and_mbr_choice():
     outputs = [(c.text, [-1.0]) for c in candidates]
     config = MBRConfig(n=3, include_self=False)
     result = mbr(CannedGenerator(outputs), "Name a fruit.", config, LLMJudgeUtility(ScriptedJudge(agreement)))
-    assert [c.score for c in result.candidates] == pytest.approx([0.55, 0.2, 0.55])
+    assert [c.score for c in result.completions] == pytest.approx([0.55, 0.2, 0.55])
     assert result.text == "red apple"
     assert result.cost.model_calls == 3 + 6 and result.cost.flops == 60.0
 

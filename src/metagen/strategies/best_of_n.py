@@ -16,7 +16,7 @@ from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import mean_logprob
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+from metagen.decoding.result import GenerationResult, prefer_complete
 
 if TYPE_CHECKING:
     import torch
@@ -44,15 +44,15 @@ def best_of_n(
     scorer: Scorer = mean_logprob,
     *,
     rng: torch.Generator | None = None,
-) -> StrategyResult:
+) -> GenerationResult:
     """Sample `config.n` candidates and keep the highest-scoring one (first among ties) among the
     complete ones (see `prefer_complete`)."""
     config = config or BestOfNConfig()
     caps.require_constraint(config.params, generator, "best_of_n with structured_outputs")
     result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
-    candidates = candidates_from(result)
+    candidates = result.completions
     scores = as_scorer(scorer)(prompt, candidates)
     for candidate, value in zip(candidates, scores.values):
         candidate.score = value
     chosen = max(prefer_complete(candidates), key=lambda c: c.score)  # never a cut output over a complete one
-    return StrategyResult(chosen, candidates, result.cost + scores.cost)
+    return GenerationResult(candidates, cost=result.cost + scores.cost, chosen=chosen)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.decoding.result import GenerationResult
 from metagen.strategies.voting import sample_answers, tally, winner
 
 if TYPE_CHECKING:
@@ -48,10 +48,10 @@ def self_consistency(
     extractor: AnswerExtractor | None = None,
     *,
     rng: torch.Generator | None = None,
-) -> StrategyResult:
+) -> GenerationResult:
     """Majority vote over the answers of `config.n` sampled paths."""
     config = config or SelfConsistencyConfig()
     extract = extractor or (lambda text: extract_answer(text, config.pattern, config.answer_field))
     candidates, cost = sample_answers(generator, prompt, config.params, config.n, extract, rng)
     votes = tally(candidates, [1.0] * len(candidates), config.math)
-    return StrategyResult(winner(candidates, votes, config.math), candidates, cost, votes)
+    return GenerationResult(candidates, cost=cost, chosen=winner(candidates, votes, config.math), votes=votes)

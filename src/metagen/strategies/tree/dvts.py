@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.decoding.result import GenerationResult
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 
@@ -38,7 +38,7 @@ class DVTSConfig(TreeConfig):
 
 
 def dvts(model, prompt: Prompt, value, config: DVTSConfig | None = None, *,
-         chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+         chat: bool | None = None, rng: torch.Generator | None = None) -> GenerationResult:
     config = config or DVTSConfig()
     expander = open_expander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
     first = expander.expand([expander.root], [config.subtrees])[0]
