@@ -59,7 +59,7 @@ import torch
 
 from decode import markdown_table, plain_table
 from metagen.decoding import generate
-from metagen.decoding.sample_loop import GenerationResult
+from metagen.decoding.result import GenerationResult
 from metagen.models import embedded_model_path, load
 from metagen.sampling import SamplingParams
 from structured_engines import SCHEMAS, Llguidance, Xgrammar, measure_engine, special_tokens_before_complete, \

@@ -4,7 +4,7 @@ cost, the registry entry, and its evaluation from a pool read in order."""
 import pytest
 
 from metagen.decoding import Cost, Generator
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.eval.pool import Pool, PoolGenerator, Sample
 from metagen.sampling import SamplingParams
 from metagen.strategies.adaptive_consistency import AdaptiveConsistencyConfig, adaptive_consistency

@@ -5,7 +5,7 @@ import pytest
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding import Cost, Generator
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.strategies.chain import CallTool, Chain, ChainConfig, Generate, ToolBinding, Transform
 from metagen.strategies.chain_programs import (

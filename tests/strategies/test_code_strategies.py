@@ -5,7 +5,7 @@ from a script (no model)."""
 import pytest
 
 from metagen.decoding import Cost, Generator
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.eval.harness import EvalConfig
 from metagen.eval.pool import Pool, PoolGenerator, Sample
 from metagen.sampling import SamplingParams

@@ -6,7 +6,7 @@ import pytest
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding import Cost, Generator
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring import ExactAnswerVerifier, Scorer, Scores, Verdict, Verifier, mean_logprob
 from metagen.strategies.self_refine import (

@@ -12,7 +12,7 @@ import torch
 
 from metagen.decoding import Cost, Generator
 from metagen.decoding import capabilities as caps
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring.utilities import EditSimilarity
 from metagen.strategies.best_of_n import BestOfNConfig, best_of_n

@@ -7,7 +7,7 @@ import pytest
 
 from metagen.decoding import Cost, Generator
 from metagen.decoding import capabilities as caps
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring import answers_match, extract_answer, sum_logprob
 from metagen.strategies import (

@@ -141,7 +141,8 @@ def beam_search(
     check_batch_fits(model, 2 * config.width, rules.max_new_tokens, what="width")  # 2·width candidates per step
     beams = _Beams(model, config, Row(model.tokenizer, prompt_ids, rules),
                    request_chain(config.sampling_params(), model, prompt_ids, 1, processors))
-    cost = Cost(model_calls=1, prompt_tokens_computed=len(prompt_ids), flops=forward_flops(model, 0, len(prompt_ids)))
+    cost = Cost(model_calls=1, prompt_tokens_computed=len(prompt_ids),  # the prefill
+                flops=forward_flops(model, 0, len(prompt_ids)))
     cache, out = model.prefill(prompt_ids)
     prefill_seconds = time.perf_counter() - started
     if config.stochastic:

@@ -204,7 +204,7 @@ class Chain:
                 candidate = state.generate(step, values)
             elif isinstance(step, CallTool):
                 candidate = Completion(state.call(step.name, step.tool, _fill(step.input, values, step.name)),
-                                      finish_reason="tool")
+                                       finish_reason="tool")
             elif isinstance(step, Transform):
                 output = str(step.function(values))
                 state.trace.append(TraceEntry(step.name, "transform", None, output, Cost()))
@@ -213,7 +213,7 @@ class Chain:
                 raise TypeError(f"unknown step type {type(step).__name__}")
             values[step.name] = candidate.text
             candidates[step.name] = candidate
-        return ChainResult(candidates[self.output], list(candidates.values()), state.cost,
+        return ChainResult(list(candidates.values()), cost=state.cost, chosen=candidates[self.output],
                            values=values, trace=state.trace)
 
 
@@ -272,7 +272,7 @@ class _Run:
             text = text[:start] + binding.answer.format(open=binding.open, input=raw_input, close=binding.close,
                                                         output=output)
             calls += 1
-        return Completion(text, token_ids, logprobs, finish)
+        return Completion(text, token_ids, logprobs, finish_reason=finish)
 
 
 def _find_call(text: str, bindings: Sequence[ToolBinding], close: str) -> tuple[ToolBinding, int, str] | None:

@@ -135,7 +135,8 @@ def self_refine(
         for version, value in zip(versions, scores.values):
             version.score = value
         chosen = max(reversed(eligible), key=lambda c: c.score)  # max keeps the first: the latest
-    return SelfRefineResult(chosen, versions, cost, critiques=critiques, rounds=len(versions) - 1, stopped=stopped)
+    return SelfRefineResult(versions, cost=cost, chosen=chosen, critiques=critiques, rounds=len(versions) - 1,
+                            stopped=stopped)
 
 
 # Shared by the refinement strategies (verifier_refine imports them).

@@ -137,7 +137,7 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
 
 def _candidate(row: Row, score: float | None, config: TokenwiseCDConfig) -> Completion:
     completion = row.completion
-    return Completion(completion.text, completion.token_ids, completion.logprobs, completion.finish_reason,
-                     certainties=completion.certainties, score=score,
-                     answer=extract_answer(completion.text, config.pattern, config.answer_field),
-                     complete=completion.complete)
+    return Completion(completion.text, completion.token_ids, completion.logprobs,
+                      finish_reason=completion.finish_reason, certainties=completion.certainties, score=score,
+                      answer=extract_answer(completion.text, config.pattern, config.answer_field),
+                      complete=completion.complete)

@@ -221,7 +221,7 @@ class JudgingServer(ToyServer):
 
     def generate(self, prompt, params, *, generator=None):
         from metagen.decoding.cost import Cost
-        from metagen.decoding.sample_loop import Completion, GenerationResult
+        from metagen.decoding.result import Completion, GenerationResult
 
         self.judged.append(prompt)
         completion = Completion(text=" Yes", token_ids=[1], top_logprobs=[{1: math.log(0.8), 2: math.log(0.2)}])

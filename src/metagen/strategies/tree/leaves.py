@@ -52,9 +52,9 @@ def candidate_of(node: Node, config: TreeConfig) -> Completion:
     complete = node.complete
     if not node.finished and node.sampler is not None:  # a frontier node: would the constraint accept it now?
         complete = node.sampler.stop_verdict(0)[0]
-    return Completion(node.text, node.path_ids(), node.path_logprobs(), node.finish_reason or "length",
-                     score=node.value, answer=extract_answer(node.text, config.pattern, config.answer_field),
-                     complete=complete)
+    return Completion(node.text, node.path_ids(), node.path_logprobs(), finish_reason=node.finish_reason or "length",
+                      score=node.value, answer=extract_answer(node.text, config.pattern, config.answer_field),
+                      complete=complete)
 
 
 def finish_search(expander, leaves: list[Node], config: TreeConfig,
