@@ -108,6 +108,20 @@ def test_beams_share_the_prompt_prefill_and_step_together():
     assert result.cost.model_calls == len(model.calls)
 
 
+def test_beam_search_returns_the_cost_it_spent():
+    """One prefill of the prompt, then one call per step; FLOPs of every beam fed at its position."""
+    model = ToyModel()
+    result = beam_search(model, PROMPT, BeamSearchConfig(width=3, max_tokens=4, length_penalty=0.0))
+    cost, length = result.cost, len(PROMPT)
+    assert cost.model_calls == len(model.calls)
+    assert (cost.prompt_tokens_computed, cost.prompt_tokens_reused) == (length, 0)
+    by_hand = sum(model.flops_per_token(i + 1) for i in range(length))
+    by_hand += sum(len(call) * model.flops_per_token(length + step) for step, call in enumerate(model.calls[1:], 1))
+    assert cost.flops == pytest.approx(by_hand, rel=1e-12)
+    assert cost.generated_tokens >= sum(len(call) for call in model.calls[1:])  # every fed token was generated
+    assert cost.wall_seconds > 0
+
+
 def test_prompt_too_long_raises():
     with pytest.raises(ValueError, match="context"):
         beam_search(ToyModel(max_context=3), [BOS, A, A], BeamSearchConfig(width=2))

@@ -117,3 +117,20 @@ def test_exact_answer_verifier():
     assert verifier("q", [good, bad]).values == [1.0, 0.0]
     assert not ExactAnswerVerifier("1/2", math=False).verify("q", good).passed
     assert ExactAnswerVerifier("yes", pattern=r"A: (\w+)").verify("q", Completion("A: yes")).passed
+
+
+def test_scoring_reads_the_decoding_floors_completion_and_imports_no_strategy():
+    """Scorers and verifiers take `Completion`s (decoding/result.py), the type strategies return,
+    so no scoring module imports metagen.strategies (not even for type checking): no cycle."""
+    import ast
+    from pathlib import Path
+
+    import metagen.scoring
+
+    upward = []
+    for path in sorted(Path(metagen.scoring.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            upward += [f"{path.name}: {name}" for name in names if name.startswith("metagen.strategies")]
+    assert upward == []
