@@ -6,7 +6,7 @@ import torch
 
 from metagen.decoding import Cost, Generator
 from metagen.decoding import capabilities as caps
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.strategies.registry import STRATEGIES, StrategyOptions, get_strategy
 

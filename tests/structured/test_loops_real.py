@@ -40,7 +40,7 @@ def test_jump_forward_gives_the_same_tokens_with_fewer_forwards(model, plain_jso
     assert jumped.completions[0].complete is True
     jsonschema.validate(json.loads(jumped.text), PAID)
     assert plain_json.forced_tokens == 0 and jumped.forced_tokens >= 5  # the long key, at least
-    assert jumped.model_calls == plain_json.model_calls - jumped.forced_tokens
+    assert jumped.cost.model_calls == plain_json.cost.model_calls - jumped.forced_tokens
     assert jumped.completions[0].logprobs == pytest.approx(plain_json.completions[0].logprobs, abs=2e-2)
 
 

@@ -25,50 +25,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from metagen.decoding.result import Completion
 from metagen.models.detokenize import IncrementalDetokenizer, StopStringMatcher
 from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
 
 Verdict = tuple[bool | None, bool]  # (may_stop, must_stop), see SamplerChain.stop_verdict
 NO_OPINION: Verdict = (None, False)
-
-
-@dataclass
-class Completion:
-    """One generated sequence.
-
-    token_ids: the sampled ids; None when unknown (a server that returns no ids and no tokenizer
-        given; such a generator lacks the TOKEN_IDS capability).
-    logprobs: log p(token) under the model's unmodified distribution, per token.
-    sampling_logprobs: log p(token) under the distribution it was drawn from (after adapters).
-    top_logprobs: per token, {token_id: logprob} of the model's top `params.logprobs` tokens.
-    certainties: per token, KL(uniform ‖ p) of the model's unmodified next-token distribution
-        p: −log V − mean_v log p_v (self-certainty's per-token term; 0 for a uniform p).
-    finish_reason: "stop" (EOS, stop token, stop string, or a processor ending the row) or
-        "length" (max_tokens / context).
-    stop_reason: the stop string or token id that ended the row, if any.
-    complete: None when no processor judges where the row may end; else whether they accept the
-        output as it ended (False: cut short, e.g. a constrained output at max_tokens — not valid).
-    """
-
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    sampling_logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[dict[int, float]] | None = None
-    certainties: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-    complete: bool | None = None
-
-    @property
-    def cumulative_logprob(self) -> float:
-        return float(sum(self.logprobs))
 
 
 @dataclass(frozen=True)

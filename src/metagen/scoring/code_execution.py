@@ -48,7 +48,7 @@ from metagen.scoring.sandbox import SandboxResult, run_python
 
 if TYPE_CHECKING:
     from metagen.decoding.prompts import Prompt
-    from metagen.strategies.result import Candidate
+    from metagen.decoding.result import Completion
 
 HARNESS = (Path(__file__).parent / "code_harness.py").read_text(encoding="utf-8")
 RECORD_CHARS = 50_000  # longest record line the harness writes (a value, or an error's traceback)
@@ -112,7 +112,7 @@ class CodeExecutionVerifier(Verifier):
         self.timeout, self.memory_mb, self.setup = float(timeout), memory_mb, setup
         self.isolation, self.feedback_chars, self.program = isolation, feedback_chars, program
 
-    def verify(self, prompt: Prompt, candidate: Candidate) -> Verdict:
+    def verify(self, prompt: Prompt, candidate: Completion) -> Verdict:
         program = self.program(candidate.text)
         if program is None:
             return Verdict(False, 0.0, "No Python code was found in the response.")

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 import torch
 
 from metagen.decoding.batch import RowBatch
-from metagen.decoding.cost import Cost, forward_flops
+from metagen.decoding.cost import forward_flops
 from metagen.decoding.prompts import Prompt
+from metagen.decoding.result import GenerationResult
 from metagen.decoding.rows import NO_OPINION, Row, Verdict, token_records
-from metagen.decoding.sample_loop import GenerationResult, StreamEvent
+from metagen.decoding.sample_loop import StreamEvent
 from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
 from metagen.speculative.block_verify import block_verify
 from metagen.speculative.drafters import Draft, Drafter
@@ -124,14 +125,12 @@ def speculative_stream(
     n, vocab = params.n, model.vocab_size
     max_new = batch.rules.max_new_tokens
     result = batch.fill(result if result is not None else GenerationResult([], prompt_ids))
-    cost = Cost(prompt_tokens_computed=len(prompt_ids), prompt_tokens_reused=len(prompt_ids) * (n - 1),
-                flops=forward_flops(model, 0, len(prompt_ids)), target_steps=n)
+    cost = result.cost = batch.prefill_cost()
     emitter = _Emitter(rows, params)
 
     cache, out = batch.prefill()
     drafter.start(prompt_ids, n, target_cache=cache)
     batch.followers.append(drafter)
-    cost.model_calls += 1
     cost.flops += drafter.prefill_flops
     result.prefill_seconds = time.perf_counter() - started
     decode_start = time.perf_counter()
@@ -182,10 +181,7 @@ def speculative_stream(
 
     drafter.finish([row.completion.token_ids for row in rows])
     result.decode_seconds = time.perf_counter() - decode_start
-    result.model_calls = cost.model_calls
-    cost.generated_tokens = result.generated_tokens
-    cost.wall_seconds = time.perf_counter() - started
-    result.cost = cost
+    batch.finish_cost(result, started)
 
 
 def speculative_generate(

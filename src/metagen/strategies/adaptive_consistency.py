@@ -10,7 +10,7 @@ Easy problems stop after a few agreeing samples (4 with round_size 1 and the def
 hard ones use up to n_max: the same accuracy as self-consistency at n_max for fewer samples.
 Cost: one generate call per round (each computes the prompt again unless the generator caches
 it), ⌈drawn / round_size⌉ stopping checks (O(drawn) each for "beta"). The result's candidates
-are every sample drawn, in order: len(result.candidates) is the budget actually spent.
+are every sample drawn, in order: len(result.completions) is the budget actually spent.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.decoding.result import GenerationResult
 from metagen.strategies.self_consistency import CLUSTER_SET
 from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.stopping import RULES, check_threshold, should_stop
@@ -75,7 +75,7 @@ def adaptive_consistency(
     extractor: AnswerExtractor | None = None,
     *,
     rng: torch.Generator | None = None,
-) -> StrategyResult:
+) -> GenerationResult:
     """Majority vote over samples drawn `config.round_size` at a time until the stopping rule
     holds or `config.n_max` are drawn; cost: every round's."""
     config = config or AdaptiveConsistencyConfig()
@@ -90,7 +90,7 @@ def adaptive_consistency(
         if should_stop(list(votes.values()), config.threshold, config.rule,
                        samples=config.mc_samples, seed=config.mc_seed):
             break
-    return StrategyResult(winner(candidates, votes, config.math), candidates, cost, votes)
+    return GenerationResult(candidates, cost=cost, chosen=winner(candidates, votes, config.math), votes=votes)
 
 
 register(StrategySpec("adaptive_consistency", "majority vote sampled one at a time until the leading answer is "

@@ -17,7 +17,7 @@ from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import mean_logprob, self_certainty
 from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+from metagen.decoding.result import GenerationResult, prefer_complete
 from metagen.strategies.spec import CERTAINTY, StrategySpec, register
 
 if TYPE_CHECKING:
@@ -46,18 +46,18 @@ def best_of_n(
     scorer: Scorer = mean_logprob,
     *,
     rng: torch.Generator | None = None,
-) -> StrategyResult:
+) -> GenerationResult:
     """Sample `config.n` candidates and keep the highest-scoring one (first among ties) among the
     complete ones (see `prefer_complete`)."""
     config = config or BestOfNConfig()
     caps.require_constraint(config.params, generator, "best_of_n with structured_outputs")
     result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
-    candidates = candidates_from(result)
+    candidates = result.completions
     scores = as_scorer(scorer)(prompt, candidates)
     for candidate, value in zip(candidates, scores.values):
         candidate.score = value
     chosen = max(prefer_complete(candidates), key=lambda c: c.score)  # never a cut output over a complete one
-    return StrategyResult(chosen, candidates, result.cost + scores.cost)
+    return GenerationResult(candidates, cost=result.cost + scores.cost, chosen=chosen)
 
 
 register(StrategySpec("best_of_n", "best of n samples by self-certainty", runners.best_of_n(self_certainty),

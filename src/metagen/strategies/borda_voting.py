@@ -20,7 +20,7 @@ from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import self_certainty
 from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.decoding.result import GenerationResult
 from metagen.strategies.spec import CERTAINTY, StrategySpec, register
 from metagen.strategies.voting import sample_answers, tally, winner
 
@@ -75,7 +75,7 @@ def borda_voting(
     extractor: AnswerExtractor | None = None,
     *,
     rng: torch.Generator | None = None,
-) -> StrategyResult:
+) -> GenerationResult:
     """Rank `config.n` sampled candidates by `scorer`, vote with Borda weights per answer."""
     config = config or BordaVotingConfig()
     extract = extractor or (lambda text: extract_answer(text, config.pattern, config.answer_field))
@@ -84,7 +84,8 @@ def borda_voting(
     for candidate, value in zip(candidates, scores.values):
         candidate.score = value
     votes = tally(candidates, borda_weights(scores.values, config.power), config.math)
-    return StrategyResult(winner(candidates, votes, config.math), candidates, cost + scores.cost, votes)
+    return GenerationResult(candidates, cost=cost + scores.cost, chosen=winner(candidates, votes, config.math),
+                            votes=votes)
 
 
 register(StrategySpec("borda", "Borda voting ranked by self-certainty, p = 0.5", runners.borda, pooled=True,

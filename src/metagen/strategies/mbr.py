@@ -24,7 +24,7 @@ from metagen.decoding import capabilities as caps
 from metagen.sampling import SamplingParams
 from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+from metagen.decoding.result import GenerationResult, prefer_complete
 from metagen.strategies.spec import StrategySpec, register
 
 if TYPE_CHECKING:
@@ -74,8 +74,8 @@ def mbr(
     utility: Utility | None = None,
     *,
     rng: torch.Generator | None = None,
-) -> StrategyResult:
-    """Sample `config.n` candidates, score each by its expected utility Ū_i (`Candidate.score`),
+) -> GenerationResult:
+    """Sample `config.n` candidates, score each by its expected utility Ū_i (`Completion.score`),
     return the highest (first among ties). utility: default chrF (`metagen[mbr]` extra)."""
     config = config or MBRConfig()
     caps.require_constraint(config.params, generator, "mbr with structured_outputs")
@@ -84,14 +84,14 @@ def mbr(
 
         utility = ChrF()
     result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
-    candidates = candidates_from(result)
+    candidates = result.completions
     utilities, utility_cost = utility(prompt, candidates, diagonal=config.include_self)  # (N, N)
     scores = expected_utilities(utilities, config.include_self)  # (N,)
     for candidate, value in zip(candidates, scores.tolist()):
         candidate.score = value
     eligible = {id(c) for c in prefer_complete(candidates)}  # cut outputs count as references, never win
     chosen = max((c for c in candidates if id(c) in eligible), key=lambda c: c.score)
-    return StrategyResult(chosen, candidates, result.cost + utility_cost)
+    return GenerationResult(candidates, cost=result.cost + utility_cost, chosen=chosen)
 
 
 register(StrategySpec("mbr_chrf", "MBR with chrF", runners.mbr(runners.chrf), extracts=True, pooled=True,

@@ -1,5 +1,5 @@
 """The runners of the registry's strategies: runner(generator, prompt, n, params, options, rng,
-overrides) -> StrategyResult, each building its strategy's config from n, the request's params,
+overrides) -> GenerationResult, each building its strategy's config from n, the request's params,
 the shared `StrategyOptions` and the overrides, and calling the strategy. Each is given the
 objects it runs (a scorer, a utility's class, a chain program, a search and its config), never a
 name to look up; what they import at run time (scorers' backends, the sandbox) loads there."""
@@ -18,17 +18,15 @@ def _with_answers(result, options: StrategyOptions):
     """Fill in each candidate's extracted answer (for strategies that do not extract one)."""
     from metagen.scoring.answers import extract_answer
 
-    for candidate in result.candidates:
+    for candidate in result.completions:
         candidate.answer = extract_answer(candidate.text, options.pattern, options.answer_field)
     return result
 
 
 def greedy(generator, prompt, n, params, options, rng, overrides):
-    from metagen.strategies.result import StrategyResult, candidates_from
-
     result = generator.generate(prompt, replace(params, temperature=0.0, n=1), generator=rng)
-    candidates = candidates_from(result)
-    return _with_answers(StrategyResult(candidates[0], candidates, result.cost), options)
+    result.chosen = result.completions[0]
+    return _with_answers(result, options)
 
 
 def best_of_n(scorer):
@@ -166,7 +164,7 @@ def best_by_tests(generator, prompt, n, params, options, rng, overrides):
     from metagen.scoring.base import prompt_text
     from metagen.scoring.example_tests import ExampleScorer, ExampleTests
     from metagen.strategies.best_of_n import BestOfNConfig, best_of_n
-    from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+    from metagen.decoding.result import prefer_complete
 
     if options.aggregation != "best":
         raise ValueError(f"aggregation={options.aggregation!r} applies to the leaves of a tree search; with "
@@ -176,8 +174,8 @@ def best_by_tests(generator, prompt, n, params, options, rng, overrides):
     if tests.verifier is not None:
         return _with_answers(best_of_n(generator, prompt, config, ExampleScorer(tests), rng=rng), options)
     result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
-    candidates = candidates_from(result)
-    return _with_answers(StrategyResult(prefer_complete(candidates)[0], candidates, result.cost), options)
+    result.chosen = prefer_complete(result.completions)[0]
+    return _with_answers(result, options)
 
 
 def code_cluster(adaptive: bool):
@@ -223,7 +221,7 @@ def verifier_refine(generator, prompt, n, params, options, rng, overrides):
     samples' plus the sandbox's wall seconds."""
     from metagen.scoring.base import prompt_text
     from metagen.scoring.example_tests import ExampleTests
-    from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+    from metagen.decoding.result import prefer_complete
     from metagen.strategies.verifier_refine import VerifierRefineConfig, verifier_refine
 
     config = configure(VerifierRefineConfig(initial_candidates=1, rounds=n - 1, revisions_per_round=1, beam=1,
@@ -232,8 +230,8 @@ def verifier_refine(generator, prompt, n, params, options, rng, overrides):
     if tests.verifier is not None:
         return _with_answers(verifier_refine(generator, prompt, tests.verifier, config, rng=rng), options)
     result = generator.generate(prompt, replace(config.params, n=config.initial_candidates), generator=rng)
-    candidates = candidates_from(result)
-    return _with_answers(StrategyResult(prefer_complete(candidates)[0], candidates, result.cost), options)
+    result.chosen = prefer_complete(result.completions)[0]
+    return _with_answers(result, options)
 
 
 def tokenwise_cd(generator, prompt, n, params, options, rng, overrides):

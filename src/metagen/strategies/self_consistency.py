@@ -15,7 +15,7 @@ from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.decoding.result import GenerationResult
 from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.voting import sample_answers, tally, winner
 
@@ -50,13 +50,13 @@ def self_consistency(
     extractor: AnswerExtractor | None = None,
     *,
     rng: torch.Generator | None = None,
-) -> StrategyResult:
+) -> GenerationResult:
     """Majority vote over the answers of `config.n` sampled paths."""
     config = config or SelfConsistencyConfig()
     extract = extractor or (lambda text: extract_answer(text, config.pattern, config.answer_field))
     candidates, cost = sample_answers(generator, prompt, config.params, config.n, extract, rng)
     votes = tally(candidates, [1.0] * len(candidates), config.math)
-    return StrategyResult(winner(candidates, votes, config.math), candidates, cost, votes)
+    return GenerationResult(candidates, cost=cost, chosen=winner(candidates, votes, config.math), votes=votes)
 
 
 # code clusters vote over keys of program outputs, not extracted answers: no pattern, math or field

@@ -26,7 +26,7 @@ from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+from metagen.decoding.result import GenerationResult, prefer_complete
 from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.templates import check_template
 
@@ -82,7 +82,7 @@ class SelfRefineConfig:
 
 
 @dataclass
-class SelfRefineResult(StrategyResult):
+class SelfRefineResult(GenerationResult):
     """candidates: the draft and every revision, in order; critiques[i]: the critique of
     candidates[i] (the last version has none unless it was accepted); rounds: revisions made;
     stopped: the last critique contained the stop phrase."""
@@ -111,7 +111,7 @@ def self_refine(
     cost = Cost()
     draft = generator.generate(prompt, replace(config.draft_params, n=1), generator=rng)
     cost += draft.cost
-    versions = candidates_from(draft)
+    versions = list(draft.completions)
     critiques: list[str] = []
     stopped = False
     for _ in range(config.rounds):
@@ -128,7 +128,7 @@ def self_refine(
                                       critique=critiques[-1])
         revision = generator.generate(revision_prompt, replace(config.revision_params, n=1), generator=rng)
         cost += revision.cost
-        versions.append(candidates_from(revision)[0])
+        versions.append(revision.completions[0])
     eligible = prefer_complete(versions)  # a version cut before its constraint accepted is never chosen
     chosen = eligible[-1]
     if scorer is not None:
@@ -137,7 +137,8 @@ def self_refine(
         for version, value in zip(versions, scores.values):
             version.score = value
         chosen = max(reversed(eligible), key=lambda c: c.score)  # max keeps the first: the latest
-    return SelfRefineResult(chosen, versions, cost, critiques=critiques, rounds=len(versions) - 1, stopped=stopped)
+    return SelfRefineResult(versions, cost=cost, chosen=chosen, critiques=critiques, rounds=len(versions) - 1,
+                            stopped=stopped)
 
 
 # Shared by the refinement strategies (verifier_refine imports them).

@@ -95,7 +95,7 @@ def value_scores_whole_answers(options: StrategyOptions) -> bool:
 
 @dataclass(frozen=True)
 class StrategySpec:
-    """runner(generator, prompt, n, params, options, rng) -> StrategyResult; call it via `run`."""
+    """runner(generator, prompt, n, params, options, rng) -> GenerationResult; call it via `run`."""
 
     name: str
     description: str

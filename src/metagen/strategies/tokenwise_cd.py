@@ -28,7 +28,7 @@ from metagen.sampling import SamplingParams
 from metagen.scoring.answers import check_answer_field, extract_answer
 from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import Candidate, StrategyResult, prefer_complete
+from metagen.decoding.result import Completion, GenerationResult, prefer_complete
 from metagen.strategies.spec import StrategySpec, register
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def tilted_choice(logprobs: torch.Tensor, values: torch.Tensor, strength: float,
 
 def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None = None, *,
                  chat: bool | None = None, rng: torch.Generator | None = None,
-                 processors: Sequence[LogitsProcessor] = ()) -> StrategyResult:
+                 processors: Sequence[LogitsProcessor] = ()) -> GenerationResult:
     """Draw `config.n` sequences token by token from π (module docstring); the candidate of best
     value is chosen. `processors`: extra logits processors forming p (constraints), as in `stream`."""
     import torch  # here: importing the config imports no torch
@@ -135,15 +135,15 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
     cost.wall_seconds = time.perf_counter() - start
     candidates = [_candidate(row, score, config) for row, score in zip(rows, row_values)]
     best = max(prefer_complete(candidates), key=lambda c: c.score)  # never a cut output over a complete one
-    return StrategyResult(best, candidates, cost)
+    return GenerationResult(candidates, cost=cost, chosen=best)
 
 
-def _candidate(row: Row, score: float | None, config: TokenwiseCDConfig) -> Candidate:
+def _candidate(row: Row, score: float | None, config: TokenwiseCDConfig) -> Completion:
     completion = row.completion
-    return Candidate(completion.text, completion.token_ids, completion.logprobs, completion.finish_reason,
-                     certainties=completion.certainties, score=score,
-                     answer=extract_answer(completion.text, config.pattern, config.answer_field),
-                     complete=completion.complete)
+    return Completion(completion.text, completion.token_ids, completion.logprobs,
+                      finish_reason=completion.finish_reason, certainties=completion.certainties, score=score,
+                      answer=extract_answer(completion.text, config.pattern, config.answer_field),
+                      complete=completion.complete)
 
 
 register(StrategySpec("tokenwise_cd", "tokenwise controlled decoding over the top n tokens, strength 4 (--value)",

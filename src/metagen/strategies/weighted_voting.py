@@ -19,7 +19,7 @@ from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import mean_logprob
 from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.decoding.result import GenerationResult
 from metagen.strategies.spec import CERTAINTY, StrategySpec, register
 from metagen.strategies.voting import sample_answers, tally, winner
 
@@ -55,7 +55,7 @@ def weighted_voting(
     extractor: AnswerExtractor | None = None,
     *,
     rng: torch.Generator | None = None,
-) -> StrategyResult:
+) -> GenerationResult:
     """Sum each answer's candidate weights and return a candidate of the heaviest answer."""
     config = config or WeightedVotingConfig()
     extract = extractor or (lambda text: extract_answer(text, config.pattern, config.answer_field))
@@ -69,7 +69,8 @@ def weighted_voting(
             raise ValueError(f"candidate weight {weight} is negative: scores must be >= 0 unless exp_scores=True")
         weights.append(weight)
     votes = tally(candidates, weights, config.math)
-    return StrategyResult(winner(candidates, votes, config.math), candidates, cost + scores.cost, votes)
+    return GenerationResult(candidates, cost=cost + scores.cost, chosen=winner(candidates, votes, config.math),
+                            votes=votes)
 
 
 register(StrategySpec("weighted_voting", "answers weighted by self-certainty", runners.weighted_voting, pooled=True,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.decoding.result import GenerationResult
 from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
@@ -61,7 +61,7 @@ def priority(node: Node, config: AStarConfig) -> float:
 
 
 def astar(model, prompt: Prompt, value, config: AStarConfig | None = None, *,
-          chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+          chat: bool | None = None, rng: torch.Generator | None = None) -> GenerationResult:
     if value is None:
         raise ValueError("A*-decoding needs a value as its heuristic: pass a PrefixValue")
     config = config or AStarConfig()

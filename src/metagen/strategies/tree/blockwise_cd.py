@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.decoding.result import GenerationResult
 from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
@@ -51,7 +51,7 @@ class BlockwiseCDConfig(TreeConfig):
 
 
 def blockwise_cd(model, prompt: Prompt, value, config: BlockwiseCDConfig | None = None, *,
-                 chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+                 chat: bool | None = None, rng: torch.Generator | None = None) -> GenerationResult:
     if value is None:
         raise ValueError("blockwise controlled decoding ranks blocks by a value: pass a PrefixValue")
     config = config or BlockwiseCDConfig()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.decoding.result import GenerationResult
 from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
@@ -40,7 +40,7 @@ class DVTSConfig(TreeConfig):
 
 
 def dvts(model, prompt: Prompt, value, config: DVTSConfig | None = None, *,
-         chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+         chat: bool | None = None, rng: torch.Generator | None = None) -> GenerationResult:
     config = config or DVTSConfig()
     expander = open_expander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
     first = expander.expand([expander.root], [config.subtrees])[0]

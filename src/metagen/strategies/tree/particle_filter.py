@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.decoding.result import GenerationResult
 from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
@@ -55,7 +55,7 @@ def resampling_weights(values: list[float], temperature: float) -> torch.Tensor:
 
 
 def particle_filter(model, prompt: Prompt, value, config: ParticleFilterConfig | None = None, *,
-                    chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+                    chat: bool | None = None, rng: torch.Generator | None = None) -> GenerationResult:
     import torch  # here: importing the search's config imports no torch
 
     if value is None:

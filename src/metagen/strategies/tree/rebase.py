@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.decoding.result import GenerationResult
 from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
@@ -56,7 +56,7 @@ def rebase_allocation(rewards: Sequence[float], budget: int, temperature: float)
 
 
 def rebase(model, prompt: Prompt, value, config: RebaseConfig | None = None, *,
-           chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+           chat: bool | None = None, rng: torch.Generator | None = None) -> GenerationResult:
     config = config or RebaseConfig()
     expander = open_expander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
     frontier, leaves = [expander.root], []

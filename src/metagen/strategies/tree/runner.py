@@ -79,7 +79,7 @@ def make_value(spec: str | None, model, prompt, delimiter: str, generator=None):
 def run_search(search, config, generator, prompt, options, rng, *, local_only: bool = False):
     """search(backend, prompt, value, config, chat=, rng=) on a generator with LOCAL_CACHE (its
     model, through `generator.local_model()`) or STEP_CONTINUATION (its completions; not when
-    `local_only`); `options` names the value and step delimiter. Returns its StrategyResult.
+    `local_only`); `options` names the value and step delimiter. Returns its GenerationResult.
     The registry's `StrategySpec.run` checks the generator's capabilities before this."""
     if local_only:
         caps.require({caps.LOCAL_CACHE}, generator, f"{search.__name__}")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.decoding.result import GenerationResult
 from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
@@ -43,7 +43,7 @@ class StepBeamConfig(TreeConfig):
 
 
 def step_beam_search(model, prompt: Prompt, value, config: StepBeamConfig | None = None, *,
-                     chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+                     chat: bool | None = None, rng: torch.Generator | None = None) -> GenerationResult:
     """Beam search over steps ranked by `value` (a PrefixValue); returns the aggregated leaves."""
     config = config or StepBeamConfig()
     expander = open_expander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
