@@ -50,7 +50,10 @@ import torch
 
 from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompts import Prompt, encode_prompt
-from metagen.decoding.rows import Row, StopRules, TokenRecord, request_chain
+from metagen.decoding.records import TokenRecord
+from metagen.decoding.request import request_chain
+from metagen.decoding.rows import Row
+from metagen.decoding.stop_rules import StopRules
 from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
 
 if TYPE_CHECKING:

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 import torch
 
 from metagen.decoding.batch import RowBatch
-from metagen.decoding.rows import token_records
+from metagen.decoding.records import token_records
 from metagen.decoding.sample_loop import GenerationResult, StreamEvent
 
 __all__ = ["forced_runs", "jump_forward_stream"]

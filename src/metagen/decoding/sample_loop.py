@@ -30,7 +30,8 @@ import torch
 from metagen.decoding.batch import RowBatch
 from metagen.decoding.cost import Cost
 from metagen.decoding.prompts import Prompt
-from metagen.decoding.rows import Completion, token_records
+from metagen.decoding.records import token_records
+from metagen.decoding.rows import Completion
 from metagen.sampling import LogitsProcessor, SamplingParams
 
 __all__ = ["Completion", "GenerationResult", "StreamEvent", "generate", "generate_batch", "stream"]

@@ -44,6 +44,8 @@ _EXPORTS = {
     "repetition_penalty_from_mask": "penalties",
     "PenaltyState": "penalty_state",
     "LogitsProcessor": "processor",
+    "NO_OPINION": "processor",
+    "StopVerdict": "processor",
     "StatelessProcessor": "processor",
     "EmptiedRowError": "sample",
     "TokenLogprobs": "sample",

@@ -15,7 +15,8 @@ import time
 import uuid
 from functools import lru_cache
 
-from metagen.decoding.rows import Completion, TokenRecord
+from metagen.decoding.records import TokenRecord
+from metagen.decoding.rows import Completion
 from metagen.serve.protocol import ParsedRequest
 
 

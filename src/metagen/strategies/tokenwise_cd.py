@@ -72,7 +72,10 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
     import torch  # here: importing the config imports no torch
 
     from metagen.decoding.prompts import encode_prompt
-    from metagen.decoding.rows import Row, StopRules, refuse_token_healing, request_chain, token_records
+    from metagen.decoding.records import token_records
+    from metagen.decoding.request import refuse_token_healing, request_chain
+    from metagen.decoding.rows import Row
+    from metagen.decoding.stop_rules import StopRules
 
     config = config or TokenwiseCDConfig()
     params = config.params
