@@ -24,11 +24,11 @@ def request_chain(params: SamplingParams, model, prompt_ids: Sequence[int], batc
     makes the first tokens reproduce it, and the constraint's grammar is prefixed with it."""
     masks = list(processors)
     if healed:
-        from metagen.structured.healing import TokenHealingProcessor
+        from metagen.sampling.token_healing import TokenHealingProcessor
 
         masks.insert(0, TokenHealingProcessor(model.tokenizer, healed, 1))
     if params.structured_outputs is not None:
-        from metagen.structured import StructuredProcessor  # llguidance only when a constraint is used
+        from metagen.sampling.constraint import StructuredProcessor  # llguidance only when a constraint is used
 
         masks.insert(0, StructuredProcessor(params.structured_outputs, model.tokenizer, 1,
                                             stop_token_ids=params.stop_token_ids, prefix=healed))

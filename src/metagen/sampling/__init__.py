@@ -21,6 +21,7 @@ from metagen._lazy import lazy_package
 _EXPORTS = {
     "token_counts": "_tokens",
     "SamplerChain": "chain",
+    "StructuredProcessor": "constraint",
     "contrastive": "contrastive",
     "epsilon": "epsilon",
     "entropy": "eta",
@@ -54,6 +55,7 @@ _EXPORTS = {
     "sample": "sample",
     "token_logprobs": "sample",
     "temperature": "temperature",
+    "TokenHealingProcessor": "token_healing",
     "top_k": "top_k",
     "top_p": "top_p",
     "typical": "typical",
