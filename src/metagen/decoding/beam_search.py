@@ -161,12 +161,13 @@ def beam_search(
     rules = StopRules.create(model, len(prompt_ids), max_tokens=config.max_tokens, stop=config.stop,
                              stop_token_ids=config.stop_token_ids, ignore_eos=config.ignore_eos)
     check_batch_fits(model, 2 * config.width, rules.max_new_tokens, what="width")  # 2·width candidates per step
+    params = config.sampling_params()
     beams = _Beams(model, config, Row(model.tokenizer, prompt_ids, rules),
-                   request_chain(config.sampling_params(), model, prompt_ids, 1, processors))
+                   request_chain(params, model, prompt_ids, 1, processors))
     cache, out = model.prefill(prompt_ids)
     if config.stochastic:
-        if generator is None:
-            generator = torch.Generator().manual_seed(0)
+        if generator is None:  # fresh OS entropy, as every other loop without a seed
+            generator = params.make_generator()
         ranked, calls = _stochastic_search(model, cache, out, config, beams, generator)
     else:
         ranked, calls = _search(model, cache, out, config, beams)
