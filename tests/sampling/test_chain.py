@@ -278,3 +278,29 @@ def test_an_emptied_row_is_a_typed_error_carrying_the_row_and_the_processors() -
         check_choosable(torch.tensor([[0.0, 1.0], [-INF, -INF]]))
     assert caught.value.row == (1,) and caught.value.processors == ()
     assert "by the processors" not in str(caught.value)
+
+
+def test_a_step_checks_its_logits_once(monkeypatch):
+    """Regression: a step checked the whole (B, V) logits for NaN / +inf in `process` and again in
+    the choice (and the model a third time), each a reduction and a host synchronisation. The one
+    full check is `process`'s; the choice looks at the B values it chose."""
+    import importlib
+
+    chain_module = importlib.import_module("metagen.sampling.chain")
+    sample_module = importlib.import_module("metagen.sampling.sample")  # `metagen.sampling.sample` is the function
+
+    calls = []
+    original = sample_module.check_choosable
+
+    def counted(logits):
+        calls.append(logits.shape)
+        return original(logits)
+
+    monkeypatch.setattr(chain_module, "check_choosable", counted)
+    monkeypatch.setattr(sample_module, "check_choosable", counted)
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    for params in (SamplingParams(temperature=0.0), SamplingParams(top_p=0.9, seed=1)):
+        chain = SamplerChain.from_params(params, 3, 50)
+        calls.clear()
+        chain.next_tokens(logits, params.make_generator())
+        assert calls == [torch.Size([3, 50])]

@@ -22,8 +22,9 @@ class TokenRecord(NamedTuple):
 
 def token_records(logits: Tensor, tokens: Tensor, processed: Tensor | None = None,
                   num_top: int = 0) -> list[TokenRecord]:
-    """Records of N chosen tokens, batched: one log-softmax over `logits (N, V)` and one host
-    transfer per quantity.
+    """Records of N chosen tokens, batched: one log-softmax over `logits (N, V)` (and one over
+    `processed` when the tokens were sampled), one host transfer for the per-token numbers and
+    one more only when top log-probabilities are asked for.
 
     logits: the model's raw logits; tokens: `(N,)` chosen ids; processed: `(N, V)` logits the
     tokens were drawn from (None: chosen by argmax, a point mass: sampled log-prob 0); num_top:
@@ -31,12 +32,13 @@ def token_records(logits: Tensor, tokens: Tensor, processed: Tensor | None = Non
     """
     ids = tokens.reshape(-1, 1).long()
     raw = torch.log_softmax(logits, dim=-1)  # (N, V)
-    chosen = raw.gather(1, ids).squeeze(1).tolist()
-    certainties = (-math.log(logits.shape[-1]) - raw.mean(dim=-1)).tolist()
-    if processed is None:
-        sampled = [0.0] * len(chosen)
-    else:
-        sampled = torch.log_softmax(processed, dim=-1).gather(1, ids).squeeze(1).tolist()
+    columns = [raw.gather(1, ids).squeeze(1), -math.log(logits.shape[-1]) - raw.mean(dim=-1)]  # (N,) each
+    if processed is not None:
+        columns.append(torch.log_softmax(processed, dim=-1).gather(1, ids).squeeze(1))
+    # One transfer; widening to float64 is exact, so the numbers are those of separate transfers.
+    values = torch.stack([column.double() for column in columns]).tolist()
+    chosen, certainties = values[0], values[1]
+    sampled = values[2] if processed is not None else [0.0] * len(chosen)
     tops: list[dict[int, float] | None] = [None] * len(chosen)
     if num_top:
         top = torch.topk(raw, num_top, dim=-1)

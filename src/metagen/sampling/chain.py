@@ -41,8 +41,10 @@ that declare `argmax_invariant`.
 
 Invalid logits are reported before any adapter runs: `process` (and so `next_tokens`) checks its
 input once with `check_choosable` (finite values and -inf are allowed; NaN, +inf and all -inf
-rows raise ValueError naming the row and token), and `choose` checks what it chooses from. A
-truncation would otherwise turn a NaN into -inf and sample anyway, or blame the truncation.
+rows raise ValueError naming the row and token). A truncation would otherwise turn a NaN into
+-inf and sample anyway, or blame the truncation. That is the one full check of a decoding step
+(the model does not check its logits): `choose` looks only at the B values it chose (`draw`,
+`argmax`) and runs `check_choosable` only when one of them is bad, for its message.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from .no_repeat_ngram import NoRepeatNgramState
 from .params import SamplingParams
 from .penalty_state import PenaltyState
 from .processor import NO_OPINION, LogitsProcessor, StatelessProcessor, StopVerdict, overrides_stop_hooks
-from .sample import EmptiedRowError, check_choosable, greedy, sample
+from .sample import EmptiedRowError, argmax, check_choosable, draw
 from .temperature import temperature
 from .top_k import top_k
 from .top_p import top_p
@@ -74,8 +76,8 @@ _FIELDS = {"structured": "structured_outputs", "no_repeat_ngram": "no_repeat_ngr
            "mirostat": "mirostat_tau"}  # processor name -> the SamplingParams field that asked for it
 
 
-def _choose_greedy(logits: Tensor, generator: torch.Generator | None) -> Tensor:
-    return greedy(logits)
+def _choose_greedy(logits: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    return argmax(logits)
 
 
 class SamplerChain:
@@ -107,7 +109,8 @@ class SamplerChain:
         self.names: tuple[str, ...] = tuple(p.name for p in self._active)
         self._stateful = tuple(p for p in self.processors if not p.stateless)
         self._judges = tuple(p for p in self.processors if overrides_stop_hooks(p))
-        self._choose: Callable[[Tensor, torch.Generator | None], Tensor] = _choose_greedy if greedy else sample
+        self._choose: Callable[[Tensor, torch.Generator | None], tuple[Tensor, Tensor]] = (
+            _choose_greedy if greedy else draw)
 
     @classmethod
     def from_params(
@@ -203,8 +206,12 @@ class SamplerChain:
         processors emptied names them (e.g. a constraint whose allowed tokens n-gram blocking
         removed).
         """
+        logits = float_logits(logits)
+        tokens, ok = self._choose(logits, generator)  # (B,), (B,)
+        if bool(ok.all()):  # O(B): the input of `process` was checked in full
+            return tokens
         try:
-            return self._choose(logits, generator)
+            check_choosable(logits)  # raises, naming the row, the token and the reason
         except EmptiedRowError as error:
             if not self.names:
                 raise
@@ -212,6 +219,7 @@ class SamplerChain:
             # structured_outputs allows only tokens that no_repeat_ngram_size forbids)
             fields = tuple(_FIELDS.get(name.split(":")[0], name) for name in self.names)
             raise EmptiedRowError(error.row, tuple(self.names), fields) from None
+        raise AssertionError("check_choosable accepted logits whose choice was not finite")
 
     def accept(self, tokens: Tensor) -> None:
         """Advance every processor with the chosen `tokens (B,)` (negative entries mark rows that
