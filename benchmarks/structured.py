@@ -116,7 +116,7 @@ def verdict(text: str, cut: bool, schema: dict) -> tuple[str, str]:
 
 # ------------------------------------------------------------------ (a) overhead
 def measure_overhead(model, args, extra) -> list[list[str]]:
-    from metagen.structured.processor import StructuredProcessor
+    from metagen.sampling.constraint import StructuredProcessor
     from metagen.structured.spec import StructuredOutputs
 
     rows = [["workload", "rows", "sampling", "steps", "plain ms/step", "constrained ms/step", "overhead",

@@ -182,6 +182,20 @@ def test_stochastic_beam_search_draws_differ_between_seeds_and_repeat_with_one()
     assert draws(3) != draws(4)
 
 
+def test_unseeded_stochastic_beam_search_draws_fresh_entropy():
+    """Regression: without a generator every run seeded 0, so all runs drew the same beams (every
+    other loop draws fresh OS entropy then). Twenty unseeded runs of ten searches each (width 1 is
+    ancestral sampling over 3 tokens of the toy model): all equal has probability far below 1e-9."""
+    config = BeamSearchConfig(width=1, stochastic=True, max_tokens=3)
+    model = ToyModel()
+    runs = {tuple(tuple(beam_search(model, PROMPT, config).completions[0].token_ids) for _ in range(10))
+            for _ in range(20)}
+    assert len(runs) > 1
+    seeded = [[beam_search(model, PROMPT, config, generator=torch.Generator().manual_seed(5)).completions[0].token_ids
+               for _ in range(3)] for _ in range(2)]
+    assert seeded[0] == seeded[1]
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
 def test_width_one_stochastic_beam_search_is_ancestral_sampling(temperature):
     samples = [hypotheses[0] for hypotheses in stochastic_runs(1, temperature)]

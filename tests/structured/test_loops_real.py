@@ -91,7 +91,8 @@ def test_constrained_greedy_is_the_argmax_over_allowed_tokens_step_by_step(model
     at each step the argmax of the model's logits among the tokens the constraint allows."""
     import torch
 
-    from metagen.structured import StructuredProcessor, StructuredOutputs
+    from metagen.sampling import StructuredProcessor
+    from metagen.structured import StructuredOutputs
 
     spec = StructuredOutputs(regex="(yes|no), because [a-z]{2,12}")
     params = SamplingParams(temperature=0, max_tokens=10, structured_outputs=spec)

@@ -18,7 +18,7 @@ import sys
 import time
 
 from metagen.cli import backend, common
-from metagen.cli.args import unescape
+from metagen.cli.args import chat_prompt, unescape
 from metagen.cli.sampling import FLOAT_PARAMS, INT_PARAMS, OTHER_OPTIONS, add_sampling_options, given, sampling_params
 from metagen.cli.speculative import add_speculative_options, make_drafter, speculative_options, speculative_summary
 from metagen.cli.structured import CONSTRAINT_OPTIONS, STRUCTURED_OPTIONS
@@ -81,15 +81,6 @@ def run(args: argparse.Namespace) -> int:
     if beam is not None:
         return _beam_search(args, model, prompt, beam, load_seconds)
     return _sample(args, model, prompt, params, speculative, drafter, load_seconds)
-
-
-def chat_prompt(args: argparse.Namespace):
-    """The prompt, or the [system, user] messages with --system (which needs the chat template)."""
-    if args.system is not None:
-        if args.chat is False:
-            raise ValueError("--system needs the chat template; drop --no-chat")
-        return [{"role": "system", "content": args.system}, {"role": "user", "content": args.prompt}]
-    return args.prompt
 
 
 def _beam_config(args: argparse.Namespace, params):

@@ -82,7 +82,7 @@ def refuse_strategy_options(args: argparse.Namespace) -> None:
 def generate_with_strategy(args: argparse.Namespace, params, speculative: dict | None) -> int:
     from dataclasses import replace
 
-    from metagen.cli.generate import chat_prompt
+    from metagen.cli.args import chat_prompt
     from metagen.cli.speculative import make_drafter
     from metagen.decoding import LocalGenerator
     from metagen.strategies.registry import check_options, get_strategy

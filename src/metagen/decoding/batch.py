@@ -34,8 +34,11 @@ import torch
 from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompts import Prompt, encode_prompt
-from metagen.decoding.rows import Row, StopRules, TokenRecord, Verdict, heal_request, request_chain
-from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
+from metagen.decoding.records import TokenRecord
+from metagen.decoding.request import heal_request, request_chain
+from metagen.decoding.rows import Row
+from metagen.decoding.stop_rules import StopRules
+from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams, StopVerdict
 
 
 class RowBatch:
@@ -80,7 +83,7 @@ class RowBatch:
                    *, chat: bool | None = None, generator: torch.Generator | None = None,
                    positions: int = 1) -> RowBatch:
         """`start` for a prompt as given (text, chat messages or token ids): encoded, and healed
-        when `params.token_healing` asks (`rows.heal_request`)."""
+        when `params.token_healing` asks (`request.heal_request`)."""
         prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
         prompt_ids, healed = heal_request(params, model, prompt, chat, prompt_ids)
         return cls.start(model, prompt_ids, params, processors, healed=healed, generator=generator,
@@ -121,7 +124,7 @@ class RowBatch:
         """The `Row` live row `b` decodes."""
         return self.rows[self.active[b]]
 
-    def push(self, b: int, token: int, record: TokenRecord, verdict: Verdict | None = None) -> str:
+    def push(self, b: int, token: int, record: TokenRecord, verdict: StopVerdict | None = None) -> str:
         """Live row `b` takes `token` (`Row.push`; `verdict`: the processors' (may_stop,
         must_stop) after it, by default the chain's now); returns the text it makes safe to show."""
         return self.row(b).push(token, record, self.chain.stop_verdict(b) if verdict is None else verdict)

@@ -52,8 +52,11 @@ import torch
 from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompts import Prompt, encode_prompt
+from metagen.decoding.records import TokenRecord
+from metagen.decoding.request import request_chain
 from metagen.decoding.result import Completion, GenerationResult
-from metagen.decoding.rows import Row, StopRules, TokenRecord, request_chain
+from metagen.decoding.rows import Row
+from metagen.decoding.stop_rules import StopRules
 from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
 
 if TYPE_CHECKING:
@@ -139,15 +142,16 @@ def beam_search(
     rules = StopRules.create(model, len(prompt_ids), max_tokens=config.max_tokens, stop=config.stop,
                              stop_token_ids=config.stop_token_ids, ignore_eos=config.ignore_eos)
     check_batch_fits(model, 2 * config.width, rules.max_new_tokens, what="width")  # 2·width candidates per step
+    params = config.sampling_params()
     beams = _Beams(model, config, Row(model.tokenizer, prompt_ids, rules),
-                   request_chain(config.sampling_params(), model, prompt_ids, 1, processors))
+                   request_chain(params, model, prompt_ids, 1, processors))
     cost = Cost(model_calls=1, prompt_tokens_computed=len(prompt_ids),  # the prefill
                 flops=forward_flops(model, 0, len(prompt_ids)))
     cache, out = model.prefill(prompt_ids)
     prefill_seconds = time.perf_counter() - started
     if config.stochastic:
-        if generator is None:
-            generator = torch.Generator().manual_seed(0)
+        if generator is None:  # fresh OS entropy, as every other loop without a seed
+            generator = params.make_generator()
         ranked = _stochastic_search(model, cache, out, config, beams, generator, cost, len(prompt_ids))
     else:
         ranked = _search(model, cache, out, config, beams, cost, len(prompt_ids))

@@ -70,7 +70,7 @@ class Generator(ABC):
     described_as: str | None = None
     concurrent: bool = False
     # How its Cost.flops are estimated when not by the one formula of the architecture
-    # (`decoding.cost.transformer_flops_per_token`), shown beside them in reports; None: exact.
+    # (`models.flops.transformer_flops_per_token`), shown beside them in reports; None: exact.
     flops_estimate: str | None = None
 
     @abstractmethod

@@ -44,8 +44,8 @@ import torch
 
 from metagen.decoding.batch import RowBatch
 from metagen.decoding.cost import forward_flops
+from metagen.decoding.records import token_records
 from metagen.decoding.result import GenerationResult
-from metagen.decoding.rows import token_records
 from metagen.decoding.sample_loop import StreamEvent
 
 __all__ = ["forced_runs", "jump_forward_stream"]

@@ -34,8 +34,8 @@ import torch
 from metagen.decoding.batch import RowBatch
 from metagen.decoding.cost import forward_flops
 from metagen.decoding.prompts import Prompt
+from metagen.decoding.records import token_records
 from metagen.decoding.result import GenerationResult
-from metagen.decoding.rows import token_records
 from metagen.sampling import LogitsProcessor, SamplingParams
 
 __all__ = ["StreamEvent", "generate", "generate_batch", "stream"]

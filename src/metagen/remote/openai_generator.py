@@ -298,7 +298,7 @@ class OpenAIGenerator(Generator):
 
     async def _stream_one(self, endpoint: str, request: dict, handle) -> None:
         """Stream one request (`stream=true`), calling handle(chunk, URL) for every chunk."""
-        from metagen.remote.streaming import sse_chunks
+        from metagen.remote.sse import sse_chunks
 
         url = f"{self.transport.base_url}/{endpoint}"
 

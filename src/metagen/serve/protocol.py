@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from metagen.decoding.prompts import encode_prompt
-from metagen.decoding.rows import heal_request
+from metagen.decoding.request import heal_request
 from metagen.json_depth import MAX_JSON_DEPTH, check_json_depth
 from metagen.sampling import SamplingParams
 from metagen.sampling.params import MAX_LOGPROBS

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from metagen.decoding.rows import Row, TokenRecord
+from metagen.decoding.records import TokenRecord
+from metagen.decoding.rows import Row
 from metagen.sampling import SamplingParams
 
 

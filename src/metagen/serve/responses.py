@@ -15,8 +15,8 @@ import time
 import uuid
 from functools import lru_cache
 
+from metagen.decoding.records import TokenRecord
 from metagen.decoding.result import Completion
-from metagen.decoding.rows import TokenRecord
 from metagen.serve.protocol import ParsedRequest
 
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from metagen.decoding.cost import Cost
+from metagen.decoding.result import GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.strategies import runners
-from metagen.strategies.options import sizes_work
-from metagen.decoding.result import GenerationResult
+from metagen.strategies.options import configure, sizes_work
 from metagen.strategies.self_consistency import CLUSTER_SET
 from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.stopping import RULES, check_threshold, should_stop
@@ -93,11 +93,27 @@ def adaptive_consistency(
     return GenerationResult(candidates, cost=cost, chosen=winner(candidates, votes, config.math), votes=votes)
 
 
+def _runner(generator, prompt, n, params, options, rng, overrides):
+    config = AdaptiveConsistencyConfig(n, params=params, pattern=options.pattern, math=options.math,
+                                       answer_field=options.answer_field)
+    return adaptive_consistency(generator, prompt, configure(config, overrides), rng=rng)
+
+
+def _code_cluster(generator, prompt, n, params, options, rng, overrides):
+    """code_cluster sampled one at a time until the largest cluster is the majority (the stopping
+    rule over cluster keys, `runners.cluster_keys`), plus the sandbox's wall seconds."""
+    key, spent = runners.cluster_keys(prompt)
+    config = configure(AdaptiveConsistencyConfig(n, params=params), overrides)
+    result = adaptive_consistency(generator, prompt, config, key, rng=rng)
+    for cost in spent:
+        result.cost += cost
+    return runners.with_answers(result, options)
+
 register(StrategySpec("adaptive_consistency", "majority vote sampled one at a time until the leading answer is "
-                      "the majority with posterior probability 0.95 (at most n)", runners.adaptive_consistency,
+                      "the majority with posterior probability 0.95 (at most n)", _runner,
                       pooled=True, sequential=True, config=AdaptiveConsistencyConfig,
                       set_by_run=frozenset({"n_max", "params"})), __name__)
 register(StrategySpec("adaptive_code_cluster", "code_cluster sampled one at a time until the largest cluster is the "
-                      "majority with posterior probability 0.95 (at most n)", runners.code_cluster(adaptive=True),
+                      "majority with posterior probability 0.95 (at most n)", _code_cluster,
                       pooled=True, sequential=True, config=AdaptiveConsistencyConfig,
                       set_by_run=CLUSTER_SET | {"n_max"}), __name__)

@@ -14,13 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.decoding.result import GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import self_certainty
 from metagen.strategies import runners
-from metagen.strategies.options import sizes_work
-from metagen.decoding.result import GenerationResult
+from metagen.strategies.options import configure, sizes_work
 from metagen.strategies.spec import CERTAINTY, StrategySpec, register
 from metagen.strategies.voting import sample_answers, tally, winner
 
@@ -88,5 +88,9 @@ def borda_voting(
                             votes=votes)
 
 
-register(StrategySpec("borda", "Borda voting ranked by self-certainty, p = 0.5", runners.borda, pooled=True,
+def _runner(generator, prompt, n, params, options, rng, overrides):
+    config = BordaVotingConfig(n, params, options.pattern, options.math, answer_field=options.answer_field)
+    return borda_voting(generator, prompt, configure(config, overrides), rng=rng)
+
+register(StrategySpec("borda", "Borda voting ranked by self-certainty, p = 0.5", _runner, pooled=True,
                       needs=CERTAINTY, config=BordaVotingConfig), __name__)

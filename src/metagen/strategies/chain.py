@@ -44,9 +44,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from metagen.decoding.cost import Cost
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.strategies.options import sizes_work
-from metagen.decoding.result import Completion, GenerationResult
 from metagen.strategies.templates import check_template, template_fields
 from metagen.tools import Tool
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
+from metagen.decoding.result import GenerationResult, prefer_complete
 from metagen.sampling import SamplingParams
 from metagen.strategies import runners
-from metagen.strategies.options import sizes_work
-from metagen.decoding.result import GenerationResult, prefer_complete
+from metagen.strategies.options import configure, sizes_work
 from metagen.strategies.spec import StrategySpec, register
 
 if TYPE_CHECKING:
@@ -94,17 +94,27 @@ def mbr(
     return GenerationResult(candidates, cost=result.cost + utility_cost, chosen=chosen)
 
 
-register(StrategySpec("mbr_chrf", "MBR with chrF", runners.mbr(runners.chrf), extracts=True, pooled=True,
+def _runner(utility):
+    """The registry's runner of MBR with the utility `utility(generator)` builds (on first use: a
+    utility's backend, sacrebleu or a sentence encoder, loads when it runs)."""
+
+    def run(generator, prompt, n, params, options, rng, overrides):
+        config = configure(MBRConfig(n, params, include_self=True), overrides)
+        return runners.with_answers(mbr(generator, prompt, config, utility(generator), rng=rng), options)
+
+    return run
+
+register(StrategySpec("mbr_chrf", "MBR with chrF", _runner(runners.chrf), extracts=True, pooled=True,
                       config=MBRConfig), __name__)
-register(StrategySpec("mbr_bleu", "MBR with BLEU", runners.mbr(runners.bleu), extracts=True, pooled=True,
+register(StrategySpec("mbr_bleu", "MBR with BLEU", _runner(runners.bleu), extracts=True, pooled=True,
                       config=MBRConfig), __name__)
-register(StrategySpec("mbr_edit", "MBR with edit similarity", runners.mbr(runners.edit_similarity), extracts=True,
+register(StrategySpec("mbr_edit", "MBR with edit similarity", _runner(runners.edit_similarity), extracts=True,
                       pooled=True, config=MBRConfig), __name__)
-register(StrategySpec("mbr_embedding", "MBR with MiniLM embedding cosine", runners.mbr(runners.embedding_cosine),
+register(StrategySpec("mbr_embedding", "MBR with MiniLM embedding cosine", _runner(runners.embedding_cosine),
                       extracts=True, pooled=True, config=MBRConfig), __name__)
 # the judge is the run's own generator, called O(n²) times: it cannot run from a stored pool
 register(StrategySpec("mbr_judge", "MBR with the model judging whether two answers agree (P(Yes), O(n²) calls)",
-                      runners.mbr(runners.llm_judge), extracts=True, pooled=False,
+                      _runner(runners.llm_judge), extracts=True, pooled=False,
                       needs=frozenset({caps.TOP_LOGPROBS}),
                       why="the model judges each pair of answers, reading the top logprobs of its Yes/No token",
                       config=MBRConfig), __name__)

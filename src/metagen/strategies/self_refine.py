@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
+from metagen.decoding.result import GenerationResult, prefer_complete
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.strategies import runners
-from metagen.strategies.options import sizes_work
-from metagen.decoding.result import GenerationResult, prefer_complete
+from metagen.strategies.options import configure, sizes_work
 from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.templates import check_template
 
@@ -178,7 +178,13 @@ def check_params(name: str, value: object) -> None:
         raise ValueError(f"{name}={value!r} is not a SamplingParams")
 
 
-register(StrategySpec("self_refine", "draft + (n - 1) critique/revision rounds", runners.self_refine, extracts=True,
+def _runner(generator, prompt, n, params, options, rng, overrides):
+    # The answers (draft, revisions) keep the request's constraint; a critique is free text.
+    critique = replace(params, structured_outputs=None)
+    config = SelfRefineConfig(rounds=n - 1, draft_params=params, critique_params=critique, revision_params=params)
+    return runners.with_answers(self_refine(generator, prompt, configure(config, overrides), rng=rng), options)
+
+register(StrategySpec("self_refine", "draft + (n - 1) critique/revision rounds", _runner, extracts=True,
                       pooled=False, budget="rounds", config=SelfRefineConfig,
                       set_by_run=frozenset({"rounds", "draft_params", "critique_params", "revision_params"})),
          __name__)

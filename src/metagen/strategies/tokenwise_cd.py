@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost, forward_flops
+from metagen.decoding.result import Completion, GenerationResult, prefer_complete
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import check_answer_field, extract_answer
 from metagen.strategies import runners
-from metagen.strategies.options import sizes_work
-from metagen.decoding.result import Completion, GenerationResult, prefer_complete
+from metagen.strategies.options import configure, sizes_work
 from metagen.strategies.spec import StrategySpec, register
 
 if TYPE_CHECKING:
@@ -75,7 +75,10 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
     import torch  # here: importing the config imports no torch
 
     from metagen.decoding.prompts import encode_prompt
-    from metagen.decoding.rows import Row, StopRules, refuse_token_healing, request_chain, token_records
+    from metagen.decoding.records import token_records
+    from metagen.decoding.request import refuse_token_healing, request_chain
+    from metagen.decoding.rows import Row
+    from metagen.decoding.stop_rules import StopRules
 
     config = config or TokenwiseCDConfig()
     params = config.params
@@ -146,8 +149,15 @@ def _candidate(row: Row, score: float | None, config: TokenwiseCDConfig) -> Comp
                       complete=completion.complete)
 
 
+def _runner(generator, prompt, n, params, options, rng, overrides):
+    from metagen.strategies.tree.runner import run_search
+
+    params = replace(params, n=1)
+    config = TokenwiseCDConfig(n=1, top_k=n, params=params, pattern=options.pattern, answer_field=options.answer_field)
+    return run_search(tokenwise_cd, configure(config, overrides), generator, prompt, options, rng, local_only=True)
+
 register(StrategySpec("tokenwise_cd", "tokenwise controlled decoding over the top n tokens, strength 4 (--value)",
-                      runners.tokenwise_cd, pooled=False, uses_value=True, needs=frozenset({caps.LOCAL_CACHE}),
+                      _runner, pooled=False, uses_value=True, needs=frozenset({caps.LOCAL_CACHE}),
                       why="it values the top-k next tokens at every position, which needs a local model",
                       config=TokenwiseCDConfig, set_by_run=frozenset({"n", "top_k", "params"}),
                       defaults=(("strength", runners.LAMBDA),)), __name__)

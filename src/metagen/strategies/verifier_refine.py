@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
-from metagen.sampling import SamplingParams
-from metagen.scoring.base import Scorer, Verdict, Verifier, as_scorer
-from metagen.strategies import runners
-from metagen.strategies.options import sizes_work
 from metagen.decoding.result import Completion, GenerationResult, prefer_complete
+from metagen.sampling import SamplingParams
+from metagen.scoring.base import Scorer, Verdict, Verifier, as_scorer, prompt_text
+from metagen.strategies import runners
+from metagen.strategies.options import configure, sizes_work
 from metagen.strategies.self_refine import chat_prompt, check_count, check_params, split_question
 from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.templates import check_template
@@ -149,7 +149,24 @@ def _assess(result: VerifierRefineResult, batch: list[Completion], generation_co
     return any(verdict.passed for verdict in verdicts)
 
 
+def _runner(generator, prompt, n, params, options, rng, overrides):
+    """Refinement by the prompt's docstring examples: n attempts at most, a sample, then each
+    revision shown the examples its predecessor failed (`ExampleTests.verifier`; rounds = n − 1,
+    one candidate per round unless the overrides widen it). A prompt without examples has no
+    verifier: the first sample (complete ones first) is returned, with no revision. Cost: the
+    samples' plus the sandbox's wall seconds."""
+    from metagen.scoring.example_tests import ExampleTests
+
+    config = configure(VerifierRefineConfig(initial_candidates=1, rounds=n - 1, revisions_per_round=1, beam=1,
+                                            params=replace(params, n=1)), overrides)
+    tests = ExampleTests(prompt_text(prompt))
+    if tests.verifier is not None:
+        return runners.with_answers(verifier_refine(generator, prompt, tests.verifier, config, rng=rng), options)
+    result = generator.generate(prompt, replace(config.params, n=config.initial_candidates), generator=rng)
+    result.chosen = prefer_complete(result.completions)[0]
+    return runners.with_answers(result, options)
+
 register(StrategySpec("verifier_refine", "code: a sample, then up to n - 1 revisions each shown the docstring "
                       "examples the last attempt failed; stops at the first that passes them",
-                      runners.verifier_refine, extracts=True, pooled=False, budget="rounds",
+                      _runner, extracts=True, pooled=False, budget="rounds",
                       config=VerifierRefineConfig, set_by_run=frozenset({"rounds", "params"})), __name__)

@@ -14,8 +14,8 @@ from dataclasses import replace
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
-from metagen.scoring.answers import answers_match
 from metagen.decoding.result import Completion, prefer_complete
+from metagen.scoring.answers import answers_match
 
 
 def sample_answers(generator, prompt, params, n: int, extract, rng=None) -> tuple[list[Completion], Cost]:

@@ -13,13 +13,13 @@ import math as _math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.decoding.result import GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import mean_logprob
 from metagen.strategies import runners
-from metagen.strategies.options import sizes_work
-from metagen.decoding.result import GenerationResult
+from metagen.strategies.options import configure, sizes_work
 from metagen.strategies.spec import CERTAINTY, StrategySpec, register
 from metagen.strategies.voting import sample_answers, tally, winner
 
@@ -73,5 +73,11 @@ def weighted_voting(
                             votes=votes)
 
 
-register(StrategySpec("weighted_voting", "answers weighted by self-certainty", runners.weighted_voting, pooled=True,
+def _runner(generator, prompt, n, params, options, rng, overrides):
+    from metagen.scoring.logprob import self_certainty
+
+    config = WeightedVotingConfig(n, params, options.pattern, options.math, answer_field=options.answer_field)
+    return weighted_voting(generator, prompt, configure(config, overrides), self_certainty, rng=rng)
+
+register(StrategySpec("weighted_voting", "answers weighted by self-certainty", _runner, pooled=True,
                       needs=CERTAINTY, defaults=(("exp_scores", False),), config=WeightedVotingConfig), __name__)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from metagen.decoding.result import Completion, GenerationResult, prefer_complete
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import check_answer_field, extract_answer
-from metagen.decoding.result import Completion, GenerationResult, prefer_complete
 from metagen.strategies.tree.node import Node, StepConfig
 from metagen.strategies.voting import tally, winner
 

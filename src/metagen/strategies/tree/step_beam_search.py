@@ -15,9 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from metagen.strategies import runners
-from metagen.strategies.options import sizes_work
 from metagen.decoding.result import GenerationResult
+from metagen.strategies import runners
+from metagen.strategies.best_of_n import best_by_tests
+from metagen.strategies.options import sizes_work
 from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
@@ -66,7 +67,7 @@ register(runners.tree_spec("best_of_n_value", "best of n samples by the value (-
                            "the share of a code prompt's docstring examples passed)", step_beam_search, StepBeamConfig,
                            lambda n, params: {"beam_width": 1, "expansions": n, "max_steps": 1,
                                               "step": runners.whole_answer_step(params)},
-                           {"beam_width", "expansions", "max_steps"}, fixed_step=True, whole_answer=True), __name__)
+                           {"beam_width", "expansions", "max_steps"}, fixed_step=True, whole_answer=best_by_tests), __name__)
 register(runners.tree_spec("step_beam", "step-level beam search: n children per depth, n/4 kept (--value)",
                            step_beam_search, StepBeamConfig,
                            lambda n, params: {"beam_width": runners.kept(n), "expansions": n // runners.kept(n)},
