@@ -19,7 +19,6 @@ from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import self_certainty
-from metagen.strategies import runners
 from metagen.strategies.options import configure, sizes_work
 from metagen.strategies.spec import CERTAINTY, StrategySpec, register
 from metagen.strategies.voting import sample_answers, tally, winner
