@@ -230,8 +230,8 @@ def decode_seconds(model, prompt_ids: list[int], steps: int) -> float:
 
     params = SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True)
     result = generate(model, prompt_ids, params, chat=False)
-    if result.model_calls - 1 != steps:
-        raise RuntimeError(f"expected {steps} decode steps, ran {result.model_calls - 1}")
+    if result.cost.model_calls - 1 != steps:
+        raise RuntimeError(f"expected {steps} decode steps, ran {result.cost.model_calls - 1}")
     return result.decode_seconds
 
 

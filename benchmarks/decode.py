@@ -110,7 +110,7 @@ def measure_metagen(model, prompt_ids: list[int], args) -> list[Measurement]:
     out = []
     for mode, params in (("greedy", greedy), ("sampling", sampling)):
         results = repeat(lambda: generate(model, prompt_ids, params), args.repeats)
-        steps = results[0].model_calls - 1  # calls after the prefill
+        steps = results[0].cost.model_calls - 1  # calls after the prefill
         if steps != args.tokens:
             raise RuntimeError(f"metagen {dtype} {mode}: expected {args.tokens} decode steps, ran {steps}")
         out.append(

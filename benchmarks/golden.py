@@ -11,7 +11,8 @@ two strategies (best_of_n, self_consistency) and a batch of requests through the
 engine (in process, all admitted in its first step) — each reduced to plain values: token ids,
 texts, log-probs rounded to 1e-4, finish and stop reasons, completeness and the `Cost` fields
 that do not measure time. `--compare` runs the same calls and lists every value that differs
-(exit status 1 when any does). Numerics are the machine's: compare on the machine that
+(exit status 1 when any does); a value recorded as None (a Cost a loop did not report then) or a
+key not recorded, now present, is listed as added, not as a difference. Numerics are the machine's: compare on the machine that
 recorded. Runs in about a minute on two threads.
 """
 
@@ -55,15 +56,15 @@ def _completion(c) -> dict:
 
 def _result(result) -> dict:
     return {"completions": [_completion(c) for c in result.completions], "prompt_token_ids": result.prompt_token_ids,
-            "model_calls": result.model_calls, "forced_tokens": result.forced_tokens,
+            "model_calls": result.cost.model_calls, "forced_tokens": result.forced_tokens,
             "healed_text": result.healed_text, "cost": _cost(result.cost)}
 
 
 def _beam(result) -> dict:
-    return {"model_calls": result.model_calls, "hypotheses": [
-        {"token_ids": h.token_ids, "text": h.text, "logprob": round(h.logprob, ROUND), "score": round(h.score, ROUND),
-         "finished": h.finished, "finish_reason": h.finish_reason, "complete": h.complete,
-         "logprobs": _logprobs(h.logprobs)} for h in result.hypotheses]}
+    return {"model_calls": result.cost.model_calls, "cost": _cost(result.cost), "hypotheses": [
+        {"token_ids": h.token_ids, "text": h.text, "logprob": round(h.cumulative_logprob, ROUND),
+         "score": round(h.score, ROUND), "finished": h.finish_reason == "stop", "finish_reason": h.finish_reason,
+         "complete": h.complete, "logprobs": _logprobs(h.logprobs)} for h in result.completions]}
 
 
 def _strategy(result) -> dict:
@@ -71,7 +72,7 @@ def _strategy(result) -> dict:
             "cost": _cost(result.cost), "candidates": [
                 {"text": c.text, "token_ids": c.token_ids, "logprobs": _logprobs(c.logprobs),
                  "finish_reason": c.finish_reason, "answer": c.answer, "complete": c.complete,
-                 "score": None if c.score is None else round(c.score, ROUND)} for c in result.candidates]}
+                 "score": None if c.score is None else round(c.score, ROUND)} for c in result.completions]}
 
 
 SCHEMA = {"type": "object", "properties": {"order_has_already_been_paid_in_full": {"type": "boolean"},
@@ -239,24 +240,31 @@ def run(groups: list[str]) -> dict:
     return {group: GROUPS[group](model) for group in groups}
 
 
-def differences(before, after, path: str = "") -> list[str]:
-    """Every leaf that differs between two recorded trees, as 'path: before -> after'."""
+def differences(before, after, path: str = "", added: list[str] | None = None) -> list[str]:
+    """Every leaf that differs between two recorded trees, as 'path: before -> after'. A value
+    recorded as None (not reported then, as a Cost) or a key not recorded, now present, is not
+    a difference: it goes to `added` when given."""
     if isinstance(before, dict) and isinstance(after, dict):
         out = []
         for key in sorted(set(before) | set(after), key=str):
             if key not in after:
                 out.append(f"{path}/{key}: missing after")
             elif key not in before:
-                out.append(f"{path}/{key}: new after")
+                if added is not None:
+                    added.append(f"{path}/{key}")
             else:
-                out += differences(before[key], after[key], f"{path}/{key}")
+                out += differences(before[key], after[key], f"{path}/{key}", added)
         return out
+    if before is None and after is not None:
+        if added is not None:
+            added.append(path)
+        return []
     if isinstance(before, list) and isinstance(after, list):
         if len(before) != len(after):
             return [f"{path}: {len(before)} items -> {len(after)} items: {before!r:.200} -> {after!r:.200}"]
         out = []
         for index, (a, b) in enumerate(zip(before, after)):
-            out += differences(a, b, f"{path}[{index}]")
+            out += differences(a, b, f"{path}[{index}]", added)
         return out
     return [] if before == after else [f"{path}: {before!r:.200} -> {after!r:.200}"]
 
@@ -286,9 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     if recorded["threads"] != args.threads:
         print(f"note: recorded with {recorded['threads']} threads, run with {args.threads}")
     before = {group: recorded["outputs"].get(group) for group in groups}
-    found = differences(json.loads(json.dumps(before)), json.loads(json.dumps(outputs, sort_keys=True)))
+    added: list[str] = []
+    found = differences(json.loads(json.dumps(before)), json.loads(json.dumps(outputs, sort_keys=True)), added=added)
     for line in found:
         print(line)
+    if added:
+        print(f"{len(added)} values reported now and not when recorded (not differences): {', '.join(added[:8])}"
+              + (" ..." if len(added) > 8 else ""))
     print(f"{len(found)} differences in {sum(len(v) for v in outputs.values())} cases ({', '.join(groups)})")
     return 1 if found else 0
 

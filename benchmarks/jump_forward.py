@@ -67,7 +67,7 @@ def main() -> None:
             assert [c.token_ids for c in on.completions] == [c.token_ids for c in off.completions]
         t_on, t_off = statistics.median(times[True]), statistics.median(times[False])
         print(f"T={temperature:g} n={n:<6}{on.generated_tokens:>8}{on.forced_tokens:>8}"
-              f"{on.model_calls:>9}/{off.model_calls:<7}{t_on:>13.2f}{t_off:>8.2f}{t_off / t_on:>9.2f}x")
+              f"{on.cost.model_calls:>9}/{off.cost.model_calls:<7}{t_on:>13.2f}{t_off:>8.2f}{t_off / t_on:>9.2f}x")
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ import torch
 
 from decode import markdown_table, plain_table
 from metagen.decoding import generate
-from metagen.decoding.sample_loop import GenerationResult
+from metagen.decoding.result import GenerationResult
 from metagen.models import embedded_model_path, load
 from metagen.sampling import SamplingParams
 from structured_engines import SCHEMAS, Llguidance, Xgrammar, measure_engine, special_tokens_before_complete, \
@@ -116,7 +116,7 @@ def verdict(text: str, cut: bool, schema: dict) -> tuple[str, str]:
 
 # ------------------------------------------------------------------ (a) overhead
 def measure_overhead(model, args, extra) -> list[list[str]]:
-    from metagen.structured.processor import StructuredProcessor
+    from metagen.sampling.constraint import StructuredProcessor
     from metagen.structured.spec import StructuredOutputs
 
     rows = [["workload", "rows", "sampling", "steps", "plain ms/step", "constrained ms/step", "overhead",
@@ -201,7 +201,7 @@ def measure_jump_forward(model, cases, args) -> list[list[str]] | None:
             results = [generate(model, prompt, params, jump_forward=flag) for _ in range(max(args.repeats, 1))]
             runs[flag] = (results[0], min(r.decode_seconds for r in results))
         (off, off_seconds), (on, on_seconds) = runs[False], runs[True]
-        forwards_off, forwards_on = off.model_calls - 1, on.model_calls - 1  # the prefill is not a decode forward
+        forwards_off, forwards_on = off.cost.model_calls - 1, on.cost.model_calls - 1  # the prefill is not a decode forward
         rows.append([name, str(on.generated_tokens), str(on.forced_tokens), str(forwards_off), str(forwards_on),
                      f"{100 * (1 - forwards_on / max(forwards_off, 1)):.0f}%", f"{off_seconds:.2f}",
                      f"{on_seconds:.2f}", f"{100 * (1 - on_seconds / off_seconds):.0f}%",

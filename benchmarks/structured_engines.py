@@ -285,7 +285,7 @@ def llguidance_state_costs(tokenizer, repeats=2000):
 
 def processor_step_costs(tokenizer, repeats):
     """StructuredProcessor apply + accept per decoding step (us), B = 1 and 16, along a valid document."""
-    from metagen.structured.processor import StructuredProcessor
+    from metagen.sampling.constraint import StructuredProcessor
     from metagen.structured.spec import StructuredOutputs
 
     schema, document = SCHEMAS["taylor_swift"].schema, SCHEMAS["taylor_swift"].document

@@ -53,7 +53,8 @@ def test_generate_json_prints_one_object_matching_the_library(model, capsys):
     out = capsys.readouterr().out
     assert out.count("\n") == 1
     payload = json.loads(out)
-    expected = generate(model, QUESTION, SamplingParams(temperature=0, max_tokens=8)).completions[0]
+    library = generate(model, QUESTION, SamplingParams(temperature=0, max_tokens=8))
+    expected = library.completions[0]
     assert payload["text"] == expected.text
     assert payload["tokens"] == expected.token_ids
     assert payload["logprobs"] == pytest.approx(expected.logprobs, abs=1e-5)
@@ -65,6 +66,11 @@ def test_generate_json_prints_one_object_matching_the_library(model, capsys):
     assert timing["generated_tokens"] == len(expected.token_ids)
     for key in ("load_seconds", "prefill_seconds", "decode_seconds", "tokens_per_second"):
         assert timing[key] >= 0
+    # the local path prints the loop's Cost, as the --backend path prints the server's
+    cost = payload["cost"]
+    for key in ("model_calls", "prompt_tokens_computed", "prompt_tokens_reused", "generated_tokens", "target_steps"):
+        assert cost[key] == getattr(library.cost, key)
+    assert cost["flops"] == pytest.approx(library.cost.flops, rel=1e-9)
 
 
 @pytest.mark.slow
@@ -94,12 +100,14 @@ def test_beam_width_two_matches_beam_search(model, capsys):
     argv = ["generate", QUESTION, "--beam-width", "2", "--max-tokens", "6", "--length-penalty", "0", "--json"]
     assert main(argv) == 0
     payload = json.loads(capsys.readouterr().out)
-    best = beam_search(model, QUESTION, BeamSearchConfig(width=2, max_tokens=6, length_penalty=0.0)).hypotheses[0]
+    library = beam_search(model, QUESTION, BeamSearchConfig(width=2, max_tokens=6, length_penalty=0.0))
+    best = library.completions[0]
     assert payload["tokens"] == best.token_ids
     assert payload["text"] == best.text
-    assert payload["logprob"] == pytest.approx(best.logprob, abs=1e-5)
-    assert payload["finish_reason"] == ("stop" if best.finished else "length")
-    assert payload["timing"]["model_calls"] >= 1
+    assert payload["logprob"] == pytest.approx(best.cumulative_logprob, abs=1e-5)
+    assert payload["finish_reason"] == (best.finish_reason or "length")
+    assert payload["timing"]["model_calls"] == payload["cost"]["model_calls"] == library.cost.model_calls >= 1
+    assert payload["cost"]["flops"] == pytest.approx(library.cost.flops, rel=1e-9)
 
 
 @pytest.mark.slow

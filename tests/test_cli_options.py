@@ -106,7 +106,7 @@ class _TinyModel:
     kv_bytes_per_token = 0
 
     def __init__(self, prefill):
-        from metagen.theory.kgram import SymbolTokenizer
+        from metagen.models.kgram import SymbolTokenizer
 
         self.tokenizer = SymbolTokenizer(sorted(set(QUESTION)))
         self.prefill = prefill

@@ -10,27 +10,20 @@ Names are imported on first use so `import metagen` stays light.
 
 __version__ = "0.1.0"
 
+from metagen._lazy import lazy_package
+
+# name -> the subpackage that defines it, imported on first use (`metagen._lazy`)
 _EXPORTS = {
-    "load": "metagen.models",
-    "LanguageModel": "metagen.models",
-    "SamplingParams": "metagen.sampling",
-    "SamplerChain": "metagen.sampling",
-    "generate": "metagen.decoding",
-    "generate_batch": "metagen.decoding",
-    "stream": "metagen.decoding",
-    "beam_search": "metagen.decoding",
-    "BeamSearchConfig": "metagen.decoding",
+    "load": "models",
+    "LanguageModel": "models",
+    "SamplingParams": "sampling",
+    "SamplerChain": "sampling",
+    "generate": "decoding",
+    "generate_batch": "decoding",
+    "stream": "decoding",
+    "beam_search": "decoding",
+    "BeamSearchConfig": "decoding",
 }
+lazy_package(__name__, _EXPORTS)
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'metagen' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from metagen.decoding.batch import RowBatch
-from metagen.decoding.rows import TokenRecord
+from metagen.decoding.records import TokenRecord
 from metagen.sampling import SamplingParams
 from tests.decoding.toy_model import EOS, A, B, BOS, C, VOCAB, ToyModel
 

@@ -38,16 +38,16 @@ def test_a_beam_as_wide_as_the_space_returns_every_sequence_in_exact_order(alpha
     config = BeamSearchConfig(width=everything, n_best=everything, length_penalty=alpha, max_tokens=3)
     result = beam_search(ToyModel(), PROMPT, config)
     expected = brute_force_ranking(PROMPT, 3, alpha)
-    assert tuple(result.hypotheses[0].token_ids) == expected[0][2] == best
-    assert sorted(tuple(h.token_ids) for h in result.hypotheses) == sorted(s for _, _, s in expected)
-    scores = [h.score for h in result.hypotheses]
+    assert tuple(result.completions[0].token_ids) == expected[0][2] == best
+    assert sorted(tuple(h.token_ids) for h in result.completions) == sorted(s for _, _, s in expected)
+    scores = [h.score for h in result.completions]
     assert scores == sorted(scores, reverse=True)
     assert scores == pytest.approx([score for score, _, _ in expected], abs=1e-5)
-    for hypothesis in result.hypotheses:
-        assert hypothesis.logprob == pytest.approx(sum(step_logprobs(PROMPT, hypothesis.token_ids)), abs=1e-5)
-        assert hypothesis.score == pytest.approx(hypothesis.logprob / len(hypothesis.token_ids) ** alpha, abs=1e-6)
-        assert hypothesis.finished == (hypothesis.token_ids[-1] == EOS)
-    assert result.hypotheses[0].text == text_of(list(best))
+    for hypothesis in result.completions:
+        assert hypothesis.cumulative_logprob == pytest.approx(sum(step_logprobs(PROMPT, hypothesis.token_ids)), abs=1e-5)
+        assert hypothesis.score == pytest.approx(hypothesis.cumulative_logprob / len(hypothesis.token_ids) ** alpha, abs=1e-6)
+        assert (hypothesis.finish_reason == "stop") == (hypothesis.token_ids[-1] == EOS)
+    assert result.completions[0].text == text_of(list(best))
 
 
 def test_the_exact_best_is_not_what_greedy_finds():
@@ -59,31 +59,31 @@ def test_the_exact_best_is_not_what_greedy_finds():
 def test_two_beams_already_find_the_most_likely_sequence():
     # Step 1 keeps "a" and "b"; step 2 finishes "b EOS" (0.26), which no later beam can beat.
     result = beam_search(ToyModel(), PROMPT, BeamSearchConfig(width=2, length_penalty=0.0, max_tokens=3))
-    assert result.hypotheses[0].token_ids == [B, EOS]
-    assert result.hypotheses[0].logprob == pytest.approx(math.log(0.33 * 0.78), abs=0.01)
-    assert result.hypotheses[0].logprob == pytest.approx(sum(step_logprobs(PROMPT, [B, EOS])), abs=1e-5)
+    assert result.completions[0].token_ids == [B, EOS]
+    assert result.completions[0].cumulative_logprob == pytest.approx(math.log(0.33 * 0.78), abs=0.01)
+    assert result.completions[0].cumulative_logprob == pytest.approx(sum(step_logprobs(PROMPT, [B, EOS])), abs=1e-5)
 
 
 @pytest.mark.parametrize("prompt", [[BOS], [BOS, A], [BOS, C], [BOS, A, C]])
 @pytest.mark.parametrize("max_tokens", [1, 2, 4, 6])
 def test_width_one_is_greedy(prompt, max_tokens):
     config = BeamSearchConfig(width=1, length_penalty=0.0, max_tokens=max_tokens)
-    hypothesis = beam_search(ToyModel(), prompt, config).hypotheses[0]
+    hypothesis = beam_search(ToyModel(), prompt, config).completions[0]
     path = argmax_path(prompt, max_tokens)
     assert hypothesis.token_ids == path
-    assert hypothesis.finished == (path[-1] == EOS)
+    assert (hypothesis.finish_reason == "stop") == (path[-1] == EOS)
 
 
 @pytest.mark.parametrize("width", [2, 3, 5])
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
 def test_n_best_are_distinct_exact_and_sorted(width, alpha):
     config = BeamSearchConfig(width=width, n_best=width, length_penalty=alpha, max_tokens=4)
-    hypotheses = beam_search(ToyModel(), [BOS, A], config).hypotheses
+    hypotheses = beam_search(ToyModel(), [BOS, A], config).completions
     assert len(hypotheses) == width
     assert len({tuple(h.token_ids) for h in hypotheses}) == width
     assert [h.score for h in hypotheses] == sorted((h.score for h in hypotheses), reverse=True)
     for h in hypotheses:
-        assert h.logprob == pytest.approx(sum(step_logprobs([BOS, A], h.token_ids)), abs=1e-5)
+        assert h.cumulative_logprob == pytest.approx(sum(step_logprobs([BOS, A], h.token_ids)), abs=1e-5)
         assert EOS not in h.token_ids[:-1]
         assert len(h.token_ids) <= 4
 
@@ -93,11 +93,11 @@ def test_when_every_candidate_ends_no_unfinished_prefix_is_returned():
     # the sequence: one beam finishes and the other is dropped, so no beam is left alive.
     model = ToyModel(eos_token_ids=(EOS, A))
     result = beam_search(model, [BOS, B], BeamSearchConfig(width=1, n_best=1, length_penalty=0.0, max_tokens=4))
-    best = result.hypotheses[0]
+    best = result.completions[0]
     assert best.token_ids == [EOS]
-    assert best.finished
-    assert best.logprob == pytest.approx(step_logprobs([BOS, B], [EOS])[0], abs=1e-6)
-    assert all(h.token_ids and h.token_ids[-1] in (EOS, A) for h in result.hypotheses)
+    assert best.finish_reason == "stop"
+    assert best.cumulative_logprob == pytest.approx(step_logprobs([BOS, B], [EOS])[0], abs=1e-6)
+    assert all(h.token_ids and h.token_ids[-1] in (EOS, A) for h in result.completions)
 
 
 def test_beams_share_the_prompt_prefill_and_step_together():
@@ -105,7 +105,21 @@ def test_beams_share_the_prompt_prefill_and_step_together():
     result = beam_search(model, PROMPT, BeamSearchConfig(width=3, max_tokens=4, length_penalty=0.0))
     assert model.calls[0] == [1]  # one prefill of one row
     assert all(len(call) <= 3 and set(call) == {1} for call in model.calls[1:])
-    assert result.model_calls == len(model.calls)
+    assert result.cost.model_calls == len(model.calls)
+
+
+def test_beam_search_returns_the_cost_it_spent():
+    """One prefill of the prompt, then one call per step; FLOPs of every beam fed at its position."""
+    model = ToyModel()
+    result = beam_search(model, PROMPT, BeamSearchConfig(width=3, max_tokens=4, length_penalty=0.0))
+    cost, length = result.cost, len(PROMPT)
+    assert cost.model_calls == len(model.calls)
+    assert (cost.prompt_tokens_computed, cost.prompt_tokens_reused) == (length, 0)
+    by_hand = sum(model.flops_per_token(i + 1) for i in range(length))
+    by_hand += sum(len(call) * model.flops_per_token(length + step) for step, call in enumerate(model.calls[1:], 1))
+    assert cost.flops == pytest.approx(by_hand, rel=1e-12)
+    assert cost.generated_tokens >= sum(len(call) for call in model.calls[1:])  # every fed token was generated
+    assert cost.wall_seconds > 0
 
 
 def test_prompt_too_long_raises():
@@ -133,7 +147,7 @@ def stochastic_runs(width, temperature, max_tokens=2, seed=0):
     config = BeamSearchConfig(width=width, n_best=width, stochastic=True, temperature=temperature,
                               max_tokens=max_tokens)
     return [
-        [tuple(h.token_ids) for h in beam_search(model, PROMPT, config, generator=generator).hypotheses]
+        [tuple(h.token_ids) for h in beam_search(model, PROMPT, config, generator=generator).completions]
         for _ in range(RUNS)
     ]
 
@@ -147,13 +161,13 @@ def test_stochastic_beams_are_distinct_sequences_with_exact_logprobs(width):
     generator = torch.Generator().manual_seed(1)
     config = BeamSearchConfig(width=width, n_best=width, stochastic=True, max_tokens=3)
     for _ in range(20):
-        hypotheses = beam_search(ToyModel(), PROMPT, config, generator=generator).hypotheses
+        hypotheses = beam_search(ToyModel(), PROMPT, config, generator=generator).completions
         assert len(hypotheses) == width
         assert len({tuple(h.token_ids) for h in hypotheses}) == width
         for h in hypotheses:
-            assert h.logprob == pytest.approx(sum(step_logprobs(PROMPT, h.token_ids)), abs=1e-5)
+            assert h.cumulative_logprob == pytest.approx(sum(step_logprobs(PROMPT, h.token_ids)), abs=1e-5)
             assert EOS not in h.token_ids[:-1]
-            assert h.finished == (h.token_ids[-1] == EOS)
+            assert (h.finish_reason == "stop") == (h.token_ids[-1] == EOS)
 
 
 def test_stochastic_beam_search_draws_differ_between_seeds_and_repeat_with_one():
@@ -161,11 +175,25 @@ def test_stochastic_beam_search_draws_differ_between_seeds_and_repeat_with_one()
 
     def draws(seed):
         generator = torch.Generator().manual_seed(seed)
-        return [[h.token_ids for h in beam_search(ToyModel(), PROMPT, config, generator=generator).hypotheses]
+        return [[h.token_ids for h in beam_search(ToyModel(), PROMPT, config, generator=generator).completions]
                 for _ in range(10)]
 
     assert draws(3) == draws(3)
     assert draws(3) != draws(4)
+
+
+def test_unseeded_stochastic_beam_search_draws_fresh_entropy():
+    """Regression: without a generator every run seeded 0, so all runs drew the same beams (every
+    other loop draws fresh OS entropy then). Twenty unseeded runs of ten searches each (width 1 is
+    ancestral sampling over 3 tokens of the toy model): all equal has probability far below 1e-9."""
+    config = BeamSearchConfig(width=1, stochastic=True, max_tokens=3)
+    model = ToyModel()
+    runs = {tuple(tuple(beam_search(model, PROMPT, config).completions[0].token_ids) for _ in range(10))
+            for _ in range(20)}
+    assert len(runs) > 1
+    seeded = [[beam_search(model, PROMPT, config, generator=torch.Generator().manual_seed(5)).completions[0].token_ids
+               for _ in range(3)] for _ in range(2)]
+    assert seeded[0] == seeded[1]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
@@ -197,30 +225,30 @@ def test_width_two_is_two_draws_without_replacement(temperature):
 
 def test_stop_token_ids_end_beams_as_an_eos_would():
     everything = BeamSearchConfig(width=85, n_best=85, length_penalty=0.6, max_tokens=3)
-    as_eos = beam_search(ToyModel(eos_token_ids=(EOS, A)), PROMPT, everything).hypotheses
-    as_stop = beam_search(ToyModel(), PROMPT, replace(everything, stop_token_ids=[A])).hypotheses
-    assert [(h.token_ids, h.finished, h.finish_reason) for h in as_stop] == \
-           [(h.token_ids, h.finished, h.finish_reason) for h in as_eos]
+    as_eos = beam_search(ToyModel(eos_token_ids=(EOS, A)), PROMPT, everything).completions
+    as_stop = beam_search(ToyModel(), PROMPT, replace(everything, stop_token_ids=[A])).completions
+    assert [(h.token_ids, h.finish_reason) for h in as_stop] == \
+           [(h.token_ids, h.finish_reason) for h in as_eos]
     assert [h.score for h in as_stop] == pytest.approx([h.score for h in as_eos], abs=1e-6)
-    assert any(h.token_ids[-1] == A and h.finished for h in as_stop)
+    assert any(h.token_ids[-1] == A and h.finish_reason == "stop" for h in as_stop)
 
 
 def test_a_stop_string_finishes_a_beam_and_is_cut_from_its_text():
     config = BeamSearchConfig(width=1, length_penalty=0.0, max_tokens=5, stop="ab")
-    best = beam_search(ToyModel(), PROMPT, config).hypotheses[0]
+    best = beam_search(ToyModel(), PROMPT, config).completions[0]
     assert best.token_ids == [A, A, B]  # the greedy path, ended where "ab" appears
-    assert (best.text, best.finished, best.finish_reason) == ("a", True, "stop")
+    assert (best.text, best.finish_reason) == ("a", "stop")
     assert best.logprobs == pytest.approx(step_logprobs(PROMPT, [A, A, B]), abs=1e-5)
 
 
 def test_ignore_eos_and_the_context_bound_beams():
     ignoring = beam_search(ToyModel(), [BOS, B], BeamSearchConfig(width=1, max_tokens=3, ignore_eos=True))
-    best = ignoring.hypotheses[0]
+    best = ignoring.completions[0]
     assert best.token_ids[0] == EOS and len(best.token_ids) == 3
-    assert (best.finished, best.finish_reason) == (False, "length")
+    assert best.finish_reason == "length"
     short = beam_search(ToyModel(max_context=4), [BOS, C], BeamSearchConfig(width=2, n_best=2, max_tokens=10))
-    assert all(len(h.token_ids) <= 2 for h in short.hypotheses)
-    assert any(h.finish_reason == "length" for h in short.hypotheses)
+    assert all(len(h.token_ids) <= 2 for h in short.completions)
+    assert any(h.finish_reason == "length" for h in short.completions)
     with pytest.raises(ValueError, match="stop_token_ids entry 7 is out of range"):
         beam_search(ToyModel(), PROMPT, BeamSearchConfig(stop_token_ids=[7]))
     with pytest.raises(ValueError, match="stop="):
@@ -236,7 +264,7 @@ def test_a_stateful_mask_follows_the_beams_and_ranking_is_brute_force_over_valid
     valid = [(score, logprob, s) for score, logprob, s in brute_force_ranking(PROMPT, 3, alpha) if no_repeats(s)]
     config = BeamSearchConfig(width=len(valid), n_best=len(valid), length_penalty=alpha, max_tokens=3)
     processor = BanRepeats()
-    hypotheses = beam_search(ToyModel(), PROMPT, config, processors=[processor]).hypotheses
+    hypotheses = beam_search(ToyModel(), PROMPT, config, processors=[processor]).completions
     assert sorted(tuple(h.token_ids) for h in hypotheses) == sorted(s for _, _, s in valid)
     assert [h.score for h in hypotheses] == pytest.approx([score for score, _, _ in valid], abs=1e-5)
     assert processor.histories == [[]]
@@ -248,7 +276,7 @@ def test_processors_can_end_beams_and_must_be_masks():
     from .ban_repeats import EndAfter
 
     config = BeamSearchConfig(width=4, n_best=4, max_tokens=5, ignore_eos=True)
-    hypotheses = beam_search(ToyModel(), PROMPT, config, processors=[EndAfter(stop_after=2)]).hypotheses
+    hypotheses = beam_search(ToyModel(), PROMPT, config, processors=[EndAfter(stop_after=2)]).completions
     assert all(len(h.token_ids) == 2 and h.finish_reason == "stop" and h.complete for h in hypotheses)
     with pytest.raises(ValueError, match="processors as masks"):
         beam_search(ToyModel(), PROMPT, config, processors=[LogitBias(bias_vector({1: 2.0}, 5))])
@@ -260,5 +288,5 @@ def test_width_one_stochastic_beam_search_with_a_mask_is_masked_ancestral_sampli
     generator = torch.Generator().manual_seed(3)
     config = BeamSearchConfig(width=1, stochastic=True, max_tokens=2)
     samples = [tuple(beam_search(ToyModel(), PROMPT, config, generator=generator,
-                                 processors=[BanRepeats()]).hypotheses[0].token_ids) for _ in range(RUNS)]
+                                 processors=[BanRepeats()]).completions[0].token_ids) for _ in range(RUNS)]
     assert_follows(samples, distribution_without_repeats(PROMPT, 2))

@@ -39,11 +39,11 @@ def test_a_beam_as_wide_as_the_valid_space_equals_the_brute_force_ranking(alpha)
     width = len(expected)
     config = BeamSearchConfig(width=width, n_best=width, length_penalty=alpha, max_tokens=3,
                               structured_outputs={"choice": list(CHOICES)})
-    hypotheses = beam_search(StructuredToyModel(), PROMPT, config).hypotheses
+    hypotheses = beam_search(StructuredToyModel(), PROMPT, config).completions
     assert [tuple(h.token_ids) for h in hypotheses] == [sequence for *_, sequence in expected]
     assert [h.complete for h in hypotheses] == [complete for complete, *_ in expected]
     assert [h.score for h in hypotheses] == pytest.approx([score for _, score, _, _ in expected], abs=1e-5)
-    assert [h.logprob for h in hypotheses] == pytest.approx([logprob for _, _, logprob, _ in expected], abs=1e-5)
+    assert [h.cumulative_logprob for h in hypotheses] == pytest.approx([logprob for _, _, logprob, _ in expected], abs=1e-5)
     for h in hypotheses:
         assert (h.text in CHOICES) == h.complete
 
@@ -54,12 +54,12 @@ def test_the_incomplete_best_scorer_is_never_ranked_first():
     assert scored[0][3] == (C, C, C) and scored[0][0] is False
     config = BeamSearchConfig(width=3, n_best=3, length_penalty=1.0, max_tokens=3,
                               structured_outputs={"choice": list(CHOICES)})
-    best = beam_search(StructuredToyModel(), PROMPT, config).hypotheses
+    best = beam_search(StructuredToyModel(), PROMPT, config).completions
     assert best[0].complete is True and best[0].text in CHOICES
     assert [h.complete for h in best] == sorted((h.complete for h in best), reverse=True)
     # with room to finish, "cccc" is complete and may win
     roomy = beam_search(StructuredToyModel(), PROMPT, BeamSearchConfig(
-        width=3, length_penalty=1.0, max_tokens=6, structured_outputs={"choice": list(CHOICES)})).hypotheses[0]
+        width=3, length_penalty=1.0, max_tokens=6, structured_outputs={"choice": list(CHOICES)})).completions[0]
     assert roomy.complete is True and roomy.text in CHOICES
 
 
@@ -68,7 +68,7 @@ def test_narrow_beams_return_only_allowed_sequences_with_the_constraints_verdict
     allowed = choice_sequences(CHOICES, 4)
     config = BeamSearchConfig(width=width, n_best=width, length_penalty=0.5, max_tokens=4,
                               structured_outputs={"choice": list(CHOICES)})
-    for h in beam_search(StructuredToyModel(), PROMPT, config).hypotheses:
+    for h in beam_search(StructuredToyModel(), PROMPT, config).completions:
         assert allowed[tuple(h.token_ids)] == h.complete
 
 
@@ -80,7 +80,7 @@ def test_stochastic_beam_search_samples_allowed_sequences_only():
                               structured_outputs={"choice": list(CHOICES)})
     generator = torch.Generator().manual_seed(0)
     for _ in range(30):
-        hypotheses = beam_search(StructuredToyModel(), PROMPT, config, generator=generator).hypotheses
+        hypotheses = beam_search(StructuredToyModel(), PROMPT, config, generator=generator).completions
         for h in hypotheses:
             assert allowed[tuple(h.token_ids)] == h.complete
         assert [h.complete for h in hypotheses] == sorted((h.complete for h in hypotheses), reverse=True)
@@ -102,7 +102,7 @@ def test_json_schema_beam_search_on_the_real_model_validates(model):
                                                "age": {"type": "integer", "minimum": 0, "maximum": 120}},
               "required": ["name", "age"], "additionalProperties": False}
     config = BeamSearchConfig(width=3, n_best=3, max_tokens=40, structured_outputs={"json": schema})
-    hypotheses = beam_search(model, "Describe a person as JSON.", config).hypotheses
+    hypotheses = beam_search(model, "Describe a person as JSON.", config).completions
     assert hypotheses[0].complete is True
     for h in hypotheses:
         if h.complete:

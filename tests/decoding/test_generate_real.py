@@ -93,7 +93,7 @@ def test_n_samples_share_one_prefill_and_seeds_reproduce(model, monkeypatch):
     prompt_length = len(result.prompt_token_ids)
     # One prefill of one row, then one batched call per new token for the 4 rows.
     assert calls == [[prompt_length]] + [[1, 1, 1, 1]] * 5
-    assert result.model_calls == 6
+    assert result.cost.model_calls == 6
     assert all(len(c.token_ids) == 6 for c in result.completions)
     assert len({tuple(c.token_ids) for c in result.completions}) > 1  # rows draw independently
 

@@ -71,7 +71,8 @@ def test_a_forced_run_is_fed_in_one_forward_with_its_real_records():
     assert completion.token_ids[:3] == [A, C, C]  # a, then the forced run c c
     assert model.calls[1] == [3]  # a + c c in one forward
     assert result.forced_tokens == sum(1 for call in model.calls[1:] for _ in range(call[0] - 1))
-    assert result.model_calls == len(model.calls) < plain.model_calls
+    assert result.cost.model_calls == len(model.calls) < plain.cost.model_calls
+    assert result.cost.target_steps == result.cost.generated_tokens - result.forced_tokens  # a run: one step
     expected = step_logprobs(PROMPT, completion.token_ids)
     assert completion.logprobs == pytest.approx(expected, abs=1e-5)
     for mine, theirs in zip(completion.top_logprobs, plain.completions[0].top_logprobs, strict=True):

@@ -11,7 +11,7 @@ import torch
 
 from metagen.decoding import prompt_scoring
 from metagen.decoding.prompt_scoring import SCORE_ROWS, PromptScorer
-from metagen.decoding.rows import token_records
+from metagen.decoding.records import token_records
 
 
 def test_hand_computed_records():

@@ -8,7 +8,10 @@ import math
 import pytest
 import torch
 
-from metagen.decoding.rows import NO_OPINION, Row, StopRules, TokenRecord, token_records
+from metagen.decoding.records import TokenRecord, token_records
+from metagen.decoding.rows import Row
+from metagen.decoding.stop_rules import StopRules
+from metagen.sampling import NO_OPINION
 from metagen.sampling import SamplingParams
 
 from .toy_model import BOS, EOS, A, B, C, ToyModel, ToyTokenizer

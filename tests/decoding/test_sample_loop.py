@@ -91,7 +91,7 @@ def test_sampled_sequences_follow_the_enumerated_joint_distribution(settings, ad
     assert model.calls[0] == [len(PROMPT)]
     still_going = sum(1 for c in result.completions if len(c.token_ids) == 2)
     assert model.calls[1:] == [[1] * still_going]
-    assert result.model_calls == 2
+    assert result.cost.model_calls == 2
 
 
 def test_top_k_never_samples_outside_the_kept_tokens():
@@ -210,6 +210,24 @@ def test_text_prompt_is_encoded_with_the_tokenizer():
 # ------------------------------------------------------------------------------ batching
 
 
+def test_the_loop_fills_its_cost_as_it_spends_it():
+    """`generate` alone (no Generator around it) returns its Cost: the prompt computed once and
+    reused by the n − 1 forked rows, one model call per forward, the FLOPs of every fed token at
+    its position, one target step per row and forward."""
+    model = ToyModel()
+    n = 40
+    result = generate(model, PROMPT, SamplingParams(n=n, max_tokens=5, seed=11))
+    cost, length = result.cost, len(PROMPT)
+    generated = sum(len(c.token_ids) for c in result.completions)
+    assert cost.model_calls == len(model.calls)
+    assert (cost.prompt_tokens_computed, cost.prompt_tokens_reused) == (length, length * (n - 1))
+    assert cost.generated_tokens == cost.target_steps == generated
+    by_hand = sum(model.flops_per_token(i + 1) for i in range(length))
+    by_hand += sum(len(call) * model.flops_per_token(length + step) for step, call in enumerate(model.calls[1:], 1))
+    assert cost.flops == pytest.approx(by_hand, rel=1e-12)
+    assert cost.wall_seconds > 0
+
+
 def test_finished_rows_leave_the_batch_and_keep_their_own_history():
     model = ToyModel()
     params = SamplingParams(n=300, max_tokens=5, seed=11)
@@ -220,7 +238,7 @@ def test_finished_rows_leave_the_batch_and_keep_their_own_history():
     assert model.calls[0] == [1]
     for step, call in enumerate(model.calls[1:], start=1):
         assert call == [1] * sum(1 for n in lengths if n > step)
-    assert result.model_calls == len(model.calls) == max(lengths)
+    assert result.cost.model_calls == len(model.calls) == max(lengths)
     # Each row's log-probs are those of its own history (the toy's logits depend on the last two
     # tokens, so a row given another row's cache after a select would not match).
     for completion in result.completions:

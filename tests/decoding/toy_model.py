@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from metagen.models.base import ForwardOutput, LanguageModel
-from metagen.theory.kgram import KGramCache as ToyCache  # rows of token lists: select, fork, truncate
+from metagen.models.kgram import KGramCache as ToyCache  # rows of token lists: select, fork, truncate
 
 EOS, A, B, C, BOS = 0, 1, 2, 3, 4
 VOCAB = 5

@@ -7,7 +7,7 @@ import torch
 
 from metagen.decoding import Cost, Generator
 from metagen.decoding import capabilities as caps
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.eval import Problem
 
 PROBLEMS = [Problem(f"p{i}", f"question {i}", str(i % 3)) for i in range(5)]

@@ -3,7 +3,7 @@
 import pytest
 
 from metagen.decoding import Cost, Generator
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.eval import EvalConfig, Problem, evaluate
 from metagen.sampling import SamplingParams
 from tests.eval.dice import PROBLEMS, DiceGenerator

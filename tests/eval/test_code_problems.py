@@ -11,7 +11,7 @@ import pytest
 from metagen.cli import main
 from metagen.decoding import Cost, Generator
 from metagen.decoding import capabilities as caps
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.eval import EvalConfig, Problem, evaluate, load_jsonl, pass_at_k
 from metagen.eval import code_grading, harness
 from metagen.eval.code_grading import grade

@@ -143,7 +143,7 @@ def kv_cache(batch):
 
 
 def kgram_cache(batch):
-    from metagen.theory.kgram import KGramCache
+    from metagen.models.kgram import KGramCache
 
     cache = KGramCache(batch)
     cache.rows = [[1, 2, 3] for _ in range(batch)]

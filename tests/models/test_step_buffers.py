@@ -176,3 +176,24 @@ def test_two_threads_decoding_on_one_model_do_not_share_buffers(model):
         thread.join()
     for a, b in zip(alone, together):
         assert torch.equal(a, b)
+
+
+@needs_fused
+def test_a_decode_step_resolves_its_buffers_once_not_per_layer(model, monkeypatch):
+    """Regression: every layer looked each buffer up by name (`StepBuffers.get`: a dict lookup and
+    a shape and dtype comparison per linear per layer). A step of the 30-layer model now asks as
+    often as one of its first 10 layers."""
+    from metagen.models.step_buffers import StepBuffers
+
+    calls = []
+    original = StepBuffers.get
+    monkeypatch.setattr(StepBuffers, "get", lambda self, *args: calls.append(args[0]) or original(self, *args))
+
+    def lookups(decoder) -> int:
+        cache = decoder.new_cache(1, capacity=64)
+        decoder.forward(cache, [list(range(10, 20))])
+        calls.clear()
+        decoder.forward(cache, [[42]])
+        return len(calls)
+
+    assert lookups(model) == lookups(model.truncated(10)) > 0

@@ -173,7 +173,7 @@ def test_beam_search_gives_the_native_hypotheses(model_fp32, adapter):
     prompt = [{"role": "user", "content": "What is the capital of France?"}]
     native = beam_search(model_fp32, prompt, config)
     batched = beam_search(adapter, prompt, config)
-    assert [h.token_ids for h in batched.hypotheses] == [h.token_ids for h in native.hypotheses]
+    assert [h.token_ids for h in batched.completions] == [h.token_ids for h in native.completions]
 
 
 @pytest.mark.slow

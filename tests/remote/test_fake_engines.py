@@ -366,4 +366,4 @@ def test_a_chain_runs_on_a_server_that_returns_no_token_ids():
         bodies = server.posts()[-2:]
     assert all(body["continue_final_message"] and body["messages"][-1]["role"] == "assistant" for body in bodies)
     assert result.cost.model_calls == 2 and result.chosen.text
-    assert all(candidate.token_ids is None for candidate in result.candidates)
+    assert all(candidate.token_ids is None for candidate in result.completions)

@@ -110,9 +110,9 @@ def test_self_consistency_end_to_end(gen):
     config = SelfConsistencyConfig(n=3, params=SamplingParams(temperature=0.8, max_tokens=16, seed=3),
                                    pattern=r"(\w+)")
     result = self_consistency(gen, "Q: What is the capital of France?\nA:", config)
-    assert len(result.candidates) == 3 and result.cost.model_calls == 3
+    assert len(result.completions) == 3 and result.cost.model_calls == 3
     assert result.answer in result.votes and sum(result.votes.values()) == 3
-    assert all(candidate.token_ids is None for candidate in result.candidates)
+    assert all(candidate.token_ids is None for candidate in result.completions)
 
 
 def test_a_supplied_tokenizer_gives_the_ids_the_server_does_not(llama_server):

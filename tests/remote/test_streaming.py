@@ -161,7 +161,7 @@ def test_a_stream_refused_with_a_day_long_retry_after_fails_at_once(retry_after)
     whole answer (test_transport.py), fails at once instead of waiting (it may then fail over)."""
     import random
 
-    from metagen.remote.streaming import sse_chunks
+    from metagen.remote.sse import sse_chunks
     from metagen.remote.transport import ServerError, Transport
 
     waits: list[float] = []

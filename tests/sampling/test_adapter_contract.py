@@ -125,7 +125,7 @@ def test_stateful_adapters_leave_their_input_alone() -> None:
     logits = random_logits(2, 10)
     before = logits.clone()
     penalties = PenaltyState.from_prompt([1, 2, 3], batch_size=2, vocab_size=10)
-    penalties.update(torch.tensor([4, 5]))
+    penalties.accept(torch.tensor([4, 5]))
     ngrams = NoRepeatNgramState.from_prompt(2, [1, 2, 1], batch_size=2)
     chain = SamplerChain.from_params(
         SamplingParams(repetition_penalty=1.2, presence_penalty=0.5, no_repeat_ngram_size=2,

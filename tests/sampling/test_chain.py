@@ -58,7 +58,7 @@ def test_process_equals_the_composition_of_the_functions() -> None:
     chain = SamplerChain.from_params(EVERYTHING, 2, vocab, prompt)
     generated = [2, 5]
     for token in generated:
-        chain.update(torch.tensor([token, token]))
+        chain.accept(torch.tensor([token, token]))
     logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(0)) * 3
     before = logits.clone()
     history = prompt + generated
@@ -75,7 +75,6 @@ def test_process_equals_the_composition_of_the_functions() -> None:
     expected = epsilon(expected, 1e-4)
     expected = eta(expected, 1e-4)
     assert torch.allclose(chain.process(logits), expected, atol=1e-6)
-    assert torch.equal(chain(logits), chain.process(logits))
     assert torch.equal(logits, before)
 
 
@@ -84,7 +83,7 @@ def test_empty_chain_returns_a_copy() -> None:
     logits = torch.randn(2, 4)
     out = chain.process(logits)
     assert torch.equal(out, logits) and out.data_ptr() != logits.data_ptr()
-    assert chain.batch_size == -1
+    assert chain.batch_size is None and not chain.stateful
 
 
 def test_sampled_frequencies_of_the_chain() -> None:
@@ -114,15 +113,15 @@ def test_greedy_keeps_penalties_and_drops_the_rest() -> None:
 
 def test_update_feeds_the_penalties() -> None:
     chain = SamplerChain.from_params(SamplingParams(frequency_penalty=1.0), 2, 3)
-    chain.update(torch.tensor([2, 0]))
-    chain.update(torch.tensor([2, -1]))
+    chain.accept(torch.tensor([2, 0]))
+    chain.accept(torch.tensor([2, -1]))
     assert chain.process(torch.zeros(2, 3)).tolist() == [[0, 0, -2], [-1, 0, 0]]
 
 
 def test_select_follows_a_cache_reorder() -> None:
     params = SamplingParams(presence_penalty=1.0, no_repeat_ngram_size=2, temperature=0.9)
     chain = SamplerChain.from_params(params, 2, 6, prompt_ids=[[1, 2, 1], [3, 4, 3]])
-    chain.update(torch.tensor([5, 0]))
+    chain.accept(torch.tensor([5, 0]))
     chain.select(torch.tensor([1, 1, 0]))
     assert chain.batch_size == 3
     out = chain.process(torch.zeros(3, 6))
@@ -134,7 +133,7 @@ def test_select_follows_a_cache_reorder() -> None:
 def test_fork_is_independent() -> None:
     chain = SamplerChain.from_params(SamplingParams(presence_penalty=1.0), 2, 3)
     forked = chain.fork(torch.tensor([0, 0]))
-    forked.update(torch.tensor([1, 2]))
+    forked.accept(torch.tensor([1, 2]))
     assert chain.process(torch.zeros(2, 3)).eq(0).all()
     assert forked.process(torch.zeros(2, 3)).tolist() == [[0, -1, 0], [0, 0, -1]]
     assert forked.names == chain.names
@@ -175,7 +174,7 @@ def test_next_tokens_is_process_choose_update() -> None:
     for step in range(5):
         logits = torch.randn(4, 20, generator=torch.Generator().manual_seed(step))
         tokens = two.choose(two.process(logits), gen_two)
-        two.update(tokens)
+        two.accept(tokens)
         assert torch.equal(one.next_tokens(logits, gen_one), tokens)
 
 
@@ -279,3 +278,29 @@ def test_an_emptied_row_is_a_typed_error_carrying_the_row_and_the_processors() -
         check_choosable(torch.tensor([[0.0, 1.0], [-INF, -INF]]))
     assert caught.value.row == (1,) and caught.value.processors == ()
     assert "by the processors" not in str(caught.value)
+
+
+def test_a_step_checks_its_logits_once(monkeypatch):
+    """Regression: a step checked the whole (B, V) logits for NaN / +inf in `process` and again in
+    the choice (and the model a third time), each a reduction and a host synchronisation. The one
+    full check is `process`'s; the choice looks at the B values it chose."""
+    import importlib
+
+    chain_module = importlib.import_module("metagen.sampling.chain")
+    sample_module = importlib.import_module("metagen.sampling.sample")  # `metagen.sampling.sample` is the function
+
+    calls = []
+    original = sample_module.check_choosable
+
+    def counted(logits):
+        calls.append(logits.shape)
+        return original(logits)
+
+    monkeypatch.setattr(chain_module, "check_choosable", counted)
+    monkeypatch.setattr(sample_module, "check_choosable", counted)
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    for params in (SamplingParams(temperature=0.0), SamplingParams(top_p=0.9, seed=1)):
+        chain = SamplerChain.from_params(params, 3, 50)
+        calls.clear()
+        chain.next_tokens(logits, params.make_generator())
+        assert calls == [torch.Size([3, 50])]

@@ -83,7 +83,7 @@ def test_select_and_fork() -> None:
 
 def test_update_needs_process() -> None:
     with pytest.raises(RuntimeError, match="process"):
-        Mirostat.create(1, 3.0).update(torch.tensor([0]))
+        Mirostat.create(1, 3.0).accept(torch.tensor([0]))
 
 
 @pytest.mark.parametrize(("tau", "rate"), [(0.0, 0.1), (-1.0, 0.1), (3.0, 0.0), (3.0, 1.5)])

@@ -65,7 +65,7 @@ def test_state_matches_the_function_at_every_step() -> None:
     for step in range(generated.shape[1]):  # overflows the reserved capacity on purpose
         logits = torch.randn(2, V)
         assert torch.equal(state.apply(logits), no_repeat_ngram(logits, history, 2))
-        state.update(generated[:, step])
+        state.accept(generated[:, step])
         history = torch.cat([history, generated[:, step : step + 1]], dim=1)
     assert torch.equal(state.history[0, 1:], history[0, 1:])
 
@@ -76,7 +76,7 @@ def test_state_select_and_fork() -> None:
     state.select(torch.tensor([1, 1, 0]))
     logits = torch.zeros(3, V)
     assert torch.isinf(state.apply(logits)).nonzero().tolist() == [[0, 4], [1, 4], [2, 2]]
-    forked.update(torch.tensor([5]))
+    forked.accept(torch.tensor([5]))
     assert forked.history.tolist() == [[1, 2, 1, 5]]
     assert state.history.shape == (3, 3)
 

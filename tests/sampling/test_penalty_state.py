@@ -34,8 +34,8 @@ def test_prompt_batch_mismatch_raises() -> None:
 
 def test_update_counts_and_skips_negative() -> None:
     state = PenaltyState.from_prompt(None, batch_size=3, vocab_size=4)
-    state.update(torch.tensor([1, 1, -1]))
-    state.update(torch.tensor([1, 3, -1]))
+    state.accept(torch.tensor([1, 1, -1]))
+    state.accept(torch.tensor([1, 3, -1]))
     assert state.counts.tolist() == [[0, 2, 0, 0], [0, 1, 0, 1], [0, 0, 0, 0]]
     assert state.seen.tolist() == [
         [False, True, False, False],
@@ -49,7 +49,7 @@ def test_apply_follows_the_convention() -> None:
     prompt, generated = [0, 3], [1, 1, 2]
     state = PenaltyState.from_prompt(prompt, batch_size=1, vocab_size=5)
     for token in generated:
-        state.update(torch.tensor([token]))
+        state.accept(torch.tensor([token]))
     logits = torch.tensor([[1.0, -2.0, 0.5, 3.0, 0.0]])
     expected = repetition_penalty(logits[0], prompt + generated, 1.5)
     expected = frequency_penalty(expected, generated, 0.25)
@@ -69,20 +69,20 @@ def test_apply_neutral_is_a_copy() -> None:
 
 def test_select_reorders_and_duplicates() -> None:
     state = PenaltyState.from_prompt([[0], [1], [2]], batch_size=3, vocab_size=4)
-    state.update(torch.tensor([3, 3, 1]))
+    state.accept(torch.tensor([3, 3, 1]))
     state.select(torch.tensor([2, 2, 0]))
     assert state.batch_size == 3
     assert state.seen.tolist() == [[False, True, True, False]] * 2 + [[True, False, False, True]]
     assert state.counts.tolist() == [[0, 1, 0, 0]] * 2 + [[0, 0, 0, 1]]
     # Duplicated rows are independent copies.
-    state.update(torch.tensor([0, 2, 2]))
+    state.accept(torch.tensor([0, 2, 2]))
     assert state.counts[0].tolist() == [1, 1, 0, 0] and state.counts[1].tolist() == [0, 1, 1, 0]
 
 
 def test_fork_leaves_the_original_alone() -> None:
     state = PenaltyState.from_prompt([0], batch_size=2, vocab_size=3)
     forked = state.fork(torch.tensor([1]))
-    forked.update(torch.tensor([2]))
+    forked.accept(torch.tensor([2]))
     assert forked.counts.tolist() == [[0, 0, 1]]
     assert state.counts.tolist() == [[0, 0, 0], [0, 0, 0]]
     assert not state.seen[:, 2].any()

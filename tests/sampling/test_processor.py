@@ -175,7 +175,7 @@ def test_mirostat_rollback_restores_the_mu_before_the_removed_tokens():
 
 def test_stateless_processors_ignore_the_protocol_and_share_themselves():
     scale = StatelessProcessor("temperature", lambda z: temperature(z, 0.5), argmax_invariant=True)
-    assert scale.batch_size == -1 and scale.fork(torch.tensor([0, 0])) is scale
+    assert scale.stateless and scale.batch_size is None and scale.fork(torch.tensor([0, 0])) is scale
     scale.accept(torch.tensor([1]))
     scale.rollback(torch.tensor([1]))
     assert torch.equal(scale.apply(torch.ones(1, 3)), torch.full((1, 3), 2.0))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from metagen.scoring.sandbox import MARKER
+from metagen.tools.sandbox import MARKER
 
 
 def live_sandbox_processes() -> set[int]:

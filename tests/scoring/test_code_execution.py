@@ -5,13 +5,13 @@ import pytest
 
 from metagen.decoding import Cost
 from metagen.scoring.code_execution import CodeExecutionVerifier, extract_program
-from metagen.strategies.result import Candidate
+from metagen.decoding.result import Completion
 
 TESTS = ["assert square(2) == 4", "assert square(-3) == 9", "assert square(0.5) == 0.25"]
 
 
 def verify(text, tests=TESTS, **options):
-    return CodeExecutionVerifier(tests, timeout=1.0, **options).verify("Write square(x).", Candidate(text))
+    return CodeExecutionVerifier(tests, timeout=1.0, **options).verify("Write square(x).", Completion(text))
 
 
 def test_extract_program_picks_the_last_python_block():
@@ -56,7 +56,7 @@ def test_a_hanging_test_times_out_without_hiding_the_others():
 
 def test_a_program_that_swallows_the_alarm_gets_the_sandbox_timeout():
     program = "while True:\n    try:\n        while True:\n            pass\n    except BaseException:\n        pass\n"
-    verdict = CodeExecutionVerifier(TESTS[:1], timeout=0.5).verify("q", Candidate(program))
+    verdict = CodeExecutionVerifier(TESTS[:1], timeout=0.5).verify("q", Completion(program))
     assert (verdict.passed, verdict.score) == (False, 0.0)
     assert "NOT RUN assert square(2) == 4" in verdict.feedback and "timeout" in verdict.feedback
 
@@ -93,7 +93,7 @@ def test_setup_runs_first_and_the_main_block_does_not():
 
 def test_scorer_interface_and_validation():
     verifier = CodeExecutionVerifier("assert square(3) == 9", timeout=1.0)
-    scores = verifier("q", [Candidate("def square(x): return x*x"), Candidate("def square(x): return 0")])
+    scores = verifier("q", [Completion("def square(x): return x*x"), Completion("def square(x): return 0")])
     assert scores.values == [1.0, 0.0] and scores.cost.model_calls == 0
     with pytest.raises(ValueError, match="tests=\\[\\]"):
         CodeExecutionVerifier([])
@@ -105,7 +105,7 @@ def test_scorer_interface_and_validation():
 # test may pass, whatever the program does to the harness, its records or its process.
 
 def verdicts(program, tests=TESTS, isolations=("auto", "audit")):
-    return [CodeExecutionVerifier(tests, timeout=1.0, isolation=isolation).verify("q", Candidate(program))
+    return [CodeExecutionVerifier(tests, timeout=1.0, isolation=isolation).verify("q", Completion(program))
             for isolation in isolations]
 
 
@@ -256,7 +256,7 @@ def test_values_are_compared_outside_the_sandbox_with_python_semantics():
     ]
     failing = ["assert listed() == (1, 2)", "assert pair() == [1, 2]", "assert is_even(3)", "assert listed() < 'a'",
                "assert math.isclose(table(), 1.0)", "assert nothing() is not None"]
-    verdict = CodeExecutionVerifier(passing + failing, timeout=2.0, setup=setup).verify("q", Candidate(program))
+    verdict = CodeExecutionVerifier(passing + failing, timeout=2.0, setup=setup).verify("q", Completion(program))
     assert verdict.score == pytest.approx(len(passing) / (len(passing) + len(failing))), verdict.feedback
     assert verdict.feedback.count("FAILED") == len(failing)
     assert "listed() < 'a'" in verdict.feedback and "cannot be compared: TypeError" in verdict.feedback

@@ -9,10 +9,9 @@ import pytest
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding import Cost, Generator
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.scoring.judge import AT_LEAST_AS_GOOD_TEMPLATE, LLMJudge, LLMJudgeUtility
 from metagen.strategies.mbr import MBRConfig, mbr
-from metagen.strategies.result import Candidate
 from tests.strategies.test_voting_strategies import CannedGenerator
 
 VOCABULARY = {0: " Yes", 1: "Yes", 2: "No", 3: "yes", 4: "Maybe", 5: " No\n"}
@@ -49,7 +48,7 @@ def by_response(prompt):
 
 def test_judge_sums_the_probability_of_tokens_that_read_yes():
     generator = ScriptedJudge(by_response)
-    candidates = [Candidate("It is Paris."), Candidate("It is Rome.")]
+    candidates = [Completion("It is Paris."), Completion("It is Rome.")]
     scores = LLMJudge(generator)("What is the capital of France?", candidates)
     assert scores.values == pytest.approx([0.3 + 0.1, 0.05])  # " Yes" and "Yes"; "yes" is another word
     assert scores.cost == Cost(model_calls=2, prompt_tokens_computed=6, generated_tokens=2, flops=20.0)
@@ -82,7 +81,7 @@ def agreement(prompt):
 
 def test_judge_utility_matrix_calls_and_mbr_choice():
     generator = ScriptedJudge(agreement)
-    candidates = [Candidate("red apple"), Candidate("green pear"), Candidate("red cherry")]
+    candidates = [Completion("red apple"), Completion("green pear"), Completion("red cherry")]
     utility = LLMJudgeUtility(generator)
     full, cost = utility("Name a fruit.", candidates)
     np.testing.assert_allclose(full, [[0.9, 0.2, 0.9], [0.2, 0.9, 0.2], [0.9, 0.2, 0.9]])
@@ -94,7 +93,7 @@ def test_judge_utility_matrix_calls_and_mbr_choice():
     outputs = [(c.text, [-1.0]) for c in candidates]
     config = MBRConfig(n=3, include_self=False)
     result = mbr(CannedGenerator(outputs), "Name a fruit.", config, LLMJudgeUtility(ScriptedJudge(agreement)))
-    assert [c.score for c in result.candidates] == pytest.approx([0.55, 0.2, 0.55])
+    assert [c.score for c in result.completions] == pytest.approx([0.55, 0.2, 0.55])
     assert result.text == "red apple"
     assert result.cost.model_calls == 3 + 6 and result.cost.flops == 60.0
 
@@ -108,7 +107,7 @@ def test_real_model_as_judge(model):
     from metagen.decoding import LocalGenerator
 
     judge = LLMJudge(LocalGenerator(model))
-    candidates = [Candidate("The capital of France is Paris."), Candidate("The capital of France is Berlin.")]
+    candidates = [Completion("The capital of France is Paris."), Completion("The capital of France is Berlin.")]
     scores = judge("What is the capital of France?", candidates)
     assert all(0.0 <= v <= 1.0 for v in scores.values)
     assert scores.cost.model_calls == 2 and scores.cost.flops > 0 and scores.cost.generated_tokens == 2
@@ -119,7 +118,38 @@ def test_real_model_as_judge(model):
     normalized = LLMJudge(LocalGenerator(model), normalize=True)("What is the capital of France?", candidates)
     assert all(0.0 <= v <= 1.0 for v in normalized.values) and normalized.values[0] > normalized.values[1]
 
-    utilities, cost = LLMJudgeUtility(LocalGenerator(model))("Name a color.", [Candidate("Blue."), Candidate("Red.")],
+    utilities, cost = LLMJudgeUtility(LocalGenerator(model))("Name a color.", [Completion("Blue."), Completion("Red.")],
                                                              diagonal=False)
     assert cost.model_calls == 2 and np.isfinite(utilities[~np.eye(2, dtype=bool)]).all()
     assert ((0 <= utilities[~np.eye(2, dtype=bool)]) & (utilities[~np.eye(2, dtype=bool)] <= 1)).all()
+
+
+class SamplerAndJudge(ScriptedJudge):
+    """One model that both samples (calls with n > 1: `texts`) and judges (greedy one-token calls:
+    `agreement`), as the registry's mbr_judge uses the run's own generator for both."""
+
+    def __init__(self, texts):
+        super().__init__(agreement)
+        self.texts = texts
+
+    def generate(self, prompt, params, *, generator=None):
+        if params.max_tokens != 1:
+            self.prompts.append(prompt)
+            completions = [Completion(text=text, token_ids=[1], logprobs=[-1.0]) for text in self.texts[:params.n]]
+            return GenerationResult(completions, [0], cost=Cost(model_calls=1, flops=100.0))
+        return super().generate(prompt, params, generator=generator)
+
+
+def test_mbr_judge_in_the_registry_judges_with_the_run_generator():
+    from metagen.sampling import SamplingParams
+    from metagen.strategies.registry import get_strategy
+    from metagen.strategies.spec import StrategyOptions
+
+    generator = SamplerAndJudge(["red apple", "green pear", "red cherry"])
+    result = get_strategy("mbr_judge").run(generator, "Name a fruit.", 3, SamplingParams(max_tokens=16),
+                                           StrategyOptions(), None)
+    # include_self: each row sums 0.9 for itself plus the judge's agreement with the two others
+    assert [c.score for c in result.completions] == pytest.approx([(0.9 + 0.2 + 0.9) / 3, (0.2 + 0.9 + 0.2) / 3,
+                                                                   (0.9 + 0.2 + 0.9) / 3])
+    assert result.text == "red apple"
+    assert len(generator.prompts) == 1 + 9 and result.cost.model_calls == 1 + 9 and result.cost.flops == 100.0 + 90

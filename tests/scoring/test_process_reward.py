@@ -97,7 +97,7 @@ class ScriptedJudge(Generator):
         import math
 
         from metagen.decoding.cost import Cost
-        from metagen.decoding.sample_loop import Completion, GenerationResult
+        from metagen.decoding.result import Completion, GenerationResult
 
         self.prompts.append(prompt)
         step = prompt.split("Next step: ")[1].split("\n")[0]

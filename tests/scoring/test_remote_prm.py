@@ -141,11 +141,11 @@ def test_a_tree_search_runs_with_the_served_prm(name, qwen_server, one_thread):
                                         torch.Generator().manual_seed(0))
     finally:
         release_prms()
-    assert result.candidates and result.chosen in result.candidates
+    assert result.completions and result.chosen in result.completions
     assert result.cost.flops is None  # the served PRM's size is unknown: so is the total
     if name == "tokenwise_cd":  # its candidates carry no value
         return
-    for candidate in result.candidates:
+    for candidate in result.completions:
         steps = split_steps(candidate.text, "b") or [candidate.text]
         scores, _ = checkpoints.qwen_reference(qwen_server.model, qwen_server.tokenizer, "a", steps)
         assert candidate.score == pytest.approx(min(scores), abs=1e-6)

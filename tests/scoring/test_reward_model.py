@@ -4,7 +4,7 @@ transformers forwards (so padding and batching change nothing), text formats, an
 import pytest
 import torch
 
-from metagen.strategies.result import Candidate
+from metagen.decoding.result import Completion
 
 PROMPT = "What is the capital of France?"
 RESPONSES = ["It is Paris, the largest city of France.", "Paris.", "Berlin, I think, or maybe Rome."]
@@ -58,14 +58,14 @@ def test_scores_equal_unbatched_forwards_whatever_the_padding_side(tmp_path, ber
     expected = [v[0].item() for v in direct_scores(model, tokenizer, [f"{PROMPT}\n\n{r}" for r in RESPONSES], True)]
     assert len({len(tokenizer(f"{PROMPT}\n\n{r}")["input_ids"]) for r in RESPONSES}) == 3  # batches need padding
     scorer = RewardModelScorer(str(tmp_path), batch_size=3)
-    scores = scorer(PROMPT, [Candidate(r) for r in RESPONSES])
+    scores = scorer(PROMPT, [Completion(r) for r in RESPONSES])
     assert scores.values == pytest.approx(expected, abs=1e-5)
     assert max(expected) - min(expected) > 1e-2  # the check can see a wrong row
-    one_by_one = RewardModelScorer(str(tmp_path), batch_size=1)(PROMPT, [Candidate(r) for r in RESPONSES])
+    one_by_one = RewardModelScorer(str(tmp_path), batch_size=1)(PROMPT, [Completion(r) for r in RESPONSES])
     assert one_by_one.values == pytest.approx(expected, abs=1e-5)
 
     tokens = sum(len(tokenizer(f"{PROMPT}\n\n{r}")["input_ids"]) for r in RESPONSES)
-    two = RewardModelScorer(str(tmp_path), batch_size=2)(PROMPT, [Candidate(r) for r in RESPONSES])
+    two = RewardModelScorer(str(tmp_path), batch_size=2)(PROMPT, [Completion(r) for r in RESPONSES])
     assert two.values == pytest.approx(expected, abs=1e-5)
     assert two.cost.model_calls == 2 and two.cost.prompt_tokens_computed == tokens
     assert two.cost.flops == 2.0 * model.num_parameters(exclude_embeddings=True) * tokens
@@ -79,15 +79,15 @@ def test_chat_template_two_labels_and_user_template(tmp_path):
     assert tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "x"}],
                                          tokenize=False) == f"user: {PROMPT}\nassistant: x\n"
     logits = direct_scores(model, tokenizer, texts, add_special_tokens=False)
-    scores = RewardModelScorer(str(tmp_path), batch_size=2)(PROMPT, [Candidate(r) for r in RESPONSES])
+    scores = RewardModelScorer(str(tmp_path), batch_size=2)(PROMPT, [Completion(r) for r in RESPONSES])
     assert scores.values == pytest.approx([(v[1] - v[0]).item() for v in logits], abs=1e-5)  # log-odds of label 1
 
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPT}]
-    chat = RewardModelScorer(str(tmp_path))(messages, [Candidate("Paris.")])
+    chat = RewardModelScorer(str(tmp_path))(messages, [Completion("Paris.")])
     [logit] = direct_scores(model, tokenizer, [f"system: Be brief.\nuser: {PROMPT}\nassistant: Paris.\n"], False)
     assert chat.values == pytest.approx([(logit[1] - logit[0]).item()], abs=1e-5)
 
-    templated = RewardModelScorer(str(tmp_path), template="Q: {prompt} A: {response}")(PROMPT, [Candidate("Paris.")])
+    templated = RewardModelScorer(str(tmp_path), template="Q: {prompt} A: {response}")(PROMPT, [Completion("Paris.")])
     [logit] = direct_scores(model, tokenizer, [f"Q: {PROMPT} A: Paris."], True)
     assert templated.values == pytest.approx([(logit[1] - logit[0]).item()], abs=1e-5)
 

@@ -22,20 +22,20 @@ from metagen.scoring import (
 )
 from metagen.strategies import BestOfNConfig, best_of_n
 from metagen.strategies.borda_voting import borda_weights
-from metagen.strategies.result import Candidate
+from metagen.decoding.result import Completion
 from tests.decoding.toy_model import BOS, ToyModel, next_logits
 from tests.strategies.test_voting_strategies import OUTPUTS, CannedGenerator
 
 
 def test_logprob_scorers_and_self_certainty_values():
-    a = Candidate("x", [1, 2], [-0.5, -1.5], certainties=[2.0, 4.0])
-    b = Candidate("", [], [])
+    a = Completion("x", [1, 2], [-0.5, -1.5], certainties=[2.0, 4.0])
+    b = Completion("", [], [])
     assert sum_logprob("q", [a, b]).values == [-2.0, 0.0]
     assert mean_logprob("q", [a, b]).values == [-1.0, float("-inf")]
     assert self_certainty("q", [a, b]).values == [3.0, float("-inf")]
     assert sum_logprob("q", [a]).cost == Cost()
     with pytest.raises(ValueError, match="full next-token distribution"):
-        self_certainty("q", [Candidate("x", [1], [-0.1])])
+        self_certainty("q", [Completion("x", [1], [-0.1])])
 
 
 def test_certainties_are_kl_from_uniform_of_the_raw_distribution(one_thread):
@@ -75,7 +75,7 @@ def test_a_scorer_returning_the_wrong_count_is_an_error():
             return Scores([1.0])
 
     with pytest.raises(ValueError, match="1 scores for 2 candidates"):
-        Broken()("q", [Candidate("a"), Candidate("b")])
+        Broken()("q", [Completion("a"), Completion("b")])
     with pytest.raises(TypeError, match="Scorer or a function"):
         as_scorer(3)
 
@@ -86,7 +86,7 @@ def test_a_verifier_scores_with_its_verdicts():
             ok = len(candidate.text) % 2 == 0
             return Verdict(ok, 1.0 if ok else 0.25, "" if ok else "odd length", Cost(model_calls=1))
 
-    scores = Even()("q", [Candidate("ab"), Candidate("abc")])
+    scores = Even()("q", [Completion("ab"), Completion("abc")])
     assert scores.values == [1.0, 0.25] and scores.cost.model_calls == 2
     assert isinstance(as_scorer(mean_logprob), FunctionScorer)
 
@@ -110,10 +110,27 @@ def test_exact_answer_verifier():
     from metagen.scoring import ExactAnswerVerifier
 
     verifier = ExactAnswerVerifier("1/2")
-    good, bad, none = Candidate("so it is \\boxed{0.5}"), Candidate("it is 3"), Candidate("no idea")
+    good, bad, none = Completion("so it is \\boxed{0.5}"), Completion("it is 3"), Completion("no idea")
     verdicts = verifier.verify_all("q", [good, bad, none])
     assert [v.passed for v in verdicts] == [True, False, False]
     assert "3 is incorrect" in verdicts[1].feedback and "No final answer" in verdicts[2].feedback
     assert verifier("q", [good, bad]).values == [1.0, 0.0]
     assert not ExactAnswerVerifier("1/2", math=False).verify("q", good).passed
-    assert ExactAnswerVerifier("yes", pattern=r"A: (\w+)").verify("q", Candidate("A: yes")).passed
+    assert ExactAnswerVerifier("yes", pattern=r"A: (\w+)").verify("q", Completion("A: yes")).passed
+
+
+def test_scoring_reads_the_decoding_floors_completion_and_imports_no_strategy():
+    """Scorers and verifiers take `Completion`s (decoding/result.py), the type strategies return,
+    so no scoring module imports metagen.strategies (not even for type checking): no cycle."""
+    import ast
+    from pathlib import Path
+
+    import metagen.scoring
+
+    upward = []
+    for path in sorted(Path(metagen.scoring.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            upward += [f"{path.name}: {name}" for name in names if name.startswith("metagen.strategies")]
+    assert upward == []

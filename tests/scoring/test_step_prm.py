@@ -93,10 +93,10 @@ def test_a_tree_search_runs_with_the_prm_as_its_value(name, kind, shepherd, qwen
     toy = ToyModel()
     result = get_strategy(name).run(LocalGenerator(toy), "a", 4, SamplingParams(temperature=1.0, max_tokens=6),
                                     options, torch.Generator().manual_seed(0))
-    assert result.candidates and result.chosen in result.candidates
+    assert result.completions and result.chosen in result.completions
     from metagen.scoring.process_reward import split_steps
 
-    for candidate in result.candidates:  # each score: min over the candidate's steps, by hand
+    for candidate in result.completions:  # each score: min over the candidate's steps, by hand
         steps = split_steps(candidate.text, "b") or [candidate.text]
         scores, _ = reference(model, tok, "a", steps)
         assert candidate.score == pytest.approx(min(scores), abs=1e-5)

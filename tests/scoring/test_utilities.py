@@ -10,10 +10,10 @@ import pytest
 from metagen.decoding import Cost
 from metagen.scoring.base import Scorer, Scores
 from metagen.scoring.utilities import AnswerAgreement, Bleu, ChrF, EditSimilarity, Utility
-from metagen.strategies.result import Candidate
+from metagen.decoding.result import Completion
 
 TEXTS = ["the cat sat on the mat", "a cat sat on a mat", "dogs run in the park", ""]
-CANDIDATES = [Candidate(t) for t in TEXTS]
+CANDIDATES = [Completion(t) for t in TEXTS]
 
 
 def test_chrf_and_bleu_equal_sentence_level_sacrebleu_divided_by_100():
@@ -29,7 +29,7 @@ def test_chrf_and_bleu_equal_sentence_level_sacrebleu_divided_by_100():
     assert chrf[0, 0] == pytest.approx(1.0) and bleu[0, 0] == pytest.approx(1.0)
     assert chrf[0, 1] != chrf[1, 0]  # chrF weighs recall over precision: not symmetric
     # effective order: a 2-word hypothesis has no 3-grams, so BLEU is the geometric mean of p1, p2 only
-    assert Bleu()("q", [Candidate("the cat"), Candidate("the cat sat")])[0][0, 1] == pytest.approx(
+    assert Bleu()("q", [Completion("the cat"), Completion("the cat sat")])[0][0, 1] == pytest.approx(
         math.exp(-0.5) * 1.0)  # brevity penalty exp(1 − 3/2), p1 = p2 = 1
     assert ((0 <= chrf) & (chrf <= 1 + 1e-12)).all() and ((0 <= bleu) & (bleu <= 1 + 1e-12)).all()
 
@@ -37,7 +37,7 @@ def test_chrf_and_bleu_equal_sentence_level_sacrebleu_divided_by_100():
 def test_edit_similarity_is_normalized_levenshtein():
     from rapidfuzz.distance import Levenshtein
 
-    utilities, _ = EditSimilarity()("q", [Candidate("kitten"), Candidate("sitting"), Candidate("")])
+    utilities, _ = EditSimilarity()("q", [Completion("kitten"), Completion("sitting"), Completion("")])
     assert utilities[0, 1] == pytest.approx(1 - 3 / 7)  # 3 edits, longer string has 7 characters
     assert utilities[2, 0] == 0.0 and utilities[2, 2] == 1.0
     assert utilities[0, 1] == pytest.approx(Levenshtein.normalized_similarity("kitten", "sitting"))
@@ -87,8 +87,8 @@ class LengthWeights(Scorer):
 
 
 def test_answer_agreement_is_the_weight_of_the_reference_when_answers_match():
-    candidates = [Candidate("so 1/2"), Candidate("it is 0.5"), Candidate("answer: 3"), Candidate("none"),
-                  Candidate("x", answer="\\frac{1}{2}")]
+    candidates = [Completion("so 1/2"), Completion("it is 0.5"), Completion("answer: 3"), Completion("none"),
+                  Completion("x", answer="\\frac{1}{2}")]
     utilities, cost = AnswerAgreement(LengthWeights(), math=True)("q", candidates)
     w = [0.6, 0.9, 0.9, 0.4, 0.1]
     expected = np.array([
@@ -119,7 +119,7 @@ def test_minilm_embeddings_are_unit_norm_and_rank_a_paraphrase_above_an_unrelate
     assert embeddings.shape == (4, 384)
     np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, atol=1e-5)
     assert cost.model_calls == 2 and cost.flops > 0 and cost.prompt_tokens_computed > 0
-    utilities, utility_cost = EmbeddingCosine(batch_size=3)("q", [Candidate(t) for t in texts])
+    utilities, utility_cost = EmbeddingCosine(batch_size=3)("q", [Completion(t) for t in texts])
     assert utility_cost.model_calls == 1  # 3 distinct texts in one batch: the repeat is not re-encoded
     assert utilities[0, 3] == pytest.approx(1.0, abs=1e-5)
     np.testing.assert_allclose(np.diag(utilities), 1.0, atol=1e-5)

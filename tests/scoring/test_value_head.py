@@ -18,7 +18,7 @@ from metagen.scoring.value_training import (
     expected_calibration_error,
     train_value_head,
 )
-from metagen.strategies.result import Candidate
+from metagen.decoding.result import Completion
 
 
 def brute_force_auc(scores, labels):
@@ -145,7 +145,7 @@ def test_value_scorer_scores_each_candidate(model):
     head = ValueHead(model.config.hidden_size, identity=model_identity(model))
     head.params["weight"] = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(0)) * 0.1
     scorer = ValueScorer(model, head)
-    candidates = [Candidate("The answer is 12."), Candidate("I am not sure."), Candidate("12")]
+    candidates = [Completion("The answer is 12."), Completion("I am not sure."), Completion("12")]
     scores = scorer("Ava has 5 apples and finds 7 more. How many apples?", candidates)
     assert isinstance(scores, Scores) and len(scores.values) == 3
     assert all(0.0 <= v <= 1.0 for v in scores.values)

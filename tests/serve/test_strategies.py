@@ -34,7 +34,7 @@ def test_self_consistency_equals_a_local_run_and_counts_every_token(client, serv
     block = answer.model_extra["metagen"]
     local = _local(model, "self_consistency", 4)
     # the engine draws from the strategy's generator exactly as the local loop does
-    assert [c["text"] for c in block["candidates"]] == [c.text for c in local.candidates]
+    assert [c["text"] for c in block["candidates"]] == [c.text for c in local.completions]
     assert block["answer"] == local.answer
     assert block["votes"] == local.votes
     assert answer.choices[0].message.content == local.chosen.text
@@ -179,8 +179,8 @@ def test_completions_endpoint_and_a_constrained_vote(client, served_model, model
     params = SamplingParams(temperature=0.9, max_tokens=16, seed=4, structured_outputs={"json": schema})
     local = spec.run(LocalGenerator(model, chat=False, jump_forward=False), "7 + 5 = ? Reply in JSON.", n, params, options,
                      params.make_generator(), overrides)
-    assert [c["text"] for c in block["candidates"]] == [c.text for c in local.candidates]
-    assert [c["complete"] for c in block["candidates"]] == [c.complete for c in local.candidates]
+    assert [c["text"] for c in block["candidates"]] == [c.text for c in local.completions]
+    assert [c["complete"] for c in block["candidates"]] == [c.complete for c in local.completions]
     assert block["answer"] == local.answer and block["votes"] == local.votes
     assert answer.choices[0].text == local.chosen.text
 

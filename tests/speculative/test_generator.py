@@ -56,5 +56,5 @@ def test_a_greedy_step_search_on_a_speculative_generator_equals_the_local_one(on
 
     local = GREEDY_SEARCHES["rebase"](ToyModel())
     speculative = GREEDY_SEARCHES["rebase"](SpeculativeGenerator(ToyModel(), NgramDrafter()))
-    assert [c.token_ids for c in speculative.candidates] == [c.token_ids for c in local.candidates]
+    assert [c.token_ids for c in speculative.completions] == [c.token_ids for c in local.completions]
     assert speculative.chosen.token_ids == local.chosen.token_ids

@@ -49,7 +49,7 @@ def chain_distribution(params: SamplingParams, prompt: list[int], max_tokens: in
         for token in sequence:
             processed = chain.process(next_logits(context)[None])
             logp += float(torch.log_softmax(processed.double(), dim=-1)[0, token])
-            chain.update(torch.tensor([token]))
+            chain.accept(torch.tensor([token]))
             context.append(token)
         distribution[sequence] = math.exp(logp)
     return distribution

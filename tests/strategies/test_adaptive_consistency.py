@@ -4,7 +4,7 @@ cost, the registry entry, and its evaluation from a pool read in order."""
 import pytest
 
 from metagen.decoding import Cost, Generator
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.eval.pool import Pool, PoolGenerator, Sample
 from metagen.sampling import SamplingParams
 from metagen.strategies.adaptive_consistency import AdaptiveConsistencyConfig, adaptive_consistency
@@ -34,7 +34,7 @@ def _run(answers, **config):
 def test_unanimous_answers_stop_after_four():
     # P(p1 > p2 | 3, 0) = 15/16 < 0.95 <= 31/32 = P(p1 > p2 | 4, 0)
     result, calls = _run(["7"] * 16)
-    assert len(result.candidates) == 4 and calls == [1, 1, 1, 1]
+    assert len(result.completions) == 4 and calls == [1, 1, 1, 1]
     assert result.answer == "7" and result.votes == {"7": 4.0}
     assert result.cost.model_calls == 4 and result.cost.generated_tokens == 8 and result.cost.flops == 4.0
 
@@ -42,27 +42,27 @@ def test_unanimous_answers_stop_after_four():
 def test_one_dissent_delays_the_stop_to_seven():
     # counts after k: (4, 1) -> 57/64, (5, 1) -> 120/128 = 0.9375, (6, 1) -> 247/256 >= 0.95
     result, _ = _run(["1", "1", "2", "1", "1", "1", "1", "1"])
-    assert len(result.candidates) == 7 and result.votes == {"1": 6.0, "2": 1.0}
+    assert len(result.completions) == 7 and result.votes == {"1": 6.0, "2": 1.0}
 
 
 def test_a_split_vote_draws_n_max_and_returns_the_majority():
     result, calls = _run(["1", "2"] * 4 + ["2"], n_max=9)
-    assert len(result.candidates) == 9 and result.answer == "2" and len(calls) == 9
+    assert len(result.completions) == 9 and result.answer == "2" and len(calls) == 9
 
 
 def test_rounds_check_only_between_calls_and_the_last_is_cut_to_n_max():
     result, calls = _run(["7"] * 16, round_size=3)
-    assert calls == [3, 3] and len(result.candidates) == 6  # 3 agreeing: 15/16, not yet
+    assert calls == [3, 3] and len(result.completions) == 6  # 3 agreeing: 15/16, not yet
     _, calls = _run(["1", "2"] * 8, n_max=5, round_size=3)
     assert calls == [3, 2]
 
 
 def test_the_threshold_and_rule_move_the_stop():
-    assert len(_run(["7"] * 16, threshold=0.9)[0].candidates) == 3  # 15/16 >= 0.9
+    assert len(_run(["7"] * 16, threshold=0.9)[0].completions) == 3  # 15/16 >= 0.9
     # Dirichlet over three answers: the third answer's votes also threaten the lead
     beta, _ = _run(["1", "2", "3"] + ["1"] * 13, rule="beta")
     dirichlet, _ = _run(["1", "2", "3"] + ["1"] * 13, rule="dirichlet")
-    assert len(dirichlet.candidates) >= len(beta.candidates)
+    assert len(dirichlet.completions) >= len(beta.completions)
 
 
 def test_config_errors_name_the_field():
@@ -85,7 +85,7 @@ def test_registry_entry_options_and_bound():
         spec.parse({"threshold": 2}, "metagen.")
     generator = Scripted(["5"] * 12)
     result = spec.run(generator, "q", 12, SamplingParams(max_tokens=4), StrategyOptions(), None, overrides)
-    assert result.answer == "5" and len(result.candidates) == 4 and generator.calls == [2, 2]
+    assert result.answer == "5" and len(result.completions) == 4 and generator.calls == [2, 2]
 
 
 def _pool(answers):

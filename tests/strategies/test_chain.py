@@ -5,7 +5,7 @@ import pytest
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding import Cost, Generator
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.strategies.chain import CallTool, Chain, ChainConfig, Generate, ToolBinding, Transform
 from metagen.strategies.chain_programs import (
@@ -132,7 +132,7 @@ def test_chain_of_thought_prompts_and_answer():
     assert generator.params[0].max_tokens == 256 and generator.params[0].greedy
     assert result.values["reasoning"] == " 12 * 7 is 84, and 84 + 16 is 100."
     assert (result.text, result.answer) == (" 100.", "100")
-    assert [c.text for c in result.candidates] == [" 12 * 7 is 84, and 84 + 16 is 100.", " 100."]
+    assert [c.text for c in result.completions] == [" 12 * 7 is 84, and 84 + 16 is 100.", " 100."]
     assert result.cost == model_cost([text for text, _ in script])
 
 
@@ -176,7 +176,7 @@ def test_general_program_with_tool_and_transform_steps():
     assert generator.params[1].max_tokens == 8
     assert result.values == {"a": "3", "b": "14", "expression": " 3 * 14", "value": "42",
                              "sentence": " It is 42.", "shout": " IT IS 42."}
-    assert result.text == " It is 42." and [c.finish_reason for c in result.candidates] == ["stop", "tool", "stop", "transform"]
+    assert result.text == " It is 42." and [c.finish_reason for c in result.completions] == ["stop", "tool", "stop", "transform"]
     assert [(e.step, e.kind) for e in result.trace] == [("expression", "generate"), ("value/calculator", "tool"),
                                                        ("sentence", "generate"), ("shout", "transform")]
 
@@ -210,7 +210,7 @@ def test_real_model_continues_its_message_and_costs_add_up(model):
     ids = encode_prompt(model.tokenizer, answer.input)
     assert model.tokenizer.decode(ids).endswith("Therefore, the final answer is")  # continued, not closed
     assert result.cost.model_calls == reasoning.cost.model_calls + answer.cost.model_calls > 0
-    assert result.cost.flops > 0 and len(result.candidates) == 2
+    assert result.cost.flops > 0 and len(result.completions) == 2
 
     looped = calculator_chain(generator, "A box holds 12 eggs. How many eggs are in 7 boxes?", config)
     generates = [e for e in looped.trace if e.kind == "generate"]

@@ -5,7 +5,7 @@ from a script (no model)."""
 import pytest
 
 from metagen.decoding import Cost, Generator
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.eval.harness import EvalConfig
 from metagen.eval.pool import Pool, PoolGenerator, Sample
 from metagen.sampling import SamplingParams
@@ -57,14 +57,14 @@ def _run(name, replies, prompt=PROMPT, options=StrategyOptions(), **overrides):
 def test_best_of_n_value_with_tests_keeps_the_program_passing_most_examples(no_leftovers):
     result, generator = _run("best_of_n_value", [WRONG, HALF, RIGHT, RIGHT_TOO], options=TESTS)
     assert result.chosen.text == RIGHT  # ties go to the first
-    assert [c.score for c in result.candidates] == [0.0, 0.5, 1.0, 1.0]
+    assert [c.score for c in result.completions] == [0.0, 0.5, 1.0, 1.0]
     assert generator.calls == [4]  # one call of n i.i.d. samples: no search backend needed
     assert result.cost.model_calls == 1 and result.cost.wall_seconds > 0 and result.cost.flops == 0
 
 
 def test_without_examples_best_of_n_value_keeps_the_first_sample_and_scores_none():
     result, _ = _run("best_of_n_value", [WRONG, RIGHT], prompt=NO_EXAMPLES, options=TESTS)
-    assert result.chosen.text == WRONG and [c.score for c in result.candidates] == [None, None]
+    assert result.chosen.text == WRONG and [c.score for c in result.completions] == [None, None]
 
 
 def test_best_of_n_value_with_tests_is_pooled_and_other_searches_refuse_tests():
@@ -101,7 +101,7 @@ def test_code_cluster_picks_from_the_largest_cluster(no_leftovers):
     assert generator.calls == [8] and result.cost.wall_seconds > 0
     assert all(len(key) == 16 for key in result.votes)  # digests of the output tuples
     # no key is left as an answer: each is extracted from the text, as best_of_n's are
-    assert [c.answer for c in result.candidates] == [extract_answer(c.text) for c in result.candidates]
+    assert [c.answer for c in result.completions] == [extract_answer(c.text) for c in result.completions]
 
 
 def test_code_cluster_ties_go_to_the_cluster_seen_first(no_leftovers):
@@ -124,13 +124,13 @@ def test_adaptive_code_cluster_stops_when_the_largest_cluster_is_the_majority(no
     # same outputs, four texts: Beta rule P(p1 > p2 | 4, 0) = 31/32 >= 0.95 stops after four
     agreeing = [RIGHT, RIGHT_TOO, "    return x * 2\n", "    return x << 1\n"] * 3
     result, generator = _run("adaptive_code_cluster", agreeing)
-    assert len(result.candidates) == 4 and generator.calls == [1, 1, 1, 1] and result.chosen.text == RIGHT
+    assert len(result.completions) == 4 and generator.calls == [1, 1, 1, 1] and result.chosen.text == RIGHT
     # one dissent after two: counts (5, 1) give 0.9375, (6, 1) 247/256: the stop comes at seven
     dissent = [RIGHT, RIGHT_TOO, WRONG] + [RIGHT] * 9
     result, _ = _run("adaptive_code_cluster", dissent)
-    assert len(result.candidates) == 7 and sorted(result.votes.values()) == [1.0, 6.0]
+    assert len(result.completions) == 7 and sorted(result.votes.values()) == [1.0, 6.0]
     result, generator = _run("adaptive_code_cluster", agreeing, round_size=3)
-    assert generator.calls == [3, 3] and len(result.candidates) == 6
+    assert generator.calls == [3, 3] and len(result.completions) == 6
 
 
 def test_registry_entries():

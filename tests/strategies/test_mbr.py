@@ -49,7 +49,7 @@ def test_mbr_picks_the_highest_expected_utility_and_adds_the_utility_cost():
     utility = FixedUtility()
     result = mbr(CannedGenerator(THREE), "q", MBRConfig(n=3, include_self=False), utility)
     assert result.text == "third"
-    assert [c.score for c in result.candidates] == pytest.approx([0.55, 0.45, 0.75])
+    assert [c.score for c in result.completions] == pytest.approx([0.55, 0.45, 0.75])
     assert utility.diagonals == [False]
     assert result.cost.model_calls == 3 + 2 and result.cost.flops == 5.0
     assert result.cost.generated_tokens == 3 and result.cost.prompt_tokens_reused == 10
@@ -64,7 +64,7 @@ def test_mbr_with_answer_agreement_is_weighted_voting():
     assert result.chosen.text == voting.chosen.text == "so the answer is 1/2"
     # Ū_i = (1/N) · the weighted vote of y_i's answer
     half, three = voting.votes["1/2"], voting.votes["3"]
-    assert [c.score for c in result.candidates] == pytest.approx([half / 5, half / 5, half / 5, three / 5, three / 5])
+    assert [c.score for c in result.completions] == pytest.approx([half / 5, half / 5, half / 5, three / 5, three / 5])
 
 
 def test_without_self_pairs_answer_agreement_can_differ_from_weighted_voting():
@@ -76,7 +76,7 @@ def test_without_self_pairs_answer_agreement_can_differ_from_weighted_voting():
     assert mbr(CannedGenerator(outputs), "q", MBRConfig(n=3, include_self=True), utility).text == "answer 7"
     without = mbr(CannedGenerator(outputs), "q", MBRConfig(n=3, include_self=False), utility)
     assert without.text == "answer 9"  # each 9 gets the other's vote; the lone 7 gets none
-    assert [c.score for c in without.candidates] == pytest.approx([0.0, 0.15, 0.25])
+    assert [c.score for c in without.completions] == pytest.approx([0.0, 0.15, 0.25])
 
 
 def test_mbr_with_chrf_picks_the_consensus_sentence():
@@ -87,7 +87,7 @@ def test_mbr_with_chrf_picks_the_consensus_sentence():
     result = mbr(CannedGenerator(outputs), "q", MBRConfig(n=4, include_self=False), ChrF())
     texts = [t for t, _ in outputs]
     expected = [sum(sacrebleu.sentence_chrf(h, [r]).score / 100 for r in texts if r != h) / 3 for h in texts]
-    assert [c.score for c in result.candidates] == pytest.approx(expected)
+    assert [c.score for c in result.completions] == pytest.approx(expected)
     assert result.text == texts[int(np.argmax(expected))] == "the cat sat on the mat"
     assert mbr(CannedGenerator(outputs), "q", MBRConfig(n=4)).text == result.text  # chrF; u(y, y) = 1 shifts all
 
@@ -106,8 +106,8 @@ def test_mbr_on_the_real_model(model):
 
     config = MBRConfig(n=4, params=SamplingParams(temperature=0.8, max_tokens=16, seed=0))
     result = mbr(LocalGenerator(model), "Name a color.", config, EditSimilarity())
-    assert len(result.candidates) == 4 and result.chosen in result.candidates
-    assert result.chosen.score == max(c.score for c in result.candidates)
-    assert all(0.0 <= c.score <= 1.0 for c in result.candidates)
+    assert len(result.completions) == 4 and result.chosen in result.completions
+    assert result.chosen.score == max(c.score for c in result.completions)
+    assert all(0.0 <= c.score <= 1.0 for c in result.completions)
     assert result.cost.generated_tokens > 0 and result.cost.flops > 0
     assert math.isfinite(result.chosen.score)

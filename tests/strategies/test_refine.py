@@ -6,7 +6,7 @@ import pytest
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding import Cost, Generator
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring import ExactAnswerVerifier, Scorer, Scores, Verdict, Verifier, mean_logprob
 from metagen.strategies.self_refine import (
@@ -95,7 +95,7 @@ def test_self_refine_stops_when_the_critique_says_the_stop_phrase():
     script = ["x is 3", "Step 2 is wrong: 2 + 2 is 4.", "x is 4", "Checked again. NO ERRORS"]
     generator = ScriptedGenerator(script)
     result = self_refine(generator, "Solve for x.", SelfRefineConfig(rounds=5, **STAGES))
-    assert [c.text for c in result.candidates] == ["x is 3", "x is 4"]
+    assert [c.text for c in result.completions] == ["x is 3", "x is 4"]
     assert result.critiques == [script[1], script[3]]
     assert result.stopped and result.rounds == 1 and result.text == "x is 4"
     assert generator.prompts == [
@@ -107,7 +107,7 @@ def test_self_refine_stops_when_the_critique_says_the_stop_phrase():
     assert "Step 2 is wrong: 2 + 2 is 4." in generator.prompts[2][0]["content"]
     stage_temperatures = [p.temperature for p in generator.params]
     assert stage_temperatures == [0.5, 0.0, 0.9, 0.0] and all(p.n == 1 for p in generator.params)
-    assert all(c.score is None for c in result.candidates)
+    assert all(c.score is None for c in result.completions)
     assert result.cost == generator.total_cost()
 
 
@@ -116,7 +116,7 @@ def test_self_refine_runs_exactly_rounds_when_never_accepted():
     script = ["v0", "there are no errors in step 1, step 2 is off", "v1", "still wrong", "v2"]
     generator = ScriptedGenerator(script)  # a sixth call would raise IndexError
     result = self_refine(generator, "q", SelfRefineConfig(rounds=2))
-    assert [c.text for c in result.candidates] == ["v0", "v1", "v2"]
+    assert [c.text for c in result.completions] == ["v0", "v1", "v2"]
     assert result.critiques == [script[1], script[3]]
     assert not result.stopped and result.rounds == 2 and result.text == "v2"
     assert len(generator.prompts) == 5
@@ -133,10 +133,10 @@ def test_self_refine_scorer_chooses_among_all_versions_and_is_paid_for():
     script = ["v0", "bad", "v1", "bad", "v2"]
     earlier = self_refine(ScriptedGenerator(script), "q", SelfRefineConfig(rounds=2),
                           scorer=TableScorer({"v0": 2.0, "v1": 1.0, "v2": 0.0}))
-    assert earlier.text == "v0" and [c.score for c in earlier.candidates] == [2.0, 1.0, 0.0]
+    assert earlier.text == "v0" and [c.score for c in earlier.completions] == [2.0, 1.0, 0.0]
     tied = self_refine(ScriptedGenerator(script), "q", SelfRefineConfig(rounds=2),
                        scorer=TableScorer({"v0": 0.5, "v1": 0.9, "v2": 0.9}))
-    assert tied.chosen is tied.candidates[2]  # ties go to the later version
+    assert tied.chosen is tied.completions[2]  # ties go to the later version
     generator = ScriptedGenerator(script)
     paid = self_refine(generator, "q", SelfRefineConfig(rounds=2), scorer=TableScorer({}))
     assert paid.cost == generator.total_cost() + Cost(model_calls=1000)  # one scorer call for all versions
@@ -178,7 +178,7 @@ def test_verifier_refine_returns_at_round_zero_when_a_candidate_passes():
     verifier = TableVerifier({"b": (True, 1.0)})
     result = verifier_refine(generator, "q", verifier, VerifierRefineConfig(initial_candidates=3, rounds=4))
     assert result.text == "b" and result.passed and result.rounds == 0
-    assert [c.score for c in result.candidates] == [0.0, 1.0, 0.0]
+    assert [c.score for c in result.completions] == [0.0, 1.0, 0.0]
     assert result.parents == [None] * 3 and len(generator.prompts) == 1 and generator.params[0].n == 3
     assert [prompt for prompt, _ in verifier.checked] == ["q"] * 3
 
@@ -194,7 +194,7 @@ def test_verifier_refine_revises_the_best_with_its_feedback_and_keeps_the_best_r
     assert generator.params[1].n == 3
     assert result.text == "r2" and not result.passed and result.rounds == 1
     assert result.parents == [None, None, 1, 1, 1]
-    assert [c.score for c in result.candidates] == [0.2, 0.5, 0.3, 0.8, 0.6]
+    assert [c.score for c in result.completions] == [0.2, 0.5, 0.3, 0.8, 0.6]
     assert [prompt for prompt, _ in verifier.checked] == ["Add them."] * 5  # always the original question
 
 
@@ -218,7 +218,7 @@ def test_verifier_refine_stops_at_the_budget_and_returns_the_best():
     config = VerifierRefineConfig(initial_candidates=2, rounds=2, revisions_per_round=2)
     result = verifier_refine(generator, "q", TableVerifier(table), config)
     assert result.rounds == 2 and not result.passed and result.text == "d"
-    assert len(result.candidates) == 6 and len(result.verdicts) == 6
+    assert len(result.completions) == 6 and len(result.verdicts) == 6
 
 
 def test_verifier_refine_ties_go_to_the_scorer_then_to_the_newest():
@@ -253,7 +253,7 @@ def test_verifier_refine_cost_is_generation_plus_verifier_plus_scorer():
     # 3 generate calls, 6 verifications at 7 calls each, 3 scorer calls at 1000 each
     assert result.cost == generator.total_cost() + Cost(model_calls=6 * 7 + 3 * 1000)
     assert result.cost.model_calls == 3 + 42 + 3000 and result.cost.flops == 600.0
-    assert result.cost.generated_tokens == sum(len(c.token_ids) for c in result.candidates) == 10
+    assert result.cost.generated_tokens == sum(len(c.token_ids) for c in result.completions) == 10
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -283,11 +283,11 @@ def test_self_refine_on_the_real_model(model):
     verifier = ExactAnswerVerifier(REFERENCE)
     result = self_refine(LocalGenerator(model), QUESTION, config, scorer=verifier)
     assert len(result.critiques) == 1 and result.stopped == ("NO ERRORS" in result.critiques[0])
-    assert len(result.candidates) == 1 + result.rounds == (1 if result.stopped else 2)
-    assert all(c.score == float(verifier.verify(QUESTION, c).passed) for c in result.candidates)
-    assert result.chosen.score == max(c.score for c in result.candidates)
+    assert len(result.completions) == 1 + result.rounds == (1 if result.stopped else 2)
+    assert all(c.score == float(verifier.verify(QUESTION, c).passed) for c in result.completions)
+    assert result.chosen.score == max(c.score for c in result.completions)
     # the critique's tokens are paid for but are not a candidate
-    assert result.cost.generated_tokens > sum(len(c.token_ids) for c in result.candidates)
+    assert result.cost.generated_tokens > sum(len(c.token_ids) for c in result.completions)
     assert result.cost.model_calls >= 3 and result.cost.flops > 0
 
 
@@ -300,13 +300,69 @@ def test_verifier_refine_on_the_real_model(model):
     verifier = ExactAnswerVerifier(REFERENCE)
     result = verifier_refine(LocalGenerator(model), QUESTION, verifier, config, scorer=mean_logprob)
     expected = 2 if result.rounds == 0 else 4
-    assert len(result.candidates) == len(result.verdicts) == len(result.tiebreak_scores) == expected
+    assert len(result.completions) == len(result.verdicts) == len(result.tiebreak_scores) == expected
     assert result.rounds == (0 if any(v.passed for v in result.verdicts[:2]) else 1)
     if result.rounds:  # the revisions came from the better first sample (score, then mean logprob)
         parent = max(range(2), key=lambda i: (result.verdicts[i].score, result.tiebreak_scores[i], i))
         assert result.parents == [None, None, parent, parent]
     assert result.passed == verifier.verify(QUESTION, result.chosen).passed
     assert result.passed == any(v.passed for v in result.verdicts)
-    assert [c.score for c in result.candidates] == [float(v.passed) for v in result.verdicts]
-    assert result.cost.generated_tokens == sum(len(c.token_ids) for c in result.candidates)
+    assert [c.score for c in result.completions] == [float(v.passed) for v in result.verdicts]
+    assert result.cost.generated_tokens == sum(len(c.token_ids) for c in result.completions)
     assert result.cost.prompt_tokens_reused > 0 and result.cost.flops > 0
+
+
+# ---------------------------------------------------------------- verifier_refine in the registry
+
+CODE_PROMPT = '''def double(x):
+    """Twice x.
+    >>> double(2)
+    4
+    >>> double(5)
+    10
+    """
+'''
+
+
+def reply(body):
+    return f"```python\ndef double(x):\n    return {body}\n```"
+
+
+def test_the_registry_entry_revises_with_the_failing_examples_until_they_pass():
+    """The entry's verifier is the prompt's docstring examples: the first attempt (x + 2) passes
+    double(2) but not double(5); the revision prompt carries that feedback, and the second attempt
+    (2 * x), which passes both, ends the run before the budget of n = 3."""
+    from metagen.strategies.registry import get_strategy
+    from metagen.strategies.spec import StrategyOptions
+
+    generator = ScriptedGenerator([reply("x + 2"), reply("2 * x"), reply("x")])
+    spec = get_strategy("verifier_refine")
+    result = spec.run(generator, user(CODE_PROMPT), 3, SamplingParams(temperature=0.8, max_tokens=64),
+                      StrategyOptions(), None)
+    assert len(generator.prompts) == 2 and result.passed and result.rounds == 1
+    assert result.text == reply("2 * x") and result.parents == [None, 0]
+    revision = generator.prompts[1][-1]["content"]
+    assert "double(5)" in revision and reply("x + 2") in revision
+    assert [params.n for params in generator.params] == [1, 1]
+    assert result.cost.model_calls == 2 and result.cost.wall_seconds > 0  # the samples plus the sandbox's time
+
+
+def test_the_registry_entry_without_examples_returns_the_first_sample():
+    from metagen.strategies.registry import get_strategy
+    from metagen.strategies.spec import StrategyOptions
+
+    generator = ScriptedGenerator([reply("x + x")])
+    prompt = user("def double(x):\n    \"\"\"Twice x.\"\"\"\n")
+    result = get_strategy("verifier_refine").run(generator, prompt, 4, SamplingParams(max_tokens=64),
+                                                 StrategyOptions(), None)
+    assert result.text == reply("x + x") and len(generator.prompts) == 1
+
+
+def test_mbr_judge_is_refused_without_top_logprobs_before_any_request():
+    from metagen.strategies.registry import get_strategy
+    from metagen.strategies.spec import StrategyOptions
+
+    generator = ScriptedGenerator([])
+    with pytest.raises(ValueError, match="mbr_judge.*top_logprobs.*Yes/No token"):
+        get_strategy("mbr_judge").run(generator, "Q?", 2, SamplingParams(), StrategyOptions(), None)
+    assert generator.prompts == []

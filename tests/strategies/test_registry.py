@@ -6,7 +6,7 @@ import torch
 
 from metagen.decoding import Cost, Generator
 from metagen.decoding import capabilities as caps
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.strategies.registry import STRATEGIES, StrategyOptions, get_strategy
 
@@ -22,6 +22,7 @@ EXPECTED_NEEDS = {
     "self_ask": {caps.ASSISTANT_CONTINUATION},
     "calculator": {caps.ASSISTANT_CONTINUATION},
     "tokenwise_cd": {caps.LOCAL_CACHE},  # values the top-k next tokens at every position
+    "mbr_judge": {caps.TOP_LOGPROBS},  # the model judges pairs by P(Yes) among its top tokens
 }
 SEARCHES = [name for name, spec in STRATEGIES.items() if spec.uses_value and name != "tokenwise_cd"]
 # tree searches run on a local cache, or on a server continuing prefixes to the step delimiter

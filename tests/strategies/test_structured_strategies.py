@@ -12,7 +12,7 @@ import torch
 
 from metagen.decoding import Cost, Generator
 from metagen.decoding import capabilities as caps
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring.utilities import EditSimilarity
 from metagen.strategies.best_of_n import BestOfNConfig, best_of_n
@@ -44,7 +44,7 @@ class Canned(Generator):
         completions = [Completion(text, [1] * len(text), [logprob] * len(text),
                                   finish_reason="stop" if complete else "length", complete=complete)
                        for text, complete, logprob in picked]
-        return GenerationResult(completions, [0], model_calls=1, cost=Cost(model_calls=1))
+        return GenerationResult(completions, [0], cost=Cost(model_calls=1))
 
 
 # The cut outputs have the best log-probabilities and the most common answer.
@@ -59,7 +59,7 @@ def test_best_of_n_never_picks_a_cut_output_over_a_complete_one():
     result = best_of_n(Canned(OUTPUTS), "q", BestOfNConfig(6, CONSTRAINED), mean_logprob)
     assert result.chosen.text == '{"answer": "6"}' and result.chosen.complete is True
     assert result.incomplete == [0, 1, 2]
-    assert max(result.candidates, key=lambda c: c.score).complete is False  # it would have won on score
+    assert max(result.completions, key=lambda c: c.score).complete is False  # it would have won on score
 
 
 def test_when_every_output_was_cut_the_chosen_one_says_so():
@@ -71,7 +71,7 @@ def test_when_every_output_was_cut_the_chosen_one_says_so():
 def test_self_consistency_over_a_json_field_ignores_cut_outputs():
     config = SelfConsistencyConfig(6, CONSTRAINED, answer_field="answer")
     result = self_consistency(Canned(OUTPUTS), "q", config)
-    assert [c.answer for c in result.candidates] == [None, None, None, "5", "5", "6"]  # cut JSON does not parse
+    assert [c.answer for c in result.completions] == [None, None, None, "5", "5", "6"]  # cut JSON does not parse
     assert result.votes == {"5": 2.0, "6": 1.0} and result.answer == "5" and result.chosen.complete
     # a cut output whose field parses anyway still does not vote while complete ones exist
     parsable = [('{"answer": "7"', False, 0.0)] * 3 + OUTPUTS[3:]
@@ -87,7 +87,7 @@ def test_weighted_voting_and_mbr_choose_complete_outputs():
     assert voted.chosen.complete is True and "7" not in voted.votes
     chosen = mbr(Canned(OUTPUTS), "q", MBRConfig(6, CONSTRAINED), EditSimilarity())
     # the three identical cut outputs agree most with each other, but only complete ones may win
-    assert max(chosen.candidates, key=lambda c: c.score).complete is False
+    assert max(chosen.completions, key=lambda c: c.score).complete is False
     assert chosen.chosen.complete is True
 
 
@@ -166,7 +166,7 @@ def test_self_consistency_over_a_json_field_on_the_real_model(model):
     result = get_strategy("self_consistency").run(
         LocalGenerator(model), "What is 2 + 3? Reply as JSON with the field answer.", 6, params,
         StrategyOptions(answer_field="answer"), torch.Generator().manual_seed(0))
-    complete = [c for c in result.candidates if c.complete]
+    complete = [c for c in result.completions if c.complete]
     assert complete and result.chosen.complete
     for candidate in complete:
         document = json.loads(candidate.text)

@@ -36,7 +36,7 @@ def test_first_token_follows_the_tilted_distribution(top_k, strength, temperatur
     result = tokenwise_cd(ToyModel(), [BOS], FunctionValue(last_token_value), config,
                           rng=torch.Generator().manual_seed(7))
     counts = [0] * VOCAB
-    for candidate in result.candidates:
+    for candidate in result.completions:
         counts[candidate.token_ids[0]] += 1
     probs = expected([BOS], top_k, strength, temperature)
     support = [z for z in range(VOCAB) if probs[z] > 0]
@@ -51,7 +51,7 @@ def test_second_token_uses_the_chosen_rows_context(one_thread):
     config = TokenwiseCDConfig(n=n, top_k=5, strength=1.5, params=SamplingParams(temperature=1.0, max_tokens=2))
     result = tokenwise_cd(ToyModel(), [BOS], FunctionValue(last_token_value), config,
                           rng=torch.Generator().manual_seed(3))
-    firsts = [c for c in result.candidates if c.token_ids[0] == A]  # continue after "a"
+    firsts = [c for c in result.completions if c.token_ids[0] == A]  # continue after "a"
     counts = [0] * VOCAB
     for candidate in firsts:
         counts[candidate.token_ids[1]] += 1
@@ -66,9 +66,9 @@ def test_zero_strength_is_top_k_sampling_and_cost_counts_k_rows(one_thread):
                           rng=torch.Generator().manual_seed(0))
     assert model.calls[0] == [1]
     assert all(set(call) == {1} and len(call) % 3 == 0 for call in model.calls[1:])  # k rows per open row
-    assert result.cost.generated_tokens == 3 * sum(len(c.token_ids) for c in result.candidates)
+    assert result.cost.generated_tokens == 3 * sum(len(c.token_ids) for c in result.completions)
     assert result.cost.model_calls == len(model.calls)
-    for candidate in result.candidates:
+    for candidate in result.completions:
         assert candidate.finish_reason in ("stop", "length")
         assert len(candidate.logprobs) == len(candidate.token_ids)
 
@@ -106,8 +106,8 @@ def test_a_stateful_processor_follows_the_kept_candidate(one_thread):
     config = TokenwiseCDConfig(n=n, top_k=4, strength=1.5, params=SamplingParams(temperature=1.0, max_tokens=3))
     result = tokenwise_cd(ToyModel(), [BOS], FunctionValue(last_token_value), config,
                           rng=torch.Generator().manual_seed(4), processors=[BanRepeats()])
-    assert all(no_repeats(c.token_ids) for c in result.candidates)
-    firsts = [c for c in result.candidates if c.token_ids[0] == A]
+    assert all(no_repeats(c.token_ids) for c in result.completions)
+    firsts = [c for c in result.completions if c.token_ids[0] == A]
     counts = [0] * VOCAB
     for candidate in firsts:
         counts[candidate.token_ids[1]] += 1
@@ -131,7 +131,7 @@ def test_penalties_are_honoured_per_row(one_thread):
         temperature=1.0, max_tokens=5, presence_penalty=2.0, ignore_eos=True))
     result = tokenwise_cd(ToyModel(), [BOS, A], FunctionValue(last_token_value), config,
                           rng=torch.Generator().manual_seed(0))
-    assert [c.token_ids for c in result.candidates] == [path, path]
+    assert [c.token_ids for c in result.completions] == [path, path]
 
 
 def test_stop_strings_do_not_decode_the_whole_row_per_token(one_thread):

@@ -7,7 +7,7 @@ import pytest
 
 from metagen.decoding import Cost, Generator
 from metagen.decoding import capabilities as caps
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring import answers_match, extract_answer, sum_logprob
 from metagen.strategies import (
@@ -53,7 +53,7 @@ def test_best_of_n_picks_the_highest_score_and_passes_n():
     generator = CannedGenerator(OUTPUTS)
     result = best_of_n(generator, "q", BestOfNConfig(n=5))
     assert result.text == "it is 3"
-    assert [c.score for c in result.candidates] == pytest.approx([-0.15, -2.0, -1.0, -0.01, -3.0])
+    assert [c.score for c in result.completions] == pytest.approx([-0.15, -2.0, -1.0, -0.01, -3.0])
     assert result.cost.prompt_tokens_reused == 20
     assert best_of_n(CannedGenerator(OUTPUTS), "q", BestOfNConfig(n=5), scorer=sum_logprob).text == "it is 3"
 
@@ -117,11 +117,11 @@ def test_self_consistency_on_the_real_model(model):
 
     config = SelfConsistencyConfig(n=6, params=SamplingParams(temperature=0.7, max_tokens=24, seed=0))
     result = self_consistency(LocalGenerator(model), "What is 2 + 3? Answer with a number.", config)
-    assert len(result.candidates) == 6
+    assert len(result.completions) == 6
     assert result.cost.prompt_tokens_reused == 5 * result.cost.prompt_tokens_computed
     assert result.cost.flops > 0 and result.cost.generated_tokens > 0
-    assert sum(result.votes.values()) == sum(c.answer is not None for c in result.candidates)
-    assert result.chosen in result.candidates
+    assert sum(result.votes.values()) == sum(c.answer is not None for c in result.completions)
+    assert result.chosen in result.completions
 
 
 def test_borda_voting_weights_answers_by_rank():

@@ -7,7 +7,7 @@ from metagen.models.gguf_vocab import add_typed_tokens, sentencepiece_backend
 from metagen.models.tokenizer import Tokenizer
 from metagen.structured.bitmask import bitmask_to_bool
 from metagen.structured.engine import engine_tokenizer, token_bytes
-from metagen.structured.processor import StructuredProcessor
+from metagen.sampling.constraint import StructuredProcessor
 from metagen.structured.spec import StructuredOutputs
 
 

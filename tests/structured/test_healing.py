@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from metagen.structured.engine import token_bytes
-from metagen.structured.healing import TokenHealingProcessor, heal_prompt, strip_healed_prefix
-from metagen.structured.processor import StructuredProcessor
+from metagen.sampling.constraint import StructuredProcessor
+from metagen.sampling.token_healing import TokenHealingProcessor
+from metagen.structured.healing import heal_prompt, strip_healed_prefix
 from metagen.structured.spec import StructuredOutputs
 
 from .walk import allowed_tokens, closing_tokens, random_walk

@@ -40,7 +40,7 @@ def test_jump_forward_gives_the_same_tokens_with_fewer_forwards(model, plain_jso
     assert jumped.completions[0].complete is True
     jsonschema.validate(json.loads(jumped.text), PAID)
     assert plain_json.forced_tokens == 0 and jumped.forced_tokens >= 5  # the long key, at least
-    assert jumped.model_calls == plain_json.model_calls - jumped.forced_tokens
+    assert jumped.cost.model_calls == plain_json.cost.model_calls - jumped.forced_tokens
     assert jumped.completions[0].logprobs == pytest.approx(plain_json.completions[0].logprobs, abs=2e-2)
 
 
@@ -91,7 +91,8 @@ def test_constrained_greedy_is_the_argmax_over_allowed_tokens_step_by_step(model
     at each step the argmax of the model's logits among the tokens the constraint allows."""
     import torch
 
-    from metagen.structured import StructuredProcessor, StructuredOutputs
+    from metagen.sampling import StructuredProcessor
+    from metagen.structured import StructuredOutputs
 
     spec = StructuredOutputs(regex="(yes|no), because [a-z]{2,12}")
     params = SamplingParams(temperature=0, max_tokens=10, structured_outputs=spec)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from metagen.structured.processor import StructuredProcessor
+from metagen.sampling.constraint import StructuredProcessor
 from metagen.structured.spec import StructuredOutputs
 
 from .walk import allowed_tokens, closing_tokens, random_walk

@@ -6,6 +6,7 @@ error instead of a traceback.
 
 from __future__ import annotations
 
+import argparse
 import re
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'", "a": "\a", "b": "\b",
@@ -53,3 +54,12 @@ def parse_logit_bias(items: list[str]) -> dict[int, float]:
 def check_threads(threads: int | None) -> None:
     if threads is not None and threads < 1:
         raise ValueError(f"--threads {threads} is out of range: must be >= 1 (omit it to use every core)")
+
+
+def chat_prompt(args: argparse.Namespace):
+    """The prompt, or the [system, user] messages with --system (which needs the chat template)."""
+    if args.system is not None:
+        if args.chat is False:
+            raise ValueError("--system needs the chat template; drop --no-chat")
+        return [{"role": "system", "content": args.system}, {"role": "user", "content": args.prompt}]
+    return args.prompt

@@ -18,7 +18,7 @@ import sys
 import time
 
 from metagen.cli import backend, common
-from metagen.cli.args import unescape
+from metagen.cli.args import chat_prompt, unescape
 from metagen.cli.sampling import FLOAT_PARAMS, INT_PARAMS, OTHER_OPTIONS, add_sampling_options, given, sampling_params
 from metagen.cli.speculative import add_speculative_options, make_drafter, speculative_options, speculative_summary
 from metagen.cli.structured import CONSTRAINT_OPTIONS, STRUCTURED_OPTIONS
@@ -83,15 +83,6 @@ def run(args: argparse.Namespace) -> int:
     return _sample(args, model, prompt, params, speculative, drafter, load_seconds)
 
 
-def chat_prompt(args: argparse.Namespace):
-    """The prompt, or the [system, user] messages with --system (which needs the chat template)."""
-    if args.system is not None:
-        if args.chat is False:
-            raise ValueError("--system needs the chat template; drop --no-chat")
-        return [{"role": "system", "content": args.system}, {"role": "user", "content": args.prompt}]
-    return args.prompt
-
-
 def _beam_config(args: argparse.Namespace, params):
     """The `BeamSearchConfig` of --beam-width, or None; beam search reads --max-tokens, --stop,
     --stop-token-id, --ignore-eos and the constraint options (--json-schema, --regex, ...), so
@@ -121,16 +112,17 @@ def _beam_search(args: argparse.Namespace, model, prompt, config, load_seconds: 
     begin = time.perf_counter()
     result = beam_search(model, prompt, config, chat=args.chat)
     seconds = time.perf_counter() - begin
-    best = result.hypotheses[0]
+    best = result.completions[0]
     if args.json:
         print(json.dumps({
-            "text": best.text, "tokens": best.token_ids, "logprob": best.logprob, "score": best.score,
+            "text": best.text, "tokens": best.token_ids, "logprob": best.cumulative_logprob, "score": best.score,
             "finish_reason": best.finish_reason or "length", "complete": best.complete,
-            "timing": {"load_seconds": load_seconds, "search_seconds": seconds, "model_calls": result.model_calls},
+            "timing": {"load_seconds": load_seconds, "search_seconds": seconds, "model_calls": result.cost.model_calls},
+            "cost": result.cost.to_dict(),
         }))
     else:
         print(best.text)
-    return _exit_code(result.hypotheses[:1])
+    return _exit_code(result)
 
 
 def _sample(args: argparse.Namespace, model, prompt, params, speculative, drafter, load_seconds: float) -> int:
@@ -175,9 +167,7 @@ def _sample_remote(args: argparse.Namespace, prompt, params) -> int:
     finally:
         generator.close()
     if args.json:
-        payload = _json_payload(result, load_seconds)
-        payload["cost"] = result.cost.to_dict()
-        print(json.dumps(payload))
+        print(json.dumps(_json_payload(result, load_seconds)))
     elif params.n > 1:
         for i, completion in enumerate(result.completions):
             print(f"--- completion {i} ({completion.finish_reason})\n{completion.text}")
@@ -188,9 +178,8 @@ def _sample_remote(args: argparse.Namespace, prompt, params) -> int:
 
 def _exit_code(result) -> int:
     """0, or 3 with a line on stderr when a constrained output was cut (max tokens, context) before
-    its constraint accepted it: such text is not valid output and must not pass for it.
-    result: a GenerationResult, or the list of beam hypotheses printed."""
-    outputs = result if isinstance(result, list) else result.completions
+    its constraint accepted it: such text is not valid output and must not pass for it."""
+    outputs = result.completions
     cut = [i for i, output in enumerate(outputs) if output.complete is False]
     if not cut:
         return 0
@@ -202,7 +191,7 @@ def _exit_code(result) -> int:
 
 
 def _json_payload(result, load_seconds: float) -> dict:
-    """One completion's fields (or {"completions": [...]}) and the timing."""
+    """One completion's fields (or {"completions": [...]}), the timing and the `Cost`."""
     completions = [
         {
             "text": c.text,
@@ -220,16 +209,9 @@ def _json_payload(result, load_seconds: float) -> dict:
         "load_seconds": round(load_seconds, 4),
         "prefill_seconds": round(result.prefill_seconds, 4),
         "decode_seconds": round(result.decode_seconds, 4),
-        "prompt_tokens": _prompt_tokens(result),
+        "prompt_tokens": result.prompt_tokens,
         "generated_tokens": result.generated_tokens,
         "tokens_per_second": round(result.tokens_per_second, 2),
     }
+    payload["cost"] = result.cost.to_dict()
     return payload
-
-
-def _prompt_tokens(result) -> int:
-    """The prompt's length in tokens: its ids when known, else the server's usage counts."""
-    if result.prompt_token_ids is not None:
-        return len(result.prompt_token_ids)
-    cost = result.cost
-    return 0 if cost is None else cost.prompt_tokens_computed + cost.prompt_tokens_reused

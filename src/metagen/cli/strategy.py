@@ -82,7 +82,7 @@ def refuse_strategy_options(args: argparse.Namespace) -> None:
 def generate_with_strategy(args: argparse.Namespace, params, speculative: dict | None) -> int:
     from dataclasses import replace
 
-    from metagen.cli.generate import chat_prompt
+    from metagen.cli.args import chat_prompt
     from metagen.cli.speculative import make_drafter
     from metagen.decoding import LocalGenerator
     from metagen.strategies.registry import check_options, get_strategy
@@ -134,7 +134,7 @@ def generate_with_strategy(args: argparse.Namespace, params, speculative: dict |
             {"text": c.text, "answer": c.answer, "score": c.score, "finish_reason": c.finish_reason,
              "tokens": None if c.token_ids is None else len(c.token_ids), "chosen": c is result.chosen,
              "complete": c.complete}
-            for c in result.candidates
+            for c in result.completions
         ],
         "incomplete": result.incomplete,
         "votes": result.votes,
@@ -151,6 +151,6 @@ def _cut_exit_code(result) -> int:
     import sys
 
     sys.stdout.flush()
-    print(f"metagen: warning: all {len(result.candidates)} candidates ended before the constraint accepted them: "
+    print(f"metagen: warning: all {len(result.completions)} candidates ended before the constraint accepted them: "
           "the chosen output is not valid (raise --max-tokens)", file=sys.stderr)
     return 3

@@ -1,8 +1,9 @@
 """Primitive generators (the sampling loop, beam search) and the sequence-level `Generator`
-interface with its `Cost`, which meta-generation strategies build on.
+interface with its `Cost`, which meta-generation strategies build on; the one result type
+(`Completion` per sequence, `GenerationResult` per call) every loop and strategy returns.
 
-Names are imported on first use (`metagen._lazy`): `capabilities`, `Cost` and `prompts` import
-no torch."""
+Names are imported on first use (`metagen._lazy`): `capabilities`, `Cost`, `prompts` and the
+result types import no torch."""
 
 from metagen._lazy import lazy_package
 
@@ -13,17 +14,16 @@ _EXPORTS = {
     "LocalGenerator": "generator",
     "LocalModel": "generator",
     "BeamSearchConfig": "beam_search",
-    "BeamSearchResult": "beam_search",
-    "Hypothesis": "beam_search",
     "beam_search": "beam_search",
     "encode_prompt": "prompts",
-    "Completion": "rows",
+    "Completion": "result",
+    "GenerationResult": "result",
+    "prefer_complete": "result",
     "Row": "rows",
-    "StopRules": "rows",
-    "TokenRecord": "rows",
-    "request_chain": "rows",
-    "token_records": "rows",
-    "GenerationResult": "sample_loop",
+    "StopRules": "stop_rules",
+    "TokenRecord": "records",
+    "request_chain": "request",
+    "token_records": "records",
     "StreamEvent": "sample_loop",
     "generate": "sample_loop",
     "generate_batch": "sample_loop",

@@ -16,6 +16,9 @@ scheduler works over one `Sequence` type:
 a request's `RowBatch` has no cache of its own (`cache=None`): the engine selects the shared
 cache's rows once per step for every request, and `keep` moves the request's chain and rows.
 
+The batch also opens and closes the request's `Cost` (`prefill_cost`, `finish_cost`); the loop
+adds each forward it runs in between, so the code that spends it counts it.
+
 Cost: `keep` is O(B) plus the cache's and the processors' own `select` (O(B) page-table ints for
 the paged cache, a gather of each processor's per-row state).
 """
@@ -24,12 +27,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import time
+
 import torch
 
+from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompts import Prompt, encode_prompt
-from metagen.decoding.rows import Row, StopRules, TokenRecord, Verdict, heal_request, request_chain
-from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
+from metagen.decoding.records import TokenRecord
+from metagen.decoding.request import heal_request, request_chain
+from metagen.decoding.rows import Row
+from metagen.decoding.stop_rules import StopRules
+from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams, StopVerdict
 
 
 class RowBatch:
@@ -74,7 +83,7 @@ class RowBatch:
                    *, chat: bool | None = None, generator: torch.Generator | None = None,
                    positions: int = 1) -> RowBatch:
         """`start` for a prompt as given (text, chat messages or token ids): encoded, and healed
-        when `params.token_healing` asks (`rows.heal_request`)."""
+        when `params.token_healing` asks (`request.heal_request`)."""
         prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
         prompt_ids, healed = heal_request(params, model, prompt, chat, prompt_ids)
         return cls.start(model, prompt_ids, params, processors, healed=healed, generator=generator,
@@ -97,11 +106,25 @@ class RowBatch:
         self.cache, out = self.model.prefill(self.prompt_ids, batch_size=self.params.n)
         return self.cache, out
 
+    def prefill_cost(self) -> Cost:
+        """The `Cost` of the prefill: one model call computing the prompt once (the other n − 1
+        rows reuse it through the forked cache), its FLOPs, and one target step per row (each
+        row's first token comes from it)."""
+        length, n = len(self.prompt_ids), self.params.n
+        return Cost(model_calls=1, prompt_tokens_computed=length, prompt_tokens_reused=length * (n - 1),
+                    flops=forward_flops(self.model, 0, length), target_steps=n)
+
+    def finish_cost(self, result, started: float) -> None:
+        """Close `result.cost` when the rows are done: the tokens they generated and the wall
+        time since `started` (a `time.perf_counter()` value)."""
+        result.cost.generated_tokens = result.generated_tokens
+        result.cost.wall_seconds = time.perf_counter() - started
+
     def row(self, b: int) -> Row:
         """The `Row` live row `b` decodes."""
         return self.rows[self.active[b]]
 
-    def push(self, b: int, token: int, record: TokenRecord, verdict: Verdict | None = None) -> str:
+    def push(self, b: int, token: int, record: TokenRecord, verdict: StopVerdict | None = None) -> str:
         """Live row `b` takes `token` (`Row.push`; `verdict`: the processors' (may_stop,
         must_stop) after it, by default the chain's now); returns the text it makes safe to show."""
         return self.row(b).push(token, record, self.chain.stop_verdict(b) if verdict is None else verdict)

@@ -43,14 +43,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
+from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompts import Prompt, encode_prompt
-from metagen.decoding.rows import Row, StopRules, TokenRecord, request_chain
+from metagen.decoding.records import TokenRecord
+from metagen.decoding.request import request_chain
+from metagen.decoding.result import Completion, GenerationResult
+from metagen.decoding.rows import Row
+from metagen.decoding.stop_rules import StopRules
 from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
 
 if TYPE_CHECKING:
@@ -100,29 +106,6 @@ class BeamSearchConfig:
                               structured_outputs=self.structured_outputs, response_format=self.response_format)
 
 
-@dataclass
-class Hypothesis:
-    token_ids: list[int]
-    logprob: float  # sum of token log-probabilities (the model's, untempered)
-    score: float  # logprob / len^α; stochastic: the Gumbel-perturbed (tempered) log-probability
-    text: str = ""
-    finished: bool = True  # False when cut by max_tokens (or left unfinished when the search ended)
-    finish_reason: str | None = None  # "stop" / "length" as in Completion; None: unfinished
-    complete: bool | None = None  # the processors' verdict when it ended (see Completion.complete)
-    logprobs: list[float] = field(default_factory=list)  # per token
-
-
-@dataclass
-class BeamSearchResult:
-    hypotheses: list[Hypothesis]  # best first
-    prompt_token_ids: list[int] = field(default_factory=list)
-    model_calls: int = 0
-
-    @property
-    def text(self) -> str:
-        return self.hypotheses[0].text
-
-
 def _normalized(logprob: float, length: int, alpha: float) -> float:
     return logprob / (max(length, 1) ** alpha)
 
@@ -149,25 +132,32 @@ def beam_search(
     chat: bool | None = None,
     generator: torch.Generator | None = None,
     processors: Sequence[LogitsProcessor] = (),
-) -> BeamSearchResult:
-    """Run (stochastic) beam search; returns `config.n_best` hypotheses, best first (complete ones
-    before incomplete ones). `processors`: masks (constraints) with their state after the prompt
+) -> GenerationResult:
+    """Run (stochastic) beam search; returns `config.n_best` hypotheses as completions, best first
+    (complete ones before incomplete ones), with the search's `Cost`. `processors`: masks (constraints) with their state after the prompt
     for one row; `config.structured_outputs` adds the constraint's processor before them."""
+    started = time.perf_counter()
     config = config or BeamSearchConfig()
     prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
     rules = StopRules.create(model, len(prompt_ids), max_tokens=config.max_tokens, stop=config.stop,
                              stop_token_ids=config.stop_token_ids, ignore_eos=config.ignore_eos)
     check_batch_fits(model, 2 * config.width, rules.max_new_tokens, what="width")  # 2·width candidates per step
+    params = config.sampling_params()
     beams = _Beams(model, config, Row(model.tokenizer, prompt_ids, rules),
-                   request_chain(config.sampling_params(), model, prompt_ids, 1, processors))
+                   request_chain(params, model, prompt_ids, 1, processors))
+    cost = Cost(model_calls=1, prompt_tokens_computed=len(prompt_ids),  # the prefill
+                flops=forward_flops(model, 0, len(prompt_ids)))
     cache, out = model.prefill(prompt_ids)
+    prefill_seconds = time.perf_counter() - started
     if config.stochastic:
-        if generator is None:
-            generator = torch.Generator().manual_seed(0)
-        ranked, calls = _stochastic_search(model, cache, out, config, beams, generator)
+        if generator is None:  # fresh OS entropy, as every other loop without a seed
+            generator = params.make_generator()
+        ranked = _stochastic_search(model, cache, out, config, beams, generator, cost, len(prompt_ids))
     else:
-        ranked, calls = _search(model, cache, out, config, beams)
-    return BeamSearchResult(ranked, prompt_ids, calls)
+        ranked = _search(model, cache, out, config, beams, cost, len(prompt_ids))
+    cost.wall_seconds = time.perf_counter() - started
+    return GenerationResult(ranked, prompt_ids, cost, prefill_seconds=prefill_seconds,
+                            decode_seconds=cost.wall_seconds - prefill_seconds)
 
 
 class _Beams:
@@ -222,28 +212,34 @@ def _ended(row: Row) -> bool:
     return row.completion.finish_reason == "stop"
 
 
-def _hypothesis(row: Row, logprob: float, score: float, finished: bool = True,
-                complete: bool | None = None) -> Hypothesis:
-    """The hypothesis of `row`; `complete`: the processors' verdict for a row still alive (a row
-    that ended carries its own)."""
+def _hypothesis(row: Row, score: float, complete: bool | None = None) -> Completion:
+    """The hypothesis of `row` with its `score`; `complete`: the processors' verdict for a row
+    still alive (a row that ended carries its own). A copy: the row's lists are not shared."""
     completion = row.completion
-    text = completion.text if row.finished else row.full_text
-    verdict = completion.complete if row.finished else complete
-    return Hypothesis(list(completion.token_ids), logprob, score, text, finished,
-                      completion.finish_reason, verdict, list(completion.logprobs))
+    return replace(completion, text=completion.text if row.finished else row.full_text,
+                   token_ids=list(completion.token_ids), logprobs=list(completion.logprobs),
+                   sampling_logprobs=list(completion.sampling_logprobs), certainties=list(completion.certainties),
+                   complete=completion.complete if row.finished else complete, score=score)
 
 
-def _ranked(hypotheses: list[Hypothesis], n_best: int) -> list[Hypothesis]:
+def _ranked(hypotheses: list[Completion], n_best: int) -> list[Completion]:
     """The n_best hypotheses, complete ones first, each group by score (best first)."""
     return sorted(hypotheses, key=lambda h: (h.complete is not False, h.score), reverse=True)[:n_best]
 
 
-def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams) -> tuple[list[Hypothesis], int]:
-    """Deterministic beam search from the prefilled `cache` / `out`; (n_best hypotheses, calls)."""
+def _step_cost(cost: Cost, model, position: int, rows: int) -> None:
+    """Count one search forward of `rows` beams, each feeding one token at `position`."""
+    cost.model_calls += 1
+    cost.flops += rows * forward_flops(model, position, 1)
+
+
+def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams, cost: Cost,
+            position: int) -> list[Completion]:
+    """Deterministic beam search from the prefilled `cache` / `out` (the prompt's `position`
+    tokens); the n_best hypotheses, its forwards and tokens added to `cost`."""
     alpha, width = config.length_penalty, config.width
-    calls = 1
     sums = torch.zeros(1)  # (B,) cumulative log-probs of live beams
-    finished: list[Hypothesis] = []
+    finished: list[Completion] = []
     step = 0
     while beams.rows:
         step += 1
@@ -260,13 +256,15 @@ def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams) -> tuple
         for rank, (row, total) in enumerate(zip(rows, totals)):
             if _ended(row):
                 if rank < width:  # an ending below the top `width` would not have been a beam
-                    finished.append(_hypothesis(row, total, _normalized(total, len(row.completion.token_ids), alpha)))
+                    finished.append(_hypothesis(row, _normalized(total, len(row.completion.token_ids), alpha)))
+                    cost.generated_tokens += 1
                 continue
             kept.append(rank)
             next_rows.append(row)
             next_sums.append(total)
             if len(kept) == width:
                 break
+        cost.generated_tokens += len(kept)
         if not kept:  # every candidate ended the sequence: no live beam is left
             beams.rows = []
             break
@@ -281,18 +279,20 @@ def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams) -> tuple
         if next_rows[0].finished:  # max_tokens / the context: every live beam has as many tokens
             break
         cache.select([parents[i] for i in kept])
+        _step_cost(cost, model, position + step - 1, len(kept))
         out = model.forward(cache, [[tokens[i]] for i in kept])
-        calls += 1
     for b, (row, total) in enumerate(zip(beams.rows, sums.tolist())):
-        finished.append(_hypothesis(row, total, _normalized(total, len(row.completion.token_ids), alpha),
-                                    finished=False, complete=beams.verdict(b)))
-    return _ranked(finished, config.n_best), calls
+        finished.append(_hypothesis(row, _normalized(total, len(row.completion.token_ids), alpha),
+                                    complete=beams.verdict(b)))
+    return _ranked(finished, config.n_best)
 
 
 def _stochastic_search(
-    model, cache, out, config: BeamSearchConfig, beams: _Beams, generator: torch.Generator
-) -> tuple[list[Hypothesis], int]:
-    """Stochastic beam search (Kool et al. 2019) from the prefilled cache; (n_best by key, calls).
+    model, cache, out, config: BeamSearchConfig, beams: _Beams, generator: torch.Generator, cost: Cost,
+    position: int
+) -> list[Completion]:
+    """Stochastic beam search (Kool et al. 2019) from the prefilled cache (the prompt's `position`
+    tokens); the n_best hypotheses by key, its forwards and tokens added to `cost`.
 
     φ(y) = log q(y), q the model at `temperature` (masked and renormalised per step when
     processors remove tokens); a beam's key is its perturbed G_φ(y). Each step the `width`
@@ -300,11 +300,9 @@ def _stochastic_search(
     per step: one forward of ≤ width rows plus O(width·V).
     """
     width = config.width
-    calls = 1
-    sums = torch.zeros(1)  # (B,) model log-probs of live beams
     phis = torch.zeros(1)  # (B,) tempered log-probs φ of live beams
     keys = torch.zeros(1)  # (B,) perturbed scores G_φ of live beams
-    finished: list[Hypothesis] = []  # score = key
+    finished: list[Completion] = []  # score = key
     while beams.rows:
         logprobs, allowed = beams.scores(out.logits)  # (B, V)
         step = torch.log_softmax(out.logits / config.temperature, dim=-1)
@@ -318,33 +316,32 @@ def _stochastic_search(
         children = [(key, index) for key, index in zip(top.values.tolist(), top.indices.tolist())
                     if key > float("-inf")]
         entries = sorted([(h.score, h) for h in finished] + children, key=lambda entry: entry[0], reverse=True)[:width]
-        chosen = [(key, divmod(entry, vocab)) for key, entry in entries if not isinstance(entry, Hypothesis)]
-        finished = [entry for _, entry in entries if isinstance(entry, Hypothesis)]
+        chosen = [(key, divmod(entry, vocab)) for key, entry in entries if not isinstance(entry, Completion)]
+        finished = [entry for _, entry in entries if isinstance(entry, Completion)]
         parents = [parent for _, (parent, _) in chosen]
         tokens = [token for _, (_, token) in chosen]
         rows = beams.extend(logprobs, parents, tokens)
-        totals = (sums[parents] + logprobs[parents, tokens]).tolist() if parents else []
         kept, next_rows, next_keys = [], [], []
         for i, (row, (key, _)) in enumerate(zip(rows, chosen)):
             if _ended(row):
-                finished.append(_hypothesis(row, totals[i], key))
+                finished.append(_hypothesis(row, key))
             else:
                 kept.append(i)
                 next_rows.append(row)
                 next_keys.append(key)
+        cost.generated_tokens += len(rows)
         if not kept:
             break
         if next_rows[0].finished:  # max_tokens / the context
-            finished += [_hypothesis(row, totals[i], key, finished=False)
-                         for i, row, key in zip(kept, next_rows, next_keys)]
+            finished += [_hypothesis(row, key) for row, key in zip(next_rows, next_keys)]
             break
         beams.keep(kept, next_rows)
         parent_index = torch.tensor([parents[i] for i in kept])
         token_index = torch.tensor([tokens[i] for i in kept])
-        sums = sums[parent_index] + logprobs[parent_index, token_index]
         phis = tempered[parent_index, token_index]
         keys = torch.tensor(next_keys)
         cache.select(parent_index.tolist())
+        _step_cost(cost, model, position, len(kept))
+        position += 1
         out = model.forward(cache, [[t] for t in token_index.tolist()])
-        calls += 1
-    return _ranked(finished, config.n_best), calls
+    return _ranked(finished, config.n_best)

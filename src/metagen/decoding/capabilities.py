@@ -89,7 +89,7 @@ def require_constraint(params, generator, what: str) -> None:
 def described(generator) -> str:
     """How refusals name a generator: its `described_as` where it sets one (the proxy's fleet names
     its servers), else its class."""
-    return getattr(generator, "described_as", None) or type(generator).__name__
+    return generator.described_as or type(generator).__name__
 
 
 def require_any(alternatives, generator, what: str) -> None:

@@ -1,6 +1,6 @@
 """The sequence-level `Generator` interface that meta-generation strategies talk to.
 
-    generator.generate(prompt, params) -> GenerationResult   # params.n completions + Cost
+    generator.generate(prompt, params) -> GenerationResult   # params.n completions + their Cost
 
 A strategy never touches a model or a cache: the local backend (`LocalGenerator`) prefills the
 prompt once, forks the cache into n rows and decodes them as one batch;
@@ -32,16 +32,15 @@ The contract beyond `generate` is explicit, never guessed from attributes:
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
 
 from metagen.decoding import capabilities as caps
-from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.prompts import Prompt, encode_prompt
-from metagen.decoding.sample_loop import GenerationResult, generate
+from metagen.decoding.result import GenerationResult
+from metagen.decoding.sample_loop import generate
 from metagen.sampling import SamplingParams
 
 
@@ -60,13 +59,18 @@ class Generator(ABC):
     capabilities: what this generator provides (see `metagen.decoding.capabilities`).
     chat: its chat-template setting, part of its identity (None: the model's default, or a
         backend that applies no template of its own).
+    tokenizer: the tokenizer it knows (a local model's, or one given to a remote backend), else
+        None; step values that read token ids use it.
+    described_as: how refusals name it (`capabilities.described`); None: its class name.
     """
 
     capabilities: frozenset[str] = frozenset()
     chat: bool | None = None
+    tokenizer = None
+    described_as: str | None = None
     concurrent: bool = False
     # How its Cost.flops are estimated when not by the one formula of the architecture
-    # (`decoding.cost.transformer_flops_per_token`), shown beside them in reports; None: exact.
+    # (`models.flops.transformer_flops_per_token`), shown beside them in reports; None: exact.
     flops_estimate: str | None = None
 
     @abstractmethod
@@ -134,6 +138,10 @@ class LocalGenerator(Generator):
         self.chat = chat
         self.jump_forward = jump_forward
 
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer
+
     def decode(self, token_ids: list[int]) -> str:
         return self.model.tokenizer.decode(list(token_ids))
 
@@ -161,22 +169,5 @@ class LocalGenerator(Generator):
     def generate(
         self, prompt: Prompt, params: SamplingParams, *, generator: torch.Generator | None = None
     ) -> GenerationResult:
-        start = time.perf_counter()
-        result = generate(self.model, prompt, params, chat=self.chat, generator=generator,
-                          jump_forward=self.jump_forward)
-        prompt_length = len(result.prompt_token_ids)
-        flops = forward_flops(self.model, 0, prompt_length)
-        for completion in result.completions:
-            # every sampled token but the last is fed back through the model
-            flops += forward_flops(self.model, prompt_length, max(len(completion.token_ids) - 1, 0))
-        result.cost = Cost(
-            model_calls=result.model_calls,
-            prompt_tokens_computed=prompt_length,
-            prompt_tokens_reused=prompt_length * (len(result.completions) - 1),
-            generated_tokens=result.generated_tokens,
-            flops=flops,
-            wall_seconds=time.perf_counter() - start,
-            # one target forward per token and row, but one per jump-forward run
-            target_steps=result.generated_tokens - result.forced_tokens,
-        )
-        return result
+        return generate(self.model, prompt, params, chat=self.chat, generator=generator,
+                        jump_forward=self.jump_forward)

@@ -43,8 +43,10 @@ from collections.abc import Iterator
 import torch
 
 from metagen.decoding.batch import RowBatch
-from metagen.decoding.rows import token_records
-from metagen.decoding.sample_loop import GenerationResult, StreamEvent
+from metagen.decoding.cost import forward_flops
+from metagen.decoding.records import token_records
+from metagen.decoding.result import GenerationResult
+from metagen.decoding.sample_loop import StreamEvent
 
 __all__ = ["forced_runs", "jump_forward_stream"]
 
@@ -59,14 +61,15 @@ def forced_runs(batch: RowBatch) -> list[list[int]]:
     return runs
 
 
-def jump_forward_stream(batch: RowBatch, result: GenerationResult) -> Iterator[StreamEvent]:
+def jump_forward_stream(batch: RowBatch, result: GenerationResult, started: float) -> Iterator[StreamEvent]:
     """Decode `batch` (set up, not yet prefilled) to the end with forced runs fed as drafts,
-    yielding events and filling `result` as `sample_loop.stream` does."""
+    yielding events and filling `result` and its `Cost` (from `started`, a perf_counter value) as
+    `sample_loop.stream` does. A forward's FLOPs count every token fed, the run tokens a draw
+    left included; a row's tokens from one forward are one target step."""
     model = batch.model
-    start = time.perf_counter()
+    cost = result.cost = batch.prefill_cost()
     cache, out = batch.prefill()
-    result.prefill_seconds = time.perf_counter() - start
-    result.model_calls += 1
+    result.prefill_seconds = time.perf_counter() - started
     logits, runs = out.logits[:, None], [[] for _ in batch.active]  # (B, 1, V); no run fed yet
     decode_start = time.perf_counter()
     while True:
@@ -84,13 +87,17 @@ def jump_forward_stream(batch: RowBatch, result: GenerationResult) -> Iterator[S
         batch.keep(keep)
         pending = [steps.pending[b] for b in keep]
         runs = forced_runs(batch)
+        lengths = cache.lengths
+        cost.flops += sum(forward_flops(model, lengths[b], 1 + len(run)) for b, run in enumerate(runs))
+        cost.model_calls += 1
+        cost.target_steps += len(keep)
         if any(runs):
             out = model.forward(cache, [[token] + run for token, run in zip(pending, runs)], logits="all")
             logits = out.logits  # (B, 1 + longest run, V)
         else:
             logits = model.forward(cache, torch.tensor(pending)[:, None]).logits[:, None]  # (B, 1, V)
-        result.model_calls += 1
     result.decode_seconds = time.perf_counter() - decode_start
+    batch.finish_cost(result, started)
 
 
 class _Steps:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from metagen.decoding.rows import TokenRecord, token_records
+from metagen.decoding.records import TokenRecord, token_records
 
 SCORE_ROWS = 64  # positions per log-softmax: bounds the (rows, V) temporaries
 

@@ -1,10 +1,10 @@
-"""Per-row bookkeeping shared by every decoding loop (sampling, speculative, beam search, tree
-search, tokenwise controlled decoding): one place for what ends a row and what it records.
+"""`Row`: the per-row bookkeeping shared by every decoding loop (sampling, speculative, beam search,
+tree search, tokenwise controlled decoding), and the `Completion` a row produces.
 
-    rules   = StopRules.from_params(params, model, len(prompt_ids))     # once per request
-    chain   = request_chain(params, model, prompt_ids, n, processors)   # the row's processors
+    rules   = StopRules.from_params(params, model, len(prompt_ids))     # stop_rules.py, once per request
+    chain   = request_chain(params, model, prompt_ids, n, processors)   # request.py, the rows' processors
     row     = Row(model.tokenizer, prompt_ids, rules, want_top)         # one per completion
-    records = token_records(logits, tokens, processed, num_top)         # one per step, batched
+    records = token_records(logits, tokens, processed, num_top)         # records.py, one per step, batched
     text    = row.push(token, records[b], chain.stop_verdict(b))        # per row and token
 
 A row ends at the first of:
@@ -23,174 +23,13 @@ again); `Row.fork` copies a row in O(tokens so far) for beams and tree nodes.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
-import torch
-from torch import Tensor
-
+from metagen.decoding.records import TokenRecord
+from metagen.decoding.result import Completion
+from metagen.decoding.stop_rules import StopRules
 from metagen.models.detokenize import IncrementalDetokenizer, StopStringMatcher
-from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
-
-Verdict = tuple[bool | None, bool]  # (may_stop, must_stop), see SamplerChain.stop_verdict
-NO_OPINION: Verdict = (None, False)
-
-
-@dataclass
-class Completion:
-    """One generated sequence.
-
-    token_ids: the sampled ids; None when unknown (a server that returns no ids and no tokenizer
-        given; such a generator lacks the TOKEN_IDS capability).
-    logprobs: log p(token) under the model's unmodified distribution, per token.
-    sampling_logprobs: log p(token) under the distribution it was drawn from (after adapters).
-    top_logprobs: per token, {token_id: logprob} of the model's top `params.logprobs` tokens.
-    certainties: per token, KL(uniform ‖ p) of the model's unmodified next-token distribution
-        p: −log V − mean_v log p_v (self-certainty's per-token term; 0 for a uniform p).
-    finish_reason: "stop" (EOS, stop token, stop string, or a processor ending the row) or
-        "length" (max_tokens / context).
-    stop_reason: the stop string or token id that ended the row, if any.
-    complete: None when no processor judges where the row may end; else whether they accept the
-        output as it ended (False: cut short, e.g. a constrained output at max_tokens — not valid).
-    """
-
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    sampling_logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[dict[int, float]] | None = None
-    certainties: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-    complete: bool | None = None
-
-    @property
-    def cumulative_logprob(self) -> float:
-        return float(sum(self.logprobs))
-
-
-@dataclass(frozen=True)
-class StopRules:
-    """What ends a row of one request: stop token ids (EOS included unless ignored), stop strings,
-    and the most tokens a row may hold (max_tokens, bounded by the context left after the prompt)."""
-
-    stop_token_ids: frozenset[int]
-    stop_strings: tuple[str, ...]
-    max_new_tokens: int
-
-    @classmethod
-    def create(cls, model, prompt_length: int, *, max_tokens: int, stop: Sequence[str] = (),
-               stop_token_ids: Sequence[int] = (), ignore_eos: bool = False) -> StopRules:
-        """Rules for a prompt of `prompt_length` tokens. ValueError when the prompt leaves no room
-        in the model's context, or for a stop token id outside the vocabulary (it could never stop
-        anything)."""
-        if prompt_length >= model.max_context:
-            raise ValueError(f"prompt has {prompt_length} tokens, the model's context is {model.max_context}: "
-                             "no room to generate")
-        for token_id in stop_token_ids:
-            if token_id >= model.vocab_size:
-                raise ValueError(f"stop_token_ids entry {token_id} is out of range for vocab size {model.vocab_size}")
-        ids = frozenset(stop_token_ids) | (frozenset() if ignore_eos else frozenset(model.eos_token_ids))
-        return cls(ids, tuple(stop), min(max_tokens, model.max_context - prompt_length))
-
-    @classmethod
-    def from_params(cls, params: SamplingParams, model, prompt_length: int) -> StopRules:
-        return cls.create(model, prompt_length, max_tokens=params.max_tokens, stop=params.stop,
-                          stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos)
-
-
-def request_chain(params: SamplingParams, model, prompt_ids: Sequence[int], batch_size: int,
-                  processors: Sequence[LogitsProcessor] = (), *, healed: str = "") -> SamplerChain:
-    """The sampler chain of a request's `batch_size` rows: the caller's `processors` (masks such as
-    constraints, each given with its state after the prompt for one row) first, then what `params`
-    asks for. Every sampling loop builds its chain here.
-
-    A constraint in `params.structured_outputs` becomes a `StructuredProcessor` placed before the
-    caller's processors (its stop ids, like EOS, are allowed only where the constraint accepts).
-    `healed`: the prompt text token healing removed (`heal_request`); a `TokenHealingProcessor`
-    makes the first tokens reproduce it, and the constraint's grammar is prefixed with it."""
-    masks = list(processors)
-    if healed:
-        from metagen.structured.healing import TokenHealingProcessor
-
-        masks.insert(0, TokenHealingProcessor(model.tokenizer, healed, 1))
-    if params.structured_outputs is not None:
-        from metagen.structured import StructuredProcessor  # llguidance only when a constraint is used
-
-        masks.insert(0, StructuredProcessor(params.structured_outputs, model.tokenizer, 1,
-                                            stop_token_ids=params.stop_token_ids, prefix=healed))
-    return SamplerChain.from_params(params, batch_size, model.vocab_size, prompt_ids, masks=masks)
-
-
-def heal_request(params: SamplingParams, model, prompt, chat: bool | None,
-                 prompt_ids: list[int]) -> tuple[list[int], str]:
-    """(the prompt ids to feed, the healed text) for `params.token_healing` (else (ids, "")).
-
-    Token healing (`metagen.structured.healing`) backs up a prompt that ends mid-token, e.g.
-    "The url is http:" loses ":" and the output must start with it ("://..."). The removed text
-    belonged to the prompt, so loops pass it to `Row(skip_text=)`: the completions' text excludes
-    it (it continues the prompt as given), while `token_ids` hold every generated token, the first
-    ones covering the removed text.
-
-    Refused (ValueError naming token_healing) for a prompt that ends with the chat template's
-    assistant header (text wrapped as a user message, or messages not ending with an assistant
-    message): that tail is the template's own fixed text, not a word cut short, and healing it
-    would only let the reply start with a different newline. A conversation ending with an
-    assistant message is continued from that message's text, which is healed."""
-    if not params.token_healing:
-        return prompt_ids, ""
-    from metagen.decoding.prompts import ends_with_generation_prompt
-
-    if ends_with_generation_prompt(model.tokenizer, prompt, chat):
-        raise ValueError("token_healing=True needs a prompt that ends with its own text: this one ends with the "
-                         "chat template's assistant header (text under the chat template, or messages not ending "
-                         "with an assistant message); pass chat=False, or end the messages with the assistant's "
-                         "partial reply to heal it")
-    from metagen.structured.healing import heal_prompt
-
-    return heal_prompt(model.tokenizer, prompt_ids)
-
-
-def refuse_token_healing(params: SamplingParams, loop: str) -> None:
-    """ValueError naming token_healing for a loop that does not heal prompts."""
-    if params.token_healing:
-        raise ValueError(f"token_healing=True is not supported by {loop}: use the sampling loop (generate, "
-                         "LocalGenerator) or speculative decoding, or leave token_healing off")
-
-
-class TokenRecord(NamedTuple):
-    """What a row records with each token (see `Completion`)."""
-
-    logprob: float
-    sampled: float
-    certainty: float
-    top: dict[int, float] | None
-
-
-def token_records(logits: Tensor, tokens: Tensor, processed: Tensor | None = None,
-                  num_top: int = 0) -> list[TokenRecord]:
-    """Records of N chosen tokens, batched: one log-softmax over `logits (N, V)` and one host
-    transfer per quantity.
-
-    logits: the model's raw logits; tokens: `(N,)` chosen ids; processed: `(N, V)` logits the
-    tokens were drawn from (None: chosen by argmax, a point mass: sampled log-prob 0); num_top:
-    how many top log-probabilities to report (0: none). O(N V).
-    """
-    ids = tokens.reshape(-1, 1).long()
-    raw = torch.log_softmax(logits, dim=-1)  # (N, V)
-    chosen = raw.gather(1, ids).squeeze(1).tolist()
-    certainties = (-math.log(logits.shape[-1]) - raw.mean(dim=-1)).tolist()
-    if processed is None:
-        sampled = [0.0] * len(chosen)
-    else:
-        sampled = torch.log_softmax(processed, dim=-1).gather(1, ids).squeeze(1).tolist()
-    tops: list[dict[int, float] | None] = [None] * len(chosen)
-    if num_top:
-        top = torch.topk(raw, num_top, dim=-1)
-        tops = [dict(zip(i, v)) for i, v in zip(top.indices.tolist(), top.values.tolist())]
-    return [TokenRecord(*fields) for fields in zip(chosen, sampled, certainties, tops)]
+from metagen.sampling import NO_OPINION, StopVerdict
 
 
 class Row:
@@ -222,7 +61,7 @@ class Row:
         held = self.stops.held if self.stops is not None else ""
         return self.completion.text + held + self.detokenizer.peek()
 
-    def push(self, token: int, record: TokenRecord, verdict: Verdict = NO_OPINION) -> str:
+    def push(self, token: int, record: TokenRecord, verdict: StopVerdict = NO_OPINION) -> str:
         """Record one chosen token; return the text it makes safe to show.
 
         Sets `completion.finish_reason` when the row ends (see the module docstring); `verdict`

@@ -17,6 +17,10 @@ Jump-forward (`jump_forward=True`, the default): when a processor may force runs
 constraint), the request decodes in `decoding.jump_forward` instead, speculative decoding with
 the forced run as a point-mass draft; the tokens follow exactly the law of this loop, in fewer
 forwards. `GenerationResult.forced_tokens` counts the run tokens taken.
+
+Cost: the loop fills `result.cost` as it spends it — the prompt computed once and reused by the
+n − 1 forked rows, one model call per forward, FLOPs per forward (`forward_flops` of each row's
+fed tokens at its position), one target step per row and forward, generated tokens, wall time.
 """
 
 from __future__ import annotations
@@ -28,52 +32,13 @@ from dataclasses import dataclass
 import torch
 
 from metagen.decoding.batch import RowBatch
-from metagen.decoding.cost import Cost
+from metagen.decoding.cost import forward_flops
 from metagen.decoding.prompts import Prompt
-from metagen.decoding.rows import Completion, token_records
+from metagen.decoding.records import token_records
+from metagen.decoding.result import GenerationResult
 from metagen.sampling import LogitsProcessor, SamplingParams
 
-__all__ = ["Completion", "GenerationResult", "StreamEvent", "generate", "generate_batch", "stream"]
-
-
-@dataclass
-class GenerationResult:
-    """Completions for one prompt plus counts and timing (`cost` is set by a `Generator`).
-
-    prompt_token_ids: None when unknown (a remote server given text or chat messages); with
-        token healing, the prompt as fed (its healed tail removed).
-    forced_tokens: tokens taken from jump-forward runs over all completions (each saved a
-        forward of its row; see the module docstring).
-    healed_text: the prompt text token healing removed and the output reproduced ("" when
-        none); it is not part of the completions' text.
-    """
-
-    completions: list[Completion]
-    prompt_token_ids: list[int]
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    model_calls: int = 0
-    cost: Cost | None = None
-    forced_tokens: int = 0
-    healed_text: str = ""
-
-    @property
-    def generated_tokens(self) -> int:
-        """Tokens generated over all completions (from `cost` when some ids are unknown, as from a
-        server that returns no token ids: their `token_ids` is None)."""
-        if any(c.token_ids is None for c in self.completions):
-            if self.cost is None:
-                raise ValueError("token ids are unknown and no cost was recorded: generated tokens unknown")
-            return self.cost.generated_tokens
-        return sum(len(c.token_ids) for c in self.completions)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-    @property
-    def text(self) -> str:
-        return self.completions[0].text
+__all__ = ["StreamEvent", "generate", "generate_batch", "stream"]
 
 
 @dataclass
@@ -101,27 +66,29 @@ def stream(
 
     The prompt is prefilled once and the cache forked into n rows. `generator` overrides
     `params.seed`; with neither, sampling draws from a fresh unseeded generator. Pass a
-    `GenerationResult` as `result` to receive the completions when the stream ends.
+    `GenerationResult` as `result` to receive the completions and their `Cost` when the stream
+    ends.
     `processors`: extra logits processors run first (constraints), each given with its state
     after the prompt for one row; they are forked into the n rows, the given objects untouched.
     `jump_forward`: feed the runs of tokens a processor forces in one forward (module docstring);
     the output law is the same either way.
     `params.token_healing`: see `rows.heal_request` (the text returned excludes the healed part).
     """
+    started = time.perf_counter()
     params = params or SamplingParams()
     batch = RowBatch.for_prompt(model, prompt, params, processors, chat=chat, generator=generator)
     result = batch.fill(result if result is not None else GenerationResult([], batch.prompt_ids))
     if jump_forward and batch.chain.judges_stop:  # a processor may force runs: feed them as drafts
         from metagen.decoding.jump_forward import jump_forward_stream
 
-        yield from jump_forward_stream(batch, result)
+        yield from jump_forward_stream(batch, result, started)
         return
     chain, generator, records_top = batch.chain, batch.generator, params.logprobs or 0
 
-    start = time.perf_counter()
+    cost = result.cost = batch.prefill_cost()
     cache, out = batch.prefill()
-    result.prefill_seconds = time.perf_counter() - start
-    result.model_calls += 1
+    position = len(batch.prompt_ids)  # where every row's next fed token goes
+    result.prefill_seconds = time.perf_counter() - started
     logits = out.logits  # (B, V)
     decode_start = time.perf_counter()
     while True:
@@ -139,9 +106,13 @@ def stream(
         if not keep:
             break
         batch.keep(keep)
+        cost.flops += len(keep) * forward_flops(model, position, 1)  # rows are all at one position
+        cost.model_calls += 1
+        cost.target_steps += len(keep)
+        position += 1
         logits = model.forward(cache, torch.tensor([chosen[b] for b in keep])[:, None]).logits  # (B, V)
-        result.model_calls += 1
     result.decode_seconds = time.perf_counter() - decode_start
+    batch.finish_cost(result, started)
 
 
 def generate(

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from metagen.eval.tasks import Problem
 from metagen.scoring.code_problems import build_program
-from metagen.scoring.sandbox import run_python
+from metagen.tools.sandbox import run_python
 
 RUNNER = (Path(__file__).parent / "code_runner.py").read_text(encoding="utf-8")
 TIMEOUT = 10.0  # seconds per run (HumanEval's harness allows 3 s per problem; start-up included here)

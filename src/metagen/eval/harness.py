@@ -314,14 +314,6 @@ def _known_grades(pool: Pool | None) -> dict[str, Grade]:
     return {s.text: Grade(s.correct, s.reason or "", s.program, s.sandbox_seconds or 0.0) for s in pool.samples}
 
 
-def _prompt_length(cost: Cost | None) -> int:
-    """The prompt's length from a cost when the ids are unknown: every request of a remote
-    generator carries the whole prompt (computed or served from the server's cache)."""
-    if cost is None or not cost.model_calls:
-        return 0
-    return round((cost.prompt_tokens_computed + cost.prompt_tokens_reused) / cost.model_calls)
-
-
 def _sample_pool(generator, prompt: str, problem: Problem, config: EvalConfig,
                  params: SamplingParams | None = None) -> Pool:
     """max(n) samples of `prompt` (sampled under `params`, default `config.params`), each
@@ -334,7 +326,7 @@ def _sample_pool(generator, prompt: str, problem: Problem, config: EvalConfig,
     result = generator.generate(prompt, replace(params or config.params, n=size, seed=None),
                                 generator=_rng(config.seed, problem.id, "pool"))
     wall = time.perf_counter() - start
-    prompt_tokens = len(result.prompt_token_ids or ()) or _prompt_length(result.cost)
+    prompt_tokens = result.prompt_tokens
     counts = _token_counts(result)
     prompt_flops, decode_flops = _split_flops(result, prompt_tokens, counts)
     grades = [None] * len(result.completions)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
 from metagen.decoding.generator import Generator
-from metagen.decoding.sample_loop import Completion, GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 
 
 @dataclass
@@ -213,7 +213,7 @@ class PoolGenerator(Generator):
         self.served += len(chunk)
         completions = [self.pool.samples[i].completion() for i in chunk]
         cost = self.pool.subset_cost(chunk)
-        return GenerationResult(completions, [], model_calls=cost.model_calls, cost=cost)
+        return GenerationResult(completions, [], cost)
 
     def decode(self, token_ids: list[int]) -> str:
         if self._decode is None:

@@ -129,9 +129,9 @@ class ModelConfig:
 
     def flops_per_token(self, context_length: int) -> float:
         """Forward FLOPs for one token attending to `context_length` keys:
-        2·N + 4·layers·heads·head_dim·context (`decoding.cost.transformer_flops_per_token`,
+        2·N + 4·layers·heads·head_dim·context (`models.flops.transformer_flops_per_token`,
         N = `non_embedding_parameters`)."""
-        from metagen.decoding.cost import transformer_flops_per_token
+        from metagen.models.flops import transformer_flops_per_token
 
         return transformer_flops_per_token(self.non_embedding_parameters, self.num_hidden_layers,
                                            self.num_attention_heads * self.head_dim, context_length)

@@ -195,10 +195,7 @@ class DecoderModel(LanguageModel):
         final = F.rms_norm(x, (self.config.hidden_size,), self.norm, self.config.rms_norm_eps) if hidden else None
         out_logits = None
         if logits != "none":
-            out_logits = self.lm_head(h).float()
-            # One reduction instead of an elementwise mask: NaN/inf anywhere makes the row sum non-finite.
-            if not torch.isfinite(out_logits.sum(dim=-1)).all():
-                raise FloatingPointError("the model produced NaN or infinite logits")
+            out_logits = self.lm_head(h).float()  # not checked here: the sampler chain refuses NaN / +inf
         return ForwardOutput(out_logits, final, num_new)
 
     @torch.no_grad()

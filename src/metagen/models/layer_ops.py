@@ -153,6 +153,17 @@ class FusedOps:
         self.table = table
         self.queries = self.positions.numel()
         self.buffers = model.step_buffers.get(self.queries)
+        # Resolved once per step, not per layer: every layer of a family has the same shapes (a
+        # linear of another width, or an MoE layer's shared expert, falls back to `buffers.get`).
+        n, get, matmul = self.queries, self.buffers.get, self.matmul_dtype
+        self.q_out = get("q", (n, self.heads, self.head_dim), torch.float32)
+        self.attention_out = get("attention", (n, self.heads * self.head_dim), matmul)
+        self.h_out = get("h", (n, self.width), matmul)
+        first = model.layers[0]
+        self.outputs = {name: get(name, (n, linear.out_features), matmul)
+                        for name in ("qkv", "o", "gate_up", "down") if (linear := getattr(first, name)) is not None}
+        gate_up = self.outputs.get("gate_up")
+        self.gated_out = None if gate_up is None else get("gated", (n, gate_up.shape[1] // 2), matmul)
         # Attention reads the cache in place up to `max_keys` rows × keys (decoder.FUSED_ATTENTION_MAX_KEYS).
         self.in_place = self.queries * table.shape[1] <= max_keys
         if not self.in_place:
@@ -184,16 +195,15 @@ class FusedOps:
         """qkv (N, (heads + 2·kv_heads)·D) -> attention output (N, heads·D), matmul dtype."""
         pool, scales = self.cache.pools[index], self.cache.layer_scales(index)  # scales: int8 pools only
         cos, sin = (self.local_cos, self.local_sin) if self.local_rope[index] else (self.cos, self.sin)
-        buffers, heads, dim = self.buffers, self.heads, self.head_dim
-        q = self.kernels.rope_store(qkv, cos, sin, self.positions, self.slots, pool, heads, self.kv_heads, scales,
-                                    buffers.get("q", (self.queries, heads, dim), torch.float32))
+        q = self.kernels.rope_store(qkv, cos, sin, self.positions, self.slots, pool, self.heads, self.kv_heads, scales,
+                                    self.q_out)
         window = self.layer_windows[index]
         starts, mask = (None, None if self.in_place else self.mask) if window is None else self._window(window)
         if self.in_place:
-            out = buffers.get("attention", (self.queries, heads * dim), self.matmul_dtype)
+            out = self.attention_out
             if self.shared is not None and starts is None:  # a window that cuts in attends row by row
                 return self.shared.attend(self.kernels, q, pool, self.table, self.lengths, self.scale, self.bf16,
-                                          scales, buffers, out)
+                                          scales, self.buffers, out)
             return self.kernels.paged_decode_attention(q, pool, self.table, self.lengths, self.scale, self.bf16, starts,
                                                        scales, out)
         kv = self.cache.read(index, self.table)  # (N, Tkv, 2, KVH, D) float32
@@ -202,14 +212,18 @@ class FusedOps:
         return attn.view(self.queries, self.heads * self.head_dim).to(self.matmul_dtype)
 
     def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor):
-        h = self.buffers.get("h", (self.queries, self.width), self.matmul_dtype)
-        return x, self.kernels.add_rms_norm(x, delta, weight, self.eps, self.bf16, h)  # x += delta in place
+        return x, self.kernels.add_rms_norm(x, delta, weight, self.eps, self.bf16, self.h_out)  # x += delta in place
 
     def gated(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
         """act(gate) ⊙ up into a contiguous buffer (the gate half activated in place)."""
         width = gate_up.shape[-1] // 2
-        out = self.buffers.get("gated", (self.queries, width), self.matmul_dtype)
+        out = self.gated_out
+        if out is None or out.shape[1] != width:
+            out = self.buffers.get("gated", (self.queries, width), self.matmul_dtype)
         return torch.mul(_activate(gate_up[:, :width], activation), gate_up[:, width:], out=out)
 
     def buffer(self, name: str, linear) -> torch.Tensor:
-        return self.buffers.get(name, (self.queries, linear.out_features), self.matmul_dtype)
+        out = self.outputs.get(name)
+        if out is None or out.shape[1] != linear.out_features:
+            return self.buffers.get(name, (self.queries, linear.out_features), self.matmul_dtype)
+        return out

@@ -212,8 +212,8 @@ class TransformersModel(LanguageModel):
 
     def flops_per_token(self, context_length: int) -> float:
         """2·N + 4·layers·heads·head_dim·context, as the native backend counts
-        (`decoding.cost.transformer_flops_per_token`; N from `_flops_shape`)."""
-        from metagen.decoding.cost import transformer_flops_per_token
+        (`models.flops.transformer_flops_per_token`; N from `_flops_shape`)."""
+        from metagen.models.flops import transformer_flops_per_token
 
         return transformer_flops_per_token(*self._flops_shape, context_length)
 
@@ -277,8 +277,6 @@ class TransformersModel(LanguageModel):
         else:
             out_logits = out.logits[:, -1].float()  # (B, V)
             out_hidden = out.hidden_states[-1][:, -1].float() if hidden else None
-        if not torch.isfinite(out_logits).all():
-            raise FloatingPointError("the model produced NaN or infinite logits")
         return ForwardOutput(None if logits == "none" else out_logits, out_hidden, count_list)
 
     def _masks(self, allowed: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor):

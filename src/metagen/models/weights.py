@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from metagen.models.config import ModelConfig
-from metagen.models.families import HF_STACKED_EXPERTS, family_for, family_for_gguf
+from metagen.models.families import HF_STACKED_EXPERTS, Family, family_for, family_for_gguf
 from metagen.models.rope import check_rope_scaling
 
 _GGUF_GLOBAL_NAMES = {
@@ -178,6 +178,13 @@ def open_gguf(path: str | Path):
 def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "object"]:
     """Config, weight sources and the open `gguf.GGUFReader` (for tokenizer metadata)."""
     reader = open_gguf(path)
+    config, family = gguf_config(reader, path)
+    return config, gguf_sources(reader, family, config), reader
+
+
+def gguf_config(reader, path: str | Path) -> tuple[ModelConfig, Family]:
+    """The `ModelConfig` and `Family` of an open GGUF file from its metadata (and which tensors it
+    holds); NotImplementedError naming a field the native backend does not implement."""
 
     def field(key: str, default=None):
         entry = reader.fields.get(key)
@@ -267,6 +274,12 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
         norm_topk_prob=family.always_normalize or bool(field(f"{arch}.expert_weights_norm", not family.shared_expert)),
         shared_expert_intermediate_size=int(field(f"{arch}.expert_shared_feed_forward_length", 0) or 0),
     )
+    return config, family
+
+
+def gguf_sources(reader, family: Family, config: ModelConfig) -> dict[str, WeightSource]:
+    """The weight sources of an open GGUF file under metagen's names, by the family's tensor-name
+    map (llama.cpp's names: `Family.gguf_names`, its experts' and quirks' fields)."""
     layer_names = family.gguf_names()
     stacked_experts = {gguf: part for part, (_, gguf) in family.expert_names.items()}
     single_experts = {}
@@ -300,7 +313,7 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource], "
             rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else int(tensor.shape[0])
             source.row_order = rotary_row_order(key, rows, config)
         sources[key] = source
-    return config, sources, reader
+    return sources
 
 
 def _gguf_sources(key: str, tensor) -> list[WeightSource]:
@@ -335,8 +348,13 @@ def _refuse_unsupported_gguf_experts(field, arch: str, path, shared: bool) -> No
 
 def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSource]]:
     """Config and weight sources from an HF directory (config.json + *.safetensors)."""
-    from safetensors import safe_open
+    config, family = hf_config(path)
+    return hf_sources(path, family, config)
 
+
+def hf_config(path: str | Path) -> tuple[ModelConfig, Family]:
+    """The `ModelConfig` and `Family` of an HF directory from its config.json; NotImplementedError
+    naming a setting the native backend does not implement."""
     path = Path(path)
     config_path = path / "config.json"
     if not config_path.is_file():
@@ -416,6 +434,16 @@ def read_hf_directory(path: str | Path) -> tuple[ModelConfig, dict[str, WeightSo
         post_norms=family.post_norms,
         **experts,
     )
+    return config, family
+
+
+def hf_sources(path: str | Path, family: Family, config: ModelConfig) -> tuple[ModelConfig, dict[str, WeightSource]]:
+    """The weight sources of an HF directory's *.safetensors under metagen's names, by the family's
+    tensor-name map (`Family.hf_names`, `hf_renames`, its experts'), and the config (a checkpoint
+    without lm_head ties its embeddings, whatever config.json says)."""
+    from safetensors import safe_open
+
+    path = Path(path)
     norm_offset = family.hf_norm_offset
     files = sorted(path.glob("*.safetensors"))
     if not files:

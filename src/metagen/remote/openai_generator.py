@@ -48,7 +48,7 @@ import torch
 from metagen.decoding.cost import Cost
 from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
-from metagen.decoding.sample_loop import GenerationResult
+from metagen.decoding.result import GenerationResult
 from metagen.remote.constraints import constraint_fields
 from metagen.remote.engines import sampling_fields
 from metagen.remote.loop import gather_all
@@ -294,13 +294,11 @@ class OpenAIGenerator(Generator):
                 completion.complete = completion.finish_reason == "stop" and not isinstance(completion.stop_reason, str)
         cost.wall_seconds = time.perf_counter() - start
         prompt_ids = list(fields["prompt"]) if isinstance(fields.get("prompt"), list) else None
-        result = GenerationResult(completions, prompt_ids, decode_seconds=cost.wall_seconds,
-                                  model_calls=cost.model_calls, cost=cost)
-        return result
+        return GenerationResult(completions, prompt_ids, cost, decode_seconds=cost.wall_seconds)
 
     async def _stream_one(self, endpoint: str, request: dict, handle) -> None:
         """Stream one request (`stream=true`), calling handle(chunk, URL) for every chunk."""
-        from metagen.remote.streaming import sse_chunks
+        from metagen.remote.sse import sse_chunks
 
         url = f"{self.transport.base_url}/{endpoint}"
 

@@ -27,7 +27,7 @@ import heapq
 from dataclasses import dataclass
 
 from metagen.decoding.cost import Cost
-from metagen.decoding.sample_loop import Completion
+from metagen.decoding.result import Completion
 from metagen.remote.transport import ServerError
 
 TOKEN_ID_PREFIX = "token_id:"

@@ -2,7 +2,6 @@
 
     cost = await stream(generator, prompt, params, on_piece, rng)   # on the generator's loop
     on_piece(StreamPiece(index, text, finish_reason, stop_reason))
-    async for chunk in sse_chunks(transport, path, body): ...        # one request's chunks
 
 The request is the one `generate` would send (the same fields, the engine's table, the same
 refusals, the same fan-out of n over servers that ignore n, each request with its derived seed),
@@ -20,11 +19,9 @@ Log-probabilities are not streamed here (the pieces carry text): a caller wantin
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
 import torch
 
 from metagen.decoding.cost import Cost
@@ -33,60 +30,9 @@ from metagen.remote.loop import gather_all
 from metagen.remote.openai_generator import text_body
 from metagen.remote.prompt_fields import prompt_request
 from metagen.remote.responses import check_finish, choice_index, usage_cost
-from metagen.remote.transport import RETRIED_STATUS, ServerError, Transport
+from metagen.remote.sse import sse_chunks
+from metagen.remote.transport import ServerError
 from metagen.sampling import SamplingParams
-
-def attempt_started(error: httpx.TransportError) -> bool:
-    """Whether the server may have begun answering (a read failed): such a stream is not retried,
-    as its chunks may already have been passed on."""
-    return isinstance(error, (httpx.ReadError, httpx.ReadTimeout, httpx.RemoteProtocolError))
-
-
-async def sse_chunks(transport: Transport, path: str, body: dict) -> AsyncIterator[dict]:
-    """The JSON chunks of a streamed answer (`data: {...}` lines up to `data: [DONE]`), iterated
-    on the transport's loop. Failures before the answer starts are retried as `Transport.post`'s
-    are; an error status, a chunk carrying `error` or a broken stream raise `ServerError`."""
-    url = f"{transport.base_url}/{path.lstrip('/')}"
-    for attempt in range(transport.max_retries + 1):
-        last = attempt == transport.max_retries
-        try:
-            async with transport._client.stream("POST", url, json=body) as response:
-                if response.status_code in RETRIED_STATUS and not last:
-                    await response.aread()
-                    await transport.sleep(transport._delay(attempt, transport.retry_wait(url, response)))
-                    continue
-                if response.status_code >= 400:
-                    await response.aread()
-                    transport._decode(url, response)  # raises with the server's message
-                transport.requests += 1
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue  # blank separators, comments, event names
-                    data = line[len("data:"):].strip()
-                    if data == "[DONE]":
-                        return
-                    chunk = _chunk(url, data)
-                    if isinstance(chunk.get("error"), dict):
-                        raise ServerError(url, 200, str(chunk["error"].get("message") or chunk["error"]))
-                    yield chunk
-                raise ServerError(url, 200, "the stream ended without data: [DONE]")
-        except httpx.TransportError as error:
-            if last or attempt_started(error):
-                raise ServerError(url, None, f"{type(error).__name__}: {error} (is the server running at this "
-                                             "address?)") from None
-            await transport.sleep(transport._delay(attempt, 0.0))
-    raise AssertionError("unreachable")
-
-
-def _chunk(url: str, data: str) -> dict:
-    try:
-        chunk = json.loads(data)
-    except ValueError:
-        raise ServerError(url, 200, f"stream chunk is not JSON: {data[:200]!r}") from None
-    if not isinstance(chunk, dict):
-        raise ServerError(url, 200, f"stream chunk is not a JSON object: {data[:200]!r}")
-    return chunk
-
 
 @dataclass
 class StreamPiece:

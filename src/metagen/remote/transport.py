@@ -24,7 +24,7 @@ and appears in no message or repr.
 Async underneath, with a synchronous face: `await transport.apost(path, body)` from async code
 on any event loop, `transport.post(path, body)` from any thread, inside a running event loop too
 (a notebook). Both run the request on the transport's `BackgroundLoop` (loop.py), the one loop
-its client is used on (`streaming.sse_chunks` reads a streamed answer on that loop); several
+its client is used on (`sse.sse_chunks` reads a streamed answer on that loop); several
 transports may share one (a fleet's endpoints). Requests in
 flight at once share the client's connection pool; waiting for a free connection has no
 timeout (the request and connect timeouts start once one is free).

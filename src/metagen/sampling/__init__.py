@@ -9,9 +9,10 @@ explicitly and follow the KV cache (accept / rollback / select / fork / concat /
 
 Logits from outside may hold finite values and -inf (a removed token). NaN, +inf and rows that
 are all -inf are refused with a ValueError naming the row and token, by `SamplerChain.process`
-before any adapter runs and by the token choice (`choose`, `sample`, `greedy`): one reduction and
-one host synchronisation per call. Adapters called on their own never remove a NaN / +inf entry,
-so the choice after them still reports it.
+before any adapter runs (the one full check of a decoding step: one reduction and one host
+synchronisation) and by `sample` / `greedy` called on their own; `SamplerChain.choose` looks only
+at the B values it chose. Adapters called on their own never remove a NaN / +inf entry, so the
+choice after them still reports it.
 """
 
 from metagen._lazy import lazy_package
@@ -21,6 +22,7 @@ from metagen._lazy import lazy_package
 _EXPORTS = {
     "token_counts": "_tokens",
     "SamplerChain": "chain",
+    "StructuredProcessor": "constraint",
     "contrastive": "contrastive",
     "epsilon": "epsilon",
     "entropy": "eta",
@@ -44,6 +46,8 @@ _EXPORTS = {
     "repetition_penalty_from_mask": "penalties",
     "PenaltyState": "penalty_state",
     "LogitsProcessor": "processor",
+    "NO_OPINION": "processor",
+    "StopVerdict": "processor",
     "StatelessProcessor": "processor",
     "EmptiedRowError": "sample",
     "TokenLogprobs": "sample",
@@ -52,6 +56,7 @@ _EXPORTS = {
     "sample": "sample",
     "token_logprobs": "sample",
     "temperature": "temperature",
+    "TokenHealingProcessor": "token_healing",
     "top_k": "top_k",
     "top_p": "top_p",
     "typical": "typical",

@@ -1,8 +1,7 @@
 """`SamplerChain`: an ordered list of `LogitsProcessor`s plus the token choice.
 
 A chain is itself a sampler (llama.cpp's design): it maps logits `(B, V)` to processed logits
-with `process`, picks tokens with `choose`, and advances its processors with `accept` (alias
-`update`); `rollback`, `select`, `fork`, `concat` and `reset` pass through to every processor,
+with `process`, picks tokens with `choose`, and advances its processors with `accept`; `rollback`, `select`, `fork`, `concat` and `reset` pass through to every processor,
 so a loop calls them wherever it touches its KV cache (see `metagen.sampling.processor`). Which
 processors are in the chain is decided once; the per-token path is a loop over a tuple, with no
 reflection and no lookups.
@@ -42,8 +41,10 @@ that declare `argmax_invariant`.
 
 Invalid logits are reported before any adapter runs: `process` (and so `next_tokens`) checks its
 input once with `check_choosable` (finite values and -inf are allowed; NaN, +inf and all -inf
-rows raise ValueError naming the row and token), and `choose` checks what it chooses from. A
-truncation would otherwise turn a NaN into -inf and sample anyway, or blame the truncation.
+rows raise ValueError naming the row and token). A truncation would otherwise turn a NaN into
+-inf and sample anyway, or blame the truncation. That is the one full check of a decoding step
+(the model does not check its logits): `choose` looks only at the B values it chose (`draw`,
+`argmax`) and runs `check_choosable` only when one of them is bad, for its message.
 """
 
 from __future__ import annotations
@@ -64,22 +65,19 @@ from .mirostat import Mirostat
 from .no_repeat_ngram import NoRepeatNgramState
 from .params import SamplingParams
 from .penalty_state import PenaltyState
-from .processor import LogitsProcessor, StatelessProcessor, overrides_stop_hooks
-from .sample import EmptiedRowError, check_choosable, greedy, sample
+from .processor import NO_OPINION, LogitsProcessor, StatelessProcessor, StopVerdict, overrides_stop_hooks
+from .sample import EmptiedRowError, argmax, check_choosable, draw
 from .temperature import temperature
 from .top_k import top_k
 from .top_p import top_p
 from .typical import typical
 
-NO_OPINION: tuple[bool | None, bool] = (None, False)
-
-
 _FIELDS = {"structured": "structured_outputs", "no_repeat_ngram": "no_repeat_ngram_size", "penalties": "penalties",
            "mirostat": "mirostat_tau"}  # processor name -> the SamplingParams field that asked for it
 
 
-def _choose_greedy(logits: Tensor, generator: torch.Generator | None) -> Tensor:
-    return greedy(logits)
+def _choose_greedy(logits: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    return argmax(logits)
 
 
 class SamplerChain:
@@ -107,11 +105,12 @@ class SamplerChain:
         self.params = params
         # Greedy: a stateless processor that cannot move the argmax need not run.
         self._active = tuple(p for p in self.processors
-                             if not (greedy and p.argmax_invariant and p.batch_size == -1))
+                             if not (greedy and p.argmax_invariant and p.stateless))
         self.names: tuple[str, ...] = tuple(p.name for p in self._active)
-        self._stateful = tuple(p for p in self.processors if p.batch_size != -1)
+        self._stateful = tuple(p for p in self.processors if not p.stateless)
         self._judges = tuple(p for p in self.processors if overrides_stop_hooks(p))
-        self._choose: Callable[[Tensor, torch.Generator | None], Tensor] = _choose_greedy if greedy else sample
+        self._choose: Callable[[Tensor, torch.Generator | None], tuple[Tensor, Tensor]] = (
+            _choose_greedy if greedy else draw)
 
     @classmethod
     def from_params(
@@ -181,10 +180,11 @@ class SamplerChain:
         return bool(self._stateful)
 
     @property
-    def batch_size(self) -> int:
+    def batch_size(self) -> int | None:
+        """Rows of state B; None for a chain without state (it works for any number of rows)."""
         for state in self._stateful:
             return state.batch_size
-        return -1  # stateless chains work for any number of rows
+        return None
 
     # ----------------------------------------------------------------------- one step
 
@@ -199,8 +199,6 @@ class SamplerChain:
             processed = processor.apply(processed)
         return processed.clone() if processed is logits else processed
 
-    __call__ = process
-
     def choose(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Tokens `(B,)` from processed logits: argmax when greedy, else a draw with `generator`.
 
@@ -208,8 +206,12 @@ class SamplerChain:
         processors emptied names them (e.g. a constraint whose allowed tokens n-gram blocking
         removed).
         """
+        logits = float_logits(logits)
+        tokens, ok = self._choose(logits, generator)  # (B,), (B,)
+        if bool(ok.all()):  # O(B): the input of `process` was checked in full
+            return tokens
         try:
-            return self._choose(logits, generator)
+            check_choosable(logits)  # raises, naming the row, the token and the reason
         except EmptiedRowError as error:
             if not self.names:
                 raise
@@ -217,14 +219,13 @@ class SamplerChain:
             # structured_outputs allows only tokens that no_repeat_ngram_size forbids)
             fields = tuple(_FIELDS.get(name.split(":")[0], name) for name in self.names)
             raise EmptiedRowError(error.row, tuple(self.names), fields) from None
+        raise AssertionError("check_choosable accepted logits whose choice was not finite")
 
     def accept(self, tokens: Tensor) -> None:
         """Advance every processor with the chosen `tokens (B,)` (negative entries mark rows that
         take no token: counted nowhere, mirostat's mu unchanged)."""
         for state in self._stateful:
             state.accept(tokens)
-
-    update = accept
 
     def next_tokens(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """One decoding step: `process`, `choose`, `accept`; returns tokens `(B,)`."""
@@ -277,7 +278,7 @@ class SamplerChain:
         """True when some processor has an opinion on where rows end (a constraint)."""
         return bool(self._judges)
 
-    def stop_verdict(self, row: int) -> tuple[bool | None, bool]:
+    def stop_verdict(self, row: int) -> StopVerdict:
         """(may_stop, must_stop) of row `row` after the tokens it accepted: may_stop is None when
         no processor has an opinion, else whether all of them allow ending there; must_stop is
         True when one says the row cannot go on."""
@@ -296,9 +297,9 @@ class SamplerChain:
 
 def _rows_of(processor: LogitsProcessor, batch_size: int) -> LogitsProcessor:
     """`processor` with `batch_size` rows of its own: one row forked B times, or B rows copied."""
-    rows = processor.batch_size
-    if rows == -1:
+    if processor.stateless:
         return processor
+    rows = processor.batch_size
     if rows == 1:
         return processor.fork(torch.zeros(batch_size, dtype=torch.long))
     if rows == batch_size:

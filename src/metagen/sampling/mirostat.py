@@ -121,13 +121,11 @@ class Mirostat(LogitsProcessor):
     def accept(self, tokens: Tensor) -> None:
         """Move mu towards tau given the tokens `(B,)` chosen from the last `apply`."""
         if self._log_probs is None:
-            raise RuntimeError("Mirostat.accept (update) needs the distribution of a previous apply (process)")
+            raise RuntimeError("Mirostat.accept needs the distribution of a previous apply (process)")
         tokens = tokens.reshape(-1).to(self.mu.device)
         self._mu_before.accept(self.mu, tokens >= 0)
         self.mu = mirostat_update(self.mu, self._log_probs, tokens, self.tau, self.learning_rate)
         self._log_probs = None
-
-    update = accept
 
     def rollback(self, counts: Tensor) -> None:
         """Give each row the mu it had before its last `counts[b]` accepted tokens."""

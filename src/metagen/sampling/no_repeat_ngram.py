@@ -136,8 +136,6 @@ class NoRepeatNgramState(LogitsProcessor):
         self._log.accept(column, present)
         self._holes = self._holes or not bool(present.all())
 
-    update = accept
-
     def rollback(self, counts: Tensor) -> None:
         """Forget the last `counts[b]` generated tokens of row b. O(B T)."""
         self._log.rollback(counts)

@@ -110,8 +110,6 @@ class PenaltyState(LogitsProcessor):
         self.seen.scatter_(1, index, self.seen.gather(1, index) | is_token)
         self.generated.accept(tokens.squeeze(1), is_token.squeeze(1))
 
-    update = accept
-
     def rollback(self, counts: Tensor) -> None:
         """Forget the last `counts[b]` generated tokens of row b. O(B (T + V))."""
         removed = self.generated.rollback(counts)

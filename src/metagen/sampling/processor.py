@@ -24,6 +24,9 @@ KV cache does:
 the truncations that always keep the top token); greedy decoding may skip such stateless
 processors. Penalties, biases, bans and constraints are not argmax invariant.
 
+`stateless` is True for a processor that keeps no per-row state (`StatelessProcessor`): it works
+for any number of rows, has no `batch_size` (None) and ignores accept / rollback / select / reset.
+
 Three optional hooks let a processor decide where a row may end (a constraint: EOS only where the
 grammar accepts); the default is "no opinion":
 
@@ -32,6 +35,9 @@ grammar accepts); the default is "no opinion":
                       `Completion.complete = False`.
     finished(row)     must row `row` end now (nothing can follow)?
     forced(row)       the tokens that are the only possible continuation (jump-forward), [] if none.
+
+A chain sums the first two into a `StopVerdict` (may_stop, must_stop) per row; `NO_OPINION` is
+(None, False), what a chain without such a processor answers.
 
 Stateless adapters (temperature, top-k, ...) are pure functions wrapped by `StatelessProcessor`.
 """
@@ -43,6 +49,9 @@ from collections.abc import Callable, Sequence
 
 from torch import Tensor
 
+StopVerdict = tuple[bool | None, bool]  # (may_stop, must_stop) of a row, see SamplerChain.stop_verdict
+NO_OPINION: StopVerdict = (None, False)
+
 
 class LogitsProcessor(ABC):
     """B rows of logits-editing state; see the module docstring for the protocol.
@@ -50,15 +59,17 @@ class LogitsProcessor(ABC):
     Attributes:
         name: short name shown in `SamplerChain.names`.
         argmax_invariant: True when `apply` never changes which token is the argmax.
+        stateless: True when the processor keeps no per-row state (works for any number of rows).
     """
 
     name: str = "processor"
     argmax_invariant: bool = False
+    stateless: bool = False
 
     @property
     @abstractmethod
-    def batch_size(self) -> int:
-        """Rows of state B; -1 for a stateless processor (any number of rows)."""
+    def batch_size(self) -> int | None:
+        """Rows of state B; None for a stateless processor (any number of rows)."""
 
     @abstractmethod
     def apply(self, logits: Tensor) -> Tensor:
@@ -117,6 +128,8 @@ class StatelessProcessor(LogitsProcessor):
     (it holds nothing that rows could share or lose).
     """
 
+    stateless = True
+
     def __init__(self, name: str, function: Callable[[Tensor], Tensor], argmax_invariant: bool) -> None:
         self.name = name
         self.function = function
@@ -126,8 +139,8 @@ class StatelessProcessor(LogitsProcessor):
         return f"StatelessProcessor({self.name!r})"
 
     @property
-    def batch_size(self) -> int:
-        return -1
+    def batch_size(self) -> None:
+        return None
 
     def apply(self, logits: Tensor) -> Tensor:
         return self.function(logits)

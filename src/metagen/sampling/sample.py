@@ -6,10 +6,14 @@
 What logits may hold: finite values and -inf (a removed token). NaN and +inf are refused, and
 so is a row where every logit is -inf (nothing left to choose): `check_choosable` raises
 ValueError naming the row, the token and the reason (`EmptiedRowError`, a ValueError, for a row
-with nothing left). `sample` and `greedy` run it on what they
-choose from, `SamplerChain.process` on its input before any adapter: once per call, one reduction
-over the logits and one host synchronisation (15-40 us for one row of V = 49152 on CPU; a chain
-step with temperature and top-p measured 1.29-1.35 ms with the checks, 1.32-1.43 ms without).
+with nothing left). `sample` and `greedy` run it on what they choose from: one reduction over the
+logits and one host synchronisation per call (15-40 us for one row of V = 49152 on CPU).
+
+In a decoding loop the one full check is at the chain boundary: `SamplerChain.process` checks its
+input before any adapter, and `SamplerChain.choose` draws with `draw` / `argmax` (the same choice
+without the check) and looks only at what it chose, O(B): a row whose chosen logit is not finite
+(greedy) or whose total mass is not positive (a draw) is one the checks would refuse, and only
+then is `check_choosable` run, for its message.
 """
 
 from __future__ import annotations
@@ -70,6 +74,13 @@ def sample(logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """
     logits = float_logits(logits)
     check_choosable(logits)
+    return draw(logits, generator)[0]
+
+
+def draw(logits: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """`sample` without the check: `(tokens (...), ok (...))`, ok False for a row that `check_choosable`
+    would refuse (its total mass is NaN or 0: a NaN, +inf or every token -inf), whose token is
+    meaningless. `logits` float32. O(V) per row."""
     flat = logits.reshape(-1, logits.shape[-1])  # (N, V)
     # Inverse-CDF draw: token = first v with F(v) > u·F(V), u ~ U[0, 1). Removed tokens add 0 to
     # F, so they are never chosen. One softmax, one cumsum and a binary search per row — several
@@ -77,7 +88,8 @@ def sample(logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
     cdf = torch.softmax(flat, dim=-1).cumsum(dim=-1)  # (N, V)
     u = torch.rand((flat.shape[0], 1), generator=generator, dtype=cdf.dtype)
     tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=flat.shape[-1] - 1)
-    return tokens.reshape(logits.shape[:-1])
+    ok = cdf[:, -1] > 0  # NaN > 0 is False
+    return tokens.reshape(logits.shape[:-1]), ok.reshape(logits.shape[:-1])
 
 
 def greedy(logits: Tensor) -> Tensor:
@@ -88,6 +100,14 @@ def greedy(logits: Tensor) -> Tensor:
     logits = float_logits(logits)
     check_choosable(logits)
     return logits.argmax(dim=-1)
+
+
+def argmax(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """`greedy` without the check: `(tokens (...), ok (...))`, ok False for a row that
+    `check_choosable` would refuse (the argmax propagates NaN, so a row's chosen logit is finite
+    unless it holds NaN or +inf or is all -inf). O(V) per row."""
+    tokens = logits.argmax(dim=-1)
+    return tokens, torch.isfinite(logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
 
 
 class TokenLogprobs(NamedTuple):

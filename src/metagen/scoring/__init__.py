@@ -4,12 +4,15 @@ Light at import: the optional backends (sacrebleu, rapidfuzz, transformers, the 
 when a scorer that needs them is built or called.
 """
 
-from metagen.scoring.answers import AnswerExtractor, answers_match, extract_answer
-from metagen.scoring.base import FunctionScorer, Scorer, Scores, Verdict, Verifier, as_scorer, prompt_text
-from metagen.scoring.exact_answer import ExactAnswerVerifier
-from metagen.scoring.logprob import mean_logprob, self_certainty, sum_logprob
+from metagen._lazy import lazy_package
 
-_LAZY = {
+# name -> the submodule that defines it, imported on first use (`metagen._lazy`)
+_EXPORTS = {
+    "AnswerExtractor": "answers", "answers_match": "answers", "extract_answer": "answers",
+    "FunctionScorer": "base", "Scorer": "base", "Scores": "base", "Verdict": "base", "Verifier": "base",
+    "as_scorer": "base", "prompt_text": "base",
+    "ExactAnswerVerifier": "exact_answer",
+    "mean_logprob": "logprob", "self_certainty": "logprob", "sum_logprob": "logprob",
     "Utility": "utilities", "ChrF": "utilities", "Bleu": "utilities", "EditSimilarity": "utilities",
     "AnswerAgreement": "utilities", "EmbeddingCosine": "embeddings", "LLMJudge": "judge",
     "LLMJudgeUtility": "judge", "RewardModelScorer": "reward_model", "CodeExecutionVerifier": "code_execution",
@@ -21,30 +24,6 @@ _LAZY = {
     "StepRewardValue": "process_reward", "ProcessRewardModel": "process_reward", "ValueHeadPRM": "process_reward",
     "ArithmeticStepVerifier": "process_reward", "JudgePRM": "judge_prm",
 }
+lazy_package(__name__, _EXPORTS)
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"metagen.scoring.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'metagen.scoring' has no attribute {name!r}")
-
-
-__all__ = [
-    "AnswerExtractor",
-    "ExactAnswerVerifier",
-    "FunctionScorer",
-    "Scorer",
-    "Scores",
-    "Verdict",
-    "Verifier",
-    "answers_match",
-    "as_scorer",
-    "extract_answer",
-    "mean_logprob",
-    "prompt_text",
-    "self_certainty",
-    "sum_logprob",
-    *_LAZY,
-]
+__all__ = sorted(_EXPORTS)

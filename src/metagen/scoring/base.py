@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 from metagen.decoding.cost import Cost
 
-if TYPE_CHECKING:  # strategies import scorers; scorers only need the candidate's shape
+if TYPE_CHECKING:  # scorers read the decoding floor's `Completion`, as strategies do
     from metagen.decoding.prompts import Prompt
-    from metagen.strategies.result import Candidate
+    from metagen.decoding.result import Completion
 
 
 @dataclass
@@ -37,10 +37,10 @@ class Scorer(ABC):
     name: str = "scorer"
 
     @abstractmethod
-    def score(self, prompt: Prompt, candidates: Sequence[Candidate]) -> Scores:
+    def score(self, prompt: Prompt, candidates: Sequence[Completion]) -> Scores:
         """One score per candidate, in order, and the cost of computing them."""
 
-    def __call__(self, prompt: Prompt, candidates: Sequence[Candidate]) -> Scores:
+    def __call__(self, prompt: Prompt, candidates: Sequence[Completion]) -> Scores:
         scores = self.score(prompt, candidates)
         if len(scores.values) != len(candidates):
             raise ValueError(
@@ -53,11 +53,11 @@ class FunctionScorer(Scorer):
     """A scorer from a per-candidate function (prompt_text, candidate) -> float that makes no
     model calls (its cost is zero)."""
 
-    def __init__(self, function: Callable[[str, Candidate], float], name: str | None = None) -> None:
+    def __init__(self, function: Callable[[str, Completion], float], name: str | None = None) -> None:
         self.function = function
         self.name = name or getattr(function, "__name__", "function")
 
-    def score(self, prompt: Prompt, candidates: Sequence[Candidate]) -> Scores:
+    def score(self, prompt: Prompt, candidates: Sequence[Completion]) -> Scores:
         text = prompt_text(prompt)
         return Scores([float(self.function(text, candidate)) for candidate in candidates])
 
@@ -65,7 +65,7 @@ class FunctionScorer(Scorer):
         return f"FunctionScorer({self.name})"
 
 
-def as_scorer(scorer: Scorer | Callable[[str, Candidate], float]) -> Scorer:
+def as_scorer(scorer: Scorer | Callable[[str, Completion], float]) -> Scorer:
     """`scorer` itself, or a per-candidate function wrapped as a zero-cost `FunctionScorer`."""
     if isinstance(scorer, Scorer):
         return scorer
@@ -91,13 +91,13 @@ class Verifier(Scorer):
     name = "verifier"
 
     @abstractmethod
-    def verify(self, prompt: Prompt, candidate: Candidate) -> Verdict:
+    def verify(self, prompt: Prompt, candidate: Completion) -> Verdict:
         """Check one candidate."""
 
-    def verify_all(self, prompt: Prompt, candidates: Sequence[Candidate]) -> list[Verdict]:
+    def verify_all(self, prompt: Prompt, candidates: Sequence[Completion]) -> list[Verdict]:
         return [self.verify(prompt, candidate) for candidate in candidates]
 
-    def score(self, prompt: Prompt, candidates: Sequence[Candidate]) -> Scores:
+    def score(self, prompt: Prompt, candidates: Sequence[Completion]) -> Scores:
         verdicts = self.verify_all(prompt, candidates)
         cost = Cost()
         for verdict in verdicts:

@@ -3,9 +3,7 @@
     verifier = CodeExecutionVerifier(["assert square(2) == 4", "assert square(-3) == 9"])
     verdict = verifier.verify(prompt, candidate)   # passed, score = share of tests passed, feedback
 
-Which code is run (`extract_program`): the last ```python (or ```py / ```python3) fenced block
-of the text; without one, the last untagged ``` block; without any fence, the whole text. A
-block cut off by the token limit (no closing fence) counts up to the end of the text.
+Which code is run: `extract_program` (`metagen.tools.python`, shared with the Python tool).
 
 Where the verdict comes from: the program under test is hostile until proven otherwise (a
 verifier-guided strategy selects whatever the verdict rewards), and it shares its process with
@@ -35,7 +33,6 @@ file its uid may read, so expected answers must not lie in such a file there.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,33 +41,15 @@ from metagen.decoding.cost import Cost
 from metagen.scoring.base import Verdict, Verifier
 from metagen.scoring.code_checks import plan_tests
 from metagen.scoring.code_report import Report, read_report
-from metagen.scoring.sandbox import SandboxResult, run_python
+from metagen.tools.python import extract_program
+from metagen.tools.sandbox import SandboxResult, run_python
 
 if TYPE_CHECKING:
     from metagen.decoding.prompts import Prompt
-    from metagen.strategies.result import Candidate
+    from metagen.decoding.result import Completion
 
 HARNESS = (Path(__file__).parent / "code_harness.py").read_text(encoding="utf-8")
 RECORD_CHARS = 50_000  # longest record line the harness writes (a value, or an error's traceback)
-
-# A fence line: ``` then its tag, then (after a character no tag has) anything to the newline. The
-# tag and the rest of the line never compete for the same characters, so a long first line without
-# a newline is read once, not tried at every split (O(L) instead of O(L^2)).
-FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)(?:[^\w+\-\n][^\n]*)?\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)",
-                   re.DOTALL | re.MULTILINE)
-PYTHON_TAGS = ("python", "py", "python3")
-
-
-def extract_program(text: str) -> str | None:
-    """The program in a model's answer (see the module docstring), or None when there is none."""
-    blocks = [(tag.lower(), body) for tag, body in FENCE.findall(text)]
-    if blocks:
-        python = [body for tag, body in blocks if tag in PYTHON_TAGS] or [body for tag, body in blocks if not tag]
-        program = python[-1] if python else ""
-    else:
-        program = text
-    return program if program.strip() else None
-
 
 class CodeExecutionVerifier(Verifier):
     """Passes when every test passes; score = share of tests passed; feedback = each failing test
@@ -112,7 +91,7 @@ class CodeExecutionVerifier(Verifier):
         self.timeout, self.memory_mb, self.setup = float(timeout), memory_mb, setup
         self.isolation, self.feedback_chars, self.program = isolation, feedback_chars, program
 
-    def verify(self, prompt: Prompt, candidate: Candidate) -> Verdict:
+    def verify(self, prompt: Prompt, candidate: Completion) -> Verdict:
         program = self.program(candidate.text)
         if program is None:
             return Verdict(False, 0.0, "No Python code was found in the response.")

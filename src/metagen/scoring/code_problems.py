@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 import re
 
-from metagen.scoring.code_execution import FENCE, PYTHON_TAGS, extract_program
+from metagen.tools.python import FENCE, PYTHON_TAGS, extract_program
 
 _DEF = re.compile(r"^def[ \t]+([A-Za-z_]\w*)[ \t]*\(", re.MULTILINE)
 

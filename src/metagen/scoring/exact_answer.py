@@ -9,7 +9,7 @@ from metagen.scoring.base import Verdict, Verifier
 
 if TYPE_CHECKING:
     from metagen.decoding.prompts import Prompt
-    from metagen.strategies.result import Candidate
+    from metagen.decoding.result import Completion
 
 
 class ExactAnswerVerifier(Verifier):
@@ -39,7 +39,7 @@ class ExactAnswerVerifier(Verifier):
         self.math = math
         self.extract = extractor or (lambda text: extract_answer(text, pattern))
 
-    def verify(self, prompt: Prompt, candidate: Candidate) -> Verdict:
+    def verify(self, prompt: Prompt, candidate: Completion) -> Verdict:
         answer = candidate.answer if candidate.answer is not None else self.extract(candidate.text)
         if answer is None:
             return Verdict(False, 0.0, "No final answer was found in the response.")

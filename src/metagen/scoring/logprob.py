@@ -16,22 +16,22 @@ from typing import TYPE_CHECKING
 from metagen.scoring.base import FunctionScorer
 
 if TYPE_CHECKING:
-    from metagen.strategies.result import Candidate
+    from metagen.decoding.result import Completion
 
 
-def _sum_logprob(prompt: str, candidate: Candidate) -> float:
+def _sum_logprob(prompt: str, candidate: Completion) -> float:
     """log p(y | x) = Σ_t log p(y_t | x, y_<t): the sequence likelihood."""
     return float(sum(candidate.logprobs))
 
 
-def _mean_logprob(prompt: str, candidate: Candidate) -> float:
+def _mean_logprob(prompt: str, candidate: Completion) -> float:
     """Σ_t log p(y_t | ·) / |y|: likelihood normalized by length (−inf for an empty output)."""
     if not candidate.logprobs:
         return float("-inf")
     return float(sum(candidate.logprobs)) / len(candidate.logprobs)
 
 
-def _self_certainty(prompt: str, candidate: Candidate) -> float:
+def _self_certainty(prompt: str, candidate: Completion) -> float:
     """Mean over tokens of KL(uniform ‖ p) (−inf for an empty output)."""
     if not candidate.token_ids:
         return float("-inf")

@@ -29,7 +29,7 @@ from metagen.scoring.base import Scorer, as_scorer
 
 if TYPE_CHECKING:
     from metagen.decoding.prompts import Prompt
-    from metagen.strategies.result import Candidate
+    from metagen.decoding.result import Completion
 
 
 class Utility(ABC):
@@ -39,13 +39,13 @@ class Utility(ABC):
 
     @abstractmethod
     def matrix(
-        self, prompt: Prompt, candidates: Sequence[Candidate], *, diagonal: bool = True
+        self, prompt: Prompt, candidates: Sequence[Completion], *, diagonal: bool = True
     ) -> tuple[np.ndarray, Cost]:
         """U: (N, N) float64 with U[i][j] = u(candidates[i], candidates[j]), and the cost of
         computing it. diagonal=False: U[i][i] may be left uncomputed."""
 
     def __call__(
-        self, prompt: Prompt, candidates: Sequence[Candidate], *, diagonal: bool = True
+        self, prompt: Prompt, candidates: Sequence[Completion], *, diagonal: bool = True
     ) -> tuple[np.ndarray, Cost]:
         """`matrix`, checked: shape (N, N), finite values, NaN self-pairs when diagonal=False."""
         utilities, cost = self.matrix(prompt, candidates, diagonal=diagonal)
@@ -165,7 +165,7 @@ class AnswerAgreement(Utility):
         self.math = math
         self.extract = extractor or (lambda text: extract_answer(text, pattern))
 
-    def answer_classes(self, candidates: Sequence[Candidate]) -> list[int | None]:
+    def answer_classes(self, candidates: Sequence[Completion]) -> list[int | None]:
         """Per candidate, the index of its answer class (None without an answer); each class is
         named by its first member, and an answer joins the first class it matches."""
         names: list[str] = []

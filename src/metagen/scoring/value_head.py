@@ -123,7 +123,7 @@ class ValueScorer(Scorer):
     """Scores a candidate by V at the end of prompt + candidate: one batched forward of the
     B rows prompt + candidate_i (logits="none", hidden (B, H) at each row's last token).
 
-    Candidate tokens: its `token_ids` when set, else its text encoded without special tokens.
+    Completion tokens: its `token_ids` when set, else its text encoded without special tokens.
     Cost: model_calls = 1, prompt_tokens_computed = Σ row lengths, flops = Σ forward_flops.
     """
 

@@ -68,7 +68,6 @@ def collect_value_data(
     from dataclasses import replace
 
     from metagen.decoding.generator import LocalGenerator
-    from metagen.strategies.result import Candidate
 
     local = LocalGenerator(model, chat=chat)
     params = replace(params, n=samples_per_problem)
@@ -91,7 +90,7 @@ def collect_value_data(
                      flops=forward_flops(model, 0, len(prompt_ids)))
         row = 0
         for completion in completions:
-            verdict = verifier.verify(prompt, Candidate(completion.text, list(completion.token_ids)))
+            verdict = verifier.verify(prompt, completion)
             reward = 1.0 if verdict.passed else 0.0
             length = len(completion.token_ids)
             prefix = out.hidden[:1]  # (1, H) state after the prompt alone

@@ -89,7 +89,7 @@ import torch
 from metagen.decoding.batch import RowBatch
 from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompt_scoring import PromptScorer
-from metagen.decoding.rows import TokenRecord, token_records
+from metagen.decoding.records import TokenRecord, token_records
 from metagen.models.prefix_cache import PrefixCache
 from metagen.serve.requests import (DoneEvent, EngineStats, EngineStoppedError, QueueFullError, ServeRequest,
                                     TokenEvent)

@@ -41,7 +41,7 @@ from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt, encode_prompt
-from metagen.decoding.sample_loop import GenerationResult
+from metagen.decoding.result import GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.serve.engine import DoneEvent, Engine, ServeRequest
 from metagen.serve.requests import RequestTooLargeError
@@ -155,11 +155,11 @@ class EngineGenerator(Generator):
         for completion in completions:
             flops += forward_flops(self.model, len(ids), max(len(completion.token_ids) - 1, 0))
         longest = max((len(c.token_ids) for c in completions), default=0)
-        result = GenerationResult(completions, ids, model_calls=max(longest, 1))  # prefill + decode steps
-        result.cost = Cost(model_calls=result.model_calls, prompt_tokens_computed=len(ids),
-                           prompt_tokens_reused=len(ids) * (len(completions) - 1), generated_tokens=generated,
-                           flops=flops, wall_seconds=time.perf_counter() - start, target_steps=generated)
-        return result
+        cost = Cost(model_calls=max(longest, 1),  # prefill + decode steps
+                    prompt_tokens_computed=len(ids), prompt_tokens_reused=len(ids) * (len(completions) - 1),
+                    generated_tokens=generated, flops=flops, wall_seconds=time.perf_counter() - start,
+                    target_steps=generated)
+        return GenerationResult(completions, ids, cost)
 
     def _groups(self, params: SamplingParams, rng: torch.Generator | None) -> list[tuple[SamplingParams, object]]:
         """(params, generator) of each request of a call: one request of n rows, or groups of at

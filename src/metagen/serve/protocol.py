@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from metagen.decoding.prompts import encode_prompt
-from metagen.decoding.rows import heal_request
+from metagen.decoding.request import heal_request
 from metagen.json_depth import MAX_JSON_DEPTH, check_json_depth
 from metagen.sampling import SamplingParams
 from metagen.sampling.params import MAX_LOGPROBS

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from metagen.decoding.rows import Completion
+from metagen.decoding.result import Completion
 from metagen.remote import FleetUnavailableError, InvalidRequestError, ServerError
 from metagen.remote.streaming import stream, stream_request
 from metagen.sampling import SamplingParams

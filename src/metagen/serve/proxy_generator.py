@@ -25,7 +25,7 @@ import torch
 
 from metagen.decoding.generator import Generator
 from metagen.decoding.prompts import Prompt
-from metagen.decoding.sample_loop import GenerationResult
+from metagen.decoding.result import GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.serve.engine_generator import StrategyCancelled
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from metagen.decoding.rows import Completion, Row, TokenRecord
+from metagen.decoding.records import TokenRecord
+from metagen.decoding.result import Completion
+from metagen.decoding.rows import Row
 from metagen.sampling import SamplingParams
 
 

@@ -15,7 +15,8 @@ import time
 import uuid
 from functools import lru_cache
 
-from metagen.decoding.rows import Completion, TokenRecord
+from metagen.decoding.records import TokenRecord
+from metagen.decoding.result import Completion
 from metagen.serve.protocol import ParsedRequest
 
 
@@ -167,11 +168,11 @@ def strategy_response(request: ParsedRequest, result, generator, texts: TokenTex
     block = {
         "strategy": strategy.spec.name,
         "n": strategy.n,
-        "chosen": next((i for i, c in enumerate(result.candidates) if c is chosen), None),
+        "chosen": next((i for i, c in enumerate(result.completions) if c is chosen), None),
         "answer": chosen.answer,
         "candidates": [{"text": c.text, "score": c.score, "answer": c.answer, "complete": c.complete,
                         "finish_reason": c.finish_reason, "tokens": None if c.token_ids is None else len(c.token_ids)}
-                       for c in result.candidates],
+                       for c in result.completions],
         "requests": generator.requests,
         "cost": result.cost.to_dict(),
     }

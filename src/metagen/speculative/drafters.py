@@ -165,7 +165,7 @@ class ModelDrafter(Drafter):
         for step in range(longest):
             processed = probe.process(out.logits)
             chosen = probe.choose(processed, generator)
-            probe.update(chosen)
+            probe.accept(chosen)
             wants_distribution = not greedy or self.confidence is not None
             distribution = torch.softmax(processed, dim=-1) if wants_distribution else None
             chosen_list = chosen.tolist()

@@ -14,7 +14,7 @@ import torch
 from metagen.decoding import capabilities as caps
 from metagen.decoding.generator import LocalGenerator
 from metagen.decoding.prompts import Prompt
-from metagen.decoding.sample_loop import GenerationResult
+from metagen.decoding.result import GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.speculative.drafters import Drafter, ModelDrafter
 from metagen.speculative.ngram import NgramDrafter

@@ -4,7 +4,7 @@ Per step and row (the target cache holds every committed token but the last, t0)
 
     d_1..d_γ, p   = drafter.propose(context)                 # p: draft distributions (or point masses)
     logits        = target.forward(cache, [t0, d_1..d_γ], logits="all")     # (γ+1) positions
-    q             = chain(logits) per position, chain.accept(d_j) between positions
+    q             = chain.process(logits) per position, chain.accept(d_j) between positions
     tau, x        = rule(d, p, q)                            # token / block / greedy verification
     cache.truncate(row, old + 1 + tau);  chain.rollback(γ − tau);  chain.accept(x)
     emit d_1..d_tau, x                                       # through the row's bookkeeping (rows.py)
@@ -28,11 +28,13 @@ from dataclasses import dataclass
 import torch
 
 from metagen.decoding.batch import RowBatch
-from metagen.decoding.cost import Cost, forward_flops
+from metagen.decoding.cost import forward_flops
 from metagen.decoding.prompts import Prompt
-from metagen.decoding.rows import NO_OPINION, Row, Verdict, token_records
-from metagen.decoding.sample_loop import GenerationResult, StreamEvent
-from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
+from metagen.decoding.records import token_records
+from metagen.decoding.result import GenerationResult
+from metagen.decoding.rows import Row
+from metagen.decoding.sample_loop import StreamEvent
+from metagen.sampling import NO_OPINION, LogitsProcessor, SamplerChain, SamplingParams, StopVerdict
 from metagen.speculative.block_verify import block_verify
 from metagen.speculative.drafters import Draft, Drafter
 from metagen.speculative.token_verify import token_verify
@@ -124,14 +126,12 @@ def speculative_stream(
     n, vocab = params.n, model.vocab_size
     max_new = batch.rules.max_new_tokens
     result = batch.fill(result if result is not None else GenerationResult([], prompt_ids))
-    cost = Cost(prompt_tokens_computed=len(prompt_ids), prompt_tokens_reused=len(prompt_ids) * (n - 1),
-                flops=forward_flops(model, 0, len(prompt_ids)), target_steps=n)
+    cost = result.cost = batch.prefill_cost()
     emitter = _Emitter(rows, params)
 
     cache, out = batch.prefill()
     drafter.start(prompt_ids, n, target_cache=cache)
     batch.followers.append(drafter)
-    cost.model_calls += 1
     cost.flops += drafter.prefill_flops
     result.prefill_seconds = time.perf_counter() - started
     decode_start = time.perf_counter()
@@ -182,10 +182,7 @@ def speculative_stream(
 
     drafter.finish([row.completion.token_ids for row in rows])
     result.decode_seconds = time.perf_counter() - decode_start
-    result.model_calls = cost.model_calls
-    cost.generated_tokens = result.generated_tokens
-    cost.wall_seconds = time.perf_counter() - started
-    result.cost = cost
+    batch.finish_cost(result, started)
 
 
 def speculative_generate(
@@ -214,7 +211,7 @@ class _Emitter:
         self.rows, self.params = rows, params
 
     def emit(self, index: int, tokens: list[int], logits: torch.Tensor, processed: torch.Tensor,
-             verdicts: list[Verdict] | None):
+             verdicts: list[StopVerdict] | None):
         """Push `tokens` (logits / processed rows at the same positions; the processors' verdict
         after each token, None: no opinion) until the row stops; yields StreamEvents, returns how
         many tokens were pushed."""
@@ -252,7 +249,7 @@ def _process_positions(chain: SamplerChain, logits: torch.Tensor, drafts: list[l
     after row b's draft token j (empty when no processor judges stops).
     """
     batch, length, vocab = logits.shape
-    verdicts: list[list[Verdict]] = [[] for _ in range(batch)]
+    verdicts: list[list[StopVerdict]] = [[] for _ in range(batch)]
     if not chain.stateful:
         processed = chain.process(logits.reshape(batch * length, vocab)).view(batch, length, vocab)
         return processed, [len(d) for d in drafts], verdicts

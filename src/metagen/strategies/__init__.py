@@ -26,8 +26,6 @@ _EXPORTS = {
     "tool_loop": "chain_programs",
     "MBRConfig": "mbr",
     "mbr": "mbr",
-    "Candidate": "result",
-    "StrategyResult": "result",
     "SelfConsistencyConfig": "self_consistency",
     "self_consistency": "self_consistency",
     "SelfRefineConfig": "self_refine",

@@ -10,7 +10,7 @@ Easy problems stop after a few agreeing samples (4 with round_size 1 and the def
 hard ones use up to n_max: the same accuracy as self-consistency at n_max for fewer samples.
 Cost: one generate call per round (each computes the prompt again unless the generator caches
 it), ⌈drawn / round_size⌉ stopping checks (O(drawn) each for "beta"). The result's candidates
-are every sample drawn, in order: len(result.candidates) is the budget actually spent.
+are every sample drawn, in order: len(result.completions) is the budget actually spent.
 """
 
 from __future__ import annotations
@@ -19,10 +19,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from metagen.decoding.cost import Cost
+from metagen.decoding.result import GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
-from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.strategies import runners
+from metagen.strategies.options import configure, sizes_work
+from metagen.strategies.self_consistency import CLUSTER_SET
+from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.stopping import RULES, check_threshold, should_stop
 from metagen.strategies.voting import sample_answers, tally, winner
 
@@ -72,7 +75,7 @@ def adaptive_consistency(
     extractor: AnswerExtractor | None = None,
     *,
     rng: torch.Generator | None = None,
-) -> StrategyResult:
+) -> GenerationResult:
     """Majority vote over samples drawn `config.round_size` at a time until the stopping rule
     holds or `config.n_max` are drawn; cost: every round's."""
     config = config or AdaptiveConsistencyConfig()
@@ -87,4 +90,30 @@ def adaptive_consistency(
         if should_stop(list(votes.values()), config.threshold, config.rule,
                        samples=config.mc_samples, seed=config.mc_seed):
             break
-    return StrategyResult(winner(candidates, votes, config.math), candidates, cost, votes)
+    return GenerationResult(candidates, cost=cost, chosen=winner(candidates, votes, config.math), votes=votes)
+
+
+def _runner(generator, prompt, n, params, options, rng, overrides):
+    config = AdaptiveConsistencyConfig(n, params=params, pattern=options.pattern, math=options.math,
+                                       answer_field=options.answer_field)
+    return adaptive_consistency(generator, prompt, configure(config, overrides), rng=rng)
+
+
+def _code_cluster(generator, prompt, n, params, options, rng, overrides):
+    """code_cluster sampled one at a time until the largest cluster is the majority (the stopping
+    rule over cluster keys, `runners.cluster_keys`), plus the sandbox's wall seconds."""
+    key, spent = runners.cluster_keys(prompt)
+    config = configure(AdaptiveConsistencyConfig(n, params=params), overrides)
+    result = adaptive_consistency(generator, prompt, config, key, rng=rng)
+    for cost in spent:
+        result.cost += cost
+    return runners.with_answers(result, options)
+
+register(StrategySpec("adaptive_consistency", "majority vote sampled one at a time until the leading answer is "
+                      "the majority with posterior probability 0.95 (at most n)", _runner,
+                      pooled=True, sequential=True, config=AdaptiveConsistencyConfig,
+                      set_by_run=frozenset({"n_max", "params"})), __name__)
+register(StrategySpec("adaptive_code_cluster", "code_cluster sampled one at a time until the largest cluster is the "
+                      "majority with posterior probability 0.95 (at most n)", _code_cluster,
+                      pooled=True, sequential=True, config=AdaptiveConsistencyConfig,
+                      set_by_run=CLUSTER_SET | {"n_max"}), __name__)

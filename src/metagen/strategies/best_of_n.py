@@ -12,11 +12,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
+from metagen.decoding.result import GenerationResult, prefer_complete
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, as_scorer
-from metagen.scoring.logprob import mean_logprob
-from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+from metagen.scoring.logprob import mean_logprob, self_certainty
+from metagen.strategies import runners
+from metagen.strategies.options import configure, sizes_work
+from metagen.strategies.spec import CERTAINTY, StrategySpec, register
 
 if TYPE_CHECKING:
     import torch
@@ -44,15 +46,50 @@ def best_of_n(
     scorer: Scorer = mean_logprob,
     *,
     rng: torch.Generator | None = None,
-) -> StrategyResult:
+) -> GenerationResult:
     """Sample `config.n` candidates and keep the highest-scoring one (first among ties) among the
     complete ones (see `prefer_complete`)."""
     config = config or BestOfNConfig()
     caps.require_constraint(config.params, generator, "best_of_n with structured_outputs")
     result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
-    candidates = candidates_from(result)
+    candidates = result.completions
     scores = as_scorer(scorer)(prompt, candidates)
     for candidate, value in zip(candidates, scores.values):
         candidate.score = value
     chosen = max(prefer_complete(candidates), key=lambda c: c.score)  # never a cut output over a complete one
-    return StrategyResult(chosen, candidates, result.cost + scores.cost)
+    return GenerationResult(candidates, cost=result.cost + scores.cost, chosen=chosen)
+
+
+def _runner(scorer):
+    """The registry's runner of best-of-n by `scorer`."""
+
+    def run(generator, prompt, n, params, options, rng, overrides):
+        config = configure(BestOfNConfig(n, params), overrides)
+        return runners.with_answers(best_of_n(generator, prompt, config, scorer, rng=rng), options)
+
+    return run
+
+
+def best_by_tests(generator, prompt, n, params, options, rng, overrides):
+    """best_of_n_value's runner with `--value tests`: the best of n samples by the share of the
+    prompt's docstring examples their programs pass (ties: the first). A prompt without examples
+    gives no score: the first sample (complete ones first) is returned and every candidate's score
+    stays None. Cost: the samples' plus the sandbox's wall seconds (no FLOPs)."""
+    from metagen.scoring.base import prompt_text
+    from metagen.scoring.example_tests import ExampleScorer, ExampleTests
+
+    if options.aggregation != "best":
+        raise ValueError(f"aggregation={options.aggregation!r} applies to the leaves of a tree search; with "
+                         f"value={options.value!r} best_of_n_value keeps the best sample (aggregation 'best')")
+    tests = ExampleTests(prompt_text(prompt))
+    config = configure(BestOfNConfig(n, params), overrides)
+    if tests.verifier is not None:
+        return runners.with_answers(best_of_n(generator, prompt, config, ExampleScorer(tests), rng=rng), options)
+    result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
+    result.chosen = prefer_complete(result.completions)[0]
+    return runners.with_answers(result, options)
+
+register(StrategySpec("best_of_n", "best of n samples by self-certainty", _runner(self_certainty),
+                      extracts=True, pooled=True, needs=CERTAINTY, config=BestOfNConfig), __name__)
+register(StrategySpec("best_of_n_logprob", "best of n samples by mean token logprob", _runner(mean_logprob),
+                      extracts=True, pooled=True, needs=frozenset({caps.LOGPROBS}), config=BestOfNConfig), __name__)

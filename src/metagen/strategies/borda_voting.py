@@ -14,12 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.decoding.result import GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import self_certainty
-from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.strategies.options import configure, sizes_work
+from metagen.strategies.spec import CERTAINTY, StrategySpec, register
 from metagen.strategies.voting import sample_answers, tally, winner
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def borda_voting(
     extractor: AnswerExtractor | None = None,
     *,
     rng: torch.Generator | None = None,
-) -> StrategyResult:
+) -> GenerationResult:
     """Rank `config.n` sampled candidates by `scorer`, vote with Borda weights per answer."""
     config = config or BordaVotingConfig()
     extract = extractor or (lambda text: extract_answer(text, config.pattern, config.answer_field))
@@ -82,4 +83,13 @@ def borda_voting(
     for candidate, value in zip(candidates, scores.values):
         candidate.score = value
     votes = tally(candidates, borda_weights(scores.values, config.power), config.math)
-    return StrategyResult(winner(candidates, votes, config.math), candidates, cost + scores.cost, votes)
+    return GenerationResult(candidates, cost=cost + scores.cost, chosen=winner(candidates, votes, config.math),
+                            votes=votes)
+
+
+def _runner(generator, prompt, n, params, options, rng, overrides):
+    config = BordaVotingConfig(n, params, options.pattern, options.math, answer_field=options.answer_field)
+    return borda_voting(generator, prompt, configure(config, overrides), rng=rng)
+
+register(StrategySpec("borda", "Borda voting ranked by self-certainty, p = 0.5", _runner, pooled=True,
+                      needs=CERTAINTY, config=BordaVotingConfig), __name__)

@@ -44,9 +44,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from metagen.decoding.cost import Cost
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import Candidate, StrategyResult
 from metagen.strategies.templates import check_template, template_fields
 from metagen.tools import Tool
 
@@ -140,7 +140,7 @@ class TraceEntry:
 
 
 @dataclass
-class ChainResult(StrategyResult):
+class ChainResult(GenerationResult):
     """candidates: one per step, in order (chosen: the output step's); values: every named value;
     trace: every model and tool call in order."""
 
@@ -198,22 +198,22 @@ class Chain:
     def run(self, generator: Generator, inputs: Mapping[str, str], *, rng: torch.Generator | None = None) -> ChainResult:
         state = _Run(generator, self.config, rng)
         values = {str(key): str(value) for key, value in inputs.items()}
-        candidates: dict[str, Candidate] = {}
+        candidates: dict[str, Completion] = {}
         for step in self.steps:
             if isinstance(step, Generate):
                 candidate = state.generate(step, values)
             elif isinstance(step, CallTool):
-                candidate = Candidate(state.call(step.name, step.tool, _fill(step.input, values, step.name)),
-                                      finish_reason="tool")
+                candidate = Completion(state.call(step.name, step.tool, _fill(step.input, values, step.name)),
+                                       finish_reason="tool")
             elif isinstance(step, Transform):
                 output = str(step.function(values))
                 state.trace.append(TraceEntry(step.name, "transform", None, output, Cost()))
-                candidate = Candidate(output, finish_reason="transform")
+                candidate = Completion(output, finish_reason="transform")
             else:
                 raise TypeError(f"unknown step type {type(step).__name__}")
             values[step.name] = candidate.text
             candidates[step.name] = candidate
-        return ChainResult(candidates[self.output], list(candidates.values()), state.cost,
+        return ChainResult(list(candidates.values()), cost=state.cost, chosen=candidates[self.output],
                            values=values, trace=state.trace)
 
 
@@ -233,7 +233,7 @@ class _Run:
         self.trace.append(TraceEntry(f"{step}/{tool.name}", "tool", text, output, cost))
         return output
 
-    def generate(self, step: Generate, values: Mapping[str, str]) -> Candidate:
+    def generate(self, step: Generate, values: Mapping[str, str]) -> Completion:
         """One generation, continued around tool calls (see the module docstring)."""
         params = replace(step.params or self.config.params, n=1)
         messages = [{"role": "user", "content": _fill(step.template, values, step.name)}]
@@ -272,7 +272,7 @@ class _Run:
             text = text[:start] + binding.answer.format(open=binding.open, input=raw_input, close=binding.close,
                                                         output=output)
             calls += 1
-        return Candidate(text, token_ids, logprobs, finish)
+        return Completion(text, token_ids, logprobs, finish_reason=finish)
 
 
 def _find_call(text: str, bindings: Sequence[ToolBinding], close: str) -> tuple[ToolBinding, int, str] | None:

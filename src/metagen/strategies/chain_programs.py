@@ -14,9 +14,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from metagen.decoding import capabilities as caps
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import extract_answer
+from metagen.strategies import runners
 from metagen.strategies.chain import Chain, ChainConfig, ChainResult, Generate, ToolBinding, Transform
+from metagen.strategies.spec import StrategySpec, register
 from metagen.tools import Calculator, PythonTool, Tool
 
 if TYPE_CHECKING:
@@ -119,3 +122,21 @@ def calculator_chain(generator: Generator, question: str, config: ChainConfig | 
                      rng: torch.Generator | None = None) -> ChainResult:
     """`tool_loop` with the calculator and its instructions."""
     return tool_loop(generator, question, (calculator_binding(),), config, rng=rng)
+
+
+# chains continue a final assistant message (a prefill, or text around a tool call) until a stop
+# string, and read which stop string ended it; a chain's answer is several requests (reasoning,
+# tool results, a final answer after a prefill): one constraint cannot span them, and applied to
+# each it would constrain the reasoning too
+_CHAIN = {"pooled": False, "budget": "none", "needs": frozenset({caps.ASSISTANT_CONTINUATION}), "config": ChainConfig,
+          "constrains": False, "why_unconstrained": (
+              "its output is built from several requests around tool calls and prefills, and a constraint cannot "
+              "carry its state from one request to the next; constrain a sampling strategy (best_of_n, "
+              "self_consistency, ...) or a tree search instead")}
+
+register(StrategySpec("chain_of_thought", "reason step by step, then a call for the final answer",
+                      runners.chain(chain_of_thought), **_CHAIN), __name__)
+register(StrategySpec("self_ask", "follow-up questions answered by the model, then the answer",
+                      runners.chain(self_ask), **_CHAIN), __name__)
+register(StrategySpec("calculator", "inline <<calculator>> calls while solving", runners.chain(calculator_chain),
+                      **_CHAIN), __name__)

@@ -21,9 +21,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
+from metagen.decoding.result import GenerationResult, prefer_complete
 from metagen.sampling import SamplingParams
-from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+from metagen.strategies import runners
+from metagen.strategies.options import configure, sizes_work
+from metagen.strategies.spec import StrategySpec, register
 
 if TYPE_CHECKING:
     import numpy as np
@@ -72,8 +74,8 @@ def mbr(
     utility: Utility | None = None,
     *,
     rng: torch.Generator | None = None,
-) -> StrategyResult:
-    """Sample `config.n` candidates, score each by its expected utility Ū_i (`Candidate.score`),
+) -> GenerationResult:
+    """Sample `config.n` candidates, score each by its expected utility Ū_i (`Completion.score`),
     return the highest (first among ties). utility: default chrF (`metagen[mbr]` extra)."""
     config = config or MBRConfig()
     caps.require_constraint(config.params, generator, "mbr with structured_outputs")
@@ -82,11 +84,37 @@ def mbr(
 
         utility = ChrF()
     result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
-    candidates = candidates_from(result)
+    candidates = result.completions
     utilities, utility_cost = utility(prompt, candidates, diagonal=config.include_self)  # (N, N)
     scores = expected_utilities(utilities, config.include_self)  # (N,)
     for candidate, value in zip(candidates, scores.tolist()):
         candidate.score = value
     eligible = {id(c) for c in prefer_complete(candidates)}  # cut outputs count as references, never win
     chosen = max((c for c in candidates if id(c) in eligible), key=lambda c: c.score)
-    return StrategyResult(chosen, candidates, result.cost + utility_cost)
+    return GenerationResult(candidates, cost=result.cost + utility_cost, chosen=chosen)
+
+
+def _runner(utility):
+    """The registry's runner of MBR with the utility `utility(generator)` builds (on first use: a
+    utility's backend, sacrebleu or a sentence encoder, loads when it runs)."""
+
+    def run(generator, prompt, n, params, options, rng, overrides):
+        config = configure(MBRConfig(n, params, include_self=True), overrides)
+        return runners.with_answers(mbr(generator, prompt, config, utility(generator), rng=rng), options)
+
+    return run
+
+register(StrategySpec("mbr_chrf", "MBR with chrF", _runner(runners.chrf), extracts=True, pooled=True,
+                      config=MBRConfig), __name__)
+register(StrategySpec("mbr_bleu", "MBR with BLEU", _runner(runners.bleu), extracts=True, pooled=True,
+                      config=MBRConfig), __name__)
+register(StrategySpec("mbr_edit", "MBR with edit similarity", _runner(runners.edit_similarity), extracts=True,
+                      pooled=True, config=MBRConfig), __name__)
+register(StrategySpec("mbr_embedding", "MBR with MiniLM embedding cosine", _runner(runners.embedding_cosine),
+                      extracts=True, pooled=True, config=MBRConfig), __name__)
+# the judge is the run's own generator, called O(n²) times: it cannot run from a stored pool
+register(StrategySpec("mbr_judge", "MBR with the model judging whether two answers agree (P(Yes), O(n²) calls)",
+                      _runner(runners.llm_judge), extracts=True, pooled=False,
+                      needs=frozenset({caps.TOP_LOGPROBS}),
+                      why="the model judges each pair of answers, reading the top logprobs of its Yes/No token",
+                      config=MBRConfig), __name__)

@@ -1,5 +1,5 @@
 """The runners of the registry's strategies: runner(generator, prompt, n, params, options, rng,
-overrides) -> StrategyResult, each building its strategy's config from n, the request's params,
+overrides) -> GenerationResult, each building its strategy's config from n, the request's params,
 the shared `StrategyOptions` and the overrides, and calling the strategy. Each is given the
 objects it runs (a scorer, a utility's class, a chain program, a search and its config), never a
 name to look up; what they import at run time (scorers' backends, the sandbox) loads there."""
@@ -11,91 +11,38 @@ from dataclasses import replace
 
 from metagen.sampling import SamplingParams
 from metagen.strategies.options import configure
-from metagen.strategies.spec import StrategyOptions, value_scores_whole_answers
+from metagen.strategies.spec import SEARCH, StrategyOptions, StrategySpec, register, value_scores_whole_answers
 
 
-def _with_answers(result, options: StrategyOptions):
+def with_answers(result, options: StrategyOptions):
     """Fill in each candidate's extracted answer (for strategies that do not extract one)."""
     from metagen.scoring.answers import extract_answer
 
-    for candidate in result.candidates:
+    for candidate in result.completions:
         candidate.answer = extract_answer(candidate.text, options.pattern, options.answer_field)
     return result
 
 
+def cluster_keys(prompt):
+    """(key, spent): key(text) is a reply's cluster key (`ExampleTests.cluster_key`: its outputs on
+    the prompt's docstring examples' calls), each call's sandbox cost appended to `spent`."""
+    from metagen.scoring.base import prompt_text
+    from metagen.scoring.example_tests import ExampleTests
+
+    tests, spent = ExampleTests(prompt_text(prompt)), []
+
+    def key(text):
+        found, cost = tests.cluster_key(text)
+        spent.append(cost)
+        return found
+
+    return key, spent
+
+
 def greedy(generator, prompt, n, params, options, rng, overrides):
-    from metagen.strategies.result import StrategyResult, candidates_from
-
     result = generator.generate(prompt, replace(params, temperature=0.0, n=1), generator=rng)
-    candidates = candidates_from(result)
-    return _with_answers(StrategyResult(candidates[0], candidates, result.cost), options)
-
-
-def best_of_n(scorer):
-    """The runner of best-of-n by `scorer` (a function (prompt_text, candidate) -> float)."""
-
-    def run(generator, prompt, n, params, options, rng, overrides):
-        from metagen.strategies.best_of_n import BestOfNConfig, best_of_n
-
-        config = configure(BestOfNConfig(n, params), overrides)
-        result = best_of_n(generator, prompt, config, scorer, rng=rng)
-        return _with_answers(result, options)
-
-    return run
-
-
-def self_consistency(generator, prompt, n, params, options, rng, overrides):
-    from metagen.strategies.self_consistency import SelfConsistencyConfig, self_consistency
-
-    config = SelfConsistencyConfig(n, params, options.pattern, options.math, answer_field=options.answer_field)
-    return self_consistency(generator, prompt, configure(config, overrides), rng=rng)
-
-
-def adaptive_consistency(generator, prompt, n, params, options, rng, overrides):
-    from metagen.strategies.adaptive_consistency import AdaptiveConsistencyConfig, adaptive_consistency
-
-    config = AdaptiveConsistencyConfig(n, params=params, pattern=options.pattern, math=options.math,
-                                       answer_field=options.answer_field)
-    return adaptive_consistency(generator, prompt, configure(config, overrides), rng=rng)
-
-
-def weighted_voting(generator, prompt, n, params, options, rng, overrides):
-    from metagen.scoring.logprob import self_certainty
-    from metagen.strategies.weighted_voting import WeightedVotingConfig, weighted_voting
-
-    config = WeightedVotingConfig(n, params, options.pattern, options.math, answer_field=options.answer_field)
-    return weighted_voting(generator, prompt, configure(config, overrides), self_certainty, rng=rng)
-
-
-def borda(generator, prompt, n, params, options, rng, overrides):
-    from metagen.strategies.borda_voting import BordaVotingConfig, borda_voting
-
-    config = BordaVotingConfig(n, params, options.pattern, options.math, answer_field=options.answer_field)
-    return borda_voting(generator, prompt, configure(config, overrides), rng=rng)
-
-
-def mbr(utility: Callable):
-    """The runner of MBR with the utility `utility(generator)` builds (on first use: a utility's
-    backend, sacrebleu or a sentence encoder, loads when it runs)."""
-
-    def run(generator, prompt, n, params, options, rng, overrides):
-        from metagen.strategies.mbr import MBRConfig, mbr
-
-        config = configure(MBRConfig(n, params, include_self=True), overrides)
-        result = mbr(generator, prompt, config, utility(generator), rng=rng)
-        return _with_answers(result, options)
-
-    return run
-
-
-def self_refine(generator, prompt, n, params, options, rng, overrides):
-    from metagen.strategies.self_refine import SelfRefineConfig, self_refine
-
-    # The answers (draft, revisions) keep the request's constraint; a critique is free text.
-    critique = replace(params, structured_outputs=None)
-    config = SelfRefineConfig(rounds=n - 1, draft_params=params, critique_params=critique, revision_params=params)
-    result = self_refine(generator, prompt, configure(config, overrides), rng=rng)
-    return _with_answers(result, options)
+    result.chosen = result.completions[0]
+    return with_answers(result, options)
 
 
 def chain(program: Callable):
@@ -132,83 +79,31 @@ def tree(search: Callable, config_class: type, budget: Callable[[int, SamplingPa
     return run
 
 
-def whole_answer_or_tree(tree_runner):
+def whole_answer_or_tree(tree_runner, whole_answer_runner):
     """best_of_n_value's runner: with a value that scores finished answers only
-    (`value_scores_whole_answers`) the best of n samples drawn in one call (`best_by_tests`, so
-    the harness evaluates it from a pool); else `tree_runner` (a one-step tree search)."""
+    (`value_scores_whole_answers`) `whole_answer_runner`, the best of n samples drawn in one call
+    (`best_of_n.best_by_tests`, so the harness evaluates it from a pool); else `tree_runner` (a
+    one-step tree search)."""
 
     def run(generator, prompt, n, params, options, rng, overrides):
         if value_scores_whole_answers(options):
-            return best_by_tests(generator, prompt, n, params, options, rng, overrides)
+            return whole_answer_runner(generator, prompt, n, params, options, rng, overrides)
         return tree_runner(generator, prompt, n, params, options, rng, overrides)
 
     return run
 
 
-def best_by_tests(generator, prompt, n, params, options, rng, overrides):
-    """The best of n samples by the share of the prompt's docstring examples their programs pass
-    (ties: the first). A prompt without examples gives no score: the first sample (complete
-    ones first) is returned and every candidate's score stays None. Cost: the samples' plus
-    the sandbox's wall seconds (no FLOPs)."""
-    from metagen.scoring.base import prompt_text
-    from metagen.scoring.example_tests import ExampleScorer, ExampleTests
-    from metagen.strategies.best_of_n import BestOfNConfig, best_of_n
-    from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
-
-    if options.aggregation != "best":
-        raise ValueError(f"aggregation={options.aggregation!r} applies to the leaves of a tree search; with "
-                         f"value={options.value!r} best_of_n_value keeps the best sample (aggregation 'best')")
-    tests = ExampleTests(prompt_text(prompt))
-    config = configure(BestOfNConfig(n, params), overrides)
-    if tests.verifier is not None:
-        return _with_answers(best_of_n(generator, prompt, config, ExampleScorer(tests), rng=rng), options)
-    result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
-    candidates = candidates_from(result)
-    return _with_answers(StrategyResult(prefer_complete(candidates)[0], candidates, result.cost), options)
-
-
-def code_cluster(adaptive: bool):
-    """AlphaCode-style clustering (`code_cluster`) or its adaptive stopping (`adaptive_code_cluster`):
-    self-consistency / adaptive self-consistency whose answer is each sample's cluster key
-    (`ExampleTests.cluster_key`: its outputs on the docstring examples' calls), plus the
-    sandbox's wall seconds. result.votes: cluster key -> size; each candidate's answer is then
-    extracted from its text as for best_of_n (a key is no answer a grader could read)."""
-
-    def run(generator, prompt, n, params, options, rng, overrides):
-        from metagen.scoring.base import prompt_text
-        from metagen.scoring.example_tests import ExampleTests
-
-        tests, spent = ExampleTests(prompt_text(prompt)), []
-
-        def key(text):
-            found, cost = tests.cluster_key(text)
-            spent.append(cost)
-            return found
-
-        if adaptive:
-            from metagen.strategies.adaptive_consistency import AdaptiveConsistencyConfig, adaptive_consistency
-
-            config = configure(AdaptiveConsistencyConfig(n, params=params), overrides)
-            result = adaptive_consistency(generator, prompt, config, key, rng=rng)
-        else:
-            from metagen.strategies.self_consistency import SelfConsistencyConfig, self_consistency
-
-            config = configure(SelfConsistencyConfig(n, params), overrides)
-            result = self_consistency(generator, prompt, config, key, rng=rng)
-        for cost in spent:
-            result.cost += cost
-        return _with_answers(result, options)  # the keys stay in result.votes; answers as for best_of_n
-
-    return run
-
-
-def tokenwise_cd(generator, prompt, n, params, options, rng, overrides):
-    from metagen.strategies.tokenwise_cd import TokenwiseCDConfig, tokenwise_cd
-    from metagen.strategies.tree.runner import run_search
-
-    params = replace(params, n=1)
-    config = TokenwiseCDConfig(n=1, top_k=n, params=params, pattern=options.pattern, answer_field=options.answer_field)
-    return run_search(tokenwise_cd, configure(config, overrides), generator, prompt, options, rng, local_only=True)
+def tree_spec(name, description, search, config, budget, set_by_run, fixed_step=False, defaults=(),
+              whole_answer=None) -> StrategySpec:
+    """The entry of value-guided tree search `search` with its config dataclass `config`, over a
+    local cache or a server's step continuations; budget(n, params): the config fields n sets
+    (`set_by_run`: their names); whole_answer: for a search that values whole answers only, its
+    runner when given a whole-answer value (it then runs pooled, `StrategySpec.whole_answer`)."""
+    runner = tree(search, config, budget, fixed_step)
+    return StrategySpec(name, description, runner if whole_answer is None else whole_answer_or_tree(runner, whole_answer),
+                        pooled=False, uses_value=True, whole_answer=whole_answer is not None, defaults=tuple(defaults),
+                        needs_any=SEARCH, config=config,
+                        set_by_run=frozenset({"params", *set_by_run} | ({"step"} if fixed_step else set())))
 
 
 LAMBDA = 4.0  # tokenwise_cd's default strength
@@ -249,3 +144,14 @@ def embedding_cosine(generator):
     from metagen.scoring.embeddings import EmbeddingCosine
 
     return EmbeddingCosine()
+
+
+def llm_judge(generator):
+    """The run's own generator as the judge of agreement (`LLMJudgeUtility`)."""
+    from metagen.scoring.judge import LLMJudgeUtility
+
+    return LLMJudgeUtility(generator)
+
+
+register(StrategySpec("greedy", "one greedy (temperature 0) completion", greedy, extracts=True, pooled=False,
+                      budget="none", samples=False), __name__)

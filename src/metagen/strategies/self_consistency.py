@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.decoding.result import GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
-from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.strategies import runners
+from metagen.strategies.options import configure, sizes_work
+from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.voting import sample_answers, tally, winner
 
 if TYPE_CHECKING:
@@ -48,10 +50,36 @@ def self_consistency(
     extractor: AnswerExtractor | None = None,
     *,
     rng: torch.Generator | None = None,
-) -> StrategyResult:
+) -> GenerationResult:
     """Majority vote over the answers of `config.n` sampled paths."""
     config = config or SelfConsistencyConfig()
     extract = extractor or (lambda text: extract_answer(text, config.pattern, config.answer_field))
     candidates, cost = sample_answers(generator, prompt, config.params, config.n, extract, rng)
     votes = tally(candidates, [1.0] * len(candidates), config.math)
-    return StrategyResult(winner(candidates, votes, config.math), candidates, cost, votes)
+    return GenerationResult(candidates, cost=cost, chosen=winner(candidates, votes, config.math), votes=votes)
+
+
+def _runner(generator, prompt, n, params, options, rng, overrides):
+    config = SelfConsistencyConfig(n, params, options.pattern, options.math, answer_field=options.answer_field)
+    return self_consistency(generator, prompt, configure(config, overrides), rng=rng)
+
+
+def _code_cluster(generator, prompt, n, params, options, rng, overrides):
+    """AlphaCode-style clustering: self-consistency whose answer is each sample's cluster key
+    (`runners.cluster_keys`), plus the sandbox's wall seconds. result.votes: cluster key -> size;
+    each candidate's answer is then extracted from its text as for best_of_n (a key is no answer a
+    grader could read)."""
+    key, spent = runners.cluster_keys(prompt)
+    result = self_consistency(generator, prompt, configure(SelfConsistencyConfig(n, params), overrides), key, rng=rng)
+    for cost in spent:
+        result.cost += cost
+    return runners.with_answers(result, options)
+
+# code clusters vote over keys of program outputs, not extracted answers: no pattern, math or field
+CLUSTER_SET = frozenset({"n", "params", "pattern", "math", "answer_field"})
+
+register(StrategySpec("self_consistency", "majority vote over extracted answers", _runner,
+                      pooled=True, config=SelfConsistencyConfig), __name__)
+register(StrategySpec("code_cluster", "code: programs clustered by their outputs on the prompt's docstring example "
+                      "calls (AlphaCode), one from the largest cluster", _code_cluster,
+                      pooled=True, config=SelfConsistencyConfig, set_by_run=CLUSTER_SET), __name__)

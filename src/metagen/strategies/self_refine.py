@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
+from metagen.decoding.result import GenerationResult, prefer_complete
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, as_scorer
-from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult, candidates_from, prefer_complete
+from metagen.strategies import runners
+from metagen.strategies.options import configure, sizes_work
+from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.templates import check_template
 
 if TYPE_CHECKING:
@@ -80,7 +82,7 @@ class SelfRefineConfig:
 
 
 @dataclass
-class SelfRefineResult(StrategyResult):
+class SelfRefineResult(GenerationResult):
     """candidates: the draft and every revision, in order; critiques[i]: the critique of
     candidates[i] (the last version has none unless it was accepted); rounds: revisions made;
     stopped: the last critique contained the stop phrase."""
@@ -109,7 +111,7 @@ def self_refine(
     cost = Cost()
     draft = generator.generate(prompt, replace(config.draft_params, n=1), generator=rng)
     cost += draft.cost
-    versions = candidates_from(draft)
+    versions = list(draft.completions)
     critiques: list[str] = []
     stopped = False
     for _ in range(config.rounds):
@@ -126,7 +128,7 @@ def self_refine(
                                       critique=critiques[-1])
         revision = generator.generate(revision_prompt, replace(config.revision_params, n=1), generator=rng)
         cost += revision.cost
-        versions.append(candidates_from(revision)[0])
+        versions.append(revision.completions[0])
     eligible = prefer_complete(versions)  # a version cut before its constraint accepted is never chosen
     chosen = eligible[-1]
     if scorer is not None:
@@ -135,7 +137,8 @@ def self_refine(
         for version, value in zip(versions, scores.values):
             version.score = value
         chosen = max(reversed(eligible), key=lambda c: c.score)  # max keeps the first: the latest
-    return SelfRefineResult(chosen, versions, cost, critiques=critiques, rounds=len(versions) - 1, stopped=stopped)
+    return SelfRefineResult(versions, cost=cost, chosen=chosen, critiques=critiques, rounds=len(versions) - 1,
+                            stopped=stopped)
 
 
 # Shared by the refinement strategies (verifier_refine imports them).
@@ -173,3 +176,15 @@ def check_count(name: str, value: object, low: int) -> None:
 def check_params(name: str, value: object) -> None:
     if not isinstance(value, SamplingParams):
         raise ValueError(f"{name}={value!r} is not a SamplingParams")
+
+
+def _runner(generator, prompt, n, params, options, rng, overrides):
+    # The answers (draft, revisions) keep the request's constraint; a critique is free text.
+    critique = replace(params, structured_outputs=None)
+    config = SelfRefineConfig(rounds=n - 1, draft_params=params, critique_params=critique, revision_params=params)
+    return runners.with_answers(self_refine(generator, prompt, configure(config, overrides), rng=rng), options)
+
+register(StrategySpec("self_refine", "draft + (n - 1) critique/revision rounds", _runner, extracts=True,
+                      pooled=False, budget="rounds", config=SelfRefineConfig,
+                      set_by_run=frozenset({"rounds", "draft_params", "critique_params", "revision_params"})),
+         __name__)

@@ -23,6 +23,10 @@ step continuations); `spec.run` checks them first (`spec.check`), so a backend t
 strategy is refused before any request is sent, with a message naming the strategy, the
 capability and what provides it. For a pooled strategy `needs` is also all its stored samples
 must carry: empty (voting, MBR: text only) runs on any server, token ids or not.
+
+Each strategy is registered where its config is defined, by a `register(StrategySpec(...),
+__name__)` line at the end of that module (runners.py for greedy, which has no config);
+registry.py imports those modules in a fixed order and reads the table (`registered`).
 """
 
 from __future__ import annotations
@@ -91,7 +95,7 @@ def value_scores_whole_answers(options: StrategyOptions) -> bool:
 
 @dataclass(frozen=True)
 class StrategySpec:
-    """runner(generator, prompt, n, params, options, rng) -> StrategyResult; call it via `run`."""
+    """runner(generator, prompt, n, params, options, rng) -> GenerationResult; call it via `run`."""
 
     name: str
     description: str
@@ -225,3 +229,33 @@ class StrategySpec:
             raise ValueError(f"n={n} is out of range: must be >= 1")
         if self.budget == "none" and n != 1:
             raise ValueError(f"n={n} is out of range for strategy {self.name!r}: it takes n=1 only")
+
+
+# capability sets several entries share
+CERTAINTY = frozenset({caps.FULL_DISTRIBUTIONS})  # self-certainty reads every next-token distribution
+# searches extend partial solutions step by step: from the model's cache, or by a server
+# continuing the prefix to the step delimiter
+SEARCH = (frozenset({caps.LOCAL_CACHE}), frozenset({caps.STEP_CONTINUATION}))
+
+_REGISTERED: dict[str, dict[str, StrategySpec]] = {}  # module -> name -> spec, in registration order
+
+
+def register(spec: StrategySpec, module: str) -> StrategySpec:
+    """Add `spec` to the table under `module` (the module defining its config: `__name__`);
+    ValueError when another module registered its name. Registering a name again from the same
+    module replaces it (a reloaded module)."""
+    for other, specs in _REGISTERED.items():
+        if other != module and spec.name in specs:
+            raise ValueError(f"strategy {spec.name!r} is registered by both {other} and {module}")
+    _REGISTERED.setdefault(module, {})[spec.name] = spec
+    return spec
+
+
+def registered(module: str) -> list[StrategySpec]:
+    """The strategies `module` registered, in order."""
+    return list(_REGISTERED.get(module, {}).values())
+
+
+def registering_modules() -> set[str]:
+    """Every module that registered a strategy (registry.py checks it lists them all)."""
+    return set(_REGISTERED)

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost, forward_flops
+from metagen.decoding.result import Completion, GenerationResult, prefer_complete
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import check_answer_field, extract_answer
-from metagen.strategies.options import sizes_work
-from metagen.strategies.result import Candidate, StrategyResult, prefer_complete
+from metagen.strategies import runners
+from metagen.strategies.options import configure, sizes_work
+from metagen.strategies.spec import StrategySpec, register
 
 if TYPE_CHECKING:
     import torch
@@ -66,13 +69,16 @@ def tilted_choice(logprobs: torch.Tensor, values: torch.Tensor, strength: float,
 
 def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None = None, *,
                  chat: bool | None = None, rng: torch.Generator | None = None,
-                 processors: Sequence[LogitsProcessor] = ()) -> StrategyResult:
+                 processors: Sequence[LogitsProcessor] = ()) -> GenerationResult:
     """Draw `config.n` sequences token by token from π (module docstring); the candidate of best
     value is chosen. `processors`: extra logits processors forming p (constraints), as in `stream`."""
     import torch  # here: importing the config imports no torch
 
     from metagen.decoding.prompts import encode_prompt
-    from metagen.decoding.rows import Row, StopRules, refuse_token_healing, request_chain, token_records
+    from metagen.decoding.records import token_records
+    from metagen.decoding.request import refuse_token_healing, request_chain
+    from metagen.decoding.rows import Row
+    from metagen.decoding.stop_rules import StopRules
 
     config = config or TokenwiseCDConfig()
     params = config.params
@@ -132,12 +138,26 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
     cost.wall_seconds = time.perf_counter() - start
     candidates = [_candidate(row, score, config) for row, score in zip(rows, row_values)]
     best = max(prefer_complete(candidates), key=lambda c: c.score)  # never a cut output over a complete one
-    return StrategyResult(best, candidates, cost)
+    return GenerationResult(candidates, cost=cost, chosen=best)
 
 
-def _candidate(row: Row, score: float | None, config: TokenwiseCDConfig) -> Candidate:
+def _candidate(row: Row, score: float | None, config: TokenwiseCDConfig) -> Completion:
     completion = row.completion
-    return Candidate(completion.text, completion.token_ids, completion.logprobs, completion.finish_reason,
-                     certainties=completion.certainties, score=score,
-                     answer=extract_answer(completion.text, config.pattern, config.answer_field),
-                     complete=completion.complete)
+    return Completion(completion.text, completion.token_ids, completion.logprobs,
+                      finish_reason=completion.finish_reason, certainties=completion.certainties, score=score,
+                      answer=extract_answer(completion.text, config.pattern, config.answer_field),
+                      complete=completion.complete)
+
+
+def _runner(generator, prompt, n, params, options, rng, overrides):
+    from metagen.strategies.tree.runner import run_search
+
+    params = replace(params, n=1)
+    config = TokenwiseCDConfig(n=1, top_k=n, params=params, pattern=options.pattern, answer_field=options.answer_field)
+    return run_search(tokenwise_cd, configure(config, overrides), generator, prompt, options, rng, local_only=True)
+
+register(StrategySpec("tokenwise_cd", "tokenwise controlled decoding over the top n tokens, strength 4 (--value)",
+                      _runner, pooled=False, uses_value=True, needs=frozenset({caps.LOCAL_CACHE}),
+                      why="it values the top-k next tokens at every position, which needs a local model",
+                      config=TokenwiseCDConfig, set_by_run=frozenset({"n", "top_k", "params"}),
+                      defaults=(("strength", runners.LAMBDA),)), __name__)

@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
+from metagen.decoding.result import Completion, GenerationResult, prefer_complete
 from metagen.sampling import SamplingParams
-from metagen.scoring.base import Scorer, Verdict, Verifier, as_scorer
-from metagen.strategies.options import sizes_work
-from metagen.strategies.result import Candidate, StrategyResult, candidates_from, prefer_complete
+from metagen.scoring.base import Scorer, Verdict, Verifier, as_scorer, prompt_text
+from metagen.strategies import runners
+from metagen.strategies.options import configure, sizes_work
 from metagen.strategies.self_refine import chat_prompt, check_count, check_params, split_question
+from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.templates import check_template
 
 if TYPE_CHECKING:
@@ -72,7 +74,7 @@ class VerifierRefineConfig:
 
 
 @dataclass
-class VerifierRefineResult(StrategyResult):
+class VerifierRefineResult(GenerationResult):
     """candidates: everything generated, in order, each with its verifier score; verdicts[i]:
     the verdict on candidates[i]; parents[i]: the index of the candidate it revises (None in
     round 0); tiebreak_scores[i]: the scorer's value (empty without a scorer); rounds: revision
@@ -101,33 +103,33 @@ def verifier_refine(
     caps.require_constraint(config.params, generator, "verifier_refine with structured_outputs")
     context, question = split_question(prompt)
     tiebreaker = as_scorer(scorer) if scorer is not None else None
-    result = VerifierRefineResult(Candidate(""), [], Cost())  # filled in below; chosen set last
+    result = VerifierRefineResult([], cost=Cost())  # filled in below; chosen set last
 
     def rank(i: int) -> tuple:
         tiebreak = result.tiebreak_scores[i] if tiebreaker is not None else 0.0
         return result.verdicts[i].passed, result.verdicts[i].score, tiebreak, i  # i: newer first
 
     first = generator.generate(prompt, replace(config.params, n=config.initial_candidates), generator=rng)
-    passed = _assess(result, candidates_from(first), first.cost, None, prompt, verifier, tiebreaker)
+    passed = _assess(result, first.completions, first.cost, None, prompt, verifier, tiebreaker)
     while not passed and result.rounds < config.rounds:
         result.rounds += 1
-        beam = sorted(range(len(result.candidates)), key=rank, reverse=True)[: config.beam]
+        beam = sorted(range(len(result.completions)), key=rank, reverse=True)[: config.beam]
         for parent in beam:
             revision_prompt = chat_prompt(context, config.revision_template, question=question,
-                                          answer=result.candidates[parent].text,
+                                          answer=result.completions[parent].text,
                                           feedback=result.verdicts[parent].feedback or NO_FEEDBACK)
             revisions = generator.generate(revision_prompt, replace(config.params, n=config.revisions_per_round),
                                            generator=rng)
-            passed = _assess(result, candidates_from(revisions), revisions.cost, parent, prompt, verifier, tiebreaker)
+            passed = _assess(result, revisions.completions, revisions.cost, parent, prompt, verifier, tiebreaker)
             if passed:
                 break
-    eligible = {id(c) for c in prefer_complete(result.candidates)}  # never a cut output over a complete one
-    best = max((i for i, c in enumerate(result.candidates) if id(c) in eligible), key=rank)
-    result.chosen, result.passed = result.candidates[best], result.verdicts[best].passed
+    eligible = {id(c) for c in prefer_complete(result.completions)}  # never a cut output over a complete one
+    best = max((i for i, c in enumerate(result.completions) if id(c) in eligible), key=rank)
+    result.chosen, result.passed = result.completions[best], result.verdicts[best].passed
     return result
 
 
-def _assess(result: VerifierRefineResult, batch: list[Candidate], generation_cost: Cost, parent: int | None,
+def _assess(result: VerifierRefineResult, batch: list[Completion], generation_cost: Cost, parent: int | None,
             prompt: Prompt, verifier: Verifier, tiebreaker: Scorer | None) -> bool:
     """Verify (and score) one batch, append it to `result` with its costs; True if one passed."""
     verdicts = verifier.verify_all(prompt, batch)
@@ -141,7 +143,30 @@ def _assess(result: VerifierRefineResult, batch: list[Candidate], generation_cos
         scores = tiebreaker(prompt, batch)
         result.tiebreak_scores.extend(float(value) for value in scores.values)
         result.cost += scores.cost
-    result.candidates.extend(batch)
+    result.completions.extend(batch)
     result.verdicts.extend(verdicts)
     result.parents.extend([parent] * len(batch))
     return any(verdict.passed for verdict in verdicts)
+
+
+def _runner(generator, prompt, n, params, options, rng, overrides):
+    """Refinement by the prompt's docstring examples: n attempts at most, a sample, then each
+    revision shown the examples its predecessor failed (`ExampleTests.verifier`; rounds = n − 1,
+    one candidate per round unless the overrides widen it). A prompt without examples has no
+    verifier: the first sample (complete ones first) is returned, with no revision. Cost: the
+    samples' plus the sandbox's wall seconds."""
+    from metagen.scoring.example_tests import ExampleTests
+
+    config = configure(VerifierRefineConfig(initial_candidates=1, rounds=n - 1, revisions_per_round=1, beam=1,
+                                            params=replace(params, n=1)), overrides)
+    tests = ExampleTests(prompt_text(prompt))
+    if tests.verifier is not None:
+        return runners.with_answers(verifier_refine(generator, prompt, tests.verifier, config, rng=rng), options)
+    result = generator.generate(prompt, replace(config.params, n=config.initial_candidates), generator=rng)
+    result.chosen = prefer_complete(result.completions)[0]
+    return runners.with_answers(result, options)
+
+register(StrategySpec("verifier_refine", "code: a sample, then up to n - 1 revisions each shown the docstring "
+                      "examples the last attempt failed; stops at the first that passes them",
+                      _runner, extracts=True, pooled=False, budget="rounds",
+                      config=VerifierRefineConfig, set_by_run=frozenset({"rounds", "params"})), __name__)

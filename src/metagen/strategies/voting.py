@@ -14,22 +14,22 @@ from dataclasses import replace
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
+from metagen.decoding.result import Completion, prefer_complete
 from metagen.scoring.answers import answers_match
-from metagen.strategies.result import Candidate, candidates_from, prefer_complete
 
 
-def sample_answers(generator, prompt, params, n: int, extract, rng=None) -> tuple[list[Candidate], Cost]:
+def sample_answers(generator, prompt, params, n: int, extract, rng=None) -> tuple[list[Completion], Cost]:
     """n candidates of `prompt` (one `generate` call) with their extracted answers, and its cost.
     A generator that cannot honour `params.structured_outputs` is refused before the call."""
     caps.require_constraint(params, generator, "voting over structured outputs")
     result = generator.generate(prompt, replace(params, n=n), generator=rng)
-    candidates = candidates_from(result)
+    candidates = result.completions
     for candidate in candidates:
         candidate.answer = extract(candidate.text)
     return candidates, result.cost
 
 
-def tally(candidates: Sequence[Candidate], weights: Sequence[float], math: bool = False) -> dict[str, float]:
+def tally(candidates: Sequence[Completion], weights: Sequence[float], math: bool = False) -> dict[str, float]:
     """answer class -> Σ weights of the candidates whose answer falls in it (None answers skip)."""
     votes: dict[str, float] = {}
     eligible = {id(c) for c in prefer_complete(list(candidates))}
@@ -41,7 +41,7 @@ def tally(candidates: Sequence[Candidate], weights: Sequence[float], math: bool 
     return votes
 
 
-def winner(candidates: Sequence[Candidate], votes: dict[str, float], math: bool = False) -> Candidate:
+def winner(candidates: Sequence[Completion], votes: dict[str, float], math: bool = False) -> Completion:
     """The first eligible candidate whose answer is in the top-voted class (the first eligible
     candidate if none; eligible: see `prefer_complete`)."""
     eligible = prefer_complete(list(candidates))

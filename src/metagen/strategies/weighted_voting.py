@@ -13,12 +13,13 @@ import math as _math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.decoding.result import GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import mean_logprob
-from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.strategies.options import configure, sizes_work
+from metagen.strategies.spec import CERTAINTY, StrategySpec, register
 from metagen.strategies.voting import sample_answers, tally, winner
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def weighted_voting(
     extractor: AnswerExtractor | None = None,
     *,
     rng: torch.Generator | None = None,
-) -> StrategyResult:
+) -> GenerationResult:
     """Sum each answer's candidate weights and return a candidate of the heaviest answer."""
     config = config or WeightedVotingConfig()
     extract = extractor or (lambda text: extract_answer(text, config.pattern, config.answer_field))
@@ -67,4 +68,15 @@ def weighted_voting(
             raise ValueError(f"candidate weight {weight} is negative: scores must be >= 0 unless exp_scores=True")
         weights.append(weight)
     votes = tally(candidates, weights, config.math)
-    return StrategyResult(winner(candidates, votes, config.math), candidates, cost + scores.cost, votes)
+    return GenerationResult(candidates, cost=cost + scores.cost, chosen=winner(candidates, votes, config.math),
+                            votes=votes)
+
+
+def _runner(generator, prompt, n, params, options, rng, overrides):
+    from metagen.scoring.logprob import self_certainty
+
+    config = WeightedVotingConfig(n, params, options.pattern, options.math, answer_field=options.answer_field)
+    return weighted_voting(generator, prompt, configure(config, overrides), self_certainty, rng=rng)
+
+register(StrategySpec("weighted_voting", "answers weighted by self-certainty", _runner, pooled=True,
+                      needs=CERTAINTY, defaults=(("exp_scores", False),), config=WeightedVotingConfig), __name__)

@@ -5,8 +5,11 @@
     engine.py      llguidance, imported lazily; metagen's tokenizer in llguidance's terms
     compile.py     spec -> llguidance grammar -> cached matcher; errors naming the field
     bitmask.py     (B, ceil(V / 32)) int32 token bitmasks applied to logits (fused C++ kernel)
-    processor.py   `StructuredProcessor`: per-row matchers behind the stateful processor interface
-    healing.py     token healing: `heal_prompt` and `TokenHealingProcessor`
+    healing.py     token healing: `heal_prompt` (which prompt text to back up)
+
+The processors that apply them while decoding are on the sampling floor, with every other
+`LogitsProcessor`: `metagen.sampling.constraint.StructuredProcessor` (per-row matchers) and
+`metagen.sampling.token_healing.TokenHealingProcessor`; this package imports nothing of sampling.
 
 Which law masked decoding samples. Each step keeps the model's next-token distribution on the
 tokens the constraint allows and renormalises it there:
@@ -30,8 +33,6 @@ Names are imported on first use, so importing this package does not import llgui
 _EXPORTS = {
     "StructuredOutputs": "metagen.structured.spec",
     "from_response_format": "metagen.structured.spec",
-    "StructuredProcessor": "metagen.structured.processor",
-    "TokenHealingProcessor": "metagen.structured.healing",
     "heal_prompt": "metagen.structured.healing",
     "strip_healed_prefix": "metagen.structured.healing",
     "apply_token_bitmask": "metagen.structured.bitmask",

@@ -1,53 +1,37 @@
 """Theory of inference-time alignment over finite outcome sets, computed exactly.
 
 Best-of-n (PMF, KL, bound, estimator, win rate), the mismatched tilt and the KL-regularized
-optimum, Bradley–Terry / Elo / InfAlign rewards, pass@k and the voting limit, and a k-gram
-`LanguageModel` small enough to enumerate. numpy/scipy (and torch for the model) only; not
-imported by `metagen` itself.
+optimum, Bradley–Terry / Elo / InfAlign rewards, pass@k and the voting limit. numpy/scipy only
+(pass@k: the standard library); not imported by `metagen` itself, and names are imported on first
+use (`metagen._lazy`), so `metagen.theory.pass_rate` costs nothing more. The k-gram
+`LanguageModel` small enough to enumerate is `metagen.models.kgram`.
 """
 
-from metagen.theory.best_of_n import (
-    bon_kl,
-    bon_kl_bound,
-    bon_kl_estimate,
-    bon_pmf,
-    bon_win_rate,
-    kl_divergence,
-    reward_cdf,
-)
-from metagen.theory.kgram import KGramCache, KGramModel, SymbolTokenizer
-from metagen.theory.rewards import (
-    best_of_n_transform,
-    calibrate_reward,
-    elo_expected,
-    fit_bradley_terry,
-    worst_of_n_transform,
-)
-from metagen.theory.scaling import answer_masses, pass_at_k, voting_limit
-from metagen.theory.tilt import KLRegularizedOptimum, alpha_for_kl, kl_regularized_optimum, max_tilt_kl, tilt
+from metagen._lazy import lazy_package
 
-__all__ = [
-    "KGramCache",
-    "KGramModel",
-    "KLRegularizedOptimum",
-    "SymbolTokenizer",
-    "alpha_for_kl",
-    "answer_masses",
-    "best_of_n_transform",
-    "bon_kl",
-    "bon_kl_bound",
-    "bon_kl_estimate",
-    "bon_pmf",
-    "bon_win_rate",
-    "calibrate_reward",
-    "elo_expected",
-    "fit_bradley_terry",
-    "kl_divergence",
-    "kl_regularized_optimum",
-    "max_tilt_kl",
-    "pass_at_k",
-    "reward_cdf",
-    "tilt",
-    "voting_limit",
-    "worst_of_n_transform",
-]
+# name -> the submodule that defines it
+_EXPORTS = {
+    "bon_kl": "best_of_n",
+    "bon_kl_bound": "best_of_n",
+    "bon_kl_estimate": "best_of_n",
+    "bon_pmf": "best_of_n",
+    "bon_win_rate": "best_of_n",
+    "kl_divergence": "best_of_n",
+    "reward_cdf": "best_of_n",
+    "best_of_n_transform": "rewards",
+    "calibrate_reward": "rewards",
+    "elo_expected": "rewards",
+    "fit_bradley_terry": "rewards",
+    "worst_of_n_transform": "rewards",
+    "pass_at_k": "pass_rate",
+    "answer_masses": "scaling",
+    "voting_limit": "scaling",
+    "KLRegularizedOptimum": "tilt",
+    "alpha_for_kl": "tilt",
+    "kl_regularized_optimum": "tilt",
+    "max_tilt_kl": "tilt",
+    "tilt": "tilt",
+}
+lazy_package(__name__, _EXPORTS)
+
+__all__ = sorted(_EXPORTS)

@@ -1,4 +1,4 @@
-"""Inference scaling: pass@k and the accuracy that (weighted) majority voting converges to.
+"""Inference scaling: the accuracy that (weighted) majority voting converges to.
 
 Voting limit (Wu et al. 2024, "Inference scaling laws", Theorem 2, as quoted in seed 000): with
 N samples (z, a) ∼ g(·|x) and a reward v(x, z, a), weighted voting returns
@@ -20,18 +20,6 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 import numpy as np
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct (Chen et al. 2021):
-    1 − C(n − c, k)/C(n, k) = 1 − Π_{i=n−c+1}^{n} (1 − k/i), the numerically stable product. O(c).
-
-    The one implementation lives in `metagen.eval.metrics`; it is imported on first call so that
-    importing `metagen.theory` does not load the evaluation harness.
-    """
-    from metagen.eval.metrics import pass_at_k as shared_pass_at_k
-
-    return shared_pass_at_k(n, c, k)
 
 
 def answer_masses(p, answers: Sequence[Hashable], weights=None) -> dict[Hashable, float]:

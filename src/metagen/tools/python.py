@@ -4,16 +4,40 @@
     PythonTool()("x = 6\nx * 7")             # "42": a final expression's value is printed (REPL style)
     PythonTool()("1 / 0")                    # "error: ZeroDivisionError: division by zero"
 
-Each call is a fresh sandboxed process (`metagen.scoring.sandbox.run_python`): no state carries
+Each call is a fresh sandboxed process (`metagen.tools.sandbox.run_python`): no state carries
 over between calls, only the standard library is importable, and there is no network. Code in a
-```python fence is taken from inside the fence.
+```python fence is taken from inside the fence (`extract_program`, which the code-execution
+verifier shares): the last ```python (or ```py / ```python3) fenced block of the text; without one,
+the last untagged ``` block; without any fence, the whole text. A block cut off by the token limit
+(no closing fence) counts up to the end of the text.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 
 from metagen.tools.base import ERROR_PREFIX, Tool
+from metagen.tools.sandbox import run_python
+
+# A fence line: ``` then its tag, then (after a character no tag has) anything to the newline. The
+# tag and the rest of the line never compete for the same characters, so a long first line without
+# a newline is read once, not tried at every split (O(L) instead of O(L^2)).
+FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)(?:[^\w+\-\n][^\n]*)?\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)",
+                   re.DOTALL | re.MULTILINE)
+PYTHON_TAGS = ("python", "py", "python3")
+
+
+def extract_program(text: str) -> str | None:
+    """The program in a model's answer (see the module docstring), or None when there is none."""
+    blocks = [(tag.lower(), body) for tag, body in FENCE.findall(text)]
+    if blocks:
+        python = [body for tag, body in blocks if tag in PYTHON_TAGS] or [body for tag, body in blocks if not tag]
+        program = python[-1] if python else ""
+    else:
+        program = text
+    return program if program.strip() else None
+
 
 
 def _print_last_expression(code: str) -> str:
@@ -52,9 +76,6 @@ class PythonTool(Tool):
         self.timeout, self.memory_mb, self.max_chars, self.isolation = timeout, memory_mb, max_chars, isolation
 
     def run(self, text: str) -> str:
-        from metagen.scoring.code_execution import extract_program
-        from metagen.scoring.sandbox import run_python
-
         code = extract_program(text)
         if code is None:
             return ERROR_PREFIX + "no code to run"

@@ -63,9 +63,9 @@ GREEDY_SEARCHES = {
 def test_greedy_remote_search_returns_what_the_local_one_does(name, one_thread):
     local = GREEDY_SEARCHES[name](ToyModel())
     remote = GREEDY_SEARCHES[name](ToyServer())
-    assert [(c.text, c.token_ids, c.finish_reason, c.score) for c in remote.candidates] == \
-           [(c.text, c.token_ids, c.finish_reason, c.score) for c in local.candidates]
-    for mine, theirs in zip(remote.candidates, local.candidates):
+    assert [(c.text, c.token_ids, c.finish_reason, c.score) for c in remote.completions] == \
+           [(c.text, c.token_ids, c.finish_reason, c.score) for c in local.completions]
+    for mine, theirs in zip(remote.completions, local.completions):
         assert mine.logprobs == pytest.approx(theirs.logprobs, abs=1e-5)
 
 
@@ -119,8 +119,8 @@ def test_registry_searches_run_on_a_server(one_thread):
         server = ToyServer(TEXT_ONLY, report_stops=False)
         result = get_strategy(name).run(server, "a", 4, SamplingParams(temperature=1.0, max_tokens=6), options,
                                         torch.Generator().manual_seed(0))
-        assert result.candidates and server.prefixes, name
-        assert all(c.score == 0.5 for c in result.candidates)  # no equations in toy text: neutral
+        assert result.completions and server.prefixes, name
+        assert all(c.score == 0.5 for c in result.completions)  # no equations in toy text: neutral
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -148,7 +148,7 @@ def test_astar_reading_path_logprobs_is_refused_without_logprobs(one_thread):
     with pytest.raises(ValueError, match=r"logprob_weight=1.0: A\*'s cost g reads −log p"):
         astar(ToyServer(NO_LOGPROBS), PROMPT, VALUE, config)
     assert astar(ToyServer(NO_LOGPROBS), PROMPT, VALUE, AStarConfig(params=PARAMS, step=DELIMITED),
-                 rng=torch.Generator().manual_seed(0)).candidates  # β = 0 reads none
+                 rng=torch.Generator().manual_seed(0)).completions  # β = 0 reads none
 
 
 def test_a_server_that_cannot_tell_eos_from_the_delimiter_is_an_error(one_thread):
@@ -185,9 +185,9 @@ def test_searches_on_a_real_llama_cpp_server(name, llama_server):  # noqa: F811
         assert caps.STEP_CONTINUATION in server.capabilities and caps.LOCAL_CACHE not in server.capabilities
         result = get_strategy(name).run(server, question, 4, SamplingParams(temperature=0.8, max_tokens=24),
                                         options, torch.Generator().manual_seed(0))
-    assert result.candidates and result.chosen in result.candidates
-    assert all(0.0 <= c.score <= 1.0 for c in result.candidates)
-    assert all(math.isfinite(sum(c.logprobs)) and c.logprobs for c in result.candidates)
+    assert result.completions and result.chosen in result.completions
+    assert all(0.0 <= c.score <= 1.0 for c in result.completions)
+    assert all(math.isfinite(sum(c.logprobs)) and c.logprobs for c in result.completions)
     cost = result.cost
     assert cost.model_calls >= 4 and cost.generated_tokens > 0
     # every request re-sends prompt + path; llama-cpp-python reports no cached_tokens, so all count as computed
@@ -208,8 +208,8 @@ def test_a_generator_without_the_local_cache_continues_prefixes_its_own_way(one_
     assert isinstance(expander, RemoteStepExpander)
     result = GREEDY_SEARCHES["rebase"](generator)
     local = GREEDY_SEARCHES["rebase"](ToyModel())
-    assert [(c.text, c.token_ids, c.score) for c in result.candidates] == \
-           [(c.text, c.token_ids, c.score) for c in local.candidates]
+    assert [(c.text, c.token_ids, c.score) for c in result.completions] == \
+           [(c.text, c.token_ids, c.score) for c in local.completions]
 
 
 class JudgingServer(ToyServer):
@@ -221,7 +221,7 @@ class JudgingServer(ToyServer):
 
     def generate(self, prompt, params, *, generator=None):
         from metagen.decoding.cost import Cost
-        from metagen.decoding.sample_loop import Completion, GenerationResult
+        from metagen.decoding.result import Completion, GenerationResult
 
         self.judged.append(prompt)
         completion = Completion(text=" Yes", token_ids=[1], top_logprobs=[{1: math.log(0.8), 2: math.log(0.2)}])
@@ -237,7 +237,7 @@ def test_the_judge_value_asks_the_same_remote_generator(one_thread):
     result = get_strategy("step_beam").run(server, "a", 4, SamplingParams(temperature=1.0, max_tokens=4), options,
                                            torch.Generator().manual_seed(0))
     assert server.judged and server.prefixes  # steps continued, and judged, by the one generator
-    assert all(c.score == pytest.approx(0.8) for c in result.candidates)
+    assert all(c.score == pytest.approx(0.8) for c in result.completions)
 
 
 def test_llama_style_answers_are_read_from_the_sampled_tokens():

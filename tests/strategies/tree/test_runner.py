@@ -23,9 +23,9 @@ def test_each_search_runs_by_name_with_budget_n(name, one_thread):
     options = StrategyOptions(value="steps", step_delimiter="b")
     result = spec.run(LocalGenerator(model), "a", 4, SamplingParams(temperature=1.0, max_tokens=6), options,
                       torch.Generator().manual_seed(0))
-    assert result.candidates and result.chosen in result.candidates
+    assert result.completions and result.chosen in result.completions
     assert result.cost.generated_tokens == sum(len(call) for call in model.calls[1:])
-    assert all(c.score == 0.5 for c in result.candidates)  # no equations in toy text: neutral
+    assert all(c.score == 0.5 for c in result.completions)  # no equations in toy text: neutral
 
 
 def test_searches_need_a_value_and_a_local_model(one_thread):
@@ -54,7 +54,7 @@ def test_aggregation_reaches_the_search(one_thread):
     result = get_strategy("rebase").run(LocalGenerator(ToyModel()), "a", 8,
                                         SamplingParams(temperature=1.0, max_tokens=6), options,
                                         torch.Generator().manual_seed(0))
-    answers = [c.answer for c in result.candidates if c.answer is not None]
+    answers = [c.answer for c in result.completions if c.answer is not None]
     assert result.votes == {a: float(answers.count(a)) for a in dict.fromkeys(answers)}
     assert result.chosen.answer == max(result.votes, key=result.votes.get)
     with pytest.raises(ValueError, match="aggregation='majority' is given"):
@@ -82,7 +82,7 @@ def test_searches_reach_the_model_through_local_model_only(one_thread):
     options = StrategyOptions(value="steps", step_delimiter="b")
     result = get_strategy("rebase").run(Wrapped(), "a", 4, SamplingParams(temperature=1.0, max_tokens=6), options,
                                         torch.Generator().manual_seed(0))
-    assert result.candidates and len(model.calls) > 1
+    assert result.completions and len(model.calls) > 1
 
     class HasAModel(Generator):
         def __init__(self):

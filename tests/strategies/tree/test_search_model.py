@@ -47,9 +47,9 @@ def test_rebase_with_the_step_verifier_on_the_model(model):
     config = RebaseConfig(params=SamplingParams(temperature=0.8, max_tokens=64), step=StepConfig("\n", 32),
                           width=4, max_steps=4, aggregation="weighted")
     result = rebase(model, QUESTION, value, config, rng=torch.Generator().manual_seed(0))
-    assert result.candidates and result.chosen in result.candidates
+    assert result.completions and result.chosen in result.completions
     assert result.cost.prompt_reuse_fraction > 0.7
-    for candidate in result.candidates:
+    for candidate in result.completions:
         assert candidate.score == value.values([], [candidate.token_ids]).values[0]
 
 

@@ -58,7 +58,7 @@ SEARCHES = {
 def test_every_output_of_a_search_is_allowed_and_flagged_as_the_constraint_judges(name, one_thread):
     for seed in range(4):
         result = SEARCHES[name](StructuredToyModel(), torch.Generator().manual_seed(seed), PARAMS)
-        for candidate in result.candidates:
+        for candidate in result.completions:
             if candidate.finish_reason in ("stop", "length") and tuple(candidate.token_ids) in ALLOWED:
                 assert candidate.complete == ALLOWED[tuple(candidate.token_ids)]
             else:  # a frontier node returned unfinished: an allowed prefix, judged as it stands
@@ -66,9 +66,9 @@ def test_every_output_of_a_search_is_allowed_and_flagged_as_the_constraint_judge
                 assert any(choice.startswith(text) for choice in CHOICES)
                 assert candidate.complete == (text in CHOICES)
             assert (candidate.complete is True) == (candidate.text in CHOICES)
-        if any(c.complete for c in result.candidates):
+        if any(c.complete for c in result.completions):
             assert result.chosen.complete is True
-        assert result.incomplete == [i for i, c in enumerate(result.candidates) if c.complete is False]
+        assert result.incomplete == [i for i, c in enumerate(result.completions) if c.complete is False]
 
 
 def test_nodes_keep_their_matcher_through_snapshot_restore_and_concat(one_thread):
@@ -94,9 +94,9 @@ def test_tokenwise_cd_outputs_are_allowed_and_a_cut_one_is_not_chosen(one_thread
     config = TokenwiseCDConfig(n=6, top_k=3, strength=2.0, params=PARAMS)
     for seed in range(3):
         result = tokenwise_cd(StructuredToyModel(), PROMPT, VALUE, config, rng=torch.Generator().manual_seed(seed))
-        for candidate in result.candidates:
+        for candidate in result.completions:
             assert ALLOWED[tuple(candidate.token_ids)] == candidate.complete
-        if any(c.complete for c in result.candidates):
+        if any(c.complete for c in result.completions):
             assert result.chosen.complete is True
 
 
@@ -130,11 +130,11 @@ def test_rebase_and_step_beam_with_a_regex_on_the_real_model(model):
                                       torch.Generator().manual_seed(1)),
     ]
     for result in runs:
-        assert any(c.complete for c in result.candidates)  # measured: every leaf of both runs is complete
-        for candidate in result.candidates:
+        assert any(c.complete for c in result.completions)  # measured: every leaf of both runs is complete
+        for candidate in result.completions:
             if candidate.complete:
                 assert re.fullmatch(regex, candidate.text), candidate.text
             else:  # cut or unfinished: still a prefix the regex allows, and never chosen over a complete one
                 assert candidate.complete is False
-        if any(c.complete for c in result.candidates):
+        if any(c.complete for c in result.completions):
             assert result.chosen.complete is True

@@ -12,7 +12,8 @@ from __future__ import annotations
 from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
 from metagen.decoding.generator import Generator
-from metagen.decoding.sample_loop import GenerationResult, generate
+from metagen.decoding.result import GenerationResult
+from metagen.decoding.sample_loop import generate
 from metagen.remote.responses import RemoteCompletion
 from tests.decoding.toy_model import PIECES, SPECIAL, ToyModel, ToyTokenizer
 

@@ -19,8 +19,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.decoding.result import GenerationResult
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 from metagen.strategies.tree.node import Node
@@ -59,7 +61,7 @@ def priority(node: Node, config: AStarConfig) -> float:
 
 
 def astar(model, prompt: Prompt, value, config: AStarConfig | None = None, *,
-          chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+          chat: bool | None = None, rng: torch.Generator | None = None) -> GenerationResult:
     if value is None:
         raise ValueError("A*-decoding needs a value as its heuristic: pass a PrefixValue")
     config = config or AStarConfig()
@@ -88,3 +90,8 @@ def astar(model, prompt: Prompt, value, config: AStarConfig | None = None, *,
         accepted = [n for n in ranked if n.finished]
         return finish_search(expander, accepted, config, ranked[:1])
     return finish_search(expander, accepted, config)
+
+
+register(runners.tree_spec("astar", "A*-decoding: n expansions of 4 children (--value)", astar, AStarConfig,
+                           lambda n, params: {"max_expansions": n}, {"max_expansions"},
+                           defaults={"expansions": 4}.items()), __name__)

@@ -16,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.decoding.result import GenerationResult
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 from metagen.strategies.tree.node import StepConfig
@@ -49,7 +51,7 @@ class BlockwiseCDConfig(TreeConfig):
 
 
 def blockwise_cd(model, prompt: Prompt, value, config: BlockwiseCDConfig | None = None, *,
-                 chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+                 chat: bool | None = None, rng: torch.Generator | None = None) -> GenerationResult:
     if value is None:
         raise ValueError("blockwise controlled decoding ranks blocks by a value: pass a PrefixValue")
     config = config or BlockwiseCDConfig()
@@ -65,3 +67,8 @@ def blockwise_cd(model, prompt: Prompt, value, config: BlockwiseCDConfig | None 
         if node.finished:
             break
     return finish_search(expander, [node] if node.finished else [], config, [node])  # one candidate
+
+
+register(runners.tree_spec("blockwise_cd", "blockwise controlled decoding: best of n blocks of 16 tokens (--value)",
+                           blockwise_cd, BlockwiseCDConfig, lambda n, params: {"blocks": n}, {"blocks"},
+                           fixed_step=True, defaults={"block_tokens": runners.BLOCK_TOKENS}.items()), __name__)

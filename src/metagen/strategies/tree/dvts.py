@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.decoding.result import GenerationResult
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 
@@ -38,7 +40,7 @@ class DVTSConfig(TreeConfig):
 
 
 def dvts(model, prompt: Prompt, value, config: DVTSConfig | None = None, *,
-         chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+         chat: bool | None = None, rng: torch.Generator | None = None) -> GenerationResult:
     config = config or DVTSConfig()
     expander = open_expander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
     first = expander.expand([expander.root], [config.subtrees])[0]
@@ -58,3 +60,9 @@ def dvts(model, prompt: Prompt, value, config: DVTSConfig | None = None, *,
             (leaves if best.finished else next_frontier).append(best)
         frontier = next_frontier
     return finish_search(expander, leaves, config, frontier)
+
+
+register(runners.tree_spec("dvts", "diverse verifier tree search: n/4 subtrees, 4 children each (--value)", dvts,
+                           DVTSConfig,
+                           lambda n, params: {"subtrees": runners.kept(n), "expansions": n // runners.kept(n)},
+                           {"subtrees", "expansions"}), __name__)

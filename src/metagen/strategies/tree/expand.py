@@ -8,7 +8,7 @@ constraint follow the path). Expanding nodes never re-prefills a prefix:
 
     rows  = cache.restore([parent.snapshot] * k for each parent)   # page-table copies only
     chain = SamplerChain.concat([parent.sampler] * k ...)          # the processors' rows likewise
-    loop:   token = chain(logits); forward(token) for every open row  # one batched step
+    loop:   token = chain.next_tokens(logits); forward(token) for every open row  # one batched step
             a row whose step ended (delimiter, EOS, max tokens) leaves the batch as a child node,
             with cache.snapshot(b) and chain.fork([b])
     V     = value(children)                                          # one batched call
@@ -27,7 +27,10 @@ import torch
 
 from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.prompts import Prompt, encode_prompt
-from metagen.decoding.rows import Row, StopRules, refuse_token_healing, request_chain, token_records
+from metagen.decoding.records import token_records
+from metagen.decoding.request import refuse_token_healing, request_chain
+from metagen.decoding.rows import Row
+from metagen.decoding.stop_rules import StopRules
 from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
 from metagen.strategies.tree.node import Node, StepConfig
 

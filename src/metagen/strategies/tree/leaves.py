@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from metagen.decoding.result import Completion, GenerationResult, prefer_complete
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import check_answer_field, extract_answer
-from metagen.strategies.result import Candidate, StrategyResult, prefer_complete
 from metagen.strategies.tree.node import Node, StepConfig
 from metagen.strategies.voting import tally, winner
 
@@ -48,18 +48,18 @@ def _check_positive(config, *names: str) -> None:
             raise ValueError(f"{name}={value} is out of range: must be >= 1")
 
 
-def candidate_of(node: Node, config: TreeConfig) -> Candidate:
+def candidate_of(node: Node, config: TreeConfig) -> Completion:
     complete = node.complete
     if not node.finished and node.sampler is not None:  # a frontier node: would the constraint accept it now?
         complete = node.sampler.stop_verdict(0)[0]
-    return Candidate(node.text, node.path_ids(), node.path_logprobs(), node.finish_reason or "length",
-                     score=node.value, answer=extract_answer(node.text, config.pattern, config.answer_field),
-                     complete=complete)
+    return Completion(node.text, node.path_ids(), node.path_logprobs(), finish_reason=node.finish_reason or "length",
+                      score=node.value, answer=extract_answer(node.text, config.pattern, config.answer_field),
+                      complete=complete)
 
 
 def finish_search(expander, leaves: list[Node], config: TreeConfig,
-                  unfinished: list[Node] = ()) -> StrategyResult:
-    """StrategyResult over the finished `leaves` (or, when none finished within the budget, the
+                  unfinished: list[Node] = ()) -> GenerationResult:
+    """GenerationResult over the finished `leaves` (or, when none finished within the budget, the
     `unfinished` frontier, marked finish_reason "length"), aggregated as configured."""
     nodes = list(leaves) or list(unfinished)
     if not nodes:
@@ -69,7 +69,7 @@ def finish_search(expander, leaves: list[Node], config: TreeConfig,
     if config.aggregation == "best":
         eligible = {id(c) for c in prefer_complete(candidates)}
         best = max((i for i, c in enumerate(candidates) if id(c) in eligible), key=lambda i: values[i])  # ties: first
-        return StrategyResult(candidates[best], candidates, expander.cost)
+        return GenerationResult(candidates, cost=expander.cost, chosen=candidates[best])
     weights = [1.0] * len(candidates) if config.aggregation == "majority" else [max(v, 0.0) for v in values]
     votes = tally(candidates, weights, config.math)
-    return StrategyResult(winner(candidates, votes, config.math), candidates, expander.cost, votes)
+    return GenerationResult(candidates, cost=expander.cost, chosen=winner(candidates, votes, config.math), votes=votes)

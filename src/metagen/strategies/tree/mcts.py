@@ -18,8 +18,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.decoding.result import GenerationResult
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 from metagen.strategies.tree.node import Node
@@ -48,7 +50,7 @@ class MCTSConfig(TreeConfig):
 
 
 def mcts(model, prompt: Prompt, value, config: MCTSConfig | None = None, *,
-         chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+         chat: bool | None = None, rng: torch.Generator | None = None) -> GenerationResult:
     if value is None:
         raise ValueError("MCTS evaluates leaves with a value: pass a PrefixValue")
     config = config or MCTSConfig()
@@ -89,3 +91,8 @@ def _walk(root: Node):
         node = stack.pop()
         yield node
         stack.extend(node.children)
+
+
+register(runners.tree_spec("mcts", "MCTS: n iterations of 4 children, value leaf evaluation (--value)", mcts,
+                           MCTSConfig, lambda n, params: {"iterations": n}, {"iterations"},
+                           defaults={"expansions": 4}.items()), __name__)

@@ -19,8 +19,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.decoding.result import GenerationResult
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 
@@ -53,7 +55,7 @@ def resampling_weights(values: list[float], temperature: float) -> torch.Tensor:
 
 
 def particle_filter(model, prompt: Prompt, value, config: ParticleFilterConfig | None = None, *,
-                    chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+                    chat: bool | None = None, rng: torch.Generator | None = None) -> GenerationResult:
     import torch  # here: importing the search's config imports no torch
 
     if value is None:
@@ -79,3 +81,7 @@ def particle_filter(model, prompt: Prompt, value, config: ParticleFilterConfig |
         particles = survivors
     leaves = [p for p in particles if p.finished]
     return finish_search(expander, leaves, config, [p for p in particles if not p.finished])
+
+
+register(runners.tree_spec("particle_filter", "particle filtering with n particles (--value)", particle_filter,
+                           ParticleFilterConfig, lambda n, params: {"particles": n}, {"particles"}), __name__)

@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.decoding.result import GenerationResult
+from metagen.strategies import runners
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 
@@ -54,7 +56,7 @@ def rebase_allocation(rewards: Sequence[float], budget: int, temperature: float)
 
 
 def rebase(model, prompt: Prompt, value, config: RebaseConfig | None = None, *,
-           chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+           chat: bool | None = None, rng: torch.Generator | None = None) -> GenerationResult:
     config = config or RebaseConfig()
     expander = open_expander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
     frontier, leaves = [expander.root], []
@@ -78,3 +80,7 @@ def rebase(model, prompt: Prompt, value, config: RebaseConfig | None = None, *,
         kept = [j for j, count in enumerate(counts) if count > 0]
         frontier, counts = [frontier[j] for j in kept], [counts[j] for j in kept]
     return finish_search(expander, leaves, config, frontier)
+
+
+register(runners.tree_spec("rebase", "REBASE: width n shared by softmax of values (--value)", rebase, RebaseConfig,
+                           lambda n, params: {"width": n}, {"width"}), __name__)

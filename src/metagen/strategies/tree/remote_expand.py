@@ -38,7 +38,7 @@ import torch
 from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost
 from metagen.decoding.prompts import Prompt
-from metagen.decoding.rows import refuse_token_healing
+from metagen.decoding.request import refuse_token_healing
 from metagen.sampling import SamplingParams
 from metagen.strategies.tree.expand import Node, StepConfig
 

@@ -57,7 +57,7 @@ def make_value(spec: str | None, model, prompt, delimiter: str, generator=None):
     if spec in WHOLE_ANSWER_VALUES:
         raise ValueError(f"value={spec!r} scores whole answers only, not the partial solutions a search values; "
                          "use it with best_of_n_value")
-    tokenizer = model.tokenizer if model is not None else getattr(generator, "tokenizer", None)
+    tokenizer = model.tokenizer if model is not None else generator.tokenizer
     if spec == "steps":
         return StepRewardValue(ArithmeticStepVerifier(), tokenizer, prompt_text(prompt), delimiter, how="min")
     if spec == "judge":
@@ -79,7 +79,7 @@ def make_value(spec: str | None, model, prompt, delimiter: str, generator=None):
 def run_search(search, config, generator, prompt, options, rng, *, local_only: bool = False):
     """search(backend, prompt, value, config, chat=, rng=) on a generator with LOCAL_CACHE (its
     model, through `generator.local_model()`) or STEP_CONTINUATION (its completions; not when
-    `local_only`); `options` names the value and step delimiter. Returns its StrategyResult.
+    `local_only`); `options` names the value and step delimiter. Returns its GenerationResult.
     The registry's `StrategySpec.run` checks the generator's capabilities before this."""
     if local_only:
         caps.require({caps.LOCAL_CACHE}, generator, f"{search.__name__}")

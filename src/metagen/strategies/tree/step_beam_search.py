@@ -15,8 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.decoding.result import GenerationResult
+from metagen.strategies import runners
+from metagen.strategies.best_of_n import best_by_tests
 from metagen.strategies.options import sizes_work
-from metagen.strategies.result import StrategyResult
+from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
 from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
 
@@ -41,7 +44,7 @@ class StepBeamConfig(TreeConfig):
 
 
 def step_beam_search(model, prompt: Prompt, value, config: StepBeamConfig | None = None, *,
-                     chat: bool | None = None, rng: torch.Generator | None = None) -> StrategyResult:
+                     chat: bool | None = None, rng: torch.Generator | None = None) -> GenerationResult:
     """Beam search over steps ranked by `value` (a PrefixValue); returns the aggregated leaves."""
     config = config or StepBeamConfig()
     expander = open_expander(model, prompt, config.params, config.step, value, chat=chat, generator=rng)
@@ -58,3 +61,14 @@ def step_beam_search(model, prompt: Prompt, value, config: StepBeamConfig | None
         if not frontier or len(leaves) >= config.beam_width:
             break
     return finish_search(expander, leaves, config, frontier)
+
+
+register(runners.tree_spec("best_of_n_value", "best of n samples by the value (--value; pooled with --value tests: "
+                           "the share of a code prompt's docstring examples passed)", step_beam_search, StepBeamConfig,
+                           lambda n, params: {"beam_width": 1, "expansions": n, "max_steps": 1,
+                                              "step": runners.whole_answer_step(params)},
+                           {"beam_width", "expansions", "max_steps"}, fixed_step=True, whole_answer=best_by_tests), __name__)
+register(runners.tree_spec("step_beam", "step-level beam search: n children per depth, n/4 kept (--value)",
+                           step_beam_search, StepBeamConfig,
+                           lambda n, params: {"beam_width": runners.kept(n), "expansions": n // runners.kept(n)},
+                           {"beam_width", "expansions"}), __name__)

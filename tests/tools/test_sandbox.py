@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from metagen.scoring.sandbox import SandboxResult, run_python
+from metagen.tools.sandbox import SandboxResult, run_python
+from tests.scoring.conftest import leftovers, no_leftovers  # noqa: F401 - no sandbox process may stay behind
 
 KERNEL_LAYERS = {"pid-ns", "net-ns", "read-only-root", "private-tmp"}
 
@@ -201,7 +202,7 @@ def test_unprivileged_callers_get_a_user_namespace(tmp_path, no_leftovers):
         "result = sandbox.run_python('import os\\nprint(os.getuid(), os.listdir(\"/tmp\"))')\n"
         "print(result.status, result.stdout.strip(), ' '.join(result.isolation))\n"
     )
-    directory = Path(__file__).resolve().parents[2] / "src" / "metagen" / "scoring"
+    directory = Path(__file__).resolve().parents[2] / "src" / "metagen" / "tools"
     command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", system_python(), "-c", script, str(directory)]
     output = subprocess.run(command, capture_output=True, text=True, timeout=30, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
     status, uid, files, *layers = output.stdout.split()

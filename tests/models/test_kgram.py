@@ -11,7 +11,7 @@ from scipy.stats import chisquare
 
 from metagen.decoding import generate
 from metagen.sampling import SamplingParams
-from metagen.theory import KGramModel, SymbolTokenizer
+from metagen.models.kgram import KGramModel, SymbolTokenizer
 
 
 @pytest.fixture
