@@ -37,7 +37,7 @@ demo: install
 	$(VENV)/bin/metagen generate "$(PROMPT)" --temperature 0 --max-tokens 64
 
 test: install-dev
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=40
 
 bench: install-dev
 	$(PY) benchmarks/decode.py
