@@ -24,18 +24,18 @@ import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# name -> page path in the site; the reference page has the math of the sampling adapters
+# name -> page (its path in the site); --page adds others
 PAGES = {
     "home": "",
-    "guide": "guides/speculative/",
-    "api-formulas": "reference/sampling/",
+    "guide": "guides/evaluation/",
+    "api-formulas": "reference/theory/",
     "figure": "guides/theory/",
 }
 WIDTH, HEIGHT = 1280, 2000
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--hide-scrollbars", "--virtual-time-budget=15000", f"--window-size={WIDTH},{HEIGHT}",
+    "--hide-scrollbars", "--virtual-time-budget=15000",
 ]
 
 
@@ -58,10 +58,11 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def screenshot(chromium: str, url: str, picture: Path, dark: bool) -> None:
+def screenshot(chromium: str, url: str, picture: Path, dark: bool, height: int = HEIGHT) -> None:
     """One PNG of `url`; a fresh profile per picture so nothing (such as the palette) carries over."""
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
-        flags = [*CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={picture}"]
+        flags = [*CHROMIUM_FLAGS, f"--window-size={WIDTH},{height}", f"--user-data-dir={profile}",
+                 f"--screenshot={picture}"]
         if dark:
             flags.append("--force-dark-mode")  # prefers-color-scheme: dark
         done = subprocess.run([chromium, *flags, url], capture_output=True, text=True, timeout=180)
@@ -75,7 +76,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder for the PNGs (default: out/docs-screenshots)")
     parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium",
                         help="the Chromium binary (default: chromium on PATH)")
+    parser.add_argument("--page", action="append", default=[], metavar="NAME=PATH",
+                        help="also this page (PATH in the site, e.g. reference/sampling/); repeatable")
+    parser.add_argument("--height", type=int, default=HEIGHT, help=f"window height in pixels (default {HEIGHT})")
     args = parser.parse_args(argv)
+    pages = dict(PAGES)
+    for item in args.page:
+        name, separator, path = item.partition("=")
+        if not separator or not name:
+            parser.error(f"--page: {item!r} is not NAME=PATH")
+        pages[name] = path
     if not Path(args.chromium).is_file():
         parser.error(f"--chromium: {args.chromium} does not exist (Debian: apt-get install -y chromium)")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -84,12 +94,13 @@ def main(argv: list[str] | None = None) -> int:
         build(site)
         server, port = serve(site)
         try:
-            for name, page in PAGES.items():
+            for name, page in pages.items():
                 if not (site / page / "index.html").is_file():
                     raise FileNotFoundError(f"the site has no page {page or '/'} (PAGES in {__file__})")
                 for mode in ("light", "dark"):
                     picture = args.out / f"{name}-{mode}.png"
-                    screenshot(args.chromium, f"http://127.0.0.1:{port}/{page}", picture, dark=mode == "dark")
+                    screenshot(args.chromium, f"http://127.0.0.1:{port}/{page}", picture, dark=mode == "dark",
+                               height=args.height)
                     print(picture)
         finally:
             server.shutdown()

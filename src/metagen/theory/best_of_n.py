@@ -5,14 +5,17 @@ highest reward r. Over K outcomes (Beirami et al. 2024, "Theoretical guarantees 
 alignment policy"; seed 002, "Aligned language model inference"):
 
 $$
-\pi^{(n)}(y) = F(y)^n - F^-(y)^n, \qquad F(y) = P_{z \sim p}[r(z) \le r(y)], \qquad F^-(y) = P_{z \sim p}[r(z) < r(y)].
+\begin{gathered}
+\pi^{(n)}(y) = F(y)^n - F^-(y)^n, \\
+F(y) = P_{z \sim p}[r(z) \le r(y)], \qquad F^-(y) = P_{z \sim p}[r(z) < r(y)].
+\end{gathered}
 $$
 
 Ties. The seed's formula assumes distinct rewards. Here ties are broken uniformly at random
 among the tied *draws*, so a tie class C (outcomes sharing one reward) receives the probability
 that the maximum reward of the n draws is its reward, F(C)ⁿ − F⁻(C)ⁿ, and the drawn member is
-a p-distributed member of C: $\pi^{(n)}(y) = (F(y)^n - F^-(y)^n) \cdot p(y) / p(C)$. With distinct rewards
-p(C) = p(y) and this is the seed's formula.
+a p-distributed member of C: $\pi^{(n)}(y) = (F(y)^n - F^-(y)^n) \cdot p(y) / p(C)$. With
+distinct rewards p(C) = p(y) and this is the seed's formula.
 
 Shapes: p, r: (K,) array-likes; p ≥ 0 summing to 1 (renormalised after a 1e-6 check).
 Every function here is O(K log K) (one sort).

@@ -6,7 +6,7 @@ Yang et al. 2024, "Asymptotics of language model alignment", Lemma 1; seed 002):
 
 $$
 T(q, p, \alpha)(y) = \frac{p(y)\, q(y)^\alpha}{Z_\alpha}, \qquad Z_\alpha = \sum_z p(z)\, q(z)^\alpha, \qquad
-\alpha = \alpha(\Delta) \text{ solving } \mathrm{KL}(T \,\|\, p) = \Delta.
+\alpha = \alpha(\Delta) \text{ solving } \mathrm{KL}(T_\alpha \,\|\, p) = \Delta.
 $$
 
 The KL-regularized RL optimum $\pi^*(y) = p(y) \exp(r(y)/\beta) / Z$ is the same family with
