@@ -4,6 +4,8 @@ does not resolve fails), its reference covers every public module, and its math 
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,13 +24,16 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
     site = tmp_path / "site"
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
-    # MathJax is part of the site (pages are read offline), and the pages load it from there
+    # MathJax is part of the site (pages are read offline), and the pages load it from there;
+    # no page loads a script, a stylesheet or a font from another host
     assert (site / "javascripts" / "mathjax" / "tex-mml-chtml.js").is_file()
     assert (site / "javascripts" / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2").is_dir()
     home = (site / "index.html").read_text(encoding="utf-8")
-    assert "javascripts/mathjax/tex-mml-chtml.js" in home and "cdn" not in home.lower()
+    assert "javascripts/mathjax/tex-mml-chtml.js" in home
+    outside = re.compile(r"<(?:link|script)\b[^>]*\b(?:href|src)=\"(?:https?:)?//")
+    assert not [page for page in site.rglob("*.html") if outside.search(page.read_text(encoding="utf-8"))]
     # the API reference is generated from the docstrings, with the math marked for MathJax
     theory = (site / "reference" / "theory" / "index.html").read_text(encoding="utf-8")
     assert "metagen.theory.best_of_n.bon_pmf" in theory
