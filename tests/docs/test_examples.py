@@ -60,14 +60,19 @@ def _run_page(page: Page, directory: Path, port: int | None) -> None:
 @pytest.mark.parametrize("page", [pytest.param(page, id=str(page.path.relative_to(page.path.parents[1])),
                                                marks=[pytest.mark.slow] if page.slow else [])
                                   for page in PAGES])
-def test_page_examples(page: Page, tmp_path: Path) -> None:
-    if not page.serve:
-        _run_page(page, tmp_path, None)
-        return
+def test_page_examples(page: Page, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    port = request.getfixturevalue("docs_server").port if page.serve else None
+    _run_page(page, tmp_path, port)
+
+
+@pytest.fixture(scope="module")
+def docs_server():
+    """One `metagen serve` of the embedded model for every page with a `run serve` block (its
+    start-up costs more than their requests)."""
     from tests.serve.server import serve_process
 
     with serve_process() as server:
-        _run_page(page, tmp_path, server.port)
+        yield server
 
 
 def test_convention(tmp_path: Path) -> None:

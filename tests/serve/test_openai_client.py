@@ -171,3 +171,16 @@ def test_token_healing_equals_the_sampling_loop_and_is_refused_where_it_cannot_a
         client.completions.create(model=served_model, prompt=prompt, max_tokens=4, echo=True,
                                   extra_body={"token_healing": True})
     assert refused.value.body["param"] == "token_healing"
+
+
+def test_a_stream_names_the_stop_that_ended_it_as_the_whole_answer_does(client, served_model):
+    # The last chunk's stop_reason comes from the engine's TokenEvent; the whole answer's from the row.
+    free = client.completions.create(model=served_model, prompt="One, two,", max_tokens=8, temperature=0)
+    stop = free.choices[0].text.split(",")[1]  # a word the greedy output reaches after its first comma
+    assert stop.strip(), free.choices[0].text
+    kwargs = dict(model=served_model, prompt="One, two,", max_tokens=8, temperature=0, stop=[stop])
+    whole = client.completions.create(**kwargs).choices[0]
+    ends = [chunk.choices[0] for chunk in client.completions.create(stream=True, **kwargs)
+            if chunk.choices[0].finish_reason is not None]
+    assert whole.finish_reason == "stop" and whole.stop_reason == stop
+    assert [(end.finish_reason, end.stop_reason) for end in ends] == [("stop", stop)]

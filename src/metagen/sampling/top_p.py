@@ -1,12 +1,14 @@
-"""Top-p (nucleus) truncation (Holtzman et al., 2020).
+r"""Top-p (nucleus) truncation (Holtzman et al., 2020).
 
 Keep the smallest set of tokens, taken in descending probability order, whose cumulative
 probability reaches p:
 
-    n* = min { n : p_(1) + ... + p_(n) >= p },     keep(v) = p_v >= p_(n*)
+$$
+n^* = \min \{ n : p_{(1)} + \dots + p_{(n)} \ge p \}, \qquad \operatorname{keep}(v) = [\, p_v \ge p_{(n^*)} \,]
+$$
 
-where p_(1) >= p_(2) >= ... are the sorted probabilities. The most likely token is always kept.
-Tie rule: tokens tied with the last kept probability p_(n*) are all kept (same as `top_k`), so the
+where $p_{(1)} \ge p_{(2)} \ge \dots$ are the sorted probabilities. The most likely token is
+always kept. Tie rule: tokens tied with the last kept probability p_(n*) are all kept (same as `top_k`), so the
 result never depends on token order. Example: probabilities {0.1, 0.2, 0.3, 0.4} with p = 0.7 keep
 {0.4, 0.3}, renormalised to {4/7, 3/7}.
 """

@@ -1,13 +1,18 @@
-"""Locally typical truncation (Meister, Pimentel, Wiher and Cotterell, 2022, "Locally Typical
+r"""Locally typical truncation (Meister, Pimentel, Wiher and Cotterell, 2022, "Locally Typical
 Sampling").
 
-Keep the tokens whose surprise -log p_v is closest to the expected surprise (the entropy H),
+Keep the tokens whose surprise $-\log p_v$ is closest to the expected surprise (the entropy H),
 adding them in that order until their mass reaches `mass`:
 
-    H = -sum_v p_v log p_v
-    d_v = | -log p_v - H |
-    order tokens by increasing d_v; n* = min { n : p_[1] + ... + p_[n] >= mass }
-    keep(v) = d_v <= d_[n*]
+$$
+H = -\sum_v p_v \log p_v, \qquad d_v = \lvert -\log p_v - H \rvert
+$$
+
+order tokens by increasing $d_v$, then
+
+$$
+n^* = \min \{ n : p_{[1]} + \dots + p_{[n]} \ge \text{mass} \}, \qquad \operatorname{keep}(v) = [\, d_v \le d_{[n^*]} \,]
+$$
 
 Tie rule: tokens tied with the last kept distance are all kept (as in Hugging Face's
 implementation), so the result does not depend on token order. Unlike the other truncations,

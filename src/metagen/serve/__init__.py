@@ -2,12 +2,16 @@
 
     engine.py    one thread owning the model and the KV cache: continuous batching, each
                  request with its own SamplingParams, constraint and torch.Generator
+    scheduler.py what each engine step admits, prefills and decodes; the engine's request state
+    requests.py  ServeRequest (a caller's input and outputs), its events, EngineStats
     protocol.py  request bodies -> (prompt ids, SamplingParams), validated; errors name the field
     responses.py completions, chat completions and their stream chunks (OpenAI's shapes)
     metrics.py   Prometheus text of the engine's (or the proxy's) counters
     local.py     LocalBackend: the engine behind the app (and the backend interface)
     proxy.py     ProxyBackend: remote OpenAI-compatible servers behind the app (--backend)
-    app.py       the FastAPI application over a backend (fastapi / uvicorn: the `serve` extra)
+    app.py       the FastAPI application over a backend (fastapi / uvicorn: the `serve` extra):
+                 http.py (its ServerState, the API-key dependency), routers.py (health, models,
+                 metrics, tokenize), generation.py (completions and chat completions)
 
 Importing `metagen.serve` imports neither FastAPI nor uvicorn; `metagen.serve.app` does.
 """

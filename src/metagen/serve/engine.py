@@ -2,27 +2,36 @@
 
 Requests join and leave the running batch at step boundaries. The cache's rows are grouped by
 request, in admission order, so request r owns the contiguous rows `[start_r, start_r + k_r)`
-and its logits are the slice `logits[start_r : start_r + k_r]` (a view, no copy). One step:
+and its logits are the slice `logits[start_r : start_r + k_r]` (a view, no copy). As in vLLM
+v1, the scheduler (scheduler.py) decides and the engine runs; one step:
 
-    admit waiting requests while rows are free, at most `prefill_chunk` prompt tokens in all
-    (split by `prefill_plan`: a short prompt is not held up behind a long one):
-        snapshot the running rows                           # each prompt prefilled alone (below)
-        cache.restore([its prompt row])                     # a cached prefix, or its earlier pieces,
-                                                            # or reset(1) for its first piece
-        out = model.forward(cache, [next piece of prompt])  # "none", "last" (1, V) on the last piece
-        last piece: cache.restore(running + [prompt row] * n)   # page-table ints, no K/V copy
-                    prefix_cache.insert(prompt_ids, prompt slots); lock it
-        else:       prompt row = cache.snapshot(0); cache.restore(running)   # it goes on next step
-    for each request r (rows a..b):                         # per-request sampling state
-        processed = chain_r.process(logits[a:b])            # its own SamplingParams / constraint
-        tokens    = chain_r.choose(processed, generator_r)  # its own torch.Generator
-        chain_r.accept(tokens)
-    records = token_records(all rows at once)               # one batched log-softmax / top-k
-    batch_r.push(b, token, record)                          # per row: the shared decoding core
-    prefix_cache.insert(finished rows' prompt + output)     # before their rows leave
-    batch_r.keep(its rows going on)                         # its chain and rows (`RowBatch`)
-    cache.select(rows going on, every request)              # finished / cancelled rows leave
-    logits = model.forward(cache, last tokens (B, 1))       # one decode forward for every row
+    _admit: scheduler.admit(now)             # waiting requests leaving; those given rows (FCFS)
+        _start (new ones)                    # RowBatch.start; its cached prefix as its prompt row
+        scheduler.plan_prefill(started)      # at most `prefill_chunk` prompt tokens (`prefill_plan`)
+        _prefill, per prompt:                # each prompt prefilled alone (below)
+            snapshot the running rows
+            _forward_piece: cache.restore([its prompt row])   # a cached prefix, or its earlier pieces,
+                                                              # or reset(1) for its first piece
+                            out = model.forward(cache, [next piece of prompt])  # "last" (1, V) on the last piece
+            last piece: _join: cache.restore(running + [prompt row] * n)   # page-table ints, no K/V copy
+                               prefix_cache.insert(prompt_ids, prompt slots); lock it
+                        -> RUNNING (scheduler.start_running)
+            else:       prompt row = cache.snapshot(0); cache.restore(running)   # it goes on next step
+    _step: scheduler.decode(now)             # running requests leaving; each other's rows
+        _sample, for each request r (rows a..b):    # per-request sampling state
+            processed = chain_r.process(logits[a:b])            # its own SamplingParams / constraint
+            tokens    = chain_r.choose(processed, generator_r)  # its own torch.Generator
+            chain_r.accept(tokens)
+        records = token_records(rows of a group)   # batched log-softmax / top-k per (greedy, top-k) group
+        update_from_output:
+            batch_r.push(b, token, record)            # per row: the shared decoding core, a TokenEvent
+            prefix_cache.insert(finished rows' prompt + output)     # before their rows leave
+            batch_r.keep(its rows going on)           # its chain and rows (`RowBatch`)
+        _forward: cache.select(rows going on, every request)      # finished / cancelled rows leave
+                  logits = model.forward(cache, last tokens (B, 1))  # one decode forward for every row
+
+A request that ends — finished, failed, cancelled, past its deadline — goes through one exit,
+`_end`: out of the waiting list or the batch, its prompt unpinned, counted, its `DoneEvent`.
 
 Each request goes through exactly the steps `decoding.sample_loop.stream` takes alone: the same
 prefill (1-row forwards of the prompt), the same set-up (`RowBatch.start`) and the same
@@ -37,7 +46,7 @@ Chunked prefill (as vLLM's chunked prefill and llama.cpp's n_batch): a step forw
 rows decode, so a long prompt delays each running stream by one chunk's forward per token
 instead of its whole prefill (a 3,530-token prompt: worst gap 91-135 s whole, 7-8 s in pieces
 of 256, on a loaded 2-core machine; BENCHMARKS.md, `benchmarks/prefill_stall.py`). Between
-steps the partly prefilled prompt row waits as a snapshot (`ServeRequest.prompt_row`, holding
+steps the partly prefilled prompt row waits as a snapshot (`EngineRequest.prompt_row`, holding
 its slots). A prompt fed in pieces is the cached-prefix case below: the same keys, values and
 logits as a whole prefill up to float rounding (tests: fp32 token for token), and bit-identical
 for prompts up to one chunk.
@@ -60,7 +69,8 @@ their prefill returns `(C, V)` logits that a `PromptScorer` turns into the recor
 returns (log-prob and top-k per token) before the next piece, so no `(T, V)` tensor of the whole
 prompt exists (it was ~200 KB per prompt token at V = 49,152, twice over with its log-softmax).
 
-Thread model: `submit` (any thread) puts a `ServeRequest` in a bounded queue; the engine thread
+Thread model: `submit` (any thread) puts a `ServeRequest` in a bounded queue (the engine thread
+holds each as an `EngineRequest` once it takes it); the engine thread
 is the only one touching the model, the cache, the chains and the rows. Events go back through
 `ServeRequest.emit`, a callback the caller provides (the HTTP layer hands them to its event
 loop). `cancel()` from any thread marks a request; its rows leave at the next step boundary.
@@ -72,6 +82,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -82,38 +93,25 @@ from metagen.decoding.records import TokenRecord, token_records
 from metagen.models.prefix_cache import PrefixCache
 from metagen.serve.requests import (DoneEvent, EngineStats, EngineStoppedError, QueueFullError, ServeRequest,
                                     TokenEvent)
+from metagen.serve.scheduler import EngineRequest, RequestStatus, Scheduler, prefill_plan
 
 __all__ = ["DEFAULT_CACHE_MEMORY", "DEFAULT_PREFILL_CHUNK", "DoneEvent", "Engine", "EngineStats", "EngineStoppedError",
-           "QueueFullError", "ServeRequest", "TokenEvent", "bytes_per_token", "model_forward"]
+           "QueueFullError", "ServeRequest", "TokenEvent", "bytes_per_token", "model_forward", "prefill_plan"]
 
 DEFAULT_CACHE_MEMORY = 256 * 2**20  # bytes of keys and values the prefix cache may keep
 DEFAULT_PREFILL_CHUNK = 256  # prompt tokens forwarded per engine step (then the running rows decode)
 
 
-def prefill_plan(remaining: list[int], budget: int) -> list[int]:
-    """Prompt tokens to forward this step for each waiting prompt (arrival order; `remaining`: the
-    tokens each has still to prefill), at most `budget` in all: the oldest first gets up to half
-    the budget (a long prompt always advances), then every prompt whose rest fits in what is left
-    gets all of it, in order (a short prompt arriving behind a long one is not held up for the
-    whole long prefill), then what is left goes to the rest in order. Without other prompts the
-    oldest gets min(rest, budget), as first come, first served would give it. O(len(remaining)).
+@dataclass(eq=False)
+class SampledRows:
+    """What one decode step produced for one request: its cache rows, its processed logits
+    `(k, V)`, the tokens chosen `(k,)` and their records (one per row)."""
 
-        prefill_plan([3000, 40, 10], 256) == [206, 40, 10]
-    """
-    plan = [0] * len(remaining)
-    if not remaining:
-        return plan
-    plan[0] = min(remaining[0], (budget + 1) // 2)
-    left = budget - plan[0]
-    for index, total in enumerate(remaining):
-        if 0 < total - plan[index] <= left:
-            left -= total - plan[index]
-            plan[index] = total
-    for index, total in enumerate(remaining):
-        take = min(total - plan[index], left)
-        plan[index] += take
-        left -= take
-    return plan
+    request: EngineRequest
+    rows: range
+    processed: torch.Tensor
+    tokens: torch.Tensor
+    records: list[TokenRecord] = field(default_factory=list)
 
 
 class Engine:
@@ -146,10 +144,10 @@ class Engine:
         self._cache = model.new_cache(1)
         self.prefix_cache = self._make_prefix_cache(cache_memory)
         self.stats = EngineStats()
+        self.scheduler = Scheduler(max_rows, prefill_chunk)  # engine thread only
         self._waiting: queue.Queue[ServeRequest | None] = queue.Queue()
         self._waiting_count = 0
         self._lock = threading.Lock()  # guards _waiting_count against concurrent submits
-        self._running: list[ServeRequest] = []
         self._stopping = False
         self._dead: str | None = None  # why the engine thread ended, once it has
         self._thread = threading.Thread(target=self._run, name="metagen-engine", daemon=True)
@@ -204,24 +202,24 @@ class Engine:
     # ------------------------------------------------------------------ engine thread
 
     def _run(self) -> None:
-        pending: list[ServeRequest] = []  # taken from the queue, waiting for rows
+        scheduler = self.scheduler
         reason = "the server is shutting down"
         try:
             while not self._stopping:
-                block = not self._running and not pending
+                block = not scheduler.running and not scheduler.waiting
                 try:
                     while True:
                         item = self._waiting.get(block=block)
                         block = False
                         if item is None:
                             break
-                        pending.append(item)
+                        scheduler.add(item)
                 except queue.Empty:
                     pass
                 if self._stopping:
                     break
-                pending = self._admit(pending)
-                if self._running:
+                self._admit()
+                if scheduler.running:
                     self._step()
         except BaseException as error:  # a bug in the loop itself: nobody may be left waiting
             reason = f"the engine stopped: {type(error).__name__}: {error}"
@@ -234,127 +232,98 @@ class Engine:
                 except queue.Empty:
                     break
                 if item is not None:
-                    pending.append(item)
-            for request in pending + self._running:
-                request.emit(DoneEvent(reason))
-            self._running = []
+                    scheduler.add(item)
+            for state in scheduler.waiting + scheduler.running:
+                state.request.emit(DoneEvent(reason))
+            scheduler.running = []
 
-    def _rows_in_use(self) -> int:
-        return sum(len(request.batch.active) for request in self._running)
-
-    def _admit(self, pending: list[ServeRequest]) -> list[ServeRequest]:
-        """Prefill at most `prefill_chunk` prompt tokens of the pending requests whose rows fit,
-        split by `prefill_plan` (a short prompt behind a long one starts within a step; rows are
-        still given first come, first served: a request whose rows do not fit holds back the ones
-        behind it); returns those still waiting."""
-        still, ready, failed = [], [], set()
-        now = time.monotonic()
-        for request in pending:
-            stopped = request.stopped(now)
-            if stopped is not None:
+    def _admit(self) -> None:
+        """This step's admission and prefill: the scheduler names the waiting requests that leave
+        and those given rows; the new ones are set up (`_start`), then each forwards its share of
+        `prefill_chunk` prompt tokens (`Scheduler.plan_prefill`), and one whose prompt is all in
+        joins the running batch. A request failing here fails alone."""
+        scheduler = self.scheduler
+        admission = scheduler.admit(time.monotonic())
+        for request, event in admission.stopped:
+            self._end(request, event)
+        started = [request for request in admission.admitted
+                   if request.status is not RequestStatus.WAITING or self._attempt(request, self._start)]
+        for request, tokens in scheduler.plan_prefill(started):
+            if tokens and self._attempt(request, self._prefill, tokens) and request.logits is not None:
                 self._dequeued()
-                self._drop_prefill(request)
-                self._count_stop(stopped)
-                request.emit(stopped)
-            elif still or self._rows_in_use() + sum(r.params.n for r in ready) + request.params.n > self.max_rows:
-                still.append(request)  # no overtaking for rows
-            else:
-                ready.append(request)
-        for request in ready:
-            if request.batch is None and not self._attempt(request, self._start):  # its cached prefix, its rows
-                failed.add(id(request))
-        ready = [request for request in ready if id(request) not in failed]
-        plan = prefill_plan([len(request.prompt_ids) - request.prefilled for request in ready], self.prefill_chunk)
-        for request, tokens in zip(ready, plan):
-            if tokens and not self._attempt(request, lambda request: self._prefill(request, tokens)):
-                continue
-            if request.logits is None:  # part of its prompt is still to come
-                still.append(request)
-                continue
-            self._dequeued()
-            self._running.append(request)
-        order = {id(request): number for number, request in enumerate(pending)}
-        return sorted(still, key=lambda request: order[id(request)])
+                scheduler.start_running(request)
 
-    def _attempt(self, request: ServeRequest, work) -> bool:
-        """work(request); on an exception the request fails alone (its event says why, its partial
-        prompt row is released) and False is returned: one request must not stop the engine."""
+    def _attempt(self, request: EngineRequest, work, *args) -> bool:
+        """work(request, *args); on an exception the request fails alone (`_end`: its event says
+        why) and False is returned: one request must not stop the engine."""
         try:
-            work(request)
+            work(request, *args)
         except Exception as error:  # noqa: BLE001
-            self._dequeued()
-            self._drop_prefill(request)
-            self.stats.requests_failed += 1
-            self._leave(request)
-            request.emit(DoneEvent(f"{type(error).__name__}: {error}"))
+            self._end(request, DoneEvent(f"{type(error).__name__}: {error}"))
             return False
         return True
 
-    def _count_stop(self, event: DoneEvent) -> None:
-        if event.timed_out:
-            self.stats.requests_timed_out += 1
-        else:
-            self.stats.requests_cancelled += 1
+    def _end(self, request: EngineRequest, event: DoneEvent) -> None:
+        """`request` leaves the engine with `event`: out of the waiting list (its partial prompt
+        row released) or out of the batch (its rows are dropped by the next `cache.select`); its
+        prompt unpinned in the prefix cache; counted; told."""
+        if request.status.queued:
+            self._dequeued()
+            self.scheduler.drop(request)
+            if request.prompt_row is not None:
+                self._cache.release(request.prompt_row)
+                request.prompt_row = None
+        if request.prefix_node is not None:
+            self.prefix_cache.unlock(request.prefix_node)
+            request.prefix_node = None
+            self._evict()
+        self.stats.count(event)
+        request.status = RequestStatus(event.outcome)
+        request.request.emit(event)
 
     def _dequeued(self) -> None:
         with self._lock:
             self._waiting_count -= 1
 
-    def _start(self, request: ServeRequest) -> None:
+    def _start(self, request: EngineRequest) -> None:
         """Set up the request's rows (`RowBatch.start`: chain, rows, generator; a strategy run
         hands its own generator, serve/engine_generator.py) and its prompt row: the longest
         cached prefix of the prompt (a snapshot sharing its slots) or none."""
-        model, params, prompt_ids = self.model, request.params, request.prompt_ids
-        batch = RowBatch.start(model, prompt_ids, params, healed=request.healed, generator=request.generator,
-                               rows_in_use=self._rows_in_use())  # its rows live in the engine's shared cache
-        if request.echo:
+        model, params, prompt_ids, caller = self.model, request.params, request.prompt_ids, request.request
+        batch = RowBatch.start(model, prompt_ids, params, healed=caller.healed, generator=caller.generator,
+                               rows_in_use=self.scheduler.rows_in_use())  # its rows live in the engine's shared cache
+        if caller.echo:
             check_batch_fits(model, 1, 0, positions=min(len(prompt_ids), self.prefill_chunk), what="echo rows")
             request.scorer = PromptScorer(prompt_ids, params.logprobs or 0)
-        request.batch, request.rows = batch, batch.rows
+        request.batch, caller.rows = batch, batch.rows
+        request.status = RequestStatus.PREFILLING
         prefixes, reused = self.prefix_cache, 0
-        if prefixes is not None and not request.echo:  # at least the last token is computed
+        if prefixes is not None and not caller.echo:  # at least the last token is computed
             found = prefixes.match(prompt_ids[:-1])
             reused = found.length
             if reused:
                 request.prompt_row = self._cache.share(found.slots)
-        request.cached_tokens = request.prefilled = reused
+        caller.cached_tokens = request.prefilled = reused
         if reused:
             self.stats.prefix_hits += 1
             self.stats.prefix_tokens_reused += reused
 
-    def _prefill(self, request: ServeRequest, budget: int) -> int:
+    def _prefill(self, request: EngineRequest, budget: int) -> None:
         """Forward the next (at most `budget`) tokens of the request's prompt on its own prompt
-        row; once the whole prompt is in, add its n rows (the prompt row shared n times) at the end
-        of the batch and set `request.logits`. Returns the tokens forwarded."""
-        model, prompt_ids = self.model, request.prompt_ids
-        if request.batch is None:  # its first piece
-            self._start(request)
+        row (`_forward_piece`), the running rows set aside as snapshots; once the whole prompt is
+        in, its n rows join the end of the batch (`_join`) and `request.logits` is set."""
+        prompt_ids, cache = request.prompt_ids, self._cache
         begin = request.prefilled
         end = min(len(prompt_ids), begin + budget)
         last = end == len(prompt_ids)
-        cache, prefixes = self._cache, self.prefix_cache
-        running = [cache.snapshot(row) for row in range(cache.batch_size)] if self._running else []
+        running = [cache.snapshot(row) for row in range(cache.batch_size)] if self.scheduler.running else []
         try:
-            if request.prompt_row is not None:
-                cache.restore([request.prompt_row])
-                cache.release(request.prompt_row)
-                request.prompt_row = None
+            logits, prompt_row = self._forward_piece(request, begin, end, last)
+            if last:
+                self._join(request, running, prompt_row)
             else:
-                cache.reset(1)
-            out = model.forward(cache, [list(prompt_ids[begin:end])],  # `model.prefill`'s computation, in pieces
-                                logits="all" if request.echo else "last" if last else "none")
-            prompt_row = cache.snapshot(0)
-            if not last:
                 cache.restore(running)
                 request.prompt_row = prompt_row
-            else:
-                cache.restore(running + [prompt_row] * request.params.n)
-                if prefixes is not None and not prompt_row.start:  # later requests reuse this prompt (unless
-                    # a sliding-window cache already released its oldest positions)
-                    request.prefix_node = prefixes.insert(prompt_ids, prompt_row.slots)
-                    prefixes.lock(request.prefix_node)
-                    self._evict()
-                cache.release(prompt_row)
         except Exception:
             cache.restore(running)  # the running rows are untouched by a failed prefill
             raise
@@ -362,165 +331,172 @@ class Engine:
             for snapshot in running:
                 cache.release(snapshot)
         request.prefilled = end
-        if request.echo:
-            request.scorer.add(out.logits[0])  # (C, V): records of the tokens these positions predict
+        caller = request.request
+        if caller.echo:
+            request.scorer.add(logits[0])  # (C, V): records of the tokens these positions predict
         if last:
-            logits = out.logits[0, -1:].clone() if request.echo else out.logits  # (1, V), no view of a (C, V) chunk
-            if request.echo:
-                request.prompt_records, request.scorer = request.scorer.records, None
+            if caller.echo:
+                logits = logits[0, -1:].clone()  # (1, V), no view of a (C, V) chunk
+                caller.prompt_records, request.scorer = request.scorer.records, None
             request.logits = logits.expand(request.params.n, -1)  # (n, V): every row starts from the prompt
             self.stats.prompt_tokens += len(prompt_ids)
-        return end - begin
 
-    def _drop_prefill(self, request: ServeRequest) -> None:
-        """Release the prompt row of a request leaving before its prefill ended."""
+    def _forward_piece(self, request: EngineRequest, begin: int, end: int, last: bool):
+        """Prompt tokens [begin, end) forwarded on the request's prompt row alone (its earlier
+        pieces or its cached prefix, else an empty row): `model.prefill`'s computation, in pieces.
+        Returns the logits (`(1, C, V)` for echo, `(1, V)` on the last piece, else None) and the
+        prompt row's snapshot; the cache is left holding that row only."""
+        cache = self._cache
         if request.prompt_row is not None:
-            self._cache.release(request.prompt_row)
+            cache.restore([request.prompt_row])
+            cache.release(request.prompt_row)
             request.prompt_row = None
+        else:
+            cache.reset(1)
+        out = self.model.forward(cache, [list(request.prompt_ids[begin:end])],
+                                 logits="all" if request.request.echo else "last" if last else "none")
+        return out.logits, cache.snapshot(0)
+
+    def _join(self, request: EngineRequest, running: list, prompt_row) -> None:
+        """The running rows back, then the prompt row n times (page-table ints, no K/V copy); the
+        prompt indexed in the prefix cache and locked while the request runs (unless a
+        sliding-window cache already released its oldest positions)."""
+        cache, prefixes = self._cache, self.prefix_cache
+        cache.restore(running + [prompt_row] * request.params.n)
+        if prefixes is not None and not prompt_row.start:
+            request.prefix_node = prefixes.insert(request.prompt_ids, prompt_row.slots)
+            prefixes.lock(request.prefix_node)
+            self._evict()
+        cache.release(prompt_row)
 
     def _step(self) -> None:
-        """Choose one token for every running row, drop the rows that ended, forward the rest."""
-        now = time.monotonic()
-        chosen: list[tuple[ServeRequest, range, torch.Tensor, torch.Tensor]] = []
-        start = 0
-        for request in self._running:  # 1. per request: its chain on its rows, its generator
-            k = len(request.batch.active)
-            rows = range(start, start + k)
-            start += k
-            stopped = request.stopped(now)
-            if stopped is not None:
-                self._count_stop(stopped)
-                self._leave(request)
-                request.emit(stopped)
-                continue
+        """One decode step, vLLM v1's schedule -> execute -> update: the scheduler names the running
+        requests that leave and the rows of the others; each request chooses a token per row
+        (`_sample`); `update_from_output` pushes them into its rows; one forward of the rows going
+        on gives their next logits (`_forward`)."""
+        schedule = self.scheduler.decode(time.monotonic())
+        for request, event in schedule.stopped:
+            self._end(request, event)
+        sampled = self._sample(schedule.decoding)
+        kept_rows, next_tokens = self.update_from_output(sampled)
+        self._forward(kept_rows, next_tokens)
+
+    def _sample(self, decoding: list[tuple[EngineRequest, range]]) -> list[SampledRows]:
+        """Per request, its chain on its rows' logits with its own generator
+        (`sample_loop.stream`'s process -> choose -> accept; a failure ends that request alone),
+        then the records of every chosen token (`_records`)."""
+        sampled = []
+        for request, rows in decoding:
+            chain = request.batch.chain
             try:
-                processed, tokens = self._choose(request)
+                processed = chain.process(request.logits)  # (k, V)
+                tokens = chain.choose(processed, request.batch.generator)  # (k,)
+                chain.accept(tokens)
             except Exception as error:  # noqa: BLE001 - fail this request only
-                self.stats.requests_failed += 1
-                self._leave(request)
-                request.emit(DoneEvent(f"{type(error).__name__}: {error}"))
+                self._end(request, DoneEvent(f"{type(error).__name__}: {error}"))
                 continue
-            chosen.append((request, rows, processed, tokens))
-        records = self._records(chosen)  # 2. the records of every chosen token, batched
-        kept_rows: list[int] = []  # cache rows that go on
+            sampled.append(SampledRows(request, rows, processed, tokens))
+        _records(sampled)
+        return sampled
+
+    def update_from_output(self, sampled: list[SampledRows]) -> tuple[list[int], list[int]]:
+        """Apply one step's output to the requests: each row takes its token (`RowBatch.push`:
+        stop rules, text, records; a `TokenEvent` each); the rows that ended are indexed in the
+        prefix cache and leave their request's `RowBatch`; a request whose rows all ended
+        finishes. Returns the cache rows going on and their last tokens; the scheduler's running
+        list becomes the requests going on."""
+        kept_rows: list[int] = []
         next_tokens: list[int] = []
-        still_running: list[ServeRequest] = []
-        offset = 0
-        for request, rows, _, tokens in chosen:  # 3. per row: the shared core's Row, events
-            k = len(rows)
-            keep, chosen_ids = self._push(request, tokens, records[offset:offset + k])
-            offset += k
-            if len(keep) < k:
+        running: list[EngineRequest] = []
+        for step in sampled:
+            request, rows, batch = step.request, step.rows, step.request.batch
+            chosen = step.tokens.tolist()
+            keep = []
+            for b, (index, token) in enumerate(zip(batch.active, chosen)):
+                text = batch.push(b, token, step.records[b])
+                completion = batch.rows[index].completion
+                if completion.finish_reason is None:
+                    keep.append(b)
+                request.request.emit(TokenEvent(index, text, token, step.records[b], completion.finish_reason,
+                                                completion.stop_reason))
+            self.stats.generated_tokens += len(chosen)
+            if len(keep) < len(rows):
                 self._cache_finished(request, rows, keep)
             if not keep:
-                self.stats.requests_finished += 1
-                self._leave(request)
-                request.emit(DoneEvent())
+                self._end(request, DoneEvent())
                 continue
-            request.batch.keep(keep)  # its chain and rows; the shared cache's rows are selected below
+            batch.keep(keep)  # its chain and rows; the shared cache's rows are selected in `_forward`
             kept_rows += [rows[b] for b in keep]
-            next_tokens += [chosen_ids[b] for b in keep]
-            still_running.append(request)
-        self._running = still_running
-        cache = self._cache
+            next_tokens += [chosen[b] for b in keep]
+            running.append(request)
+        self.scheduler.running = running
+        return kept_rows, next_tokens
+
+    def _forward(self, kept_rows: list[int], next_tokens: list[int]) -> None:
+        """Drop the cache rows that ended, then one decode forward of the rest; each running
+        request's logits are its slice (a view). A failed forward loses the batch: every request
+        in it fails."""
+        cache, running, stats = self._cache, self.scheduler.running, self.stats
         if len(kept_rows) < cache.batch_size:
             cache.select(kept_rows)
-        self.stats.batch_rows = len(kept_rows)
-        self.stats.running_requests = len(still_running)
-        if not still_running:
+        stats.batch_rows = len(kept_rows)
+        stats.running_requests = len(running)
+        if not running:
             return
-        self.stats.steps += 1
-        self.stats.step_rows += len(kept_rows)
-        self.stats.max_batch_rows = max(self.stats.max_batch_rows, len(kept_rows))
+        stats.steps += 1
+        stats.step_rows += len(kept_rows)
+        stats.max_batch_rows = max(stats.max_batch_rows, len(kept_rows))
         try:
             out = model_forward(self.model, cache, next_tokens)
         except Exception as error:  # noqa: BLE001 - the batch is lost: every request in it fails
-            for request in still_running:
-                self.stats.requests_failed += 1
-                self._leave(request)
-                request.emit(DoneEvent(f"{type(error).__name__}: {error}"))
-            self._running = []
+            for request in running:
+                self._end(request, DoneEvent(f"{type(error).__name__}: {error}"))
+            self.scheduler.running = []
             cache.reset(0)
             return
         start = 0
-        for request in still_running:
-            k = len(request.batch.active)
+        for request in running:
+            k = request.live_rows
             request.logits = out.logits[start:start + k]  # (k, V) view
             start += k
 
-    def _cache_finished(self, request: ServeRequest, rows: range, keep: list[int]) -> None:
+    def _cache_finished(self, request: EngineRequest, rows: range, keep: list[int]) -> None:
         """Index the finished rows' cached tokens (prompt + output but the last token, which was
         never forwarded) in the prefix cache, before their rows leave the batch."""
         prefixes = self.prefix_cache
         if prefixes is None:
             return
-        cache, kept = self._cache, set(keep)
-        for b, index in enumerate(request.batch.active):
+        cache, kept, batch = self._cache, set(keep), request.batch
+        for b, index in enumerate(batch.active):
             if b in kept or cache.released(rows[b]):  # a sliding window released its oldest positions
                 continue
             slots = cache.slots(rows[b])
-            tokens = (request.prompt_ids + request.rows[index].completion.token_ids)[:slots.size]
+            tokens = (request.prompt_ids + batch.rows[index].completion.token_ids)[:slots.size]
             prefixes.insert(tokens, slots)
         self._evict()
-
-    def _leave(self, request: ServeRequest) -> None:
-        """The request's rows are leaving the batch: unpin its prompt in the prefix cache."""
-        if request.prefix_node is not None:
-            self.prefix_cache.unlock(request.prefix_node)
-            request.prefix_node = None
-            self._evict()
 
     def _evict(self) -> None:
         self.stats.prefix_tokens_evicted += self.prefix_cache.evict()
         self.stats.prefix_tokens_cached = self.prefix_cache.size
 
-    @staticmethod
-    def _choose(request: ServeRequest) -> tuple[torch.Tensor, torch.Tensor]:
-        """The request's processed logits `(k, V)` and chosen tokens `(k,)` for its rows, its
-        processors advanced (`sample_loop.stream`'s process -> choose -> accept)."""
-        chain = request.batch.chain
-        processed = chain.process(request.logits)
-        tokens = chain.choose(processed, request.batch.generator)
-        chain.accept(tokens)
-        return processed, tokens
 
-    @staticmethod
-    def _records(chosen: list[tuple[ServeRequest, range, torch.Tensor, torch.Tensor]]) -> list[TokenRecord]:
-        """`token_records` of every row of every request in one batched call (row-wise math, so
-        the same values as one call per request): greedy rows get sampled log-prob 0 (a point
-        mass) and each row keeps its own request's number of top log-probs."""
-        if not chosen:
-            return []
-        num_top = max(request.params.logprobs or 0 for request, *_ in chosen)
-        logits = torch.cat([request.logits for request, *_ in chosen])  # (B, V)
-        processed = torch.cat([processed for _, _, processed, _ in chosen])  # (B, V)
-        tokens = torch.cat([tokens for *_, tokens in chosen])  # (B,)
+def _records(sampled: list[SampledRows]) -> None:
+    """Fill each request's `records`: one batched `token_records` call per group of requests
+    sharing (greedy, number of top log-probs) — usually one group — so that each row gets the
+    record its request would get alone (row-wise math: the same values as one call per request),
+    greedy rows sampled log-prob 0 (a point mass). O(B V) over the B rows."""
+    groups: dict[tuple[bool, int], list[SampledRows]] = {}
+    for step in sampled:
+        groups.setdefault((step.request.params.greedy, step.request.params.logprobs or 0), []).append(step)
+    for (greedy, num_top), steps in groups.items():
+        logits = torch.cat([step.request.logits for step in steps])  # (B_g, V)
+        tokens = torch.cat([step.tokens for step in steps])  # (B_g,)
+        processed = None if greedy else torch.cat([step.processed for step in steps])  # (B_g, V)
         records = token_records(logits, tokens, processed, num_top)
         offset = 0
-        for request, rows, _, _ in chosen:
-            own_top = request.params.logprobs or 0
-            if request.params.greedy or own_top != num_top:
-                for b in range(offset, offset + len(rows)):
-                    record = records[b]
-                    top = None if not own_top else dict(list(record.top.items())[:own_top])
-                    records[b] = record._replace(sampled=0.0 if request.params.greedy else record.sampled, top=top)
-            offset += len(rows)
-        return records
-
-    def _push(self, request: ServeRequest, tokens: torch.Tensor, records: list[TokenRecord]) -> tuple[list[int], list[int]]:
-        """Push each row's token into its `Row` and emit it; returns the positions of the rows that
-        go on, and the chosen ids."""
-        batch = request.batch
-        chosen = tokens.tolist()
-        keep = []
-        for b, (index, token) in enumerate(zip(batch.active, chosen)):
-            text = batch.push(b, token, records[b])
-            finish = batch.rows[index].completion.finish_reason
-            if finish is None:
-                keep.append(b)
-            request.emit(TokenEvent(index, text, token, records[b], finish))
-        self.stats.generated_tokens += len(chosen)
-        return keep, chosen
+        for step in steps:
+            step.records = records[offset:offset + len(step.rows)]
+            offset += len(step.rows)
 
 
 def bytes_per_token(cache) -> int:

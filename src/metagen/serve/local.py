@@ -6,7 +6,10 @@ HTTP handling (app.py) is written once over it:
     served_name, max_rows        the model id clients send; most completions per request
     model, texts                 the LanguageModel and its TokenTexts (None in proxy mode)
     check(parsed)                refusals of this backend (APIError) before a request starts
-    submit(job)                  run a plain `ServeRequest`: TokenEvents, then one DoneEvent
+    submit(parsed, emit, timeout) start a plain request; returns its job (a `ServeRequest`
+                                 here, a `ProxyRequest` there: `completions`, `prompt_records`,
+                                 `cached_tokens`, `cancel()`), which emits TokenEvents, then
+                                 one DoneEvent
     strategy_generator(chat, timeout) a Generator for one strategy run, with usage tallies
                                  (prompt_tokens, completion_tokens, requests) and cancel()
     failure(error)               the APIError answering an exception of submit or a strategy
@@ -22,9 +25,11 @@ The proxy backend (proxy.py) forwards to remote servers instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from metagen.serve import metrics
-from metagen.serve.protocol import APIError, check_model, only, parse_request
-from metagen.serve.requests import EngineStoppedError, QueueFullError, RequestTooLargeError
+from metagen.serve.protocol import APIError, ParsedRequest, check_model, only, parse_request
+from metagen.serve.requests import EngineStoppedError, QueueFullError, RequestTooLargeError, ServeRequest
 from metagen.serve.responses import TokenTexts
 
 RETRY_AFTER_SECONDS = 1
@@ -42,8 +47,11 @@ class LocalBackend:
     def check(self, parsed) -> None:
         """Nothing: `parse_request` has checked the request against the model."""
 
-    def submit(self, job) -> None:
+    def submit(self, parsed: ParsedRequest, emit: Callable[[object], None], timeout: float | None) -> ServeRequest:
+        job = ServeRequest(parsed.prompt_ids, parsed.params, emit, echo=parsed.echo_text is not None,
+                           healed=parsed.healed, timeout=timeout)
         self.engine.submit(job)
+        return job
 
     def strategy_generator(self, chat: bool, timeout: float | None):
         from metagen.serve.engine_generator import EngineGenerator

@@ -45,6 +45,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from metagen.decoding.prompts import encode_prompt
@@ -52,6 +53,9 @@ from metagen.decoding.request import heal_request
 from metagen.json_depth import MAX_JSON_DEPTH, check_json_depth
 from metagen.sampling import SamplingParams
 from metagen.sampling.params import MAX_LOGPROBS
+
+if TYPE_CHECKING:
+    from metagen.strategies.spec import StrategyOptions, StrategySpec
 
 SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty",
@@ -87,9 +91,10 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-@dataclass
+@dataclass(frozen=True)
 class ParsedRequest:
-    """What the engine and the response builders need from one request.
+    """One request as the API gave it, parsed and checked (never changed after): what the backends
+    and the response builders need.
 
     chat: from /v1/chat/completions. logprobs: report per-token log-probabilities (the number of
     top alternatives is `params.logprobs`). include_usage: a final usage chunk when streaming.
@@ -111,14 +116,14 @@ class ParsedRequest:
     healed: str = ""  # token_healing: the prompt text backed up, which the output must reproduce
 
 
-@dataclass
+@dataclass(frozen=True)
 class StrategyRequest:
     """A strategy asked for by `metagen.strategy` or the model name `strategy:model`: its registry
     entry, its budget n, its StrategyOptions and its config overrides (validated by `spec.parse`)."""
 
-    spec: object
+    spec: StrategySpec
     n: int
-    options: object
+    options: StrategyOptions
     overrides: dict
 
 
@@ -172,26 +177,92 @@ def ignored_fields_header(names: Sequence[str], limit: int = IGNORED_HEADER_CHAR
     return ",".join([*parts, f"({len(names) - len(parts)} more)"])
 
 
+@dataclass(frozen=True)
+class _Prompt:
+    """What an endpoint's own fields give the shared checks: the prompt's ids (None in proxy
+    mode), the prompt as a strategy sees it (messages, text or token ids), its field name, the
+    max_tokens field used and its default, logprobs asked, and (completions) the prompt's text
+    and echo."""
+
+    ids: list[int] | None
+    seen: object
+    field: str
+    limit_field: str
+    default_max_tokens: int
+    logprobs: bool
+    text: str | None = None
+    echo: bool = False
+
+
 def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows: int,
                   lenient: bool = False, max_n: int = DEFAULT_MAX_N) -> ParsedRequest:
     """Validate `body` (decoded JSON) for one endpoint against `model` (None: proxy mode, see the
-    module docstring); APIError on the first problem."""
+    module docstring); APIError on the first problem. The fields both endpoints share are read
+    here, in this order: the body's own fields and the model, stream options and the sampling
+    fields; then the endpoint's own (`_chat_prompt_fields` / `_completion_prompt_fields`); then
+    the model's context, SamplingParams and the limits, the strategy and token healing."""
     if not isinstance(body, Mapping):
         raise APIError("the request body must be a JSON object", None)
     body = {key: value for key, value in body.items() if value is not None}  # null = not given
-    allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
+    unknown = _unknown_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS, lenient)
+    name, named_strategy = _model_name(body, served_name)
+    stream, include_usage = _stream_options(body)
+    token_strings = _bool(body, "return_tokens_as_token_ids", False)
+    names = {field: field for field in (*SAMPLING_FIELDS, "logprobs")}  # SamplingParams field -> request field
+    values = _sampling_values(body)
+    if chat:
+        prompt = _chat_prompt_fields(body, model, values, names)
+    else:
+        prompt = _completion_prompt_fields(body, model, stream, values)
+    _check_against_model(body, model, prompt, chat)
+    params = _sampling_params(body, prompt, values, names, model, max_rows, max_n)
+    echo_text = None
+    if prompt.echo:
+        echo_text = prompt.text if prompt.text is not None else model.tokenizer.decode(prompt.ids)
+    strategy = None
+    if named_strategy is not None or "metagen" in body:
+        strategy = parse_strategy(body, named_strategy, params, max_n)
+    prompt_ids, healed = prompt.ids, ""
+    if params.token_healing:
+        if strategy is not None:
+            raise APIError("token_healing=true is not supported with a strategy: its requests are built by the "
+                           "strategy", "token_healing")
+        if echo_text is not None:
+            raise APIError("token_healing=true is not supported with echo=true (the echoed prompt would be the "
+                           "healed one)", "token_healing")
+        try:
+            prompt_ids, healed = heal_request(params, model, prompt.seen, chat, prompt_ids)
+        except ValueError as error:
+            raise APIError(str(error), "token_healing") from None
+    return ParsedRequest(chat, prompt_ids, params, name if strategy is not None else served_name, echo_text, stream,
+                         include_usage, prompt.logprobs, token_strings, tuple(unknown), strategy, prompt.seen, healed)
+
+
+def _unknown_fields(body: Mapping, allowed: frozenset[str], lenient: bool) -> list[str]:
+    """The fields of `body` outside `allowed`, sorted: refused naming the first, unless `lenient`
+    (then ignored and returned)."""
     unknown = sorted(set(body) - allowed)
     if unknown and not lenient:
         raise APIError(f"unknown field {unknown[0]!r}" + (f" (and {unknown[1:]})" if len(unknown) > 1 else "")
                        + ": this server refuses fields it would not honour (start it with --lenient to ignore them)",
                        unknown[0])
+    return unknown
+
+
+def _model_name(body: Mapping, served_name: str) -> tuple[object, str | None]:
+    """The model named (default: the served one) and the strategy a name `strategy:model` asks for
+    (else None); 404 for a model not served here."""
     name = body.get("model", served_name)
-    named_strategy = None
     if name != served_name and isinstance(name, str) and name.endswith(":" + served_name):
-        named_strategy = name[: -len(served_name) - 1]  # the form strategy:model
-    elif name != served_name:
+        return name, name[: -len(served_name) - 1]  # the form strategy:model
+    if name != served_name:
         raise APIError(f"model {name!r} is not served here: this server serves {served_name!r}", "model",
                        status=404, code="model_not_found")
+    return name, None
+
+
+def _stream_options(body: Mapping) -> tuple[bool, bool]:
+    """(stream, stream_options.include_usage)."""
     stream = _bool(body, "stream", False)
     include_usage = False
     if "stream_options" in body:
@@ -201,8 +272,12 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
         if not isinstance(options, Mapping) or set(options) - {"include_usage"}:
             raise APIError("stream_options must be an object with the one field include_usage", "stream_options")
         include_usage = _bool(options, "include_usage", False, "stream_options.include_usage")
-    token_strings = _bool(body, "return_tokens_as_token_ids", False)
-    names = {field: field for field in (*SAMPLING_FIELDS, "logprobs")}  # SamplingParams field -> request field
+    return stream, include_usage
+
+
+def _sampling_values(body: Mapping) -> dict[str, object]:
+    """The SamplingParams fields given under their own names (logit_bias's keys made ids), with
+    llama.cpp's mirostat_mode checked against mirostat_tau."""
     values = {field: body[field] for field in SAMPLING_FIELDS if field in body}
     if "mirostat_mode" in body:  # llama.cpp's switch: 2 = Mirostat 2.0 with mirostat_tau, 0 = off
         mode = body["mirostat_mode"]
@@ -214,43 +289,67 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
                                                        "turns mirostat off: drop mirostat_tau"), "mirostat_mode")
     if "logit_bias" in values:
         values["logit_bias"] = _logit_bias(values["logit_bias"])
-    if chat:
-        prompt_ids = _chat_prompt(body, model)
-        logprobs = _bool(body, "logprobs", False)
-        if "top_logprobs" in body:
-            if not logprobs:
-                raise APIError("top_logprobs needs logprobs=true", "top_logprobs")
-            values["logprobs"], names["logprobs"] = body["top_logprobs"], "top_logprobs"
-        elif logprobs:
-            values["logprobs"] = 0
-        limit_field = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        if "max_completion_tokens" in body and "max_tokens" in body:
-            raise APIError("give max_tokens or max_completion_tokens, not both", "max_tokens")
-        default_max = max(model.max_context - len(prompt_ids), 1) if model is not None else SamplingParams.max_tokens
-    else:
-        prompt_ids, prompt_text = _completion_prompt(body, model)
-        if "suffix" in body:
-            raise APIError(f"suffix={body['suffix']!r} is not supported by this server (no fill-in-the-middle)",
-                           "suffix")
-        echo = _bool(body, "echo", False)
-        if echo and stream:
-            raise APIError("echo=true is not supported with stream=true (the echoed prompt comes with the whole "
-                           "answer)", "echo")
-        if "best_of" in body and body["best_of"] != body.get("n", 1):
-            raise APIError(f"best_of={body['best_of']!r} is not supported: only best_of equal to n", "best_of")
-        logprobs = "logprobs" in body
-        if logprobs:
-            values["logprobs"] = body["logprobs"]
-        limit_field, default_max = "max_tokens", 16
-    names["max_tokens"] = limit_field
-    values["max_tokens"] = body.get(limit_field, default_max)
-    prompt_field = "messages" if chat else "prompt"
+    return values
+
+
+def _chat_prompt_fields(body: Mapping, model, values: dict, names: dict) -> _Prompt:
+    """/v1/chat/completions' own fields: messages, logprobs + top_logprobs (the number of top
+    alternatives, into `values` / `names`), max_completion_tokens or max_tokens (default: the
+    rest of the context; SamplingParams' in proxy mode)."""
+    prompt_ids = _chat_prompt(body, model)
+    logprobs = _bool(body, "logprobs", False)
+    if "top_logprobs" in body:
+        if not logprobs:
+            raise APIError("top_logprobs needs logprobs=true", "top_logprobs")
+        values["logprobs"], names["logprobs"] = body["top_logprobs"], "top_logprobs"
+    elif logprobs:
+        values["logprobs"] = 0
+    limit_field = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    if "max_completion_tokens" in body and "max_tokens" in body:
+        raise APIError("give max_tokens or max_completion_tokens, not both", "max_tokens")
+    default_max = max(model.max_context - len(prompt_ids), 1) if model is not None else SamplingParams.max_tokens
+    return _Prompt(prompt_ids, _plain_messages(body), "messages", limit_field, default_max, logprobs)
+
+
+def _completion_prompt_fields(body: Mapping, model, stream: bool, values: dict) -> _Prompt:
+    """/v1/completions' own fields: prompt, suffix (null only), echo (not with stream), best_of
+    (equal to n only), logprobs (the number of top alternatives, into `values`), max_tokens
+    (default 16, OpenAI's)."""
+    prompt_ids, prompt_text = _completion_prompt(body, model)
+    if "suffix" in body:
+        raise APIError(f"suffix={body['suffix']!r} is not supported by this server (no fill-in-the-middle)",
+                       "suffix")
+    echo = _bool(body, "echo", False)
+    if echo and stream:
+        raise APIError("echo=true is not supported with stream=true (the echoed prompt comes with the whole "
+                       "answer)", "echo")
+    if "best_of" in body and body["best_of"] != body.get("n", 1):
+        raise APIError(f"best_of={body['best_of']!r} is not supported: only best_of equal to n", "best_of")
+    logprobs = "logprobs" in body
+    if logprobs:
+        values["logprobs"] = body["logprobs"]
+    seen = prompt_text if prompt_text is not None else prompt_ids
+    return _Prompt(prompt_ids, seen, "prompt", "max_tokens", 16, logprobs, prompt_text, echo)
+
+
+def _check_against_model(body: Mapping, model, prompt: _Prompt, chat: bool) -> None:
+    """The prompt leaves room in the model's context for one token; in proxy mode (`model` None)
+    what needs this server's tokenizer is refused instead."""
     if model is None:
         _refuse_without_tokenizer(body, chat)
-    elif len(prompt_ids) >= model.max_context:
-        raise APIError(f"the prompt has {len(prompt_ids)} tokens; this model's context is {model.max_context} "
-                       "tokens, which must hold the prompt and at least one generated token", prompt_field,
+    elif len(prompt.ids) >= model.max_context:
+        raise APIError(f"the prompt has {len(prompt.ids)} tokens; this model's context is {model.max_context} "
+                       "tokens, which must hold the prompt and at least one generated token", prompt.field,
                        code="context_length_exceeded")
+
+
+def _sampling_params(body: Mapping, prompt: _Prompt, values: dict, names: dict, model, max_rows: int,
+                     max_n: int) -> SamplingParams:
+    """SamplingParams of the request, max_tokens from the endpoint's field (each error naming
+    the field as the request spelled it: `names`), then the bounds on n and the token ids
+    (below the vocabulary size; unbounded in proxy mode)."""
+    names["max_tokens"] = prompt.limit_field
+    values["max_tokens"] = body.get(prompt.limit_field, prompt.default_max_tokens)
     if "logprobs" in values and not (isinstance(values["logprobs"], int) and not isinstance(values["logprobs"], bool)):
         field = names["logprobs"]
         raise APIError(f"{field}={values['logprobs']!r} must be an int in [0, {MAX_LOGPROBS}]", field)
@@ -271,27 +370,7 @@ def parse_request(body: object, *, chat: bool, model, served_name: str, max_rows
         if token_id >= vocab_size:
             raise APIError(f"logit_bias token id {token_id} is out of range: must be in [0, {model.vocab_size})",
                            "logit_bias")
-    echo_text = None
-    if not chat and echo:
-        echo_text = prompt_text if prompt_text is not None else model.tokenizer.decode(prompt_ids)
-    strategy = None
-    if named_strategy is not None or "metagen" in body:
-        strategy = parse_strategy(body, named_strategy, params, max_n)
-    prompt = _plain_messages(body) if chat else (prompt_text if prompt_text is not None else prompt_ids)
-    healed = ""
-    if params.token_healing:
-        if strategy is not None:
-            raise APIError("token_healing=true is not supported with a strategy: its requests are built by the "
-                           "strategy", "token_healing")
-        if echo_text is not None:
-            raise APIError("token_healing=true is not supported with echo=true (the echoed prompt would be the "
-                           "healed one)", "token_healing")
-        try:
-            prompt_ids, healed = heal_request(params, model, prompt, chat, prompt_ids)
-        except ValueError as error:
-            raise APIError(str(error), "token_healing") from None
-    return ParsedRequest(chat, prompt_ids, params, name if strategy is not None else served_name, echo_text, stream,
-                         include_usage, logprobs, token_strings, tuple(unknown), strategy, prompt, healed)
+    return params
 
 
 def only(body: Mapping, allowed: set[str]) -> None:

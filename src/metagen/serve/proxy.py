@@ -29,14 +29,18 @@ the rest wait in the proxy, untimed by the backend's timeout.
 from __future__ import annotations
 
 import asyncio
-import time
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from metagen.decoding.result import Completion
 from metagen.remote import FleetUnavailableError, InvalidRequestError, ServerError
 from metagen.remote.streaming import stream, stream_request
+from metagen.sampling import SamplingParams
 from metagen.serve import metrics
-from metagen.serve.protocol import _LEADING_FIELD, SAMPLING_FIELDS, APIError, check_model, only
-from metagen.serve.requests import DoneEvent, EngineStats, TokenEvent
+from metagen.serve.protocol import _LEADING_FIELD, SAMPLING_FIELDS, APIError, ParsedRequest, check_model, only
+from metagen.serve.requests import DoneEvent, EngineStats, Lifetime, TokenEvent
 
 CANCEL_POLL = 0.25  # seconds between checks that a proxied request's client is still there
 UNSUPPORTED_STATUS = (404, 405, 501)  # a backend without the endpoint
@@ -65,6 +69,23 @@ def remote_failure(error: BaseException) -> tuple[int, str, str] | None:
     if isinstance(error, ServerError):
         return 502, "backend_error", f"the backend failed: {error}"
     return None
+
+
+@dataclass
+class ProxyRequest(Lifetime):
+    """One plain request relayed to the backends: the prompt as the client sent it (text,
+    messages or token ids: the backend encodes it), its params, whether the client streams
+    (then the backend streams too, its pieces relayed as TokenEvents) and `emit`, as the engine's
+    `ServeRequest`. `completions`: the backend's answer when not streamed. Usage comes in the
+    DoneEvent, as the backends report it."""
+
+    prompt: object
+    params: SamplingParams
+    emit: Callable[[object], None]
+    stream: bool = False
+    completions: list[Completion] = field(default_factory=list)
+    prompt_records = None  # echo is refused in proxy mode
+    cached_tokens = 0  # the backends' count is in the DoneEvent's usage
 
 
 class ProxyBackend:
@@ -105,11 +126,13 @@ class ProxyBackend:
                            f"{self.profile.engine.name}'s server reports no usage when streaming",
                            "stream_options.include_usage")
 
-    def submit(self, job) -> None:
-        """Start `job` on the fleet's event loop; its events come from there."""
+    def submit(self, parsed: ParsedRequest, emit: Callable[[object], None], timeout: float | None) -> ProxyRequest:
+        """Start `parsed` on the fleet's event loop; its events come from there."""
+        job = ProxyRequest(parsed.prompt, parsed.params, emit, stream=parsed.stream, timeout=timeout)
         self.remote.loop.submit(self._serve(job))
+        return job
 
-    async def _serve(self, job) -> None:
+    async def _serve(self, job: ProxyRequest) -> None:
         """Run `job` until done, cancelled or past its deadline; always ends with one DoneEvent."""
         work = asyncio.ensure_future(self._generate(job))
         while True:
@@ -120,7 +143,7 @@ class ProxyBackend:
             if stopped is not None:
                 work.cancel()
                 await asyncio.gather(work, return_exceptions=True)
-                self._count(stopped)
+                self.stats.count(stopped)
                 job.emit(stopped)
                 return
         try:
@@ -133,10 +156,10 @@ class ProxyBackend:
             event = DoneEvent(message, status=status, code=code)
         else:
             event = DoneEvent(usage=usage)
-        self._count(event)
+        self.stats.count(event)
         job.emit(event)
 
-    async def _generate(self, job) -> tuple[int, int, int] | None:
+    async def _generate(self, job: ProxyRequest) -> tuple[int, int, int] | None:
         """Send `job` (streaming its pieces as TokenEvents when the client streams); its usage."""
         params = job.params
         if job.stream:
@@ -150,21 +173,10 @@ class ProxyBackend:
                 return None
         else:
             result = await self.remote._generate(job.prompt, params, None, text_only=True)
-            job.finished = result.completions
+            job.completions = result.completions
             cost = result.cost
             self.add_usage(cost)
         return cost.prompt_tokens_computed + cost.prompt_tokens_reused, cost.generated_tokens, cost.prompt_tokens_reused
-
-    def _count(self, event: DoneEvent) -> None:
-        stats = self.stats
-        if event.error is None:
-            stats.requests_finished += 1
-        elif event.timed_out:
-            stats.requests_timed_out += 1
-        elif event.error == "cancelled":
-            stats.requests_cancelled += 1
-        else:
-            stats.requests_failed += 1
 
     # --- strategies ----------------------------------------------------------------------------------
     def strategy_generator(self, chat: bool, timeout: float | None):

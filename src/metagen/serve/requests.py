@@ -1,6 +1,8 @@
-"""What passes between the serving engine and its callers: a request (`ServeRequest`), the events
-it emits (`TokenEvent` per chosen token, one final `DoneEvent`), the engine's counters
-(`EngineStats`, read by /metrics) and the errors `Engine.submit` raises."""
+"""What passes between the serving engine and its callers: a request (`ServeRequest`: the input
+its submitter sets, with its `Lifetime`, and the outputs the engine fills), the events it emits
+(`TokenEvent` per chosen token, one final `DoneEvent`), the engine's counters (`EngineStats`,
+read by /metrics) and the errors `Engine.submit` raises. The engine's own per-request state is
+`scheduler.EngineRequest`; proxy mode's request is `proxy.ProxyRequest`."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from metagen.decoding.records import TokenRecord
+from metagen.decoding.result import Completion
 from metagen.decoding.rows import Row
 from metagen.sampling import SamplingParams
 
@@ -39,7 +42,7 @@ class TokenEvent:
     token_id: int | None
     record: TokenRecord | None
     finish_reason: str | None
-    stop_reason: str | int | None = None  # proxy mode: the stop the backend named
+    stop_reason: str | int | None = None  # the stop string or token id that ended the row (the backend's in proxy mode)
 
 
 @dataclass
@@ -56,45 +59,27 @@ class DoneEvent:
     code: str | None = None
     usage: tuple[int, int, int] | None = None
 
+    @property
+    def outcome(self) -> str:
+        """"finished", "timed_out", "cancelled" or "failed": how the request ended."""
+        if self.error is None:
+            return "finished"
+        if self.timed_out:
+            return "timed_out"
+        return "cancelled" if self.error == "cancelled" else "failed"
 
-@dataclass
-class ServeRequest:
-    """One request to the engine: `params.n` rows of one prompt.
 
-    emit: called on the engine thread with each `TokenEvent` and a final `DoneEvent`; it must
-        not block (the HTTP layer posts the events to its event loop).
-    echo: also score the prompt: each piece of its prefill returns logits at every position
-        ("all"), scored as they come (`PromptScorer`), and `prompt_records[t]` is the record of
-        prompt token t+1 given tokens 0..t (the first token has none). The next-token logits then
-        come from the last forward's last position.
-    rows: one `Row` per completion (read them after the `DoneEvent`).
-    """
+@dataclass(kw_only=True)
+class Lifetime:
+    """What every submitted request carries, whichever backend runs it: its arrival, its deadline
+    (`timeout` seconds from arrival, queueing included; None: no limit) and its cancellation."""
 
-    prompt_ids: list[int]
-    params: SamplingParams
-    emit: Callable[[object], None]
-    echo: bool = False  # score the prompt: `prompt_records` after admission
-    rows: list[Row] = field(default_factory=list)
-    prompt_records: list[TokenRecord] | None = None  # records of prompt tokens 1..T-1 (echo)
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    timeout: float | None = None
     submitted: float = field(default_factory=time.monotonic)
-    timeout: float | None = None  # seconds from submission (queueing included); None: no limit
-    healed: str = ""  # token healing: the prompt text backed up (`rows.heal_request`), reproduced first
-    stream: bool = False  # the client reads TokenEvents as they come (proxy mode then streams from the backend)
-    prompt: object = None  # proxy mode: the prompt as the client sent it (text, messages or token ids)
-    finished: list | None = None  # proxy mode: the completions as the backend returned them
-    generator: torch.Generator | None = None  # given by the submitter (None: from params.seed or fresh)
-    # Engine-thread state (set on admission).
-    batch: object = None  # its `RowBatch`: chain, generator, rows, the completion of each of its cache rows
-    logits: torch.Tensor | None = None  # (k, V) next-token logits of its rows
-    cached_tokens: int = 0  # prompt tokens taken from the prefix cache (not prefilled)
-    prefix_node: object = None  # its prompt's node in the prefix cache, locked while it runs
-    prefilled: int = 0  # prompt tokens in its prompt row so far (cached + forwarded)
-    prompt_row: object = None  # snapshot of its prompt row between the steps of a chunked prefill
-    scorer: object = None  # echo: the `PromptScorer` fed by the prefill's chunks
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
-        """Free the request's rows at the next step boundary (a client that went away)."""
+        """Stop the request at the next step boundary (a client that went away)."""
         self.cancelled.set()
 
     def stopped(self, now: float) -> DoneEvent | None:
@@ -105,9 +90,38 @@ class ServeRequest:
             return DoneEvent(f"the request took longer than its {self.timeout:g} s timeout", timed_out=True)
         return None
 
+
+@dataclass
+class ServeRequest(Lifetime):
+    """One request to the engine: `params.n` rows of one prompt. The submitter sets the input;
+    the engine keeps its own state apart (`scheduler.EngineRequest`) and fills the outputs.
+
+    emit: called on the engine thread with each `TokenEvent` and a final `DoneEvent`; it must
+        not block (the HTTP layer posts the events to its event loop).
+    echo: also score the prompt: each piece of its prefill returns logits at every position
+        ("all"), scored as they come (`PromptScorer`), and `prompt_records[t]` is the record of
+        prompt token t+1 given tokens 0..t (the first token has none). The next-token logits then
+        come from the last forward's last position.
+    generator: the submitter's `torch.Generator` (a strategy's); None: from params.seed or fresh.
+
+    Outputs, read after the `DoneEvent`: `rows` (one `Row` per completion; `completions`),
+    `prompt_records` (echo) and `cached_tokens` (prompt tokens taken from the prefix cache).
+    """
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    emit: Callable[[object], None]
+    echo: bool = False
+    healed: str = ""  # token healing: the prompt text backed up (`rows.heal_request`), reproduced first
+    generator: torch.Generator | None = None
+    # Outputs (set by the engine).
+    rows: list[Row] = field(default_factory=list)
+    prompt_records: list[TokenRecord] | None = None  # records of prompt tokens 1..T-1 (echo)
+    cached_tokens: int = 0
+
     @property
-    def completions(self):
-        return self.finished if self.finished is not None else [row.completion for row in self.rows]
+    def completions(self) -> list[Completion]:
+        return [row.completion for row in self.rows]
 
 
 @dataclass
@@ -129,3 +143,15 @@ class EngineStats:
     prefix_tokens_reused: int = 0  # prompt tokens taken from the prefix cache
     prefix_tokens_cached: int = 0  # tokens the prefix cache holds now
     prefix_tokens_evicted: int = 0
+
+    def count(self, event: DoneEvent) -> None:
+        """Count a request that ended with `event` under its outcome."""
+        outcome = event.outcome
+        if outcome == "finished":
+            self.requests_finished += 1
+        elif outcome == "timed_out":
+            self.requests_timed_out += 1
+        elif outcome == "cancelled":
+            self.requests_cancelled += 1
+        else:
+            self.requests_failed += 1

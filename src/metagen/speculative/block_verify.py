@@ -1,15 +1,24 @@
-"""Block verification: Sun et al. 2024, "Block Verification Accelerates Speculative Decoding".
+r"""Block verification: Sun et al. 2024, "Block Verification Accelerates Speculative Decoding".
 
 Seed 002, Algorithm 2 with h_i from equation (4). Instead of stopping at the first failed token it
 keeps a running ratio over the block,
 
-    p_0 = 1,  p_i = min(p_{i−1} · q[i−1](x_i) / p[i−1](x_i), 1)          (row i−1 produced x_i)
-    h_γ = p_γ,  h_i = S_i / (S_i + 1 − p_i)  with  S_i = Σ_x max(p_i·q[i](x) − p[i](x), 0)   (4)
+$$
+p_0 = 1, \qquad p_i = \min\Big(p_{i-1} \cdot \frac{q[i-1](x_i)}{p[i-1](x_i)},\ 1\Big) \qquad \text{(row } i-1 \text{ produced } x_i\text{)}
+$$
 
-draws η_i ~ U(0, 1) for every i (the loop "continues" on failure) and accepts τ = the last i with
-η_i ≤ h_i (0 if none). The next token comes from the block residual (the seed's omitted (3))
+$$
+h_\gamma = p_\gamma, \qquad h_i = \frac{S_i}{S_i + 1 - p_i} \quad\text{with}\quad S_i = \sum_x \max\big(p_i \cdot q[i](x) - p[i](x),\ 0\big) \tag{4}
+$$
 
-    norm(max(0, p_τ·q[τ] − p[τ]))  for τ < γ,       q[γ]  for τ = γ.
+(the scalar $p_i$ is the running ratio, the vectors p[i], q[i] are the drafter's and the target's
+distributions at draft position i), draws $\eta_i \sim U(0, 1)$ for every i (the loop "continues"
+on failure) and accepts τ = the last i with $\eta_i \le h_i$ (0 if none). The next token comes from
+the block residual (the seed's omitted (3))
+
+$$
+\operatorname{norm}\big(\max(0,\ p_\tau \cdot q[\tau] - p[\tau])\big) \text{ for } \tau < \gamma, \qquad q[\gamma] \text{ for } \tau = \gamma.
+$$
 
 Same output distribution as token verification, never fewer expected accepted tokens.
 """

@@ -1,16 +1,21 @@
-"""Best-of-n over a finite outcome set: exact PMF, KL to the base policy, bound, estimator, win rate.
+r"""Best-of-n over a finite outcome set: exact PMF, KL to the base policy, bound, estimator, win rate.
 
-Best-of-n draws y_1, ..., y_n i.i.d. from the base policy p and returns the draw with the highest
-reward r. Over K outcomes (Beirami et al. 2024, "Theoretical guarantees on the best-of-n alignment
-policy"; seed 002, "Aligned language model inference"):
+Best-of-n draws $y_1, \dots, y_n$ i.i.d. from the base policy p and returns the draw with the
+highest reward r. Over K outcomes (Beirami et al. 2024, "Theoretical guarantees on the best-of-n
+alignment policy"; seed 002, "Aligned language model inference"):
 
-    π⁽ⁿ⁾(y) = F(y)ⁿ − F⁻(y)ⁿ,   F(y) = P_{z∼p}[r(z) ≤ r(y)],   F⁻(y) = P_{z∼p}[r(z) < r(y)].
+$$
+\begin{gathered}
+\pi^{(n)}(y) = F(y)^n - F^-(y)^n, \\
+F(y) = P_{z \sim p}[r(z) \le r(y)], \qquad F^-(y) = P_{z \sim p}[r(z) < r(y)].
+\end{gathered}
+$$
 
 Ties. The seed's formula assumes distinct rewards. Here ties are broken uniformly at random
 among the tied *draws*, so a tie class C (outcomes sharing one reward) receives the probability
 that the maximum reward of the n draws is its reward, F(C)ⁿ − F⁻(C)ⁿ, and the drawn member is
-a p-distributed member of C: π⁽ⁿ⁾(y) = (F(y)ⁿ − F⁻(y)ⁿ) · p(y) / p(C). With distinct rewards
-p(C) = p(y) and this is the seed's formula.
+a p-distributed member of C: $\pi^{(n)}(y) = (F(y)^n - F^-(y)^n) \cdot p(y) / p(C)$. With
+distinct rewards p(C) = p(y) and this is the seed's formula.
 
 Shapes: p, r: (K,) array-likes; p ≥ 0 summing to 1 (renormalised after a 1e-6 check).
 Every function here is O(K log K) (one sort).

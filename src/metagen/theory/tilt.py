@@ -1,13 +1,16 @@
-"""KL-constrained alignment in closed form: the mismatched tilt and the KL-regularized optimum.
+r"""KL-constrained alignment in closed form: the mismatched tilt and the KL-regularized optimum.
 
 With a reward r(y) = log q(y) (q the "alignment distribution"), the policy that maximises the
 expected reward subject to KL(φ ‖ p) ≤ Δ is the mismatched tilt (Salamatian et al. 2019;
 Yang et al. 2024, "Asymptotics of language model alignment", Lemma 1; seed 002):
 
-    T(q, p, α)(y) = p(y) q(y)^α / Z_α,   Z_α = Σ_z p(z) q(z)^α,   α = α(Δ) solving KL(T ‖ p) = Δ.
+$$
+T(q, p, \alpha)(y) = \frac{p(y)\, q(y)^\alpha}{Z_\alpha}, \qquad Z_\alpha = \sum_z p(z)\, q(z)^\alpha, \qquad
+\alpha = \alpha(\Delta) \text{ solving } \mathrm{KL}(T_\alpha \,\|\, p) = \Delta.
+$$
 
-The KL-regularized RL optimum π*(y) = p(y) exp(r(y)/β) / Z is the same family with
-q = softmax(r), α = 1/β. KL(T_α ‖ p) grows with α (its derivative is α·Var_{T_α}[log q] ≥ 0)
+The KL-regularized RL optimum $\pi^*(y) = p(y) \exp(r(y)/\beta) / Z$ is the same family with
+$q = \operatorname{softmax}(r)$, $\alpha = 1/\beta$. KL(T_α ‖ p) grows with α (its derivative is α·Var_{T_α}[log q] ≥ 0)
 towards −log p(S), S = the outcomes of p's support where q is largest, so α(Δ) is one
 bracketed root find. Shapes: p, q, r: (K,). Each evaluation is O(K).
 """

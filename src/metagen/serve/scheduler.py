@@ -1,0 +1,201 @@
+"""The engine's scheduler: each step, which requests leave, get rows, prefill how much and decode.
+
+As in vLLM v1, the scheduler decides and the engine (engine.py) runs: it forwards the model,
+runs each request's chain and applies the step's output to the requests
+(`Engine.update_from_output`). The scheduler touches neither the model nor the cache; it holds
+the requests in two lists and answers three questions:
+
+    admit(now)          waiting requests cancelled or past their deadline (they leave), and those
+                        given rows: first come, first served while the rows of the running and
+                        admitted requests stay within `max_rows`; a request whose rows do not fit
+                        holds back the ones behind it (no overtaking)
+    plan_prefill(reqs)  prompt tokens each admitted request forwards this step, at most
+                        `prefill_chunk` in all (`prefill_plan`)
+    decode(now)         running requests cancelled or past their deadline, and the cache rows of
+                        the others (rows are grouped by request in admission order)
+
+Each request the engine holds is an `EngineRequest`: the caller's `ServeRequest` (its input,
+which the engine does not change; its outputs are filled as they come) and the engine's own
+typed state, with a `RequestStatus`:
+
+    WAITING --rows given, set up--> PREFILLING --last prompt piece--> RUNNING --every row ended--> FINISHED
+    any of the three --> FAILED (an error of its own, or of the batch's forward), CANCELLED, TIMED_OUT
+
+Cost: O(requests) per call, plus `prefill_plan`'s O(admitted).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from metagen.serve.requests import DoneEvent, ServeRequest
+
+if TYPE_CHECKING:
+    import torch
+
+    from metagen.decoding.batch import RowBatch
+    from metagen.decoding.prompt_scoring import PromptScorer
+    from metagen.models.cache import RowSnapshot
+    from metagen.models.prefix_cache import Node
+    from metagen.sampling import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is in the engine (the module docstring draws the transitions); the ended
+    ones are named as `DoneEvent.outcome` names them."""
+
+    WAITING = "waiting"  # queued, no rows yet
+    PREFILLING = "prefilling"  # rows set up (its RowBatch); its prompt forwarded in pieces
+    RUNNING = "running"  # its rows decode in the batch
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+    @property
+    def queued(self) -> bool:
+        """Still in the waiting list (counted by the engine's queue depth)."""
+        return self in (RequestStatus.WAITING, RequestStatus.PREFILLING)
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """The engine's state of one request (engine thread only)."""
+
+    request: ServeRequest
+    status: RequestStatus = RequestStatus.WAITING
+    batch: RowBatch | None = None  # PREFILLING on: its chain, generator, rows and each live row's completion
+    prefilled: int = 0  # prompt tokens in its prompt row so far (cached + forwarded)
+    prompt_row: RowSnapshot | None = None  # its partly prefilled prompt row between steps (holding its slots)
+    scorer: PromptScorer | None = None  # echo: the `PromptScorer` fed by the prefill's pieces
+    prefix_node: Node | None = None  # its prompt's node in the prefix cache, locked while it runs
+    logits: torch.Tensor | None = None  # RUNNING: (k, V) next-token logits of its k live rows
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.request.prompt_ids
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def live_rows(self) -> int:
+        """Cache rows it decodes in now (its n until some end)."""
+        return len(self.batch.active)
+
+
+@dataclass
+class Admission:
+    """The scheduler's admission decision: waiting requests that leave with their event, and
+    those given rows this step, in arrival order."""
+
+    stopped: list[tuple[EngineRequest, DoneEvent]]
+    admitted: list[EngineRequest]
+
+
+@dataclass
+class DecodeSchedule:
+    """The scheduler's decode decision: running requests that leave with their event, and each
+    other running request with its cache rows `[start, start + k)` (the rows of the leaving ones
+    are left out, so the engine drops them with the finished ones)."""
+
+    stopped: list[tuple[EngineRequest, DoneEvent]] = field(default_factory=list)
+    decoding: list[tuple[EngineRequest, range]] = field(default_factory=list)
+
+
+def prefill_plan(remaining: list[int], budget: int) -> list[int]:
+    """Prompt tokens to forward this step for each waiting prompt (arrival order; `remaining`: the
+    tokens each has still to prefill), at most `budget` in all: the oldest first gets up to half
+    the budget (a long prompt always advances), then every prompt whose rest fits in what is left
+    gets all of it, in order (a short prompt arriving behind a long one is not held up for the
+    whole long prefill), then what is left goes to the rest in order. Without other prompts the
+    oldest gets min(rest, budget), as first come, first served would give it. O(len(remaining)).
+
+        prefill_plan([3000, 40, 10], 256) == [206, 40, 10]
+    """
+    plan = [0] * len(remaining)
+    if not remaining:
+        return plan
+    plan[0] = min(remaining[0], (budget + 1) // 2)
+    left = budget - plan[0]
+    for index, total in enumerate(remaining):
+        if 0 < total - plan[index] <= left:
+            left -= total - plan[index]
+            plan[index] = total
+    for index, total in enumerate(remaining):
+        take = min(total - plan[index], left)
+        plan[index] += take
+        left -= take
+    return plan
+
+
+class Scheduler:
+    """The waiting and running requests and the decisions over them (see the module docstring).
+
+    waiting: arrival order (WAITING and PREFILLING); running: admission order, which is the order
+    of their rows in the engine's cache.
+    """
+
+    def __init__(self, max_rows: int, prefill_chunk: int) -> None:
+        self.max_rows, self.prefill_chunk = max_rows, prefill_chunk
+        self.waiting: list[EngineRequest] = []
+        self.running: list[EngineRequest] = []
+
+    def add(self, request: ServeRequest) -> EngineRequest:
+        """A submitted request joins the waiting list."""
+        state = EngineRequest(request)
+        self.waiting.append(state)
+        return state
+
+    def rows_in_use(self) -> int:
+        return sum(request.live_rows for request in self.running)
+
+    def admit(self, now: float) -> Admission:
+        """Waiting requests that leave (cancelled, past their deadline) and those given rows (the
+        module docstring). O(waiting + running)."""
+        stopped, admitted = [], []
+        free = self.max_rows - self.rows_in_use()
+        blocked = False
+        for request in self.waiting:
+            event = request.request.stopped(now)
+            if event is not None:
+                stopped.append((request, event))
+            elif blocked or request.params.n > free:
+                blocked = True  # no overtaking for rows
+            else:
+                admitted.append(request)
+                free -= request.params.n
+        return Admission(stopped, admitted)
+
+    def plan_prefill(self, admitted: list[EngineRequest]) -> list[tuple[EngineRequest, int]]:
+        """Each admitted (and set up) request with the prompt tokens it forwards this step."""
+        plan = prefill_plan([len(request.prompt_ids) - request.prefilled for request in admitted], self.prefill_chunk)
+        return list(zip(admitted, plan))
+
+    def decode(self, now: float) -> DecodeSchedule:
+        """Running requests that leave (cancelled, past their deadline) and the rows of the
+        others (the module docstring). O(running)."""
+        schedule = DecodeSchedule()
+        start = 0
+        for request in self.running:
+            rows = range(start, start + request.live_rows)
+            start = rows.stop
+            event = request.request.stopped(now)
+            if event is not None:
+                schedule.stopped.append((request, event))
+            else:
+                schedule.decoding.append((request, rows))
+        return schedule
+
+    def start_running(self, request: EngineRequest) -> None:
+        """A request whose prompt is all in: its rows are the last of the batch."""
+        self.waiting.remove(request)
+        self.running.append(request)
+        request.status = RequestStatus.RUNNING
+
+    def drop(self, request: EngineRequest) -> None:
+        """A waiting request leaves (the engine releases what it holds)."""
+        self.waiting.remove(request)
