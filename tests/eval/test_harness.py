@@ -121,6 +121,20 @@ def test_plots_are_written(tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
 
+def test_each_plot_names_its_cost_axis(tmp_path, monkeypatch):
+    """Regression: the x axis was labelled with the last curve's name ("pass@k (oracle)")."""
+    from metagen.eval import plots
+
+    config = EvalConfig(("greedy", "self_consistency"), ns=(1, 2, 4), params=SamplingParams(temperature=1.0))
+    report = evaluate(DiceGenerator(), PROBLEMS, config)
+    labels = []
+    plt = plots.pyplot()
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda figure: labels.append(figure.axes[0].get_xlabel()) or close(figure))
+    plots.plot_curves(report, tmp_path)
+    assert labels == [label for _, label, _ in plots.AXES]
+
+
 @pytest.mark.slow
 def test_eval_and_strategy_commands_on_the_real_model(tmp_path, capsys):
     from metagen.cli import main

@@ -39,8 +39,8 @@ def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> lis
             if len(models) > 1 and strategy != ORACLE:
                 style["linestyle"] = LINE_STYLES[models.index(model) % len(LINE_STYLES)]
             marker = "s" if len(points) == 1 else "o"
-            label = strategy + (" (oracle)" if strategy == ORACLE else "")
-            axis.plot(xs, ys, marker=marker, label=f"{model} {label}" if len(models) > 1 else label, **style)
+            name = strategy + (" (oracle)" if strategy == ORACLE else "")
+            axis.plot(xs, ys, marker=marker, label=f"{model} {name}" if len(models) > 1 else name, **style)
             if strategy != ORACLE:
                 for p, x, y in zip(points, xs, ys):
                     axis.annotate(str(p.n), (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
