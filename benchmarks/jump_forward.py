@@ -7,7 +7,7 @@ without feeding the constraint's forced runs in one forward (`generate(jump_forw
 Prints per setting: generated tokens, tokens taken from forced runs, model forwards, decode
 seconds (median over repeats, on and off interleaved so machine load hits both alike) and the
 speed-up. At T=0 the two runs must produce the same tokens (checked). The output law is the same
-either way (runs are verified by the same draw as plain decoding, see decoding/sample_loop.py).
+either way (runs are verified by the same draw as plain decoding, see decoding/draw_verify.py).
 
 Measured (embedded SmolLM2-135M, default dtype, 2 cores shared with other jobs: load average
 10-12, so absolute seconds are several times an idle machine's; medians of 3, on/off interleaved):

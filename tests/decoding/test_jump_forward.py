@@ -115,6 +115,28 @@ def test_a_hinted_token_another_processor_bans_falls_back_to_the_draw():
     assert on.token_ids.count(B) <= 1
 
 
+@pytest.mark.parametrize("fields", [{}, {"mirostat_tau": 2.0}, {"logprobs": 2, "repetition_penalty": 1.3}],
+                         ids=["plain", "mirostat", "records-penalty"])
+def test_a_seeded_row_gets_the_same_tokens_on_and_off(fields):
+    """Draw verification draws each token as plain decoding does, in its order: with a seed, a
+    row gets the same tokens and records with jump-forward as without (Mirostat, whose state
+    follows every draw, included). n > 1 rows leaving their runs at different positions share
+    the generator in another order: the same law (test_samples_follow_the_per_step_masked_law),
+    other seeded tokens."""
+    forced = 0
+    for seed in range(12):
+        params = SamplingParams(max_tokens=8, seed=seed, **fields)
+        on = constrained(ToyModel(), params, hints=True)
+        off = constrained(ToyModel(), params, hints=True, jump_forward=False)
+        mine, theirs = on.completions[0], off.completions[0]
+        assert (mine.token_ids, mine.logprobs, mine.top_logprobs) == (theirs.token_ids, theirs.logprobs,
+                                                                      theirs.top_logprobs), seed
+        assert on.cost.model_calls == off.cost.model_calls - on.forced_tokens
+        assert (on.cost.draft_tokens, on.cost.accepted_tokens) == (0, 0)  # run tokens count as forced, not drafts
+        forced += on.forced_tokens
+    assert forced > 0
+
+
 def test_sampled_rows_with_runs_of_different_lengths_keep_their_own_state():
     """n rows draw different paths, so runs are ragged and some rows leave a hinted run early."""
     params = SamplingParams(max_tokens=6, n=64, seed=3)

@@ -66,7 +66,7 @@ def drafters():
 # ------------------------------------------------------------------ the output distribution
 
 
-@pytest.mark.parametrize("verify", ["token", "block"])
+@pytest.mark.parametrize("verify", ["token", "block", "draw"])
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 @pytest.mark.parametrize("gamma", [1, 3])
 def test_sequences_follow_the_target_distribution(verify, drafter, gamma):
@@ -168,6 +168,46 @@ def test_costs_count_target_and_draft_work():
     assert cost.model_calls > len(target.calls)  # drafter forwards are counted too
     assert cost.prompt_tokens_computed == len(PROMPT) and cost.prompt_tokens_reused == 3 * len(PROMPT)
     assert cost.wall_seconds > 0
+
+
+# ------------------------------------------------------------------------- draw verification
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{}, {"repetition_penalty": 1.5, "top_k": 3}, {"mirostat_tau": 2.0}, {"stop": ["ca"], "logprobs": 2}],
+    ids=["plain", "penalty-top_k", "mirostat", "stop-logprobs"],
+)
+def test_draw_verification_gives_plain_decodings_seeded_tokens(fields):
+    """An n-gram draft draws no random numbers, so draw verification makes plain decoding's draws
+    in plain decoding's order: for one row the same seed gives the same tokens and records. (With
+    n > 1 rows whose drafts are kept to different lengths the rows share the generator in another
+    order: the law is the same — the chi-square tests above — the seeded tokens are not.)"""
+    accepted = 0
+    for seed in range(12):
+        params = SamplingParams(max_tokens=10, seed=seed, **fields)
+        plain = generate(ToyModel(), PROMPT, params)
+        spec = speculative_generate(ToyModel(), NgramDrafter(max_ngram=2), PROMPT, params,
+                                    SpeculativeConfig(num_draft_tokens=3, verify="draw"))
+        mine, theirs = spec.completions[0], plain.completions[0]
+        assert mine.token_ids == theirs.token_ids, seed
+        assert (mine.text, mine.finish_reason, mine.stop_reason) == (theirs.text, theirs.finish_reason,
+                                                                     theirs.stop_reason)
+        assert mine.logprobs == theirs.logprobs and mine.sampling_logprobs == theirs.sampling_logprobs
+        assert mine.top_logprobs == theirs.top_logprobs
+        cost = spec.cost
+        assert cost.generated_tokens == cost.accepted_tokens + cost.target_steps  # one drawn token per step
+        assert cost.model_calls == plain.cost.model_calls - cost.accepted_tokens
+        accepted += cost.accepted_tokens
+    assert accepted > 0  # drafts were kept, so forwards were saved
+
+
+def test_mirostat_is_refused_by_the_rules_only():
+    params = SamplingParams(mirostat_tau=3.0, max_tokens=4, seed=1)
+    for verify in ("token", "block"):
+        with pytest.raises(ValueError, match="mirostat_tau"):
+            speculative_generate(ToyModel(), NgramDrafter(), PROMPT, params, SpeculativeConfig(verify=verify))
+    speculative_generate(ToyModel(), NgramDrafter(), PROMPT, params, SpeculativeConfig(verify="draw"))
 
 
 # ---------------------------------------------------------------------------------- errors

@@ -152,6 +152,21 @@ def test_cli_json_reports_acceptance_and_block_efficiency(model, capsys):
     assert 0 <= info["acceptance_rate"] <= 1
 
 
+def test_cli_draw_verification_gives_plain_decodings_seeded_tokens_with_mirostat(model, capsys):
+    """--verify draw draws each token as plain decoding does: Mirostat is accepted, and one seeded
+    row gets plain decoding's tokens while the n-gram drafts save target steps."""
+    argv = ["generate", f"Repeat this passage word for word:\n\n{PASSAGE}", "--mirostat-tau", "3", "--seed", "5",
+            "--max-tokens", "24", "--speculative", "ngram", "--verify", "draw", "--json"]
+    assert main(argv) == 0
+    payload = json.loads(capsys.readouterr().out)
+    plain = generate(model, [{"role": "user", "content": argv[1]}],
+                     SamplingParams(mirostat_tau=3.0, seed=5, max_tokens=24))
+    assert payload["tokens"] == plain.completions[0].token_ids
+    info = payload["speculative"]
+    assert info["verify"] == "draw" and info["accepted_tokens"] > 0
+    assert info["target_steps"] < len(payload["tokens"])
+
+
 @pytest.mark.parametrize(
     "argv, named",
     [

@@ -2,7 +2,7 @@
 
 Speculative decoding keeps the target's output distribution and needs fewer target steps; the
 options here only choose the drafter (ngram | early-exit | quantized | model:PATH) and the
-verification (γ draft tokens per step, token or block rule, adaptive γ).
+verification (γ draft tokens per step, token, block or draw rule, adaptive γ).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
     spec.add_argument("--speculative", default=None, metavar="DRAFTER",
                       help="ngram | early-exit | quantized | model:PATH")
     spec.add_argument("--num-draft-tokens", type=int, default=None, help="draft tokens per step, γ (default 4)")
-    spec.add_argument("--verify", choices=["token", "block"], default=None, help="verification rule (default token)")
+    spec.add_argument("--verify", choices=["token", "block", "draw"], default=None,
+                      help="verification rule (default token; draw: each token drawn as plain decoding draws it)")
     spec.add_argument("--adaptive-draft", action="store_true", default=None,
                       help="grow γ after fully accepted drafts, shrink it after rejections")
     spec.add_argument("--exit-layer", type=int, default=None, help="early-exit: layers the draft runs")

@@ -24,7 +24,7 @@ _EXPORTS = {
     "TokenRecord": "records",
     "request_chain": "request",
     "token_records": "records",
-    "StreamEvent": "sample_loop",
+    "StreamEvent": "result",
     "generate": "sample_loop",
     "generate_batch": "sample_loop",
     "stream": "sample_loop",

@@ -149,3 +149,13 @@ class GenerationResult:
     @property
     def tokens_per_second(self) -> float:
         return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+
+@dataclass
+class StreamEvent:
+    """A piece of output: `text` newly safe to show for completion `index` (after `token_id`)."""
+
+    index: int
+    text: str
+    token_id: int | None
+    finish_reason: str | None = None

@@ -14,9 +14,10 @@ string, a processor ending the row, `max_tokens`, the model's context). Finished
 batch (`RowBatch.keep`: the cache and the processors' state follow), so the batch shrinks.
 
 Jump-forward (`jump_forward=True`, the default): when a processor may force runs of tokens (a
-constraint), the request decodes in `decoding.jump_forward` instead, speculative decoding with
-the forced run as a point-mass draft; the tokens follow exactly the law of this loop, in fewer
-forwards. `GenerationResult.forced_tokens` counts the run tokens taken.
+constraint), the rows decode in the speculative loop (`draft_loop`) instead, the forced run as
+a point-mass draft (`jump_forward.ForcedRunDrafter`) kept while plain decoding's own draw equals
+it (`draw_verify`): the law of this loop (for one row, its seeded tokens), in fewer forwards.
+`GenerationResult.forced_tokens` counts the run tokens taken.
 
 Cost: the loop fills `result.cost` as it spends it — the prompt computed once and reused by the
 n − 1 forked rows, one model call per forward, FLOPs per forward (`forward_flops` of each row's
@@ -27,28 +28,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from metagen.decoding.batch import RowBatch
 from metagen.decoding.cost import forward_flops
+from metagen.decoding.draft_loop import draft_stream
+from metagen.decoding.draw_verify import DrawVerification
+from metagen.decoding.jump_forward import ForcedRunDrafter
 from metagen.decoding.prompts import Prompt
 from metagen.decoding.records import token_records
-from metagen.decoding.result import GenerationResult
+from metagen.decoding.result import GenerationResult, StreamEvent
 from metagen.sampling import LogitsProcessor, SamplingParams
 
 __all__ = ["StreamEvent", "generate", "generate_batch", "stream"]
-
-
-@dataclass
-class StreamEvent:
-    """A piece of output: `text` newly safe to show for completion `index` (after `token_id`)."""
-
-    index: int
-    text: str
-    token_id: int | None
-    finish_reason: str | None = None
 
 
 def stream(
@@ -79,9 +72,7 @@ def stream(
     batch = RowBatch.for_prompt(model, prompt, params, processors, chat=chat, generator=generator)
     result = batch.fill(result if result is not None else GenerationResult([], batch.prompt_ids))
     if jump_forward and batch.chain.judges_stop:  # a processor may force runs: feed them as drafts
-        from metagen.decoding.jump_forward import jump_forward_stream
-
-        yield from jump_forward_stream(batch, result, started)
+        yield from draft_stream(batch, ForcedRunDrafter(), DrawVerification(), result, started)
         return
     chain, generator, records_top = batch.chain, batch.generator, params.logprobs or 0
 

@@ -3,7 +3,8 @@
 A drafter sees each row's committed tokens (prompt + generated, the last one not yet run through
 the target) and proposes up to γ_b tokens per row together with the distributions they were
 drawn from (after the same sampler chain as the target, so the verification rules compare like
-with like). Deterministic drafters (n-gram lookup, greedy drafts) return point masses.
+with like). Deterministic drafters (n-gram lookup, greedy drafts) return point masses. The
+protocol (`Draft`, `Drafter`) sits with the speculative loop in `metagen.decoding.drafts`:
 
     drafter.start(prompt_ids, batch_size)            # once per request
     draft = drafter.propose(contexts, lengths, chain, generator)
@@ -20,63 +21,15 @@ all were accepted) in one ragged forward.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from metagen.decoding.cost import forward_flops
-from metagen.sampling import SamplerChain
+from metagen.decoding.drafts import Draft, Drafter
 
-
-@dataclass
-class Draft:
-    """Proposed tokens per row and where they came from.
-
-    tokens: per row, 0..γ_b token ids.
-    probs: per row, `(len(tokens[b]), V)` float32 distributions the tokens were drawn from, or
-        None for a deterministic proposal (a point mass on each token).
-    calls: drafter forwards spent (batched calls count once); flops: their estimated FLOPs.
-    """
-
-    tokens: list[list[int]]
-    probs: list[Tensor | None]
-    calls: int = 0
-    flops: float = 0.0
-
-
-class Drafter(ABC):
-    """Proposes draft tokens for a batch of rows (see the module docstring for the protocol)."""
-
-    name: str = "drafter"
-    vocab_size: int | None = None  # None: any vocabulary (token-id based drafters)
-    prefill_flops: float = 0.0  # FLOPs `start` spent (set by drafters that run a model)
-
-    def start(self, prompt_ids: Sequence[int], batch_size: int, target_cache=None) -> None:
-        """Begin a request whose rows all start from `prompt_ids`; `target_cache` holds the
-        target's prefilled prompt (row 0), for drafters that can reuse it."""
-
-    @abstractmethod
-    def propose(
-        self,
-        contexts: Sequence[Sequence[int]],
-        lengths: Sequence[int],
-        chain: SamplerChain,
-        generator: torch.Generator | None,
-    ) -> Draft:
-        """Up to `lengths[b]` tokens following `contexts[b]` (the row's committed tokens).
-
-        `chain` is the target's sampler chain for these rows (state up to the committed tokens);
-        a drafter that samples forks it and never changes it.
-        """
-
-    def select(self, rows: Sequence[int]) -> None:
-        """Row i becomes old row `rows[i]` (finished rows leave the batch)."""
-
-    def finish(self, outputs: Sequence[Sequence[int]]) -> None:
-        """The request ended with these generated token ids per row."""
+__all__ = ["Draft", "Drafter", "ModelDrafter"]  # the protocol lives with the loop (decoding.drafts)
 
 
 class ModelDrafter(Drafter):

@@ -1,6 +1,8 @@
-"""The speculative decoding loop: draft γ tokens, verify them with one target forward, repeat.
+"""Speculative decoding: a drafter's tokens verified by the target, in the one speculative loop.
 
-Per step and row (the target cache holds every committed token but the last, t0):
+The loop itself is `metagen.decoding.draft_loop` (jump-forward runs in it too); this module
+chooses its verification and checks what it is given. Per step and row (the target cache holds
+every committed token but the last, t0), with the token / block rules:
 
     d_1..d_γ, p   = drafter.propose(context)                 # p: draft distributions (or point masses)
     logits        = target.forward(cache, [t0, d_1..d_γ], logits="all")     # (γ+1) positions
@@ -14,33 +16,39 @@ produces p in the drafter and q here, so the verification rules make the emitted
 exactly the distribution plain decoding samples from; the chain's state follows the cache, so a
 rejected draft token is rolled back where the cache is truncated. A draft token the chain removes
 (q = 0) is rejected by every rule, so the chain stops following that row's draft there. Rows
-accept different numbers of tokens; the next forward is ragged. Mirostat cannot be honoured (its
-state follows the surprise of each token under the distribution it was drawn from, which a draft
-changes) and raises.
+accept different numbers of tokens; the next forward is ragged. Under the rules Mirostat cannot
+be honoured (its state follows the surprise of each token under the distribution it was drawn
+from, which a draft changes) and raises.
+
+`verify="draw"` (`decoding.draw_verify`) instead draws each token from q as plain decoding
+does and keeps the draft while the draw equals it: the same law, Mirostat included, and for a
+drafter that draws no random numbers (n-gram) and one row, plain decoding's seeded tokens; the
+acceptance of a point-mass draft is q(d) under every rule, so it costs nothing there, while a
+sampled draft is kept less often (q(d) instead of min(1, q(d)/p(d))).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from metagen.decoding.batch import RowBatch
-from metagen.decoding.cost import forward_flops
+from metagen.decoding.draft_loop import draft_stream
+from metagen.decoding.drafts import Draft, Drafter, Outcomes, Verification
+from metagen.decoding.draw_verify import DrawVerification
 from metagen.decoding.prompts import Prompt
 from metagen.decoding.records import token_records
-from metagen.decoding.result import GenerationResult
-from metagen.decoding.rows import Row
-from metagen.decoding.sample_loop import StreamEvent
+from metagen.decoding.result import GenerationResult, StreamEvent
 from metagen.sampling import NO_OPINION, LogitsProcessor, SamplerChain, SamplingParams, StopVerdict
 from metagen.speculative.block_verify import block_verify
-from metagen.speculative.drafters import Draft, Drafter
 from metagen.speculative.token_verify import token_verify
 from metagen.speculative.verify import greedy_verify
 
 VERIFY_RULES = {"token": token_verify, "block": block_verify}
+VERIFY_CHOICES = (*VERIFY_RULES, "draw")
 ADAPTIVE_MAX_DRAFT = 16
 
 
@@ -49,8 +57,12 @@ class SpeculativeConfig:
     """How many tokens to draft and how to verify them.
 
     num_draft_tokens: γ, draft tokens per step (the starting value when `adaptive`).
-    verify: "token" (Leviathan et al.) or "block" (Sun et al.); temperature 0 always uses
-        greedy verification (longest prefix matching the target's argmax).
+    verify: "token" (Leviathan et al.) or "block" (Sun et al.), where temperature 0 uses greedy
+        verification (longest prefix matching the target's argmax); or "draw": each token drawn
+        from the target as plain decoding draws it, the draft kept while the draw equals it
+        (`decoding.draw_verify`) — for one row and a drafter that draws no random numbers
+        (n-gram) the seeded output is plain decoding's, and Mirostat is allowed; a point-mass
+        draft is kept with the same chance q(d) as under the rules, a sampled draft less often.
     adaptive: per row, γ grows by 2 after a fully accepted draft and shrinks by 1 after a
         rejection, within [1, max_draft_tokens].
     max_draft_tokens: the adaptive upper bound.
@@ -66,8 +78,8 @@ class SpeculativeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an int >= 1")
-        if self.verify not in VERIFY_RULES:
-            raise ValueError(f"verify={self.verify!r} is not a rule: choose one of {', '.join(VERIFY_RULES)}")
+        if self.verify not in VERIFY_CHOICES:
+            raise ValueError(f"verify={self.verify!r} is not a rule: choose one of {', '.join(VERIFY_CHOICES)}")
         if self.adaptive and self.max_draft_tokens < self.num_draft_tokens:
             raise ValueError(
                 f"max_draft_tokens={self.max_draft_tokens} is below num_draft_tokens={self.num_draft_tokens}"
@@ -82,13 +94,14 @@ class SpeculativeConfig:
         return max(gamma - 1, 1)
 
 
-def check_compatible(model, drafter: Drafter, params: SamplingParams) -> None:
-    """Raise ValueError when the drafter or the sampling parameters cannot be used together."""
-    if params.uses_mirostat:
+def check_compatible(model, drafter: Drafter, params: SamplingParams, config: SpeculativeConfig | None = None) -> None:
+    """Raise ValueError when the drafter, the sampling parameters and the verification cannot be
+    used together."""
+    if params.uses_mirostat and (config is None or config.verify != "draw"):
         raise ValueError(
-            f"mirostat_tau={params.mirostat_tau!r} cannot be used with speculative decoding: "
-            "Mirostat's state follows each token's surprise under the distribution it was drawn "
-            "from, which drafting changes (use plain decoding)"
+            f"mirostat_tau={params.mirostat_tau!r} cannot be used with speculative decoding's token / block "
+            "rules: Mirostat's state follows each token's surprise under the distribution it was drawn "
+            "from, which drafting changes (use plain decoding or verify='draw')"
         )
     if drafter.vocab_size is not None and drafter.vocab_size != model.vocab_size:
         raise ValueError(
@@ -117,72 +130,14 @@ def speculative_stream(
     """
     params = params or SamplingParams()
     config = config or SpeculativeConfig()
-    check_compatible(model, drafter, params)
+    check_compatible(model, drafter, params, config)
     started = time.perf_counter()
     gamma_most = config.max_draft_tokens if config.adaptive else config.num_draft_tokens
     batch = RowBatch.for_prompt(model, prompt, params, processors, chat=chat, generator=generator,
                                 positions=gamma_most + 1)
-    prompt_ids, chain, generator, rows = batch.prompt_ids, batch.chain, batch.generator, batch.rows
-    n, vocab = params.n, model.vocab_size
-    max_new = batch.rules.max_new_tokens
-    result = batch.fill(result if result is not None else GenerationResult([], prompt_ids))
-    cost = result.cost = batch.prefill_cost()
-    emitter = _Emitter(rows, params)
-
-    cache, out = batch.prefill()
-    drafter.start(prompt_ids, n, target_cache=cache)
-    batch.followers.append(drafter)
-    cost.flops += drafter.prefill_flops
-    result.prefill_seconds = time.perf_counter() - started
-    decode_start = time.perf_counter()
-    processed = chain.process(out.logits)
-    tokens = chain.choose(processed, generator)
-    chain.accept(tokens)
-    contexts = [list(prompt_ids) for _ in range(n)]  # per completion: prompt + committed tokens
-    for b, token in enumerate(tokens.tolist()):
-        yield from emitter.emit(b, [token], out.logits[b : b + 1], processed[b : b + 1], [chain.stop_verdict(b)])
-        contexts[b].append(token)
-    gammas = [config.num_draft_tokens] * n  # per completion: its next draft length
-
-    while True:
-        keep = batch.live()
-        if not keep:
-            break
-        batch.keep(keep)
-        active = batch.active
-        row_contexts = [contexts[index] for index in active]
-        lengths = [max(0, min(gammas[index], max_new - len(rows[index].completion.token_ids) - 1))
-                   for index in active]
-        draft = drafter.propose(row_contexts, lengths, chain, generator)
-        _check_draft(draft, lengths, vocab, drafter.name)
-        cost.model_calls += draft.calls
-        cost.flops += draft.flops
-        before = cache.lengths
-        feed = [[context[-1]] + draft.tokens[b] for b, context in enumerate(row_contexts)]
-        out = model.forward(cache, feed, logits="all")  # (B, T, V)
-        cost.model_calls += 1
-        processed, followed, verdicts = _process_positions(chain, out.logits, draft.tokens)
-        outcomes = [_verify(params, config, proposed, draft.probs[b], processed[b, : len(proposed) + 1],
-                            vocab, chain, generator) for b, proposed in enumerate(draft.tokens)]
-        # The chain followed each draft as far as `followed[b]`: keep tau tokens of it, add x.
-        chain.rollback(torch.tensor([f - tau for f, (tau, _) in zip(followed, outcomes)], dtype=torch.long))
-        chain.accept(torch.tensor([token for _, token in outcomes], dtype=torch.long))
-        for b, index in enumerate(active):
-            proposed, (tau, token) = draft.tokens[b], outcomes[b]
-            cost.flops += forward_flops(model, before[b], len(feed[b]))
-            emitted = proposed[:tau] + [token]
-            cost.draft_tokens += len(proposed)
-            cost.accepted_tokens += tau
-            cost.target_steps += 1
-            cache.truncate(b, before[b] + 1 + tau)
-            gammas[index] = config.next_length(gammas[index], len(proposed), tau)
-            row_verdicts = verdicts[b][:tau] + [chain.stop_verdict(b)] if chain.judges_stop else None
-            pushed = yield from emitter.emit(index, emitted, out.logits[b], processed[b], row_verdicts)
-            contexts[index].extend(emitted[:pushed])
-
-    drafter.finish([row.completion.token_ids for row in rows])
-    result.decode_seconds = time.perf_counter() - decode_start
-    batch.finish_cost(result, started)
+    result = batch.fill(result if result is not None else GenerationResult([], batch.prompt_ids))
+    verification = DrawVerification() if config.verify == "draw" else RuleVerification(config)
+    yield from draft_stream(batch, drafter, verification, result, started, config)
 
 
 def speculative_generate(
@@ -204,39 +159,45 @@ def speculative_generate(
     return result
 
 
-class _Emitter:
-    """Pushes verified tokens into their rows with the same per-token records as plain decoding."""
+class RuleVerification(Verification):
+    """The token / block rules (greedy verification at temperature 0) over each row's positions,
+    all processed first (`_process_positions`); the chain is then rolled back to the tokens kept
+    and each row takes d_1..d_tau and x, row after row."""
 
-    def __init__(self, rows: list[Row], params: SamplingParams) -> None:
-        self.rows, self.params = rows, params
+    spare = 1  # a rule always draws a token after the accepted ones
 
-    def emit(self, index: int, tokens: list[int], logits: torch.Tensor, processed: torch.Tensor,
-             verdicts: list[StopVerdict] | None):
-        """Push `tokens` (logits / processed rows at the same positions; the processors' verdict
-        after each token, None: no opinion) until the row stops; yields StreamEvents, returns how
-        many tokens were pushed."""
-        row, count = self.rows[index], len(tokens)
-        ids = torch.tensor(tokens, dtype=torch.long)
-        records = token_records(logits[:count], ids, None if self.params.greedy else processed[:count],
-                                self.params.logprobs or 0)
-        for j, token in enumerate(tokens):
-            text = row.push(token, records[j], verdicts[j] if verdicts is not None else NO_OPINION)
-            finish = row.completion.finish_reason
-            if text or finish:
-                yield StreamEvent(index, text, token, finish)
-            if finish is not None:
-                return j + 1
-        return count
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+
+    def verify(self, batch: RowBatch, logits: torch.Tensor, draft: Draft) -> Generator[StreamEvent, None, Outcomes]:
+        chain, params, vocab = batch.chain, batch.params, batch.model.vocab_size
+        processed, followed, verdicts = _process_positions(chain, logits, draft.tokens)
+        outcomes = [_verify(params, self.config, proposed, draft.probs[b], processed[b, : len(proposed) + 1],
+                            vocab, chain, batch.generator) for b, proposed in enumerate(draft.tokens)]
+        # The chain followed each draft as far as `followed[b]`: keep tau tokens of it, add x.
+        chain.rollback(torch.tensor([f - tau for f, (tau, _) in zip(followed, outcomes)], dtype=torch.long))
+        chain.accept(torch.tensor([token for _, token in outcomes], dtype=torch.long))
+        for b, (proposed, (tau, token)) in enumerate(zip(draft.tokens, outcomes)):
+            row_verdicts = verdicts[b][:tau] + [chain.stop_verdict(b)] if chain.judges_stop else None
+            yield from _emit(batch, b, proposed[:tau] + [token], logits[b], processed[b], row_verdicts)
+        return outcomes
 
 
-def _check_draft(draft: Draft, lengths: list[int], vocab: int, name: str) -> None:
-    if len(draft.tokens) != len(lengths) or len(draft.probs) != len(lengths):
-        raise RuntimeError(f"the {name} drafter returned {len(draft.tokens)} rows, expected {len(lengths)}")
-    for b, (tokens, limit) in enumerate(zip(draft.tokens, lengths)):
-        if len(tokens) > limit:
-            raise RuntimeError(f"the {name} drafter proposed {len(tokens)} tokens for row {b}, at most {limit} allowed")
-        if any(not 0 <= t < vocab for t in tokens):
-            raise RuntimeError(f"the {name} drafter proposed a token outside [0, {vocab}) for row {b}")
+def _emit(batch: RowBatch, b: int, tokens: list[int], logits: torch.Tensor, processed: torch.Tensor,
+          verdicts: list[StopVerdict] | None) -> Iterator[StreamEvent]:
+    """Push `tokens` into live row b until it stops (`logits` / `processed (T, V)` at their
+    positions give the same per-token records as plain decoding; `verdicts`: the processors'
+    verdict after each token, None: no opinion)."""
+    row, count, params = batch.row(b), len(tokens), batch.params
+    ids = torch.tensor(tokens, dtype=torch.long)
+    records = token_records(logits[:count], ids, None if params.greedy else processed[:count], params.logprobs or 0)
+    for j, token in enumerate(tokens):
+        text = row.push(token, records[j], verdicts[j] if verdicts is not None else NO_OPINION)
+        finish = row.completion.finish_reason
+        if text or finish:
+            yield StreamEvent(batch.active[b], text, token, finish)
+        if finish is not None:
+            return
 
 
 def _process_positions(chain: SamplerChain, logits: torch.Tensor, drafts: list[list[int]]):

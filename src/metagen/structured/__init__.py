@@ -23,7 +23,7 @@ continuations carry little model mass. The two coincide when every allowed prefi
 its mass (Z_t = 1 at every step: the constraint never removes probability), and sampling the
 conditioned law exactly needs lookahead (rejection, SMC), not a mask. Greedy decoding under a
 constraint takes the argmax over the allowed tokens at each step. Jump-forward
-(`decoding.sample_loop`) and speculative decoding (`speculative.loop`) sample the same q.
+(`decoding.jump_forward`) and speculative decoding (`speculative.loop`) sample the same q.
 tests/decoding/test_jump_forward.py checks q by chi-square on the toy model and shows that the
 conditioned law differs.
 

@@ -1,0 +1,107 @@
+"""The speculative loop: draft tokens per row, score them with one target forward, verify, repeat.
+
+Per step, over the live rows of a `RowBatch` (the target cache holds every committed token but
+each row's last, t0):
+
+    draft      = drafter.propose(contexts, lengths, chain, generator)   # d_1..d_γ per row, γ_b ≤ lengths[b]
+    logits     = model.forward(cache, [[t0] + d per row], logits="all")   # (B, 1 + longest draft, V)
+    tau, x     = verification.verify(batch, logits, draft)              # pushes d_1..d_tau, x into the rows
+    cache.truncate(row, old + 1 + tau)                                   # the untaken draft tokens leave
+
+The first token of every row comes from the prefill's logits, drawn as plain decoding draws it
+(`DrawVerification` of empty drafts). Rows accept different numbers of tokens, so the next
+forward is ragged; finished rows leave the batch (`RowBatch.keep`, the drafter following).
+
+Two verifications plug in: the rules of `metagen.speculative` (token / block / greedy: each
+row's positions processed first, then a rule on p and q, the chain rolled back to what it kept)
+and `draw_verify.DrawVerification` (a draw from q at each position, kept while it equals the
+draft token). Two kinds of drafter: the models and n-gram tables of `metagen.speculative`, and
+`jump_forward.ForcedRunDrafter` (the runs a constraint forces), which `sample_loop.stream` decodes
+here with draw verification: jump-forward is this loop.
+
+Cost: the loop fills `result.cost` as it spends it — the prefill (`RowBatch.prefill_cost`) plus
+the drafter's prefill FLOPs, per step the drafter's calls and FLOPs, one model call, the FLOPs of
+every token fed (`forward_flops` of each row's 1 + γ_b tokens at its position, the tokens a
+verification left included) and one target step per row. Draft tokens proposed and accepted go
+to `cost.draft_tokens` / `cost.accepted_tokens`; a forced drafter's taken tokens go to
+`GenerationResult.forced_tokens` instead (they are the constraint's text, not a speculation).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from metagen.decoding.batch import RowBatch
+from metagen.decoding.cost import forward_flops
+from metagen.decoding.draw_verify import DrawVerification
+from metagen.decoding.drafts import Draft, Drafter, DraftSchedule, Verification
+from metagen.decoding.result import GenerationResult, StreamEvent
+
+__all__ = ["check_draft", "draft_stream"]
+
+
+def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, result: GenerationResult,
+                 started: float, schedule: DraftSchedule | None = None) -> Iterator[StreamEvent]:
+    """Decode `batch` (set up, not yet prefilled) to the end with `drafter`'s drafts checked by
+    `verification`, yielding events and filling `result` and its `Cost` (from `started`, a
+    perf_counter value). `schedule`: the draft lengths γ (None: a row's budget is the only limit)."""
+    model, chain, generator, rows = batch.model, batch.chain, batch.generator, batch.rows
+    n, max_new = batch.params.n, batch.rules.max_new_tokens
+    cost = result.cost = batch.prefill_cost()
+    cache, out = batch.prefill()
+    drafter.start(batch.prompt_ids, n, target_cache=cache)
+    batch.followers.append(drafter)
+    cost.flops += drafter.prefill_flops
+    result.prefill_seconds = time.perf_counter() - started
+    decode_start = time.perf_counter()
+    no_draft = Draft([[] for _ in range(n)], [None] * n)
+    first = yield from DrawVerification().verify(batch, out.logits[:, None], no_draft)  # plain decoding's step
+    contexts = [list(batch.prompt_ids) + [x] for _, x in first]  # per completion: prompt + committed tokens
+    gammas = [schedule.num_draft_tokens if schedule is not None else max_new] * n  # per completion
+
+    while True:
+        keep = batch.live()
+        if not keep:
+            break
+        batch.keep(keep)
+        active = batch.active
+        row_contexts = [contexts[index] for index in active]
+        lengths = [max(0, min(gammas[index], max_new - len(rows[index].completion.token_ids) - verification.spare))
+                   for index in active]
+        draft = drafter.propose(row_contexts, lengths, chain, generator)
+        check_draft(draft, lengths, model.vocab_size, drafter.name)
+        cost.model_calls += draft.calls + 1
+        cost.flops += draft.flops
+        before = cache.lengths
+        feed = [[context[-1]] + draft.tokens[b] for b, context in enumerate(row_contexts)]
+        cost.flops += sum(forward_flops(model, before[b], len(tokens)) for b, tokens in enumerate(feed))
+        cost.target_steps += len(feed)
+        logits = model.forward(cache, feed, logits="all").logits  # (B, 1 + longest draft, V)
+        outcomes = yield from verification.verify(batch, logits, draft)
+        for b, (index, proposed, (tau, token)) in enumerate(zip(active, draft.tokens, outcomes)):
+            if drafter.forced:
+                result.forced_tokens += tau
+            else:
+                cost.draft_tokens += len(proposed)
+                cost.accepted_tokens += tau
+            if tau < len(proposed):
+                cache.truncate(b, before[b] + 1 + tau)
+            if schedule is not None:
+                gammas[index] = schedule.next_length(gammas[index], len(proposed), tau)
+            contexts[index] += proposed[:tau] + [token]
+
+    drafter.finish([row.completion.token_ids for row in rows])
+    result.decode_seconds = time.perf_counter() - decode_start
+    batch.finish_cost(result, started)
+
+
+def check_draft(draft: Draft, lengths: list[int], vocab: int, name: str) -> None:
+    """RuntimeError unless `draft` has one row per length, each within its length and the vocabulary."""
+    if len(draft.tokens) != len(lengths) or len(draft.probs) != len(lengths):
+        raise RuntimeError(f"the {name} drafter returned {len(draft.tokens)} rows, expected {len(lengths)}")
+    for b, (tokens, limit) in enumerate(zip(draft.tokens, lengths)):
+        if len(tokens) > limit:
+            raise RuntimeError(f"the {name} drafter proposed {len(tokens)} tokens for row {b}, at most {limit} allowed")
+        if any(not 0 <= t < vocab for t in tokens):
+            raise RuntimeError(f"the {name} drafter proposed a token outside [0, {vocab}) for row {b}")
