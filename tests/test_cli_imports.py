@@ -44,3 +44,28 @@ def test_generate_help_lists_strategy_options_and_eval_help_the_strategies():
     assert "--strategy-temperature" in subprocess.run(run, capture_output=True, text=True, timeout=120).stdout
     run = [sys.executable, "-c", RUN.format(blocked=BLOCKED, argv=["eval", "--help"])]
     assert "tokenwise_cd" in subprocess.run(run, capture_output=True, text=True, timeout=120).stdout
+
+
+WAIT_POLICY = """
+import os, sys
+os.environ.pop("OMP_WAIT_POLICY", None)
+from metagen.cli import generate, serve, main
+
+def report(args):
+    print(os.environ.get("OMP_WAIT_POLICY"), "torch" in sys.modules)
+    return 0
+
+generate.run = serve.run = report
+sys.exit(main({argv!r}))
+"""
+
+
+@pytest.mark.parametrize(("argv", "policy"), [(["generate", "Hello"], "ACTIVE"), (["serve"], "None")],
+                         ids=["generate", "serve"])
+def test_openmp_workers_spin_except_under_the_server(argv, policy):
+    """A one-stream command keeps OpenMP workers spinning between kernels (set before torch is
+    imported); `serve` does not: its event loop needs a core between decode steps."""
+    done = subprocess.run([sys.executable, "-c", WAIT_POLICY.format(argv=argv)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [policy, "False"]
