@@ -11,6 +11,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PROMPT ?= What is the capital of France? Answer in one sentence.
 DOCS_PORT ?= 8001
+# test worker processes: most tests keep one core busy, so two workers use both cores of a 2-core machine
+TEST_WORKERS ?= 2
 
 .PHONY: venv install install-dev install-docs demo test bench docs docs-serve docs-check clean
 
@@ -37,7 +39,7 @@ demo: install
 	$(VENV)/bin/metagen generate "$(PROMPT)" --temperature 0 --max-tokens 64
 
 test: install-dev
-	$(PY) -m pytest -q --durations=40
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=40
 
 bench: install-dev
 	$(PY) benchmarks/decode.py

@@ -1,11 +1,14 @@
 import json
+import os
 import shutil
 import subprocess
 
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# Two intra-op threads per test process; one each when make test runs two xdist workers (two
+# workers of two threads on two cores make every small op wait for a core).
+torch.set_num_threads(max(1, 2 // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
 @pytest.fixture(scope="session")
