@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from metagen.eval.points import curve_point, mean_cost
 from metagen.eval.pool import Pool, PoolGenerator
 from metagen.eval.tasks import Problem
 from metagen.strategies.allocation import allocate, vote_curve_from_counts
@@ -40,8 +41,6 @@ def allocation_points(pools: dict[str, Pool], problems: Sequence[Problem], confi
     """One `CurvePoint` named ALLOCATED per n of `config.ns` with n >= config.allocation_round
     (the first round k); score(result, problem) -> bool is the harness's own scoring."""
     import numpy as np
-
-    from metagen.eval.harness import _mean_cost, _point
 
     spec = get_strategy("self_consistency")
     k = config.allocation_round
@@ -74,7 +73,7 @@ def allocation_points(pools: dict[str, Pool], problems: Sequence[Problem], confi
                 costs[problem.id].append(cost)
             spent.append(sum(allocation) / len(problems))
         scores = [sum(hits[p.id]) / len(hits[p.id]) for p in problems]
-        mean_cost = _mean_cost([_mean_cost(costs[p.id]) for p in problems])
-        points.append(_point(ALLOCATED, n, scores, mean_cost, model, config.seed, sum(spent) / len(spent)))
+        average = mean_cost([mean_cost(costs[p.id]) for p in problems])
+        points.append(curve_point(ALLOCATED, n, scores, average, model, config.seed, sum(spent) / len(spent)))
     return points
 

@@ -5,7 +5,7 @@ a compute budget C (Wu et al. 2024, "Inference scaling laws"):
 
 with the cost in FLOPs per problem (the mean over the evaluated problems, `Cost.flops`).
 
-Every function takes the evaluation's result rows, `CurvePoint`s (`harness.py`; rows read back
+Every function takes the evaluation's result rows, `CurvePoint`s (`points.py`; rows read back
 from a `--json` output or summary.json through `CurvePoint.from_dict`), each identified by
 (model, strategy, n). A point whose FLOPs are unknown (None: a remote model without a parameter
 count) cannot be placed on the cost axis: it is never treated as free (0) nor as dearest, but
@@ -20,53 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import numpy
-
-    from metagen.eval.harness import CurvePoint
-
-BOOTSTRAP_RESAMPLES = 2000
-LEVEL = 0.95
-
-
-def bootstrap_interval(per_problem: Sequence[float], rng: "numpy.random.Generator",
-                       resamples: int = BOOTSTRAP_RESAMPLES, level: float = LEVEL) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of `per_problem` (each problem's score: 0/1, or
-    the fraction of n-subsets answered correctly for a pooled strategy) over problems (Efron 1979).
-
-    Draw R resamples of the P problems with replacement, x*_r = mean of resample r; the interval
-    is the (α/2, 1 − α/2) empirical quantiles of x*_1..x*_R, α = 1 − level, each taken as the
-    smallest x* whose empirical CDF reaches the level ("inverted CDF":
-    sorted(x*)[ceil(R·q) − 1]). For 0/1 scores with k of P correct, x* ~ Binomial(P, k/P) / P
-    exactly, so the interval tends to that distribution's quantiles as R grows.
-
-    rng: a seeded `numpy.random.Generator` (the only randomness). Time O(R·P), memory
-    O(R + max(P, 2^20)) (resamples drawn in chunks of about 2^20 indices)."""
-    import numpy as np
-
-    values = np.asarray(per_problem, dtype=np.float64)  # (P,)
-    if values.ndim != 1 or values.size == 0:
-        raise ValueError(f"per_problem has shape {values.shape}: need a non-empty list of per-problem scores")
-    if not np.all(np.isfinite(values)):
-        raise ValueError("per_problem holds a non-finite score: every score must be a finite number")
-    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
-        raise ValueError(f"resamples={resamples!r} is out of range: must be an integer >= 1")
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level={level!r} is out of range: must be in (0, 1)")
-    count = values.size
-    means = np.empty(resamples)  # (R,)
-    chunk = max(1, (1 << 20) // count)
-    for start in range(0, resamples, chunk):
-        stop = min(start + chunk, resamples)
-        indices = rng.integers(0, count, size=(stop - start, count))  # (chunk, P)
-        means[start:stop] = values[indices].mean(axis=1)
-    means.sort()
-    alpha = 1.0 - level
-
-    def quantile(q: float) -> float:
-        return float(means[max(math.ceil(resamples * q - 1e-9), 1) - 1])
-
-    return quantile(alpha / 2), quantile(1.0 - alpha / 2)
-
+    from metagen.eval.points import CurvePoint
 
 def intervals_overlap(a: CurvePoint, b: CurvePoint) -> bool | None:
     """Whether the accuracy intervals of `a` and `b` share a point: max(lows) ≤ min(highs);

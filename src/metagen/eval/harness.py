@@ -42,7 +42,6 @@ import math
 import random
 import sys
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
@@ -53,8 +52,8 @@ from metagen.decoding.cost import Cost
 from metagen.eval.fingerprint import generator_identity, model_identity, weights_digest
 from metagen.eval.code_grading import MEMORY_MB, TIMEOUT, Grade, grade, grade_all
 from metagen.eval.code_prompts import code_params, code_prompt, code_setup, resolve_mode
-from metagen.eval.frontier import bootstrap_interval
-from metagen.eval.metrics import mean_and_stderr, pass_at_k
+from metagen.eval.metrics import pass_at_k
+from metagen.eval.points import CurvePoint, curve_point, mean_cost, stable_seed
 from metagen.eval.pool import Pool, PoolGenerator, Sample
 from metagen.eval.results import ModelUnits, ResultsFile
 from metagen.eval.tasks import Problem
@@ -138,57 +137,6 @@ class EvalConfig:
 
 
 @dataclass
-class CurvePoint:
-    """One (model, strategy, n) point: accuracy over problems, its standard error and 95%
-    percentile-bootstrap interval over problems (`frontier.bootstrap_interval`; None when not
-    computed), and the mean cost per problem (FLOPs, generated tokens, wall seconds, ...).
-    `model`: the model's name (`run_setup`'s model identity), so points of several models can
-    be put side by side. samples: the mean samples drawn per problem (pooled strategies: n, or
-    fewer for one that stops early; None where not counted). flops_estimate: how cost.flops
-    were estimated when not by the architecture's formula (`Generator.flops_estimate`, e.g. a
-    remote model's 2·N·tokens); None: counted exactly, or unknown."""
-
-    strategy: str
-    n: int
-    accuracy: float
-    stderr: float
-    problems: int
-    cost: Cost
-    interval: tuple[float, float] | None = None
-    model: str = ""
-    samples: float | None = None
-    flops_estimate: str | None = None
-
-    @property
-    def key(self) -> tuple[str, str, int]:
-        return self.model, self.strategy, self.n
-
-    def to_dict(self) -> dict:
-        data = {"model": self.model, "strategy": self.strategy, "n": self.n, "accuracy": self.accuracy,
-                "interval": None if self.interval is None else list(self.interval), "stderr": self.stderr,
-                "problems": self.problems, "cost": self.cost.to_dict()}
-        if self.samples is not None:
-            data["samples"] = self.samples
-        if self.flops_estimate is not None:
-            data["flops_estimate"] = self.flops_estimate
-        return data
-
-    @classmethod
-    def from_dict(cls, row: dict) -> "CurvePoint":
-        """A row of `to_dict` (a `--json` output, summary.json) back; ValueError naming a missing field."""
-        missing = [name for name in ("strategy", "n", "accuracy", "cost") if name not in row]
-        if missing:
-            raise ValueError(f"result row {row!r:.80} has no field {missing[0]!r}")
-        fields = sorted(Cost().to_dict())
-        if not isinstance(row["cost"], dict) or set(row["cost"]) - set(fields):
-            raise ValueError(f"result row field 'cost' is {row['cost']!r:.80}: expected an object of fields among {fields}")
-        interval = row.get("interval")
-        return cls(row["strategy"], row["n"], row["accuracy"], row.get("stderr", float("nan")),
-                   row.get("problems", 0), Cost(**row["cost"]), None if interval is None else tuple(interval),
-                   row.get("model", ""), row.get("samples"), row.get("flops_estimate"))
-
-
-@dataclass
 class EvalReport:
     points: list[CurvePoint] = field(default_factory=list)
 
@@ -262,15 +210,11 @@ def _check_prompts_fit(generator, problems: Sequence[Problem], config: EvalConfi
 # ----------------------------------------------------------------------------- running
 
 
-def _seed(*parts) -> int:
-    return zlib.crc32("/".join(map(str, parts)).encode())
-
-
 def _rng(*parts):
     import torch
 
     generator = torch.Generator()
-    generator.manual_seed(_seed(*parts))
+    generator.manual_seed(stable_seed(*parts))
     return generator
 
 
@@ -663,19 +607,12 @@ def _run_problem(generator, problem: Problem, config: EvalConfig, results: Model
 def _subsets(size: int, n: int, count: int, *seed_parts) -> list[list[int]]:
     if n == size:
         return [list(range(size))]
-    rng = random.Random(_seed(*seed_parts))
+    rng = random.Random(stable_seed(*seed_parts))
     if math.comb(size, n) <= count:
         from itertools import combinations
 
         return [list(c) for c in combinations(range(size), n)]
     return [sorted(rng.sample(range(size), n)) for _ in range(count)]
-
-
-def _mean_cost(costs: list[Cost]) -> Cost:
-    total = Cost()
-    for cost in costs:
-        total += cost
-    return total.scaled(1 / max(len(costs), 1))
 
 
 def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConfig, decode=None,
@@ -705,13 +642,13 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
                         subset_costs.append(result.cost)
                         drawn.append(served.served)
                     scores.append(sum(hits) / len(hits))
-                    costs.append(_mean_cost(subset_costs))
+                    costs.append(mean_cost(subset_costs))
                 else:
                     record = results.live(problem, name, n)
                     scores.append(float(record["correct"]))
                     costs.append(Cost(**record["cost"]))
             samples = sum(drawn) / len(drawn) if drawn else None
-            report.points.append(_point(name, n, scores, _mean_cost(costs), model, config.seed, samples))
+            report.points.append(curve_point(name, n, scores, mean_cost(costs), model, config.seed, samples))
     if config.pool_size:
         for k in sorted(set(config.ns)):
             scores, costs = [], []
@@ -719,9 +656,9 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
                 pool = pools[problem.id]
                 correct = sum(sample.correct for sample in pool.samples)
                 scores.append(pass_at_k(len(pool.samples), correct, k))
-                costs.append(_mean_cost([pool.subset_cost(i) for i in
+                costs.append(mean_cost([pool.subset_cost(i) for i in
                                          _subsets(len(pool.samples), k, config.subsets, config.seed, problem.id, k)]))
-            report.points.append(_point(ORACLE, k, scores, _mean_cost(costs), model, config.seed))
+            report.points.append(curve_point(ORACLE, k, scores, mean_cost(costs), model, config.seed))
     if config.allocation_round is not None:
         from metagen.eval.allocation import allocation_points
 
@@ -732,18 +669,6 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
         for point in report.points:
             point.flops_estimate = flops_estimate if point.cost.flops is not None else None
     return report
-
-
-def _point(strategy: str, n: int, scores: list[float], cost: Cost, model: str, seed: int,
-           samples: float | None = None) -> CurvePoint:
-    """A curve point from per-problem scores: mean, standard error and the bootstrap interval
-    (its rng seeded by (seed, strategy, n), so a rerun reports the same interval)."""
-    import numpy
-
-    accuracy, stderr = mean_and_stderr(scores)
-    interval = (bootstrap_interval(scores, numpy.random.default_rng(_seed(seed, strategy, n, "bootstrap")))
-                if scores else None)
-    return CurvePoint(strategy, n, accuracy, stderr, len(scores), cost, interval, model, samples)
 
 
 def format_table(report: EvalReport) -> str:
