@@ -657,7 +657,7 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
                 correct = sum(sample.correct for sample in pool.samples)
                 scores.append(pass_at_k(len(pool.samples), correct, k))
                 costs.append(mean_cost([pool.subset_cost(i) for i in
-                                         _subsets(len(pool.samples), k, config.subsets, config.seed, problem.id, k)]))
+                                        _subsets(len(pool.samples), k, config.subsets, config.seed, problem.id, k)]))
             report.points.append(curve_point(ORACLE, k, scores, mean_cost(costs), model, config.seed))
     if config.allocation_round is not None:
         from metagen.eval.allocation import allocation_points

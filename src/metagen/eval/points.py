@@ -126,7 +126,7 @@ def mean_cost(costs: list[Cost]) -> Cost:
 
 
 def curve_point(strategy: str, n: int, scores: list[float], cost: Cost, model: str, seed: int,
-           samples: float | None = None) -> CurvePoint:
+                samples: float | None = None) -> CurvePoint:
     """A curve point from per-problem scores: mean, standard error and the bootstrap interval
     (its rng seeded by (seed, strategy, n), so a rerun reports the same interval)."""
     import numpy
