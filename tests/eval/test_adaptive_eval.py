@@ -74,3 +74,23 @@ def test_eval_command_passes_the_allocation_round(capsys):
     code = main(["eval", "--task", "arithmetic", "--allocation-round", "9", "--strategy", "self_consistency",
                  "--n", "4,8"])
     assert code == 2 and "allocation_round=9 is out of range" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("keeps_prompt", [False, True])
+def test_rounds_served_from_a_pool_pay_for_the_prompt_as_their_generator_would(keeps_prompt):
+    """Three rounds of 1, 2 and 1 samples: a generator that keeps nothing computes the prompt
+    (5 tokens, 100 FLOPs, 1 s) in each round; one that keeps the last prompt (LocalGenerator's
+    PromptCache) in the first round only, the later rounds reusing it in every row."""
+    from metagen.eval.pool import Pool, PoolGenerator, Sample
+
+    lengths = [3, 2, 4, 1]
+    samples = [Sample(f"s{i}", list(range(k)), [-0.1] * k, [], "stop", flops=10.0 * k) for i, k in enumerate(lengths)]
+    pool = Pool(prompt_tokens=5, prompt_flops=100.0, prefill_seconds=1.0, decode_seconds=10.0, samples=samples)
+    served = PoolGenerator(pool, [0, 1, 2, 3], sequential=True, keeps_prompt=keeps_prompt)
+    costs = [served.generate("q", SamplingParams(n=size)).cost for size in (1, 2, 1)]
+    later = 0 if keeps_prompt else 1
+    assert [c.prompt_tokens_computed for c in costs] == [5, 5 * later, 5 * later]
+    assert [c.prompt_tokens_reused for c in costs] == [0, 10 - 5 * later, 5 - 5 * later]
+    assert [c.flops for c in costs] == [130.0, 60.0 + 100.0 * later, 10.0 + 100.0 * later]
+    assert [c.model_calls for c in costs] == [3, 4 - 1 + later, 1 - 1 + later]
+    assert [c.wall_seconds for c in costs] == pytest.approx([1 + 3, later + 6, later + 1])

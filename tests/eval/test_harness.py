@@ -371,3 +371,27 @@ def test_every_text_level_strategy_runs_over_a_server_without_token_ids(tmp_path
     assert at[("self_consistency", 2)].prompt_tokens_computed > 0
     assert [(r["strategy"], r["n"]) for r in json.loads(captured.out)["results"]] == [
         ("self_consistency", 1), ("self_consistency", 2), ("pass@k", 1), ("pass@k", 2)]
+
+
+def test_each_unit_pays_for_its_prompt_once_from_a_cold_prompt_cache(tmp_path, tiny_checkpoint):
+    """LocalGenerator keeps the last prompt (PromptCache): the harness empties it before every
+    unit, so greedy run after the pool of the same prompt still pays for the prompt; adaptive
+    consistency, evaluated from the pool in rounds, pays for it in its first round only, as it
+    would running on this generator (tests/eval/test_pool.py: every round on one that keeps
+    nothing)."""
+    from metagen.decoding import LocalGenerator
+    from metagen.models import load
+
+    generator = LocalGenerator(load(tiny_checkpoint, dtype="fp32"), chat=False)
+    config = EvalConfig(("greedy", "adaptive_consistency"), ns=(4,),
+                        params=SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True))
+    problem = Problem("p0", "What is 3 + 4?", "7")
+    report = evaluate(generator, [problem], config, tmp_path)
+    records = _records(tmp_path)
+    pool = next(r["pool"] for r in records if r["kind"] == "pool")
+    greedy = next(r["cost"] for r in records if r["kind"] == "live" and r["strategy"] == "greedy")
+    assert greedy["prompt_tokens_computed"] == pool["prompt_tokens"] > 0
+    adaptive = next(p for p in report.points if p.strategy == "adaptive_consistency")
+    assert adaptive.samples > 1  # more than one round on average
+    assert adaptive.cost.prompt_tokens_computed == pool["prompt_tokens"]
+    assert adaptive.cost.flops > pool["prompt_flops"]

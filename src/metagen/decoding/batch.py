@@ -6,7 +6,8 @@ scheduler works over one `Sequence` type:
 
     batch = RowBatch.start(model, prompt_ids, params, ...)  # stop rules → generator → memory check
                                                             #   → request chain → one Row per completion
-    cache, out = batch.prefill()                            # the prompt once, forked into n cache rows
+    cache, out = batch.prefill(prompt_cache)                # the prompt once (or a PromptCache's copy),
+                                                            #   forked into n cache rows
     text = batch.push(b, token, record)                     # live row b takes a token (rows.Row.push)
     batch.keep(batch.live())                                # finished rows leave: cache, chain, followers
                                                             #   (a drafter's rows) and `active` move together
@@ -33,6 +34,7 @@ import torch
 
 from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.memory import check_batch_fits
+from metagen.decoding.prompt_cache import PromptCache
 from metagen.decoding.prompts import Prompt, encode_prompt
 from metagen.decoding.records import TokenRecord
 from metagen.decoding.request import heal_request, request_chain
@@ -59,6 +61,7 @@ class RowBatch:
                      for _ in range(params.n)]
         self.active = list(range(params.n))
         self.cache = None
+        self.prompt_reused = False  # the prefill took the prompt from a PromptCache
         self.followers: list = []
 
     @classmethod
@@ -100,17 +103,25 @@ class RowBatch:
         result.completions = self.completions
         return result
 
-    def prefill(self):
+    def prefill(self, prompt_cache: PromptCache | None = None):
         """Prefill the prompt once and fork its cache into the n rows; returns `(cache, out)`
-        with `out.logits (n, V)` (`model.prefill`). The batch owns the cache from then on."""
-        self.cache, out = self.model.prefill(self.prompt_ids, batch_size=self.params.n)
+        with `out.logits (n, V)` (`model.prefill`, or `prompt_cache.prefill`, which reuses the
+        last prompt's keys and values when the ids are the same). The batch owns the cache from
+        then on."""
+        if prompt_cache is None:
+            self.cache, out = self.model.prefill(self.prompt_ids, batch_size=self.params.n)
+        else:
+            self.cache, out, self.prompt_reused = prompt_cache.prefill(self.model, self.prompt_ids, self.params.n)
         return self.cache, out
 
     def prefill_cost(self) -> Cost:
-        """The `Cost` of the prefill: one model call computing the prompt once (the other n − 1
-        rows reuse it through the forked cache), its FLOPs, and one target step per row (each
-        row's first token comes from it)."""
+        """The `Cost` of the prefill just run: one model call computing the prompt once (the
+        other n − 1 rows reuse it through the forked cache), its FLOPs, and one target step per
+        row (each row's first token comes from it); a prompt taken from a `PromptCache` is
+        reused by all n rows, with no model call and no FLOPs."""
         length, n = len(self.prompt_ids), self.params.n
+        if self.prompt_reused:
+            return Cost(prompt_tokens_reused=length * n, target_steps=n)
         return Cost(model_calls=1, prompt_tokens_computed=length, prompt_tokens_reused=length * (n - 1),
                     flops=forward_flops(self.model, 0, length), target_steps=n)
 

@@ -36,20 +36,23 @@ from metagen.decoding.batch import RowBatch
 from metagen.decoding.cost import forward_flops
 from metagen.decoding.draw_verify import DrawVerification
 from metagen.decoding.drafts import Draft, Drafter, DraftSchedule, Verification
+from metagen.decoding.prompt_cache import PromptCache
 from metagen.decoding.result import GenerationResult, StreamEvent
 
 __all__ = ["check_draft", "draft_stream"]
 
 
 def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, result: GenerationResult,
-                 started: float, schedule: DraftSchedule | None = None) -> Iterator[StreamEvent]:
+                 started: float, schedule: DraftSchedule | None = None, *,
+                 prompt_cache: PromptCache | None = None) -> Iterator[StreamEvent]:
     """Decode `batch` (set up, not yet prefilled) to the end with `drafter`'s drafts checked by
     `verification`, yielding events and filling `result` and its `Cost` (from `started`, a
-    perf_counter value). `schedule`: the draft lengths γ (None: a row's budget is the only limit)."""
+    perf_counter value). `schedule`: the draft lengths γ (None: a row's budget is the only limit).
+    `prompt_cache`: see `RowBatch.prefill`."""
     model, chain, generator, rows = batch.model, batch.chain, batch.generator, batch.rows
     n, max_new = batch.params.n, batch.rules.max_new_tokens
+    cache, out = batch.prefill(prompt_cache)
     cost = result.cost = batch.prefill_cost()
-    cache, out = batch.prefill()
     drafter.start(batch.prompt_ids, n, target_cache=cache)
     batch.followers.append(drafter)
     cost.flops += drafter.prefill_flops

@@ -28,6 +28,9 @@ The contract beyond `generate` is explicit, never guessed from attributes:
   served_identity()
                  the served model behind a remote backend (name, engine, base URLs), or None;
                  evaluation fingerprints use it where there are no local weights.
+  reset_prefix_cache()
+                 forget prompts kept between calls (LocalGenerator keeps the last one, see
+                 `prompt_cache.py`), so the next call's cost is a first call's.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from metagen.decoding import capabilities as caps
+from metagen.decoding.prompt_cache import PromptCache
 from metagen.decoding.prompts import Prompt, encode_prompt
 from metagen.decoding.result import GenerationResult
 from metagen.decoding.sample_loop import generate
@@ -69,6 +73,10 @@ class Generator(ABC):
     tokenizer = None
     described_as: str | None = None
     concurrent: bool = False
+    # Whether a call repeating the last call's prompt reuses its computation (LocalGenerator's
+    # `PromptCache`): evaluation from stored pools then charges a strategy's later rounds no
+    # prefill, as running it on this generator would.
+    keeps_prompt: bool = False
     # How its Cost.flops are estimated when not by the one formula of the architecture
     # (`models.flops.transformer_flops_per_token`), shown beside them in reports; None: exact.
     flops_estimate: str | None = None
@@ -120,6 +128,12 @@ class Generator(ABC):
         """Tokens `prompt` takes once encoded as `generate` would, or None when unknown."""
         return None
 
+    def reset_prefix_cache(self) -> None:
+        """Forget the prompts kept between calls, so the next call pays for its prompt as a first
+        call does (evaluation runs each unit from a cold cache, so that a unit's cost is its own).
+        The base keeps nothing; `LocalGenerator` empties its `PromptCache`. A server's own prefix
+        cache is the server's (its usage counts report what it reused)."""
+
 
 class LocalGenerator(Generator):
     """A `Generator` over a local `LanguageModel` (one prefill, n forked rows, one batch).
@@ -127,16 +141,23 @@ class LocalGenerator(Generator):
     chat: wrap text prompts in the model's chat template (None: when the model has one).
     jump_forward: feed the token runs a constraint forces in one forward (`sample_loop`); the
         output law is the same either way.
+    prompt_cache: keep the last prompt's keys and values, so a call with the same prompt (a
+        strategy sampling one prompt in rounds) copies them instead of computing the prompt again
+        (`PromptCache`; outputs unchanged, the cost counts the prompt as reused; memory: one
+        prompt's keys and values). False: every call prefills.
     It provides everything a local model gives, STRUCTURED_OUTPUT included (every decoding loop
     honours `params.structured_outputs`).
     """
 
     capabilities = caps.ALL
 
-    def __init__(self, model, chat: bool | None = None, *, jump_forward: bool = True) -> None:
+    def __init__(self, model, chat: bool | None = None, *, jump_forward: bool = True,
+                 prompt_cache: bool = True) -> None:
         self.model = model
         self.chat = chat
         self.jump_forward = jump_forward
+        self.prompt_cache = PromptCache() if prompt_cache else None
+        self.keeps_prompt = prompt_cache
 
     @property
     def tokenizer(self):
@@ -166,8 +187,12 @@ class LocalGenerator(Generator):
     def count_tokens(self, prompt: Prompt) -> int | None:
         return len(encode_prompt(self.model.tokenizer, prompt, self.chat))
 
+    def reset_prefix_cache(self) -> None:
+        if self.prompt_cache is not None:
+            self.prompt_cache.clear()
+
     def generate(
         self, prompt: Prompt, params: SamplingParams, *, generator: torch.Generator | None = None
     ) -> GenerationResult:
         return generate(self.model, prompt, params, chat=self.chat, generator=generator,
-                        jump_forward=self.jump_forward)
+                        jump_forward=self.jump_forward, prompt_cache=self.prompt_cache)

@@ -36,6 +36,7 @@ from metagen.decoding.cost import forward_flops
 from metagen.decoding.draft_loop import draft_stream
 from metagen.decoding.draw_verify import DrawVerification
 from metagen.decoding.jump_forward import ForcedRunDrafter
+from metagen.decoding.prompt_cache import PromptCache
 from metagen.decoding.prompts import Prompt
 from metagen.decoding.records import token_records
 from metagen.decoding.result import GenerationResult, StreamEvent
@@ -54,6 +55,7 @@ def stream(
     result: GenerationResult | None = None,
     processors: Sequence[LogitsProcessor] = (),
     jump_forward: bool = True,
+    prompt_cache: PromptCache | None = None,
 ) -> Iterator[StreamEvent]:
     """Decode `params.n` completions of `prompt` as one batch, yielding text as it is produced.
 
@@ -66,18 +68,21 @@ def stream(
     `jump_forward`: feed the runs of tokens a processor forces in one forward (module docstring);
     the output law is the same either way.
     `params.token_healing`: see `rows.heal_request` (the text returned excludes the healed part).
+    `prompt_cache`: reuse the last prompt's keys and values when these prompt ids are the same
+    (`PromptCache`; the outputs are a fresh prefill's, the cost counts the prompt as reused).
     """
     started = time.perf_counter()
     params = params or SamplingParams()
     batch = RowBatch.for_prompt(model, prompt, params, processors, chat=chat, generator=generator)
     result = batch.fill(result if result is not None else GenerationResult([], batch.prompt_ids))
     if jump_forward and batch.chain.judges_stop:  # a processor may force runs: feed them as drafts
-        yield from draft_stream(batch, ForcedRunDrafter(), DrawVerification(), result, started)
+        yield from draft_stream(batch, ForcedRunDrafter(), DrawVerification(), result, started,
+                                prompt_cache=prompt_cache)
         return
     chain, generator, records_top = batch.chain, batch.generator, params.logprobs or 0
 
+    cache, out = batch.prefill(prompt_cache)
     cost = result.cost = batch.prefill_cost()
-    cache, out = batch.prefill()
     position = len(batch.prompt_ids)  # where every row's next fed token goes
     result.prefill_seconds = time.perf_counter() - started
     logits = out.logits  # (B, V)
@@ -115,11 +120,12 @@ def generate(
     generator: torch.Generator | None = None,
     processors: Sequence[LogitsProcessor] = (),
     jump_forward: bool = True,
+    prompt_cache: PromptCache | None = None,
 ) -> GenerationResult:
     """Generate `params.n` completions of `prompt` (text, chat messages or token ids)."""
     result = GenerationResult([], [])
     for _ in stream(model, prompt, params, chat=chat, generator=generator, result=result, processors=processors,
-                    jump_forward=jump_forward):
+                    jump_forward=jump_forward, prompt_cache=prompt_cache):
         pass
     return result
 

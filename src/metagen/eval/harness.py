@@ -468,7 +468,7 @@ def _run_model(run: ModelRun, problems: Sequence[Problem], config: EvalConfig, r
             _write_run_json(out, setups)
         _run_problems(generator, problems, config, units, live, progress, concurrency)
         return summarize(units, problems, config, decode=generator.decode,
-                         flops_estimate=generator.flops_estimate).points
+                         flops_estimate=generator.flops_estimate, keeps_prompt=generator.keeps_prompt).points
 
 
 def shared_setup(config: EvalConfig) -> dict:
@@ -585,9 +585,11 @@ def _run_problem(generator, problem: Problem, config: EvalConfig, results: Model
     """Generate the units of `problem` not yet in `results`: its pool, then each live (strategy, n)."""
     prompt, params = _request(problem, config, _stored_mode(results))
     if config.pool_size and results.pool(problem) is None:
+        generator.reset_prefix_cache()  # each unit from a cold cache: its cost is its own
         results.add_pool(problem, _sample_pool(generator, prompt, problem, config, params))
     for name, n in live:
         if results.live(problem, name, n) is None:
+            generator.reset_prefix_cache()
             result = get_strategy(name).run(generator, prompt, n, params, config.options,
                                             _rng(config.seed, problem.id, name, n))
             if problem.is_code:
@@ -616,10 +618,12 @@ def _subsets(size: int, n: int, count: int, *seed_parts) -> list[list[int]]:
 
 
 def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConfig, decode=None,
-              flops_estimate: str | None = None) -> EvalReport:
+              flops_estimate: str | None = None, keeps_prompt: bool = False) -> EvalReport:
     """Accuracy and mean cost per (strategy, n) of one model's units, plus the oracle coverage
     pass@k of its pools; every point named by the model's label and marked with how its FLOPs
-    were estimated (`flops_estimate`, None: exact or unknown)."""
+    were estimated (`flops_estimate`, None: exact or unknown). `keeps_prompt`: the generator
+    reuses a repeated prompt (`Generator.keeps_prompt`), so a strategy sampling in rounds pays
+    for the prompt in its first round only."""
     report = EvalReport()
     model = results.label
     pools = {problem.id: results.pool(problem) for problem in problems} if config.pool_size else {}
@@ -636,7 +640,8 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
                     hits, subset_costs = [], []
                     prompt, params = _request(problem, config, mode)
                     for indices in _subsets(len(pool.samples), n, config.subsets, config.seed, problem.id, n):
-                        served = PoolGenerator(pool, indices, decode, sequential=spec.sequential)
+                        served = PoolGenerator(pool, indices, decode, sequential=spec.sequential,
+                                               keeps_prompt=keeps_prompt)
                         result = spec.run(served, prompt, n, params, config.options, None)
                         hits.append(float(_score(result, problem, config, known.get(problem.id))))
                         subset_costs.append(result.cost)

@@ -123,24 +123,30 @@ class Pool:
         samples = [Sample.from_dict(sample, f"{where}.samples[{i}]") for i, sample in enumerate(data["samples"])]
         return cls(**{**data, "samples": samples})
 
-    def subset_cost(self, indices: Sequence[int]) -> Cost:
+    def subset_cost(self, indices: Sequence[int], prompt_cached: bool = False) -> Cost:
         """The cost of generating exactly these samples in one batched call: one prefill, the
         prompt reused by the other rows, one forward per decode step. Wall time is the pool's
         prefill plus its decode time in proportion to the tokens kept (an estimate). FLOPs are
-        unknown (None) when the prompt's or any chosen sample's are."""
+        unknown (None) when the prompt's or any chosen sample's are.
+        prompt_cached: the call repeats a prompt its generator kept (`Generator.keeps_prompt`),
+        so every row reuses it: no prefill call, FLOPs or time (pools computed once only; a
+        prompt paid per sample is charged as below)."""
         chosen = [self.samples[i] for i in indices]
-        parts = [self.prompt_flops, *(s.flops for s in chosen)]
+        per_sample = self.reported is not None and self.reported["prompt_tokens_computed"] > self.prompt_tokens
+        cached = prompt_cached and not per_sample
+        parts = [0.0 if cached else self.prompt_flops, *(s.flops for s in chosen)]
         tokens = sum(s.length for s in chosen)
         pool_tokens = sum(s.length for s in self.samples) or 1
+        longest = max((s.length for s in chosen), default=0)
         cost = Cost(
-            model_calls=max((s.length for s in chosen), default=0),
-            prompt_tokens_computed=self.prompt_tokens,
-            prompt_tokens_reused=self.prompt_tokens * (len(chosen) - 1),
+            model_calls=max(longest - 1, 0) if cached else longest,
+            prompt_tokens_computed=0 if cached else self.prompt_tokens,
+            prompt_tokens_reused=self.prompt_tokens * (len(chosen) - (0 if cached else 1)),
             generated_tokens=tokens,
             flops=None if None in parts else sum(parts),
-            wall_seconds=self.prefill_seconds + self.decode_seconds * tokens / pool_tokens,
+            wall_seconds=(0.0 if cached else self.prefill_seconds) + self.decode_seconds * tokens / pool_tokens,
         )
-        if self.reported is not None and self.reported["prompt_tokens_computed"] > self.prompt_tokens:
+        if per_sample:
             share = len(chosen) / len(self.samples)  # the prompt was paid per sample: n/N of it
             cost.model_calls = self.reported["model_calls"] * share
             cost.prompt_tokens_computed = self.reported["prompt_tokens_computed"] * share
@@ -182,18 +188,21 @@ class PoolGenerator(Generator):
     It checks that the strategy asks for exactly len(indices) samples, so a strategy that
     samples more (or twice) is caught instead of silently served stale data. sequential: the
     strategy draws in several calls (adaptive self-consistency, in rounds): each call is served
-    the next params.n of `indices`, in order, with that chunk's cost (a prefill per call), and
-    one that asks for more than remain is caught; `served` counts the samples handed out. Its capabilities
+    the next params.n of `indices`, in order, with that chunk's cost (a prefill per call, or
+    only the first call's with `keeps_prompt`: the generator that made the pool kept the
+    prompt between calls, `Generator.keeps_prompt`), and one that asks for more than remain is caught; `served` counts the samples handed out. Its capabilities
     are what the pool stores (`stored_capabilities`): token ids, logprobs and certainties
     (FULL_DISTRIBUTIONS), each only when every sample carries it, and STRUCTURED_OUTPUT: the samples were drawn under the
     run's params, constraint included, by the run's generator (checked for it before sampling).
     """
 
-    def __init__(self, pool: Pool, indices: Sequence[int], decode=None, *, sequential: bool = False) -> None:
+    def __init__(self, pool: Pool, indices: Sequence[int], decode=None, *, sequential: bool = False,
+                 keeps_prompt: bool = False) -> None:
         self.pool = pool
         self.indices = list(indices)
         self._decode = decode
         self.sequential = sequential
+        self.keeps_prompt = keeps_prompt
         self.calls = 0
         self.served = 0
         self.capabilities = stored_capabilities(pool) | {caps.STRUCTURED_OUTPUT}
@@ -209,10 +218,10 @@ class PoolGenerator(Generator):
         elif params.n != len(self.indices):
             raise RuntimeError(f"strategy asked for n={params.n} samples, the pool subset has {len(self.indices)}")
         chunk = self.indices[self.served:self.served + params.n]
+        cost = self.pool.subset_cost(chunk, prompt_cached=self.keeps_prompt and self.calls > 0)
         self.calls += 1
         self.served += len(chunk)
         completions = [self.pool.samples[i].completion() for i in chunk]
-        cost = self.pool.subset_cost(chunk)
         return GenerationResult(completions, [], cost)
 
     def decode(self, token_ids: list[int]) -> str:

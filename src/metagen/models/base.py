@@ -90,11 +90,17 @@ class LanguageModel(ABC):
         output."""
         batch_size = checks.bounded("batch_size", batch_size, 1)
         cache = self.new_cache(1)
-        out = self.forward(cache, [list(token_ids)], **kwargs)
-        if batch_size > 1:
-            cache.select([0] * batch_size)
-            out = ForwardOutput(_repeat_rows(out.logits, batch_size), _repeat_rows(out.hidden, batch_size), out.num_new * batch_size)
-        return cache, out
+        return fork_rows(cache, self.forward(cache, [list(token_ids)], **kwargs), batch_size)
+
+
+def fork_rows(cache, out: ForwardOutput, batch_size: int) -> tuple[object, ForwardOutput]:
+    """A one-row cache and the output of its forward, forked into `batch_size` rows (the cache's
+    rows share the prefix; the output's rows are copies, written independently later)."""
+    if batch_size > 1:
+        cache.select([0] * batch_size)
+        out = ForwardOutput(_repeat_rows(out.logits, batch_size), _repeat_rows(out.hidden, batch_size),
+                            out.num_new * batch_size)
+    return cache, out
 
 
 def _repeat_rows(tensor: torch.Tensor | None, batch_size: int) -> torch.Tensor | None:

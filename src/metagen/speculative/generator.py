@@ -37,7 +37,7 @@ class SpeculativeGenerator(LocalGenerator):
 
     def __init__(self, model, drafter: Drafter, config: SpeculativeConfig | None = None,
                  chat: bool | None = None) -> None:
-        super().__init__(model, chat)
+        super().__init__(model, chat, prompt_cache=False)  # its loop prefills the target and the drafter
         self.drafter = drafter
         self.config = config or SpeculativeConfig()
 

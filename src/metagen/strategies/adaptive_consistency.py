@@ -8,8 +8,9 @@ The stopping rule reads answer counts only (`stopping.py`), so any grouping of o
 classes plugs in (math-aware answer matching here; test-output clusters of programs alike).
 Easy problems stop after a few agreeing samples (4 with round_size 1 and the default 0.95),
 hard ones use up to n_max: the same accuracy as self-consistency at n_max for fewer samples.
-Cost: one generate call per round (each computes the prompt again unless the generator caches
-it), ⌈drawn / round_size⌉ stopping checks (O(drawn) each for "beta"). The result's candidates
+Cost: one generate call per round (a `LocalGenerator` computes the prompt in the first round
+only and copies it in the others, `decoding/prompt_cache.py`; a generator that keeps nothing
+computes it every round), ⌈drawn / round_size⌉ stopping checks (O(drawn) each for "beta"). The result's candidates
 are every sample drawn, in order: len(result.completions) is the budget actually spent.
 """
 
