@@ -213,6 +213,19 @@ def test_the_frontier_plot_is_written_and_matplotlib_stays_unimported(tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_the_frontier_line_has_no_models_colour_and_long_titles_wrap():
+    from matplotlib.colors import to_rgb
+
+    from metagen.eval.plots import FRONTIER_COLOUR, _palette, wrapped
+    from metagen.plotting import pyplot
+
+    assert to_rgb(FRONTIER_COLOUR) not in [to_rgb(c) for c in _palette(pyplot())]
+    title = ", ".join(["SmolLM2-135M-Instruct.Q4_1", "qwen2.5-coder-0.5b-instruct-q4_k_m",
+                       "qwen2.5-coder-1.5b-instruct-q4_k_m"])
+    assert [len(line) <= 90 for line in wrapped(title).splitlines()] == [True, True]
+    assert wrapped("short") == "short"
+
+
 def test_rows_read_back_name_what_is_missing_or_unknown():
     row = C.to_dict()
     assert CurvePoint.from_dict(json.loads(json.dumps(row))) == C

@@ -53,13 +53,23 @@ def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> lis
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=8)
         if title:
-            axis.set_title(title)
+            axis.set_title(wrapped(title), fontsize=10)
         path = Path(out_dir) / filename
         figure.tight_layout()
         figure.savefig(path, dpi=120)
         plt.close(figure)
         written.append(path)
     return written
+
+
+FRONTIER_COLOUR = "black"  # no model's colour: the palette holds none of black and gray
+
+
+def wrapped(title: str, width: int = 90) -> str:
+    """`title` on lines of at most `width` characters (a sweep's title lists every model)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(title, width)) or title
 
 
 def _palette(plt) -> list:
@@ -103,8 +113,8 @@ def plot_frontier(points: list[CurvePoint], path: str | Path, title: str = "") -
     xs = [point.cost.flops for point in on.points if point.cost.flops > 0]
     ys = [point.accuracy for point in on.points if point.cost.flops > 0]
     right = max(point.cost.flops for point in placed)
-    axis.step(xs + [right], ys + ys[-1:], where="post", color="tab:green", linewidth=2, alpha=0.6, zorder=0)
-    handles = [Line2D([], [], color="tab:green", linewidth=2, alpha=0.6, label="compute-optimal frontier")]
+    axis.step(xs + [right], ys + ys[-1:], where="post", color=FRONTIER_COLOUR, linewidth=2, alpha=0.45, zorder=0)
+    handles = [Line2D([], [], color=FRONTIER_COLOUR, linewidth=2, alpha=0.45, label="compute-optimal frontier")]
     handles += [Line2D([], [], color=color[model], marker="o", linestyle="", label=model or "(unnamed model)")
                 for model in models]
     handles += [Line2D([], [], color="black", marker=marker[strategy], linestyle="", label=strategy)
@@ -120,7 +130,7 @@ def plot_frontier(points: list[CurvePoint], path: str | Path, title: str = "") -
     if notes:
         figure.text(0.01, 0.01, "; ".join(notes), fontsize=7)
     if title:
-        axis.set_title(title)
+        axis.set_title(wrapped(title), fontsize=10)
     path = Path(path)
     figure.tight_layout(rect=(0, 0.04 if notes else 0, 1, 1))
     figure.savefig(path, dpi=120)
