@@ -58,7 +58,7 @@ def start_llama_server(log_dir) -> tuple[subprocess.Popen, str]:
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(embedded_model_path()),
                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_batch", "1"]
     with open(log, "wb") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
     url = f"http://127.0.0.1:{port}/v1"
     try:
         _wait_until_serving(process, url, log)
@@ -66,6 +66,16 @@ def start_llama_server(log_dir) -> tuple[subprocess.Popen, str]:
         stop(process)
         raise
     return process, url
+
+
+def _die_with_parent() -> None:
+    """In the server's process before it starts (Linux): SIGTERM it when the test process dies,
+    so a test run killed before its teardown leaves no server behind."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
 def _wait_until_serving(process: subprocess.Popen, url: str, log) -> None:
