@@ -157,7 +157,6 @@ class LocalGenerator(Generator):
         self.chat = chat
         self.jump_forward = jump_forward
         self.prompt_cache = PromptCache() if prompt_cache else None
-        self.keeps_prompt = prompt_cache
 
     @property
     def tokenizer(self):
@@ -186,6 +185,10 @@ class LocalGenerator(Generator):
 
     def count_tokens(self, prompt: Prompt) -> int | None:
         return len(encode_prompt(self.model.tokenizer, prompt, self.chat))
+
+    @property
+    def keeps_prompt(self) -> bool:
+        return self.prompt_cache is not None
 
     def reset_prefix_cache(self) -> None:
         if self.prompt_cache is not None:
