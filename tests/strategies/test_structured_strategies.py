@@ -15,6 +15,7 @@ from metagen.decoding import capabilities as caps
 from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring.utilities import EditSimilarity
+from metagen.scoring.logprob import mean_logprob
 from metagen.strategies.best_of_n import BestOfNConfig, best_of_n
 from metagen.strategies.mbr import MBRConfig, mbr
 from metagen.strategies.registry import STRATEGIES, StrategyOptions, get_strategy
@@ -64,7 +65,7 @@ def test_best_of_n_never_picks_a_cut_output_over_a_complete_one():
 
 def test_when_every_output_was_cut_the_chosen_one_says_so():
     cut = [(text, False, logprob) for text, _, logprob in OUTPUTS]
-    result = best_of_n(Canned(cut), "q", BestOfNConfig(6, CONSTRAINED))
+    result = best_of_n(Canned(cut), "q", BestOfNConfig(6, CONSTRAINED), mean_logprob)
     assert result.chosen.complete is False and result.incomplete == list(range(6))
 
 

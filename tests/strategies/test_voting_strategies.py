@@ -9,7 +9,7 @@ from metagen.decoding import Cost, Generator
 from metagen.decoding import capabilities as caps
 from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
-from metagen.scoring import answers_match, extract_answer, sum_logprob
+from metagen.scoring import answers_match, extract_answer, mean_logprob, sum_logprob
 from metagen.strategies import (
     BestOfNConfig,
     SelfConsistencyConfig,
@@ -51,7 +51,7 @@ OUTPUTS = [
 
 def test_best_of_n_picks_the_highest_score_and_passes_n():
     generator = CannedGenerator(OUTPUTS)
-    result = best_of_n(generator, "q", BestOfNConfig(n=5))
+    result = best_of_n(generator, "q", BestOfNConfig(n=5), scorer=mean_logprob)
     assert result.text == "it is 3"
     assert [c.score for c in result.completions] == pytest.approx([-0.15, -2.0, -1.0, -0.01, -3.0])
     assert result.cost.prompt_tokens_reused == 20
@@ -59,10 +59,10 @@ def test_best_of_n_picks_the_highest_score_and_passes_n():
 
 
 def test_self_consistency_counts_equivalent_math_answers_as_one():
-    plain = self_consistency(CannedGenerator(OUTPUTS), "q", SelfConsistencyConfig(n=5))
+    plain = self_consistency(CannedGenerator(OUTPUTS), "q", SelfConsistencyConfig(n=5, math=False))
     assert plain.votes == {"1/2": 1.0, "0.5": 1.0, "\\frac{1}{2}": 1.0, "3": 2.0}
     assert plain.answer == "3"
-    with_math = self_consistency(CannedGenerator(OUTPUTS), "q", SelfConsistencyConfig(n=5, math=True))
+    with_math = self_consistency(CannedGenerator(OUTPUTS), "q", SelfConsistencyConfig(n=5))  # math by default
     assert with_math.votes == {"1/2": 3.0, "3": 2.0}
     assert with_math.text == "so the answer is 1/2"
 

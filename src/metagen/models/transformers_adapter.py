@@ -18,7 +18,7 @@ Because the mask goes by positions, a row's tokens need not be contiguous: trunc
 restore builds a left-aligned cache from snapshots. Holes left by ragged appends and truncations
 are compacted (one gather per layer) once they exceed a quarter of the longest row. Per step the
 cost is that of transformers' own batched decode over W = longest row + holes columns.
-Needs the optional extra: `pip install metagen[transformers]`.
+Needs the `transformers` extra (`pip install -e '.[transformers]'` in a checkout).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Generators over remote OpenAI-compatible servers (vLLM, SGLang, llama.cpp's server, OpenAI),
 one or a fleet of replicas.
 
-Needs the `remote` extra (httpx): `pip install 'metagen[remote]'`. Not imported by `import
-metagen`.
+Needs the `remote` extra (httpx; `pip install -e '.[remote]'` in a checkout): importing this
+package without it raises an ImportError with the install line. Not imported by `import metagen`.
 
     connect(["http://a:8000/v1"], **options)                     -> OpenAIGenerator
     connect(["http://a:8000/v1", "http://b:8000/v1"], **options) -> FleetGenerator over both
@@ -13,6 +13,13 @@ Async underneath (httpx.AsyncClient on one event loop thread per generator, `loo
 """
 
 from collections.abc import Sequence
+
+try:
+    import httpx  # noqa: F401 - every module below speaks HTTP through it
+except ImportError as error:
+    from metagen.extras import missing
+
+    raise missing("remote", "metagen.remote (OpenAI-compatible servers)") from error
 
 from metagen.remote.engines import ENGINES, Engine
 from metagen.remote.fleet import FleetGenerator

@@ -159,5 +159,8 @@ def _math_equal(a: str, b: str) -> bool:
     import importlib.util
 
     if importlib.util.find_spec("math_verify") is None:  # optional extra
-        raise ImportError("math answer comparison needs math-verify: pip install 'metagen[math]'")
+        from metagen.extras import core_requirement
+
+        raise ImportError("math answer comparison needs math-verify, a dependency of metagen that is not "
+                          f"installed here: {core_requirement('math-verify')}")
     return math_equal(a, b, MATH_TIMEOUT_SECONDS)

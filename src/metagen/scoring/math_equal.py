@@ -108,8 +108,11 @@ class MathWorker:
             line = None
         if line != b"ready":
             self._kill()
+            from metagen.extras import core_requirement
+
             raise RuntimeError("the math comparison worker did not start (see its error output): "
-                               "math answers need math-verify, pip install 'metagen[math]'")
+                               "math answers need math-verify, a dependency of metagen: "
+                               f"{core_requirement('math-verify')}")
         return self._process
 
     def _read_line(self, process: subprocess.Popen, timeout: float) -> bytes | None:

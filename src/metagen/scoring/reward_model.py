@@ -46,7 +46,9 @@ class RewardModelScorer(Scorer):
         try:
             from transformers import AutoModelForSequenceClassification, AutoTokenizer
         except ImportError as error:
-            raise ImportError("reward models need transformers: pip install 'metagen[transformers]'") from error
+            from metagen.extras import missing
+
+            raise missing("transformers", "reward models") from error
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True)
         self.model = model.to(device).eval()

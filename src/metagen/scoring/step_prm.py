@@ -126,7 +126,9 @@ class CheckpointPRM(ProcessRewardModel):
         try:
             import transformers
         except ImportError as error:
-            raise ImportError("process reward models need transformers: pip install 'metagen[transformers]'") from error
+            from metagen.extras import missing
+
+            raise missing("transformers", "process reward models") from error
         self.path, self.kind, self.batch_size, self.device = path, kind, batch_size, device
         self.step_tag, self.separator, self.system = step_tag, separator, system
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -80,8 +80,9 @@ def _import(module: str):
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        package = module.split(".")[0]
-        raise ImportError(f"this MBR utility needs {package}: pip install 'metagen[mbr]'") from error
+        from metagen.extras import missing
+
+        raise missing("mbr", f"this MBR utility ({module.split('.')[0]})") from error
 
 
 class ChrF(Utility):
@@ -154,7 +155,7 @@ class AnswerAgreement(Utility):
         weights: Scorer | Callable | None = None,
         *,
         exp_scores: bool = False,
-        math: bool = False,
+        math: bool = True,
         pattern: str | None = None,
         extractor: AnswerExtractor | None = None,
     ) -> None:

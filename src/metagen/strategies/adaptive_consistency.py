@@ -53,7 +53,7 @@ class AdaptiveConsistencyConfig:
     mc_seed: int = 0
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
     pattern: str | None = None
-    math: bool = False
+    math: bool = True
     answer_field: str | None = None
 
     def __post_init__(self) -> None:
@@ -103,8 +103,8 @@ def _runner(generator, prompt, n, params, options, rng, overrides):
 def _code_cluster(generator, prompt, n, params, options, rng, overrides):
     """code_cluster sampled one at a time until the largest cluster is the majority (the stopping
     rule over cluster keys, `runners.cluster_keys`), plus the sandbox's wall seconds."""
-    key, spent = runners.cluster_keys(prompt)
-    config = configure(AdaptiveConsistencyConfig(n, params=params), overrides)
+    key, spent = runners.cluster_keys(prompt)  # digests compare as strings, never as math
+    config = configure(AdaptiveConsistencyConfig(n, params=params, math=False), overrides)
     result = adaptive_consistency(generator, prompt, config, key, rng=rng)
     for cost in spent:
         result.cost += cost

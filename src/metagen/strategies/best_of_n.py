@@ -4,6 +4,12 @@
 
 Cost: one prefill + N rows decoded as one batch, plus whatever the scorer spends (any
 `Scorer`, or a function (prompt_text, candidate) -> float).
+
+The default scorer is self-certainty (Kang et al., 2025): the mean over generated tokens of
+KL(uniform ‖ p(·|prefix)), which needs every next-token distribution (a `LocalGenerator`
+reports them); the registry's `best_of_n` is the same strategy, and `best_of_n_logprob` is
+the one by mean token log-probability (`scorer=mean_logprob`), which any generator that
+returns log-probabilities supports.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ def best_of_n(
     generator: Generator,
     prompt: Prompt,
     config: BestOfNConfig | None = None,
-    scorer: Scorer = mean_logprob,
+    scorer: Scorer = self_certainty,
     *,
     rng: torch.Generator | None = None,
 ) -> GenerationResult:

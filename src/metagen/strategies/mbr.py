@@ -76,7 +76,7 @@ def mbr(
     rng: torch.Generator | None = None,
 ) -> GenerationResult:
     """Sample `config.n` candidates, score each by its expected utility Ū_i (`Completion.score`),
-    return the highest (first among ties). utility: default chrF (`metagen[mbr]` extra)."""
+    return the highest (first among ties). utility: default chrF (the `mbr` extra)."""
     config = config or MBRConfig()
     caps.require_constraint(config.params, generator, "mbr with structured_outputs")
     if utility is None:

@@ -34,7 +34,7 @@ class SelfConsistencyConfig:
     n: int = sizes_work(8)
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
     pattern: str | None = None
-    math: bool = False
+    math: bool = True
     answer_field: str | None = None  # the answer is this field of a JSON output (instead of pattern)
 
     def __post_init__(self) -> None:
@@ -69,8 +69,9 @@ def _code_cluster(generator, prompt, n, params, options, rng, overrides):
     (`runners.cluster_keys`), plus the sandbox's wall seconds. result.votes: cluster key -> size;
     each candidate's answer is then extracted from its text as for best_of_n (a key is no answer a
     grader could read)."""
-    key, spent = runners.cluster_keys(prompt)
-    result = self_consistency(generator, prompt, configure(SelfConsistencyConfig(n, params), overrides), key, rng=rng)
+    key, spent = runners.cluster_keys(prompt)  # digests compare as strings, never as math
+    config = configure(SelfConsistencyConfig(n, params, math=False), overrides)
+    result = self_consistency(generator, prompt, config, key, rng=rng)
     for cost in spent:
         result.cost += cost
     return runners.with_answers(result, options)

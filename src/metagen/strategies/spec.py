@@ -51,10 +51,11 @@ class StrategyOptions:
     the answer is the value at this path of a JSON output ("answer", "result.value"; instead of
     pattern), for voting over a field of a structured output.
 
-    Written by hand rather than derived from the configs: its defaults are the registry's and
-    differ from the configs' on purpose (math True where the voting configs say False, a step
-    delimiter "\\n" that may not be None where StepConfig says "\\n\\n" or None); each strategy's
-    option takes its kind from here and reports this default, which is what its runner passes."""
+    Written by hand rather than derived from the configs because one option serves several
+    configs; its defaults are theirs (math True as in every voting config, step_delimiter "\\n"
+    as in StepConfig, where None is also allowed; tests/strategies/test_defaults.py keeps them
+    equal); each strategy's option takes its kind from here and reports this default, which is
+    what its runner passes."""
 
     pattern: str | None = None
     math: bool = True

@@ -36,7 +36,7 @@ class WeightedVotingConfig:
     n: int = sizes_work(8)
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
     pattern: str | None = None
-    math: bool = False
+    math: bool = True
     exp_scores: bool = True
     answer_field: str | None = None  # the answer is this field of a JSON output (instead of pattern)
 

@@ -32,7 +32,7 @@ class TreeConfig:
     step: StepConfig = field(default_factory=StepConfig)
     aggregation: str = "best"
     pattern: str | None = None
-    math: bool = False
+    math: bool = True
     answer_field: str | None = None  # the answer is this field of a JSON output (instead of pattern)
 
     def __post_init__(self) -> None:
