@@ -7,7 +7,10 @@ a candidate ending in EOS becomes a finished hypothesis scored
 and the others fill the next `width` beams. The search ends when `width` hypotheses are
 finished and no live beam can still beat the worst of them (its best possible normalized score,
 taken at the current length, is lower), or at `max_tokens`.
-Cost per step: one batched forward of `width` rows plus O(width·V) for the top-k.
+Cost per step: one batched forward of `width` rows plus O(width·V) for the top-k. The result's
+`Cost` counts the prefill (one model call, the prompt computed once, its FLOPs), one model call
+and the FLOPs of each search step, and the tokens generated; it counts no target steps (a beam
+step is not a draw of one row's next token, the quantity speculative decoding compares against).
 
 Stochastic beam search (Kool, van Hoof & Welling 2019) replaces the top-k by the Gumbel-top-k
 of perturbed log-probabilities: children's Gumbels are conditioned so their max equals the

@@ -4,6 +4,12 @@
 the pre-tokenizer regexes named by `tokenizer.ggml.pre` (as llama.cpp does). `"llama"`:
 SentencePiece-style BPE with byte fallback, merges recovered from the token scores. Token types
 (`tokenizer.ggml.token_type`) decide which tokens are special and never split.
+
+tests/models/test_sentencepiece_gguf.py compares the SentencePiece ids with llama.cpp's own
+tokenizer on a vocabulary written as a GGUF (plain, spaced, multi-line, unicode and byte-fallback
+text, with and without `tokenizer.ggml.add_space_prefix`). One case a ranked BPE cannot express:
+two pieces with exactly the same score competing for overlapping pairs (llama.cpp takes the
+leftmost pair, the BPE the merge ranked first); real vocabularies score pieces distinctly.
 """
 
 from __future__ import annotations

@@ -46,8 +46,10 @@ def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, kv_
         tensor below the precision the checkpoint stores it in: int4 where the file's blocks map
         exactly onto the int4 kernel (Q4_0, Q4_1, Q4_K), the grouped 5-, 6- and 8-bit kernel
         for Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 (their own codes and scales), int8 per row for the
-        other quantized types, bf16 for float tensors (see docs/ARCHITECTURE.md for the measured
-        faithfulness of each).
+        other quantized types, bf16 for float tensors. A 4-bit GGUF is not 4-bit throughout
+        (Q4_K_M keeps attention V, half the FFN down projections and the output at 5-8 bits), and
+        re-quantizing those to int4 would lose what the file kept on purpose. The measured
+        faithfulness of each format: docs/benchmarks/faithfulness.md.
         An explicit int4 / int8 re-quantizes every tensor that does not map exactly.
     kv_dtype: the KV cache's format, "fp32" (default), "bf16" (half the bytes per cached token)
         or "int8" with a float32 scale per (token, key/value, head) (about a quarter); see

@@ -16,7 +16,10 @@ flip it), as llama.cpp keeps `ffn_gate_inp` unquantized.
 Tokens are grouped by expert: the N·k (token, expert) assignments are sorted by expert, and each
 expert that received any token runs once over all its tokens (index_select, two matmuls,
 index_add), never once per token. Cost: N·E·H for the router plus k·N·3·H·I for the experts, and
-at most E expert calls per layer (one host sync for the per-expert counts).
+at most E expert calls per layer (one host sync for the per-expert counts). Measured on one MoE
+layer (H 1024, I 512, E 32, k 4, one thread, best of 5 on a loaded machine), grouped against token
+by token: 64 tokens int8 50 vs 179 ms, int4 33 vs 81; 16 tokens 23 vs 42 and 13 vs 21; one token
+equal.
 """
 
 from __future__ import annotations

@@ -30,8 +30,12 @@ v1, the scheduler (scheduler.py) decides and the engine runs; one step:
         _forward: cache.select(rows going on, every request)      # finished / cancelled rows leave
                   logits = model.forward(cache, last tokens (B, 1))  # one decode forward for every row
 
-A request that ends — finished, failed, cancelled, past its deadline — goes through one exit,
-`_end`: out of the waiting list or the batch, its prompt unpinned, counted, its `DoneEvent`.
+A request that ends while the engine runs — finished, failed, cancelled, past its deadline —
+goes through one exit, `_end`: out of the waiting list or the batch, its prompt unpinned,
+counted, its `DoneEvent`. When the engine stops (`stop`, or a fault of the loop itself), `_run`'s
+`finally` takes the other way out: it marks the engine dead (later submissions raise
+`EngineStoppedError`), drains the queue and emits a `DoneEvent` with the reason to every waiting
+and running request directly, without `_end` (nothing counted or unpinned).
 
 Each request goes through exactly the steps `decoding.sample_loop.stream` takes alone: the same
 prefill (1-row forwards of the prompt), the same set-up (`RowBatch.start`) and the same

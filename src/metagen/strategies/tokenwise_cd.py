@@ -8,7 +8,9 @@ p is the model's distribution after the logits processors (penalties, temperatur
 constraint, ...). One step for B rows: fork every row into its k candidates (page-table copies),
 run the B·k candidates through the model in one forward with hidden states, value them in one
 batched call, draw one per row, and keep that candidate's row — its forward already gave the
-next distribution, so the chosen token is never run twice. The processors' state needs no k-fold
+next distribution, so the chosen token is never run twice. The loop is its own (not
+`decoding.batch.RowBatch`, whose rows are n samples of one request): it keeps the live rows'
+completion indices itself and selects the cache and the chain at each step. The processors' state needs no k-fold
 fork: each row accepts its chosen token, which is the state of the kept candidate's row. Stops,
 records and text are the shared per-row bookkeeping (`decoding.rows`). Cost per token: k
 forwarded rows instead of 1, plus k values; Cost.generated_tokens counts all k candidates (what

@@ -6,9 +6,29 @@ names map onto the canonical names of `models/weights.py` (one map per file form
 canonical parts are fused into each linear of `LayerWeights`, and how its GGUF files order Q/K
 rows. The forward is shared (`models/layer.py`); a family never copies it.
 
-Adding a family: one module here (see llama.py, qwen3.py, phi3.py; qwen3_moe.py for a mixture
-of experts), registered in FAMILIES
-below, plus a parity test in tests/models/families/ (docs/ARCHITECTURE.md has the recipe).
+Adding a family (a pre-norm decoder, dense or a mixture of experts):
+
+1. Compare the HF modeling file with `layer.decoder_layer`. If the layer is the same up to which
+   weights exist and what they are called, it is a family; if it needs a new operation (as
+   Gemma 3's post-norms, GeGLU and local RoPE did), add that to the layer first as an optional
+   weight or a `ModelConfig` field (both execution paths run the one layer body) and refuse it
+   until then.
+2. Write `<name>.py` here (see llama.py, qwen3.py, phi3.py): `Family("<model_type>",
+   layer_names={canonical: (HF suffix, GGUF suffix)}, linears=..., gguf_rotate_half=...,
+   qk_norm=..., attention_bias=...)`, starting from `LLAMA_LAYER_NAMES` / `LLAMA_LINEARS`; export
+   it in the module's `FAMILIES` and add the module to `_registry` below. GGUF names are those of
+   llama.cpp's `convert_hf_to_gguf.py`; `gguf_rotate_half` is False only where that converter
+   permutes Q/K (Llama, Mistral).
+3. Config fields the family reads go through `weights.hf_config` / `weights.gguf_config`; fields
+   whose feature is not implemented go into `weights._refuse_unsupported`, with a test.
+4. A mixture of experts (qwen3_moe.py, mixtral.py; qwen2_moe.py for a shared expert) starts from
+   `MOE_LINEARS`, names the router in `layer_names`, gives `expert_names` for gate / up / down,
+   and sets `gguf_architecture` where llama.cpp's name differs and `always_normalize` where the
+   model renormalises the top-k weights whatever its config says.
+5. Add it to `FAMILIES` of tests/models/families/tiny_checkpoints.py (its transformers config and
+   class): the parity tests then build a tiny random checkpoint and compare logits with
+   transformers (fp32, 1e-4) over a prompt and through truncate / fork / ragged appends on both
+   paths.
 """
 
 from __future__ import annotations
