@@ -1,4 +1,4 @@
-"""The add-constant k-gram model: the seed's numbers, the LanguageModel contract, and sampling
+"""The add-constant k-gram model: worked numbers, the LanguageModel contract, and sampling
 through `metagen.decoding.generate` against the closed-form distributions."""
 
 import itertools

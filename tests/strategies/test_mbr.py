@@ -54,7 +54,7 @@ def test_mbr_picks_the_highest_expected_utility_and_adds_the_utility_cost():
     assert result.cost.model_calls == 3 + 2 and result.cost.flops == 5.0
     assert result.cost.generated_tokens == 3 and result.cost.prompt_tokens_reused == 10
     # counting u(y, y) lets candidate 0's large self-utility win
-    assert mbr(CannedGenerator(THREE), "q", MBRConfig(n=3), utility).text == "first"  # the seed's default
+    assert mbr(CannedGenerator(THREE), "q", MBRConfig(n=3), utility).text == "first"  # the default (include_self=True)
 
 
 def test_mbr_with_answer_agreement_is_weighted_voting():

@@ -3,7 +3,7 @@
 
     jump-forward on / off at T=0: the same tokens, fewer forwards (forced_tokens > 0)
     speculative (n-gram drafter) under a JSON schema at T=0: plain constrained greedy's tokens
-    token healing: the seed example "The url is http:" (":" healed into "://", not repeated in
+    token healing: the example "The url is http:" (":" healed into "://", not repeated in
     the text), with a regex constraint, in a continued assistant message, refused under the chat
     template's assistant header, and the same under speculative decoding
 """

@@ -1,7 +1,7 @@
 """Constrained generation on the embedded model (SmolLM2-135M): every output that ends where its
 constraint accepts (complete=True) parses and validates with `jsonschema`, matches its regex or is
 one of its choices, at T=0 and T=1 with n=8; outputs cut by max_tokens say so (finish_reason
-"length", complete=False) and are not valid; the seed's Taylor Swift example; a constraint that
+"length", complete=False) and are not valid; a Taylor Swift example; a constraint that
 another setting makes impossible is an error naming both.
 
 Figures at max_tokens=128 (seed 0, 7 schemas x 8 rows, measured when this test was written): T=0

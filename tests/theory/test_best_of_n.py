@@ -1,4 +1,4 @@
-"""Best-of-n closed forms against the seed's examples, brute-force enumeration and simulation."""
+"""Best-of-n closed forms against worked examples, brute-force enumeration and simulation."""
 
 import itertools
 import math

@@ -1,4 +1,4 @@
-"""The mismatched tilt, α(Δ) and the KL-regularized optimum (seed 002's tabular example)."""
+"""The mismatched tilt, α(Δ) and the KL-regularized optimum (a three-outcome tabular example)."""
 
 import math
 

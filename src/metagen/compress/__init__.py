@@ -1,13 +1,13 @@
-"""Model compression from the seed (002, "Compression"): fewer bytes per parameter.
+"""Model compression: fewer bytes per parameter.
 
 One algorithm per module, each a pure function on one layer's weight `(N, K)` (and, for the
 second-order methods, its layer-wise Hessian `H = 2XXᵀ (K, K)`):
 
 - `quantize`: uniform grids per group with the clipping range chosen by least squared error
-  (the seed's clip-then-equal-bins), round-to-nearest (RTN);
+  (clip, then equally spaced bins), round-to-nearest (RTN);
 - `magnitude`: magnitude pruning, unstructured and N:M;
-- `obc`: optimal brain surgeon / optimal brain compression, pruning and quantization, exactly
-  the seed's loops;
+- `obc`: optimal brain surgeon / optimal brain compression, pruning and quantization, by their
+  defining loops (Hassibi et al. 1993; Frantar & Alistarh 2022);
 - `gptq`: GPTQ's fixed-order sweep with lazy blocks and the Cholesky factor of H⁻¹;
 - `sparsegpt`: SparseGPT's per-block mask selection on the same sweep (sparse + quantized too);
 - `hessian`: the accumulated Hessian, dampening, the layer error ‖WX − ŴX‖²;

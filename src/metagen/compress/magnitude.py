@@ -1,4 +1,4 @@
-"""Magnitude pruning: drop the weights closest to zero (the seed's "magnitude based pruning").
+"""Magnitude pruning: drop the weights closest to zero (magnitude-based pruning).
 
 - Unstructured: zero the ⌊s·N·K⌋ weights of least |w| in the whole (N, K) matrix (ties broken by
   position), i.e. the layer-wise magnitude baseline of Frantar & Alistarh 2023 (SparseGPT, their

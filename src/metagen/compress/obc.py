@@ -1,4 +1,4 @@
-"""Optimal brain surgeon and optimal brain compression, as the seed states them.
+"""Optimal brain surgeon and optimal brain compression, by their defining loops.
 
 OBS (Hassibi et al. 1993): around a minimum w* of a loss with Hessian H, removing coordinate p
 at least cost solves min (w − w*)ᵀ H (w − w*) s.t. w_p = 0, whose solution is
@@ -66,7 +66,7 @@ def _obc(weight, hessian, damp, rows_per_batch, steps, grid: Grid | None) -> tor
 
 
 def _obc_rows(w: torch.Tensor, inverse: torch.Tensor, steps: int, grid: Grid | None) -> torch.Tensor:
-    """The seed's loop on rows w (R, K) float64, each with its own copy of H⁻¹."""
+    """The OBS / OBC loop on rows w (R, K) float64, each with its own copy of H⁻¹."""
     r, k = w.shape
     hinv = inverse.expand(r, k, k).clone()  # (R, K, K)
     alive = torch.ones(r, k, dtype=torch.bool)

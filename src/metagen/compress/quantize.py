@@ -1,13 +1,13 @@
 """Post-training quantization on a uniform grid, with the clipping range chosen per group.
 
-The seed's "standard post-training quantization": clip the outliers, then quantize every value to
+Standard post-training quantization: clip the outliers, then quantize every value to
 equally spaced bins. A grid of `maxq + 1` levels per group of `group_size` input features is
 
     value(q) = (q − center) · scale + zero,     q ∈ {0, …, maxq}
 
 which is the int4 kernel's layout (`models/linear.py`: center 8, w = (q − 8)·scale + zero) and,
 with center = 127 and zero = 0, the symmetric int8 one. Quantizing is
-q = clamp(⌊(w − zero)/scale + center + ½⌋, 0, maxq): rounding half up, as the seed's example does
+q = clamp(⌊(w − zero)/scale + center + ½⌋, 0, maxq): rounding half up
 (0.5 on the grid {−2, −1, 0, 1, 2} becomes 1).
 
 Clipping: the grid spans [α·low, α·high] where [low, high] is the group's range (widened to hold
@@ -32,7 +32,7 @@ BITS = (3, 4, 8)
 
 
 def round_half_up(x: torch.Tensor) -> torch.Tensor:
-    """⌊x + ½⌋: the seed's rounding (torch.round rounds half to even)."""
+    """⌊x + ½⌋: rounding half up (torch.round rounds half to even)."""
     return torch.floor(x + 0.5)
 
 
@@ -79,7 +79,7 @@ def check_bits(bits: int) -> None:
 
 
 def clip_quantize(values: torch.Tensor, low: float, high: float, levels: int) -> torch.Tensor:
-    """The seed's recipe on one tensor: clip to [low, high], then round to the nearest of
+    """Clip-then-round on one tensor: clip to [low, high], then round to the nearest of
     `levels` equally spaced values from low to high (ties up)."""
     if levels < 2 or not low < high:
         raise ValueError(f"need levels >= 2 and low < high, got levels={levels}, low={low}, high={high}")

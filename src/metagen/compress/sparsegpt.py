@@ -6,7 +6,7 @@ e_j = w_j / U_jj is spread over the later columns by the same OBS update. The ma
 per block of B columns ("adaptive mask selection"), from the OBS saliency at the moment the
 block is reached,
 
-    score_ij = w_ij² / U_jj²     (= w² / [H⁻¹]_jj of the downdated inverse, the seed's OBS score)
+    score_ij = w_ij² / U_jj²     (= w² / [H⁻¹]_jj of the downdated inverse, the OBS saliency)
 
 pruning the ⌊s·N·B⌋ lowest scores of the block (unstructured, sparsity s), or for N:M the M − N
 lowest of every M consecutive columns of a row, chosen when the sweep reaches that run (so the

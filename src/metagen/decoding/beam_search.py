@@ -3,7 +3,7 @@
 Beam search keeps the `width` highest-scoring prefixes. Each step every live beam is extended
 by every token, the 2·width best candidates by cumulative log-probability are scanned in order:
 a candidate ending in EOS becomes a finished hypothesis scored
-    score = logp / len^α      (length normalization, Wu et al. 2016 / seed 003)
+    score = logp / len^α      (length normalization, Wu et al. 2016)
 and the others fill the next `width` beams. The search ends when `width` hypotheses are
 finished and no live beam can still beat the worst of them (its best possible normalized score,
 taken at the current length, is lower), or at `max_tokens`.

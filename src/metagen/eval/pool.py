@@ -27,7 +27,7 @@ from metagen.decoding.result import Completion, GenerationResult
 class Sample:
     """One stored completion. flops: its decode FLOPs (the shared prompt's are in the pool);
     None when the generator could not know them; complete: `Completion.complete` (False: cut
-    before the run's constraint accepted it; absent in files written before it was stored).
+    before the run's constraint accepted it; optional in the file, None when absent).
 
     token_count: its generated tokens when the ids are not stored (a server that returns none,
     such as OpenAI's or llama.cpp's, and no tokenizer given: `token_ids` is then []); None when
@@ -91,7 +91,7 @@ class Pool:
     unknown, and time).
 
     reported: the generator's own account of the whole N-sample call — {"prompt_tokens_computed",
-    "prompt_tokens_reused", "model_calls"} — or None (a pool stored before it was kept). When
+    "prompt_tokens_reused", "model_calls"} — or None (not recorded). When
     the generator computed the prompt once for all rows (a local batch), a subset of n costs one
     prefill; when it paid per sample (a server answering n separate requests, some prompt tokens
     served from its prefix cache), a subset costs n/N of what was reported.

@@ -12,14 +12,14 @@ point and tests, `Problem.reference`). A code problem's live record also carries
 
 The units of several models coexist in one file (a sweep, `harness.evaluate_models`): each
 unit is keyed by its set-up's fingerprint S, which holds the model's identity, and each setup
-line also names its model's display name ("model": label; absent in files written before).
+line also names its model's display name ("model": label; optional: without it the model identity's name stands in).
 A run reuses a stored unit only when it is provably the same work, and refuses, before
 anything is generated, naming the file, the line and the differing field:
   - `check_shared`: a unit of another shared set-up (sampling, seed, prompt suffix, options:
     every field but "model" and "generator") or of another problem under the same id — one
     directory holds one experiment, over any number of models;
-  - `bind(label, setup)`: a unit whose model has this model's label (or, in a file written
-    before labels, its identity's name) but another fingerprint (another dtype, weights file,
+  - `bind(label, setup)`: a unit whose model has this model's label (or, for a setup line without a
+    label, its identity's name) but another fingerprint (another dtype, weights file,
     ...), checked when that model is loaded.
 Units of models not in the run are kept, unused. Refusing (not recomputing) never throws away
 finished work silently. A torn last line (a killed write) is dropped and redone; any other
@@ -175,7 +175,7 @@ class ResultsFile:
     def bind(self, label: str, setup: dict, pool_size: int = 0) -> "ModelUnits":
         """The units of one model, named `label` in the report, with the whole `setup` (shared
         fields and its model's). ValueError (file, line, field) when a stored set-up of the same
-        label — or, written before labels, of the same model name — has another fingerprint, or
+        label — or, without a label, of the same model name — has another fingerprint, or
         when one of this set-up's pools is smaller than `pool_size` (the largest n)."""
         if self.shared is None:
             raise RuntimeError("call check_shared(shared, problems) before binding a model")

@@ -1,6 +1,6 @@
 """A k-gram language model with an add-constant estimator, behind the `LanguageModel` interface.
 
-Seed 002 ("Tools from statistics: add-constant estimators", "k-gram models"):
+The k-gram model with an add-constant (Laplace / Lidstone) estimator:
 
     p(x₁ … x_T) ≈ Π_t p(x_t | x_{t−k+1} … x_{t−1}),
     p(x | h) = (count(h, x) + c) / (count(h) + v·c)

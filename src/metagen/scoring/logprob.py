@@ -1,6 +1,6 @@
 """Scorers from the generator's own token statistics (no extra model calls).
 
-sum / mean token logprob, and self-certainty (Kang et al. 2025, seed 004):
+sum / mean token logprob, and self-certainty (Kang et al. 2025):
 
     SC(y) = (1/|y|) Σ_t KL(U ‖ p(· | x, y_<t)) = (1/|y|) Σ_t [−log V − (1/V) Σ_v log p(v | x, y_<t)]
 

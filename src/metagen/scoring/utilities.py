@@ -137,7 +137,7 @@ class EditSimilarity(Utility):
 
 class AnswerAgreement(Utility):
     """u(y, y') = v(y') · 1[a(y) = a(y')]: y' votes for y with its weight when they give the same
-    final answer (seed 000 appendix, Bertsch et al. 2023). With the self-pair included, MBR's
+    final answer (Bertsch et al. 2023). With the self-pair included, MBR's
     expected utility of y_i is (1/N) Σ_j v(y_j)·1[a_j = a_i] = (1/N) · the weighted vote of a_i,
     so MBR returns the weighted-voting answer (majority voting when weights is None, v ≡ 1).
 

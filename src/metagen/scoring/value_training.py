@@ -196,10 +196,10 @@ def train_value_head(
     """Fit V by full-batch AdamW on mean BCE over all training prefix rows.
 
     method="fudge" (CD-FUDGE): every prefix's target is its completion's reward r.
-    method="cd_q" (CD-Q, seed 002's Bellman identity, fitted like DQN): after a CD-FUDGE fit,
+    method="cd_q" (CD-Q, Mudgal et al. 2024: the Bellman identity, fitted like DQN): after a CD-FUDGE fit,
     `rounds` times recompute the targets from the current head and refit from there:
         v_t = V_θ([x, y^{t+1}])   (t < |y|),      v_|y| = r
-    The seed's v_t = Σ_z p(z | x, y^t) V_θ([x, y^t, z]) needs a forward of every z; the sampled
+    The identity's v_t = Σ_z p(z | x, y^t) V_θ([x, y^t, z]) needs a forward of every z; the sampled
     next token y_{t+1} ~ p is its one-sample unbiased estimate, and it is already in the data.
     Completions are held out whole (a random `held_out` share; with `group_by_problem` all
     completions of a problem go to the same side, so no held-out prompt was seen in training).

@@ -1,7 +1,6 @@
 r"""Block verification: Sun et al. 2024, "Block Verification Accelerates Speculative Decoding".
 
-Seed 002, Algorithm 2 with h_i from equation (4). Instead of stopping at the first failed token it
-keeps a running ratio over the block,
+Instead of stopping at the first failed token it keeps a running ratio over the block,
 
 $$
 p_0 = 1, \qquad p_i = \min\Big(p_{i-1} \cdot \frac{q[i-1](x_i)}{p[i-1](x_i)},\ 1\Big) \qquad \text{(row } i-1 \text{ produced } x_i\text{)}
@@ -14,7 +13,7 @@ $$
 (the scalar $p_i$ is the running ratio, the vectors p[i], q[i] are the drafter's and the target's
 distributions at draft position i), draws $\eta_i \sim U(0, 1)$ for every i (the loop "continues"
 on failure) and accepts τ = the last i with $\eta_i \le h_i$ (0 if none). The next token comes from
-the block residual (the seed's omitted (3))
+the block residual
 
 $$
 \operatorname{norm}\big(\max(0,\ p_\tau \cdot q[\tau] - p[\tau])\big) \text{ for } \tau < \gamma, \qquad q[\gamma] \text{ for } \tau = \gamma.

@@ -1,9 +1,9 @@
 r"""Token verification (speculative sampling): Leviathan et al. 2023, Chen et al. 2023.
 
-Seed 002, Algorithm 1. Draft token $x_{i+1} \sim p_i$ is accepted with probability
-$\min(1, q_i(x)/p_i(x))$, one token at a time, stopping at the first rejection τ; the next token is
-drawn from the residual $\operatorname{norm}(\max(0, q_\tau - p_\tau))$, or from $q_\gamma$ when all
-γ are accepted. Each emitted token then follows q exactly (token-level maximal coupling:
+Draft token $x_{i+1} \sim p_i$ is accepted with probability $\min(1, q_i(x)/p_i(x))$, one token
+at a time, stopping at the first rejection τ; the next token is drawn from the residual
+$\operatorname{norm}(\max(0, q_\tau - p_\tau))$, or from $q_\gamma$ when all γ are accepted.
+Each emitted token then follows q exactly (token-level maximal coupling:
 $P(\text{accept}) = 1 - \mathrm{TV}(p, q)$). Here $p_i$ = p[i] is the drafter's and $q_i$ = q[i]
 the target's distribution at draft position i.
 """

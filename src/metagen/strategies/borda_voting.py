@@ -1,4 +1,4 @@
-"""Borda voting (Kang et al. 2025, seed 004): voting weighted by each candidate's rank.
+"""Borda voting (Kang et al. 2025): voting weighted by each candidate's rank.
 
 Candidates are ranked by a score (self-certainty by default; rank r = 1 is the highest) and
 each votes for its answer with weight

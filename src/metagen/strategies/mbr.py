@@ -1,13 +1,13 @@
-"""Minimum Bayes risk decoding (seed 000 appendix; Bertsch et al. 2023): sample N candidates and
+"""Minimum Bayes risk decoding (Bertsch et al. 2023): sample N candidates and
 return the one with the highest expected utility against the others, which stand in for samples
 of the model's distribution:
 
     ŷ = argmax_i Ū_i,    Ū_i = (1/N) Σ_j u(y_i, y_j)    ≈ E_{y' ~ p(·|x)}[u(y_i, y')]
 
-Self-pairs: the seed averages over all N samples, counting u(y_i, y_i) for each candidate; that
-is the default (include_self=True), and with `AnswerAgreement` it is what makes MBR equal
-weighted voting (the self-pair is the candidate's own vote). For similarity utilities (chrF,
-BLEU, edit similarity, cosine) u(y, y) is the same constant for every y and only shifts all Ū_i
+Self-pairs: by default (include_self=True) the average runs over all N samples, counting
+u(y_i, y_i) for each candidate; with `AnswerAgreement` that is what makes MBR equal weighted
+voting (the self-pair is the candidate's own vote). For similarity utilities (chrF, BLEU, edit
+similarity, cosine) u(y, y) is the same constant for every y and only shifts all Ū_i
 alike; include_self=False averages over j ≠ i instead (divided by N − 1), which spares a judge
 utility N calls.
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 class MBRConfig:
     """n: candidates sampled (each is a hypothesis and a pseudo-reference); params: how each is
     sampled (its `n` is overridden by `n`); include_self: count u(y_i, y_i) in Ū_i and average
-    over N instead of N − 1 (the seed's formula; needed for MBR = weighted voting)."""
+    over N instead of N − 1 (needed for MBR = weighted voting)."""
 
     n: int = sizes_work(8)
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)

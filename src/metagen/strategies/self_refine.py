@@ -6,7 +6,7 @@
         y_{t+1} ~ p(· | revise(x, y_t, f_t))
     return y_last, or argmax_t s(x, y_t) when a scorer is given
 
-Intrinsic refinement (seed 000): no information from outside the model enters the loop, so it
+Intrinsic refinement: no information from outside the model enters the loop, so it
 helps only as far as the model can judge its own answers (Huang et al. 2024 find it often cannot
 on math). Critique and revision prompts are chat messages (one user turn built from a template),
 so any chat model or remote server can run them. Each revision sees the current answer and its

@@ -1,4 +1,4 @@
-"""Tokenwise controlled decoding (Mudgal et al. 2024, seed 002; FUDGE, Yang & Klein 2021).
+"""Tokenwise controlled decoding (Mudgal et al. 2024; FUDGE, Yang & Klein 2021).
 
 Each token is drawn from the value-tilted distribution over the top-k candidates of p:
 

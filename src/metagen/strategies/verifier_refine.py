@@ -1,5 +1,5 @@
-"""Refinement with verifier feedback (extrinsic refinement, seed 000; Iterative Agent Decoding,
-Chakraborty et al. 2025, seed 004).
+"""Refinement with verifier feedback (extrinsic refinement; Iterative Agent Decoding,
+Chakraborty et al. 2025).
 
     Y_0 = {y_1 .. y_k} ~ p(· | x)                                     round 0
     B_t = the best b of Y_0 ∪ .. ∪ Y_t by (passed, v(y), s(y), newer first)
@@ -10,8 +10,8 @@ v is the verifier's score, feedback its text (failing tests, a wrong answer), s 
 scorer that breaks ties in v (e.g. mean logprob). A revision displaces its parent from the beam
 only when it ranks higher; the newer wins full ties, so with a pass/fail verifier and no scorer
 the rounds form a chain, each revising the last attempt. Feedback from outside the model is what makes
-refinement work where self-critique does not (seed 000: "adds new information, can detect and
-localize errors"). Each revision prompt is one user turn: the question, the previous attempt
+refinement work where self-critique does not: it adds information the model lacks, and can
+detect and localize errors. Each revision prompt is one user turn: the question, the previous attempt
 and its feedback. Cost: at most 1 + R·b `generate` calls (k + R·b·m samples), as many
 verifications, and one scorer call per batch.
 """

@@ -1,6 +1,6 @@
 """Grouping extracted answers into equivalence classes and summing their votes.
 
-weighted vote (seed 000): â = argmax_a Σ_i v(y_i)·1[a_i = a]; majority voting is v ≡ 1.
+weighted vote: â = argmax_a Σ_i v(y_i)·1[a_i = a]; majority voting is v ≡ 1.
 Answers are grouped by `answers_match` (math-aware when asked), each class named by its first
 member. Ties go to the class seen first. Candidates cut before their constraint accepted them
 (complete=False) neither vote nor win while a complete candidate exists (`prefer_complete`).

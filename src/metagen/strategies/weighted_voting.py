@@ -1,8 +1,8 @@
-"""Weighted voting (seed 000): each sampled answer votes with its score.
+"""Weighted voting: each sampled answer votes with its score.
 
     â = argmax_a Σ_i v(y_i)·1[a_i = a]
 
-With v ≡ 1 it is self-consistency; seed 000's appendix shows it is MBR with the utility
+With v ≡ 1 it is self-consistency (Wang et al. 2023); it is also MBR with the utility
 v(y')·1[a(y) = a(y')]. Scores must be non-negative weights (e.g. a verifier's probability);
 `exp_scores=True` turns log-probability scores into weights exp(s).
 """

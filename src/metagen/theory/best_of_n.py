@@ -2,7 +2,7 @@ r"""Best-of-n over a finite outcome set: exact PMF, KL to the base policy, bound
 
 Best-of-n draws $y_1, \dots, y_n$ i.i.d. from the base policy p and returns the draw with the
 highest reward r. Over K outcomes (Beirami et al. 2024, "Theoretical guarantees on the best-of-n
-alignment policy"; seed 002, "Aligned language model inference"):
+alignment policy"):
 
 $$
 \begin{gathered}
@@ -11,11 +11,11 @@ F(y) = P_{z \sim p}[r(z) \le r(y)], \qquad F^-(y) = P_{z \sim p}[r(z) < r(y)].
 \end{gathered}
 $$
 
-Ties. The seed's formula assumes distinct rewards. Here ties are broken uniformly at random
+Ties. The formula assumes distinct rewards. Here ties are broken uniformly at random
 among the tied *draws*, so a tie class C (outcomes sharing one reward) receives the probability
 that the maximum reward of the n draws is its reward, F(C)ⁿ − F⁻(C)ⁿ, and the drawn member is
 a p-distributed member of C: $\pi^{(n)}(y) = (F(y)^n - F^-(y)^n) \cdot p(y) / p(C)$. With
-distinct rewards p(C) = p(y) and this is the seed's formula.
+distinct rewards p(C) = p(y) and this is the formula above.
 
 Shapes: p, r: (K,) array-likes; p ≥ 0 summing to 1 (renormalised after a 1e-6 check).
 Every function here is O(K log K) (one sort).

@@ -1,4 +1,4 @@
-"""`metagen theory bon --n-max 64 --out DIR [--json]`: draw the best-of-n / tilt figures of seed 002.
+"""`metagen theory bon --n-max 64 --out DIR [--json]`: draw the best-of-n / tilt figures.
 
 Writes theory_bon_win_rate.png, theory_reward_kl.png and theory_tilt_simplex.png into DIR (see
 `metagen.theory.plots`); with --json prints the numbers behind them as one JSON object.

@@ -1,6 +1,6 @@
 """The numbers behind the theory figures, and the figures (matplotlib, imported only when drawing).
 
-Three figures of seed 002 ("Aligned language model inference"), each from a `*_data` function
+Three figures, each from a `*_data` function
 returning plain lists (the CLI prints them with --json) and a `plot_*` function drawing them:
 
 - win rate vs KL for best-of-n: n/(n + 1) against log n − (n − 1)/n (no ties, the continuous
@@ -28,8 +28,8 @@ from metagen.plotting import pyplot
 from metagen.theory.best_of_n import bon_kl, bon_kl_bound, bon_pmf, bon_win_rate, kl_divergence, reward_cdf
 from metagen.theory.tilt import kl_regularized_optimum, max_tilt_kl, tilt
 
-SEED_P = (0.50, 0.30, 0.20)  # seed 002, "The solution for a tabular model"
-SEED_Q = (0.22, 0.11, 0.67)
+EXAMPLE_P = (0.50, 0.30, 0.20)  # a three-outcome base policy and alignment distribution
+EXAMPLE_Q = (0.22, 0.11, 0.67)
 BETAS = np.geomspace(1e-3, 1e2, 120)  # KL-regularization strengths swept for the optimum's frontier
 FILES = {"win_rate": "theory_bon_win_rate.png", "reward_kl": "theory_reward_kl.png",
          "tilt_simplex": "theory_tilt_simplex.png"}
@@ -51,7 +51,7 @@ def continuous_optimum(ts=np.geomspace(1e-2, 1e3, 120)) -> tuple[np.ndarray, np.
 
 
 def win_rate_instances() -> list[tuple[str, np.ndarray, np.ndarray]]:
-    """Discrete (name, p, r) instances of the win-rate figure: the seed's Example 1, a flat p
+    """Discrete (name, p, r) instances of the win-rate figure: p = (1/2, 1/2), a flat p
     over K = 10 (on the no-ties curve while n ≪ K) and a Zipf p whose likeliest outcome has the
     top reward."""
     ranks = np.arange(1, 101)
@@ -108,7 +108,7 @@ def reward_kl_data(n_max: int, seed: int = 0) -> dict:
     }
 
 
-def tilt_data(n_max: int, p=SEED_P, q=SEED_Q) -> dict:
+def tilt_data(n_max: int, p=EXAMPLE_P, q=EXAMPLE_Q) -> dict:
     """The tilt path T(q, p, α) for α in [0, 30] and best-of-n under r = log q at n = 1, 2, 4, ... ≤ n_max."""
     p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
     alphas = np.concatenate([[0.0], np.geomspace(1e-2, 30.0, 80)])

@@ -1,9 +1,9 @@
 """Reward modelling: Bradley–Terry fits, Elo, and InfAlign's calibrate-and-transform rewards.
 
-Bradley–Terry (seed 002, "Side-by-side reward modeling"): p(y₁ ≺ y₂) = σ(r(y₂) − r(y₁)).
+Bradley–Terry (Bradley & Terry 1952): p(y₁ ≺ y₂) = σ(r(y₂) − r(y₁)).
 Elo: E_A = 1 / (1 + 10^((R_B − R_A)/400)), Bradley–Terry on the scale 400 / ln 10.
 
-InfAlign (Balashankar et al. 2024, seed 004) aligns for an inference-time procedure by running
+InfAlign (Balashankar et al. 2024) aligns for an inference-time procedure by running
 KL-regularized RL on a transformed *calibrated* reward:
 - calibrate: C(x, y) = P_{z∼p(·|x)}[r(x, z) ≤ r(x, y)], the CDF of the reward under base-policy
   samples for the same prompt (uniform on [0, 1] for y ∼ p when rewards do not tie, and unchanged

@@ -1,6 +1,6 @@
 """Inference scaling: the accuracy that (weighted) majority voting converges to.
 
-Voting limit (Wu et al. 2024, "Inference scaling laws", Theorem 2, as quoted in seed 000): with
+Voting limit (Wu et al. 2024, "Inference scaling laws", Theorem 2): with
 N samples (z, a) ∼ g(·|x) and a reward v(x, z, a), weighted voting returns
 argmax_a Σᵢ v(x, zᵢ, aᵢ)·1{aᵢ = a}. As N → ∞ the vote is decided by the marginal masses, so the
 accuracy on M problems converges to

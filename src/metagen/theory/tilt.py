@@ -2,7 +2,7 @@ r"""KL-constrained alignment in closed form: the mismatched tilt and the KL-regu
 
 With a reward r(y) = log q(y) (q the "alignment distribution"), the policy that maximises the
 expected reward subject to KL(φ ‖ p) ≤ Δ is the mismatched tilt (Salamatian et al. 2019;
-Yang et al. 2024, "Asymptotics of language model alignment", Lemma 1; seed 002):
+Yang et al. 2024, "Asymptotics of language model alignment", Lemma 1):
 
 $$
 T(q, p, \alpha)(y) = \frac{p(y)\, q(y)^\alpha}{Z_\alpha}, \qquad Z_\alpha = \sum_z p(z)\, q(z)^\alpha, \qquad
@@ -71,7 +71,7 @@ def max_tilt_kl(p, q) -> float:
 
 
 def alpha_for_kl(p, q, delta: float, *, tolerance: float = 1e-12) -> float:
-    """α(Δ) ≥ 0 with KL(T(q, p, α) ‖ p) = Δ (seed 002, eq. (7)).
+    """α(Δ) ≥ 0 with KL(T(q, p, α) ‖ p) = Δ.
 
     Raises ValueError when Δ < 0 or Δ ≥ the largest reachable KL, −log p(S) (see `max_tilt_kl`).
     O(K) per bracket doubling and per Brent step (about 50 steps in all).
@@ -116,8 +116,7 @@ class KLRegularizedOptimum:
 
 
 def kl_regularized_optimum(p, r, beta: float) -> KLRegularizedOptimum:
-    """π*(y) = p(y) exp(r(y)/β) / Z, its expected reward and its KL (seed 002, "How can we
-    utilize the closed-form solution?"). Sweeping β traces the optimal reward–KL frontier that
+    """π*(y) = p(y) exp(r(y)/β) / Z, its expected reward and its KL. Sweeping β traces the optimal reward–KL frontier that
     best-of-n's (bon_kl, E_{π⁽ⁿ⁾}[r]) points lie on or below. β > 0 (β → ∞ gives p). O(K).
     """
     p = _probabilities(p, "p")

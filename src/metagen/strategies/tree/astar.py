@@ -1,4 +1,4 @@
-"""A*-decoding (Chatziveroglou et al. 2025; seed 004): best-first search over partial solutions.
+"""A*-decoding (Chatziveroglou et al. 2025): best-first search over partial solutions.
 
     f(n) = g(n) + h(n)
     g(n) = step_cost · depth(n) − β · Σ log p(tokens of n's path)     # cost so far

@@ -1,4 +1,4 @@
-"""Blockwise controlled decoding (Mudgal et al. 2024; seed 002 "best-of-n++").
+"""Blockwise controlled decoding (Mudgal et al. 2024; a "best-of-n++").
 
     node = root
     repeat: K blocks of M tokens continue node (one batched expand from its cached prefix)

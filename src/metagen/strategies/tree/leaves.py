@@ -1,6 +1,6 @@
 """What every tree search shares: its settings, and turning finished leaves into a result.
 
-Aggregation of the finished solutions (seed 000's "aggregate the leaves"):
+Aggregation of the finished solutions (the leaves):
 - "best": the leaf with the highest value V;
 - "majority": self-consistency over the leaves' extracted answers;
 - "weighted": weighted voting, each leaf's answer weighted by its value.

@@ -1,4 +1,4 @@
-"""REBASE: reward-balanced search (Wu et al. 2024, "Inference scaling laws"; seed 000).
+"""REBASE: reward-balanced search (Wu et al. 2024, "Inference scaling laws").
 
 The expansion budget is shared across the frontier by a softmax of the nodes' rewards:
 

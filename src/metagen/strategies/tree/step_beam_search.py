@@ -1,4 +1,4 @@
-"""Step-level beam search with a process reward (seed 000 "tree search"; Snell et al. 2024).
+"""Step-level beam search with a process reward (Snell et al. 2024).
 
     frontier = [root]
     repeat up to max_steps:
