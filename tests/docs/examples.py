@@ -7,6 +7,9 @@ A fenced block right after an HTML comment (invisible on the site) is executed:
     <!-- run slow -->       the same, marked slow (it loads a model; still run in CI)
     <!-- run serve -->      the same, with `metagen serve` of the embedded model running on a free
                             port of 127.0.0.1: "127.0.0.1:8000" in the block is rewritten to it
+    <!-- run install=core -->          the same, as on an install of metagen's core only: the
+    <!-- run install=serve+client -->  modules that only other extras bring in cannot be imported
+                            (tests/install_simulation.py); combines with slow / serve
     <!-- output -->         the next fenced block is the output the run block before it prints
 
 Python blocks of one page share one namespace, run in order (as a reader pasting them into one
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-MARKER = re.compile(r"^<!--\s*(run(?:\s+(?:slow|serve))*|output)\s*-->\s*$")
+MARKER = re.compile(r"^<!--\s*(run(?:\s+(?:slow|serve|install=[\w+-]+))*|output)\s*-->\s*$")
 FENCE = re.compile(r"^(```+|~~~+)\s*([\w+-]*)")
 
 
@@ -34,6 +37,15 @@ class Block:
     line: int  # 1-based line of the opening fence
     flags: frozenset[str] = frozenset()
     output: str | None = None  # the claimed output, when an <!-- output --> block follows
+
+    @property
+    def install(self) -> frozenset[str] | None:
+        """The extras of `install=a+b` (empty for install=core), None when the block runs with all."""
+        for flag in self.flags:
+            if flag.startswith("install="):
+                named = flag.removeprefix("install=")
+                return frozenset() if named == "core" else frozenset(named.split("+"))
+        return None
 
 
 @dataclass
