@@ -167,6 +167,14 @@ def test_offline_without_the_files_in_the_cache_says_how_to_fetch_them(hub_cache
     assert err.count("\n") == 1 and "`hf download nobody/missing-GGUF` (" in err
 
 
+def test_an_invalid_repository_id_is_refused_before_any_request(monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # online: the id is checked before it is sent
+    with pytest.raises(ValueError) as error:
+        resolve("owner/a..b:Q4_0")
+    assert str(error.value) == ("model 'owner/a..b:Q4_0': no such file or directory, nor a valid Hub repository id "
+                                "(Cannot have -- or .. in repo_id: 'owner/a..b'.)")
+
+
 def test_without_huggingface_hub_a_hub_name_asks_for_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # `import huggingface_hub` fails
     with pytest.raises(ValueError) as error:

@@ -81,7 +81,8 @@ def resolve(value: str | os.PathLike) -> tuple[Path, str | None]:
     if "config.json" not in files or not weights:
         raise ValueError(f"model {value!r}: {_where(name, offline)} holds no GGUF file and no config.json with "
                          f"*.safetensors weights to load: {', '.join(files) or 'no files'}")
-    wanted = weights + [file for file in files if file in HF_DIRECTORY_FILES or file.endswith(".safetensors.index.json")]
+    wanted = weights + [file for file in files
+                        if file in HF_DIRECTORY_FILES or file.endswith(".safetensors.index.json")]
     return Path(_download(huggingface_hub, value, name, wanted, offline)), name.repo_id
 
 
@@ -101,12 +102,11 @@ def _repo_files(hub, value: str, name: HubName) -> tuple[list[str], str | None]:
             raise ValueError(f"model {value!r}: no such file or directory, nor a valid Hub repository id ({error})") \
                 from None
         except RepositoryNotFoundError as error:  # also a gated repository, or a private one without a token
-            reason = str(error).strip().splitlines()[0]
             raise FileNotFoundError(f"model {value!r}: no such file or directory, nor a Hub repository this token "
-                                    f"can read ({reason}); a private or gated one needs HF_TOKEN or "
+                                    f"can read ({_first_line(error)}); a private or gated one needs HF_TOKEN or "
                                     "`hf auth login`") from None
         except Exception as error:  # noqa: BLE001 - no network or the Hub down: the cache may hold the files
-            offline = f"the Hub could not be reached: {type(error).__name__}"
+            offline = f"the Hub could not be reached: {type(error).__name__}: {_first_line(error)}"
     try:
         cache = hub.scan_cache_dir(constants.HF_HUB_CACHE)
         repos = cache.repos
@@ -170,6 +170,10 @@ def _download(hub, value: str, name: HubName, files: list[str], offline: str | N
         raise FileNotFoundError(f"model {value!r}: {', '.join(files)} of {name.repo_id} are not all in the Hugging "
                                 f"Face cache ({offline or error}): download them first with "
                                 f"{_download_command(name)}") from None
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [""])[0]
 
 
 def _where(name: HubName, offline: str | None) -> str:
