@@ -1,4 +1,5 @@
-"""`load()`: a checkpoint (GGUF file or HF directory) -> a ready `DecoderModel`.
+"""`load()`: a checkpoint (GGUF file or HF directory, local or named on the Hugging Face Hub:
+`hub.py`) -> a ready `DecoderModel`.
 
 One path per file format reads the checkpoint into canonical weight sources (`weights.py`,
 driven by the family's name map); one generic builder turns them into `LayerWeights` from the
