@@ -1,6 +1,6 @@
 """Importing metagen and building the command line import no torch (cli/__init__.py's claim):
-each `--help` runs in a fresh interpreter where importing torch, transformers, matplotlib or
-numpy fails, and still prints its help. Strategy options and the strategy table come from the
+each `--help` runs in a fresh interpreter where importing torch, transformers, matplotlib,
+numpy or huggingface_hub fails, and still prints its help. Strategy options and the strategy table come from the
 strategies' own configs, which import nothing heavy until they run."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-BLOCKED = ("torch", "transformers", "matplotlib", "numpy")
+BLOCKED = ("torch", "transformers", "matplotlib", "numpy", "huggingface_hub")
 RUN = """
 import importlib.abc, sys
 

@@ -14,11 +14,13 @@ def add_model_options(parser: argparse.ArgumentParser, repeat: bool = False) -> 
     `repeat`: --model may be given several times (a list, `metagen eval`'s sweep of models)."""
     if repeat:
         parser.add_argument("--model", action="append", default=None, metavar="PATH",
-                            help="GGUF file or HF directory; repeat it to evaluate several models in one sweep "
-                                 "('embedded' names the embedded SmolLM2-135M; default: it alone, unless "
-                                 "--backend is given)")
+                            help="GGUF file, HF directory or Hugging Face Hub name OWNER/NAME[:QUANT]; repeat it "
+                                 "to evaluate several models in one sweep ('embedded' names the embedded "
+                                 "SmolLM2-135M; default: it alone, unless --backend is given)")
     else:
-        parser.add_argument("--model", default=None, help="GGUF file or HF directory (default: embedded SmolLM2-135M)")
+        parser.add_argument("--model", default=None,
+                            help="GGUF file, HF directory or Hugging Face Hub name OWNER/NAME[:QUANT], e.g. "
+                                 "Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M (default: embedded SmolLM2-135M)")
     parser.add_argument("--dtype", default=None, choices=["auto", "fp32", "bf16", "int8", "int4"],
                         help="weight format (default auto: each tensor at least at the precision the file stores)")
     parser.add_argument("--kv-dtype", default=None, choices=["fp32", "bf16", "int8"],  # models.cache.KV_DTYPES

@@ -1,15 +1,16 @@
-"""The models of one `metagen eval` sweep: every --model (a GGUF file, an HF directory, or
-`embedded`) and every --backend (one served model each; its --served-model, --parameters and
---tokenizer given once per --backend, in order), as `harness.ModelRun`s in the order given,
-local models first.
+"""The models of one `metagen eval` sweep: every --model (a GGUF file, an HF directory, a hub
+name OWNER/NAME[:QUANT] or `embedded`) and every --backend (one served model each; its
+--served-model, --parameters and --tokenizer given once per --backend, in order), as
+`harness.ModelRun`s in the order given, local models first.
 
 Each model gets a short label, unique in the sweep, that names its points and files its units in
 results.jsonl: a file's stem or a directory's name, a served model's id. Labels that collide
 take a longer form — the parent directory before the name, the server's host:port after the id
 — so a label does not depend on which other models run (a later run of a subset or superset
 files every model under the same label); labels still equal after that are refused. Local
-models are loaded one at a time, when their turn comes, and freed after; remote generators are
-connected (and their served model probed, for its id) before any local model loads.
+models are loaded one at a time, when their turn comes, and freed after; hub models are
+downloaded (or found in the hub cache) and remote generators connected (and their served model
+probed, for its id) before any local model loads, so a wrong name fails the sweep at once.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def check(args: argparse.Namespace) -> None:
     """ValueError naming the flag, before anything is loaded or connected: --concurrency, local
     options without a local model, per-backend options without --backend or not given once per
     --backend, and each --backend's URLs."""
+    from metagen.models.hub import parse_hub_name
+
     if args.concurrency is not None and args.concurrency < 1:
         raise ValueError(f"--concurrency {args.concurrency} is out of range: must be >= 1")
     backends = args.backend or []
@@ -53,8 +56,8 @@ def check(args: argparse.Namespace) -> None:
     for urls in backends:
         backend.backend_urls(urls)
     for path in args.model or []:
-        if path != EMBEDDED and not Path(path).exists():
-            raise FileNotFoundError(f"--model {path}: no such file or directory")
+        if path != EMBEDDED and not Path(path).exists() and parse_hub_name(path) is None:
+            raise FileNotFoundError(f"--model {path}: no such file or directory (nor a hub name OWNER/NAME[:QUANT])")
 
 
 def model_runs(args: argparse.Namespace, local_chat: bool | None = None,
@@ -62,8 +65,12 @@ def model_runs(args: argparse.Namespace, local_chat: bool | None = None,
     """(runs, remote generators to close) of a checked `args` (see `check`); local_chat /
     remote_chat: the generators' `chat` setting (None: their default)."""
     from metagen.eval.harness import ModelRun
+    from metagen.models.hub import resolve
 
     paths = list(args.model or ([] if args.backend else [EMBEDDED]))
+    for path in paths:
+        if path != EMBEDDED:
+            resolve(path)  # a hub name's files into the hub cache now; its turn loads them from there
     remotes = []
     try:
         for index, urls in enumerate(args.backend or []):
@@ -90,9 +97,12 @@ def _per_backend(args: argparse.Namespace, name: str, index: int, absent: str | 
 
 def _local_names(path: str) -> tuple[str, str]:
     """(short, long) labels of a local model: the file's stem or directory's name, and that after
-    its parent directory's name."""
+    its parent directory's name; of a hub name, NAME[:QUANT] and the whole name."""
     from metagen.models import embedded_model_path
+    from metagen.models.hub import parse_hub_name
 
+    if path != EMBEDDED and not Path(path).exists() and parse_hub_name(path) is not None:
+        return path.split("/", 1)[1], path
     source = embedded_model_path() if path == EMBEDDED else Path(path).resolve()
     short = source.stem if source.is_file() else source.name
     return short, f"{source.parent.name}/{short}"

@@ -1,4 +1,5 @@
-"""`load()`: a checkpoint (GGUF file or HF directory) -> a ready `DecoderModel`.
+"""`load()`: a checkpoint (GGUF file or HF directory, local or named on the Hugging Face Hub:
+`hub.py`) -> a ready `DecoderModel`.
 
 One path per file format reads the checkpoint into canonical weight sources (`weights.py`,
 driven by the family's name map); one generic builder turns them into `LayerWeights` from the
@@ -12,6 +13,7 @@ the result is stored as safetensors under the cache directory ($METAGEN_CACHE, d
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ from metagen.models.decoder import DecoderModel
 from metagen.models.disk_cache import cache_directory  # noqa: F401  (its historical home)
 from metagen.models.embedded import embedded_model_path
 from metagen.models.gguf_blocks import EXACT_INT4_TYPES
+from metagen.models.hub import resolve
 from metagen.models.linear import ConcatLinear, DenseLinear, Factored, GroupedLinear, Int4Linear, Int8Linear
 from metagen.models.families import EXPERT_LINEARS, family_for
 from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, NORM_FIELDS, LayerWeights
@@ -39,9 +42,11 @@ def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, kv_
     """Load a decoder of any supported family (llama, mistral, qwen2, qwen3, phi3, gemma3, qwen3_moe,
     mixtral, qwen2_moe).
 
-    path: a .gguf file, an HF directory (config.json, *.safetensors, tokenizer.json) or a
-        directory saved by `metagen compress` (loaded in its saved formats); None loads the
-        embedded SmolLM2-135M-Instruct.
+    path: a .gguf file, an HF directory (config.json, *.safetensors, tokenizer.json), a
+        directory saved by `metagen compress` (loaded in its saved formats), or a Hugging Face
+        Hub name "OWNER/NAME" or "OWNER/NAME:QUANT" (a GGUF repository's quantization, e.g.
+        "Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M"; see `models/hub.py`), downloaded into the hub
+        cache; an existing path wins over a hub name. None loads the embedded SmolLM2-135M-Instruct.
     dtype: "auto" (default), "fp32", "bf16", "int8" or "int4" weights. "auto" never runs a
         tensor below the precision the checkpoint stores it in: int4 where the file's blocks map
         exactly onto the int4 kernel (Q4_0, Q4_1, Q4_K), the grouped 5-, 6- and 8-bit kernel
@@ -59,19 +64,23 @@ def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, kv_
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported: choose one of {', '.join(DTYPES)}")
     kv_dtype = check_kv_dtype(DEFAULT_KV_DTYPE if kv_dtype is None else kv_dtype)
-    path = Path(path) if path is not None else embedded_model_path()
+    path, name = (embedded_model_path(), None) if path is None else resolve(path)
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
     # The weights do not depend on kv_dtype: one conversion serves every KV format.
     if is_saved_model(path):  # a directory written by `metagen compress`
         return load_saved_model(path, dtype, kv_dtype=kv_dtype)
     if not use_cache:
-        return _convert(path, dtype, kv_dtype)
-    return load_or_convert(path, dtype, lambda: _convert(path, dtype, kv_dtype), kv_dtype=kv_dtype)
+        return _convert(path, dtype, kv_dtype, name)
+    return load_or_convert(path, dtype, lambda: _convert(path, dtype, kv_dtype, name), kv_dtype=kv_dtype)
 
 
-def _convert(path: Path, dtype: str, kv_dtype: str) -> DecoderModel:
+def _convert(path: Path, dtype: str, kv_dtype: str, name: str | None = None) -> DecoderModel:
+    """The model of the checkpoint at `path`; `name` replaces the checkpoint's own (a hub snapshot
+    directory's name is a commit)."""
     config, sources, tokenizer = _read_checkpoint(path)
+    if name is not None:
+        config = replace(config, name=name)
     _check_complete(config, sources, path)
     return _build(config, sources, tokenizer, dtype, str(path), kv_dtype)
 
