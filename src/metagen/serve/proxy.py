@@ -194,17 +194,19 @@ class ProxyBackend:
 
     # --- the other endpoints -------------------------------------------------------------------------
     async def health(self) -> tuple[int, dict]:
-        """200 while some backend can take requests, else 503; each backend "up", or "down" with
-        why. Each is health-checked now (GET /v1/models within HEALTH_TIMEOUT) and the fleet acts
-        on the result as on its own checks (back in service when it answers, out when it does
-        not), so what /health says is what the next request meets."""
+        """200 while some backend can take requests, else 503; each backend "up", or "down" or
+        "suspect" (stalled: no new request, `pool.py`) with why. Each is health-checked now (GET
+        /v1/models within HEALTH_TIMEOUT) and the fleet acts on the result as on its own checks
+        (back in service when it answers, out when it does not), so what /health says is what the
+        next request meets."""
         pool = self.remote.pool
 
         async def check_all() -> list[str | None]:
             return list(await asyncio.gather(*(pool.check(e) for e in self.remote.endpoints)))
 
         await self.remote.loop.call(check_all())
-        backends = {e.url: ("up" if e.down_until is None else f"down: {e.last_failure}") for e in self.remote.endpoints}
+        backends = {e.url: (f"down: {e.last_failure}" if e.down_until is not None else
+                            f"suspect: {e.suspect}" if e.suspect is not None else "up") for e in self.remote.endpoints}
         up = any(e.down_until is None for e in self.remote.endpoints)
         return (200 if up else 503), {"status": "ok" if up else "no backend answers", "backends": backends}
 
