@@ -9,8 +9,12 @@ it ends the module's second replica).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -218,6 +222,8 @@ def test_capabilities_are_the_intersection():
     (["http://127.0.0.1:1/v1"], {"failures_to_eject": 0}, "failures_to_eject=0"),
     (["http://127.0.0.1:1/v1"], {"cooldown": -1}, "cooldown=-1"),
     (["http://127.0.0.1:1/v1"], {"health_interval": 0}, "health_interval=0 is out of range"),
+    (["http://127.0.0.1:1/v1"], {"stall_seconds": 0}, "stall_seconds=0 is out of range"),
+    (["http://127.0.0.1:1/v1"], {"stall_seconds": float("nan")}, "stall_seconds=nan is out of range"),
 ])
 def test_bad_settings_are_named(urls, options, wrong):
     with pytest.raises(ValueError, match=wrong):
@@ -288,6 +294,117 @@ def test_an_endpoint_answering_requests_but_not_its_health_check_in_time_is_busy
         a.models_delay = 8.0
         assert wait_for(lambda: "busy, kept" in (fleet.stats()[a.url]["last_failure"] or ""), 30)
         assert fleet.stats()[a.url]["up"]
+
+
+class SilentRelay:
+    """A TCP server on 127.0.0.1 (a free port) relaying each connection to `upstream` (a fake
+    server) until `silence()`: from then on it accepts connections and reads what comes but
+    passes nothing on, so nothing is ever answered, on the connections it holds too (a wedged
+    process behind an open socket); `resume()` passes on what it held and relays again."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = urlsplit(upstream).port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.relaying = threading.Event()
+        self.relaying.set()
+        self.sockets: list[socket.socket] = []
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
+
+    def silence(self) -> None:
+        self.relaying.clear()
+
+    def resume(self) -> None:
+        self.relaying.set()
+
+    def __enter__(self) -> SilentRelay:
+        self.threads[0].start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # the accept loop ends
+        self.listener.close()
+        self.relaying.set()
+        for sock in list(self.sockets):  # every pump's recv returns
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        for thread in self.threads:
+            thread.join(timeout=10)
+        assert not any(thread.is_alive() for thread in self.threads)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            self.sockets += [client, server]
+            for source, target in ((client, server), (server, client)):
+                pump = threading.Thread(target=self._pump, args=(source, target), daemon=True)
+                self.threads.append(pump)
+                pump.start()
+
+    def _pump(self, source: socket.socket, target: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                self.relaying.wait()  # silenced: the bytes are held here
+                target.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            target.shutdown(socket.SHUT_WR)
+
+
+@pytest.fixture
+def relayed(fakes):
+    """(relay in front of fake a, fake a, fake b)."""
+    a, b = fakes
+    with SilentRelay(a.url) as relay:
+        yield relay, a, b
+
+
+def test_a_backend_gone_silent_gets_no_new_request_after_stall_seconds_and_rejoins_when_it_answers(relayed):
+    """The first replica's socket stays open but nothing comes back. Once its request in flight
+    has been silent for stall_seconds while the other replica answered, new requests all go to
+    the other one (long before that request's timeout, with no live health checks); answering its
+    health check again brings it back."""
+    relay, a, b = relayed
+    with FleetGenerator([relay.url, b.url], max_retries=0, stall_seconds=0.5, health_interval=None,
+                        timeout=20) as fleet:
+        silent = fleet.pool.endpoints[0]
+        for seed in range(2):
+            fleet.generate("hi", SamplingParams(max_tokens=2, seed=seed))  # one to each
+        relay.silence()
+        hung = fleet.loop.submit(fleet.agenerate("hi", SamplingParams(max_tokens=2, seed=2)))
+        assert wait_for(lambda: silent.outstanding == 1)  # sent to the silent one (ties go to the first)
+        fleet.generate("hi", SamplingParams(max_tokens=2, seed=3))  # the other answers meanwhile
+        time.sleep(0.6)
+        sent, answered = silent.sent, len(b.posts())
+        with ThreadPoolExecutor(10) as pool:
+            results = list(pool.map(lambda s: fleet.generate("hi", SamplingParams(max_tokens=2, seed=s)),
+                                    range(10, 20)))
+        assert all(r.completions for r in results)
+        assert silent.sent == sent and len(b.posts()) == answered + 10  # 10 of 10 to the answering one
+        stats = fleet.stats()[relay.url]
+        assert stats["up"] and stats["suspect"].startswith("stalled") and stats["outstanding"] == 1
+        hung.cancel()
+        assert wait_for(lambda: silent.outstanding == 0)
+        assert fleet.stats()[relay.url]["suspect"]  # nothing came from it: still suspect
+        listed = model_listings(a)
+        relay.resume()  # its health check (started when it was found stalled) is answered now
+        assert wait_for(lambda: fleet.stats()[relay.url]["suspect"] is None, 5)
+        assert model_listings(a) > listed and not fleet.stats()[relay.url]["failures"]
+        posts = len(a.posts())
+        with ThreadPoolExecutor(4) as pool:
+            assert all(pool.map(lambda s: fleet.generate("hi", SamplingParams(max_tokens=2, seed=s)).completions,
+                                range(20, 24)))
+        assert len(a.posts()) > posts  # serving again
 
 
 def test_a_day_long_retry_after_fails_over_at_once(fakes):

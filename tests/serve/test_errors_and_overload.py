@@ -132,6 +132,12 @@ def test_a_deeply_nested_body_is_400_before_it_is_decoded(server, client, served
      "response_format.json_schema.schema", "is not valid JSON: Expecting"),
     ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "structured_outputs",
      "not both"),
+    ({"structured_outputs": {"json": {"type": "nonsense"}}}, "structured_outputs.json", "does not compile"),
+    ({"structured_outputs": {"regex": "(a"}}, "structured_outputs.regex", "does not compile"),
+    ({"structured_outputs": {"regex": "[^\\s\\S]"}}, "structured_outputs.regex", "cannot be satisfied"),
+    ({"structured_outputs": {"grammar": "start: undefined_rule"}}, "structured_outputs.grammar", "does not compile"),
+    ({"structured_outputs": {"grammar": "root ::= ("}}, "structured_outputs.grammar", "does not compile"),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs.choice", "give at least one choice"),
 ])
 def test_bad_fields_are_400_naming_the_field(client, served_model, extra, param, message):
     with pytest.raises(openai.BadRequestError) as raised:

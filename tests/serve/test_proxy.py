@@ -230,6 +230,9 @@ def test_a_dead_backend_is_failed_over_then_named(llama_fleet):
     (["--backend", "http://127.0.0.1:9/v1"], "no endpoint of the fleet answered its probe: http://127.0.0.1:9/v1"),
     (["--backend", "http://127.0.0.1:9/v1", "--dtype", "fp32"], "--dtype configure the local model"),
     (["--tokenizer", "tokenizer.json"], "--tokenizer configure proxy mode: add --backend URL"),
+    (["--backend-stall-seconds", "2"], "--backend-stall-seconds configure proxy mode: add --backend URL"),
+    (["--backend", "http://127.0.0.1:9/v1", "--backend-stall-seconds", "0"],
+     "--backend-stall-seconds 0.0 must be > 0 seconds"),
 ])
 def test_proxy_options_are_checked_at_start(options, message):
     finished = subprocess.run([sys.executable, "-m", "metagen.cli", "serve", "--port", "0", *options],
@@ -254,6 +257,7 @@ def backend(broken):
     fake, proxy = broken
     yield fake, proxy
     fake.stream_edit = fake.usage_edit = None
+    fake.rejects.clear()
 
 
 def _sse(url: str, body: dict) -> tuple[int, list]:
@@ -308,3 +312,83 @@ def test_malformed_backend_usage_is_a_bad_gateway_never_a_400_or_a_negative_coun
     status, answer = _post(proxy.url + "/v1/chat/completions", {
         "model": "fake", "messages": QUESTION, "max_tokens": 4, "metagen": {"strategy": "self_consistency", "n": 2}})
     assert status == 502 and f"usage.completion_tokens={value!r}" in answer["error"]["message"]
+
+
+# --- structured-output refusals name the field the request used ---------------------------------------
+
+CONSTRAINTS = [  # each way of asking for a structured output, and the field a refusal of it names
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+     "response_format.json_schema.schema"),
+    ({"structured_outputs": {"json": {"type": "object"}}}, "structured_outputs.json"),
+    ({"structured_outputs": {"regex": "[ab]+"}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"grammar": 'root ::= "a" | "b"'}}, "structured_outputs.grammar"),
+    ({"structured_outputs": {"choice": ["a", "b"]}}, "structured_outputs.choice"),
+]
+XGRAMMAR_REFUSAL = ('{"object": "error", "message": "The provided JSON schema contains features not supported by '
+                    'xgrammar.", "type": "BadRequestError", "param": null, "code": 400}')
+
+
+def _refused(url: str, extra: dict, chat: bool, stream: bool = False):
+    """The openai client's error for a request with `extra` (stream: the whole stream read)."""
+    with _client(url) as client, pytest.raises(openai.BadRequestError) as raised:
+        if chat:
+            answer = client.chat.completions.create(model="fake", messages=QUESTION, max_tokens=3, stream=stream,
+                                                    extra_body=extra)
+        else:
+            answer = client.completions.create(model="fake", prompt=PROMPT, max_tokens=3, stream=stream,
+                                               extra_body=extra)
+        if stream:
+            list(answer)
+    return raised.value
+
+
+@pytest.mark.parametrize(("extra", "param"), CONSTRAINTS)
+def test_a_backend_refusing_a_structured_output_is_400_naming_the_requests_field(backend, extra, param):
+    """vLLM answers 400 with `param` null for a schema its grammar engine cannot take; the proxy
+    names the field the request used (the backend's own field may differ), for plain requests,
+    streamed or not, and for a strategy's."""
+    fake, proxy = backend
+    fake.reject(lambda body: "structured_outputs" in body, 400, XGRAMMAR_REFUSAL)
+    for chat in (False, True):
+        for stream in (False, True):
+            error = _refused(proxy.url, extra, chat, stream)
+            assert error.param == param and "not supported by xgrammar" in error.message
+            assert error.body["type"] == "invalid_request_error" and error.body["code"] == "backend_rejected"
+    error = _refused(proxy.url, {**extra, "metagen": {"strategy": "self_consistency", "n": 2}}, chat=True)
+    assert error.param == param and "not supported by xgrammar" in error.message
+
+
+def test_a_backend_refusal_about_something_else_names_no_constraint_field(backend):
+    fake, proxy = backend
+    fake.reject(lambda body: True, 400, '{"error": {"message": "max_tokens is too large for this model"}}')
+    error = _refused(proxy.url, CONSTRAINTS[2][0], chat=True)
+    assert error.param is None and "max_tokens is too large" in error.message
+
+
+@pytest.fixture(scope="module")
+def llama_fake():
+    """metagen serve over a scripted llama.cpp server: GBNF grammars and response_format (chat) only."""
+    from tests.remote.fake_server import FakeServer
+
+    with FakeServer("llama.cpp") as fake, serve_process("--backend", fake.url, "--served-model-name", "fake") as proxy:
+        yield fake, proxy
+
+
+@pytest.mark.parametrize(("extra", "chat", "param", "words"), [
+    (CONSTRAINTS[2][0], False, "structured_outputs.regex", "GBNF grammars, which have no regular expressions"),
+    (CONSTRAINTS[2][0], True, "structured_outputs.regex", "GBNF grammars, which have no regular expressions"),
+    ({"structured_outputs": {"grammar": 'start: "a"'}}, True, "structured_outputs.grammar", "Lark grammar"),
+    (CONSTRAINTS[0][0], False, "response_format.json_schema.schema", "needs llama.cpp's /v1/chat/completions"),
+    (CONSTRAINTS[1][0], False, "structured_outputs.json", "needs llama.cpp's /v1/chat/completions"),
+])
+def test_a_structured_output_the_backends_engine_cannot_take_is_400_naming_the_field(llama_fake, extra, chat, param,
+                                                                                    words):
+    fake, proxy = llama_fake
+    posts = len(fake.posts())
+    for stream in (False, True):
+        error = _refused(proxy.url, extra, chat, stream)
+        assert error.param == param and words in error.message
+    if chat:  # a strategy's requests are refused alike
+        error = _refused(proxy.url, {**extra, "metagen": {"strategy": "self_consistency", "n": 2}}, chat=True)
+        assert error.param == param and words in error.message
+    assert len(fake.posts()) == posts  # refused before anything was sent

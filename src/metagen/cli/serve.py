@@ -5,7 +5,8 @@ or over remote OpenAI-compatible servers (proxy mode).
                   [--served-model-name NAME]
                   [--api-key-env VAR] [--max-rows 16] [--max-queue 64] [--max-n 128] [--request-timeout SECONDS]
                   [--cache-memory 256MiB | --no-prefix-cache] [--prefill-chunk 256] [--lenient]
-    metagen serve --backend URL [URL ...] [--backend-api-key-env VAR] [--backend-concurrency K] [--tokenizer PATH]
+    metagen serve --backend URL [URL ...] [--backend-api-key-env VAR] [--backend-concurrency K]
+                  [--backend-stall-seconds 5] [--tokenizer PATH]
                   [--host] [--port] [--served-model-name] [--api-key-env] [--max-rows] [--max-n] [--request-timeout]
                   [--lenient]
 
@@ -67,6 +68,9 @@ def add_parser(commands) -> None:
     proxy.add_argument("--backend-concurrency", type=int, default=None, metavar="K",
                        help="requests in flight on one backend at most (default 4; fewer where the backend reports "
                             "fewer slots, as llama.cpp's server does); the rest wait in the proxy")
+    proxy.add_argument("--backend-stall-seconds", type=float, default=None, metavar="SECONDS",
+                       help="a backend whose request in flight has had no byte for this long, while the others "
+                            "answer, gets no new request until it answers again (default 5)")
     proxy.add_argument("--tokenizer", default=None, metavar="PATH",
                        help="GGUF file or HF directory with the served model's tokenizer: token ids where the "
                             "backends return none, chat prompts of step searches")
@@ -75,7 +79,7 @@ def add_parser(commands) -> None:
 
 LOCAL_ONLY = ("model", "dtype", "kv_dtype", "threads", "max_queue", "cache_memory", "no_prefix_cache",
               "prefill_chunk")
-PROXY_ONLY = ("backend_api_key_env", "backend_concurrency", "tokenizer")
+PROXY_ONLY = ("backend_api_key_env", "backend_concurrency", "backend_stall_seconds", "tokenizer")
 BACKEND_CONCURRENCY = 4  # requests in flight per backend without --backend-concurrency
 PROXY_RETRIES = 1  # a failing backend is retried once, then the fleet fails over to another
 PROXY_TIMEOUT = 600.0  # seconds per backend request without --request-timeout
@@ -100,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
                              "add --backend URL")
     if args.backend_concurrency is not None and args.backend_concurrency < 1:
         raise ValueError(f"--backend-concurrency {args.backend_concurrency} must be >= 1")
+    if args.backend_stall_seconds is not None and not 0 < args.backend_stall_seconds < float("inf"):
+        raise ValueError(f"--backend-stall-seconds {args.backend_stall_seconds} must be > 0 seconds")
     if args.max_queue is None:
         args.max_queue = 64
     if args.max_queue < 1:  # a request waits in the queue before it is admitted: 0 would refuse them all
@@ -168,12 +174,14 @@ def _proxy(args: argparse.Namespace):
     """The fleet over --backend, probed now (an error naming every backend when none answers)."""
     from metagen.cli.backend import backend_urls, load_tokenizer
     from metagen.remote import FleetGenerator
+    from metagen.remote.pool import STALL_SECONDS
     from metagen.serve.proxy import ProxyBackend
 
     urls = backend_urls(",".join(args.backend))
     remote = FleetGenerator(urls, tokenizer=load_tokenizer(args.tokenizer) if args.tokenizer else None,
                             api_key_env=args.backend_api_key_env or "", timeout=args.request_timeout or PROXY_TIMEOUT,
                             max_retries=PROXY_RETRIES, health_interval=HEALTH_INTERVAL,
+                            stall_seconds=args.backend_stall_seconds or STALL_SECONDS,
                             max_concurrency_per_endpoint=args.backend_concurrency or BACKEND_CONCURRENCY)
     try:
         return ProxyBackend(remote, served_name=args.served_model_name, max_rows=args.max_rows)

@@ -22,7 +22,10 @@ out for `cooldown` seconds, never the last live one, then a health check (GET /v
 HEALTH_TIMEOUT; the full probe if it was never probed) takes it back. Every `health_interval`
 seconds the live endpoints are checked too (on the fleet's loop, from its first use until
 `close()`; None: never), and one failing its check is taken out before a request fails on it, its
-requests in flight sent to the others. The endpoints' transports do not retry a busy server
+requests in flight sent to the others. An endpoint silent for `stall_seconds` on a request in flight
+while the others answer (a server that accepts connections and answers nothing) gets no new
+request until it answers again: a byte of an answer, or its health check, started at once
+(passive stall detection, `pool.py`). The endpoints' transports do not retry a busy server
 (`retry_busy=False`): a Retry-After or a timeout of a server that is alive fails over at once. A
 request the server rejects as invalid (400 / 404 / 422) is raised at once: every replica would
 say the same.
@@ -42,7 +45,7 @@ from dataclasses import replace
 
 from metagen.remote.loop import BackgroundLoop, gather_all
 from metagen.remote.openai_generator import OpenAIGenerator
-from metagen.remote.pool import Endpoint, EndpointPool, FleetUnavailableError
+from metagen.remote.pool import STALL_SECONDS, Endpoint, EndpointPool, FleetUnavailableError
 from metagen.remote.probe import ServerProfile
 from metagen.remote.transport import (
     RETRIED_STATUS,
@@ -79,6 +82,9 @@ class FleetGenerator(OpenAIGenerator):
     cooldown: seconds an endpoint stays out before its health check.
     health_interval: seconds between health checks of the live endpoints (None: none; only
         endpoints taken out are checked, after their cool-down).
+    stall_seconds: seconds without a byte on a request in flight, while other endpoints answer,
+        after which an endpoint gets no new request until it answers again (None: never; see
+        `pool.py`).
     deadline: seconds one request may take on one endpoint, its retries there included (see
         `Transport`; None: its default).
     Every other keyword is `OpenAIGenerator`'s, applied to each endpoint.
@@ -86,7 +92,7 @@ class FleetGenerator(OpenAIGenerator):
 
     def __init__(self, base_urls: list[str], model: str | None = None, *, max_concurrency_per_endpoint: int = 4,
                  failures_to_eject: int = 2, cooldown: float = 30.0, health_interval: float | None = 30.0,
-                 engine: str = "auto",
+                 stall_seconds: float | None = STALL_SECONDS, engine: str = "auto",
                  chat: bool | None = None, tokenizer=None, parameter_count: float | None = None,
                  api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0, connect_timeout: float = 5.0,
                  max_retries: int = 4, deadline: float | None = None) -> None:
@@ -103,6 +109,9 @@ class FleetGenerator(OpenAIGenerator):
         if health_interval is not None and not health_interval > 0:
             raise ValueError(f"health_interval={health_interval!r} is out of range: must be > 0 seconds, "
                              "or None for no checks of live endpoints")
+        if stall_seconds is not None and not 0 < stall_seconds < float("inf"):
+            raise ValueError(f"stall_seconds={stall_seconds!r} is out of range: must be > 0 seconds, or None for no "
+                             "stall detection")
         self.health_interval = health_interval
         self._watch: asyncio.Task | None = None  # the live health checks, once probed
         self._configure(model, engine, chat, tokenizer, parameter_count)
@@ -113,7 +122,7 @@ class FleetGenerator(OpenAIGenerator):
         self.endpoints = [Endpoint(member.transport.base_url, member) for member in members]
         self.pool = EndpointPool(self.endpoints, max_concurrency=max_concurrency_per_endpoint,
                                  failures_to_eject=failures_to_eject, cooldown=cooldown,
-                                 health_check=self._health_check)
+                                 health_check=self._health_check, stall_seconds=stall_seconds)
 
     def __repr__(self) -> str:
         return f"FleetGenerator({[e.url for e in self.endpoints]!r}, model={self.requested_model!r})"
@@ -134,10 +143,12 @@ class FleetGenerator(OpenAIGenerator):
         self.loop.close()
 
     async def _shutdown(self) -> None:
-        """Stop the health checks, then close every endpoint's connections."""
+        """Stop the health checks (the live ones' and the suspects'), then close every endpoint's
+        connections."""
         if self._watch is not None:
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)
+        await self.pool.stop()
         await gather_all(endpoint.member.transport.aclose() for endpoint in self.endpoints)
 
     def stats(self) -> dict[str, dict]:
@@ -212,13 +223,14 @@ class FleetGenerator(OpenAIGenerator):
         chunk has arrived; a stream that breaks after its first chunk raises (its text was passed on)."""
         started = False
 
-        async def stream(endpoint) -> None:
+        async def stream(endpoint, heard) -> None:
             nonlocal started
             started = False
 
             def relay(chunk: dict, url: str) -> None:  # the member passes the URL it streamed from
                 nonlocal started
                 started = True
+                heard()
                 handle(chunk, url)
 
             await endpoint.member._stream_one(path, request, relay)
@@ -228,13 +240,14 @@ class FleetGenerator(OpenAIGenerator):
     async def _post_one(self, path: str, request: dict) -> tuple[dict, str]:
         """The answer to one request from some live endpoint, failing over to the others."""
 
-        async def post(endpoint) -> tuple[dict, str]:
+        async def post(endpoint, heard) -> tuple[dict, str]:  # heard: the answer comes whole
             return await endpoint.member.transport.apost(path, request), f"{endpoint.url}/{path}"
 
         return await self._on_some_endpoint(post)
 
     async def _on_some_endpoint(self, run, retry=lambda: True):
-        """`await run(endpoint)` on a live endpoint, in the pool's order: an endpoint failure
+        """`await run(endpoint, heard)` on a live endpoint, in the pool's order (heard(): a byte of
+        the answer came, for stall detection, `pool.py`): an endpoint failure
         (`is_endpoint_failure`) is recorded (counted towards ejection when nothing answered, see
         `pool.py`) and the next pick is tried while `retry()` says so (never again an endpoint that
         answered with an HTTP error); any other error is the request's own and is raised at once."""
@@ -245,8 +258,7 @@ class FleetGenerator(OpenAIGenerator):
             endpoint = await self.pool.acquire(tried, frozenset(refused))
             if endpoint is None:  # every endpoint refused this request or is down
                 break
-            attempt = asyncio.ensure_future(run(endpoint))
-            endpoint.attempts.add(attempt)
+            attempt = self._start(endpoint, run)
             try:
                 await asyncio.wait({attempt})
             except BaseException:  # the caller went away
@@ -255,7 +267,7 @@ class FleetGenerator(OpenAIGenerator):
                 self.pool.release(endpoint, "interrupted", counted=False, recorded=False)
                 raise
             finally:
-                endpoint.attempts.discard(attempt)
+                endpoint.attempts.pop(attempt, None)
             if attempt.cancelled():  # the endpoint was taken out while the request was in flight
                 error = ServerError(endpoint.url, None, f"taken out while the request was in flight "
                                                         f"({endpoint.last_failure})")
@@ -270,6 +282,8 @@ class FleetGenerator(OpenAIGenerator):
                 if not isinstance(error, ServerError):
                     self.pool.release(endpoint, "interrupted", counted=False, recorded=False)
                     raise error
+                if error.status is not None or error.busy:  # an answer came, or its health check's
+                    self.pool.heard(endpoint)
                 failed_here = is_endpoint_failure(error)
                 self.pool.release(endpoint, str(error), counted=failed_here and error.status is None and not error.busy,
                                   recorded=failed_here)
@@ -283,3 +297,13 @@ class FleetGenerator(OpenAIGenerator):
         if last is not None and last.status is not None:
             raise last  # an HTTP error from the endpoints tried: the request's own
         raise FleetUnavailableError(f"the request failed on every endpoint of the fleet: {self.pool.describe()}")
+
+    def _start(self, endpoint: Endpoint, run) -> asyncio.Future:
+        """`run(endpoint, heard)` started as a request in flight on `endpoint`, silent from now until
+        heard() records that a byte of its answer came."""
+        def heard() -> None:
+            self.pool.heard(endpoint, attempt)
+
+        attempt = asyncio.ensure_future(run(endpoint, heard))
+        endpoint.attempts[attempt] = self.pool.clock()
+        return attempt

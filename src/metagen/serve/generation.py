@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from metagen.serve.engine_generator import StrategyTimeout
 from metagen.serve.http import ServerState, check_key, read_json, server
-from metagen.serve.protocol import APIError, ParsedRequest, ignored_fields_header, parse_request
+from metagen.serve.protocol import APIError, ParsedRequest, field_named, ignored_fields_header, parse_request
 from metagen.serve.requests import DoneEvent, TokenEvent
 from metagen.serve.responses import ChunkWriter, full_response, strategy_response
 
@@ -88,7 +88,7 @@ def _submit(state: ServerState, parsed: ParsedRequest, emit):
     try:
         return backend.submit(parsed, emit, state.request_timeout)
     except Exception as error:  # noqa: BLE001 - a full queue, a stopped engine, n past the rows
-        answer = backend.failure(error)
+        answer = backend.failure(error, parsed.params)
         if answer is not None:
             raise answer from None
         if isinstance(error, ValueError):
@@ -127,21 +127,22 @@ async def _run_strategy(request: Request, state: ServerState, parsed: ParsedRequ
         job.add_done_callback(_retrieved)
         raise
     except Exception as error:  # noqa: BLE001 - answered, the server stays up
-        raise _strategy_failure(backend, strategy.spec.name, error) from None
+        raise _strategy_failure(backend, strategy.spec.name, error, params) from None
     return JSONResponse(strategy_response(parsed, result, generator, backend.texts), headers=headers)
 
 
-def _strategy_failure(backend, name: str, error: Exception) -> APIError:
+def _strategy_failure(backend, name: str, error: Exception, params) -> APIError:
     """The answer to a strategy run that raised `error`: the backend's own mapping (busy, stopped,
-    backends down or failing), a request past --request-timeout 504, a configuration the prompt
-    cannot take 400, anything else 500 naming the error (never a traceback)."""
-    answer = backend.failure(error)
+    backends down or failing, refusing the request), a request past --request-timeout 504, a
+    configuration the prompt or the backend cannot take 400 (naming the sampling field its message
+    starts with, else metagen), anything else 500 naming the error (never a traceback)."""
+    answer = backend.failure(error, params)
     if answer is not None:
         return answer
     if isinstance(error, StrategyTimeout):
         return APIError(f"{error} (--request-timeout)", None, status=504, type="timeout", code="request_timeout")
     if isinstance(error, ValueError):
-        return APIError(f"strategy {name!r}: {error}", "metagen")
+        return APIError(f"strategy {name!r}: {error}", field_named(str(error)) or "metagen")
     return APIError(f"strategy {name!r} failed: {type(error).__name__}: {error}", None, status=500,
                     type="server_error")
 
@@ -151,7 +152,7 @@ def _failed(event: DoneEvent) -> APIError:
     (proxy mode: 502 / 503 for backends failing or down, 400 for one refusing the request), else 500."""
     status = event.status or 500
     kind = "server_error" if status >= 500 else "invalid_request_error"
-    return APIError(f"generation failed: {event.error}", None, status=status, type=kind, code=event.code)
+    return APIError(f"generation failed: {event.error}", event.param, status=status, type=kind, code=event.code)
 
 
 def _retrieved(future) -> None:
@@ -203,7 +204,7 @@ async def _sse(parsed: ParsedRequest, job, events: asyncio.Queue, texts, first):
                 if event.error is not None:
                     kind, code = ("timeout", "request_timeout") if event.timed_out else (_failed(event).type, event.code)
                     yield _data({"error": {"message": f"generation failed: {event.error}", "type": kind,
-                                           "param": None, "code": code}})
+                                           "param": event.param, "code": code}})
                 break
             assert isinstance(event, TokenEvent)
             generated += 1

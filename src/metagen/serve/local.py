@@ -12,7 +12,8 @@ HTTP handling (app.py) is written once over it:
                                  one DoneEvent
     strategy_generator(chat, timeout) a Generator for one strategy run, with usage tallies
                                  (prompt_tokens, completion_tokens, requests) and cancel()
-    failure(error)               the APIError answering an exception of submit or a strategy
+    failure(error, params)       the APIError answering an exception of submit or a strategy
+                                 (params: the request's, for the field a refusal is about)
     await health()               (status code, body) of /health
     model_cards()                the entries of /v1/models
     await tokenize(body), await detokenize(body)
@@ -58,7 +59,7 @@ class LocalBackend:
 
         return EngineGenerator(self.engine, self.model, chat=chat, timeout=timeout)
 
-    def failure(self, error: BaseException) -> APIError | None:
+    def failure(self, error: BaseException, params=None) -> APIError | None:
         """429 with Retry-After for a full queue (the request fits once others leave); 400 naming
         metagen.n for a strategy call that no queue state could take (`RequestTooLargeError`);
         503 when the engine has stopped."""

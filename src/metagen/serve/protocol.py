@@ -70,10 +70,10 @@ CHAT_FIELDS = frozenset(SAMPLING_FIELDS + COMMON_FIELDS + ("messages", "logprobs
 MESSAGE_FIELDS = frozenset(("role", "content"))
 ROLES = ("system", "user", "assistant")
 DEFAULT_MAX_N = 128  # the most completions, samples, branches or steps one request may ask for (OpenAI's bound on n)
-_LEADING_FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)")
 _NAME_CHARACTER = re.compile(r"[A-Za-z0-9_]")
 _SUBFIELDS = re.compile(r"(?:\.[A-Za-z_][A-Za-z0-9_]*)*")  # ".json_schema.schema" after a field
 IGNORED_HEADER_CHARS = 1024  # X-Metagen-Ignored-Fields at most this long (its tail "(N more)" included)
+_MESSAGE_FIELDS = {field: field for field in (*SAMPLING_FIELDS, "max_tokens", "mirostat_tau", "logprobs")}
 _TOKEN_CHARACTERS = "!#$&'*+-.^_`|~"  # RFC 9110 tchar besides letters and digits ('%' left out: it escapes)
 
 
@@ -465,6 +465,13 @@ def _param_of(message: str, fields: Mapping[str, str]) -> str | None:
         if message.startswith(known) and not _NAME_CHARACTER.match(after):  # "temperature=", not "temperatures"
             return fields[known] + _SUBFIELDS.match(after).group(0)
     return None
+
+
+def field_named(message: str) -> str | None:
+    """The sampling field an error raised after parsing is about (a remote server's refusal, a
+    strategy's), subfields included ("structured_outputs.regex is not supported by llama.cpp's
+    server" -> "structured_outputs.regex"), when its message starts with one; else None."""
+    return _param_of(message, _MESSAGE_FIELDS)
 
 
 def _bool(body: Mapping, field: str, default: bool, name: str | None = None) -> bool:

@@ -16,7 +16,9 @@ Failures are answered, never hung on nor turned into tracebacks: every endpoint 
 (`backend_unavailable`, naming each endpoint and its last failure), a backend failing or
 answering nonsense 502 (`backend_error`, naming its URL; a request every backend fails with 500
 is this: it takes no backend out, `fleet.py`), a backend refusing the request 400 with its own
-message and URL.
+message and URL. A refusal names the request's field in `param` as the request spelled it: the
+remote generator's refusals by the field their message starts with, a backend's refusal of a
+structured output by the constraint's field (`rejected_param`).
 
 Bounds: `max_rows` is the most completions of one request in flight on the backends: a plain
 request's n (checked at parse), and a strategy's calls, whose n is sent as requests of at most
@@ -29,6 +31,7 @@ the rest wait in the proxy, untimed by the backend's timeout.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -39,25 +42,41 @@ from metagen.remote import FleetUnavailableError, InvalidRequestError, ServerErr
 from metagen.remote.streaming import stream, stream_request
 from metagen.sampling import SamplingParams
 from metagen.serve import metrics
-from metagen.serve.protocol import _LEADING_FIELD, SAMPLING_FIELDS, APIError, ParsedRequest, check_model, only
+from metagen.serve.protocol import APIError, ParsedRequest, check_model, field_named, only
 from metagen.serve.requests import DoneEvent, EngineStats, Lifetime, TokenEvent
 
 CANCEL_POLL = 0.25  # seconds between checks that a proxied request's client is still there
 UNSUPPORTED_STATUS = (404, 405, 501)  # a backend without the endpoint
+CONSTRAINT_WORDS = re.compile(r"schema|grammar|regex|choice|ebnf|structured_outputs|response_format",
+                              re.IGNORECASE)  # a backend refusal about a structured output
 
 
 def _param(message: str) -> str | None:
-    """The request field a refusal of the remote generator is about (its message's first word
-    when that is a field; the prompt or messages for refusals of the prompt's form)."""
-    match = _LEADING_FIELD.match(message)
-    head = match.group(1).split(".")[0] if match else None
-    if head in SAMPLING_FIELDS or head in ("max_tokens", "mirostat_tau", "logprobs"):
-        return head
+    """The request field a refusal of the remote generator is about: the field its message starts
+    with, subfields included ("structured_outputs.regex is not supported by llama.cpp's server",
+    "response_format.json_schema.schema needs ..."); the prompt or messages for refusals of the
+    prompt's form."""
+    field = field_named(message)
+    if field is not None:
+        return field
     if "token-id prompts" in message or message.startswith("prompt"):
         return "prompt"
     if "assistant message" in message:
         return "messages"
     return None
+
+
+def rejected_param(params: SamplingParams, error: BaseException) -> str | None:
+    """The request field a backend's refusal (HTTP 400 / 404 / 422) is about, as the request spelled
+    it: the structured-output field (`StructuredOutputs.kind_field`: structured_outputs.json,
+    response_format.json_schema.schema, ...) when the request has a constraint and the backend's
+    message is about one (vLLM: "The provided JSON schema contains features not supported by
+    xgrammar", "Invalid grammar specification"); else None: the backend's own field names are
+    not the request's."""
+    spec = params.structured_outputs
+    if spec is None or not isinstance(error, InvalidRequestError) or not CONSTRAINT_WORDS.search(error.message):
+        return None
+    return spec.kind_field
 
 
 def remote_failure(error: BaseException) -> tuple[int, str, str] | None:
@@ -150,10 +169,11 @@ class ProxyBackend:
             usage = work.result()
         except Exception as error:  # noqa: BLE001 - every failure is answered
             mapped = remote_failure(error)
+            param = rejected_param(job.params, error)
             if mapped is None and isinstance(error, ValueError):
-                mapped = (400, None, str(error))
+                mapped, param = (400, None, str(error)), _param(str(error))
             status, code, message = mapped or (500, None, f"{type(error).__name__}: {error}")
-            event = DoneEvent(message, status=status, code=code)
+            event = DoneEvent(message, status=status, code=code, param=param)
         else:
             event = DoneEvent(usage=usage)
         self.stats.count(event)
@@ -184,27 +204,30 @@ class ProxyBackend:
 
         return ProxyGenerator(self, chat=chat)
 
-    def failure(self, error: BaseException) -> APIError | None:
+    def failure(self, error: BaseException, params: SamplingParams | None = None) -> APIError | None:
         mapped = remote_failure(error)
         if mapped is None:
             return None
         status, code, message = mapped
-        return APIError(message, None, status=status, type="server_error" if status >= 500 else "invalid_request_error",
-                        code=code)
+        param = rejected_param(params, error) if params is not None else None
+        return APIError(message, param, status=status,
+                        type="server_error" if status >= 500 else "invalid_request_error", code=code)
 
     # --- the other endpoints -------------------------------------------------------------------------
     async def health(self) -> tuple[int, dict]:
-        """200 while some backend can take requests, else 503; each backend "up", or "down" with
-        why. Each is health-checked now (GET /v1/models within HEALTH_TIMEOUT) and the fleet acts
-        on the result as on its own checks (back in service when it answers, out when it does
-        not), so what /health says is what the next request meets."""
+        """200 while some backend can take requests, else 503; each backend "up", or "down" or
+        "suspect" (stalled: no new request, `pool.py`) with why. Each is health-checked now (GET
+        /v1/models within HEALTH_TIMEOUT) and the fleet acts on the result as on its own checks
+        (back in service when it answers, out when it does not), so what /health says is what the
+        next request meets."""
         pool = self.remote.pool
 
         async def check_all() -> list[str | None]:
             return list(await asyncio.gather(*(pool.check(e) for e in self.remote.endpoints)))
 
         await self.remote.loop.call(check_all())
-        backends = {e.url: ("up" if e.down_until is None else f"down: {e.last_failure}") for e in self.remote.endpoints}
+        backends = {e.url: (f"down: {e.last_failure}" if e.down_until is not None else
+                            f"suspect: {e.suspect}" if e.suspect is not None else "up") for e in self.remote.endpoints}
         up = any(e.down_until is None for e in self.remote.endpoints)
         return (200 if up else 503), {"status": "ok" if up else "no backend answers", "backends": backends}
 

@@ -49,14 +49,16 @@ class TokenEvent:
 class DoneEvent:
     """Every row of the request has ended (`error` set: it failed, e.g. a processor emptied a row;
     `timed_out`: it ran past its deadline and was stopped). Proxy mode: `status` and `code` of the
-    answer to a failure (a backend down: 503, failing: 502, refusing the request: 400), and
-    `usage` (prompt tokens, completion tokens, cached prompt tokens) as the backends reported it
-    (None when they report none)."""
+    answer to a failure (a backend down: 503, failing: 502, refusing the request: 400) and `param`,
+    the request field a refusal is about (None: not one field), and `usage` (prompt tokens,
+    completion tokens, cached prompt tokens) as the backends reported it (None when they report
+    none)."""
 
     error: str | None = None
     timed_out: bool = False
     status: int | None = None
     code: str | None = None
+    param: str | None = None
     usage: tuple[int, int, int] | None = None
 
     @property
