@@ -264,6 +264,11 @@ def test_generate_and_eval_on_a_real_llama_cpp_server(capsys, tmp_path, llama_se
     payload = json.loads(out)
     assert isinstance(payload["text"], str) and payload["finish_reason"] in ("stop", "length")
     assert payload["cost"]["model_calls"] == 1 and payload["timing"]["prompt_tokens"] > 0
+    code, out, err = _run(capsys, "generate", "--backend", llama_server, "What is 2+2?", "--temperature", "0",
+                          "--json", "--max-tokens", "8", "--no-chat")
+    assert code == 0, err
+    # the default went through the server's chat template (its role markers), --no-chat sent the text alone
+    assert json.loads(out)["timing"]["prompt_tokens"] + 10 < payload["timing"]["prompt_tokens"]
     argv = [*EVAL, "--backend", llama_server, "--tokenizer", str(embedded_model_path()), "--concurrency", "2",
             "--out", str(tmp_path), "--json"]
     code, out, err = _run(capsys, *argv)
