@@ -230,6 +230,8 @@ def test_a_dead_backend_is_failed_over_then_named(llama_fleet):
     (["--backend", "http://127.0.0.1:9/v1"], "no endpoint of the fleet answered its probe: http://127.0.0.1:9/v1"),
     (["--backend", "http://127.0.0.1:9/v1", "--dtype", "fp32"], "--dtype configure the local model"),
     (["--tokenizer", "tokenizer.json"], "--tokenizer configure proxy mode: add --backend URL"),
+    (["--engine", "vllm"], "--engine configure proxy mode: add --backend URL"),
+    (["--backend", "http://127.0.0.1:9/v1", "--engine", "tgi"], "argument --engine: invalid choice: 'tgi'"),
 ])
 def test_proxy_options_are_checked_at_start(options, message):
     finished = subprocess.run([sys.executable, "-m", "metagen.cli", "serve", "--port", "0", *options],
