@@ -176,13 +176,13 @@ def format_compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float
     from metagen.eval.points import mixed_prompts_note
 
     table = per_budget(points, budget_ladder(points) if budgets is None else budgets)
+    on = frontier(points).points
     mixed = mixed_prompts_note(points)
 
     def named(point: CurvePoint) -> str:
         if not mixed or point.chat is None:
             return describe(point)
         return f"{describe(point)} ({'chat' if point.chat else 'raw'})"
-    on = frontier(points).points
 
     def shown(point: CurvePoint | None) -> str:
         if point is None:

@@ -622,9 +622,9 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
     """Accuracy and mean cost per (strategy, n) of one model's units, plus the oracle coverage
     pass@k of its pools; every point named by the model's label and marked with how its FLOPs
     were estimated (`flops_estimate`, None: exact or unknown) and whether its text prompts went
-    through a chat template (`chat`, `CurvePoint.chat`; None: not recorded). `keeps_prompt`: the generator
-    reuses a repeated prompt (`Generator.keeps_prompt`), so a strategy sampling in rounds pays
-    for the prompt in its first round only."""
+    through a chat template (`chat`, `CurvePoint.chat`; None: not recorded). `keeps_prompt`: the
+    generator reuses a repeated prompt (`Generator.keeps_prompt`), so a strategy sampling in
+    rounds pays for the prompt in its first round only."""
     report = EvalReport()
     model = results.label
     pools = {problem.id: results.pool(problem) for problem in problems} if config.pool_size else {}
