@@ -233,3 +233,23 @@ def test_rows_read_back_name_what_is_missing_or_unknown():
         CurvePoint.from_dict({k: v for k, v in row.items() if k != "accuracy"})
     with pytest.raises(ValueError, match="field 'cost' is .*'joules'.*expected an object of fields among"):
         CurvePoint.from_dict({**row, "cost": {"joules": 1.0}})
+
+
+def test_points_of_models_given_prompts_differently_are_flagged_and_read_back():
+    """A model whose prompts went through a chat template beside one given raw text: the frontier
+    text marks each point it names and says why; one format (or none recorded) is not flagged."""
+    from dataclasses import replace
+
+    from metagen.eval.points import mixed_prompts_note
+
+    templated, raw = replace(A, model="instruct", chat=True), replace(C, model="base", chat=False)
+    note = ("! prompts differ: instruct through a chat template, base as raw text; accuracies compare prompt "
+            "formats as well as models (--chat or --no-chat gives every model one format)")
+    assert mixed_prompts_note([templated, raw]) == note
+    text = format_compute_optimal([templated, raw, replace(F, chat=None)])
+    lines = text.splitlines()
+    assert lines[0] == "compute-optimal frontier: instruct greedy n=1 (chat), base self_consistency n=4 (raw)"
+    assert lines[-2:] == ["not placed (FLOPs unknown): remote greedy n=1", note]  # not recorded: no marker
+    for same in ([templated, replace(templated, model="other")], [raw, replace(A, model="x")], [A, C]):
+        assert mixed_prompts_note(same) is None and "prompts differ" not in format_compute_optimal(same)
+    assert CurvePoint.from_dict(raw.to_dict()).chat is False and "chat" not in A.to_dict()

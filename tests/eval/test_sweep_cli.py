@@ -41,11 +41,36 @@ def test_local_and_remote_models_in_one_sweep_with_and_without_parameters(tmp_pa
     assert {(row["model"], row["strategy"]) for row in data["unplaced"]} == {
         ("served-y", "greedy"), ("served-y", "self_consistency")}
     summary = (tmp_path / "out" / "summary.txt").read_text()
-    assert "not placed (FLOPs unknown): served-y greedy n=1, served-y self_consistency n=1" in summary
+    assert "not placed (FLOPs unknown): served-y greedy n=1 (chat), served-y self_consistency n=1 (chat)" in summary
     assert "~ served-x: FLOPs estimated as 2·N·tokens" in summary
-    assert summary.startswith("model     strategy")
+    assert summary.startswith("model     prompts  strategy")  # the toy models get raw text, the servers chat
     setups = [line for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines() if '"setup"' in line[:20]]
     assert sorted(json.loads(line)["model"] for line in setups) == ["a", "b", "served-x", "served-y"]
+
+
+def test_a_table_mixing_templated_and_raw_prompts_flags_it(tmp_path, capsys, loads):
+    """The toy local model has no chat template (raw text); the server applies its own (chat
+    endpoint, by default): the printed table and frontier say the two got different prompts,
+    and --no-chat gives both raw text, unflagged."""
+    local = _weights(tmp_path / "a.gguf", 1)
+    printed = [flag for flag in BASE if flag != "--json"]
+    with FakeServer("vllm", model="served-x") as server:
+        assert main([*printed, "--model", local, "--backend", server.url, "--parameters", "1B"]) == 0
+        table = capsys.readouterr().out
+        chat_paths = {path for path, body, _ in server.requests if body and body.get("max_tokens") != 1}
+        server.requests.clear()
+        assert main([*printed, "--model", local, "--backend", server.url, "--parameters", "1B", "--no-chat"]) == 0
+        raw_table = capsys.readouterr().out
+        raw_paths = {path for path, body, _ in server.requests if body and body.get("max_tokens") != 1}
+    assert chat_paths == {"/v1/chat/completions"} and raw_paths == {"/v1/completions"}
+    note = ("! prompts differ: served-x through a chat template, a as raw text; accuracies compare prompt formats "
+            "as well as models (--chat or --no-chat gives every model one format)")
+    lines = table.splitlines()
+    assert lines[0].startswith("model     prompts  strategy") and lines.count(note) == 2  # the table, the frontier
+    assert [line.split()[1] for line in lines[2:] if line.split()[:1] in (["a"], ["served-x"])] == \
+        ["raw"] * 5 + ["chat"] * 5  # greedy, self_consistency 1 and 2, pass@1 and 2 per model
+    assert "compute-optimal frontier: a greedy n=1 (raw)" in lines
+    assert "prompts" not in raw_table and "!" not in raw_table and "(raw)" not in raw_table
 
 
 def test_models_of_the_same_file_name_are_told_apart_by_their_directory(tmp_path, capsys, loads):
@@ -71,6 +96,10 @@ def test_models_of_the_same_file_name_are_told_apart_by_their_directory(tmp_path
     (["--backend", "h:1/v1"], "--backend URL 'h:1/v1' must start with http:// or https://"),
     (["--model", "missing.gguf"], "--model missing.gguf: no such file or directory"),
     (["--concurrency", "2"], "--concurrency 2 needs --backend"),
+    (["--backend", "http://h:1/v1", "--backend", "http://h:2/v1", "--engine", "vllm"],
+     "--engine is given 1 time(s) for 2 --backend"),
+    (["--engine", "vllm"], "--engine configure a remote server: add --backend URL"),
+    (["--backend", "http://h:1/v1", "--engine", "tgi"], "argument --engine: invalid choice: 'tgi'"),
 ])
 def test_parsing_errors_name_the_flag(capsys, loads, argv, named):
     try:

@@ -12,6 +12,8 @@ sources):
 - "openai": `owned_by="system"`; otherwise answered as vLLM without its extras: OpenAI's API
   honours n, returns logprobs keyed by token text and never token ids, and its usage carries
   `prompt_tokens_details.cached_tokens` (0 here).
+`owned_by` replaces the engine's owner in /v1/models: a server metagen does not recognise there
+(Ollama lists its models as owned by "library") answering in the engine's shape.
 A request carrying a constraint field (vLLM `structured_outputs`, `response_format`, SGLang
 `json_schema` / `regex` / `ebnf`, llama.cpp `grammar`) is answered with `constrained_text` when
 that is set, ending with finish_reason "stop" as an engine does where its grammar accepts (or
@@ -52,8 +54,9 @@ CONSTRAINT_FIELDS = ("structured_outputs", "response_format", "json_schema", "re
 
 class FakeServer:
     def __init__(self, engine: str = "vllm", model: str = "fake-model", logprobs: bool = True,
-                 cached_tokens: int = 0) -> None:
+                 cached_tokens: int = 0, owned_by: str | None = None) -> None:
         self.engine, self.model, self.logprobs, self.cached_tokens = engine, model, logprobs, cached_tokens
+        self.owned_by = owned_by
         self.requests: list[tuple[str, dict, dict]] = []  # (path, body, headers)
         self.faults: list[tuple[int, bytes, dict, float]] = []
         self.choices_override: int | None = None
@@ -103,7 +106,8 @@ class FakeServer:
     # answers -------------------------------------------------------------------------------
 
     def models(self) -> dict:
-        owner = {"vllm": "vllm", "sglang": "sglang", "llama.cpp": "me", "openai": "system"}[self.engine]
+        owners = {"vllm": "vllm", "sglang": "sglang", "llama.cpp": "me", "openai": "system"}
+        owner = self.owned_by or owners[self.engine]
         entry = {"id": self.model, "object": "model", "owned_by": owner}
         if self.engine == "vllm":
             entry["max_model_len"] = 2048

@@ -26,17 +26,19 @@ CHOICES = ["a|b", 'say "hi"', "1.5\\n"]
 
 
 def sent(engine: str, prompt, constraint: dict, **params) -> dict:
-    """The generation request body `engine`'s fake server received for `constraint`."""
+    """The generation request body `engine`'s fake server received for `constraint` (a text
+    prompt on /v1/completions, messages on /v1/chat/completions)."""
     with FakeServer(engine) as server:
-        generator = OpenAIGenerator(server.url, max_retries=0)
+        generator = OpenAIGenerator(server.url, max_retries=0, chat=False)
         generator.generate(prompt, SamplingParams(max_tokens=4, structured_outputs=constraint, **params))
         return server.posts()[-1]
 
 
 def refused(engine: str, prompt, constraint: dict) -> str:
-    """The error `engine`'s generator raises for `constraint`; no generation request is sent."""
+    """The error `engine`'s generator raises for `constraint` (a text prompt on /v1/completions);
+    no generation request is sent."""
     with FakeServer(engine) as server:
-        generator = OpenAIGenerator(server.url, max_retries=0)
+        generator = OpenAIGenerator(server.url, max_retries=0, chat=False)
         generator.profile  # probe first: the requests counted below are generation requests
         probes = len(server.posts())
         with pytest.raises(ValueError) as error:
@@ -114,7 +116,7 @@ def test_response_format_spelling_reaches_the_engine_and_errors_name_it():
         assert server.posts()[-1]["structured_outputs"]["json"] == SCHEMA
     with FakeServer("openai") as server:
         with pytest.raises(ValueError, match="response_format.json_schema.schema needs openai's /v1/chat"):
-            OpenAIGenerator(server.url, max_retries=0).generate("Where?", SamplingParams(
+            OpenAIGenerator(server.url, max_retries=0, chat=False).generate("Where?", SamplingParams(
                 response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}))
 
 

@@ -17,8 +17,35 @@ from .fake_server import FakeServer
 
 
 def make(server: FakeServer, **kwargs) -> OpenAIGenerator:
+    """A generator sending text prompts raw to /v1/completions (chat=False) unless told otherwise."""
     kwargs.setdefault("max_retries", 2)
+    kwargs.setdefault("chat", False)
     return OpenAIGenerator(server.url, **kwargs)
+
+
+class Tokenizer:
+    """A stand-in for the served model's metagen Tokenizer, with or without a chat template."""
+
+    def __init__(self, chat_template: str | None) -> None:
+        self.chat_template = chat_template
+
+    def encode(self, text, add_special_tokens=True):
+        return [len(word) for word in text.split()]
+
+
+@pytest.mark.parametrize(("options", "endpoint"), [
+    ({}, "/v1/chat/completions"),  # the server applies the model's chat template
+    ({"tokenizer": Tokenizer("{{ messages }}")}, "/v1/chat/completions"),
+    ({"tokenizer": Tokenizer(None)}, "/v1/completions"),  # a base model: no template to apply
+    ({"chat": False}, "/v1/completions"),
+    ({"chat": True, "tokenizer": Tokenizer(None)}, "/v1/chat/completions"),
+])
+def test_a_text_prompt_goes_to_the_chat_endpoint_by_default(options, endpoint):
+    with FakeServer("vllm") as server, OpenAIGenerator(server.url, max_retries=0, **options) as gen:
+        gen.generate("Hi", SamplingParams(max_tokens=2))
+        path, body, _ = server.requests[-1]
+    assert gen.chat is (endpoint == "/v1/chat/completions") and path == endpoint
+    assert body.get("messages", body.get("prompt")) == ([{"role": "user", "content": "Hi"}] if gen.chat else "Hi")
 
 
 def test_vllm_fields_are_sent_under_their_names_and_ids_parsed_from_token_id_strings():
@@ -190,7 +217,7 @@ def test_llama_cpp_continues_an_assistant_message_rendered_with_the_tokenizer():
         make(server, tokenizer=Templated(), chat=True).generate(messages, SamplingParams(max_tokens=2))
         path, body, _ = server.requests[-1]
         assert path == "/v1/completions" and body["prompt"] == "<user>Hi<assistant>Sure,"
-        with pytest.raises(ValueError, match="pass tokenizer= with the model's chat template"):
+        with pytest.raises(ValueError, match=r"pass tokenizer= \(--tokenizer PATH\) with the model's chat template"):
             make(server).generate(messages, SamplingParams(max_tokens=2))
 
 

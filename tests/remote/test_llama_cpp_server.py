@@ -18,8 +18,20 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def gen(llama_server):
-    with OpenAIGenerator(llama_server, max_retries=1) as generator:
+    """Text prompts continued as they are, on /v1/completions."""
+    with OpenAIGenerator(llama_server, chat=False, max_retries=1) as generator:
         yield generator
+
+
+def test_a_text_prompt_gets_the_servers_chat_template_by_default(llama_server, gen):
+    """The default sends text to /v1/chat/completions, where the server wraps it in the model's
+    template (SmolLM2's system and role markers: many more prompt tokens than the raw text)."""
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    with OpenAIGenerator(llama_server, max_retries=1) as default:
+        assert default.chat is True
+        templated = default.generate(PROMPT, params)
+    raw = gen.generate(PROMPT, params)
+    assert templated.cost.prompt_tokens_computed > raw.cost.prompt_tokens_computed + 10
 
 
 def test_probe_finds_what_llama_cpp_honours(gen):

@@ -15,7 +15,7 @@ from metagen.sampling import SamplingParams
 from .conftest import free_port
 from .fake_server import FakeServer
 
-PROMPT = "The capital of France is"
+PROMPT = "The capital of France is"  # raw text on /v1/completions (chat=False), as proxy mode relays it
 
 
 def _stream(generator, prompt, params):
@@ -35,7 +35,7 @@ def _stream(generator, prompt, params):
 @pytest.mark.parametrize("engine", ["vllm", "llama.cpp"])
 def test_pieces_join_to_the_generated_text(engine):
     params = SamplingParams(n=3, seed=4, max_tokens=4)
-    with FakeServer(engine) as fake, OpenAIGenerator(fake.url, max_retries=0) as generator:
+    with FakeServer(engine) as fake, OpenAIGenerator(fake.url, chat=False, max_retries=0) as generator:
         whole = generator.generate(PROMPT, params)
         texts, finishes, streamed = _stream(generator, PROMPT, params)
         sent = fake.posts()[-1]
@@ -54,7 +54,7 @@ def test_pieces_join_to_the_generated_text(engine):
 def test_a_fleet_stream_fails_over_from_a_dead_endpoint():
     dead = f"http://127.0.0.1:{free_port()}/v1"
     with FakeServer("vllm") as fake:
-        with FleetGenerator([dead, fake.url], max_retries=0, health_interval=None) as fleet:
+        with FleetGenerator([dead, fake.url], chat=False, max_retries=0, health_interval=None) as fleet:
             for _ in range(3):  # the dead one is chosen first (fewest answered) until taken out
                 texts, _, _ = _stream(fleet, PROMPT, SamplingParams(max_tokens=4, seed=1))
                 assert texts == [fleet.generate(PROMPT, SamplingParams(max_tokens=4, seed=1)).text]
@@ -63,12 +63,13 @@ def test_a_fleet_stream_fails_over_from_a_dead_endpoint():
 
 
 def test_a_refused_stream_raises_the_server_message():
-    with FakeServer("vllm") as fake, OpenAIGenerator(fake.url, max_retries=0) as generator:
+    with FakeServer("vllm") as fake, OpenAIGenerator(fake.url, chat=False, max_retries=0) as generator:
         generator.profile  # probed before the fault is scripted
         fake.fail(400, b'{"error": {"message": "max_tokens is too large"}}')
         with pytest.raises(InvalidRequestError, match="max_tokens is too large"):
             _stream(generator, PROMPT, SamplingParams(max_tokens=4))
-    with FakeServer("vllm") as fake, OpenAIGenerator(fake.url, engine="openai", max_retries=0) as openai_like:
+    with FakeServer("vllm") as fake, \
+            OpenAIGenerator(fake.url, engine="openai", chat=False, max_retries=0) as openai_like:
         with pytest.raises(ValueError, match="ignore_eos"):  # refused before sending, as generate refuses it
             _stream(openai_like, PROMPT, SamplingParams(max_tokens=4, ignore_eos=True))
         assert not any(body.get("stream") for body in fake.posts())  # only the probe was sent
@@ -76,7 +77,7 @@ def test_a_refused_stream_raises_the_server_message():
 
 def test_text_only_requests_ask_for_no_logprobs_unless_the_params_do():
     """Proxy mode's plain requests (`text_only`): logprobs cost llama-cpp-python's server ~5x."""
-    with FakeServer("vllm") as fake, OpenAIGenerator(fake.url, max_retries=0) as generator:
+    with FakeServer("vllm") as fake, OpenAIGenerator(fake.url, chat=False, max_retries=0) as generator:
         plain = generator.loop.run(generator._generate(PROMPT, SamplingParams(max_tokens=4), None, text_only=True))
         sent = fake.posts()[-1]
         assert not {"logprobs", "top_logprobs", "return_tokens_as_token_ids"} & set(sent)
@@ -137,7 +138,7 @@ def test_an_incomplete_or_malformed_stream_is_an_error_not_a_shorter_answer(edit
     every index is one the request asked for, or the stream is a ServerError naming what was sent."""
     from metagen.remote import ServerError
 
-    with FakeServer("vllm") as fake, OpenAIGenerator(fake.url, max_retries=0) as generator:
+    with FakeServer("vllm") as fake, OpenAIGenerator(fake.url, chat=False, max_retries=0) as generator:
         generator.profile
         fake.stream_edit = edit
         with pytest.raises(ServerError, match=message) as raised:
@@ -148,7 +149,8 @@ def test_an_incomplete_or_malformed_stream_is_an_error_not_a_shorter_answer(edit
 def test_negative_usage_in_a_stream_is_a_server_error():
     from metagen.remote import ServerError
 
-    with FakeServer("vllm") as fake, OpenAIGenerator(fake.url, max_retries=0, parameter_count=1e6) as generator:
+    with FakeServer("vllm") as fake, \
+            OpenAIGenerator(fake.url, chat=False, max_retries=0, parameter_count=1e6) as generator:
         generator.profile
         fake.usage_edit = lambda usage: {**usage, "completion_tokens": -12}
         with pytest.raises(ServerError, match=r"usage.completion_tokens=-12 .*a non-negative integer"):

@@ -233,6 +233,8 @@ def test_a_dead_backend_is_failed_over_then_named(llama_fleet):
     (["--backend-stall-seconds", "2"], "--backend-stall-seconds configure proxy mode: add --backend URL"),
     (["--backend", "http://127.0.0.1:9/v1", "--backend-stall-seconds", "0"],
      "--backend-stall-seconds 0.0 must be > 0 seconds"),
+    (["--engine", "vllm"], "--engine configure proxy mode: add --backend URL"),
+    (["--backend", "http://127.0.0.1:9/v1", "--engine", "tgi"], "argument --engine: invalid choice: 'tgi'"),
 ])
 def test_proxy_options_are_checked_at_start(options, message):
     finished = subprocess.run([sys.executable, "-m", "metagen.cli", "serve", "--port", "0", *options],

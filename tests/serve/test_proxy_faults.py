@@ -112,3 +112,38 @@ def test_max_rows_and_slots_bound_a_strategys_fan_out():
             single.delay, single.peak = 0.1, 0
             status, body = _complete(proxy, n=4)
             assert status == 200 and len(body["choices"]) == 4 and single.peak == 1
+
+
+def test_engine_names_the_engine_of_a_backend_its_models_do_not_identify():
+    """A gateway in front of vLLM: its /v1/models names no engine. Unnamed, the proxy serves it as
+    the generic OpenAI shape, which has no top_k (400 naming it, nothing sent); --engine vllm
+    sends vLLM's fields. A completion request's text is relayed raw, chat messages as chat."""
+    with FakeServer("vllm", owned_by="gateway") as fake:
+        with serve_process("--backend", fake.url) as proxy:
+            assert json.loads(proxy.get("/v1/models"))["data"][0]["backend_engine"] == "openai"
+            sent = len(fake.posts())
+            status, body = _complete(proxy, top_k=5)
+            assert status == 400 and "top_k=5 is not supported by openai's" in body["error"]["message"]
+            assert len(fake.posts()) == sent
+        with serve_process("--backend", fake.url, "--engine", "vllm") as proxy:
+            assert json.loads(proxy.get("/v1/models"))["data"][0]["backend_engine"] == "vllm"
+            status, body = _complete(proxy, top_k=5)
+            path, request, _ = fake.requests[-1]
+            assert status == 200 and path == "/v1/completions"
+            assert request["prompt"] == "Hi" and request["top_k"] == 5
+            status, body = _post(proxy.url + "/v1/chat/completions", {
+                "model": "fake-model", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+            path, request, _ = fake.requests[-1]
+            assert status == 200 and path == "/v1/chat/completions"
+            assert request["messages"] == [{"role": "user", "content": "Hi"}]
+
+
+def test_a_completion_request_is_relayed_raw_even_with_a_tokenizer_that_has_a_chat_template():
+    from metagen.models import embedded_model_path
+
+    with FakeServer("sglang") as fake, serve_process("--backend", fake.url, "--tokenizer",
+                                                     str(embedded_model_path())) as proxy:
+        status, body = _complete(proxy)
+        path, request, _ = fake.requests[-1]
+    assert status == 200 and body["choices"]
+    assert path == "/v1/completions" and request["prompt"] == "Hi"

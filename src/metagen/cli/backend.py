@@ -1,6 +1,12 @@
 """The options of commands that can run on a remote OpenAI-compatible server instead of the
-local model: --backend URL[,URL...], --served-model, --api-key-env, --parameters, --tokenizer
-(and --concurrency for `metagen eval`).
+local model: --backend URL[,URL...], --served-model, --engine, --api-key-env, --parameters,
+--tokenizer (and --concurrency for `metagen eval`). --engine is declared once here
+(`add_engine_option`, its choices the engine table's names) and read by `metagen serve`'s proxy
+mode too.
+
+Text prompts on a --backend go to the server's /v1/chat/completions by default (the server
+applies the model's chat template; `OpenAIGenerator`'s chat=None), unless --tokenizer names a
+tokenizer without a chat template; --no-chat sends them raw to /v1/completions.
 
 With --backend, the options that only configure the local model (--model, --dtype, --kv-dtype, --threads,
 --speculative, --beam-width) are refused with the reason; without it, the remote-only options
@@ -13,14 +19,15 @@ from __future__ import annotations
 import argparse
 
 LOCAL_ONLY = ("model", "dtype", "kv-dtype", "threads", "speculative", "beam-width")
-REMOTE_ONLY = ("served-model", "api-key-env", "parameters", "tokenizer")
+REMOTE_ONLY = ("served-model", "engine", "api-key-env", "parameters", "tokenizer")
 
 
 def add_backend_options(parser: argparse.ArgumentParser, concurrency: bool = False, repeat: bool = False) -> None:
     """--backend and the options that configure it; `concurrency`: also --concurrency K;
     `repeat`: each --backend is one model of a sweep (`metagen eval`), and --served-model,
-    --parameters and --tokenizer are given once per --backend, in the same order (lists)."""
-    group = parser.add_argument_group("remote backend (an OpenAI-compatible server: vLLM, SGLang, llama.cpp)")
+    --engine, --parameters and --tokenizer are given once per --backend, in the same order (lists)."""
+    group = parser.add_argument_group("remote backend (an OpenAI-compatible server: vLLM, SGLang, llama.cpp, "
+                                      "or any other)")
     several = {"action": "append"} if repeat else {}
     per = " (once per --backend, in order)" if repeat else ""
     group.add_argument("--backend", default=None, metavar="URL[,URL...]", **several,
@@ -30,6 +37,7 @@ def add_backend_options(parser: argparse.ArgumentParser, concurrency: bool = Fal
     group.add_argument("--served-model", default=None, metavar="NAME", **several,
                        help="the model id on the server (default: the only one it serves" +
                             ("; 'auto' says so for one --backend among several)" if repeat else ")"))
+    add_engine_option(group, repeat)
     group.add_argument("--api-key-env", default=None, metavar="VAR",
                        help="environment variable holding the API key (default OPENAI_API_KEY)")
     group.add_argument("--parameters", type=parse_parameters, default=None, metavar="N", **several,
@@ -45,6 +53,20 @@ def add_backend_options(parser: argparse.ArgumentParser, concurrency: bool = Fal
                            help="problems evaluated at once (default 1; > 1 needs --backend" +
                                 (", and applies to the --backend models: local ones run one problem at a time)"
                                  if repeat else ")"))
+
+
+def add_engine_option(group, repeat: bool = False) -> None:
+    """--engine NAME: the serving engine of a --backend, for servers /v1/models does not identify;
+    choices: the engine table's names and "auto". `repeat`: once per --backend (a list)."""
+    from metagen.remote.engines import ENGINES, GENERIC
+
+    group.add_argument("--engine", default=None, choices=["auto", *ENGINES], metavar="NAME",
+                       **({"action": "append"} if repeat else {}),
+                       help=f"the server's engine, one of {', '.join(ENGINES)} (what metagen sends it and what it "
+                            f"refuses: docs/engines); default auto: from its /v1/models owned_by, and a server not "
+                            f"recognised there (Ollama, LM Studio, TGI, a gateway) runs as the generic "
+                            f"{GENERIC!r} shape, with a warning naming what that shape cannot do" +
+                            (" (once per --backend, in order; 'auto' for one among several)" if repeat else ""))
 
 
 def check_backend_options(args: argparse.Namespace) -> None:
@@ -120,16 +142,20 @@ def load_tokenizer(path: str):
 
 
 def make_generator(args: argparse.Namespace, chat: bool | None = None):
-    """The remote generator of --backend and its options (one server, or a fleet over several)."""
-    return connect_backend(args.backend, args.served_model, args.parameters, args.tokenizer, args.api_key_env, chat)
+    """The remote generator of --backend and its options (one server, or a fleet over several);
+    chat: --chat / --no-chat (None: the generator's default, the server's chat endpoint unless
+    --tokenizer has no template)."""
+    return connect_backend(args.backend, args.served_model, args.parameters, args.tokenizer, args.api_key_env, chat,
+                           args.engine)
 
 
 def connect_backend(urls: str, served_model: str | None, parameters: float | None, tokenizer: str | None,
-                    api_key_env: str | None, chat: bool | None = None):
-    """The remote generator of one --backend value (one server, or a fleet over several URLs)."""
+                    api_key_env: str | None, chat: bool | None = None, engine: str | None = None):
+    """The remote generator of one --backend value (one server, or a fleet over several URLs);
+    chat and engine None: `OpenAIGenerator`'s defaults (see the module docstring)."""
     from metagen.remote import connect
 
-    options = {"model": served_model, "chat": chat, "parameter_count": parameters,
+    options = {"model": served_model, "chat": chat, "parameter_count": parameters, "engine": engine or "auto",
                "tokenizer": load_tokenizer(tokenizer) if tokenizer is not None else None}
     if api_key_env is not None:
         options["api_key_env"] = api_key_env

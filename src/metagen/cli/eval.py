@@ -8,7 +8,9 @@ Everything that can be checked without the model (problems, options, --out) is c
 is loaded. --model and --backend may each be repeated, and mixed: every model runs in turn into
 the same --out and one report, frontier and plot span them all (see `cli/sweep.py`). A --backend
 model runs on OpenAI-compatible server(s), --concurrency K problems at a time (see
-`cli/backend.py`); local models one at a time.
+`cli/backend.py`); local models one at a time. --chat / --no-chat is one setting for the whole
+sweep; left out, each model takes text prompts its own way (`cli/backend.py`), and a table that
+mixes templated and raw models says so.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def add_parser(commands) -> None:
                             help="code problems: ask completion-style (the model continues the function) or "
                                  "chat-style (a request with the code; the reply holds the whole function); auto: "
                                  "chat when the model (or --backend's chat setting) applies a chat template")
+    evaluation.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                            help="wrap text prompts in each model's chat template, for every model of the sweep "
+                                 "alike (one prompt format, so the models compare); default: each model's own way — "
+                                 "a local model's template when it has one, a --backend's /v1/chat/completions (the "
+                                 "server's template) unless its --tokenizer has none; --no-chat: raw text for all "
+                                 "(--backend: /v1/completions). Tables mixing templated and raw models flag it")
     evaluation.add_argument("--code-timeout", type=float, default=None, metavar="SECONDS",
                             help="code problems: sandbox time limit per graded reply (default 10)")
     evaluation.add_argument("--strategy", required=True, help="comma-separated strategy names")
@@ -125,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     plots = args.out is not None and _can_plot()
     if args.out is not None:
         check_writable_directory(args.out, "--out")
-    runs, remotes = sweep.model_runs(args, _code_chat(args, remote=False), _code_chat(args, remote=True))
+    runs, remotes = sweep.model_runs(args, _chat(args, remote=False), _chat(args, remote=True))
     started = [time.perf_counter()]
     try:
         report = evaluate_models(runs, problems, config, args.out, concurrency=args.concurrency,
@@ -176,10 +184,16 @@ def _problems(args: argparse.Namespace) -> list:
     return problems
 
 
-def _code_chat(args: argparse.Namespace, remote: bool) -> bool | None:
-    """The generator's chat setting for --code-prompt: completion sends text as it is (False); chat
-    sends it to a server's /v1/chat/completions (True; a local model applies its template
-    anyway); auto (and no code problems) leaves the default (None)."""
+def _chat(args: argparse.Namespace, remote: bool) -> bool | None:
+    """The generators' chat setting: --chat / --no-chat when given (every model alike), else what
+    --code-prompt needs: completion sends text as it is (False); chat sends it to a server's
+    /v1/chat/completions (True; a local model applies its template anyway); auto (and no code
+    problems) leaves the default (None: the model's template, a server's chat endpoint)."""
+    if args.chat is not None:
+        if args.chat and args.code_prompt == "completion":
+            raise ValueError("--code-prompt completion sends a code problem as it is, which --chat would wrap in the "
+                             "chat template: drop --chat, or use --code-prompt chat or auto")
+        return args.chat
     if args.code_prompt == "completion":
         return False
     if args.code_prompt == "chat" and remote:

@@ -29,7 +29,10 @@ from metagen.strategies.spec import StrategyOptions
 def add_parser(commands) -> None:
     gen = commands.add_parser("generate", help="generate text from a prompt")
     gen.add_argument("prompt", help="the prompt (wrapped in the chat template unless --no-chat)")
-    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None, help="use the chat template")
+    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                     help="wrap a text prompt in the chat template (default: a local model's when it has one; with "
+                          "--backend, the server's, on /v1/chat/completions, unless --tokenizer has no template); "
+                          "--no-chat: the prompt as it is (with --backend, on /v1/completions)")
     gen.add_argument("--system", default=None, help="system message (chat only)")
     add_sampling_options(gen)
     gen.add_argument("--beam-width", type=int, default=None, help="beam search with this many beams")

@@ -5,14 +5,16 @@ or over remote OpenAI-compatible servers (proxy mode).
                   [--served-model-name NAME]
                   [--api-key-env VAR] [--max-rows 16] [--max-queue 64] [--max-n 128] [--request-timeout SECONDS]
                   [--cache-memory 256MiB | --no-prefix-cache] [--prefill-chunk 256] [--lenient]
-    metagen serve --backend URL [URL ...] [--backend-api-key-env VAR] [--backend-concurrency K]
-                  [--backend-stall-seconds 5] [--tokenizer PATH]
-                  [--host] [--port] [--served-model-name] [--api-key-env] [--max-rows] [--max-n] [--request-timeout]
-                  [--lenient]
+    metagen serve --backend URL [URL ...] [--engine NAME] [--backend-api-key-env VAR] [--backend-concurrency K]
+                  [--backend-stall-seconds 5] [--tokenizer PATH] [--host] [--port] [--served-model-name]
+                  [--api-key-env] [--max-rows] [--max-n] [--request-timeout] [--lenient]
 
 Proxy mode (--backend) runs no model: requests and strategies go to the servers at the URLs (vLLM,
 SGLang, llama.cpp's server, another metagen serve; one fleet when several) through the remote
 generator (metagen.serve.proxy); the options of the local model and engine are refused with it.
+--engine names the backends' engine (declared with the other remote options, `cli/backend.py`):
+by default it is read from their /v1/models, and a server not recognised there is served as the
+generic OpenAI shape, with a warning.
 
 Binds to 127.0.0.1 unless told otherwise. FastAPI and uvicorn come with the `serve` extra
 (the `serve` extra: `pip install -e '.[serve]'` in a checkout); they are imported only when the command runs.
@@ -25,6 +27,7 @@ import os
 import sys
 
 from metagen.cli import common
+from metagen.cli.backend import add_engine_option
 
 GRACEFUL_SHUTDOWN_SECONDS = 5  # on SIGTERM / Ctrl-C, open streams get this long before they are cut
 
@@ -63,6 +66,7 @@ def add_parser(commands) -> None:
     proxy.add_argument("--backend", nargs="+", default=None, metavar="URL",
                        help="API root(s) of the servers to forward to, e.g. http://127.0.0.1:8001/v1 (several: one "
                             "fleet, balanced, with failover)")
+    add_engine_option(proxy)
     proxy.add_argument("--backend-api-key-env", default=None, metavar="VAR",
                        help="environment variable holding the backends' API key (default: none sent)")
     proxy.add_argument("--backend-concurrency", type=int, default=None, metavar="K",
@@ -79,7 +83,7 @@ def add_parser(commands) -> None:
 
 LOCAL_ONLY = ("model", "dtype", "kv_dtype", "threads", "max_queue", "cache_memory", "no_prefix_cache",
               "prefill_chunk")
-PROXY_ONLY = ("backend_api_key_env", "backend_concurrency", "backend_stall_seconds", "tokenizer")
+PROXY_ONLY = ("engine", "backend_api_key_env", "backend_concurrency", "backend_stall_seconds", "tokenizer")
 BACKEND_CONCURRENCY = 4  # requests in flight per backend without --backend-concurrency
 PROXY_RETRIES = 1  # a failing backend is retried once, then the fleet fails over to another
 PROXY_TIMEOUT = 600.0  # seconds per backend request without --request-timeout
@@ -178,7 +182,8 @@ def _proxy(args: argparse.Namespace):
     from metagen.serve.proxy import ProxyBackend
 
     urls = backend_urls(",".join(args.backend))
-    remote = FleetGenerator(urls, tokenizer=load_tokenizer(args.tokenizer) if args.tokenizer else None,
+    remote = FleetGenerator(urls, engine=args.engine or "auto",
+                            tokenizer=load_tokenizer(args.tokenizer) if args.tokenizer else None,
                             api_key_env=args.backend_api_key_env or "", timeout=args.request_timeout or PROXY_TIMEOUT,
                             max_retries=PROXY_RETRIES, health_interval=HEALTH_INTERVAL,
                             stall_seconds=args.backend_stall_seconds or STALL_SECONDS,

@@ -1,7 +1,8 @@
 """The models of one `metagen eval` sweep: every --model (a GGUF file, an HF directory, a hub
 name OWNER/NAME[:QUANT] or `embedded`) and every --backend (one served model each; its
---served-model, --parameters and --tokenizer given once per --backend, in order), as
-`harness.ModelRun`s in the order given, local models first.
+--served-model, --engine, --parameters and --tokenizer given once per --backend, in order), as
+`harness.ModelRun`s in the order given, local models first. --chat / --no-chat applies to every
+model alike (`model_runs`' local_chat and remote_chat).
 
 Each model gets a short label, unique in the sweep, that names its points and files its units in
 results.jsonl: a file's stem or a directory's name, a served model's id. Labels that collide
@@ -23,7 +24,7 @@ from metagen.cli import backend, common
 
 EMBEDDED = "embedded"
 LOCAL_OPTIONS = ("dtype", "kv-dtype", "threads")
-PER_BACKEND = (("served-model", "auto"), ("parameters", None), ("tokenizer", "none"))
+PER_BACKEND = (("served-model", "auto"), ("engine", "auto"), ("parameters", None), ("tokenizer", "none"))
 
 
 def check(args: argparse.Namespace) -> None:
@@ -74,9 +75,10 @@ def model_runs(args: argparse.Namespace, local_chat: bool | None = None,
     remotes = []
     try:
         for index, urls in enumerate(args.backend or []):
-            served, parameters, tokenizer = (_per_backend(args, name, index, absent) for name, absent in PER_BACKEND)
+            served, engine, parameters, tokenizer = (_per_backend(args, name, index, absent)
+                                                     for name, absent in PER_BACKEND)
             remotes.append(backend.connect_backend(urls, served, parameters, tokenizer, args.api_key_env,
-                                                   remote_chat))
+                                                   remote_chat, engine))
         names = [_local_names(path) for path in paths] + [_remote_names(remote) for remote in remotes]
     except BaseException:
         for remote in remotes:

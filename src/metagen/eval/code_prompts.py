@@ -12,9 +12,9 @@ instruct models.
 `build_program` (`scoring/code_problems`) reads a reply of either kind. "auto" picks chat
 exactly when a text prompt reaches the model through a chat template (`chat_applies`): a
 local model's tokenizer has one (or the generator forces `chat`), or a remote backend sends text
-to /v1/chat/completions (`OpenAIGenerator.chat`; without a tokenizer, or with chat=False, text
-goes to /v1/completions and completion-style is used). The mode actually used is part of the
-run's set-up (`code_setup`), so resumed results never mix the two.
+to /v1/chat/completions (`OpenAIGenerator.chat`: its default; with chat=False, or a tokenizer
+without a template, text goes to /v1/completions and completion-style is used). The mode
+actually used is part of the run's set-up (`code_setup`), so resumed results never mix the two.
 """
 
 from __future__ import annotations

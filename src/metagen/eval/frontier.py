@@ -170,18 +170,28 @@ def describe(point: CurvePoint) -> str:
 def format_compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float] | None = None) -> str:
     """The text of `compute_optimal`: the frontier's points by increasing FLOPs, then an "at
     budget C use X" table (budget in TFLOPs, the choice with its accuracy and interval, the
-    runner-up, whether their intervals overlap), then the points left out (FLOPs unknown)."""
+    runner-up, whether their intervals overlap), then the points left out (FLOPs unknown), and
+    the flag of models given their prompts differently (`points.mixed_prompts_note`): a "(raw)"
+    or "(chat)" after each point named, and the note's line."""
+    from metagen.eval.points import mixed_prompts_note
+
     table = per_budget(points, budget_ladder(points) if budgets is None else budgets)
     on = frontier(points).points
+    mixed = mixed_prompts_note(points)
+
+    def named(point: CurvePoint) -> str:
+        if not mixed or point.chat is None:
+            return describe(point)
+        return f"{describe(point)} ({'chat' if point.chat else 'raw'})"
 
     def shown(point: CurvePoint | None) -> str:
         if point is None:
             return "–"
         interval = "" if point.interval is None else f" [{point.interval[0]:.3f}, {point.interval[1]:.3f}]"
-        return f"{describe(point)}: {point.accuracy:.3f}{interval}"
+        return f"{named(point)}: {point.accuracy:.3f}{interval}"
 
     header = f"{'budget TFLOPs':>13}  {'use':<48}  {'runner-up':<48}  overlap"
-    lines = ["compute-optimal frontier: " + (", ".join(describe(point) for point in on) or "–"), "", header,
+    lines = ["compute-optimal frontier: " + (", ".join(named(point) for point in on) or "–"), "", header,
              "-" * len(header)]
     for choice in table.choices:
         best = shown(choice.best) if choice.best is not None else "nothing fits"
@@ -190,5 +200,7 @@ def format_compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float
     if not table.choices:
         lines.append("no point could be placed: every point's FLOPs are unknown")
     if table.unplaced:
-        lines.append("not placed (FLOPs unknown): " + ", ".join(describe(point) for point in table.unplaced))
+        lines.append("not placed (FLOPs unknown): " + ", ".join(named(point) for point in table.unplaced))
+    if mixed:
+        lines.append(mixed)
     return "\n".join(lines)

@@ -51,9 +51,9 @@ from metagen.decoding.capabilities import described, require
 from metagen.decoding.cost import Cost
 from metagen.eval.fingerprint import generator_identity, model_identity, weights_digest
 from metagen.eval.code_grading import MEMORY_MB, TIMEOUT, Grade, grade, grade_all
-from metagen.eval.code_prompts import code_params, code_prompt, code_setup, resolve_mode
+from metagen.eval.code_prompts import chat_applies, code_params, code_prompt, code_setup, resolve_mode
 from metagen.eval.metrics import pass_at_k
-from metagen.eval.points import CurvePoint, curve_point, mean_cost, stable_seed
+from metagen.eval.points import CurvePoint, curve_point, mean_cost, mixed_prompts_note, stable_seed
 from metagen.eval.pool import Pool, PoolGenerator, Sample
 from metagen.eval.results import ModelUnits, ResultsFile
 from metagen.eval.tasks import Problem
@@ -467,8 +467,8 @@ def _run_model(run: ModelRun, problems: Sequence[Problem], config: EvalConfig, r
             setups[run.label] = {**units.setup, "fingerprint": units.fingerprint}
             _write_run_json(out, setups)
         _run_problems(generator, problems, config, units, live, progress, concurrency)
-        return summarize(units, problems, config, decode=generator.decode,
-                         flops_estimate=generator.flops_estimate, keeps_prompt=generator.keeps_prompt).points
+        return summarize(units, problems, config, decode=generator.decode, flops_estimate=generator.flops_estimate,
+                         keeps_prompt=generator.keeps_prompt, chat=chat_applies(generator)).points
 
 
 def shared_setup(config: EvalConfig) -> dict:
@@ -618,12 +618,13 @@ def _subsets(size: int, n: int, count: int, *seed_parts) -> list[list[int]]:
 
 
 def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConfig, decode=None,
-              flops_estimate: str | None = None, keeps_prompt: bool = False) -> EvalReport:
+              flops_estimate: str | None = None, keeps_prompt: bool = False, chat: bool | None = None) -> EvalReport:
     """Accuracy and mean cost per (strategy, n) of one model's units, plus the oracle coverage
     pass@k of its pools; every point named by the model's label and marked with how its FLOPs
-    were estimated (`flops_estimate`, None: exact or unknown). `keeps_prompt`: the generator
-    reuses a repeated prompt (`Generator.keeps_prompt`), so a strategy sampling in rounds pays
-    for the prompt in its first round only."""
+    were estimated (`flops_estimate`, None: exact or unknown) and whether its text prompts went
+    through a chat template (`chat`, `CurvePoint.chat`; None: not recorded). `keeps_prompt`: the
+    generator reuses a repeated prompt (`Generator.keeps_prompt`), so a strategy sampling in
+    rounds pays for the prompt in its first round only."""
     report = EvalReport()
     model = results.label
     pools = {problem.id: results.pool(problem) for problem in problems} if config.pool_size else {}
@@ -670,8 +671,9 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
         report.points += allocation_points(pools, problems, config, model,
                                            lambda result, problem: _score(result, problem, config,
                                                                           known.get(problem.id)), decode)
-    if flops_estimate is not None:
-        for point in report.points:
+    for point in report.points:
+        point.chat = chat
+        if flops_estimate is not None:
             point.flops_estimate = flops_estimate if point.cost.flops is not None else None
     return report
 
@@ -679,22 +681,30 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
 def format_table(report: EvalReport) -> str:
     """A plain-text table: model (when the report holds several), strategy, n, accuracy [95%
     bootstrap interval], generated tokens, TFLOPs ("unknown" when the generator could not count
-    them; "~" before an estimate, explained under the table), seconds per problem."""
+    them; "~" before an estimate, explained under the table), seconds per problem. When its
+    models got their prompts differently (`mixed_prompts_note`), a "prompts" column says "chat"
+    or "raw" per row and the note under the table flags it."""
     models = list(dict.fromkeys(point.model for point in report.points))
     width = max([len("model"), *map(len, models)]) if len(models) > 1 else 0
     column = f"{'model':<{width}}  " if width else ""
-    header = (f"{column}{'strategy':<20} {'n':>3}  {'accuracy [95% interval]':>23}  {'gen tokens':>10}  "
+    mixed = mixed_prompts_note(report.points)
+    prompts = f"{'prompts':<7}  " if mixed else ""
+    header = (f"{column}{prompts}{'strategy':<20} {'n':>3}  {'accuracy [95% interval]':>23}  {'gen tokens':>10}  "
               f"{'TFLOPs':>9}  {'s/problem':>9}")
     lines = [header, "-" * len(header)]
     for p in report.points:
         interval = "" if p.interval is None else f"[{p.interval[0]:.3f}, {p.interval[1]:.3f}]"
         flops = ("~" if p.flops_estimate is not None else "") + _tflops(p.cost.flops)
         model = f"{p.model:<{width}}  " if width else ""
-        lines.append(f"{model}{p.strategy:<20} {p.n:>3}  {p.accuracy:>7.3f} {interval:>15}  "
+        shown = {True: "chat", False: "raw", None: "?"}[p.chat]
+        prompt = f"{shown:<7}  " if mixed else ""
+        lines.append(f"{model}{prompt}{p.strategy:<20} {p.n:>3}  {p.accuracy:>7.3f} {interval:>15}  "
                      f"{p.cost.generated_tokens:>10.1f}  {flops:>9}  {p.cost.wall_seconds:>9.2f}")
     estimates = dict.fromkeys((p.model, p.flops_estimate) for p in report.points if p.flops_estimate is not None)
     for model, estimate in estimates:
         lines.append(f"~ {model or 'model'}: FLOPs estimated as {estimate}")
+    if mixed:
+        lines.append(mixed)
     return "\n".join(lines)
 
 

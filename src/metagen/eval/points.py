@@ -70,7 +70,10 @@ class CurvePoint:
     be put side by side. samples: the mean samples drawn per problem (pooled strategies: n, or
     fewer for one that stops early; None where not counted). flops_estimate: how cost.flops
     were estimated when not by the architecture's formula (`Generator.flops_estimate`, e.g. a
-    remote model's 2·N·tokens); None: counted exactly, or unknown."""
+    remote model's 2·N·tokens); None: counted exactly, or unknown. chat: whether the model's text
+    prompts went through a chat template (a local model's, or a server's /v1/chat/completions)
+    rather than raw (`code_prompts.chat_applies`); None: not recorded. Models whose prompts differ
+    so are flagged where their points are shown together (`mixed_prompts_note`)."""
 
     strategy: str
     n: int
@@ -82,6 +85,7 @@ class CurvePoint:
     model: str = ""
     samples: float | None = None
     flops_estimate: str | None = None
+    chat: bool | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -95,6 +99,8 @@ class CurvePoint:
             data["samples"] = self.samples
         if self.flops_estimate is not None:
             data["flops_estimate"] = self.flops_estimate
+        if self.chat is not None:
+            data["chat"] = self.chat
         return data
 
     @classmethod
@@ -109,7 +115,30 @@ class CurvePoint:
         interval = row.get("interval")
         return cls(row["strategy"], row["n"], row["accuracy"], row.get("stderr", float("nan")),
                    row.get("problems", 0), Cost(**row["cost"]), None if interval is None else tuple(interval),
-                   row.get("model", ""), row.get("samples"), row.get("flops_estimate"))
+                   row.get("model", ""), row.get("samples"), row.get("flops_estimate"), row.get("chat"))
+
+
+def prompt_formats(points: Sequence[CurvePoint]) -> dict[str, bool]:
+    """model -> whether its text prompts went through a chat template, over the points that
+    record it (`CurvePoint.chat`), in order of first appearance."""
+    formats: dict[str, bool] = {}
+    for point in points:
+        if point.chat is not None:
+            formats.setdefault(point.model, point.chat)
+    return formats
+
+
+def mixed_prompts_note(points: Sequence[CurvePoint]) -> str | None:
+    """The line flagging points of models given their prompts differently — some through a chat
+    template, some as raw text — whose accuracies then compare prompt formats as well as models;
+    None when every model recorded got them one way."""
+    formats = prompt_formats(points)
+    if len(set(formats.values())) < 2:
+        return None
+    templated = ", ".join(model or "model" for model, chat in formats.items() if chat)
+    raw = ", ".join(model or "model" for model, chat in formats.items() if not chat)
+    return (f"! prompts differ: {templated} through a chat template, {raw} as raw text; accuracies compare prompt "
+            "formats as well as models (--chat or --no-chat gives every model one format)")
 
 
 def stable_seed(*parts) -> int:

@@ -21,12 +21,19 @@ add_generation_prompt=False`) and SGLang (`continue_final_message`); llama-cpp-p
 ignores both fields and renders the conversation with the generation prompt, closing the
 message and opening a new assistant turn (measured: the same prompt_tokens with and without
 them, tests/remote/test_llama_cpp_server.py); OpenAI has no such field.
+
+A server whose /v1/models `owned_by` names none of these engines (Ollama, LM Studio, TGI, a
+gateway) runs on GENERIC, the "openai" table: OpenAI's fields only, which every OpenAI-compatible
+server takes. `detect_engine` warns once, naming what that shape cannot do (`limitations`, read
+from the table); `engine=` (`--engine` on the command line) names the engine instead.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
+from metagen.remote.constraints import supported_kinds
 from metagen.sampling import SamplingParams
 
 OPENAI_FIELDS = {
@@ -117,20 +124,48 @@ ENGINES = {
 }
 
 
+GENERIC = "openai"  # the shape of a server no `owned_by` identifies: OpenAI's fields only
+
+
 def engine_named(name: str) -> Engine:
     if name not in ENGINES:
-        raise ValueError(f"engine={name!r} is unknown: must be one of {sorted(ENGINES)} or 'auto'")
+        raise ValueError(f"engine={name!r} is unknown: must be one of {sorted(ENGINES)} or 'auto' "
+                         "(--engine NAME on the command line)")
     return ENGINES[name]
 
 
+def limitations(engine: Engine) -> list[str]:
+    """What `engine`'s server cannot do that another engine of the table can, read from the
+    table: the SamplingParams fields it has no request field for, token ids, Mirostat, continuing
+    a final assistant message, a streamed usage, constraint kinds. O(engines · fields)."""
+    others = [other for other in ENGINES.values() if other is not engine]
+    fields = [name for name in dict.fromkeys(name for other in others for name in other.fields)
+              if name not in engine.fields]
+    kinds = [kind for kind in dict.fromkeys(kind for other in others for kind in supported_kinds(other.name))
+             if kind not in supported_kinds(engine.name)]
+    lacks = [f"no {', '.join(fields)}"] if fields else []
+    features = [(not engine.ids_request and any(other.ids_request for other in others), "no token ids returned"),
+                (not engine.mirostat and any(other.mirostat for other in others), "no mirostat"),
+                (not engine.continues_final_message and any(other.continues_final_message for other in others),
+                 "no continuation of a final assistant message"),
+                (not engine.streams_usage and any(other.streams_usage for other in others), "no usage when streaming"),
+                (bool(kinds), f"no {', '.join(kinds)} constraints")]
+    return lacks + [text for lacking, text in features if lacking]
+
+
 def detect_engine(models: list[dict], url: str) -> Engine:
-    """The engine whose `owned_by` marks the /v1/models entries, or ValueError asking for it."""
+    """The engine whose `owned_by` marks the /v1/models entries; else GENERIC, with a warning
+    naming what it cannot do and how to name the engine."""
     owners = {str(entry.get("owned_by", "")).lower() for entry in models}
     for engine in ENGINES.values():
         if owners & set(engine.owned_by):
             return engine
-    raise ValueError(f"cannot tell which engine serves {url} (owned_by={sorted(owners)}): "
-                     f"pass engine= one of {sorted(ENGINES)}")
+    generic = ENGINES[GENERIC]
+    warnings.warn(f"metagen: {url} is no engine metagen recognises by its /v1/models (owned_by={sorted(owners)}): "
+                  f"running it as a generic OpenAI-compatible server ({GENERIC!r} table: "
+                  f"{'; '.join(limitations(generic))}); if it is one of {sorted(ENGINES)}, name it with "
+                  "--engine NAME (engine= in Python)", stacklevel=2)
+    return generic
 
 
 def _wire_value(name: str, value: object, engine: Engine) -> object:

@@ -2,12 +2,13 @@
 
     OpenAIGenerator("http://127.0.0.1:8000/v1").generate(prompt, params) -> GenerationResult
 
-Prompts: text goes to /v1/completions as it is, or through the server's chat template
-(/v1/chat/completions) when `chat=True`; `chat=None` follows a supplied tokenizer (its chat
-template, like `LocalGenerator`) and means raw text without one, since a server does not say
-whether its model has a template: pass chat=True for instruct models. Chat messages always go
-to /v1/chat/completions; token ids go to /v1/completions as a list of ints where the server
-accepts them (probed), else they are refused.
+Prompts: text goes through the server's chat template (/v1/chat/completions, a user message)
+by default, or to /v1/completions as it is with `chat=False` (a base model). The default
+(`chat=None`) follows the model's template as `LocalGenerator`'s does: a supplied tokenizer says
+whether the model has one (without a template: raw text), and without a tokenizer the server's
+own is used, so an instruct model gets the prompt format it was trained on. Chat messages always
+go to /v1/chat/completions; token ids go to /v1/completions as a list of ints where the server
+accepts them (probed), else they are refused; `continue_prefix` always sends raw text.
 
 n completions: one request with `n` where the server honours it, else n requests with distinct
 seeds derived from one base seed (params.seed, or a draw from `generator`, or fresh entropy).
@@ -81,8 +82,12 @@ class OpenAIGenerator(Generator):
 
     base_url: the API root, e.g. "http://127.0.0.1:8000/v1".
     model: the served model id (None: the only one the server lists).
-    engine: "vllm", "sglang", "llama.cpp", "openai", or "auto" (from /v1/models `owned_by`).
-    chat: text prompts through the server's chat template (see the module docstring).
+    engine: a name of `ENGINES` ("vllm", "sglang", "llama.cpp", "openai", "metagen"), or "auto"
+        (default): from /v1/models `owned_by`, else the generic "openai" table with a warning
+        naming what it cannot do (`engines.limitations`).
+    chat: text prompts through the server's chat template (/v1/chat/completions) or raw
+        (/v1/completions); default None: the chat endpoint, unless `tokenizer` is given and has
+        no chat template (see the module docstring).
     tokenizer: a metagen Tokenizer of the served model, for token ids the server does not return.
     parameter_count: the model's parameters, for FLOPs = 2 · params per token (None: unknown).
     api_key_env, timeout, connect_timeout, max_retries: see `Transport`.
@@ -109,7 +114,7 @@ class OpenAIGenerator(Generator):
         if parameter_count is not None and not parameter_count > 0:
             raise ValueError(f"parameter_count={parameter_count!r} must be a positive number or None")
         self.requested_model, self.engine_name = model, engine
-        self.chat = chat if chat is not None else bool(tokenizer is not None and tokenizer.chat_template)
+        self.chat = chat if chat is not None else (tokenizer is None or bool(tokenizer.chat_template))
         self.tokenizer = tokenizer
         self.parameter_count = parameter_count
         self.max_rows: int | None = None  # rows of one call in flight at most (module docstring)
@@ -195,8 +200,8 @@ class OpenAIGenerator(Generator):
         if messages and messages[-1].get("role") == "assistant":
             if not profile.engine.continues_final_message:
                 raise ValueError(f"messages end with an assistant message, which {profile.engine.name}'s "
-                                 "server cannot continue (no continue_final_message): pass tokenizer= with the "
-                                 "model's chat template to render it as text")
+                                 "server cannot continue (no continue_final_message): pass tokenizer= "
+                                 "(--tokenizer PATH) with the model's chat template to render it as text")
             body.update(continue_final_message=True, add_generation_prompt=False)
         if profile.logprobs:  # always: Completion.logprobs is filled as in local decoding
             if endpoint == "completions":

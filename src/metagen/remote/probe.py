@@ -1,8 +1,9 @@
 """What a server honours, found out with a few one-token requests on first use.
 
     /v1/models                        -> model id (checked: a server serving another model, or
-                                         one ignoring the `model` field, is refused), engine,
-                                         max_model_len where listed (vLLM)
+                                         one ignoring the `model` field, is refused), engine
+                                         (`owned_by`; none known: the generic "openai" table, with
+                                         a warning), max_model_len where listed (vLLM)
     prompt="Hello", n=2, logprobs=1   -> native n (llama.cpp's server silently answers with
                                          one choice), logprobs, top logprobs, returned token ids
     prompt=[token ids]                -> token-id prompts (a 4xx answer means no)
@@ -82,7 +83,8 @@ async def served_model(transport: Transport, model: str | None, engine: str) -> 
     ids = [str(entry.get("id")) for entry in listing]
     if model is None:
         if len(ids) > 1:
-            raise ValueError(f"{transport.base_url} serves {len(ids)} models {ids}: pass model= one of them")
+            raise ValueError(f"{transport.base_url} serves {len(ids)} models {ids}: pass model= one of them "
+                             "(--served-model NAME on the command line)")
         model = ids[0]
     if model not in ids:
         raise ValueError(f"model={model!r} is not served by {transport.base_url}: it serves {ids}")

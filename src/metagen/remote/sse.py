@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-import httpx
-
-from metagen.remote.transport import RETRIED_STATUS, ServerError, Transport
+from metagen.remote.transport import RETRIED_STATUS, ServerError, Transport, httpx
 
 
 def attempt_started(error: httpx.TransportError) -> bool:

@@ -40,7 +40,12 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
-import httpx
+try:
+    import httpx
+except ImportError as error:  # every remote module speaks HTTP through this one first
+    from metagen.extras import missing
+
+    raise missing("remote", "metagen.remote (OpenAI-compatible servers)") from error
 
 from metagen.remote.loop import BackgroundLoop
 

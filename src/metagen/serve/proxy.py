@@ -119,6 +119,7 @@ class ProxyBackend:
     def __init__(self, remote, *, served_name: str | None = None, max_rows: int = 16) -> None:
         self.remote, self.max_rows = remote, max_rows
         remote.max_rows = max_rows  # a strategy's n: at most max_rows in flight (module docstring)
+        remote.chat = False  # a text prompt is a /v1/completions request's, relayed raw; chat ones come as messages
         self.profile = remote.profile  # probes every endpoint now
         self.served_name = served_name or self.profile.model
         self.stats = EngineStats()  # outcomes and tokens of proxied requests (plain and strategies' requests)

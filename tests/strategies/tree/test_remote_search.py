@@ -181,7 +181,7 @@ def test_searches_on_a_real_llama_cpp_server(name, llama_server):  # noqa: F811
 
     question = "Question: What is 12 + 7?\nAnswer step by step.\n"
     options = StrategyOptions(value="steps", step_delimiter="\n")
-    with OpenAIGenerator(llama_server, max_retries=1) as server:
+    with OpenAIGenerator(llama_server, chat=False, max_retries=1) as server:  # the raw question, continued
         assert caps.STEP_CONTINUATION in server.capabilities and caps.LOCAL_CACHE not in server.capabilities
         result = get_strategy(name).run(server, question, 4, SamplingParams(temperature=0.8, max_tokens=24),
                                         options, torch.Generator().manual_seed(0))

@@ -141,7 +141,8 @@ class RemoteStepExpander:
             if tokenizer is None or tokenizer.chat_template is None:
                 raise ValueError("a chat prompt on a remote step search is rendered once with the model's chat "
                                  "template, and the generator has no tokenizer with one: pass tokenizer= to the "
-                                 "generator, or chat=False to continue the raw question")
+                                 "generator (--tokenizer PATH), or chat=False (--no-chat) to continue the raw "
+                                 "question")
             final = messages[-1].get("role") == "assistant"
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=not final,
                                                  continue_final_message=final)
