@@ -1,0 +1,67 @@
+"""The command-line reference (docs/reference/cli.md) is what scripts/cli_reference.py renders
+from the argument parser now, and its tables hold every option of every command."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+from pathlib import Path
+
+from metagen.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("cli_reference", ROOT / "scripts" / "cli_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+REFERENCE = _script()
+
+
+def _cells(row: str) -> list[str]:
+    """The cells of a markdown table row (an escaped pipe stays inside its cell)."""
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip())[1:-1]]
+
+
+def test_committed_page_is_the_generated_one() -> None:
+    page = ROOT / "docs" / "reference" / "cli.md"
+    assert page.is_file(), "docs/reference/cli.md is missing: run python scripts/cli_reference.py"
+    assert page.read_text(encoding="utf-8") == REFERENCE.render(), (
+        "docs/reference/cli.md is out of date with the parser: run python scripts/cli_reference.py")
+
+
+def test_every_option_of_every_command_is_a_row() -> None:
+    text = REFERENCE.render()
+    sections = re.split(r"^## metagen ", text, flags=re.MULTILINE)[1:]
+    rows = {section.split("\n", 1)[0]: [_cells(line) for line in section.splitlines() if line.startswith("| `")]
+            for section in sections}
+    commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    assert list(rows) == list(commands.choices)
+    for name, parser in commands.choices.items():
+        assert all(len(cells) == 4 for cells in rows[name]), name  # no help text split a row
+        shown = {cells[0].strip("`").replace("\\|", "|").split(" ")[0].rstrip(",") for cells in rows[name]}
+        wanted = {(action.option_strings or [action.dest])[0] for action in parser._actions
+                  if not isinstance(action, argparse._HelpAction)}
+        assert shown == wanted, name
+
+
+def test_a_row_states_help_default_and_choices() -> None:
+    text = REFERENCE.render()
+    generate = text.split("## metagen generate", 1)[1].split("## metagen eval", 1)[0]
+    assert ("| `--aggregation {best,majority,weighted}` | tree search: pick the leaf of best value, or vote over "
+            "leaves' answers | `'best'` | `best`, `majority`, `weighted` |") in generate
+    # a pipe inside the help is escaped, not a new cell; a required positional says so
+    assert "| `prompt` | the prompt (wrapped in the chat template unless --no-chat) | required |  |" in generate
+    assert "steps \\| judge \\| prm:PATH" in generate
+    evaluation = text.split("## metagen eval", 1)[1].split("## metagen serve", 1)[0]
+    assert "Exactly one of `--data`, `--task`." in evaluation
+    assert "### Remote backend (an OpenAI-compatible server: vLLM, SGLang, llama.cpp)" in evaluation
+
+
+def test_escape_keeps_code_spans() -> None:
+    assert REFERENCE._escape("a *b* <c> `x|*y*` d|e") == "a \\*b\\* &lt;c> `x\\|*y*` d\\|e"
