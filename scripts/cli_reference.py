@@ -7,7 +7,8 @@ The page is read off the parser `metagen.cli.build_parser()` builds, not written
 command in the order `metagen --help` lists them, its description (or its one-line help), then
 one table per argument group of the command, as argparse groups them in `metagen COMMAND --help`
 (positional arguments, options, then the named groups such as "remote backend"), each option
-with its help, default and choices. An option is written as argparse writes it in the help
+with its help, default and choices; a command with commands of its own (`metagen theory bon`)
+lists them, and each gets its section. An option is written as argparse writes it in the help
 (`--top-p TOP_P`, `--chat, --no-chat`), so the page and `--help` agree; a positional argument
 by its name. -h/--help, which every
 command has, is left out. tests/docs/test_cli_reference.py compares the committed page with what
@@ -91,20 +92,47 @@ def _group_table(actions: list[argparse.Action], formatter: argparse.HelpFormatt
 
 
 def _shown(action: argparse.Action) -> bool:
-    return not isinstance(action, argparse._HelpAction) and action.help != argparse.SUPPRESS
+    return (not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
+            and action.help != argparse.SUPPRESS)
 
 
-def _command_section(name: str, summary: str, parser: argparse.ArgumentParser) -> list[str]:
-    """One command: its heading, description (or its help line), then a table per argument group."""
-    lines = [f"## metagen {name}", ""]
+def subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
+    """(name, one-line help, parser) of each command `parser` dispatches to, in the order `--help`
+    lists them (none for a parser without subcommands)."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            summaries = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            found += [(name, summaries.get(name, ""), command) for name, command in action.choices.items()]
+    return found
+
+
+def _anchor(path: str) -> str:
+    return "metagen-" + path.replace(" ", "-")
+
+
+def _sentence(text: str) -> str:
+    return _escape(text[:1].upper() + text[1:]) + "." if text else ""
+
+
+def _command_section(path: str, summary: str, parser: argparse.ArgumentParser) -> list[str]:
+    """One command (`path`: its words after `metagen`): its heading, description (or its help
+    line), its own commands if it has some, a table per argument group; then each of its commands."""
+    lines = [f"## metagen {path}", ""]
     description = parser.description
     if description is None:
-        lines += [_escape(summary[:1].upper() + summary[1:]) + ".", ""]
+        lines += [_sentence(summary), ""]
     elif isinstance(parser.formatter_class, type) and issubclass(parser.formatter_class,
                                                                  argparse.RawDescriptionHelpFormatter):
-        lines += [_escape(summary[:1].upper() + summary[1:]) + ".", "", "```text", description, "```", ""]
+        lines += [_sentence(summary), "", "```text", description, "```", ""]
     else:
         lines += [_escape(description), ""]
+    nested = subcommands(parser)
+    if nested:
+        lines += ["| Command | What it does |", "|---|---|"]
+        lines += [f"| [`{path} {name}`](#{_anchor(f'{path} {name}')}) | {_escape(text)} |"
+                  for name, text, _ in nested]
+        lines.append("")
     formatter = parser._get_formatter()
     for group in parser._action_groups:
         actions = [action for action in group._group_actions if _shown(action)]
@@ -120,6 +148,8 @@ def _command_section(name: str, summary: str, parser: argparse.ArgumentParser) -
             names = ", ".join(_code(action.option_strings[0]) for action in choice._group_actions)
             lines += [f"{'Exactly' if choice.required else 'At most'} one of {names}.", ""]
         lines += _group_table(actions, formatter, parser.prog) + [""]
+    for name, text, command in nested:
+        lines += _command_section(f"{path} {name}", text, command)
     return lines
 
 
@@ -128,8 +158,6 @@ def render() -> str:
     from metagen.cli import build_parser
 
     parser = build_parser()
-    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
-    summaries = {choice.dest: choice.help for choice in commands._choices_actions}
     lines = [
         "# Command line",
         "",
@@ -143,11 +171,11 @@ def render() -> str:
         "| Command | What it does |",
         "|---|---|",
     ]
-    for name in commands.choices:
-        lines.append(f"| [`{name}`](#metagen-{name}) | {_escape(summaries[name])} |")
+    commands = subcommands(parser)
+    lines += [f"| [`{name}`](#{_anchor(name)}) | {_escape(text)} |" for name, text, _ in commands]
     lines.append("")
-    for name, command in commands.choices.items():
-        lines += _command_section(name, summaries[name], command)
+    for name, text, command in commands:
+        lines += _command_section(name, text, command)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

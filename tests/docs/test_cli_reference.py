@@ -35,19 +35,30 @@ def test_committed_page_is_the_generated_one() -> None:
         "docs/reference/cli.md is out of date with the parser: run python scripts/cli_reference.py")
 
 
+def _commands(parser: argparse.ArgumentParser, path: str = "") -> list[tuple[str, argparse.ArgumentParser]]:
+    """(words after `metagen`, parser) of every command, nested ones (`theory bon`) included."""
+    found = []
+    for name, _, command in REFERENCE.subcommands(parser):
+        found += [(f"{path} {name}".strip(), command)] + _commands(command, f"{path} {name}".strip())
+    return found
+
+
 def test_every_option_of_every_command_is_a_row() -> None:
     text = REFERENCE.render()
-    sections = re.split(r"^## metagen ", text, flags=re.MULTILINE)[1:]
-    rows = {section.split("\n", 1)[0]: [_cells(line) for line in section.splitlines() if line.startswith("| `")]
-            for section in sections}
-    commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
-    assert list(rows) == list(commands.choices)
-    for name, parser in commands.choices.items():
-        assert all(len(cells) == 4 for cells in rows[name]), name  # no help text split a row
-        shown = {cells[0].strip("`").replace("\\|", "|").split(" ")[0].rstrip(",") for cells in rows[name]}
+    sections = {section.split("\n", 1)[0]: section.splitlines()
+                for section in re.split(r"^## metagen ", text, flags=re.MULTILINE)[1:]}
+    commands = _commands(build_parser())
+    assert list(sections) == [path for path, _ in commands]
+    assert "theory bon" in sections and "generate" in sections
+    for path, parser in commands:
+        options = [_cells(line) for line in sections[path] if line.startswith("| `")]
+        assert all(len(cells) == 4 for cells in options), path  # no help text split a row
+        shown = {cells[0].strip("`").split(" ")[0].rstrip(",") for cells in options}
         wanted = {(action.option_strings or [action.dest])[0] for action in parser._actions
-                  if not isinstance(action, argparse._HelpAction)}
-        assert shown == wanted, name
+                  if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))}
+        assert shown == wanted, path
+        listed = {re.match(r"\| \[`([^`]+)`\]", line).group(1) for line in sections[path] if line.startswith("| [`")}
+        assert listed == {f"{path} {name}" for name, _, _ in REFERENCE.subcommands(parser)}, path
 
 
 def test_a_row_states_help_default_and_choices() -> None:

@@ -13,7 +13,8 @@ from metagen.cli.perplexity import progress_bar, read_text
 def add_parser(commands) -> None:
     parser = commands.add_parser("compress", help="quantize / prune a model (GPTQ, SparseGPT, OBC, RTN, magnitude)")
     parser.add_argument("model", nargs="?", default=None, help="GGUF file, HF directory or hub name OWNER/NAME[:QUANT] (default: embedded model)")
-    parser.add_argument("--method", required=True, choices=["rtn", "magnitude", "obc", "gptq", "sparsegpt"])
+    parser.add_argument("--method", required=True, choices=["rtn", "magnitude", "obc", "gptq", "sparsegpt"],
+                        help="compression method (obc, gptq and sparsegpt need --calibration)")
     parser.add_argument("--bits", type=int, default=None, choices=[3, 4, 8], help="quantize to this many bits")
     parser.add_argument("--group-size", type=int, default=32, help="input features per grid for 3/4 bits (default 32)")
     parser.add_argument("--clip", action="store_true", help="choose each grid's clipping range by least squared error")

@@ -13,7 +13,7 @@ from metagen.cli import common
 def add_parser(commands) -> None:
     info = commands.add_parser("info", help="describe a model")
     common.add_model_options(info)
-    info.add_argument("--json", action="store_true")
+    info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(run=run)
 
 

@@ -61,8 +61,10 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{name}", type=int, default=None, help=text)
     parser.add_argument("--stop", action="append", default=None, type=unescape,
                         help="stop string (repeatable); \\n, \\t, \\xHH, \\uHHHH... are interpreted")
-    parser.add_argument("--stop-token-id", action="append", type=int, default=None, dest="stop_token_ids")
-    parser.add_argument("--ignore-eos", action="store_true", default=None)
+    parser.add_argument("--stop-token-id", action="append", type=int, default=None, dest="stop_token_ids",
+                        help="stop at this token id, besides EOS (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true", default=None,
+                        help="keep generating past the end-of-sequence token, up to --max-tokens")
     parser.add_argument("--logit-bias", action="append", default=None, metavar="ID=BIAS", help="repeatable")
     add_structured_options(parser)
 

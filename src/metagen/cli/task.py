@@ -12,10 +12,10 @@ import json
 
 def add_parser(commands) -> None:
     task = commands.add_parser("task", help="write a built-in task as JSONL")
-    task.add_argument("name", choices=["arithmetic"])
-    task.add_argument("--count", type=int, default=100)
-    task.add_argument("--seed", type=int, default=0)
-    task.add_argument("--max-number", type=int, default=9)
+    task.add_argument("name", choices=["arithmetic"], help="the built-in task")
+    task.add_argument("--count", type=int, default=100, help="number of problems (default 100)")
+    task.add_argument("--seed", type=int, default=0, help="problem seed (default 0)")
+    task.add_argument("--max-number", type=int, default=9, help="largest operand (default 9)")
     task.set_defaults(run=run)
 
 

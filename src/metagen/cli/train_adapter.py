@@ -21,7 +21,7 @@ def add_parser(commands) -> None:
     adapter.add_argument("--tokens-per-prompt", type=int, default=256, help="sampled tokens per built-in prompt")
     adapter.add_argument("--steps", type=int, default=300, help="Adam steps (default 300)")
     adapter.add_argument("--rank", type=int, default=None, help="low-rank adapter (default: full rank)")
-    adapter.add_argument("--seed", type=int, default=0)
+    adapter.add_argument("--seed", type=int, default=0, help="seed of the sampled data and the training (default 0)")
     adapter.set_defaults(run=run)
 
 
