@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from metagen.serve.engine import prefill_plan
+from metagen.serve.scheduler import prefill_plan
 
 
 @pytest.mark.parametrize("remaining, budget, plan", [

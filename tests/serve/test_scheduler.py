@@ -21,6 +21,7 @@ class _Rows:
 def _submit(scheduler: Scheduler, prompt_length: int, n: int = 1, timeout: float | None = None):
     request = ServeRequest(list(range(prompt_length)), SamplingParams(n=n), lambda event: None, timeout=timeout)
     request.submitted = 0.0
+    scheduler.reserve()  # as `Engine.submit` does
     return scheduler.add(request)
 
 

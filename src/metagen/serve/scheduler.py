@@ -1,9 +1,10 @@
-"""The engine's scheduler: each step, which requests leave, get rows, prefill how much and decode.
+"""The engine's scheduler: the requests' state, and each step which requests leave, get rows,
+prefill how much and decode.
 
-As in vLLM v1, the scheduler decides and the engine (engine.py) runs: it forwards the model,
-runs each request's chain and applies the step's output to the requests
-(`Engine.update_from_output`). The scheduler touches neither the model nor the cache; it holds
-the requests in two lists and answers three questions:
+As in vLLM v1, the scheduler decides and owns the requests; the engine (engine.py) runs the
+step: the model runner (model_runner.py) forwards the batch and runs each request's chain,
+chunked prefill (chunked_prefill.py) forwards the prompts. The scheduler touches neither the
+model nor the cache's tensors; it holds the requests in two lists, answers three questions
 
     admit(now)          waiting requests cancelled or past their deadline (they leave), and those
                         given rows: first come, first served while the rows of the running and
@@ -14,12 +15,18 @@ the requests in two lists and answers three questions:
     decode(now)         running requests cancelled or past their deadline, and the cache rows of
                         the others (rows are grouped by request in admission order)
 
+and applies the outcome of each step to them: `start_prefill`, `start_running`,
+`update_from_output` (a decode step's tokens pushed into the rows) and `finish`, the one way out
+of the engine for every request — finished, failed, cancelled, past its deadline, or still there
+when the engine stops (shutdown, or a fault of its loop).
+
 Each request the engine holds is an `EngineRequest`: the caller's `ServeRequest` (its input,
 which the engine does not change; its outputs are filled as they come) and the engine's own
-typed state, with a `RequestStatus`:
+typed state, with a `RequestStatus` that only the scheduler sets:
 
     WAITING --rows given, set up--> PREFILLING --last prompt piece--> RUNNING --every row ended--> FINISHED
-    any of the three --> FAILED (an error of its own, or of the batch's forward), CANCELLED, TIMED_OUT
+    any of the three --> FAILED (an error of its own, of the batch's forward, or the engine stopping),
+                         CANCELLED, TIMED_OUT
 
 Cost: O(requests) per call, plus `prefill_plan`'s O(admitted).
 """
@@ -27,10 +34,12 @@ Cost: O(requests) per call, plus `prefill_plan`'s O(admitted).
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from metagen.serve.requests import DoneEvent, ServeRequest
+from metagen.serve.prefix_manager import PrefixCacheManager
+from metagen.serve.requests import DoneEvent, EngineStats, QueueFullError, ServeRequest, TokenEvent
 
 if TYPE_CHECKING:
     import torch
@@ -40,6 +49,7 @@ if TYPE_CHECKING:
     from metagen.models.cache import RowSnapshot
     from metagen.models.prefix_cache import Node
     from metagen.sampling import SamplingParams
+    from metagen.serve.model_runner import SampledRows
 
 
 class RequestStatus(enum.Enum):
@@ -133,19 +143,44 @@ def prefill_plan(remaining: list[int], budget: int) -> list[int]:
 
 
 class Scheduler:
-    """The waiting and running requests and the decisions over them (see the module docstring).
+    """The waiting and running requests, the decisions over them and their state (see the module
+    docstring); engine thread only, but `reserve` and `queue_depth`.
 
     waiting: arrival order (WAITING and PREFILLING); running: admission order, which is the order
-    of their rows in the engine's cache.
+    of their rows in the engine's cache. `max_queue`: most requests submitted and not yet running.
+    `prefixes`: what the requests hold of the KV cache, let go when they end (default: no prefix
+    cache, no cache). `stats`: the counters the scheduler writes (requests by outcome, tokens).
     """
 
-    def __init__(self, max_rows: int, prefill_chunk: int) -> None:
-        self.max_rows, self.prefill_chunk = max_rows, prefill_chunk
+    def __init__(self, max_rows: int, prefill_chunk: int, max_queue: int = 64, *,
+                 prefixes: PrefixCacheManager | None = None, stats: EngineStats | None = None) -> None:
+        self.max_rows, self.prefill_chunk, self.max_queue = max_rows, prefill_chunk, max_queue
+        self.stats = EngineStats() if stats is None else stats
+        self.prefixes = PrefixCacheManager(None, None, self.stats) if prefixes is None else prefixes
         self.waiting: list[EngineRequest] = []
         self.running: list[EngineRequest] = []
+        self._queued = 0  # submitted (`reserve`) and not yet running nor ended
+        self._lock = threading.Lock()  # guards _queued against concurrent submits
+
+    # ------------------------------------------------------------------ any thread
+
+    def reserve(self) -> None:
+        """Count one more submitted request in the queue depth; QueueFullError when `max_queue`
+        requests already wait."""
+        with self._lock:
+            if self._queued >= self.max_queue:
+                raise QueueFullError(f"{self._queued} requests are waiting (--max-queue {self.max_queue})")
+            self._queued += 1
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests submitted and not yet admitted to the batch (nor ended)."""
+        return self._queued
+
+    # ------------------------------------------------------------------ engine thread
 
     def add(self, request: ServeRequest) -> EngineRequest:
-        """A submitted request joins the waiting list."""
+        """A submitted (`reserve`d) request joins the waiting list."""
         state = EngineRequest(request)
         self.waiting.append(state)
         return state
@@ -190,12 +225,78 @@ class Scheduler:
                 schedule.decoding.append((request, rows))
         return schedule
 
+    def start_prefill(self, request: EngineRequest) -> None:
+        """An admitted request whose rows are set up: its prompt is forwarded from now on."""
+        request.status = RequestStatus.PREFILLING
+
     def start_running(self, request: EngineRequest) -> None:
         """A request whose prompt is all in: its rows are the last of the batch."""
-        self.waiting.remove(request)
+        self._leave_waiting(request)
         self.running.append(request)
         request.status = RequestStatus.RUNNING
 
-    def drop(self, request: EngineRequest) -> None:
-        """A waiting request leaves (the engine releases what it holds)."""
+    def update_from_output(self, sampled: list[SampledRows]) -> tuple[list[int], list[int]]:
+        """Apply one decode step's output to the requests: each row takes its token
+        (`RowBatch.push`: stop rules, text, records; a `TokenEvent` each); the rows that ended
+        are indexed in the prefix cache and leave their request's `RowBatch`; a request whose rows
+        all ended finishes (`finish`). The running list becomes the requests going on; returns
+        their cache rows and the rows' last tokens."""
+        kept_rows: list[int] = []
+        next_tokens: list[int] = []
+        going_on: list[EngineRequest] = []
+        for step in sampled:
+            request, rows, batch = step.request, step.rows, step.request.batch
+            chosen = step.tokens.tolist()
+            keep = []
+            for b, (index, token) in enumerate(zip(batch.active, chosen)):
+                text = batch.push(b, token, step.records[b])
+                completion = batch.rows[index].completion
+                if completion.finish_reason is None:
+                    keep.append(b)
+                request.request.emit(TokenEvent(index, text, token, step.records[b], completion.finish_reason,
+                                                completion.stop_reason))
+            self.stats.generated_tokens += len(chosen)
+            if len(keep) < len(rows):
+                self.prefixes.cache_finished(request, rows, keep)
+            if not keep:
+                self.finish(request, DoneEvent())
+                continue
+            batch.keep(keep)  # its chain and rows; the shared cache's rows are selected by the model runner
+            kept_rows += [rows[b] for b in keep]
+            next_tokens += [chosen[b] for b in keep]
+            going_on.append(request)
+        self.running = going_on
+        return kept_rows, next_tokens
+
+    def finish(self, request: EngineRequest, event: DoneEvent) -> None:
+        """The one way out of the engine: `request` leaves the waiting list (its partial prompt
+        row released) or the batch (its cache rows are dropped by the next `cache.select`), takes
+        its final status, is counted under its outcome, has its prompt unlocked in the prefix
+        cache (`PrefixCacheManager.free`) and gets `event`, its one `DoneEvent` — even when
+        letting go of its slots fails (the engine stopping on a fault of its loop)."""
+        if request.status.queued:
+            self._leave_waiting(request)
+        else:
+            self.running.remove(request)
+        request.status = RequestStatus(event.outcome)
+        self.stats.count(event)
+        try:
+            self.prefixes.free(request)
+        finally:
+            request.request.emit(event)
+
+    def finish_all(self, reason: str) -> None:
+        """The engine stops: every waiting and running request ends with `reason` (`finish`)."""
+        errors = []
+        for request in self.waiting + self.running:
+            try:
+                self.finish(request, DoneEvent(reason))
+            except Exception as error:  # noqa: BLE001 - answered all the same; the others must be too
+                errors.append(error)
+        if errors:
+            raise errors[0]
+
+    def _leave_waiting(self, request: EngineRequest) -> None:
         self.waiting.remove(request)
+        with self._lock:
+            self._queued -= 1
