@@ -2,7 +2,11 @@
 
     engine.py    one thread owning the model and the KV cache: continuous batching, each
                  request with its own SamplingParams, constraint and torch.Generator
-    scheduler.py what each engine step admits, prefills and decodes; the engine's request state
+    scheduler.py what each engine step admits, prefills and decodes; the requests' state and
+                 their one way out (`Scheduler.finish`)
+    model_runner.py      a decode step: each request's sampling, one forward of the batch
+    chunked_prefill.py   a request's set-up and its prompt forwarded a piece per step
+    prefix_manager.py    what requests hold of the KV cache: cached prefixes, prompt rows
     requests.py  ServeRequest (a caller's input and outputs), its events, EngineStats
     protocol.py  request bodies -> (prompt ids, SamplingParams), validated; errors name the field
     responses.py completions, chat completions and their stream chunks (OpenAI's shapes)
