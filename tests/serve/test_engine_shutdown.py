@@ -15,7 +15,7 @@ import torch
 from metagen.models.prefix_cache import PrefixCache
 from metagen.sampling import SamplingParams
 from metagen.serve.engine import DoneEvent, Engine, bytes_per_token
-from metagen.serve.scheduler import RequestStatus
+from metagen.serve.request_state import RequestStatus
 
 from .test_chunked_prefill import _prompt
 from .test_prefix_cache import SYSTEM, Run, chat

@@ -8,7 +8,8 @@ import pytest
 
 from metagen.sampling import SamplingParams
 from metagen.serve.requests import DoneEvent, EngineStats, ServeRequest
-from metagen.serve.scheduler import RequestStatus, Scheduler
+from metagen.serve.request_state import RequestStatus
+from metagen.serve.scheduler import Scheduler
 
 
 class _Rows:

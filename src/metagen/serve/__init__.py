@@ -7,6 +7,7 @@
     model_runner.py      a decode step: each request's sampling, one forward of the batch
     chunked_prefill.py   a request's set-up and its prompt forwarded a piece per step
     prefix_manager.py    what requests hold of the KV cache: cached prefixes, prompt rows
+    request_state.py     EngineRequest, the engine's state of one request, and its RequestStatus
     requests.py  ServeRequest (a caller's input and outputs), its events, EngineStats
     protocol.py  request bodies -> (prompt ids, SamplingParams), validated; errors name the field
     responses.py completions, chat completions and their stream chunks (OpenAI's shapes)

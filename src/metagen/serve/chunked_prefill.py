@@ -40,7 +40,7 @@ from metagen.decoding.prompt_scoring import PromptScorer
 if TYPE_CHECKING:
     from metagen.serve.prefix_manager import PrefixCacheManager
     from metagen.serve.requests import EngineStats
-    from metagen.serve.scheduler import EngineRequest
+    from metagen.serve.request_state import EngineRequest
 
 
 class ChunkedPrefill:

@@ -46,7 +46,8 @@ from metagen.serve.chunked_prefill import ChunkedPrefill
 from metagen.serve.model_runner import ModelRunner
 from metagen.serve.prefix_manager import PrefixCacheManager
 from metagen.serve.requests import DoneEvent, EngineStats, EngineStoppedError, QueueFullError, ServeRequest, TokenEvent
-from metagen.serve.scheduler import EngineRequest, RequestStatus, Scheduler
+from metagen.serve.request_state import EngineRequest, RequestStatus
+from metagen.serve.scheduler import Scheduler
 
 __all__ = ["DEFAULT_CACHE_MEMORY", "DEFAULT_PREFILL_CHUNK", "DoneEvent", "Engine", "EngineStats", "EngineStoppedError",
            "QueueFullError", "ServeRequest", "TokenEvent", "bytes_per_token"]

@@ -32,7 +32,7 @@ from metagen.decoding.records import TokenRecord, token_records
 from metagen.serve.requests import DoneEvent
 
 if TYPE_CHECKING:
-    from metagen.serve.scheduler import EngineRequest
+    from metagen.serve.request_state import EngineRequest
 
 
 @dataclass(eq=False)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from metagen.models.cache import RowSnapshot
     from metagen.models.prefix_cache import PrefixCache
     from metagen.serve.requests import EngineStats
-    from metagen.serve.scheduler import EngineRequest
+    from metagen.serve.request_state import EngineRequest
 
 
 class PrefixCacheManager:

@@ -2,7 +2,7 @@
 its submitter sets, with its `Lifetime`, and the outputs the engine fills), the events it emits
 (`TokenEvent` per chosen token, one final `DoneEvent`), the engine's counters (`EngineStats`,
 read by /metrics) and the errors `Engine.submit` raises. The engine's own per-request state is
-`scheduler.EngineRequest`; proxy mode's request is `proxy.ProxyRequest`."""
+`request_state.EngineRequest`; proxy mode's request is `proxy.ProxyRequest`."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ class Lifetime:
 @dataclass
 class ServeRequest(Lifetime):
     """One request to the engine: `params.n` rows of one prompt. The submitter sets the input;
-    the engine keeps its own state apart (`scheduler.EngineRequest`) and fills the outputs.
+    the engine keeps its own state apart (`request_state.EngineRequest`) and fills the outputs.
 
     emit: called on the engine thread with each `TokenEvent` and a final `DoneEvent`; it must
         not block (the HTTP layer posts the events to its event loop).
