@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from metagen.sampling import SamplingParams
-from metagen.serve.requests import DoneEvent, EngineStats, ServeRequest
+from metagen.serve.requests import DoneEvent, EngineStats, QueueFullError, ServeRequest
 from metagen.serve.request_state import RequestStatus
 from metagen.serve.scheduler import Scheduler
 
@@ -19,8 +19,9 @@ class _Rows:
         self.active = list(range(live))
 
 
-def _submit(scheduler: Scheduler, prompt_length: int, n: int = 1, timeout: float | None = None):
-    request = ServeRequest(list(range(prompt_length)), SamplingParams(n=n), lambda event: None, timeout=timeout)
+def _submit(scheduler: Scheduler, prompt_length: int, n: int = 1, timeout: float | None = None, emit=None):
+    request = ServeRequest(list(range(prompt_length)), SamplingParams(n=n), emit or (lambda event: None),
+                           timeout=timeout)
     request.submitted = 0.0
     scheduler.reserve()  # as `Engine.submit` does
     return scheduler.add(request)
@@ -71,6 +72,29 @@ def test_decode_gives_each_running_request_its_cache_rows_and_leaves_out_the_sto
     schedule = scheduler.decode(now=1.0)
     assert [(state, event.outcome) for state, event in schedule.stopped] == [(states[1], "cancelled")]
     assert schedule.decoding == [(states[0], range(0, 2)), (states[2], range(3, 4))]
+
+
+def test_every_request_leaves_through_finish_once_with_its_status_counted_and_the_queue_depth_down():
+    scheduler = Scheduler(max_rows=4, prefill_chunk=256, max_queue=3)
+    events = []
+    running, prefilling, waiting = (_submit(scheduler, 5, emit=events.append) for _ in range(3))
+    _run(scheduler, running, live=1)
+    scheduler.start_prefill(prefilling)
+    assert scheduler.queue_depth == 2 and prefilling.status is RequestStatus.PREFILLING
+    scheduler.finish(prefilling, DoneEvent("cancelled"))
+    assert prefilling.status is RequestStatus.CANCELLED and scheduler.waiting == [waiting]
+    scheduler.finish_all("the server is shutting down")
+    assert scheduler.waiting == scheduler.running == [] and scheduler.queue_depth == 0
+    assert [state.status for state in (running, waiting)] == [RequestStatus.FAILED] * 2
+    assert events == [DoneEvent("cancelled")] + [DoneEvent("the server is shutting down")] * 2
+    assert (scheduler.stats.requests_cancelled, scheduler.stats.requests_failed) == (1, 2)
+
+
+def test_the_queue_is_bounded_by_max_queue():
+    scheduler = Scheduler(max_rows=4, prefill_chunk=256, max_queue=1)
+    _submit(scheduler, 5)
+    with pytest.raises(QueueFullError, match=r"1 requests are waiting \(--max-queue 1\)"):
+        scheduler.reserve()
 
 
 @pytest.mark.parametrize("event, outcome", [
