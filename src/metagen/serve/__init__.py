@@ -3,8 +3,14 @@
     engine.py    one thread owning the model and the KV cache: continuous batching, each
                  request with its own SamplingParams, constraint and torch.Generator
     scheduler.py what each engine step admits, prefills and decodes; the engine's request state
-    requests.py  ServeRequest (a caller's input and outputs), its events, EngineStats
-    protocol.py  request bodies -> (prompt ids, SamplingParams), validated; errors name the field
+    requests.py  ParsedRequest (a body, checked), ServeRequest (a caller's input and outputs),
+                 its events, EngineStats
+    body.py      what every body meets: APIError (naming the field), JSON loading, the
+                 ignored-fields header
+    completion_request.py, chat_request.py
+                 each endpoint's body -> ParsedRequest (prompt ids, SamplingParams), validated,
+                 over request_fields.py (the fields both share, read once) and
+                 strategy_request.py (the `metagen` strategy and its options)
     responses.py completions, chat completions and their stream chunks (OpenAI's shapes)
     metrics.py   Prometheus text of the engine's (or the proxy's) counters
     local.py     LocalBackend: the engine behind the app (and the backend interface)
