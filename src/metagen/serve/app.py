@@ -33,9 +33,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from metagen.serve import metrics, routers
+from metagen.serve.body import DEFAULT_MAX_N, APIError
 from metagen.serve.generation import router as generation
 from metagen.serve.http import ServerState
-from metagen.serve.body import DEFAULT_MAX_N, APIError
 
 __all__ = ["MAX_BODY_BYTES", "create_app"]
 

@@ -48,8 +48,8 @@ def _chat_fields(body: Mapping, model, stream: bool) -> PromptFields:
     if "max_completion_tokens" in body and "max_tokens" in body:
         raise APIError("give max_tokens or max_completion_tokens, not both", "max_tokens")
     default_max = max(model.max_context - len(prompt_ids), 1) if model is not None else SamplingParams.max_tokens
-    return PromptFields(prompt_ids, _plain_messages(body), "messages", limit_field, default_max, logprobs,
-                        alternatives, alternatives_field)
+    return PromptFields(prompt_ids, _plain_messages(body), "messages", limit_field, default_max, alternatives,
+                        alternatives_field)
 
 
 CHAT = Endpoint(chat=True, fields=CHAT_FIELDS, read_prompt=_chat_fields)

@@ -42,8 +42,8 @@ def _completion_fields(body: Mapping, model, stream: bool) -> PromptFields:
     if "best_of" in body and body["best_of"] != body.get("n", 1):
         raise APIError(f"best_of={body['best_of']!r} is not supported: only best_of equal to n", "best_of")
     seen = prompt_text if prompt_text is not None else prompt_ids
-    return PromptFields(prompt_ids, seen, "prompt", "max_tokens", DEFAULT_MAX_TOKENS, "logprobs" in body,
-                        alternatives=body.get("logprobs"), text=prompt_text, echo=echo)
+    return PromptFields(prompt_ids, seen, "prompt", "max_tokens", DEFAULT_MAX_TOKENS, body.get("logprobs"),
+                        text=prompt_text, echo=echo)
 
 
 COMPLETION = Endpoint(chat=False, fields=COMPLETION_FIELDS, read_prompt=_completion_fields)

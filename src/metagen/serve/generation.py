@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import replace
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from metagen.serve.engine_generator import StrategyTimeout
-from metagen.serve.http import ServerState, check_key, read_json, server
 from metagen.serve.body import APIError, ignored_fields_header
 from metagen.serve.chat_request import parse_chat
 from metagen.serve.completion_request import parse_completion
+from metagen.serve.engine_generator import StrategyTimeout
+from metagen.serve.http import ServerState, check_key, read_json, server
 from metagen.serve.request_fields import field_named
 from metagen.serve.requests import DoneEvent, ParsedRequest, TokenEvent
 from metagen.serve.responses import ChunkWriter, full_response, strategy_response
@@ -43,7 +44,7 @@ async def chat_completions(request: Request, state: ServerState = Depends(server
     return await _generate(request, state, parse_chat)
 
 
-async def _generate(request: Request, state: ServerState, parse):
+async def _generate(request: Request, state: ServerState, parse: Callable[..., ParsedRequest]):
     """Parse the body with the endpoint's `parse` (`parse_completion` or `parse_chat`); run its
     strategy, or submit it and answer from its events."""
     backend = state.backend

@@ -56,16 +56,15 @@ PROXY_REFUSALS = (("logprobs", "the backend's token texts are not relayed"),
 class PromptFields:
     """What an endpoint's own fields give the shared checks: the prompt's ids (None in proxy
     mode), the prompt as a strategy sees it (messages, text or token ids), its field name, the
-    max_tokens field used and its default, logprobs asked and the number of top alternatives
-    (SamplingParams' `logprobs`; None: not asked) with the field that gave it, and (completions)
-    the prompt's text and echo."""
+    max_tokens field used and its default, the number of top alternatives per token
+    (SamplingParams' `logprobs`, as given: checked there; None: no logprobs asked) and the field
+    that gave it, and (completions) the prompt's text and echo."""
 
     ids: list[int] | None
     seen: object
     field: str
     limit_field: str
     default_max_tokens: int
-    logprobs: bool
     alternatives: object = None
     alternatives_field: str = "logprobs"
     text: str | None = None
@@ -100,9 +99,10 @@ def parse_fields(body: object, endpoint: Endpoint, *, model, served_name: str, m
     values = _sampling_values(body)
     prompt = endpoint.read_prompt(body, model, stream)
     names = {field: field for field in (*SAMPLING_FIELDS, "logprobs")}  # SamplingParams field -> request field
-    if prompt.alternatives is not None:
+    logprobs = prompt.alternatives is not None
+    if logprobs:
         values["logprobs"], names["logprobs"] = prompt.alternatives, prompt.alternatives_field
-    _check_against_model(body, model, prompt)
+    _check_against_model(body, model, prompt, logprobs)
     params = _sampling_params(body, prompt, values, names, model, max_rows, max_n)
     echo_text = None
     if prompt.echo:
@@ -123,8 +123,7 @@ def parse_fields(body: object, endpoint: Endpoint, *, model, served_name: str, m
         except ValueError as error:
             raise APIError(str(error), "token_healing") from None
     return ParsedRequest(endpoint.chat, prompt_ids, params, name if strategy is not None else served_name, echo_text,
-                         stream, include_usage, prompt.logprobs, token_strings, tuple(unknown), strategy, prompt.seen,
-                         healed)
+                         stream, include_usage, logprobs, token_strings, tuple(unknown), strategy, prompt.seen, healed)
 
 
 def field_named(message: str) -> str | None:
@@ -212,14 +211,14 @@ def _logit_bias(value: object) -> dict[int, object]:
     return converted
 
 
-def _check_against_model(body: Mapping, model, prompt: PromptFields) -> None:
+def _check_against_model(body: Mapping, model, prompt: PromptFields, logprobs: bool) -> None:
     """The prompt leaves room in the model's context for one token; in proxy mode (`model` None)
-    what needs this server's tokenizer is refused instead, by name: logprobs asked (on
+    what needs this server's tokenizer is refused instead, by name: `logprobs` asked (on
     completions any value, 0 included: the chosen token's text), top_logprobs, echo, token_healing."""
     if model is None:
         for field, why in PROXY_REFUSALS:
             value = body.get(field)
-            if value not in (None, False, 0) or (field == "logprobs" and prompt.logprobs):
+            if value not in (None, False, 0) or (field == "logprobs" and logprobs):
                 raise APIError(f"{field}={value!r} is not supported in proxy mode (--backend): {why}", field)
     elif len(prompt.ids) >= model.max_context:
         raise APIError(f"the prompt has {len(prompt.ids)} tokens; this model's context is {model.max_context} "
