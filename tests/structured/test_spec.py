@@ -122,10 +122,11 @@ def test_sampling_params_fields():
 
 def test_import_stays_light():
     # Neither `import metagen` nor building plain SamplingParams imports llguidance; neither the
-    # package, the server's engine and protocol nor the CLI's parser (serve included) imports
+    # package, the server's engine and request parsers nor the CLI's parser (serve included) imports
     # the serve extra (fastapi, uvicorn) or an HTTP client.
     code = ("import sys, metagen; from metagen.sampling import SamplingParams; SamplingParams(temperature=0.5); "
-            "import metagen.structured, metagen.serve, metagen.serve.engine, metagen.serve.protocol, metagen.cli; "
+            "import metagen.structured, metagen.serve, metagen.serve.engine, metagen.serve.completion_request, "
+            "metagen.serve.chat_request, metagen.cli; "
             "metagen.cli.build_parser(); "
             "print([name for name in ('llguidance', 'fastapi', 'starlette', 'uvicorn', 'httpx', 'openai') "
             "if name in sys.modules])")

@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_queue < 1:  # a request waits in the queue before it is admitted: 0 would refuse them all
         raise ValueError(f"--max-queue {args.max_queue} must be >= 1")
     if args.max_n is None:
-        from metagen.serve.protocol import DEFAULT_MAX_N
+        from metagen.serve.body import DEFAULT_MAX_N
 
         args.max_n = DEFAULT_MAX_N
     if args.max_n < 1:

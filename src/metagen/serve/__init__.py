@@ -8,8 +8,14 @@
     chunked_prefill.py   a request's set-up and its prompt forwarded a piece per step
     prefix_manager.py    what requests hold of the KV cache: cached prefixes, prompt rows
     request_state.py     EngineRequest, the engine's state of one request, and its RequestStatus
-    requests.py  ServeRequest (a caller's input and outputs), its events, EngineStats
-    protocol.py  request bodies -> (prompt ids, SamplingParams), validated; errors name the field
+    requests.py  ParsedRequest (a body, checked), ServeRequest (a caller's input and outputs),
+                 its events, EngineStats
+    body.py      what every body meets: APIError (naming the field), JSON loading, the
+                 ignored-fields header
+    completion_request.py, chat_request.py
+                 each endpoint's body -> ParsedRequest (prompt ids, SamplingParams), validated,
+                 over request_fields.py (the fields both share, read once) and
+                 strategy_request.py (the `metagen` strategy and its options)
     responses.py completions, chat completions and their stream chunks (OpenAI's shapes)
     metrics.py   Prometheus text of the engine's (or the proxy's) counters
     local.py     LocalBackend: the engine behind the app (and the backend interface)

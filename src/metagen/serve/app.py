@@ -17,7 +17,7 @@ answered from their events; strategies run on a worker thread over the backend's
 generator.
 
 Bodies are read and checked by hand, not by a schema library, so that every refusal is OpenAI's
-error body naming the field (protocol.py): a body not declared `application/json` is 415 (a web
+error body naming the field (body.py): a body not declared `application/json` is 415 (a web
 page can post text/plain, form and multipart bodies anywhere without asking), one over
 `max_body_bytes` 413, one that is not JSON or nests deeper than MAX_JSON_DEPTH 400, a full queue
 429 with Retry-After. With an API key, every endpoint but /health needs
@@ -33,9 +33,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from metagen.serve import metrics, routers
+from metagen.serve.body import DEFAULT_MAX_N, APIError
 from metagen.serve.generation import router as generation
 from metagen.serve.http import ServerState
-from metagen.serve.protocol import DEFAULT_MAX_N, APIError
 
 __all__ = ["MAX_BODY_BYTES", "create_app"]
 
@@ -74,7 +74,7 @@ def create_app(backend, *, api_key: str | None = None, lenient: bool = False,
     """The application over `backend` (a `LocalBackend` over a started engine, or a `ProxyBackend`);
     `request_timeout`: seconds a request may take from its arrival (None: no limit), else 504 (or
     an error chunk when streaming); `max_n`: the bound on n and on every strategy option that
-    counts work (`parse_request`)."""
+    counts work (`request_fields.parse_fields`)."""
     app = FastAPI(title="metagen", docs_url=None, redoc_url=None, openapi_url=None)
     workers = ThreadPoolExecutor(max_workers=max(4, backend.max_rows), thread_name_prefix="metagen-strategy")
     app.state.server = ServerState(backend, api_key, lenient, max_body_bytes, request_timeout, max_n,

@@ -1,6 +1,6 @@
 """The generation router: POST /v1/completions and /v1/chat/completions over the app's backend.
 
-A body is read and parsed (`parse_request`, chat or completion); a strategy runs on a worker
+A body is read and parsed (`parse_completion` or `parse_chat`); a strategy runs on a worker
 thread over the backend's strategy generator (`_run_strategy`), a plain request is submitted to
 the backend (`backend.submit`) and answered from its events: the whole answer, or Server-Sent
 Events (`data: {chunk}` ... `data: [DONE]`). A stream starts with the request's first event, so
@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import replace
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from metagen.serve.body import APIError, ignored_fields_header
+from metagen.serve.chat_request import parse_chat
+from metagen.serve.completion_request import parse_completion
 from metagen.serve.engine_generator import StrategyTimeout
 from metagen.serve.http import ServerState, check_key, read_json, server
-from metagen.serve.protocol import APIError, ParsedRequest, field_named, ignored_fields_header, parse_request
-from metagen.serve.requests import DoneEvent, TokenEvent
+from metagen.serve.request_fields import field_named
+from metagen.serve.requests import DoneEvent, ParsedRequest, TokenEvent
 from metagen.serve.responses import ChunkWriter, full_response, strategy_response
 
 DISCONNECT_POLL = 0.5  # seconds between checks that a waiting non-streaming client is still there
@@ -32,23 +36,24 @@ router = APIRouter(dependencies=[Depends(check_key)])
 
 @router.post("/v1/completions")
 async def completions(request: Request, state: ServerState = Depends(server)):
-    return await _generate(request, state, chat=False)
+    return await _generate(request, state, parse_completion)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, state: ServerState = Depends(server)):
-    return await _generate(request, state, chat=True)
+    return await _generate(request, state, parse_chat)
 
 
-async def _generate(request: Request, state: ServerState, chat: bool):
-    """Parse the body; run its strategy, or submit it and answer from its events."""
+async def _generate(request: Request, state: ServerState, parse: Callable[..., ParsedRequest]):
+    """Parse the body with the endpoint's `parse` (`parse_completion` or `parse_chat`); run its
+    strategy, or submit it and answer from its events."""
     backend = state.backend
     body = await read_json(request)
-    parsed = parse_request(body, chat=chat, model=backend.model, served_name=backend.served_name,
-                           max_rows=backend.max_rows, lenient=state.lenient, max_n=state.max_n)
+    parsed = parse(body, model=backend.model, served_name=backend.served_name, max_rows=backend.max_rows,
+                   lenient=state.lenient, max_n=state.max_n)
     headers = {"X-Metagen-Ignored-Fields": ignored_fields_header(parsed.ignored)} if parsed.ignored else {}
     if parsed.strategy is not None:
-        return await _run_strategy(request, state, parsed, chat, headers)
+        return await _run_strategy(request, state, parsed, headers)
     backend.check(parsed)
     events: asyncio.Queue = asyncio.Queue()
     job = _submit(state, parsed, _emitter(events))
@@ -96,13 +101,12 @@ def _submit(state: ServerState, parsed: ParsedRequest, emit):
         raise
 
 
-async def _run_strategy(request: Request, state: ServerState, parsed: ParsedRequest, chat: bool,
-                        headers: dict[str, str]):
+async def _run_strategy(request: Request, state: ServerState, parsed: ParsedRequest, headers: dict[str, str]):
     """Run the request's strategy on a worker thread over the backend's strategy generator (an
     `EngineGenerator`, whose requests join the engine's batch, or the remote fleet's); the
     answer is the chosen output plus the `metagen` block."""
     backend, strategy = state.backend, parsed.strategy
-    generator = backend.strategy_generator(chat, state.request_timeout)
+    generator = backend.strategy_generator(parsed.chat, state.request_timeout)
     params = replace(parsed.params, n=1)
     try:
         strategy.spec.check(generator, strategy.options, params)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from metagen.serve import metrics
-from metagen.serve.protocol import APIError, check_json_content_type, load_body
+from metagen.serve.body import APIError, check_json_content_type, load_body
 
 
 @dataclass(frozen=True)

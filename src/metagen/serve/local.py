@@ -29,8 +29,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from metagen.serve import metrics
-from metagen.serve.protocol import APIError, ParsedRequest, check_model, only, parse_request
-from metagen.serve.requests import EngineStoppedError, QueueFullError, RequestTooLargeError, ServeRequest
+from metagen.serve.body import APIError, check_model, only
+from metagen.serve.chat_request import parse_chat
+from metagen.serve.requests import EngineStoppedError, ParsedRequest, QueueFullError, RequestTooLargeError, ServeRequest
 from metagen.serve.responses import TokenTexts
 
 RETRY_AFTER_SECONDS = 1
@@ -46,7 +47,7 @@ class LocalBackend:
         self.texts = TokenTexts(model.tokenizer)
 
     def check(self, parsed) -> None:
-        """Nothing: `parse_request` has checked the request against the model."""
+        """Nothing: the parse (`request_fields.parse_fields`) has checked the request against the model."""
 
     def submit(self, parsed: ParsedRequest, emit: Callable[[object], None], timeout: float | None) -> ServeRequest:
         job = ServeRequest(parsed.prompt_ids, parsed.params, emit, echo=parsed.echo_text is not None,
@@ -85,8 +86,8 @@ class LocalBackend:
         only(body, {"model", "prompt", "messages", "add_special_tokens"})
         check_model(body, self.served_name)
         if "messages" in body:
-            ids = parse_request({"messages": body["messages"]}, chat=True, model=self.model,
-                                served_name=self.served_name, max_rows=self.max_rows).prompt_ids
+            ids = parse_chat({"messages": body["messages"]}, model=self.model,
+                             served_name=self.served_name, max_rows=self.max_rows).prompt_ids
         else:
             prompt, special = body["prompt"], body.get("add_special_tokens", True)
             if not isinstance(prompt, str):

@@ -42,8 +42,9 @@ from metagen.remote import FleetUnavailableError, InvalidRequestError, ServerErr
 from metagen.remote.streaming import stream, stream_request
 from metagen.sampling import SamplingParams
 from metagen.serve import metrics
-from metagen.serve.protocol import APIError, ParsedRequest, check_model, field_named, only
-from metagen.serve.requests import DoneEvent, EngineStats, Lifetime, TokenEvent
+from metagen.serve.body import APIError, check_model, only
+from metagen.serve.request_fields import field_named
+from metagen.serve.requests import DoneEvent, EngineStats, Lifetime, ParsedRequest, TokenEvent
 
 CANCEL_POLL = 0.25  # seconds between checks that a proxied request's client is still there
 UNSUPPORTED_STATUS = (404, 405, 501)  # a backend without the endpoint

@@ -1,8 +1,11 @@
-"""What passes between the serving engine and its callers: a request (`ServeRequest`: the input
-its submitter sets, with its `Lifetime`, and the outputs the engine fills), the events it emits
-(`TokenEvent` per chosen token, one final `DoneEvent`), the engine's counters (`EngineStats`,
-read by /metrics) and the errors `Engine.submit` raises. The engine's own per-request state is
-`request_state.EngineRequest`; proxy mode's request is `proxy.ProxyRequest`."""
+"""The server's request types. Parsed from a body: `ParsedRequest`, a request as the API gave it,
+checked (built by `completion_request.parse_completion` and `chat_request.parse_chat`), which the
+backends and the response builders read, and `StrategyRequest`, the strategy it asks for
+(`strategy_request.parse_strategy`). Between the serving engine and its callers: a request
+(`ServeRequest`: the input its submitter sets, with its `Lifetime`, and the outputs the engine
+fills), the events it emits (`TokenEvent` per chosen token, one final `DoneEvent`), the engine's
+counters (`EngineStats`, read by /metrics) and the errors `Engine.submit` raises. The engine's
+own per-request state is `request_state.EngineRequest`; proxy mode's request is `proxy.ProxyRequest`."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +21,45 @@ from metagen.decoding.records import TokenRecord
 from metagen.decoding.result import Completion
 from metagen.decoding.rows import Row
 from metagen.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from metagen.strategies.spec import StrategyOptions, StrategySpec
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """One request as the API gave it, parsed and checked (never changed after): what the backends
+    and the response builders need.
+
+    chat: from /v1/chat/completions. logprobs: report per-token log-probabilities (the number of
+    top alternatives is `params.logprobs`). include_usage: a final usage chunk when streaming.
+    ignored: unknown fields dropped under --lenient.
+    """
+
+    chat: bool
+    prompt_ids: list[int] | None  # None in proxy mode (the backend encodes the prompt)
+    params: SamplingParams
+    model: str
+    echo_text: str | None = None  # echo: the prompt's text, put before each completion
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    token_ids_as_strings: bool = False
+    ignored: tuple[str, ...] = ()
+    strategy: StrategyRequest | None = None  # a meta-generation strategy runs (strategy_request.py)
+    prompt: object = None  # the prompt as the strategy sees it: messages (chat), text or token ids
+    healed: str = ""  # token_healing: the prompt text backed up, which the output must reproduce
+
+
+@dataclass(frozen=True)
+class StrategyRequest:
+    """A strategy asked for by `metagen.strategy` or the model name `strategy:model`: its registry
+    entry, its budget n, its StrategyOptions and its config overrides (validated by `spec.parse`)."""
+
+    spec: StrategySpec
+    n: int
+    options: StrategyOptions
+    overrides: dict
 
 
 class QueueFullError(RuntimeError):

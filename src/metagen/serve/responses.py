@@ -17,7 +17,7 @@ from functools import lru_cache
 
 from metagen.decoding.records import TokenRecord
 from metagen.decoding.result import Completion
-from metagen.serve.protocol import ParsedRequest
+from metagen.serve.requests import ParsedRequest
 
 
 class TokenTexts:

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from metagen.serve.http import ServerState, check_key, read_json, server
-from metagen.serve.protocol import APIError
+from metagen.serve.body import APIError
 
 health = APIRouter()
 info = APIRouter(dependencies=[Depends(check_key)])

@@ -1,0 +1,72 @@
+"""The meta-generation strategy a request asks for -> a validated `StrategyRequest`.
+
+`metagen` ({"strategy": NAME, option: value, ...}) or the model name `NAME:<served model>` asks
+for a strategy (`parse_strategy`, called by the endpoints' parse, `request_fields.parse_fields`):
+its options are the fields of the strategy's own config dataclass (`StrategySpec.parse`),
+refused as `metagen.<field>`. `max_n` (`metagen serve --max-n`, default `DEFAULT_MAX_N`) bounds
+metagen.n and every option that counts work (widths, expansions, iterations, depths:
+`options.check_work`), here, before anything is built for the request. Request fields a
+strategy cannot honour (stream, n, logprobs, top_logprobs, echo) are refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from metagen.serve.body import DEFAULT_MAX_N, APIError, param_of
+from metagen.serve.requests import StrategyRequest
+
+if TYPE_CHECKING:
+    from metagen.sampling import SamplingParams
+
+SERVED_VALUES = ("steps", "judge")  # a value-head file would be a path named by the request: refused
+
+
+def parse_strategy(body: Mapping, named: str | None, params: SamplingParams,
+                   max_n: int = DEFAULT_MAX_N) -> StrategyRequest:
+    """The strategy of a request: `metagen` {"strategy": NAME, option: value, ...} and/or the model
+    name NAME:model (the two must agree); every option is checked by the strategy's own config
+    (`StrategySpec.parse`; n and every option that counts work <= `max_n`), and request fields a
+    strategy cannot honour are refused by name."""
+    from metagen.strategies.registry import get_strategy
+
+    given = body.get("metagen", {})
+    if not isinstance(given, Mapping):
+        raise APIError("metagen must be an object such as {\"strategy\": \"self_consistency\", \"n\": 8}", "metagen")
+    given = dict(given)
+    name = given.pop("strategy", None)
+    if name is None and named is None:
+        raise APIError("metagen.strategy is required (or name it in the model: strategy:model)", "metagen.strategy")
+    if name is not None and named is not None and name != named:
+        raise APIError(f"metagen.strategy={name!r} and the model name's strategy {named!r} disagree: give one",
+                       "metagen.strategy")
+    name = name if name is not None else named
+    where = "metagen.strategy" if named is None or "strategy" in body.get("metagen", {}) else "model"
+    if not isinstance(name, str):
+        raise APIError(f"metagen.strategy={name!r} must be a strategy name", "metagen.strategy")
+    try:
+        spec = get_strategy(name)
+    except ValueError as error:
+        raise APIError(str(error), where) from None
+    try:
+        n, options, overrides = spec.parse(given, "metagen.", max_n=max_n, limit_name=f"--max-n {max_n}")
+    except ValueError as error:
+        message = str(error)  # "metagen.<option>..." for an option given or defaulted; anything else is about metagen
+        options = {f"metagen.{option}": f"metagen.{option}" for option in [*given, *spec.fields()]
+                   if isinstance(option, str)}
+        raise APIError(message, param_of(message, options) or "metagen") from None
+    if options.value is not None and options.value not in SERVED_VALUES:
+        raise APIError(f"metagen.value={options.value!r}: this server takes {' or '.join(SERVED_VALUES)} (a value-head "
+                       "file would be a path named by the request, which the server does not open)", "metagen.value")
+    if spec.uses_value and options.value is None:
+        raise APIError(f"strategy {name!r} needs metagen.value: {' or '.join(SERVED_VALUES)}", "metagen.value")
+    refusals = (("stream", body.get("stream"), "the chosen output is known only when the strategy has finished"),
+                ("n", params.n != 1, "a strategy returns one chosen output; its budget is metagen.n"),
+                ("logprobs", body.get("logprobs"), "the chosen output may be built from several requests"),
+                ("top_logprobs", "top_logprobs" in body, "the chosen output may be built from several requests"),
+                ("echo", body.get("echo"), "a strategy's prompts are its own"))
+    for field, refused, why in refusals:
+        if refused:
+            raise APIError(f"{field} is not supported with a strategy ({name!r}): {why}", field)
+    return StrategyRequest(spec, n, options, overrides)
