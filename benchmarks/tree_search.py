@@ -34,7 +34,7 @@ from metagen.decoding import LocalGenerator
 from metagen.eval import EvalConfig, arithmetic_problems, evaluate
 from metagen.eval.fingerprint import model_identity
 from metagen.eval.frontier import format_compute_optimal, frontier
-from metagen.eval.harness import ORACLE, EvalReport
+from metagen.eval.config import ORACLE, EvalReport
 from metagen.models import load
 from metagen.sampling import SamplingParams
 from metagen.strategies.registry import StrategyOptions

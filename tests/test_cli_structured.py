@@ -137,7 +137,7 @@ def test_token_healing_under_the_chat_template_is_refused_by_name(capsys):
 
 
 def test_eval_takes_a_constraint_for_every_sample(monkeypatch, tmp_path):
-    import metagen.eval.harness as harness
+    import metagen.eval.running as running
 
     seen = {}
 
@@ -146,7 +146,7 @@ def test_eval_takes_a_constraint_for_every_sample(monkeypatch, tmp_path):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(common, "load_model", lambda args: None)
-    monkeypatch.setattr(harness, "evaluate_models", stop)
+    monkeypatch.setattr(running, "evaluate_models", stop)
     assert main(["eval", "--task", "arithmetic", "--count", "2", "--strategy", "self_consistency", "--n", "1",
                  "--regex", "[0-9]+"]) == 130
     assert seen["params"].structured_outputs.regex == "[0-9]+"

@@ -13,10 +13,10 @@ from metagen.decoding import Cost, Generator
 from metagen.decoding import capabilities as caps
 from metagen.decoding.result import Completion, GenerationResult
 from metagen.eval import EvalConfig, Problem, evaluate, load_jsonl, pass_at_k
-from metagen.eval import code_grading, harness
+from metagen.eval import code_grading, judging
 from metagen.eval.code_grading import grade
 from metagen.eval.code_prompts import STOP, resolve_mode
-from metagen.eval.pool import Sample
+from metagen.eval.pool import Sample, known_grades
 from metagen.eval.tasks import humaneval_problems, write_jsonl
 from metagen.sampling import SamplingParams
 
@@ -276,7 +276,7 @@ def test_greedy_and_pooled_strategies_on_code_problems_with_pass_at_k_and_resume
     runs = []
     real = code_grading.grade
     counted = lambda problem, reply, **kw: runs.append(reply) or real(problem, reply, **kw)  # noqa: E731
-    monkeypatch.setattr(harness, "grade", counted)  # live replies and texts that are no pool sample
+    monkeypatch.setattr(judging, "grade", counted)  # live replies and texts that are no pool sample
     monkeypatch.setattr(code_grading, "grade", counted)  # pool samples (grade_all)
     config = EvalConfig(("greedy", "best_of_n_logprob", "self_consistency"), ns=(1, 4), subsets=10,
                         params=SamplingParams(temperature=1.0))
@@ -322,12 +322,12 @@ def test_a_chosen_text_that_is_no_pool_sample_is_graded_in_the_sandbox(tmp_path,
 
     pool = Pool(3, None, 0.0, 0.0, [Sample("    return a - b\n", [1], [-0.1], [], "stop", None, None, False,
                                            program="x", reason="AssertionError", sandbox_seconds=0.1)])
-    known = harness._known_grades(pool)
+    known = known_grades(pool)
     built = SimpleNamespace(chosen=SimpleNamespace(text="    return a + b\n", answer=None))
     config = EvalConfig(("greedy",), ns=(1,))
-    assert harness._score(built, ADD, config, known) is True and known["    return a + b\n"].passed
+    assert judging.score(built, ADD, config, known) is True and known["    return a + b\n"].passed
     stored = SimpleNamespace(chosen=SimpleNamespace(text="    return a - b\n", answer=None))
-    assert harness._score(stored, ADD, config, known) is False
+    assert judging.score(stored, ADD, config, known) is False
 
 
 def test_samples_without_the_code_fields_still_load_and_code_samples_round_trip():

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from metagen.decoding.errors import RequestFailedError
 from metagen.eval import EvalConfig, Problem, evaluate
+from metagen.eval.running import UnfinishedProblemsError
 from metagen.sampling import SamplingParams
 from tests.eval.dice import PROBLEMS, ConcurrentDiceGenerator, DiceGenerator
 
@@ -132,7 +134,6 @@ def test_a_problem_whose_request_finally_fails_leaves_the_others_to_finish(tmp_p
     server busy past the deadline): the other problems finish, the unfinished one is named, and a
     rerun resumes it alone."""
     pytest.importorskip("httpx")
-    from metagen.eval.harness import UnfinishedProblemsError
     from metagen.remote import ServerError
 
     class Flaky(ConcurrentDiceGenerator):
@@ -153,3 +154,44 @@ def test_a_problem_whose_request_finally_fails_leaves_the_others_to_finish(tmp_p
     evaluate(flaky, PROBLEMS, CONFIG, tmp_path, concurrency=concurrency)
     assert {key[1] for key in _keys(tmp_path)} == {p.id for p in PROBLEMS}
     assert flaky.calls[before:] and all("question 3" in str(call) for call in flaky.calls[before:])  # it alone ran
+
+
+class _Down(RequestFailedError):
+    """A backend's own failed-request error: counted by its declared type, not by its module."""
+
+
+class _Refused(RequestFailedError, ValueError):
+    """A failed request that is the request's fault (as `remote.InvalidRequestError`)."""
+
+
+@pytest.mark.parametrize(("error", "raised"), [(_Down, UnfinishedProblemsError), (_Refused, ValueError),
+                                               (RuntimeError, RuntimeError)])
+def test_only_a_declared_request_failure_leaves_the_problem_unfinished(tmp_path, error, raised):
+    """`RequestFailedError` is the contract, whatever backend raises it (no remote module loaded
+    or consulted); one that is also a ValueError, or any other error, stops the run."""
+    class Failing(ConcurrentDiceGenerator):
+        def generate(self, prompt, params, *, generator=None):
+            if "question 3" in str(prompt):
+                raise error("the server went away")
+            return super().generate(prompt, params, generator=generator)
+
+    if raised is UnfinishedProblemsError:  # the others ran to the end
+        with pytest.raises(UnfinishedProblemsError, match=r"1 of 5 problems unfinished.*p3: the server went away"):
+            evaluate(Failing(), PROBLEMS, CONFIG, tmp_path, concurrency=2)
+        assert {key[1] for key in _keys(tmp_path)} == {p.id for p in PROBLEMS} - {"p3"}
+    else:  # the run stopped at it
+        with pytest.raises(raised, match=r"^(problem 'p3': )?the server went away$") as stopped:
+            evaluate(Failing(), PROBLEMS, CONFIG, tmp_path, concurrency=2)
+        assert not isinstance(stopped.value, UnfinishedProblemsError)
+        assert "p3" not in {key[1] for key in _keys(tmp_path)}
+
+
+def test_the_remote_errors_are_declared_request_failures_and_running_imports_no_httpx():
+    done = subprocess.run([sys.executable, "-c", "import sys, metagen.eval.running; print('httpx' in sys.modules)"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert done.stdout.split() == ["False"], done.stderr[-2000:]
+    pytest.importorskip("httpx")
+    from metagen.remote import FleetUnavailableError, InvalidRequestError, ServerError
+
+    assert issubclass(ServerError, RequestFailedError) and issubclass(FleetUnavailableError, RequestFailedError)
+    assert issubclass(InvalidRequestError, ValueError)  # the request's fault: it stops a run

@@ -5,7 +5,7 @@ import shutil
 
 from metagen.eval import EvalConfig
 from metagen.eval.fingerprint import differences, model_identity, weights_digest
-from metagen.eval.harness import run_setup
+from metagen.eval.config import run_setup
 from metagen.strategies.registry import StrategyOptions
 from tests.eval.dice import DiceGenerator
 

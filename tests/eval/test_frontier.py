@@ -17,7 +17,7 @@ from metagen.decoding import Cost
 from metagen.eval import EvalConfig, evaluate
 from metagen.eval.frontier import (Choice, budget_ladder, compute_optimal, format_compute_optimal, frontier,
                                    intervals_overlap, per_budget)
-from metagen.eval.harness import ORACLE
+from metagen.eval.config import ORACLE
 from metagen.eval.points import CurvePoint, bootstrap_interval
 from metagen.sampling import SamplingParams
 from tests.eval.dice import PROBLEMS, DiceGenerator

@@ -11,7 +11,8 @@ from contextlib import contextmanager
 import pytest
 
 from metagen.eval import EvalConfig, evaluate, format_table
-from metagen.eval.harness import ModelRun, evaluate_models
+from metagen.eval.config import ModelRun
+from metagen.eval.running import evaluate_models
 from metagen.sampling import SamplingParams
 from tests.eval.dice import PROBLEMS, DiceGenerator
 

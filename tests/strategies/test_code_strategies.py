@@ -6,7 +6,7 @@ import pytest
 
 from metagen.decoding import Cost, Generator
 from metagen.decoding.result import Completion, GenerationResult
-from metagen.eval.harness import EvalConfig
+from metagen.eval.config import EvalConfig
 from metagen.eval.pool import Pool, PoolGenerator, Sample
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import extract_answer

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     before loading any; results already in --out are checked against each loaded model's identity."""
     from metagen.eval import EvalConfig, format_table
     from metagen.eval.frontier import format_compute_optimal
-    from metagen.eval.harness import evaluate_models
+    from metagen.eval.running import evaluate_models
     from metagen.outputs import check_writable_directory
     from metagen.sampling import SamplingParams
 

@@ -1,7 +1,7 @@
 """The models of one `metagen eval` sweep: every --model (a GGUF file, an HF directory, a hub
 name OWNER/NAME[:QUANT] or `embedded`) and every --backend (one served model each; its
 --served-model, --engine, --parameters and --tokenizer given once per --backend, in order), as
-`harness.ModelRun`s in the order given, local models first. --chat / --no-chat applies to every
+`config.ModelRun`s in the order given, local models first. --chat / --no-chat applies to every
 model alike (`model_runs`' local_chat and remote_chat).
 
 Each model gets a short label, unique in the sweep, that names its points and files its units in
@@ -65,7 +65,7 @@ def model_runs(args: argparse.Namespace, local_chat: bool | None = None,
                remote_chat: bool | None = None) -> tuple[list, list]:
     """(runs, remote generators to close) of a checked `args` (see `check`); local_chat /
     remote_chat: the generators' `chat` setting (None: their default)."""
-    from metagen.eval.harness import ModelRun
+    from metagen.eval.config import ModelRun
     from metagen.models.hub import resolve
 
     paths = list(args.model or ([] if args.backend else [EMBEDDED]))

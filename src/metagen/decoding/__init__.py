@@ -2,8 +2,8 @@
 interface with its `Cost`, which meta-generation strategies build on; the one result type
 (`Completion` per sequence, `GenerationResult` per call) every loop and strategy returns.
 
-Names are imported on first use (`metagen._lazy`): `capabilities`, `Cost`, `prompts` and the
-result types import no torch."""
+Names are imported on first use (`metagen._lazy`): `capabilities`, `Cost`, `prompts`, the
+result types and `RequestFailedError` import no torch."""
 
 from metagen._lazy import lazy_package
 
@@ -19,6 +19,7 @@ _EXPORTS = {
     "Completion": "result",
     "GenerationResult": "result",
     "prefer_complete": "result",
+    "RequestFailedError": "errors",
     "Row": "rows",
     "StopRules": "stop_rules",
     "TokenRecord": "records",

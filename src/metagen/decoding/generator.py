@@ -31,6 +31,10 @@ The contract beyond `generate` is explicit, never guessed from attributes:
   reset_prefix_cache()
                  forget prompts kept between calls (LocalGenerator keeps the last one, see
                  `prompt_cache.py`), so the next call's cost is a first call's.
+  RequestFailedError
+                 what `generate` raises when a remote request finally failed (`errors.py`): the
+                 server's fault, not the prompt's; the evaluation harness runs the other
+                 problems on and names the unfinished ones.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""How a code problem is put to a model: completion-style for base models, chat-style for
-instruct models.
+"""How a problem is put to a model (`request`): a question as it is, followed by the run's prompt
+suffix; a code problem completion-style for base models, chat-style for instruct models.
 
   completion  the prompt source as it is; the model continues it with the function's body,
               stopped at HumanEval's stop strings (Chen et al. 2021: the next top-level `def`,
@@ -14,13 +14,16 @@ exactly when a text prompt reaches the model through a chat template (`chat_appl
 local model's tokenizer has one (or the generator forces `chat`), or a remote backend sends text
 to /v1/chat/completions (`OpenAIGenerator.chat`: its default; with chat=False, or a tokenizer
 without a template, text goes to /v1/completions and completion-style is used). The mode
-actually used is part of the run's set-up (`code_setup`), so resumed results never mix the two.
+actually used is part of the run's set-up (`code_setup`, read back by `stored_mode`), so resumed
+results never mix the two.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
+from metagen.eval.tasks import Problem
 from metagen.sampling import SamplingParams
 
 MODES = ("auto", "chat", "completion")
@@ -81,3 +84,24 @@ def code_setup(mode: str, timeout: float, memory_mb: int) -> dict:
     else:
         entry["stop"] = list(STOP)
     return entry
+
+
+def stored_mode(units) -> str | None:
+    """The code prompt mode stored in a model's set-up (`ModelUnits.setup`'s "code" entry,
+    `code_setup`), or None when its run had no code problems."""
+    return units.setup.get("code", {}).get("prompt")
+
+
+def code_mode(problems: Sequence[Problem], config, generator) -> str | None:
+    """The code prompt mode of this run ("chat" or "completion", `resolve_mode` of
+    `config.code_prompt`), or None when no problem is a code problem."""
+    return resolve_mode(config.code_prompt, generator) if any(p.is_code for p in problems) else None
+
+
+def request(problem: Problem, config, mode: str | None) -> tuple[str, SamplingParams]:
+    """The prompt a strategy is given for `problem` and the sampling params of its samples (from
+    an `EvalConfig`): the question plus `config.prompt_suffix` and `config.params`, or for a code
+    problem its prompt and params in `mode`."""
+    if not problem.is_code:
+        return problem.question + config.prompt_suffix, config.params
+    return code_prompt(problem.question, mode) + config.prompt_suffix, code_params(config.params, mode)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from metagen.eval.frontier import describe, frontier
-from metagen.eval.harness import ORACLE, EvalReport
+from metagen.eval.config import ORACLE, EvalReport
 from metagen.eval.points import CurvePoint
 from metagen.plotting import pyplot
 

@@ -8,19 +8,33 @@ does the same), and a whole curve costs one N-sample generation per problem. The
 samples are exchangeable, so a subset read in order is an i.i.d. sequence: a strategy that
 samples in rounds and stops early (adaptive self-consistency) is evaluated on its prefix.
 
+`sample_pool` draws a pool in one `generate` call of max(n) samples and grades each sample
+once (its answer checked, or a code problem's program run in the sandbox); the call's reported
+cost is split after the fact into the prompt's share and each sample's (`token_counts`,
+`split_flops`), so a subset is charged what generating it alone would have cost.
 `PoolGenerator` is a `Generator` that serves a chosen subset of a pool, so the evaluation runs
 the library's own strategy code on it, with the cost the subset would have had.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from metagen.decoding import capabilities as caps
+from metagen.decoding.capabilities import described, require
 from metagen.decoding.cost import Cost
 from metagen.decoding.generator import Generator
 from metagen.decoding.result import Completion, GenerationResult
+from metagen.eval.code_grading import Grade, grade_all
+from metagen.eval.config import EvalConfig
+from metagen.eval.judging import correct
+from metagen.eval.tasks import Problem
+from metagen.sampling import SamplingParams
+from metagen.scoring.answers import extract_answer
+from metagen.strategies.registry import get_strategy
 
 
 @dataclass
@@ -244,3 +258,108 @@ def stored_capabilities(pool: Pool) -> frozenset[str]:
         if all(len(s.certainties) == len(s.token_ids) for s in samples):
             have.add(caps.FULL_DISTRIBUTIONS)
     return frozenset(have)
+
+
+def known_grades(pool: Pool | None) -> dict[str, Grade]:
+    """The stored grades of a code problem's pool samples, by text (none without a pool)."""
+    if pool is None:
+        return {}
+    return {s.text: Grade(s.correct, s.reason or "", s.program, s.sandbox_seconds or 0.0) for s in pool.samples}
+
+
+def check_pool(pool: Pool, generator, config: EvalConfig) -> None:
+    """ValueError naming each pooled strategy of `config` and what it needs (its `needs`,
+    `StrategySpec.required`) that the samples `generator` returned do not all carry (a generator
+    declaring token ids or logprobs that returned none), before the pool is stored."""
+    stored = PoolGenerator(pool, range(len(pool.samples)))
+    stored.described_as = f"the samples {described(generator)} returned"
+    for name in config.strategies:
+        spec = get_strategy(name)
+        if spec.is_pooled(config.options):
+            require(spec.required(config.options), stored, f"evaluating strategy {name!r} from a stored sample pool")
+
+
+def sample_pool(generator, prompt: str, params: SamplingParams, problem: Problem, config: EvalConfig,
+                rng) -> Pool:
+    """`config.pool_size` samples of `prompt` in one call (sampled under `params` from the
+    torch rng `rng`), each graded: its answer checked, or a code problem's program run against
+    its tests (`grade_all`, a few sandbox runs at once); `check_pool` before it is returned."""
+    size = config.pool_size
+    start = time.perf_counter()
+    result = generator.generate(prompt, replace(params, n=size, seed=None), generator=rng)
+    wall = time.perf_counter() - start
+    prompt_tokens = result.prompt_tokens
+    counts = token_counts(result)
+    prompt_flops, decode_flops = split_flops(result, prompt_tokens, counts)
+    grades = [None] * len(result.completions)
+    if problem.is_code:
+        grades = grade_all(problem, [c.text for c in result.completions], timeout=config.code_timeout,
+                           memory_mb=config.code_memory_mb)
+    samples = []
+    for completion, flops, count, graded in zip(result.completions, decode_flops, counts, grades):
+        ids = completion.token_ids
+        if graded is None:
+            answer = extract_answer(completion.text, config.options.pattern, config.options.answer_field)
+            right, code = correct(answer, problem, config.options), {}
+        else:
+            answer, right = None, graded.passed
+            code = {"program": graded.program, "reason": graded.reason, "sandbox_seconds": round(graded.seconds, 4)}
+        samples.append(Sample(completion.text, list(ids or ()), [round(x, 5) for x in completion.logprobs],
+                              [round(x, 5) for x in completion.certainties], completion.finish_reason, flops,
+                              answer, right, completion.complete,
+                              token_count=None if ids is not None else count, **code))
+    reported = None
+    if result.cost is not None:
+        reported = {"prompt_tokens_computed": result.cost.prompt_tokens_computed,
+                    "prompt_tokens_reused": result.cost.prompt_tokens_reused, "model_calls": result.cost.model_calls}
+    pool = Pool(prompt_tokens, prompt_flops, result.prefill_seconds, wall - result.prefill_seconds, samples, reported)
+    check_pool(pool, generator, config)
+    return pool
+
+
+def token_counts(result: GenerationResult) -> list[int]:
+    """Generated tokens of each completion: len(token_ids) where the ids are known; else one per
+    logprob where it has logprobs (or no text); the rest share what the generator reported
+    generating beyond those (`cost.generated_tokens`; a server answering n in one request
+    reports only the total) in proportion to their text length, rounded to integers that sum
+    to it (largest remainder) — an estimate, used only without ids and logprobs."""
+    counts: list[int | None] = []
+    for completion in result.completions:
+        if completion.token_ids is not None:
+            counts.append(len(completion.token_ids))
+        elif completion.logprobs or not completion.text:
+            counts.append(len(completion.logprobs))
+        else:
+            counts.append(None)
+    unknown = [i for i, count in enumerate(counts) if count is None]
+    if unknown:
+        total = result.cost.generated_tokens if result.cost is not None else 0
+        left = max(total - sum(count for count in counts if count is not None), 0)
+        chars = [len(result.completions[i].text) for i in unknown]
+        shares = [left * c / sum(chars) for c in chars]
+        floors = [math.floor(share) for share in shares]
+        by_remainder = sorted(range(len(unknown)), key=lambda j: floors[j] - shares[j])
+        for j in by_remainder[:left - sum(floors)]:
+            floors[j] += 1
+        for i, count in zip(unknown, floors):
+            counts[i] = count
+    return counts
+
+
+def split_flops(result: GenerationResult, prompt_tokens: int,
+                counts: list[int]) -> tuple[float | None, list[float | None]]:
+    """The generator's reported FLOPs F (`result.cost.flops`) split into the prompt's share and
+    each completion's, in proportion to the tokens each runs through the model: the prompt's
+    P tokens and, for a completion of L tokens (`counts`), L − 1 (its last token is never fed back):
+
+        prompt = F · P / T,   completion_i = F · (L_i − 1) / T,   T = P + Σ_i (L_i − 1)
+
+    (exact up to the attention term, which grows with position). All None when F is unknown."""
+    flops = result.cost.flops if result.cost is not None else None
+    fed = [max(count - 1, 0) for count in counts]
+    if flops is None:
+        return None, [None] * len(fed)
+    total = prompt_tokens + sum(fed)
+    if total == 0:
+        return flops, [0.0] * len(fed)
+    return flops * prompt_tokens / total, [flops * tokens / total for tokens in fed]

@@ -8,9 +8,9 @@ problems run concurrently the units of several problems interleave, and nothing 
     {"kind": "live", "id": ..., "strategy": ..., "n": ..., "fingerprint": F, "correct": ..., "cost": {...}, ...}
 with F = {"setup": S, "question": digest, "answer": digest} (a code problem's "answer": its entry
 point and tests, `Problem.reference`). A code problem's live record also carries "program",
-"reason" and "sandbox_seconds" (see `harness.py`).
+"reason" and "sandbox_seconds" (see `running.py`).
 
-The units of several models coexist in one file (a sweep, `harness.evaluate_models`): each
+The units of several models coexist in one file (a sweep, `running.evaluate_models`): each
 unit is keyed by its set-up's fingerprint S, which holds the model's identity, and each setup
 line also names its model's display name ("model": label; optional: without it the model identity's name stands in).
 A run reuses a stored unit only when it is provably the same work, and refuses, before

@@ -45,12 +45,13 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from metagen.decoding.errors import RequestFailedError
 
 PROGRESS_SECONDS = 60.0  # an endpoint that sent a byte of an answer this recently is busy, not hung
 STALL_SECONDS = 5.0  # an endpoint silent this long on a request, while its peers answer, gets no new one
 
 
-class FleetUnavailableError(RuntimeError):
+class FleetUnavailableError(RequestFailedError):
     """Every endpoint of a fleet is down: the message names each one and its last failure."""
 
 

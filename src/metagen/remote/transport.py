@@ -47,6 +47,7 @@ except ImportError as error:  # every remote module speaks HTTP through this one
 
     raise missing("remote", "metagen.remote (OpenAI-compatible servers)") from error
 
+from metagen.decoding.errors import RequestFailedError
 from metagen.remote.loop import BackgroundLoop
 
 RETRIED_STATUS = {408, 409, 429} | set(range(500, 600))
@@ -55,7 +56,7 @@ MAX_RETRY_AFTER = 60.0  # seconds of Retry-After honoured at most (openai-python
 HEALTH_TIMEOUT = 5.0  # seconds a health check (GET /v1/models) may take: a live server answers at once
 
 
-class ServerError(RuntimeError):
+class ServerError(RequestFailedError):
     """A request the server refused or failed, after any retries: status, URL, its message.
     busy: the server was alive but did not answer in time (its health check passed) or asked to
     be retried later (429 / 503 with Retry-After): slow, not dead."""

@@ -1,0 +1,149 @@
+"""What an evaluation run is asked to do and what it reports: `EvalConfig` (strategies, budgets,
+sampling, seed, options, code-problem limits), `ModelRun` (one model of a sweep), `EvalReport`
+(its curve points), and the set-up derived from them that every stored unit depends on
+(`run_setup`, `shared_setup`; see `fingerprint.py`).
+
+    report = evaluate(generator, problems, EvalConfig(("greedy", "self_consistency"), (1, 4, 16)), out_dir)
+
+`evaluate` and `evaluate_models` (`running.py`) run a config; `summarize` and `format_table`
+(`summary.py`) turn its stored units into the report and its table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
+
+from metagen.eval.code_grading import MEMORY_MB, TIMEOUT
+from metagen.eval.code_prompts import MODES
+from metagen.eval.fingerprint import generator_identity, model_identity, weights_digest
+from metagen.eval.points import CurvePoint
+from metagen.sampling import SamplingParams
+from metagen.strategies.registry import StrategyOptions, check_options, get_strategy, value_is_head
+
+ORACLE = "pass@k"
+
+
+# SamplingParams fields added after results files were first written: at their default they stay
+# out of the set-up, so older results (which predate them and meant the default) remain readable.
+ADDED_LATER = {"token_healing": False}
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """strategies: registry names; ns: budgets to evaluate; params: sampling of every sample
+    (its n and seed are ignored: the harness sets n per unit and seeds from `seed`); seed:
+    seeds pools, subsets and live runs; subsets: random n-subsets of a pool averaged per
+    problem for n < pool size; prompt_suffix: appended to each question; allocation_round: k,
+    the first round of the compute-optimal allocation across problems evaluated against
+    self_consistency's uniform n (`allocation.py`; None: not evaluated; it changes no stored unit).
+    code_prompt: how code problems are asked, "auto" | "chat" | "completion" (`code_prompts.py`);
+    code_timeout, code_memory_mb: the sandbox's limits per graded reply (`code_grading.py`).
+    The three enter the set-up only when there are code problems (`code_setup`)."""
+
+    strategies: tuple[str, ...]
+    ns: tuple[int, ...] = (1, 2, 4, 8, 16)
+    params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
+    seed: int = 0
+    subsets: int = 16
+    options: StrategyOptions = StrategyOptions()
+    prompt_suffix: str = ""
+    allocation_round: int | None = None
+    code_prompt: str = "auto"
+    code_timeout: float = TIMEOUT
+    code_memory_mb: int = MEMORY_MB
+
+    def __post_init__(self) -> None:
+        if self.code_prompt not in MODES:
+            raise ValueError(f"code_prompt={self.code_prompt!r} must be one of {MODES}")
+        if isinstance(self.code_timeout, bool) or not isinstance(self.code_timeout, (int, float)) or \
+                not 0 < self.code_timeout <= 3600:
+            raise ValueError(f"code_timeout={self.code_timeout!r} is out of range: must be seconds in (0, 3600]")
+        memory = self.code_memory_mb
+        if isinstance(memory, bool) or not isinstance(memory, int) or memory < 64:
+            raise ValueError(f"code_memory_mb={self.code_memory_mb!r} is out of range: must be an int >= 64")
+        if not self.strategies:
+            raise ValueError("strategies is empty: name at least one strategy")
+        for name in self.strategies:
+            get_strategy(name)
+        if not self.ns or any(n < 1 for n in self.ns):
+            raise ValueError(f"ns={self.ns} is out of range: give budgets >= 1")
+        if self.subsets < 1:
+            raise ValueError(f"subsets={self.subsets} is out of range: must be >= 1")
+        check_options(self.strategies, self.options)
+        if self.allocation_round is not None:
+            if "self_consistency" not in self.strategies:
+                raise ValueError(f"allocation_round={self.allocation_round} needs self_consistency among the "
+                                 "strategies (the uniform-n baseline, and the pool the allocation reads)")
+            if not 1 <= self.allocation_round <= max(self.ns):
+                raise ValueError(f"allocation_round={self.allocation_round} is out of range: must be in "
+                                 f"[1, {max(self.ns)}] (the largest n)")
+
+    @property
+    def pool_size(self) -> int:
+        return max(self.ns) if any(get_strategy(s).is_pooled(self.options) for s in self.strategies) else 0
+
+    def setup(self) -> dict:
+        """What stored units depend on besides the problem and the model: every sampling field
+        the harness does not set itself, the seed, the prompt suffix and the strategy options."""
+        params = {k: v for k, v in asdict(self.params).items()
+                  if k not in ("n", "seed") and not (k in ADDED_LATER and v == ADDED_LATER[k])}
+        options = asdict(self.options)
+        if options["answer_field"] is None:  # absent as in set-ups stored before the field existed
+            del options["answer_field"]
+        return {"params": params, "seed": self.seed, "prompt_suffix": self.prompt_suffix, "options": options}
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    """One model of a sweep. label: its short display name, unique in the sweep (the points'
+    `CurvePoint.model`, and what its set-up is filed under in results.jsonl); open(): a context
+    manager yielding (generator, identity) — identity as `run_setup`'s `model` (None: from the
+    generator) — that frees the model on exit (called once, when the model's turn comes);
+    concurrency: problems run at once on this model (None: the sweep's)."""
+
+    label: str
+    open: Callable[[], AbstractContextManager]
+    concurrency: int | None = None
+
+
+@dataclass
+class EvalReport:
+    points: list[CurvePoint] = field(default_factory=list)
+
+    def configurations(self) -> list[CurvePoint]:
+        """The points one can run: all but the oracle coverage pass@k (which needs the answer)."""
+        return [point for point in self.points if point.strategy != ORACLE]
+
+    def to_dict(self) -> dict:
+        """{"results": [rows], "frontier", "per_budget", "unplaced"} (`frontier.compute_optimal`
+        over the configurations, at budgets log-spaced from the cheapest to the dearest)."""
+        from metagen.eval.frontier import compute_optimal
+
+        return {"results": [point.to_dict() for point in self.points], **compute_optimal(self.configurations())}
+
+
+def run_setup(config: EvalConfig, generator, model: dict | None = None) -> dict:
+    """Everything but the problem that stored units depend on (see `fingerprint.py`). `model`:
+    the model's identity (`model_identity`); None takes it from `generator.source_model()` when
+    there is one (a local model), else from `generator.served_identity()` (a remote server's
+    model id, engine and base URLs), else leaves it empty."""
+    if model is None:
+        source = generator.source_model()
+        model = model_identity(source) if source is not None else (generator.served_identity() or {})
+    return {"model": dict(model), "generator": generator_identity(generator), **shared_setup(config)}
+
+
+def shared_setup(config: EvalConfig) -> dict:
+    """The set-up fields every model of a sweep shares (`run_setup` without `MODEL_FIELDS`)."""
+    setup = config.setup()
+    if value_is_head(config.options):  # a value-head file: its content counts
+        setup["value_weights"] = weights_digest(config.options.value)
+    else:
+        from metagen.scoring.step_prm import parse_prm_spec
+
+        prm = parse_prm_spec(config.options.value)
+        if prm is not None and prm[0] == "local":  # a process reward model checkpoint: so does its content
+            setup["value_weights"] = weights_digest(prm[2])
+    return setup

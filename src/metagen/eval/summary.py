@@ -1,0 +1,136 @@
+"""From stored units to the report: `summarize` turns one model's pools and live records into
+`CurvePoint`s (accuracy and mean cost per (strategy, n), the oracle coverage pass@k of its pools,
+and the allocation's points when asked), and `format_table` prints a report as plain text.
+
+A pooled strategy at budget n is run, with the library's own code, on every n-subset of the
+pool when there are at most `EvalConfig.subsets` of them, else on that many random ones (seeded
+by (seed, problem, n)); its accuracy on a problem is the mean over those subsets, an unbiased
+estimate of running it with n fresh samples (see `pool.py`). Nothing is generated here; a code
+problem's chosen reply is graded by its stored sample's grade, or in the sandbox when a strategy
+built a text no sample holds (`judging.py`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from itertools import combinations
+
+from metagen.decoding.cost import Cost
+from metagen.eval.code_prompts import request, stored_mode
+from metagen.eval.config import ORACLE, EvalConfig, EvalReport
+from metagen.eval.judging import score
+from metagen.eval.metrics import pass_at_k
+from metagen.eval.points import curve_point, mean_cost, mixed_prompts_note, stable_seed
+from metagen.eval.pool import PoolGenerator, known_grades
+from metagen.eval.results import ModelUnits
+from metagen.eval.tasks import Problem
+from metagen.strategies.registry import get_strategy
+
+
+def subsets(size: int, n: int, count: int, *seed_parts) -> list[list[int]]:
+    """The n-subsets of a pool of `size` samples a budget n is evaluated on (sorted indices): the
+    whole pool when n == size, every n-subset when there are at most `count`, else `count`
+    random ones drawn from an rng seeded by `seed_parts`."""
+    if n == size:
+        return [list(range(size))]
+    rng = random.Random(stable_seed(*seed_parts))
+    if math.comb(size, n) <= count:
+        return [list(c) for c in combinations(range(size), n)]
+    return [sorted(rng.sample(range(size), n)) for _ in range(count)]
+
+
+def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConfig, decode=None,
+              flops_estimate: str | None = None, keeps_prompt: bool = False, chat: bool | None = None) -> EvalReport:
+    """Accuracy and mean cost per (strategy, n) of one model's units, plus the oracle coverage
+    pass@k of its pools; every point named by the model's label and marked with how its FLOPs
+    were estimated (`flops_estimate`, None: exact or unknown) and whether its text prompts went
+    through a chat template (`chat`, `CurvePoint.chat`; None: not recorded). `keeps_prompt`: the
+    generator reuses a repeated prompt (`Generator.keeps_prompt`), so a strategy sampling in
+    rounds pays for the prompt in its first round only."""
+    report = EvalReport()
+    model = results.label
+    pools = {problem.id: results.pool(problem) for problem in problems} if config.pool_size else {}
+    mode = stored_mode(results)
+    known = {problem.id: known_grades(pools.get(problem.id)) for problem in problems if problem.is_code}
+    for name in config.strategies:
+        spec = get_strategy(name)
+        budgets = sorted(set(config.ns)) if spec.budget != "none" else [1]
+        for n in budgets:
+            scores, costs, drawn = [], [], []
+            for problem in problems:
+                if spec.is_pooled(config.options):
+                    pool = pools[problem.id]
+                    hits, subset_costs = [], []
+                    prompt, params = request(problem, config, mode)
+                    for indices in subsets(len(pool.samples), n, config.subsets, config.seed, problem.id, n):
+                        served = PoolGenerator(pool, indices, decode, sequential=spec.sequential,
+                                               keeps_prompt=keeps_prompt)
+                        result = spec.run(served, prompt, n, params, config.options, None)
+                        hits.append(float(score(result, problem, config, known.get(problem.id))))
+                        subset_costs.append(result.cost)
+                        drawn.append(served.served)
+                    scores.append(sum(hits) / len(hits))
+                    costs.append(mean_cost(subset_costs))
+                else:
+                    record = results.live(problem, name, n)
+                    scores.append(float(record["correct"]))
+                    costs.append(Cost(**record["cost"]))
+            samples = sum(drawn) / len(drawn) if drawn else None
+            report.points.append(curve_point(name, n, scores, mean_cost(costs), model, config.seed, samples))
+    if config.pool_size:
+        for k in sorted(set(config.ns)):
+            scores, costs = [], []
+            for problem in problems:
+                pool = pools[problem.id]
+                right = sum(sample.correct for sample in pool.samples)
+                scores.append(pass_at_k(len(pool.samples), right, k))
+                costs.append(mean_cost([pool.subset_cost(i) for i in
+                                        subsets(len(pool.samples), k, config.subsets, config.seed, problem.id, k)]))
+            report.points.append(curve_point(ORACLE, k, scores, mean_cost(costs), model, config.seed))
+    if config.allocation_round is not None:
+        from metagen.eval.allocation import allocation_points
+
+        report.points += allocation_points(pools, problems, config, model,
+                                           lambda result, problem: score(result, problem, config,
+                                                                         known.get(problem.id)), decode)
+    for point in report.points:
+        point.chat = chat
+        if flops_estimate is not None:
+            point.flops_estimate = flops_estimate if point.cost.flops is not None else None
+    return report
+
+
+def format_table(report: EvalReport) -> str:
+    """A plain-text table: model (when the report holds several), strategy, n, accuracy [95%
+    bootstrap interval], generated tokens, TFLOPs ("unknown" when the generator could not count
+    them; "~" before an estimate, explained under the table), seconds per problem. When its
+    models got their prompts differently (`mixed_prompts_note`), a "prompts" column says "chat"
+    or "raw" per row and the note under the table flags it."""
+    models = list(dict.fromkeys(point.model for point in report.points))
+    width = max([len("model"), *map(len, models)]) if len(models) > 1 else 0
+    column = f"{'model':<{width}}  " if width else ""
+    mixed = mixed_prompts_note(report.points)
+    prompts = f"{'prompts':<7}  " if mixed else ""
+    header = (f"{column}{prompts}{'strategy':<20} {'n':>3}  {'accuracy [95% interval]':>23}  {'gen tokens':>10}  "
+              f"{'TFLOPs':>9}  {'s/problem':>9}")
+    lines = [header, "-" * len(header)]
+    for p in report.points:
+        interval = "" if p.interval is None else f"[{p.interval[0]:.3f}, {p.interval[1]:.3f}]"
+        flops = ("~" if p.flops_estimate is not None else "") + _tflops(p.cost.flops)
+        model = f"{p.model:<{width}}  " if width else ""
+        shown = {True: "chat", False: "raw", None: "?"}[p.chat]
+        prompt = f"{shown:<7}  " if mixed else ""
+        lines.append(f"{model}{prompt}{p.strategy:<20} {p.n:>3}  {p.accuracy:>7.3f} {interval:>15}  "
+                     f"{p.cost.generated_tokens:>10.1f}  {flops:>9}  {p.cost.wall_seconds:>9.2f}")
+    estimates = dict.fromkeys((p.model, p.flops_estimate) for p in report.points if p.flops_estimate is not None)
+    for model, estimate in estimates:
+        lines.append(f"~ {model or 'model'}: FLOPs estimated as {estimate}")
+    if mixed:
+        lines.append(mixed)
+    return "\n".join(lines)
+
+
+def _tflops(flops: float | None) -> str:
+    return "unknown" if flops is None else f"{flops / 1e12:.3f}"
