@@ -62,9 +62,7 @@ def _exports(tree: ast.Module, package: str) -> dict[str, str]:
     for node in tree.body:
         if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets)
                 and isinstance(node.value, ast.Dict)):
-            table = ast.literal_eval(node.value)
-            return {name: target if target.startswith("metagen") else f"{package}.{target}"
-                    for name, target in table.items()}
+            return {name: f"{package}.{target}" for name, target in ast.literal_eval(node.value).items()}
     return {}
 
 
