@@ -31,7 +31,6 @@ KNOWN_PACKAGE_CYCLES: list[list[str]] = []
 KNOWN_MODULE_CYCLES = [
     ["metagen.models.families", *(f"metagen.models.families.{name}" for name in (
         "gemma3", "llama", "mixtral", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"))],
-    ["metagen.scoring.remote_prm", "metagen.scoring.step_prm"],
 ]
 
 
