@@ -31,7 +31,6 @@ KNOWN_PACKAGE_CYCLES: list[list[str]] = []
 KNOWN_MODULE_CYCLES = [
     ["metagen.models.families", *(f"metagen.models.families.{name}" for name in (
         "gemma3", "llama", "mixtral", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"))],
-    ["metagen.scoring.remote_prm", "metagen.scoring.step_prm"],
 ]
 
 
@@ -62,9 +61,7 @@ def _exports(tree: ast.Module, package: str) -> dict[str, str]:
     for node in tree.body:
         if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets)
                 and isinstance(node.value, ast.Dict)):
-            table = ast.literal_eval(node.value)
-            return {name: target if target.startswith("metagen") else f"{package}.{target}"
-                    for name, target in table.items()}
+            return {name: f"{package}.{target}" for name, target in ast.literal_eval(node.value).items()}
     return {}
 
 

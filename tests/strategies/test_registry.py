@@ -1,5 +1,11 @@
 """What each registry strategy needs from a generator, and the refusal before any request when
-the generator lacks it (the CLI and the harness call `spec.run`, which checks first)."""
+the generator lacks it (the CLI and the harness call `spec.run`, which checks first); the
+registering modules the registry finds by itself, in its listing order."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +14,7 @@ from metagen.decoding import Cost, Generator
 from metagen.decoding import capabilities as caps
 from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
+from metagen.strategies import registry
 from metagen.strategies.registry import STRATEGIES, StrategyOptions, get_strategy
 
 HEAD = StrategyOptions(value="/some/value_head.pt")  # a trained value head: reads hidden states
@@ -144,3 +151,49 @@ def test_sequence_level_strategies_run_on_a_generator_without_capabilities(name)
                       StrategyOptions(), torch.Generator().manual_seed(0))
     assert generator.calls >= 1 and result.chosen.text
     assert result.cost.flops is None  # unknown stays unknown through the strategy's sums
+
+
+def _calls_register(path: Path) -> bool:
+    """Whether the module calls `register(...)` anywhere (module level, a loop, a function)."""
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "register"
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+
+
+def test_the_registry_imports_every_module_that_calls_register():
+    """Every module under src/metagen/strategies calling `register` is found by its text (a
+    call the scan cannot see, inside a block, fails here) and registered its entries."""
+    package = Path(registry.__file__).parent
+    calling = {"metagen.strategies." + ".".join(path.relative_to(package).with_suffix("").parts)
+               for path in package.rglob("*.py") if _calls_register(path)}
+    assert len(calling) == 18
+    assert set(registry.MODULES) == calling
+    assert all(registry.registered(module) for module in registry.MODULES)
+    assert set(registry.ORDER) <= calling  # the listing order names no stale module
+    assert list(STRATEGIES)[:3] == ["greedy", "best_of_n", "best_of_n_logprob"]  # runners, then best_of_n
+    assert list(STRATEGIES)[-2:] == ["blockwise_cd", "tokenwise_cd"]
+
+
+def test_a_new_registering_module_is_found_and_listed_after_the_ordered_ones(tmp_path):
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "runners.py").write_text('"""Helpers."""\n\nregister(StrategySpec("greedy", ...), __name__)\n')
+    (tmp_path / "zeta.py").write_text("x = 1\nregister(StrategySpec('zeta', ...), __name__)\n")
+    (tmp_path / "tree" / "alpha.py").write_text("register(\n    spec, __name__)\n")
+    (tmp_path / "tree" / "mcts.py").write_text("register(spec, __name__)\n")
+    (tmp_path / "helpers.py").write_text('"""Each module ends with a `register(...)` line."""\n'
+                                         "def f():\n    register(spec, __name__)\n")
+    (tmp_path / "other.py").write_text("spec.register(x)\nunregister(x)\n")
+    assert registry.registering_module_names(tmp_path) == [
+        "metagen.strategies.runners", "metagen.strategies.tree.mcts",  # in ORDER's order
+        "metagen.strategies.tree.alpha", "metagen.strategies.zeta"]  # the others after, by name
+
+
+def test_a_module_registering_without_a_register_line_is_refused():
+    """A registration the scan cannot find (here: from outside a register line) stops the
+    registry's import with the module's name, rather than the entry going missing."""
+    run = ("from metagen.strategies.spec import StrategySpec, register\n"
+           "register(StrategySpec('hidden', 'h', print, pooled=False), 'metagen.strategies.hidden')\n"
+           "import metagen.strategies.registry\n")
+    done = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert ("ImportError: metagen.strategies.hidden register strategies without a line starting 'register('"
+            in done.stderr)

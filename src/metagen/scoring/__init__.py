@@ -16,7 +16,6 @@ _EXPORTS = {
     "Utility": "utilities", "ChrF": "utilities", "Bleu": "utilities", "EditSimilarity": "utilities",
     "AnswerAgreement": "utilities", "EmbeddingCosine": "embeddings", "LLMJudge": "judge",
     "LLMJudgeUtility": "judge", "RewardModelScorer": "reward_model", "CodeExecutionVerifier": "code_execution",
-    "run_python": "sandbox", "SandboxResult": "sandbox", "SandboxError": "sandbox",
     "extract_program": "code_execution",
     "ValueHead": "value_head", "ValueScorer": "value_head", "collect_value_data": "value_training",
     "train_value_head": "value_training",

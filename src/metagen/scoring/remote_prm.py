@@ -11,10 +11,10 @@ Math-Shepherd set with `--pooler-config '{"pooling_type": "STEP", "step_tag_id":
                                     "data": [[p_0, p_1], ...one row per step...]}, ...],
         "usage": {"prompt_tokens": n, "total_tokens": n}}
 
-kind "qwen": one request per solution with the conversation of `step_prm.qwen_messages` (the
+kind "qwen": one request per solution with the conversation of `prm_formats.qwen_messages` (the
 server renders its chat template; a chat request holds one conversation), score = row[1] (the
 positive class). kind "shepherd": one request for all solutions with the texts of
-`step_prm.shepherd_text`, score = row[0] (P("+") when returned_token_ids lists "+" first).
+`prm_formats.shepherd_text`, score = row[0] (P("+") when returned_token_ids lists "+" first).
 
 Every answer is checked: one entry per input, one row per step, each row two probabilities
 summing to 1; anything else is a `ServerError` saying what came back (a server pooling every
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from metagen.decoding.cost import Cost
 from metagen.scoring.process_reward import ProcessRewardModel, Values
-from metagen.scoring.step_prm import QWEN, QWEN_SYSTEM, SEPARATOR, SHEPHERD, STEP_TAG, qwen_messages, shepherd_text
+from metagen.scoring.prm_formats import QWEN, QWEN_SYSTEM, SEPARATOR, SHEPHERD, STEP_TAG, qwen_messages, shepherd_text
 
 
 class PoolingPRM(ProcessRewardModel):

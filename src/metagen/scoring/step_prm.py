@@ -9,9 +9,9 @@ each step followed by a marker token; the step's score is read at its marker:
         [system, user: question, assistant: "step_1<extra_0>step_2<extra_0>"];
         score_k = softmax(h_t)[1]                      t: the k-th "<extra_0>", h: (2,) class logits
 
-so 0 < score_k < 1. The markers are found in the token ids: the last k positions holding the
-marker's id (a marker text inside a step is removed first, so a step cannot forge one; the
-question may hold one, it precedes them all).
+so 0 < score_k < 1 (the two input formats are built in `prm_formats`). The markers are found in
+the token ids: the last k positions holding the marker's id (a marker text inside a step is
+removed first, so a step cannot forge one; the question may hold one, it precedes them all).
 
 Several solutions are scored in batches of `batch_size`, sorted by length and padded on the
 right (causal attention: a real token never sees padding, and its position is unchanged), so a
@@ -35,13 +35,19 @@ import os
 from collections.abc import Sequence
 
 from metagen.decoding.cost import Cost
+from metagen.scoring.prm_formats import (
+    BAD_TOKEN,
+    GOOD_TOKEN,
+    QWEN,
+    QWEN_SYSTEM,
+    SEPARATOR,
+    SHEPHERD,
+    STEP_TAG,
+    qwen_messages,
+    shepherd_text,
+)
 from metagen.scoring.process_reward import ProcessRewardModel, StepRewardValue, Values
 
-SHEPHERD, QWEN = "shepherd", "qwen"
-STEP_TAG = "ки"  # Math-Shepherd's step tag and its good / bad tokens
-GOOD_TOKEN, BAD_TOKEN = "+", "-"
-SEPARATOR = "<extra_0>"  # Qwen2.5-Math-PRM's step separator
-QWEN_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 LOCAL_PREFIXES = {"prm": None, "prm-shepherd": SHEPHERD, "prm-qwen": QWEN}  # None: read from config.json
 REMOTE_PREFIXES = {"reward": QWEN, "reward-shepherd": SHEPHERD}
 AGGREGATE = "min"
@@ -61,19 +67,6 @@ def parse_prm_spec(spec: str | None) -> tuple[str, str | None, str] | None:
 
 def is_prm_spec(spec: str | None) -> bool:
     return parse_prm_spec(spec) is not None
-
-
-def shepherd_text(question: str, steps: Sequence[str], tag: str = STEP_TAG) -> str:
-    """Math-Shepherd's input: "question step_1 tag\\nstep_2 tag" (each step stripped, tags removed)."""
-    return f"{question} " + "\n".join(f"{step.replace(tag, '').strip()} {tag}" for step in steps)
-
-
-def qwen_messages(question: str, steps: Sequence[str], separator: str = SEPARATOR,
-                  system: str = QWEN_SYSTEM) -> list[dict]:
-    """Qwen2.5-Math-PRM's conversation: the answer is every step followed by the separator."""
-    answer = "".join(step.replace(separator, "").strip() + separator for step in steps)
-    return [{"role": "system", "content": system}, {"role": "user", "content": question},
-            {"role": "assistant", "content": answer}]
 
 
 def marker_positions(ids: Sequence[int], marker_id: int, count: int, marker: str) -> list[int]:

@@ -1,13 +1,18 @@
-"""Strategies by name, for the command line, the server and the evaluation harness.
-
-Each entry (a `StrategySpec`, spec.py) is registered at the end of the module that defines its
-config (`spec.register`; its runner adapter in runners.py); this module imports those modules in
-a fixed order, which is the order the CLI and errors list them in:
+"""Strategies by name, for the command line, the server and the evaluation harness:
 
     spec = STRATEGIES["weighted_voting"]
     result = spec.run(generator, prompt, n, params, options, rng)
     n, options, overrides = spec.parse({"n": 8, "exp_scores": True})   # options by name, validated
     result = spec.run(generator, prompt, n, params, options, rng, overrides)
+
+Each entry (a `StrategySpec`, spec.py) is registered at the end of the module that defines its
+config (`spec.register`; its runner adapter in runners.py). This module finds those modules
+itself, once, when it is first imported: every module of metagen.strategies (tree included) with
+a line starting `register(` (`registering_module_names`: a text scan of the sources, about 2 ms,
+nothing imported). It imports them in the order of `ORDER`, which is the order the CLI and errors
+list the strategies in; a registering module that `ORDER` does not name comes after those it
+names, by name. A module that registers a strategy without such a line is refused (ImportError)
+once imported.
 
 What an entry declares (its config dataclass and so its options, pooled, budget, needs) is
 described in spec.py.
@@ -15,7 +20,9 @@ described in spec.py.
 
 from __future__ import annotations
 
+import re
 from importlib import import_module
+from pathlib import Path
 
 from metagen.sampling import SamplingParams
 from metagen.strategies.spec import (
@@ -31,16 +38,33 @@ from metagen.strategies.spec import (
 __all__ = ["DEFAULT_N", "STRATEGIES", "StrategyOptions", "StrategySpec", "check_options", "default_params",
            "get_strategy", "value_is_head", "value_scores_whole_answers"]
 
-# the modules that register strategies (`spec.register`), in the order they are listed
-MODULES = tuple(f"metagen.strategies.{name}" for name in (
+# the order the CLI and errors list strategies in, by module (see the module docstring)
+ORDER = tuple(f"metagen.strategies.{name}" for name in (
     "runners", "best_of_n", "self_consistency", "adaptive_consistency", "weighted_voting", "borda_voting", "mbr",
     "self_refine", "verifier_refine", "chain_programs", "tree.step_beam_search", "tree.dvts", "tree.rebase",
     "tree.mcts", "tree.astar", "tree.particle_filter", "tree.blockwise_cd", "tokenwise_cd"))
+_REGISTER_LINE = re.compile(r"^register\(", re.MULTILINE)
+
+
+def registering_module_names(package: Path = Path(__file__).parent) -> list[str]:
+    """The modules of metagen.strategies (tree included; `package`: its folder) holding a line
+    that starts `register(` (`spec.register` called at module level), in the order of `ORDER`,
+    those it does not name after, by name. Reads the sources; imports nothing."""
+    found = set()
+    for path in package.rglob("*.py"):
+        if _REGISTER_LINE.search(path.read_text(encoding="utf-8")):
+            parts = path.relative_to(package).with_suffix("").parts
+            found.add(".".join(("metagen.strategies", *(parts[:-1] if parts[-1] == "__init__" else parts))))
+    return [name for name in ORDER if name in found] + sorted(found - set(ORDER))
+
+
+MODULES = tuple(registering_module_names())
 for _module in MODULES:
     import_module(_module)
-_unlisted = registering_modules() - set(MODULES)
-if _unlisted:
-    raise ImportError(f"{', '.join(sorted(_unlisted))} register strategies but are not in registry.MODULES")
+_unfound = registering_modules() - set(MODULES)
+if _unfound:
+    raise ImportError(f"{', '.join(sorted(_unfound))} register strategies without a line starting 'register(' "
+                      "(registry.registering_module_names finds the registering modules by that line)")
 
 STRATEGIES: dict[str, StrategySpec] = {spec.name: spec for module in MODULES for spec in registered(module)}
 

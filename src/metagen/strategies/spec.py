@@ -26,7 +26,7 @@ must carry: empty (voting, MBR: text only) runs on any server, token ids or not.
 
 Each strategy is registered where its config is defined, by a `register(StrategySpec(...),
 __name__)` line at the end of that module (runners.py for greedy, which has no config);
-registry.py imports those modules in a fixed order and reads the table (`registered`).
+registry.py finds those modules by that line, imports them and reads the table (`registered`).
 """
 
 from __future__ import annotations
@@ -258,5 +258,5 @@ def registered(module: str) -> list[StrategySpec]:
 
 
 def registering_modules() -> set[str]:
-    """Every module that registered a strategy (registry.py checks it lists them all)."""
+    """Every module that registered a strategy (registry.py checks it found them all)."""
     return set(_REGISTERED)

@@ -27,27 +27,21 @@ constraint takes the argmax over the allowed tokens at each step. Jump-forward
 tests/decoding/test_jump_forward.py checks q by chi-square on the toy model and shows that the
 conditioned law differs.
 
-Names are imported on first use, so importing this package does not import llguidance.
+Names are imported on first use (`metagen._lazy`), so importing this package does not import
+llguidance.
 """
 
+from metagen._lazy import lazy_package
+
+# name -> the submodule that defines it
 _EXPORTS = {
-    "StructuredOutputs": "metagen.structured.spec",
-    "from_response_format": "metagen.structured.spec",
-    "heal_prompt": "metagen.structured.healing",
-    "strip_healed_prefix": "metagen.structured.healing",
-    "apply_token_bitmask": "metagen.structured.bitmask",
-    "check_compiles": "metagen.structured.compile",
+    "StructuredOutputs": "spec",
+    "from_response_format": "spec",
+    "heal_prompt": "healing",
+    "strip_healed_prefix": "healing",
+    "apply_token_bitmask": "bitmask",
+    "check_compiles": "compile",
 }
+lazy_package(__name__, _EXPORTS)
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'metagen.structured' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
