@@ -65,7 +65,7 @@ token ids. A new prompt's row starts from the longest cached prefix (`KVCache.sh
 ints) and only the rest is prefilled — at least its last token, whose logits start decoding; the
 reused length is `ServeRequest.cached_tokens`. A running request locks its prompt's path; the
 least recently used unlocked leaves are evicted once the tree holds more than
-`cache_memory / bytes_per_token` tokens. Reused keys and values are the ones a full prefill
+`cache_memory / model.kv_bytes_per_token` tokens. Reused keys and values are the ones a full prefill
 computes up to float rounding (split vs whole prefill: < 4e-5 in logits for fp32 weights,
 up to ~0.16 with bf16 activations, which can flip a greedy token whose top-2 margin is smaller).
 Echo requests need logits at every prompt position: they take no cached prefix, each piece of
@@ -100,7 +100,7 @@ from metagen.serve.requests import (DoneEvent, EngineStats, EngineStoppedError, 
 from metagen.serve.scheduler import EngineRequest, RequestStatus, Scheduler, prefill_plan
 
 __all__ = ["DEFAULT_CACHE_MEMORY", "DEFAULT_PREFILL_CHUNK", "DoneEvent", "Engine", "EngineStats", "EngineStoppedError",
-           "QueueFullError", "ServeRequest", "TokenEvent", "bytes_per_token", "model_forward", "prefill_plan"]
+           "QueueFullError", "ServeRequest", "TokenEvent", "model_forward", "prefill_plan"]
 
 DEFAULT_CACHE_MEMORY = 256 * 2**20  # bytes of keys and values the prefix cache may keep
 DEFAULT_PREFILL_CHUNK = 256  # prompt tokens forwarded per engine step (then the running rows decode)
@@ -165,8 +165,7 @@ class Engine:
             raise ValueError(f"--cache-memory: the prefix cache needs the paged KV cache, and this model's cache "
                              f"({type(cache).__name__}) cannot share slots; use --cache-memory 0")
         budget = DEFAULT_CACHE_MEMORY if cache_memory is None else cache_memory
-        self.bytes_per_token = bytes_per_token(cache)
-        return PrefixCache(budget // self.bytes_per_token, cache.share, cache.release)
+        return PrefixCache(budget // self.model.kv_bytes_per_token, cache.share, cache.release)
 
     # ------------------------------------------------------------------ any thread
 
@@ -501,12 +500,6 @@ def _records(sampled: list[SampledRows]) -> None:
         for step in steps:
             step.records = records[offset:offset + len(step.rows)]
             offset += len(step.rows)
-
-
-def bytes_per_token(cache) -> int:
-    """Bytes of keys and values one cached token takes: layers · 2 · kv_heads · head_dim · itemsize
-    (plus the int8 scales: `KVCache.bytes_per_token`)."""
-    return cache.bytes_per_token
 
 
 def model_forward(model, cache, tokens: Sequence[int]):
