@@ -100,7 +100,7 @@ def memory(models: dict, args) -> dict:
     out = {}
     for kv, model in models.items():
         cache = model.new_cache(1, capacity=args.length)
-        out[kv] = {"bytes_per_token": cache.bytes_per_token, "pool_bytes": cache.pool_bytes,
+        out[kv] = {"bytes_per_token": model.kv_bytes_per_token, "pool_bytes": cache.pool_bytes,
                    "pool_bytes_per_slot": cache.pool_bytes / len(cache.pools[0])}
     return out
 

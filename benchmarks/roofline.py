@@ -74,7 +74,8 @@ def linear_bytes(linear) -> int:
 
 def _same_format(linear, n: int, k: int):
     """A random (n, k) linear in `linear`'s quantized format, or None for a dense one."""
-    from metagen.models.linear import Factored, GroupedLinear, Int4Linear, Int8Linear
+    from metagen.models.linear import GroupedLinear, Int4Linear, Int8Linear
+    from metagen.models.packing import Factored
 
     generator = torch.Generator().manual_seed(0)
     if isinstance(linear, Int4Linear):

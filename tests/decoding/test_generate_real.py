@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from metagen.decoding import GenerationResult, generate, stream
-from metagen.models.linear import resolve_backend
+from metagen.models.kernel_backend import resolve_backend
 from metagen.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow

@@ -96,6 +96,11 @@ class ToyModel(LanguageModel):
     def max_context(self) -> int:
         return self._max_context
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """0: the cache keeps token ids, no keys or values."""
+        return 0
+
     def new_cache(self, batch_size: int = 1) -> ToyCache:
         return ToyCache(batch_size)
 

@@ -13,7 +13,8 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from metagen.models.gguf_blocks import GROUPED_TYPES, group_codes
-from metagen.models.linear import Factored, GroupedLinear, pack_grouped, unpack_grouped
+from metagen.models.linear import GroupedLinear
+from metagen.models.packing import Factored, pack_grouped, unpack_grouped
 from tests.models.test_gguf_types import k_quant_blocks
 from tests.models.test_matmul_kernels import ISAS, ROWS, assert_matches_definition, kernels, wide  # noqa: F401 (fixture)
 

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from metagen.models.cache import (KV_DTYPES, KVCache, check_kv_dtype, dequantize_int8, kv_bytes_per_token,
-                                  quantize_int8)
+from metagen.models.cache import KV_DTYPES, KVCache, check_kv_dtype, dequantize_int8, quantize_int8, token_bytes
 
 FORMATS = list(KV_DTYPES)
 
@@ -116,12 +115,27 @@ def test_copy_prefix_refuses_another_format():
 def test_bytes_per_token_and_pool_bytes_halve_and_quarter():
     """30 layers, 3 KV heads of 64 (the embedded model): fp32 46,080 bytes per token, bf16 half,
     int8 64 + 4 bytes of scale per head: 26.6%."""
-    sizes = {kv: kv_bytes_per_token(30, 3, 64, kv) for kv in FORMATS}
+    sizes = {kv: token_bytes(30, 3, 64, kv) for kv in FORMATS}
     assert sizes == {"fp32": 46080, "bf16": 23040, "int8": 12240}
     for kv in FORMATS:
         cache = KVCache(30, 3, 64, KV_DTYPES[kv], 100, capacity=1000)
-        assert cache.bytes_per_token == sizes[kv]
         assert cache.pool_bytes == 1000 * sizes[kv]  # every allocated slot, scales included
+
+
+@pytest.mark.parametrize("kv_dtype, expected", [
+    ("fp32", 2 * 2 * 2 * 8 * 4),  # layers · (K, V) · KV heads · head_dim 32 / 4 · 4 bytes = 256
+    ("bf16", 2 * 2 * 2 * 8 * 2),  # 128
+    ("int8", 2 * 2 * 2 * (8 + 4)),  # one byte per value and a float32 scale per head: 96
+])
+def test_a_models_kv_bytes_per_token_is_what_each_slot_of_its_cache_takes(tiny_checkpoint, kv_dtype, expected):
+    """The tiny checkpoint (2 layers, 2 KV heads, head_dim 8): the model's `kv_bytes_per_token`,
+    the one count the memory checks use, is exact in every KV format."""
+    from metagen.models import load
+
+    model = load(tiny_checkpoint, dtype="fp32", kv_dtype=kv_dtype, use_cache=False)
+    assert model.kv_bytes_per_token == expected
+    cache = model.new_cache(1, capacity=10)
+    assert cache.pool_bytes == len(cache.pools[0]) * expected  # every slot allocated (whole pages), scales included
 
 
 def test_unknown_formats_are_refused_by_name():

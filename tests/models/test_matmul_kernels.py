@@ -12,17 +12,9 @@ import pytest
 import torch
 
 from metagen.models.kernels import matmul_kernels
-from metagen.models.linear import (
-    Int4Linear,
-    Int8Linear,
-    _torch_int4_pack,
-    pack_int4,
-    pack_int8,
-    resolve_backend,
-    unpack_int4,
-    unpack_int8,
-    unpack_torch_int4,
-)
+from metagen.models.kernel_backend import resolve_backend
+from metagen.models.linear import Int4Linear, Int8Linear
+from metagen.models.packing import pack_int4, pack_int8, torch_int4_pack, unpack_int4, unpack_int8, unpack_torch_int4
 
 kernels = matmul_kernels()
 pytestmark = pytest.mark.skipif(kernels is None or kernels.best_isa() == 0, reason="matrix kernels unavailable here")
@@ -129,7 +121,7 @@ def test_layouts_round_trip(n):
     torch.manual_seed(n)
     k = 96
     codes = torch.randint(0, 16, (n, k), dtype=torch.int32)
-    assert torch.equal(unpack_torch_int4(_torch_int4_pack(codes), n, k), codes)
+    assert torch.equal(unpack_torch_int4(torch_int4_pack(codes), n, k), codes)
     scales_and_zeros = torch.randn(k // 32, n, 2).to(torch.bfloat16)
     assert torch.equal(unpack_int4(pack_int4(codes, scales_and_zeros), n, k), codes)
     q = torch.randint(-127, 128, (n + 3, k + 5), dtype=torch.int8)

@@ -9,7 +9,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from metagen.models.kernels import fused_kernels, matmul_kernels
-from metagen.models.linear import ConcatLinear, DenseLinear, GroupedLinear, Int4Linear, Int8Linear, resolve_backend
+from metagen.models.kernel_backend import resolve_backend
+from metagen.models.linear import ConcatLinear, DenseLinear, GroupedLinear, Int4Linear, Int8Linear
 
 fused = fused_kernels()
 matmul = matmul_kernels()

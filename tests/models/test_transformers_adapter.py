@@ -187,3 +187,22 @@ def test_speculative_greedy_equals_plain_greedy(adapter, verify):
     spec = speculative_generate(adapter, NgramDrafter(), prompt, params, SpeculativeConfig(num_draft_tokens=5, verify=verify))
     assert spec.completions[0].token_ids == plain.completions[0].token_ids
     assert spec.cost.acceptance_rate > 0.5  # drafts were accepted: truncation and multi-token appends ran
+
+
+def _gpt2():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=2, n_head=4)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+@pytest.mark.parametrize("build, expected", [
+    (lambda: build_hf_model("llama"), 2 * 2 * 2 * 16 * 4),  # layers · (K, V) · KV heads · head_dim · fp32
+    (lambda: build_hf_model("qwen3"), 2 * 2 * 2 * 32 * 4),  # head_dim named apart from hidden / heads
+    (lambda: build_hf_model("qwen2"), 2 * 2 * 2 * 16 * 4),  # no head_dim in the config: hidden / heads
+    (_gpt2, 2 * 2 * 4 * 16 * 4),  # no num_key_value_heads either: every head keeps its keys and values
+], ids=["llama", "qwen3", "qwen2", "gpt2"])
+def test_kv_bytes_per_token_counts_a_float32_cache_of_the_configs_shape(build, expected):
+    from metagen.models import TransformersModel
+
+    assert TransformersModel(build(), tokenizer=None).kv_bytes_per_token == expected

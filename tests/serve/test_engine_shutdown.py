@@ -14,7 +14,7 @@ import torch
 
 from metagen.models.prefix_cache import PrefixCache
 from metagen.sampling import SamplingParams
-from metagen.serve.engine import DoneEvent, Engine, bytes_per_token
+from metagen.serve.engine import DoneEvent, Engine
 from metagen.serve.request_state import RequestStatus
 
 from .test_chunked_prefill import _prompt
@@ -70,7 +70,7 @@ class StopAt:
 
 def _engine(model) -> Engine:
     return Engine(model, max_rows=2, max_queue=8, prefill_chunk=16,
-                  cache_memory=BUDGET * bytes_per_token(model.new_cache(1)))
+                  cache_memory=BUDGET * model.kv_bytes_per_token)
 
 
 def _ended_through_finish(engine: Engine, stop: StopAt, runs: list[Run]) -> None:

@@ -3,17 +3,20 @@ shared system prompt reuse exactly the longest cached prefix (checked against a 
 keeps every cached sequence), outputs equal those of an engine without the cache (fp32 weights:
 token for token, greedy and seeded), reused keys and values give the cold run's logits, a small
 budget evicts without ever serving wrong keys and values and keeps the pool bounded, and a running
-request's prompt is never evicted."""
+request's prompt is never evicted. A model that cannot say how many bytes a cached token takes
+is refused by the engine's memory checks."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
 
 from metagen.decoding.prompts import encode_prompt
+from metagen.models.base import LanguageModel
 from metagen.sampling import SamplingParams
-from metagen.serve.engine import DoneEvent, Engine, ServeRequest, TokenEvent, bytes_per_token
+from metagen.serve.engine import DoneEvent, Engine, ServeRequest, TokenEvent
 
 pytestmark = pytest.mark.slow
 
@@ -170,7 +173,7 @@ def test_default_dtype_split_prefill_stays_within_rounding_of_a_whole_prefill(mo
 def test_a_small_budget_evicts_serves_no_wrong_keys_and_keeps_the_pool_bounded(model_fp32, engines):
     _, cold = engines
     budget_tokens = 60
-    small = Engine(model_fp32, max_rows=4, cache_memory=budget_tokens * bytes_per_token(model_fp32.new_cache(1)))
+    small = Engine(model_fp32, max_rows=4, cache_memory=budget_tokens * model_fp32.kv_bytes_per_token)
     small.start()
     try:
         params = SamplingParams(temperature=0, max_tokens=8)
@@ -190,7 +193,7 @@ def test_a_small_budget_evicts_serves_no_wrong_keys_and_keeps_the_pool_bounded(m
 
 
 def test_a_running_requests_prompt_is_never_evicted(model_fp32):
-    tiny = Engine(model_fp32, max_rows=4, cache_memory=4 * bytes_per_token(model_fp32.new_cache(1)))
+    tiny = Engine(model_fp32, max_rows=4, cache_memory=4 * model_fp32.kv_bytes_per_token)
     tiny.start()
     try:
         ids = chat(model_fp32, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Tell me a story."}])
@@ -206,7 +209,7 @@ def test_a_running_requests_prompt_is_never_evicted(model_fp32):
 
 
 def test_a_cancelled_request_unpins_its_prompt_and_frees_its_slots(model_fp32):
-    tiny = Engine(model_fp32, max_rows=4, cache_memory=4 * bytes_per_token(model_fp32.new_cache(1)))
+    tiny = Engine(model_fp32, max_rows=4, cache_memory=4 * model_fp32.kv_bytes_per_token)
     tiny.start()
     try:
         ids = chat(model_fp32, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Tell me a story."}])
@@ -225,3 +228,38 @@ def test_cache_memory_is_checked(model_fp32):
     with pytest.raises(ValueError, match="cache_memory"):
         Engine(model_fp32, cache_memory=-1)
     assert Engine(model_fp32, cache_memory=0).prefix_cache is None
+
+
+class Unsized(LanguageModel):
+    """The embedded model behind a `LanguageModel` that does not say its KV bytes per token."""
+
+    name = "unsized"
+
+    def __init__(self, body) -> None:
+        self.body, self.tokenizer, self.paged_cache = body, body.tokenizer, body.paged_cache
+
+    vocab_size = property(lambda self: self.body.vocab_size)
+    max_context = property(lambda self: self.body.max_context)
+
+    def new_cache(self, batch_size: int = 1):
+        return self.body.new_cache(batch_size)
+
+    def forward(self, cache, tokens, **kwargs):
+        return self.body.forward(cache, tokens, **kwargs)
+
+
+def test_a_model_that_cannot_say_its_kv_bytes_is_refused_by_the_memory_checks(model_fp32):
+    refusal = r"model 'unsized' \(Unsized\) does not say how many bytes one cached token takes"
+    with pytest.raises(NotImplementedError, match=refusal):  # the prefix cache's budget
+        Engine(Unsized(model_fp32), cache_memory=4 * model_fp32.kv_bytes_per_token)
+    engine = Engine(Unsized(model_fp32), cache_memory=0)
+    engine.start()
+    try:
+        request = Run(engine, encode_prompt(model_fp32.tokenizer, "Hello", chat=False),
+                      SamplingParams(temperature=0, max_tokens=2))
+        assert request.done.wait(120)
+        error = request.events[-1].error  # each request's memory check (`check_batch_fits`)
+        assert error is not None and re.search(refusal, error) and "memory check" in error
+        assert not any(isinstance(event, TokenEvent) for event in request.events)
+    finally:
+        engine.stop()

@@ -5,7 +5,8 @@ Per row a decoding loop holds
   log-softmax and the sampling adapters' sorted copies: LOGIT_COPIES · positions · V · 4 bytes;
 - the keys and values of its new tokens (the prompt's are shared): new_tokens · 2 · L · KVH · D
   · 4 bytes in a float32 cache (2 in bf16, 1 plus a 4-byte scale per head in int8: the model's
-  `kv_bytes_per_token`, part of the `LanguageModel` interface).
+  `kv_bytes_per_token`, part of the `LanguageModel` interface; a model that cannot say refuses
+  the check).
 A batch that cannot fit would otherwise start allocating (n = 100,000 rows over a 49,152-token
 vocabulary asks for ~20 GB per logits copy) and fail late or drive the machine into swap.
 """
@@ -34,12 +35,14 @@ def available_memory() -> int | None:
 
 def check_batch_fits(model, rows: int, new_tokens: int, positions: int = 1, *, what: str = "n") -> None:
     """ValueError naming `what` when `rows` rows of `new_tokens` tokens (scored `positions` at a
-    time) cannot fit in the memory available now."""
+    time) cannot fit in the memory available now. A model whose `kv_bytes_per_token` cannot say
+    raises its error here, whatever the memory available."""
+    cache_per_token = model.kv_bytes_per_token
     available = available_memory()
     if available is None:
         return
     logits = LOGIT_COPIES * positions * model.vocab_size * 4
-    per_row = logits + new_tokens * model.kv_bytes_per_token
+    per_row = logits + new_tokens * cache_per_token
     if rows * per_row > available:
         raise ValueError(
             f"{what}={rows} is too large for this machine: {rows} rows need about {rows * per_row / 2**30:.1f} GiB "

@@ -81,9 +81,14 @@ class LanguageModel(ABC):
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Bytes one cached token's keys and values take in this model's caches (what memory
-        checks count per new token); 0 for a model whose cache holds no per-token tensors."""
-        return 0
+        """Bytes one cached token's keys and values take in this model's caches: what the memory
+        checks (`decoding.memory.check_batch_fits`, the serving engine's prefix cache budget)
+        count per token. Every model must say (0 only where its cache holds no per-token
+        tensors); one that does not refuses the memory check with NotImplementedError."""
+        name = getattr(self, "name", "") or type(self).__name__
+        raise NotImplementedError(
+            f"model {name!r} ({type(self).__name__}) does not say how many bytes one cached token takes "
+            f"(LanguageModel.kv_bytes_per_token), so the memory check cannot run")
 
     def prefill(self, token_ids: Sequence[int], batch_size: int = 1, **kwargs) -> tuple[object, ForwardOutput]:
         """New cache holding `token_ids` once, forked into `batch_size` (an int >= 1) rows, and its

@@ -66,8 +66,10 @@ def check_kv_dtype(kv_dtype: object, name: str = "kv_dtype") -> str:
     return kv_dtype
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str = DEFAULT_KV_DTYPE) -> int:
-    """Bytes one cached token takes over all layers: keys, values and (int8) their scales."""
+def token_bytes(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str = DEFAULT_KV_DTYPE) -> int:
+    """Bytes one cached token takes over all layers in a cache of this shape: keys, values and
+    (int8) their scales, layers · 2 · kv_heads · (head_dim · itemsize (+ a float32 scale)). The
+    arithmetic behind each model's `kv_bytes_per_token`, the one name callers ask."""
     element = torch.empty(0, dtype=KV_DTYPES[check_kv_dtype(kv_dtype)]).element_size()
     scale = 4 if kv_dtype == "int8" else 0
     return num_layers * 2 * num_kv_heads * (head_dim * element + scale)
@@ -322,11 +324,6 @@ class KVCache:
             self.pools[layer].index_copy_(0, slots, source.pools[layer].index_select(0, source_slots))
             if self.scales:
                 self.scales[layer].index_copy_(0, slots, source.scales[layer].index_select(0, source_slots))
-
-    @property
-    def bytes_per_token(self) -> int:
-        """Bytes one cached token takes over all layers (keys, values and int8 scales)."""
-        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_dtype)
 
     @property
     def pool_bytes(self) -> int:

@@ -29,7 +29,7 @@ from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, NORM_FIELDS, Laye
 # 5: layers stored from LayerWeights' fields (optional q/k norms), config gains qk_norm and sliding_window;
 # 6: optional linears (router) and per-expert linears, config gains the mixture-of-experts fields
 # 7: grouped 5/6/8-bit linears (GGUF Q5_x, Q6_K, Q8_0 kept exactly) and concatenated linears
-# 8: K-quant tensors (Q4_K, Q5_K, Q6_K) keep their two-level scales (linear.Factored)
+# 8: K-quant tensors (Q4_K, Q5_K, Q6_K) keep their two-level scales (packing.Factored)
 _FORMAT_VERSION = "8"
 WAIT_SECONDS = 600.0  # for another process converting the same checkpoint; then we convert too
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from metagen.models import checks
 from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode
-from metagen.models.cache import DEFAULT_KV_DTYPE, KV_DTYPES, KVCache, check_kv_dtype, kv_bytes_per_token
+from metagen.models.cache import DEFAULT_KV_DTYPE, KV_DTYPES, KVCache, check_kv_dtype, token_bytes
 from metagen.models.config import ModelConfig
 from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, LayerWeights, Ops, decoder_layer
 from metagen.models.layer_ops import FusedOps, GeneralOps
@@ -144,9 +144,10 @@ class DecoderModel(LanguageModel):
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """layers · 2 · kv_heads · (head_dim · itemsize (+ a float32 scale per head in int8))."""
+        """layers · 2 · kv_heads · (head_dim · itemsize (+ a float32 scale per head in int8)): what
+        each slot of `new_cache()`'s pools takes."""
         config = self.config
-        return kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, self.kv_dtype)
+        return token_bytes(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, self.kv_dtype)
 
     @property
     def num_parameters(self) -> int:

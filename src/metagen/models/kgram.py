@@ -163,6 +163,11 @@ class KGramModel(LanguageModel):
     def max_context(self) -> int:
         return self._max_context
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """0: the cache keeps token ids, no keys or values."""
+        return 0
+
     def context_of(self, tokens: Sequence[int]) -> tuple[int, ...]:
         """The last k − 1 ids of `tokens`, left-padded with the start symbol (−1)."""
         width = self.k - 1

@@ -1,4 +1,6 @@
-"""Linear layers for each compute dtype: dense (fp32 / bf16) and weight-only int8 / int4 / grouped.
+"""The weight formats of a linear, each a `linear_base.Linear`: dense (fp32 / bf16) and
+weight-only int8 / int4 / grouped, a `ConcatLinear` of parts in different formats, and
+`restore_linear`, which builds any of them back from the conversion cache's record.
 
 Weight formats (the stored state; the conversion cache saves it as is):
 
@@ -10,19 +12,13 @@ Weight formats (the stored state; the conversion cache saves it as is):
 - grouped (`GroupedLinear`): 4-, 5-, 6- or 8-bit codes, a scale (and zero) per group of 16 or 32,
   plain or `Factored` (the K-quants' int8 per group under a float per 256 features).
 
-Every linear is a `Linear`, called as `linear(x)` or `linear(x, out)`: `out`, a caller's (rows, N)
-buffer with unit stride along N (a decode step's reused one; a column slice of it for a
-ConcatLinear's parts), receives the result, which is returned. The compiled kernels write into
-it; the torch paths copy. Which kernels run (`backend`) is `kernel_backend.resolve_backend`'s
-choice; the weights are repacked at load into the compiled kernels' layout (`models/packing.py`;
-int4: 16 columns × 32 features = 320 bytes with their scales and zeros). An int8 matrix holding
-a −128 code runs torch's kernel (the AVX2 sign trick needs |q| ≤ 127; `Int8Linear.quantize`
-never makes one). On "torch": `aten._weight_int8pack_mm(x, w_int8, scales)` and
+How a linear is called (`linear(x, out)`) and recorded is `linear_base.Linear`'s. The weights
+are repacked at load into the compiled kernels' layout (`models/packing.py`; int4: 16 columns ×
+32 features = 320 bytes with their scales and zeros). An int8 matrix holding a −128 code runs
+torch's kernel (the AVX2 sign trick needs |q| ≤ 127; `Int8Linear.quantize` never makes one). On
+"torch": `aten._weight_int8pack_mm(x, w_int8, scales)` and
 `aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros (K/g, N, 2))`, bf16
 activations.
-
-What the conversion cache stores of a linear is `record` (its kind, in_features, stored format,
-`format()` and its `state()` tensors) and `restore_linear` builds it back.
 """
 
 from __future__ import annotations
@@ -30,15 +26,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from metagen.models.kernel_backend import (  # noqa: F401  (re-exported: tests and callers import them from here)
-    ACTIVATIONS,
-    BACKENDS,
-    ISA,
-    compiled_kernels,
-    resolve_backend,
-    wide_activations,
-)
-from metagen.models.packing import (  # noqa: F401  (re-exported)
+from metagen.models.kernel_backend import resolve_backend
+from metagen.models.linear_base import Linear, copy_into
+from metagen.models.packing import (
     FACTOR_SPAN,
     Factored,
     pack_grouped,
@@ -51,77 +41,12 @@ from metagen.models.packing import (  # noqa: F401  (re-exported)
     unpack_torch_int4,
 )
 
-_torch_int4_pack = torch_int4_pack  # the name tests import
-
 INT4_GROUP = 32
 
 # Resolved once: looking an op up through `torch.ops.aten` costs microseconds per call, and a
 # decode step makes ~120 of these calls.
 _INT8_MM = torch.ops.aten._weight_int8pack_mm.default
 _INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
-
-
-def _into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
-    """`y`, or `out` holding it (a caller's buffer; the torch backend has no in-place kernel)."""
-    return y if out is None else out.copy_(y)
-
-
-class Linear:
-    """x (..., K) -> y (..., N) = x·Wᵀ (+ b) with W (N, K) in some stored format.
-
-    What every linear has: `kind` (its format's name in the conversion cache), `in_features` K,
-    `out_features` N, `bias` (N,) or None, `stored` (the checkpoint format(s) the weight was
-    converted from, e.g. "Q5_0"; set by the loader), `backend` ("torch" or a compiled kernel's
-    instruction set), `takes_float` (whether float32 activations run at full precision: the
-    compiled kernels take them and return float32; torch's quantized kernels take bf16),
-    `nbytes` (bytes one call reads), `state()` (the tensors the conversion cache stores) and
-    `format()` (what else it records)."""
-
-    kind = ""
-    stored = ""
-    backend = "torch"
-    in_features: int
-    out_features: int
-    bias: torch.Tensor | None
-
-    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} does not define __call__")
-
-    @property
-    def takes_float(self) -> bool:
-        return self.backend != "torch"
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of weights, scales and bias one call reads."""
-        return sum(t.nbytes for t in self.state().values())
-
-    def state(self) -> dict[str, torch.Tensor]:
-        raise NotImplementedError(f"{type(self).__name__} does not define state()")
-
-    def format(self) -> dict:
-        """What the conversion cache records besides the kind, in_features, stored and tensors."""
-        return {}
-
-    def record(self, prefix: str, tensors: dict[str, torch.Tensor]) -> dict:
-        """The conversion cache's record of this linear; its tensors go into `tensors` as
-        `{prefix}.{name}`. `restore_linear` is the inverse."""
-        info = {"kind": self.kind, "in_features": self.in_features, "stored": self.stored} | self.format()
-        for name, tensor in self.state().items():
-            tensors[f"{prefix}.{name}"] = tensor.contiguous()
-        return info
-
-    @classmethod
-    def restore(cls, prefix: str, info: dict, tensors: dict[str, torch.Tensor], bias: torch.Tensor | None) -> "Linear":
-        """The linear `record` stored under `prefix` (tensors `{prefix}.{name}`)."""
-        raise NotImplementedError(f"{cls.__name__} cannot be restored")
-
-    def _use_kernels(self) -> None:
-        """Bind the compiled kernels of `self.backend` (not "torch") and the float32 bias they take."""
-        self._kernel = compiled_kernels()
-        self._isa = ISA[self.backend]
-        self._wide = wide_activations()
-        self._bias32 = None if self.bias is None else self.bias.float().contiguous()
 
 
 class DenseLinear(Linear):
@@ -206,7 +131,7 @@ class Int8Linear(Linear):
         # torch's kernels take a contiguous matrix (an MLP's activated gate is a slice of gate·up)
         y = _INT8_MM(x.reshape(-1, self.in_features).contiguous(), self._qweight, self.scales)
         y = y.view(*x.shape[:-1], self.out_features)
-        return _into(out, y if self.bias is None else y + self.bias)
+        return copy_into(out, y if self.bias is None else y + self.bias)
 
     def dequantize(self) -> torch.Tensor:
         return self.qweight.float() * self.scales.float()[:, None]
@@ -310,7 +235,7 @@ class Int4Linear(Linear):
                                             self._isa, self._wide, out)
         y = _INT4_MM(x.reshape(-1, self.in_features).contiguous(), self._packed, self.group_size, self.scales_and_zeros)
         y = y.view(*x.shape[:-1], self.out_features)
-        return _into(out, y if self.bias is None else y + self.bias)
+        return copy_into(out, y if self.bias is None else y + self.bias)
 
     def dequantize(self) -> torch.Tensor:
         """(N, K) float32: w = (q − 8)·scale + zero with the stored bf16 scale and zero."""
@@ -400,7 +325,7 @@ class GroupedLinear(Linear):
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.backend == "torch":
             bias = None if self.bias is None else self.bias.to(torch.bfloat16)
-            return _into(out, F.linear(x.to(torch.bfloat16), self._dense, bias))
+            return copy_into(out, F.linear(x.to(torch.bfloat16), self._dense, bias))
         return self._kernel.grouped_matmul(x, self.packed, self.out_features, self.in_features, self._bias32, self._isa,
                                            self._wide, self.bits, self.group, self.zeros is not None, self.half,
                                            self.factored, self.offset, out)

@@ -27,9 +27,10 @@ from metagen.models.disk_cache import cache_directory  # noqa: F401  (its histor
 from metagen.models.embedded import embedded_model_path
 from metagen.models.gguf_blocks import EXACT_INT4_TYPES
 from metagen.models.hub import resolve
-from metagen.models.linear import ConcatLinear, DenseLinear, Factored, GroupedLinear, Int4Linear, Int8Linear
+from metagen.models.linear import ConcatLinear, DenseLinear, GroupedLinear, Int4Linear, Int8Linear
 from metagen.models.families import EXPERT_LINEARS, family_for
 from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, NORM_FIELDS, LayerWeights
+from metagen.models.packing import Factored
 
 DTYPES = ("auto", "fp32", "bf16", "int8", "int4")
 DEFAULT_DTYPE = "auto"

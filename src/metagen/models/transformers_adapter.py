@@ -35,6 +35,7 @@ import torch
 
 from metagen.models import checks
 from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode
+from metagen.models.cache import token_bytes
 from metagen.models.decoder import _check_integer_ids, _row_ids
 
 _MIN_HOLES_BEFORE_COMPACTION = 16
@@ -180,6 +181,7 @@ class TransformersModel(LanguageModel):
         text_config = self.config.get_text_config(decoder=True) if hasattr(self.config, "get_text_config") else self.config
         self._layer_types, self._window = _attention_layout(text_config)
         self._flops_shape = _flops_shape(hf_model, text_config)
+        self._kv_shape = _kv_shape(text_config)
         parameters = inspect.signature(hf_model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
         self._keeps_logits = "logits_to_keep" in parameters
@@ -223,12 +225,9 @@ class TransformersModel(LanguageModel):
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Counted as a float32 cache of the config's layers, kv heads and head_dim; 0 when the
-        config does not name all three."""
-        from metagen.models.cache import kv_bytes_per_token
-
-        sizes = [getattr(self.config, key, None) for key in ("num_hidden_layers", "num_key_value_heads", "head_dim")]
-        return 0 if None in sizes else kv_bytes_per_token(*sizes, "fp32")
+        """Counted as a float32 cache of the text config's layers, KV heads and head_dim
+        (`_kv_shape`)."""
+        return token_bytes(*self._kv_shape, "fp32")
 
     @torch.no_grad()  # not inference_mode: the cache edits its tensors in place outside forward
     def forward(
@@ -347,9 +346,21 @@ def _flops_shape(hf_model, config) -> tuple[int, int, int]:
     active = total - _logical_size(embedding)
     if head is not None and head.weight is embedding:
         active += _logical_size(embedding)  # the tied head still multiplies
+    return active, int(config.num_hidden_layers), int(config.num_attention_heads) * _head_dim(config)
+
+
+def _head_dim(config) -> int:
+    """The config's head_dim, else hidden_size / heads (what transformers' attention layers
+    take when a config names none, as Qwen2's and Phi-3's do)."""
+    return int(getattr(config, "head_dim", None) or config.hidden_size // int(config.num_attention_heads))
+
+
+def _kv_shape(config) -> tuple[int, int, int]:
+    """(layers, KV heads, head_dim) of the keys and values transformers caches per token. KV
+    heads default to the attention heads (a config without num_key_value_heads, as GPT-2's, has
+    no grouped-query attention); head_dim is `_head_dim`'s."""
     heads = int(config.num_attention_heads)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return active, int(config.num_hidden_layers), heads * int(head_dim)
+    return int(config.num_hidden_layers), int(getattr(config, "num_key_value_heads", None) or heads), _head_dim(config)
 
 
 def _attention_layout(config) -> tuple[list[str] | None, int | None]:

@@ -50,7 +50,7 @@ from metagen.serve.request_state import EngineRequest, RequestStatus
 from metagen.serve.scheduler import Scheduler
 
 __all__ = ["DEFAULT_CACHE_MEMORY", "DEFAULT_PREFILL_CHUNK", "DoneEvent", "Engine", "EngineStats", "EngineStoppedError",
-           "QueueFullError", "ServeRequest", "TokenEvent", "bytes_per_token"]
+           "QueueFullError", "ServeRequest", "TokenEvent"]
 
 DEFAULT_CACHE_MEMORY = 256 * 2**20  # bytes of keys and values the prefix cache may keep
 DEFAULT_PREFILL_CHUNK = 256  # prompt tokens forwarded per engine step (then the running rows decode)
@@ -104,8 +104,7 @@ class Engine:
             raise ValueError(f"--cache-memory: the prefix cache needs the paged KV cache, and this model's cache "
                              f"({type(cache).__name__}) cannot share slots; use --cache-memory 0")
         budget = DEFAULT_CACHE_MEMORY if cache_memory is None else cache_memory
-        self.bytes_per_token = bytes_per_token(cache)
-        return PrefixCache(budget // self.bytes_per_token, cache.share, cache.release)
+        return PrefixCache(budget // self.model.kv_bytes_per_token, cache.share, cache.release)
 
     # ------------------------------------------------------------------ any thread
 
@@ -243,9 +242,3 @@ class Engine:
             for request in list(running):
                 self.scheduler.finish(request, DoneEvent(f"{type(error).__name__}: {error}"))
             self.runner.reset()
-
-
-def bytes_per_token(cache) -> int:
-    """Bytes of keys and values one cached token takes: layers · 2 · kv_heads · head_dim · itemsize
-    (plus the int8 scales: `KVCache.bytes_per_token`)."""
-    return cache.bytes_per_token

@@ -13,7 +13,7 @@ slots of prompts (at admission) and of finished rows (prompt + output) by their 
                              way out of the engine)
 
 After each insert or unlock the least recently used unlocked leaves are evicted once the tree
-holds more than its capacity (`cache_memory / bytes_per_token` tokens); a locked path is never
+holds more than its capacity (`cache_memory / model.kv_bytes_per_token` tokens); a locked path is never
 evicted, as running rows use its slots anyway. Cost: O(prompt) per match, insert and lock, plus
 the eviction's O(leaves log leaves).
 """
