@@ -15,8 +15,8 @@ Adding a family (a pre-norm decoder, dense or a mixture of experts):
    weight or a `ModelConfig` field (both execution paths run the one layer body) and refuse it
    until then.
 2. Write `<name>.py` here (see llama.py, qwen3.py, phi3.py), importing `Family` and the shared
-   name maps from `family.py`: `Family("<model_type>", layer_names={canonical: (HF suffix, GGUF suffix)}, linears=..., gguf_rotate_half=...,
-   qk_norm=..., attention_bias=...)`, starting from `LLAMA_LAYER_NAMES` / `LLAMA_LINEARS`; export
+   name maps from `family.py`: `Family("<model_type>", layer_names={canonical: (HF suffix, GGUF
+   suffix)}, linears=..., gguf_rotate_half=..., qk_norm=..., attention_bias=...)`, starting from `LLAMA_LAYER_NAMES` / `LLAMA_LINEARS`; export
    it in the module's `FAMILIES` and add the module to `_registry` below. GGUF names are those of
    llama.cpp's `convert_hf_to_gguf.py`; `gguf_rotate_half` is False only where that converter
    permutes Q/K (Llama, Mistral).
