@@ -26,9 +26,10 @@ Adding a family (a pre-norm decoder, dense or a mixture of experts):
    reader. Fields whose feature is not implemented go into `hf_reader.refuse_unsupported`, with
    a test.
 4. A mixture of experts (qwen3_moe.py, mixtral.py; qwen2_moe.py for a shared expert) starts from
-   `MOE_LINEARS`, names the router in `layer_names`, gives `expert_names` for gate / up / down,
-   and sets `gguf_architecture` where llama.cpp's name differs and `always_normalize` where the
-   model renormalises the top-k weights whatever its config says.
+   `MOE_LINEARS` and `MOE_HF_CONFIG_ALIASES`, names the router in `layer_names`, gives
+   `expert_names` for gate / up / down, and sets `gguf_architecture` where llama.cpp's name
+   differs and `always_normalize` where the model renormalises the top-k weights whatever its
+   config says.
 5. Add it to `FAMILIES` of tests/models/families/tiny_checkpoints.py (its transformers config and
    class): the parity tests then build a tiny random checkpoint and compare logits with
    transformers (fp32, 1e-4) over a prompt and through truncate / fork / ragged appends on both

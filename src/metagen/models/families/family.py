@@ -38,6 +38,9 @@ LLAMA_LINEARS = {
 # canonical `experts.{e}.gate` / `.up` / `.down` fused into `expert_gate_up` / `expert_down`.
 MOE_LINEARS = {"qkv": LLAMA_LINEARS["qkv"], "o": LLAMA_LINEARS["o"], "router": (("router",), ())}
 EXPERT_LINEARS = {"expert_gate_up": ("gate", "up"), "expert_down": ("down",)}
+# config.json keys of a mixture of experts under another name: transformers' configs map
+# `num_experts` to `num_local_experts` (their `attribute_map`) and save it so.
+MOE_HF_CONFIG_ALIASES = {"num_experts": "num_local_experts"}
 # transformers >= 5 may save the experts of a layer stacked: HF suffix -> the canonical parts its
 # (E, rows, in) tensor holds along the rows, in order.
 HF_STACKED_EXPERTS = {"mlp.experts.gate_up_proj": ("gate", "up"), "mlp.experts.down_proj": ("down",)}

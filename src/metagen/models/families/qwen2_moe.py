@@ -7,7 +7,7 @@ and its gate `ffn_gate_inp_shexp`; rotate-half Q/K. A GGUF file that does not sa
 config.json files say `qkv_bias` for `attention_bias`.
 """
 
-from metagen.models.families.family import LLAMA_LAYER_NAMES, MOE_LINEARS, Family
+from metagen.models.families.family import LLAMA_LAYER_NAMES, MOE_HF_CONFIG_ALIASES, MOE_LINEARS, Family
 
 QWEN2_MOE = Family(
     "qwen2_moe",
@@ -22,7 +22,7 @@ QWEN2_MOE = Family(
     linears={**MOE_LINEARS, "gate_up": (("gate", "up"), ()), "down": (("down",), ()),
              "shared_expert_gate": (("shared_gate",), ())},
     attention_bias=True,
-    hf_config_aliases={"attention_bias": "qkv_bias"},
+    hf_config_aliases={**MOE_HF_CONFIG_ALIASES, "attention_bias": "qkv_bias"},
     hf_leading_global_layers="max_window_layers",  # as Qwen2's
     gguf_architecture="qwen2moe",
     expert_names={

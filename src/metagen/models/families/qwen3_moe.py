@@ -8,7 +8,7 @@ llama.cpp renormalises qwen3moe's top-k whatever the file says; a GGUF file's ow
 `expert_weights_norm` is honoured when it sets one (the model's own choice).
 """
 
-from metagen.models.families.family import LLAMA_LAYER_NAMES, MOE_LINEARS, Family
+from metagen.models.families.family import LLAMA_LAYER_NAMES, MOE_HF_CONFIG_ALIASES, MOE_LINEARS, Family
 
 _ATTENTION = {name: pair for name, pair in LLAMA_LAYER_NAMES.items() if name not in ("gate", "up", "down")}
 QWEN3_MOE = Family(
@@ -20,6 +20,7 @@ QWEN3_MOE = Family(
         "router": ("mlp.gate.weight", "ffn_gate_inp.weight"),
     },
     linears=MOE_LINEARS,
+    hf_config_aliases=MOE_HF_CONFIG_ALIASES,
     qk_norm=True,
     hf_leading_global_layers="max_window_layers",  # as Qwen2's
     gguf_architecture="qwen3moe",
