@@ -16,10 +16,10 @@ Adding a family (a pre-norm decoder, dense or a mixture of experts):
    until then.
 2. Write `<name>.py` here (see llama.py, qwen3.py, phi3.py), importing `Family` and the shared
    name maps from `family.py`: `Family("<model_type>", layer_names={canonical: (HF suffix, GGUF
-   suffix)}, linears=..., gguf_rotate_half=..., qk_norm=..., attention_bias=...)`, starting from `LLAMA_LAYER_NAMES` / `LLAMA_LINEARS`; export
-   it in the module's `FAMILIES` and add the module to `_registry` below. GGUF names are those of
-   llama.cpp's `convert_hf_to_gguf.py`; `gguf_rotate_half` is False only where that converter
-   permutes Q/K (Llama, Mistral).
+   suffix)}, linears=..., gguf_rotate_half=..., qk_norm=..., attention_bias=...)`, starting from
+   `LLAMA_LAYER_NAMES` / `LLAMA_LINEARS`; export it in the module's `FAMILIES` and add the
+   module to `_registry` below. GGUF names are those of llama.cpp's `convert_hf_to_gguf.py`;
+   `gguf_rotate_half` is False only where that converter permutes Q/K (Llama, Mistral).
 3. The readers (`hf_reader.hf_config`, `gguf_reader.gguf_config`) read the config through the
    family's fields: a key the family names differently is an `hf_config_aliases` entry, a
    convention of its own a field of `Family` the readers consult, never a test of its name in a
