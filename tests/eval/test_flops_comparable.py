@@ -26,7 +26,7 @@ def _by_hand(vocab, hidden, intermediate, layers, heads, kv_heads, head_dim, con
 def test_embedded_smollm2_counts_the_formula_exactly():
     """SmolLM2-135M (tied head): its GGUF's architecture, read without loading the weights."""
     from metagen.models import embedded_model_path
-    from metagen.models.weights import read_gguf
+    from metagen.models.gguf_reader import read_gguf
 
     config, _, _ = read_gguf(embedded_model_path())
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers, config.tie_word_embeddings) == \

@@ -6,6 +6,12 @@ import json
 from dataclasses import asdict, dataclass, field
 
 
+def pattern_layer_types(pattern: int, num_layers: int) -> tuple[str, ...]:
+    """`layer_types` where every `pattern`-th layer is global and the others slide (a checkpoint's
+    `sliding_window_pattern`, `Family.window_pattern`)."""
+    return tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers))
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Hyper-parameters of a pre-norm decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3,

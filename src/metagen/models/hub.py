@@ -35,7 +35,7 @@ _NAME = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?::(?P<tag>
 _SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)  # a part of a split GGUF model
 # the quantization at the end of a GGUF file's stem, listed as the tags to choose from
 _QUANT = re.compile(r"(?:^|[-._])((?:I?Q|TQ)\d+(?:_[A-Z0-9]+)*|B?F16|F32|MXFP4(?:_MOE)?)$", re.IGNORECASE)
-# what an HF directory needs besides *.safetensors (weights.read_hf_directory, Tokenizer.from_hf_dir)
+# what an HF directory needs besides *.safetensors (hf_reader.read_hf_directory, Tokenizer.from_hf_dir)
 HF_DIRECTORY_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                       "special_tokens_map.json", "chat_template.jinja")
 

@@ -1,13 +1,12 @@
 """`load()`: a checkpoint (GGUF file or HF directory, local or named on the Hugging Face Hub:
 `hub.py`) -> a ready `DecoderModel`.
 
-One path per file format reads the checkpoint into canonical weight sources (`weights.py`,
-driven by the family's name map); one generic builder turns them into `LayerWeights` from the
-dataclass's fields (`_build`). Conversion (dequantize, fuse Q·K·V and gate·up, pack int8/int4)
-runs once per (file, dtype);
-the result is stored as safetensors under the cache directory ($METAGEN_CACHE, default
-~/.cache/metagen) together with the tokenizer, so the next load is a memory map (see
-`conversion_cache`).
+One reader per file format (`gguf_reader.py`, `hf_reader.py`) reads the checkpoint into canonical
+weight sources (`weights.py`), driven by the family's name map; one generic builder turns them
+into `LayerWeights` from the dataclass's fields (`_build`). Conversion (dequantize, fuse Q·K·V
+and gate·up, pack int8/int4) runs once per (file, dtype); the result is stored as safetensors
+under the cache directory ($METAGEN_CACHE, default ~/.cache/metagen) together with the
+tokenizer, so the next load is a memory map (see `conversion_cache`).
 """
 
 from __future__ import annotations
@@ -28,7 +27,8 @@ from metagen.models.embedded import embedded_model_path
 from metagen.models.gguf_blocks import EXACT_INT4_TYPES
 from metagen.models.hub import resolve
 from metagen.models.linear import ConcatLinear, DenseLinear, GroupedLinear, Int4Linear, Int8Linear
-from metagen.models.families import EXPERT_LINEARS, family_for
+from metagen.models.families import family_for
+from metagen.models.families.family import EXPERT_LINEARS
 from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, NORM_FIELDS, LayerWeights
 from metagen.models.packing import Factored
 
@@ -102,7 +102,8 @@ def _check_complete(config: ModelConfig, sources: dict, path: Path) -> None:
 
 def _read_checkpoint(path: Path):
     from metagen.models.tokenizer import Tokenizer
-    from metagen.models.weights import read_gguf, read_hf_directory
+    from metagen.models.gguf_reader import read_gguf
+    from metagen.models.hf_reader import read_hf_directory
 
     if path.is_dir():
         config, sources = read_hf_directory(path)

@@ -107,7 +107,7 @@ def test_legacy_gemma3_config_fields_give_the_same_layers(tmp_path):
 
     from safetensors.torch import save_file
 
-    from metagen.models.weights import read_hf_directory
+    from metagen.models.hf_reader import read_hf_directory
 
     fields = {"model_type": "gemma3_text", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
               "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,

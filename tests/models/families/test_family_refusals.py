@@ -84,7 +84,7 @@ def test_a_sliding_window_counts_unless_the_checkpoint_disables_it(use_sliding_w
     """Qwen2/3 configs carry a sliding_window with use_sliding_window=false (not applied)."""
     from safetensors.torch import save_file
 
-    from metagen.models.weights import read_hf_directory
+    from metagen.models.hf_reader import read_hf_directory
 
     fields = {"model_type": "qwen2", "sliding_window": 8, "max_position_embeddings": 64}
     if use_sliding_window is not None:
@@ -100,7 +100,7 @@ def test_qwen2_max_window_layers_keeps_the_first_layers_global(tmp_path):
     layer_types when config.json has none); the cache then cannot release slots."""
     from safetensors.torch import save_file
 
-    from metagen.models.weights import read_hf_directory
+    from metagen.models.hf_reader import read_hf_directory
 
     directory = directory_with(tmp_path, model_type="qwen2", num_hidden_layers=3, sliding_window=8,
                                use_sliding_window=True, max_window_layers=1)
@@ -108,6 +108,35 @@ def test_qwen2_max_window_layers_keeps_the_first_layers_global(tmp_path):
     config, _ = read_hf_directory(directory)
     assert [config.layer_window(i) for i in range(3)] == [None, 8, 8] and config.cache_window is None
 
+
+
+@pytest.mark.parametrize("fields, expected", [({}, True), ({"qkv_bias": False}, False),
+                                              ({"qkv_bias": False, "attention_bias": True}, True)])
+def test_a_family_reads_config_keys_it_names_otherwise(fields, expected, tmp_path):
+    """Qwen2-MoE's `qkv_bias` stands for `attention_bias` when that is absent
+    (`Family.hf_config_aliases`); the family's default holds when neither is set."""
+    from safetensors.torch import save_file
+
+    from metagen.models.hf_reader import read_hf_directory
+
+    directory = directory_with(tmp_path, model_type="qwen2_moe", num_experts=4, num_experts_per_tok=2,
+                               moe_intermediate_size=8, shared_expert_intermediate_size=16, **fields)
+    save_file({}, str(directory / "model.safetensors"))
+    config, _ = read_hf_directory(directory)
+    assert config.attention_bias is expected
+
+
+def test_max_window_layers_is_read_only_for_a_family_that_declares_it(tmp_path):
+    """A Llama config carrying max_window_layers keeps every layer windowed: only families with
+    `hf_leading_global_layers` (the Qwen ones) keep their first layers global."""
+    from safetensors.torch import save_file
+
+    from metagen.models.hf_reader import read_hf_directory
+
+    directory = directory_with(tmp_path, num_hidden_layers=3, sliding_window=8, max_window_layers=1)
+    save_file({}, str(directory / "model.safetensors"))
+    config, _ = read_hf_directory(directory)
+    assert config.layer_types is None and config.cache_window == 8
 
 @pytest.mark.parametrize(
     "architecture, fields, message",

@@ -6,7 +6,7 @@ applies to every layer (`ModelConfig.layer_window`), so its cache releases the s
 every row's window.
 """
 
-from metagen.models.families import Family
+from metagen.models.families.family import Family
 
 LLAMA = Family("llama", gguf_rotate_half=False)
 MISTRAL = Family("mistral", gguf_rotate_half=False)

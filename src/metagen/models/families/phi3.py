@@ -6,7 +6,7 @@ latter holding gate and up), rotate-half order. Longrope scaling (Phi-3-*-128k) 
 rotary factor (Phi-4-mini) are refused when the checkpoint is read.
 """
 
-from metagen.models.families import LLAMA_LAYER_NAMES, Family
+from metagen.models.families.family import LLAMA_LAYER_NAMES, Family
 
 _NAMES = {name: pair for name, pair in LLAMA_LAYER_NAMES.items() if name not in ("q", "k", "v", "gate", "up")}
 PHI3 = Family(

@@ -1,6 +1,11 @@
-"""Qwen2 / Qwen2.5: the Llama layer with q/k/v biases; GGUF Q/K rows in rotate-half order."""
+"""Qwen2 / Qwen2.5: the Llama layer with q/k/v biases; GGUF Q/K rows in rotate-half order.
 
-from metagen.models.families import Family
+config.json writes a `sliding_window` the model uses only when `use_sliding_window` is true, and
+then only from layer `max_window_layers` on: the first layers stay global (as in Qwen3 and the
+Qwen mixtures of experts).
+"""
 
-QWEN2 = Family("qwen2", attention_bias=True)
+from metagen.models.families.family import Family
+
+QWEN2 = Family("qwen2", attention_bias=True, hf_leading_global_layers="max_window_layers")
 FAMILIES = (QWEN2,)

@@ -2,10 +2,12 @@
 experts whose top-k weights are not renormalised (`norm_topk_prob`, false in these checkpoints),
 plus a shared expert every token runs, scaled by σ(h·w_s) (`models/moe.py`). The shared expert
 loads as the layer's gate_up / down. llama.cpp's GGUF ("qwen2moe") names it `ffn_{gate,up,down}_shexp`
-and its gate `ffn_gate_inp_shexp`; rotate-half Q/K.
+and its gate `ffn_gate_inp_shexp`; rotate-half Q/K. A GGUF file that does not say
+`expert_weights_norm` does not renormalise (neither does llama.cpp's qwen2moe graph). Some
+config.json files say `qkv_bias` for `attention_bias`.
 """
 
-from metagen.models.families import LLAMA_LAYER_NAMES, MOE_LINEARS, Family
+from metagen.models.families.family import LLAMA_LAYER_NAMES, MOE_HF_CONFIG_ALIASES, MOE_LINEARS, Family
 
 QWEN2_MOE = Family(
     "qwen2_moe",
@@ -20,6 +22,8 @@ QWEN2_MOE = Family(
     linears={**MOE_LINEARS, "gate_up": (("gate", "up"), ()), "down": (("down",), ()),
              "shared_expert_gate": (("shared_gate",), ())},
     attention_bias=True,
+    hf_config_aliases={**MOE_HF_CONFIG_ALIASES, "attention_bias": "qkv_bias"},
+    hf_leading_global_layers="max_window_layers",  # as Qwen2's
     gguf_architecture="qwen2moe",
     expert_names={
         "gate": ("mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight"),
@@ -27,6 +31,7 @@ QWEN2_MOE = Family(
         "down": ("mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight"),
     },
     shared_expert=True,
+    gguf_norm_topk=False,
     gguf_row_vectors=frozenset({"shared_gate"}),
 )
 FAMILIES = (QWEN2_MOE,)
