@@ -1,32 +1,27 @@
 """What produces logits: the LanguageModel interface, the native decoder (every family of
-`models/families/`), loaders."""
+`models/families/`), loaders.
 
-from metagen.models.base import ForwardOutput, LanguageModel
-from metagen.models.cache import DEFAULT_KV_DTYPE, KV_DTYPES, KVCache
-from metagen.models.config import ModelConfig
-from metagen.models.decoder import DecoderModel
-from metagen.models.embedded import embedded_model_path
-from metagen.models.loading import DEFAULT_DTYPE, DTYPES, load
+Names are imported on first use (`metagen._lazy`): `from metagen.models import load` imports
+the loader (and torch) then, and `TransformersModel` imports transformers only when asked.
+"""
 
-__all__ = [
-    "DEFAULT_DTYPE",
-    "DEFAULT_KV_DTYPE",
-    "DTYPES",
-    "KV_DTYPES",
-    "DecoderModel",
-    "ForwardOutput",
-    "KVCache",
-    "LanguageModel",
-    "ModelConfig",
-    "TransformersModel",
-    "embedded_model_path",
-    "load",
-]
+from metagen._lazy import lazy_package
 
+# name -> the submodule that defines it
+_EXPORTS = {
+    "DEFAULT_DTYPE": "loading",
+    "DEFAULT_KV_DTYPE": "cache",
+    "DTYPES": "loading",
+    "KV_DTYPES": "cache",
+    "DecoderModel": "decoder",
+    "ForwardOutput": "base",
+    "KVCache": "cache",
+    "LanguageModel": "base",
+    "ModelConfig": "config",
+    "TransformersModel": "transformers_adapter",  # optional extra
+    "embedded_model_path": "embedded",
+    "load": "loading",
+}
+lazy_package(__name__, _EXPORTS)
 
-def __getattr__(name: str):
-    if name == "TransformersModel":  # optional extra: imports transformers only when asked
-        from metagen.models.transformers_adapter import TransformersModel
-
-        return TransformersModel
-    raise AttributeError(f"module 'metagen.models' has no attribute {name!r}")
+__all__ = sorted(_EXPORTS)
