@@ -30,20 +30,34 @@ KNOWN_PACKAGE_CYCLES: list[list[str]] = []
 KNOWN_MODULE_CYCLES: list[list[str]] = []
 
 
-def floors() -> dict[str, int]:
-    """package (or top-level module) -> floor, read from the tree of docs/ARCHITECTURE.md."""
-    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
-    tree = text.split("```", 2)[1]
-    found: dict[str, int] = {}
+FLOOR_MARKER = re.compile(r"\((floor (\d+)|faces)\)\s*$")
+
+
+def drawing_entries() -> dict[str, str]:
+    """package (or top-level module) -> the text of its entry in the tree of docs/ARCHITECTURE.md:
+    its lines joined, from its name through its floor marker."""
+    tree = (ROOT / "docs" / "ARCHITECTURE.md").read_text().split("```", 2)[1]
+    entries: dict[str, str] = {}
     name = None
     for line in tree.splitlines():
         entry = re.match(r"^  (\w+)(/|\.py)\s", line)
         if entry:
             name = entry.group(1)
-        marker = re.search(r"\((floor (\d+)|faces)\)\s*$", line)
-        if marker and name is not None:
+            entries[name] = ""
+        if name is not None:
+            entries[name] += " " + line
+            if FLOOR_MARKER.search(line):
+                name = None
+    return entries
+
+
+def floors() -> dict[str, int]:
+    """package (or top-level module) -> floor, read from the tree of docs/ARCHITECTURE.md."""
+    found: dict[str, int] = {}
+    for name, text in drawing_entries().items():
+        marker = FLOOR_MARKER.search(text)
+        if marker:
             found[name] = int(marker.group(2)) if marker.group(2) else FACES
-            name = None
     return found
 
 

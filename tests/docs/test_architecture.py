@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_floors import _package, floors, module_graph
+from tests.test_floors import FLOOR_MARKER, _package, drawing_entries, floors, module_graph
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "src"
@@ -181,22 +181,10 @@ def test_the_design_notes_are_in_the_navigation() -> None:
 
 def drawn_imports() -> dict[str, set[str]]:
     """package -> the packages its entry in the drawing lists after `->`."""
-    tree = OVERVIEW.read_text(encoding="utf-8").split("```", 2)[1]
-    drawn: dict[str, str] = {}
-    name = None
-    for line in tree.splitlines():
-        entry = re.match(r"^  (\w+)(/|\.py)\s", line)
-        if entry:
-            name = entry.group(1)
-            drawn[name] = ""
-        if name is not None:
-            drawn[name] += " " + line
-        if re.search(r"\((floor \d+|faces)\)\s*$", line):
-            name = None
     listed = {}
-    for package, text in drawn.items():
+    for package, text in drawing_entries().items():
         assert "->" in text, f"the drawing lists no imports for {package}"
-        after = re.sub(r"\((floor \d+|faces)\)\s*$", "", text.split("->", 1)[1].strip())
+        after = FLOOR_MARKER.sub("", text.split("->", 1)[1].strip())
         listed[package] = set() if after.strip() == "(none)" else set(after.split())
     return listed
 
