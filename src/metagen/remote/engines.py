@@ -31,7 +31,7 @@ from the table); `engine=` (`--engine` on the command line) names the engine ins
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from metagen.remote.constraints import supported_kinds
 from metagen.sampling import SamplingParams
@@ -56,6 +56,9 @@ EXTRA_FIELDS = {  # vLLM and SGLang accept these on both endpoints
 # Fields handled by the generator itself, not mapped one to one (structured_outputs: by
 # remote/constraints.py, per engine and endpoint; response_format is folded into it).
 GENERATOR_FIELDS = {"n", "logprobs", "mirostat_tau", "mirostat_eta", "structured_outputs", "response_format"}
+# Fields no server is sent: token healing backs up the prompt with the tokenizer, which the client
+# may not have (refused by name for remote generators).
+CLIENT_ONLY_FIELDS = {"token_healing"}
 
 
 @dataclass(frozen=True)
@@ -112,14 +115,12 @@ ENGINES = {
         },
         notes="llama-cpp-python's server drops n and has no stop_token_ids, ignore_eos or typical_p"),
     "openai": Engine("openai", dict(OPENAI_FIELDS), owned_by=("openai", "system", "openai-internal")),
-    # `metagen serve` takes every SamplingParams field under its own name, and mirostat in
-    # llama.cpp's form (mirostat_mode=2 with mirostat_tau / mirostat_eta).
+    # `metagen serve` takes every SamplingParams field under its own name (a new field is sent with
+    # no edit here), and mirostat in llama.cpp's form (mirostat_mode=2 with mirostat_tau / mirostat_eta).
     "metagen": Engine(
         "metagen",
-        {name: name for name in ("temperature", "top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff",
-                                 "eta_cutoff", "repetition_penalty", "frequency_penalty", "presence_penalty",
-                                 "no_repeat_ngram_size", "logit_bias", "seed", "max_tokens", "stop",
-                                 "stop_token_ids", "ignore_eos")},
+        {name: name for name in (field.name for field in fields(SamplingParams))
+         if name not in GENERATOR_FIELDS and name not in CLIENT_ONLY_FIELDS},
         {"return_tokens_as_token_ids": True}, mirostat=True, owned_by=("metagen",)),
 }
 
