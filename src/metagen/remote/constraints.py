@@ -45,6 +45,7 @@ KINDS = {  # engine -> the kinds it takes
     "openai": ("json", "json_object"),
     "metagen": ("json", "json_object", "regex", "choice", "grammar"),
 }
+LARK_GRAMMARS = frozenset({"vllm", "metagen"})  # engines whose grammar field takes Lark as well as GBNF
 _REASONS = {
     ("llama.cpp", "regex"): "llama.cpp takes GBNF grammars, which have no regular expressions, and a regex "
                             "is not translated (not every regex has an exact GBNF form here); write it as "
@@ -74,7 +75,7 @@ def constraint_fields(spec: StructuredOutputs | None, engine_name: str, endpoint
         reason = _REASONS.get((engine_name, kind), "it has no request field for it")
         raise ValueError(f"{spec.kind_field} is not supported by {engine_name}'s OpenAI-compatible server "
                          f"({reason}); use a local model or another backend")
-    if kind == "grammar" and engine_name not in ("vllm", "metagen") and spec.grammar_syntax != "gbnf":
+    if kind == "grammar" and engine_name not in LARK_GRAMMARS and spec.grammar_syntax != "gbnf":
         raise ValueError(f"{spec.kind_field} is a Lark grammar, which {engine_name}'s server does not take: it "
                          "takes GBNF (rules written `name ::= ...`, start rule `root`)")
     return _BUILDERS[engine_name](spec, endpoint)

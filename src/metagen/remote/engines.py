@@ -73,6 +73,8 @@ class Engine:
     owned_by: `owned_by` values of /v1/models entries that identify the engine.
     streams_usage: a streamed answer ends with a usage chunk when asked
         (`stream_options.include_usage`); llama-cpp-python's server has no such option.
+    names_stop: a choice names the stop string that ended it (vLLM `stop_reason`, SGLang
+        `matched_stop`); elsewhere only returned logprobs tell it (`ServerProfile.tells_stops`).
     """
 
     name: str
@@ -82,6 +84,7 @@ class Engine:
     continues_final_message: bool = False
     owned_by: tuple[str, ...] = ()
     streams_usage: bool = True
+    names_stop: bool = False
     top_k_disabled: int = -1
     neutral_only: dict[str, tuple[str, str]] = field(default_factory=dict)
     notes: str = ""
@@ -98,9 +101,9 @@ class Engine:
 
 ENGINES = {
     "vllm": Engine("vllm", {**OPENAI_FIELDS, **EXTRA_FIELDS}, {"return_tokens_as_token_ids": True},
-                   continues_final_message=True, owned_by=("vllm",)),
+                   continues_final_message=True, names_stop=True, owned_by=("vllm",)),
     "sglang": Engine("sglang", {**OPENAI_FIELDS, **EXTRA_FIELDS}, continues_final_message=True,
-                     owned_by=("sglang",)),
+                     names_stop=True, owned_by=("sglang",)),
     "llama.cpp": Engine(
         "llama.cpp",
         {name: wire for name, wire in OPENAI_FIELDS.items() if not name.endswith("_penalty")}

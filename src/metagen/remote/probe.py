@@ -49,7 +49,7 @@ class ServerProfile:
         """A completion tells which stop ended it: the engine reports the matched stop string
         (vLLM `stop_reason`, SGLang `matched_stop`), or logprobs list the sampled tokens, whose
         text runs past the cut text into the stop string (llama.cpp, OpenAI)."""
-        return self.engine.name in ("vllm", "sglang") or self.logprobs
+        return self.engine.names_stop or self.logprobs
 
     def capabilities(self, has_tokenizer: bool, has_template: bool = False) -> frozenset[str]:
         """What a generator over this server provides, with a tokenizer of the served model (and
