@@ -108,6 +108,8 @@ def test_answer_agreement_is_the_weight_of_the_reference_when_answers_match():
         AnswerAgreement(lambda p, c: -1.0)("q", candidates)
     with pytest.raises(ValueError, match="pattern or extractor"):
         AnswerAgreement(pattern="x", extractor=str)
+    with pytest.raises(ValueError, match=r"pattern='\(a\)\\\\1' is refused .*backreferences"):
+        AnswerAgreement(pattern=r"(a)\1")  # refused when built, before any candidate is read
 
 
 def test_minilm_embeddings_are_unit_norm_and_rank_a_paraphrase_above_an_unrelated_sentence():

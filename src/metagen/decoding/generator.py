@@ -139,7 +139,37 @@ class Generator(ABC):
         cache is the server's (its usage counts report what it reused)."""
 
 
-class LocalGenerator(Generator):
+class ModelGenerator(Generator):
+    """A `Generator` whose outputs come from a local `LanguageModel` (`self.model`, set by the
+    subclass with `self.chat`), however its calls are run: in the caller's thread
+    (`LocalGenerator`) or as requests to the serving engine (`serve.EngineGenerator`). Its
+    tokenizer, context and prompt lengths are the model's."""
+
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.model.tokenizer.decode(list(token_ids))
+
+    def source_model(self):
+        return self.model
+
+    @property
+    def max_context(self) -> int | None:
+        return self.model.max_context
+
+    def count_tokens(self, prompt: Prompt) -> int | None:
+        return len(encode_prompt(self.model.tokenizer, prompt, self.chat))
+
+    def prefix_ids(self, prefix: str | list[int]) -> list[int]:
+        """What `continue_prefix` continues: token ids as given, text by its plain encoding (no chat template)."""
+        if isinstance(prefix, str):
+            return self.model.tokenizer.encode(prefix, add_special_tokens=True)
+        return list(prefix)
+
+
+class LocalGenerator(ModelGenerator):
     """A `Generator` over a local `LanguageModel` (one prefill, n forked rows, one batch).
 
     chat: wrap text prompts in the model's chat template (None: when the model has one).
@@ -162,13 +192,6 @@ class LocalGenerator(Generator):
         self.jump_forward = jump_forward
         self.prompt_cache = PromptCache() if prompt_cache else None
 
-    @property
-    def tokenizer(self):
-        return self.model.tokenizer
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.model.tokenizer.decode(list(token_ids))
-
     def local_model(self) -> LocalModel:
         caps.require({caps.LOCAL_CACHE}, self, "local_model()")  # a subclass may withhold it
         return LocalModel(self.model, self.chat)
@@ -177,18 +200,7 @@ class LocalGenerator(Generator):
                         generator: torch.Generator | None = None) -> GenerationResult:
         """`generate` on the prefix's token ids (text: its plain encoding, no chat template), so
         a subclass's own decoding (speculative decoding) continues prefixes too."""
-        ids = list(prefix) if not isinstance(prefix, str) else self.model.tokenizer.encode(prefix, add_special_tokens=True)
-        return self.generate(ids, params, generator=generator)
-
-    def source_model(self):
-        return self.model
-
-    @property
-    def max_context(self) -> int | None:
-        return self.model.max_context
-
-    def count_tokens(self, prompt: Prompt) -> int | None:
-        return len(encode_prompt(self.model.tokenizer, prompt, self.chat))
+        return self.generate(self.prefix_ids(prefix), params, generator=generator)
 
     @property
     def keeps_prompt(self) -> bool:

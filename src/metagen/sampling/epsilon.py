@@ -33,6 +33,20 @@ def epsilon(logits: Tensor, eps: float) -> Tensor:
     eps = check_probability("eps", eps, low=0.0, high=1.0, low_open=False, high_open=True)
     if eps == 0.0:
         return unchanged(logits)
-    logits = float_logits(logits)
+    return keep_above(float_logits(logits), math.log(eps))
+
+
+def keep_above(logits: Tensor, log_threshold: float | Tensor) -> Tensor:
+    """The truncation epsilon and eta share: keep v where log p_v >= log_threshold, and the argmax.
+
+    Args:
+        logits: float32 `(..., V)` scores.
+        log_threshold: a float, or `(..., 1)` per row (eta's entropy-dependent threshold).
+
+    Returns:
+        New float32 logits `(..., V)`; the input is not modified.
+
+    Time complexity: O(V) per row.
+    """
     log_probs = torch.log_softmax(logits, dim=-1)  # (..., V)
-    return keep_only(logits, keep_argmax(logits, log_probs >= math.log(eps) - LOG_TOLERANCE))
+    return keep_only(logits, keep_argmax(logits, log_probs >= log_threshold - LOG_TOLERANCE))

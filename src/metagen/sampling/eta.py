@@ -18,7 +18,8 @@ import math
 import torch
 from torch import Tensor
 
-from ._common import LOG_TOLERANCE, check_probability, float_logits, keep_argmax, keep_only, unchanged
+from ._common import check_probability, float_logits, unchanged
+from .epsilon import keep_above
 
 
 def entropy(logits: Tensor) -> Tensor:
@@ -46,7 +47,6 @@ def eta(logits: Tensor, eta: float) -> Tensor:
     if eta == 0.0:
         return unchanged(logits)
     logits = float_logits(logits)
-    log_probs = torch.log_softmax(logits, dim=-1)  # (..., V)
     # log threshold = min(log eta, log sqrt(eta) - H), computed in log space.
-    log_threshold = torch.clamp(0.5 * math.log(eta) - entropy(logits), max=math.log(eta))
-    return keep_only(logits, keep_argmax(logits, log_probs >= log_threshold - LOG_TOLERANCE))
+    log_threshold = torch.clamp(0.5 * math.log(eta) - entropy(logits), max=math.log(eta))  # (..., 1)
+    return keep_above(logits, log_threshold)

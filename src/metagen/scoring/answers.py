@@ -18,8 +18,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from metagen.scoring.math_equal import MATH_TIMEOUT_SECONDS, math_equal
+
+if TYPE_CHECKING:
+    from metagen.decoding.result import Completion
 
 AnswerExtractor = Callable[[str], "str | None"]
 
@@ -134,6 +138,24 @@ def extract_answer(text: str, pattern: str | None = None, field: str | None = No
                 found = found.replace(",", "")
             return found
     return None
+
+
+def answer_reader(pattern: str | None = None,
+                  extractor: AnswerExtractor | None = None) -> Callable[[Completion], str | None]:
+    """candidate -> its answer: the candidate's `answer` when a strategy has set it, else the one
+    `extractor` finds in its text, or `extract_answer` with `pattern` (default extraction when
+    None). ValueError when both are given, or when RE2 refuses `pattern` (now, not at the first
+    candidate)."""
+    if pattern is not None and extractor is not None:
+        raise ValueError("give pattern or extractor, not both")
+    if pattern is not None:
+        compile_pattern(pattern)
+    extract = extractor or (lambda text: extract_answer(text, pattern))
+
+    def read(candidate: Completion) -> str | None:
+        return candidate.answer if candidate.answer is not None else extract(candidate.text)
+
+    return read
 
 
 def normalize(answer: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from metagen.scoring.answers import AnswerExtractor, answers_match, compile_pattern, extract_answer
+from metagen.scoring.answers import AnswerExtractor, answer_reader, answers_match
 from metagen.scoring.base import Verdict, Verifier
 
 if TYPE_CHECKING:
@@ -31,16 +31,12 @@ class ExactAnswerVerifier(Verifier):
         pattern: str | None = None,
         extractor: AnswerExtractor | None = None,
     ) -> None:
-        if pattern is not None and extractor is not None:
-            raise ValueError("give pattern or extractor, not both")
-        if pattern is not None:
-            compile_pattern(pattern)  # refused now (ValueError naming it), not at the first candidate
+        self.answer_of = answer_reader(pattern, extractor)
         self.reference = str(reference)
         self.math = math
-        self.extract = extractor or (lambda text: extract_answer(text, pattern))
 
     def verify(self, prompt: Prompt, candidate: Completion) -> Verdict:
-        answer = candidate.answer if candidate.answer is not None else self.extract(candidate.text)
+        answer = self.answer_of(candidate)
         if answer is None:
             return Verdict(False, 0.0, "No final answer was found in the response.")
         if answers_match(answer, self.reference, self.math):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from metagen.decoding.cost import Cost
-from metagen.scoring.answers import AnswerExtractor, answers_match, extract_answer
+from metagen.scoring.answers import AnswerExtractor, answer_reader, answers_match
 from metagen.scoring.base import Scorer, as_scorer
 
 if TYPE_CHECKING:
@@ -159,12 +159,10 @@ class AnswerAgreement(Utility):
         pattern: str | None = None,
         extractor: AnswerExtractor | None = None,
     ) -> None:
-        if pattern is not None and extractor is not None:
-            raise ValueError("give pattern or extractor, not both")
+        self.answer_of = answer_reader(pattern, extractor)
         self.weights = None if weights is None else as_scorer(weights)
         self.exp_scores = exp_scores
         self.math = math
-        self.extract = extractor or (lambda text: extract_answer(text, pattern))
 
     def answer_classes(self, candidates: Sequence[Completion]) -> list[int | None]:
         """Per candidate, the index of its answer class (None without an answer); each class is
@@ -172,7 +170,7 @@ class AnswerAgreement(Utility):
         names: list[str] = []
         classes: list[int | None] = []
         for candidate in candidates:
-            answer = candidate.answer if candidate.answer is not None else self.extract(candidate.text)
+            answer = self.answer_of(candidate)
             if answer is None:
                 classes.append(None)
                 continue

@@ -39,7 +39,7 @@ import torch
 
 from metagen.decoding import capabilities as caps
 from metagen.decoding.cost import Cost, forward_flops
-from metagen.decoding.generator import Generator
+from metagen.decoding.generator import ModelGenerator
 from metagen.decoding.prompts import Prompt, encode_prompt
 from metagen.decoding.result import GenerationResult
 from metagen.sampling import SamplingParams
@@ -57,7 +57,7 @@ class StrategyTimeout(RuntimeError):
     """One of the strategy's requests ran past the server's request timeout."""
 
 
-class EngineGenerator(Generator):
+class EngineGenerator(ModelGenerator):
     """Requests of one strategy run, through `engine` (see the module docstring).
 
     chat: the chat-template setting, as `LocalGenerator`'s; timeout: seconds each request may
@@ -71,7 +71,6 @@ class EngineGenerator(Generator):
 
     def __init__(self, engine: Engine, model, chat: bool | None = None, timeout: float | None = None) -> None:
         self.engine, self.model, self.chat, self.timeout = engine, model, chat, timeout
-        self.tokenizer = model.tokenizer  # step searches render chat prompts with it
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.requests = 0
@@ -86,19 +85,6 @@ class EngineGenerator(Generator):
             for job in self._jobs:
                 job.cancel()
 
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(list(token_ids))
-
-    def source_model(self):
-        return self.model
-
-    @property
-    def max_context(self) -> int | None:
-        return self.model.max_context
-
-    def count_tokens(self, prompt: Prompt) -> int | None:
-        return len(encode_prompt(self.tokenizer, prompt, self.chat))
-
     def generate(self, prompt: Prompt, params: SamplingParams, *,
                  generator: torch.Generator | None = None) -> GenerationResult:
         ids = encode_prompt(self.tokenizer, prompt, self.chat, vocab_size=self.model.vocab_size)
@@ -107,8 +93,7 @@ class EngineGenerator(Generator):
     def continue_prefix(self, prefix: str | list[int], params: SamplingParams, *,
                         generator: torch.Generator | None = None) -> GenerationResult:
         """The prefix's ids as given (text: its plain encoding, no chat template), like LocalGenerator."""
-        ids = list(prefix) if not isinstance(prefix, str) else self.tokenizer.encode(prefix, add_special_tokens=True)
-        return self._run(ids, params, generator)
+        return self._run(self.prefix_ids(prefix), params, generator)
 
     def _run(self, ids: list[int], params: SamplingParams, rng: torch.Generator | None) -> GenerationResult:
         if self._cancelled.is_set():

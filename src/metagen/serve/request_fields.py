@@ -28,7 +28,7 @@ is built for the request.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from metagen.decoding.request import heal_request
 from metagen.sampling import SamplingParams
@@ -37,11 +37,10 @@ from metagen.serve.body import DEFAULT_MAX_N, APIError, param_of
 from metagen.serve.requests import ParsedRequest
 from metagen.serve.strategy_request import parse_strategy
 
-SAMPLING_FIELDS = (
-    "temperature", "top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty",
-    "frequency_penalty", "presence_penalty", "no_repeat_ngram_size", "logit_bias", "mirostat_tau", "mirostat_eta",
-    "seed", "stop", "stop_token_ids", "ignore_eos", "n", "structured_outputs", "response_format", "token_healing",
-)
+# Every SamplingParams field is a request field under its own name, in its declared order, but the two each
+# endpoint reads itself (`PromptFields`): max_tokens (chat: or max_completion_tokens), logprobs (chat: top_logprobs).
+ENDPOINT_SAMPLING_FIELDS = ("max_tokens", "logprobs")
+SAMPLING_FIELDS = tuple(item.name for item in fields(SamplingParams) if item.name not in ENDPOINT_SAMPLING_FIELDS)
 COMMON_FIELDS = ("model", "stream", "stream_options", "user", "max_tokens", "return_tokens_as_token_ids",
                  "mirostat_mode", "metagen")
 SHARED_FIELDS = frozenset(SAMPLING_FIELDS + COMMON_FIELDS)  # every field both endpoints take

@@ -135,6 +135,16 @@ def _label_powers_of_two(axis, ns, xs, ys, color) -> None:
             axis.annotate(str(n), (x, y), textcoords="offset points", xytext=(3, -9), fontsize=7, color=color)
 
 
+def _against_kl(axis, bound_kl, ylabel: str, title: str, legend_size: int) -> None:
+    """Labels of a plot against KL(π ‖ p), x from 0 to just past best-of-n's largest bound."""
+    axis.set_xlim(0, max(bound_kl) * 1.05 + 0.05)
+    axis.set_xlabel("KL(π ‖ p) (nats)")
+    axis.set_ylabel(ylabel)
+    axis.set_title(title, fontsize=10)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=legend_size, loc="lower right")
+
+
 def plot_win_rate(data: dict, out_dir) -> Path:
     """Win rate vs KL (data from `win_rate_data`). Returns the PNG written."""
     plt = pyplot()
@@ -148,13 +158,9 @@ def plot_win_rate(data: dict, out_dir) -> Path:
         axis.plot(instance["kl"], instance["win_rate"], "o-", color=color, markersize=3,
                   label=f"best-of-n, {instance['name']}")
         axis.plot(instance["optimum"]["kl"], instance["optimum"]["win_rate"], "--", color=color, linewidth=1)
-    axis.set_xlim(0, max(data["bound_kl"]) * 1.05 + 0.05)
     axis.set_ylim(0.45, 1.0)
-    axis.set_xlabel("KL(π ‖ p) (nats)")
-    axis.set_ylabel("win rate against p")
-    axis.set_title("Best-of-n: win rate vs KL (dashed: best win rate at that KL)", fontsize=10)
-    axis.grid(True, alpha=0.3)
-    axis.legend(fontsize=7, loc="lower right")
+    _against_kl(axis, data["bound_kl"], "win rate against p",
+                "Best-of-n: win rate vs KL (dashed: best win rate at that KL)", legend_size=7)
     return _save(plt, figure, out_dir, "win_rate")
 
 
@@ -169,13 +175,8 @@ def plot_reward_kl(data: dict, out_dir) -> Path:
     axis.plot(data["bound_kl"], data["expected_reward"], "o", color="tab:orange", markersize=3, fillstyle="none",
               label="best-of-n placed at log n − (n−1)/n")
     _label_powers_of_two(axis, data["n"], data["kl"], data["expected_reward"], "tab:blue")
-    axis.set_xlim(0, max(data["bound_kl"]) * 1.05 + 0.05)
-    axis.set_xlabel("KL(π ‖ p) (nats)")
-    axis.set_ylabel("expected reward E_π[r]")
-    axis.set_title(f"Reward vs KL, p ∝ 1/k over K = {len(data['p'])}, r ∼ N(0, 1) (seed {data['seed']})",
-                   fontsize=10)
-    axis.grid(True, alpha=0.3)
-    axis.legend(fontsize=8, loc="lower right")
+    title = f"Reward vs KL, p ∝ 1/k over K = {len(data['p'])}, r ∼ N(0, 1) (seed {data['seed']})"
+    _against_kl(axis, data["bound_kl"], "expected reward E_π[r]", title, legend_size=8)
     return _save(plt, figure, out_dir, "reward_kl")
 
 

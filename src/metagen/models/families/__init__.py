@@ -17,17 +17,19 @@ Adding a family (a pre-norm decoder, dense or a mixture of experts):
 2. Write `<name>.py` here (see llama.py, qwen3.py, phi3.py), importing `Family` and the shared
    name maps from `family.py`: `Family("<model_type>", layer_names={canonical: (HF suffix, GGUF
    suffix)}, linears=..., gguf_rotate_half=..., qk_norm=..., attention_bias=...)`, starting from
-   `LLAMA_LAYER_NAMES` / `LLAMA_LINEARS`; export it in the module's `FAMILIES` and add the
-   module to `_registry` below. GGUF names are those of llama.cpp's `convert_hf_to_gguf.py`;
-   `gguf_rotate_half` is False only where that converter permutes Q/K (Llama, Mistral).
+   `LLAMA_LAYER_NAMES` / `LLAMA_LINEARS` (`QK_NORM_NAMES` for q/k norms); export it in the
+   module's `FAMILIES` and add the module to `_registry` below. GGUF names are those of
+   llama.cpp's `convert_hf_to_gguf.py`; `gguf_rotate_half` is False only where that converter
+   permutes Q/K (Llama, Mistral).
 3. The readers (`hf_reader.hf_config`, `gguf_reader.gguf_config`) read the config through the
    family's fields: a key the family names differently is an `hf_config_aliases` entry, a
    convention of its own a field of `Family` the readers consult, never a test of its name in a
    reader. Fields whose feature is not implemented go into `hf_reader.refuse_unsupported`, with
    a test.
 4. A mixture of experts (qwen3_moe.py, mixtral.py; qwen2_moe.py for a shared expert) starts from
-   `MOE_LINEARS` and `MOE_HF_CONFIG_ALIASES`, names the router in `layer_names`, gives
-   `expert_names` for gate / up / down, and sets `gguf_architecture` where llama.cpp's name
+   `MOE_LAYER_NAMES` (the attention and the router), `MOE_LINEARS` and `MOE_HF_CONFIG_ALIASES`,
+   gives `expert_names` for gate / up / down (`expert_names(...)` where its experts are stacked
+   as llama.cpp's `ffn_*_exps`), and sets `gguf_architecture` where llama.cpp's name
    differs and `always_normalize` where the model renormalises the top-k weights whatever its
    config says.
 5. Add it to `FAMILIES` of tests/models/families/tiny_checkpoints.py (its transformers config and

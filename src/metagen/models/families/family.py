@@ -27,6 +27,11 @@ LLAMA_LAYER_NAMES = {
     "up": ("mlp.up_proj.weight", "ffn_up.weight"),
     "down": ("mlp.down_proj.weight", "ffn_down.weight"),
 }
+# Per-head RMSNorm weights of q and k (`Family.qk_norm`: Qwen3, Qwen3-MoE, Gemma 3).
+QK_NORM_NAMES = {
+    "q_norm": ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+    "k_norm": ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+}
 # LayerWeights linear -> (canonical weight parts stacked along the output rows, their bias parts)
 LLAMA_LINEARS = {
     "qkv": (("q", "k", "v"), ("q_bias", "k_bias", "v_bias")),
@@ -38,12 +43,25 @@ LLAMA_LINEARS = {
 # canonical `experts.{e}.gate` / `.up` / `.down` fused into `expert_gate_up` / `expert_down`.
 MOE_LINEARS = {"qkv": LLAMA_LINEARS["qkv"], "o": LLAMA_LINEARS["o"], "router": (("router",), ())}
 EXPERT_LINEARS = {"expert_gate_up": ("gate", "up"), "expert_down": ("down",)}
+# The Llama layer's names in a mixture of experts: its attention, and the router where its MLP was
+# (the MLP's gate / up / down are the experts', `expert_names`).
+MOE_LAYER_NAMES = {
+    **{name: pair for name, pair in LLAMA_LAYER_NAMES.items() if name not in ("gate", "up", "down")},
+    "router": ("mlp.gate.weight", "ffn_gate_inp.weight"),
+}
 # config.json keys of a mixture of experts under another name: transformers' configs map
 # `num_experts` to `num_local_experts` (their `attribute_map`) and save it so.
 MOE_HF_CONFIG_ALIASES = {"num_experts": "num_local_experts"}
 # transformers >= 5 may save the experts of a layer stacked: HF suffix -> the canonical parts its
 # (E, rows, in) tensor holds along the rows, in order.
 HF_STACKED_EXPERTS = {"mlp.experts.gate_up_proj": ("gate", "up"), "mlp.experts.down_proj": ("down",)}
+
+
+def expert_names(gate: str, up: str, down: str) -> dict[str, tuple[str, str]]:
+    """`Family.expert_names` of experts whose HF tensors are `mlp.experts.{e}.<name>.weight` for the
+    names given (gate, up, down): the GGUF names are llama.cpp's stacked `ffn_{gate,up,down}_exps`."""
+    return {part: (f"mlp.experts.{{e}}.{name}.weight", f"ffn_{part}_exps.weight")
+            for part, name in (("gate", gate), ("up", up), ("down", down))}
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,14 @@ decoder). Transformers >= 5 writes the RoPE settings as one dict per layer kind
 (`rope_parameters.full_attention` / `.sliding_attention`); the HF reader takes both layouts.
 """
 
-from metagen.models.families.family import LLAMA_LAYER_NAMES, Family
+from metagen.models.families.family import LLAMA_LAYER_NAMES, QK_NORM_NAMES, Family
 
 _NAMES = {name: pair for name, pair in LLAMA_LAYER_NAMES.items() if not name.endswith("_bias") and name != "mlp_norm"}
 GEMMA3 = Family(
     "gemma3",
     layer_names={
         **_NAMES,
-        "q_norm": ("self_attn.q_norm.weight", "attn_q_norm.weight"),
-        "k_norm": ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+        **QK_NORM_NAMES,
         "attn_post_norm": ("post_attention_layernorm.weight", "post_attention_norm.weight"),
         "mlp_norm": ("pre_feedforward_layernorm.weight", "ffn_norm.weight"),
         "mlp_post_norm": ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),

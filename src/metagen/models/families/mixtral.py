@@ -9,22 +9,15 @@ expert, `ffn_gate.{e}`; the reader takes both). Its config.json sizes each exper
 `feed_forward_length`).
 """
 
-from metagen.models.families.family import LLAMA_LAYER_NAMES, MOE_HF_CONFIG_ALIASES, MOE_LINEARS, Family
+from metagen.models.families.family import MOE_HF_CONFIG_ALIASES, MOE_LAYER_NAMES, MOE_LINEARS, Family, expert_names
 
 MIXTRAL = Family(
     "mixtral",
-    layer_names={
-        **{name: pair for name, pair in LLAMA_LAYER_NAMES.items() if name not in ("gate", "up", "down")},
-        "router": ("mlp.gate.weight", "ffn_gate_inp.weight"),
-    },
+    layer_names=MOE_LAYER_NAMES,
     linears=MOE_LINEARS,
     gguf_rotate_half=False,
     gguf_architecture="llama",
-    expert_names={
-        "gate": ("mlp.experts.{e}.w1.weight", "ffn_gate_exps.weight"),
-        "up": ("mlp.experts.{e}.w3.weight", "ffn_up_exps.weight"),
-        "down": ("mlp.experts.{e}.w2.weight", "ffn_down_exps.weight"),
-    },
+    expert_names=expert_names("w1", "w3", "w2"),
     always_normalize=True,
     hf_config_aliases={**MOE_HF_CONFIG_ALIASES, "moe_intermediate_size": "intermediate_size"},
     hf_renames={"block_sparse_moe.": "mlp."},

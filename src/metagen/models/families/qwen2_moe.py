@@ -7,13 +7,12 @@ and its gate `ffn_gate_inp_shexp`; rotate-half Q/K. A GGUF file that does not sa
 config.json files say `qkv_bias` for `attention_bias`.
 """
 
-from metagen.models.families.family import LLAMA_LAYER_NAMES, MOE_HF_CONFIG_ALIASES, MOE_LINEARS, Family
+from metagen.models.families.family import MOE_HF_CONFIG_ALIASES, MOE_LAYER_NAMES, MOE_LINEARS, Family, expert_names
 
 QWEN2_MOE = Family(
     "qwen2_moe",
     layer_names={
-        **{name: pair for name, pair in LLAMA_LAYER_NAMES.items() if name not in ("gate", "up", "down")},
-        "router": ("mlp.gate.weight", "ffn_gate_inp.weight"),
+        **MOE_LAYER_NAMES,
         "gate": ("mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
         "up": ("mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
         "down": ("mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
@@ -25,11 +24,7 @@ QWEN2_MOE = Family(
     hf_config_aliases={**MOE_HF_CONFIG_ALIASES, "attention_bias": "qkv_bias"},
     hf_leading_global_layers="max_window_layers",  # as Qwen2's
     gguf_architecture="qwen2moe",
-    expert_names={
-        "gate": ("mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight"),
-        "up": ("mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight"),
-        "down": ("mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight"),
-    },
+    expert_names=expert_names("gate_proj", "up_proj", "down_proj"),
     shared_expert=True,
     gguf_norm_topk=False,
     gguf_row_vectors=frozenset({"shared_gate"}),

@@ -8,26 +8,17 @@ llama.cpp renormalises qwen3moe's top-k whatever the file says; a GGUF file's ow
 `expert_weights_norm` is honoured when it sets one (the model's own choice).
 """
 
-from metagen.models.families.family import LLAMA_LAYER_NAMES, MOE_HF_CONFIG_ALIASES, MOE_LINEARS, Family
+from metagen.models.families.family import (MOE_HF_CONFIG_ALIASES, MOE_LAYER_NAMES, MOE_LINEARS, QK_NORM_NAMES, Family,
+                                            expert_names)
 
-_ATTENTION = {name: pair for name, pair in LLAMA_LAYER_NAMES.items() if name not in ("gate", "up", "down")}
 QWEN3_MOE = Family(
     "qwen3_moe",
-    layer_names={
-        **_ATTENTION,
-        "q_norm": ("self_attn.q_norm.weight", "attn_q_norm.weight"),
-        "k_norm": ("self_attn.k_norm.weight", "attn_k_norm.weight"),
-        "router": ("mlp.gate.weight", "ffn_gate_inp.weight"),
-    },
+    layer_names={**MOE_LAYER_NAMES, **QK_NORM_NAMES},
     linears=MOE_LINEARS,
     hf_config_aliases=MOE_HF_CONFIG_ALIASES,
     qk_norm=True,
     hf_leading_global_layers="max_window_layers",  # as Qwen2's
     gguf_architecture="qwen3moe",
-    expert_names={
-        "gate": ("mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight"),
-        "up": ("mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight"),
-        "down": ("mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight"),
-    },
+    expert_names=expert_names("gate_proj", "up_proj", "down_proj"),
 )
 FAMILIES = (QWEN3_MOE,)

@@ -206,24 +206,30 @@ torch::Tensor rope_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
   return q;
 }
 
-// e^x for x <= 0 (softmax after subtracting the max), branch-free so loops over it vectorize:
-// Cody-Waite reduction x = n·ln2 + r, a degree-6 polynomial for e^r (Cephes expf, relative
-// error ~1e-7), and 2^n assembled in the exponent bits.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
+// e^r for r = x − n·ln2, n the whole number nearest x / ln2 (Cody-Waite reduction: ln2 in two
+// parts, so r is computed without cancellation), by a degree-6 polynomial (Cephes expf,
+// relative error ~1e-7). T: float, or a GCC vector of floats (exp16_nonpositive), lane by lane.
+template <typename T>
+inline T exp_reduced(T x, T n) {
+  const T r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  T p = T{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  return p * r * r + r + 1.0f;
+}
+
+// e^x for x <= 0 (softmax after subtracting the max), branch-free so loops over it vectorize:
+// e^x = e^r · 2^n (`exp_reduced`), 2^n assembled in the exponent bits.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
+  return exp_reduced(x, n) * scale;
 }
 
 // Softmax numerators in place: s[t] <- e^(s[t] - max s); sets `top` = max s, returns Σ s[t].
@@ -594,22 +600,14 @@ inline void store16(float* p, float16v v) { std::memcpy(p, &v, sizeof(v)); }
 typedef int32_t int16v __attribute__((vector_size(64), aligned(4)));
 
 // exp_nonpositive on 16 lanes (GCC does not vectorize the scalar one's floor and bit cast): the
-// same reduction and polynomial, n rounded to nearest by adding and subtracting 1.5·2^23.
+// same reduction and polynomial (`exp_reduced`), n rounded to nearest by adding and subtracting 1.5·2^23.
 inline float16v exp16_nonpositive(float16v x) {
   const float16v low = float16v{} - 87.0f;
   x = x < low ? low : x;
   const float16v shift = float16v{} + 12582912.0f;  // 1.5·2^23
   const float16v n = (x * 1.44269504088896341f + shift) - shift;
-  const float16v r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float16v p = float16v{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
   const int16v bits = (__builtin_convertvector(n, int16v) + 127) << 23;
-  return p * reinterpret_cast<const float16v&>(bits);
+  return exp_reduced(x, n) * reinterpret_cast<const float16v&>(bits);
 }
 
 // One work item of shared_prefix_attention: the queries Q (rows of `queries`, (Q, D), already
