@@ -5,8 +5,10 @@ by every token, the 2·width best candidates by cumulative log-probability are s
 a candidate ending in EOS becomes a finished hypothesis scored
     score = logp / len^α      (length normalization, Wu et al. 2016)
 and the others fill the next `width` beams. The search ends when `width` hypotheses are
-finished and no live beam can still beat the worst of them (its best possible normalized score,
-taken at the current length, is lower), or at `max_tokens`.
+finished and no live beam can still beat the worst of them, or at `max_tokens`. A live beam's
+best possible normalized score is bounded over every length it can still reach
+(`_best_reachable`): for α > 0 at `max_tokens` (logp / L^α grows with L for logp < 0), for α ≤ 0
+at its current length.
 Cost per step: one batched forward of `width` rows plus O(width·V) for the top-k. The result's
 `Cost` counts the prefill (one model call, the prompt computed once, its FLOPs), one model call
 and the FLOPs of each search step, and the tokens generated; it counts no target steps (a beam
@@ -236,11 +238,25 @@ def _step_cost(cost: Cost, model, position: int, rows: int) -> None:
     cost.flops += rows * forward_flops(model, position, 1)
 
 
+def _best_reachable(logprob: float, length: int, longest: int, alpha: float) -> float:
+    """An upper bound on logp(y′) / |y′|^α over every hypothesis y′ a live beam can still give:
+    the beam (`length` tokens, cumulative `logprob` ≤ 0) itself or any extension of it up to
+    `longest` tokens. Each token adds log p ≤ 0, so logp(y′) ≤ logprob and, with L = |y′| in
+    [length, longest]:
+        α > 0:  logp(y′) / L^α ≤ logprob / L^α ≤ logprob / longest^α   (grows with L when < 0)
+        α = 0:  logp(y′) ≤ logprob
+        α < 0:  logp(y′) · L^|α| ≤ logprob · L^|α| ≤ logprob · length^|α|   (shrinks with L)
+    Taking it at the current length when α > 0 is no bound: the search stopped before a longer
+    hypothesis that would have won."""
+    return _normalized(logprob, longest if alpha > 0 else length, alpha)
+
+
 def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams, cost: Cost,
             position: int) -> list[Completion]:
     """Deterministic beam search from the prefilled `cache` / `out` (the prompt's `position`
     tokens); the n_best hypotheses, its forwards and tokens added to `cost`."""
     alpha, width = config.length_penalty, config.width
+    longest = beams.rows[0].rules.max_new_tokens
     sums = torch.zeros(1)  # (B,) cumulative log-probs of live beams
     finished: list[Completion] = []
     step = 0
@@ -276,7 +292,7 @@ def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams, cost: Co
         complete = [h.score for h in finished if h.complete is not False]
         if len(complete) >= width:
             worst = sorted(complete)[-width]
-            best_live = max(_normalized(s, step, alpha) for s in next_sums)
+            best_live = max(_best_reachable(s, step, longest, alpha) for s in next_sums)
             if best_live < worst:
                 break
         if next_rows[0].finished:  # max_tokens / the context: every live beam has as many tokens
