@@ -12,7 +12,8 @@ from metagen.decoding import BeamSearchConfig, beam_search
 
 from .helpers import assert_follows
 from .test_sample_loop import argmax_path, text_of
-from .toy_model import BOS, EOS, A, B, C, ToyModel, enumerate_sequences, sequence_distribution, step_logprobs
+from .toy_model import (BOS, EOS, VOCAB, A, B, C, ToyModel, enumerate_sequences, next_logits, sequence_distribution,
+                         step_logprobs)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -31,7 +32,65 @@ def brute_force_ranking(prompt, max_tokens, alpha):
 # -------------------------------------------------------------------------- deterministic
 
 
-@pytest.mark.parametrize(("alpha", "best"), [(0.0, (B, EOS)), (1.0, (C, C, C))])
+def reference_beam_search(prompt, width, alpha, max_tokens):
+    """Beam search written out, in float64 and run to `max_tokens` with no early stop: each step
+    the 2·width best candidates (cumulative log-prob) are scanned in order, one ending in EOS among
+    the first `width` is a finished hypothesis, the others fill `width` beams. Every hypothesis
+    (score, logp, tokens), best score first."""
+    live, hypotheses = [((), 0.0)], []
+    for _ in range(max_tokens):
+        candidates = []
+        for tokens, logprob in live:
+            steps = torch.log_softmax(next_logits([*prompt, *tokens]).double(), dim=-1).tolist()
+            candidates += [(logprob + steps[token], (*tokens, token)) for token in range(VOCAB)]
+        candidates.sort(key=lambda candidate: candidate[0], reverse=True)
+        live = []
+        for rank, (logprob, tokens) in enumerate(candidates[:2 * width]):
+            if tokens[-1] == EOS:
+                if rank < width:
+                    hypotheses.append((logprob / len(tokens) ** alpha, logprob, tokens))
+                continue
+            live.append((tokens, logprob))
+            if len(live) == width:
+                break
+    hypotheses += [(logprob / len(tokens) ** alpha, logprob, tokens) for tokens, logprob in live]
+    return sorted(hypotheses, reverse=True)
+
+
+def test_the_early_stop_bounds_a_live_beam_at_the_longest_length():
+    """Regression: the stop rule took a live beam's best normalised score at its current length,
+    but for α > 0 and logp < 0, logp / L^α grows with L. With α = 1.5, two beams, four tokens:
+    after step 3 "b EOS" (−0.480) and "a b EOS" (−0.498) are finished and the live "a a b" taken
+    at length 3 (−0.655) is below both, so the search stopped and returned "b EOS", one step before
+    "a a b EOS" (−0.454) finished. Taken at L = 4, the bound of "a a b" is −0.425 and it goes on."""
+    by_hand = {tokens: sum(step_logprobs(PROMPT, tokens)) / len(tokens) ** 1.5
+               for tokens in [(B, EOS), (A, B, EOS), (A, A, B, EOS)]}
+    assert by_hand[(B, EOS)] == pytest.approx(-0.4796, abs=1e-4)
+    assert by_hand[(A, A, B, EOS)] == pytest.approx(-0.4541, abs=1e-4)
+    live = sum(step_logprobs(PROMPT, [A, A, B]))
+    assert live / 3 ** 1.5 < by_hand[(A, B, EOS)] < live / 4 ** 1.5  # the old bound stops, the new one goes on
+    result = beam_search(ToyModel(), PROMPT, BeamSearchConfig(width=2, n_best=2, length_penalty=1.5, max_tokens=4))
+    best = result.completions[0]
+    assert tuple(best.token_ids) == (A, A, B, EOS)
+    assert best.score == pytest.approx(by_hand[(A, A, B, EOS)], abs=1e-5)
+    assert [tuple(h.token_ids) for h in result.completions] == \
+           [tokens for _, _, tokens in reference_beam_search(PROMPT, 2, 1.5, 4)[:2]]
+
+
+@pytest.mark.parametrize("alpha", [-0.5, 0.0, 0.6, 1.5, 3.0])
+@pytest.mark.parametrize("width", [1, 2, 3])
+@pytest.mark.parametrize("prompt", [[BOS], [BOS, A], [BOS, B], [BOS, A, C]])
+def test_the_early_stop_never_changes_what_beam_search_returns(alpha, width, prompt):
+    """Every setting of the toy model against beam search run to the end: stopping early may only
+    skip hypotheses that could not enter the `width` best (the stop is a bound for α < 0 too)."""
+    config = BeamSearchConfig(width=width, n_best=width, length_penalty=alpha, max_tokens=5)
+    hypotheses = beam_search(ToyModel(), prompt, config).completions
+    expected = reference_beam_search(prompt, width, alpha, 5)[:width]
+    assert [tuple(h.token_ids) for h in hypotheses] == [tokens for _, _, tokens in expected]
+    assert [h.score for h in hypotheses] == pytest.approx([score for score, _, _ in expected], abs=1e-5)
+
+
+@pytest.mark.parametrize(("alpha", "best"), [(0.0, (B, EOS)), (1.0, (C, C, C)), (1.5, (C, C, C)), (-0.5, (B, EOS))])
 def test_a_beam_as_wide_as_the_space_returns_every_sequence_in_exact_order(alpha, best):
     everything = len(enumerate_sequences(3))  # 1 + 4 + 16 finished, 64 cut at 3 tokens
     assert everything == 85
@@ -45,7 +104,8 @@ def test_a_beam_as_wide_as_the_space_returns_every_sequence_in_exact_order(alpha
     assert scores == pytest.approx([score for score, _, _ in expected], abs=1e-5)
     for hypothesis in result.completions:
         assert hypothesis.cumulative_logprob == pytest.approx(sum(step_logprobs(PROMPT, hypothesis.token_ids)), abs=1e-5)
-        assert hypothesis.score == pytest.approx(hypothesis.cumulative_logprob / len(hypothesis.token_ids) ** alpha, abs=1e-6)
+        normalized = hypothesis.cumulative_logprob / len(hypothesis.token_ids) ** alpha
+        assert hypothesis.score == pytest.approx(normalized, rel=1e-6, abs=1e-6)
         assert (hypothesis.finish_reason == "stop") == (hypothesis.token_ids[-1] == EOS)
     assert result.completions[0].text == text_of(list(best))
 

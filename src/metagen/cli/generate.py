@@ -1,7 +1,8 @@
 """`metagen generate PROMPT`: text from a prompt, by one of four paths.
 
 - plain: sample (or decode greedily) `--n` completions, streamed to stdout or one --json object;
-- `--beam-width W`: beam search, the best hypothesis;
+- `--beam-width W`: beam search, the best hypothesis (`--n K`: the K best); `--beam-groups G
+  --diversity-penalty λ`: diverse beam search;
 - `--speculative DRAFTER`: the plain path with a drafter proposing γ tokens per target step;
 - `--strategy NAME`: a meta-generation strategy (metagen.strategies) with `--n` as its budget.
 
@@ -22,8 +23,13 @@ from metagen.cli.args import chat_prompt, unescape
 from metagen.cli.sampling import FLOAT_PARAMS, INT_PARAMS, OTHER_OPTIONS, add_sampling_options, given, sampling_params
 from metagen.cli.speculative import add_speculative_options, make_drafter, speculative_options, speculative_summary
 from metagen.cli.structured import CONSTRAINT_OPTIONS, STRUCTURED_OPTIONS
+from metagen.decoding.beam_diversity import DIVERSITY_KINDS
 from metagen.cli.strategy import add_strategy_options, generate_with_strategy, refuse_strategy_options
 from metagen.strategies.spec import StrategyOptions
+
+
+# The options only beam search reads (besides --beam-width, which chooses it).
+BEAM_OPTIONS = ("length-penalty", "beam-groups", "diversity-penalty", "diversity", "diversity-ngram")
 
 
 def add_parser(commands) -> None:
@@ -37,6 +43,17 @@ def add_parser(commands) -> None:
     add_sampling_options(gen)
     gen.add_argument("--beam-width", type=int, default=None, help="beam search with this many beams")
     gen.add_argument("--length-penalty", type=float, default=None, help="beam search: α in logp/len^α (default 1)")
+    gen.add_argument("--beam-groups", type=int, default=None, metavar="G",
+                     help="diverse beam search: the beams split into G groups (dividing --beam-width) that "
+                          "penalise each other's tokens (default 1)")
+    gen.add_argument("--diversity-penalty", type=float, default=None, metavar="λ",
+                     help="diverse beam search: λ ≥ 0 subtracted per earlier group's choice of the same token "
+                          "(needs --beam-groups > 1; default 0)")
+    gen.add_argument("--diversity", default=None, choices=DIVERSITY_KINDS,
+                     help="diverse beam search: what a repeat is, the same token (hamming, default) or the same "
+                          "last n tokens (ngram)")
+    gen.add_argument("--diversity-ngram", type=int, default=None, metavar="N",
+                     help="--diversity ngram: the n-gram length (default 2)")
     gen.add_argument("--strategy", default=None, help="meta-generation strategy (see `metagen eval --help`); --n is its budget")
     gen.add_argument("--value", default=StrategyOptions.value,
                      help="value guiding tree search / controlled decoding: steps | judge | prm:PATH | reward:URL | "
@@ -92,20 +109,29 @@ def _beam_config(args: argparse.Namespace, params):
     any other sampling option given (--token-healing included) is refused."""
     from metagen.decoding import BeamSearchConfig
 
-    if args.length_penalty is not None and args.beam_width is None:
-        raise ValueError("--length-penalty applies to beam search only: add --beam-width N")
+    beam_only = [name for name in BEAM_OPTIONS if getattr(args, name.replace("-", "_")) is not None]
+    if beam_only and args.beam_width is None:
+        verb = "applies" if len(beam_only) == 1 else "apply"
+        raise ValueError(f"{', '.join('--' + name for name in beam_only)} {verb} to beam search only: "
+                         "add --beam-width N")
     if args.beam_width is None:
         return None
-    read = ("max-tokens", "stop", "stop-token-id", "ignore-eos", "max-whitespace", *CONSTRAINT_OPTIONS)
+    read = ("max-tokens", "n", "stop", "stop-token-id", "ignore-eos", "max-whitespace", *CONSTRAINT_OPTIONS)
     options = [name for name, _ in FLOAT_PARAMS + INT_PARAMS] + list(OTHER_OPTIONS) + list(STRUCTURED_OPTIONS)
     options = [name for name in options if name not in read]
     ignored = given(args, options)
     if ignored:
         raise ValueError(f"--beam-width cannot be combined with {', '.join('--' + name for name in ignored)}")
+    diverse = {field: getattr(args, field) for field in ("diversity_penalty", "diversity", "diversity_ngram")
+               if getattr(args, field) is not None}
+    if args.n is not None and args.n > args.beam_width:
+        raise ValueError(f"--n {args.n} is out of range with --beam-width {args.beam_width}: beam search returns "
+                         "at most --beam-width hypotheses")
     return BeamSearchConfig(
         width=args.beam_width, length_penalty=1.0 if args.length_penalty is None else args.length_penalty,
-        max_tokens=params.max_tokens, n_best=1, stop=params.stop, stop_token_ids=params.stop_token_ids,
+        max_tokens=params.max_tokens, n_best=params.n, stop=params.stop, stop_token_ids=params.stop_token_ids,
         ignore_eos=params.ignore_eos, structured_outputs=params.structured_outputs,
+        groups=1 if args.beam_groups is None else args.beam_groups, **diverse,
     )
 
 
@@ -115,16 +141,20 @@ def _beam_search(args: argparse.Namespace, model, prompt, config, load_seconds: 
     begin = time.perf_counter()
     result = beam_search(model, prompt, config, chat=args.chat)
     seconds = time.perf_counter() - begin
-    best = result.completions[0]
+    hypotheses = [{"text": h.text, "tokens": h.token_ids, "logprob": h.cumulative_logprob, "score": h.score,
+                   "finish_reason": h.finish_reason or "length", "complete": h.complete} for h in result.completions]
     if args.json:
-        print(json.dumps({
-            "text": best.text, "tokens": best.token_ids, "logprob": best.cumulative_logprob, "score": best.score,
-            "finish_reason": best.finish_reason or "length", "complete": best.complete,
-            "timing": {"load_seconds": load_seconds, "search_seconds": seconds, "model_calls": result.cost.model_calls},
-            "cost": result.cost.to_dict(),
-        }))
+        payload = dict(hypotheses[0]) if len(hypotheses) == 1 else {"completions": hypotheses}
+        payload["timing"] = {"load_seconds": load_seconds, "search_seconds": seconds,
+                             "model_calls": result.cost.model_calls}
+        payload["cost"] = result.cost.to_dict()
+        print(json.dumps(payload))
+    elif len(hypotheses) == 1:
+        print(hypotheses[0]["text"])
     else:
-        print(best.text)
+        for i, hypothesis in enumerate(hypotheses):
+            print(f"--- hypothesis {i} (score {hypothesis['score']:.4f}, {hypothesis['finish_reason']})\n"
+                  f"{hypothesis['text']}")
     return _exit_code(result)
 
 

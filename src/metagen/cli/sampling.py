@@ -29,7 +29,7 @@ INT_PARAMS = (
     ("top-k", "tokens kept (0 = off)"),
     ("no-repeat-ngram-size", "ban repeated n-grams"),
     ("max-tokens", "new tokens at most (default 256)"),
-    ("n", "samples"),
+    ("n", "samples (with --beam-width: hypotheses returned, at most the width)"),
     ("logprobs", "top log-probabilities per token in --json"),
     ("seed", "random seed"),
 )

@@ -5,12 +5,21 @@ by every token, the 2·width best candidates by cumulative log-probability are s
 a candidate ending in EOS becomes a finished hypothesis scored
     score = logp / len^α      (length normalization, Wu et al. 2016)
 and the others fill the next `width` beams. The search ends when `width` hypotheses are
-finished and no live beam can still beat the worst of them (its best possible normalized score,
-taken at the current length, is lower), or at `max_tokens`.
+finished and no live beam can still beat the worst of them, or at `max_tokens`. A live beam's
+best possible normalized score is bounded over every length it can still reach
+(`_best_reachable`): for α > 0 at `max_tokens` (logp / L^α grows with L for logp < 0), for α ≤ 0
+at its current length.
 Cost per step: one batched forward of `width` rows plus O(width·V) for the top-k. The result's
 `Cost` counts the prefill (one model call, the prompt computed once, its FLOPs), one model call
 and the FLOPs of each search step, and the tokens generated; it counts no target steps (a beam
 step is not a draw of one row's next token, the quantity speculative decoding compares against).
+
+Diverse beam search (Vijayakumar et al. 2018; `groups` G > 1): the width is split into G
+groups of width/G beams that advance in turn each step, group g ranking its candidates by
+    log p(y) − λ · Δ(y, beams kept this step by groups 0..g−1)
+(Δ: `beam_diversity`, Hamming or n-gram), each group otherwise an ordinary beam search; the
+hypotheses of every group are ranked together by the model's own normalized score. The same
+step serves all groups (one forward of every live beam), so a step costs as plain beam search.
 
 Stochastic beam search (Kool, van Hoof & Welling 2019) replaces the top-k by the Gumbel-top-k
 of perturbed log-probabilities: children's Gumbels are conditioned so their max equals the
@@ -52,6 +61,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from metagen.decoding.beam_diversity import DIVERSITY_KINDS, StepSelections
 from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompts import Prompt, encode_prompt
@@ -74,7 +84,10 @@ class BeamSearchConfig:
     temperature: divides logits before the Gumbel perturbation (stochastic only);
     stop, stop_token_ids, ignore_eos: what ends a beam besides EOS, as in `SamplingParams`;
     structured_outputs / response_format: a constraint every hypothesis must satisfy, as in
-    `SamplingParams` (vLLM's and OpenAI's names; checked and compiled on construction)."""
+    `SamplingParams` (vLLM's and OpenAI's names; checked and compiled on construction);
+    groups: diverse beam search's G, dividing `width` (1 = plain beam search; deterministic only);
+    diversity_penalty: λ ≥ 0 of the diversity term (needs groups > 1); diversity: "hamming" or
+    "ngram"; diversity_ngram: n of the n-gram diversity (see `beam_diversity`)."""
 
     width: int = 4
     length_penalty: float = 1.0
@@ -87,10 +100,15 @@ class BeamSearchConfig:
     ignore_eos: bool = False
     structured_outputs: StructuredOutputs | Mapping[str, object] | None = None
     response_format: Mapping[str, object] | None = None
+    groups: int = 1
+    diversity_penalty: float = 0.0
+    diversity: str = "hamming"
+    diversity_ngram: int = 2
 
     def __post_init__(self) -> None:
         if self.width < 1:
             raise ValueError(f"width={self.width} is out of range: must be >= 1")
+        self._check_groups()
         if not 1 <= self.n_best <= self.width:
             raise ValueError(f"n_best={self.n_best} is out of range: must be in [1, width={self.width}]")
         if self.max_tokens < 1:
@@ -101,6 +119,27 @@ class BeamSearchConfig:
         checked = self.sampling_params()
         for name in ("stop", "stop_token_ids", "structured_outputs", "response_format"):
             object.__setattr__(self, name, getattr(checked, name))
+
+    def _check_groups(self) -> None:
+        """ValueError naming the field for a diverse beam search setting out of range."""
+        if not 1 <= self.groups <= self.width or self.width % self.groups:
+            raise ValueError(f"groups={self.groups} is out of range: must divide width={self.width}")
+        if self.diversity_penalty < 0 or not math.isfinite(self.diversity_penalty):
+            raise ValueError(f"diversity_penalty={self.diversity_penalty} is out of range: must be finite and >= 0")
+        if self.diversity not in DIVERSITY_KINDS:
+            raise ValueError(f"diversity={self.diversity!r} is out of range: must be one of "
+                             f"{', '.join(DIVERSITY_KINDS)}")
+        if self.diversity_ngram < 1:
+            raise ValueError(f"diversity_ngram={self.diversity_ngram} is out of range: must be >= 1")
+        if self.diversity_ngram != 2 and self.diversity != "ngram":
+            raise ValueError(f"diversity_ngram={self.diversity_ngram} applies to diversity='ngram' only "
+                             f"(diversity={self.diversity!r})")
+        if self.diversity_penalty > 0 and self.groups == 1:
+            raise ValueError(f"diversity_penalty={self.diversity_penalty} needs groups > 1 (groups=1): "
+                             "the penalty acts between groups")
+        if self.stochastic and self.groups > 1:
+            raise ValueError(f"groups={self.groups} is out of range for stochastic=True: must be 1 "
+                             "(diverse beam search is deterministic)")
 
     def sampling_params(self) -> SamplingParams:
         """The `SamplingParams` of the fields beam search shares with sampling (their checks, the
@@ -170,6 +209,8 @@ class _Beams:
         self.model, self.config = model, config
         self.rows, self.chain = [row], chain
         self.log_vocab = math.log(model.vocab_size)
+        self.pending: list[SamplerChain] = []  # this step's candidates' processor state, per `extend`
+        self.accepts: list[bool | None] = []  # this step's candidates: the processors' verdict (complete)
 
     def scores(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(model log-probs, masked log-probs) of the live beams' next tokens, both (B, V): the
@@ -186,16 +227,21 @@ class _Beams:
 
     def extend(self, logprobs: torch.Tensor, parents: list[int], tokens: list[int]) -> list[Row]:
         """The candidates' rows: each parent's row forked and pushed its token, with the verdict
-        of the processors after it; the processors' state becomes the candidates' (`keep`)."""
+        of the processors after it. Several calls in one step (one per group) add to the step's
+        candidates; `keep` then chooses among all of them, numbered in the order extended."""
+        chain = self.chain
         if self.chain.stateful:
-            self.chain = self.chain.fork(torch.tensor(parents, dtype=torch.long))
-            self.chain.accept(torch.tensor(tokens, dtype=torch.long))
+            chain = self.chain.fork(torch.tensor(parents, dtype=torch.long))
+            chain.accept(torch.tensor(tokens, dtype=torch.long))
+            self.pending.append(chain)
         certainties = (-self.log_vocab - logprobs.mean(dim=-1)).tolist()
         chosen = logprobs[parents, tokens].tolist() if parents else []
         rows = []
         for i, (parent, token) in enumerate(zip(parents, tokens)):
             row = self.rows[parent].fork()
-            row.push(token, TokenRecord(chosen[i], 0.0, certainties[parent], None), self.chain.stop_verdict(i))
+            verdict = chain.stop_verdict(i)
+            row.push(token, TokenRecord(chosen[i], 0.0, certainties[parent], None), verdict)
+            self.accepts.append(verdict[0])
             rows.append(row)
         return rows
 
@@ -204,10 +250,13 @@ class _Beams:
         return self.chain.stop_verdict(beam)[0]
 
     def keep(self, candidates: list[int], rows: list[Row]) -> None:
-        """The next live beams are these candidates (indices into the last `extend`)."""
+        """The next live beams are these candidates (indices into this step's `extend`s)."""
         self.rows = rows
         if self.chain.stateful:
-            self.chain.select(torch.tensor(candidates, dtype=torch.long))
+            chain = self.pending[0] if len(self.pending) == 1 else SamplerChain.concat(self.pending)
+            chain.select(torch.tensor(candidates, dtype=torch.long))
+            self.chain = chain
+        self.pending, self.accepts = [], []
 
 
 def _ended(row: Row) -> bool:
@@ -236,58 +285,115 @@ def _step_cost(cost: Cost, model, position: int, rows: int) -> None:
     cost.flops += rows * forward_flops(model, position, 1)
 
 
+def _best_reachable(logprob: float, length: int, longest: int, alpha: float) -> float:
+    """An upper bound on logp(y′) / |y′|^α over every hypothesis y′ a live beam can still give:
+    the beam (`length` tokens, cumulative `logprob` ≤ 0) itself or any extension of it up to
+    `longest` tokens. Each token adds log p ≤ 0, so logp(y′) ≤ logprob and, with L = |y′| in
+    [length, longest]:
+        α > 0:  logp(y′) / L^α ≤ logprob / L^α ≤ logprob / longest^α   (grows with L when < 0)
+        α = 0:  logp(y′) ≤ logprob
+        α < 0:  logp(y′) · L^|α| ≤ logprob · L^|α| ≤ logprob · length^|α|   (shrinks with L)
+    Taking it at the current length when α > 0 is no bound: the search stopped before a longer
+    hypothesis that would have won."""
+    return _normalized(logprob, longest if alpha > 0 else length, alpha)
+
+
+def _done(finished: list[Completion], width: int, live_bound: float) -> bool:
+    """A search of `width` beams is over when `width` complete hypotheses are finished and the
+    worst of the best `width` beats every live beam's `_best_reachable` score (`live_bound`)."""
+    complete = sorted(h.score for h in finished if h.complete is not False)
+    return len(complete) >= width and live_bound < complete[-width]
+
+
+def _scan(rows: list[Row], totals: list[float], width: int, finished: list[Completion], alpha: float,
+          cost: Cost) -> list[int]:
+    """The ranks of the candidates (best first) that become the next `width` beams; a candidate
+    that ended among the first `width` is a finished hypothesis, appended to `finished`."""
+    chosen = []
+    for rank, (row, total) in enumerate(zip(rows, totals)):
+        if not _ended(row):
+            chosen.append(rank)
+            if len(chosen) == width:
+                break
+        elif rank < width:  # an ending below the top `width` would not have been a beam
+            finished.append(_hypothesis(row, _normalized(total, len(row.completion.token_ids), alpha)))
+            cost.generated_tokens += 1
+    cost.generated_tokens += len(chosen)
+    return chosen
+
+
 def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams, cost: Cost,
             position: int) -> list[Completion]:
-    """Deterministic beam search from the prefilled `cache` / `out` (the prompt's `position`
-    tokens); the n_best hypotheses, its forwards and tokens added to `cost`."""
-    alpha, width = config.length_penalty, config.width
+    """Deterministic (diverse) beam search from the prefilled `cache` / `out` (the prompt's
+    `position` tokens); the n_best hypotheses, its forwards and tokens added to `cost`.
+
+    G = `config.groups` groups of width/G beams, all starting from the prompt, advance in turn
+    each step on one batched forward of every live beam; group g ranks its candidates by
+    log p − λ·Δ (`beam_diversity`), Δ against the beams groups 0..g−1 kept this step. Each
+    group is otherwise a plain beam search: it finishes its hypotheses and stops on its own (its
+    width/G complete hypotheses all beat `_best_reachable` of its live beams). Hypotheses of all
+    groups are ranked together by the model's score. G = 1 is plain beam search.
+    """
+    alpha, per_group = config.length_penalty, config.width // config.groups
+    longest = beams.rows[0].rules.max_new_tokens
+    penalty = config.diversity_penalty
     sums = torch.zeros(1)  # (B,) cumulative log-probs of live beams
-    finished: list[Completion] = []
+    members = [[0] for _ in range(config.groups)]  # each group's live beams (indices into `sums`)
+    finished: list[list[Completion]] = [[] for _ in members]  # each group's hypotheses
     step = 0
-    while beams.rows:
+    while any(members):
         step += 1
         logprobs, allowed = beams.scores(out.logits)  # (B, V)
-        candidates = sums[:, None] + allowed  # (B, V)
-        vocab = candidates.shape[1]
-        top = torch.topk(candidates.reshape(-1), min(2 * width, candidates.numel()))
-        finite = [i for i, value in enumerate(top.values.tolist()) if value > float("-inf")]
-        parents = [int(top.indices[i]) // vocab for i in finite]
-        tokens = [int(top.indices[i]) % vocab for i in finite]
-        totals = [float(top.values[i]) for i in finite]
-        rows = beams.extend(logprobs, parents, tokens)
-        kept, next_rows, next_sums = [], [], []
-        for rank, (row, total) in enumerate(zip(rows, totals)):
-            if _ended(row):
-                if rank < width:  # an ending below the top `width` would not have been a beam
-                    finished.append(_hypothesis(row, _normalized(total, len(row.completion.token_ids), alpha)))
-                    cost.generated_tokens += 1
+        vocab = allowed.shape[1]
+        selections = StepSelections(config.diversity, config.diversity_ngram, vocab) if penalty else None
+        next_members: list[list[int]] = [[] for _ in members]
+        kept, next_rows, next_sums, parents, tokens = [], [], [], [], []
+        extended = 0  # candidates of this step so far (every group's)
+        for group, beams_of_group in enumerate(members):
+            if not beams_of_group:
                 continue
-            kept.append(rank)
-            next_rows.append(row)
-            next_sums.append(total)
-            if len(kept) == width:
-                break
-        cost.generated_tokens += len(kept)
-        if not kept:  # every candidate ended the sequence: no live beam is left
+            candidates = sums[beams_of_group, None] + allowed[beams_of_group]  # (B/G, V) model scores
+            ranked = candidates
+            if selections is not None:
+                delta = selections.penalty([beams.rows[b].completion.token_ids for b in beams_of_group])
+                ranked = candidates if delta is None else candidates - penalty * delta  # (B/G, V)
+            top = torch.topk(ranked.reshape(-1), min(2 * per_group, ranked.numel()))
+            flat = [index for value, index in zip(top.values.tolist(), top.indices.tolist()) if value > float("-inf")]
+            group_parents = [beams_of_group[index // vocab] for index in flat]
+            group_tokens = [index % vocab for index in flat]
+            totals = candidates.reshape(-1)[flat].tolist()
+            rows = beams.extend(logprobs, group_parents, group_tokens)
+            chosen = _scan(rows, totals, per_group, finished[group], alpha, cost)  # ranks of its next beams
+            live_bound = max((_best_reachable(totals[r], step, longest, alpha) for r in chosen), default=None)
+            if live_bound is not None and _done(finished[group], per_group, live_bound):
+                finished[group] += [_hypothesis(rows[r], _normalized(totals[r], step, alpha),
+                                         complete=beams.accepts[extended + r]) for r in chosen]
+                chosen = []
+            for rank in chosen:
+                next_members[group].append(len(next_rows))
+                kept.append(extended + rank)
+                next_rows.append(rows[rank])
+                next_sums.append(totals[rank])
+                parents.append(group_parents[rank])
+                tokens.append(group_tokens[rank])
+                if selections is not None:
+                    selections.add(beams.rows[group_parents[rank]].completion.token_ids, group_tokens[rank])
+            extended += len(rows)
+        if not kept:  # every group ended
             beams.rows = []
             break
         beams.keep(kept, next_rows)
-        sums = torch.tensor(next_sums)
-        complete = [h.score for h in finished if h.complete is not False]
-        if len(complete) >= width:
-            worst = sorted(complete)[-width]
-            best_live = max(_normalized(s, step, alpha) for s in next_sums)
-            if best_live < worst:
-                break
+        sums, members = torch.tensor(next_sums), next_members
         if next_rows[0].finished:  # max_tokens / the context: every live beam has as many tokens
             break
-        cache.select([parents[i] for i in kept])
+        cache.select(parents)
         _step_cost(cost, model, position + step - 1, len(kept))
-        out = model.forward(cache, [[tokens[i]] for i in kept])
+        out = model.forward(cache, [[token] for token in tokens])
+    hypotheses = [hypothesis for group in finished for hypothesis in group]
     for b, (row, total) in enumerate(zip(beams.rows, sums.tolist())):
-        finished.append(_hypothesis(row, _normalized(total, len(row.completion.token_ids), alpha),
-                                    complete=beams.verdict(b)))
-    return _ranked(finished, config.n_best)
+        hypotheses.append(_hypothesis(row, _normalized(total, len(row.completion.token_ids), alpha),
+                                      complete=beams.verdict(b)))
+    return _ranked(hypotheses, config.n_best)
 
 
 def _stochastic_search(
