@@ -160,11 +160,13 @@ def test_a_field_the_engine_cannot_honour_is_refused_before_any_request(engine, 
         assert len(server.posts()) == sent
 
 
-def test_llama_cpp_mirostat_is_mapped():
+@pytest.mark.parametrize("version", [1, 2])
+def test_llama_cpp_mirostat_is_mapped(version):
     with FakeServer("llama.cpp") as server:
-        make(server).generate("Hi", SamplingParams(mirostat_tau=4.0, mirostat_eta=0.2, max_tokens=2))
+        make(server).generate("Hi", SamplingParams(mirostat_tau=4.0, mirostat_eta=0.2, mirostat_mode=version,
+                                                   max_tokens=2))
         body = server.posts()[-1]
-    assert (body["mirostat_mode"], body["mirostat_tau"], body["mirostat_eta"]) == (2, 4.0, 0.2)
+    assert (body["mirostat_mode"], body["mirostat_tau"], body["mirostat_eta"]) == (version, 4.0, 0.2)
 
 
 def test_token_prompts_are_refused_where_the_server_rejects_them():

@@ -56,13 +56,28 @@ def test_fields_map_to_sampling_params(model):
     ({"prompt": "Hi", "logprobs": -1}, "logprobs", "out of range"),
     ({"prompt": "Hi", "model": "other"}, "model", "not served here"),
     ({"prompt": "Hi", "n": 9}, "n", "--max-rows 8"),
-    ({"prompt": "Hi", "mirostat_mode": 1, "mirostat_tau": 5.0}, "mirostat_mode", "0 (off) or 2"),
+    ({"prompt": "Hi", "mirostat_mode": 3, "mirostat_tau": 5.0}, "mirostat_mode", "0 (off), 1 or 2"),
+    ({"prompt": "Hi", "mirostat_mode": 1}, "mirostat_mode", "needs mirostat_tau"),
     ({"prompt": "Hi", "mirostat_mode": 2}, "mirostat_mode", "needs mirostat_tau"),
     ({"prompt": "Hi", "mirostat_mode": 0, "mirostat_tau": 5.0}, "mirostat_mode", "drop mirostat_tau"),
 ])
 def test_refusals_name_the_field(model, body, param, message):
     error = refusal(model, body)
     assert error.param == param and message in error.message
+
+
+@pytest.mark.parametrize(("fields", "version"), [({"mirostat_mode": 1, "mirostat_tau": 5.0}, 1),
+                                                 ({"mirostat_mode": 2, "mirostat_tau": 5.0}, 2),
+                                                 ({"mirostat_tau": 5.0}, 2)])
+def test_mirostat_mode_chooses_the_version(model, fields, version):
+    """llama.cpp's numbering: 1 and 2 are the Mirostat versions (0, off, is refused with a tau above)."""
+    params = parse(model, {"prompt": "Hi", **fields}).params
+    assert (params.mirostat_tau, params.mirostat_mode) == (5.0, version)
+
+
+def test_mirostat_mode_zero_is_off(model):
+    params = parse(model, {"prompt": "Hi", "mirostat_mode": 0}).params
+    assert params.mirostat_tau is None and params.mirostat_mode == 2
 
 
 def test_lenient_drops_unknown_fields_but_lists_them(model):

@@ -22,12 +22,13 @@ FLOAT_PARAMS = (
     ("repetition-penalty", "CTRL penalty on prompt+generated tokens"),
     ("frequency-penalty", "OpenAI frequency penalty"),
     ("presence-penalty", "OpenAI presence penalty"),
-    ("mirostat-tau", "Mirostat 2.0 target surprise (bits)"),
+    ("mirostat-tau", "Mirostat target surprise (bits)"),
     ("mirostat-eta", "Mirostat learning rate"),
 )
 INT_PARAMS = (
     ("top-k", "tokens kept (0 = off)"),
     ("no-repeat-ngram-size", "ban repeated n-grams"),
+    ("mirostat-mode", "Mirostat version with --mirostat-tau: 2 (default) or 1 (Zipf-estimated top-k)"),
     ("max-tokens", "new tokens at most (default 256)"),
     ("n", "samples (with --beam-width: hypotheses returned, at most the width)"),
     ("logprobs", "top log-probabilities per token in --json"),
@@ -39,7 +40,7 @@ OTHER_OPTIONS = ("stop", "stop-token-id", "ignore-eos", "logit-bias")
 _DESTINATIONS = {"stop-token-id": "stop_token_ids"}  # options whose attribute is not the plain name
 # What only sampling reads: greedy decoding ignores these (penalties and logit bias still apply).
 SAMPLING_ONLY = ("temperature", "top-p", "top-k", "min-p", "typical-p", "epsilon-cutoff", "eta-cutoff",
-                 "mirostat-tau", "mirostat-eta", "seed")
+                 "mirostat-tau", "mirostat-eta", "mirostat-mode", "seed")
 
 
 def attribute(option: str) -> str:

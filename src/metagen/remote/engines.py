@@ -55,7 +55,8 @@ EXTRA_FIELDS = {  # vLLM and SGLang accept these on both endpoints
 }
 # Fields handled by the generator itself, not mapped one to one (structured_outputs: by
 # remote/constraints.py, per engine and endpoint; response_format is folded into it).
-GENERATOR_FIELDS = {"n", "logprobs", "mirostat_tau", "mirostat_eta", "structured_outputs", "response_format"}
+GENERATOR_FIELDS = {"n", "logprobs", "mirostat_tau", "mirostat_eta", "mirostat_mode", "structured_outputs",
+                    "response_format"}
 # Fields no server is sent: token healing backs up the prompt with the tokenizer, which the client
 # may not have (refused by name for remote generators).
 CLIENT_ONLY_FIELDS = {"token_healing"}
@@ -67,7 +68,7 @@ class Engine:
 
     fields: SamplingParams field -> request field the server honours.
     ids_request: extra request fields that make the server return the sampled token ids.
-    mirostat: the server runs Mirostat 2.0 (`mirostat_mode=2`, `mirostat_tau`, `mirostat_eta`).
+    mirostat: the server runs Mirostat 1.0 and 2.0 (`mirostat_mode` 1 or 2, `mirostat_tau`, `mirostat_eta`).
     continues_final_message: /v1/chat/completions continues a final assistant message when
         asked (`continue_final_message`), rather than closing it and starting a new turn.
     owned_by: `owned_by` values of /v1/models entries that identify the engine.
@@ -119,7 +120,7 @@ ENGINES = {
         notes="llama-cpp-python's server drops n and has no stop_token_ids, ignore_eos or typical_p"),
     "openai": Engine("openai", dict(OPENAI_FIELDS), owned_by=("openai", "system", "openai-internal")),
     # `metagen serve` takes every SamplingParams field under its own name (a new field is sent with
-    # no edit here), and mirostat in llama.cpp's form (mirostat_mode=2 with mirostat_tau / mirostat_eta).
+    # no edit here), and mirostat in llama.cpp's form (mirostat_mode 1 or 2 with mirostat_tau / mirostat_eta).
     "metagen": Engine(
         "metagen",
         {name: name for name in (field.name for field in fields(SamplingParams))
@@ -202,7 +203,8 @@ def sampling_fields(params: SamplingParams, engine: Engine) -> dict[str, object]
     if params.mirostat_tau is not None:
         if not engine.mirostat:
             raise ValueError(engine.refusal("mirostat_tau", params.mirostat_tau))
-        body.update(mirostat_mode=2, mirostat_tau=params.mirostat_tau, mirostat_eta=params.mirostat_eta)
+        body.update(mirostat_mode=params.mirostat_mode, mirostat_tau=params.mirostat_tau,
+                    mirostat_eta=params.mirostat_eta)
     elif engine.mirostat:
         body["mirostat_mode"] = 0
     return body

@@ -153,7 +153,8 @@ class SamplerChain:
         if not params.greedy:
             processors += _sampling_adapters(params, vocab_size)
             if params.mirostat_tau is not None:
-                processors.append(Mirostat.create(batch_size, params.mirostat_tau, params.mirostat_eta, device))
+                processors.append(Mirostat.create(batch_size, params.mirostat_tau, params.mirostat_eta, device,
+                                                  version=params.mirostat_mode))
         return cls(processors, greedy=params.greedy, params=params)
 
     # ------------------------------------------------------------------ the stateful parts

@@ -126,9 +126,12 @@ class SamplingParams:
         presence_penalty: in [-2, 2], once per distinct generated token; 0 disables.
         no_repeat_ngram_size: ban repeats of n-grams of this size (prompt + generated); 0 disables.
         logit_bias: token id -> bias in [-100, 100]; stored as a sorted tuple of pairs.
-        mirostat_tau: target surprise in bits for Mirostat 2.0; None disables. Excludes top_k,
+        mirostat_tau: target surprise in bits for Mirostat; None disables. Excludes top_k,
             top_p, min_p, typical_p, epsilon_cutoff, eta_cutoff and temperature 0.
         mirostat_eta: Mirostat learning rate in (0, 1].
+        mirostat_mode: which Mirostat runs with mirostat_tau, as llama.cpp numbers them: 2 (cut at
+            surprise mu) or 1 (top-k from a Zipf fit of the top 100 probabilities); a value other
+            than 2 without mirostat_tau is refused (it would do nothing).
         seed: seed of the request's torch.Generator (see `make_generator`); None = fresh entropy.
         max_tokens: most tokens to generate, >= 1.
         stop: strings that end generation (a single string is wrapped in a tuple).
@@ -163,6 +166,7 @@ class SamplingParams:
     logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] | None = None
     mirostat_tau: float | None = None
     mirostat_eta: float = 0.1
+    mirostat_mode: int = 2
     seed: int | None = None
     max_tokens: int = 256
     stop: str | Sequence[str] = ()
@@ -196,6 +200,10 @@ class SamplingParams:
         }
         top_k = _integer("top_k", self.top_k, -1, allowed="-1 or 0 (disabled) or an int >= 1")
         checked["top_k"] = top_k
+        checked["mirostat_mode"] = _integer("mirostat_mode", self.mirostat_mode, 1, 2)
+        if self.mirostat_tau is None and checked["mirostat_mode"] != 2:
+            raise ValueError(f"mirostat_mode={self.mirostat_mode!r} applies with mirostat_tau only: give "
+                             "mirostat_tau (the target surprise in bits) or leave mirostat_mode at 2")
         if self.mirostat_tau is not None:
             checked["mirostat_tau"] = _real("mirostat_tau", self.mirostat_tau, 0.0, inf,
                                             low_open=True, high_open=True)

@@ -12,8 +12,9 @@ stream_options.include_usage, stop, seed, frequency_penalty, presence_penalty, l
 response_format, user), every other `SamplingParams` field under its own name (top_k, min_p,
 typical_p, epsilon_cutoff, eta_cutoff, repetition_penalty, no_repeat_ngram_size, mirostat_tau,
 mirostat_eta, stop_token_ids, ignore_eos, structured_outputs, token_healing), vLLM's
-`return_tokens_as_token_ids` (logprob tokens as "token_id:<id>"), llama.cpp's `mirostat_mode` (0,
-or 2 together with mirostat_tau) and `metagen`, the strategy (`strategy_request`).
+`return_tokens_as_token_ids` (logprob tokens as "token_id:<id>"), `mirostat_mode` as llama.cpp
+numbers it (0 = off, without mirostat_tau; 1 or 2 = that version, with it) and `metagen`, the
+strategy (`strategy_request`).
 
 In proxy mode (`model` None: the backends' servers generate, this server has no tokenizer) the
 prompt is validated but not encoded (`prompt_ids` None; the backend encodes it and checks its
@@ -42,7 +43,7 @@ from metagen.serve.strategy_request import parse_strategy
 ENDPOINT_SAMPLING_FIELDS = ("max_tokens", "logprobs")
 SAMPLING_FIELDS = tuple(item.name for item in fields(SamplingParams) if item.name not in ENDPOINT_SAMPLING_FIELDS)
 COMMON_FIELDS = ("model", "stream", "stream_options", "user", "max_tokens", "return_tokens_as_token_ids",
-                 "mirostat_mode", "metagen")
+                 "metagen")
 SHARED_FIELDS = frozenset(SAMPLING_FIELDS + COMMON_FIELDS)  # every field both endpoints take
 _MESSAGE_FIELDS = {field: field for field in (*SAMPLING_FIELDS, "max_tokens", "mirostat_tau", "logprobs")}
 PROXY_REFUSALS = (("logprobs", "the backend's token texts are not relayed"),
@@ -181,14 +182,15 @@ def _sampling_values(body: Mapping) -> dict[str, object]:
     """The SamplingParams fields given under their own names (logit_bias's keys made ids), with
     llama.cpp's mirostat_mode checked against mirostat_tau."""
     values = {field: body[field] for field in SAMPLING_FIELDS if field in body}
-    if "mirostat_mode" in body:  # llama.cpp's switch: 2 = Mirostat 2.0 with mirostat_tau, 0 = off
+    if "mirostat_mode" in body:  # llama.cpp's switch: 0 = off, 1 / 2 = that version with mirostat_tau
         mode = body["mirostat_mode"]
-        if mode not in (0, 2) or isinstance(mode, bool):
-            raise APIError(f"mirostat_mode={mode!r} must be 0 (off) or 2 (Mirostat 2.0; version 1 is not "
-                           "implemented)", "mirostat_mode")
-        if (mode == 2) != ("mirostat_tau" in body):
-            raise APIError(f"mirostat_mode={mode} " + ("needs mirostat_tau" if mode == 2 else
+        if mode not in (0, 1, 2) or isinstance(mode, bool):
+            raise APIError(f"mirostat_mode={mode!r} must be 0 (off), 1 or 2 (the Mirostat version)", "mirostat_mode")
+        if (mode != 0) != (body.get("mirostat_tau") is not None):
+            raise APIError(f"mirostat_mode={mode} " + ("needs mirostat_tau" if mode else
                                                        "turns mirostat off: drop mirostat_tau"), "mirostat_mode")
+        if mode == 0:
+            del values["mirostat_mode"]
     if "logit_bias" in values:
         values["logit_bias"] = _logit_bias(values["logit_bias"])
     return values
