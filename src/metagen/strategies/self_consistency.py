@@ -15,8 +15,8 @@ from metagen.decoding.result import GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.strategies import runners
-from metagen.strategies.options import configure, sizes_work
-from metagen.strategies.spec import StrategySpec, register
+from metagen.strategies.options import check_options, configure, option
+from metagen.strategies.spec import StrategySpec, register, shared
 from metagen.strategies.voting import sample_answers, tally, winner
 
 if TYPE_CHECKING:
@@ -31,16 +31,15 @@ class SelfConsistencyConfig:
     """n: paths sampled; params: sampling of each path; pattern: answer regex (None: the default
     extraction); math: compare answers with math-verify."""
 
-    n: int = sizes_work(8)
+    n: int = option(8, int, "reasoning paths sampled", low=1, sizes_work=True)
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
-    pattern: str | None = None
-    math: bool = True
-    answer_field: str | None = None  # the answer is this field of a JSON output (instead of pattern)
+    pattern: str | None = shared("pattern")
+    math: bool = shared("math")
+    answer_field: str | None = shared("answer_field")  # the answer is this field of a JSON output (not pattern)
 
     def __post_init__(self) -> None:
+        check_options(self)
         check_answer_field(self.pattern, self.answer_field)
-        if self.n < 1:
-            raise ValueError(f"n={self.n} is out of range: must be >= 1")
 
 
 def self_consistency(
