@@ -39,11 +39,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class AdaptiveConsistencyConfig:
-    """n_max: most samples drawn; round_size: samples per generate call (the last round is cut
-    to n_max); threshold: stop when the posterior
-    probability that the leading answer is the majority reaches it, in (0, 1); rule: "beta"
-    (top two answers, exact) or "dirichlet" (all answers, Monte Carlo with mc_samples draws
-    seeded by mc_seed; CPU only, at most 100000 a check); params, pattern, math, answer_field: as in self-consistency."""
+    """The budget, the round size (the last round is cut to n_max), the stopping rule and its
+    threshold (`stopping.py`), declared with their fields; params, pattern, math, answer_field: as
+    in self-consistency."""
 
     n_max: int = option(16, int, "most samples drawn", low=1, sizes_work=True)
     round_size: int = option(1, int, "samples per generate call", low=1, sizes_work=True)

@@ -60,11 +60,8 @@ Template = str | Callable[[Mapping[str, str]], str]
 
 @dataclass(frozen=True)
 class ChainConfig:
-    """params: sampling of `Generate` steps that have none of their own (`n` is set to 1).
-    max_tool_calls: tool calls per `Generate` step, in [0, 64].
-    max_tool_chars: a tool's answer is clipped to this many characters, in [1, 100000].
-    answer_tokens: max_tokens of the short answering calls of the ready programs, in [1, 4096].
-    """
+    """params: sampling of `Generate` steps that have none of their own (`n` is set to 1); the
+    tool-call limits and the ready programs' answer length are declared with their fields."""
 
     params: SamplingParams = SamplingParams(temperature=0.0, max_tokens=256)
     max_tool_calls: int = option(4, int, "tool calls per Generate step", low=0, high=64, sizes_work=True)

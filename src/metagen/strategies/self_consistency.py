@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from metagen.decoding.result import GenerationResult
-from metagen.sampling import SamplingParams
-from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
+from metagen.scoring.answers import AnswerExtractor, extract_answer
 from metagen.strategies import runners
-from metagen.strategies.options import check_options, configure, option
-from metagen.strategies.spec import StrategySpec, register, shared
-from metagen.strategies.voting import sample_answers, tally, winner
+from metagen.strategies.options import configure
+from metagen.strategies.spec import StrategySpec, register
+from metagen.strategies.voting import VotingConfig, sample_answers, tally, winner
 
 if TYPE_CHECKING:
     import torch
@@ -27,19 +26,8 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class SelfConsistencyConfig:
-    """n: paths sampled; params: sampling of each path; pattern: answer regex (None: the default
-    extraction); math: compare answers with math-verify."""
-
-    n: int = option(8, int, "reasoning paths sampled", low=1, sizes_work=True)
-    params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
-    pattern: str | None = shared("pattern")
-    math: bool = shared("math")
-    answer_field: str | None = shared("answer_field")  # the answer is this field of a JSON output (not pattern)
-
-    def __post_init__(self) -> None:
-        check_options(self)
-        check_answer_field(self.pattern, self.answer_field)
+class SelfConsistencyConfig(VotingConfig):
+    """`VotingConfig`: n reasoning paths sampled, each answer one vote."""
 
 
 def self_consistency(

@@ -54,13 +54,10 @@ DEFAULT_PARAMS = SamplingParams(temperature=0.7, max_tokens=256)
 
 @dataclass(frozen=True)
 class SelfRefineConfig:
-    """rounds: critique-and-revise rounds at most, >= 0 (0 returns the draft).
-    draft_params / critique_params / revision_params: sampling of each step (`n` is set to 1).
-    critique_template: str.format template of the critique request; fields {question},
-        {answer} (required) and {stop_phrase}, plain names only (`templates.check_template`).
-    revision_template: fields {question}, {answer} and {critique} (the last two required).
-    stop_phrase: refinement ends when the critique contains it (case-sensitive substring).
-    """
+    """The options are declared with their fields. draft_params / critique_params /
+    revision_params: sampling of each step (`n` is set to 1). The templates are str.format
+    templates with plain field names only (`templates.check_template`); the stop phrase is a
+    case-sensitive substring of the critique."""
 
     rounds: int = option(3, int, "critique-and-revise rounds at most (0: the draft)", low=0, sizes_work=True)
     draft_params: SamplingParams = DEFAULT_PARAMS

@@ -49,12 +49,8 @@ NO_FEEDBACK = "The attempt did not pass the check."
 
 @dataclass(frozen=True)
 class VerifierRefineConfig:
-    """initial_candidates: k samples of round 0; rounds: revision rounds at most (the budget R);
-    revisions_per_round: m samples drawn for each revised candidate; beam: b candidates revised
-    per round (the best so far); params: sampling of every call (its `n` is overridden);
-    revision_template: str.format template with fields {question}, {answer} and {feedback}
-    (the last two required).
-    """
+    """k, R, m, b of the module's formula and the revision template, declared with their fields;
+    params: sampling of every call (its `n` is overridden)."""
 
     initial_candidates: int = option(4, int, "k, samples of round 0", low=1, sizes_work=True)
     rounds: int = option(3, int, "revision rounds at most (the budget R)", low=0, sizes_work=True)
