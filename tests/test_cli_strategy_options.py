@@ -43,3 +43,19 @@ def test_the_help_is_the_declarations():
     assert option_help(options["mc_samples"]).endswith("; int in [1, 100000]; default 4096")
     rule = next(action for action in _generate()._actions if action.dest == "strategy_rule")
     assert rule.choices == ("beta", "dirichlet")
+
+
+def test_the_shared_options_flags_of_generate_and_eval_are_their_declarations():
+    import pytest
+
+    from metagen.strategies.spec import SHARED, StrategyOptions
+
+    commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    for command in ("generate", "eval"):
+        actions = {action.dest: action for action in commands.choices[command]._actions}
+        for name in ("value", "step_delimiter", "aggregation", "answer_field"):
+            assert actions[name].default == SHARED[name].default, (command, name)
+            assert actions[name].help.startswith(SHARED[name].help), (command, name)
+        assert actions["aggregation"].choices == SHARED["aggregation"].choices == ("best", "majority", "weighted")
+    with pytest.raises(ValueError, match=r"^aggregation='mean' is not known; choose from best, majority, weighted$"):
+        StrategyOptions(aggregation="mean")  # what metagen eval builds from its flags
