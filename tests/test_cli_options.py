@@ -52,7 +52,7 @@ def test_logit_bias_values_parse_and_duplicates_are_refused():
         (["--strategy", "rebase", "--value", "steps", "--strategy-temperature", "0"],
          "temperature=0.0 is out of range: must be > 0"),
         (["--strategy", "mcts", "--value", "steps", "--expansions", "0"], "expansions=0 is out of range"),
-        (["--max-steps", "3"], "max_steps configure a strategy: they apply with --strategy only"),
+        (["--max-steps", "3"], "--max-steps configure a strategy: they apply with --strategy only"),
     ],
 )
 def test_options_no_path_reads_and_bad_values_are_refused_before_loading(capsys, monkeypatch, argv, message):

@@ -65,7 +65,7 @@ def test_a_row_states_help_default_and_choices() -> None:
     text = REFERENCE.render()
     generate = text.split("## metagen generate", 1)[1].split("## metagen eval", 1)[0]
     assert ("| `--aggregation {best,majority,weighted}` | tree search: pick the leaf of best value, or vote over "
-            "leaves' answers | `'best'` | `best`, `majority`, `weighted` |") in generate
+            "the leaves' answers (majority, value-weighted) | `'best'` | `best`, `majority`, `weighted` |") in generate
     # a pipe inside the help is escaped, not a new cell; a required positional says so
     assert "| `prompt` | the prompt (wrapped in the chat template unless --no-chat) | required |  |" in generate
     assert "steps \\| judge \\| prm:PATH" in generate

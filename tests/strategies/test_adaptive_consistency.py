@@ -68,7 +68,7 @@ def test_the_threshold_and_rule_move_the_stop():
 def test_config_errors_name_the_field():
     for field, value, message in [("n_max", 0, "n_max=0 is out of range"), ("round_size", 0, "round_size=0"),
                                   ("threshold", 1.0, r"threshold=1.0 is out of range: must be in \(0, 1\)"),
-                                  ("rule", "vote", "rule='vote' is not a stopping rule"),
+                                  ("rule", "vote", "rule='vote' is not known; choose from beta, dirichlet"),
                                   ("mc_samples", 0, "mc_samples=0 is out of range")]:
         with pytest.raises(ValueError, match=message):
             AdaptiveConsistencyConfig(**{field: value})

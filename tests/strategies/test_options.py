@@ -1,60 +1,147 @@
-"""A strategy's options come from its config dataclass: names, kinds, defaults, validation by name."""
+"""A strategy's options are declared beside its config: names, kinds, defaults, ranges, help."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
 
 import pytest
 
 from metagen.sampling import SamplingParams
-from metagen.strategies.options import check_value, config_fields, configure
+from metagen.strategies.options import Option, check_options, check_value, config_options, configure, nested, option
 from metagen.strategies.registry import STRATEGIES, StrategyOptions, get_strategy
 
 
 @dataclass(frozen=True)
 class Inner:
-    delimiter: str | None = "\n"
-    inner_limit: int = 3
+    delimiter: str | None = option("\n", str, "ends a step", optional=True, name="inner_delimiter")
+    inner_limit: int = option(3, int, "a limit", low=1)
 
     def __post_init__(self) -> None:
-        if self.inner_limit < 1:
-            raise ValueError(f"inner_limit={self.inner_limit} is out of range: must be >= 1")
+        check_options(self)
 
 
 @dataclass(frozen=True)
 class Toy:
-    width: int = 4
-    rate: float = 0.5
-    flag: bool = False
+    width: int = option(4, int, "a width", low=1, high=64, sizes_work=True)
+    rate: float = option(0.5, float, "a rate", above=0, below=1)
+    flag: bool = option(False, bool, "a flag")
+    mode: str = option("a", str, "a mode", choices=("a", "b"))
+    undeclared: int = 7  # not an option: only declared fields are
     params: SamplingParams = SamplingParams()
-    inner: Inner = field(default_factory=Inner)
+    inner: Inner = nested(Inner)
+
+    def __post_init__(self) -> None:
+        check_options(self)
 
 
-def test_scalar_fields_and_nested_ones_are_options_sampling_params_are_not():
-    fields = config_fields(Toy)
-    assert list(fields) == ["width", "rate", "flag", "inner_delimiter", "inner_limit"]
+def test_declared_fields_and_nested_ones_are_options_nothing_else():
+    fields = config_options(Toy)
+    assert list(fields) == ["width", "rate", "flag", "mode", "inner_delimiter", "inner_limit"]
     assert (fields["width"].kind, fields["width"].default, fields["width"].optional) == (int, 4, False)
+    assert fields["width"].sizes_work and not fields["inner_limit"].sizes_work
     assert (fields["inner_delimiter"].kind, fields["inner_delimiter"].optional) == (str, True)
+    assert fields["inner_delimiter"].path == ("inner", "delimiter")  # its public name is the one it declares
     assert fields["inner_limit"].path == ("inner", "inner_limit")
 
 
 def test_configure_sets_nested_fields_and_reruns_the_config_checks():
     toy = configure(Toy(), {"width": 9, "inner_limit": 7})
     assert (toy.width, toy.inner.inner_limit, toy.inner.delimiter) == (9, 7, "\n")
-    with pytest.raises(ValueError, match="inner_limit=0 is out of range"):
+    with pytest.raises(ValueError, match="^inner_limit=0 is out of range: must be >= 1$"):
         configure(Toy(), {"inner_limit": 0})
+    with pytest.raises(ValueError, match="'undeclared' is not an option of Toy"):
+        configure(Toy(), {"undeclared": 1})
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"width": 65}, r"^width=65 is out of range: must be in \[1, 64\]$"),
+    ({"rate": 1.0}, r"^rate=1.0 is out of range: must be in \(0, 1\)$"),
+    ({"rate": float("nan")}, r"^rate=nan is out of range"),
+    ({"mode": "c"}, r"^mode='c' is not known; choose from a, b$"),
+    ({"flag": 1}, r"^flag=1 must be a bool$"),
+    ({"width": None}, r"^width=None is not allowed: it must be an int$"),
+])
+def test_the_config_checks_its_declared_ranges_naming_the_option(fields, message):
+    with pytest.raises(ValueError, match=message):
+        Toy(**fields)
+
+
+def test_range_text_and_a_default_outside_its_own_range():
+    assert [Option(int, 1, "", low=1).range_text(), Option(float, 1.0, "", above=0).range_text(),
+            Option(int, 1, "", high=4).range_text(), Option(float, 0.5, "", low=0, below=1).range_text(),
+            Option(str, "x", "", choices=("x",)).range_text(), Option(int, 0, "").range_text()] == [
+        ">= 1", "> 0", "<= 4", "in [0, 1)", "one of x", ""]
+    with pytest.raises(ValueError, match="default=0 is out of range: must be >= 1"):
+        option(0, int, "a count", low=1)
 
 
 @pytest.mark.parametrize(("name", "value", "ok"), [
-    ("width", 3, True), ("width", 3.0, False), ("width", True, False), ("rate", 1, True), ("rate", "1", False),
-    ("flag", 0, False), ("inner_delimiter", None, True), ("width", None, False)])
+    ("width", 3, True), ("width", 3.0, False), ("width", True, False), ("rate", 1, False), ("rate", "1", False),
+    ("rate", 0.25, True), ("flag", 0, False), ("inner_delimiter", None, True), ("width", None, False)])
 def test_check_value_is_strict_about_kinds(name, value, ok):
-    option = config_fields(Toy)[name]
+    declared = config_options(Toy)[name]
     if ok:
-        check_value(option, value, name)
+        check_value(declared, value, name)
     else:
         with pytest.raises(ValueError, match=f"^{name}="):
-            check_value(option, value, name)
+            check_value(declared, value, name)
+
+
+def _scalar(hint) -> tuple[type | None, bool]:
+    """(kind, optional) of a scalar or `scalar | None` annotation, else (None, False)."""
+    if hint in (bool, int, float, str):
+        return hint, False
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        rest = [arg for arg in args if arg is not type(None)]
+        if len(args) == 2 and len(rest) == 1 and rest[0] in (bool, int, float, str):
+            return rest[0], True
+    return None, False
+
+
+def _scalar_fields(config: type, path=()):
+    """(path, kind, optional) of every scalar init field of `config`, into `nested` configs."""
+    hints = typing.get_type_hints(config)
+    for field in dataclasses.fields(config):
+        if not field.init:
+            continue
+        kind, optional = _scalar(hints[field.name])
+        if kind is not None:
+            yield (*path, field.name), kind, optional
+        elif "metagen.nested" in field.metadata:
+            yield from _scalar_fields(field.metadata["metagen.nested"], (*path, field.name))
+
+
+def test_every_scalar_field_of_a_registered_config_is_declared_or_set_by_the_runner():
+    """An option cannot go missing: each scalar init field of every registered strategy's config
+    is declared (with the kind its annotation says) or set by the runner (`set_by_run`)."""
+    checked = 0
+    for spec in STRATEGIES.values():
+        config = spec.config_class()
+        if config is None:
+            continue
+        declared = {option.path: option for option in config_options(config).values()}
+        for path, kind, optional in _scalar_fields(config):
+            if path in declared:
+                assert (declared[path].kind, declared[path].optional) == (kind, optional), (spec.name, path)
+                checked += 1
+            else:
+                assert path[0] in spec.set_by_run, f"{spec.name}: {'.'.join(path)} is neither declared nor set by run"
+    assert checked > 50
+
+
+def test_a_declared_default_is_the_dataclass_default():
+    for config in {spec.config_class() for spec in STRATEGIES.values()} - {None} | {StrategyOptions}:
+        built = config()
+        for name, declared in config_options(config).items():
+            value = built
+            for part in declared.path:
+                value = getattr(value, part)
+            assert value == declared.default, (config.__name__, name)
+            assert declared.help, (config.__name__, name)  # every option says what it is
 
 
 def test_every_strategy_has_n_and_its_config_fields():
@@ -124,15 +211,13 @@ def test_the_shared_options_keep_their_kind_and_report_the_default_that_runs():
     own and may differ from the config's (math=True where SelfConsistencyConfig says False, step
     delimiter "\\n" where StepConfig says "\\n\\n"): the runner passes StrategyOptions' value, so
     that is the default an option reports."""
-    from metagen.strategies.options import config_fields
-
-    shared = config_fields(StrategyOptions)
+    shared = config_options(StrategyOptions)
     checked = differing = 0
     for spec in STRATEGIES.values():
         config = spec.config_class()
         if config is None:
             continue
-        for name, field in config_fields(config).items():
+        for name, field in config_options(config).items():
             if name in shared and field.path[0] not in spec.set_by_run:
                 assert field.kind == shared[name].kind, (spec.name, name)
                 assert field.optional or not shared[name].optional, (spec.name, name)  # never looser than the config
@@ -175,10 +260,10 @@ def test_the_marks_of_configs_outside_the_registry_and_of_nested_fields():
     from metagen.strategies.tree.mcts import MCTSConfig
     from metagen.strategies.verifier_refine import VerifierRefineConfig
 
-    refine = config_fields(VerifierRefineConfig)
+    refine = config_options(VerifierRefineConfig)
     assert {name for name, field in refine.items() if field.sizes_work} == {
         "initial_candidates", "rounds", "revisions_per_round", "beam"}
-    mcts = config_fields(MCTSConfig)
+    mcts = config_options(MCTSConfig)
     assert mcts["iterations"].sizes_work and not mcts["max_step_tokens"].sizes_work  # nested: step.max_step_tokens
 
 

@@ -159,7 +159,7 @@ def test_self_refine_keeps_the_chat_context_and_rejects_token_ids():
 
 @pytest.mark.parametrize("fields, message", [
     (dict(rounds=-1), "rounds=-1 is out of range"),
-    (dict(rounds=True), "rounds=True is not an int"),
+    (dict(rounds=True), "rounds=True must be an int"),
     (dict(stop_phrase=" "), "stop_phrase=' '"),
     (dict(critique_params={"temperature": 0}), "critique_params="),
     (dict(critique_template="{question}"), r"critique_template=.*missing fields \['answer'\]"),
@@ -260,7 +260,7 @@ def test_verifier_refine_cost_is_generation_plus_verifier_plus_scorer():
     (dict(initial_candidates=0), "initial_candidates=0 is out of range"),
     (dict(rounds=-1), "rounds=-1 is out of range"),
     (dict(revisions_per_round=0), "revisions_per_round=0 is out of range"),
-    (dict(beam=1.5), "beam=1.5 is not an int"),
+    (dict(beam=1.5), "beam=1.5 must be an int"),
     (dict(params=None), "params=None is not a SamplingParams"),
     (dict(revision_template="{answer}"), r"missing fields \['feedback'\]"),
 ])

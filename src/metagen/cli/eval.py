@@ -22,6 +22,7 @@ import time
 
 from metagen.cli import backend, common, sweep
 from metagen.cli.args import unescape
+from metagen.cli.strategy import add_shared_option
 from metagen.cli.structured import add_structured_options, structured_fields
 from metagen.strategies.spec import StrategyOptions
 
@@ -67,20 +68,13 @@ def add_parser(commands) -> None:
     evaluation.add_argument("--allocation-round", type=int, default=None, metavar="K",
                             help="also report self_consistency_allocated: K samples per problem first, then "
                                  "n x problems allocated by expected gain (needs self_consistency)")
-    evaluation.add_argument("--pattern", default=None, help="answer regex (default: boxed / 'answer is' / last number)")
-    evaluation.add_argument("--answer-field", default=StrategyOptions.answer_field, metavar="PATH",
-                            help="the answer is this field of a JSON output (e.g. 'answer'; with --json-schema), "
-                                 "instead of --pattern")
+    add_shared_option(evaluation, "pattern")
+    add_shared_option(evaluation, "answer_field", " (with --json-schema)", metavar="PATH")
     evaluation.add_argument("--no-math", action="store_true", help="compare answers as strings, not with math-verify")
     evaluation.add_argument("--prompt-suffix", default="", help="text appended to every question")
-    evaluation.add_argument("--value", default=StrategyOptions.value,
-                            help="value for tree search / controlled decoding: steps | judge | prm:PATH | reward:URL | "
-                            "a value-head file | tests (best_of_n_value on code: the docstring examples passed)")
-    evaluation.add_argument("--step-delimiter", default=StrategyOptions.step_delimiter, type=unescape,
-                            help="text that ends a reasoning step (default newline; \\n, \\t... interpreted)")
-    evaluation.add_argument("--aggregation", default=StrategyOptions.aggregation,
-                            choices=("best", "majority", "weighted"),
-                            help="tree search: pick the leaf of best value, or vote over leaves' answers")
+    add_shared_option(evaluation, "value")
+    add_shared_option(evaluation, "step_delimiter", " (default newline; \\n, \\t... interpreted)", type=unescape)
+    add_shared_option(evaluation, "aggregation")
     evaluation.add_argument("--json", action="store_true",
                             help='print {"results": [...], "frontier": [...], "per_budget": [...], "unplaced": [...]} '
                                  "on stdout")

@@ -23,8 +23,8 @@ from metagen.cli.args import chat_prompt, unescape
 from metagen.cli.sampling import FLOAT_PARAMS, INT_PARAMS, OTHER_OPTIONS, add_sampling_options, given, sampling_params
 from metagen.cli.speculative import add_speculative_options, make_drafter, speculative_options, speculative_summary
 from metagen.cli.structured import CONSTRAINT_OPTIONS, STRUCTURED_OPTIONS
+from metagen.cli.strategy import add_shared_option, add_strategy_options, generate_with_strategy, refuse_strategy_options
 from metagen.decoding.beam_diversity import DIVERSITY_KINDS
-from metagen.cli.strategy import add_strategy_options, generate_with_strategy, refuse_strategy_options
 from metagen.strategies.spec import StrategyOptions
 
 
@@ -55,21 +55,16 @@ def add_parser(commands) -> None:
     gen.add_argument("--diversity-ngram", type=int, default=None, metavar="N",
                      help="--diversity ngram: the n-gram length (default 2)")
     gen.add_argument("--strategy", default=None, help="meta-generation strategy (see `metagen eval --help`); --n is its budget")
-    gen.add_argument("--value", default=StrategyOptions.value,
-                     help="value guiding tree search / controlled decoding: steps | judge | prm:PATH | reward:URL | "
-                          "a value-head file | tests (best_of_n_value on code: the docstring examples passed)")
-    gen.add_argument("--step-delimiter", default=StrategyOptions.step_delimiter, type=unescape,
-                     help="text that ends a reasoning step (default newline; escapes as in --stop)")
-    gen.add_argument("--aggregation", default=StrategyOptions.aggregation, choices=("best", "majority", "weighted"),
-                     help="tree search: pick the leaf of best value, or vote over leaves' answers")
-    gen.add_argument("--answer-field", default=StrategyOptions.answer_field, metavar="PATH",
-                     help="--strategy: the answer is this field of the JSON output (e.g. 'answer' or 'result.value'), "
-                          "for voting over a field of a --json-schema output")
+    add_shared_option(gen, "value")
+    add_shared_option(gen, "step_delimiter", " (default newline; escapes as in --stop)", type=unescape)
+    add_shared_option(gen, "aggregation")
+    add_shared_option(gen, "answer_field", " (with --strategy; for voting over a field of a --json-schema output)",
+                      metavar="PATH")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     add_speculative_options(gen)
     common.add_model_options(gen)
     backend.add_backend_options(gen)
-    add_strategy_options(gen)  # last: a flag name another option took gets the --strategy- prefix
+    add_strategy_options(gen)  # a strategy option named as a sampling flag is --strategy-NAME (cli/strategy.py)
     gen.set_defaults(run=run)
 
 

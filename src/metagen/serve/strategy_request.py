@@ -2,8 +2,8 @@
 
 `metagen` ({"strategy": NAME, option: value, ...}) or the model name `NAME:<served model>` asks
 for a strategy (`parse_strategy`, called by the endpoints' parse, `request_fields.parse_fields`):
-its options are the fields of the strategy's own config dataclass (`StrategySpec.parse`),
-refused as `metagen.<field>`. `max_n` (`metagen serve --max-n`, default `DEFAULT_MAX_N`) bounds
+its options are the ones the strategy's config declares (`options.option`), checked by those
+declarations (`StrategySpec.parse`: kind, range or choices) and refused as `metagen.<option>`. `max_n` (`metagen serve --max-n`, default `DEFAULT_MAX_N`) bounds
 metagen.n and every option that counts work (widths, expansions, iterations, depths:
 `options.check_work`), here, before anything is built for the request. Request fields a
 strategy cannot honour (stream, n, logprobs, top_logprobs, echo) are refused by name.
@@ -26,7 +26,7 @@ SERVED_VALUES = ("steps", "judge")  # a value-head file would be a path named by
 def parse_strategy(body: Mapping, named: str | None, params: SamplingParams,
                    max_n: int = DEFAULT_MAX_N) -> StrategyRequest:
     """The strategy of a request: `metagen` {"strategy": NAME, option: value, ...} and/or the model
-    name NAME:model (the two must agree); every option is checked by the strategy's own config
+    name NAME:model (the two must agree); every option is checked by its declaration
     (`StrategySpec.parse`; n and every option that counts work <= `max_n`), and request fields a
     strategy cannot honour are refused by name."""
     from metagen.strategies.registry import get_strategy

@@ -24,10 +24,10 @@ from metagen.decoding.result import GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.strategies import runners
-from metagen.strategies.options import configure, sizes_work
+from metagen.strategies.options import check_options, configure, option
 from metagen.strategies.self_consistency import CLUSTER_SET
-from metagen.strategies.spec import StrategySpec, register
-from metagen.strategies.stopping import RULES, check_threshold, should_stop
+from metagen.strategies.spec import StrategySpec, register, shared
+from metagen.strategies.stopping import RULES, should_stop
 from metagen.strategies.voting import sample_answers, tally, winner
 
 if TYPE_CHECKING:
@@ -39,34 +39,26 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class AdaptiveConsistencyConfig:
-    """n_max: most samples drawn; round_size: samples per generate call (the last round is cut
-    to n_max); threshold: stop when the posterior
-    probability that the leading answer is the majority reaches it, in (0, 1); rule: "beta"
-    (top two answers, exact) or "dirichlet" (all answers, Monte Carlo with mc_samples draws
-    seeded by mc_seed; CPU only, at most 100000 a check); params, pattern, math, answer_field: as in self-consistency."""
+    """The budget, the round size (the last round is cut to n_max), the stopping rule and its
+    threshold (`stopping.py`), declared with their fields; params, pattern, math, answer_field: as
+    in self-consistency."""
 
-    n_max: int = sizes_work(16)
-    round_size: int = sizes_work(1)
-    threshold: float = 0.95
-    rule: str = "beta"
-    mc_samples: int = 4096
-    mc_seed: int = 0
+    n_max: int = option(16, int, "most samples drawn", low=1, sizes_work=True)
+    round_size: int = option(1, int, "samples per generate call", low=1, sizes_work=True)
+    threshold: float = option(0.95, float, "stop when P(the leading answer is the majority) reaches it", above=0,
+                              below=1)
+    rule: str = option("beta", str, "beta: top two answers, exact; dirichlet: all answers, Monte Carlo",
+                       choices=RULES)
+    mc_samples: int = option(4096, int, "dirichlet's Monte Carlo draws per check (CPU)", low=1, high=100_000)
+    mc_seed: int = option(0, int, "seed of dirichlet's draws")
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
-    pattern: str | None = None
-    math: bool = True
-    answer_field: str | None = None
+    pattern: str | None = shared("pattern")
+    math: bool = shared("math")
+    answer_field: str | None = shared("answer_field")
 
     def __post_init__(self) -> None:
+        check_options(self)
         check_answer_field(self.pattern, self.answer_field)
-        if self.n_max < 1:
-            raise ValueError(f"n_max={self.n_max} is out of range: must be >= 1")
-        if self.round_size < 1:
-            raise ValueError(f"round_size={self.round_size} is out of range: must be >= 1")
-        check_threshold(self.threshold)
-        if self.rule not in RULES:
-            raise ValueError(f"rule={self.rule!r} is not a stopping rule; choose from {', '.join(RULES)}")
-        if not 1 <= self.mc_samples <= 100_000:
-            raise ValueError(f"mc_samples={self.mc_samples} is out of range: must be in [1, 100000]")
 
 
 def adaptive_consistency(

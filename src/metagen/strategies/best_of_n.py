@@ -23,7 +23,7 @@ from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import mean_logprob, self_certainty
 from metagen.strategies import runners
-from metagen.strategies.options import configure, sizes_work
+from metagen.strategies.options import check_options, configure, option
 from metagen.strategies.spec import CERTAINTY, StrategySpec, register
 
 if TYPE_CHECKING:
@@ -37,12 +37,11 @@ if TYPE_CHECKING:
 class BestOfNConfig:
     """n: candidates sampled; params: how each is sampled (its `n` is overridden by `n`)."""
 
-    n: int = sizes_work(8)
+    n: int = option(8, int, "candidates sampled", low=1, sizes_work=True)
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"n={self.n} is out of range: must be >= 1")
+        check_options(self)
 
 
 def best_of_n(

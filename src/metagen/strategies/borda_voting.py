@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from metagen.decoding.result import GenerationResult
-from metagen.sampling import SamplingParams
-from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
+from metagen.scoring.answers import AnswerExtractor, extract_answer
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import self_certainty
-from metagen.strategies.options import configure, sizes_work
+from metagen.strategies.options import configure, option
 from metagen.strategies.spec import CERTAINTY, StrategySpec, register
-from metagen.strategies.voting import sample_answers, tally, winner
+from metagen.strategies.voting import VotingConfig, sample_answers, tally, winner
 
 if TYPE_CHECKING:
     import torch
@@ -31,22 +30,10 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class BordaVotingConfig:
-    """n, params, pattern, math: as in self-consistency; power: p in v(r) = (N − r + 1)^p."""
+class BordaVotingConfig(VotingConfig):
+    """`VotingConfig`, and power: p in v(r) = (N − r + 1)^p."""
 
-    n: int = sizes_work(8)
-    params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
-    pattern: str | None = None
-    math: bool = True
-    power: float = 0.5
-    answer_field: str | None = None  # the answer is this field of a JSON output (instead of pattern)
-
-    def __post_init__(self) -> None:
-        check_answer_field(self.pattern, self.answer_field)
-        if self.n < 1:
-            raise ValueError(f"n={self.n} is out of range: must be >= 1")
-        if not self.power >= 0:
-            raise ValueError(f"power={self.power} is out of range: must be >= 0")
+    power: float = option(0.5, float, "p in v(r) = (N - r + 1)^p: 0 is majority voting, large p best-of-N", low=0)
 
 
 def borda_weights(scores: list[float], power: float) -> list[float]:

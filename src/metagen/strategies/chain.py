@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 from metagen.decoding.cost import Cost
 from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
-from metagen.strategies.options import sizes_work
+from metagen.strategies.options import check_options, option
 from metagen.strategies.templates import check_template, template_fields
 from metagen.tools import Tool
 
@@ -60,24 +60,19 @@ Template = str | Callable[[Mapping[str, str]], str]
 
 @dataclass(frozen=True)
 class ChainConfig:
-    """params: sampling of `Generate` steps that have none of their own (`n` is set to 1).
-    max_tool_calls: tool calls per `Generate` step, in [0, 64].
-    max_tool_chars: a tool's answer is clipped to this many characters, in [1, 100000].
-    answer_tokens: max_tokens of the short answering calls of the ready programs, in [1, 4096].
-    """
+    """params: sampling of `Generate` steps that have none of their own (`n` is set to 1); the
+    tool-call limits and the ready programs' answer length are declared with their fields."""
 
     params: SamplingParams = SamplingParams(temperature=0.0, max_tokens=256)
-    max_tool_calls: int = sizes_work(4)
-    max_tool_chars: int = 1000
-    answer_tokens: int = 32
+    max_tool_calls: int = option(4, int, "tool calls per Generate step", low=0, high=64, sizes_work=True)
+    max_tool_chars: int = option(1000, int, "a tool's answer is clipped to this many characters", low=1,
+                                 high=100_000)
+    answer_tokens: int = option(32, int, "max_tokens of the ready programs' short answering calls", low=1, high=4096)
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, SamplingParams):
             raise ValueError(f"params={self.params!r} must be a SamplingParams")
-        for name, low, high in (("max_tool_calls", 0, 64), ("max_tool_chars", 1, 100_000), ("answer_tokens", 1, 4096)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ValueError(f"{name}={value!r} is out of range: must be an int in [{low}, {high}]")
+        check_options(self)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from metagen.decoding import capabilities as caps
 from metagen.decoding.result import GenerationResult, prefer_complete
 from metagen.sampling import SamplingParams
 from metagen.strategies import runners
-from metagen.strategies.options import configure, sizes_work
+from metagen.strategies.options import check_options, configure, option
 from metagen.strategies.spec import StrategySpec, register
 
 if TYPE_CHECKING:
@@ -42,17 +42,15 @@ class MBRConfig:
     sampled (its `n` is overridden by `n`); include_self: count u(y_i, y_i) in Ū_i and average
     over N instead of N − 1 (needed for MBR = weighted voting)."""
 
-    n: int = sizes_work(8)
+    n: int = option(8, int, "candidates sampled", low=1, sizes_work=True)
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
-    include_self: bool = True
+    include_self: bool = option(True, bool, "count u(y_i, y_i): average over N, not N - 1 (MBR = weighted voting)")
 
     def __post_init__(self) -> None:
-        lowest = 1 if self.include_self else 2
-        if self.n < lowest:
-            raise ValueError(
-                f"n={self.n} is out of range: must be >= {lowest}"
-                + ("" if self.include_self else " (a candidate needs another one as pseudo-reference)")
-            )
+        check_options(self)
+        if not self.include_self and self.n < 2:
+            raise ValueError(f"n={self.n} is out of range: must be >= 2 without include_self (a candidate needs "
+                             "another one as pseudo-reference)")
 
 
 def expected_utilities(utilities: np.ndarray, include_self: bool = False) -> np.ndarray:

@@ -1,158 +1,199 @@
-"""A strategy's configuration fields, read from its own config dataclass, and their validation.
+"""A strategy's options, declared beside its config: name, kind, default, range and help, once.
 
-    fields = config_fields(RebaseConfig)     # name -> OptionField (kind, optional, default, path)
+    @dataclass(frozen=True)
+    class RebaseConfig(TreeConfig):
+        width: int = option(8, int, "total budget B (solutions wanted)", low=1, sizes_work=True)
+        temperature: float = option(0.2, float, "T of the balancing softmax", above=0)
+
+    declared = config_options(RebaseConfig)   # public name -> Option (kind, default, range, path)
     configured = configure(config, {"temperature": 0.5, "max_step_tokens": 32})
 
-The configurable fields of a config dataclass are its scalar fields (int, float, bool, str, each
-possibly `| None`); a nested config dataclass (a tree search's `step: StepConfig`) contributes
-its own scalar fields, named `<outer>_<inner>` unless the inner name already says it
-(`step.delimiter` -> `step_delimiter`, `step.max_step_tokens` -> `max_step_tokens`). Fields of
-other types (SamplingParams, callables) are never options: the runner sets them.
+`option(...)` is a `dataclasses.field` whose metadata carries an `Option`; only fields so declared
+are options (SamplingParams, callables, templates the runner builds are not). A field holding a
+config of its own is included by `nested(StepConfig)`: its options join the outer config's under
+the names they declare themselves (StepConfig's `delimiter` declares `name="step_delimiter"`).
+Nothing is inferred from type hints, and no name is made up: the public name is the field's, or
+the one its declaration gives.
 
-`check_value` checks a value's type against its field (an int is a float, a bool is not an int);
-ranges are the config's own `__post_init__` checks, which name the field.
+`check_options(config)` checks every option a config declares directly (kind, then range or
+choices; None only where declared optional) and is what each config's `__post_init__` calls; the
+command line, the server's `metagen` field and `metagen eval` read the same declarations
+(`StrategySpec.fields`, `check_value`), so every error names the option, its value and what it
+allows. Checks between fields (MBR's n >= 2 without self-pairs, a template's fields) stay in the
+config's `__post_init__`.
 
-An int field that counts what the strategy does (samples, rounds, branches per node, beam widths,
-iterations, depth in steps) is declared with `sizes_work(default)`; its option is marked
-(`OptionField.sizes_work`), and `check_work` bounds every marked option with one limit (a server's
-`--max-n`) before anything is built: the work of a search is a product of such counts (beam width x
-expansions x steps model calls), so each must be bounded for the product to be. Lengths in tokens
-or characters (max_step_tokens, block_tokens) are not marked: params.max_tokens and the context
-bound them, or the config's own range does.
-Cost: one `typing.get_type_hints` per config class (cached); nothing here runs per token.
+An int option that counts what the strategy does (samples, rounds, branches per node, beam widths,
+iterations, depth in steps) is declared with `sizes_work=True`, and `check_work` bounds every such
+option with one limit (a server's `--max-n`) before anything is built: the work of a search is a
+product of such counts (beam width x expansions x steps model calls), so each must be bounded for
+the product to be. Lengths in tokens or characters (max_step_tokens, block_tokens) are not
+marked: params.max_tokens and the context bound them, or the option's own range does.
+Cost: one walk over a config class's fields (cached); nothing here runs per token.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-SCALARS = (bool, int, float, str)
-_SIZES_WORK = "sizes_work"  # the dataclass field metadata key of `sizes_work`
-
-
-def sizes_work(default: int):
-    """An int config field that counts work (samples, rounds, branches, steps): `field(default=...)`
-    marked so that `check_work` bounds its option (see the module)."""
-    return dataclasses.field(default=default, metadata={_SIZES_WORK: True})
+_OPTION = "metagen.option"  # the dataclass field metadata key of an `option`
+_NESTED = "metagen.nested"  # ... and of a `nested` config
+_ARTICLE = {int: "an int", float: "a float", bool: "a bool", str: "a str"}
 
 
 @dataclass(frozen=True)
-class OptionField:
-    """One configurable field: kind (bool, int, float or str), optional (None allowed), its
-    default, its path in the config (("step", "delimiter") for a nested field), and whether it
-    counts work (declared with `sizes_work`; bounded by `check_work`)."""
+class Option:
+    """One option: kind (bool, int, float or str), default, help; optional: None is allowed;
+    low / above: inclusive / exclusive lower bound, high / below: upper bounds (None: unbounded);
+    choices: the allowed strings; sizes_work: the int counts work (`check_work`); name: the public
+    name (None: the field's); path: where it sits in its config (("step", "delimiter") when
+    nested; set by `config_options`)."""
 
-    name: str
     kind: type
-    optional: bool
     default: object
-    path: tuple[str, ...]
+    help: str
+    optional: bool = False
+    low: float | None = None
+    above: float | None = None
+    high: float | None = None
+    below: float | None = None
+    choices: tuple[str, ...] | None = None
     sizes_work: bool = False
+    name: str | None = None
+    path: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in _ARTICLE:
+            raise ValueError(f"option kind {self.kind!r} is not one of bool, int, float, str")
+        if self.sizes_work and self.kind is not int:
+            raise ValueError(f"option {self.name or self.help!r}: sizes_work marks an int")
+
+    def range_text(self) -> str:
+        """What the range allows: ">= 1", "in (0, 1)", "in [1, 100000]", "one of beta, dirichlet";
+        "" when unbounded."""
+        if self.choices is not None:
+            return "one of " + ", ".join(self.choices)
+        lower = (f"[{self.low}" if self.low is not None else f"({self.above}"
+                 if self.above is not None else None)
+        upper = (f"{self.high}]" if self.high is not None else f"{self.below})"
+                 if self.below is not None else None)
+        if lower and upper:
+            return f"in {lower}, {upper}"
+        if lower:
+            return (">= " if lower[0] == "[" else "> ") + lower[1:]
+        if upper:
+            return ("<= " if upper[-1] == "]" else "< ") + upper[:-1]
+        return ""
 
     def describe(self) -> str:
+        """"name (kind, default d)", as an error listing the options a strategy accepts shows it."""
         kind = self.kind.__name__ + (" or null" if self.optional else "")
         return f"{self.name} ({kind}, default {self.default!r})"
 
 
-def _scalar(hint) -> tuple[type | None, bool]:
-    """(kind, optional) of a type hint that is a scalar or `scalar | None`; (None, False) else."""
-    if hint in SCALARS:
-        return hint, False
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-        if len(args) == 1 and args[0] in SCALARS and len(typing.get_args(hint)) == 2:
-            return args[0], True
-    return None, False
+def option(default, kind: type, help: str, *, optional: bool = False, low=None, above=None, high=None,
+           below=None, choices=None, sizes_work: bool = False, name: str | None = None) -> dataclasses.Field:
+    """A config field declared as an option (see the module): `dataclasses.field(default=default)`
+    whose metadata carries its `Option`. The default must pass the option's own check."""
+    declared = Option(kind, default, help, optional, low, above, high, below,
+                      None if choices is None else tuple(choices), sizes_work, name)
+    check_value(declared, default, name or "default")
+    return dataclasses.field(default=default, metadata={_OPTION: declared})
 
 
-def _nested(hint) -> type | None:
-    """The config dataclass of a hint that is one (or one `| None`), else None; SamplingParams
-    is never one (the request's sampling is the runner's to set)."""
-    from metagen.sampling import SamplingParams
-
-    candidates = [hint, *typing.get_args(hint)]
-    for candidate in candidates:
-        if isinstance(candidate, type) and dataclasses.is_dataclass(candidate) and candidate is not SamplingParams:
-            return candidate
-    return None
+def reuse(declared: Option) -> dataclasses.Field:
+    """A field of another config declared by the same `Option` (the options every runner reads,
+    `StrategyOptions`, appear in several configs): one declaration, its default and checks."""
+    return dataclasses.field(default=declared.default, metadata={_OPTION: declared})
 
 
-def _default(field: dataclasses.Field) -> object:
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
-    return dataclasses.MISSING
+def nested(config: type) -> dataclasses.Field:
+    """A field holding config dataclass `config` (default `config()`) whose options are the outer
+    config's too, under the names they declare."""
+    return dataclasses.field(default_factory=config, metadata={_NESTED: config})
 
 
 @lru_cache(maxsize=None)
-def config_fields(config: type) -> dict[str, OptionField]:
-    """The configurable fields of config dataclass `config`, by option name (see the module)."""
-    hints = typing.get_type_hints(config)
-    found: dict[str, OptionField] = {}
+def config_options(config: type) -> dict[str, Option]:
+    """The options config dataclass `config` declares, by public name, each with its path (those
+    of `nested` configs included); ValueError when two share a name. O(fields)."""
+    found: dict[str, Option] = {}
+
+    def add(declared: Option) -> None:
+        if declared.name in found:
+            raise ValueError(f"{config.__name__} declares option {declared.name!r} twice")
+        found[declared.name] = declared
+
     for field in dataclasses.fields(config):
-        if not field.init:
-            continue
-        kind, optional = _scalar(hints[field.name])
-        if kind is not None:
-            found[field.name] = OptionField(field.name, kind, optional, _default(field), (field.name,),
-                                            bool(field.metadata.get(_SIZES_WORK)))
-            continue
-        nested = _nested(hints[field.name])
-        if nested is None:
-            continue
-        outer_default = _default(field)
-        for inner in config_fields(nested).values():
-            name = inner.name if field.name in inner.name else f"{field.name}_{inner.name}"
-            default = getattr(outer_default, inner.path[0], inner.default) if outer_default is not None else inner.default
-            found[name] = OptionField(name, inner.kind, inner.optional, default, (field.name, *inner.path),
-                                      inner.sizes_work)
+        if _OPTION in field.metadata:
+            declared = field.metadata[_OPTION]
+            add(dataclasses.replace(declared, name=declared.name or field.name, path=(field.name,)))
+        elif _NESTED in field.metadata:
+            for inner in config_options(field.metadata[_NESTED]).values():
+                add(dataclasses.replace(inner, path=(field.name, *inner.path)))
     return found
 
 
-def check_value(field: OptionField, value: object, where: str) -> None:
-    """TypeError-free check: ValueError naming `where` when `value` is not of the field's kind."""
+def check_value(declared: Option, value: object, where: str) -> None:
+    """ValueError naming `where`, the value and what is allowed when `value` is not of the
+    option's kind (an int is a float, a bool is not an int; None only when optional) or out of its
+    range or choices."""
+    kind = _ARTICLE[declared.kind]
     if value is None:
-        if field.optional:
+        if declared.optional:
             return
-        raise ValueError(f"{where}=None is not allowed: it must be a {field.kind.__name__}")
-    if field.kind is float:
+        raise ValueError(f"{where}=None is not allowed: it must be {kind}")
+    if declared.kind is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif field.kind is int:
+    elif declared.kind is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
     else:
-        ok = isinstance(value, field.kind)
+        ok = isinstance(value, declared.kind)
     if not ok:
-        raise ValueError(f"{where}={value!r} must be a {field.kind.__name__}"
-                         + (" or null" if field.optional else ""))
+        raise ValueError(f"{where}={value!r} must be {kind}" + (" or null" if declared.optional else ""))
+    if declared.choices is not None:
+        if value not in declared.choices:
+            raise ValueError(f"{where}={value!r} is not known; choose from {', '.join(declared.choices)}")
+        return
+    inside = ((declared.low is None or value >= declared.low) and (declared.above is None or value > declared.above)
+              and (declared.high is None or value <= declared.high)
+              and (declared.below is None or value < declared.below))
+    if not inside:  # (NaN is inside no bound)
+        raise ValueError(f"{where}={value!r} is out of range: must be {declared.range_text()}")
 
 
-def check_work(fields: Mapping[str, OptionField], given: Mapping[str, object], limit: int, where: str = "",
+def check_options(config) -> None:
+    """Check every option `config` declares directly (its nested configs check their own when
+    built): ValueError naming the first bad one (`check_value`). Called by the configs'
+    `__post_init__`. O(fields)."""
+    for name, declared in config_options(type(config)).items():
+        if len(declared.path) == 1:
+            check_value(declared, getattr(config, declared.path[0]), name)
+
+
+def check_work(fields: Mapping[str, Option], given: Mapping[str, object], limit: int, where: str = "",
                limit_name: str = "max_n") -> None:
-    """ValueError naming the first option of `fields` that counts work (`OptionField.sizes_work`)
+    """ValueError naming the first option of `fields` that counts work (`Option.sizes_work`)
     and exceeds `limit`, its value and the limit. The value is the one in `given` (type-checked
     against `fields` first), else the option's default: a limit below a default refuses a request
     that omits the option, saying so. O(options)."""
-    for name, field in fields.items():
-        value = given.get(name, field.default)
-        if field.sizes_work and isinstance(value, int) and value > limit:
+    for name, declared in fields.items():
+        value = given.get(name, declared.default)
+        if declared.sizes_work and isinstance(value, int) and value > limit:
             default = "" if name in given else f"; {value} is its default: give {where}{name} <= {limit}"
             raise ValueError(f"{where}{name}={value} is out of range: must be <= {limit} ({limit_name}, the bound on "
                              f"every option that counts samples, rounds, branches or steps){default}")
 
 
 def configure(config, overrides: Mapping[str, object]):
-    """`config` with the options in `overrides` (names from `config_fields`) set; the config's
-    own checks run again (ValueError naming the field). Unknown names raise ValueError."""
-    known = config_fields(type(config))
+    """`config` with the options in `overrides` (public names, `config_options`) set; the
+    configs' own checks run again (ValueError naming the option). Unknown names raise ValueError."""
+    known = config_options(type(config))
     for name, value in overrides.items():
         if name not in known:
-            raise ValueError(f"{name!r} is not a field of {type(config).__name__}; fields: {', '.join(known)}")
+            raise ValueError(f"{name!r} is not an option of {type(config).__name__}; options: {', '.join(known)}")
         config = _set(config, known[name].path, value)
     return config
 
@@ -162,6 +203,6 @@ def _set(config, path: tuple[str, ...], value):
     if not rest:
         return dataclasses.replace(config, **{head: value})
     inner = getattr(config, head)
-    if inner is None:
-        inner = _nested(typing.get_type_hints(type(config))[head])()
+    if inner is None:  # a nested config left unset: its declared class, at its defaults
+        inner = next(field for field in dataclasses.fields(config) if field.name == head).metadata[_NESTED]()
     return dataclasses.replace(config, **{head: _set(inner, tuple(rest), value)})

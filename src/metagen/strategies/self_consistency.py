@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from metagen.decoding.result import GenerationResult
-from metagen.sampling import SamplingParams
-from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
+from metagen.scoring.answers import AnswerExtractor, extract_answer
 from metagen.strategies import runners
-from metagen.strategies.options import configure, sizes_work
+from metagen.strategies.options import configure
 from metagen.strategies.spec import StrategySpec, register
-from metagen.strategies.voting import sample_answers, tally, winner
+from metagen.strategies.voting import VotingConfig, sample_answers, tally, winner
 
 if TYPE_CHECKING:
     import torch
@@ -27,20 +26,8 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class SelfConsistencyConfig:
-    """n: paths sampled; params: sampling of each path; pattern: answer regex (None: the default
-    extraction); math: compare answers with math-verify."""
-
-    n: int = sizes_work(8)
-    params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
-    pattern: str | None = None
-    math: bool = True
-    answer_field: str | None = None  # the answer is this field of a JSON output (instead of pattern)
-
-    def __post_init__(self) -> None:
-        check_answer_field(self.pattern, self.answer_field)
-        if self.n < 1:
-            raise ValueError(f"n={self.n} is out of range: must be >= 1")
+class SelfConsistencyConfig(VotingConfig):
+    """`VotingConfig`: n reasoning paths sampled, each answer one vote."""
 
 
 def self_consistency(

@@ -26,7 +26,7 @@ from metagen.decoding.result import GenerationResult, prefer_complete
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.strategies import runners
-from metagen.strategies.options import configure, sizes_work
+from metagen.strategies.options import check_options, configure, option
 from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.templates import check_template
 
@@ -54,24 +54,23 @@ DEFAULT_PARAMS = SamplingParams(temperature=0.7, max_tokens=256)
 
 @dataclass(frozen=True)
 class SelfRefineConfig:
-    """rounds: critique-and-revise rounds at most, >= 0 (0 returns the draft).
-    draft_params / critique_params / revision_params: sampling of each step (`n` is set to 1).
-    critique_template: str.format template of the critique request; fields {question},
-        {answer} (required) and {stop_phrase}, plain names only (`templates.check_template`).
-    revision_template: fields {question}, {answer} and {critique} (the last two required).
-    stop_phrase: refinement ends when the critique contains it (case-sensitive substring).
-    """
+    """The options are declared with their fields. draft_params / critique_params /
+    revision_params: sampling of each step (`n` is set to 1). The templates are str.format
+    templates with plain field names only (`templates.check_template`); the stop phrase is a
+    case-sensitive substring of the critique."""
 
-    rounds: int = sizes_work(3)
+    rounds: int = option(3, int, "critique-and-revise rounds at most (0: the draft)", low=0, sizes_work=True)
     draft_params: SamplingParams = DEFAULT_PARAMS
     critique_params: SamplingParams = DEFAULT_PARAMS
     revision_params: SamplingParams = DEFAULT_PARAMS
-    critique_template: str = CRITIQUE_TEMPLATE
-    revision_template: str = REVISION_TEMPLATE
-    stop_phrase: str = "NO ERRORS"
+    critique_template: str = option(CRITIQUE_TEMPLATE, str, "the critique request: {question}, {answer} (required) "
+                                    "and {stop_phrase}")
+    revision_template: str = option(REVISION_TEMPLATE, str, "the revision request: {question}, {answer} and "
+                                    "{critique} (the last two required)")
+    stop_phrase: str = option("NO ERRORS", str, "refinement ends when the critique contains it")
 
     def __post_init__(self) -> None:
-        check_count("rounds", self.rounds, 0)
+        check_options(self)
         for name in ("draft_params", "critique_params", "revision_params"):
             check_params(name, getattr(self, name))
         check_template("critique_template", self.critique_template, {"answer"}, {"question", "answer", "stop_phrase"})
@@ -163,14 +162,6 @@ def split_question(prompt: Prompt) -> tuple[list[dict[str, str]], str]:
 def chat_prompt(context: list[dict[str, str]], template: str, **fields: str) -> list[dict[str, str]]:
     """The context messages followed by one user turn: `template` filled with `fields`."""
     return [*context, {"role": "user", "content": template.format(**fields)}]
-
-
-def check_count(name: str, value: object, low: int) -> None:
-    """ValueError naming the field unless `value` is an int >= low."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}={value!r} is not an int: must be an int >= {low}")
-    if value < low:
-        raise ValueError(f"{name}={value!r} is out of range: must be an int >= {low}")
 
 
 def check_params(name: str, value: object) -> None:

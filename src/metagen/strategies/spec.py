@@ -1,12 +1,13 @@
 """What a strategy is to the registry: `StrategySpec` (its runner, what it needs from a generator,
 its config dataclass and so its options) and `StrategyOptions` (the options every runner reads).
 
-config: the strategy's own config dataclass; its options (`spec.fields()`) are read from it
-(`strategies/options.py`): its scalar fields, minus those the runner sets (`set_by_run`: the
-request's params, the fields n sets), plus n and, for value-guided ones, value. The options every
-runner reads (pattern, math, value, step_delimiter, aggregation, answer_field) travel in
-`StrategyOptions` (one set for all the strategies of an evaluation); the others are applied to
-the built config as overrides (`options.configure`), over the registry's own `defaults`.
+config: the strategy's own config dataclass; its options (`spec.fields()`) are the ones it
+declares (`options.option`, `options.nested`; strategies/options.py), minus those the runner sets
+(`set_by_run`: the request's params, the fields n sets), plus n and, for value-guided ones, value.
+The options every runner reads (pattern, math, value, step_delimiter, aggregation, answer_field)
+are declared once, in `StrategyOptions` (one set for all the strategies of an evaluation), and
+the configs that have them reuse that declaration (`shared`); the others are applied to the built
+config as overrides (`options.configure`), over the registry's own `defaults`.
 
 pooled: the strategy picks or builds its output from n i.i.d. samples of the prompt drawn in
 one `generate` call, so the harness can evaluate it at every n by subsampling one stored pool.
@@ -32,11 +33,14 @@ registry.py finds those modules by that line, imports them and reads the table (
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from metagen.decoding import capabilities as caps
 from metagen.sampling import SamplingParams
-from metagen.strategies.options import OptionField, check_value, check_work, config_fields, configure
+from metagen.strategies.options import Option, check_options, check_value, check_work, config_options, configure, \
+    option, reuse
+
+AGGREGATIONS = ("best", "majority", "weighted")  # how a tree search picks among its leaves (tree/leaves.py)
 
 
 @dataclass(frozen=True)
@@ -51,27 +55,43 @@ class StrategyOptions:
     the answer is the value at this path of a JSON output ("answer", "result.value"; instead of
     pattern), for voting over a field of a structured output.
 
-    Written by hand rather than derived from the configs because one option serves several
-    configs; its defaults are theirs (math True as in every voting config, step_delimiter "\\n"
-    as in StepConfig, where None is also allowed; tests/strategies/test_defaults.py keeps them
-    equal); each strategy's option takes its kind from here and reports this default, which is
-    what its runner passes."""
+    Declared here once because one option serves several configs: a config that has one reuses
+    this declaration (`shared`), so its kind, default and range are these (math True as in every
+    voting config; StepConfig declares its own step_delimiter, where None is also allowed, with
+    this default; tests/strategies/test_options.py keeps them equal); the runner passes these
+    values."""
 
-    pattern: str | None = None
-    math: bool = True
-    value: str | None = None
-    step_delimiter: str = "\n"
-    aggregation: str = "best"
-    answer_field: str | None = None
+    pattern: str | None = option(None, str, "answer regex (default: boxed / 'answer is' / last number)",
+                                 optional=True)
+    math: bool = option(True, bool, "compare answers with math-verify (0.5, 1/2 and \\frac{1}{2} are one "
+                        "answer); false: as strings")
+    value: str | None = option(None, str, "value guiding tree search / controlled decoding: steps | judge | "
+                               "prm:PATH | reward:URL | a value-head file | tests (best_of_n_value on code: the "
+                               "docstring examples passed)", optional=True)
+    step_delimiter: str = option("\n", str, "text that ends a reasoning step")
+    aggregation: str = option("best", str, "tree search: pick the leaf of best value, or vote over the leaves' "
+                              "answers (majority, value-weighted)", choices=AGGREGATIONS)
+    answer_field: str | None = option(None, str, "the answer is this field of a JSON output (e.g. 'answer' or "
+                                      "'result.value'), instead of pattern", optional=True)
 
     def __post_init__(self) -> None:
         from metagen.scoring.answers import check_answer_field
 
+        check_options(self)
         check_answer_field(self.pattern, self.answer_field)  # pattern: compiled by RE2 (linear-time matching)
 
 
-_SHARED_DEFAULTS = {field.name: field.default for field in fields(StrategyOptions)}  # options every runner reads
+SHARED = config_options(StrategyOptions)  # the options every runner reads, by name
+
+
+def shared(name: str):
+    """A config field declared by the shared option `name` of `StrategyOptions` (`options.reuse`)."""
+    return reuse(SHARED[name])
+
+
 DEFAULT_N = 8  # the budget when none is given
+BUDGET_HELP = {"samples": "the budget: samples drawn (or branches, for a search)",
+               "rounds": "the budget: rounds (attempts) at most", "none": "the budget: 1 (a single output)"}
 
 
 # values that score finished answers only: "tests" runs a code problem's program on its
@@ -112,7 +132,7 @@ class StrategySpec:
     why: str = ""  # why it needs them, added to a refusal
     constrains: bool = True  # honours params.structured_outputs on its outputs
     why_unconstrained: str = ""  # when it cannot: why, for the refusal
-    config: type | None = None  # its own config dataclass: its scalar fields are its options
+    config: type | None = None  # its own config dataclass: the options it declares are the strategy's
     set_by_run: frozenset[str] = frozenset({"n", "params"})  # config fields the runner sets (from n, the request)
     extracts: bool = False  # the runner extracts each candidate's answer itself (reads pattern, answer_field)
     defaults: tuple[tuple[str, object], ...] = ()  # its own defaults for config fields, over the config's
@@ -130,53 +150,55 @@ class StrategySpec:
         """Its config dataclass (a strategy module imports no torch, so the table stays light)."""
         return self.config
 
-    def fields(self) -> dict[str, OptionField]:
-        """Every option this strategy accepts, by name: `n` (its budget), the configurable fields
-        of its config dataclass that the runner does not set itself (`set_by_run`), and `value`
-        for a value-guided one (the value is an object, not a config field)."""
-        found = {"n": OptionField("n", int, False, 1 if self.budget == "none" else DEFAULT_N, (), sizes_work=True)}
+    def fields(self) -> dict[str, Option]:
+        """Every option this strategy accepts, by name: `n` (its budget), the options its config
+        dataclass declares that the runner does not set itself (`set_by_run`; a shared one as
+        `StrategyOptions` declares it), with the registry's `defaults`, and `value` for a
+        value-guided one (the value is an object, not a config field)."""
+        found = {"n": Option(int, 1 if self.budget == "none" else DEFAULT_N, BUDGET_HELP[self.budget], low=1,
+                             sizes_work=True, name="n")}
         config = self.config_class()
         if config is not None:
-            for name, field in config_fields(config).items():
-                if field.path[0] not in self.set_by_run:
-                    shared = config_fields(StrategyOptions).get(name)  # read from StrategyOptions: its type, default
-                    found[name] = field if shared is None else replace(shared, path=field.path)
+            for name, declared in config_options(config).items():
+                if declared.path[0] not in self.set_by_run:
+                    found[name] = declared if name not in SHARED else replace(SHARED[name], path=declared.path)
             for name, value in self.defaults:
                 found[name] = replace(found[name], default=value)
         if self.extracts:
-            shared = config_fields(StrategyOptions)
-            found.update({name: replace(shared[name], path=()) for name in ("pattern", "answer_field")})
+            found.update({name: SHARED[name] for name in ("pattern", "answer_field")})
         if self.uses_value:
-            found["value"] = replace(config_fields(StrategyOptions)["value"], path=())
+            found["value"] = SHARED["value"]
         return found
 
     def parse(self, given: Mapping[str, object], where: str = "", *, max_n: int | None = None,
               limit_name: str = "max_n") -> tuple[int, StrategyOptions, dict]:
         """(n, StrategyOptions, config overrides) from a mapping of option name -> value; ValueError
-        naming the field (prefixed by `where`, e.g. "metagen.") when it is unknown to this strategy,
-        of the wrong type, or out of range (the config dataclass's own checks). max_n: the bound
+        naming the option (prefixed by `where`, e.g. "metagen.") when it is unknown to this strategy,
+        of the wrong kind or out of its declared range (`options.check_value`), or refused by a
+        check between the config's fields. max_n: the bound
         on n and on every option that counts work (`options.check_work`; None: no bound), checked
         before anything is built; limit_name: how the message names it (a server's "--max-n")."""
         accepted = self.fields()
-        for name, value in given.items():
+        for name in given:
             if name not in accepted:
                 allowed = ", ".join(field.describe() for field in accepted.values())
                 raise ValueError(f"{where}{name} is not an option of strategy {self.name!r}; it accepts: {allowed}")
-            check_value(accepted[name], value, where + name)
-        if max_n is not None:
+        if max_n is not None:  # first: the bound the server sets says more than an option's own range
             check_work(accepted, given, max_n, where, limit_name)
+        for name, value in given.items():
+            check_value(accepted[name], value, where + name)
         n = given.get("n", accepted["n"].default)
         try:
             self.check_n(n)
         except ValueError as error:
             raise ValueError(f"{where}{error}") from None
-        shared = {name: value for name, value in given.items() if name in _SHARED_DEFAULTS}
-        overrides = {name: value for name, value in given.items() if name not in _SHARED_DEFAULTS and name != "n"}
+        shared = {name: value for name, value in given.items() if name in SHARED}
+        overrides = {name: value for name, value in given.items() if name not in SHARED and name != "n"}
         try:
             options = StrategyOptions(**shared)
             config = self.config_class()
             if config is not None:
-                present = {name for name in config_fields(config)}
+                present = config_options(config)
                 configure(config(), {**{k: v for k, v in shared.items() if k in present}, **overrides})
         except ValueError as error:
             raise ValueError(f"{where}{error}") from None

@@ -30,8 +30,8 @@ from metagen.decoding.result import Completion, GenerationResult, prefer_complet
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import check_answer_field, extract_answer
 from metagen.strategies import runners
-from metagen.strategies.options import configure, sizes_work
-from metagen.strategies.spec import StrategySpec, register
+from metagen.strategies.options import check_options, configure, option
+from metagen.strategies.spec import StrategySpec, register, shared
 
 if TYPE_CHECKING:
     import torch
@@ -46,18 +46,16 @@ class TokenwiseCDConfig:
     """n: samples drawn (rows decoded together); top_k: candidates valued per token; strength:
     λ; params: the sampling adapters forming p, max_tokens, stop strings and tokens."""
 
-    n: int = sizes_work(1)
-    top_k: int = sizes_work(8)
-    strength: float = 1.0
+    n: int = option(1, int, "samples drawn (rows decoded together)", low=1, sizes_work=True)
+    top_k: int = option(8, int, "candidate tokens valued per token", low=1, sizes_work=True)
+    strength: float = option(1.0, float, "λ, the weight of the value in p · exp(λ · V)")
     params: SamplingParams = SamplingParams(temperature=1.0, max_tokens=256)
-    pattern: str | None = None
-    answer_field: str | None = None  # the answer is this field of a JSON output (instead of pattern)
+    pattern: str | None = shared("pattern")
+    answer_field: str | None = shared("answer_field")  # the answer is this field of a JSON output (not pattern)
 
     def __post_init__(self) -> None:
+        check_options(self)
         check_answer_field(self.pattern, self.answer_field)
-        for name in ("n", "top_k"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} is out of range: must be >= 1")
 
 
 def tilted_choice(logprobs: torch.Tensor, values: torch.Tensor, strength: float,

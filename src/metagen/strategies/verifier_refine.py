@@ -27,8 +27,8 @@ from metagen.decoding.result import Completion, GenerationResult, prefer_complet
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, Verdict, Verifier, as_scorer, prompt_text
 from metagen.strategies import runners
-from metagen.strategies.options import configure, sizes_work
-from metagen.strategies.self_refine import chat_prompt, check_count, check_params, split_question
+from metagen.strategies.options import check_options, configure, option
+from metagen.strategies.self_refine import chat_prompt, check_params, split_question
 from metagen.strategies.spec import StrategySpec, register
 from metagen.strategies.templates import check_template
 
@@ -49,25 +49,19 @@ NO_FEEDBACK = "The attempt did not pass the check."
 
 @dataclass(frozen=True)
 class VerifierRefineConfig:
-    """initial_candidates: k samples of round 0; rounds: revision rounds at most (the budget R);
-    revisions_per_round: m samples drawn for each revised candidate; beam: b candidates revised
-    per round (the best so far); params: sampling of every call (its `n` is overridden);
-    revision_template: str.format template with fields {question}, {answer} and {feedback}
-    (the last two required).
-    """
+    """k, R, m, b of the module's formula and the revision template, declared with their fields;
+    params: sampling of every call (its `n` is overridden)."""
 
-    initial_candidates: int = sizes_work(4)
-    rounds: int = sizes_work(3)
-    revisions_per_round: int = sizes_work(4)
-    beam: int = sizes_work(1)
+    initial_candidates: int = option(4, int, "k, samples of round 0", low=1, sizes_work=True)
+    rounds: int = option(3, int, "revision rounds at most (the budget R)", low=0, sizes_work=True)
+    revisions_per_round: int = option(4, int, "m, samples drawn for each revised candidate", low=1, sizes_work=True)
+    beam: int = option(1, int, "b, candidates revised per round (the best so far)", low=1, sizes_work=True)
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
-    revision_template: str = REVISION_TEMPLATE
+    revision_template: str = option(REVISION_TEMPLATE, str, "the revision request: {question}, {answer} and "
+                                    "{feedback} (the last two required)")
 
     def __post_init__(self) -> None:
-        check_count("initial_candidates", self.initial_candidates, 1)
-        check_count("rounds", self.rounds, 0)
-        check_count("revisions_per_round", self.revisions_per_round, 1)
-        check_count("beam", self.beam, 1)
+        check_options(self)
         check_params("params", self.params)
         check_template("revision_template", self.revision_template, {"answer", "feedback"},
                        {"question", "answer", "feedback"})

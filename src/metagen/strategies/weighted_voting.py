@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from metagen.decoding.result import GenerationResult
-from metagen.sampling import SamplingParams
-from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
+from metagen.scoring.answers import AnswerExtractor, extract_answer
 from metagen.scoring.base import Scorer, as_scorer
 from metagen.scoring.logprob import mean_logprob
-from metagen.strategies.options import configure, sizes_work
+from metagen.strategies.options import configure, option
 from metagen.strategies.spec import CERTAINTY, StrategySpec, register
-from metagen.strategies.voting import sample_answers, tally, winner
+from metagen.strategies.voting import VotingConfig, sample_answers, tally, winner
 
 if TYPE_CHECKING:
     import torch
@@ -30,20 +29,10 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class WeightedVotingConfig:
-    """n, params, pattern, math: as in self-consistency; exp_scores: weight = exp(score)."""
+class WeightedVotingConfig(VotingConfig):
+    """`VotingConfig`, and exp_scores: weight = exp(score)."""
 
-    n: int = sizes_work(8)
-    params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
-    pattern: str | None = None
-    math: bool = True
-    exp_scores: bool = True
-    answer_field: str | None = None  # the answer is this field of a JSON output (instead of pattern)
-
-    def __post_init__(self) -> None:
-        check_answer_field(self.pattern, self.answer_field)
-        if self.n < 1:
-            raise ValueError(f"n={self.n} is out of range: must be >= 1")
+    exp_scores: bool = option(True, bool, "weight = exp(score) (log-probability scores); false: the score itself")
 
 
 def weighted_voting(

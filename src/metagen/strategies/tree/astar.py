@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 from metagen.decoding.result import GenerationResult
 from metagen.strategies import runners
-from metagen.strategies.options import sizes_work
+from metagen.strategies.options import option
 from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
-from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+from metagen.strategies.tree.leaves import TreeConfig, finish_search
 from metagen.strategies.tree.node import Node
 
 if TYPE_CHECKING:
@@ -37,21 +37,13 @@ EPSILON = 1e-6
 
 @dataclass(frozen=True)
 class AStarConfig(TreeConfig):
-    """expansions: children per popped node; max_expansions: budget of expanded pops;
-    solutions: finished pops that end the search; step_cost and logprob_weight (β): g's terms."""
+    """The branching and budget of the search and the terms of g (TreeConfig: the rest)."""
 
-    expansions: int = sizes_work(4)
-    max_expansions: int = sizes_work(16)
-    solutions: int = sizes_work(1)
-    step_cost: float = 0.0
-    logprob_weight: float = 0.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_positive(self, "expansions", "max_expansions", "solutions")
-        if self.step_cost < 0 or self.logprob_weight < 0:
-            raise ValueError(f"step_cost={self.step_cost} and logprob_weight={self.logprob_weight} "
-                             "must be >= 0 (costs, not rewards)")
+    expansions: int = option(4, int, "children per popped node", low=1, sizes_work=True)
+    max_expansions: int = option(16, int, "budget of pops that expand", low=1, sizes_work=True)
+    solutions: int = option(1, int, "finished pops that end the search", low=1, sizes_work=True)
+    step_cost: float = option(0.0, float, "g's cost per step (a cost, not a reward)", low=0)
+    logprob_weight: float = option(0.0, float, "β, g's weight of the path's -log p (a cost, not a reward)", low=0)
 
 
 def priority(node: Node, config: AStarConfig) -> float:

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from metagen.decoding.result import GenerationResult
 from metagen.strategies import runners
-from metagen.strategies.options import sizes_work
+from metagen.strategies.options import option
 from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
-from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+from metagen.strategies.tree.leaves import TreeConfig, finish_search
 from metagen.strategies.tree.node import StepConfig
 
 if TYPE_CHECKING:
@@ -32,17 +32,16 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class BlockwiseCDConfig(TreeConfig):
-    """blocks: K candidates per block; block_tokens: M; max_blocks: limit on kept blocks.
-    The steps are the blocks: `step` is derived (StepConfig(None, M)) and must not be given."""
+    """K, M and the limit on kept blocks (TreeConfig: the rest). The steps are the blocks: `step`
+    is derived (StepConfig(None, M)) and must not be given."""
 
-    step: StepConfig | None = None
-    blocks: int = sizes_work(4)
-    block_tokens: int = 16
-    max_blocks: int = sizes_work(64)
+    step: StepConfig | None = None  # not `nested`: derived from block_tokens
+    blocks: int = option(4, int, "K, candidate blocks per block", low=1, sizes_work=True)
+    block_tokens: int = option(16, int, "M, tokens per block", low=1)
+    max_blocks: int = option(64, int, "limit on kept blocks", low=1, sizes_work=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_positive(self, "blocks", "block_tokens", "max_blocks")
         blocks = StepConfig(delimiter=None, max_step_tokens=self.block_tokens)
         if self.step is not None and self.step != blocks:  # (dataclasses.replace passes the derived one back)
             raise ValueError(f"step={self.step} is given, but blockwise CD's steps are blocks of block_tokens "

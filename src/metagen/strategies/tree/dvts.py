@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 from metagen.decoding.result import GenerationResult
 from metagen.strategies import runners
-from metagen.strategies.options import sizes_work
+from metagen.strategies.options import option
 from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
-from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+from metagen.strategies.tree.leaves import TreeConfig, finish_search
 
 if TYPE_CHECKING:
     import torch
@@ -27,16 +27,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class DVTSConfig(TreeConfig):
-    """subtrees: independent searches; expansions: next steps sampled per subtree and depth;
-    max_steps: depth limit."""
+    """The subtrees, their branching and the depth limit (TreeConfig: the rest)."""
 
-    subtrees: int = sizes_work(4)
-    expansions: int = sizes_work(4)
-    max_steps: int = sizes_work(16)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_positive(self, "subtrees", "expansions", "max_steps")
+    subtrees: int = option(4, int, "independent searches", low=1, sizes_work=True)
+    expansions: int = option(4, int, "next steps sampled per subtree and depth", low=1, sizes_work=True)
+    max_steps: int = option(16, int, "depth limit in steps", low=1, sizes_work=True)
 
 
 def dvts(model, prompt: Prompt, value, config: DVTSConfig | None = None, *,

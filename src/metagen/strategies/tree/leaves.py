@@ -11,16 +11,15 @@ finished carries the constraint's verdict on its path as it stands.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from metagen.decoding.result import Completion, GenerationResult, prefer_complete
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import check_answer_field, extract_answer
+from metagen.strategies.options import check_options, nested
+from metagen.strategies.spec import shared
 from metagen.strategies.tree.node import Node, StepConfig
 from metagen.strategies.voting import tally, winner
-
-AGGREGATIONS = ("best", "majority", "weighted")
-
 
 @dataclass(frozen=True)
 class TreeConfig:
@@ -29,23 +28,15 @@ class TreeConfig:
     pattern / math: answer extraction and comparison for the votes."""
 
     params: SamplingParams = SamplingParams(temperature=0.8, max_tokens=256)
-    step: StepConfig = field(default_factory=StepConfig)
-    aggregation: str = "best"
-    pattern: str | None = None
-    math: bool = True
-    answer_field: str | None = None  # the answer is this field of a JSON output (instead of pattern)
+    step: StepConfig = nested(StepConfig)
+    aggregation: str = shared("aggregation")
+    pattern: str | None = shared("pattern")
+    math: bool = shared("math")
+    answer_field: str | None = shared("answer_field")  # the answer is this field of a JSON output (not pattern)
 
     def __post_init__(self) -> None:
+        check_options(self)  # every search's options: its own fields are declared beside them
         check_answer_field(self.pattern, self.answer_field)
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"aggregation={self.aggregation!r} is not known; choose from {', '.join(AGGREGATIONS)}")
-
-
-def _check_positive(config, *names: str) -> None:
-    for name in names:
-        value = getattr(config, name)
-        if value < 1:
-            raise ValueError(f"{name}={value} is out of range: must be >= 1")
 
 
 def candidate_of(node: Node, config: TreeConfig) -> Completion:

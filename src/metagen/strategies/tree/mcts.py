@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 from metagen.decoding.result import GenerationResult
 from metagen.strategies import runners
-from metagen.strategies.options import sizes_work
+from metagen.strategies.options import option
 from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
-from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+from metagen.strategies.tree.leaves import TreeConfig, finish_search
 from metagen.strategies.tree.node import Node
 
 if TYPE_CHECKING:
@@ -34,19 +34,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class MCTSConfig(TreeConfig):
-    """iterations: select-expand-backup rounds; expansions: children per expanded node;
-    exploration: c_uct; max_steps: depth limit (a node at it counts as finished)."""
+    """The rounds, branching, c_uct and depth limit of the search (TreeConfig: the rest)."""
 
-    iterations: int = sizes_work(8)
-    expansions: int = sizes_work(3)
-    exploration: float = 1.0
-    max_steps: int = sizes_work(16)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_positive(self, "iterations", "expansions", "max_steps")
-        if self.exploration < 0:
-            raise ValueError(f"exploration={self.exploration} is out of range: must be >= 0")
+    iterations: int = option(8, int, "select-expand-backup rounds", low=1, sizes_work=True)
+    expansions: int = option(3, int, "children per expanded node", low=1, sizes_work=True)
+    exploration: float = option(1.0, float, "c_uct, the weight of the exploration term", low=0)
+    max_steps: int = option(16, int, "depth limit in steps (a node at it counts as finished)", low=1, sizes_work=True)
 
 
 def mcts(model, prompt: Prompt, value, config: MCTSConfig | None = None, *,

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from metagen.strategies.options import check_options, option
+
 if TYPE_CHECKING:
     import torch
 
@@ -21,14 +23,14 @@ class StepConfig:
     max_step_tokens: a step longer than this ends there (it stays expandable); the solution
     ends at EOS / a stop token, a stop string, or params.max_tokens in total."""
 
-    delimiter: str | None = "\n"
-    max_step_tokens: int = 64
+    delimiter: str | None = option("\n", str, "text that ends a reasoning step (null: blocks of max_step_tokens)",
+                                   optional=True, name="step_delimiter")
+    max_step_tokens: int = option(64, int, "a step longer than this many tokens ends there", low=1)
 
     def __post_init__(self) -> None:
+        check_options(self)
         if self.delimiter == "":
-            raise ValueError("delimiter is empty: give the text that ends a step, e.g. '\\n'")
-        if self.max_step_tokens < 1:
-            raise ValueError(f"max_step_tokens={self.max_step_tokens} is out of range: must be >= 1")
+            raise ValueError("step_delimiter='' is empty: give the text that ends a step, e.g. '\\n'")
 
 
 @dataclass(eq=False)

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 from metagen.decoding.result import GenerationResult
 from metagen.strategies import runners
-from metagen.strategies.options import sizes_work
+from metagen.strategies.options import option
 from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
-from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+from metagen.strategies.tree.leaves import TreeConfig, finish_search
 
 if TYPE_CHECKING:
     import torch
@@ -34,17 +34,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ParticleFilterConfig(TreeConfig):
-    """particles: N; temperature: T of the resampling weights; max_steps: depth limit."""
+    """The particles N, the resampling temperature T and the depth limit (TreeConfig: the rest)."""
 
-    particles: int = sizes_work(8)
-    temperature: float = 0.1
-    max_steps: int = sizes_work(16)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_positive(self, "particles", "max_steps")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature={self.temperature} is out of range: must be > 0")
+    particles: int = option(8, int, "particles N", low=1, sizes_work=True)
+    temperature: float = option(0.1, float, "T of the resampling weights exp(V / T)", above=0)
+    max_steps: int = option(16, int, "depth limit in steps", low=1, sizes_work=True)
 
 
 def resampling_weights(values: list[float], temperature: float) -> torch.Tensor:

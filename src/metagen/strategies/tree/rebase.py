@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from metagen.decoding.result import GenerationResult
 from metagen.strategies import runners
-from metagen.strategies.options import sizes_work
+from metagen.strategies.options import option
 from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
-from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+from metagen.strategies.tree.leaves import TreeConfig, finish_search
 
 if TYPE_CHECKING:
     import torch
@@ -31,18 +31,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RebaseConfig(TreeConfig):
-    """width: total budget B (solutions wanted); temperature: T of the balancing softmax;
-    max_steps: depth limit."""
+    """The budget B, the balancing temperature T and the depth limit (TreeConfig: the rest)."""
 
-    width: int = sizes_work(8)
-    temperature: float = 0.2
-    max_steps: int = sizes_work(16)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_positive(self, "width", "max_steps")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature={self.temperature} is out of range: must be > 0")
+    width: int = option(8, int, "total budget B of children (solutions wanted)", low=1, sizes_work=True)
+    temperature: float = option(0.2, float, "T of the softmax sharing the budget by value", above=0)
+    max_steps: int = option(16, int, "depth limit in steps", low=1, sizes_work=True)
 
 
 def rebase_allocation(rewards: Sequence[float], budget: int, temperature: float) -> list[int]:

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 from metagen.decoding.result import GenerationResult
 from metagen.strategies import runners
 from metagen.strategies.best_of_n import best_by_tests
-from metagen.strategies.options import sizes_work
+from metagen.strategies.options import option
 from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
-from metagen.strategies.tree.leaves import TreeConfig, _check_positive, finish_search
+from metagen.strategies.tree.leaves import TreeConfig, finish_search
 
 if TYPE_CHECKING:
     import torch
@@ -31,16 +31,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class StepBeamConfig(TreeConfig):
-    """beam_width: nodes kept per depth (and solutions wanted); expansions: next steps sampled
-    per kept node; max_steps: depth limit."""
+    """The beam's width and branching, and the depth limit (TreeConfig: the rest)."""
 
-    beam_width: int = sizes_work(4)
-    expansions: int = sizes_work(4)
-    max_steps: int = sizes_work(16)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_positive(self, "beam_width", "expansions", "max_steps")
+    beam_width: int = option(4, int, "nodes kept per depth (and solutions wanted)", low=1, sizes_work=True)
+    expansions: int = option(4, int, "next steps sampled per kept node", low=1, sizes_work=True)
+    max_steps: int = option(16, int, "depth limit in steps", low=1, sizes_work=True)
 
 
 def step_beam_search(model, prompt: Prompt, value, config: StepBeamConfig | None = None, *,
