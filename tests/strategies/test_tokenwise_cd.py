@@ -145,3 +145,16 @@ def test_stop_strings_do_not_decode_the_whole_row_per_token(one_thread):
     result = tokenwise_cd(model, [BOS], FunctionValue(last_token_value), config, rng=torch.Generator().manual_seed(0))
     assert len(result.chosen.token_ids) == 400
     assert model.tokenizer.decoded_ids < 20 * 400  # re-decoding the row each token reads ~80000 ids
+
+
+def test_refuses_a_batch_of_candidates_that_cannot_fit(monkeypatch):
+    """Each forward runs n·top_k candidate rows: the memory check counts them, naming the options.
+    A toy row holds 6 copies of 5 float32 logits (120 bytes, no cache): 1000 bytes fit 8 rows."""
+    monkeypatch.setattr("metagen.decoding.memory.available_memory", lambda: 1000)
+    value = FunctionValue(last_token_value)
+    params = SamplingParams(temperature=1.0, max_tokens=2)
+    with pytest.raises(ValueError, match=r"n·top_k=20 is too large .* use n·top_k <= 8"):
+        tokenwise_cd(ToyModel(), [BOS], value, TokenwiseCDConfig(n=4, top_k=5, params=params))
+    result = tokenwise_cd(ToyModel(), [BOS], value, TokenwiseCDConfig(n=2, top_k=4, params=params),
+                          rng=torch.Generator().manual_seed(0))  # 8 rows fit
+    assert len(result.completions) == 2

@@ -1,8 +1,8 @@
 """`RowBatch`: one request's rows decoding together — its set-up and the one "drop finished rows".
 
-Every loop that samples a request's `params.n` rows (the sampling loop, jump-forward,
-speculative decoding, the serving engine) starts and shrinks its rows here, as nano-vllm's
-scheduler works over one `Sequence` type:
+Every loop that decodes rows (the sampling loop, jump-forward, speculative decoding, the serving
+engine, beam search, tokenwise controlled decoding, the tree expander) starts and shrinks its
+rows here, as nano-vllm's scheduler works over one `Sequence` type:
 
     batch = RowBatch.start(model, prompt_ids, params, ...)  # stop rules → generator → memory check
                                                             #   → request chain → one Row per completion
@@ -17,8 +17,16 @@ scheduler works over one `Sequence` type:
 a request's `RowBatch` has no cache of its own (`cache=None`): the engine selects the shared
 cache's rows once per step for every request, and `keep` moves the request's chain and rows.
 
+The loops whose rows are not n plain samples use the same pieces: beam search and tokenwise
+controlled decoding are set up by `start` (`forward_rows=` / `what=`: the memory check of the
+rows they really forward, 2·width candidates or n·top_k, naming the option that sizes them);
+tokenwise CD keeps the chosen candidate's cache row with `keep(indices, cache_rows=)`; the tree
+expander builds a batch of its children's forked rows (`rows=`) and drops the rows whose step
+ended with `keep`. Beam search ranks and forks its candidates itself (the candidates are not a
+subset of the live rows).
+
 The batch also opens and closes the request's `Cost` (`prefill_cost`, `finish_cost`); the loop
-adds each forward it runs in between, so the code that spends it counts it.
+adds each forward it runs in between (`cost.forward_cost`), so the code that spends it counts it.
 
 Cost: `keep` is O(B) plus the cache's and the processors' own `select` (O(B) page-table ints for
 the paged cache, a gather of each processor's per-row state).
@@ -32,7 +40,7 @@ import time
 
 import torch
 
-from metagen.decoding.cost import Cost, forward_flops
+from metagen.decoding.cost import Cost, prefill_cost
 from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompt_cache import PromptCache
 from metagen.decoding.prompts import Prompt, encode_prompt
@@ -54,30 +62,39 @@ class RowBatch:
     """
 
     def __init__(self, model, prompt_ids: list[int], params: SamplingParams, rules: StopRules, chain: SamplerChain,
-                 generator: torch.Generator | None, *, healed: str = "") -> None:
+                 generator: torch.Generator | None, *, healed: str = "", rows: list[Row] | None = None,
+                 cache=None) -> None:
+        """`rows`: rows already under way, one per chain row (the tree expander's children, each
+        forked from its parent's row); None: `params.n` fresh rows. `cache`: the cache the rows
+        decode in, when the batch owns it from the start (else `prefill` sets it)."""
         self.model, self.prompt_ids, self.params, self.rules = model, prompt_ids, params, rules
         self.chain, self.generator, self.healed = chain, generator, healed
-        self.rows = [Row(model.tokenizer, prompt_ids, rules, want_top=bool(params.logprobs), skip_text=healed)
-                     for _ in range(params.n)]
-        self.active = list(range(params.n))
-        self.cache = None
+        if rows is None:
+            rows = [Row(model.tokenizer, prompt_ids, rules, want_top=bool(params.logprobs), skip_text=healed)
+                    for _ in range(params.n)]
+        self.rows = rows
+        self.active = list(range(len(rows)))
+        self.cache = cache
         self.prompt_reused = False  # the prefill took the prompt from a PromptCache
         self.followers: list = []
 
     @classmethod
     def start(cls, model, prompt_ids: list[int], params: SamplingParams, processors: Sequence[LogitsProcessor] = (),
               *, healed: str = "", generator: torch.Generator | None = None, rows_in_use: int = 0,
-              positions: int = 1) -> RowBatch:
+              positions: int = 1, forward_rows: int | None = None, what: str = "n") -> RowBatch:
         """Set up a request of `params.n` rows: its stop rules (ValueError when the prompt leaves
         no room), its generator (`generator`, else `params.seed`'s, else fresh OS entropy; torch's
-        global RNG is left alone), the memory check of `rows_in_use + n` rows scoring `positions`
-        tokens at a time (before any per-row state is allocated), its sampler chain
+        global RNG is left alone), the memory check of `rows_in_use + forward_rows` rows scoring
+        `positions` tokens at a time (before any per-row state is allocated; `forward_rows`: the
+        rows each forward runs, n by default — beam search's 2·width candidates, tokenwise CD's
+        n·top_k — and `what` the option named when they cannot fit), its sampler chain
         (`request_chain`: `processors` first, each with its state after the prompt for one row)
         and one `Row` per completion."""
         rules = StopRules.from_params(params, model, len(prompt_ids))
         if generator is None:
             generator = params.make_generator()
-        check_batch_fits(model, rows_in_use + params.n, rules.max_new_tokens, positions)
+        forward_rows = params.n if forward_rows is None else forward_rows
+        check_batch_fits(model, rows_in_use + forward_rows, rules.max_new_tokens, positions, what=what)
         chain = request_chain(params, model, prompt_ids, params.n, processors, healed=healed)
         return cls(model, prompt_ids, params, rules, chain, generator, healed=healed)
 
@@ -118,12 +135,8 @@ class RowBatch:
         """The `Cost` of the prefill just run: one model call computing the prompt once (the
         other n − 1 rows reuse it through the forked cache), its FLOPs, and one target step per
         row (each row's first token comes from it); a prompt taken from a `PromptCache` is
-        reused by all n rows, with no model call and no FLOPs."""
-        length, n = len(self.prompt_ids), self.params.n
-        if self.prompt_reused:
-            return Cost(prompt_tokens_reused=length * n, target_steps=n)
-        return Cost(model_calls=1, prompt_tokens_computed=length, prompt_tokens_reused=length * (n - 1),
-                    flops=forward_flops(self.model, 0, length), target_steps=n)
+        reused by all n rows, with no model call and no FLOPs (`cost.prefill_cost`)."""
+        return prefill_cost(self.model, len(self.prompt_ids), self.params.n, reused=self.prompt_reused)
 
     def finish_cost(self, result, started: float) -> None:
         """Close `result.cost` when the rows are done: the tokens they generated and the wall
@@ -144,13 +157,18 @@ class RowBatch:
         """The live rows that have not finished, in order."""
         return [b for b, index in enumerate(self.active) if not self.rows[index].finished]
 
-    def keep(self, indices: list[int]) -> None:
+    def keep(self, indices: list[int], *, cache_rows: list[int] | None = None) -> None:
         """Live row i becomes old live row `indices[i]` (`indices`: increasing, non-empty; the
         rows left out leave): the cache (when the batch owns one), the chain, the followers and
-        `active` move together. A no-op when every row stays."""
+        `active` move together. A no-op when every row stays. `cache_rows`: the cache row live
+        row i continues in, when the cache holds other rows than the live ones (tokenwise CD's
+        k candidate rows per live row: the chosen candidate's); the cache is then selected even
+        when every row stays."""
+        if cache_rows is not None and self.cache is not None:
+            self.cache.select(cache_rows)
         if len(indices) == len(self.active):  # increasing: all of them, in order
             return
-        if self.cache is not None:
+        if self.cache is not None and cache_rows is None:
             self.cache.select(indices)
         self.chain.select(torch.tensor(indices, dtype=torch.long))
         for follower in self.followers:

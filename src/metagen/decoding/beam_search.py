@@ -10,9 +10,12 @@ best possible normalized score is bounded over every length it can still reach
 (`_best_reachable`): for α > 0 at `max_tokens` (logp / L^α grows with L for logp < 0), for α ≤ 0
 at its current length.
 Cost per step: one batched forward of `width` rows plus O(width·V) for the top-k. The result's
-`Cost` counts the prefill (one model call, the prompt computed once, its FLOPs), one model call
-and the FLOPs of each search step, and the tokens generated; it counts no target steps (a beam
-step is not a draw of one row's next token, the quantity speculative decoding compares against).
+`Cost` counts the prefill (`RowBatch.prefill_cost`: one model call, the prompt computed once, its
+FLOPs, one target step for its one row), each search step's forward (`cost.forward_cost`: one
+model call, its FLOPs, one target step per live beam — each beam's next token is drawn from it,
+see `Cost.target_steps`) and the tokens generated. The set-up is every loop's
+(`RowBatch.start`: stop rules, sampler chain, the prompt's `Row`, and the memory check of the
+2·width candidates a step ranks, naming `width`).
 
 Diverse beam search (Vijayakumar et al. 2018; `groups` G > 1): the width is split into G
 groups of width/G beams that advance in turn each step, group g ranking its candidates by
@@ -61,15 +64,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from metagen.decoding.batch import RowBatch
 from metagen.decoding.beam_diversity import DIVERSITY_KINDS, StepSelections
-from metagen.decoding.cost import Cost, forward_flops
-from metagen.decoding.memory import check_batch_fits
+from metagen.decoding.cost import Cost, forward_cost
 from metagen.decoding.prompts import Prompt, encode_prompt
 from metagen.decoding.records import TokenRecord
-from metagen.decoding.request import request_chain
 from metagen.decoding.result import Completion, GenerationResult
 from metagen.decoding.rows import Row
-from metagen.decoding.stop_rules import StopRules
 from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
 
 if TYPE_CHECKING:
@@ -143,8 +144,8 @@ class BeamSearchConfig:
 
     def sampling_params(self) -> SamplingParams:
         """The `SamplingParams` of the fields beam search shares with sampling (their checks, the
-        constraint compiled once; ValueError names the field)."""
-        return SamplingParams(stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
+        constraint compiled once; ValueError names the field): one row of `max_tokens`."""
+        return SamplingParams(max_tokens=self.max_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
                               structured_outputs=self.structured_outputs, response_format=self.response_format)
 
 
@@ -181,20 +182,15 @@ def beam_search(
     started = time.perf_counter()
     config = config or BeamSearchConfig()
     prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
-    rules = StopRules.create(model, len(prompt_ids), max_tokens=config.max_tokens, stop=config.stop,
-                             stop_token_ids=config.stop_token_ids, ignore_eos=config.ignore_eos)
-    check_batch_fits(model, 2 * config.width, rules.max_new_tokens, what="width")  # 2·width candidates per step
-    params = config.sampling_params()
-    beams = _Beams(model, config, Row(model.tokenizer, prompt_ids, rules),
-                   request_chain(params, model, prompt_ids, 1, processors))
-    cost = Cost(model_calls=1, prompt_tokens_computed=len(prompt_ids),  # the prefill
-                flops=forward_flops(model, 0, len(prompt_ids)))
-    cache, out = model.prefill(prompt_ids)
+    # The prompt's one row, set up as every loop's; 2·width candidates per step in the memory check.
+    batch = RowBatch.start(model, prompt_ids, config.sampling_params(), processors, generator=generator,
+                           forward_rows=2 * config.width, what="width")
+    beams = _Beams(model, config, batch.rows[0], batch.chain)
+    cache, out = batch.prefill()
+    cost = batch.prefill_cost()
     prefill_seconds = time.perf_counter() - started
-    if config.stochastic:
-        if generator is None:  # fresh OS entropy, as every other loop without a seed
-            generator = params.make_generator()
-        ranked = _stochastic_search(model, cache, out, config, beams, generator, cost, len(prompt_ids))
+    if config.stochastic:  # without a generator, fresh OS entropy (`RowBatch.start`)
+        ranked = _stochastic_search(model, cache, out, config, beams, batch.generator, cost, len(prompt_ids))
     else:
         ranked = _search(model, cache, out, config, beams, cost, len(prompt_ids))
     cost.wall_seconds = time.perf_counter() - started
@@ -277,12 +273,6 @@ def _hypothesis(row: Row, score: float, complete: bool | None = None) -> Complet
 def _ranked(hypotheses: list[Completion], n_best: int) -> list[Completion]:
     """The n_best hypotheses, complete ones first, each group by score (best first)."""
     return sorted(hypotheses, key=lambda h: (h.complete is not False, h.score), reverse=True)[:n_best]
-
-
-def _step_cost(cost: Cost, model, position: int, rows: int) -> None:
-    """Count one search forward of `rows` beams, each feeding one token at `position`."""
-    cost.model_calls += 1
-    cost.flops += rows * forward_flops(model, position, 1)
 
 
 def _best_reachable(logprob: float, length: int, longest: int, alpha: float) -> float:
@@ -387,7 +377,7 @@ def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams, cost: Co
         if next_rows[0].finished:  # max_tokens / the context: every live beam has as many tokens
             break
         cache.select(parents)
-        _step_cost(cost, model, position + step - 1, len(kept))
+        cost += forward_cost(model, [position + step - 1] * len(kept))  # one target step per live beam
         out = model.forward(cache, [[token] for token in tokens])
     hypotheses = [hypothesis for group in finished for hypothesis in group]
     for b, (row, total) in enumerate(zip(beams.rows, sums.tolist())):
@@ -450,7 +440,7 @@ def _stochastic_search(
         phis = tempered[parent_index, token_index]
         keys = torch.tensor(next_keys)
         cache.select(parent_index.tolist())
-        _step_cost(cost, model, position, len(kept))
+        cost += forward_cost(model, [position] * len(kept))  # one target step per live beam
         position += 1
         out = model.forward(cache, [[t] for t in token_index.tolist()])
     return _ranked(finished, config.n_best)

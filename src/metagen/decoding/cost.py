@@ -2,10 +2,18 @@
 
 Strategies add the costs of every model call they make (their own, their scorers' and their
 verifiers'), so accuracy can be drawn against compute for any of them.
+
+Every decoding loop counts its model's forwards with the two functions here (the sampling and
+speculative loops, beam search, tokenwise controlled decoding, the tree expander, the serving
+engine's calls), so a forward means the same in all of them:
+
+    cost += prefill_cost(model, len(prompt_ids), n)            # the prompt once, forked into n rows
+    cost += forward_cost(model, cache_lengths, fed_per_row)    # each decode / verification forward
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 
@@ -25,8 +33,15 @@ class Cost:
     draft_tokens: speculative decoding: draft tokens proposed to the target.
     accepted_tokens: draft tokens the verification accepted (a row that stops on EOS or a stop
         string inside an accepted draft emits fewer of them).
-    target_steps: target forwards that produced tokens, counted per row (the prefill and each
-        verification; plain decoding takes one per generated token).
+    target_steps: target forwards that produced tokens, counted per row: a forward counts one for
+        each row it gives the distribution that row's next token is taken from (the prefill for
+        each of the n rows it is forked into, each decode step, each verification). Plain
+        decoding takes one per generated token; speculative decoding fewer. Beam search counts one
+        per live beam per step (the prefill's one row included): each beam's next token — its
+        candidates' extensions — is drawn from that forward's logits, so `block_efficiency` is
+        the tokens it committed per beam-step. Tokenwise controlled decoding and the tree
+        expander feed every drawn token and count the forward that feeds it (each of the k
+        candidate rows in tokenwise CD), not their prefill: generated_tokens == target_steps.
     scorer_flops: the part of `flops` spent by scorers and value models (PRMs, value heads,
         judges) inside search strategies (None when unknown, like `flops`).
     """
@@ -81,6 +96,34 @@ class Cost:
 def _add(a, b):
     """a + b, None when either is unknown."""
     return None if a is None or b is None else a + b
+
+
+def forward_cost(model, starts: Sequence[int], counts: int | Sequence[int] = 1, *, produced: bool = True) -> Cost:
+    """The `Cost` of one model forward over len(starts) rows, row b feeding `counts[b]` tokens (or
+    `counts` for every row) at positions starts[b], starts[b] + 1, ...: one model call, FLOPs
+    Σ_b forward_flops(model, starts[b], counts[b]) and, when the forward `produced` each row's
+    next token (its logits are what the row's next token is drawn from), one target step per
+    row (see `Cost.target_steps`). O(rows)."""
+    counts = [counts] * len(starts) if isinstance(counts, int) else counts
+    if len(counts) != len(starts):
+        raise ValueError(f"counts has {len(counts)} entries for {len(starts)} rows: one per row")
+    flops = sum((forward_flops(model, start, count) for start, count in zip(starts, counts)), 0.0)
+    return Cost(model_calls=1, flops=flops, target_steps=len(starts) if produced else 0)
+
+
+def prefill_cost(model, length: int, rows: int = 1, *, reused: bool = False, produced: bool = True) -> Cost:
+    """The `Cost` of a prompt of `length` tokens prefilled once and forked into `rows` rows: one
+    forward of the prompt (`forward_cost` of `length` tokens at position 0), the prompt computed
+    once and reused by the other rows − 1, and, when `produced`, one target step per row (each
+    row's first token is drawn from it). `reused`: the prompt's keys and values came from a
+    cache (`PromptCache`): no model call, no FLOPs, all `rows` copies reused."""
+    steps = rows if produced else 0
+    if reused:
+        return Cost(prompt_tokens_reused=length * rows, target_steps=steps)
+    cost = forward_cost(model, [0], length, produced=False)
+    cost.prompt_tokens_computed, cost.prompt_tokens_reused = length, length * (rows - 1)
+    cost.target_steps = steps
+    return cost
 
 
 def forward_flops(model, start: int, count: int) -> float:

@@ -20,9 +20,9 @@ draft token). Two kinds of drafter: the models and n-gram tables of `metagen.spe
 here with draw verification: jump-forward is this loop.
 
 Cost: the loop fills `result.cost` as it spends it — the prefill (`RowBatch.prefill_cost`) plus
-the drafter's prefill FLOPs, per step the drafter's calls and FLOPs, one model call, the FLOPs of
-every token fed (`forward_flops` of each row's 1 + γ_b tokens at its position, the tokens a
-verification left included) and one target step per row. Draft tokens proposed and accepted go
+the drafter's prefill FLOPs, per step the drafter's calls and FLOPs and the target forward
+(`cost.forward_cost`: one model call, the FLOPs of each row's 1 + γ_b tokens at its position,
+the tokens a verification left included, and one target step per row). Draft tokens proposed and accepted go
 to `cost.draft_tokens` / `cost.accepted_tokens`; a forced drafter's taken tokens go to
 `GenerationResult.forced_tokens` instead (they are the constraint's text, not a speculation).
 """
@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator
 
 from metagen.decoding.batch import RowBatch
-from metagen.decoding.cost import forward_flops
+from metagen.decoding.cost import forward_cost
 from metagen.decoding.draw_verify import DrawVerification
 from metagen.decoding.drafts import Draft, Drafter, DraftSchedule, Verification
 from metagen.decoding.prompt_cache import PromptCache
@@ -74,12 +74,11 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
                    for index in active]
         draft = drafter.propose(row_contexts, lengths, chain, generator)
         check_draft(draft, lengths, model.vocab_size, drafter.name)
-        cost.model_calls += draft.calls + 1
+        cost.model_calls += draft.calls
         cost.flops += draft.flops
         before = cache.lengths
         feed = [[context[-1]] + draft.tokens[b] for b, context in enumerate(row_contexts)]
-        cost.flops += sum(forward_flops(model, before[b], len(tokens)) for b, tokens in enumerate(feed))
-        cost.target_steps += len(feed)
+        cost += forward_cost(model, before, [len(tokens) for tokens in feed])
         logits = model.forward(cache, feed, logits="all").logits  # (B, 1 + longest draft, V)
         outcomes = yield from verification.verify(batch, logits, draft)
         for b, (index, proposed, (tau, token)) in enumerate(zip(active, draft.tokens, outcomes)):

@@ -19,9 +19,10 @@ a point-mass draft (`jump_forward.ForcedRunDrafter`) kept while plain decoding's
 it (`draw_verify`): the law of this loop (for one row, its seeded tokens), in fewer forwards.
 `GenerationResult.forced_tokens` counts the run tokens taken.
 
-Cost: the loop fills `result.cost` as it spends it — the prompt computed once and reused by the
-n − 1 forked rows, one model call per forward, FLOPs per forward (`forward_flops` of each row's
-fed tokens at its position), one target step per row and forward, generated tokens, wall time.
+Cost: the loop fills `result.cost` as it spends it — the prefill (`RowBatch.prefill_cost`: the
+prompt computed once and reused by the n − 1 forked rows) and each forward (`cost.forward_cost`:
+one model call, the FLOPs of each row's fed token at its position, one target step per row),
+then generated tokens and wall time.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from metagen.decoding.batch import RowBatch
-from metagen.decoding.cost import forward_flops
+from metagen.decoding.cost import forward_cost
 from metagen.decoding.draft_loop import draft_stream
 from metagen.decoding.draw_verify import DrawVerification
 from metagen.decoding.jump_forward import ForcedRunDrafter
@@ -102,9 +103,7 @@ def stream(
         if not keep:
             break
         batch.keep(keep)
-        cost.flops += len(keep) * forward_flops(model, position, 1)  # rows are all at one position
-        cost.model_calls += 1
-        cost.target_steps += len(keep)
+        cost += forward_cost(model, [position] * len(keep))  # rows are all at one position
         position += 1
         logits = model.forward(cache, torch.tensor([chosen[b] for b in keep])[:, None]).logits  # (B, V)
     result.decode_seconds = time.perf_counter() - decode_start

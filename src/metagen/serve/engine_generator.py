@@ -38,7 +38,7 @@ import time
 import torch
 
 from metagen.decoding import capabilities as caps
-from metagen.decoding.cost import Cost, forward_flops
+from metagen.decoding.cost import Cost, forward_cost, prefill_cost
 from metagen.decoding.generator import ModelGenerator
 from metagen.decoding.prompts import Prompt, encode_prompt
 from metagen.decoding.result import GenerationResult
@@ -136,14 +136,8 @@ class EngineGenerator(ModelGenerator):
             self.prompt_tokens += len(ids)
             self.completion_tokens += generated
             self.requests += 1
-        flops = forward_flops(self.model, 0, len(ids))
-        for completion in completions:
-            flops += forward_flops(self.model, len(ids), max(len(completion.token_ids) - 1, 0))
-        longest = max((len(c.token_ids) for c in completions), default=0)
-        cost = Cost(model_calls=max(longest, 1),  # prefill + decode steps
-                    prompt_tokens_computed=len(ids), prompt_tokens_reused=len(ids) * (len(completions) - 1),
-                    generated_tokens=generated, flops=flops, wall_seconds=time.perf_counter() - start,
-                    target_steps=generated)
+        cost = engine_cost(self.model, len(ids), [len(c.token_ids) for c in completions])
+        cost.generated_tokens, cost.wall_seconds = generated, time.perf_counter() - start
         return GenerationResult(completions, ids, cost)
 
     def _groups(self, params: SamplingParams, rng: torch.Generator | None) -> list[tuple[SamplingParams, object]]:
@@ -182,3 +176,16 @@ class EngineGenerator(ModelGenerator):
 
         emit.finished, emit.ended = finished, ended
         return emit
+
+
+def engine_cost(model, prompt_length: int, lengths: list[int]) -> Cost:
+    """The forwards the engine ran for rows of `lengths` tokens after a prompt of `prompt_length`,
+    counted as the sampling loop counts its own: the prefill forked into the rows
+    (`cost.prefill_cost`), then decode step t = 1 .. longest − 1 (`cost.forward_cost`) feeding
+    position prompt_length + t − 1 of every row longer than t (a row of L tokens is fed its
+    first L − 1). O(longest · rows)."""
+    cost = prefill_cost(model, prompt_length, len(lengths))
+    for step in range(1, max(lengths, default=0)):
+        going = sum(length > step for length in lengths)
+        cost += forward_cost(model, [prompt_length + step - 1] * going)
+    return cost

@@ -8,13 +8,17 @@ p is the model's distribution after the logits processors (penalties, temperatur
 constraint, ...). One step for B rows: fork every row into its k candidates (page-table copies),
 run the B·k candidates through the model in one forward with hidden states, value them in one
 batched call, draw one per row, and keep that candidate's row — its forward already gave the
-next distribution, so the chosen token is never run twice. The loop is its own (not
-`decoding.batch.RowBatch`, whose rows are n samples of one request): it keeps the live rows'
-completion indices itself and selects the cache and the chain at each step. The processors' state needs no k-fold
-fork: each row accepts its chosen token, which is the state of the kept candidate's row. Stops,
-records and text are the shared per-row bookkeeping (`decoding.rows`). Cost per token: k
-forwarded rows instead of 1, plus k values; Cost.generated_tokens counts all k candidates (what
-was computed), not only the kept token.
+next distribution, so the chosen token is never run twice. The rows are a `decoding.batch.RowBatch`
+of n rows: set up by `RowBatch.start` (stop rules, sampler chain, rows, and the memory check of
+the n·top_k rows each forward runs, naming them), prefilled by `RowBatch.prefill`, and shrunk by
+`RowBatch.keep(live rows, cache_rows=the chosen candidates' rows)`, the one "drop finished rows"
+(the cache keeps each live row's chosen candidate, the chain and `active` follow). The
+processors' state needs no k-fold fork: each row accepts its chosen token, which is the state of
+the kept candidate's row. Stops, records and text are the shared per-row bookkeeping
+(`decoding.rows`). Cost per token: k forwarded rows instead of 1, plus k values; each forward is
+`cost.forward_cost` of the B·k candidate rows (a target step each: every drawn token is fed, and
+the prefill counts none), and Cost.generated_tokens counts all k candidates (what was computed),
+not only the kept token.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
-from metagen.decoding.cost import Cost, forward_flops
 from metagen.decoding.result import Completion, GenerationResult, prefer_complete
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import check_answer_field, extract_answer
@@ -74,28 +77,26 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
     value is chosen. `processors`: extra logits processors forming p (constraints), as in `stream`."""
     import torch  # here: importing the config imports no torch
 
+    from metagen.decoding.batch import RowBatch
+    from metagen.decoding.cost import forward_cost, prefill_cost
     from metagen.decoding.prompts import encode_prompt
     from metagen.decoding.records import token_records
-    from metagen.decoding.request import refuse_token_healing, request_chain
-    from metagen.decoding.rows import Row
-    from metagen.decoding.stop_rules import StopRules
+    from metagen.decoding.request import refuse_token_healing
 
     config = config or TokenwiseCDConfig()
-    params = config.params
-    refuse_token_healing(params, "tokenwise controlled decoding")
+    refuse_token_healing(config.params, "tokenwise controlled decoding")
     prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
-    rules = StopRules.from_params(params, model, len(prompt_ids))
-    chain = request_chain(params, model, prompt_ids, config.n, processors)
-    generator = rng if rng is not None else params.make_generator()
-    start = time.perf_counter()
-    cache, out = model.prefill(prompt_ids, batch_size=config.n)
-    cost = Cost(model_calls=1, prompt_tokens_computed=len(prompt_ids),
-                prompt_tokens_reused=len(prompt_ids) * (config.n - 1), flops=forward_flops(model, 0, len(prompt_ids)))
-    rows = [Row(model.tokenizer, prompt_ids, rules) for _ in range(config.n)]
-    row_values: list[float | None] = [None] * config.n
-    active, logits = list(range(config.n)), out.logits  # (B, V)
     k = min(config.top_k, model.vocab_size)
-    while active:
+    batch = RowBatch.start(model, prompt_ids, replace(config.params, n=config.n), processors, generator=rng,
+                           forward_rows=config.n * k, what="n·top_k")  # each forward runs n·k candidate rows
+    chain, generator, rows = batch.chain, batch.generator, batch.rows
+    start = time.perf_counter()
+    cache, out = batch.prefill()
+    cost = prefill_cost(model, len(prompt_ids), config.n, produced=False)  # target steps: the fed candidates
+    row_values: list[float | None] = [None] * config.n
+    logits = out.logits  # (B, V)
+    while True:
+        active = batch.active
         processed = torch.log_softmax(chain.process(logits), dim=-1)  # log p after the processors
         top = torch.topk(processed, k, dim=-1)  # (B, k); -inf entries carry weight 0
         b_count = len(active)
@@ -106,11 +107,9 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
         scored = value.values(prompt_ids, continuations, out.hidden)
         scored.cost.scorer_flops = scored.cost.flops
         cost += scored.cost
-        cost.model_calls += 1
-        cost.generated_tokens += b_count * k  # every candidate is run and valued, not only the kept one
-        cost.target_steps += b_count * k
         lengths = [len(prompt_ids) + len(rows[i].completion.token_ids) for i in active]
-        cost += Cost(flops=sum(forward_flops(model, length, 1) for length in lengths) * k)  # None stays None
+        cost += forward_cost(model, [length for length in lengths for _ in range(k)])  # the B·k candidate rows
+        cost.generated_tokens += b_count * k  # every candidate is run and valued, not only the kept one
         # each candidate extends its row's cached prefix, which valuing [x, y, z] from scratch would recompute
         cost.prompt_tokens_reused += k * sum(lengths)
         values = torch.tensor(scored.values).view(b_count, k)
@@ -121,20 +120,15 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
         tilted = torch.full_like(processed, float("-inf")).scatter_(
             1, top.indices, top.values + config.strength * values.to(processed.dtype))
         records = token_records(logits, tokens, tilted)
-        keep, chosen_rows = [], []
         for b, (index, token) in enumerate(zip(active, tokens.tolist())):
-            c = int(choice[b])
-            rows[index].push(token, records[b], chain.stop_verdict(b))
-            row_values[index] = float(values[b, c])
-            if not rows[index].finished:
-                keep.append(b)
-                chosen_rows.append(b * k + c)
+            batch.push(b, token, records[b])
+            row_values[index] = float(values[b, int(choice[b])])
+        keep = batch.live()
         if not keep:  # every row ended (a processor's state has no empty batch)
             break
-        cache.select(chosen_rows)
-        chain.select(torch.tensor(keep, dtype=torch.long))
+        chosen_rows = [b * k + int(choice[b]) for b in keep]  # the kept rows' chosen candidates
+        batch.keep(keep, cache_rows=chosen_rows)
         logits = out.logits[chosen_rows]
-        active = [active[b] for b in keep]
     cost.wall_seconds = time.perf_counter() - start
     candidates = [_candidate(row, score, config) for row, score in zip(rows, row_values)]
     best = max(prefer_complete(candidates), key=lambda c: c.score)  # never a cut output over a complete one

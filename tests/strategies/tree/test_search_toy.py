@@ -217,3 +217,15 @@ def test_penalties_follow_each_path(one_thread):
     while not node.finished:
         node = expander.expand([node], [1])[0][0]
     assert node.path_ids() == plain.token_ids and len(set(plain.token_ids)) > 2
+
+
+def test_expander_refuses_children_that_cannot_fit(monkeypatch):
+    """An expansion forwards one row per open child: the memory check counts them before the cache
+    is restored, naming n (the budget that sizes a search's expansions). A toy row holds 6 copies
+    of 5 float32 logits (120 bytes, no cache): 1000 bytes fit 8 rows."""
+    monkeypatch.setattr("metagen.decoding.memory.available_memory", lambda: 1000)
+    expander = StepExpander(ToyModel(), PROMPT, PARAMS, TOKEN_STEPS, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"n=12 is too large .* use n <= 8"):
+        expander.expand([expander.root], [12])
+    assert expander.cost.model_calls == 1  # nothing ran: only the root's prefill
+    assert len(expander.expand([expander.root], [8])[0]) == 8

@@ -14,8 +14,18 @@ constraint follow the path). Expanding nodes never re-prefills a prefix:
     V     = value(children)                                          # one batched call
 
 Every sampled token is fed to the model once (the step's last token too, which gives the child's
-logits and hidden state). Cost: the prompt is computed once; each child counts its parent's
-length (prompt + path) as reused — what a naive implementation would recompute.
+logits and hidden state). The rows are the shared machinery: the root is set up by
+`RowBatch.start` (stop rules, generator, sampler chain, the prompt's `Row`); an expansion is a
+`RowBatch` of the children's rows (`rows=`, each forked from its parent's), checked to fit in
+memory first (`check_batch_fits` of the open children, naming n: every search sizes its
+expansions by its budget n), and the rows whose step ended leave through `RowBatch.keep` (the
+cache, the chain and `active` together) once their node holds a snapshot.
+
+Cost: the prompt is computed once (`cost.prefill_cost`); each decode step is
+`cost.forward_cost` of the open rows (one model call, each row's fed token at its position, a
+target step per row: every drawn token is fed, so generated_tokens == target_steps and the
+prefill counts none); each child counts its parent's length (prompt + path) as reused — what a
+naive implementation would recompute.
 """
 
 from __future__ import annotations
@@ -25,12 +35,13 @@ from collections.abc import Sequence
 
 import torch
 
-from metagen.decoding.cost import Cost, forward_flops
+from metagen.decoding.batch import RowBatch
+from metagen.decoding.cost import Cost, forward_cost, prefill_cost
+from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompts import Prompt, encode_prompt
 from metagen.decoding.records import token_records
-from metagen.decoding.request import refuse_token_healing, request_chain
+from metagen.decoding.request import refuse_token_healing
 from metagen.decoding.rows import Row
-from metagen.decoding.stop_rules import StopRules
 from metagen.sampling import LogitsProcessor, SamplerChain, SamplingParams
 from metagen.strategies.tree.node import Node, StepConfig
 
@@ -56,8 +67,8 @@ class StepExpander:
         if params.n != 1:
             raise ValueError(f"params.n={params.n}: tree search sets its own branching; leave n=1")
         refuse_token_healing(params, "tree search (StepExpander)")
-        self.rules = StopRules.from_params(params, model, len(self.prompt_ids))
-        self.generator = generator if generator is not None else params.make_generator()
+        root = RowBatch.start(model, self.prompt_ids, params, processors, generator=generator)  # the prompt's row
+        self.rules, self.generator = root.rules, root.generator
         self.cost = Cost()
         start = time.perf_counter()
         self.cache = model.new_cache(1)
@@ -65,11 +76,9 @@ class StepExpander:
             out = model.forward(self.cache, torch.tensor([self.prompt_ids]), hidden=self._needs_hidden)
         length = len(self.prompt_ids)
         self.root = Node(None, [], 0, length, self.cache.snapshot(0), out.logits[0],
-                         out.hidden[0] if self._needs_hidden else None,
-                         row=Row(model.tokenizer, self.prompt_ids, self.rules),
-                         sampler=request_chain(params, model, self.prompt_ids, 1, processors))
-        self.cost += Cost(model_calls=1, prompt_tokens_computed=length, flops=forward_flops(model, 0, length),
-                          wall_seconds=time.perf_counter() - start)
+                         out.hidden[0] if self._needs_hidden else None, row=root.rows[0], sampler=root.chain)
+        self.cost += prefill_cost(model, length, produced=False)  # target steps: the fed tokens
+        self.cost.wall_seconds += time.perf_counter() - start
         if value is not None:
             self.score([self.root])
 
@@ -91,33 +100,34 @@ class StepExpander:
         owner = [i for i, c in enumerate(counts) for _ in range(c)]
         if not origin:
             return produced
+        check_batch_fits(self.model, len(origin), min(self.step.max_step_tokens, self.rules.max_new_tokens))
         self.cache.restore([p.snapshot for p in origin])
-        chain = SamplerChain.concat([p.sampler for p in origin])
+        # The open children: each forks its parent's row; the chain and cache rows are the parents'.
+        batch = RowBatch(self.model, self.prompt_ids, self.params, self.rules,
+                         SamplerChain.concat([p.sampler for p in origin]), self.generator,
+                         rows=[p.row.fork() for p in origin], cache=self.cache)
         self.cost.prompt_tokens_reused += sum(p.length for p in origin)
         logits = torch.stack([p.logits for p in origin])  # (B, V)
-        rows = [p.row.fork() for p in origin]
         step_texts = ["" for _ in origin]
-        active = list(range(len(origin)))  # child index of each cache row
         new_nodes: list[Node] = []
-        decode_flops = 0.0  # added once, after the loop: a value of unknown cost makes cost.flops None
-        while active:
+        while True:
+            chain, active = batch.chain, batch.active  # active: the child index of each cache row
             processed = chain.process(logits)
             tokens = chain.choose(processed, self.generator)  # (B,)
             chain.accept(tokens)
             records = token_records(logits, tokens, None if chain.greedy else processed)
             with torch.no_grad():
                 out = self.model.forward(self.cache, tokens[:, None], hidden=self._needs_hidden)
-            self.cost.model_calls += 1
             self.cost.generated_tokens += len(active)
-            self.cost.target_steps += len(active)
             keep: list[int] = []
+            fed: list[int] = []  # the position of each row's token in this forward
             for b, (child, token) in enumerate(zip(active, tokens.tolist())):
-                parent, row = origin[child], rows[child]
-                row.push(token, records[b], chain.stop_verdict(b))
+                parent, row = origin[child], batch.rows[child]
+                batch.push(b, token, records[b])
                 step_texts[child] += row.decoded
                 step_length = len(row.completion.token_ids) - len(parent.row.completion.token_ids)
                 length = parent.length + step_length
-                decode_flops += forward_flops(self.model, length - 1, 1)
+                fed.append(length - 1)
                 if not self._step_ends(row, step_texts[child], step_length):
                     keep.append(b)
                     continue
@@ -129,16 +139,11 @@ class StepExpander:
                 produced[owner[child]].append(node)
                 parent.children.append(node)
                 new_nodes.append(node)
+            self.cost += forward_cost(self.model, fed)
             if not keep:  # every row's step ended (a processor's state has no empty batch)
                 break
-            if len(keep) < len(active):
-                self.cache.select(keep)
-                chain.select(torch.tensor(keep, dtype=torch.long))
-                active = [active[b] for b in keep]
-                logits = out.logits[keep]
-            else:
-                logits = out.logits
-        self.cost += Cost(flops=decode_flops)
+            logits = out.logits[keep] if len(keep) < len(active) else out.logits
+            batch.keep(keep)  # the children made leave: cache, chain and `active` together
         self.cost.wall_seconds += time.perf_counter() - start
         if self.value is not None:
             self.score(new_nodes)
