@@ -211,7 +211,9 @@ class Replies(Generator):
         self.template = template
 
     def source_model(self):
-        return None if self.template is None else SimpleNamespace(tokenizer=SimpleNamespace(chat_template=self.template))
+        # a model built in memory (`LanguageModel.source` "") whose tokenizer has this template
+        return None if self.template is None else SimpleNamespace(
+            tokenizer=SimpleNamespace(chat_template=self.template), source="")
 
     def generate(self, prompt, params, *, generator=None):
         self.calls.append((prompt, params))

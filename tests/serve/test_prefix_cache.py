@@ -15,6 +15,7 @@ import pytest
 
 from metagen.decoding.prompts import encode_prompt
 from metagen.models.base import LanguageModel
+from metagen.models.kgram import KGramModel
 from metagen.sampling import SamplingParams
 from metagen.serve.engine import DoneEvent, Engine, ServeRequest, TokenEvent
 
@@ -230,13 +231,21 @@ def test_cache_memory_is_checked(model_fp32):
     assert Engine(model_fp32, cache_memory=0).prefix_cache is None
 
 
+def test_a_model_whose_cache_cannot_share_slots_is_refused_the_prefix_cache():
+    kgram = KGramModel.train(["ab", "ba"], k=2, max_context=16)
+    with pytest.raises(ValueError, match=r"--cache-memory: the prefix cache needs a cache whose slots can be shared "
+                                         r"\(a PagedCache\), and this model's cache \(KGramCache\) is not one"):
+        Engine(kgram, cache_memory=1 << 20)
+    assert Engine(kgram).prefix_cache is None  # the default: no prefix cache where none can be kept
+
+
 class Unsized(LanguageModel):
     """The embedded model behind a `LanguageModel` that does not say its KV bytes per token."""
 
     name = "unsized"
 
     def __init__(self, body) -> None:
-        self.body, self.tokenizer, self.paged_cache = body, body.tokenizer, body.paged_cache
+        self.body, self.tokenizer = body, body.tokenizer
 
     vocab_size = property(lambda self: self.body.vocab_size)
     max_context = property(lambda self: self.body.max_context)

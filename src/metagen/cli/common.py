@@ -38,4 +38,4 @@ def load_model(args: argparse.Namespace):
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    return load(args.model, args.dtype, kv_dtype=getattr(args, "kv_dtype", None))
+    return load(args.model, args.dtype, kv_dtype=args.kv_dtype)

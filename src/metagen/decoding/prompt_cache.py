@@ -19,9 +19,9 @@ A hit costs length · layers slot copies and no forward; its `Cost` counts the p
 (`RowBatch.prefill_cost`). Memory: one prompt's keys and values (`model.kv_bytes_per_token` per
 token) for as long as the generator lives.
 
-Only caches that can copy a prefix from another cache (`KVCache.copy_prefix`: metagen's own
-decoder models) take part; any other model is prefilled as usual and nothing is kept. A sliding
-window takes part too: a prefill in one forward releases nothing (a windowed cache releases
+Only caches that can copy a prefix from another cache (a `PagedCache`, whose `copy_prefix` does:
+metagen's own decoder models) take part; any other model is prefilled as usual and nothing is
+kept. A sliding window takes part too: a prefill in one forward releases nothing (a windowed cache releases
 positions when a row grows past them), so the stored prompt is whole, and the copy releases its
 old positions as its rows grow, as a fresh prefill's cache would.
 """
@@ -31,8 +31,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from metagen.models.base import ForwardOutput, fork_rows
-from metagen.models.cache import KVCache
+from metagen.models.base import ForwardOutput, PagedCache, fork_rows
 
 __all__ = ["PromptCache"]
 
@@ -43,7 +42,7 @@ class PromptCache:
     stored, is only read, and a miss replaces it whole."""
 
     def __init__(self) -> None:
-        self._entry: tuple[object, tuple[int, ...], KVCache, object] | None = None  # model, ids, cache, logits (1, V)
+        self._entry: tuple[object, tuple[int, ...], PagedCache, object] | None = None  # model, ids, cache, logits (1, V)
         self._lock = threading.Lock()  # guards the counters
         self.hits = 0
         self.misses = 0
@@ -65,14 +64,14 @@ class PromptCache:
         keeper, out = model.prefill(ids)
         with self._lock:
             self.misses += 1
-        if not isinstance(keeper, KVCache):  # nothing to copy from: use it as is
+        if not isinstance(keeper, PagedCache):  # nothing to copy from: use it as is
             return *fork_rows(keeper, out, batch_size), False
         logits = out.logits.clone()  # (1, V)
         self._entry = (model, ids, keeper, logits)
         return *_copy(model, keeper, logits, batch_size), False
 
 
-def _copy(model, keeper: KVCache, logits, batch_size: int) -> tuple[KVCache, ForwardOutput]:
+def _copy(model, keeper: PagedCache, logits, batch_size: int) -> tuple[PagedCache, ForwardOutput]:
     """A new cache holding `keeper`'s one row, forked into `batch_size` rows, and the output of
     its prefill (`logits (1, V)`, no new tokens computed)."""
     cache = model.new_cache(1)

@@ -62,6 +62,12 @@ class Completion:
     score: float | None = None
     answer: str | None = None
 
+    def past_text(self) -> str | None:
+        """The sampled tokens' text beyond `text` (a stop string cut from it, with the rest of its
+        token), or None when not known: here, where `stop_reason` says what ended the row; a
+        server's completion (`remote.responses.RemoteCompletion`) reads it from its token texts."""
+        return None
+
     @property
     def cumulative_logprob(self) -> float:
         """log p(sequence) under the model: the sum of `logprobs`."""

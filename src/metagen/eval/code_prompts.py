@@ -39,7 +39,7 @@ def chat_applies(generator) -> bool:
     if generator.chat is not None:
         return bool(generator.chat)
     source = generator.source_model()
-    return getattr(getattr(source, "tokenizer", None), "chat_template", None) is not None
+    return source is not None and source.tokenizer.chat_template is not None
 
 
 def resolve_mode(mode: str, generator) -> str:

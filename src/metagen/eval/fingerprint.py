@@ -94,7 +94,7 @@ def model_identity(model) -> dict:
     when it has one, else by name and class only."""
     config = getattr(model, "config", None)
     name = getattr(config, "name", None) or getattr(model, "name", None) or type(model).__name__
-    source = str(getattr(model, "source", "") or "")
+    source = model.source
     weights = weights_digest(source)
     recorded_class = _RECORDED_CLASS_NAMES.get(type(model).__name__, type(model).__name__)
     return {"name": str(name), "class": recorded_class, "dtype": str(getattr(model, "dtype", None)),

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from metagen.models import checks
+from metagen.models.base import PagedCache
 
 # KV dtype names (the `kv_dtype` option of `load` and --kv-dtype) -> the pools' element type.
 KV_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
@@ -116,7 +117,7 @@ class RowSnapshot:
         return self.start + int(self.slots.size)
 
 
-class KVCache:
+class KVCache(PagedCache):
     """Key/value cache for a batch of rows over `num_layers` layers.
 
     Shapes: pools `(S, 2, KVH, D)` per layer in `dtype` (torch.float32, torch.bfloat16 or

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from metagen.models import checks
-from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode
+from metagen.models.base import DepthTruncatable, ForwardOutput, LanguageModel, LogitsMode
 from metagen.models.cache import DEFAULT_KV_DTYPE, KV_DTYPES, KVCache, check_kv_dtype, token_bytes
 from metagen.models.config import ModelConfig
 from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, LayerWeights, Ops, decoder_layer
@@ -49,8 +49,8 @@ FUSED_ATTENTION_MAX_KEYS = 1 << 22
 FUSED_MAX_NEW_TOKENS = 16
 
 
-class DecoderModel(LanguageModel):
-    """Pre-norm decoder over a paged `KVCache` (any family of `models/families/`).
+class DecoderModel(LanguageModel, DepthTruncatable):
+    """Pre-norm decoder over a paged `KVCache` (a `PagedCache`; any family of `models/families/`).
 
     `dtype` names the weight format ("fp32", "bf16", "int8", "int4", "auto"). Matmul inputs and
     outputs are in the matmul dtype: float32 when every linear takes float32 at full precision
@@ -63,11 +63,9 @@ class DecoderModel(LanguageModel):
     float32 when attention reads them.
 
     Beyond `LanguageModel`: `hidden_states` (final hidden states without the LM head),
-    `logits_from_hidden`, `truncated(L)` (the first L layers as a model sharing every weight) and
-    `linears()` (every linear with its name, for weight accounting).
+    `logits_from_hidden`, `truncated(L)` (the first L layers as a model sharing every weight:
+    `DepthTruncatable`) and `linears()` (every linear with its name, for weight accounting).
     """
-
-    paged_cache = True
 
     def __init__(
         self,

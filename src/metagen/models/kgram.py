@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from metagen.models import checks
-from metagen.models.base import ForwardOutput, LanguageModel
+from metagen.models.base import Cache, ForwardOutput, LanguageModel
 
 EOS_PIECE = "</s>"
 _START = -1  # context padding; never a token id
@@ -77,7 +77,7 @@ class KGramSnapshot:
         self.released = False
 
 
-class KGramCache:
+class KGramCache(Cache):
     """Rows of token lists with the cache operations decoders use (select, fork, truncate,
     snapshots) and the same argument checks as `KVCache` (ints in range, own snapshots only)."""
 
@@ -91,6 +91,9 @@ class KGramCache:
     @property
     def lengths(self) -> list[int]:
         return [len(row) for row in self.rows]
+
+    def length(self, row: int) -> int:
+        return len(self.rows[checks.row("row", row, self.batch_size)])
 
     def select(self, indices: Sequence[int]) -> None:
         self.rows = [list(self.rows[i]) for i in checks.rows("indices", indices, self.batch_size).tolist()]
@@ -115,6 +118,9 @@ class KGramCache:
     def release(self, snapshot: KGramSnapshot) -> None:
         checks.snapshot("snapshot", snapshot, self, KGramSnapshot)
         snapshot.released = True
+
+    def reset(self, batch_size: int = 1) -> None:
+        self.rows = [[] for _ in range(checks.bounded("batch_size", batch_size, 0))]
 
 
 class KGramModel(LanguageModel):

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from metagen.models import checks
-from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode
+from metagen.models.base import Cache, ForwardOutput, LanguageModel, LogitsMode
 from metagen.models.cache import token_bytes
 from metagen.models.decoder import _check_integer_ids, _row_ids
 
@@ -54,7 +54,7 @@ class TransformersSnapshot:
         self.released = False
 
 
-class TransformersCache:
+class TransformersCache(Cache):
     """Rows of one batched transformers `DynamicCache` with the `KVCache` row operations (and its
     argument checks: ints in range, snapshots only from this cache).
 
@@ -62,6 +62,10 @@ class TransformersCache:
     """
 
     def __init__(self, batch_size: int) -> None:
+        self.reset(batch_size)
+
+    def reset(self, batch_size: int = 1) -> None:
+        """Drop every row: `batch_size` (an int >= 0) empty rows and no keys or values."""
         batch_size = checks.bounded("batch_size", batch_size, 0)
         self.past = None  # transformers DynamicCache, made at the first forward or restore
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool)  # (B, W)
@@ -74,6 +78,9 @@ class TransformersCache:
     @property
     def lengths(self) -> list[int]:
         return self._lengths.tolist()
+
+    def length(self, row: int) -> int:
+        return int(self._lengths[checks.row("row", row, self.batch_size)])
 
     @property
     def width(self) -> int:

@@ -45,6 +45,14 @@ class RemoteCompletion(Completion):
     tokens: list[str] | None = None
     top_logprob_texts: list[dict[str, float]] | None = None
 
+    def past_text(self) -> str | None:
+        """The sampled tokens' text beyond the returned text (the stop string the server cut,
+        with the rest of its token), or None when the tokens' text is not known (no logprobs,
+        or vLLM's "token_id:<id>" form)."""
+        if self.tokens is None or any(token.startswith(TOKEN_ID_PREFIX) for token in self.tokens):
+            return None
+        return "".join(self.tokens)[len(self.text):]
+
 
 def token_id(token: str) -> int | None:
     """The id in vLLM's "token_id:<id>" form, else None."""
@@ -55,20 +63,10 @@ def token_id(token: str) -> int | None:
     return None
 
 
-def past_text(completion) -> str | None:
-    """The sampled tokens' text beyond the returned text (the stop string the server cut, with
-    the rest of its token), or None when the tokens' text is not known (no logprobs, or vLLM's
-    "token_id:<id>" form)."""
-    tokens = getattr(completion, "tokens", None)
-    if tokens is None or any(token.startswith(TOKEN_ID_PREFIX) for token in tokens):
-        return None
-    return "".join(tokens)[len(completion.text):]
-
-
 def stop_from_tokens(completion, stops) -> str | None:
     """The stop string in `stops` that the tokens' text beyond the returned text starts with;
     None when nothing is beyond it (EOS) or the tokens' text is unknown."""
-    beyond = past_text(completion)
+    beyond = completion.past_text()
     return next((stop for stop in stops if beyond and beyond.startswith(stop)), None)
 
 

@@ -111,6 +111,10 @@ class ProcessRewardModel(ABC):
         """`score_steps` of each solution; a PRM that scores several in one forward overrides it."""
         return [self.score_steps(prompt, steps) for steps in solutions]
 
+    def close(self) -> None:
+        """Release what the PRM holds outside the process (a served one's connections); nothing
+        for one that holds nothing."""
+
 
 def aggregate(scores: Sequence[float], how: str) -> float:
     """One number from per-step scores: last, min, prod or mean (an empty list scores 1)."""

@@ -145,7 +145,7 @@ class CheckpointPRM(ProcessRewardModel):
                                  f"encodes to {len(pair)} tokens in {path}, not 2")
             self.candidates = pair  # [good, bad]
         else:
-            labels = getattr(self.model.config, "num_labels", 2)
+            labels = self.model.config.num_labels  # every transformers PretrainedConfig has it
             if labels != 2:
                 raise ValueError(f"value=prm-qwen:{path} has num_labels={labels}; a Qwen-style PRM needs 2 (bad, good)")
             if not self.tokenizer.chat_template:
@@ -190,8 +190,9 @@ class CheckpointPRM(ProcessRewardModel):
                 ids[b, :len(encoded[i])] = torch.tensor(encoded[i])
                 mask[b, :len(encoded[i])] = 1
             with torch.inference_mode():
-                output = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
-            logits = (output.logits if hasattr(output, "logits") else output[0]).float()  # (B, T, V) or (B, T, 2)
+                output = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                    return_dict=True)  # a ModelOutput, whatever the config says
+            logits = output.logits.float()  # (B, T, V) or (B, T, 2)
             for b, i in enumerate(rows):
                 at = logits[b, positions[i]]  # (k, V) or (k, 2)
                 if self.kind == SHEPHERD:
@@ -230,7 +231,7 @@ def load_prm(spec: str) -> ProcessRewardModel:
 def release_prms() -> None:
     """Drop the PRM `load_prm` holds (a served one's connections closed)."""
     for prm in _loaded.values():
-        getattr(prm, "close", lambda: None)()
+        prm.close()
     _loaded.clear()
 
 

@@ -34,7 +34,7 @@ def model_identity(model) -> dict[str, str]:
         "hidden_size": str(getattr(config, "hidden_size", "")),
         "num_hidden_layers": str(getattr(config, "num_hidden_layers", "")),
         "vocab_size": str(model.vocab_size),
-        "source": Path(str(getattr(model, "source", "") or "")).name,
+        "source": Path(model.source).name,
         "dtype": str(getattr(model, "dtype", "")),
     }
 

@@ -18,7 +18,8 @@
                  strategy_request.py (the `metagen` strategy and its options)
     responses.py completions, chat completions and their stream chunks (OpenAI's shapes)
     metrics.py   Prometheus text of the engine's (or the proxy's) counters
-    local.py     LocalBackend: the engine behind the app (and the backend interface)
+    backend.py   Backend: the contract the app is written over (and BackendJob, a request's job)
+    local.py     LocalBackend: the engine behind the app
     proxy.py     ProxyBackend: remote OpenAI-compatible servers behind the app (--backend)
     app.py       the FastAPI application over a backend (fastapi / uvicorn: the `serve` extra):
                  http.py (its ServerState, the API-key dependency), routers.py (health, models,

@@ -10,7 +10,7 @@
 One router per endpoint group — health, info (models, metrics) and tokenizer in routers.py,
 generation in generation.py — each reading the application's `ServerState` (http.py) from
 `app.state.server`; every router but health's has the API-key check as its dependency. The
-handlers are written once over a backend (local.py lists its interface): `LocalBackend`, the
+handlers are written once over a `Backend` (backend.py declares it): `LocalBackend`, the
 engine thread over a local model, or `ProxyBackend` (proxy.py), remote servers through the
 remote generator (`metagen serve --backend URL...`). Plain requests are jobs the backend runs,
 answered from their events; strategies run on a worker thread over the backend's strategy
@@ -33,6 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from metagen.serve import metrics, routers
+from metagen.serve.backend import Backend
 from metagen.serve.body import DEFAULT_MAX_N, APIError
 from metagen.serve.generation import router as generation
 from metagen.serve.http import ServerState
@@ -68,7 +69,7 @@ class _CountRequests:
             self.counter.add(getattr(route, "path", None) or "other", status)
 
 
-def create_app(backend, *, api_key: str | None = None, lenient: bool = False,
+def create_app(backend: Backend, *, api_key: str | None = None, lenient: bool = False,
                max_body_bytes: int = MAX_BODY_BYTES, request_timeout: float | None = None,
                max_n: int = DEFAULT_MAX_N) -> FastAPI:
     """The application over `backend` (a `LocalBackend` over a started engine, or a `ProxyBackend`);

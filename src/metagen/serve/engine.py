@@ -41,6 +41,7 @@ import queue
 import threading
 import time
 
+from metagen.models.base import PagedCache
 from metagen.models.prefix_cache import PrefixCache
 from metagen.serve.chunked_prefill import ChunkedPrefill
 from metagen.serve.model_runner import ModelRunner
@@ -97,12 +98,13 @@ class Engine:
 
     def _make_prefix_cache(self, cache_memory: int | None) -> PrefixCache | None:
         cache = self._cache
-        can_share = self.model.paged_cache
+        can_share = isinstance(cache, PagedCache)
         if cache_memory == 0 or (cache_memory is None and not can_share):
             return None
         if not can_share:
-            raise ValueError(f"--cache-memory: the prefix cache needs the paged KV cache, and this model's cache "
-                             f"({type(cache).__name__}) cannot share slots; use --cache-memory 0")
+            raise ValueError(f"--cache-memory: the prefix cache needs a cache whose slots can be shared (a "
+                             f"PagedCache), and this model's cache ({type(cache).__name__}) is not one; use "
+                             f"--cache-memory 0")
         budget = DEFAULT_CACHE_MEMORY if cache_memory is None else cache_memory
         return PrefixCache(budget // self.model.kv_bytes_per_token, cache.share, cache.release)
 

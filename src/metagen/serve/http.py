@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from metagen.serve import metrics
+from metagen.serve.backend import Backend
 from metagen.serve.body import APIError, check_json_content_type, load_body
 
 
@@ -17,7 +18,8 @@ from metagen.serve.body import APIError, check_json_content_type, load_body
 class ServerState:
     """One application's settings and shared objects (`create_app`'s arguments).
 
-    backend: a `LocalBackend` or a `ProxyBackend` (local.py lists the interface); api_key: the
+    backend: the `Backend` (backend.py) requests are served over, a `LocalBackend` or a
+    `ProxyBackend`; api_key: the
     bearer token every endpoint but /health needs (None: none); lenient: ignore unknown fields;
     max_body_bytes: the largest request body; request_timeout: seconds a request may take from
     its arrival (None: no limit); max_n: the bound on n and on every strategy option that counts
@@ -25,7 +27,7 @@ class ServerState:
     run on.
     """
 
-    backend: object
+    backend: Backend
     api_key: str | None
     lenient: bool
     max_body_bytes: int

@@ -1,27 +1,10 @@
-"""The local model behind the app: `LocalBackend`, one of the two backends `create_app` serves.
+"""The local model behind the app: `LocalBackend`, one of the two `Backend`s `create_app` serves.
 
-A backend is what differs between `metagen serve` and `metagen serve --backend URL...`; the
-HTTP handling (app.py) is written once over it:
-
-    served_name, max_rows        the model id clients send; most completions per request
-    model, texts                 the LanguageModel and its TokenTexts (None in proxy mode)
-    check(parsed)                refusals of this backend (APIError) before a request starts
-    submit(parsed, emit, timeout) start a plain request; returns its job (a `ServeRequest`
-                                 here, a `ProxyRequest` there: `completions`, `prompt_records`,
-                                 `cached_tokens`, `cancel()`), which emits TokenEvents, then
-                                 one DoneEvent
-    strategy_generator(chat, timeout) a Generator for one strategy run, with usage tallies
-                                 (prompt_tokens, completion_tokens, requests) and cancel()
-    failure(error, params)       the APIError answering an exception of submit or a strategy
-                                 (params: the request's, for the field a refusal is about)
-    await health()               (status code, body) of /health
-    model_cards()                the entries of /v1/models
-    await tokenize(body), await detokenize(body)
-    metrics(counter)             /metrics text
-    close()
-
-Here an `Engine` thread runs the model (engine.py) and strategies run over an `EngineGenerator`.
-The proxy backend (proxy.py) forwards to remote servers instead.
+A backend is what differs between `metagen serve` and `metagen serve --backend URL...`; its
+contract is the `Backend` protocol (backend.py), over which the HTTP handling (app.py) is written
+once. Here an `Engine` thread runs the model (engine.py), a plain request's job is its
+`ServeRequest`, and strategies run over an `EngineGenerator`. The proxy backend (proxy.py)
+forwards to remote servers instead.
 """
 
 from __future__ import annotations
@@ -29,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from metagen.serve import metrics
+from metagen.serve.backend import Backend
 from metagen.serve.body import APIError, check_model, only
 from metagen.serve.chat_request import parse_chat
 from metagen.serve.requests import EngineStoppedError, ParsedRequest, QueueFullError, RequestTooLargeError, ServeRequest
@@ -37,7 +21,7 @@ from metagen.serve.responses import TokenTexts
 RETRY_AFTER_SECONDS = 1
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     """`model` served by a started `engine` (see the module docstring)."""
 
     def __init__(self, model, engine, served_name: str | None = None) -> None:

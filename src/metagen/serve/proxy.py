@@ -1,6 +1,6 @@
 """Proxy mode (`metagen serve --backend URL [URL ...]`): remote OpenAI-compatible servers behind the app.
 
-`ProxyBackend` is the other backend of `create_app` (local.py lists the interface): no local
+`ProxyBackend` is the other `Backend` of `create_app` (backend.py declares the contract): no local
 model; a `FleetGenerator` over every URL (one URL too: one code path, with its health checks and
 per-endpoint counts) sends the requests. The servers are probed at start (FleetUnavailableError
 when none answers), so what they honour is known before the first request.
@@ -42,6 +42,7 @@ from metagen.remote import FleetUnavailableError, InvalidRequestError, ServerErr
 from metagen.remote.streaming import stream, stream_request
 from metagen.sampling import SamplingParams
 from metagen.serve import metrics
+from metagen.serve.backend import Backend
 from metagen.serve.body import APIError, check_model, only
 from metagen.serve.request_fields import field_named
 from metagen.serve.requests import DoneEvent, EngineStats, Lifetime, ParsedRequest, TokenEvent
@@ -108,7 +109,7 @@ class ProxyRequest(Lifetime):
     cached_tokens = 0  # the backends' count is in the DoneEvent's usage
 
 
-class ProxyBackend:
+class ProxyBackend(Backend):
     """The app's backend over `remote` (a probed `FleetGenerator`): see the module docstring.
 
     served_name: the model id clients send (default: the id the backends serve); max_rows: most

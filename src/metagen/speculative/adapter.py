@@ -174,10 +174,6 @@ class AdaptedExitModel(LanguageModel):
     def kv_bytes_per_token(self) -> int:
         return self.body.kv_bytes_per_token
 
-    @property
-    def paged_cache(self) -> bool:
-        return self.body.paged_cache
-
     def flops_per_token(self, context_length: int) -> float:
         return self.body.flops_per_token(context_length) + 2.0 * self.adapter.num_parameters
 

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from metagen.decoding.cost import forward_flops
 from metagen.decoding.drafts import Draft, Drafter
+from metagen.models.base import PagedCache
 
 __all__ = ["Draft", "Drafter", "ModelDrafter"]  # the protocol lives with the loop (decoding.drafts)
 
@@ -73,13 +74,14 @@ class ModelDrafter(Drafter):
         self._committed = [len(head)] * batch_size
 
     def _copy_prompt(self, target_cache, length: int) -> None:
-        """Fill row 0 with the first `length` keys and values of the target's row 0."""
-        copy_prefix = getattr(self.cache, "copy_prefix", None)
-        if target_cache is None or copy_prefix is None or type(target_cache) is not type(self.cache):
-            raise ValueError(f"share_prompt_cache needs the target's KVCache and a {self.name} draft with a KVCache, "
-                             f"got {type(target_cache).__name__} and {type(self.cache).__name__}")
+        """Fill row 0 with the first `length` keys and values of the target's row 0 (both caches
+        `PagedCache`s of one class)."""
+        if not isinstance(self.cache, PagedCache) or type(target_cache) is not type(self.cache):
+            raise ValueError(f"share_prompt_cache needs the target's cache and the {self.name} draft's to be one kind "
+                             f"of PagedCache (a KVCache), got {type(target_cache).__name__} and "
+                             f"{type(self.cache).__name__}")
         try:
-            copy_prefix(target_cache, 0, length, 0)
+            self.cache.copy_prefix(target_cache, 0, length, 0)
         except ValueError as error:
             raise ValueError(f"share_prompt_cache needs the target's KVCache with the {self.name} draft's layout "
                              f"(at least {self.cache.num_layers} layers, same KV heads, head size and dtype): "

@@ -94,6 +94,6 @@ def make_drafter(
     if kind.startswith("model:") and len(kind) > len("model:"):
         from metagen.models import load
 
-        draft = load(kind[len("model:"):], draft_dtype, kv_dtype=getattr(target, "kv_dtype", None))
+        draft = load(kind[len("model:"):], draft_dtype, kv_dtype=target.kv_dtype)
         return ModelDrafter(draft, confidence=confidence, name="model")
     raise ValueError(f"speculative drafter {kind!r} is unknown: choose one of {', '.join(DRAFTER_KINDS)}")

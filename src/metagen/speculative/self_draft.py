@@ -7,20 +7,21 @@ drafts through `ModelDrafter`.
 
 from __future__ import annotations
 
+from metagen.models.base import DepthTruncatable
+
 
 def early_exit_model(target, num_layers: int):
     """The target's first `num_layers` layers + its final norm and LM head, as a model.
 
     Shares every weight tensor with `target` (no copy); it has its own cache. Kangaroo-style
     self-drafting without an adapter: the first layers' residual stream, normalised and read
-    out by the LM head, already predicts the easy tokens. Needs a target with a truncated-depth
-    view (`truncated(num_layers)`, the native `DecoderModel`).
+    out by the LM head, already predicts the easy tokens. Needs a `DepthTruncatable` target (the
+    native `DecoderModel`); ValueError naming the target's class otherwise.
     """
-    truncated = getattr(target, "truncated", None)
-    if not callable(truncated):
-        raise ValueError(f"early-exit drafting needs a target with truncated(num_layers) (the native backend), "
-                         f"got {type(target).__name__}")
-    return truncated(num_layers)
+    if not isinstance(target, DepthTruncatable):
+        raise ValueError(f"early-exit drafting needs a target whose first layers form a model (DepthTruncatable: "
+                         f"truncated(num_layers), the native backend), got {type(target).__name__}")
+    return target.truncated(num_layers)
 
 
 def weight_bytes(model) -> int:
@@ -36,10 +37,10 @@ def quantized_model(target, dtype: str = "int4"):
     formats = ("fp32", "bf16", "int8", "int4")
     if dtype not in formats:
         raise ValueError(f"dtype={dtype!r} is not supported for a draft: choose one of {', '.join(formats)}")
-    if not getattr(target, "source", ""):
+    if not target.source:
         raise ValueError("quantized self-drafting needs a target loaded from a file (target.source is empty)")
     # the target's KV format, so the draft can take the target's prompt keys and values (copy_prefix)
-    draft = load(target.source, dtype=dtype, kv_dtype=getattr(target, "kv_dtype", None))
+    draft = load(target.source, dtype=dtype, kv_dtype=target.kv_dtype)
     if weight_bytes(draft) >= weight_bytes(target):
         raise ValueError(
             f"a {dtype} draft is not cheaper than the {target.dtype} target ({weight_bytes(draft):,} vs "

@@ -42,8 +42,6 @@ from metagen.decoding.request import refuse_token_healing
 from metagen.sampling import SamplingParams
 from metagen.strategies.tree.expand import Node, StepConfig
 
-TOKEN_ID_FORM = "token_id:"  # vLLM's token texts when it returns ids: no text to compare
-
 
 def stateful_fields(params: SamplingParams) -> list[str]:
     """The SamplingParams fields set to a value that keeps per-path state (penalties, mirostat)."""
@@ -53,15 +51,6 @@ def stateful_fields(params: SamplingParams) -> list[str]:
     return found + (["mirostat_tau"] if params.mirostat_tau is not None else [])
 
 
-def past_text(completion) -> str | None:
-    """The sampled tokens' text beyond the returned text (the stop string the server cut, with
-    the rest of its token), or None when the tokens' text is not known."""
-    tokens = getattr(completion, "tokens", None)
-    if tokens is None or any(token.startswith(TOKEN_ID_FORM) for token in tokens):
-        return None
-    return "".join(tokens)[len(completion.text):]
-
-
 def ending(completion, stops: list[str]) -> str | None:
     """The stop string that ended a completion with finish_reason "stop", or None for EOS / a
     stop token; RuntimeError when the completion does not tell (see the module docstring)."""
@@ -69,7 +58,7 @@ def ending(completion, stops: list[str]) -> str | None:
         return completion.stop_reason
     if isinstance(completion.stop_reason, int):
         return None
-    beyond = past_text(completion)
+    beyond = completion.past_text()
     if beyond is None:
         raise RuntimeError("the server ended a step with finish_reason 'stop' but reports neither which stop "
                            "string matched (stop_reason) nor the sampled tokens' text (logprobs): EOS and the "
@@ -123,7 +112,7 @@ class RemoteStepExpander:
 
     def _prompt(self, prompt: Prompt, chat: bool | None) -> tuple[str | None, list[int] | None]:
         """(prompt text, prompt ids): ids as given (token prompts), or text rendered as documented."""
-        tokenizer = getattr(self.engine, "tokenizer", None)
+        tokenizer = self.engine.tokenizer
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty: give at least one character or token")
@@ -201,7 +190,7 @@ class RemoteStepExpander:
         if completion.finish_reason == "stop":
             stop = ending(completion, self.stops)
             if stop is not None and stop == self.step.delimiter and stop not in self.params.stop:
-                beyond = past_text(completion)  # the whole last token, as the local expander keeps it
+                beyond = completion.past_text()  # the whole last token, as the local expander keeps it
                 text += beyond if beyond and beyond.startswith(stop) else stop
             else:
                 reason = "stop"
