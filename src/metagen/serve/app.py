@@ -38,6 +38,9 @@ from metagen.serve.body import DEFAULT_MAX_N, APIError
 from metagen.serve.generation import router as generation
 from metagen.serve.http import ServerState
 
+# every router the app serves, in order; tests/serve/test_endpoints.py checks each route is documented
+ROUTERS = (routers.health, routers.info, routers.tokenizer, generation)
+
 __all__ = ["MAX_BODY_BYTES", "create_app"]
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full context of text is far smaller
@@ -83,7 +86,7 @@ def create_app(backend: Backend, *, api_key: str | None = None, lenient: bool = 
     app.add_middleware(_CountRequests, counter=app.state.server.counter)
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(Exception, _unexpected)
-    for router in (routers.health, routers.info, routers.tokenizer, generation):
+    for router in ROUTERS:
         app.include_router(router)
     return app
 
