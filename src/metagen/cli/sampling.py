@@ -2,7 +2,8 @@
 
 Every field of `SamplingParams` a user can set has a flag of the same name (`--top-p` -> `top_p`);
 a flag left out keeps the field's default. `--temperature 0` decodes greedily, so a flag only
-sampling reads is refused with it (penalties and logit bias still apply under greedy decoding).
+sampling reads is refused with it (penalties and logit bias still apply under greedy decoding, and
+momentum decoding, `--momentum-ngram`, needs it).
 """
 
 from __future__ import annotations
@@ -24,11 +25,15 @@ FLOAT_PARAMS = (
     ("presence-penalty", "OpenAI presence penalty"),
     ("mirostat-tau", "Mirostat target surprise (bits)"),
     ("mirostat-eta", "Mirostat learning rate"),
+    ("momentum-resistance", "momentum decoding: confidence lost per unit of loop depth (default 0.2)"),
 )
 INT_PARAMS = (
     ("top-k", "tokens kept (0 = off)"),
     ("no-repeat-ngram-size", "ban repeated n-grams"),
     ("mirostat-mode", "Mirostat version with --mirostat-tau: 2 (default) or 1 (Zipf-estimated top-k)"),
+    ("momentum-ngram", "momentum decoding, with --temperature 0: longest repeated n-gram a loop's depth "
+                       "counts (the authors use 5; 0 = off)"),
+    ("momentum-candidates", "momentum decoding: most likely tokens ranked (default 5)"),
     ("max-tokens", "new tokens at most (default 256)"),
     ("n", "samples (with --beam-width: hypotheses returned, at most the width)"),
     ("logprobs", "top log-probabilities per token in --json"),

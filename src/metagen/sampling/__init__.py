@@ -3,7 +3,7 @@
 Every adapter is a pure function `(logits (..., V), ...) -> new float32 logits (..., V)` that sets
 removed tokens to -inf and never modifies its input. Everything a decoding loop runs on logits is
 a `LogitsProcessor` (`processor.py`): stateless adapters wrapped by `StatelessProcessor`, and
-stateful ones (penalty counts, n-gram history, mirostat, constraints) that carry their state
+stateful ones (penalty counts, n-gram history, momentum decoding, mirostat, constraints) that carry their state
 explicitly and follow the KV cache (accept / rollback / select / fork / concat / reset).
 `SamplerChain.from_params(SamplingParams(...), ...)` composes them for a decoding loop.
 
@@ -34,6 +34,9 @@ _EXPORTS = {
     "Mirostat": "mirostat",
     "mirostat_truncate": "mirostat",
     "mirostat_update": "mirostat",
+    "MomentumState": "momentum",
+    "loop_depths": "momentum",
+    "momentum_scores": "momentum",
     "NoRepeatNgramState": "no_repeat_ngram",
     "banned_tokens": "no_repeat_ngram",
     "no_repeat_ngram": "no_repeat_ngram",

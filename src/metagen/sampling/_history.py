@@ -1,5 +1,6 @@
 """`RowHistory`: what each row accepted, kept so that stateful processors can roll back
-(private to `metagen.sampling`).
+(private to `metagen.sampling`); `TokenHistoryState`: a processor whose state is each row's
+tokens (n-gram blocking, momentum decoding).
 
 The log of B rows is a `(B, capacity)` buffer with one column per `accept` call; a row skipped at
 that call (negative token) gets `pad` there and is marked absent. The first `base` columns are
@@ -11,11 +12,15 @@ the state the log was created with (a prompt), which `rollback` never removes.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from ._tokens import PAD, PromptIds, left_aligned, prompt_matrix
+from .processor import LogitsProcessor
 
 MIN_CAPACITY = 16
 
@@ -144,3 +149,78 @@ class RowHistory:
             start = end
         joined.accepted = torch.cat([part.accepted for part in parts])
         return joined
+
+
+class TokenHistoryState(LogitsProcessor):
+    """A `LogitsProcessor` whose state is each row's tokens (prompt + accepted), kept in a
+    `RowHistory`; subclasses say what `apply` does with `tokens()`.
+
+    `accept` writes one column (O(B), amortised) and `rollback` blanks each row's last tokens, so
+    the state after a rollback is the state that never accepted them. Rows may advance unevenly
+    (speculative decoding appends a different number of tokens per row): a negative entry leaves
+    a hole, and once there is one, `tokens()` joins each row's tokens up (`left_aligned`, O(B T)).
+    select / fork / concat follow the KV cache; a fork or a join is a shallow copy of the
+    subclass's settings with its own log.
+    """
+
+    def __init__(self, history: Tensor, capacity: int | None = None) -> None:
+        self._log = RowHistory(left_aligned(history.long()), PAD, capacity or 0)  # (B, T)
+        self._holes = False
+
+    @staticmethod
+    def prompt_rows(prompt_ids: PromptIds, batch_size: int, max_new_tokens: int,
+                    device: torch.device | str | None) -> tuple[Tensor, int]:
+        """The prompts as a left-padded `(B, T)` matrix and the room to reserve for generation."""
+        if device is None and isinstance(prompt_ids, Tensor):
+            device = prompt_ids.device
+        prompts = prompt_matrix(prompt_ids, batch_size, device)
+        return prompts, prompts.shape[1] + max_new_tokens
+
+    @property
+    def batch_size(self) -> int:
+        return self._log.batch_size
+
+    @property
+    def history(self) -> Tensor:
+        """`(B, T)` view of the history so far (left-padded with -1)."""
+        return self._log.values
+
+    def tokens(self) -> Tensor:
+        """`(B, T)` history with each row's tokens joined up at the right (a copy only when a row
+        has holes)."""
+        return left_aligned(self.history) if self._holes else self.history
+
+    def accept(self, tokens: Tensor) -> None:
+        """Append one token per row, `tokens (B,)`; negative entries are stored as padding."""
+        column = tokens.reshape(-1).to(dtype=torch.long)
+        present = column >= 0
+        self._log.accept(column, present)
+        self._holes = self._holes or not bool(present.all())
+
+    def rollback(self, counts: Tensor) -> None:
+        """Forget the last `counts[b]` generated tokens of row b. O(B T)."""
+        self._log.rollback(counts)
+        self._holes = self._log.has_holes()
+
+    def reset(self) -> None:
+        """Forget every generated token: the history is the prompt again."""
+        self.rollback(self._log.accepted)
+
+    def select(self, indices: Tensor) -> None:
+        """Keep rows `indices (B',)` in that order, in place (follows a KV-cache reorder)."""
+        self._log.select(indices)
+
+    def fork(self, indices: Tensor) -> TokenHistoryState:
+        """A new, independent state made of rows `indices (B',)`; this state is unchanged."""
+        return self._with_log(self._log.fork(indices), self._holes)
+
+    @classmethod
+    def concat(cls, parts: Sequence[TokenHistoryState]) -> TokenHistoryState:
+        """The rows of `parts` (same settings) in one state; shorter histories are left-padded."""
+        log = RowHistory.concat([part._log for part in parts])
+        return parts[0]._with_log(log, any(part._holes for part in parts) or log.has_holes())
+
+    def _with_log(self, log: RowHistory, holes: bool) -> TokenHistoryState:
+        state = copy.copy(self)
+        state._log, state._holes = log, holes
+        return state

@@ -12,6 +12,9 @@ value is left out):
     masks -> logit_bias -> repetition / frequency / presence penalties -> no_repeat_ngram
     -> temperature -> top_k -> top_p -> min_p -> typical -> epsilon -> eta   (or -> mirostat)
 
+and, under greedy decoding only, momentum decoding last (`momentum`: it ranks the model's
+confidence after every edit above, and its output is a score to take the argmax of, not logits).
+
 `masks` are extra processors given by the caller (a constraint on the output's structure). They
 come first: a mask says which tokens may be generated at all, so every later step works on the
 allowed set only — the truncations measure their mass among allowed tokens and can never leave
@@ -62,6 +65,7 @@ from .eta import eta
 from .logit_bias import LogitBias, bias_vector
 from .min_p import min_p
 from .mirostat import Mirostat
+from .momentum import MomentumState
 from .no_repeat_ngram import NoRepeatNgramState
 from .params import SamplingParams
 from .penalty_state import PenaltyState
@@ -72,8 +76,9 @@ from .top_k import top_k
 from .top_p import top_p
 from .typical import typical
 
+# processor name -> the SamplingParams field that asked for it
 _FIELDS = {"structured": "structured_outputs", "no_repeat_ngram": "no_repeat_ngram_size", "penalties": "penalties",
-           "mirostat": "mirostat_tau"}  # processor name -> the SamplingParams field that asked for it
+           "mirostat": "mirostat_tau", "momentum": "momentum_ngram"}
 
 
 def _choose_greedy(logits: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
@@ -150,6 +155,10 @@ class SamplerChain:
         if params.no_repeat_ngram_size > 0:
             processors.append(NoRepeatNgramState.from_prompt(
                 params.no_repeat_ngram_size, prompt_ids, batch_size, params.max_tokens, device))
+        if params.momentum_ngram > 0:  # SamplingParams allows it with temperature 0 only
+            processors.append(MomentumState.from_prompt(
+                prompt_ids, batch_size, params.momentum_ngram, params.momentum_resistance,
+                params.momentum_candidates, params.max_tokens, device))
         if not params.greedy:
             processors += _sampling_adapters(params, vocab_size)
             if params.mirostat_tau is not None:
@@ -175,9 +184,13 @@ class SamplerChain:
         return self._find(Mirostat)
 
     @property
+    def momentum(self) -> MomentumState | None:
+        return self._find(MomentumState)
+
+    @property
     def stateful(self) -> bool:
-        """True when some processor keeps per-row state (penalties, n-gram blocking, mirostat,
-        a constraint)."""
+        """True when some processor keeps per-row state (penalties, n-gram blocking, momentum,
+        mirostat, a constraint)."""
         return bool(self._stateful)
 
     @property

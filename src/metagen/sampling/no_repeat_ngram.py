@@ -9,30 +9,19 @@ Python loop over positions: slide a window of width n over the history, compare 
 tokens of every window with the last n-1 tokens, and scatter the n-th token of each matching
 window into a ban mask. Windows that contain padding (negative ids) never match.
 
-`NoRepeatNgramState` keeps a preallocated history buffer so that a decoding step only writes one
-column; the ban itself is recomputed from the buffer at each step, so rolling tokens back is
-blanking them in the buffer.
+`NoRepeatNgramState` keeps a preallocated history buffer (`TokenHistoryState`) so that a decoding
+step only writes one column; the ban itself is recomputed from the buffer at each step, so rolling
+tokens back is blanking them in the buffer.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from ._common import float_logits, keep_only
-from ._history import RowHistory
-from ._tokens import (
-    PAD,
-    PromptIds,
-    TokenIds,
-    history_for,
-    left_aligned,
-    prompt_matrix,
-    rows_of,
-)
-from .processor import LogitsProcessor
+from ._history import TokenHistoryState
+from ._tokens import PromptIds, TokenIds, history_for, left_aligned, rows_of
 
 
 def banned_tokens(history: Tensor, n: int, vocab_size: int) -> Tensor:
@@ -82,13 +71,11 @@ def no_repeat_ngram(logits: Tensor, token_ids: TokenIds, n: int) -> Tensor:
     return keep_only(logits, ~banned)
 
 
-class NoRepeatNgramState(LogitsProcessor):
+class NoRepeatNgramState(TokenHistoryState):
     """History of B rows (prompt + generated tokens) for n-gram blocking (a `LogitsProcessor`).
 
-    The history is a `RowHistory`: `accept` writes one column (O(B), amortised) and `rollback`
-    blanks each row's last tokens. Rows may advance unevenly (speculative decoding appends a
-    different number of tokens per row): a negative entry leaves a hole, and once there is one,
-    `apply` joins each row's tokens up (`left_aligned`, O(B·T)) before matching.
+    The history and how it follows the KV cache are `TokenHistoryState`'s; `apply` recomputes
+    the ban from it at each step, so rolling tokens back is blanking them in the buffer.
     """
 
     name = "no_repeat_ngram"
@@ -96,8 +83,7 @@ class NoRepeatNgramState(LogitsProcessor):
 
     def __init__(self, n: int, history: Tensor, capacity: int | None = None) -> None:
         self.n = _check_n(n)
-        self._log = RowHistory(left_aligned(history.long()), PAD, capacity or 0)  # (B, T)
-        self._holes = False
+        super().__init__(history, capacity)
 
     @classmethod
     def from_prompt(
@@ -109,57 +95,10 @@ class NoRepeatNgramState(LogitsProcessor):
         device: torch.device | str | None = None,
     ) -> NoRepeatNgramState:
         """State after the prompt; room is reserved for `max_new_tokens` generated tokens."""
-        if device is None and isinstance(prompt_ids, Tensor):
-            device = prompt_ids.device
-        prompts = prompt_matrix(prompt_ids, batch_size, device)
-        return cls(n, prompts, capacity=prompts.shape[1] + max_new_tokens)
-
-    @property
-    def batch_size(self) -> int:
-        return self._log.batch_size
-
-    @property
-    def history(self) -> Tensor:
-        """`(B, T)` view of the history so far (left-padded with -1)."""
-        return self._log.values
+        prompts, capacity = cls.prompt_rows(prompt_ids, batch_size, max_new_tokens, device)
+        return cls(n, prompts, capacity=capacity)
 
     def apply(self, logits: Tensor) -> Tensor:
         """Ban n-gram repeats in `logits (B, V)`; returns new float32 logits. O(B (T n + V))."""
         logits = float_logits(logits)
-        history = left_aligned(self.history) if self._holes else self.history
-        return keep_only(logits, ~banned_tokens(history, self.n, logits.shape[-1]))
-
-    def accept(self, tokens: Tensor) -> None:
-        """Append one token per row, `tokens (B,)`; negative entries are stored as padding."""
-        column = tokens.reshape(-1).to(dtype=torch.long)
-        present = column >= 0
-        self._log.accept(column, present)
-        self._holes = self._holes or not bool(present.all())
-
-    def rollback(self, counts: Tensor) -> None:
-        """Forget the last `counts[b]` generated tokens of row b. O(B T)."""
-        self._log.rollback(counts)
-        self._holes = self._log.has_holes()
-
-    def reset(self) -> None:
-        """Forget every generated token: the history is the prompt again."""
-        self.rollback(self._log.accepted)
-
-    def select(self, indices: Tensor) -> None:
-        """Keep rows `indices (B',)` in that order, in place (follows a KV-cache reorder)."""
-        self._log.select(indices)
-
-    def fork(self, indices: Tensor) -> NoRepeatNgramState:
-        """A new, independent state made of rows `indices (B',)`; this state is unchanged."""
-        return self._with_log(self._log.fork(indices), self._holes)
-
-    @classmethod
-    def concat(cls, parts: Sequence[NoRepeatNgramState]) -> NoRepeatNgramState:
-        """The rows of `parts` (same n) in one state; shorter histories are left-padded."""
-        log = RowHistory.concat([part._log for part in parts])
-        return parts[0]._with_log(log, any(part._holes for part in parts) or log.has_holes())
-
-    def _with_log(self, log: RowHistory, holes: bool) -> NoRepeatNgramState:
-        state = NoRepeatNgramState.__new__(NoRepeatNgramState)
-        state.n, state._log, state._holes = self.n, log, holes
-        return state
+        return keep_only(logits, ~banned_tokens(self.tokens(), self.n, logits.shape[-1]))

@@ -109,6 +109,24 @@ def _structured(structured_outputs: object, response_format: object) -> Structur
     return spec
 
 
+MOMENTUM_DEFAULTS = {"momentum_resistance": 0.2, "momentum_candidates": 5}
+
+
+def _check_momentum(checked: Mapping[str, object], temperature: object) -> None:
+    """Momentum decoding's settings apply with momentum_ngram only, and only under greedy decoding."""
+    depth = checked["momentum_ngram"]
+    if depth == 0:
+        for name, default in MOMENTUM_DEFAULTS.items():
+            if checked[name] != default:
+                raise ValueError(f"{name}={checked[name]!r} applies with momentum_ngram only: give momentum_ngram "
+                                 f"(the loop depth counted, e.g. 5) or leave {name} at {default}")
+    elif checked["temperature"] != 0:
+        raise ValueError(f"momentum_ngram={depth!r} cannot be combined with temperature={temperature!r}: momentum "
+                         "decoding is a greedy decoder (the argmax of p - momentum_resistance * depth over the "
+                         "momentum_candidates most likely tokens); its scores are not logits to sample from, "
+                         "so set temperature=0")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to choose tokens; vLLM / OpenAI names and defaults. All fields are validated.
@@ -132,6 +150,13 @@ class SamplingParams:
         mirostat_mode: which Mirostat runs with mirostat_tau, as llama.cpp numbers them: 2 (cut at
             surprise mu) or 1 (top-k from a Zipf fit of the top 100 probabilities); a value other
             than 2 without mirostat_tau is refused (it would do nothing).
+        momentum_ngram: momentum decoding (Lan et al. 2022, `metagen.sampling.momentum`): the
+            longest repeated n-gram the depth of a loop counts, D (the authors use 5); 0 disables.
+            A greedy decoder: needs temperature 0.
+        momentum_resistance: alpha, the confidence a candidate loses per unit of loop depth, > 0.
+        momentum_candidates: k, how many of the most likely tokens momentum decoding ranks, >= 1.
+            momentum_resistance and momentum_candidates other than their defaults without
+            momentum_ngram are refused (they would do nothing).
         seed: seed of the request's torch.Generator (see `make_generator`); None = fresh entropy.
         max_tokens: most tokens to generate, >= 1.
         stop: strings that end generation (a single string is wrapped in a tuple).
@@ -167,6 +192,9 @@ class SamplingParams:
     mirostat_tau: float | None = None
     mirostat_eta: float = 0.1
     mirostat_mode: int = 2
+    momentum_ngram: int = 0
+    momentum_resistance: float = 0.2
+    momentum_candidates: int = 5
     seed: int | None = None
     max_tokens: int = 256
     stop: str | Sequence[str] = ()
@@ -194,6 +222,10 @@ class SamplingParams:
             "no_repeat_ngram_size": _integer("no_repeat_ngram_size", self.no_repeat_ngram_size, 0),
             "logit_bias": _logit_bias(self.logit_bias),
             "mirostat_eta": _real("mirostat_eta", self.mirostat_eta, 0.0, 1.0, low_open=True),
+            "momentum_ngram": _integer("momentum_ngram", self.momentum_ngram, 0),
+            "momentum_resistance": _real("momentum_resistance", self.momentum_resistance, 0.0, inf,
+                                         low_open=True, high_open=True),
+            "momentum_candidates": _integer("momentum_candidates", self.momentum_candidates, 1),
             "max_tokens": _integer("max_tokens", self.max_tokens, 1),
             "stop": _strings(self.stop),
             "n": _integer("n", self.n, 1),
@@ -204,6 +236,7 @@ class SamplingParams:
         if self.mirostat_tau is None and checked["mirostat_mode"] != 2:
             raise ValueError(f"mirostat_mode={self.mirostat_mode!r} applies with mirostat_tau only: give "
                              "mirostat_tau (the target surprise in bits) or leave mirostat_mode at 2")
+        _check_momentum(checked, self.temperature)
         if self.mirostat_tau is not None:
             checked["mirostat_tau"] = _real("mirostat_tau", self.mirostat_tau, 0.0, inf,
                                             low_open=True, high_open=True)

@@ -46,7 +46,7 @@ from metagen.strategies.tree.expand import Node, StepConfig
 def stateful_fields(params: SamplingParams) -> list[str]:
     """The SamplingParams fields set to a value that keeps per-path state (penalties, mirostat)."""
     defaults = SamplingParams()
-    names = ["repetition_penalty", "frequency_penalty", "presence_penalty", "no_repeat_ngram_size"]
+    names = ["repetition_penalty", "frequency_penalty", "presence_penalty", "no_repeat_ngram_size", "momentum_ngram"]
     found = [name for name in names if getattr(params, name) != getattr(defaults, name)]
     return found + (["mirostat_tau"] if params.mirostat_tau is not None else [])
 
