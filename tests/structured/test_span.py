@@ -164,3 +164,20 @@ def test_greedy_decoding_on_the_real_model_outputs_spans_of_the_passage(model):
         assert completion.text and completion.text in passage, (question, completion.text)
         check_steps(processor.index, completion.token_ids, passage.encode())
     assert processor.state(0) == 0  # the given processor is untouched: the loop forks it
+
+
+@pytest.mark.slow
+def test_sampled_rows_fork_the_processor_and_each_stays_inside_the_passage(model):
+    from metagen.decoding import generate
+    from metagen.sampling import SamplingParams
+
+    passage = "Mount Everest, at 8,849 metres, is the highest mountain above sea level; it lies in the Himalayas."
+    processor = SpanProcessor(passage, model.tokenizer)  # the passage's text is taken too
+    result = generate(model, f"{passage}\n\nHow high is Mount Everest?", SamplingParams(temperature=1.0, n=4,
+                      max_tokens=12, seed=0), processors=[processor])
+    for completion in result.completions:
+        assert completion.text in passage  # cut rows (max_tokens) too: a prefix of a span is a span
+        check_steps(processor.index, completion.token_ids, passage.encode())
+        index = processor.index
+        spanned = [token for token in completion.token_ids if token not in index.end_ids]
+        assert completion.complete == index.may_end(walk(index, spanned))  # accepted where a span may end
