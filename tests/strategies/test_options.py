@@ -240,6 +240,7 @@ SIZES_WORK = {
     "particle_filter": {"n", "max_steps"}, "blockwise_cd": {"n", "max_blocks"}, "tokenwise_cd": {"n"},
     "adaptive_consistency": {"n", "round_size"}, "code_cluster": {"n"}, "adaptive_code_cluster": {"n", "round_size"},
     "mbr_judge": {"n"}, "verifier_refine": {"n", "initial_candidates", "revisions_per_round", "beam"},
+    "in_context_navigation": {"n"},
 }
 LENGTHS = {"max_step_tokens", "block_tokens", "max_tool_chars", "answer_tokens"}
 # ints that count no model work: the stopping rule's Monte Carlo draws (bounded by its config's

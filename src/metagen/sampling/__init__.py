@@ -23,6 +23,7 @@ _EXPORTS = {
     "token_counts": "_tokens",
     "SamplerChain": "chain",
     "StructuredProcessor": "constraint",
+    "SpanProcessor": "span",
     "contrastive": "contrastive",
     "epsilon": "epsilon",
     "entropy": "eta",

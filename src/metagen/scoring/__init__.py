@@ -11,7 +11,7 @@ _EXPORTS = {
     "AnswerExtractor": "answers", "answers_match": "answers", "extract_answer": "answers",
     "FunctionScorer": "base", "Scorer": "base", "Scores": "base", "Verdict": "base", "Verifier": "base",
     "as_scorer": "base", "prompt_text": "base",
-    "ExactAnswerVerifier": "exact_answer",
+    "ExactAnswerVerifier": "exact_answer", "AnswerLikelihood": "likelihood",
     "mean_logprob": "logprob", "self_certainty": "logprob", "sum_logprob": "logprob",
     "Utility": "utilities", "ChrF": "utilities", "Bleu": "utilities", "EditSimilarity": "utilities",
     "AnswerAgreement": "utilities", "EmbeddingCosine": "embeddings", "LLMJudge": "judge",

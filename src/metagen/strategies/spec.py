@@ -22,8 +22,11 @@ needs: the generator capabilities it reads (`metagen.decoding.capabilities`); ne
 which the generator must have one in full (tree searches run on a local cache or on a server's
 step continuations); `spec.run` checks them first (`spec.check`), so a backend that cannot run a
 strategy is refused before any request is sent, with a message naming the strategy, the
-capability and what provides it. For a pooled strategy `needs` is also all its stored samples
-must carry: empty (voting, MBR: text only) runs on any server, token ids or not.
+capability and what provides it. option_needs: capabilities an option's value adds (in-context
+navigation's selection="likelihood" or a passage: the local model), read from the config overrides
+`run` is given, so `run` refuses such a request before any call too. For a pooled strategy
+`needs` is also all its stored samples must carry: empty (voting, MBR: text only) runs on any
+server, token ids or not.
 
 Each strategy is registered where its config is defined, by a `register(StrategySpec(...),
 __name__)` line at the end of that module (runners.py for greedy, which has no config);
@@ -136,6 +139,8 @@ class StrategySpec:
     set_by_run: frozenset[str] = frozenset({"n", "params"})  # config fields the runner sets (from n, the request)
     extracts: bool = False  # the runner extracts each candidate's answer itself (reads pattern, answer_field)
     defaults: tuple[tuple[str, object], ...] = ()  # its own defaults for config fields, over the config's
+    # (option, values, capabilities): needed too when the option is one of values (None: set, not None)
+    option_needs: tuple[tuple[str, tuple | None, frozenset[str]], ...] = ()
 
     def is_pooled(self, options: StrategyOptions) -> bool:
         """Whether the harness evaluates it from a sample pool with these options: `pooled`, or a
@@ -204,18 +209,27 @@ class StrategySpec:
             raise ValueError(f"{where}{error}") from None
         return n, options, overrides
 
-    def required(self, options: StrategyOptions, params: SamplingParams | None = None) -> frozenset[str]:
-        """The capabilities this strategy needs with `options` and `params`: `needs`, plus
-        HIDDEN_STATES when a value-guided strategy is given a trained value head, plus
-        STRUCTURED_OUTPUT when the params carry a constraint."""
+    def required(self, options: StrategyOptions, params: SamplingParams | None = None,
+                 overrides: Mapping[str, object] | None = None) -> frozenset[str]:
+        """The capabilities this strategy needs with `options`, `params` and its config
+        `overrides`: `needs`, plus those of `option_needs` whose option (as overridden, else its
+        default) has a listed value, plus HIDDEN_STATES when a value-guided strategy is given a
+        trained value head, plus STRUCTURED_OUTPUT when the params carry a constraint."""
         needs = self.needs
+        if self.option_needs:
+            accepted, given = self.fields(), {**dict(self.defaults), **(overrides or {})}
+            for name, values, extra in self.option_needs:
+                value = given.get(name, accepted[name].default)
+                if (value is not None) if values is None else value in values:
+                    needs = needs | extra
         if self.uses_value and value_is_head(options):
             needs = needs | {caps.HIDDEN_STATES}
         if params is not None and params.structured_outputs is not None:
             needs = needs | {caps.STRUCTURED_OUTPUT}
         return needs
 
-    def check(self, generator, options: StrategyOptions, params: SamplingParams | None = None) -> None:
+    def check(self, generator, options: StrategyOptions, params: SamplingParams | None = None,
+              overrides: Mapping[str, object] | None = None) -> None:
         """ValueError naming this strategy, each capability it needs with `options` and `params`
         that `generator` lacks, and what would provide it; a constraint on a strategy that cannot
         apply one (chains) is refused by name."""
@@ -223,7 +237,7 @@ class StrategySpec:
         if params is not None and params.structured_outputs is not None and not self.constrains:
             raise ValueError(f"{what} cannot honour structured_outputs: {self.why_unconstrained}")
         try:
-            caps.require(self.required(options, params), generator, what)
+            caps.require(self.required(options, params, overrides), generator, what)
             caps.require_any(self._needs_any(options), generator, what)
         except ValueError as error:
             if not self.why:
@@ -231,20 +245,20 @@ class StrategySpec:
             raise ValueError(f"{error}: {self.why}") from None
 
     def supported_by(self, generator, options: StrategyOptions | None = None,
-                     params: SamplingParams | None = None) -> bool:
+                     params: SamplingParams | None = None, overrides: Mapping[str, object] | None = None) -> bool:
         """Whether `generator` has what this strategy needs with `options` and `params`."""
         options = options or StrategyOptions()
         if params is not None and params.structured_outputs is not None and not self.constrains:
             return False
         needs_any = self._needs_any(options)
-        return not caps.missing(self.required(options, params), generator) and (
+        return not caps.missing(self.required(options, params, overrides), generator) and (
             not needs_any or any(not caps.missing(needs, generator) for needs in needs_any))
 
     def run(self, generator, prompt, n: int, params: SamplingParams, options: StrategyOptions, rng,
             overrides: Mapping[str, object] | None = None):
         """Check the generator's capabilities (before any request), then run the strategy;
         `overrides`: values of its config fields (from `parse`), over the runner's own."""
-        self.check(generator, options, params)
+        self.check(generator, options, params, overrides)
         return self.runner(generator, prompt, n, params, options, rng, {**dict(self.defaults), **(overrides or {})})
 
     def check_n(self, n: int) -> None:

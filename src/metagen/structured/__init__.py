@@ -6,9 +6,11 @@
     compile.py     spec -> llguidance grammar -> cached matcher; errors naming the field
     bitmask.py     (B, ceil(V / 32)) int32 token bitmasks applied to logits (fused C++ kernel)
     healing.py     token healing: `heal_prompt` (which prompt text to back up)
+    span.py        `span_of(passage)`: outputs that are a span of a passage (a suffix automaton)
 
 The processors that apply them while decoding are on the sampling floor, with every other
-`LogitsProcessor`: `metagen.sampling.constraint.StructuredProcessor` (per-row matchers) and
+`LogitsProcessor`: `metagen.sampling.constraint.StructuredProcessor` (per-row matchers),
+`metagen.sampling.span.SpanProcessor` (per-row automaton states) and
 `metagen.sampling.token_healing.TokenHealingProcessor`; this package imports nothing of sampling.
 
 Which law masked decoding samples. Each step keeps the model's next-token distribution on the
@@ -41,6 +43,9 @@ _EXPORTS = {
     "strip_healed_prefix": "healing",
     "apply_token_bitmask": "bitmask",
     "check_compiles": "compile",
+    "Span": "span",
+    "SpanIndex": "span",
+    "span_of": "span",
 }
 lazy_package(__name__, _EXPORTS)
 
