@@ -86,7 +86,7 @@ def test_greedy_takes_the_argmax_of_the_contrastive_score_at_every_step(alpha, a
             break
     assert result.completions[0].token_ids == expected
     plain = generate(ToyModel(), [BOS], SamplingParams(temperature=0, max_tokens=6)).completions[0].token_ids
-    assert expected != plain or alpha == 0.3  # the contrast changes the choice (not a no-op)
+    assert expected != plain  # the contrast changes the choice: greedy on the expert alone is "a a b"
 
 
 def test_sampled_first_token_follows_softmax_of_contrastive_scores_over_temperature():
@@ -200,3 +200,17 @@ def test_beam_search_with_a_combiner_keeps_the_best_contrastive_sequence():
             total += float(expected_scores(context, 0.1)[token])
             context.append(token)
         assert hypothesis.score == pytest.approx(total, abs=1e-5)
+
+
+def test_local_generator_with_a_combiner_decodes_contrastively_and_withholds_the_model_alone():
+    from metagen.decoding import LocalGenerator
+    from metagen.decoding import capabilities as caps
+
+    combiner = ContrastiveConfig(AmateurToy(), alpha=0.1)
+    params = SamplingParams(temperature=0, max_tokens=5)
+    local = LocalGenerator(ToyModel(), combiner=combiner)
+    assert local.generate([BOS], params).completions[0].token_ids == \
+        generate(ToyModel(), [BOS], params, combiner=combiner).completions[0].token_ids
+    with pytest.raises(ValueError, match="local_cache"):
+        local.local_model()
+    assert caps.LOCAL_CACHE in LocalGenerator(ToyModel()).capabilities  # the class's own set is untouched
