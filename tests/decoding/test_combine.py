@@ -214,3 +214,26 @@ def test_local_generator_with_a_combiner_decodes_contrastively_and_withholds_the
     with pytest.raises(ValueError, match="local_cache"):
         local.local_model()
     assert caps.LOCAL_CACHE in LocalGenerator(ToyModel()).capabilities  # the class's own set is untouched
+
+
+def _implausible_tokens(completions, alpha: float) -> int:
+    """How many tokens of `completions` lie outside their step's α-plausible set."""
+    count = 0
+    for completion in completions:
+        context = [BOS]
+        for token in completion.token_ids:
+            count += not math.isfinite(float(expected_scores(context, alpha)[token]))
+            context.append(token)
+    return count
+
+
+def test_stochastic_beam_search_with_a_combiner_takes_plausible_tokens_only():
+    config = BeamSearchConfig(width=3, max_tokens=4, n_best=3, stochastic=True)
+    combiner = ContrastiveConfig(AmateurToy(), alpha=0.3)
+    with_combiner, without = [], []
+    for seed in range(20):
+        result = beam_search(ToyModel(), [BOS], config, combiner=combiner, generator=torch.Generator().manual_seed(seed))
+        with_combiner += result.completions
+        without += beam_search(ToyModel(), [BOS], config, generator=torch.Generator().manual_seed(seed)).completions
+    assert _implausible_tokens(with_combiner, 0.3) == 0
+    assert _implausible_tokens(without, 0.3) > 0  # the model alone does take them
