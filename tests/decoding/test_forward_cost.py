@@ -103,8 +103,8 @@ def _spy(monkeypatch) -> list[int]:
         calls.append(1)
         return real(*args, **kwargs)
 
-    for module in ("metagen.decoding.cost", "metagen.decoding.sample_loop", "metagen.decoding.draft_loop",
-                   "metagen.decoding.beam_search", "metagen.strategies.tree.expand"):
+    for module in ("metagen.decoding.cost", "metagen.decoding.batch", "metagen.decoding.draft_loop",
+                   "metagen.strategies.tree.expand"):  # the sampling loop and beam search: RowBatch.forward
         monkeypatch.setattr(importlib.import_module(module), "forward_cost", spy)
     return calls
 

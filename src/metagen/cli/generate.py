@@ -6,6 +6,9 @@
 - `--speculative DRAFTER`: the plain path with a drafter proposing γ tokens per target step;
 - `--strategy NAME`: a meta-generation strategy (metagen.strategies) with `--n` as its budget.
 
+`--contrastive AMATEUR` (`cli/contrastive.py`) makes the plain path and beam search score tokens
+by contrastive decoding, the --model as the expert.
+
 Every option the chosen path would not read is refused before the model is loaded. With
 `--backend URL` the plain and strategy paths run on an OpenAI-compatible server (see
 `cli/backend.py`); the server's answer is printed when it is complete (no streaming).
@@ -20,6 +23,7 @@ import time
 
 from metagen.cli import backend, common
 from metagen.cli.args import chat_prompt, unescape
+from metagen.cli.contrastive import add_contrastive_options, contrastive_options, make_combiner
 from metagen.cli.sampling import FLOAT_PARAMS, INT_PARAMS, OTHER_OPTIONS, add_sampling_options, given, sampling_params
 from metagen.cli.speculative import add_speculative_options, make_drafter, speculative_options, speculative_summary
 from metagen.cli.structured import CONSTRAINT_OPTIONS, STRUCTURED_OPTIONS
@@ -62,6 +66,7 @@ def add_parser(commands) -> None:
                       metavar="PATH")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     add_speculative_options(gen)
+    add_contrastive_options(gen)
     common.add_model_options(gen)
     backend.add_backend_options(gen)
     add_strategy_options(gen)  # a strategy option named as a sampling flag is --strategy-NAME (cli/strategy.py)
@@ -70,6 +75,7 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the options against the path they choose, load the model, generate and print."""
+    contrastive = contrastive_options(args)
     backend.check_backend_options(args)
     params = sampling_params(args)
     prompt = chat_prompt(args)
@@ -92,10 +98,11 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     model = common.load_model(args)
     drafter = make_drafter(speculative, model) if speculative is not None else None
+    combiner = make_combiner(contrastive, model, args) if contrastive is not None else None
     load_seconds = time.perf_counter() - start
     if beam is not None:
-        return _beam_search(args, model, prompt, beam, load_seconds)
-    return _sample(args, model, prompt, params, speculative, drafter, load_seconds)
+        return _beam_search(args, model, prompt, beam, load_seconds, combiner)
+    return _sample(args, model, prompt, params, speculative, drafter, load_seconds, combiner)
 
 
 def _beam_config(args: argparse.Namespace, params):
@@ -130,11 +137,11 @@ def _beam_config(args: argparse.Namespace, params):
     )
 
 
-def _beam_search(args: argparse.Namespace, model, prompt, config, load_seconds: float) -> int:
+def _beam_search(args: argparse.Namespace, model, prompt, config, load_seconds: float, combiner=None) -> int:
     from metagen.decoding import beam_search
 
     begin = time.perf_counter()
-    result = beam_search(model, prompt, config, chat=args.chat)
+    result = beam_search(model, prompt, config, chat=args.chat, combiner=combiner)
     seconds = time.perf_counter() - begin
     hypotheses = [{"text": h.text, "tokens": h.token_ids, "logprob": h.cumulative_logprob, "score": h.score,
                    "finish_reason": h.finish_reason or "length", "complete": h.complete} for h in result.completions]
@@ -153,13 +160,14 @@ def _beam_search(args: argparse.Namespace, model, prompt, config, load_seconds: 
     return _exit_code(result)
 
 
-def _sample(args: argparse.Namespace, model, prompt, params, speculative, drafter, load_seconds: float) -> int:
+def _sample(args: argparse.Namespace, model, prompt, params, speculative, drafter, load_seconds: float,
+            combiner=None) -> int:
     """Plain or speculative sampling: one completion streams as it is decoded, n > 1 print at the end."""
     from metagen.decoding import GenerationResult, stream
 
     result = GenerationResult([], [])
     if drafter is None:
-        events = stream(model, prompt, params, chat=args.chat, result=result)
+        events = stream(model, prompt, params, chat=args.chat, result=result, combiner=combiner)
     else:
         from metagen.speculative import speculative_stream
 

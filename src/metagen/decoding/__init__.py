@@ -10,6 +10,8 @@ from metagen._lazy import lazy_package
 # name -> the submodule that defines it
 _EXPORTS = {
     "Cost": "cost",
+    "ContrastiveConfig": "combine",
+    "LogitsCombiner": "combine",
     "Generator": "generator",
     "LocalGenerator": "generator",
     "LocalModel": "generator",

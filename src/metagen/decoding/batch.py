@@ -25,6 +25,15 @@ expander builds a batch of its children's forked rows (`rows=`) and drops the ro
 ended with `keep`. Beam search ranks and forks its candidates itself (the candidates are not a
 subset of the live rows).
 
+Companion models (`combiner=`, a `combine.LogitsCombiner`: contrastive decoding's amateur)
+run on the same rows: each has its own cache, prefilled on the same prompt and forked into the
+n rows, moved by `keep`, forked by `select_rows` and rolled back by `truncate` together with the
+main cache, so row b of every cache holds the same tokens. `forward` runs every model on the
+fed tokens and `scores` gives what the chain processes (the combiner's output; the main logits
+themselves without companions, so the single-model step does no extra work). Every model's
+forwards are counted in the one `Cost` (a model call and its FLOPs each; the target steps are
+the main model's) and every model's cache bytes in the one memory check.
+
 The batch also opens and closes the request's `Cost` (`prefill_cost`, `finish_cost`); the loop
 adds each forward it runs in between (`cost.forward_cost`), so the code that spends it counts it.
 
@@ -40,7 +49,8 @@ import time
 
 import torch
 
-from metagen.decoding.cost import Cost, prefill_cost
+from metagen.decoding.combine import LogitsCombiner, check_same_vocabulary
+from metagen.decoding.cost import Cost, forward_cost, prefill_cost
 from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompt_cache import PromptCache
 from metagen.decoding.prompts import Prompt, encode_prompt
@@ -59,11 +69,13 @@ class RowBatch:
         rows: one `Row` per completion, in completion order (finished ones stay).
         active: the completion index of each live row, in cache-row order.
         followers: objects with `select(indices)` whose rows follow the cache's (a drafter).
+        combiner: the `LogitsCombiner` whose `companions` run next to the model, or None.
+        companion_caches: each companion's cache (after `prefill`), rows aligned with `cache`'s.
     """
 
     def __init__(self, model, prompt_ids: list[int], params: SamplingParams, rules: StopRules, chain: SamplerChain,
                  generator: torch.Generator | None, *, healed: str = "", rows: list[Row] | None = None,
-                 cache=None) -> None:
+                 cache=None, combiner: LogitsCombiner | None = None) -> None:
         """`rows`: rows already under way, one per chain row (the tree expander's children, each
         forked from its parent's row); None: `params.n` fresh rows. `cache`: the cache the rows
         decode in, when the batch owns it from the start (else `prefill` sets it)."""
@@ -77,11 +89,16 @@ class RowBatch:
         self.cache = cache
         self.prompt_reused = False  # the prefill took the prompt from a PromptCache
         self.followers: list = []
+        self.combiner = combiner
+        self.companions: tuple = () if combiner is None else tuple(combiner.companions)
+        self.companion_caches: list = []
+        self._companion_logits: list[torch.Tensor] = []  # each companion's (B, V) of the last forward
 
     @classmethod
     def start(cls, model, prompt_ids: list[int], params: SamplingParams, processors: Sequence[LogitsProcessor] = (),
               *, healed: str = "", generator: torch.Generator | None = None, rows_in_use: int = 0,
-              positions: int = 1, forward_rows: int | None = None, what: str = "n") -> RowBatch:
+              positions: int = 1, forward_rows: int | None = None, what: str = "n",
+              combiner: LogitsCombiner | None = None) -> RowBatch:
         """Set up a request of `params.n` rows: its stop rules (ValueError when the prompt leaves
         no room), its generator (`generator`, else `params.seed`'s, else fresh OS entropy; torch's
         global RNG is left alone), the memory check of `rows_in_use + forward_rows` rows scoring
@@ -89,25 +106,31 @@ class RowBatch:
         rows each forward runs, n by default — beam search's 2·width candidates, tokenwise CD's
         n·top_k — and `what` the option named when they cannot fit), its sampler chain
         (`request_chain`: `processors` first, each with its state after the prompt for one row)
-        and one `Row` per completion."""
+        and one `Row` per completion. `combiner`: its companions must share the model's
+        vocabulary (ValueError naming both models) and their caches join the memory check."""
         rules = StopRules.from_params(params, model, len(prompt_ids))
         if generator is None:
             generator = params.make_generator()
         forward_rows = params.n if forward_rows is None else forward_rows
-        check_batch_fits(model, rows_in_use + forward_rows, rules.max_new_tokens, positions, what=what)
+        models = model
+        if combiner is not None:
+            for companion in combiner.companions:
+                check_same_vocabulary(model, companion)
+            models = [model, *combiner.companions]
+        check_batch_fits(models, rows_in_use + forward_rows, rules.max_new_tokens, positions, what=what)
         chain = request_chain(params, model, prompt_ids, params.n, processors, healed=healed)
-        return cls(model, prompt_ids, params, rules, chain, generator, healed=healed)
+        return cls(model, prompt_ids, params, rules, chain, generator, healed=healed, combiner=combiner)
 
     @classmethod
     def for_prompt(cls, model, prompt: Prompt, params: SamplingParams, processors: Sequence[LogitsProcessor] = (),
                    *, chat: bool | None = None, generator: torch.Generator | None = None,
-                   positions: int = 1) -> RowBatch:
+                   positions: int = 1, combiner: LogitsCombiner | None = None) -> RowBatch:
         """`start` for a prompt as given (text, chat messages or token ids): encoded, and healed
         when `params.token_healing` asks (`request.heal_request`)."""
         prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
         prompt_ids, healed = heal_request(params, model, prompt, chat, prompt_ids)
         return cls.start(model, prompt_ids, params, processors, healed=healed, generator=generator,
-                         positions=positions)
+                         positions=positions, combiner=combiner)
 
     @property
     def completions(self):
@@ -129,6 +152,11 @@ class RowBatch:
             self.cache, out = self.model.prefill(self.prompt_ids, batch_size=self.params.n)
         else:
             self.cache, out, self.prompt_reused = prompt_cache.prefill(self.model, self.prompt_ids, self.params.n)
+        self.companion_caches, self._companion_logits = [], []
+        for companion in self.companions:  # the same prompt, forked into the same n rows
+            companion_cache, companion_out = companion.prefill(self.prompt_ids, batch_size=self.params.n)
+            self.companion_caches.append(companion_cache)
+            self._companion_logits.append(companion_out.logits)
         return self.cache, out
 
     def prefill_cost(self) -> Cost:
@@ -136,7 +164,44 @@ class RowBatch:
         other n − 1 rows reuse it through the forked cache), its FLOPs, and one target step per
         row (each row's first token comes from it); a prompt taken from a `PromptCache` is
         reused by all n rows, with no model call and no FLOPs (`cost.prefill_cost`)."""
-        return prefill_cost(self.model, len(self.prompt_ids), self.params.n, reused=self.prompt_reused)
+        cost = prefill_cost(self.model, len(self.prompt_ids), self.params.n, reused=self.prompt_reused)
+        for companion in self.companions:  # its own call and FLOPs; the target steps are the model's
+            cost += prefill_cost(companion, len(self.prompt_ids), self.params.n, produced=False)
+        return cost
+
+    def forward(self, tokens: torch.Tensor, starts: Sequence[int]) -> tuple[torch.Tensor, Cost]:
+        """Every model appends `tokens` (B, 1) to its cache rows (row b's token at position
+        `starts[b]`); returns the model's logits (B, V) and the forwards' `Cost` (`forward_cost`
+        of each model: a call and its FLOPs each, one target step per row for the model's). The
+        companions' logits wait for `scores`."""
+        cost = forward_cost(self.model, starts)
+        logits = self.model.forward(self.cache, tokens).logits  # (B, V)
+        if self.companions:
+            self._companion_logits = []
+            for companion, cache in zip(self.companions, self.companion_caches):
+                cost += forward_cost(companion, starts, produced=False)
+                self._companion_logits.append(companion.forward(cache, tokens).logits)  # (B, V)
+        return logits, cost
+
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """What the chain processes after the last `prefill` / `forward`: the combiner's scores
+        (B, V) of the model's `logits` and the companions', or `logits` itself without one."""
+        if self.combiner is None:
+            return logits
+        return self.combiner.combine([logits, *self._companion_logits])
+
+    def select_rows(self, indices: Sequence[int]) -> None:
+        """Every cache's rows become `[rows[i] for i in indices]` (repeats fork: beam search's
+        parents) before the next `forward`; the chain and `active` are left to the caller."""
+        self.cache.select(indices)
+        for cache in self.companion_caches:
+            cache.select(indices)
+
+    def truncate(self, row: int, length: int) -> None:
+        """Roll back cache row `row` of every model to its first `length` tokens."""
+        self.cache.truncate(row, length)
+        for cache in self.companion_caches:
+            cache.truncate(row, length)
 
     def finish_cost(self, result, started: float) -> None:
         """Close `result.cost` when the rows are done: the tokens they generated and the wall
@@ -166,10 +231,14 @@ class RowBatch:
         when every row stays."""
         if cache_rows is not None and self.cache is not None:
             self.cache.select(cache_rows)
+            for cache in self.companion_caches:
+                cache.select(cache_rows)
         if len(indices) == len(self.active):  # increasing: all of them, in order
             return
         if self.cache is not None and cache_rows is None:
             self.cache.select(indices)
+            for cache in self.companion_caches:
+                cache.select(indices)
         self.chain.select(torch.tensor(indices, dtype=torch.long))
         for follower in self.followers:
             follower.select(indices)

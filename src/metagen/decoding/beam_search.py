@@ -47,6 +47,15 @@ draws from, so its keys stay consistent). A processor that changes finite logits
 penalties) would not be honoured by either and raises. Their state follows the beams: the
 candidates fork the parents' rows and accept their token, the kept beams are selected from them.
 
+Several models (`combiner=`, a `decoding.combine.LogitsCombiner`; contrastive decoding as Li et
+al. 2023 search it): the combiner's companions run on the beams' rows (`RowBatch`: their caches
+forked with the beams', their forwards in the step's `Cost`), and a beam accumulates the
+combined score of each token it takes — for `ContrastiveConfig`, Σ_t (log p_exp − log p_ama)
+over the α-plausible tokens — instead of the model's log-probability (the records keep the
+model's own log-probs). Such a score can grow with length, so the early stop bound above does not
+hold: a search with a combiner runs until its beams end or reach `max_tokens`. Stochastic
+search samples from softmax(combined scores / temperature) per step.
+
 Completeness: a hypothesis cut by `max_tokens` / the context (or left alive when the search
 ended) where a processor does not accept it has `complete=False` (a JSON object not yet closed).
 Hypotheses are ranked by (complete first, then score): an incomplete one never comes before a
@@ -66,7 +75,8 @@ import torch
 
 from metagen.decoding.batch import RowBatch
 from metagen.decoding.beam_diversity import DIVERSITY_KINDS, StepSelections
-from metagen.decoding.cost import Cost, forward_cost
+from metagen.decoding.combine import LogitsCombiner
+from metagen.decoding.cost import Cost
 from metagen.decoding.prompts import Prompt, encode_prompt
 from metagen.decoding.records import TokenRecord
 from metagen.decoding.result import Completion, GenerationResult
@@ -175,24 +185,27 @@ def beam_search(
     chat: bool | None = None,
     generator: torch.Generator | None = None,
     processors: Sequence[LogitsProcessor] = (),
+    combiner: LogitsCombiner | None = None,
 ) -> GenerationResult:
     """Run (stochastic) beam search; returns `config.n_best` hypotheses as completions, best first
     (complete ones before incomplete ones), with the search's `Cost`. `processors`: masks (constraints) with their state after the prompt
-    for one row; `config.structured_outputs` adds the constraint's processor before them."""
+    for one row; `config.structured_outputs` adds the constraint's processor before them.
+    `combiner`: beams ranked by the combined scores of the model and its companions (module
+    docstring; `ContrastiveConfig`: contrastive decoding's beam search)."""
     started = time.perf_counter()
     config = config or BeamSearchConfig()
     prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
     # The prompt's one row, set up as every loop's; 2·width candidates per step in the memory check.
     batch = RowBatch.start(model, prompt_ids, config.sampling_params(), processors, generator=generator,
-                           forward_rows=2 * config.width, what="width")
+                           forward_rows=2 * config.width, what="width", combiner=combiner)
     beams = _Beams(model, config, batch.rows[0], batch.chain)
-    cache, out = batch.prefill()
+    _, out = batch.prefill()
     cost = batch.prefill_cost()
     prefill_seconds = time.perf_counter() - started
     if config.stochastic:  # without a generator, fresh OS entropy (`RowBatch.start`)
-        ranked = _stochastic_search(model, cache, out, config, beams, batch.generator, cost, len(prompt_ids))
+        ranked = _stochastic_search(batch, out.logits, config, beams, batch.generator, cost, len(prompt_ids))
     else:
-        ranked = _search(model, cache, out, config, beams, cost, len(prompt_ids))
+        ranked = _search(batch, out.logits, config, beams, cost, len(prompt_ids))
     cost.wall_seconds = time.perf_counter() - started
     return GenerationResult(ranked, prompt_ids, cost, prefill_seconds=prefill_seconds,
                             decode_seconds=cost.wall_seconds - prefill_seconds)
@@ -208,18 +221,20 @@ class _Beams:
         self.pending: list[SamplerChain] = []  # this step's candidates' processor state, per `extend`
         self.accepts: list[bool | None] = []  # this step's candidates: the processors' verdict (complete)
 
-    def scores(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(model log-probs, masked log-probs) of the live beams' next tokens, both (B, V): the
-        masked ones are -inf where a processor removed the token."""
+    def scores(self, logits: torch.Tensor, combined: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(model log-probs, masked scores) of the live beams' next tokens, both (B, V): the
+        scores are the model's log-probs, or `combined` (a combiner's scores, (B, V)) when given,
+        -inf where a processor removed the token."""
         logprobs = torch.log_softmax(logits, dim=-1)
+        ranked = logprobs if combined is None else combined
         if not self.chain.processors:
-            return logprobs, logprobs
-        processed = self.chain.process(logits)
-        changed = torch.isfinite(processed) & (processed != logits)
+            return logprobs, ranked
+        processed = self.chain.process(logits if combined is None else combined)
+        changed = torch.isfinite(processed) & (processed != (logits if combined is None else combined))
         if bool(changed.any()):
             raise ValueError(f"beam search takes processors as masks (scores stay the model's log-probabilities): "
                              f"{', '.join(self.chain.names)} changed finite logits")
-        return logprobs, logprobs.masked_fill(processed == float("-inf"), float("-inf"))
+        return logprobs, ranked.masked_fill(processed == float("-inf"), float("-inf"))
 
     def extend(self, logprobs: torch.Tensor, parents: list[int], tokens: list[int]) -> list[Row]:
         """The candidates' rows: each parent's row forked and pushed its token, with the verdict
@@ -312,10 +327,10 @@ def _scan(rows: list[Row], totals: list[float], width: int, finished: list[Compl
     return chosen
 
 
-def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams, cost: Cost,
+def _search(batch: RowBatch, logits: torch.Tensor, config: BeamSearchConfig, beams: _Beams, cost: Cost,
             position: int) -> list[Completion]:
-    """Deterministic (diverse) beam search from the prefilled `cache` / `out` (the prompt's
-    `position` tokens); the n_best hypotheses, its forwards and tokens added to `cost`.
+    """Deterministic (diverse) beam search from the prefilled `batch` (`logits` (1, V): the
+    prompt's `position` tokens); the n_best hypotheses, its forwards and tokens added to `cost`.
 
     G = `config.groups` groups of width/G beams, all starting from the prompt, advance in turn
     each step on one batched forward of every live beam; group g ranks its candidates by
@@ -323,6 +338,7 @@ def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams, cost: Co
     group is otherwise a plain beam search: it finishes its hypotheses and stops on its own (its
     width/G complete hypotheses all beat `_best_reachable` of its live beams). Hypotheses of all
     groups are ranked together by the model's score. G = 1 is plain beam search.
+    With a combiner there is no early stop (module docstring).
     """
     alpha, per_group = config.length_penalty, config.width // config.groups
     longest = beams.rows[0].rules.max_new_tokens
@@ -333,7 +349,7 @@ def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams, cost: Co
     step = 0
     while any(members):
         step += 1
-        logprobs, allowed = beams.scores(out.logits)  # (B, V)
+        logprobs, allowed = beams.scores(logits, batch.scores(logits) if batch.combiner else None)  # (B, V)
         vocab = allowed.shape[1]
         selections = StepSelections(config.diversity, config.diversity_ngram, vocab) if penalty else None
         next_members: list[list[int]] = [[] for _ in members]
@@ -355,7 +371,7 @@ def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams, cost: Co
             rows = beams.extend(logprobs, group_parents, group_tokens)
             chosen = _scan(rows, totals, per_group, finished[group], alpha, cost)  # ranks of its next beams
             live_bound = max((_best_reachable(totals[r], step, longest, alpha) for r in chosen), default=None)
-            if live_bound is not None and _done(finished[group], per_group, live_bound):
+            if live_bound is not None and batch.combiner is None and _done(finished[group], per_group, live_bound):
                 finished[group] += [_hypothesis(rows[r], _normalized(totals[r], step, alpha),
                                          complete=beams.accepts[extended + r]) for r in chosen]
                 chosen = []
@@ -376,9 +392,9 @@ def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams, cost: Co
         sums, members = torch.tensor(next_sums), next_members
         if next_rows[0].finished:  # max_tokens / the context: every live beam has as many tokens
             break
-        cache.select(parents)
-        cost += forward_cost(model, [position + step - 1] * len(kept))  # one target step per live beam
-        out = model.forward(cache, [[token] for token in tokens])
+        batch.select_rows(parents)
+        logits, step_cost = batch.forward(torch.tensor(tokens)[:, None], [position + step - 1] * len(kept))
+        cost += step_cost  # one target step per live beam
     hypotheses = [hypothesis for group in finished for hypothesis in group]
     for b, (row, total) in enumerate(zip(beams.rows, sums.tolist())):
         hypotheses.append(_hypothesis(row, _normalized(total, len(row.completion.token_ids), alpha),
@@ -387,14 +403,14 @@ def _search(model, cache, out, config: BeamSearchConfig, beams: _Beams, cost: Co
 
 
 def _stochastic_search(
-    model, cache, out, config: BeamSearchConfig, beams: _Beams, generator: torch.Generator, cost: Cost,
-    position: int
+    batch: RowBatch, logits: torch.Tensor, config: BeamSearchConfig, beams: _Beams, generator: torch.Generator,
+    cost: Cost, position: int
 ) -> list[Completion]:
-    """Stochastic beam search (Kool et al. 2019) from the prefilled cache (the prompt's `position`
-    tokens); the n_best hypotheses by key, its forwards and tokens added to `cost`.
+    """Stochastic beam search (Kool et al. 2019) from the prefilled `batch` (`logits` (1, V): the
+    prompt's `position` tokens); the n_best hypotheses by key, its forwards and tokens added to `cost`.
 
     φ(y) = log q(y), q the model at `temperature` (masked and renormalised per step when
-    processors remove tokens); a beam's key is its perturbed G_φ(y). Each step the `width`
+    processors remove tokens; q ∝ exp(combined scores / temperature) with a combiner); a beam's key is its perturbed G_φ(y). Each step the `width`
     largest keys among the children of live beams and the finished sequences keep a slot. Cost
     per step: one forward of ≤ width rows plus O(width·V).
     """
@@ -403,9 +419,10 @@ def _stochastic_search(
     keys = torch.zeros(1)  # (B,) perturbed scores G_φ of live beams
     finished: list[Completion] = []  # score = key
     while beams.rows:
-        logprobs, allowed = beams.scores(out.logits)  # (B, V)
-        step = torch.log_softmax(out.logits / config.temperature, dim=-1)
-        if allowed is not logprobs:  # renormalise over the allowed tokens
+        combined = batch.scores(logits) if batch.combiner else None
+        logprobs, allowed = beams.scores(logits, combined)  # (B, V)
+        step = torch.log_softmax((logits if combined is None else combined) / config.temperature, dim=-1)
+        if allowed is not logprobs:  # renormalise over the allowed tokens (a combiner's -inf included)
             step = torch.log_softmax(step.masked_fill(allowed == float("-inf"), float("-inf")), dim=-1)
         tempered = phis[:, None] + step  # (B, V)
         child_keys = _gumbel_children(keys, tempered, generator)  # (B, V)
@@ -439,8 +456,8 @@ def _stochastic_search(
         token_index = torch.tensor([tokens[i] for i in kept])
         phis = tempered[parent_index, token_index]
         keys = torch.tensor(next_keys)
-        cache.select(parent_index.tolist())
-        cost += forward_cost(model, [position] * len(kept))  # one target step per live beam
+        batch.select_rows(parent_index.tolist())
+        logits, step_cost = batch.forward(token_index[:, None], [position] * len(kept))
+        cost += step_cost  # one target step per live beam
         position += 1
-        out = model.forward(cache, [[t] for t in token_index.tolist()])
     return _ranked(finished, config.n_best)

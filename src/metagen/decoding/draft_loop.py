@@ -49,6 +49,9 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
     `verification`, yielding events and filling `result` and its `Cost` (from `started`, a
     perf_counter value). `schedule`: the draft lengths γ (None: a row's budget is the only limit).
     `prompt_cache`: see `RowBatch.prefill`."""
+    if batch.companions:
+        raise ValueError("the speculative loop runs one model: a logits combiner's companion models "
+                         "(contrastive decoding) decode with the sampling loop or beam search")
     model, chain, generator, rows = batch.model, batch.chain, batch.generator, batch.rows
     n, max_new = batch.params.n, batch.rules.max_new_tokens
     cache, out = batch.prefill(prompt_cache)
@@ -88,7 +91,7 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
                 cost.draft_tokens += len(proposed)
                 cost.accepted_tokens += tau
             if tau < len(proposed):
-                cache.truncate(b, before[b] + 1 + tau)
+                batch.truncate(b, before[b] + 1 + tau)
             if schedule is not None:
                 gammas[index] = schedule.next_length(gammas[index], len(proposed), tau)
             contexts[index] += proposed[:tau] + [token]

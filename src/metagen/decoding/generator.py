@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from metagen.decoding import capabilities as caps
+from metagen.decoding.combine import LogitsCombiner
 from metagen.decoding.prompt_cache import PromptCache
 from metagen.decoding.prompts import Prompt, encode_prompt
 from metagen.decoding.result import GenerationResult
@@ -179,6 +180,10 @@ class LocalGenerator(ModelGenerator):
         strategy sampling one prompt in rounds) copies them instead of computing the prompt again
         (`PromptCache`; outputs unchanged, the cost counts the prompt as reused; memory: one
         prompt's keys and values). False: every call prefills.
+    combiner: a `LogitsCombiner` (`ContrastiveConfig`: contrastive decoding) whose companion
+        models run next to `model` on every call (`sample_loop.stream`). Its samples are not the
+        model's alone, so the generator then withholds what reads the model by itself: its
+        cache (LOCAL_CACHE), hidden states and prompt scoring.
     It provides everything a local model gives, STRUCTURED_OUTPUT included (every decoding loop
     honours `params.structured_outputs`).
     """
@@ -186,8 +191,11 @@ class LocalGenerator(ModelGenerator):
     capabilities = caps.ALL
 
     def __init__(self, model, chat: bool | None = None, *, jump_forward: bool = True,
-                 prompt_cache: bool = True) -> None:
+                 prompt_cache: bool = True, combiner: LogitsCombiner | None = None) -> None:
         self.model = model
+        self.combiner = combiner
+        if combiner is not None:  # an instance attribute: the class's stays every local model's
+            self.capabilities = caps.ALL - {caps.LOCAL_CACHE, caps.HIDDEN_STATES, caps.PROMPT_SCORING}
         self.chat = chat
         self.jump_forward = jump_forward
         self.prompt_cache = PromptCache() if prompt_cache else None
@@ -214,4 +222,4 @@ class LocalGenerator(ModelGenerator):
         self, prompt: Prompt, params: SamplingParams, *, generator: torch.Generator | None = None
     ) -> GenerationResult:
         return generate(self.model, prompt, params, chat=self.chat, generator=generator,
-                        jump_forward=self.jump_forward, prompt_cache=self.prompt_cache)
+                        jump_forward=self.jump_forward, prompt_cache=self.prompt_cache, combiner=self.combiner)

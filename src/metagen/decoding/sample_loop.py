@@ -2,8 +2,9 @@
 
 One step (nanoGPT / gpt-fast style), the whole loop on one screen in `stream`:
 
-    logits = model.forward(cache, last_tokens)        # (B, V), raw model logits
-    processed = chain.process(logits)                 # logits processors, (B, V)
+    logits, cost = batch.forward(last_tokens, starts) # (B, V), raw model logits (every model's forward)
+    scores = batch.scores(logits)                     # the logits, or a combiner's scores (B, V)
+    processed = chain.process(scores)                 # logits processors, (B, V)
     tokens = chain.choose(processed, generator)       # greedy or a draw, (B,)
     chain.accept(tokens)                              # penalty / n-gram / mirostat / constraint state
     batch.push(b, token, record)                      # per row: text, records, stop checks
@@ -19,6 +20,11 @@ a point-mass draft (`jump_forward.ForcedRunDrafter`) kept while plain decoding's
 it (`draw_verify`): the law of this loop (for one row, its seeded tokens), in fewer forwards.
 `GenerationResult.forced_tokens` counts the run tokens taken.
 
+Several models (`combiner=`, a `decoding.combine.LogitsCombiner` such as `ContrastiveConfig`):
+the batch runs the combiner's companions on the same rows (`RowBatch`), and the chain processes
+the combined scores instead of the model's logits; records keep the model's own log-probs.
+Jump-forward is not used then (the plain loop, the same output law).
+
 Cost: the loop fills `result.cost` as it spends it — the prefill (`RowBatch.prefill_cost`: the
 prompt computed once and reused by the n − 1 forked rows) and each forward (`cost.forward_cost`:
 one model call, the FLOPs of each row's fed token at its position, one target step per row),
@@ -33,7 +39,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from metagen.decoding.batch import RowBatch
-from metagen.decoding.cost import forward_cost
+from metagen.decoding.combine import LogitsCombiner
 from metagen.decoding.draft_loop import draft_stream
 from metagen.decoding.draw_verify import DrawVerification
 from metagen.decoding.jump_forward import ForcedRunDrafter
@@ -57,6 +63,7 @@ def stream(
     processors: Sequence[LogitsProcessor] = (),
     jump_forward: bool = True,
     prompt_cache: PromptCache | None = None,
+    combiner: LogitsCombiner | None = None,
 ) -> Iterator[StreamEvent]:
     """Decode `params.n` completions of `prompt` as one batch, yielding text as it is produced.
 
@@ -71,25 +78,28 @@ def stream(
     `params.token_healing`: see `rows.heal_request` (the text returned excludes the healed part).
     `prompt_cache`: reuse the last prompt's keys and values when these prompt ids are the same
     (`PromptCache`; the outputs are a fresh prefill's, the cost counts the prompt as reused).
+    `combiner`: next-token scores from the model and the combiner's companion models run on the
+    same rows (`ContrastiveConfig(amateur, alpha, amateur_temperature)`: contrastive decoding);
+    the sampler chain (temperature, truncation, penalties, constraints) then acts on them.
     """
     started = time.perf_counter()
     params = params or SamplingParams()
-    batch = RowBatch.for_prompt(model, prompt, params, processors, chat=chat, generator=generator)
+    batch = RowBatch.for_prompt(model, prompt, params, processors, chat=chat, generator=generator, combiner=combiner)
     result = batch.fill(result if result is not None else GenerationResult([], batch.prompt_ids))
-    if jump_forward and batch.chain.judges_stop:  # a processor may force runs: feed them as drafts
+    if jump_forward and batch.chain.judges_stop and combiner is None:  # a processor may force runs: feed them as drafts
         yield from draft_stream(batch, ForcedRunDrafter(), DrawVerification(), result, started,
                                 prompt_cache=prompt_cache)
         return
     chain, generator, records_top = batch.chain, batch.generator, params.logprobs or 0
 
-    cache, out = batch.prefill(prompt_cache)
+    _, out = batch.prefill(prompt_cache)
     cost = result.cost = batch.prefill_cost()
     position = len(batch.prompt_ids)  # where every row's next fed token goes
     result.prefill_seconds = time.perf_counter() - started
     logits = out.logits  # (B, V)
     decode_start = time.perf_counter()
     while True:
-        processed = chain.process(logits)  # (B, V)
+        processed = chain.process(batch.scores(logits))  # (B, V)
         tokens = chain.choose(processed, generator)  # (B,)
         chain.accept(tokens)
         records = token_records(logits, tokens, None if params.greedy else processed, records_top)
@@ -103,9 +113,10 @@ def stream(
         if not keep:
             break
         batch.keep(keep)
-        cost += forward_cost(model, [position] * len(keep))  # rows are all at one position
+        logits, step_cost = batch.forward(torch.tensor([chosen[b] for b in keep])[:, None],
+                                          [position] * len(keep))  # (B, V); rows are all at one position
+        cost += step_cost
         position += 1
-        logits = model.forward(cache, torch.tensor([chosen[b] for b in keep])[:, None]).logits  # (B, V)
     result.decode_seconds = time.perf_counter() - decode_start
     batch.finish_cost(result, started)
 
@@ -120,11 +131,13 @@ def generate(
     processors: Sequence[LogitsProcessor] = (),
     jump_forward: bool = True,
     prompt_cache: PromptCache | None = None,
+    combiner: LogitsCombiner | None = None,
 ) -> GenerationResult:
-    """Generate `params.n` completions of `prompt` (text, chat messages or token ids)."""
+    """Generate `params.n` completions of `prompt` (text, chat messages or token ids); `combiner`:
+    see `stream` (contrastive decoding: `combiner=ContrastiveConfig(amateur=small_model)`)."""
     result = GenerationResult([], [])
     for _ in stream(model, prompt, params, chat=chat, generator=generator, result=result, processors=processors,
-                    jump_forward=jump_forward, prompt_cache=prompt_cache):
+                    jump_forward=jump_forward, prompt_cache=prompt_cache, combiner=combiner):
         pass
     return result
 

@@ -1,0 +1,87 @@
+"""`metagen generate --contrastive AMATEUR`: contrastive decoding's options and the combiner they make.
+
+Contrastive decoding (Li et al. 2023) scores each next token by log p_exp − log p_ama over the
+tokens the expert finds plausible (p_exp ≥ α · max p_exp); the expert is the --model, the
+amateur is named by --contrastive:
+
+- `early-exit:L`: the expert's own first L layers with its final norm and LM head (no second
+  set of weights; the expert must be a native model, `DepthTruncatable`);
+- anything --model takes (a GGUF file, an HF directory, a hub name OWNER/NAME[:QUANT], or
+  `embedded` for the embedded SmolLM2-135M), loaded at --dtype with --kv-dtype caches. It must
+  share the expert's tokenizer.
+
+Both models run on every row, so a step costs the two forwards. The plain path and beam search
+take it; --backend (a server has no second model here), --speculative and --strategy are refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+EARLY_EXIT = "early-exit:"
+EMBEDDED = "embedded"
+_OPTIONS = ("alpha", "amateur_temperature")
+
+
+def add_contrastive_options(parser: argparse.ArgumentParser) -> None:
+    """The argument group of --contrastive and the options that only apply with it."""
+    group = parser.add_argument_group("contrastive decoding (Li et al. 2023: log p_expert − log p_amateur over the "
+                                      "tokens the expert finds plausible)")
+    group.add_argument("--contrastive", default=None, metavar="AMATEUR",
+                       help="the amateur model: early-exit:L (the --model's own first L layers) or a model as "
+                            "--model takes it ('embedded' for the embedded SmolLM2-135M); same tokenizer as --model")
+    group.add_argument("--alpha", type=float, default=None,
+                       help="--contrastive: plausibility threshold in [0, 1], tokens below α · the expert's top "
+                            "probability are never chosen (default 0.1)")
+    group.add_argument("--amateur-temperature", type=float, default=None, metavar="T",
+                       help="--contrastive: temperature > 0 of the amateur's softmax (default 1)")
+
+
+def contrastive_options(args: argparse.Namespace) -> dict | None:
+    """The contrastive settings of `generate` (checked: α, T, the AMATEUR spelling), or None;
+    ValueError naming the flag for options without --contrastive and for what it cannot combine
+    with. Nothing is loaded here."""
+    if args.contrastive is None:
+        given = [name for name in _OPTIONS if getattr(args, name) is not None]
+        if given:
+            raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in given)} only apply with "
+                             "--contrastive AMATEUR")
+        return None
+    if args.backend is not None:
+        raise ValueError("--contrastive cannot be combined with --backend: contrastive decoding runs a second "
+                         "(amateur) model next to the local one, which a remote server does not have here")
+    for flag, value in (("speculative", args.speculative), ("strategy", args.strategy)):
+        if value is not None:
+            raise ValueError(f"--contrastive cannot be combined with --{flag}")
+    from metagen.decoding.combine import ContrastiveConfig
+
+    alpha = 0.1 if args.alpha is None else args.alpha
+    temperature = 1.0 if args.amateur_temperature is None else args.amateur_temperature
+    ContrastiveConfig(amateur=None, alpha=alpha, amateur_temperature=temperature)  # the range checks
+    spec = args.contrastive
+    layers = None
+    if spec.startswith(EARLY_EXIT):
+        text = spec[len(EARLY_EXIT):]
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"--contrastive {spec!r}: early-exit:L needs L, the number of layers, an int >= 1")
+        layers = int(text)
+    return {"amateur": spec, "layers": layers, "alpha": alpha, "amateur_temperature": temperature}
+
+
+def make_combiner(options: dict, model, args: argparse.Namespace):
+    """The `ContrastiveConfig` of `contrastive_options`, `model` the expert: the amateur is its
+    first L layers (`truncated`, ValueError when it has no such form) or a model loaded like --model."""
+    from metagen.decoding.combine import ContrastiveConfig
+    from metagen.models import load
+    from metagen.models.base import DepthTruncatable
+
+    if options["layers"] is not None:
+        if not isinstance(model, DepthTruncatable):
+            raise ValueError(f"--contrastive {options['amateur']}: the model ({type(model).__name__}) has no "
+                             "early-exit form (DepthTruncatable: the native backend)")
+        amateur = model.truncated(options["layers"])
+    else:
+        path = None if options["amateur"] == EMBEDDED else options["amateur"]
+        amateur = load(path, args.dtype, kv_dtype=args.kv_dtype)
+    return ContrastiveConfig(amateur=amateur, alpha=options["alpha"],
+                             amateur_temperature=options["amateur_temperature"])
