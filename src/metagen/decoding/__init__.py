@@ -11,7 +11,10 @@ from metagen._lazy import lazy_package
 _EXPORTS = {
     "Cost": "cost",
     "ContrastiveConfig": "combine",
+    "DExpertsConfig": "combine",
     "LogitsCombiner": "combine",
+    "SwitchingCombiner": "combine",
+    "EntropyAdaptiveConfig": "entropy_adaptive",
     "Generator": "generator",
     "LocalGenerator": "generator",
     "LocalModel": "generator",

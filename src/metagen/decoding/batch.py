@@ -34,6 +34,14 @@ themselves without companions, so the single-model step does no extra work). Eve
 forwards are counted in the one `Cost` (a model call and its FLOPs each; the target steps are
 the main model's) and every model's cache bytes in the one memory check.
 
+A switching combiner (`combine.SwitchingCombiner`, entropy-adaptive decoding) runs its
+companions only at the steps some row needs them: after each main forward (and the prefill)
+its per-request `switch` decides which rows take the companions' logits (`decide`); when any
+does, the companions catch up on the tokens they missed (`lazy_companions.LazyCompanions`: the
+prompt the first time, then one forward of each row's missed tokens, counted in the step's
+`Cost`), so their logits are a fresh prefill's of the same prefix. Their tokens per model end in
+`GenerationResult.model_tokens`. It runs in the sampling loop only (not with `forward_rows`).
+
 The batch also opens and closes the request's `Cost` (`prefill_cost`, `finish_cost`); the loop
 adds each forward it runs in between (`cost.forward_cost`), so the code that spends it counts it.
 
@@ -49,8 +57,9 @@ import time
 
 import torch
 
-from metagen.decoding.combine import LogitsCombiner, check_same_vocabulary
+from metagen.decoding.combine import LogitsCombiner, SwitchingCombiner, check_same_vocabulary
 from metagen.decoding.cost import Cost, forward_cost, prefill_cost
+from metagen.decoding.lazy_companions import LazyCompanions
 from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompt_cache import PromptCache
 from metagen.decoding.prompts import Prompt, encode_prompt
@@ -71,11 +80,13 @@ class RowBatch:
         followers: objects with `select(indices)` whose rows follow the cache's (a drafter).
         combiner: the `LogitsCombiner` whose `companions` run next to the model, or None.
         companion_caches: each companion's cache (after `prefill`), rows aligned with `cache`'s.
+        switch: a `SwitchingCombiner`'s per-request state (after `prefill`), else None.
+        lazy: its `LazyCompanions` (after `prefill`), else None.
     """
 
     def __init__(self, model, prompt_ids: list[int], params: SamplingParams, rules: StopRules, chain: SamplerChain,
                  generator: torch.Generator | None, *, healed: str = "", rows: list[Row] | None = None,
-                 cache=None, combiner: LogitsCombiner | None = None) -> None:
+                 cache=None, combiner: LogitsCombiner | SwitchingCombiner | None = None) -> None:
         """`rows`: rows already under way, one per chain row (the tree expander's children, each
         forked from its parent's row); None: `params.n` fresh rows. `cache`: the cache the rows
         decode in, when the batch owns it from the start (else `prefill` sets it)."""
@@ -93,12 +104,16 @@ class RowBatch:
         self.companions: tuple = () if combiner is None else tuple(combiner.companions)
         self.companion_caches: list = []
         self._companion_logits: list[torch.Tensor] = []  # each companion's (B, V) of the last forward
+        self.switching = isinstance(combiner, SwitchingCombiner)
+        self.switch, self.lazy = None, None
+        self._use: torch.Tensor | None = None  # (B,) bool: the rows taking the companions' logits this step
+        self._prefill_extra = None  # a switching combiner's companion prefill at the prompt (`prefill_cost`)
 
     @classmethod
     def start(cls, model, prompt_ids: list[int], params: SamplingParams, processors: Sequence[LogitsProcessor] = (),
               *, healed: str = "", generator: torch.Generator | None = None, rows_in_use: int = 0,
               positions: int = 1, forward_rows: int | None = None, what: str = "n",
-              combiner: LogitsCombiner | None = None) -> RowBatch:
+              combiner: LogitsCombiner | SwitchingCombiner | None = None) -> RowBatch:
         """Set up a request of `params.n` rows: its stop rules (ValueError when the prompt leaves
         no room), its generator (`generator`, else `params.seed`'s, else fresh OS entropy; torch's
         global RNG is left alone), the memory check of `rows_in_use + forward_rows` rows scoring
@@ -107,7 +122,11 @@ class RowBatch:
         n·top_k — and `what` the option named when they cannot fit), its sampler chain
         (`request_chain`: `processors` first, each with its state after the prompt for one row)
         and one `Row` per completion. `combiner`: its companions must share the model's
-        vocabulary (ValueError naming both models) and their caches join the memory check."""
+        vocabulary (ValueError naming both models) and their caches join the memory check; a
+        `SwitchingCombiner` decodes in the sampling loop only (ValueError with `forward_rows`)."""
+        if isinstance(combiner, SwitchingCombiner) and forward_rows is not None:
+            raise ValueError(f"{type(combiner).__name__} switches models row by row in the sampling loop; "
+                             f"it does not run with --{what.replace('_', '-')} (beam search, tokenwise decoding)")
         rules = StopRules.from_params(params, model, len(prompt_ids))
         if generator is None:
             generator = params.make_generator()
@@ -124,7 +143,7 @@ class RowBatch:
     @classmethod
     def for_prompt(cls, model, prompt: Prompt, params: SamplingParams, processors: Sequence[LogitsProcessor] = (),
                    *, chat: bool | None = None, generator: torch.Generator | None = None,
-                   positions: int = 1, combiner: LogitsCombiner | None = None) -> RowBatch:
+                   positions: int = 1, combiner: LogitsCombiner | SwitchingCombiner | None = None) -> RowBatch:
         """`start` for a prompt as given (text, chat messages or token ids): encoded, and healed
         when `params.token_healing` asks (`request.heal_request`)."""
         prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
@@ -153,6 +172,11 @@ class RowBatch:
         else:
             self.cache, out, self.prompt_reused = prompt_cache.prefill(self.model, self.prompt_ids, self.params.n)
         self.companion_caches, self._companion_logits = [], []
+        if self.switching:
+            self.switch, self.lazy = self.combiner.start(self.params.n), LazyCompanions(
+                self.companions, self.prompt_ids, self.params.n)
+            self._prefill_extra = self._switch_step(out.logits)
+            return self.cache, out
         for companion in self.companions:  # the same prompt, forked into the same n rows
             companion_cache, companion_out = companion.prefill(self.prompt_ids, batch_size=self.params.n)
             self.companion_caches.append(companion_cache)
@@ -165,6 +189,8 @@ class RowBatch:
         row (each row's first token comes from it); a prompt taken from a `PromptCache` is
         reused by all n rows, with no model call and no FLOPs (`cost.prefill_cost`)."""
         cost = prefill_cost(self.model, len(self.prompt_ids), self.params.n, reused=self.prompt_reused)
+        if self.switching:  # the companions' prefill ran only if a row needed them at once
+            return cost + self._prefill_extra
         for companion in self.companions:  # its own call and FLOPs; the target steps are the model's
             cost += prefill_cost(companion, len(self.prompt_ids), self.params.n, produced=False)
         return cost
@@ -176,6 +202,9 @@ class RowBatch:
         companions' logits wait for `scores`."""
         cost = forward_cost(self.model, starts)
         logits = self.model.forward(self.cache, tokens).logits  # (B, V)
+        if self.switching:
+            self.lazy.fed(tokens)
+            return logits, cost + self._switch_step(logits)
         if self.companions:
             self._companion_logits = []
             for companion, cache in zip(self.companions, self.companion_caches):
@@ -183,11 +212,23 @@ class RowBatch:
                 self._companion_logits.append(companion.forward(cache, tokens).logits)  # (B, V)
         return logits, cost
 
+    def _switch_step(self, logits: torch.Tensor) -> Cost:
+        """The switch decides on the main `logits` (B, V) which rows take the companions' logits;
+        when any does, the companions catch up (`LazyCompanions.sync`). Returns what they ran."""
+        self._use = self.switch.decide(logits)  # (B,) bool
+        if not bool(self._use.any()):
+            self._companion_logits = [None] * len(self.companions)
+            return Cost()
+        self._companion_logits, cost = self.lazy.sync()
+        return cost
+
     def scores(self, logits: torch.Tensor) -> torch.Tensor:
         """What the chain processes after the last `prefill` / `forward`: the combiner's scores
         (B, V) of the model's `logits` and the companions', or `logits` itself without one."""
         if self.combiner is None:
             return logits
+        if self.switching:
+            return self.switch.combine([logits, *self._companion_logits], self._use)
         return self.combiner.combine([logits, *self._companion_logits])
 
     def select_rows(self, indices: Sequence[int]) -> None:
@@ -196,17 +237,27 @@ class RowBatch:
         self.cache.select(indices)
         for cache in self.companion_caches:
             cache.select(indices)
+        self._select_switch(indices)
+
+    def _select_switch(self, indices: Sequence[int]) -> None:
+        if self.switch is not None:
+            self.switch.select(indices)
+            self.lazy.select(indices)
 
     def truncate(self, row: int, length: int) -> None:
         """Roll back cache row `row` of every model to its first `length` tokens."""
         self.cache.truncate(row, length)
         for cache in self.companion_caches:
             cache.truncate(row, length)
+        if self.lazy is not None:
+            self.lazy.truncate(row, length)
 
     def finish_cost(self, result, started: float) -> None:
         """Close `result.cost` when the rows are done: the tokens they generated and the wall
         time since `started` (a `time.perf_counter()` value)."""
         result.cost.generated_tokens = result.generated_tokens
+        if self.switch is not None:
+            result.model_tokens = dict(self.switch.tokens)
         result.cost.wall_seconds = time.perf_counter() - started
 
     def row(self, b: int) -> Row:
@@ -239,6 +290,7 @@ class RowBatch:
             self.cache.select(indices)
             for cache in self.companion_caches:
                 cache.select(indices)
+            self._select_switch(indices)
         self.chain.select(torch.tensor(indices, dtype=torch.long))
         for follower in self.followers:
             follower.select(indices)

@@ -9,8 +9,12 @@ companion's, every one `(B, V)` — into the scores `(B, V)` the sampler chain p
 
 Contrastive decoding (Li et al. 2023) is one: the main model is the expert, its one companion
 the amateur, and the scores are `sampling.contrastive` (log p_exp − log p_ama on the
-α-plausible set). DExperts (Liu et al. 2021, p_base · (p_expert / p_anti)^α) is another of the
-same shape: two companions and a sum of log-softmaxes.
+α-plausible set). DExperts (Liu et al. 2021) and proxy tuning (Liu et al. 2024) are another
+(`DExpertsConfig`): two companions and a sum of log-softmaxes.
+
+A `SwitchingCombiner` (entropy-adaptive decoding, `decoding.entropy_adaptive`) instead picks,
+row by row and step by step, which model's logits the row's token comes from; its companions
+run only at the steps some row needs them (`RowBatch` syncs them lazily, `lazy_companions`).
 
 Every model of a step must share one tokenizer (`check_same_vocabulary`): the combiner adds
 and subtracts scores of the same token id.
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 from metagen.sampling import contrastive
@@ -68,6 +73,74 @@ class ContrastiveConfig:
         """`contrastive(expert, amateur, alpha, amateur_temperature)`: (B, V) → (B, V), O(B·V)."""
         expert, amateur = logits
         return contrastive(expert, amateur, self.alpha, self.amateur_temperature)
+
+
+@dataclass(frozen=True)
+class DExpertsConfig:
+    """DExperts (Liu et al. 2021, "DExperts: Decoding-Time Controlled Text Generation with Experts
+    and Anti-Experts") and proxy tuning (Liu et al. 2024, "Tuning Language Models by Proxy") as a
+    `LogitsCombiner`: the main model is the base, steered by the difference of two companions,
+
+        scores = log p_base + α · (log p_expert − log p_anti),   i.e.  p ∝ p_base · (p_expert / p_anti)^α
+
+    (proxy tuning: the expert a tuned small model, the anti-expert its untuned base, α = 1).
+
+    expert: the model (same tokenizer) whose preferences are added.
+    anti_expert: the model (same tokenizer) whose preferences are subtracted.
+    alpha: the steering strength α, a finite number ≥ 0 (0: the base alone).
+    """
+
+    expert: object
+    anti_expert: object
+    alpha: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha < float("inf"):
+            raise ValueError(f"alpha={self.alpha!r} is out of range: must be a finite number >= 0 "
+                             "(to steer the other way, swap expert and anti_expert)")
+
+    @property
+    def companions(self) -> tuple:
+        return (self.expert, self.anti_expert)
+
+    def combine(self, logits: Sequence[Tensor]) -> Tensor:
+        """log_softmax(base) + α · (log_softmax(expert) − log_softmax(anti)), in float32:
+        3 × (B, V) → (B, V), O(B·V). The log-softmaxes keep each model's normalisation out of
+        the scores (softmax of the raw-logit sum is the same distribution)."""
+        base, expert, anti = (torch.log_softmax(x.float(), dim=-1) for x in logits)
+        return base + self.alpha * (expert - anti)
+
+
+@runtime_checkable
+class ModelSwitch(Protocol):
+    """One request's state of a `SwitchingCombiner`: which rows take the companions' logits.
+    Its per-row state follows the cache's rows (`select`)."""
+
+    tokens: dict
+    """Tokens each model gave so far (summed over rows), by role name."""
+
+    def decide(self, logits: Tensor) -> Tensor:
+        """Given the main model's logits `(B, V)` of this step, the rows `(B,)` bool whose token
+        this step comes from the companions; records the step."""
+
+    def combine(self, logits: Sequence[Tensor | None], use: Tensor) -> Tensor:
+        """Scores `(B, V)`: `logits[0]` the main model's, `logits[1 + i]` companion i's (None when
+        no row used them this step), `use` the `decide` of this step."""
+
+    def select(self, indices: Sequence[int]) -> None:
+        """Rows become `[rows[i] for i in indices]` (repeats fork)."""
+
+
+@runtime_checkable
+class SwitchingCombiner(Protocol):
+    """A combiner that runs its companions only at the steps some row needs them."""
+
+    @property
+    def companions(self) -> tuple:
+        """The models run, when needed, next to the main model."""
+
+    def start(self, rows: int) -> ModelSwitch:
+        """A fresh `ModelSwitch` for a request of `rows` rows."""
 
 
 def model_label(model) -> str:

@@ -180,8 +180,9 @@ class LocalGenerator(ModelGenerator):
         strategy sampling one prompt in rounds) copies them instead of computing the prompt again
         (`PromptCache`; outputs unchanged, the cost counts the prompt as reused; memory: one
         prompt's keys and values). False: every call prefills.
-    combiner: a `LogitsCombiner` (`ContrastiveConfig`: contrastive decoding) whose companion
-        models run next to `model` on every call (`sample_loop.stream`). Its samples are not the
+    combiner: a `LogitsCombiner` (`ContrastiveConfig`: contrastive decoding; `DExpertsConfig`)
+        or `SwitchingCombiner` (`EntropyAdaptiveConfig`) whose companion models run next to
+        `model` on every call (`sample_loop.stream`). Its samples are not the
         model's alone, so the generator then withholds what reads the model by itself: its
         cache (LOCAL_CACHE), hidden states and prompt scoring.
     It provides everything a local model gives, STRUCTURED_OUTPUT included (every decoding loop

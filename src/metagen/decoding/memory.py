@@ -59,7 +59,8 @@ def check_batch_fits(model, rows: int, new_tokens: int, positions: int = 1, *, w
 
 
 def _of_models(models: list) -> str:
-    """", in the caches of models 'a' and 'b'" for several models, "" for one."""
+    """", in the caches of models 'a' and 'b'" (or 'a', 'b' and 'c') for several models, "" for one."""
     if len(models) == 1:
         return ""
-    return ", in the caches of models " + " and ".join(repr(getattr(m, "name", "") or type(m).__name__) for m in models)
+    names = [repr(getattr(m, "name", "") or type(m).__name__) for m in models]
+    return ", in the caches of models " + ", ".join(names[:-1]) + " and " + names[-1]

@@ -99,6 +99,8 @@ class GenerationResult:
         of its row; see `decoding.jump_forward`).
     healed_text: the prompt text token healing removed and the output reproduced ("" when none);
         it is not part of the completions' text.
+    model_tokens: tokens each model gave, summed over completions, by role ({"small": .., "large":
+        ..} for entropy-adaptive decoding); empty when one model (or a fixed mix) gave every token.
     """
 
     completions: list[Completion]
@@ -110,6 +112,13 @@ class GenerationResult:
     decode_seconds: float = 0.0
     forced_tokens: int = 0
     healed_text: str = ""
+    model_tokens: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def model_shares(self) -> dict[str, float]:
+        """Each model's share of `model_tokens` (they sum to 1); empty without them."""
+        total = sum(self.model_tokens.values())
+        return {name: count / total for name, count in self.model_tokens.items()} if total else {}
 
     @property
     def output(self) -> Completion:

@@ -79,7 +79,10 @@ def stream(
     `prompt_cache`: reuse the last prompt's keys and values when these prompt ids are the same
     (`PromptCache`; the outputs are a fresh prefill's, the cost counts the prompt as reused).
     `combiner`: next-token scores from the model and the combiner's companion models run on the
-    same rows (`ContrastiveConfig(amateur, alpha, amateur_temperature)`: contrastive decoding);
+    same rows (`ContrastiveConfig(amateur, alpha, amateur_temperature)`: contrastive decoding;
+    `DExpertsConfig(expert, anti_expert, alpha)`: DExperts / proxy tuning;
+    `EntropyAdaptiveConfig(large, threshold, window)`: the large model's logits for the rows where
+    the model's rolling entropy is high, `result.model_tokens` counting each model's tokens);
     the sampler chain (temperature, truncation, penalties, constraints) then acts on them.
     """
     started = time.perf_counter()
