@@ -47,41 +47,59 @@ def contrastive_options(args: argparse.Namespace) -> dict | None:
             raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in given)} only apply with "
                              "--contrastive AMATEUR")
         return None
-    if args.backend is not None:
-        raise ValueError("--contrastive cannot be combined with --backend: contrastive decoding runs a second "
-                         "(amateur) model next to the local one, which a remote server does not have here")
-    for flag, value in (("speculative", args.speculative), ("strategy", args.strategy)):
-        if value is not None:
-            raise ValueError(f"--contrastive cannot be combined with --{flag}")
+    refuse_with("contrastive", args, "contrastive decoding runs a second (amateur) model next to the local "
+                "one, which a remote server does not have here")
     from metagen.decoding.combine import ContrastiveConfig
 
     alpha = 0.1 if args.alpha is None else args.alpha
     temperature = 1.0 if args.amateur_temperature is None else args.amateur_temperature
     ContrastiveConfig(amateur=None, alpha=alpha, amateur_temperature=temperature)  # the range checks
     spec = args.contrastive
-    layers = None
-    if spec.startswith(EARLY_EXIT):
-        text = spec[len(EARLY_EXIT):]
-        if not text.isdigit() or int(text) < 1:
-            raise ValueError(f"--contrastive {spec!r}: early-exit:L needs L, the number of layers, an int >= 1")
-        layers = int(text)
-    return {"amateur": spec, "layers": layers, "alpha": alpha, "amateur_temperature": temperature}
+    return {"amateur": spec, "layers": early_exit_layers("contrastive", spec), "alpha": alpha,
+            "amateur_temperature": temperature}
 
 
-def make_combiner(options: dict, model, args: argparse.Namespace):
-    """The `ContrastiveConfig` of `contrastive_options`, `model` the expert: the amateur is its
-    first L layers (`truncated`, ValueError when it has no such form) or a model loaded like --model."""
-    from metagen.decoding.combine import ContrastiveConfig
+def early_exit_layers(flag: str, spec: str) -> int | None:
+    """L of an `early-exit:L` model spelling (ValueError naming --`flag` when L is not an int >= 1),
+    None for a model --model takes."""
+    if not spec.startswith(EARLY_EXIT):
+        return None
+    text = spec[len(EARLY_EXIT):]
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--{flag} {spec!r}: early-exit:L needs L, the number of layers, an int >= 1")
+    return int(text)
+
+
+def refuse_with(flag: str, args: argparse.Namespace, why_backend: str) -> None:
+    """ValueError naming --`flag` when --backend, --speculative or --strategy is given too."""
+    if args.backend is not None:
+        raise ValueError(f"--{flag} cannot be combined with --backend: {why_backend}")
+    for other, value in (("speculative", args.speculative), ("strategy", args.strategy)):
+        if value is not None:
+            raise ValueError(f"--{flag} cannot be combined with --{other}")
+
+
+def load_companion(flag: str, spec: str, model, args: argparse.Namespace):
+    """The model `spec` names next to `model`: its first L layers for `early-exit:L` (`truncated`;
+    ValueError naming --`flag` when it has no such form), else a model loaded like --model at
+    --dtype with --kv-dtype caches ('embedded': the embedded model)."""
     from metagen.models import load
     from metagen.models.base import DepthTruncatable
 
-    if options["layers"] is not None:
+    layers = early_exit_layers(flag, spec)
+    if layers is not None:
         if not isinstance(model, DepthTruncatable):
-            raise ValueError(f"--contrastive {options['amateur']}: the model ({type(model).__name__}) has no "
+            raise ValueError(f"--{flag} {spec}: the model ({type(model).__name__}) has no "
                              "early-exit form (DepthTruncatable: the native backend)")
-        amateur = model.truncated(options["layers"])
-    else:
-        path = None if options["amateur"] == EMBEDDED else options["amateur"]
-        amateur = load(path, args.dtype, kv_dtype=args.kv_dtype)
+        return model.truncated(layers)
+    return load(None if spec == EMBEDDED else spec, args.dtype, kv_dtype=args.kv_dtype)
+
+
+def make_combiner(options: dict, model, args: argparse.Namespace):
+    """The `ContrastiveConfig` of `contrastive_options`, `model` the expert (the amateur:
+    `load_companion`)."""
+    from metagen.decoding.combine import ContrastiveConfig
+
+    amateur = load_companion("contrastive", options["amateur"], model, args)
     return ContrastiveConfig(amateur=amateur, alpha=options["alpha"],
                              amateur_temperature=options["amateur_temperature"])

@@ -7,7 +7,9 @@
 - `--strategy NAME`: a meta-generation strategy (metagen.strategies) with `--n` as its budget.
 
 `--contrastive AMATEUR` (`cli/contrastive.py`) makes the plain path and beam search score tokens
-by contrastive decoding, the --model as the expert.
+by contrastive decoding, the --model as the expert; `--dexperts EXPERT,ANTI` by DExperts / proxy
+tuning, the --model as the base; `--entropy-adaptive LARGE` (plain path) lets a larger model give
+the tokens where the --model is uncertain (`cli/mixing.py`).
 
 Every option the chosen path would not read is refused before the model is loaded. With
 `--backend URL` the plain and strategy paths run on an OpenAI-compatible server (see
@@ -24,6 +26,7 @@ import time
 from metagen.cli import backend, common
 from metagen.cli.args import chat_prompt, unescape
 from metagen.cli.contrastive import add_contrastive_options, contrastive_options, make_combiner
+from metagen.cli.mixing import add_mixing_options, make_mixing_combiner, mixing_options
 from metagen.cli.sampling import FLOAT_PARAMS, INT_PARAMS, OTHER_OPTIONS, add_sampling_options, given, sampling_params
 from metagen.cli.speculative import add_speculative_options, make_drafter, speculative_options, speculative_summary
 from metagen.cli.structured import CONSTRAINT_OPTIONS, STRUCTURED_OPTIONS
@@ -67,6 +70,7 @@ def add_parser(commands) -> None:
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     add_speculative_options(gen)
     add_contrastive_options(gen)
+    add_mixing_options(gen)
     common.add_model_options(gen)
     backend.add_backend_options(gen)
     add_strategy_options(gen)  # a strategy option named as a sampling flag is --strategy-NAME (cli/strategy.py)
@@ -76,6 +80,7 @@ def add_parser(commands) -> None:
 def run(args: argparse.Namespace) -> int:
     """Check the options against the path they choose, load the model, generate and print."""
     contrastive = contrastive_options(args)
+    mixing = mixing_options(args)
     backend.check_backend_options(args)
     params = sampling_params(args)
     prompt = chat_prompt(args)
@@ -99,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     model = common.load_model(args)
     drafter = make_drafter(speculative, model) if speculative is not None else None
     combiner = make_combiner(contrastive, model, args) if contrastive is not None else None
+    if mixing is not None:
+        combiner = make_mixing_combiner(mixing, model, args)
     load_seconds = time.perf_counter() - start
     if beam is not None:
         return _beam_search(args, model, prompt, beam, load_seconds, combiner)
@@ -250,4 +257,6 @@ def _json_payload(result, load_seconds: float) -> dict:
         "tokens_per_second": round(result.tokens_per_second, 2),
     }
     payload["cost"] = result.cost.to_dict()
+    if result.model_tokens:  # entropy-adaptive decoding: the tokens each model gave
+        payload["model_tokens"] = result.model_tokens
     return payload
