@@ -21,7 +21,9 @@ program seen below an edge is what it is worth; 0 before any). One rollout:
 Sequence cache: a greedy completion y of prefix x is also the greedy completion of every prefix
 of y that extends x (greedy decoding is prefix-consistent), so each of them maps to y and a node
 on an earlier completion's path (the top-1 child of a node already evaluated, among others) is
-valued with no model call. Test results are kept per program: a program is run once.
+valued with no model call. Test results are kept per program: a program is run once. So n
+rollouts evaluate at most n programs, and fewer when a confident model keeps P-UCB on the paths of
+earlier completions (each such rollout costs one forward: the new node's).
 
 Returns every program evaluated as a candidate (score: its pass rate), the chosen one the best by
 pass rate, ties broken by log-likelihood Σ log p(token). Cost: the decoder's (one forward per new
