@@ -240,9 +240,9 @@ SIZES_WORK = {
     "particle_filter": {"n", "max_steps"}, "blockwise_cd": {"n", "max_blocks"}, "tokenwise_cd": {"n"},
     "adaptive_consistency": {"n", "round_size"}, "code_cluster": {"n"}, "adaptive_code_cluster": {"n", "round_size"},
     "mbr_judge": {"n"}, "verifier_refine": {"n", "initial_candidates", "revisions_per_round", "beam"},
-    "in_context_navigation": {"n"},
+    "in_context_navigation": {"n"}, "pg_td": {"n", "top_k"},
 }
-LENGTHS = {"max_step_tokens", "block_tokens", "max_tool_chars", "answer_tokens"}
+LENGTHS = {"max_step_tokens", "block_tokens", "max_tool_chars", "answer_tokens", "max_rollout_tokens"}
 # ints that count no model work: the stopping rule's Monte Carlo draws (bounded by its config's
 # range) and its seed
 NOT_MODEL_WORK = {"mc_samples", "mc_seed"}

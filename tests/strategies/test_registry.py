@@ -29,6 +29,7 @@ EXPECTED_NEEDS = {
     "self_ask": {caps.ASSISTANT_CONTINUATION},
     "calculator": {caps.ASSISTANT_CONTINUATION},
     "tokenwise_cd": {caps.LOCAL_CACHE},  # values the top-k next tokens at every position
+    "pg_td": {caps.LOCAL_CACHE},  # expands and completes token prefixes from cache snapshots
     "mbr_judge": {caps.TOP_LOGPROBS},  # the model judges pairs by P(Yes) among its top tokens
 }
 SEARCHES = [name for name, spec in STRATEGIES.items() if spec.uses_value and name != "tokenwise_cd"]
@@ -170,7 +171,7 @@ def test_the_registry_imports_every_module_that_calls_register():
     assert all(registry.registered(module) for module in registry.MODULES)
     assert set(registry.ORDER) <= calling  # the listing order names no stale module
     assert list(STRATEGIES)[:3] == ["greedy", "best_of_n", "best_of_n_logprob"]  # runners, then best_of_n
-    assert list(STRATEGIES)[-2:] == ["blockwise_cd", "tokenwise_cd"]
+    assert list(STRATEGIES)[-3:] == ["blockwise_cd", "tokenwise_cd", "pg_td"]
 
 
 def test_a_new_registering_module_is_found_and_listed_after_the_ordered_ones(tmp_path):
