@@ -191,7 +191,7 @@ def test_beam_width_takes_the_constraint_flags(monkeypatch):
     seen = {}
     monkeypatch.setattr(common, "load_model", lambda args: None)
     monkeypatch.setattr(generate, "_beam_search",
-                        lambda args, model, prompt, config, load: seen.setdefault("c", config) and 0)
+                        lambda args, model, prompt, config, load, combiner=None: seen.setdefault("c", config) and 0)
     assert main(["generate", "hi", "--beam-width", "3", "--regex", "[ab]+", "--max-tokens", "7"]) == 0
     config = seen["c"]
     assert (config.width, config.max_tokens, config.structured_outputs.regex) == (3, 7, "[ab]+")
