@@ -17,6 +17,9 @@ PROMPT = "The capital of France is"
     [
         (["--alpha", "0.2"], "--alpha only apply with --contrastive AMATEUR"),
         (["--amateur-temperature", "0.5"], "--amateur-temperature only apply with --contrastive"),
+        (["--beta", "0.5"], "--beta only apply with --contrastive AMATEUR"),
+        (["--alpha", "0.2", "--beta", "0.5"], "--alpha, --beta only apply with --contrastive"),
+        (["--contrastive", "early-exit:8", "--beta", "-1"], "beta=-1.0 is out of range: must be None or a finite"),
         (["--contrastive", "early-exit:8", "--backend", "http://localhost:1"],
          "--contrastive cannot be combined with --backend"),
         (["--contrastive", "early-exit:8", "--speculative", "ngram"], "--contrastive cannot be combined with --speculative"),
@@ -43,3 +46,18 @@ def test_embedded_model_with_its_early_exit_amateur_runs_end_to_end(capsys):
     assert cost["model_calls"] == 2 * cost["target_steps"] == 2 * len(payload["tokens"])
     assert main(["generate", PROMPT, "--contrastive", "early-exit:99", "--max-tokens", "2"]) == 2
     assert "num_layers=99 is out of range" in capsys.readouterr().err
+
+
+def test_beta_reaches_the_combiner(monkeypatch):
+    import metagen.cli.contrastive as cli_contrastive
+    from metagen.cli import build_parser
+
+    args = build_parser().parse_args(["generate", PROMPT, "--contrastive", "other", "--beta", "0.5"])
+    options = cli_contrastive.contrastive_options(args)
+    assert options["beta"] == 0.5
+    amateur = object()
+    monkeypatch.setattr(cli_contrastive, "load_companion", lambda flag, spec, model, args: amateur)
+    combiner = cli_contrastive.make_combiner(options, None, args)
+    assert (combiner.amateur, combiner.alpha, combiner.beta) == (amateur, 0.1, 0.5)
+    plain = build_parser().parse_args(["generate", PROMPT, "--contrastive", "other"])
+    assert cli_contrastive.contrastive_options(plain)["beta"] is None

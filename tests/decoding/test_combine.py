@@ -65,12 +65,26 @@ def expected_scores(context: list[int], alpha: float, amateur_temperature: float
     return torch.where(plausible, expert - amateur, torch.tensor(-math.inf, dtype=torch.float64))
 
 
+def expected_beta_scores(context: list[int], alpha: float, beta: float, amateur_temperature: float = 1.0):
+    """(1 + β) z_exp − β z_ama / τ on the logits where p_exp ≥ α · max p_exp, −inf elsewhere
+    (O'Brien & Lewis 2023): (V,) float64."""
+    expert = next_logits(context).double()
+    amateur = (expert / 2 + BIAS.double()) / amateur_temperature
+    probs = torch.softmax(expert, dim=-1)
+    plausible = probs >= alpha * probs.max()
+    return torch.where(plausible, (1 + beta) * expert - beta * amateur, torch.tensor(-math.inf, dtype=torch.float64))
+
+
 def test_contrastive_config_is_a_combiner_and_checks_its_fields():
     assert isinstance(ContrastiveConfig(amateur=AmateurToy()), LogitsCombiner)
     with pytest.raises(ValueError, match=r"alpha=1.5 is out of range"):
         ContrastiveConfig(amateur=AmateurToy(), alpha=1.5)
     with pytest.raises(ValueError, match=r"amateur_temperature=0.0 is out of range"):
         ContrastiveConfig(amateur=AmateurToy(), amateur_temperature=0.0)
+    with pytest.raises(ValueError, match=r"beta=-0.5 is out of range: must be None or a finite number >= 0"):
+        ContrastiveConfig(amateur=AmateurToy(), beta=-0.5)
+    with pytest.raises(ValueError, match=r"beta=inf is out of range"):
+        ContrastiveConfig(amateur=AmateurToy(), beta=float("inf"))
 
 
 @pytest.mark.parametrize(("alpha", "amateur_temperature"), [(0.1, 1.0), (0.3, 0.5), (0.0, 2.0)])
@@ -87,6 +101,50 @@ def test_greedy_takes_the_argmax_of_the_contrastive_score_at_every_step(alpha, a
     assert result.completions[0].token_ids == expected
     plain = generate(ToyModel(), [BOS], SamplingParams(temperature=0, max_tokens=6)).completions[0].token_ids
     assert expected != plain  # the contrast changes the choice: greedy on the expert alone is "a a b"
+
+
+def _greedy_by_hand(scores_of, steps: int = 6) -> list[int]:
+    context, expected = [BOS], []
+    while len(expected) < steps:
+        token = int(scores_of(context).argmax())
+        expected.append(token)
+        context.append(token)
+        if token == EOS:
+            break
+    return expected
+
+
+# On this toy a small β keeps the expert's own greedy path "a a b" (its logits dominate), where
+# Li et al.'s score takes "b"; a larger β, or a hotter amateur, moves to "b" too.
+@pytest.mark.parametrize(("alpha", "beta", "amateur_temperature"),
+                         [(0.1, 0.3, 1.0), (0.1, 1.0, 1.0), (0.0, 1.0, 2.0), (0.3, 0.2, 0.5)])
+def test_greedy_with_beta_takes_the_argmax_of_the_beta_score_at_every_step(alpha, beta, amateur_temperature):
+    combiner = ContrastiveConfig(AmateurToy(), alpha=alpha, amateur_temperature=amateur_temperature, beta=beta)
+    result = generate(ToyModel(), [BOS], SamplingParams(temperature=0, max_tokens=6), combiner=combiner)
+    expected = _greedy_by_hand(lambda context: expected_beta_scores(context, alpha, beta, amateur_temperature))
+    assert result.completions[0].token_ids == expected
+    plain = generate(ToyModel(), [BOS], SamplingParams(temperature=0, max_tokens=6)).completions[0].token_ids
+    li = _greedy_by_hand(lambda context: expected_scores(context, alpha, amateur_temperature))
+    assert expected != plain or expected != li  # the case tells β's score from the other two
+
+
+def test_the_beta_combiner_scores_are_the_hand_computed_ones():
+    combiner = ContrastiveConfig(AmateurToy(), alpha=0.1, amateur_temperature=0.5, beta=0.5)
+    contexts = [[BOS], [BOS, 1], [BOS, 1, 1], [BOS, 2]]
+    expert = torch.stack([next_logits(context) for context in contexts])  # (4, V)
+    scores = combiner.combine([expert, expert / 2 + BIAS])
+    expected = torch.stack([expected_beta_scores(context, 0.1, 0.5, 0.5) for context in contexts]).float()
+    assert torch.equal(torch.isinf(scores), torch.isinf(expected)) and torch.isinf(expected).any()
+    assert torch.allclose(scores, expected, atol=1e-5)
+
+
+def test_greedy_with_beta_zero_is_the_expert_alone_and_a_large_beta_changes_the_choice():
+    params = SamplingParams(temperature=0, max_tokens=6)
+    plain = generate(ToyModel(), [BOS], params).completions[0].token_ids
+    zero = generate(ToyModel(), [BOS], params, combiner=ContrastiveConfig(AmateurToy(), beta=0.0))
+    assert zero.completions[0].token_ids == plain
+    strong = generate(ToyModel(), [BOS], params, combiner=ContrastiveConfig(AmateurToy(), beta=3.0))
+    assert strong.completions[0].token_ids != plain
 
 
 def test_sampled_first_token_follows_softmax_of_contrastive_scores_over_temperature():

@@ -1,8 +1,9 @@
 """`metagen generate --contrastive AMATEUR`: contrastive decoding's options and the combiner they make.
 
 Contrastive decoding (Li et al. 2023) scores each next token by log p_exp − log p_ama over the
-tokens the expert finds plausible (p_exp ≥ α · max p_exp); the expert is the --model, the
-amateur is named by --contrastive:
+tokens the expert finds plausible (p_exp ≥ α · max p_exp); with --beta β, by O'Brien & Lewis
+2023's (1 + β)·s_exp − β·s_ama on the logits s instead. The expert is the --model, the amateur
+is named by --contrastive:
 
 - `early-exit:L`: the expert's own first L layers with its final norm and LM head (no second
   set of weights; the expert must be a native model, `DepthTruncatable`);
@@ -20,7 +21,7 @@ import argparse
 
 EARLY_EXIT = "early-exit:"
 EMBEDDED = "embedded"
-_OPTIONS = ("alpha", "amateur_temperature")
+_OPTIONS = ("alpha", "amateur_temperature", "beta")
 
 
 def add_contrastive_options(parser: argparse.ArgumentParser) -> None:
@@ -35,10 +36,13 @@ def add_contrastive_options(parser: argparse.ArgumentParser) -> None:
                             "probability are never chosen (default 0.1)")
     group.add_argument("--amateur-temperature", type=float, default=None, metavar="T",
                        help="--contrastive: temperature > 0 of the amateur's softmax (default 1)")
+    group.add_argument("--beta", type=float, default=None, metavar="B",
+                       help="--contrastive: score (1 + B)·s_expert − B·s_amateur on the logits s (O'Brien & Lewis "
+                            "2023), B a finite number >= 0; without it, log p_expert − log p_amateur")
 
 
 def contrastive_options(args: argparse.Namespace) -> dict | None:
-    """The contrastive settings of `generate` (checked: α, T, the AMATEUR spelling), or None;
+    """The contrastive settings of `generate` (checked: α, T, β, the AMATEUR spelling), or None;
     ValueError naming the flag for options without --contrastive and for what it cannot combine
     with. Nothing is loaded here."""
     if args.contrastive is None:
@@ -53,10 +57,10 @@ def contrastive_options(args: argparse.Namespace) -> dict | None:
 
     alpha = 0.1 if args.alpha is None else args.alpha
     temperature = 1.0 if args.amateur_temperature is None else args.amateur_temperature
-    ContrastiveConfig(amateur=None, alpha=alpha, amateur_temperature=temperature)  # the range checks
+    ContrastiveConfig(amateur=None, alpha=alpha, amateur_temperature=temperature, beta=args.beta)  # the range checks
     spec = args.contrastive
     return {"amateur": spec, "layers": early_exit_layers("contrastive", spec), "alpha": alpha,
-            "amateur_temperature": temperature}
+            "amateur_temperature": temperature, "beta": args.beta}
 
 
 def early_exit_layers(flag: str, spec: str) -> int | None:
@@ -102,4 +106,4 @@ def make_combiner(options: dict, model, args: argparse.Namespace):
 
     amateur = load_companion("contrastive", options["amateur"], model, args)
     return ContrastiveConfig(amateur=amateur, alpha=options["alpha"],
-                             amateur_temperature=options["amateur_temperature"])
+                             amateur_temperature=options["amateur_temperature"], beta=options["beta"])

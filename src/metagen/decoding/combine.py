@@ -9,8 +9,9 @@ companion's, every one `(B, V)` — into the scores `(B, V)` the sampler chain p
 
 Contrastive decoding (Li et al. 2023) is one: the main model is the expert, its one companion
 the amateur, and the scores are `sampling.contrastive` (log p_exp − log p_ama on the
-α-plausible set). DExperts (Liu et al. 2021) and proxy tuning (Liu et al. 2024) are another
-(`DExpertsConfig`): two companions and a sum of log-softmaxes.
+α-plausible set; with `beta`, O'Brien & Lewis 2023's (1 + β)·s_exp − β·s_ama on the logits).
+DExperts (Liu et al. 2021) and proxy tuning (Liu et al. 2024) are another (`DExpertsConfig`):
+two companions and a sum of log-softmaxes.
 
 A `SwitchingCombiner` (entropy-adaptive decoding, `decoding.entropy_adaptive`) instead picks,
 row by row and step by step, which model's logits the row's token comes from; its companions
@@ -47,32 +48,44 @@ class LogitsCombiner(Protocol):
 
 @dataclass(frozen=True)
 class ContrastiveConfig:
-    """Contrastive decoding (Li et al. 2023) as a `LogitsCombiner`: the main model is the expert.
+    """Contrastive decoding as a `LogitsCombiner`: the main model is the expert. On the tokens
+    with p_exp(v) ≥ α · max_u p_exp(u) (−inf elsewhere) the score is
+
+        log p_exp(v) − log p_ama(v)              beta None: Li et al. 2023, "Contrastive Decoding:
+                                                 Open-ended Text Generation as Optimization"
+        (1 + β) · s_exp(v) − β · s_ama(v)        beta β ≥ 0, s the logits: O'Brien & Lewis 2023,
+                                                 "Contrastive Decoding Improves Reasoning in
+                                                 Large Language Models"
 
     amateur: the smaller model (same tokenizer) whose preferences are subtracted.
     alpha: plausibility threshold in [0, 1]: only tokens with p_exp(v) ≥ α · max_u p_exp(u)
-        can be chosen (the paper uses 0.1).
-    amateur_temperature: τ > 0 dividing the amateur's logits before its softmax.
+        can be chosen (both papers use 0.1).
+    amateur_temperature: τ > 0 dividing the amateur's logits (before its softmax).
+    beta: None for Li et al.'s log-probability difference, or O'Brien & Lewis's weight β, a
+        finite number ≥ 0 (0: the expert alone, masked; they use 0.5 for reasoning).
     """
 
     amateur: object
     alpha: float = 0.1
     amateur_temperature: float = 1.0
+    beta: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"alpha={self.alpha!r} is out of range: must be in [0, 1]")
         if not 0.0 < self.amateur_temperature < float("inf"):
             raise ValueError(f"amateur_temperature={self.amateur_temperature!r} is out of range: must be in (0, inf)")
+        if self.beta is not None and not 0.0 <= self.beta < float("inf"):
+            raise ValueError(f"beta={self.beta!r} is out of range: must be None or a finite number >= 0")
 
     @property
     def companions(self) -> tuple:
         return (self.amateur,)
 
     def combine(self, logits: Sequence[Tensor]) -> Tensor:
-        """`contrastive(expert, amateur, alpha, amateur_temperature)`: (B, V) → (B, V), O(B·V)."""
+        """`contrastive(expert, amateur, alpha, amateur_temperature, beta)`: (B, V) → (B, V), O(B·V)."""
         expert, amateur = logits
-        return contrastive(expert, amateur, self.alpha, self.amateur_temperature)
+        return contrastive(expert, amateur, self.alpha, self.amateur_temperature, self.beta)
 
 
 @dataclass(frozen=True)
