@@ -13,6 +13,7 @@ engine's calls), so a forward means the same in all of them:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -104,10 +105,12 @@ def forward_cost(model, starts: Sequence[int], counts: int | Sequence[int] = 1, 
     Σ_b forward_flops(model, starts[b], counts[b]) and, when the forward `produced` each row's
     next token (its logits are what the row's next token is drawn from), one target step per
     row (see `Cost.target_steps`). O(rows)."""
-    counts = [counts] * len(starts) if isinstance(counts, int) else counts
-    if len(counts) != len(starts):
+    if isinstance(counts, int):  # rows at one position (a decode step) cost one estimate times their number
+        flops = sum((forward_flops(model, start, counts) * rows for start, rows in Counter(starts).items()), 0.0)
+    elif len(counts) != len(starts):
         raise ValueError(f"counts has {len(counts)} entries for {len(starts)} rows: one per row")
-    flops = sum((forward_flops(model, start, count) for start, count in zip(starts, counts)), 0.0)
+    else:
+        flops = sum((forward_flops(model, start, count) for start, count in zip(starts, counts)), 0.0)
     return Cost(model_calls=1, flops=flops, target_steps=len(starts) if produced else 0)
 
 

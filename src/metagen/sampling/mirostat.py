@@ -21,7 +21,7 @@ The observed surprise uses the distribution before truncation, as in the authors
 implementation; llama.cpp uses the renormalised probability instead.
 
 Mirostat replaces the other truncations (top-k, top-p, ...); temperature and penalties may come
-before it. Time complexity: version 2 O(V) per row and step; version 1 O(V log V) (one sort for
+before it. Time complexity: version 2 O(V) per row and step; version 1 O(V log k) (a top-k for
 the k-th logit), state O(B).
 """
 
@@ -108,12 +108,12 @@ def mirostat_v1_truncate(logits: Tensor, mu: Tensor) -> Tensor:
         mu: `(B,)` targets in bits.
 
     Returns:
-        New float32 logits `(B, V)`. O(V log V) per row.
+        New float32 logits `(B, V)`. O(V log k) per row (a top-k of the largest k of the batch).
     """
     logits = float_logits(logits)
     k = zipf_top_k(zipf_exponent(logits), mu, logits.shape[-1])  # (B,)
-    ordered = torch.sort(logits, dim=-1, descending=True).values  # (B, V)
-    kth = ordered.gather(1, (k - 1).to(logits.device)[:, None])  # (B, 1)
+    largest = torch.topk(logits, int(k.max()), dim=-1).values  # (B, max k), sorted: no full sort when k is small
+    kth = largest.gather(1, (k - 1).to(logits.device)[:, None])  # (B, 1)
     return keep_only(logits, keep_argmax(logits, logits >= kth))
 
 
