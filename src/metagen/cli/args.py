@@ -51,6 +51,14 @@ def parse_logit_bias(items: list[str]) -> dict[int, float]:
     return bias
 
 
+def refuse_alone(args: argparse.Namespace, names, switch: str) -> None:
+    """ValueError naming every option of `names` (attribute names) the command line set without
+    the option they qualify (`switch`, as typed: "--speculative DRAFTER")."""
+    given = [name for name in names if getattr(args, name) is not None]
+    if given:
+        raise ValueError(f"{', '.join('--' + name.replace('_', '-') for name in given)} only apply with {switch}")
+
+
 def check_threads(threads: int | None) -> None:
     if threads is not None and threads < 1:
         raise ValueError(f"--threads {threads} is out of range: must be >= 1 (omit it to use every core)")

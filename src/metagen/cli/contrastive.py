@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 
+from metagen.cli.args import refuse_alone
+
 EARLY_EXIT = "early-exit:"
 EMBEDDED = "embedded"
 _OPTIONS = ("alpha", "amateur_temperature", "beta")
@@ -46,10 +48,7 @@ def contrastive_options(args: argparse.Namespace) -> dict | None:
     ValueError naming the flag for options without --contrastive and for what it cannot combine
     with. Nothing is loaded here."""
     if args.contrastive is None:
-        given = [name for name in _OPTIONS if getattr(args, name) is not None]
-        if given:
-            raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in given)} only apply with "
-                             "--contrastive AMATEUR")
+        refuse_alone(args, _OPTIONS, "--contrastive AMATEUR")
         return None
     refuse_with("contrastive", args, "contrastive decoding runs a second (amateur) model next to the local "
                 "one, which a remote server does not have here")

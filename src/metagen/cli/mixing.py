@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 
+from metagen.cli.args import refuse_alone
 from metagen.cli.contrastive import early_exit_layers, load_companion, refuse_with
 
 _DEXPERTS_OPTIONS = ("dexperts_alpha",)
@@ -44,12 +45,6 @@ def add_mixing_options(parser: argparse.ArgumentParser) -> None:
                        help="--entropy-adaptive: the steps the rolling entropy averages over (default 5)")
 
 
-def _refuse_alone(args: argparse.Namespace, names: tuple, flag: str, metavar: str) -> None:
-    given = [name for name in names if getattr(args, name) is not None]
-    if given:
-        raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in given)} only apply with --{flag} {metavar}")
-
-
 def mixing_options(args: argparse.Namespace) -> dict | None:
     """The settings of --dexperts or --entropy-adaptive (checked: α, τ, w, the model spellings), or
     None; ValueError naming the flag for options without their flag and for what it cannot
@@ -58,9 +53,9 @@ def mixing_options(args: argparse.Namespace) -> dict | None:
     from metagen.decoding.entropy_adaptive import EntropyAdaptiveConfig
 
     if args.dexperts is None:
-        _refuse_alone(args, _DEXPERTS_OPTIONS, "dexperts", "EXPERT,ANTI")
+        refuse_alone(args, _DEXPERTS_OPTIONS, "--dexperts EXPERT,ANTI")
     if args.entropy_adaptive is None:
-        _refuse_alone(args, _ENTROPY_OPTIONS, "entropy-adaptive", "LARGE")
+        refuse_alone(args, _ENTROPY_OPTIONS, "--entropy-adaptive LARGE")
     if args.dexperts is None and args.entropy_adaptive is None:
         return None
     flag = "dexperts" if args.dexperts is not None else "entropy-adaptive"

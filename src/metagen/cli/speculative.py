@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from metagen.cli.args import refuse_alone
+
 _OPTIONS = ("num_draft_tokens", "verify", "adaptive_draft", "exit_layer", "exit_adapter", "draft_dtype",
             "draft_confidence")
 
@@ -34,9 +36,7 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
 def speculative_options(args: argparse.Namespace) -> dict | None:
     """The speculative settings of `generate`, or None; options without --speculative raise."""
     if args.speculative is None:
-        given = [name for name in _OPTIONS if getattr(args, name) is not None]
-        if given:
-            raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in given)} only apply with --speculative DRAFTER")
+        refuse_alone(args, _OPTIONS, "--speculative DRAFTER")
         return None
     from metagen.speculative import SpeculativeConfig
 
