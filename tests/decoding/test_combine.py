@@ -91,19 +91,14 @@ def test_contrastive_config_is_a_combiner_and_checks_its_fields():
 def test_greedy_takes_the_argmax_of_the_contrastive_score_at_every_step(alpha, amateur_temperature):
     combiner = ContrastiveConfig(AmateurToy(), alpha=alpha, amateur_temperature=amateur_temperature)
     result = generate(ToyModel(), [BOS], SamplingParams(temperature=0, max_tokens=6), combiner=combiner)
-    context, expected = [BOS], []
-    while len(expected) < 6:
-        token = int(expected_scores(context, alpha, amateur_temperature).argmax())
-        expected.append(token)
-        context.append(token)
-        if token == EOS:
-            break
+    expected = greedy_by_hand(lambda context: expected_scores(context, alpha, amateur_temperature))
     assert result.completions[0].token_ids == expected
     plain = generate(ToyModel(), [BOS], SamplingParams(temperature=0, max_tokens=6)).completions[0].token_ids
     assert expected != plain  # the contrast changes the choice: greedy on the expert alone is "a a b"
 
 
-def _greedy_by_hand(scores_of, steps: int = 6) -> list[int]:
+def greedy_by_hand(scores_of, steps: int = 6) -> list[int]:
+    """The greedy path from [BOS] of `scores_of(context)` (V,), computed step by step, ending at EOS."""
     context, expected = [BOS], []
     while len(expected) < steps:
         token = int(scores_of(context).argmax())
@@ -121,10 +116,10 @@ def _greedy_by_hand(scores_of, steps: int = 6) -> list[int]:
 def test_greedy_with_beta_takes_the_argmax_of_the_beta_score_at_every_step(alpha, beta, amateur_temperature):
     combiner = ContrastiveConfig(AmateurToy(), alpha=alpha, amateur_temperature=amateur_temperature, beta=beta)
     result = generate(ToyModel(), [BOS], SamplingParams(temperature=0, max_tokens=6), combiner=combiner)
-    expected = _greedy_by_hand(lambda context: expected_beta_scores(context, alpha, beta, amateur_temperature))
+    expected = greedy_by_hand(lambda context: expected_beta_scores(context, alpha, beta, amateur_temperature))
     assert result.completions[0].token_ids == expected
     plain = generate(ToyModel(), [BOS], SamplingParams(temperature=0, max_tokens=6)).completions[0].token_ids
-    li = _greedy_by_hand(lambda context: expected_scores(context, alpha, amateur_temperature))
+    li = greedy_by_hand(lambda context: expected_scores(context, alpha, amateur_temperature))
     assert expected != plain or expected != li  # the case tells β's score from the other two
 
 

@@ -15,7 +15,7 @@ import torch
 import metagen.decoding.memory as memory
 from metagen.decoding import DExpertsConfig, LogitsCombiner, generate
 from metagen.sampling import SamplingParams
-from tests.decoding.test_combine import ExpertWithBytes
+from tests.decoding.test_combine import ExpertWithBytes, greedy_by_hand
 from tests.decoding.toy_companions import TransformedToy
 from tests.decoding.toy_model import BOS, EOS, ToyModel, next_logits
 from tests.sampling.helpers import DRAWS, assert_frequencies
@@ -63,13 +63,7 @@ def test_dexperts_config_is_a_combiner_and_checks_alpha_by_name():
 def test_greedy_takes_the_argmax_of_the_combined_score_at_every_step(alpha):
     combiner = DExpertsConfig(expert(), anti_expert(), alpha=alpha)
     result = generate(ToyModel(), [BOS], SamplingParams(temperature=0, max_tokens=6), combiner=combiner)
-    context, expected = [BOS], []
-    while len(expected) < 6:
-        token = int(expected_scores(context, alpha).argmax())
-        expected.append(token)
-        context.append(token)
-        if token == EOS:
-            break
+    expected = greedy_by_hand(lambda context: expected_scores(context, alpha))
     assert result.completions[0].token_ids == expected
     plain = generate(ToyModel(), [BOS], SamplingParams(temperature=0, max_tokens=6)).completions[0].token_ids
     if alpha == 3.0:
