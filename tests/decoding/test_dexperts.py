@@ -17,7 +17,7 @@ from metagen.decoding import DExpertsConfig, LogitsCombiner, generate
 from metagen.sampling import SamplingParams
 from tests.decoding.test_combine import ExpertWithBytes, greedy_by_hand
 from tests.decoding.toy_companions import TransformedToy
-from tests.decoding.toy_model import BOS, EOS, ToyModel, next_logits
+from tests.decoding.toy_model import BOS, ToyModel, next_logits
 from tests.sampling.helpers import DRAWS, assert_frequencies
 
 
