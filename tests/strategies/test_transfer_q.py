@@ -12,7 +12,8 @@ from metagen.decoding.cost import Cost, forward_flops
 from metagen.sampling import SamplingParams
 from metagen.scoring.base import Scorer, Scores
 from metagen.scoring.process_reward import FunctionValue, HeadValue
-from metagen.strategies.transfer_q import RolloutQ, TransferQConfig, transfer_q
+from metagen.scoring.rollout_q import RolloutQ
+from metagen.strategies.transfer_q import TransferQConfig, transfer_q
 from tests.decoding.toy_companions import TransformedToy
 from tests.decoding.toy_model import A, B, BOS, C, EOS, VOCAB, ToyModel, next_logits
 
@@ -90,11 +91,11 @@ def test_argmax_with_greedy_rollouts_follows_the_hand_computed_tilt(one_thread):
 
 
 def test_sampled_first_token_follows_the_tilted_distribution(one_thread):
-    """choice="sample", greedy rollouts (Q exact): the first tokens of n rows against the
+    """token_choice="sample", greedy rollouts (Q exact): the first tokens of n rows against the
     softmax over the top-k of log π_ref + Q/β (chi-square, fixed seed)."""
     n, k, beta, length = 2000, 4, 0.5, 2
     baseline = baseline_model()
-    config = TransferQConfig(n=n, top_k=k, kl_beta=beta, rollout_tokens=length, choice="sample",
+    config = TransferQConfig(n=n, top_k=k, kl_beta=beta, rollout_tokens=length, token_choice="sample",
                              params=SamplingParams(max_tokens=3))
     result = transfer_q(ToyModel(), [BOS], FunctionValue(reward), config, baseline=baseline,
                         rng=torch.Generator().manual_seed(11))
@@ -112,11 +113,9 @@ def test_sampled_rollouts_estimate_the_exact_q(indirect, one_thread):
     m, length, alpha = 4000, 2, 0.5
     baseline = baseline_model()
     r_bl = FunctionValue(lambda prompt, sequence: float(sequence.count(B)))  # the baseline's own reward
-    config = TransferQConfig(rollouts=m, rollout_tokens=length, rollout="sample",
-                             baseline_value="b" if indirect else None, baseline_alpha=alpha if indirect else None,
-                             params=SamplingParams(max_tokens=8))
-    value = RolloutQ(baseline, FunctionValue(reward), config, stop_ids={EOS}, generator=torch.Generator().manual_seed(2),
-                     baseline_reward=r_bl if indirect else None)
+    value = RolloutQ(baseline, FunctionValue(reward), rollouts=m, rollout_tokens=length, sample=True, max_tokens=8,
+                     stop_ids={EOS}, generator=torch.Generator().manual_seed(2),
+                     baseline_reward=r_bl if indirect else None, alpha=alpha if indirect else None)
     continuations = [[A], [B], [C], [A, C]]
     got = value.values([BOS], continuations).values
     value.close()
@@ -179,7 +178,7 @@ def test_cost_counts_every_forward_of_both_models_and_every_reward_call(one_thre
     reference, baseline, scorer = FlopsToy("reference", 1.0, [0.0] * VOCAB, 100.0), FlopsToy(
         "baseline", 1.5, [0.0, 0.0, 0.8, 0.0, 0.0], 10.0), CountingScorer()
     k, m, length = 3, 2, 3
-    config = TransferQConfig(n=2, top_k=k, rollouts=m, rollout_tokens=length, rollout="sample", choice="sample",
+    config = TransferQConfig(n=2, top_k=k, rollouts=m, rollout_tokens=length, rollout="sample", token_choice="sample",
                              params=SamplingParams(max_tokens=4, ignore_eos=True))
     result = transfer_q(reference, [BOS], scorer, config, baseline=baseline, rng=torch.Generator().manual_seed(1))
     cost = result.cost
@@ -203,8 +202,8 @@ def test_refusals():
         TransferQConfig(rollout_tokens=-1)
     with pytest.raises(ValueError, match=r"rollout='beam' is not known; choose from greedy, sample"):
         TransferQConfig(rollout="beam")
-    with pytest.raises(ValueError, match=r"choice='max' is not known; choose from argmax, sample"):
-        TransferQConfig(choice="max")
+    with pytest.raises(ValueError, match=r"token_choice='max' is not known; choose from sample, argmax"):
+        TransferQConfig(token_choice="max")
     with pytest.raises(ValueError, match="indirect transfer needs both"):
         TransferQConfig(baseline_value="steps")
     with pytest.raises(ValueError, match=r"baseline_alpha=-1.0 is out of range: must be > 0"):
@@ -233,3 +232,40 @@ def test_the_registry_entry_and_its_options():
         spec.parse({"rollout_tokens": 1.5}, "metagen.")
     with pytest.raises(ValueError, match=r"strength is not an option of strategy 'transfer_q'"):
         spec.parse({"strength": 2.0})
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--kl-beta", "0"], "kl_beta=0.0 is out of range: must be > 0"),
+    (["--baseline", "early-exit:x"], "baseline 'early-exit:x': early-exit:L needs L"),
+    (["--baseline-alpha", "0.5"], "indirect transfer needs both"),
+    (["--rollouts", "0"], "rollouts=0 is out of range: must be >= 1"),
+])
+def test_the_command_line_refuses_bad_options_by_name_before_loading(monkeypatch, capsys, argv, named):
+    from metagen.cli import common, main
+
+    monkeypatch.setattr(common, "load_model", lambda args: pytest.fail("the model was loaded before the check"))
+    assert main(["generate", "2 + 3 =", "--strategy", "transfer_q", "--value", "steps", *argv]) == 2
+    assert named in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_embedded_model_with_its_early_exit_baseline_runs_end_to_end(capsys):
+    """The embedded SmolLM2 decoding, its own first 20 layers the baseline: every forward of both
+    models is counted (reference: prefill + one per token; baseline: prefill + one per token to
+    reach the candidates + L − 1 per rollout step that has room)."""
+    import json
+
+    from metagen.cli import main
+
+    argv = ["generate", "What is 2 + 3?", "--strategy", "transfer_q", "--value", "steps", "--baseline",
+            "early-exit:20", "--n", "2", "--max-tokens", "3", "--rollout-tokens", "2", "--rollout", "sample",
+            "--rollouts", "2", "--seed", "1", "--json"]
+    assert main(argv) == 0
+    payload = json.loads(capsys.readouterr().out)
+    tokens = payload["chosen"]["tokens"] if "tokens" in payload["chosen"] else payload["candidates"][0]["tokens"]
+    assert tokens == 3 and payload["chosen"]["text"]
+    cost = payload["cost"]
+    assert cost["generated_tokens"] == cost["target_steps"] == 2 * 3  # top-2 candidate rows per token
+    # reference 1 + 3; baseline 1 + 3 + (1 rollout forward at the first token, none after: room 2, 1, 0)
+    assert cost["model_calls"] == (1 + 3) + (1 + 3 + 1)
+    assert 0 < cost["scorer_flops"] < cost["flops"]

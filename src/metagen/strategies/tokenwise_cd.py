@@ -4,7 +4,7 @@ Each token is drawn from the value-tilted distribution over the top-k candidates
 
     π(z | x, y) = p(z | x, y) · exp(λ · V([x, y, z])) / Z        z ∈ top-k of p(· | x, y)
 
-(or, with choice="argmax", its mode: argmax_z log p + λ·V). Transfer Q* (`transfer_q.py`) is
+(or, with token_choice="argmax", its mode: argmax_z log p + λ·V). Transfer Q* (`transfer_q.py`) is
 this loop with V the rollout estimate Q̂ of an aligned baseline model and λ = 1/β.
 
 p is the model's distribution after the logits processors (penalties, temperature, top-p, a
@@ -55,8 +55,8 @@ class TokenwiseCDConfig:
     n: int = option(1, int, "samples drawn (rows decoded together)", low=1, sizes_work=True)
     top_k: int = option(8, int, "candidate tokens valued per token", low=1, sizes_work=True)
     strength: float = option(1.0, float, "λ, the weight of the value in p · exp(λ · V)")
-    choice: str = option("sample", str, "draw each token from p · exp(λ · V) (sample) or take its mode (argmax)",
-                         choices=("sample", "argmax"))
+    token_choice: str = option("sample", str, "draw each token from p · exp(λ · V) (sample) or take its mode "
+                               "(argmax)", choices=("sample", "argmax"))
     params: SamplingParams = SamplingParams(temperature=1.0, max_tokens=256)
     pattern: str | None = shared("pattern")
     answer_field: str | None = shared("answer_field")  # the answer is this field of a JSON output (not pattern)
@@ -95,7 +95,7 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
     refuse_token_healing(config.params, "tokenwise controlled decoding")
     prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
     k = min(config.top_k, model.vocab_size)
-    argmax = config.choice == "argmax"
+    argmax = config.token_choice == "argmax"
     batch = RowBatch.start(model, prompt_ids, replace(config.params, n=config.n), processors, generator=rng,
                            forward_rows=config.n * k, what="n·top_k")  # each forward runs n·k candidate rows
     chain, generator, rows = batch.chain, batch.generator, batch.rows
