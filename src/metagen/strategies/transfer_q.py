@@ -27,7 +27,8 @@ token, B rows: the reference's B·k candidate rows (tokenwise CD), 1 + L baselin
 at most B·k·m rows, and one reward call over at most B·k·m sequences, all in the one `Cost`
 (model calls and FLOPs; the baseline's and the reward's FLOPs in `scorer_flops` too). The
 reward reads whole sequences (a `Scorer`, or --value steps / judge / prm:PATH / reward:URL): a
-value head, which reads hidden states, is refused.
+value head, which reads hidden states, is refused. The request's processors and constraint shape
+π_ref's candidates only: the rollouts are the baseline's own (Q̂ is a value under π_BL).
 """
 
 from __future__ import annotations
