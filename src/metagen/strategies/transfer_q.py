@@ -111,7 +111,9 @@ def transfer_q(model, prompt: Prompt, reward, config: TransferQConfig | None = N
     check_batch_fits(baseline, config.n * k * config.rollouts, config.params.max_tokens,
                      what="n·top_k·rollouts")  # the rollout rows of one step
     rng = rng if rng is not None else config.params.make_generator()
-    stop_ids = set(config.params.stop_token_ids or ()) | (set() if config.params.ignore_eos else set(model.eos_token_ids))
+    stop_ids = set(config.params.stop_token_ids or ())
+    if not config.params.ignore_eos:
+        stop_ids |= set(model.eos_token_ids)
     value = RolloutQ(baseline, _as_value(reward, prompt, model), rollouts=config.rollouts,
                      rollout_tokens=config.rollout_tokens, sample=config.rollout == "sample",
                      max_tokens=config.params.max_tokens, stop_ids=stop_ids, generator=rng,
