@@ -36,8 +36,8 @@ class RolloutQ(PrefixValue):
     ids; not one reading hidden states); rollouts: m; rollout_tokens: L (0: Q̂ = r(x, y));
     sample: sampled rollouts (else greedy); max_tokens: no rollout runs past this many completion
     tokens; stop_ids: the tokens ending one; generator: the sampled rollouts' randomness;
-    baseline_reward, alpha: indirect transfer (both None: direct). Call `close` when done (it
-    releases the cached states)."""
+    baseline_reward, alpha: indirect transfer (both None: direct). The states it keeps are one
+    prompt's (the first call's); `close` releases them (then any prompt may follow)."""
 
     def __init__(self, baseline, reward: PrefixValue, *, rollouts: int = 1, rollout_tokens: int = 16,
                  sample: bool = False, max_tokens: int = 256, stop_ids: Collection[int] = frozenset(),
@@ -57,18 +57,21 @@ class RolloutQ(PrefixValue):
         self.baseline, self.reward, self.baseline_reward, self.alpha = baseline, reward, baseline_reward, alpha
         self.rollouts, self.rollout_tokens, self.sample, self.max_tokens = rollouts, rollout_tokens, sample, max_tokens
         self.stop_ids, self.generator = frozenset(stop_ids), generator
-        self.cache = None
+        self.cache, self.prompt_ids = None, []
         self._states: dict[tuple[int, ...], tuple[object, torch.Tensor]] = {}  # prefix → (snapshot, logits (V,))
 
     def values(self, prompt_ids, continuations, hidden=None) -> Values:
         cost = Cost()
+        if self.cache is not None and list(prompt_ids) != self.prompt_ids:
+            raise ValueError("RolloutQ keeps one prompt's states: close it (or make another) for a new prompt")
         if self.cache is None:  # the prompt, once
-            self.cache, out = self.baseline.prefill(list(prompt_ids), batch_size=1)
+            self.prompt_ids = list(prompt_ids)
+            self.cache, out = self.baseline.prefill(self.prompt_ids, batch_size=1)
             self._states[()] = (self.cache.snapshot(0), out.logits[0])
             cost += prefill_cost(self.baseline, len(prompt_ids), produced=False)
         unique = list(dict.fromkeys(tuple(c) for c in continuations))
-        logits, forward_cost = self._advance(len(prompt_ids), unique)  # (U, V): each state's next token
-        cost += forward_cost
+        logits, advanced = self._advance(len(prompt_ids), unique)  # (U, V): each state's next token
+        cost += advanced
         row_of = {key: u for u, key in enumerate(unique)}
         sequences, owners = self._rollouts(len(prompt_ids), unique, [row_of[tuple(c)] for c in continuations],
                                            logits, cost)
