@@ -185,8 +185,8 @@ def test_completions_endpoint_and_a_constrained_vote(client, served_model, model
     assert answer.choices[0].text == local.chosen.text
 
 
-# local cache (tokenwise_cd, pg_td); a 2nd model
-RUNNABLE = [name for name in STRATEGIES if name not in ("tokenwise_cd", "pg_td", "mbr_embedding")]
+# local cache (tokenwise_cd, transfer_q, pg_td); a 2nd model
+RUNNABLE = [name for name in STRATEGIES if name not in ("tokenwise_cd", "transfer_q", "pg_td", "mbr_embedding")]
 
 
 @pytest.mark.parametrize("name", RUNNABLE)

@@ -238,11 +238,12 @@ SIZES_WORK = {
     "step_beam": {"n", "max_steps"}, "dvts": {"n", "max_steps"}, "rebase": {"n", "max_steps"},
     "mcts": {"n", "expansions", "max_steps"}, "astar": {"n", "expansions", "solutions"},
     "particle_filter": {"n", "max_steps"}, "blockwise_cd": {"n", "max_blocks"}, "tokenwise_cd": {"n"},
+    "transfer_q": {"n", "rollouts"},
     "adaptive_consistency": {"n", "round_size"}, "code_cluster": {"n"}, "adaptive_code_cluster": {"n", "round_size"},
     "mbr_judge": {"n"}, "verifier_refine": {"n", "initial_candidates", "revisions_per_round", "beam"},
     "in_context_navigation": {"n"}, "pg_td": {"n", "top_k"},
 }
-LENGTHS = {"max_step_tokens", "block_tokens", "max_tool_chars", "answer_tokens", "max_rollout_tokens"}
+LENGTHS = {"max_step_tokens", "block_tokens", "max_tool_chars", "answer_tokens", "max_rollout_tokens", "rollout_tokens"}
 # ints that count no model work: the stopping rule's Monte Carlo draws (bounded by its config's
 # range) and its seed
 NOT_MODEL_WORK = {"mc_samples", "mc_seed"}

@@ -29,10 +29,11 @@ EXPECTED_NEEDS = {
     "self_ask": {caps.ASSISTANT_CONTINUATION},
     "calculator": {caps.ASSISTANT_CONTINUATION},
     "tokenwise_cd": {caps.LOCAL_CACHE},  # values the top-k next tokens at every position
+    "transfer_q": {caps.LOCAL_CACHE},  # ... by rollouts of a second local model
     "pg_td": {caps.LOCAL_CACHE},  # expands and completes token prefixes from cache snapshots
     "mbr_judge": {caps.TOP_LOGPROBS},  # the model judges pairs by P(Yes) among its top tokens
 }
-SEARCHES = [name for name, spec in STRATEGIES.items() if spec.uses_value and name != "tokenwise_cd"]
+SEARCHES = [name for name, spec in STRATEGIES.items() if spec.uses_value and name not in ("tokenwise_cd", "transfer_q")]
 # tree searches run on a local cache, or on a server continuing prefixes to the step delimiter
 EXPECTED_ALTERNATIVES = {name: ({caps.LOCAL_CACHE}, {caps.STEP_CONTINUATION}) for name in SEARCHES}
 SEQUENCE_LEVEL = [name for name in STRATEGIES if name not in EXPECTED_NEEDS and name not in EXPECTED_ALTERNATIVES]
@@ -171,7 +172,7 @@ def test_the_registry_imports_every_module_that_calls_register():
     assert all(registry.registered(module) for module in registry.MODULES)
     assert set(registry.ORDER) <= calling  # the listing order names no stale module
     assert list(STRATEGIES)[:3] == ["greedy", "best_of_n", "best_of_n_logprob"]  # runners, then best_of_n
-    assert list(STRATEGIES)[-3:] == ["blockwise_cd", "tokenwise_cd", "pg_td"]
+    assert list(STRATEGIES)[-4:] == ["blockwise_cd", "tokenwise_cd", "transfer_q", "pg_td"]
 
 
 def test_a_new_registering_module_is_found_and_listed_after_the_ordered_ones(tmp_path):

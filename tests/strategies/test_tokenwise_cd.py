@@ -158,3 +158,13 @@ def test_refuses_a_batch_of_candidates_that_cannot_fit(monkeypatch):
     result = tokenwise_cd(ToyModel(), [BOS], value, TokenwiseCDConfig(n=2, top_k=4, params=params),
                           rng=torch.Generator().manual_seed(0))  # 8 rows fit
     assert len(result.completions) == 2
+
+
+def test_argmax_takes_the_mode_of_the_tilt():
+    """log p + λV = [log .5, log .3 + 2, log .2 + 1] → the second; λ = 0 → the first (p's mode)."""
+    logprobs = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7]]))
+    values = torch.tensor([[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]])
+    assert tilted_choice(logprobs, values, 2.0, None, argmax=True).tolist() == [1, 0]
+    assert tilted_choice(logprobs, values, 0.0, None, argmax=True).tolist() == [0, 2]
+    with pytest.raises(ValueError, match="token_choice='mode' is not known; choose from sample, argmax"):
+        TokenwiseCDConfig(token_choice="mode")

@@ -21,8 +21,6 @@ import argparse
 
 from metagen.cli.args import refuse_alone
 
-EARLY_EXIT = "early-exit:"
-EMBEDDED = "embedded"
 _OPTIONS = ("alpha", "amateur_temperature", "beta")
 
 
@@ -64,13 +62,10 @@ def contrastive_options(args: argparse.Namespace) -> dict | None:
 
 def early_exit_layers(flag: str, spec: str) -> int | None:
     """L of an `early-exit:L` model spelling (ValueError naming --`flag` when L is not an int >= 1),
-    None for a model --model takes."""
-    if not spec.startswith(EARLY_EXIT):
-        return None
-    text = spec[len(EARLY_EXIT):]
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"--{flag} {spec!r}: early-exit:L needs L, the number of layers, an int >= 1")
-    return int(text)
+    None for a model --model takes (`decoding.companion_models`)."""
+    from metagen.decoding.companion_models import early_exit_layers as layers
+
+    return layers(spec, f"--{flag}")
 
 
 def refuse_with(flag: str, args: argparse.Namespace, why_backend: str) -> None:
@@ -83,19 +78,12 @@ def refuse_with(flag: str, args: argparse.Namespace, why_backend: str) -> None:
 
 
 def load_companion(flag: str, spec: str, model, args: argparse.Namespace):
-    """The model `spec` names next to `model`: its first L layers for `early-exit:L` (`truncated`;
-    ValueError naming --`flag` when it has no such form), else a model loaded like --model at
-    --dtype with --kv-dtype caches ('embedded': the embedded model)."""
-    from metagen.models import load
-    from metagen.models.base import DepthTruncatable
+    """The model `spec` names next to `model` (`decoding.companion_models.load_companion`): its
+    first L layers for `early-exit:L` (ValueError naming --`flag` when it has no such form), else
+    a model loaded like --model at --dtype with --kv-dtype caches ('embedded': the embedded model)."""
+    from metagen.decoding.companion_models import load_companion as load
 
-    layers = early_exit_layers(flag, spec)
-    if layers is not None:
-        if not isinstance(model, DepthTruncatable):
-            raise ValueError(f"--{flag} {spec}: the model ({type(model).__name__}) has no "
-                             "early-exit form (DepthTruncatable: the native backend)")
-        return model.truncated(layers)
-    return load(None if spec == EMBEDDED else spec, args.dtype, kv_dtype=args.kv_dtype)
+    return load(spec, model, dtype=args.dtype, kv_dtype=args.kv_dtype, where=f"--{flag}")
 
 
 def make_combiner(options: dict, model, args: argparse.Namespace):

@@ -21,7 +21,8 @@ _EXPORTS = {
     "train_value_head": "value_training",
     "PrefixValue": "process_reward", "HeadValue": "process_reward", "FunctionValue": "process_reward",
     "StepRewardValue": "process_reward", "ProcessRewardModel": "process_reward", "ValueHeadPRM": "process_reward",
-    "ArithmeticStepVerifier": "process_reward", "JudgePRM": "judge_prm",
+    "ArithmeticStepVerifier": "process_reward", "ScorerValue": "process_reward", "JudgePRM": "judge_prm",
+    "RolloutQ": "rollout_q",
 }
 lazy_package(__name__, _EXPORTS)
 

@@ -12,6 +12,8 @@ reads it). Implementations:
 - `FunctionValue`: any function of the token ids (exact values on toy problems, rule checks).
 - `StepRewardValue`: a `ProcessRewardModel` on the decoded steps, aggregated to one number
   ("last", "min" or "prod" of the step scores, as in search-and-learn's PRM aggregation).
+- `ScorerValue`: any `Scorer` (a reward model, a judge, a verifier) on the decoded sequences,
+  read as whole answers (Transfer Q*'s reward of its rollouts).
 
 `ProcessRewardModel` implementations: `ValueHeadPRM` (the value head read at every step end, one
 forward), `ArithmeticStepVerifier` (checks every `a op b = c` a step writes, exactly),
@@ -168,6 +170,26 @@ class StepRewardValue(PrefixValue):
             out.append(aggregate(scored.values, self.how))
             cost += scored.cost
         return Values(out, cost)
+
+
+class ScorerValue(PrefixValue):
+    """A `Scorer` as a value: each continuation decoded (special tokens skipped) into a
+    `Completion` of the prompt, all of them scored in one `scorer(prompt, candidates)` call.
+
+    prompt: the prompt as the scorer reads it (text or chat messages); tokenizer: decodes ids."""
+
+    def __init__(self, scorer, prompt, tokenizer) -> None:
+        from metagen.scoring.base import as_scorer
+
+        self.scorer, self.prompt, self.tokenizer = as_scorer(scorer), prompt, tokenizer
+
+    def values(self, prompt_ids, continuations, hidden=None) -> Values:
+        from metagen.decoding.result import Completion
+
+        candidates = [Completion(self.tokenizer.decode(list(c), skip_special_tokens=True), list(c))
+                      for c in continuations]
+        scores = self.scorer(self.prompt, candidates)
+        return Values([float(v) for v in scores.values], scores.cost)
 
 
 class ValueHeadPRM(ProcessRewardModel):

@@ -4,6 +4,9 @@ Each token is drawn from the value-tilted distribution over the top-k candidates
 
     π(z | x, y) = p(z | x, y) · exp(λ · V([x, y, z])) / Z        z ∈ top-k of p(· | x, y)
 
+(or, with token_choice="argmax", its mode: argmax_z log p + λ·V). Transfer Q* (`transfer_q.py`) is
+this loop with V the rollout estimate Q̂ of an aligned baseline model and λ = 1/β.
+
 p is the model's distribution after the logits processors (penalties, temperature, top-p, a
 constraint, ...). One step for B rows: fork every row into its k candidates (page-table copies),
 run the B·k candidates through the model in one forward with hidden states, value them in one
@@ -52,6 +55,8 @@ class TokenwiseCDConfig:
     n: int = option(1, int, "samples drawn (rows decoded together)", low=1, sizes_work=True)
     top_k: int = option(8, int, "candidate tokens valued per token", low=1, sizes_work=True)
     strength: float = option(1.0, float, "λ, the weight of the value in p · exp(λ · V)")
+    token_choice: str = option("sample", str, "draw each token from p · exp(λ · V) (sample) or take its mode "
+                               "(argmax)", choices=("sample", "argmax"))
     params: SamplingParams = SamplingParams(temperature=1.0, max_tokens=256)
     pattern: str | None = shared("pattern")
     answer_field: str | None = shared("answer_field")  # the answer is this field of a JSON output (not pattern)
@@ -62,12 +67,15 @@ class TokenwiseCDConfig:
 
 
 def tilted_choice(logprobs: torch.Tensor, values: torch.Tensor, strength: float,
-                  generator: torch.Generator | None) -> torch.Tensor:
-    """Draw one of k candidates per row from softmax(log p + λ·V): logprobs, values (B, k) → (B,)."""
+                  generator: torch.Generator | None, *, argmax: bool = False) -> torch.Tensor:
+    """Draw one of k candidates per row from softmax(log p + λ·V), or with `argmax` take its mode
+    (the first among ties): logprobs, values (B, k) → (B,). O(B·k)."""
     import torch  # here (a dict lookup per token): importing the config imports no torch
 
-    weights = torch.softmax(logprobs.double() + strength * values.double(), dim=-1)
-    return torch.multinomial(weights, 1, generator=generator).squeeze(1)
+    scores = logprobs.double() + strength * values.double()  # (B, k)
+    if argmax:
+        return torch.argmax(scores, dim=-1)
+    return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(1)
 
 
 def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None = None, *,
@@ -87,6 +95,7 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
     refuse_token_healing(config.params, "tokenwise controlled decoding")
     prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
     k = min(config.top_k, model.vocab_size)
+    argmax = config.token_choice == "argmax"
     batch = RowBatch.start(model, prompt_ids, replace(config.params, n=config.n), processors, generator=rng,
                            forward_rows=config.n * k, what="n·top_k")  # each forward runs n·k candidate rows
     chain, generator, rows = batch.chain, batch.generator, batch.rows
@@ -113,7 +122,7 @@ def tokenwise_cd(model, prompt: Prompt, value, config: TokenwiseCDConfig | None 
         # each candidate extends its row's cached prefix, which valuing [x, y, z] from scratch would recompute
         cost.prompt_tokens_reused += k * sum(lengths)
         values = torch.tensor(scored.values).view(b_count, k)
-        choice = tilted_choice(top.values, values, config.strength, generator)  # (B,)
+        choice = tilted_choice(top.values, values, config.strength, generator, argmax=argmax)  # (B,)
         tokens = top.indices.gather(1, choice[:, None]).squeeze(1)  # (B,)
         chain.accept(tokens)
         # π as logits over the vocabulary: log p + λV on the top-k, -inf elsewhere
