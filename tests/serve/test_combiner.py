@@ -116,6 +116,24 @@ def test_companion_rows_leave_with_a_request_cancelled_mid_decode_or_mid_prefill
     assert len(long_pieces) == 2 and sum(long_pieces) < len(long_prompt)  # it left mid-prefill
 
 
+def test_the_admission_check_counts_the_companions_caches(model, dexperts, monkeypatch):
+    from metagen.decoding import memory
+
+    params = SamplingParams(temperature=0, max_tokens=1000)
+    alone = memory.LOGIT_COPIES * model.vocab_size * 4 + params.max_tokens * model.kv_bytes_per_token
+    monkeypatch.setattr(memory, "available_memory", lambda: alone + 1)  # room for the model's row only
+    engine = Engine(model, max_rows=4, combiner=dexperts)
+    engine.start()
+    try:
+        refused = _submit(engine, model, PROMPTS[0], params)
+        assert refused.done.wait(120)
+    finally:
+        engine.stop()
+    error = refused.events[-1].error
+    assert error.startswith("ValueError: n=1 is too large for this machine") and "in the caches of models" in error
+    assert refused.tokens == []
+
+
 def test_what_the_engine_cannot_serve_with_a_combiner_is_refused(model):
     amateur = ContrastiveConfig(amateur=model.truncated(4))
     with pytest.raises(ValueError, match="--cache-memory 1048576: the prefix cache indexes the model's keys"):
