@@ -42,14 +42,23 @@ def add_contrastive_options(parser: argparse.ArgumentParser) -> None:
 
 
 def contrastive_options(args: argparse.Namespace) -> dict | None:
-    """The contrastive settings of `generate` (checked: α, T, β, the AMATEUR spelling), or None;
-    ValueError naming the flag for options without --contrastive and for what it cannot combine
-    with. Nothing is loaded here."""
+    """The contrastive settings of `generate` (`contrastive_settings`), or None; ValueError naming
+    the flag for what it cannot combine with. Nothing is loaded here."""
+    settings = contrastive_settings(args)
+    if settings is not None:
+        refuse_with("contrastive", args, "contrastive decoding runs a second (amateur) model next to the local "
+                    "one, which a remote server does not have here")
+    return settings
+
+
+def contrastive_settings(args: argparse.Namespace) -> dict | None:
+    """The contrastive settings (checked: α, T, β, the AMATEUR spelling), or None without
+    --contrastive; ValueError naming the flag for its options given without it. What the command
+    cannot combine it with is its own to refuse (`generate`: `refuse_with`; `serve`: --backend
+    and the prefix cache)."""
     if args.contrastive is None:
         refuse_alone(args, _OPTIONS, "--contrastive AMATEUR")
         return None
-    refuse_with("contrastive", args, "contrastive decoding runs a second (amateur) model next to the local "
-                "one, which a remote server does not have here")
     from metagen.decoding.combine import ContrastiveConfig
 
     alpha = 0.1 if args.alpha is None else args.alpha

@@ -27,13 +27,7 @@ _ENTROPY_OPTIONS = ("entropy_threshold", "entropy_window")
 
 def add_mixing_options(parser: argparse.ArgumentParser) -> None:
     """The argument groups of --dexperts and --entropy-adaptive."""
-    group = parser.add_argument_group("DExperts / proxy tuning (Liu et al. 2021, 2024: log p_model + "
-                                      "α (log p_expert − log p_anti))")
-    group.add_argument("--dexperts", default=None, metavar="EXPERT,ANTI",
-                       help="the expert and the anti-expert, comma-separated, each spelled as --contrastive's "
-                            "AMATEUR (early-exit:L, a model as --model takes it, 'embedded'); same tokenizer")
-    group.add_argument("--dexperts-alpha", type=float, default=None, metavar="A",
-                       help="--dexperts: the steering strength α >= 0 (default 1)")
+    add_dexperts_options(parser)
     group = parser.add_argument_group("entropy-adaptive decoding (Simonds 2025: the --model decodes, a larger "
                                       "model where its rolling entropy is above a threshold)")
     group.add_argument("--entropy-adaptive", default=None, metavar="LARGE",
@@ -45,11 +39,21 @@ def add_mixing_options(parser: argparse.ArgumentParser) -> None:
                        help="--entropy-adaptive: the steps the rolling entropy averages over (default 5)")
 
 
+def add_dexperts_options(parser: argparse.ArgumentParser) -> None:
+    """The argument group of --dexperts."""
+    group = parser.add_argument_group("DExperts / proxy tuning (Liu et al. 2021, 2024: log p_model + "
+                                      "α (log p_expert − log p_anti))")
+    group.add_argument("--dexperts", default=None, metavar="EXPERT,ANTI",
+                       help="the expert and the anti-expert, comma-separated, each spelled as --contrastive's "
+                            "AMATEUR (early-exit:L, a model as --model takes it, 'embedded'); same tokenizer")
+    group.add_argument("--dexperts-alpha", type=float, default=None, metavar="A",
+                       help="--dexperts: the steering strength α >= 0 (default 1)")
+
+
 def mixing_options(args: argparse.Namespace) -> dict | None:
     """The settings of --dexperts or --entropy-adaptive (checked: α, τ, w, the model spellings), or
     None; ValueError naming the flag for options without their flag and for what it cannot
     combine with. Nothing is loaded here."""
-    from metagen.decoding.combine import DExpertsConfig
     from metagen.decoding.entropy_adaptive import EntropyAdaptiveConfig
 
     if args.dexperts is None:
@@ -65,15 +69,7 @@ def mixing_options(args: argparse.Namespace) -> dict | None:
             raise ValueError(f"--{flag} cannot be combined with --{other}: one way of mixing models at a time")
     refuse_with(flag, args, "it runs other models next to the local one, which a remote server does not have here")
     if flag == "dexperts":
-        specs = args.dexperts.split(",")
-        if len(specs) != 2 or not all(spec.strip() for spec in specs):
-            raise ValueError(f"--dexperts {args.dexperts!r}: needs two models, EXPERT,ANTI (comma-separated)")
-        specs = [spec.strip() for spec in specs]
-        for spec in specs:
-            early_exit_layers(flag, spec)
-        alpha = 1.0 if args.dexperts_alpha is None else args.dexperts_alpha
-        DExpertsConfig(expert=None, anti_expert=None, alpha=alpha)  # the range check
-        return {"kind": flag, "models": specs, "alpha": alpha}
+        return dexperts_settings(args)
     if args.beam_width is not None:
         raise ValueError("--entropy-adaptive cannot be combined with --beam-width: it switches models row by row "
                          "in the sampling loop")
@@ -83,6 +79,26 @@ def mixing_options(args: argparse.Namespace) -> dict | None:
     EntropyAdaptiveConfig(large=None, threshold=args.entropy_threshold, window=window)  # the range checks
     early_exit_layers(flag, args.entropy_adaptive)
     return {"kind": flag, "models": [args.entropy_adaptive], "threshold": args.entropy_threshold, "window": window}
+
+
+def dexperts_settings(args: argparse.Namespace) -> dict | None:
+    """The --dexperts settings (checked: α, the two model spellings), or None without --dexperts;
+    ValueError naming the flag for --dexperts-alpha given without it. What the command cannot
+    combine it with is its own to refuse. Nothing is loaded here."""
+    from metagen.decoding.combine import DExpertsConfig
+
+    if args.dexperts is None:
+        refuse_alone(args, _DEXPERTS_OPTIONS, "--dexperts EXPERT,ANTI")
+        return None
+    specs = args.dexperts.split(",")
+    if len(specs) != 2 or not all(spec.strip() for spec in specs):
+        raise ValueError(f"--dexperts {args.dexperts!r}: needs two models, EXPERT,ANTI (comma-separated)")
+    specs = [spec.strip() for spec in specs]
+    for spec in specs:
+        early_exit_layers("dexperts", spec)
+    alpha = 1.0 if args.dexperts_alpha is None else args.dexperts_alpha
+    DExpertsConfig(expert=None, anti_expert=None, alpha=alpha)  # the range check
+    return {"kind": "dexperts", "models": specs, "alpha": alpha}
 
 
 def make_mixing_combiner(options: dict, model, args: argparse.Namespace):

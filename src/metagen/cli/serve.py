@@ -5,6 +5,8 @@ or over remote OpenAI-compatible servers (proxy mode).
                   [--served-model-name NAME]
                   [--api-key-env VAR] [--max-rows 16] [--max-queue 64] [--max-n 128] [--request-timeout SECONDS]
                   [--cache-memory 256MiB | --no-prefix-cache] [--prefill-chunk 256] [--lenient]
+                  [--contrastive AMATEUR [--alpha] [--amateur-temperature] [--beta]
+                   | --dexperts EXPERT,ANTI [--dexperts-alpha]]
     metagen serve --backend URL [URL ...] [--engine NAME] [--backend-api-key-env VAR] [--backend-concurrency K]
                   [--backend-stall-seconds 5] [--tokenizer PATH] [--host] [--port] [--served-model-name]
                   [--api-key-env] [--max-rows] [--max-n] [--request-timeout] [--lenient]
@@ -15,6 +17,12 @@ generator (metagen.serve.proxy); the options of the local model and engine are r
 --engine names the backends' engine (declared with the other remote options, `cli/backend.py`):
 by default it is read from their /v1/models, and a server not recognised there is served as the
 generic OpenAI shape, with a warning.
+
+--contrastive and --dexperts (declared with `generate`'s, cli/contrastive.py and cli/mixing.py)
+make the server decode every request with that combiner, the --model as the expert (or base):
+its companion models keep rows in the engine next to the model's (serve/companions.py), and
+/v1/models and /health name it under "decoding". Their caches are not the prefix cache's, so
+such a server has none (--cache-memory above 0 is refused).
 
 Binds to 127.0.0.1 unless told otherwise. FastAPI and uvicorn come with the `serve` extra
 (the `serve` extra: `pip install -e '.[serve]'` in a checkout); they are imported only when the command runs.
@@ -28,6 +36,8 @@ import sys
 
 from metagen.cli import common
 from metagen.cli.backend import add_engine_option
+from metagen.cli.contrastive import add_contrastive_options, contrastive_settings, make_combiner
+from metagen.cli.mixing import add_dexperts_options, dexperts_settings, make_mixing_combiner
 
 GRACEFUL_SHUTDOWN_SECONDS = 5  # on SIGTERM / Ctrl-C, open streams get this long before they are cut
 
@@ -62,6 +72,8 @@ def add_parser(commands) -> None:
                             "several steps, between which running streams decode (default 256)")
     serve.add_argument("--lenient", action="store_true",
                        help="ignore unknown request fields instead of answering 400 (listed in a response header)")
+    add_contrastive_options(serve)
+    add_dexperts_options(serve)
     proxy = serve.add_argument_group("proxy mode (remote OpenAI-compatible servers instead of a local model)")
     proxy.add_argument("--backend", nargs="+", default=None, metavar="URL",
                        help="API root(s) of the servers to forward to, e.g. http://127.0.0.1:8001/v1 (several: one "
@@ -82,7 +94,7 @@ def add_parser(commands) -> None:
 
 
 LOCAL_ONLY = ("model", "dtype", "kv_dtype", "threads", "max_queue", "cache_memory", "no_prefix_cache",
-              "prefill_chunk")
+              "prefill_chunk", "contrastive", "alpha", "amateur_temperature", "beta", "dexperts", "dexperts_alpha")
 PROXY_ONLY = ("engine", "backend_api_key_env", "backend_concurrency", "backend_stall_seconds", "tokenizer")
 BACKEND_CONCURRENCY = 4  # requests in flight per backend without --backend-concurrency
 PROXY_RETRIES = 1  # a failing backend is retried once, then the fleet fails over to another
@@ -135,6 +147,13 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--no-prefix-cache contradicts --cache-memory {args.cache_memory}: give one of them")
     if args.no_prefix_cache:
         cache_memory = 0
+    combiner = _combiner_settings(args)
+    if combiner is not None:
+        if cache_memory:
+            raise ValueError(f"--cache-memory {args.cache_memory} cannot be combined with --{combiner[0]}: the prefix "
+                             "cache holds the model's keys and values only, not its companion models' (a server "
+                             "with a combiner has no prefix cache)")
+        cache_memory = 0
     api_key = None
     if args.api_key_env is not None:
         api_key = os.environ.get(args.api_key_env)
@@ -149,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
 
         raise ValueError(f"metagen serve needs the 'serve' extra ({error.name} is missing): "
                          f"{install_line('serve')}") from None
-    backend = _proxy(args) if args.backend is not None else _local(args, cache_memory)
+    backend = _proxy(args) if args.backend is not None else _local(args, cache_memory, combiner)
     name = backend.served_name
     app = create_app(backend, api_key=api_key, lenient=args.lenient, request_timeout=args.request_timeout,
                      max_n=args.max_n)
@@ -162,14 +181,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _local(args: argparse.Namespace, cache_memory: int | None):
-    """The local model behind a started engine."""
+def _combiner_settings(args: argparse.Namespace) -> tuple[str, dict] | None:
+    """(flag, settings) of --contrastive or --dexperts (checked, nothing loaded), or None;
+    ValueError when both are given."""
+    contrastive, dexperts = contrastive_settings(args), dexperts_settings(args)
+    if contrastive is not None and dexperts is not None:
+        raise ValueError("--dexperts cannot be combined with --contrastive: one way of mixing models at a time")
+    if contrastive is not None:
+        return "contrastive", contrastive
+    return None if dexperts is None else ("dexperts", dexperts)
+
+
+def _local(args: argparse.Namespace, cache_memory: int | None, combiner: tuple[str, dict] | None):
+    """The local model (and its combiner's companion models) behind a started engine."""
     from metagen.serve.engine import DEFAULT_PREFILL_CHUNK, Engine
     from metagen.serve.local import LocalBackend
 
     model = common.load_model(args)
+    if combiner is not None:
+        flag, settings = combiner
+        combiner = (make_combiner if flag == "contrastive" else make_mixing_combiner)(settings, model, args)
     engine = Engine(model, max_rows=args.max_rows, max_queue=args.max_queue, cache_memory=cache_memory,
-                    prefill_chunk=args.prefill_chunk or DEFAULT_PREFILL_CHUNK)
+                    prefill_chunk=args.prefill_chunk or DEFAULT_PREFILL_CHUNK, combiner=combiner)
     engine.start()
     return LocalBackend(model, engine, args.served_model_name)
 

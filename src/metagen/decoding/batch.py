@@ -113,7 +113,8 @@ class RowBatch:
     def start(cls, model, prompt_ids: list[int], params: SamplingParams, processors: Sequence[LogitsProcessor] = (),
               *, healed: str = "", generator: torch.Generator | None = None, rows_in_use: int = 0,
               positions: int = 1, forward_rows: int | None = None, what: str = "n",
-              combiner: LogitsCombiner | SwitchingCombiner | None = None) -> RowBatch:
+              combiner: LogitsCombiner | SwitchingCombiner | None = None,
+              vocabulary_checked: bool = False) -> RowBatch:
         """Set up a request of `params.n` rows: its stop rules (ValueError when the prompt leaves
         no room), its generator (`generator`, else `params.seed`'s, else fresh OS entropy; torch's
         global RNG is left alone), the memory check of `rows_in_use + forward_rows` rows scoring
@@ -122,8 +123,10 @@ class RowBatch:
         n·top_k — and `what` the option named when they cannot fit), its sampler chain
         (`request_chain`: `processors` first, each with its state after the prompt for one row)
         and one `Row` per completion. `combiner`: its companions must share the model's
-        vocabulary (ValueError naming both models) and their caches join the memory check; a
-        `SwitchingCombiner` decodes in the sampling loop only (ValueError with `forward_rows`)."""
+        vocabulary (ValueError naming both models; O(V) unless they share the tokenizer object,
+        skipped with `vocabulary_checked`: the serving engine checks once, at its start) and
+        their caches join the memory check; a `SwitchingCombiner` decodes in the sampling loop
+        only (ValueError with `forward_rows`)."""
         if isinstance(combiner, SwitchingCombiner) and forward_rows is not None:
             raise ValueError(f"{type(combiner).__name__} switches models row by row in the sampling loop; "
                              f"it does not run with --{what.replace('_', '-')} (beam search, tokenwise decoding)")
@@ -133,7 +136,7 @@ class RowBatch:
         forward_rows = params.n if forward_rows is None else forward_rows
         models = model
         if combiner is not None:
-            for companion in combiner.companions:
+            for companion in () if vocabulary_checked else combiner.companions:
                 check_same_vocabulary(model, companion)
             models = [model, *combiner.companions]
         check_batch_fits(models, rows_in_use + forward_rows, rules.max_new_tokens, positions, what=what)

@@ -26,7 +26,11 @@ returns `(C, V)` logits that a `PromptScorer` turns into the records the respons
 (log-prob and top-k per token) before the next piece, so no `(T, V)` tensor of the whole prompt
 exists (it was ~200 KB per prompt token at V = 49,152, twice over with its log-softmax).
 
-Cost per piece: the forward of its C tokens, plus two snapshots of the running rows' page tables.
+With a server-wide combiner (companions.py) each piece is forwarded on the request's prompt row of
+every companion cache too, first, and joined into its n rows with the model's.
+
+Cost per piece: the forward of its C tokens (per model), plus two snapshots of the running rows'
+page tables (per cache).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from metagen.decoding.memory import check_batch_fits
 from metagen.decoding.prompt_scoring import PromptScorer
 
 if TYPE_CHECKING:
+    from metagen.serve.companions import CompanionCaches
     from metagen.serve.prefix_manager import PrefixCacheManager
     from metagen.serve.requests import EngineStats
     from metagen.serve.request_state import EngineRequest
@@ -46,11 +51,13 @@ if TYPE_CHECKING:
 class ChunkedPrefill:
     """Set-up and prefill of admitted requests over `model` and the engine's shared `cache`
     (engine thread only); `prefixes` gives and takes their cached prefixes, `stats` counts their
-    prompt tokens."""
+    prompt tokens; `companions` (a `CompanionCaches`, or None) are prefilled with them."""
 
-    def __init__(self, model, cache, prefixes: PrefixCacheManager, stats: EngineStats, prefill_chunk: int) -> None:
+    def __init__(self, model, cache, prefixes: PrefixCacheManager, stats: EngineStats, prefill_chunk: int,
+                 companions: CompanionCaches | None = None) -> None:
         self.model, self.cache, self.prefixes, self.stats = model, cache, prefixes, stats
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk, self.companions = prefill_chunk, companions
+        self.combiner = None if companions is None else companions.combiner
 
     def start(self, request: EngineRequest, rows_in_use: int) -> None:
         """Set up the request's rows (`RowBatch.start`: chain, rows, generator; a strategy run
@@ -59,7 +66,8 @@ class ChunkedPrefill:
         running batch's rows, which share the cache with the request's."""
         model, params, prompt_ids, caller = self.model, request.params, request.prompt_ids, request.request
         batch = RowBatch.start(model, prompt_ids, params, healed=caller.healed, generator=caller.generator,
-                               rows_in_use=rows_in_use)  # its rows live in the engine's shared cache
+                               rows_in_use=rows_in_use, combiner=self.combiner,
+                               vocabulary_checked=True)  # its rows live in the engine's caches (CompanionCaches)
         if caller.echo:
             check_batch_fits(model, 1, 0, positions=min(len(prompt_ids), self.prefill_chunk), what="echo rows")
             request.scorer = PromptScorer(prompt_ids, params.logprobs or 0)
@@ -71,24 +79,36 @@ class ChunkedPrefill:
         row (`_forward_piece`), the running rows (`batch_running`: there are some) set aside as
         snapshots; once the whole prompt is in, its n rows join the end of the batch (`_join`)
         and `request.logits` is set, `(n, V)`."""
-        prompt_ids, cache = request.prompt_ids, self.cache
+        prompt_ids, cache, companions = request.prompt_ids, self.cache, self.companions
         begin = request.prefilled
         end = min(len(prompt_ids), begin + budget)
         last = end == len(prompt_ids)
         running = [cache.snapshot(row) for row in range(cache.batch_size)] if batch_running else []
+        aside = companions.set_aside(batch_running) if companions is not None else []
         try:
+            if companions is not None:  # first: their prompt rows are the request's to free if the rest fails
+                companion_logits = companions.forward_piece(request, begin, end, last)
             logits, prompt_row = self._forward_piece(request, begin, end, last)
             if last:
                 self._join(request, running, prompt_row)
+                if companions is not None:
+                    companions.join(request, aside)
+                    request.companion_logits = [out.expand(request.params.n, -1) for out in companion_logits]
             else:
                 cache.restore(running)
                 request.prompt_row = prompt_row
+                if companions is not None:
+                    companions.restore(aside)
         except Exception:
             cache.restore(running)  # the running rows are untouched by a failed prefill
+            if companions is not None:
+                companions.restore(aside)
             raise
         finally:
             for snapshot in running:
                 cache.release(snapshot)
+            if companions is not None:
+                companions.drop(aside)
         request.prefilled = end
         caller = request.request
         if caller.echo:

@@ -24,7 +24,11 @@ past its deadline, and when the engine stops (`stop`, or a fault of the loop its
 queue and ends every waiting and running request with the reason): out of the waiting list or
 the batch, its final status, counted, its prefix unlocked, its one `DoneEvent`.
 
-Cost per step: one forward of B rows × 1 token plus the prefill forwards of at most
+A server-wide logits combiner (`combiner=`: contrastive decoding, DExperts) runs its companion
+models on the same rows (companions.py): every cache step above is taken by their caches too,
+and each request's sampler chain processes the combined scores of its rows.
+
+Cost per step: one forward of B rows × 1 token (per model) plus the prefill forwards of at most
 `prefill_chunk` prompt tokens (one per prompt touched) with two snapshots of the running rows'
 page tables each; the per-request work is O(k_r · V) for the chain and the records.
 
@@ -41,9 +45,11 @@ import queue
 import threading
 import time
 
+from metagen.decoding.combine import LogitsCombiner
 from metagen.models.base import PagedCache
 from metagen.models.prefix_cache import PrefixCache
 from metagen.serve.chunked_prefill import ChunkedPrefill
+from metagen.serve.companions import CompanionCaches
 from metagen.serve.model_runner import ModelRunner
 from metagen.serve.prefix_manager import PrefixCacheManager
 from metagen.serve.requests import DoneEvent, EngineStats, EngineStoppedError, QueueFullError, ServeRequest, TokenEvent
@@ -67,10 +73,13 @@ class Engine:
     prefill_chunk: most prompt tokens forwarded per step, over all the prompts being prefilled;
         a longer prompt is prefilled over several steps, each followed by a decode step of the
         running rows.
+    combiner: a `LogitsCombiner` (contrastive decoding, DExperts) every request is decoded with:
+        its companions keep rows next to the model's (`companions.CompanionCaches`); no prefix
+        cache then (ValueError for a `cache_memory` > 0).
     """
 
     def __init__(self, model, *, max_rows: int = 16, max_queue: int = 64, cache_memory: int | None = None,
-                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, combiner: LogitsCombiner | None = None) -> None:
         if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise ValueError(f"prefill_chunk={prefill_chunk!r} must be an int >= 1 (prompt tokens per step)")
         if max_rows < 1:
@@ -80,17 +89,22 @@ class Engine:
         if cache_memory is not None and (isinstance(cache_memory, bool) or not isinstance(cache_memory, int)
                                          or cache_memory < 0):
             raise ValueError(f"cache_memory={cache_memory!r} must be an int >= 0 (bytes)")
+        if combiner is not None and cache_memory:
+            raise ValueError(f"--cache-memory {cache_memory}: the prefix cache indexes the model's keys and values "
+                             "only, and the combiner's companion models need theirs too; use --cache-memory 0")
         self.model = model
+        self.combiner = combiner
+        self.companions = None if combiner is None else CompanionCaches(model, combiner)
         self.max_rows = max_rows
         self.max_queue = max_queue
         self.prefill_chunk = prefill_chunk
         self._cache = model.new_cache(1)
-        self.prefix_cache = self._make_prefix_cache(cache_memory)
+        self.prefix_cache = self._make_prefix_cache(0 if combiner is not None else cache_memory)
         self.stats = EngineStats()
-        prefixes = PrefixCacheManager(self._cache, self.prefix_cache, self.stats)
+        prefixes = PrefixCacheManager(self._cache, self.prefix_cache, self.stats, self.companions)
         self.scheduler = Scheduler(max_rows, prefill_chunk, max_queue, prefixes=prefixes, stats=self.stats)
-        self.prefill = ChunkedPrefill(model, self._cache, prefixes, self.stats, prefill_chunk)
-        self.runner = ModelRunner(model, self._cache)
+        self.prefill = ChunkedPrefill(model, self._cache, prefixes, self.stats, prefill_chunk, self.companions)
+        self.runner = ModelRunner(model, self._cache, self.companions)
         self._inbox: queue.Queue[ServeRequest | None] = queue.Queue()  # submitted, not yet taken by the engine thread
         self._stopping = False
         self._dead: str | None = None  # why the engine thread ended, once it has

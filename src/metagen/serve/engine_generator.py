@@ -23,7 +23,8 @@ seeded by a draw from the call's generator (or from `params.seed`): reproducible
 draws of a `LocalGenerator` decoding all n rows together.
 
 `usage` tallies every request: prompt tokens (each request's prompt once: its n rows share its
-prefill) and generated tokens over all rows; Cost is built per call as `LocalGenerator` builds it.
+prefill) and generated tokens over all rows; Cost is built per call as `LocalGenerator` builds it
+(with a server-wide combiner, its companions' forwards too).
 Capabilities: what the engine's rows carry (token ids, logprobs, top logprobs, certainties,
 stop reasons, constraints) and step / assistant continuation; no LOCAL_CACHE (the model and its
 cache belong to the engine thread) and no HIDDEN_STATES.
@@ -136,7 +137,8 @@ class EngineGenerator(ModelGenerator):
             self.prompt_tokens += len(ids)
             self.completion_tokens += generated
             self.requests += 1
-        cost = engine_cost(self.model, len(ids), [len(c.token_ids) for c in completions])
+        companions = () if self.engine.combiner is None else self.engine.combiner.companions
+        cost = engine_cost(self.model, len(ids), [len(c.token_ids) for c in completions], companions)
         cost.generated_tokens, cost.wall_seconds = generated, time.perf_counter() - start
         return GenerationResult(completions, ids, cost)
 
@@ -178,14 +180,20 @@ class EngineGenerator(ModelGenerator):
         return emit
 
 
-def engine_cost(model, prompt_length: int, lengths: list[int]) -> Cost:
+def engine_cost(model, prompt_length: int, lengths: list[int], companions=()) -> Cost:
     """The forwards the engine ran for rows of `lengths` tokens after a prompt of `prompt_length`,
     counted as the sampling loop counts its own: the prefill forked into the rows
     (`cost.prefill_cost`), then decode step t = 1 .. longest − 1 (`cost.forward_cost`) feeding
     position prompt_length + t − 1 of every row longer than t (a row of L tokens is fed its
-    first L − 1). O(longest · rows)."""
+    first L − 1). `companions`: a server-wide combiner's models, run on the same rows (a call and
+    its FLOPs each; the target steps are the model's, as `RowBatch` counts them).
+    O(longest · rows · models)."""
     cost = prefill_cost(model, prompt_length, len(lengths))
+    for companion in companions:
+        cost += prefill_cost(companion, prompt_length, len(lengths), produced=False)
     for step in range(1, max(lengths, default=0)):
-        going = sum(length > step for length in lengths)
-        cost += forward_cost(model, [prompt_length + step - 1] * going)
+        starts = [prompt_length + step - 1] * sum(length > step for length in lengths)
+        cost += forward_cost(model, starts)
+        for companion in companions:
+            cost += forward_cost(companion, starts, produced=False)
     return cost

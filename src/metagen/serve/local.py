@@ -60,11 +60,20 @@ class LocalBackend(Backend):
         return None
 
     async def health(self) -> tuple[int, dict]:
-        return (200, {"status": "ok"}) if self.engine.alive else (503, {"status": "engine stopped"})
+        return (200, {"status": "ok", **self._decoding()}) if self.engine.alive else (503, {"status": "engine stopped"})
 
     def model_cards(self) -> list[dict]:
         return [{"id": self.served_name, "object": "model", "created": 0, "owned_by": "metagen",
-                 "max_model_len": self.model.max_context}]
+                 "max_model_len": self.model.max_context, **self._decoding()}]
+
+    def _decoding(self) -> dict:
+        """{"decoding": its card} when the server decodes every request with a combiner
+        (`metagen serve --contrastive / --dexperts`), else nothing."""
+        if self.engine.combiner is None:
+            return {}
+        from metagen.serve.companions import combiner_card
+
+        return {"decoding": combiner_card(self.engine.combiner)}
 
     async def tokenize(self, body: dict) -> dict:
         only(body, {"model", "prompt", "messages", "add_special_tokens"})

@@ -6,18 +6,21 @@ rows `[start_r, start_r + k_r)` and its logits are the slice `logits[start_r : s
 (a view, no copy):
 
     sample, for each request r (rows a..b):                 # per-request sampling state
-        processed = chain_r.process(logits[a:b])            # its own SamplingParams / constraint
+        scores    = combiner.combine([logits[a:b], *companion slices])   # with a combiner, else the logits
+        processed = chain_r.process(scores)                 # its own SamplingParams / constraint
         tokens    = chain_r.choose(processed, generator_r)  # its own torch.Generator
         chain_r.accept(tokens)
     records = token_records(rows of a group)               # batched log-softmax / top-k per (greedy, top-k) group
     ... the scheduler pushes the tokens into the rows (`Scheduler.update_from_output`) ...
     select:  cache.select(rows going on, every request)     # finished / cancelled rows leave
     forward: logits = model.forward(cache, last tokens (B, 1))   # one decode forward for every row
+             (and each companion's on its own cache, `companions.CompanionCaches`)
 
 Each request draws from its own generator for its own rows only, as `decoding.sample_loop.stream`
 does alone, so its output does not depend on its batch companions except through the
-floating-point rounding of a batched forward. Cost per step: one forward of B rows × 1 token; the
-per-request work is O(k_r · V) for the chain and the records.
+floating-point rounding of a batched forward. The records keep the model's own log-probs (not the
+combined scores), as the sampling loop's do. Cost per step: one forward of B rows × 1 token per
+model; the per-request work is O(k_r · V) for the combiner, the chain and the records.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from metagen.decoding.records import TokenRecord, token_records
 from metagen.serve.requests import DoneEvent
 
 if TYPE_CHECKING:
+    from metagen.serve.companions import CompanionCaches
     from metagen.serve.request_state import EngineRequest
 
 
@@ -48,10 +52,12 @@ class SampledRows:
 
 
 class ModelRunner:
-    """The decode step over `model` and the engine's shared `cache` (engine thread only)."""
+    """The decode step over `model` and the engine's shared `cache` (engine thread only), and
+    `companions` (a `CompanionCaches`, or None) whose combiner scores every row."""
 
-    def __init__(self, model, cache) -> None:
-        self.model, self.cache = model, cache
+    def __init__(self, model, cache, companions: CompanionCaches | None = None) -> None:
+        self.model, self.cache, self.companions = model, cache, companions
+        self.combiner = None if companions is None else companions.combiner
 
     def sample(self, decoding: list[tuple[EngineRequest, range]]
                ) -> tuple[list[SampledRows], list[tuple[EngineRequest, DoneEvent]]]:
@@ -63,7 +69,9 @@ class ModelRunner:
         for request, rows in decoding:
             chain = request.batch.chain
             try:
-                processed = chain.process(request.logits)  # (k, V)
+                scores = request.logits if self.combiner is None else self.combiner.combine(
+                    [request.logits, *request.companion_logits])  # (k, V)
+                processed = chain.process(scores)  # (k, V)
                 tokens = chain.choose(processed, request.batch.generator)  # (k,)
                 chain.accept(tokens)
             except Exception as error:  # noqa: BLE001 - fail this request only
@@ -77,12 +85,16 @@ class ModelRunner:
         """Drop the cache rows that ended: one `cache.select` of the rows going on."""
         if len(kept_rows) < self.cache.batch_size:
             self.cache.select(kept_rows)
+        if self.companions is not None:
+            self.companions.select(kept_rows)
 
     def forward(self, next_tokens: list[int], running: list[EngineRequest]) -> None:
         """One decode forward of the rows going on (`next_tokens[b]` appended to row b); each
         running request's `logits` become its slice `(k, V)`, a view. Raises what the forward
         raises: the batch is then lost (`reset`)."""
         out = model_forward(self.model, self.cache, next_tokens)
+        if self.companions is not None:
+            self.companions.forward(torch.tensor(next_tokens, dtype=torch.long)[:, None], running)
         start = 0
         for request in running:
             k = request.live_rows
@@ -92,6 +104,8 @@ class ModelRunner:
     def reset(self) -> None:
         """An empty batch, after a failed forward."""
         self.cache.reset(0)
+        if self.companions is not None:
+            self.companions.reset()
 
 
 def _records(sampled: list[SampledRows]) -> None:

@@ -9,8 +9,8 @@ slots of prompts (at admission) and of finished rows (prompt + output) by their 
                              page-table ints); at least its last token is left to prefill
     hold(request, row)       its whole prompt indexed and its path locked while it runs
     cache_finished(...)      finished rows' prompt + output indexed before their rows leave the batch
-    free(request)            its prompt row released, its path unlocked (`Scheduler.finish`, the one
-                             way out of the engine)
+    free(request)            its prompt row (and its companions' prompt rows) released, its path
+                             unlocked (`Scheduler.finish`, the one way out of the engine)
 
 After each insert or unlock the least recently used unlocked leaves are evicted once the tree
 holds more than its capacity (`cache_memory / model.kv_bytes_per_token` tokens); a locked path is never
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from metagen.models.cache import RowSnapshot
+    from metagen.serve.companions import CompanionCaches
     from metagen.models.prefix_cache import PrefixCache
     from metagen.serve.requests import EngineStats
     from metagen.serve.request_state import EngineRequest
@@ -31,11 +32,13 @@ if TYPE_CHECKING:
 
 class PrefixCacheManager:
     """The engine's prefix cache (None: no prefix cache) and the slots its requests hold in
-    `cache` (the engine's shared `KVCache`; engine thread only). Writes the prefix counters of
-    `stats`."""
+    `cache` (the engine's shared `KVCache`; engine thread only), and in the caches of the
+    `companions` of a server-wide combiner (a `CompanionCaches`, or None). Writes the prefix
+    counters of `stats`."""
 
-    def __init__(self, cache, prefixes: PrefixCache | None, stats: EngineStats) -> None:
-        self.cache, self.prefixes, self.stats = cache, prefixes, stats
+    def __init__(self, cache, prefixes: PrefixCache | None, stats: EngineStats,
+                 companions: CompanionCaches | None = None) -> None:
+        self.cache, self.prefixes, self.stats, self.companions = cache, prefixes, stats, companions
 
     def match(self, request: EngineRequest) -> None:
         """The longest cached prefix of the request's prompt but its last token (whose logits
@@ -79,8 +82,10 @@ class PrefixCacheManager:
 
     def free(self, request: EngineRequest) -> None:
         """Everything the request holds between steps let go: its partly prefilled prompt row
-        released, its prompt's path unlocked (and what is now over capacity evicted). Its rows in
-        the running batch, if any, are dropped by the next `cache.select`."""
+        released (the companions' too), its prompt's path unlocked (and what is now over capacity
+        evicted). Its rows in the running batch, if any, are dropped by the next `cache.select`."""
+        if self.companions is not None:
+            self.companions.release(request)
         if request.prompt_row is not None:
             self.cache.release(request.prompt_row)
             request.prompt_row = None

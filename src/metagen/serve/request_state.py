@@ -10,7 +10,7 @@ typed state, and its `RequestStatus`, which only the scheduler (scheduler.py) se
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from metagen.serve.requests import ServeRequest
@@ -55,6 +55,8 @@ class EngineRequest:
     scorer: PromptScorer | None = None  # echo: the `PromptScorer` fed by the prefill's pieces
     prefix_node: Node | None = None  # its prompt's node in the prefix cache, locked while it runs
     logits: torch.Tensor | None = None  # RUNNING: (k, V) next-token logits of its k live rows
+    companion_logits: list[torch.Tensor] = field(default_factory=list)  # RUNNING: each companion's (k, V)
+    companion_prompt_rows: list[RowSnapshot | None] = field(default_factory=list)  # each companion's prompt row
 
     @property
     def prompt_ids(self) -> list[int]:
