@@ -51,13 +51,13 @@ from typing import NamedTuple
 
 import torch
 
-from metagen.decoding.cost import forward_cost, prefill_cost
+from metagen.decoding.batch import RowBatch
+from metagen.decoding.cost import forward_cost
 from metagen.decoding.ngram_counts import NgramCounts
 from metagen.decoding.prompts import Prompt, encode_prompt
 from metagen.decoding.records import TokenRecord
 from metagen.decoding.result import GenerationResult
 from metagen.decoding.rows import Row
-from metagen.decoding.stop_rules import StopRules
 from metagen.models.base import EmbeddingInput
 from metagen.sampling import SamplingParams
 
@@ -194,13 +194,14 @@ def superposed_decode(model, prompt: Prompt, k: int = 3, *, corpus: Corpus = Non
         raise ValueError(f"superposed decoding feeds a mixture of input embeddings: the model "
                          f"({type(model).__name__}) does not take them (EmbeddingInput: the native backend)")
     prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
-    rules = StopRules.from_params(config.sampling_params(), model, len(prompt_ids))
+    # the prompt's one row, set up as every loop's: stop rules, memory check of one row, its `Row`
+    batch = RowBatch.start(model, prompt_ids, config.sampling_params(), forward_rows=1)
     counts = corpus_counts(model.tokenizer, corpus, prompt_ids, config)
     tail = max(config.orders) - 1  # context tokens the longest order reads
-    cache, out = model.prefill(prompt_ids)
-    cost = prefill_cost(model, len(prompt_ids), 1)
+    cache, out = batch.prefill()
+    cost = batch.prefill_cost()
     prefill_seconds = time.perf_counter() - started
-    drafts = [_Draft(Row(model.tokenizer, prompt_ids, rules), 0.0)]
+    drafts = [_Draft(batch.rows[0], 0.0)]
     logits, position, log_vocab = out.logits[0], len(prompt_ids), math.log(model.vocab_size)
     while True:
         logprobs = torch.log_softmax(logits.float(), dim=-1)  # (V,) shared by every draft
