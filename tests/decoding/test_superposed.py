@@ -91,6 +91,25 @@ def test_the_decoder_feeds_the_superposition_and_keeps_the_best_k(tiny):
     assert all(c.finish_reason == "length" for c in result.completions)
 
 
+def test_an_ended_draft_keeps_its_place_and_the_live_one_decodes_alone(tiny):
+    """The prefill's best token is made a stop token: that one-token draft ends at once, keeps its
+    score (every extension of the other scores lower) and the other draft, now fed alone (γ = 1,
+    its own embedding), continues as greedy decoding from the prompt + the second-best token."""
+    _, out = tiny.prefill(PROMPT)
+    first = torch.topk(torch.log_softmax(out.logits[0], dim=-1), 2)
+    best, second = first.indices.tolist()
+    config = SuperposedConfig(lm_weight=1.0, max_tokens=3, stop_token_ids=[best], ignore_eos=True)
+    ended, live = superposed_decode(tiny, PROMPT, 2, config=config).completions
+    assert (ended.token_ids, ended.finish_reason, ended.stop_reason) == ([best], "stop", best)
+    assert ended.score == pytest.approx(first.values[0].item())
+    cache, out = tiny.prefill(PROMPT + [second])
+    greedy = [second]
+    for _ in range(2):
+        greedy.append(int(out.logits[0].argmax()))
+        out = tiny.forward(cache, [[greedy[-1]]])
+    assert live.token_ids == greedy and live.finish_reason == "length"
+
+
 @pytest.mark.parametrize("k", [1, 4])
 def test_one_forward_per_step_whatever_k(tiny, k):
     tokens = 5
