@@ -7,9 +7,9 @@ import torch
 
 from metagen.models import load
 from metagen.models.base import EmbeddingInput
+from metagen.models.decoder import DecoderModel
 from metagen.models.kgram import KGramModel
 from tests.contracts import violations
-from metagen.models.decoder import DecoderModel
 
 PROMPT = [1, 17, 230, 4055, 9, 88]
 
