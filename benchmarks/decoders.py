@@ -10,7 +10,10 @@ fixed seeds, on the embedded SmolLM2-135M-Instruct with `--threads 2`:
    entropy-adaptive decoding (the first 12 layers decode, the full model takes over while their
    rolling entropy is above each of `--ead-thresholds` bits);
 3. sampling: T = 1, Mirostat 1 and Mirostat 2 (τ = `--tau` bits);
-4. beam: beam search of width 4 and diverse beam search (2 and 4 groups, λ = 1), 4 hypotheses.
+4. beam: beam search of width 4 and diverse beam search (2 and 4 groups, λ = 1), 4 hypotheses;
+5. superposed: superposed decoding of k = 3 drafts (the model alone, λ = 1; and λ = 0.46 with the
+   n-grams of the prompt, plus `--ngram-corpus FILE`'s when given) against 3 independent nucleus
+   samples (p = 0.9, one batched forward of 3 rows per step) and greedy decoding (one output).
 
 The second models are the model's own early exits (`DecoderModel.truncated`: the first k layers,
 the final norm and the LM head, sharing the weights), not separately trained models.
@@ -22,10 +25,13 @@ output (a fluency proxy, not a quality score); tok/s = generated tokens / decode
 prompts; FLOPs/token = `result.cost.flops` / generated tokens (every model's forwards, prefill
 included); surprise = mean −log2 p(token) of sampled tokens under the model's own distribution
 (`Completion.logprobs`) and under the distribution drawn from (`sampling_logprobs`, what Mirostat
-steers toward τ).
+steers toward τ). Superposed family: distinct-2 over the bigrams of the k outputs pooled (how
+different the drafts are), log-prob averaged over the outputs, tok/s = every output's tokens /
+decode seconds, model calls and MFLOPs per generated token.
 
     PYTHONPATH=src .venv/bin/python benchmarks/decoders.py --markdown
     PYTHONPATH=src .venv/bin/python benchmarks/decoders.py --prompts 2 --tokens 16   # quick check
+    PYTHONPATH=src .venv/bin/python benchmarks/decoders.py --families superposed --ngram-corpus FILE
 """
 
 from __future__ import annotations
@@ -36,10 +42,12 @@ import math
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from metagen.decoding import BeamSearchConfig, ContrastiveConfig, DExpertsConfig, EntropyAdaptiveConfig, beam_search, generate
+from metagen.decoding import (BeamSearchConfig, ContrastiveConfig, DExpertsConfig, EntropyAdaptiveConfig,
+                              SuperposedConfig, beam_search, generate, superposed_decode)
 from metagen.models import load
 from metagen.models.embedded import embedded_model_path
 from metagen.sampling import SamplingParams
@@ -130,6 +138,29 @@ def run_beam(model, config: BeamSearchConfig) -> dict:
             "seconds": seconds, "hypotheses": len(result.completions)}
 
 
+def run_outputs(model, decode) -> dict:
+    """`decode(text, chat, index)` (a `GenerationResult` of one or more outputs) on every prompt:
+    distinct-2 over the outputs' bigrams pooled and the mean log-prob per prompt, then averaged;
+    tokens / decode seconds, model calls and FLOPs per token summed over prompts."""
+    distinct, logprobs = [], []
+    tokens = calls = outputs = 0
+    seconds = flops = 0.0
+    for index, (text, chat) in enumerate(PROMPTS):
+        result = decode(text, chat, index)
+        ids = [c.token_ids for c in result.completions]
+        grams = [g for one in ids for g in ngrams(one, 2)]
+        distinct.append(len(set(grams)) / len(grams) if grams else 1.0)
+        scored = [mean_logprob(model, result.prompt_token_ids, one) for one in ids if one]
+        logprobs.append(sum(scored) / len(scored))
+        tokens += sum(len(one) for one in ids)
+        seconds += result.decode_seconds
+        calls += result.cost.model_calls
+        flops += result.cost.flops
+        outputs = len(ids)
+    return {"distinct2": sum(distinct) / len(distinct), "logprob": sum(logprobs) / len(logprobs), "tokens": tokens,
+            "tok_s": tokens / seconds, "calls": calls, "flops_per_token": flops / tokens, "outputs": outputs}
+
+
 def table(header: list[str], lines: list[list[str]], markdown: bool) -> str:
     if markdown:
         out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -148,7 +179,9 @@ def main() -> None:
     parser.add_argument("--small-layers", type=int, default=12, help="layers of entropy-adaptive decoding's small model")
     parser.add_argument("--ead-thresholds", default="1,1.5,2", help="entropy-adaptive thresholds, bits, comma-separated")
     parser.add_argument("--tau", type=float, default=3.0, help="Mirostat target surprise, bits")
-    parser.add_argument("--families", default="repetition,two-model,sampling,beam")
+    parser.add_argument("--families", default="repetition,two-model,sampling,beam,superposed")
+    parser.add_argument("--ngram-corpus", default=None, help="superposed: a text file whose n-grams (one document "
+                                                             "per line) join the prompt's")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -222,6 +255,27 @@ def main() -> None:
                  for name, r in runs]
         print("\nBeam\n" + table(["decoder", "distinct-2 over 4 hypotheses", "best score (logp / len)",
                                   "model calls", "wall s"], lines, args.markdown), flush=True)
+
+    if "superposed" in families:
+        corpus = None if args.ngram_corpus is None else Path(args.ngram_corpus)
+        source = "prompt" + (f" + {corpus.name}" if corpus else "")
+        plain = SuperposedConfig(lm_weight=1.0, max_tokens=args.tokens)
+        mixed = SuperposedConfig(max_tokens=args.tokens)
+        nucleus = SamplingParams(temperature=1.0, top_p=0.9, n=3, max_tokens=args.tokens)
+        superposed_decode(model, PROMPTS[0][0], 3, chat=PROMPTS[0][1], config=SuperposedConfig(max_tokens=4))  # warm-up
+        runs = [("greedy", run_outputs(model, lambda text, chat, i: generate(model, text, greedy, chat=chat))),
+                ("3 samples, top-p 0.9 (batched)", run_outputs(model, lambda text, chat, i: generate(
+                    model, text, dataclasses.replace(nucleus, seed=i), chat=chat))),
+                ("superposed k 3, λ 1 (model alone)", run_outputs(model, lambda text, chat, i: superposed_decode(
+                    model, text, 3, chat=chat, config=plain))),
+                (f"superposed k 3, λ 0.46, n-grams of {source}", run_outputs(
+                    model, lambda text, chat, i: superposed_decode(model, text, 3, corpus=corpus, chat=chat,
+                                                                   config=mixed)))]
+        lines = [[name, str(r["outputs"]), str(r["tokens"]), f"{r['distinct2']:.3f}", f"{r['logprob']:.3f}",
+                  f"{r['tok_s']:.1f}", str(r["calls"]), f"{r['flops_per_token'] / 1e6:.0f}"] for name, r in runs]
+        print("\nSuperposed\n" + table(["decoder", "outputs", "tokens", "distinct-2 over the outputs",
+                                         "log-prob (model)", "tok/s (all outputs)", "model calls",
+                                         "MFLOPs / token"], lines, args.markdown), flush=True)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ _EXPORTS = {
     "stream": "decoding",
     "beam_search": "decoding",
     "BeamSearchConfig": "decoding",
+    "superposed_decode": "decoding",
 }
 lazy_package(__name__, _EXPORTS)
 

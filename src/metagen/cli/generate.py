@@ -9,7 +9,8 @@
 `--contrastive AMATEUR` (`cli/contrastive.py`) makes the plain path and beam search score tokens
 by contrastive decoding, the --model as the expert; `--dexperts EXPERT,ANTI` by DExperts / proxy
 tuning, the --model as the base; `--entropy-adaptive LARGE` (plain path) lets a larger model give
-the tokens where the --model is uncertain (`cli/mixing.py`).
+the tokens where the --model is uncertain (`cli/mixing.py`). `--superposed K` writes K drafts
+from one forward per step by superposed decoding (`cli/superposed.py`).
 
 Every option the chosen path would not read is refused before the model is loaded. With
 `--backend URL` the plain and strategy paths run on an OpenAI-compatible server (see
@@ -31,6 +32,7 @@ from metagen.cli.sampling import FLOAT_PARAMS, INT_PARAMS, OTHER_OPTIONS, add_sa
 from metagen.cli.speculative import add_speculative_options, make_drafter, speculative_options, speculative_summary
 from metagen.cli.structured import CONSTRAINT_OPTIONS, STRUCTURED_OPTIONS
 from metagen.cli.strategy import add_shared_option, add_strategy_options, generate_with_strategy, refuse_strategy_options
+from metagen.cli.superposed import add_superposed_options, run_superposed, superposed_options
 from metagen.decoding.beam_diversity import DIVERSITY_KINDS
 from metagen.strategies.spec import StrategyOptions
 
@@ -71,6 +73,7 @@ def add_parser(commands) -> None:
     add_speculative_options(gen)
     add_contrastive_options(gen)
     add_mixing_options(gen)
+    add_superposed_options(gen)
     common.add_model_options(gen)
     backend.add_backend_options(gen)
     add_strategy_options(gen)  # a strategy option named as a sampling flag is --strategy-NAME (cli/strategy.py)
@@ -85,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     prompt = chat_prompt(args)
     beam = _beam_config(args, params)
+    superposed = superposed_options(args, params)
     speculative = speculative_options(args)
     if speculative is not None and args.beam_width is not None:
         raise ValueError("--speculative cannot be combined with --beam-width")
@@ -107,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     if mixing is not None:
         combiner = make_mixing_combiner(mixing, model, args)
     load_seconds = time.perf_counter() - start
+    if superposed is not None:
+        return run_superposed(args, model, prompt, superposed, load_seconds)
     if beam is not None:
         return _beam_search(args, model, prompt, beam, load_seconds, combiner)
     return _sample(args, model, prompt, params, speculative, drafter, load_seconds, combiner)

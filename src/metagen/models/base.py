@@ -1,6 +1,7 @@
 """The `LanguageModel` interface every token-level algorithm runs on, and the declared contracts
 of what it hands out: `Cache` (every model's cache), `PagedCache` (a cache whose slots can be
-shared and copied between caches) and `DepthTruncatable` (a model whose first layers form a model).
+shared and copied between caches), `DepthTruncatable` (a model whose first layers form a model)
+and `EmbeddingInput` (a model fed input vectors in place of token ids).
 
 A feature that needs a capability checks the declared type (`isinstance(cache, PagedCache)`) and
 refuses by name what does not declare it; a class that declares one subclasses the protocol, and
@@ -195,6 +196,20 @@ class DepthTruncatable(Protocol):
 
     def truncated(self, num_layers: int) -> LanguageModel:
         """The first `num_layers` layers (an int in [1, layers − 1]) as a model; its own caches."""
+
+
+@runtime_checkable
+class EmbeddingInput(Protocol):
+    """A model that takes input vectors in place of token ids (superposed decoding feeds a
+    weighted sum of embedding rows). Implementation: `DecoderModel`."""
+
+    def input_embeddings(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the input embedding table for `ids`: `(*ids.shape, H)`."""
+
+    def forward_embeddings(self, cache: Cache, embeddings: torch.Tensor, *, logits: LogitsMode = "last",
+                           hidden: bool = False) -> ForwardOutput:
+        """`forward` with `embeddings` (B, T, H) fed where token embeddings go; feeding
+        `input_embeddings(ids)` equals feeding `ids` exactly."""
 
 
 def _repeat_rows(tensor: torch.Tensor | None, batch_size: int) -> torch.Tensor | None:

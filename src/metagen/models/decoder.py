@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from metagen.models import checks
-from metagen.models.base import DepthTruncatable, ForwardOutput, LanguageModel, LogitsMode
+from metagen.models.base import DepthTruncatable, EmbeddingInput, ForwardOutput, LanguageModel, LogitsMode
 from metagen.models.cache import DEFAULT_KV_DTYPE, KV_DTYPES, KVCache, check_kv_dtype, token_bytes
 from metagen.models.config import ModelConfig
 from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, LayerWeights, Ops, decoder_layer
@@ -49,7 +49,7 @@ FUSED_ATTENTION_MAX_KEYS = 1 << 22
 FUSED_MAX_NEW_TOKENS = 16
 
 
-class DecoderModel(LanguageModel, DepthTruncatable):
+class DecoderModel(LanguageModel, DepthTruncatable, EmbeddingInput):
     """Pre-norm decoder over a paged `KVCache` (a `PagedCache`; any family of `models/families/`).
 
     `dtype` names the weight format ("fp32", "bf16", "int8", "int4", "auto"). Matmul inputs and
@@ -64,7 +64,9 @@ class DecoderModel(LanguageModel, DepthTruncatable):
 
     Beyond `LanguageModel`: `hidden_states` (final hidden states without the LM head),
     `logits_from_hidden`, `truncated(L)` (the first L layers as a model sharing every weight:
-    `DepthTruncatable`) and `linears()` (every linear with its name, for weight accounting).
+    `DepthTruncatable`), `input_embeddings` / `forward_embeddings` (input vectors fed in place
+    of token ids: `EmbeddingInput`) and `linears()` (every linear with its name, for weight
+    accounting).
     """
 
     def __init__(
@@ -186,7 +188,36 @@ class DecoderModel(LanguageModel, DepthTruncatable):
         logits: LogitsMode = "last",
         hidden: bool = False,
     ) -> ForwardOutput:
-        x, h, counts, packed = self._run_layers(cache, tokens)
+        return self._output(*self._run_layers(cache, tokens), logits, hidden)
+
+    def input_embeddings(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the input embedding table E for `ids` (any shape of ints in [0, V)): `(*ids.shape,
+        H)` in the activation dtype, before Gemma's scale (which `forward_embeddings` applies)."""
+        return self.embed[ids]
+
+    @torch.no_grad()
+    def forward_embeddings(self, cache: KVCache, embeddings: torch.Tensor, *, logits: LogitsMode = "last",
+                           hidden: bool = False) -> ForwardOutput:
+        """`forward` with input vectors in place of token ids: row b appends the T vectors
+        `embeddings[b]` ((B, T, H), any float dtype), each taken where `forward` takes E[token] —
+        cast to the table's dtype, scaled as token embeddings are (Gemma), then run through every
+        layer on the same path (fused for T <= FUSED_MAX_NEW_TOKENS). Feeding
+        `input_embeddings(ids)` gives exactly `forward(cache, ids)`'s logits and cache; a
+        weighted sum of rows (superposed decoding) is rounded to the table's dtype first."""
+        if not isinstance(embeddings, torch.Tensor) or embeddings.dim() != 3 or not embeddings.is_floating_point():
+            shape = tuple(embeddings.shape) if isinstance(embeddings, torch.Tensor) else type(embeddings).__name__
+            raise ValueError(f"embeddings must be a float tensor (batch, length, hidden), got {shape}")
+        batch, length, width = embeddings.shape
+        if width != self.config.hidden_size or batch != cache.batch_size or length == 0:
+            raise ValueError(f"embeddings has shape {(batch, length, width)}: need ({cache.batch_size} cache rows, "
+                             f">= 1 positions, hidden size {self.config.hidden_size})")
+        if not bool(torch.isfinite(embeddings).all()):
+            raise ValueError("embeddings holds NaN or infinite values")
+        return self._output(*self._run_layers(cache, None, embeddings), logits, hidden)
+
+    def _output(self, x: torch.Tensor, h: torch.Tensor, counts: np.ndarray, packed: bool, logits: LogitsMode,
+                hidden: bool) -> ForwardOutput:
+        """The `ForwardOutput` of a layer loop's residual stream x and final norm input h."""
         num_new = counts.tolist()
         if logits == "none" and not hidden:
             return ForwardOutput(None, None, num_new)
@@ -214,29 +245,42 @@ class DecoderModel(LanguageModel, DepthTruncatable):
         """The LM head on final hidden states `(..., H)` float32 -> logits `(..., V)` float32."""
         return self.lm_head(hidden.to(self.matmul_dtype)).float()
 
-    def _run_layers(self, cache: KVCache, tokens) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, bool]:
-        """Append `tokens` to the cache through every layer. Returns the residual stream x, its
-        final norm h (matmul dtype), the counts per row and whether x is packed: (N, H) over
-        the real new tokens row-major (fused path) rather than (B, T_q, H) with padding."""
-        ops, x, h, counts, packed = self._start(cache, tokens, fused=self.use_fused)
+    def _run_layers(self, cache: KVCache, tokens, embeddings: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, bool]:
+        """Append `tokens` (or the input vectors `embeddings`, (B, T, H)) to the cache through
+        every layer. Returns the residual stream x, its final norm h (matmul dtype), the counts
+        per row and whether x is packed: (N, H) over the real new tokens row-major (fused path)
+        rather than (B, T_q, H) with padding."""
+        ops, x, h, counts, packed = self._start(cache, tokens, fused=self.use_fused, embeddings=embeddings)
         for index, (layer, next_norm) in enumerate(self._layers_and_next_norms()):
             x, h = decoder_layer(self.config, layer, x, h, index, ops, next_norm)
         return x, h, counts, packed
 
-    def _start(self, cache: KVCache, tokens, fused: bool) -> tuple[Ops, torch.Tensor, torch.Tensor, np.ndarray, bool]:
+    def _start(self, cache: KVCache, tokens, fused: bool, embeddings: torch.Tensor | None = None
+               ) -> tuple[Ops, torch.Tensor, torch.Tensor, np.ndarray, bool]:
         """What every layer loop does first: check and pack `tokens`, allocate their cache slots,
         grow the RoPE tables, choose the path (fused when allowed and at most FUSED_MAX_NEW_TOKENS
-        per row) and normalise the embeddings. Returns (ops, x, h, counts, packed)."""
-        ids, counts = self._pack(tokens, cache.batch_size)
+        per row) and normalise the embeddings (E[tokens], or `embeddings` (B, T, H) as given,
+        every row T new positions). Returns (ops, x, h, counts, packed)."""
+        if embeddings is None:
+            ids, counts = self._pack(tokens, cache.batch_size)
+            width = ids.shape[1]
+        else:
+            counts = np.full(embeddings.shape[0], embeddings.shape[1], dtype=np.int64)
+            width = embeddings.shape[1]
         slots, table, positions = cache.allocate(counts)
         self.rope.ensure(int(positions.max()) + 1)  # padding queries may run past t_kv
-        packed = fused and ids.shape[1] <= FUSED_MAX_NEW_TOKENS
+        packed = fused and width <= FUSED_MAX_NEW_TOKENS
         if packed:
             ops = FusedOps(self, cache, counts, slots, table, positions, FUSED_ATTENTION_MAX_KEYS)
-            ids = ops.ids(ids)
         else:
             ops = GeneralOps(self, cache, counts, slots, table, positions)
-        x, h = ops.add_norm(self._embed(ids), None, self.layers[0].attn_norm)  # (B, T, H) or (N, H)
+        if embeddings is None:
+            start = self._embed(ops.ids(ids) if packed else ids)
+        else:  # every row has T positions: packing is the row-major flattening
+            start = self._scaled(embeddings.to(self.embed.dtype, copy=True))  # the layers write x in place
+            start = start.reshape(-1, start.shape[-1]) if packed else start
+        x, h = ops.add_norm(start, None, self.layers[0].attn_norm)  # (B, T, H) or (N, H)
         return ops, x, h, counts, packed
 
     def _layers_and_next_norms(self) -> list[tuple[LayerWeights, torch.Tensor]]:
@@ -246,7 +290,10 @@ class DecoderModel(LanguageModel, DepthTruncatable):
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The residual stream's start, float32: embedding rows (scaled in the activation dtype
         for Gemma, as transformers does)."""
-        x = self.embed[ids]  # (B, T_q, H) or (N, H) in the activation dtype
+        return self._scaled(self.embed[ids])  # (B, T_q, H) or (N, H)
+
+    def _scaled(self, x: torch.Tensor) -> torch.Tensor:
+        """Input vectors in the activation dtype -> the residual stream's start, float32."""
         if self.config.embed_scale is not None:
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         return x.float()
