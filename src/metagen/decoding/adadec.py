@@ -34,7 +34,9 @@ SYSUSELab/AdaDec, `lookahead_scoring_function` of its AdaFixL mode):
     reference" on the entropy of teacher-forced steps (`fit_entropy_threshold`).
 
 Under sampling the steps that do not pause draw as usual, and a paused step takes the best
-candidate (the rerank is deterministic, as the paper's greedy decoder is).
+candidate (the rerank is deterministic, as the paper's greedy decoder is). The records keep the
+model's own log-probabilities; a reranked token's `sampling_logprobs` is its log-probability in
+the distribution the step would have drawn from.
 
 Mechanism (no loop of its own: one call inside the sampling loop's step, `adadec_step`): every
 live cache row is kept aside as a snapshot (`cache.snapshot`, PG-TD's way of holding a prefix:
@@ -51,8 +53,9 @@ forward's logits), added to the step's `Cost`; `GenerationResult.lookahead_steps
 row-steps that paused. A paused row costs at most B·L token-forwards more, in at most L calls;
 the chosen candidate is fed again by the main step (its lookahead cache row is dropped).
 Memory: the check of `RowBatch.start` counts n·(B + 1) rows (the n rows held aside and their
-n·B lookahead rows). Time per step: O(B_rows·V) for the entropies; a paused step adds O(T·B·V)
-per lookahead forward (the argmax) and O(tokens so far) per lookahead row (`Row.fork`).
+n·B lookahead rows). Time per step: O(rows·V) for the entropies; a step where T rows pause adds
+O(T·B·V) per lookahead forward (log-softmax and argmax) and O(tokens so far) per lookahead row
+(`Row.fork`).
 """
 
 from __future__ import annotations
