@@ -4,7 +4,9 @@ Four families, each a table with its baseline in the first row, on the same fixe
 plain-text continuations with `chat=False`, half chat prompts), the same `--tokens` budget and
 fixed seeds, on the embedded SmolLM2-135M-Instruct with `--threads 2`:
 
-1. repetition: greedy, momentum decoding (`momentum_ngram=5`), greedy with `no_repeat_ngram_size=4`;
+1. repetition: greedy, momentum decoding (`momentum_ngram=5`), greedy with `no_repeat_ngram_size=4`,
+   and AdaDec (greedy with a lookahead rerank of the top 3 tokens over 5 tokens where the entropy
+   is above `--adadec-threshold` bits; its extra forwards show in the model calls);
 2. two models: greedy, contrastive decoding (amateur = the model's first 8 layers, α = 0.1),
    DExperts (base = expert = the full model, anti-expert = its first 8 layers, α = 1), and
    entropy-adaptive decoding (the first 12 layers decode, the full model takes over while their
@@ -46,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from metagen.decoding import (BeamSearchConfig, ContrastiveConfig, DExpertsConfig, EntropyAdaptiveConfig,
+from metagen.decoding import (AdaDecConfig, BeamSearchConfig, ContrastiveConfig, DExpertsConfig, EntropyAdaptiveConfig,
                               SuperposedConfig, beam_search, generate, superposed_decode)
 from metagen.models import load
 from metagen.models.embedded import embedded_model_path
@@ -92,7 +94,7 @@ def mean_logprob(model, prompt_ids: list[int], output: list[int]) -> float:
     return logp[positions, torch.tensor(output)].mean().item()
 
 
-def run_generate(model, scorer, params, *, generate_model=None, combiner=None) -> dict:
+def run_generate(model, scorer, params, *, generate_model=None, combiner=None, rerank=None) -> dict:
     """Every prompt once with `params` (seed = prompt index); metrics averaged over prompts."""
     rows = []
     tokens = seconds = calls = 0
@@ -100,7 +102,7 @@ def run_generate(model, scorer, params, *, generate_model=None, combiner=None) -
     model_tokens: dict[str, int] = {}
     for index, (text, chat) in enumerate(PROMPTS):
         seeded = dataclasses.replace(params, seed=index)
-        result = generate(generate_model or model, text, seeded, chat=chat, combiner=combiner)
+        result = generate(generate_model or model, text, seeded, chat=chat, combiner=combiner, rerank=rerank)
         completion = result.completions[0]
         ids = completion.token_ids
         tokens += len(ids)
@@ -179,6 +181,7 @@ def main() -> None:
     parser.add_argument("--small-layers", type=int, default=12, help="layers of entropy-adaptive decoding's small model")
     parser.add_argument("--ead-thresholds", default="1,1.5,2", help="entropy-adaptive thresholds, bits, comma-separated")
     parser.add_argument("--tau", type=float, default=3.0, help="Mirostat target surprise, bits")
+    parser.add_argument("--adadec-threshold", type=float, default=2.0, help="AdaDec's entropy threshold τ, bits")
     parser.add_argument("--families", default="repetition,two-model,sampling,beam,superposed")
     parser.add_argument("--ngram-corpus", default=None, help="superposed: a text file whose n-grams (one document "
                                                              "per line) join the prompt's")
@@ -203,7 +206,9 @@ def main() -> None:
                 ("momentum (momentum_ngram=5)", run_generate(model, model, SamplingParams(
                     temperature=0, momentum_ngram=5, max_tokens=args.tokens))),
                 ("greedy, no_repeat_ngram_size=4", run_generate(model, model, SamplingParams(
-                    temperature=0, no_repeat_ngram_size=4, max_tokens=args.tokens)))]
+                    temperature=0, no_repeat_ngram_size=4, max_tokens=args.tokens))),
+                (f"AdaDec (τ {args.adadec_threshold:g} bits, B 3, L 5)", run_generate(
+                    model, model, greedy, rerank=AdaDecConfig(args.adadec_threshold, candidates=3, lookahead=5)))]
         lines = [[name, str(r["tokens"]), f"{r['rep4']:.3f}", f"{r['distinct2']:.3f}", f"{r['logprob']:.3f}",
                   f"{r['tok_s']:.1f}", str(r["calls"])] for name, r in runs]
         print("\nRepetition\n" + table(["decoder", "tokens", "rep-4", "distinct-2", "log-prob", "tok/s", "model calls"],

@@ -9,8 +9,9 @@
 `--contrastive AMATEUR` (`cli/contrastive.py`) makes the plain path and beam search score tokens
 by contrastive decoding, the --model as the expert; `--dexperts EXPERT,ANTI` by DExperts / proxy
 tuning, the --model as the base; `--entropy-adaptive LARGE` (plain path) lets a larger model give
-the tokens where the --model is uncertain (`cli/mixing.py`). `--superposed K` writes K drafts
-from one forward per step by superposed decoding (`cli/superposed.py`).
+the tokens where the --model is uncertain (`cli/mixing.py`); `--adadec` (plain path) reranks the
+top tokens by a short greedy lookahead where the --model's entropy is high (`cli/adadec.py`).
+`--superposed K` writes K drafts from one forward per step by superposed decoding (`cli/superposed.py`).
 
 Every option the chosen path would not read is refused before the model is loaded. With
 `--backend URL` the plain and strategy paths run on an OpenAI-compatible server (see
@@ -25,6 +26,7 @@ import sys
 import time
 
 from metagen.cli import backend, common
+from metagen.cli.adadec import adadec_config, add_adadec_options
 from metagen.cli.args import chat_prompt, unescape
 from metagen.cli.contrastive import add_contrastive_options, contrastive_options, make_combiner
 from metagen.cli.mixing import add_mixing_options, make_mixing_combiner, mixing_options
@@ -74,6 +76,7 @@ def add_parser(commands) -> None:
     add_contrastive_options(gen)
     add_mixing_options(gen)
     add_superposed_options(gen)
+    add_adadec_options(gen)
     common.add_model_options(gen)
     backend.add_backend_options(gen)
     add_strategy_options(gen)  # a strategy option named as a sampling flag is --strategy-NAME (cli/strategy.py)
@@ -84,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     """Check the options against the path they choose, load the model, generate and print."""
     contrastive = contrastive_options(args)
     mixing = mixing_options(args)
+    rerank = adadec_config(args)
     backend.check_backend_options(args)
     params = sampling_params(args)
     prompt = chat_prompt(args)
@@ -115,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         return run_superposed(args, model, prompt, superposed, load_seconds)
     if beam is not None:
         return _beam_search(args, model, prompt, beam, load_seconds, combiner)
-    return _sample(args, model, prompt, params, speculative, drafter, load_seconds, combiner)
+    return _sample(args, model, prompt, params, speculative, drafter, load_seconds, combiner, rerank)
 
 
 def _beam_config(args: argparse.Namespace, params):
@@ -174,13 +178,13 @@ def _beam_search(args: argparse.Namespace, model, prompt, config, load_seconds: 
 
 
 def _sample(args: argparse.Namespace, model, prompt, params, speculative, drafter, load_seconds: float,
-            combiner=None) -> int:
+            combiner=None, rerank=None) -> int:
     """Plain or speculative sampling: one completion streams as it is decoded, n > 1 print at the end."""
     from metagen.decoding import GenerationResult, stream
 
     result = GenerationResult([], [])
     if drafter is None:
-        events = stream(model, prompt, params, chat=args.chat, result=result, combiner=combiner)
+        events = stream(model, prompt, params, chat=args.chat, result=result, combiner=combiner, rerank=rerank)
     else:
         from metagen.speculative import speculative_stream
 
@@ -189,6 +193,8 @@ def _sample(args: argparse.Namespace, model, prompt, params, speculative, drafte
         for _ in events:
             pass
         payload = _json_payload(result, load_seconds)
+        if rerank is not None:  # AdaDec: the row-steps that paused for a lookahead
+            payload["lookahead_steps"] = result.lookahead_steps
         if drafter is not None:
             payload["speculative"] = speculative_summary(speculative, result.cost)
         print(json.dumps(payload))

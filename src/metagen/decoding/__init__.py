@@ -15,6 +15,8 @@ _EXPORTS = {
     "LogitsCombiner": "combine",
     "SwitchingCombiner": "combine",
     "EntropyAdaptiveConfig": "entropy_adaptive",
+    "AdaDecConfig": "adadec",
+    "fit_entropy_threshold": "adadec",
     "Generator": "generator",
     "LocalGenerator": "generator",
     "LocalModel": "generator",

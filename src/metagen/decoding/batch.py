@@ -120,7 +120,8 @@ class RowBatch:
         global RNG is left alone), the memory check of `rows_in_use + forward_rows` rows scoring
         `positions` tokens at a time (before any per-row state is allocated; `forward_rows`: the
         rows each forward runs, n by default — beam search's 2·width candidates, tokenwise CD's
-        n·top_k — and `what` the option named when they cannot fit), its sampler chain
+        n·top_k, AdaDec's n·(B + 1): the n rows held aside and their lookahead rows — and `what`
+        the option named when they cannot fit), its sampler chain
         (`request_chain`: `processors` first, each with its state after the prompt for one row)
         and one `Row` per completion. `combiner`: its companions must share the model's
         vocabulary (ValueError naming both models; O(V) unless they share the tokenizer object,
@@ -146,13 +147,14 @@ class RowBatch:
     @classmethod
     def for_prompt(cls, model, prompt: Prompt, params: SamplingParams, processors: Sequence[LogitsProcessor] = (),
                    *, chat: bool | None = None, generator: torch.Generator | None = None,
-                   positions: int = 1, combiner: LogitsCombiner | SwitchingCombiner | None = None) -> RowBatch:
+                   positions: int = 1, combiner: LogitsCombiner | SwitchingCombiner | None = None,
+                   forward_rows: int | None = None, what: str = "n") -> RowBatch:
         """`start` for a prompt as given (text, chat messages or token ids): encoded, and healed
         when `params.token_healing` asks (`request.heal_request`)."""
         prompt_ids = encode_prompt(model.tokenizer, prompt, chat, vocab_size=model.vocab_size)
         prompt_ids, healed = heal_request(params, model, prompt, chat, prompt_ids)
         return cls.start(model, prompt_ids, params, processors, healed=healed, generator=generator,
-                         positions=positions, combiner=combiner)
+                         positions=positions, forward_rows=forward_rows, what=what, combiner=combiner)
 
     @property
     def completions(self):

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from metagen.decoding import capabilities as caps
+from metagen.decoding.adadec import AdaDecConfig
 from metagen.decoding.combine import LogitsCombiner
 from metagen.decoding.prompt_cache import PromptCache
 from metagen.decoding.prompts import Prompt, encode_prompt
@@ -185,6 +186,9 @@ class LocalGenerator(ModelGenerator):
         `model` on every call (`sample_loop.stream`). Its samples are not the
         model's alone, so the generator then withholds what reads the model by itself: its
         cache (LOCAL_CACHE), hidden states and prompt scoring.
+    rerank: an `AdaDecConfig`: AdaDec's entropy-triggered lookahead rerank on every call
+        (`decoding.adadec`). Searches that decode their own steps on the cache would not apply
+        it, so the generator then withholds LOCAL_CACHE.
     It provides everything a local model gives, STRUCTURED_OUTPUT included (every decoding loop
     honours `params.structured_outputs`).
     """
@@ -192,11 +196,14 @@ class LocalGenerator(ModelGenerator):
     capabilities = caps.ALL
 
     def __init__(self, model, chat: bool | None = None, *, jump_forward: bool = True,
-                 prompt_cache: bool = True, combiner: LogitsCombiner | None = None) -> None:
+                 prompt_cache: bool = True, combiner: LogitsCombiner | None = None,
+                 rerank: AdaDecConfig | None = None) -> None:
         self.model = model
-        self.combiner = combiner
+        self.combiner, self.rerank = combiner, rerank
         if combiner is not None:  # an instance attribute: the class's stays every local model's
             self.capabilities = caps.ALL - {caps.LOCAL_CACHE, caps.HIDDEN_STATES, caps.PROMPT_SCORING}
+        elif rerank is not None:
+            self.capabilities = caps.ALL - {caps.LOCAL_CACHE}
         self.chat = chat
         self.jump_forward = jump_forward
         self.prompt_cache = PromptCache() if prompt_cache else None
@@ -223,4 +230,5 @@ class LocalGenerator(ModelGenerator):
         self, prompt: Prompt, params: SamplingParams, *, generator: torch.Generator | None = None
     ) -> GenerationResult:
         return generate(self.model, prompt, params, chat=self.chat, generator=generator,
-                        jump_forward=self.jump_forward, prompt_cache=self.prompt_cache, combiner=self.combiner)
+                        jump_forward=self.jump_forward, prompt_cache=self.prompt_cache, combiner=self.combiner,
+                        rerank=self.rerank)

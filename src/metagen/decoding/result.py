@@ -101,6 +101,8 @@ class GenerationResult:
         it is not part of the completions' text.
     model_tokens: tokens each model gave, summed over completions, by role ({"small": .., "large":
         ..} for entropy-adaptive decoding); empty when one model (or a fixed mix) gave every token.
+    lookahead_steps: AdaDec (`decoding.adadec`): the row-steps, over all completions, whose
+        entropy was above τ and whose token a lookahead rerank chose (0 without AdaDec).
     """
 
     completions: list[Completion]
@@ -113,6 +115,7 @@ class GenerationResult:
     forced_tokens: int = 0
     healed_text: str = ""
     model_tokens: dict[str, int] = field(default_factory=dict)
+    lookahead_steps: int = 0
 
     @property
     def model_shares(self) -> dict[str, float]:

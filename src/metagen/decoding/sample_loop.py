@@ -25,6 +25,12 @@ the batch runs the combiner's companions on the same rows (`RowBatch`), and the 
 the combined scores instead of the model's logits; records keep the model's own log-probs.
 Jump-forward is not used then (the plain loop, the same output law).
 
+AdaDec (`rerank=`, a `decoding.adadec.AdaDecConfig`): after the choice, the rows whose
+next-token entropy is above τ rerank their top candidates by a short greedy lookahead on forks
+of their rows (`adadec.adadec_step`, between `choose` and `accept`); its forwards join the
+step's cost and `result.lookahead_steps` counts the rows that paused. One model only (no
+combiner), the plain loop (no jump-forward).
+
 Cost: the loop fills `result.cost` as it spends it — the prefill (`RowBatch.prefill_cost`: the
 prompt computed once and reused by the n − 1 forked rows) and each forward (`cost.forward_cost`:
 one model call, the FLOPs of each row's fed token at its position, one target step per row),
@@ -38,6 +44,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from metagen.decoding.adadec import AdaDecConfig, adadec_step
 from metagen.decoding.batch import RowBatch
 from metagen.decoding.combine import LogitsCombiner
 from metagen.decoding.draft_loop import draft_stream
@@ -64,6 +71,7 @@ def stream(
     jump_forward: bool = True,
     prompt_cache: PromptCache | None = None,
     combiner: LogitsCombiner | None = None,
+    rerank: AdaDecConfig | None = None,
 ) -> Iterator[StreamEvent]:
     """Decode `params.n` completions of `prompt` as one batch, yielding text as it is produced.
 
@@ -84,12 +92,19 @@ def stream(
     `EntropyAdaptiveConfig(large, threshold, window)`: the large model's logits for the rows where
     the model's rolling entropy is high, `result.model_tokens` counting each model's tokens);
     the sampler chain (temperature, truncation, penalties, constraints) then acts on them.
+    `rerank`: AdaDec (`AdaDecConfig(threshold, candidates, lookahead)`): rows whose entropy is
+    above τ bits take the best of their top candidates by a greedy lookahead (`decoding.adadec`);
+    not with `combiner` (ValueError).
     """
     started = time.perf_counter()
     params = params or SamplingParams()
-    batch = RowBatch.for_prompt(model, prompt, params, processors, chat=chat, generator=generator, combiner=combiner)
+    if rerank is not None and combiner is not None:
+        raise ValueError("rerank (AdaDec) cannot be combined with a combiner: its lookahead runs the one model")
+    held, what = (None, "n") if rerank is None else (params.n * (rerank.candidates + 1), "n·(candidates + 1)")
+    batch = RowBatch.for_prompt(model, prompt, params, processors, chat=chat, generator=generator, combiner=combiner,
+                                forward_rows=held, what=what)  # AdaDec: the n rows held aside and their lookahead
     result = batch.fill(result if result is not None else GenerationResult([], batch.prompt_ids))
-    if jump_forward and batch.chain.judges_stop and combiner is None:  # a processor may force runs: feed them as drafts
+    if jump_forward and batch.chain.judges_stop and combiner is None and rerank is None:  # forced runs as drafts
         yield from draft_stream(batch, ForcedRunDrafter(), DrawVerification(), result, started,
                                 prompt_cache=prompt_cache)
         return
@@ -104,6 +119,10 @@ def stream(
     while True:
         processed = chain.process(batch.scores(logits))  # (B, V)
         tokens = chain.choose(processed, generator)  # (B,)
+        if rerank is not None:  # AdaDec: uncertain rows rerank their candidates by a lookahead
+            tokens, step_cost, paused = adadec_step(batch, logits, processed, tokens, position, rerank)
+            cost += step_cost
+            result.lookahead_steps += paused
         chain.accept(tokens)
         records = token_records(logits, tokens, None if params.greedy else processed, records_top)
         chosen = tokens.tolist()
@@ -135,12 +154,14 @@ def generate(
     jump_forward: bool = True,
     prompt_cache: PromptCache | None = None,
     combiner: LogitsCombiner | None = None,
+    rerank: AdaDecConfig | None = None,
 ) -> GenerationResult:
-    """Generate `params.n` completions of `prompt` (text, chat messages or token ids); `combiner`:
-    see `stream` (contrastive decoding: `combiner=ContrastiveConfig(amateur=small_model)`)."""
+    """Generate `params.n` completions of `prompt` (text, chat messages or token ids); `combiner`
+    and `rerank`: see `stream` (contrastive decoding: `combiner=ContrastiveConfig(amateur=
+    small_model)`; AdaDec: `rerank=AdaDecConfig(threshold=2.0)`)."""
     result = GenerationResult([], [])
     for _ in stream(model, prompt, params, chat=chat, generator=generator, result=result, processors=processors,
-                    jump_forward=jump_forward, prompt_cache=prompt_cache, combiner=combiner):
+                    jump_forward=jump_forward, prompt_cache=prompt_cache, combiner=combiner, rerank=rerank):
         pass
     return result
 
