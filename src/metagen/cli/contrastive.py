@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 
 from metagen.cli.args import refuse_alone
+from metagen.cli.common import EMBEDDED
 
 EARLY_EXIT = "early-exit:"
-EMBEDDED = "embedded"
 _OPTIONS = ("alpha", "amateur_temperature", "beta")
 # The options of `generate` that choose a path a second model does not run on; `eval` refuses none
 # (its strategies call the decoding generator), hence `excludes`.
