@@ -267,6 +267,11 @@ def test_local_generator_with_a_combiner_decodes_contrastively_and_withholds_the
     with pytest.raises(ValueError, match="local_cache"):
         local.local_model()
     assert caps.LOCAL_CACHE in LocalGenerator(ToyModel()).capabilities  # the class's own set is untouched
+    # the companions keep no prompt between calls: neither does the model, so each call costs a first one's
+    assert not local.keeps_prompt and LocalGenerator(ToyModel()).keeps_prompt
+    provided = LocalGenerator.provides(combiner=ContrastiveConfig(None))  # what a command checks before loading
+    assert provided.capabilities == local.capabilities and provided.described_as == local.described_as
+    assert local.decoder is combiner and LocalGenerator(ToyModel()).decoder is None
 
 
 def _implausible_tokens(completions, alpha: float) -> int:

@@ -122,3 +122,39 @@ def test_a_process_reward_model_checkpoint_counts_by_content(tmp_path):
     assert old.startswith("value_weights=") and new.startswith("value_weights=") and old != new
     served = EvalConfig(("rebase",), ns=(2,), options=StrategyOptions(value="reward:http://127.0.0.1:9"))
     assert "value_weights" not in run_setup(served, DiceGenerator())
+
+
+def test_the_decoder_and_its_settings_are_part_of_the_set_up(tmp_path):
+    """A results directory holding the model's own greedy units refuses the same model, under the
+    same label, decoding contrastively (and a contrastive run's units another α), naming the
+    decoder's field: a resumed run never takes one decoder's results for another's."""
+    import pytest
+
+    from metagen.decoding import LocalGenerator
+    from metagen.decoding.adadec import AdaDecConfig
+    from metagen.decoding.combine import ContrastiveConfig
+    from metagen.eval import arithmetic_problems
+    from metagen.eval.running import evaluate
+    from metagen.sampling import SamplingParams
+    from tests.eval.test_eval_cli import TextToy
+
+    model, amateur = TextToy("m"), TextToy("amateur")
+    amateur.config.name = "amateur"
+    config = EvalConfig(("greedy",), ns=(1,), params=SamplingParams(temperature=0.8, max_tokens=3))
+    problems = arithmetic_problems(2, 0, 9)
+
+    def run(out, **decoder):
+        return evaluate(LocalGenerator(model, **decoder), problems, config, out, label="m")
+
+    run(tmp_path / "plain")
+    with pytest.raises(ValueError, match=r"no generator\.decoder\.kind, .* generator\.decoder\.kind='ContrastiveConfig'"):
+        run(tmp_path / "plain", combiner=ContrastiveConfig(amateur, alpha=0.1))
+    run(tmp_path / "contrastive", combiner=ContrastiveConfig(amateur, alpha=0.1))
+    with pytest.raises(ValueError, match=r"generator\.decoder\.alpha=0\.1, this run has generator\.decoder\.alpha=0\.2"):
+        run(tmp_path / "contrastive", combiner=ContrastiveConfig(amateur, alpha=0.2))
+    run(tmp_path / "contrastive", combiner=ContrastiveConfig(amateur, alpha=0.1))  # the same decoder resumes
+    setup = run_setup(config, LocalGenerator(model, combiner=ContrastiveConfig(amateur)), None)
+    assert setup["generator"]["decoder"]["amateur"] == model_identity(amateur)
+    never = run_setup(config, LocalGenerator(model, rerank=AdaDecConfig(float("inf"))), None)
+    assert never["generator"]["decoder"] == {"kind": "AdaDecConfig", "threshold": "inf", "candidates": 3,
+                                             "lookahead": 5}

@@ -6,7 +6,9 @@ next-token entropy is above `--adadec-threshold` bits, and the row takes the bes
 lookahead of `--adadec-lookahead` tokens. The threshold is model-specific (the paper learns it:
 `metagen.decoding.adadec.fit_entropy_threshold`), so it has no default. The plain path only: one
 model, no --backend, --speculative, --strategy, --beam-width, nor a second model
-(--contrastive, --dexperts, --entropy-adaptive).
+(--contrastive, --dexperts, --entropy-adaptive). `metagen eval` takes the same options for every
+local model of its sweep, under every strategy that does not decode on the cache itself
+(`cli/decoders.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from metagen.cli.args import refuse_alone
-from metagen.cli.contrastive import refuse_with
+from metagen.cli.contrastive import GENERATE_EXCLUDES, refuse_with
 
 _OPTIONS = ("adadec_threshold", "adadec_candidates", "adadec_lookahead")
 
@@ -35,16 +37,17 @@ def add_adadec_options(parser: argparse.ArgumentParser) -> None:
                        help="--adadec: the greedy tokens scored after each candidate, an int >= 1 (default 5)")
 
 
-def adadec_config(args: argparse.Namespace):
+def adadec_config(args: argparse.Namespace, excludes=GENERATE_EXCLUDES):
     """The `AdaDecConfig` of --adadec (checked: τ, B, L), or None; ValueError naming the flag for
-    options without --adadec and for what it cannot combine with. Nothing is loaded here."""
+    options without --adadec and for what it cannot combine with (--backend, --beam-width, a
+    second model, and the options named in `excludes`). Nothing is loaded here."""
     if not args.adadec:
         refuse_alone(args, _OPTIONS, "--adadec")
         return None
     refuse_with("adadec", args, "its lookahead runs forwards of the local model on forks of its cache, which a "
-                "remote server does not offer")
+                "remote server does not offer", excludes)
     for other in ("beam_width", "contrastive", "dexperts", "entropy_adaptive", "superposed"):
-        if getattr(args, other) is not None:
+        if getattr(args, other, None) is not None:  # eval has no --beam-width or --superposed
             raise ValueError(f"--adadec cannot be combined with --{other.replace('_', '-')}: it reranks the "
                              "plain path's tokens with the --model alone")
     if args.adadec_threshold is None:

@@ -7,6 +7,9 @@ a test replaces the load for all of them by patching this module.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+EMBEDDED = "embedded"  # how --model (and a companion model's option) names the embedded model
 
 
 def add_model_options(parser: argparse.ArgumentParser, repeat: bool = False) -> None:
@@ -27,6 +30,29 @@ def add_model_options(parser: argparse.ArgumentParser, repeat: bool = False) -> 
                         help="KV cache format (default fp32; bf16 halves the bytes per cached token, int8 with a "
                              "scale per head stores about a quarter)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def check_model_source(flag: str, path: str) -> None:
+    """FileNotFoundError naming --`flag` unless `path` is 'embedded', an existing file or
+    directory, or a hub name OWNER/NAME[:QUANT] (nothing is loaded or downloaded)."""
+    from metagen.models.hub import parse_hub_name
+
+    if path != EMBEDDED and not Path(path).exists() and parse_hub_name(path) is None:
+        raise FileNotFoundError(f"--{flag} {path}: no such file or directory (nor a hub name OWNER/NAME[:QUANT])")
+
+
+def local_names(path: str) -> tuple[str, str]:
+    """(short, long) names of a local model as --model takes it: the file's stem or directory's
+    name, and that after its parent directory's name; of a hub name, NAME[:QUANT] and the whole
+    name; 'embedded': the embedded model's file."""
+    from metagen.models import embedded_model_path
+    from metagen.models.hub import parse_hub_name
+
+    if path != EMBEDDED and not Path(path).exists() and parse_hub_name(path) is not None:
+        return path.split("/", 1)[1], path
+    source = embedded_model_path() if path == EMBEDDED else Path(path).resolve()
+    short = source.stem if source.is_file() else source.name
+    return short, f"{source.parent.name}/{short}"
 
 
 def load_model(args: argparse.Namespace):

@@ -13,6 +13,7 @@ is named by --contrastive:
 
 Both models run on every row, so a step costs the two forwards. The plain path and beam search
 take it; --backend (a server has no second model here), --speculative and --strategy are refused.
+`metagen eval` takes the same options for every local model of its sweep (`cli/decoders.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import argparse
 from metagen.cli.args import refuse_alone
 
 _OPTIONS = ("alpha", "amateur_temperature", "beta")
+# The options of `generate` that choose a path a second model does not run on; `eval` refuses none
+# (its strategies call the decoding generator), hence `excludes`.
+GENERATE_EXCLUDES = ("speculative", "strategy")
 
 
 def add_contrastive_options(parser: argparse.ArgumentParser) -> None:
@@ -41,13 +45,14 @@ def add_contrastive_options(parser: argparse.ArgumentParser) -> None:
                             "2023), B a finite number >= 0; without it, log p_expert − log p_amateur")
 
 
-def contrastive_options(args: argparse.Namespace) -> dict | None:
-    """The contrastive settings of `generate` (`contrastive_settings`), or None; ValueError naming
-    the flag for what it cannot combine with. Nothing is loaded here."""
+def contrastive_options(args: argparse.Namespace, excludes=GENERATE_EXCLUDES) -> dict | None:
+    """The contrastive settings of `generate` or `eval` (`contrastive_settings`), or None; ValueError
+    naming the flag for what it cannot combine with (--backend, and the options named in `excludes`).
+    Nothing is loaded here."""
     settings = contrastive_settings(args)
     if settings is not None:
         refuse_with("contrastive", args, "contrastive decoding runs a second (amateur) model next to the local "
-                    "one, which a remote server does not have here")
+                    "one, which a remote server does not have here", excludes)
     return settings
 
 
@@ -77,13 +82,14 @@ def early_exit_layers(flag: str, spec: str) -> int | None:
     return layers(spec, f"--{flag}")
 
 
-def refuse_with(flag: str, args: argparse.Namespace, why_backend: str) -> None:
-    """ValueError naming --`flag` when --backend, --speculative or --strategy is given too."""
+def refuse_with(flag: str, args: argparse.Namespace, why_backend: str, excludes=GENERATE_EXCLUDES) -> None:
+    """ValueError naming --`flag` when --backend, or an option of `excludes` (attribute names), is
+    given too."""
     if args.backend is not None:
         raise ValueError(f"--{flag} cannot be combined with --backend: {why_backend}")
-    for other, value in (("speculative", args.speculative), ("strategy", args.strategy)):
-        if value is not None:
-            raise ValueError(f"--{flag} cannot be combined with --{other}")
+    for other in excludes:
+        if getattr(args, other) is not None:
+            raise ValueError(f"--{flag} cannot be combined with --{other.replace('_', '-')}")
 
 
 def load_companion(flag: str, spec: str, model, args: argparse.Namespace):
@@ -95,11 +101,11 @@ def load_companion(flag: str, spec: str, model, args: argparse.Namespace):
     return load(spec, model, dtype=args.dtype, kv_dtype=args.kv_dtype, where=f"--{flag}")
 
 
-def make_combiner(options: dict, model, args: argparse.Namespace):
+def make_combiner(options: dict, model, args: argparse.Namespace, load=None):
     """The `ContrastiveConfig` of `contrastive_options`, `model` the expert (the amateur:
-    `load_companion`)."""
+    `load(flag, spec, model, args)`, `load_companion` by default)."""
     from metagen.decoding.combine import ContrastiveConfig
 
-    amateur = load_companion("contrastive", options["amateur"], model, args)
+    amateur = (load or load_companion)("contrastive", options["amateur"], model, args)
     return ContrastiveConfig(amateur=amateur, alpha=options["alpha"],
                              amateur_temperature=options["amateur_temperature"], beta=options["beta"])

@@ -10,7 +10,9 @@ the same --out and one report, frontier and plot span them all (see `cli/sweep.p
 model runs on OpenAI-compatible server(s), --concurrency K problems at a time (see
 `cli/backend.py`); local models one at a time. --chat / --no-chat is one setting for the whole
 sweep; left out, each model takes text prompts its own way (`cli/backend.py`), and a table that
-mixes templated and raw models says so.
+mixes templated and raw models says so. --contrastive, --dexperts, --entropy-adaptive and
+--adadec (as `metagen generate` takes them) change how every local model decodes, under every
+strategy (`cli/decoders.py`); they are part of each model's identity and label.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import json
 import sys
 import time
 
-from metagen.cli import backend, common, sweep
+from metagen.cli import backend, common, decoders, sweep
 from metagen.cli.args import unescape
 from metagen.cli.strategy import add_shared_option
 from metagen.cli.structured import add_structured_options, structured_fields
@@ -81,6 +83,7 @@ def add_parser(commands) -> None:
     add_structured_options(evaluation)
     common.add_model_options(evaluation, repeat=True)
     backend.add_backend_options(evaluation, concurrency=True, repeat=True)
+    decoders.add_decoder_options(evaluation)
     evaluation.set_defaults(run=run)
 
 
@@ -105,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from metagen.sampling import SamplingParams
 
     sweep.check(args)
+    decoder = decoders.sweep_decoder(args)
     problems = _problems(args)
     sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
     for name in ("top_p", "top_k", "min_p"):
@@ -124,10 +128,12 @@ def run(args: argparse.Namespace) -> int:
         code_prompt=args.code_prompt,
         **({} if args.code_timeout is None else {"code_timeout": args.code_timeout}),
     )
+    if decoder is not None:
+        decoder.check(config)  # a strategy the decoding generator cannot run, by name
     plots = args.out is not None and _can_plot()
     if args.out is not None:
         check_writable_directory(args.out, "--out")
-    runs, remotes = sweep.model_runs(args, _chat(args, remote=False), _chat(args, remote=True))
+    runs, remotes = sweep.model_runs(args, _chat(args, remote=False), _chat(args, remote=True), decoder)
     started = [time.perf_counter()]
     try:
         report = evaluate_models(runs, problems, config, args.out, concurrency=args.concurrency,

@@ -11,7 +11,8 @@ several models on the plain path, and the combiners they make.
 
 EXPERT, ANTI and LARGE are spelled as --contrastive's AMATEUR (`early-exit:L`, a model as --model
 takes it, `embedded`) and must share the --model's tokenizer. Like --contrastive, both refuse
---backend, --speculative and --strategy, and each other and --contrastive.
+--backend, --speculative and --strategy (`metagen eval`: --backend only, `cli/decoders.py`), and
+each other and --contrastive.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import argparse
 
 from metagen.cli.args import refuse_alone
-from metagen.cli.contrastive import early_exit_layers, load_companion, refuse_with
+from metagen.cli.contrastive import GENERATE_EXCLUDES, early_exit_layers, load_companion, refuse_with
 
 _DEXPERTS_OPTIONS = ("dexperts_alpha",)
 _ENTROPY_OPTIONS = ("entropy_threshold", "entropy_window")
@@ -50,10 +51,11 @@ def add_dexperts_options(parser: argparse.ArgumentParser) -> None:
                        help="--dexperts: the steering strength α >= 0 (default 1)")
 
 
-def mixing_options(args: argparse.Namespace) -> dict | None:
+def mixing_options(args: argparse.Namespace, excludes=GENERATE_EXCLUDES) -> dict | None:
     """The settings of --dexperts or --entropy-adaptive (checked: α, τ, w, the model spellings), or
     None; ValueError naming the flag for options without their flag and for what it cannot
-    combine with. Nothing is loaded here."""
+    combine with (--backend, --contrastive, each other, and the options named in `excludes`).
+    Nothing is loaded here."""
     from metagen.decoding.entropy_adaptive import EntropyAdaptiveConfig
 
     if args.dexperts is None:
@@ -67,10 +69,11 @@ def mixing_options(args: argparse.Namespace) -> dict | None:
                          ("entropy-adaptive", args.entropy_adaptive if flag == "dexperts" else None)):
         if value is not None:
             raise ValueError(f"--{flag} cannot be combined with --{other}: one way of mixing models at a time")
-    refuse_with(flag, args, "it runs other models next to the local one, which a remote server does not have here")
+    refuse_with(flag, args, "it runs other models next to the local one, which a remote server does not have here",
+                excludes)
     if flag == "dexperts":
         return dexperts_settings(args)
-    if args.beam_width is not None:
+    if getattr(args, "beam_width", None) is not None:  # generate's option (eval has no beam search)
         raise ValueError("--entropy-adaptive cannot be combined with --beam-width: it switches models row by row "
                          "in the sampling loop")
     if args.entropy_threshold is None:
@@ -101,14 +104,15 @@ def dexperts_settings(args: argparse.Namespace) -> dict | None:
     return {"kind": "dexperts", "models": specs, "alpha": alpha}
 
 
-def make_mixing_combiner(options: dict, model, args: argparse.Namespace):
+def make_mixing_combiner(options: dict, model, args: argparse.Namespace, load=None):
     """The `DExpertsConfig` or `EntropyAdaptiveConfig` of `mixing_options`, `model` the base (the
-    small model); the other models are loaded by `contrastive.load_companion`."""
+    small model); the other models are loaded by `load(flag, spec, model, args)`
+    (`contrastive.load_companion` by default)."""
     from metagen.decoding.combine import DExpertsConfig
     from metagen.decoding.entropy_adaptive import EntropyAdaptiveConfig
 
     flag = options["kind"]
-    models = [load_companion(flag, spec, model, args) for spec in options["models"]]
+    models = [(load or load_companion)(flag, spec, model, args) for spec in options["models"]]
     if flag == "dexperts":
         return DExpertsConfig(expert=models[0], anti_expert=models[1], alpha=options["alpha"])
     return EntropyAdaptiveConfig(large=models[0], threshold=options["threshold"], window=options["window"])

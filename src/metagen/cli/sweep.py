@@ -12,17 +12,20 @@ files every model under the same label); labels still equal after that are refus
 models are loaded one at a time, when their turn comes, and freed after; hub models are
 downloaded (or found in the hub cache) and remote generators connected (and their served model
 probed, for its id) before any local model loads, so a wrong name fails the sweep at once.
+
+A token-level decoder (--contrastive, --dexperts, --entropy-adaptive, --adadec; `cli/decoders.py`)
+applies to every local model, and its label follows the model's: "NAME + contrastive(...)"; a
+companion given as a hub name is downloaded up front too.
 """
 
 from __future__ import annotations
 
 import argparse
 from contextlib import contextmanager, nullcontext
-from pathlib import Path
 
 from metagen.cli import backend, common
 
-EMBEDDED = "embedded"
+EMBEDDED = common.EMBEDDED
 LOCAL_OPTIONS = ("dtype", "kv-dtype", "threads")
 PER_BACKEND = (("served-model", "auto"), ("engine", "auto"), ("parameters", None), ("tokenizer", "none"))
 
@@ -31,8 +34,6 @@ def check(args: argparse.Namespace) -> None:
     """ValueError naming the flag, before anything is loaded or connected: --concurrency, local
     options without a local model, per-backend options without --backend or not given once per
     --backend, and each --backend's URLs."""
-    from metagen.models.hub import parse_hub_name
-
     if args.concurrency is not None and args.concurrency < 1:
         raise ValueError(f"--concurrency {args.concurrency} is out of range: must be >= 1")
     backends = args.backend or []
@@ -57,19 +58,20 @@ def check(args: argparse.Namespace) -> None:
     for urls in backends:
         backend.backend_urls(urls)
     for path in args.model or []:
-        if path != EMBEDDED and not Path(path).exists() and parse_hub_name(path) is None:
-            raise FileNotFoundError(f"--model {path}: no such file or directory (nor a hub name OWNER/NAME[:QUANT])")
+        common.check_model_source("model", path)
 
 
 def model_runs(args: argparse.Namespace, local_chat: bool | None = None,
-               remote_chat: bool | None = None) -> tuple[list, list]:
+               remote_chat: bool | None = None, decoder=None) -> tuple[list, list]:
     """(runs, remote generators to close) of a checked `args` (see `check`); local_chat /
-    remote_chat: the generators' `chat` setting (None: their default)."""
+    remote_chat: the generators' `chat` setting (None: their default); `decoder`: the
+    `decoders.SweepDecoder` every local model decodes with (None: its own), named after its
+    label ("NAME + contrastive(...)")."""
     from metagen.eval.config import ModelRun
     from metagen.models.hub import resolve
 
     paths = list(args.model or ([] if args.backend else [EMBEDDED]))
-    for path in paths:
+    for path in paths + (decoder.model_specs if decoder is not None else []):
         if path != EMBEDDED:
             resolve(path)  # a hub name's files into the hub cache now; its turn loads them from there
     remotes = []
@@ -79,13 +81,15 @@ def model_runs(args: argparse.Namespace, local_chat: bool | None = None,
                                                      for name, absent in PER_BACKEND)
             remotes.append(backend.connect_backend(urls, served, parameters, tokenizer, args.api_key_env,
                                                    remote_chat, engine))
-        names = [_local_names(path) for path in paths] + [_remote_names(remote) for remote in remotes]
+        names = [common.local_names(path) for path in paths] + [_remote_names(remote) for remote in remotes]
     except BaseException:
         for remote in remotes:
             remote.close()
         raise
     labels = _labels(names, [f"--model {path}" for path in paths] + [f"--backend {urls}" for urls in args.backend or []])
-    runs = [ModelRun(label, _loader(args, path, local_chat), concurrency=1) for label, path in zip(labels, paths)]
+    suffix = f" + {decoder.label}" if decoder is not None else ""
+    runs = [ModelRun(label + suffix, _loader(args, path, local_chat, decoder), concurrency=1)
+            for label, path in zip(labels, paths)]
     runs += [ModelRun(label, lambda remote=remote: nullcontext((remote, None)))
              for label, remote in zip(labels[len(paths):], remotes)]
     return runs, remotes
@@ -95,19 +99,6 @@ def _per_backend(args: argparse.Namespace, name: str, index: int, absent: str | 
     values = getattr(args, name.replace("-", "_"))
     value = values[index] if values else None
     return None if value == absent else value
-
-
-def _local_names(path: str) -> tuple[str, str]:
-    """(short, long) labels of a local model: the file's stem or directory's name, and that after
-    its parent directory's name; of a hub name, NAME[:QUANT] and the whole name."""
-    from metagen.models import embedded_model_path
-    from metagen.models.hub import parse_hub_name
-
-    if path != EMBEDDED and not Path(path).exists() and parse_hub_name(path) is not None:
-        return path.split("/", 1)[1], path
-    source = embedded_model_path() if path == EMBEDDED else Path(path).resolve()
-    short = source.stem if source.is_file() else source.name
-    return short, f"{source.parent.name}/{short}"
 
 
 def _remote_names(remote) -> tuple[str, str]:
@@ -131,9 +122,10 @@ def _labels(names: list[tuple[str, str]], flags: list[str]) -> list[str]:
     return labels
 
 
-def _loader(args: argparse.Namespace, path: str, chat: bool | None = None):
+def _loader(args: argparse.Namespace, path: str, chat: bool | None = None, decoder=None):
     """open() of a local model: loaded with the sweep's --dtype / --kv-dtype / --threads when its
-    turn comes, its references dropped on exit so the next one loads into freed memory."""
+    turn comes (with `decoder`'s combiner or rerank: `SweepDecoder.build`), its references
+    dropped on exit so the next one loads into freed memory."""
 
     @contextmanager
     def open_model():
@@ -143,10 +135,12 @@ def _loader(args: argparse.Namespace, path: str, chat: bool | None = None):
         from metagen.eval.fingerprint import model_identity
 
         model = common.load_model(argparse.Namespace(**{**vars(args), "model": None if path == EMBEDDED else path}))
+        decoding = {}
         try:
-            yield LocalGenerator(model, chat), model_identity(model)
+            decoding = decoder.build(model) if decoder is not None else {}
+            yield LocalGenerator(model, chat, **decoding), model_identity(model)
         finally:
-            del model
+            del model, decoding
             gc.collect()
 
     return open_model

@@ -14,6 +14,8 @@ hands its local model to searches that decode their own steps, through
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 TOKEN_PROMPTS = "token_prompts"  # prompts given as token ids
 TOKEN_IDS = "token_ids"  # completions carry the ids of their tokens
 LOGPROBS = "logprobs"  # log p of every sampled token
@@ -53,6 +55,16 @@ PROVIDERS = {
                        "(vLLM, SGLang, llama.cpp, OpenAI: see metagen.remote.constraints)",
 }
 ALL = frozenset(PROVIDERS)
+
+
+@dataclass(frozen=True)
+class Provided:
+    """What a generator will provide, before it exists: its `capabilities` and how refusals name
+    it (`described_as`). `require` and `StrategySpec.check` take it where they take a generator,
+    so a command can refuse a strategy before it loads a model (`LocalGenerator.provides`)."""
+
+    capabilities: frozenset[str]
+    described_as: str | None = None
 
 
 def missing(needs, generator) -> list[str]:

@@ -72,12 +72,16 @@ class Generator(ABC):
     tokenizer: the tokenizer it knows (a local model's, or one given to a remote backend), else
         None; step values that read token ids use it.
     described_as: how refusals name it (`capabilities.described`); None: its class name.
+    decoder: the token-level decoder it runs over its model's next-token choice (a combiner, or
+        AdaDec's rerank config), or None; part of what produced its outputs (evaluation
+        fingerprints, `eval.fingerprint.generator_identity`).
     """
 
     capabilities: frozenset[str] = frozenset()
     chat: bool | None = None
     tokenizer = None
     described_as: str | None = None
+    decoder = None
     concurrent: bool = False
     # Whether a call repeating the last call's prompt reuses its computation (LocalGenerator's
     # `PromptCache`): evaluation from stored pools then charges a strategy's later rounds no
@@ -185,10 +189,13 @@ class LocalGenerator(ModelGenerator):
         or `SwitchingCombiner` (`EntropyAdaptiveConfig`) whose companion models run next to
         `model` on every call (`sample_loop.stream`). Its samples are not the
         model's alone, so the generator then withholds what reads the model by itself: its
-        cache (LOCAL_CACHE), hidden states and prompt scoring.
+        cache (LOCAL_CACHE), hidden states and prompt scoring (`provides`). The companions keep
+        no prompt between calls, so neither does the model then (no `PromptCache`): every call
+        costs what a first one does, as evaluation from stored pools charges it (`keeps_prompt`).
     rerank: an `AdaDecConfig`: AdaDec's entropy-triggered lookahead rerank on every call
         (`decoding.adadec`). Searches that decode their own steps on the cache would not apply
         it, so the generator then withholds LOCAL_CACHE.
+    The combiner or rerank is the generator's `decoder`.
     It provides everything a local model gives, STRUCTURED_OUTPUT included (every decoding loop
     honours `params.structured_outputs`).
     """
@@ -200,13 +207,26 @@ class LocalGenerator(ModelGenerator):
                  rerank: AdaDecConfig | None = None) -> None:
         self.model = model
         self.combiner, self.rerank = combiner, rerank
-        if combiner is not None:  # an instance attribute: the class's stays every local model's
-            self.capabilities = caps.ALL - {caps.LOCAL_CACHE, caps.HIDDEN_STATES, caps.PROMPT_SCORING}
-        elif rerank is not None:
-            self.capabilities = caps.ALL - {caps.LOCAL_CACHE}
+        self.decoder = combiner if combiner is not None else rerank
+        if self.decoder is not None:  # instance attributes: the class's stay every local model's
+            provided = self.provides(combiner, rerank)
+            self.capabilities, self.described_as = provided.capabilities, provided.described_as
         self.chat = chat
         self.jump_forward = jump_forward
-        self.prompt_cache = PromptCache() if prompt_cache else None
+        self.prompt_cache = PromptCache() if prompt_cache and combiner is None else None
+
+    @staticmethod
+    def provides(combiner=None, rerank=None) -> caps.Provided:
+        """What a LocalGenerator with `combiner` / `rerank` provides, and how refusals name it.
+        Only their kind is read, so a config whose companion models are not loaded yet (None)
+        will do: a command checks its strategies against this before loading any model."""
+        if combiner is None and rerank is None:
+            return caps.Provided(caps.ALL)
+        withheld = {caps.LOCAL_CACHE, caps.HIDDEN_STATES, caps.PROMPT_SCORING} if combiner is not None else \
+            {caps.LOCAL_CACHE}
+        decoder = combiner if combiner is not None else rerank
+        return caps.Provided(caps.ALL - withheld, f"LocalGenerator with {type(decoder).__name__} (a decoder over "
+                                                  "the model withholds what reads the model alone)")
 
     def local_model(self) -> LocalModel:
         caps.require({caps.LOCAL_CACHE}, self, "local_model()")  # a subclass may withhold it

@@ -5,7 +5,10 @@ A record of `results.jsonl` (a pool of samples, or one strategy × n result) dep
 
     the problem:  its question and reference answer (a code problem: its entry point and tests);
     the set-up:   model   — name, class, dtype and the identity of its weights file(s)
-                  generator — its class and chat setting (the prompt template)
+                  generator — its class, chat setting (the prompt template) and token-level
+                            decoder: its kind, settings and companion models' identities
+                            (`decoder_identity`; absent without one, as in set-ups stored
+                            before decoders were evaluated)
                   params  — every SamplingParams field but n and seed, which the harness sets
                             per unit (n = the pool size or the strategy's n, seed = `seed` below)
                   seed, prompt_suffix, options (answer pattern, math, value, step delimiter,
@@ -24,8 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 
 _CHUNK = 1 << 24
@@ -102,8 +107,29 @@ def model_identity(model) -> dict:
 
 
 def generator_identity(generator) -> dict:
-    """The generator's class and chat setting (None: the model's template when it has one)."""
-    return {"class": type(generator).__name__, "chat": generator.chat}
+    """The generator's class and chat setting (None: the model's template when it has one), and
+    its token-level decoder when it has one (`Generator.decoder`, `decoder_identity`)."""
+    identity = {"class": type(generator).__name__, "chat": generator.chat}
+    if generator.decoder is not None:
+        identity["decoder"] = decoder_identity(generator.decoder)
+    return identity
+
+
+def decoder_identity(decoder) -> dict:
+    """A decoder config (a frozen dataclass: `ContrastiveConfig`, `DExpertsConfig`,
+    `EntropyAdaptiveConfig`, `AdaDecConfig`) as JSON: {"kind": its class, each field: its value},
+    a companion model's field as its `model_identity` (an early-exit companion's name says its
+    layers), a non-finite number as its text ("inf": JSON has none)."""
+    companions = getattr(decoder, "companions", ())  # AdaDec runs none
+    identity = {"kind": type(decoder).__name__}
+    for field in fields(decoder):
+        value = getattr(decoder, field.name)
+        if any(value is companion for companion in companions):
+            value = model_identity(value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            value = str(value)
+        identity[field.name] = value
+    return identity
 
 
 def problem_fingerprint(setup_digest: str, question: str, answer: str) -> dict:
