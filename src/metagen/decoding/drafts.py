@@ -1,7 +1,8 @@
-"""The contracts of the speculative loop (`draft_loop`): a `Draft`, the `Drafter` that proposes
-it, the `Verification` that turns a forward over it into tokens, the `DraftSchedule` of its
-lengths. Drafters and verifications live in `metagen.speculative` (models, n-gram tables; the
-token / block / greedy rules) and here (`jump_forward.ForcedRunDrafter`, `draw_verify`)."""
+"""The contracts of the speculative loop (`draft_loop`): a `Draft` (a tree of tokens per row, a
+chain in the loop today), the `Drafter` that proposes it, the `Verification` that turns a forward
+over it into tokens, the `DraftSchedule` of its lengths. Drafters and verifications live in
+`metagen.speculative` (models, n-gram tables; the token / block / greedy rules; named in
+`metagen.speculative.registry`) and here (`jump_forward.ForcedRunDrafter`, `draw_verify`)."""
 
 from __future__ import annotations
 
@@ -170,7 +171,8 @@ class Verification(ABC):
 
     @abstractmethod
     def verify(self, batch: RowBatch, logits: Tensor, draft: Draft) -> Generator[StreamEvent, None, Outcomes]:
-        """`logits (B, 1 + longest draft, V)`: position j of row b follows its t0 and d_1..d_j."""
+        """`logits (B, 1 + longest draft, V)`: position j of row b follows its t0 and d_1..d_j
+        (the loop scores chain drafts: `Draft.require_chain` refuses a tree by name)."""
 
 
 class DraftSchedule(Protocol):
