@@ -2,8 +2,8 @@
 
 The loop itself is `metagen.decoding.draft_loop` (jump-forward runs in it too); this module
 builds its verification by name (`registry.VERIFICATIONS`; the token / block rules are
-`rule_verification.RuleVerification`) and checks what it is given. Per step and row (the target cache holds
-every committed token but the last, t0), with the token / block rules:
+`rule_verification.RuleVerification`) and checks what it is given. Per step and row (the
+target cache holds every committed token but the last, t0), with the token / block rules:
 
     d_1..d_γ, p   = drafter.propose(context)                 # p: draft distributions (or point masses)
     logits        = target.forward(cache, [t0, d_1..d_γ], logits="all")     # (γ+1) positions

@@ -60,7 +60,8 @@ class DrafterOptions:
 
     def given(self) -> dict[str, object]:
         """The options set (not None), by name."""
-        return {field.name: getattr(self, field.name) for field in fields(self) if getattr(self, field.name) is not None}
+        values = {field.name: getattr(self, field.name) for field in fields(self)}
+        return {name: value for name, value in values.items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,8 @@ def register_verification(spec: VerificationSpec) -> VerificationSpec:
     if spec.name in VERIFICATIONS:
         raise ValueError(f"verification rule {spec.name!r} is registered twice")
     if (spec.factory is None) != spec.needs_tree:
-        raise ValueError(f"verification rule {spec.name!r}: a factory exactly when it runs on chains")
+        raise ValueError(f"verification rule {spec.name!r} has needs_tree={spec.needs_tree} and factory="
+                         f"{spec.factory!r}: a rule the chain loop runs has a factory, a tree rule none")
     VERIFICATIONS[spec.name] = spec
     return spec
 
