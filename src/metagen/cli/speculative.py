@@ -1,8 +1,10 @@
 """`metagen generate --speculative DRAFTER`: its options, the drafter they make, and the summary in --json.
 
 Speculative decoding keeps the target's output distribution and needs fewer target steps; the
-options here only choose the drafter (ngram | early-exit | quantized | model:PATH) and the
-verification (γ draft tokens per step, token, block or draw rule, adaptive γ).
+options here only choose the drafter and the verification (γ draft tokens per step, the rule,
+adaptive γ). Drafters and rules are the entries of `metagen.speculative.registry` (the help
+lists them from there); an unknown name, or an option the chosen drafter does not read, is
+refused before any model loads.
 """
 
 from __future__ import annotations
@@ -10,34 +12,56 @@ from __future__ import annotations
 import argparse
 
 from metagen.cli.args import refuse_alone
+from metagen.speculative.registry import (
+    DRAFT_DTYPES,
+    DRAFTERS,
+    VERIFICATIONS,
+    DrafterOptions,
+    check_drafter,
+    drafter_names,
+)
 
 _OPTIONS = ("num_draft_tokens", "verify", "adaptive_draft", "exit_layer", "exit_adapter", "draft_dtype",
             "draft_confidence")
+# flag destination -> the `DrafterOptions` field it sets
+_DRAFTER_OPTIONS = {"exit_layer": "exit_layer", "exit_adapter": "exit_adapter", "draft_dtype": "draft_dtype",
+                    "draft_confidence": "confidence"}
+
+
+def _readers(option: str) -> str:
+    """The drafters reading `option`, as the help names them ("quantized / model:PATH")."""
+    return " / ".join(spec.spelling for spec in DRAFTERS.values() if option in spec.reads)
 
 
 def add_speculative_options(parser: argparse.ArgumentParser) -> None:
     """The argument group of --speculative and the options that only apply with it."""
     spec = parser.add_argument_group("speculative decoding (same output distribution, fewer target steps)")
-    spec.add_argument("--speculative", default=None, metavar="DRAFTER",
-                      help="ngram | early-exit | quantized | model:PATH")
+    spec.add_argument("--speculative", default=None, metavar="DRAFTER", help=" | ".join(drafter_names()))
     spec.add_argument("--num-draft-tokens", type=int, default=None, help="draft tokens per step, γ (default 4)")
-    spec.add_argument("--verify", choices=["token", "block", "draw"], default=None,
-                      help="verification rule (default token; draw: each token drawn as plain decoding draws it)")
+    tree_rules = [name for name, rule in VERIFICATIONS.items() if rule.needs_tree]
+    spec.add_argument("--verify", choices=list(VERIFICATIONS), default=None,
+                      help="verification rule (default token; draw: each token drawn as plain decoding draws it"
+                           + (f"; {', '.join(tree_rules)}: needs tree drafts, refused for now" if tree_rules else "")
+                           + ")")
     spec.add_argument("--adaptive-draft", action="store_true", default=None,
                       help="grow γ after fully accepted drafts, shrink it after rejections")
-    spec.add_argument("--exit-layer", type=int, default=None, help="early-exit: layers the draft runs")
-    spec.add_argument("--exit-adapter", default=None, help="early-exit: trained adapter file")
-    spec.add_argument("--draft-dtype", default=None, choices=["fp32", "bf16", "int8", "int4"],
-                      help="quantized / model:PATH drafter weights (default int4)")
+    spec.add_argument("--exit-layer", type=int, default=None, help=f"{_readers('exit_layer')}: layers the draft runs")
+    spec.add_argument("--exit-adapter", default=None, help=f"{_readers('exit_adapter')}: trained adapter file")
+    spec.add_argument("--draft-dtype", default=None, choices=list(DRAFT_DTYPES),
+                      help=f"{_readers('draft_dtype')} drafter weights (default int4)")
     spec.add_argument("--draft-confidence", type=float, default=None,
-                      help="model drafters: stop a draft after a token below this probability")
+                      help=f"{_readers('confidence')}: stop a draft after a token below this probability")
 
 
 def speculative_options(args: argparse.Namespace) -> dict | None:
-    """The speculative settings of `generate`, or None; options without --speculative raise."""
+    """The speculative settings of `generate`, or None; options without --speculative raise, as
+    do an unknown drafter or rule and an option the drafter does not read (nothing loaded yet)."""
     if args.speculative is None:
         refuse_alone(args, _OPTIONS, "--speculative DRAFTER")
         return None
+    drafter_args = {field: getattr(args, flag) for flag, field in _DRAFTER_OPTIONS.items()
+                    if getattr(args, flag) is not None}
+    check_drafter(args.speculative, DrafterOptions(**drafter_args))
     from metagen.speculative import SpeculativeConfig
 
     config = SpeculativeConfig(
@@ -45,10 +69,6 @@ def speculative_options(args: argparse.Namespace) -> dict | None:
         verify=args.verify or "token",
         adaptive=bool(args.adaptive_draft),
     )
-    drafter_args = {"exit_layer": args.exit_layer, "exit_adapter": args.exit_adapter,
-                    "confidence": args.draft_confidence}
-    if args.draft_dtype is not None:
-        drafter_args["draft_dtype"] = args.draft_dtype
     return {"kind": args.speculative, "config": config, "drafter_args": drafter_args}
 
 

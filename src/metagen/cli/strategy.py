@@ -124,7 +124,6 @@ def generate_with_strategy(args: argparse.Namespace, params, speculative: dict |
     from dataclasses import replace
 
     from metagen.cli.args import chat_prompt
-    from metagen.cli.speculative import make_drafter
     from metagen.decoding import LocalGenerator
     from metagen.strategies.registry import check_options, get_strategy
 
@@ -154,8 +153,8 @@ def generate_with_strategy(args: argparse.Namespace, params, speculative: dict |
         else:
             from metagen.speculative import SpeculativeGenerator
 
-            generator = SpeculativeGenerator(model, make_drafter(speculative, model), speculative["config"],
-                                             chat=args.chat)
+            generator = SpeculativeGenerator.by_name(model, speculative["kind"], speculative["config"], args.chat,
+                                                     **speculative["drafter_args"])
     try:
         result = spec.run(generator, prompt, budget, replace(params, n=1), options, rng, overrides)
     finally:

@@ -61,7 +61,7 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
     cost.flops += drafter.prefill_flops
     result.prefill_seconds = time.perf_counter() - started
     decode_start = time.perf_counter()
-    no_draft = Draft([[] for _ in range(n)], [None] * n)
+    no_draft = Draft.chain([[] for _ in range(n)])
     first = yield from DrawVerification().verify(batch, out.logits[:, None], no_draft)  # plain decoding's step
     contexts = [list(batch.prompt_ids) + [x] for _, x in first]  # per completion: prompt + committed tokens
     gammas = [schedule.num_draft_tokens if schedule is not None else max_new] * n  # per completion
@@ -102,9 +102,13 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
 
 
 def check_draft(draft: Draft, lengths: list[int], vocab: int, name: str) -> None:
-    """RuntimeError unless `draft` has one row per length, each within its length and the vocabulary."""
-    if len(draft.tokens) != len(lengths) or len(draft.probs) != len(lengths):
+    """RuntimeError unless `draft` has one chain per length, each within its length and the
+    vocabulary (the forward over `[t0] + draft` scores a chain; a tree needs tree attention)."""
+    if len(draft.tokens) != len(lengths):
         raise RuntimeError(f"the {name} drafter returned {len(draft.tokens)} rows, expected {len(lengths)}")
+    if not draft.is_chain:
+        raise RuntimeError(f"the {name} drafter proposed a tree draft; the speculative loop scores chains only "
+                           "(parents [-1, 0, 1, ...] in every row)")
     for b, (tokens, limit) in enumerate(zip(draft.tokens, lengths)):
         if len(tokens) > limit:
             raise RuntimeError(f"the {name} drafter proposed {len(tokens)} tokens for row {b}, at most {limit} allowed")

@@ -1,7 +1,8 @@
-"""The contracts of the speculative loop (`draft_loop`): a `Draft`, the `Drafter` that proposes
-it, the `Verification` that turns a forward over it into tokens, the `DraftSchedule` of its
-lengths. Drafters and verifications live in `metagen.speculative` (models, n-gram tables; the
-token / block / greedy rules) and here (`jump_forward.ForcedRunDrafter`, `draw_verify`)."""
+"""The contracts of the speculative loop (`draft_loop`): a `Draft` (a tree of tokens per row, a
+chain in the loop today), the `Drafter` that proposes it, the `Verification` that turns a forward
+over it into tokens, the `DraftSchedule` of its lengths. Drafters and verifications live in
+`metagen.speculative` (models, n-gram tables; the token / block / greedy rules; named in
+`metagen.speculative.registry`) and here (`jump_forward.ForcedRunDrafter`, `draw_verify`)."""
 
 from __future__ import annotations
 
@@ -24,18 +25,92 @@ Outcomes = list[tuple[int, int]]  # per live row: (tau, x) — d_1..d_tau taken,
 
 @dataclass
 class Draft:
-    """Proposed tokens per row and where they came from.
+    """Proposed tokens per row, as a tree, and where they came from.
 
-    tokens: per row, 0..γ_b token ids.
-    probs: per row, `(len(tokens[b]), V)` float32 distributions the tokens were drawn from, or
-        None for a deterministic proposal (a point mass on each token).
+    Row b holds m_b draft nodes. Node i is token `tokens[b][i]` following node `parents[b][i]`
+    (an earlier node: parents point backwards), or following the row's last committed token when
+    the parent is -1. A chain d_1..d_m is the one-child case, parents `[-1, 0, 1, ..., m-2]`
+    (`Draft.chain`); a tree shares prefixes between several continuations (k drafts from one
+    context are k chains hanging from -1).
+
+    tokens: per row, m_b token ids.
+    parents: per row, m_b ints, `-1 <= parents[b][i] < i`.
+    probs: per row, `(m_b, V)` float32 distributions, row i the one node i was drawn from (the
+        drafter's next-token distribution after node i's parent, after the sampler chain), or
+        None for a deterministic proposal (a point mass on each node's token).
     calls: drafter forwards spent (batched calls count once); flops: their estimated FLOPs.
+
+    Checked on construction (ValueError naming the field, row and node). The loop scores chains:
+    `is_chain` says whether every row is one, `require_chain` refuses a tree by name.
+    Helpers per row: `children(b, i)` O(m_b), `depth(b, i)` O(depth), `paths(b)` O(m_b·depth).
     """
 
     tokens: list[list[int]]
+    parents: list[list[int]]
     probs: list[Tensor | None]
     calls: int = 0
     flops: float = 0.0
+
+    def __post_init__(self) -> None:
+        rows = len(self.tokens)
+        for name in ("parents", "probs"):
+            if len(getattr(self, name)) != rows:
+                raise ValueError(f"{name} has {len(getattr(self, name))} rows, tokens {rows}: one entry per row")
+        for b, (tokens, parents, probs) in enumerate(zip(self.tokens, self.parents, self.probs)):
+            if len(parents) != len(tokens):
+                raise ValueError(f"parents[{b}] has {len(parents)} entries, tokens[{b}] {len(tokens)}: one per node")
+            for i, parent in enumerate(parents):
+                if isinstance(parent, bool) or not isinstance(parent, int) or not -1 <= parent < i:
+                    raise ValueError(f"parents[{b}][{i}]={parent!r} must point backwards: an int in [-1, {i})")
+            if probs is not None and (not isinstance(probs, Tensor) or probs.dim() != 2
+                                      or probs.shape[0] != len(tokens)):
+                got = tuple(probs.shape) if isinstance(probs, Tensor) else type(probs).__name__
+                raise ValueError(f"probs[{b}] must be None or a tensor of shape (m, V) = ({len(tokens)}, V), got {got}")
+
+    @classmethod
+    def chain(cls, tokens: list[list[int]], probs: list[Tensor | None] | None = None, calls: int = 0,
+              flops: float = 0.0) -> Draft:
+        """One chain per row (parents `[-1, 0, 1, ...]`); `probs` None: point masses in every row."""
+        parents = [list(range(-1, len(row) - 1)) for row in tokens]
+        return cls(tokens, parents, [None] * len(tokens) if probs is None else probs, calls, flops)
+
+    @property
+    def is_chain(self) -> bool:
+        """Whether every row is a chain (each node the child of the one before)."""
+        return all(parent == i - 1 for parents in self.parents for i, parent in enumerate(parents))
+
+    def require_chain(self, what: str) -> None:
+        """ValueError naming the first row that is not a chain: `what` verifies chains only."""
+        for b, parents in enumerate(self.parents):
+            if any(parent != i - 1 for i, parent in enumerate(parents)):
+                raise ValueError(f"{what} verifies chain drafts only (parents [-1, 0, 1, ...]), but row {b} is a "
+                                 f"tree with parents {parents}: tree drafts need a tree verification rule and "
+                                 "a target forward with tree attention")
+
+    def children(self, row: int, node: int) -> list[int]:
+        """The nodes of `row` whose parent is `node` (-1: those following the committed tokens), in order."""
+        return [i for i, parent in enumerate(self.parents[row]) if parent == node]
+
+    def depth(self, row: int, node: int) -> int:
+        """Draft tokens on the path to `node`, itself included (1 for a child of -1)."""
+        parents, depth = self.parents[row], 0
+        while node != -1:
+            node, depth = parents[node], depth + 1
+        return depth
+
+    def paths(self, row: int) -> list[list[int]]:
+        """Every root-to-leaf path of `row` as node indices, leaves in node order (none when
+        the row is empty; a chain has one path, all of its nodes)."""
+        parents = self.parents[row]
+        has_child = set(parents)
+        paths = []
+        for leaf in (i for i in range(len(parents)) if i not in has_child):
+            path, node = [], leaf
+            while node != -1:
+                path.append(node)
+                node = parents[node]
+            paths.append(path[::-1])
+        return paths
 
 
 class Drafter(ABC):
@@ -96,7 +171,8 @@ class Verification(ABC):
 
     @abstractmethod
     def verify(self, batch: RowBatch, logits: Tensor, draft: Draft) -> Generator[StreamEvent, None, Outcomes]:
-        """`logits (B, 1 + longest draft, V)`: position j of row b follows its t0 and d_1..d_j."""
+        """`logits (B, 1 + longest draft, V)`: position j of row b follows its t0 and d_1..d_j
+        (the loop scores chain drafts: `Draft.require_chain` refuses a tree by name)."""
 
 
 class DraftSchedule(Protocol):

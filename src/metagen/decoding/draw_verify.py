@@ -57,6 +57,7 @@ class DrawVerification(Verification):
     spare = 0  # a row stops drawing where it ends, so a draft may fill its whole budget
 
     def verify(self, batch: RowBatch, logits: Tensor, draft: Draft) -> Generator[StreamEvent, None, Outcomes]:
+        draft.require_chain("draw verification")
         chain, params, size, drafts = batch.chain, batch.params, len(batch.active), draft.tokens
         followed, last = [0] * size, [0] * size
         going = list(range(size))

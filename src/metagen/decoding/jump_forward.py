@@ -45,4 +45,4 @@ class ForcedRunDrafter(Drafter):
 
     def propose(self, contexts, lengths, chain, generator) -> Draft:
         runs = [chain.forced(b)[:length] if length > 0 else [] for b, length in enumerate(lengths)]
-        return Draft(runs, [None] * len(runs))
+        return Draft.chain(runs)

@@ -8,39 +8,42 @@ Jeon et al. 2024).
 Drafters: `ModelDrafter` over any same-vocabulary model — a smaller model, the target's first
 layers (`early_exit_model`, optionally with a trained `ExitAdapter`) or a lower-precision copy
 (`quantized_model`) — and the model-free `NgramDrafter` (prompt lookup + n-grams of past
-outputs). `speculative_generate` / `speculative_stream` run the loop; `SpeculativeGenerator`
-puts it behind the `Generator` interface.
+outputs). A `Draft` is a tree per row (`Draft.chain` for the one-child case every drafter
+proposes). `speculative_generate` / `speculative_stream` run the loop; `SpeculativeGenerator`
+puts it behind the `Generator` interface. `registry` names the drafters and the rules
+(`DRAFTERS`, `VERIFICATIONS`, `make_drafter`) for the command line and `SpeculativeGenerator.by_name`.
+
+Names are imported on first use (`metagen._lazy`): the registry imports no torch.
 """
 
-from metagen.speculative.adapter import AdaptedExitModel, ExitAdapter, sample_training_data, train_exit_adapter
-from metagen.speculative.block_verify import block_verify
-from metagen.speculative.drafters import Draft, Drafter, ModelDrafter
-from metagen.speculative.generator import SpeculativeGenerator, make_drafter
-from metagen.speculative.loop import SpeculativeConfig, speculative_generate, speculative_stream
-from metagen.speculative.multi_draft import multi_draft_verify
-from metagen.speculative.ngram import NgramDrafter
-from metagen.speculative.self_draft import early_exit_model, quantized_model
-from metagen.speculative.token_verify import token_verify
-from metagen.speculative.verify import greedy_verify
+from metagen._lazy import lazy_package
 
-__all__ = [
-    "AdaptedExitModel",
-    "ExitAdapter",
-    "Draft",
-    "Drafter",
-    "ModelDrafter",
-    "NgramDrafter",
-    "SpeculativeConfig",
-    "SpeculativeGenerator",
-    "block_verify",
-    "early_exit_model",
-    "greedy_verify",
-    "make_drafter",
-    "multi_draft_verify",
-    "quantized_model",
-    "sample_training_data",
-    "speculative_generate",
-    "speculative_stream",
-    "token_verify",
-    "train_exit_adapter",
-]
+# name -> the submodule that defines it
+_EXPORTS = {
+    "AdaptedExitModel": "adapter",
+    "ExitAdapter": "adapter",
+    "sample_training_data": "adapter",
+    "train_exit_adapter": "adapter",
+    "block_verify": "block_verify",
+    "Draft": "drafters",
+    "Drafter": "drafters",
+    "ModelDrafter": "drafters",
+    "SpeculativeGenerator": "generator",
+    "SpeculativeConfig": "loop",
+    "speculative_generate": "loop",
+    "speculative_stream": "loop",
+    "multi_draft_verify": "multi_draft",
+    "NgramDrafter": "ngram",
+    "DRAFTERS": "registry",
+    "VERIFICATIONS": "registry",
+    "DrafterOptions": "registry",
+    "make_drafter": "registry",
+    "make_verification": "registry",
+    "early_exit_model": "self_draft",
+    "quantized_model": "self_draft",
+    "token_verify": "token_verify",
+    "greedy_verify": "verify",
+}
+lazy_package(__name__, _EXPORTS)
+
+__all__ = list(_EXPORTS)

@@ -99,7 +99,7 @@ class ModelDrafter(Drafter):
             raise RuntimeError(f"{self.name} drafter has {rows} rows, got {batch}: call start()/select() first")
         longest = max(lengths, default=0)
         if longest == 0:
-            return Draft([[] for _ in range(batch)], [None] * batch)
+            return Draft.chain([[] for _ in range(batch)])
         feed, flops = [], 0.0
         for b, context in enumerate(contexts):
             keep = self._confirmed_length(b, context)
@@ -145,7 +145,7 @@ class ModelDrafter(Drafter):
         stacked = [torch.stack(rows) if rows else None for rows in probs]
         if greedy:
             stacked = [None] * batch
-        return Draft(tokens, stacked, calls, flops)
+        return Draft.chain(tokens, stacked, calls, flops)
 
     def _confirmed_length(self, row: int, context: Sequence[int]) -> int:
         """Longest prefix of the cached row equal to `context`, minus one token if it covers all

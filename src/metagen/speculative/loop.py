@@ -1,8 +1,9 @@
 """Speculative decoding: a drafter's tokens verified by the target, in the one speculative loop.
 
 The loop itself is `metagen.decoding.draft_loop` (jump-forward runs in it too); this module
-chooses its verification and checks what it is given. Per step and row (the target cache holds
-every committed token but the last, t0), with the token / block rules:
+builds its verification by name (`registry.VERIFICATIONS`; the token / block rules are
+`rule_verification.RuleVerification`) and checks what it is given. Per step and row (the
+target cache holds every committed token but the last, t0), with the token / block rules:
 
     d_1..d_γ, p   = drafter.propose(context)                 # p: draft distributions (or point masses)
     logits        = target.forward(cache, [t0, d_1..d_γ], logits="all")     # (γ+1) positions
@@ -30,25 +31,19 @@ sampled draft is kept less often (q(d) instead of min(1, q(d)/p(d))).
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from metagen.decoding.batch import RowBatch
 from metagen.decoding.draft_loop import draft_stream
-from metagen.decoding.drafts import Draft, Drafter, Outcomes, Verification
-from metagen.decoding.draw_verify import DrawVerification
+from metagen.decoding.drafts import Drafter
 from metagen.decoding.prompts import Prompt
-from metagen.decoding.records import token_records
 from metagen.decoding.result import GenerationResult, StreamEvent
-from metagen.sampling import NO_OPINION, LogitsProcessor, SamplerChain, SamplingParams, StopVerdict
-from metagen.speculative.block_verify import block_verify
-from metagen.speculative.token_verify import token_verify
-from metagen.speculative.verify import greedy_verify
+from metagen.sampling import LogitsProcessor, SamplingParams
+from metagen.speculative.registry import check_verification, make_verification
 
-VERIFY_RULES = {"token": token_verify, "block": block_verify}
-VERIFY_CHOICES = (*VERIFY_RULES, "draw")
 ADAPTIVE_MAX_DRAFT = 16
 
 
@@ -57,7 +52,8 @@ class SpeculativeConfig:
     """How many tokens to draft and how to verify them.
 
     num_draft_tokens: γ, draft tokens per step (the starting value when `adaptive`).
-    verify: "token" (Leviathan et al.) or "block" (Sun et al.), where temperature 0 uses greedy
+    verify: a rule of `registry.VERIFICATIONS` the chain loop runs: "token" (Leviathan et al.)
+        or "block" (Sun et al.), where temperature 0 uses greedy
         verification (longest prefix matching the target's argmax); or "draw": each token drawn
         from the target as plain decoding draws it, the draft kept while the draw equals it
         (`decoding.draw_verify`) — for one row and a drafter that draws no random numbers
@@ -78,8 +74,7 @@ class SpeculativeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an int >= 1")
-        if self.verify not in VERIFY_CHOICES:
-            raise ValueError(f"verify={self.verify!r} is not a rule: choose one of {', '.join(VERIFY_CHOICES)}")
+        check_verification(self.verify)  # a registered rule the loop runs (registry.VERIFICATIONS)
         if self.adaptive and self.max_draft_tokens < self.num_draft_tokens:
             raise ValueError(
                 f"max_draft_tokens={self.max_draft_tokens} is below num_draft_tokens={self.num_draft_tokens}"
@@ -136,7 +131,7 @@ def speculative_stream(
     batch = RowBatch.for_prompt(model, prompt, params, processors, chat=chat, generator=generator,
                                 positions=gamma_most + 1)
     result = batch.fill(result if result is not None else GenerationResult([], batch.prompt_ids))
-    verification = DrawVerification() if config.verify == "draw" else RuleVerification(config)
+    verification = make_verification(config.verify)
     yield from draft_stream(batch, drafter, verification, result, started, config)
 
 
@@ -157,92 +152,3 @@ def speculative_generate(
                                 processors=processors):
         pass
     return result
-
-
-class RuleVerification(Verification):
-    """The token / block rules (greedy verification at temperature 0) over each row's positions,
-    all processed first (`_process_positions`); the chain is then rolled back to the tokens kept
-    and each row takes d_1..d_tau and x, row after row."""
-
-    spare = 1  # a rule always draws a token after the accepted ones
-
-    def __init__(self, config: SpeculativeConfig) -> None:
-        self.config = config
-
-    def verify(self, batch: RowBatch, logits: torch.Tensor, draft: Draft) -> Generator[StreamEvent, None, Outcomes]:
-        chain, params, vocab = batch.chain, batch.params, batch.model.vocab_size
-        processed, followed, verdicts = _process_positions(chain, logits, draft.tokens)
-        outcomes = [_verify(params, self.config, proposed, draft.probs[b], processed[b, : len(proposed) + 1],
-                            vocab, chain, batch.generator) for b, proposed in enumerate(draft.tokens)]
-        # The chain followed each draft as far as `followed[b]`: keep tau tokens of it, add x.
-        chain.rollback(torch.tensor([f - tau for f, (tau, _) in zip(followed, outcomes)], dtype=torch.long))
-        chain.accept(torch.tensor([token for _, token in outcomes], dtype=torch.long))
-        for b, (proposed, (tau, token)) in enumerate(zip(draft.tokens, outcomes)):
-            row_verdicts = verdicts[b][:tau] + [chain.stop_verdict(b)] if chain.judges_stop else None
-            yield from _emit(batch, b, proposed[:tau] + [token], logits[b], processed[b], row_verdicts)
-        return outcomes
-
-
-def _emit(batch: RowBatch, b: int, tokens: list[int], logits: torch.Tensor, processed: torch.Tensor,
-          verdicts: list[StopVerdict] | None) -> Iterator[StreamEvent]:
-    """Push `tokens` into live row b until it stops (`logits` / `processed (T, V)` at their
-    positions give the same per-token records as plain decoding; `verdicts`: the processors'
-    verdict after each token, None: no opinion)."""
-    row, count, params = batch.row(b), len(tokens), batch.params
-    ids = torch.tensor(tokens, dtype=torch.long)
-    records = token_records(logits[:count], ids, None if params.greedy else processed[:count], params.logprobs or 0)
-    for j, token in enumerate(tokens):
-        text = row.push(token, records[j], verdicts[j] if verdicts is not None else NO_OPINION)
-        finish = row.completion.finish_reason
-        if text or finish:
-            yield StreamEvent(batch.active[b], text, token, finish)
-        if finish is not None:
-            return
-
-
-def _process_positions(chain: SamplerChain, logits: torch.Tensor, drafts: list[list[int]]):
-    """The chain applied at every position of `logits (B, T, V)`, position j of row b seeing the
-    chain state advanced by that row's draft tokens before j.
-
-    Returns `(processed (B, T, V), followed, verdicts)`: the chain is left advanced by the first
-    `followed[b]` draft tokens of row b — all of them, or up to the first one the chain removed
-    (q = 0 there, so every rule rejects it) — and `verdicts[b][j]` is the chain's stop verdict
-    after row b's draft token j (empty when no processor judges stops).
-    """
-    batch, length, vocab = logits.shape
-    verdicts: list[list[StopVerdict]] = [[] for _ in range(batch)]
-    if not chain.stateful:
-        processed = chain.process(logits.reshape(batch * length, vocab)).view(batch, length, vocab)
-        return processed, [len(d) for d in drafts], verdicts
-    followed = [0] * batch
-    positions = []
-    for j in range(length):
-        positions.append(chain.process(logits[:, j]))
-        if j + 1 == length:
-            break
-        column = torch.tensor([d[j] if j < len(d) and followed[b] == j else -1 for b, d in enumerate(drafts)])
-        kept = positions[-1].gather(1, column.clamp(min=0)[:, None]).squeeze(1) > float("-inf")
-        column = torch.where(kept, column, -1)
-        chain.accept(column)
-        for b, token in enumerate(column.tolist()):
-            if token >= 0:
-                followed[b] += 1
-                if chain.judges_stop:
-                    verdicts[b].append(chain.stop_verdict(b))
-    return torch.stack(positions, dim=1), followed, verdicts
-
-
-def _verify(params, config, proposed, probs, processed, vocab, chain, generator) -> tuple[int, int]:
-    """(tau, token) for one row; `processed (γ+1, V)` target logits after the chain."""
-    gamma = len(proposed)
-    draft = torch.tensor(proposed, dtype=torch.long)
-    if params.greedy:
-        tau, token = greedy_verify(draft, processed)
-        return int(tau), int(token)
-    if gamma == 0:
-        return 0, int(chain.choose(processed[:1], generator)[0])
-    q = torch.softmax(processed, dim=-1)
-    if probs is None:  # deterministic draft: a point mass on each proposed token
-        probs = torch.zeros(gamma, vocab).scatter_(1, draft[:, None], 1.0)
-    tau, token = VERIFY_RULES[config.verify](draft, probs, q, generator)
-    return int(tau), int(token)

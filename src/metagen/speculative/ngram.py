@@ -77,7 +77,7 @@ class NgramDrafter(Drafter):
             index = self._rows[b]
             index.extend(context[len(index.tokens):])
             tokens.append(self._lookup(index, lengths[b]))
-        return Draft(tokens, [None] * len(tokens))
+        return Draft.chain(tokens)
 
     def finish(self, outputs: Sequence[Sequence[int]]) -> None:
         if not self.remember_outputs:

@@ -1,0 +1,258 @@
+"""Drafters and verification rules by name: the one table `SpeculativeGenerator.by_name`,
+`metagen generate --speculative NAME --verify NAME` and the speculative guide read.
+
+    drafter = make_drafter("early-exit", target, exit_layer=12)   # DRAFTERS["early-exit"]
+    drafter = make_drafter("model:draft.gguf", target)            # an entry taking an argument
+    verification = make_verification("block")                      # VERIFICATIONS["block"]
+
+A `DrafterSpec` names its factory, what it is, which `DrafterOptions` it reads (any other option
+given is refused by name) and whether its name takes an argument (`model:PATH`). A
+`VerificationSpec` names the loop's `Verification` it builds, or none for a rule the chain loop
+cannot run yet (`needs_tree`: multi-draft verification). Each is added by one
+`register_drafter(...)` / `register_verification(...)` line below; the order of those lines is
+the order the command line and errors list them in.
+
+Nothing heavy is imported here: the factories import their drafter or rule when called, so the
+names (and `metagen generate --help`) come without torch, and an unknown name or an option an
+entry does not read is refused (`check_drafter`, `check_verification`) before any model loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from metagen.decoding.drafts import Drafter, Verification
+
+__all__ = ["DRAFTERS", "DRAFT_DTYPES", "VERIFICATIONS", "DrafterOptions", "DrafterSpec", "VerificationSpec",
+           "check_drafter", "check_verification", "default_exit_layer", "drafter_names", "make_drafter",
+           "make_verification", "register_drafter", "register_verification"]
+
+DRAFT_DTYPES = ("fp32", "bf16", "int8", "int4")  # weight formats a model draft may load in
+
+
+@dataclass(frozen=True)
+class DrafterOptions:
+    """Options a drafter factory may read; None: not given (the entry's own default applies).
+
+    exit_layer: early exit: layers the draft runs (>= 1; default two thirds of the target's depth).
+    exit_adapter: early exit: a trained `ExitAdapter` file (its layer count wins).
+    draft_dtype: weights of a model draft loaded from a file, one of `DRAFT_DTYPES` (default int4).
+    confidence: model drafts: a row's draft stops after a token below this probability, in [0, 1].
+    """
+
+    exit_layer: int | None = None
+    exit_adapter: str | None = None
+    draft_dtype: str | None = None
+    confidence: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.exit_layer is not None and (isinstance(self.exit_layer, bool) or not isinstance(self.exit_layer, int)
+                                            or self.exit_layer < 1):
+            raise ValueError(f"exit_layer={self.exit_layer!r} must be an int >= 1")
+        if self.draft_dtype is not None and self.draft_dtype not in DRAFT_DTYPES:
+            raise ValueError(f"draft_dtype={self.draft_dtype!r} is not a draft format: choose one of "
+                             f"{', '.join(DRAFT_DTYPES)}")
+        if self.confidence is not None and not 0.0 <= self.confidence <= 1.0:
+            raise ValueError(f"confidence={self.confidence!r} is out of range: must be in [0, 1] or None")
+
+    def given(self) -> dict[str, object]:
+        """The options set (not None), by name."""
+        values = {field.name: getattr(self, field.name) for field in fields(self)}
+        return {name: value for name, value in values.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """factory(target, argument, options) -> Drafter; `reads`: the `DrafterOptions` it reads;
+    `argument`: what follows `name:` (e.g. "PATH"), None when the name takes none."""
+
+    name: str
+    description: str
+    factory: Callable[[object, str | None, DrafterOptions], Drafter]
+    reads: tuple[str, ...] = ()
+    argument: str | None = None
+
+    @property
+    def spelling(self) -> str:
+        """The name as typed: `ngram`, or `model:PATH` for an entry taking an argument."""
+        return self.name if self.argument is None else f"{self.name}:{self.argument}"
+
+
+@dataclass(frozen=True)
+class VerificationSpec:
+    """factory() -> the loop's `Verification`; None with `needs_tree`: a rule over tree drafts,
+    which the chain loop cannot run (selecting it is refused, saying so)."""
+
+    name: str
+    description: str
+    factory: Callable[[], Verification] | None
+    needs_tree: bool = False
+
+
+DRAFTERS: dict[str, DrafterSpec] = {}
+VERIFICATIONS: dict[str, VerificationSpec] = {}
+
+
+def register_drafter(spec: DrafterSpec) -> DrafterSpec:
+    """Add `spec` to `DRAFTERS`; ValueError for a name taken or an option `DrafterOptions` lacks."""
+    if spec.name in DRAFTERS or ":" in spec.name:
+        raise ValueError(f"drafter name {spec.name!r} is taken or has a ':'")
+    unknown = set(spec.reads) - {field.name for field in fields(DrafterOptions)}
+    if unknown:
+        raise ValueError(f"drafter {spec.name!r} reads options DrafterOptions lacks: {sorted(unknown)}")
+    DRAFTERS[spec.name] = spec
+    return spec
+
+
+def register_verification(spec: VerificationSpec) -> VerificationSpec:
+    """Add `spec` to `VERIFICATIONS`; ValueError for a name taken or a runnable entry without factory."""
+    if spec.name in VERIFICATIONS:
+        raise ValueError(f"verification rule {spec.name!r} is registered twice")
+    if (spec.factory is None) != spec.needs_tree:
+        raise ValueError(f"verification rule {spec.name!r} has needs_tree={spec.needs_tree} and factory="
+                         f"{spec.factory!r}: a rule the chain loop runs has a factory, a tree rule none")
+    VERIFICATIONS[spec.name] = spec
+    return spec
+
+
+def drafter_names() -> list[str]:
+    """The drafters as typed (`model:PATH` for one taking an argument), in registration order."""
+    return [spec.spelling for spec in DRAFTERS.values()]
+
+
+def check_drafter(name: str, options: DrafterOptions | None = None) -> tuple[DrafterSpec, str | None]:
+    """(entry, argument) of drafter `name` ("ngram", "model:PATH"); ValueError naming the known
+    drafters for an unknown name, and naming the option for one the entry does not read. Loads
+    nothing."""
+    base, colon, argument = name.partition(":")
+    spec = DRAFTERS.get(base)
+    if spec is None or bool(colon) != (spec.argument is not None) or (colon and not argument):
+        raise ValueError(f"speculative drafter {name!r} is unknown: choose one of {', '.join(drafter_names())}")
+    for option, value in (options or DrafterOptions()).given().items():
+        if option not in spec.reads:
+            reads = ", ".join(spec.reads) or "none"
+            raise ValueError(f"{option}={value!r} does not apply to the {spec.name} drafter (it reads: {reads})")
+    return spec, argument if colon else None
+
+
+def make_drafter(name: str, target, *, exit_layer: int | None = None, exit_adapter: str | None = None,
+                 draft_dtype: str | None = None, confidence: float | None = None) -> Drafter:
+    """The drafter registered as `name` (see `DRAFTERS`), drafting for `target`, with the options
+    its entry reads (others given are refused, `check_drafter`)."""
+    options = DrafterOptions(exit_layer, exit_adapter, draft_dtype, confidence)
+    spec, argument = check_drafter(name, options)
+    return spec.factory(target, argument, options)
+
+
+def check_verification(name: str) -> VerificationSpec:
+    """The entry of rule `name`; ValueError naming the known rules for an unknown name, and
+    saying why for a rule the chain loop cannot run."""
+    spec = VERIFICATIONS.get(name)
+    if spec is None:
+        raise ValueError(f"verify={name!r} is not a rule: choose one of {', '.join(VERIFICATIONS)}")
+    if spec.needs_tree:
+        raise ValueError(f"verify={name!r} needs tree drafts (several continuations of one context), which no "
+                         "registered drafter proposes and the loop, scoring chains, cannot verify yet")
+    return spec
+
+
+def make_verification(name: str) -> Verification:
+    """The loop's `Verification` for rule `name` (`check_verification` first)."""
+    return check_verification(name).factory()
+
+
+def default_exit_layer(target) -> int:
+    """Exit layer used when none is given: two thirds of the depth (20 of SmolLM2's 30)."""
+    return max(1, (2 * target.config.num_hidden_layers) // 3)
+
+
+def _ngram(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    from metagen.speculative.ngram import NgramDrafter
+
+    return NgramDrafter()
+
+
+def _early_exit(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    from metagen.speculative.drafters import ModelDrafter
+
+    if options.exit_adapter is not None:
+        from metagen.speculative.adapter import AdaptedExitModel, ExitAdapter
+
+        adapter = ExitAdapter.load(options.exit_adapter, target)
+        if options.exit_layer is not None and options.exit_layer != adapter.num_layers:
+            raise ValueError(f"exit_layer={options.exit_layer} differs from the adapter's {adapter.num_layers} layers")
+        draft = AdaptedExitModel(target, adapter)
+    else:
+        from metagen.speculative.self_draft import early_exit_model
+
+        draft = early_exit_model(target, default_exit_layer(target) if options.exit_layer is None
+                                 else options.exit_layer)
+    return ModelDrafter(draft, confidence=options.confidence, name="early-exit", share_prompt_cache=True)
+
+
+def _quantized(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    from metagen.speculative.drafters import ModelDrafter
+    from metagen.speculative.self_draft import quantized_model
+
+    # the target's prompt keys / values serve the copy too (same layout)
+    return ModelDrafter(quantized_model(target, options.draft_dtype or "int4"), confidence=options.confidence,
+                        name="quantized", share_prompt_cache=True)
+
+
+def _model(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    from metagen.models import load
+    from metagen.speculative.drafters import ModelDrafter
+
+    draft = load(argument, options.draft_dtype or "int4", kv_dtype=target.kv_dtype)
+    return ModelDrafter(draft, confidence=options.confidence, name="model")
+
+
+def _token() -> Verification:
+    from metagen.speculative.rule_verification import RuleVerification
+    from metagen.speculative.token_verify import token_verify
+
+    return RuleVerification(token_verify, "token")
+
+
+def _block() -> Verification:
+    from metagen.speculative.block_verify import block_verify
+    from metagen.speculative.rule_verification import RuleVerification
+
+    return RuleVerification(block_verify, "block")
+
+
+def _draw() -> Verification:
+    from metagen.decoding.draw_verify import DrawVerification
+
+    return DrawVerification()
+
+
+register_drafter(DrafterSpec(
+    "ngram", "prompt lookup (Saxena 2023), else an n-gram table of past outputs; no model, point-mass drafts",
+    _ngram))
+register_drafter(DrafterSpec(
+    "early-exit", "the target's first layers + its final norm and LM head (Kangaroo-style), sharing its weights; "
+    "optionally a trained exit adapter", _early_exit, reads=("exit_layer", "exit_adapter", "confidence")))
+register_drafter(DrafterSpec(
+    "quantized", "a lower-precision copy of the target's checkpoint (refused unless it reads fewer weight bytes)",
+    _quantized, reads=("draft_dtype", "confidence")))
+register_drafter(DrafterSpec(
+    "model", "any model file sharing the target's tokenizer (a smaller model, a compressed copy)", _model,
+    reads=("draft_dtype", "confidence"), argument="PATH"))
+
+register_verification(VerificationSpec(
+    "token", "token verification (Leviathan et al. 2023): accept d with prob min(1, q/p), stop at the first "
+    "rejection; greedy verification at temperature 0", _token))
+register_verification(VerificationSpec(
+    "block", "block verification (Sun et al. 2024): a running ratio over the block, never fewer accepted tokens "
+    "than token verification; greedy verification at temperature 0", _block))
+register_verification(VerificationSpec(
+    "draw", "each token drawn from the target as plain decoding draws it, the draft kept while the draw equals it "
+    "(Mirostat allowed; one seeded row gives plain decoding's tokens)", _draw))
+register_verification(VerificationSpec(
+    "multi-draft", "recursive rejection sampling over k drafts of one context (Jeon et al. 2024; "
+    "speculative/multi_draft.py): needs tree drafts, which no drafter proposes and the loop cannot verify yet",
+    None, needs_tree=True))

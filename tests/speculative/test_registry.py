@@ -1,0 +1,179 @@
+"""The table of drafters and verification rules: every entry builds by name (drafters on the
+embedded model, proposing a valid chain `Draft`), unknown names and options an entry does not
+read are refused by name before any model loads, the help and the speculative guide list what
+the table holds."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from metagen.cli import build_parser, main
+from metagen.decoding.draft_loop import check_draft
+from metagen.decoding.drafts import Draft, Verification
+from metagen.sampling import SamplerChain, SamplingParams
+from metagen.speculative import SpeculativeConfig, SpeculativeGenerator
+from metagen.speculative.registry import (
+    DRAFTERS,
+    VERIFICATIONS,
+    DrafterOptions,
+    check_drafter,
+    check_verification,
+    drafter_names,
+    make_drafter,
+    make_verification,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+# options each entry is built with below (small, fast); a new entry needs its line here
+EXAMPLES = {"ngram": {}, "early-exit": {"exit_layer": 4}, "quantized": {"draft_dtype": "int4"},
+            "model": {"draft_dtype": "int4", "confidence": 0.0}}
+
+
+def test_every_drafter_has_an_example_and_reads_only_known_options():
+    assert set(EXAMPLES) == set(DRAFTERS)
+    assert drafter_names() == ["ngram", "early-exit", "quantized", "model:PATH"]
+    for name, spec in DRAFTERS.items():
+        assert spec.description and set(EXAMPLES[name]) <= set(spec.reads), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_every_drafter_builds_by_name_and_proposes_a_chain(model_fp32, name):
+    """An fp32 target (so an int4 copy of it is cheaper); the prompt repeats, so n-gram lookup
+    proposes too. The draft is checked as the loop checks it, and its distributions are the
+    sampled chain's (rows summing to 1) or point masses."""
+    target = model_fp32
+    spelling = f"{name}:{target.source}" if DRAFTERS[name].argument else name
+    drafter = make_drafter(spelling, target, **EXAMPLES[name])
+    ids = target.tokenizer.encode("one two three four one two three four one two")
+    cache = target.new_cache(1)
+    target.forward(cache, [ids[:-1]], logits="none")  # the target's prompt, as the loop leaves it
+    drafter.start(ids, 2, target_cache=cache)
+    chain = SamplerChain.from_params(SamplingParams(temperature=1.0), 2, target.vocab_size)
+    draft = drafter.propose([ids, ids], [3, 2], chain, torch.Generator().manual_seed(0))
+    assert isinstance(draft, Draft) and draft.is_chain
+    check_draft(draft, [3, 2], target.vocab_size, drafter.name)
+    assert all(draft.tokens), (name, draft.tokens)
+    for tokens, probs in zip(draft.tokens, draft.probs):
+        if probs is not None:
+            assert probs.shape == (len(tokens), target.vocab_size)
+            assert torch.allclose(probs.sum(-1), torch.ones(len(tokens)), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_speculative_generator_by_name_runs_the_registered_drafter(model):
+    generator = SpeculativeGenerator.by_name(model, "early-exit", SpeculativeConfig(num_draft_tokens=2),
+                                             exit_layer=6)
+    assert generator.drafter.name == "early-exit" and generator.drafter.model.config.num_hidden_layers == 6
+    result = generator.generate("Count: one two three", SamplingParams(temperature=0, max_tokens=6))
+    assert len(result.completions[0].token_ids) == 6 and result.cost.draft_tokens > 0
+
+
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        ("medusa", {}, "speculative drafter 'medusa' is unknown: choose one of ngram, early-exit, quantized, "
+                       "model:PATH"),
+        ("model", {}, "'model' is unknown"),  # needs model:PATH
+        ("model:", {}, "'model:' is unknown"),
+        ("ngram:3", {}, "'ngram:3' is unknown"),  # takes no argument
+        ("ngram", {"exit_layer": 4}, r"exit_layer=4 does not apply to the ngram drafter \(it reads: none\)"),
+        ("quantized", {"exit_adapter": "a.safetensors"},
+         r"exit_adapter='a.safetensors' does not apply to the quantized drafter \(it reads: draft_dtype, confidence\)"),
+    ],
+)
+def test_unknown_drafters_and_unread_options_are_refused(name, options, message):
+    with pytest.raises(ValueError, match=message):
+        check_drafter(name, DrafterOptions(**options))
+    with pytest.raises(ValueError, match=message):
+        make_drafter(name, object(), **options)  # refused before the target is looked at
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [({"exit_layer": 0}, r"exit_layer=0 must be an int >= 1"), ({"draft_dtype": "fp8"}, r"draft_dtype='fp8'"),
+     ({"confidence": 1.5}, r"confidence=1.5 is out of range")],
+)
+def test_drafter_options_are_range_checked(options, message):
+    with pytest.raises(ValueError, match=message):
+        DrafterOptions(**options)
+
+
+def test_every_chain_rule_builds_a_verification_and_the_tree_rule_is_refused_saying_why():
+    assert list(VERIFICATIONS) == ["token", "block", "draw", "multi-draft"]
+    for name, spec in VERIFICATIONS.items():
+        assert spec.description
+        if spec.needs_tree:
+            with pytest.raises(ValueError, match=f"verify='{name}' needs tree drafts"):
+                make_verification(name)
+            with pytest.raises(ValueError, match="needs tree drafts"):
+                SpeculativeConfig(verify=name)
+        else:
+            assert isinstance(make_verification(name), Verification)
+            assert SpeculativeConfig(verify=name).verify == name
+    assert "tree drafts" in VERIFICATIONS["multi-draft"].description
+    with pytest.raises(ValueError, match="verify='typical' is not a rule: choose one of token, block, draw, "
+                                         "multi-draft"):
+        check_verification("typical")
+
+
+def test_a_tree_draft_is_refused_by_the_rules_by_name():
+    tree = Draft([[1, 2]], [[-1, -1]], [None])
+    for name in ("token", "block", "draw"):
+        with pytest.raises(ValueError, match=f"{name} verification verifies chain drafts only"):
+            next(make_verification(name).verify(None, torch.zeros(1, 3, 4), tree))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--speculative", "medusa"], "speculative drafter 'medusa' is unknown: choose one of ngram, early-exit"),
+        (["--speculative", "ngram", "--draft-dtype", "int8"], "draft_dtype='int8' does not apply to the ngram"),
+        (["--speculative", "ngram", "--verify", "multi-draft"], "verify='multi-draft' needs tree drafts"),
+        (["--speculative", "model:x.gguf", "--exit-layer", "3"], "exit_layer=3 does not apply to the model drafter"),
+    ],
+)
+def test_the_cli_refuses_names_and_options_before_loading(capsys, monkeypatch, tmp_path, argv, message):
+    """A --model path that does not exist would be refused at load: the table's error comes first."""
+    import metagen.cli.common as common
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(common, "load_model", no_load)
+    missing = str(tmp_path / "missing.gguf")
+    assert main(["generate", "Hi", "--model", missing, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "does not exist" not in err
+
+
+def test_the_help_lists_the_tables_names():
+    commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    actions = {action.dest: action for action in commands.choices["generate"]._actions}
+    assert actions["speculative"].help == " | ".join(drafter_names())
+    assert list(actions["verify"].choices) == list(VERIFICATIONS)
+    assert actions["exit_layer"].help.startswith("early-exit:")
+    assert actions["draft_dtype"].help.startswith("quantized / model:PATH")
+
+
+def _table_column(page: str, heading: str, column: int) -> list[str]:
+    """The code spans of `column` in the first table whose header row starts with `heading`."""
+    lines = page.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {heading} |"))
+    cells = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells.append(re.match(r"`([^`]+)`", line.split("|")[column + 1].strip()).group(1))
+    return cells
+
+
+def test_the_speculative_guide_lists_the_table():
+    page = (ROOT / "docs" / "guides" / "speculative.md").read_text(encoding="utf-8")
+    assert _table_column(page, "`--speculative`", 0) == drafter_names()
+    assert _table_column(page, "`--verify`", 0) == list(VERIFICATIONS)
