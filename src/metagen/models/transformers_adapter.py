@@ -21,7 +21,10 @@ cost is that of transformers' own batched decode over W = longest row + holes co
 Parity with the native backend on the embedded model (fp32: ragged prefill, decode steps,
 truncate, fork, multi-token appends, snapshot / restore, compaction) is tested to 2e-4 in the
 logits; sampling, beam search and speculative decoding run on it unchanged. Attention kinds a
-position mask cannot express (chunked, linear) are refused by name.
+position mask cannot express (chunked, linear) are refused by name. A token tree
+(`forward(..., tree=)`, `models/token_tree.py`) moves its tokens to positions L + depth and lets
+each see only its ancestors among the new columns; `keep_path` keeps one path by making the
+other columns holes.
 Needs the `transformers` extra (`pip install -e '.[transformers]'` in a checkout).
 """
 
