@@ -170,3 +170,17 @@ def test_other_models_refuse_trees_by_name():
     kgram = KGramModel.train(["ab", "ba"], k=2, c=1.0, level="char", max_context=16)
     with pytest.raises(NotImplementedError, match="does not run token trees"):
         kgram.forward(kgram.new_cache(1), [[1, 2]], tree=[[-1, -1]])
+
+
+def test_trees_of_rows_sharing_a_long_prefix(native):
+    """Rows forked from an 80-token prompt attend to it once for both (the shared-prefix split
+    of the fused path, `shared_prefix.py`) and to their own tree through each query's table."""
+    assert native.use_shared_prefix
+    prompt = (PROMPT * 5)[:80]
+    other, other_parents = [300, 301, 302], [-1, -1, 0]
+    cache, _ = native.prefill(prompt, batch_size=2)
+    out = native.forward(cache, [TOKENS, other], logits="all", tree=[PARENTS, other_parents]).logits
+    for row, (tokens, parents) in enumerate([(TOKENS, PARENTS), (other, other_parents)]):
+        for node in range(len(tokens)):
+            chain = [tokens[i] for i in path(parents, node)]
+            torch.testing.assert_close(out[row, node], fed_alone(native, prompt, chain), atol=ATOL, rtol=0)
