@@ -36,8 +36,8 @@ from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, LayerWeights, Ops
 from metagen.models.layer_ops import FusedOps, GeneralOps
 from metagen.models.rope import RopeTables
 from metagen.models.shared_prefix import shared_prefix_default
-from metagen.models.token_tree import TreeLayout, check_trees
 from metagen.models.step_buffers import StepBuffers, StepBufferSets  # noqa: F401  (StepBuffers re-exported)
+from metagen.models.token_tree import TreeLayout, check_trees
 
 # rows × cached keys up to which the fused attention reads the cache in place (beyond: SDPA over
 # gathered K/V). In place wins at every size measured (int4, 2 threads, ms per decode step):

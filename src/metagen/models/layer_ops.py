@@ -84,8 +84,6 @@ class GeneralOps:
                 inside = (keys > positions[:, :, None] - window) | padding
                 mask = ((keys <= positions[:, :, None]) & inside).unsqueeze(1)
             else:  # a tree's keys sit at L + depth, not at their column
-                index = torch.arange(positions.shape[1])[None, :, None]  # (1, Tq, 1)
-                padding = index >= torch.from_numpy(self.counts)[:, None, None]
                 keys = self.tree.key_positions(t_kv)[:, None, lo:]  # (B, 1, Tkv − lo)
                 inside = (keys > positions[:, :, None] - window) | padding
                 mask = self.mask[..., lo:] & inside.unsqueeze(1)

@@ -100,7 +100,7 @@ class TreeLayout:
         row's fed block [L_b, L_b + m) replaced by its ancestor mask."""
         t_q = self.positions.shape[1]
         columns = np.arange(t_kv)
-        ends = self._first_positions()[:, None] + np.arange(t_q)[None, :]  # (B, T_q): L_b + i
+        ends = self.positions[:, :1].numpy() + np.arange(t_q)[None, :]  # (B, T_q): L_b + i (a root at L_b)
         mask = columns[None, None, :] <= ends[:, :, None]
         for b, cached, ancestor, _ in self.rows:
             m = ancestor.shape[0]
@@ -125,7 +125,3 @@ class TreeLayout:
         for b, cached, ancestor, depths in self.rows:
             queries, fed = np.nonzero(ancestor)  # pairs (i, j): j is i or an ancestor of i
             target[first_query[b] + queries, cached + depths[fed]] = source[b, cached + fed]
-
-    def _first_positions(self) -> np.ndarray:
-        """`(B,)` each row's cached length (the position of its first fed token)."""
-        return self.positions[:, 0].numpy()
