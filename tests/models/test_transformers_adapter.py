@@ -206,3 +206,21 @@ def test_kv_bytes_per_token_counts_a_float32_cache_of_the_configs_shape(build, e
     from metagen.models import TransformersModel
 
     assert TransformersModel(build(), tokenizer=None).kv_bytes_per_token == expected
+
+
+def test_token_trees_give_the_native_backends_logits_and_keep_a_path(adapter, model_fp32):
+    """A tree row (root, 2 children, 4 grandchildren), a row without a tree, in one forward:
+    the adapter's 4-D mask and position ids give the native tree forward's logits; keeping a
+    path, the next step agrees too."""
+    ids = model_fp32.tokenizer.encode(TEXT)[:20]
+    tokens, parents = [11, 812, 45, 99, 100, 101, 102], [-1, 0, 0, 1, 1, 2, 2]
+    outputs = {}
+    for name, model in (("native", model_fp32), ("adapter", adapter)):
+        cache = model.new_cache(2)
+        model.forward(cache, [ids, ids[:13]])
+        tree_out = model.forward(cache, [tokens, [5, 6]], logits="all", tree=[parents, None])
+        cache.keep_path(0, len(ids), [0, 2, 5])
+        outputs[name] = (tree_out, model.forward(cache, [[42], [43]], logits="all"))
+        assert cache.lengths == [len(ids) + 4, 13 + 3]
+    for native, adapted in zip(outputs["native"], outputs["adapter"]):
+        assert_same_outputs(native, adapted)

@@ -86,8 +86,9 @@ class Cache(Protocol):
 @runtime_checkable
 class PagedCache(Cache, Protocol):
     """A `Cache` whose rows are page tables of slots that rows, snapshots and other caches share:
-    what the serving engine's prefix cache (`share`, `slots`, `released`), the prompt cache and
-    the early-exit drafter's copy of the target's prompt (`copy_prefix`) need.
+    what the serving engine's prefix cache (`share`, `slots`, `released`), the prompt cache, the
+    early-exit drafter's copy of the target's prompt (`copy_prefix`) and tree verification
+    (`keep_path`) need.
     Implementation: `models.cache.KVCache` (what `DecoderModel.new_cache` makes)."""
 
     num_layers: int
@@ -104,6 +105,12 @@ class PagedCache(Cache, Protocol):
     def copy_prefix(self, source: PagedCache, source_row: int, length: int, row: int = 0) -> None:
         """Fill the empty `row` with the first `length` tokens of `source`'s `source_row` (this
         cache's layers from `source`'s first layers; same heads, head size and KV format)."""
+
+    def keep_path(self, row: int, start: int, kept: Sequence[int]) -> None:
+        """After a tree of m tokens was appended to `row` at [start, start + m) (`forward`'s
+        `tree`), keep only the fed tokens `kept` (indices in [0, m), increasing: a root-to-node
+        path, whose keys sit at positions start, start + 1, ...) and release the rest: the row
+        becomes its first `start` tokens followed by the kept ones, length start + len(kept)."""
 
 
 class LanguageModel(ABC):
@@ -150,10 +157,21 @@ class LanguageModel(ABC):
         *,
         logits: LogitsMode = "last",
         hidden: bool = False,
+        tree: Sequence[Sequence[int] | None] | None = None,
     ) -> ForwardOutput:
         """Append `tokens` (one sequence per cache row, each non-empty) and return logits.
 
         tokens: (B, T) LongTensor or B lists of ids (ragged allowed).
+        tree: None (every row a chain, as always), or per row None (a chain) or that row's
+            `parents` (m ints for its m fed tokens): parents[i] is the index of token i's parent
+            among the row's fed tokens, in [0, i), or −1 for a child of the row's last cached
+            token. Token i then sits at position L + depth(i) (L the row's cached length) and
+            attends to the row's cached keys, its ancestors among the fed tokens and itself, so
+            its logits are those of feeding its root-to-node chain alone (tree verification,
+            SpecInfer). The fed tokens still take the row's next m cache entries in fed order;
+            a `PagedCache`'s `keep_path` then keeps one root-to-node path. A bad tree (wrong length,
+            a parent outside [-1, i)) is refused naming `tree[b]`; a model that cannot run
+            trees refuses any tree by name (NotImplementedError).
         """
 
     def flops_per_token(self, context_length: int) -> float:
@@ -177,6 +195,14 @@ class LanguageModel(ABC):
         batch_size = checks.bounded("batch_size", batch_size, 1)
         cache = self.new_cache(1)
         return fork_rows(cache, self.forward(cache, [list(token_ids)], **kwargs), batch_size)
+
+
+def refuse_tree(model: LanguageModel, tree: object) -> None:
+    """NotImplementedError naming `model` when a `forward` it cannot run with trees got one."""
+    if tree is not None:
+        name = model.name or type(model).__name__
+        raise NotImplementedError(f"tree={type(tree).__name__}: model {name!r} ({type(model).__name__}) does not "
+                                  f"run token trees in forward; feed each root-to-node path as its own row")
 
 
 def fork_rows(cache: Cache, out: ForwardOutput, batch_size: int) -> tuple[Cache, ForwardOutput]:

@@ -230,6 +230,34 @@ class KVCache(PagedCache):
         self._push_free(dropped[self._refcount[dropped] == 0])
         self._lengths[row] = length
 
+    def keep_path(self, row: int, start: int, kept: Sequence[int]) -> None:
+        """Keep the path `kept` of the tree appended to `row` at [start, length) and release the
+        rest: page-table entries start + kept[d] move to start + d, and the row's length becomes
+        start + len(kept).
+
+        No K/V moves: slots are written once, and a path's node at depth d was stored rotated
+        for position start + d (`models/token_tree.py`), where it lands. Slots shared with
+        other rows or snapshots stay theirs. `kept`: increasing indices in [0, length − start)
+        (parents are fed first); the cache does not know the tree, so indices that are not a
+        root-to-node path leave keys at the wrong positions. O(length − start) ints.
+        """
+        row = self._check_row(row)
+        current = int(self._lengths[row])
+        start = checks.bounded("start", start, 0, current)
+        indices = checks.increasing("kept", kept, current - start)
+        length = start + indices.size
+        lowest = int(self._starts[row])
+        if lowest and start - self.window + 1 < lowest:
+            raise ValueError(f"start={start} is out of range for row {row}: its positions before {lowest} left the "
+                             f"sliding window of {self.window} and were released, so start must be at least "
+                             f"{lowest + self.window - 1}")
+        fed = self._table[row, start:current].copy()
+        dropped = np.delete(fed, indices)
+        self._table[row, start:length] = fed[indices]
+        self._refcount[dropped] -= 1
+        self._push_free(dropped[self._refcount[dropped] == 0])
+        self._lengths[row] = length
+
     def snapshot(self, row: int) -> RowSnapshot:
         """Keep `row`'s cached prefix alive outside the batch (slot references, no K/V copy)."""
         row = self._check_row(row)

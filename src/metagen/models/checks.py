@@ -67,6 +67,19 @@ def rows(name: str, values: Iterable[object], batch_size: int) -> np.ndarray:
     return array
 
 
+def increasing(name: str, values: object, high: int) -> np.ndarray:
+    """Indices `(k,)` int64 from a flat sequence of ints in [0, high), strictly increasing (a
+    root-to-node path of a fed tree, `KVCache.keep_path`). O(k)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"{name} must be a sequence of indices, got {type(values).__name__}")
+    array = np.array([bounded(f"{name}[{i}]", value, 0, high - 1) for i, value in enumerate(values)],
+                     dtype=np.int64)
+    for i in np.nonzero(np.diff(array) <= 0)[0][:1] + 1:
+        raise ValueError(f"{name}[{i}]={int(array[i])} is out of range: the indices must increase, so it must be "
+                         f"> {name}[{i - 1}]={int(array[i - 1])}")
+    return array
+
+
 def snapshot(name: str, value: object, cache: object, kind: type) -> None:
     """`value` is a live snapshot (of type `kind`) made by `cache.snapshot()`.
 

@@ -37,6 +37,7 @@ from metagen.models.layer_ops import FusedOps, GeneralOps
 from metagen.models.rope import RopeTables
 from metagen.models.shared_prefix import shared_prefix_default
 from metagen.models.step_buffers import StepBuffers, StepBufferSets  # noqa: F401  (StepBuffers re-exported)
+from metagen.models.token_tree import TreeLayout, check_trees
 
 # rows × cached keys up to which the fused attention reads the cache in place (beyond: SDPA over
 # gathered K/V). In place wins at every size measured (int4, 2 threads, ms per decode step):
@@ -187,8 +188,12 @@ class DecoderModel(LanguageModel, DepthTruncatable, EmbeddingInput):
         *,
         logits: LogitsMode = "last",
         hidden: bool = False,
+        tree: Sequence[Sequence[int] | None] | None = None,
     ) -> ForwardOutput:
-        return self._output(*self._run_layers(cache, tokens), logits, hidden)
+        """`LanguageModel.forward`; a `tree` runs on both paths (`models/token_tree.py`): the
+        general one masks page-table columns, the fused one gives each tree query its own page
+        table. Rows without a tree (and trees that are chains) take the ordinary path."""
+        return self._output(*self._run_layers(cache, tokens, tree=tree), logits, hidden)
 
     def input_embeddings(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the input embedding table E for `ids` (any shape of ints in [0, V)): `(*ids.shape,
@@ -245,36 +250,42 @@ class DecoderModel(LanguageModel, DepthTruncatable, EmbeddingInput):
         """The LM head on final hidden states `(..., H)` float32 -> logits `(..., V)` float32."""
         return self.lm_head(hidden.to(self.matmul_dtype)).float()
 
-    def _run_layers(self, cache: KVCache, tokens, embeddings: torch.Tensor | None = None
+    def _run_layers(self, cache: KVCache, tokens, embeddings: torch.Tensor | None = None, tree=None
                     ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, bool]:
         """Append `tokens` (or the input vectors `embeddings`, (B, T, H)) to the cache through
         every layer. Returns the residual stream x, its final norm h (matmul dtype), the counts
         per row and whether x is packed: (N, H) over the real new tokens row-major (fused path)
         rather than (B, T_q, H) with padding."""
-        ops, x, h, counts, packed = self._start(cache, tokens, fused=self.use_fused, embeddings=embeddings)
+        ops, x, h, counts, packed = self._start(cache, tokens, fused=self.use_fused, embeddings=embeddings, tree=tree)
         for index, (layer, next_norm) in enumerate(self._layers_and_next_norms()):
             x, h = decoder_layer(self.config, layer, x, h, index, ops, next_norm)
         return x, h, counts, packed
 
-    def _start(self, cache: KVCache, tokens, fused: bool, embeddings: torch.Tensor | None = None
+    def _start(self, cache: KVCache, tokens, fused: bool, embeddings: torch.Tensor | None = None, tree=None
                ) -> tuple[Ops, torch.Tensor, torch.Tensor, np.ndarray, bool]:
         """What every layer loop does first: check and pack `tokens`, allocate their cache slots,
         grow the RoPE tables, choose the path (fused when allowed and at most FUSED_MAX_NEW_TOKENS
         per row) and normalise the embeddings (E[tokens], or `embeddings` (B, T, H) as given,
-        every row T new positions). Returns (ops, x, h, counts, packed)."""
+        every row T new positions); `tree` (per row None or parents) is checked before the cache
+        changes. Returns (ops, x, h, counts, packed)."""
         if embeddings is None:
             ids, counts = self._pack(tokens, cache.batch_size)
             width = ids.shape[1]
         else:
             counts = np.full(embeddings.shape[0], embeddings.shape[1], dtype=np.int64)
             width = embeddings.shape[1]
+        trees = check_trees(tree, counts)
         slots, table, positions = cache.allocate(counts)
         self.rope.ensure(int(positions.max()) + 1)  # padding queries may run past t_kv
+        layout = None
+        if trees is not None:
+            layout = TreeLayout(trees, positions)
+            positions = layout.positions
         packed = fused and width <= FUSED_MAX_NEW_TOKENS
         if packed:
-            ops = FusedOps(self, cache, counts, slots, table, positions, FUSED_ATTENTION_MAX_KEYS)
+            ops = FusedOps(self, cache, counts, slots, table, positions, FUSED_ATTENTION_MAX_KEYS, layout)
         else:
-            ops = GeneralOps(self, cache, counts, slots, table, positions)
+            ops = GeneralOps(self, cache, counts, slots, table, positions, layout)
         if embeddings is None:
             start = self._embed(ops.ids(ids) if packed else ids)
         else:  # every row has T positions: packing is the row-major flattening

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from metagen.models import checks
-from metagen.models.base import Cache, ForwardOutput, LanguageModel
+from metagen.models.base import Cache, ForwardOutput, LanguageModel, refuse_tree
 
 EOS_PIECE = "</s>"
 _START = -1  # context padding; never a token id
@@ -214,8 +214,10 @@ class KGramModel(LanguageModel):
         """One table row: about V operations, whatever the context length."""
         return float(self.vocab_size)
 
-    def forward(self, cache, tokens, *, logits="last", hidden=False) -> ForwardOutput:
-        """Append tokens[b] to row b; logits = log p(next | row): (B, V) or (B, T, V) float32."""
+    def forward(self, cache, tokens, *, logits="last", hidden=False, tree=None) -> ForwardOutput:
+        """Append tokens[b] to row b; logits = log p(next | row): (B, V) or (B, T, V) float32.
+        Token trees are refused (`refuse_tree`)."""
+        refuse_tree(self, tree)
         if hidden:
             raise NotImplementedError("a k-gram model has no hidden states")
         if logits not in ("last", "all", "none"):

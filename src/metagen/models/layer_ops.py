@@ -35,9 +35,11 @@ class GeneralOps:
     are written to the cache, every row's K/V gathered through its page table, SDPA with a
     causal mask over positions (none when every row decodes one token at the same length).
     A windowed layer gathers only the columns from the oldest key any query sees and masks
-    keys older than q − W + 1 (padding queries keep the plain causal mask, so no row is empty)."""
+    keys older than q − W + 1 (padding queries keep the plain causal mask, so no row is empty).
+    With a `tree` (a `token_tree.TreeLayout`; its positions given as `positions`) the mask is
+    its column mask and a window compares key positions, not columns."""
 
-    def __init__(self, model, cache: KVCache, counts: np.ndarray, slots, table, positions) -> None:
+    def __init__(self, model, cache: KVCache, counts: np.ndarray, slots, table, positions, tree=None) -> None:
         config = model.config
         batch, t_q = positions.shape
         self.cache, self.slots, self.table = cache, slots, table
@@ -45,7 +47,7 @@ class GeneralOps:
         self.matmul_dtype, self.eps, self.width = model.matmul_dtype, config.rms_norm_eps, (config.hidden_size,)
         self.scale = None if config.query_pre_attn_scalar is None else config.attention_scale
         self.layer_windows, self.local_rope = model.layer_windows, model.local_rope
-        self.positions, self.counts = positions, counts
+        self.positions, self.counts, self.tree = positions, counts, tree
         self.windowed: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # window -> (table, mask)
         self.valid_index = None
         if bool((counts != t_q).any()):  # flat indices of real (non-padding) new tokens, row-major like `slots`
@@ -53,7 +55,9 @@ class GeneralOps:
             self.valid_index = valid.nonzero().squeeze(1)
         # Every query sees keys up to its own position; rows of equal length decoding one
         # token each need no mask at all.
-        if t_q == 1 and bool((positions[:, 0] == positions[0, 0]).all()):
+        if tree is not None:
+            self.mask = tree.column_mask(table.shape[1])  # (B, 1, Tq, Tkv)
+        elif t_q == 1 and bool((positions[:, 0] == positions[0, 0]).all()):
             self.mask = None
         else:
             t_kv = table.shape[1]
@@ -76,8 +80,13 @@ class GeneralOps:
             keys = torch.arange(lo, t_kv)[None, None, :]
             ends = torch.from_numpy(self.counts) + positions[:, 0]  # (B,) each row's length
             padding = (positions >= ends[:, None])[:, :, None]  # (B, Tq, 1)
-            inside = (keys > positions[:, :, None] - window) | padding
-            mask = ((keys <= positions[:, :, None]) & inside).unsqueeze(1)
+            if self.tree is None:
+                inside = (keys > positions[:, :, None] - window) | padding
+                mask = ((keys <= positions[:, :, None]) & inside).unsqueeze(1)
+            else:  # a tree's keys sit at L + depth, not at their column
+                keys = self.tree.key_positions(t_kv)[:, None, lo:]  # (B, 1, Tkv − lo)
+                inside = (keys > positions[:, :, None] - window) | padding
+                mask = self.mask[..., lo:] & inside.unsqueeze(1)
             self.windowed[window] = (self.table[:, lo:], mask)
         return self.windowed[window]
 
@@ -125,9 +134,13 @@ class FusedOps:
     `max_keys`), residual add + next RMSNorm + cast (one kernel). A windowed
     layer's query at position p reads its page table from p − W + 1 on. Rows sharing a cached
     prefix read it once per group (`shared_prefix.SharedPrefixPlan`, when `use_shared_prefix`).
+    With a `tree` (a `token_tree.TreeLayout`; its positions given as `positions`) each query of
+    a tree row gets its own page table (cached entries, its ancestors', its own; `query_tables`),
+    read by the same kernels: no mask, and the kernels are unchanged.
     """
 
-    def __init__(self, model, cache: KVCache, counts: np.ndarray, slots, table, positions, max_keys: int) -> None:
+    def __init__(self, model, cache: KVCache, counts: np.ndarray, slots, table, positions, max_keys: int,
+                 tree=None) -> None:
         config = model.config
         batch, t_q = positions.shape
         self.kernels, self.cache, self.slots = model.kernels, cache, slots
@@ -147,7 +160,10 @@ class FusedOps:
         if t_q > 1:  # one query per real new token, row-major like `slots`
             self.valid = torch.from_numpy((np.arange(t_q)[None, :] < counts[:, None]).reshape(-1))
             positions = positions.reshape(-1)[self.valid]
+            rows_table = table
             table = table[torch.from_numpy(np.repeat(np.arange(batch), counts))]
+            if tree is not None:
+                tree.query_tables(rows_table, table, counts)
         self.positions = positions.reshape(-1)
         self.lengths = self.positions + 1
         self.table = table

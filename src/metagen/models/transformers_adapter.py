@@ -21,7 +21,10 @@ cost is that of transformers' own batched decode over W = longest row + holes co
 Parity with the native backend on the embedded model (fp32: ragged prefill, decode steps,
 truncate, fork, multi-token appends, snapshot / restore, compaction) is tested to 2e-4 in the
 logits; sampling, beam search and speculative decoding run on it unchanged. Attention kinds a
-position mask cannot express (chunked, linear) are refused by name.
+position mask cannot express (chunked, linear) are refused by name. A token tree
+(`forward(..., tree=)`, `models/token_tree.py`) moves its tokens to positions L + depth and lets
+each see only its ancestors among the new columns; `keep_path` keeps one path by making the
+other columns holes.
 Needs the `transformers` extra (`pip install -e '.[transformers]'` in a checkout).
 """
 
@@ -37,6 +40,7 @@ from metagen.models import checks
 from metagen.models.base import Cache, ForwardOutput, LanguageModel, LogitsMode
 from metagen.models.cache import token_bytes
 from metagen.models.decoder import _check_integer_ids, _row_ids
+from metagen.models.token_tree import ancestors, check_trees
 
 _MIN_HOLES_BEFORE_COMPACTION = 16
 
@@ -109,6 +113,20 @@ class TransformersCache(Cache):
         if length < self._lengths[row]:
             self.valid[row] &= self.valid[row].cumsum(0) <= length
             self._lengths[row] = length
+
+    def keep_path(self, row: int, start: int, kept: Sequence[int]) -> None:
+        """`KVCache.keep_path` here: after a tree was fed to `row` at [start, length), keep its
+        tokens `kept` (increasing indices, a root-to-node path); the others become holes (no
+        copy), so the kept ones rank start, start + 1, ..., the positions their keys were
+        rotated for."""
+        row = checks.row("row", row, self.batch_size)
+        current = int(self._lengths[row])
+        start = checks.bounded("start", start, 0, current)
+        indices = checks.increasing("kept", kept, current - start)
+        columns = self.valid[row].nonzero().squeeze(1)[start:]  # (current − start,) the fed tokens' columns
+        dropped = np.delete(np.arange(columns.numel()), indices)
+        self.valid[row, columns[torch.from_numpy(dropped)]] = False
+        self._lengths[row] = start + indices.size
 
     def snapshot(self, row: int) -> TransformersSnapshot:
         """A copy of `row`'s keys and values, `(H, length, D)` per layer, outside the batch."""
@@ -244,10 +262,15 @@ class TransformersModel(LanguageModel):
         *,
         logits: LogitsMode = "last",
         hidden: bool = False,
+        tree: Sequence[Sequence[int] | None] | None = None,
     ) -> ForwardOutput:
+        """`LanguageModel.forward`. A `tree` row's tokens get positions L + depth and the 4-D
+        mask lets each see only its ancestors among them (`_tree_block`); the cache then holds
+        them in fed order until `keep_path` keeps one path (or `truncate` drops them)."""
         from transformers import DynamicCache
 
         ids, counts = self._pack(tokens, cache.batch_size)  # (B, T) right-aligned, (B,)
+        trees = check_trees(tree, counts.numpy())
         lengths = torch.from_numpy(cache._lengths)
         end = cache._lengths + counts.numpy()
         if end.max(initial=0) > self.max_context:
@@ -261,7 +284,11 @@ class TransformersModel(LanguageModel):
         query_positions = lengths[:, None] + offset.clamp(min=0)  # (B, T)
         valid = torch.cat([cache.valid, new_valid], dim=1)  # (B, W + T)
         key_positions = valid.cumsum(1) - 1
+        blocks = [] if trees is None else [_tree_block(b, parents, width, query_positions, key_positions)
+                                           for b, parents in enumerate(trees) if parents is not None]
         allowed = valid[:, None, :] & (key_positions[:, None, :] <= query_positions[:, :, None])  # (B, T, W + T)
+        for b, rows, ancestor in blocks:  # a tree row's new tokens see their ancestors only
+            allowed[b, rows, -rows.numel():] = ancestor
         if cache.past is None:
             cache.past = DynamicCache()
         kwargs = {self._cache_argument: cache.past}
@@ -368,6 +395,20 @@ def _kv_shape(config) -> tuple[int, int, int]:
     no grouped-query attention); head_dim is `_head_dim`'s."""
     heads = int(config.num_attention_heads)
     return int(config.num_hidden_layers), int(getattr(config, "num_key_value_heads", None) or heads), _head_dim(config)
+
+
+def _tree_block(b: int, parents: np.ndarray, width: int, query_positions: torch.Tensor,
+                key_positions: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """Row b's tree (`token_tree`): its m new tokens (the last m of the `width` columns) move
+    to positions L + depth in `query_positions (B, T)` and `key_positions (B, W + T)`, in
+    place; returns (b, their query rows (m,), their ancestor mask (m, m))."""
+    ancestor = ancestors(parents)
+    m = parents.size
+    rows = torch.arange(width - m, width)
+    depths = torch.from_numpy(ancestor.sum(axis=1) - 1)
+    query_positions[b, rows] = query_positions[b, width - m] + depths
+    key_positions[b, -m:] = query_positions[b, rows]
+    return b, rows, torch.from_numpy(ancestor)
 
 
 def _attention_layout(config) -> tuple[list[str] | None, int | None]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode
+from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode, refuse_tree
 from metagen.speculative.self_draft import early_exit_model
 
 TEACHER_TOP_K = 64
@@ -184,8 +184,11 @@ class AdaptedExitModel(LanguageModel):
         return out.hidden, out.num_new
 
     @torch.no_grad()
-    def forward(self, cache, tokens, *, logits: LogitsMode = "last", hidden: bool = False) -> ForwardOutput:
-        """LanguageModel.forward; `hidden` returns the adapter's output y (what the head reads)."""
+    def forward(self, cache, tokens, *, logits: LogitsMode = "last", hidden: bool = False,
+                tree=None) -> ForwardOutput:
+        """LanguageModel.forward; `hidden` returns the adapter's output y (what the head reads).
+        Token trees are refused (`refuse_tree`)."""
+        refuse_tree(self, tree)
         if logits == "none" and not hidden:
             out = self.body.forward(cache, tokens, logits="none")
             return ForwardOutput(None, None, out.num_new)

@@ -158,3 +158,26 @@ def test_gemma_cache_keeps_every_slot_because_of_its_global_layers(gemma):
     for token in range(40):
         model.forward(cache, [[token + 1]])
     assert cache.released(0) == 0 and cache.num_cached_slots == len(PROMPT) + 40
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma"])
+def test_token_tree_past_the_window_matches_transformers(name, request):
+    """A tree whose deep nodes reach past the window: a root with a branch of 4 and a branch of
+    9 fed after it, so the second branch's columns (fed order) lie past their positions (cached
+    length + depth) and its deepest node's window drops its oldest ancestors by position where
+    their columns would keep them."""
+    hf, model = request.getfixturevalue(name)
+    tokens = [50 + 7 * i for i in range(14)]
+    parents = [-1, 0, 1, 2, 3, 0, 5, 6, 7, 8, 9, 10, 11, 12]
+    for fused in paths(model):
+        model.use_fused = fused
+        cache = model.new_cache(1)
+        model.forward(cache, [PROMPT])
+        out = model.forward(cache, [tokens], logits="all", tree=[parents]).logits[0]
+        for node in (4, 5, 9, 13):
+            chain, at = [], node
+            while at >= 0:
+                chain.append(tokens[at])
+                at = parents[at]
+            assert_close(out[node], reference(hf, PROMPT + chain[::-1])[-1])
+    model.use_fused = model.kernels is not None
