@@ -523,11 +523,13 @@ def test_replicas_balance_and_agree(replicas, reference):
     ("drop", {}),
     ("status", {"status": 500}),
     ("status", {"status": 429, "headers": {"Retry-After": "0"}}),
-    ("delay", {"seconds": 4.0}),
+    ("delay", {"seconds": 20.0}),
 ])
 def test_a_fault_on_one_replica_is_answered_by_the_other(replicas, reference, kind, options):
+    # the timeout is far above a 6-token answer's time on a loaded machine (so only the fault
+    # fails) and far below the delay fault's
     with FaultProxy(origin(replicas[0])) as proxy, \
-            FleetGenerator([proxy.url, replicas[1]], max_retries=0, timeout=2.5) as fleet:
+            FleetGenerator([proxy.url, replicas[1]], max_retries=0, timeout=10.0) as fleet:
         assert fleet.profile.model
         proxy.fault(kind, **options)
         result = fleet.generate(PROMPT, SamplingParams(max_tokens=6, seed=1))
