@@ -38,10 +38,10 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
     spec = parser.add_argument_group("speculative decoding (same output distribution, fewer target steps)")
     spec.add_argument("--speculative", default=None, metavar="DRAFTER", help=" | ".join(drafter_names()))
     spec.add_argument("--num-draft-tokens", type=int, default=None, help="draft tokens per step, γ (default 4)")
-    tree_rules = [name for name, rule in VERIFICATIONS.items() if rule.needs_tree]
+    tree_rules = [name for name, rule in VERIFICATIONS.items() if rule.trees]
     spec.add_argument("--verify", choices=list(VERIFICATIONS), default=None,
                       help="verification rule (default token; draw: each token drawn as plain decoding draws it"
-                           + (f"; {', '.join(tree_rules)}: needs tree drafts, refused for now" if tree_rules else "")
+                           + (f"; {', '.join(tree_rules)}: verifies token trees" if tree_rules else "")
                            + ")")
     spec.add_argument("--adaptive-draft", action="store_true", default=None,
                       help="grow γ after fully accepted drafts, shrink it after rejections")
