@@ -199,3 +199,31 @@ def test_a_chain_rule_refuses_the_tree_drafter():
 def test_tree_drafter_options_are_checked(options, message):
     with pytest.raises(ValueError, match=message):
         TreeDrafter(DraftTreeToyModel(), **options)
+
+
+# ------------------------------------------------------------------------- under a constraint
+
+
+def test_sampled_trees_follow_the_constrained_law():
+    """The toy DFA masks draft and target; each node is processed by the constraint advanced
+    along its own path, and the constraint ends on the kept path (its stop verdicts included)."""
+    from tests.decoding.toy_grammar import ToyGrammar, masked_law
+
+    processor = ToyGrammar()
+    params = SamplingParams(n=3000, max_tokens=5, seed=23)
+    result = speculative_generate(TreeToyModel(), tree_drafter(), [BOS], params, TREE, processors=[processor])
+    assert_follows((tuple(c.token_ids) for c in result.completions), masked_law([BOS], 5))
+    assert 0 < result.cost.accepted_tokens < result.cost.draft_tokens
+    assert processor.history == [[0]]  # the given processor is never changed
+
+
+@pytest.mark.parametrize("max_tokens", [2, 5, 9])
+def test_greedy_trees_equal_plain_constrained_greedy(max_tokens):
+    from tests.decoding.toy_grammar import ToyGrammar
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    plain = generate(ToyModel(), [BOS], params, processors=[ToyGrammar()]).completions[0]
+    spec = speculative_generate(TreeToyModel(), tree_drafter(), [BOS], params, TREE,
+                                processors=[ToyGrammar()]).completions[0]
+    assert spec.token_ids == plain.token_ids
+    assert (spec.finish_reason, spec.complete) == (plain.finish_reason, plain.complete)
