@@ -12,7 +12,7 @@ from metagen.decoding import generate
 from metagen.decoding.drafts import Draft
 from metagen.models.base import ForwardOutput
 from metagen.sampling import SamplingParams
-from metagen.speculative import ModelDrafter, SpeculativeConfig, speculative_generate
+from metagen.speculative import ModelDrafter, NgramDrafter, SpeculativeConfig, speculative_generate
 from metagen.speculative.tree_drafter import TreeDrafter
 from metagen.speculative.tree_verify import TreeVerification
 
@@ -114,10 +114,15 @@ def test_a_custom_stateful_processor_is_left_on_the_kept_path():
     assert_follows((tuple(c.token_ids) for c in result.completions), distribution_without_repeats(PROMPT, 4))
 
 
-def test_the_tree_rule_on_chain_drafts_follows_the_target():
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_the_tree_rule_on_chain_drafts_follows_the_target(drafter):
+    """Chains are one-child trees: sampled drafts (p from the model) and point masses (n-gram:
+    each candidate accepted with prob r(x), then removed from r)."""
     params = SamplingParams(n=3000, max_tokens=4, seed=2)
-    result = speculative_generate(ToyModel(), ModelDrafter(DraftToyModel()), PROMPT, params, TREE)
+    chain_drafter = ModelDrafter(DraftToyModel()) if drafter == "model" else NgramDrafter(max_ngram=2)
+    result = speculative_generate(ToyModel(), chain_drafter, PROMPT, params, TREE)
     assert_follows((tuple(c.token_ids) for c in result.completions), chain_distribution(params, PROMPT, 4))
+    assert 0 < result.cost.accepted_tokens < result.cost.draft_tokens
 
 
 # ------------------------------------------------------------------------- greedy and stops
