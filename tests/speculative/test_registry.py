@@ -31,7 +31,7 @@ from metagen.speculative.registry import (
 ROOT = Path(__file__).resolve().parents[2]
 # options each entry is built with below (small, fast); a new entry needs its line here
 EXAMPLES = {"ngram": {}, "early-exit": {"exit_layer": 4}, "quantized": {"draft_dtype": "int4"},
-            "model": {"draft_dtype": "int4", "confidence": 0.0}, "tree": {"exit_layer": 4}}
+            "model": {"draft_dtype": "int4", "confidence": 0.0}, "tree": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 3}}
 
 
 def test_every_drafter_has_an_example_and_reads_only_known_options():
@@ -97,7 +97,8 @@ def test_unknown_drafters_and_unread_options_are_refused(name, options, message)
 @pytest.mark.parametrize(
     "options, message",
     [({"exit_layer": 0}, r"exit_layer=0 must be an int >= 1"), ({"draft_dtype": "fp8"}, r"draft_dtype='fp8'"),
-     ({"confidence": 1.5}, r"confidence=1.5 is out of range")],
+     ({"confidence": 1.5}, r"confidence=1.5 is out of range"), ({"tree_widths": (2, 0)}, r"tree_widths=\(2, 0\)"),
+     ({"tree_widths": [2]}, r"tree_widths=\[2\] must be a non-empty tuple"), ({"tree_nodes": 0}, r"tree_nodes=0")],
 )
 def test_drafter_options_are_range_checked(options, message):
     with pytest.raises(ValueError, match=message):
@@ -172,3 +173,18 @@ def test_the_speculative_guide_lists_the_table():
     page = (ROOT / "docs" / "guides" / "speculative.md").read_text(encoding="utf-8")
     assert _table_column(page, "`--speculative`", 0) == drafter_names()
     assert _table_column(page, "`--verify`", 0) == list(VERIFICATIONS)
+
+
+def test_the_tree_drafter_verifies_with_the_tree_rule_by_default():
+    from metagen.cli.speculative import speculative_options
+
+    def options(*argv):
+        return speculative_options(build_parser().parse_args(["generate", "Hi", *argv]))
+
+    assert DRAFTERS["tree"].verify == "multi-draft" and VERIFICATIONS[DRAFTERS["tree"].verify].trees
+    assert all(spec.verify == "token" for name, spec in DRAFTERS.items() if name != "tree")
+    tree = options("--speculative", "tree", "--tree-widths", "3,1", "--tree-nodes", "5")
+    assert tree["config"].verify == "multi-draft"
+    assert tree["drafter_args"] == {"tree_widths": (3, 1), "tree_nodes": 5}
+    assert options("--speculative", "ngram")["config"].verify == "token"
+    assert options("--speculative", "tree", "--verify", "token")["config"].verify == "token"  # refused at the loop

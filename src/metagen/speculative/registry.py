@@ -41,12 +41,16 @@ class DrafterOptions:
     exit_adapter: early exit: a trained `ExitAdapter` file (its layer count wins).
     draft_dtype: weights of a model draft loaded from a file, one of `DRAFT_DTYPES` (default int4).
     confidence: model drafts: a row's draft stops after a token below this probability, in [0, 1].
+    tree_widths: tree drafts: children per node at each depth (ints >= 1; default (2, 2, 1)).
+    tree_nodes: tree drafts: nodes per row and step (>= 1; default 16).
     """
 
     exit_layer: int | None = None
     exit_adapter: str | None = None
     draft_dtype: str | None = None
     confidence: float | None = None
+    tree_widths: tuple[int, ...] | None = None
+    tree_nodes: int | None = None
 
     def __post_init__(self) -> None:
         if self.exit_layer is not None and (isinstance(self.exit_layer, bool) or not isinstance(self.exit_layer, int)
@@ -57,6 +61,13 @@ class DrafterOptions:
                              f"{', '.join(DRAFT_DTYPES)}")
         if self.confidence is not None and not 0.0 <= self.confidence <= 1.0:
             raise ValueError(f"confidence={self.confidence!r} is out of range: must be in [0, 1] or None")
+        if self.tree_widths is not None and (not isinstance(self.tree_widths, tuple) or not self.tree_widths or any(
+                isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.tree_widths)):
+            raise ValueError(f"tree_widths={self.tree_widths!r} must be a non-empty tuple of ints >= 1 (children "
+                             "per node at each depth)")
+        if self.tree_nodes is not None and (isinstance(self.tree_nodes, bool) or not isinstance(self.tree_nodes, int)
+                                            or self.tree_nodes < 1):
+            raise ValueError(f"tree_nodes={self.tree_nodes!r} must be an int >= 1")
 
     def given(self) -> dict[str, object]:
         """The options set (not None), by name."""
@@ -67,13 +78,15 @@ class DrafterOptions:
 @dataclass(frozen=True)
 class DrafterSpec:
     """factory(target, argument, options) -> Drafter; `reads`: the `DrafterOptions` it reads;
-    `argument`: what follows `name:` (e.g. "PATH"), None when the name takes none."""
+    `argument`: what follows `name:` (e.g. "PATH"), None when the name takes none; `verify`:
+    the rule the command line uses when none is given (a tree drafter's is a tree rule)."""
 
     name: str
     description: str
     factory: Callable[[object, str | None, DrafterOptions], Drafter]
     reads: tuple[str, ...] = ()
     argument: str | None = None
+    verify: str = "token"
 
     @property
     def spelling(self) -> str:
@@ -138,10 +151,11 @@ def check_drafter(name: str, options: DrafterOptions | None = None) -> tuple[Dra
 
 
 def make_drafter(name: str, target, *, exit_layer: int | None = None, exit_adapter: str | None = None,
-                 draft_dtype: str | None = None, confidence: float | None = None) -> Drafter:
+                 draft_dtype: str | None = None, confidence: float | None = None,
+                 tree_widths: tuple[int, ...] | None = None, tree_nodes: int | None = None) -> Drafter:
     """The drafter registered as `name` (see `DRAFTERS`), drafting for `target`, with the options
     its entry reads (others given are refused, `check_drafter`)."""
-    options = DrafterOptions(exit_layer, exit_adapter, draft_dtype, confidence)
+    options = DrafterOptions(exit_layer, exit_adapter, draft_dtype, confidence, tree_widths, tree_nodes)
     spec, argument = check_drafter(name, options)
     return spec.factory(target, argument, options)
 
@@ -207,10 +221,11 @@ def _model(target, argument: str | None, options: DrafterOptions) -> Drafter:
 
 def _tree(target, argument: str | None, options: DrafterOptions) -> Drafter:
     from metagen.speculative.self_draft import early_exit_model
-    from metagen.speculative.tree_drafter import TreeDrafter
+    from metagen.speculative.tree_drafter import DEFAULT_MAX_NODES, DEFAULT_WIDTHS, TreeDrafter
 
     draft = early_exit_model(target, default_exit_layer(target) if options.exit_layer is None else options.exit_layer)
-    return TreeDrafter(draft, name="tree", share_prompt_cache=True)
+    return TreeDrafter(draft, widths=options.tree_widths or DEFAULT_WIDTHS, max_nodes=options.tree_nodes or
+                       DEFAULT_MAX_NODES, name="tree", share_prompt_cache=True)
 
 
 def _token() -> Verification:
@@ -263,7 +278,8 @@ register_verification(VerificationSpec(
     "(Mirostat allowed; one seeded row gives plain decoding's tokens)", _draw))
 register_drafter(DrafterSpec(
     "tree", "a static token tree (SpecInfer-style: widths 2, 2, 1, at most 16 nodes) from the early-exit draft, "
-    "verified in one target forward; needs --verify multi-draft", _tree, reads=("exit_layer",)))
+    "verified in one target forward by the multi-draft rule", _tree,
+    reads=("exit_layer", "tree_widths", "tree_nodes"), verify="multi-draft"))
 
 register_verification(VerificationSpec(
     "multi-draft", "tree verification: recursive rejection sampling over each node's children (Jeon et al. 2024; "

@@ -30,7 +30,7 @@ from metagen.decoding.cost import forward_flops
 from metagen.decoding.drafts import Draft
 from metagen.speculative.drafters import ModelDrafter
 
-__all__ = ["DEFAULT_WIDTHS", "TreeDrafter"]
+__all__ = ["DEFAULT_MAX_NODES", "DEFAULT_WIDTHS", "TreeDrafter"]
 
 DEFAULT_WIDTHS = (2, 2, 1)  # children per node at depths 1, 2, 3: up to 2 + 4 + 4 = 10 nodes
 DEFAULT_MAX_NODES = 16
