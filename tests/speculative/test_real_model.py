@@ -233,3 +233,12 @@ def test_tree_greedy_equals_plain_greedy(model_fp32, prompt):
     cost = spec.cost
     assert cost.block_efficiency > 1.0 and cost.accepted_tokens > 0
     assert cost.draft_tokens > 3 * (cost.target_steps - 1)  # trees: more nodes than a chain of 3 per step
+
+
+def test_generator_by_name_verifies_the_tree_drafter_with_the_tree_rule(model):
+    generator = SpeculativeGenerator.by_name(model, "tree", exit_layer=6, tree_widths=(2, 1), tree_nodes=4)
+    assert generator.config.verify == "multi-draft" and generator.drafter.widths == (2, 1)
+    result = generator.generate("Count: one two three", SamplingParams(temperature=0, max_tokens=6))
+    plain = generate(model, "Count: one two three", SamplingParams(temperature=0, max_tokens=6))
+    assert result.completions[0].token_ids == plain.completions[0].token_ids
+    assert result.cost.draft_tokens > 0
