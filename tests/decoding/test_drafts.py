@@ -55,8 +55,11 @@ def test_a_tree_row_is_refused_where_chains_are_needed():
     draft = Draft([[1], TREE_TOKENS], [[-1], TREE_PARENTS], [None, None])
     with pytest.raises(ValueError, match=r"token verification verifies chain drafts only.*row 1"):
         draft.require_chain("token verification")
-    with pytest.raises(RuntimeError, match="tree draft.*chains only"):
+    with pytest.raises(RuntimeError, match="tree draft, which this verification cannot verify"):
         check_draft(draft, [1, 5], vocab=100, name="toy")
+    check_draft(draft, [1, 3], vocab=100, name="toy", trees=True)  # the deepest path has 3 tokens
+    with pytest.raises(RuntimeError, match="3 tokens on a path of row 1, at most 2 allowed"):
+        check_draft(draft, [1, 2], vocab=100, name="toy", trees=True)
 
 
 @pytest.mark.parametrize(

@@ -189,6 +189,21 @@ def test_speculative_greedy_equals_plain_greedy(adapter, verify):
     assert spec.cost.acceptance_rate > 0.5  # drafts were accepted: truncation and multi-token appends ran
 
 
+@pytest.mark.slow
+def test_tree_speculative_greedy_equals_plain_greedy(adapter):
+    """Token trees through the adapter: the target scores a tree in one forward (ancestor-only
+    attention) and keeps one path (`keep_path`); the adapter drafts its own trees too."""
+    from metagen.speculative import TreeDrafter
+
+    params = SamplingParams(temperature=0, max_tokens=16)
+    prompt = "The capital of France is"
+    plain = generate(adapter, prompt, params)
+    spec = speculative_generate(adapter, TreeDrafter(adapter, widths=(2, 2)), prompt, params,
+                                SpeculativeConfig(num_draft_tokens=2, verify="multi-draft"))
+    assert spec.completions[0].token_ids == plain.completions[0].token_ids
+    assert spec.cost.block_efficiency == pytest.approx(3.0, abs=0.5)  # the same model: the top path is kept
+
+
 def _gpt2():
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=2, n_head=4)

@@ -220,3 +220,25 @@ def test_shared_prompt_cache_gives_an_early_exit_draft_its_own_prefill_would(mod
     assert second.cost.flops < first.cost.flops  # no draft prefill
     with pytest.raises(ValueError, match="share_prompt_cache"):
         ModelDrafter(early_exit_model(model, 12), share_prompt_cache=True).start([1, 2, 3], 1, target_cache=None)
+
+
+@pytest.mark.parametrize("prompt", sorted(PROMPTS))
+def test_tree_greedy_equals_plain_greedy(model_fp32, prompt):
+    """The registered tree drafter (a static tree from the early-exit draft), verified in one
+    target forward with tree attention per step."""
+    drafter = make_drafter("tree", model_fp32, exit_layer=20)
+    spec = assert_same_greedy(model_fp32, drafter, PROMPTS[prompt], SpeculativeConfig(num_draft_tokens=3,
+                                                                                      verify="multi-draft"),
+                              max_tokens=32)
+    cost = spec.cost
+    assert cost.block_efficiency > 1.0 and cost.accepted_tokens > 0
+    assert cost.draft_tokens > 3 * (cost.target_steps - 1)  # trees: more nodes than a chain of 3 per step
+
+
+def test_generator_by_name_verifies_the_tree_drafter_with_the_tree_rule(model):
+    generator = SpeculativeGenerator.by_name(model, "tree", exit_layer=6, tree_widths=(2, 1), tree_nodes=4)
+    assert generator.config.verify == "multi-draft" and generator.drafter.widths == (2, 1)
+    result = generator.generate("Count: one two three", SamplingParams(temperature=0, max_tokens=6))
+    plain = generate(model, "Count: one two three", SamplingParams(temperature=0, max_tokens=6))
+    assert result.completions[0].token_ids == plain.completions[0].token_ids
+    assert result.cost.draft_tokens > 0

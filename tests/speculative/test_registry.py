@@ -31,19 +31,19 @@ from metagen.speculative.registry import (
 ROOT = Path(__file__).resolve().parents[2]
 # options each entry is built with below (small, fast); a new entry needs its line here
 EXAMPLES = {"ngram": {}, "early-exit": {"exit_layer": 4}, "quantized": {"draft_dtype": "int4"},
-            "model": {"draft_dtype": "int4", "confidence": 0.0}}
+            "model": {"draft_dtype": "int4", "confidence": 0.0}, "tree": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 3}}
 
 
 def test_every_drafter_has_an_example_and_reads_only_known_options():
     assert set(EXAMPLES) == set(DRAFTERS)
-    assert drafter_names() == ["ngram", "early-exit", "quantized", "model:PATH"]
+    assert drafter_names() == ["ngram", "early-exit", "quantized", "model:PATH", "tree"]
     for name, spec in DRAFTERS.items():
         assert spec.description and set(EXAMPLES[name]) <= set(spec.reads), name
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(EXAMPLES))
-def test_every_drafter_builds_by_name_and_proposes_a_chain(model_fp32, name):
+def test_every_drafter_builds_by_name_and_proposes_a_valid_draft(model_fp32, name):
     """An fp32 target (so an int4 copy of it is cheaper); the prompt repeats, so n-gram lookup
     proposes too. The draft is checked as the loop checks it, and its distributions are the
     sampled chain's (rows summing to 1) or point masses."""
@@ -56,8 +56,8 @@ def test_every_drafter_builds_by_name_and_proposes_a_chain(model_fp32, name):
     drafter.start(ids, 2, target_cache=cache)
     chain = SamplerChain.from_params(SamplingParams(temperature=1.0), 2, target.vocab_size)
     draft = drafter.propose([ids, ids], [3, 2], chain, torch.Generator().manual_seed(0))
-    assert isinstance(draft, Draft) and draft.is_chain
-    check_draft(draft, [3, 2], target.vocab_size, drafter.name)
+    assert isinstance(draft, Draft) and draft.is_chain != drafter.proposes_trees
+    check_draft(draft, [3, 2], target.vocab_size, drafter.name, trees=drafter.proposes_trees)
     assert all(draft.tokens), (name, draft.tokens)
     for tokens, probs in zip(draft.tokens, draft.probs):
         if probs is not None:
@@ -78,7 +78,7 @@ def test_speculative_generator_by_name_runs_the_registered_drafter(model):
     "name, options, message",
     [
         ("medusa", {}, "speculative drafter 'medusa' is unknown: choose one of ngram, early-exit, quantized, "
-                       "model:PATH"),
+                       "model:PATH, tree"),
         ("model", {}, "'model' is unknown"),  # needs model:PATH
         ("model:", {}, "'model:' is unknown"),
         ("ngram:3", {}, "'ngram:3' is unknown"),  # takes no argument
@@ -97,26 +97,22 @@ def test_unknown_drafters_and_unread_options_are_refused(name, options, message)
 @pytest.mark.parametrize(
     "options, message",
     [({"exit_layer": 0}, r"exit_layer=0 must be an int >= 1"), ({"draft_dtype": "fp8"}, r"draft_dtype='fp8'"),
-     ({"confidence": 1.5}, r"confidence=1.5 is out of range")],
+     ({"confidence": 1.5}, r"confidence=1.5 is out of range"), ({"tree_widths": (2, 0)}, r"tree_widths=\(2, 0\)"),
+     ({"tree_widths": [2]}, r"tree_widths=\[2\] must be a non-empty tuple"), ({"tree_nodes": 0}, r"tree_nodes=0")],
 )
 def test_drafter_options_are_range_checked(options, message):
     with pytest.raises(ValueError, match=message):
         DrafterOptions(**options)
 
 
-def test_every_chain_rule_builds_a_verification_and_the_tree_rule_is_refused_saying_why():
+def test_every_rule_builds_a_verification_and_says_whether_it_verifies_trees():
     assert list(VERIFICATIONS) == ["token", "block", "draw", "multi-draft"]
     for name, spec in VERIFICATIONS.items():
         assert spec.description
-        if spec.needs_tree:
-            with pytest.raises(ValueError, match=f"verify='{name}' needs tree drafts"):
-                make_verification(name)
-            with pytest.raises(ValueError, match="needs tree drafts"):
-                SpeculativeConfig(verify=name)
-        else:
-            assert isinstance(make_verification(name), Verification)
-            assert SpeculativeConfig(verify=name).verify == name
-    assert "tree drafts" in VERIFICATIONS["multi-draft"].description
+        verification = make_verification(name)
+        assert isinstance(verification, Verification) and verification.trees == spec.trees
+        assert SpeculativeConfig(verify=name).verify == name
+    assert [name for name, spec in VERIFICATIONS.items() if spec.trees] == ["multi-draft"]
     with pytest.raises(ValueError, match="verify='typical' is not a rule: choose one of token, block, draw, "
                                          "multi-draft"):
         check_verification("typical")
@@ -134,7 +130,7 @@ def test_a_tree_draft_is_refused_by_the_rules_by_name():
     [
         (["--speculative", "medusa"], "speculative drafter 'medusa' is unknown: choose one of ngram, early-exit"),
         (["--speculative", "ngram", "--draft-dtype", "int8"], "draft_dtype='int8' does not apply to the ngram"),
-        (["--speculative", "ngram", "--verify", "multi-draft"], "verify='multi-draft' needs tree drafts"),
+        (["--speculative", "tree", "--draft-dtype", "int4"], "draft_dtype='int4' does not apply to the tree"),
         (["--speculative", "model:x.gguf", "--exit-layer", "3"], "exit_layer=3 does not apply to the model drafter"),
     ],
 )
@@ -157,7 +153,7 @@ def test_the_help_lists_the_tables_names():
     actions = {action.dest: action for action in commands.choices["generate"]._actions}
     assert actions["speculative"].help == " | ".join(drafter_names())
     assert list(actions["verify"].choices) == list(VERIFICATIONS)
-    assert actions["exit_layer"].help.startswith("early-exit:")
+    assert actions["exit_layer"].help.startswith("early-exit / tree:")
     assert actions["draft_dtype"].help.startswith("quantized / model:PATH")
 
 
@@ -177,3 +173,18 @@ def test_the_speculative_guide_lists_the_table():
     page = (ROOT / "docs" / "guides" / "speculative.md").read_text(encoding="utf-8")
     assert _table_column(page, "`--speculative`", 0) == drafter_names()
     assert _table_column(page, "`--verify`", 0) == list(VERIFICATIONS)
+
+
+def test_the_tree_drafter_verifies_with_the_tree_rule_by_default():
+    from metagen.cli.speculative import speculative_options
+
+    def options(*argv):
+        return speculative_options(build_parser().parse_args(["generate", "Hi", *argv]))
+
+    assert DRAFTERS["tree"].verify == "multi-draft" and VERIFICATIONS[DRAFTERS["tree"].verify].trees
+    assert all(spec.verify == "token" for name, spec in DRAFTERS.items() if name != "tree")
+    tree = options("--speculative", "tree", "--tree-widths", "3,1", "--tree-nodes", "5")
+    assert tree["config"].verify == "multi-draft"
+    assert tree["drafter_args"] == {"tree_widths": (3, 1), "tree_nodes": 5}
+    assert options("--speculative", "ngram")["config"].verify == "token"
+    assert options("--speculative", "tree", "--verify", "token")["config"].verify == "token"  # refused at the loop

@@ -22,10 +22,10 @@ from metagen.speculative.registry import (
 )
 
 _OPTIONS = ("num_draft_tokens", "verify", "adaptive_draft", "exit_layer", "exit_adapter", "draft_dtype",
-            "draft_confidence")
+            "draft_confidence", "tree_widths", "tree_nodes")
 # flag destination -> the `DrafterOptions` field it sets
 _DRAFTER_OPTIONS = {"exit_layer": "exit_layer", "exit_adapter": "exit_adapter", "draft_dtype": "draft_dtype",
-                    "draft_confidence": "confidence"}
+                    "draft_confidence": "confidence", "tree_widths": "tree_widths", "tree_nodes": "tree_nodes"}
 
 
 def _readers(option: str) -> str:
@@ -38,10 +38,10 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
     spec = parser.add_argument_group("speculative decoding (same output distribution, fewer target steps)")
     spec.add_argument("--speculative", default=None, metavar="DRAFTER", help=" | ".join(drafter_names()))
     spec.add_argument("--num-draft-tokens", type=int, default=None, help="draft tokens per step, γ (default 4)")
-    tree_rules = [name for name, rule in VERIFICATIONS.items() if rule.needs_tree]
+    tree_rules = [name for name, rule in VERIFICATIONS.items() if rule.trees]
     spec.add_argument("--verify", choices=list(VERIFICATIONS), default=None,
-                      help="verification rule (default token; draw: each token drawn as plain decoding draws it"
-                           + (f"; {', '.join(tree_rules)}: needs tree drafts, refused for now" if tree_rules else "")
+                      help="verification rule (default token, the tree drafter's multi-draft; draw: each token drawn as plain decoding draws it"
+                           + (f"; {', '.join(tree_rules)}: verifies token trees" if tree_rules else "")
                            + ")")
     spec.add_argument("--adaptive-draft", action="store_true", default=None,
                       help="grow γ after fully accepted drafts, shrink it after rejections")
@@ -51,6 +51,18 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
                       help=f"{_readers('draft_dtype')} drafter weights (default int4)")
     spec.add_argument("--draft-confidence", type=float, default=None,
                       help=f"{_readers('confidence')}: stop a draft after a token below this probability")
+    spec.add_argument("--tree-widths", type=_widths, default=None, metavar="K1,K2,...",
+                      help=f"{_readers('tree_widths')}: children per node at each depth (default 2,2,1)")
+    spec.add_argument("--tree-nodes", type=int, default=None,
+                      help=f"{_readers('tree_nodes')}: draft nodes per step (default 16)")
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    """`--tree-widths 2,2,1` as (2, 2, 1); ArgumentTypeError naming the value otherwise."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints (e.g. 2,2,1)") from None
 
 
 def speculative_options(args: argparse.Namespace) -> dict | None:
@@ -61,12 +73,12 @@ def speculative_options(args: argparse.Namespace) -> dict | None:
         return None
     drafter_args = {field: getattr(args, flag) for flag, field in _DRAFTER_OPTIONS.items()
                     if getattr(args, flag) is not None}
-    check_drafter(args.speculative, DrafterOptions(**drafter_args))
+    spec, _ = check_drafter(args.speculative, DrafterOptions(**drafter_args))
     from metagen.speculative import SpeculativeConfig
 
     config = SpeculativeConfig(
         num_draft_tokens=4 if args.num_draft_tokens is None else args.num_draft_tokens,
-        verify=args.verify or "token",
+        verify=args.verify or spec.verify,
         adaptive=bool(args.adaptive_draft),
     )
     return {"kind": args.speculative, "config": config, "drafter_args": drafter_args}

@@ -257,6 +257,13 @@ class RowBatch:
         if self.lazy is not None:
             self.lazy.truncate(row, length)
 
+    def keep_path(self, row: int, start: int, kept: list[int]) -> None:
+        """Keep the root-to-node path `kept` of a token tree fed to cache row `row` at `start`
+        (`PagedCache.keep_path`; tree drafts run on one model, no companions)."""
+        if self.companion_caches or self.lazy is not None:
+            raise ValueError("token trees run on one model: a logits combiner's companions cannot keep a tree path")
+        self.cache.keep_path(row, start, kept)
+
     def finish_cost(self, result, started: float) -> None:
         """Close `result.cost` when the rows are done: the tokens they generated and the wall
         time since `started` (a `time.perf_counter()` value)."""

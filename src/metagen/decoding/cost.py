@@ -31,7 +31,7 @@ class Cost:
         None when unknown (a backend that cannot see its model), never a made-up 0. Unknown
         is absorbing: a sum with an unknown part is unknown.
     wall_seconds: elapsed time.
-    draft_tokens: speculative decoding: draft tokens proposed to the target.
+    draft_tokens: speculative decoding: draft tokens proposed to the target (every node of a tree draft).
     accepted_tokens: draft tokens the verification accepted (a row that stops on EOS or a stop
         string inside an accepted draft emits fewer of them).
     target_steps: target forwards that produced tokens, counted per row: a forward counts one for

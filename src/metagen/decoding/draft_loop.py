@@ -8,6 +8,12 @@ each row's last, t0):
     tau, x     = verification.verify(batch, logits, draft)              # pushes d_1..d_tau, x into the rows
     cache.truncate(row, old + 1 + tau)                                   # the untaken draft tokens leave
 
+A tree draft (`Draft.parents`, a verification with `trees`: `speculative.tree_verify`) is fed
+the same way, t0 then the nodes, with `tree=` (t0 the root, ancestor-only attention), so one
+forward scores every node; the verification returns the kept path's nodes, and
+`cache.keep_path(row, old, [0] + [1 + i for i in path])` keeps t0 and that path, releasing the
+other nodes. The chain and the rows take the path's tokens in order, as for a kept chain prefix.
+
 The first token of every row comes from the prefill's logits, drawn as plain decoding draws it
 (`DrawVerification` of empty drafts). Rows accept different numbers of tokens, so the next
 forward is ragged; finished rows leave the batch (`RowBatch.keep`, the drafter following).
@@ -21,7 +27,7 @@ here with draw verification: jump-forward is this loop.
 
 Cost: the loop fills `result.cost` as it spends it — the prefill (`RowBatch.prefill_cost`) plus
 the drafter's prefill FLOPs, per step the drafter's calls and FLOPs and the target forward
-(`cost.forward_cost`: one model call, the FLOPs of each row's 1 + γ_b tokens at its position,
+(`cost.forward_cost`: one model call, the FLOPs of each row's 1 + γ_b tokens (tree nodes) at its position,
 the tokens a verification left included, and one target step per row). Draft tokens proposed and accepted go
 to `cost.draft_tokens` / `cost.accepted_tokens`; a forced drafter's taken tokens go to
 `GenerationResult.forced_tokens` instead (they are the constraint's text, not a speculation).
@@ -76,41 +82,55 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
         lengths = [max(0, min(gammas[index], max_new - len(rows[index].completion.token_ids) - verification.spare))
                    for index in active]
         draft = drafter.propose(row_contexts, lengths, chain, generator)
-        check_draft(draft, lengths, model.vocab_size, drafter.name)
+        check_draft(draft, lengths, model.vocab_size, drafter.name, trees=verification.trees)
         cost.model_calls += draft.calls
         cost.flops += draft.flops
         before = cache.lengths
         feed = [[context[-1]] + draft.tokens[b] for b, context in enumerate(row_contexts)]
         cost += forward_cost(model, before, [len(tokens) for tokens in feed])
-        logits = model.forward(cache, feed, logits="all").logits  # (B, 1 + longest draft, V)
+        if draft.is_chain:
+            tree = None
+            logits = model.forward(cache, feed, logits="all").logits  # (B, 1 + longest draft, V)
+        else:  # t0 is the root: node i is fed at 1 + i, its parent at 1 + parents[i]
+            tree = [[-1] + [parent + 1 for parent in parents] for parents in draft.parents]
+            logits = model.forward(cache, feed, logits="all", tree=tree).logits  # (B, 1 + most nodes, V)
         outcomes = yield from verification.verify(batch, logits, draft)
-        for b, (index, proposed, (tau, token)) in enumerate(zip(active, draft.tokens, outcomes)):
+        for b, (index, proposed, outcome) in enumerate(zip(active, draft.tokens, outcomes)):
+            tau, token = outcome[0], outcome[1]
+            nodes = outcome[2] if len(outcome) > 2 else range(tau)  # the kept path's nodes
             if drafter.forced:
                 result.forced_tokens += tau
             else:
                 cost.draft_tokens += len(proposed)
                 cost.accepted_tokens += tau
-            if tau < len(proposed):
+            if tree is not None:  # keep t0 and the path, release the other nodes
+                batch.keep_path(b, before[b], [0] + [1 + i for i in nodes])
+            elif tau < len(proposed):
                 batch.truncate(b, before[b] + 1 + tau)
             if schedule is not None:
-                gammas[index] = schedule.next_length(gammas[index], len(proposed), tau)
-            contexts[index] += proposed[:tau] + [token]
+                deepest = max((draft.depth(b, i) for i in range(len(proposed))), default=0)
+                gammas[index] = schedule.next_length(gammas[index], deepest, tau)
+            contexts[index] += [proposed[i] for i in nodes] + [token]
 
     drafter.finish([row.completion.token_ids for row in rows])
     result.decode_seconds = time.perf_counter() - decode_start
     batch.finish_cost(result, started)
 
 
-def check_draft(draft: Draft, lengths: list[int], vocab: int, name: str) -> None:
-    """RuntimeError unless `draft` has one chain per length, each within its length and the
-    vocabulary (the forward over `[t0] + draft` scores a chain; a tree needs tree attention)."""
+def check_draft(draft: Draft, lengths: list[int], vocab: int, name: str, *, trees: bool = False) -> None:
+    """RuntimeError unless `draft` has one row per length, no path longer than its length, and
+    tokens within the vocabulary; a tree (a row that branches) only when `trees` (the
+    verification verifies trees: the forward then runs tree attention)."""
     if len(draft.tokens) != len(lengths):
         raise RuntimeError(f"the {name} drafter returned {len(draft.tokens)} rows, expected {len(lengths)}")
-    if not draft.is_chain:
-        raise RuntimeError(f"the {name} drafter proposed a tree draft; the speculative loop scores chains only "
-                           "(parents [-1, 0, 1, ...] in every row)")
+    if not trees and not draft.is_chain:
+        raise RuntimeError(f"the {name} drafter proposed a tree draft, which this verification cannot verify "
+                           "(a chain rule: parents [-1, 0, 1, ...] in every row); verify it with a tree rule "
+                           "(verify='multi-draft')")
     for b, (tokens, limit) in enumerate(zip(draft.tokens, lengths)):
-        if len(tokens) > limit:
-            raise RuntimeError(f"the {name} drafter proposed {len(tokens)} tokens for row {b}, at most {limit} allowed")
+        deepest = len(tokens) if draft.is_chain else max((draft.depth(b, i) for i in range(len(tokens))), default=0)
+        if deepest > limit:
+            raise RuntimeError(f"the {name} drafter proposed {deepest} tokens on a path of row {b}, at most {limit} "
+                               "allowed")
         if any(not 0 <= t < vocab for t in tokens):
             raise RuntimeError(f"the {name} drafter proposed a token outside [0, {vocab}) for row {b}")

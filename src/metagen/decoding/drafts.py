@@ -20,7 +20,9 @@ from metagen.sampling import SamplerChain
 
 __all__ = ["Draft", "DraftSchedule", "Drafter", "Outcomes", "Verification"]
 
-Outcomes = list[tuple[int, int]]  # per live row: (tau, x) — d_1..d_tau taken, then x
+# per live row: (tau, x) — d_1..d_tau taken, then x; a tree verification returns (tau, x, nodes),
+# the kept root-to-node path's node indices (tau of them)
+Outcomes = list[tuple]
 
 
 @dataclass
@@ -40,8 +42,9 @@ class Draft:
         None for a deterministic proposal (a point mass on each node's token).
     calls: drafter forwards spent (batched calls count once); flops: their estimated FLOPs.
 
-    Checked on construction (ValueError naming the field, row and node). The loop scores chains:
-    `is_chain` says whether every row is one, `require_chain` refuses a tree by name.
+    Checked on construction (ValueError naming the field, row and node). The loop feeds a tree
+    with tree attention when its verification verifies trees (`Verification.trees`); the chain
+    rules call `require_chain`, which refuses a tree by name (`is_chain`: every row a chain).
     Helpers per row: `children(b, i)` O(m_b), `depth(b, i)` O(depth), `paths(b)` O(m_b·depth).
     """
 
@@ -132,6 +135,7 @@ class Drafter(ABC):
     vocab_size: int | None = None  # None: any vocabulary (token-id based drafters)
     prefill_flops: float = 0.0  # FLOPs `start` spent (set by drafters that run a model)
     forced: bool = False  # True: proposes the text processors force (counted as forced tokens)
+    proposes_trees: bool = False  # True: its drafts branch (needs a verification with `trees`)
 
     def start(self, prompt_ids: Sequence[int], batch_size: int, target_cache=None) -> None:
         """Begin a request whose rows all start from `prompt_ids`; `target_cache` holds the
@@ -168,11 +172,13 @@ class Verification(ABC):
     """
 
     spare: int = 1
+    trees: bool = False  # True: verifies tree drafts (returns (tau, x, nodes) per row)
 
     @abstractmethod
     def verify(self, batch: RowBatch, logits: Tensor, draft: Draft) -> Generator[StreamEvent, None, Outcomes]:
-        """`logits (B, 1 + longest draft, V)`: position j of row b follows its t0 and d_1..d_j
-        (the loop scores chain drafts: `Draft.require_chain` refuses a tree by name)."""
+        """`logits (B, 1 + most nodes, V)`: position j of row b follows its t0 and d_1..d_j of a
+        chain (a chain rule refuses a tree by name, `Draft.require_chain`); with `trees`, position
+        1 + i follows t0 and node i's root-to-node path."""
 
 
 class DraftSchedule(Protocol):

@@ -100,17 +100,7 @@ class ModelDrafter(Drafter):
         longest = max(lengths, default=0)
         if longest == 0:
             return Draft.chain([[] for _ in range(batch)])
-        feed, flops = [], 0.0
-        for b, context in enumerate(contexts):
-            keep = self._confirmed_length(b, context)
-            self.cache.truncate(b, keep)
-            del self._cached[b][keep:]
-            new = list(context[keep:])
-            feed.append(new)
-            self._cached[b].extend(new)
-            self._committed[b] = len(context)
-            flops += forward_flops(self.model, keep, len(new))
-        out = self.model.forward(self.cache, feed)
+        out, flops = self._catch_up(contexts)
         calls = 1
         probe = chain.fork(torch.arange(batch))
         tokens: list[list[int]] = [[] for _ in range(batch)]
@@ -146,6 +136,21 @@ class ModelDrafter(Drafter):
         if greedy:
             stacked = [None] * batch
         return Draft.chain(tokens, stacked, calls, flops)
+
+    def _catch_up(self, contexts) -> tuple:
+        """Run what each cache row lacks of its context (at least its last token) in one ragged
+        forward; `(out, flops)`, `out.logits (B, V)` the next-token logits after each context."""
+        feed, flops = [], 0.0
+        for b, context in enumerate(contexts):
+            keep = self._confirmed_length(b, context)
+            self.cache.truncate(b, keep)
+            del self._cached[b][keep:]
+            new = list(context[keep:])
+            feed.append(new)
+            self._cached[b].extend(new)
+            self._committed[b] = len(context)
+            flops += forward_flops(self.model, keep, len(new))
+        return self.model.forward(self.cache, feed), flops
 
     def _confirmed_length(self, row: int, context: Sequence[int]) -> int:
         """Longest prefix of the cached row equal to `context`, minus one token if it covers all

@@ -19,7 +19,7 @@ from metagen.decoding.result import GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.speculative.drafters import Drafter
 from metagen.speculative.loop import SpeculativeConfig, speculative_generate
-from metagen.speculative.registry import make_drafter
+from metagen.speculative.registry import check_drafter, make_drafter
 
 
 class SpeculativeGenerator(LocalGenerator):
@@ -42,9 +42,12 @@ class SpeculativeGenerator(LocalGenerator):
     @classmethod
     def by_name(cls, model, drafter: str, config: SpeculativeConfig | None = None, chat: bool | None = None,
                 **options) -> SpeculativeGenerator:
-        """With the drafter registered as `drafter` ("ngram", "early-exit", "model:PATH", ...;
-        `registry.DRAFTERS`) and its `options` (exit_layer, exit_adapter, draft_dtype,
-        confidence: those its entry reads), drafting for `model`."""
+        """With the drafter registered as `drafter` ("ngram", "early-exit", "model:PATH", "tree",
+        ...; `registry.DRAFTERS`) and its `options` (exit_layer, exit_adapter, draft_dtype,
+        confidence, tree_widths, tree_nodes: those its entry reads), drafting for `model`;
+        `config` None: the defaults with the entry's rule (`DrafterSpec.verify`)."""
+        if config is None:
+            config = SpeculativeConfig(verify=check_drafter(drafter)[0].verify)
         return cls(model, make_drafter(drafter, model, **options), config, chat)
 
     def generate(

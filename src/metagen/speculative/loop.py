@@ -52,13 +52,15 @@ class SpeculativeConfig:
     """How many tokens to draft and how to verify them.
 
     num_draft_tokens: γ, draft tokens per step (the starting value when `adaptive`).
-    verify: a rule of `registry.VERIFICATIONS` the chain loop runs: "token" (Leviathan et al.)
+    verify: a rule of `registry.VERIFICATIONS`: "token" (Leviathan et al.)
         or "block" (Sun et al.), where temperature 0 uses greedy
         verification (longest prefix matching the target's argmax); or "draw": each token drawn
         from the target as plain decoding draws it, the draft kept while the draw equals it
         (`decoding.draw_verify`) — for one row and a drafter that draws no random numbers
         (n-gram) the seeded output is plain decoding's, and Mirostat is allowed; a point-mass
-        draft is kept with the same chance q(d) as under the rules, a sampled draft less often.
+        draft is kept with the same chance q(d) as under the rules, a sampled draft less often;
+        "multi-draft": tree verification (`tree_verify`), needed by a tree drafter, where γ
+        bounds the tree's depth.
     adaptive: per row, γ grows by 2 after a fully accepted draft and shrinks by 1 after a
         rejection, within [1, max_draft_tokens].
     max_draft_tokens: the adaptive upper bound.
@@ -98,6 +100,10 @@ def check_compatible(model, drafter: Drafter, params: SamplingParams, config: Sp
             "rules: Mirostat's state follows each token's surprise under the distribution it was drawn "
             "from, which drafting changes (use plain decoding or verify='draw')"
         )
+    verify = "token" if config is None else config.verify
+    if drafter.proposes_trees and not check_verification(verify).trees:
+        raise ValueError(f"the {drafter.name} drafter proposes token trees, which verify={verify!r} cannot verify "
+                         "(it verifies chains): use a tree rule, verify='multi-draft'")
     if drafter.vocab_size is not None and drafter.vocab_size != model.vocab_size:
         raise ValueError(
             f"the {drafter.name} drafter's vocabulary has {drafter.vocab_size} tokens, the target's "

@@ -70,23 +70,47 @@ def multi_draft_verify(
     if gamma == 0:
         return minus_one, torch.tensor(0), torch.multinomial(q[0, 0], 1, generator=generator).squeeze()
 
-    target = q[0, 0].clone()  # q_j: (V,)
-    proposal = p[0, 0].to(q.dtype).clone()  # p_j: (V,)
+    candidates = [int(x) for x in drafts[:, 0]]
     u = torch.rand(k, generator=generator, dtype=torch.float64)
-    for j in range(k):
-        x = int(drafts[j, 0])
+    j, target = recursive_rejection(q[0, 0], p[0, 0], candidates, u, without_replacement)
+    if j >= 0:
+        tail_tau, token = token_verify(drafts[j, 1:], p[j, 1:], q[j, 1:], generator)
+        return torch.tensor(j), 1 + tail_tau, token
+    return minus_one, torch.tensor(0), torch.multinomial(target, 1, generator=generator).squeeze()
+
+
+def recursive_rejection(target: Tensor, proposal: Tensor | None, candidates: list[int], u: Tensor,
+                        without_replacement: bool = True) -> tuple[int, Tensor]:
+    """One position of recursive rejection sampling: `(j, residual)`.
+
+    target: (V,) q_1; proposal: (V,) p_1 the candidates were drawn from (without replacement
+    when `without_replacement`, else i.i.d.), or None for fixed candidates (each candidate j its
+    own point mass p_j = δ(x_j): accepted with prob q_j(x_j), residual q_j with x_j removed);
+    candidates: the k tokens x_1..x_k in the order tried; u: (k,) uniforms in [0, 1).
+    j: the accepted candidate's index, or −1 when all were rejected; residual: (V,) q_{k+1},
+    the distribution to draw the token from when j = −1 (q_j at acceptance otherwise, unused).
+    Inputs are not written. Time complexity: O(k·V).
+    """
+    target = target.double().clone()  # q_j: (V,)
+    if proposal is not None:
+        proposal = proposal.double().clone()  # p_j: (V,)
+    for j, x in enumerate(candidates):
+        p_x = 1.0 if proposal is None else float(proposal[x])
         # accept with prob min(1, q_j(x)/p_j(x)), written as u·p_j(x) < q_j(x)
-        if float(u[j]) * float(proposal[x]) < float(target[x]):
-            tail_tau, token = token_verify(drafts[j, 1:], p[j, 1:], q[j, 1:], generator)
-            return torch.tensor(j), 1 + tail_tau, token
-        residual = (target - proposal).clamp(min=0)  # q_{j+1} ∝ max(0, q_j − p_j)
+        if float(u[j]) * p_x < float(target[x]):
+            return j, target
+        if proposal is None:  # q_{j+1} ∝ max(0, q_j − δ(x_j)): q_j without x_j
+            residual = target.clone()
+            residual[x] = 0.0
+        else:
+            residual = (target - proposal).clamp(min=0)  # q_{j+1} ∝ max(0, q_j − p_j)
         mass = residual.sum()
         # Zero mass means q_j = p_j, where every candidate drawn from p_j is accepted: a guard only.
         target = residual / mass if mass > 0 else target
-        if without_replacement:
+        if proposal is not None and without_replacement:
             proposal[x] = 0.0
             left = proposal.sum()
             if left <= 0:  # every token tried: only reachable with inconsistent drafts
                 break
             proposal = proposal / left
-    return minus_one, torch.tensor(0), torch.multinomial(target, 1, generator=generator).squeeze()
+    return -1, target

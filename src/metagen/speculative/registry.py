@@ -7,8 +7,8 @@
 
 A `DrafterSpec` names its factory, what it is, which `DrafterOptions` it reads (any other option
 given is refused by name) and whether its name takes an argument (`model:PATH`). A
-`VerificationSpec` names the loop's `Verification` it builds, or none for a rule the chain loop
-cannot run yet (`needs_tree`: multi-draft verification). Each is added by one
+`VerificationSpec` names the loop's `Verification` it builds and whether it verifies token trees
+(`trees`: a tree drafter's drafts need such a rule). Each is added by one
 `register_drafter(...)` / `register_verification(...)` line below; the order of those lines is
 the order the command line and errors list them in.
 
@@ -41,12 +41,16 @@ class DrafterOptions:
     exit_adapter: early exit: a trained `ExitAdapter` file (its layer count wins).
     draft_dtype: weights of a model draft loaded from a file, one of `DRAFT_DTYPES` (default int4).
     confidence: model drafts: a row's draft stops after a token below this probability, in [0, 1].
+    tree_widths: tree drafts: children per node at each depth (ints >= 1; default (2, 2, 1)).
+    tree_nodes: tree drafts: nodes per row and step (>= 1; default 16).
     """
 
     exit_layer: int | None = None
     exit_adapter: str | None = None
     draft_dtype: str | None = None
     confidence: float | None = None
+    tree_widths: tuple[int, ...] | None = None
+    tree_nodes: int | None = None
 
     def __post_init__(self) -> None:
         if self.exit_layer is not None and (isinstance(self.exit_layer, bool) or not isinstance(self.exit_layer, int)
@@ -57,6 +61,13 @@ class DrafterOptions:
                              f"{', '.join(DRAFT_DTYPES)}")
         if self.confidence is not None and not 0.0 <= self.confidence <= 1.0:
             raise ValueError(f"confidence={self.confidence!r} is out of range: must be in [0, 1] or None")
+        if self.tree_widths is not None and (not isinstance(self.tree_widths, tuple) or not self.tree_widths or any(
+                isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.tree_widths)):
+            raise ValueError(f"tree_widths={self.tree_widths!r} must be a non-empty tuple of ints >= 1 (children "
+                             "per node at each depth)")
+        if self.tree_nodes is not None and (isinstance(self.tree_nodes, bool) or not isinstance(self.tree_nodes, int)
+                                            or self.tree_nodes < 1):
+            raise ValueError(f"tree_nodes={self.tree_nodes!r} must be an int >= 1")
 
     def given(self) -> dict[str, object]:
         """The options set (not None), by name."""
@@ -67,13 +78,15 @@ class DrafterOptions:
 @dataclass(frozen=True)
 class DrafterSpec:
     """factory(target, argument, options) -> Drafter; `reads`: the `DrafterOptions` it reads;
-    `argument`: what follows `name:` (e.g. "PATH"), None when the name takes none."""
+    `argument`: what follows `name:` (e.g. "PATH"), None when the name takes none; `verify`:
+    the rule the command line uses when none is given (a tree drafter's is a tree rule)."""
 
     name: str
     description: str
     factory: Callable[[object, str | None, DrafterOptions], Drafter]
     reads: tuple[str, ...] = ()
     argument: str | None = None
+    verify: str = "token"
 
     @property
     def spelling(self) -> str:
@@ -83,13 +96,13 @@ class DrafterSpec:
 
 @dataclass(frozen=True)
 class VerificationSpec:
-    """factory() -> the loop's `Verification`; None with `needs_tree`: a rule over tree drafts,
-    which the chain loop cannot run (selecting it is refused, saying so)."""
+    """factory() -> the loop's `Verification`; `trees`: it verifies tree drafts (and chains),
+    otherwise chains only."""
 
     name: str
     description: str
-    factory: Callable[[], Verification] | None
-    needs_tree: bool = False
+    factory: Callable[[], Verification]
+    trees: bool = False
 
 
 DRAFTERS: dict[str, DrafterSpec] = {}
@@ -108,12 +121,11 @@ def register_drafter(spec: DrafterSpec) -> DrafterSpec:
 
 
 def register_verification(spec: VerificationSpec) -> VerificationSpec:
-    """Add `spec` to `VERIFICATIONS`; ValueError for a name taken or a runnable entry without factory."""
+    """Add `spec` to `VERIFICATIONS`; ValueError for a name taken or an entry without factory."""
     if spec.name in VERIFICATIONS:
         raise ValueError(f"verification rule {spec.name!r} is registered twice")
-    if (spec.factory is None) != spec.needs_tree:
-        raise ValueError(f"verification rule {spec.name!r} has needs_tree={spec.needs_tree} and factory="
-                         f"{spec.factory!r}: a rule the chain loop runs has a factory, a tree rule none")
+    if not callable(spec.factory):
+        raise ValueError(f"verification rule {spec.name!r} has factory={spec.factory!r}: give a callable")
     VERIFICATIONS[spec.name] = spec
     return spec
 
@@ -139,23 +151,20 @@ def check_drafter(name: str, options: DrafterOptions | None = None) -> tuple[Dra
 
 
 def make_drafter(name: str, target, *, exit_layer: int | None = None, exit_adapter: str | None = None,
-                 draft_dtype: str | None = None, confidence: float | None = None) -> Drafter:
+                 draft_dtype: str | None = None, confidence: float | None = None,
+                 tree_widths: tuple[int, ...] | None = None, tree_nodes: int | None = None) -> Drafter:
     """The drafter registered as `name` (see `DRAFTERS`), drafting for `target`, with the options
     its entry reads (others given are refused, `check_drafter`)."""
-    options = DrafterOptions(exit_layer, exit_adapter, draft_dtype, confidence)
+    options = DrafterOptions(exit_layer, exit_adapter, draft_dtype, confidence, tree_widths, tree_nodes)
     spec, argument = check_drafter(name, options)
     return spec.factory(target, argument, options)
 
 
 def check_verification(name: str) -> VerificationSpec:
-    """The entry of rule `name`; ValueError naming the known rules for an unknown name, and
-    saying why for a rule the chain loop cannot run."""
+    """The entry of rule `name`; ValueError naming the known rules for an unknown name."""
     spec = VERIFICATIONS.get(name)
     if spec is None:
         raise ValueError(f"verify={name!r} is not a rule: choose one of {', '.join(VERIFICATIONS)}")
-    if spec.needs_tree:
-        raise ValueError(f"verify={name!r} needs tree drafts (several continuations of one context), which no "
-                         "registered drafter proposes and the loop, scoring chains, cannot verify yet")
     return spec
 
 
@@ -210,6 +219,15 @@ def _model(target, argument: str | None, options: DrafterOptions) -> Drafter:
     return ModelDrafter(draft, confidence=options.confidence, name="model")
 
 
+def _tree(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    from metagen.speculative.self_draft import early_exit_model
+    from metagen.speculative.tree_drafter import DEFAULT_MAX_NODES, DEFAULT_WIDTHS, TreeDrafter
+
+    draft = early_exit_model(target, default_exit_layer(target) if options.exit_layer is None else options.exit_layer)
+    return TreeDrafter(draft, widths=options.tree_widths or DEFAULT_WIDTHS, max_nodes=options.tree_nodes or
+                       DEFAULT_MAX_NODES, name="tree", share_prompt_cache=True)
+
+
 def _token() -> Verification:
     from metagen.speculative.rule_verification import RuleVerification
     from metagen.speculative.token_verify import token_verify
@@ -228,6 +246,12 @@ def _draw() -> Verification:
     from metagen.decoding.draw_verify import DrawVerification
 
     return DrawVerification()
+
+
+def _multi_draft() -> Verification:
+    from metagen.speculative.tree_verify import TreeVerification
+
+    return TreeVerification()
 
 
 register_drafter(DrafterSpec(
@@ -252,7 +276,12 @@ register_verification(VerificationSpec(
 register_verification(VerificationSpec(
     "draw", "each token drawn from the target as plain decoding draws it, the draft kept while the draw equals it "
     "(Mirostat allowed; one seeded row gives plain decoding's tokens)", _draw))
+register_drafter(DrafterSpec(
+    "tree", "a static token tree (SpecInfer-style: widths 2, 2, 1, at most 16 nodes) from the early-exit draft, "
+    "verified in one target forward by the multi-draft rule", _tree,
+    reads=("exit_layer", "tree_widths", "tree_nodes"), verify="multi-draft"))
+
 register_verification(VerificationSpec(
-    "multi-draft", "recursive rejection sampling over k drafts of one context (Jeon et al. 2024; "
-    "speculative/multi_draft.py): needs tree drafts, which no drafter proposes and the loop cannot verify yet",
-    None, needs_tree=True))
+    "multi-draft", "tree verification: recursive rejection sampling over each node's children (Jeon et al. 2024; "
+    "SpecInfer), greedy tree verification at temperature 0; verifies tree drafts and chains", _multi_draft,
+    trees=True))

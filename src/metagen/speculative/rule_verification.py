@@ -27,7 +27,7 @@ from metagen.decoding.result import StreamEvent
 from metagen.sampling import NO_OPINION, SamplerChain, StopVerdict
 from metagen.speculative.verify import greedy_verify
 
-__all__ = ["RuleVerification"]
+__all__ = ["RuleVerification", "emit_row"]
 
 # (draft (γ,), p (γ, V), q (γ+1, V), generator) -> (tau, token): token_verify, block_verify
 Rule = Callable[[Tensor, Tensor, Tensor, "torch.Generator | None"], tuple[Tensor, Tensor]]
@@ -54,11 +54,11 @@ class RuleVerification(Verification):
         chain.accept(torch.tensor([token for _, token in outcomes], dtype=torch.long))
         for b, (proposed, (tau, token)) in enumerate(zip(draft.tokens, outcomes)):
             row_verdicts = verdicts[b][:tau] + [chain.stop_verdict(b)] if chain.judges_stop else None
-            yield from _emit(batch, b, proposed[:tau] + [token], logits[b], processed[b], row_verdicts)
+            yield from emit_row(batch, b, proposed[:tau] + [token], logits[b], processed[b], row_verdicts)
         return outcomes
 
 
-def _emit(batch: RowBatch, b: int, tokens: list[int], logits: torch.Tensor, processed: torch.Tensor,
+def emit_row(batch: RowBatch, b: int, tokens: list[int], logits: torch.Tensor, processed: torch.Tensor,
           verdicts: list[StopVerdict] | None) -> Iterator[StreamEvent]:
     """Push `tokens` into live row b until it stops (`logits` / `processed (T, V)` at their
     positions give the same per-token records as plain decoding; `verdicts`: the processors'
