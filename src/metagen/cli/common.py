@@ -14,8 +14,9 @@ EMBEDDED = "embedded"  # how --model (and a companion model's option) names the 
 
 
 def add_model_options(parser: argparse.ArgumentParser, repeat: bool = False) -> None:
-    """--model, --dtype, --kv-dtype, --activations and --threads (checked in `metagen.cli.main` before any command runs);
-    `repeat`: --model may be given several times (a list, `metagen eval`'s sweep of models)."""
+    """--model, --dtype, --kv-dtype, --activations and --threads (checked in `metagen.cli.main` before
+    any command runs); `repeat`: --model may be given several times (a list, `metagen eval`'s sweep
+    of models)."""
     if repeat:
         parser.add_argument("--model", action="append", default=None, metavar="PATH",
                             help="GGUF file, HF directory or Hugging Face Hub name OWNER/NAME[:QUANT]; repeat it "

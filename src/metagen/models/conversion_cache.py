@@ -4,9 +4,9 @@ An entry `$METAGEN_CACHE/<key>/` holds `weights.safetensors` (packed linears, no
 `config.json`, `linears.json` (each linear's kind) and `tokenizer/`, plus the `manifest.json` of
 `disk_cache` (size + CRC-32 per file). The key hashes the format version, the checkpoint's path,
 size and mtime, the dtype and the torch version. Nothing stored depends on the KV format or the
-kernels' activation codes (run-time choices of `DecoderModel`): one entry serves every setting. Entries are written in a staging directory and
-renamed into place under the entry's lock; an entry that fails its manifest is converted again
-with a warning (see `disk_cache` for the rules).
+kernels' activation codes (run-time choices of `DecoderModel`): one entry serves every setting.
+Entries are written in a staging directory and renamed into place under the entry's lock; an
+entry that fails its manifest is converted again with a warning (see `disk_cache` for the rules).
 """
 
 from __future__ import annotations
