@@ -384,6 +384,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs after one warm-up (default 3)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for every engine (default 2)")
     parser.add_argument("--dtypes", default="fp32,bf16,int8,int4,auto", help="metagen weight formats, comma-separated")
+    parser.add_argument("--activations", default=None, choices=["int16", "int8"],
+                        help="metagen kernels' activation codes (load's activations=; default int16)")
     parser.add_argument("--bandwidth-mb", type=int, default=1024, help="buffer size of the bandwidth probe")
     parser.add_argument("--skip-hf", action="store_true", help="do not measure transformers")
     parser.add_argument("--skip-llamacpp", action="store_true", help="do not measure llama.cpp")
@@ -432,7 +434,7 @@ def main(argv=None) -> int:
     notes: list[str] = []
     for dtype in args.dtypes:
         progress(f"metagen {dtype}")
-        model = load(path, dtype)
+        model = load(path, dtype, activations=args.activations)
         measurements += measure_metagen(model, prompt_ids, args)
         bytes_by_dtype[dtype] = weight_bytes_per_token(model)
         del model

@@ -2,7 +2,8 @@
 
 For a few chat prompts (teacher-forced over prompt + a greedy fp32 continuation), reports per
 dtype: max |Δlogit|, mean KL(fp32 ‖ dtype) per position, and top-1 agreement with fp32.
-Usage: python benchmarks/faithfulness.py [--model PATH] [--dtypes auto,bf16,int8,int4] [--markdown]
+Usage: python benchmarks/faithfulness.py [--model PATH] [--dtypes auto,bf16,int8,int4] [--activations int8]
+[--markdown]
 
 Per GGUF file type, next to llama.cpp (`--quantize LLAMA_QUANTIZE`): the model is written once as
 an F32 GGUF (`llama-quantize --allow-requantize MODEL ref.gguf F32`: the dequantized weights) and
@@ -42,6 +43,8 @@ def main() -> None:
     parser.add_argument("--quantize", default=None, help="llama.cpp's llama-quantize: compare per file type")
     parser.add_argument("--types", default="Q4_K_M,Q5_K_M,Q6_K,Q8_0", help="file types (with --quantize)")
     parser.add_argument("--workdir", default="faithfulness-files", help="where the quantized files go")
+    parser.add_argument("--activations", default=None, choices=["int16", "int8"],
+                        help="metagen kernels' activation codes (load's activations=; default int16)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -52,7 +55,7 @@ def main() -> None:
     ref_logits = [reference.forward(reference.new_cache(1), [ids], logits="all").logits[0] for ids in sequences]
     rows = []
     for dtype in args.dtypes.split(","):
-        model = load(args.model, dtype)
+        model = load(args.model, dtype, activations=args.activations)
         logits = [model.forward(model.new_cache(1), [ids], logits="all").logits[0] for ids in sequences]
         rows.append((dtype, *compare(ref_logits, logits)))
     if args.markdown:

@@ -24,12 +24,14 @@ class TextToyTokenizer(ToyTokenizer):
 
 
 class TextToy(ToyModel):
-    """The toy chain behind any text, with the attributes of a loaded model (source, dtype, config)."""
+    """The toy chain behind any text, with the attributes of a loaded model (source, dtype,
+    activations, config)."""
 
-    def __init__(self, source: str = "", dtype: str = "int4") -> None:
+    def __init__(self, source: str = "", dtype: str = "int4", activations: str = "int16") -> None:
         super().__init__(max_context=512)
         self.tokenizer = TextToyTokenizer()
         self.source, self.dtype, self.config = source, dtype, SimpleNamespace(name="toy")
+        self.activations = activations
 
 
 @pytest.fixture
@@ -40,7 +42,7 @@ def loads(monkeypatch, one_thread):
 
     def load(args):
         seen.append((args.model, args.dtype))
-        return TextToy(args.model or "", args.dtype or "int4")
+        return TextToy(args.model or "", args.dtype or "int4", args.activations or "int16")
 
     monkeypatch.setattr(common, "load_model", load)
     return seen
@@ -65,6 +67,8 @@ def test_a_rerun_with_the_same_settings_reuses_everything(tmp_path, capsys, load
 @pytest.mark.parametrize(("change", "named"), [
     (["--max-number", "50"], "results.jsonl:2 holds problem 'arithmetic-0-0' with another question"),
     (["--dtype", "fp32"], "results.jsonl:2 was produced with model.dtype='int4', this run has model.dtype='fp32'"),
+    (["--activations", "int8"], "results.jsonl:2 was produced with no model.activations, this run has "
+                                "model.activations='int8'"),
     (["--temperature", "0.5"], "params.temperature=0.8, this run has params.temperature=0.5"),
     (["--prompt-suffix", " Answer:"], "prompt_suffix='', this run has prompt_suffix=' Answer:'"),
 ])

@@ -16,7 +16,7 @@ from metagen.models.gguf_blocks import GROUPED_TYPES, group_codes
 from metagen.models.linear import GroupedLinear
 from metagen.models.packing import Factored, pack_grouped, unpack_grouped
 from tests.models.test_gguf_types import k_quant_blocks
-from tests.models.test_matmul_kernels import ISAS, ROWS, assert_matches_definition, kernels, wide  # noqa: F401 (fixture)
+from tests.models.test_matmul_kernels import ISAS, ROWS, assert_matches_definition, coded, kernels, wide  # noqa: F401 (fixture)
 
 T = GGMLQuantizationType
 pytestmark = pytest.mark.skipif(kernels is None or kernels.best_isa() == 0, reason="matrix kernels unavailable here")
@@ -82,20 +82,20 @@ def test_a_q8_0_block_holding_minus_128_is_left_to_the_int8_path():
 @pytest.mark.parametrize("form", FORMATS, ids=format_id)
 def test_grouped_matches_its_definition(isa, rows, form, wide):
     n, k = 40, 512 if form[4] else 160  # N not a multiple of 16: the last tile is padded
-    linear = random_grouped(n, k, *form, seed=rows, backend=isa)
+    linear = coded(random_grouped(n, k, *form, seed=rows, backend=isa), wide)
     assert linear.half == form[3] and linear.factored == form[4]
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * 2
     assert_matches_definition(linear(x), x, linear.dequantize(), linear.bias, wide)
 
 
 @pytest.mark.parametrize("form", FORMATS[:6], ids=format_id)
-def test_rows_do_not_depend_on_the_batch_and_both_isas_agree_bit_for_bit(form):
+def test_rows_do_not_depend_on_the_batch_and_both_isas_agree_bit_for_bit(form, wide):
     k = 512 if form[4] else 96
     x = torch.randn(64, k, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    reference = random_grouped(48, k, *form, backend="avx2")
+    reference = coded(random_grouped(48, k, *form, backend="avx2"), wide)
     expected = torch.cat([reference(x[r : r + 1]) for r in range(64)])
     for isa in ISAS:
-        linear = random_grouped(48, k, *form, backend=isa)
+        linear = coded(random_grouped(48, k, *form, backend=isa), wide)
         for rows in (5, 16, 33, 64):
             assert torch.equal(linear(x[:rows]), expected[:rows]), (isa, rows)
 

@@ -1,7 +1,7 @@
 """The int4 / int8 matrix kernels (models/kernels/matmul.cpp) against their PyTorch definition.
 
 Definition (kernels/matmul.cpp, step by step): each row of x is quantized per block of 32
-features, a = max|x|/L, xq = round(x/a) with L = 32258 (default, METAGEN_KERNEL_ACTIVATIONS=int16)
+features, a = max|x|/L, xq = round(x/a) with L = 32258 (default, activations "int16")
 or 127 (int8); y = (xq·a) · Wᵀ + bias with W the dequantized weight, computed in fp32 and rounded once to bf16. The reference below computes the same product
 in float64 from the kernel's own quantized activations (checked separately against their
 formula), so the only differences allowed are the final bf16 rounding (half a bf16 step,
@@ -59,9 +59,15 @@ def test_activation_quantization_follows_its_formula(wide):
 
 
 @pytest.fixture(params=[True, False], ids=["int16", "int8"])
-def wide(request, monkeypatch):
-    monkeypatch.setenv("METAGEN_KERNEL_ACTIVATIONS", "int16" if request.param else "int8")
+def wide(request):
+    """Whether the linear under test takes int16 activation codes (else int8): `coded` sets it."""
     return request.param
+
+
+def coded(linear, wide: bool):
+    """`linear` set to quantize its activations to int16 (`wide`) or int8 codes."""
+    linear.set_activations("int16" if wide else "int8")
+    return linear
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -69,7 +75,7 @@ def wide(request, monkeypatch):
 @pytest.mark.parametrize("n,k", [(16, 32), (48, 96), (960, 576)])
 def test_int4_matches_its_definition(isa, rows, n, k, wide):
     torch.manual_seed(rows * 1000 + n)
-    linear = Int4Linear.quantize(torch.randn(n, k) * 0.05, torch.randn(n) * 0.1, backend=isa)
+    linear = coded(Int4Linear.quantize(torch.randn(n, k) * 0.05, torch.randn(n) * 0.1, backend=isa), wide)
     x = (torch.randn(rows, k) * (1 + 10 * torch.rand(rows, 1))).to(torch.bfloat16)
     assert_matches_definition(linear(x), x, linear.dequantize(), linear.bias.float(), wide)
 
@@ -79,7 +85,7 @@ def test_int4_matches_its_definition(isa, rows, n, k, wide):
 @pytest.mark.parametrize("n,k", [(16, 32), (37, 45), (1, 7), (200, 576)])
 def test_int8_matches_its_definition_on_odd_shapes(isa, rows, n, k, wide):
     torch.manual_seed(rows * 1000 + n)
-    linear = Int8Linear.quantize(torch.randn(n, k) * 0.05, backend=isa)
+    linear = coded(Int8Linear.quantize(torch.randn(n, k) * 0.05, backend=isa), wide)
     x = torch.randn(rows, k) * 3  # float32 input is taken as is
     assert_matches_definition(linear(x), x, linear.dequantize(), None, wide)
 
@@ -91,15 +97,15 @@ def test_rows_do_not_depend_on_the_batch_and_both_isas_agree_bit_for_bit(kind, w
     weight = torch.randn(96, 160) * 0.05
     x = torch.randn(64, 160).to(torch.bfloat16)
     make = Int4Linear.quantize if kind == "int4" else Int8Linear.quantize
-    reference = torch.cat([make(weight, backend="avx2")(x[r : r + 1]) for r in range(64)])
+    reference = torch.cat([coded(make(weight, backend="avx2"), wide)(x[r : r + 1]) for r in range(64)])
     for isa in ISAS:
-        linear = make(weight, backend=isa)
+        linear = coded(make(weight, backend=isa), wide)
         for rows in (5, 16, 33, 64):
             assert torch.equal(linear(x[:rows]), reference[:rows]), (isa, rows)
         assert torch.equal(linear(x.view(4, 16, 160)), reference.view(4, 16, 96))  # leading dims kept
 
 
-def test_what_activation_quantization_costs(monkeypatch):
+def test_what_activation_quantization_costs():
     """Relative error of y against fp32 activations: int16 codes are below bf16 activations'
     (torch's kernels; both round y to bf16), int8 codes ~4x above."""
     torch.manual_seed(3)
@@ -109,8 +115,8 @@ def test_what_activation_quantization_costs(monkeypatch):
     exact = x.double() @ torch_path.dequantize().double().t()
     errors = {}
     for name in ("int16", "int8"):
-        monkeypatch.setenv("METAGEN_KERNEL_ACTIVATIONS", name)
         linear = Int4Linear.quantize(weight, backend=ISAS[-1])
+        linear.set_activations(name)
         errors[name] = ((linear(x).double() - exact).norm() / exact.norm()).item()
     errors["torch"] = ((torch_path(x.bfloat16()).double() - exact).norm() / exact.norm()).item()
     assert errors["int16"] < errors["torch"] < errors["int8"] < 0.02, errors
@@ -159,9 +165,8 @@ def test_backend_switch(monkeypatch):
     with pytest.raises(ValueError, match="METAGEN_KERNELS='fast': choose one of auto, torch, avx2, avx512"):
         resolve_backend()
     monkeypatch.setenv("METAGEN_KERNELS", "auto")
-    monkeypatch.setenv("METAGEN_KERNEL_ACTIVATIONS", "fp8")
-    with pytest.raises(ValueError, match="METAGEN_KERNEL_ACTIVATIONS='fp8': choose one of int16, int8"):
-        Int4Linear.quantize(torch.randn(16, 32))
+    with pytest.raises(ValueError, match="activations='fp8' is not supported: choose one of int16, int8"):
+        Int4Linear.quantize(torch.randn(16, 32)).set_activations("fp8")
     with pytest.raises(ValueError, match="backend='sse': choose one of"):
         Int8Linear.quantize(torch.randn(16, 32), backend="sse")
 

@@ -8,8 +8,8 @@ Text prompts on a --backend go to the server's /v1/chat/completions by default (
 applies the model's chat template; `OpenAIGenerator`'s chat=None), unless --tokenizer names a
 tokenizer without a chat template; --no-chat sends them raw to /v1/completions.
 
-With --backend, the options that only configure the local model (--model, --dtype, --kv-dtype, --threads,
---speculative, --beam-width) are refused with the reason; without it, the remote-only options
+With --backend, the options that only configure the local model (--model, --dtype, --kv-dtype,
+--activations, --threads, --speculative, --beam-width) are refused with the reason; without it, the remote-only options
 are. `make_generator` builds the generator once: one URL gives an `OpenAIGenerator`, several
 a fleet over them (`metagen.remote.connect`).
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-LOCAL_ONLY = ("model", "dtype", "kv-dtype", "threads", "speculative", "beam-width")
+LOCAL_ONLY = ("model", "dtype", "kv-dtype", "activations", "threads", "speculative", "beam-width")
 REMOTE_ONLY = ("served-model", "engine", "api-key-env", "parameters", "tokenizer")
 
 

@@ -1,4 +1,5 @@
-"""What every model-loading command shares: the --model / --dtype / --kv-dtype / --threads options and the load.
+"""What every model-loading command shares: the --model / --dtype / --kv-dtype / --activations / --threads
+options and the load.
 
 `load_model` is the one place a command loads weights; commands call it as `common.load_model`, so
 a test replaces the load for all of them by patching this module.
@@ -13,8 +14,9 @@ EMBEDDED = "embedded"  # how --model (and a companion model's option) names the 
 
 
 def add_model_options(parser: argparse.ArgumentParser, repeat: bool = False) -> None:
-    """--model, --dtype, --kv-dtype and --threads (checked in `metagen.cli.main` before any command runs);
-    `repeat`: --model may be given several times (a list, `metagen eval`'s sweep of models)."""
+    """--model, --dtype, --kv-dtype, --activations and --threads (checked in `metagen.cli.main` before
+    any command runs); `repeat`: --model may be given several times (a list, `metagen eval`'s sweep
+    of models)."""
     if repeat:
         parser.add_argument("--model", action="append", default=None, metavar="PATH",
                             help="GGUF file, HF directory or Hugging Face Hub name OWNER/NAME[:QUANT]; repeat it "
@@ -29,6 +31,9 @@ def add_model_options(parser: argparse.ArgumentParser, repeat: bool = False) -> 
     parser.add_argument("--kv-dtype", default=None, choices=["fp32", "bf16", "int8"],  # models.cache.KV_DTYPES
                         help="KV cache format (default fp32; bf16 halves the bytes per cached token, int8 with a "
                              "scale per head stores about a quarter)")
+    parser.add_argument("--activations", default=None, choices=["int16", "int8"],  # models.kernel_backend.ACTIVATIONS
+                        help="what metagen's int4/int8 kernels quantize activations to (default int16; int8, as "
+                             "llama.cpp, halves the multiply-adds at a measurable cost in faithfulness)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
@@ -56,12 +61,12 @@ def local_names(path: str) -> tuple[str, str]:
 
 
 def load_model(args: argparse.Namespace):
-    """The model of --model at --dtype with --kv-dtype caches, torch using --threads threads (torch
-    imported here)."""
+    """The model of --model at --dtype with --kv-dtype caches and --activations, torch using --threads
+    threads (torch imported here)."""
     import torch
 
     from metagen.models import load
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    return load(args.model, args.dtype, kv_dtype=args.kv_dtype)
+    return load(args.model, args.dtype, kv_dtype=args.kv_dtype, activations=args.activations)

@@ -95,10 +95,12 @@ def refuse_with(flag: str, args: argparse.Namespace, why_backend: str, excludes=
 def load_companion(flag: str, spec: str, model, args: argparse.Namespace):
     """The model `spec` names next to `model` (`decoding.companion_models.load_companion`): its
     first L layers for `early-exit:L` (ValueError naming --`flag` when it has no such form), else
-    a model loaded like --model at --dtype with --kv-dtype caches ('embedded': the embedded model)."""
+    a model loaded like --model at --dtype with --kv-dtype caches and --activations ('embedded': the
+    embedded model)."""
     from metagen.decoding.companion_models import load_companion as load
 
-    return load(spec, model, dtype=args.dtype, kv_dtype=args.kv_dtype, where=f"--{flag}")
+    return load(spec, model, dtype=args.dtype, kv_dtype=args.kv_dtype, activations=args.activations,
+                where=f"--{flag}")
 
 
 def make_combiner(options: dict, model, args: argparse.Namespace, load=None):

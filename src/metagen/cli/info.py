@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
         "parameters": config.num_parameters,
         "dtype": model.dtype,
         "kv_dtype": model.kv_dtype,
+        "activations": model.activations,
         "context_length": config.max_position_embeddings,
         "layers": config.num_hidden_layers,
         "hidden_size": config.hidden_size,

@@ -93,7 +93,7 @@ def add_parser(commands) -> None:
     serve.set_defaults(run=run)
 
 
-LOCAL_ONLY = ("model", "dtype", "kv_dtype", "threads", "max_queue", "cache_memory", "no_prefix_cache",
+LOCAL_ONLY = ("model", "dtype", "kv_dtype", "activations", "threads", "max_queue", "cache_memory", "no_prefix_cache",
               "prefill_chunk", "contrastive", "alpha", "amateur_temperature", "beta", "dexperts", "dexperts_alpha")
 PROXY_ONLY = ("engine", "backend_api_key_env", "backend_concurrency", "backend_stall_seconds", "tokenizer")
 BACKEND_CONCURRENCY = 4  # requests in flight per backend without --backend-concurrency

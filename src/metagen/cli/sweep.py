@@ -26,7 +26,7 @@ from contextlib import contextmanager, nullcontext
 from metagen.cli import backend, common
 
 EMBEDDED = common.EMBEDDED
-LOCAL_OPTIONS = ("dtype", "kv-dtype", "threads")
+LOCAL_OPTIONS = ("dtype", "kv-dtype", "activations", "threads")
 PER_BACKEND = (("served-model", "auto"), ("engine", "auto"), ("parameters", None), ("tokenizer", "none"))
 
 
@@ -123,7 +123,7 @@ def _labels(names: list[tuple[str, str]], flags: list[str]) -> list[str]:
 
 
 def _loader(args: argparse.Namespace, path: str, chat: bool | None = None, decoder=None):
-    """open() of a local model: loaded with the sweep's --dtype / --kv-dtype / --threads when its
+    """open() of a local model: loaded with the sweep's --dtype / --kv-dtype / --activations / --threads when its
     turn comes (with `decoder`'s combiner or rerank: `SweepDecoder.build`), its references
     dropped on exit so the next one loads into freed memory."""
 

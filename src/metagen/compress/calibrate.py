@@ -196,7 +196,7 @@ def compress_model(model: DecoderModel, recipe: Recipe, calibration: list[list[i
         if len(lengths) != 1:
             raise ValueError(f"calibration rows must have one length, got lengths {sorted(lengths)}")
         work = DecoderModel(model.config, layers, model.embed, model.norm, model.lm_head, model.tokenizer, "fp32",
-                            model.freq_factors, source=model.source)
+                            model.freq_factors, source=model.source, activations=model.activations)
         cache = work.new_cache(len(calibration), capacity=len(calibration) * lengths.pop())
         for step in work.layer_by_layer(cache, calibration):
             layer = layers[step.index]
@@ -287,7 +287,7 @@ def _build(model: DecoderModel, recipe: Recipe, results: list[dict[str, SweepRes
     lm_head = Int8Linear.quantize(head_weight) if dtype in ("int4", "int8") else DenseLinear(head_weight.to(activation))
     lm_head.stored = model.lm_head.stored
     return DecoderModel(model.config, layers, model.embed.to(activation), model.norm, lm_head, model.tokenizer, dtype,
-                        model.freq_factors, source=model.source)
+                        model.freq_factors, source=model.source, activations=model.activations)
 
 
 def _linear(result: SweepResult, bias: torch.Tensor | None, recipe: Recipe, activation: torch.dtype):

@@ -28,10 +28,10 @@ def early_exit_layers(spec: str, where: str) -> int | None:
 
 
 def load_companion(spec: str, model, *, dtype: str | None = None, kv_dtype: str | None = None,
-                   where: str = "companion"):
+                   activations: str | None = None, where: str = "companion"):
     """The model `spec` names next to `model` (see the module): `model.truncated(L)` for
     `early-exit:L` (ValueError naming `where` when `model` has no such form), else a model loaded
-    at `dtype` with `kv_dtype` caches."""
+    at `dtype` with `kv_dtype` caches and `activations` (`models.load`)."""
     from metagen.models import load
     from metagen.models.base import DepthTruncatable
 
@@ -41,4 +41,4 @@ def load_companion(spec: str, model, *, dtype: str | None = None, kv_dtype: str 
             raise ValueError(f"{where} {spec}: the model ({type(model).__name__}) has no "
                              "early-exit form (DepthTruncatable: the native backend)")
         return model.truncated(layers)
-    return load(None if spec == EMBEDDED else spec, dtype, kv_dtype=kv_dtype)
+    return load(None if spec == EMBEDDED else spec, dtype, kv_dtype=kv_dtype, activations=activations)

@@ -4,7 +4,9 @@ only the same work.
 A record of `results.jsonl` (a pool of samples, or one strategy × n result) depends on
 
     the problem:  its question and reference answer (a code problem: its entry point and tests);
-    the set-up:   model   — name, class, dtype and the identity of its weights file(s)
+    the set-up:   model   — name, class, dtype, the identity of its weights file(s) and the
+                            kernels' activation codes when not the default int16 (absent for
+                            int16, as in set-ups stored before the option existed)
                   generator — its class, chat setting (the prompt template) and token-level
                             decoder: its kind, settings and companion models' identities
                             (`decoder_identity`; absent without one, as in set-ups stored
@@ -32,6 +34,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
+
+from metagen.models.kernel_backend import DEFAULT_ACTIVATIONS
 
 _CHUNK = 1 << 24
 
@@ -92,8 +96,9 @@ _RECORDED_CLASS_NAMES = {"DecoderModel": "LlamaModel"}
 
 
 def model_identity(model) -> dict:
-    """What of a loaded model its outputs depend on: name, class, dtype and weights identity
-    (the content, where value heads' `model_identity` ties a head to an architecture).
+    """What of a loaded model its outputs depend on: name, class, dtype, weights identity (the
+    content, where value heads' `model_identity` ties a head to an architecture) and
+    "activations" when it is not the default "int16" (so int16 set-ups keep their digests).
 
     A model without a local weights file (an in-memory model) is identified by its source text
     when it has one, else by name and class only."""
@@ -102,8 +107,12 @@ def model_identity(model) -> dict:
     source = model.source
     weights = weights_digest(source)
     recorded_class = _RECORDED_CLASS_NAMES.get(type(model).__name__, type(model).__name__)
-    return {"name": str(name), "class": recorded_class, "dtype": str(getattr(model, "dtype", None)),
-            "weights": weights if weights is not None or not source else f"source:{source}"}
+    identity = {"name": str(name), "class": recorded_class, "dtype": str(getattr(model, "dtype", None)),
+                "weights": weights if weights is not None or not source else f"source:{source}"}
+    activations = getattr(model, "activations", None)
+    if activations not in (None, DEFAULT_ACTIVATIONS):
+        identity["activations"] = activations
+    return identity
 
 
 def generator_identity(generator) -> dict:

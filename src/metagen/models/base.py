@@ -132,6 +132,7 @@ class LanguageModel(ABC):
     tokenizer: object  # metagen.models.tokenizer.Tokenizer
     source: str = ""
     kv_dtype: str | None = None
+    activations: str | None = None
 
     @property
     @abstractmethod

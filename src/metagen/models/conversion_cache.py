@@ -3,9 +3,10 @@
 An entry `$METAGEN_CACHE/<key>/` holds `weights.safetensors` (packed linears, norms, embedding),
 `config.json`, `linears.json` (each linear's kind) and `tokenizer/`, plus the `manifest.json` of
 `disk_cache` (size + CRC-32 per file). The key hashes the format version, the checkpoint's path,
-size and mtime, the dtype and the torch version. Entries are written in a staging directory and
-renamed into place under the entry's lock; an entry that fails its manifest is converted again
-with a warning (see `disk_cache` for the rules).
+size and mtime, the dtype and the torch version. Nothing stored depends on the KV format or the
+kernels' activation codes (run-time choices of `DecoderModel`): one entry serves every setting.
+Entries are written in a staging directory and renamed into place under the entry's lock; an
+entry that fails its manifest is converted again with a warning (see `disk_cache` for the rules).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from metagen.models.cache import DEFAULT_KV_DTYPE
 from metagen.models.config import ModelConfig
+from metagen.models.kernel_backend import DEFAULT_ACTIVATIONS
 from metagen.models.disk_cache import EntryLock, cache_directory, manifest_problem, publish, staging_directory
 from metagen.models.linear import restore_linear
 from metagen.models.decoder import DecoderModel
@@ -45,7 +47,7 @@ def cache_entry(path: Path, dtype: str) -> Path:
 
 
 def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel], *,
-                    kv_dtype: str = DEFAULT_KV_DTYPE) -> DecoderModel:
+                    kv_dtype: str = DEFAULT_KV_DTYPE, activations: str = DEFAULT_ACTIVATIONS) -> DecoderModel:
     """The cached conversion of `path` when its entry is intact, else `convert()` (then cached).
 
     Concurrent processes converting the same entry take turns: the second loads what the first
@@ -53,7 +55,7 @@ def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel],
     """
     entry = cache_entry(path, dtype)
     if manifest_problem(entry) is None:
-        return _load_converted(entry, dtype, str(path), kv_dtype)
+        return _load_converted(entry, dtype, str(path), kv_dtype, activations)
     try:
         lock = EntryLock(entry)
     except OSError as error:
@@ -67,7 +69,7 @@ def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel],
             return convert()
         problem = manifest_problem(entry)
         if problem is None:  # another process converted it while we waited
-            return _load_converted(entry, dtype, str(path), kv_dtype)
+            return _load_converted(entry, dtype, str(path), kv_dtype, activations)
         if entry.exists():
             warnings.warn(f"metagen: damaged cache entry ({problem}); converting {path} again", stacklevel=3)
         model = convert()
@@ -110,7 +112,8 @@ def _save_converted(model: DecoderModel, directory: Path) -> None:
     model.tokenizer.save(directory / "tokenizer")
 
 
-def _load_converted(entry: Path, dtype: str, source: str, kv_dtype: str = DEFAULT_KV_DTYPE) -> DecoderModel:
+def _load_converted(entry: Path, dtype: str, source: str, kv_dtype: str = DEFAULT_KV_DTYPE,
+                    activations: str = DEFAULT_ACTIVATIONS) -> DecoderModel:
     from safetensors.torch import load_file
 
     from metagen.models.tokenizer import Tokenizer
@@ -139,7 +142,7 @@ def _load_converted(entry: Path, dtype: str, source: str, kv_dtype: str = DEFAUL
     tokenizer = Tokenizer.load(entry / "tokenizer")
     return DecoderModel(
         config, layers, tensors["embed"], tensors["norm"], lm_head, tokenizer, dtype, tensors.get("rope_freqs"), source,
-        kv_dtype,
+        kv_dtype, activations,
     )
 
 
@@ -168,7 +171,8 @@ def save_model(model: DecoderModel, directory: Path, recipe: dict) -> None:
         publish(staging, directory)
 
 
-def load_saved_model(directory: Path, dtype: str | None = None, *, kv_dtype: str = DEFAULT_KV_DTYPE) -> DecoderModel:
+def load_saved_model(directory: Path, dtype: str | None = None, *, kv_dtype: str = DEFAULT_KV_DTYPE,
+                     activations: str = DEFAULT_ACTIVATIONS) -> DecoderModel:
     """A model written by `save_model`, checked against its manifest, in the formats it was saved
     in: `dtype` may be None, "auto" or that format, and anything else is refused."""
     problem = manifest_problem(directory)
@@ -178,4 +182,4 @@ def load_saved_model(directory: Path, dtype: str | None = None, *, kv_dtype: str
     if dtype not in (None, "auto", saved):
         raise ValueError(f"dtype={dtype!r} cannot be applied to the saved model {directory}: it runs in the formats "
                          f"it was saved in ({saved}); choose auto or {saved}")
-    return _load_converted(directory, saved, str(directory), kv_dtype)
+    return _load_converted(directory, saved, str(directory), kv_dtype, activations)

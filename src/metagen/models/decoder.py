@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from metagen.models import checks
 from metagen.models.base import DepthTruncatable, EmbeddingInput, ForwardOutput, LanguageModel, LogitsMode
 from metagen.models.cache import DEFAULT_KV_DTYPE, KV_DTYPES, KVCache, check_kv_dtype, token_bytes
+from metagen.models.kernel_backend import DEFAULT_ACTIVATIONS, check_activations
 from metagen.models.config import ModelConfig
 from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, LayerWeights, Ops, decoder_layer
 from metagen.models.layer_ops import FusedOps, GeneralOps
@@ -61,7 +62,10 @@ class DecoderModel(LanguageModel, DepthTruncatable, EmbeddingInput):
     times slower in bf16, and the casts cost less than that). Logits are float32. `kv_dtype`
     ("fp32" default, "bf16", "int8") is the format of the caches `new_cache` makes (see
     `models/cache.py`): keys and values are rounded to it when stored and widened back to
-    float32 when attention reads them.
+    float32 when attention reads them. `activations` ("int16" default, "int8") is what the
+    compiled kernels quantize each activation block to (`kernel_backend`); it is set on every
+    linear here, so every batch size and every path runs it (a `truncated` model shares the
+    linears, hence the setting).
 
     Beyond `LanguageModel`: `hidden_states` (final hidden states without the LM head),
     `logits_from_hidden`, `truncated(L)` (the first L layers as a model sharing every weight:
@@ -82,9 +86,11 @@ class DecoderModel(LanguageModel, DepthTruncatable, EmbeddingInput):
         freq_factors: torch.Tensor | None = None,
         source: str = "",
         kv_dtype: str = DEFAULT_KV_DTYPE,
+        activations: str = DEFAULT_ACTIVATIONS,
     ) -> None:
         self.config = config
         self.kv_dtype = check_kv_dtype(kv_dtype)
+        self.activations = check_activations(activations)
         self.layers = layers
         self.embed = embed  # (V, H) in the activation dtype
         self.norm = norm
@@ -94,6 +100,8 @@ class DecoderModel(LanguageModel, DepthTruncatable, EmbeddingInput):
         self.source = source
         self.name = config.name
         self.family = config.architecture
+        for _, linear in self.linears():
+            linear.set_activations(activations)
         self.matmul_dtype = torch.float32 if all(linear.takes_float for _, linear in self.linears()) else torch.bfloat16
         self.freq_factors = freq_factors
         # Per layer: its window (None: full causal attention) and whether it uses the local RoPE
@@ -165,7 +173,8 @@ class DecoderModel(LanguageModel, DepthTruncatable, EmbeddingInput):
         config = replace(self.config, num_hidden_layers=num_layers, layer_types=layer_types,
                          name=f"{self.config.name} (first {num_layers} layers)")
         model = DecoderModel(config, self.layers[:num_layers], self.embed, self.norm, self.lm_head, self.tokenizer,
-                             self.dtype, self.freq_factors, source=self.source, kv_dtype=self.kv_dtype)
+                             self.dtype, self.freq_factors, source=self.source, kv_dtype=self.kv_dtype,
+                             activations=self.activations)
         model.use_fused = self.use_fused
         model.use_shared_prefix = self.use_shared_prefix
         return model

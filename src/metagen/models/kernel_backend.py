@@ -6,12 +6,13 @@ unrounded or bf16; torch's take and return bf16; a linear's `takes_float` says w
 - "auto" (default): metagen's compiled kernels (models/kernels/matmul.cpp) with the best
   instruction set of this CPU, AVX-512 VNNI or AVX2; torch's kernels when neither is there or the
   library cannot be built. "avx512" / "avx2" force one path (an error if the CPU lacks it).
-  They quantize each activation row per block of 32 features — METAGEN_KERNEL_ACTIVATIONS=
-  "int16" (default): 32258 levels each side of zero (a = max|x|/32258, an error ≤ 1/64516 of the
-  block's largest value, finer than bf16), taken as two int8 digits; "int8": 127 levels, as
-  llama.cpp's Q8_0 (half the multiply-adds, measurably less faithful) — take exact integer dot
-  products with the weight codes and fold the scales in fp32; a row's result does not depend on
-  the other rows (bit for bit, whatever M is), and the two instruction sets agree bit for bit.
+  They quantize each activation row per block of 32 features — `activations` (a load option,
+  `Linear.set_activations`) "int16" (default): 32258 levels each side of zero (a = max|x|/32258,
+  an error ≤ 1/64516 of the block's largest value, finer than bf16), taken as two int8 digits;
+  "int8": 127 levels, as llama.cpp's Q8_0 (half the multiply-adds, measurably less faithful:
+  docs/benchmarks/kernels.md) — take exact integer dot products with the weight codes and fold the
+  scales in fp32; a row's result does not depend on the other rows (bit for bit, whatever M is,
+  under either setting), and the two instruction sets agree bit for bit.
 - "torch": `aten._weight_int8pack_mm` and `aten._weight_int4pack_mm_for_cpu`, bf16 activations.
 """
 
@@ -20,7 +21,8 @@ from __future__ import annotations
 import os
 
 BACKENDS = ("auto", "torch", "avx2", "avx512")
-ACTIVATIONS = ("int16", "int8")
+ACTIVATIONS = ("int16", "int8")  # the compiled kernels' activation codes (see the module docstring)
+DEFAULT_ACTIVATIONS = "int16"
 ISA = {"avx2": 1, "avx512": 2}  # the compiled kernels' instruction-set argument
 _resolved: dict[str, tuple] = {}  # requested -> (backend, compiled module)
 
@@ -53,12 +55,11 @@ def resolve_backend(backend: str | None = None) -> str:
     return _resolved[requested][0]
 
 
-def wide_activations() -> bool:
-    """METAGEN_KERNEL_ACTIVATIONS: "int16" (default) -> True, "int8" -> False."""
-    value = os.environ.get("METAGEN_KERNEL_ACTIVATIONS", "int16")
-    if value not in ACTIVATIONS:
-        raise ValueError(f"METAGEN_KERNEL_ACTIVATIONS={value!r}: choose one of {', '.join(ACTIVATIONS)}")
-    return value == "int16"
+def check_activations(activations: str) -> str:
+    """`activations` when it is one of ACTIVATIONS, else a ValueError naming the field and the choices."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations={activations!r} is not supported: choose one of {', '.join(ACTIVATIONS)}")
+    return activations
 
 
 def compiled_kernels():

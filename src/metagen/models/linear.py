@@ -407,6 +407,11 @@ class ConcatLinear(Linear):
     def nbytes(self) -> int:
         return sum(part.nbytes for part in self.parts)
 
+    def set_activations(self, activations: str) -> None:
+        super().set_activations(activations)
+        for part in self.parts:
+            part.set_activations(activations)
+
     def record(self, prefix: str, tensors: dict[str, torch.Tensor]) -> dict:
         """Each part's record, its tensors under `{prefix}.{i}`."""
         info = {"kind": self.kind, "in_features": self.in_features, "stored": self.stored}

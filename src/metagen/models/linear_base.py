@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from metagen.models.kernel_backend import ISA, compiled_kernels, wide_activations
+from metagen.models.kernel_backend import DEFAULT_ACTIVATIONS, ISA, check_activations, compiled_kernels
 
 
 def copy_into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
@@ -31,12 +31,15 @@ class Linear:
     converted from, e.g. "Q5_0"; set by the loader), `backend` ("torch" or a compiled kernel's
     instruction set), `takes_float` (whether float32 activations run at full precision: the
     compiled kernels take them and return float32; torch's quantized kernels take bf16),
-    `nbytes` (bytes one call reads), `state()` (the tensors the conversion cache stores) and
-    `format()` (what else it records)."""
+    `nbytes` (bytes one call reads), `state()` (the tensors the conversion cache stores),
+    `format()` (what else it records) and `activations` ("int16" or "int8": the codes the
+    compiled kernels quantize x to, `set_activations`; a run-time choice the cache does not store)."""
 
     kind = ""
     stored = ""
     backend = "torch"
+    activations = DEFAULT_ACTIVATIONS
+    _wide = True  # activations == "int16", the compiled kernels' argument
     in_features: int
     out_features: int
     bias: torch.Tensor | None
@@ -52,6 +55,12 @@ class Linear:
     def nbytes(self) -> int:
         """Bytes of weights, scales and bias one call reads."""
         return sum(t.nbytes for t in self.state().values())
+
+    def set_activations(self, activations: str) -> None:
+        """Quantize x per block of 32 to "int16" codes (default) or "int8" ones (llama.cpp's Q8_0:
+        half the multiply-adds, a larger error) in the compiled kernels; no effect on torch's."""
+        self.activations = check_activations(activations)
+        self._wide = activations == "int16"
 
     def state(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError(f"{type(self).__name__} does not define state()")
@@ -77,5 +86,4 @@ class Linear:
         """Bind the compiled kernels of `self.backend` (not "torch") and the float32 bias they take."""
         self._kernel = compiled_kernels()
         self._isa = ISA[self.backend]
-        self._wide = wide_activations()
         self._bias32 = None if self.bias is None else self.bias.float().contiguous()

@@ -26,6 +26,7 @@ from metagen.models.disk_cache import cache_directory  # noqa: F401  (its histor
 from metagen.models.embedded import embedded_model_path
 from metagen.models.gguf_blocks import EXACT_INT4_TYPES
 from metagen.models.hub import resolve
+from metagen.models.kernel_backend import DEFAULT_ACTIVATIONS, check_activations
 from metagen.models.linear import ConcatLinear, DenseLinear, GroupedLinear, Int4Linear, Int8Linear
 from metagen.models.families import family_for
 from metagen.models.families.family import EXPERT_LINEARS
@@ -39,7 +40,7 @@ AUTO_WIDE_FORMAT = "int8"
 
 
 def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, kv_dtype: str | None = None,
-         use_cache: bool = True) -> DecoderModel:
+         activations: str | None = None, use_cache: bool = True) -> DecoderModel:
     """Load a decoder of any supported family (llama, mistral, qwen2, qwen3, phi3, gemma3, qwen3_moe,
     mixtral, qwen2_moe).
 
@@ -60,30 +61,37 @@ def load(path: str | os.PathLike | None = None, dtype: str | None = None, *, kv_
     kv_dtype: the KV cache's format, "fp32" (default), "bf16" (half the bytes per cached token)
         or "int8" with a float32 scale per (token, key/value, head) (about a quarter); see
         `models/cache.py` and the measured quality in BENCHMARKS.md.
+    activations: what metagen's compiled kernels quantize each block of 32 activations to before
+        the integer dot products with the weight codes: "int16" (default; finer than bf16) or
+        "int8" (llama.cpp's Q8_0 codes: half the multiply-adds, a larger error; measured in
+        docs/benchmarks/kernels.md). Every batch size runs it; fp32 / bf16 weights and torch's
+        kernels (METAGEN_KERNELS=torch) do not quantize activations and ignore it.
     """
     dtype = DEFAULT_DTYPE if dtype is None else dtype
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported: choose one of {', '.join(DTYPES)}")
     kv_dtype = check_kv_dtype(DEFAULT_KV_DTYPE if kv_dtype is None else kv_dtype)
+    activations = check_activations(DEFAULT_ACTIVATIONS if activations is None else activations)
     path, name = (embedded_model_path(), None) if path is None else resolve(path)
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
-    # The weights do not depend on kv_dtype: one conversion serves every KV format.
+    # The weights depend on neither kv_dtype nor activations: one conversion serves every setting.
     if is_saved_model(path):  # a directory written by `metagen compress`
-        return load_saved_model(path, dtype, kv_dtype=kv_dtype)
+        return load_saved_model(path, dtype, kv_dtype=kv_dtype, activations=activations)
     if not use_cache:
-        return _convert(path, dtype, kv_dtype, name)
-    return load_or_convert(path, dtype, lambda: _convert(path, dtype, kv_dtype, name), kv_dtype=kv_dtype)
+        return _convert(path, dtype, kv_dtype, activations, name)
+    return load_or_convert(path, dtype, lambda: _convert(path, dtype, kv_dtype, activations, name),
+                           kv_dtype=kv_dtype, activations=activations)
 
 
-def _convert(path: Path, dtype: str, kv_dtype: str, name: str | None = None) -> DecoderModel:
+def _convert(path: Path, dtype: str, kv_dtype: str, activations: str, name: str | None = None) -> DecoderModel:
     """The model of the checkpoint at `path`; `name` replaces the checkpoint's own (a hub snapshot
     directory's name is a commit)."""
     config, sources, tokenizer = _read_checkpoint(path)
     if name is not None:
         config = replace(config, name=name)
     _check_complete(config, sources, path)
-    return _build(config, sources, tokenizer, dtype, str(path), kv_dtype)
+    return _build(config, sources, tokenizer, dtype, str(path), kv_dtype, activations)
 
 
 def _check_complete(config: ModelConfig, sources: dict, path: Path) -> None:
@@ -205,7 +213,8 @@ def _group_values(exact: list, name: str):
     return torch.cat([torch.from_numpy(getattr(e, name)) for e in exact])
 
 
-def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: str, kv_dtype: str) -> DecoderModel:
+def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: str, kv_dtype: str,
+           activations: str = DEFAULT_ACTIVATIONS) -> DecoderModel:
     activation = torch.float32 if dtype == "fp32" else torch.bfloat16
     family = family_for(config.architecture, source)
     layers = []
@@ -248,6 +257,7 @@ def _build(config: ModelConfig, sources: dict, tokenizer, dtype: str, source: st
         freq_factors,
         source,
         kv_dtype,
+        activations,
     )
 
 

@@ -215,7 +215,7 @@ def _model(target, argument: str | None, options: DrafterOptions) -> Drafter:
     from metagen.models import load
     from metagen.speculative.drafters import ModelDrafter
 
-    draft = load(argument, options.draft_dtype or "int4", kv_dtype=target.kv_dtype)
+    draft = load(argument, options.draft_dtype or "int4", kv_dtype=target.kv_dtype, activations=target.activations)
     return ModelDrafter(draft, confidence=options.confidence, name="model")
 
 

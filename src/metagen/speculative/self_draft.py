@@ -40,7 +40,7 @@ def quantized_model(target, dtype: str = "int4"):
     if not target.source:
         raise ValueError("quantized self-drafting needs a target loaded from a file (target.source is empty)")
     # the target's KV format, so the draft can take the target's prompt keys and values (copy_prefix)
-    draft = load(target.source, dtype=dtype, kv_dtype=target.kv_dtype)
+    draft = load(target.source, dtype=dtype, kv_dtype=target.kv_dtype, activations=target.activations)
     if weight_bytes(draft) >= weight_bytes(target):
         raise ValueError(
             f"a {dtype} draft is not cheaper than the {target.dtype} target ({weight_bytes(draft):,} vs "

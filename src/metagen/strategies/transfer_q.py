@@ -141,7 +141,8 @@ def _as_value(reward, prompt, model):
 def _load_baseline(spec: str, model):
     from metagen.decoding.companion_models import load_companion
 
-    return load_companion(spec, model, kv_dtype=getattr(model, "kv_dtype", None), where="baseline")
+    return load_companion(spec, model, kv_dtype=getattr(model, "kv_dtype", None),
+                          activations=getattr(model, "activations", None), where="baseline")
 
 
 def _runner(generator, prompt, n, params, options, rng, overrides):
