@@ -32,6 +32,9 @@ PROMPT = "The capital of France is"
          "--dexperts cannot be combined with --speculative"),
         (["--dexperts", "early-exit:8,early-exit:4", "--strategy", "best_of_n"],
          "--dexperts cannot be combined with --strategy"),
+        (["--entropy-adaptive", "main", "--entropy-threshold", "1"],
+         "--entropy-adaptive main: needs another model than --model (the model would hand over to itself)"),
+        (["--contrastive", "main"], "--contrastive main: needs another model than --model"),
         (["--entropy-adaptive", "embedded"], "--entropy-adaptive needs --entropy-threshold"),
         (["--entropy-adaptive", "embedded", "--entropy-threshold", "-1"], "threshold=-1.0 is out of range"),
         (["--entropy-adaptive", "embedded", "--entropy-threshold", "1", "--entropy-window", "0"],
@@ -63,6 +66,17 @@ def test_embedded_model_steered_by_its_early_exit_experts_runs_end_to_end(capsys
     assert 1 <= len(payload["tokens"]) <= 3 and payload["text"]
     cost = payload["cost"]
     assert cost["model_calls"] == 3 * cost["target_steps"] == 3 * len(payload["tokens"])
+
+
+@pytest.mark.slow
+def test_dexperts_with_the_model_as_its_own_expert_runs_one_forward_less_per_step(capsys):
+    argv = ["generate", PROMPT, "--no-chat", "--dexperts", "main,early-exit:8", "--dexperts-alpha", "0.5",
+            "--temperature", "0", "--max-tokens", "3", "--json"]
+    assert main(argv) == 0
+    payload = json.loads(capsys.readouterr().out)
+    cost = payload["cost"]
+    assert 1 <= len(payload["tokens"]) <= 3
+    assert cost["model_calls"] == 2 * cost["target_steps"] == 2 * len(payload["tokens"])
 
 
 @pytest.mark.slow

@@ -98,3 +98,35 @@ def test_memory_check_counts_three_models_cache_bytes(monkeypatch):
     generate(base, [BOS], params, combiner=DExpertsConfig(good, bad))  # exactly fits
     with pytest.raises(ValueError, match=r"n=3 is too large.*models 'toy', 'toy-expert' and 'toy-anti'"):
         generate(base, [BOS], SamplingParams(temperature=0, max_tokens=10, n=3), combiner=DExpertsConfig(good, bad))
+
+
+def test_the_base_as_its_own_expert_reuses_its_logits_and_is_counted_once(monkeypatch):
+    """DExperts(expert=model, anti): the expert's logits are the model's own (no second forward,
+    cache or memory check), so the output equals that of a separate copy of the model as the expert
+    while the Cost counts two models, not three."""
+    base, copy = ToyModel(), ToyModel()
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, n=2)
+    calls = []
+    forward = base.forward
+    monkeypatch.setattr(base, "forward", lambda cache, tokens, **kw: calls.append(1) or forward(cache, tokens, **kw))
+    shared = generate(base, [BOS], params, combiner=DExpertsConfig(base, anti_expert(), alpha=2.0))
+    separate = generate(ToyModel(), [BOS], params, combiner=DExpertsConfig(copy, anti_expert(), alpha=2.0))
+    assert [c.token_ids for c in shared.completions] == [c.token_ids for c in separate.completions]
+    assert len(calls) == 5  # the prefill and four decode forwards, once each
+    # the toy's FLOPs are 100 + context per token: prefill 101, four decode forwards of 2 rows
+    base_flops = 101 + sum(2 * (101 + position) for position in range(1, 5))
+    anti_flops = 21 + sum(2 * (21 + position) for position in range(1, 5))
+    assert shared.cost.flops == base_flops + anti_flops
+    assert separate.cost.flops == 2 * base_flops + anti_flops
+    assert (shared.cost.model_calls, separate.cost.model_calls) == (10, 15)
+
+
+def test_the_memory_check_counts_a_shared_expert_once(monkeypatch):
+    base = ExpertWithBytes(1000)
+    bad = TransformedToy("toy-anti", 1.0, [0.0] * 5, kv_bytes=3000)
+    # per row of 10 new tokens: (6 + 2)·5·4 + 10·(1000 + 3000) = 40,160 bytes; a second copy of the
+    # base would need 10,000 more
+    monkeypatch.setattr(memory, "available_memory", lambda: 2 * 40_160)
+    generate(base, [BOS], SamplingParams(temperature=0, max_tokens=10, n=2), combiner=DExpertsConfig(base, bad))
+    with pytest.raises(ValueError, match=r"n=3 is too large.*models 'toy' and 'toy-anti'"):
+        generate(base, [BOS], SamplingParams(temperature=0, max_tokens=10, n=3), combiner=DExpertsConfig(base, bad))

@@ -122,6 +122,16 @@ def test_a_companion_file_loads_once_and_is_checked_against_every_model(tmp_path
         _error(capsys)
 
 
+def test_main_as_the_expert_is_each_swept_model_itself_and_never_loaded(tmp_path, capsys, loads, companions):
+    first, second = _file(tmp_path / "a.gguf"), _file(tmp_path / "b.gguf")
+    anti = _file(tmp_path / "anti.gguf")
+    argv = [*BASE, "--model", first, "--model", second, "--dexperts", f"main,{anti}", "--dexperts-alpha", "2"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert {row["model"] for row in json.loads(capsys.readouterr().out)["results"]} == {
+        "a + dexperts(main, anti, α 2)", "b + dexperts(main, anti, α 2)"}
+    assert companions == [anti]  # 'main' is not a file: only the anti-expert loads
+
+
 def test_early_exit_needs_a_model_with_that_form_and_says_so_at_its_turn(tmp_path, capsys, loads):
     assert main([*BASE, "--model", _file(tmp_path / "a.gguf"), "--contrastive", "early-exit:2"]) == 2
     assert "--contrastive early-exit:2: the model (TextToy) has no early-exit form" in _error(capsys)

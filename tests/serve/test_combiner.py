@@ -82,6 +82,28 @@ def test_dexperts_rows_joining_a_running_batch_equal_the_sampling_loop(model, de
     assert second.tokens != plain  # the combiner changed the output: the comparison above means something
 
 
+def test_a_companion_that_is_the_model_itself_takes_its_logits_and_keeps_no_cache(model):
+    own = DExpertsConfig(expert=model, anti_expert=model.truncated(6), alpha=0.5)
+    params = SamplingParams(temperature=0, max_tokens=10)
+    engine = Engine(model, max_rows=4, prefill_chunk=5, combiner=own)
+    assert engine.companions.models == (own.anti_expert,)  # one companion cache, the anti-expert's
+    engine.start()
+    try:
+        collector = _submit(engine, model, PROMPTS[1], params)
+        assert collector.done.wait(120) and collector.events[-1] == DoneEvent()
+    finally:
+        engine.stop()
+    assert _held_slots(engine) == [0, 0]
+    local = generate(model, PROMPTS[1], params, chat=False, combiner=own)
+    assert collector.tokens == local.completions[0].token_ids
+    plain = generate(model, PROMPTS[1], params, chat=False).completions[0].token_ids
+    assert collector.tokens != plain  # the steering changed the output
+    lengths = [len(c.token_ids) for c in local.completions]
+    cost = engine_cost(model, len(local.prompt_token_ids), lengths, engine.companions.models)
+    assert (cost.model_calls, cost.flops) == (local.cost.model_calls, local.cost.flops)
+    assert cost.model_calls == 2 * engine_cost(model, len(local.prompt_token_ids), lengths).model_calls
+
+
 def test_companion_rows_leave_with_a_request_cancelled_mid_decode_or_mid_prefill(model, monkeypatch):
     amateur = model.truncated(8)
     engine = Engine(model, max_rows=4, prefill_chunk=4, combiner=ContrastiveConfig(amateur=amateur))

@@ -70,6 +70,7 @@ def contrastive_settings(args: argparse.Namespace) -> dict | None:
     temperature = 1.0 if args.amateur_temperature is None else args.amateur_temperature
     ContrastiveConfig(amateur=None, alpha=alpha, amateur_temperature=temperature, beta=args.beta)  # the range checks
     spec = args.contrastive
+    refuse_main("contrastive", spec, "the amateur's scores would cancel the expert's")
     return {"amateur": spec, "layers": early_exit_layers("contrastive", spec), "alpha": alpha,
             "amateur_temperature": temperature, "beta": args.beta}
 
@@ -80,6 +81,23 @@ def early_exit_layers(flag: str, spec: str) -> int | None:
     from metagen.decoding.companion_models import early_exit_layers as layers
 
     return layers(spec, f"--{flag}")
+
+
+def is_own_model(flag: str, spec: str) -> bool:
+    """True for a spelling that is the --model itself or cut from it (`main`, `early-exit:L`):
+    nothing to find on disk or to load once per sweep."""
+    from metagen.decoding.companion_models import MAIN
+
+    return spec == MAIN or early_exit_layers(flag, spec) is not None
+
+
+def refuse_main(flag: str, spec: str, why: str) -> None:
+    """ValueError when --`flag` names `main` (the --model itself), which only --dexperts takes."""
+    from metagen.decoding.companion_models import MAIN
+
+    if spec == MAIN:
+        raise ValueError(f"--{flag} {MAIN}: needs another model than --model ({why}); "
+                         f"'{MAIN}' names the --model only in --dexperts EXPERT,ANTI")
 
 
 def refuse_with(flag: str, args: argparse.Namespace, why_backend: str, excludes=GENERATE_EXCLUDES) -> None:

@@ -25,7 +25,7 @@ import argparse
 
 from metagen.cli import common
 from metagen.cli.adadec import adadec_config, add_adadec_options
-from metagen.cli.contrastive import (add_contrastive_options, contrastive_options, early_exit_layers, load_companion,
+from metagen.cli.contrastive import (add_contrastive_options, contrastive_options, is_own_model, load_companion,
                                      make_combiner)
 from metagen.cli.mixing import add_mixing_options, make_mixing_combiner, mixing_options
 
@@ -59,7 +59,7 @@ class SweepDecoder:
         if self.flag == "adadec":
             return []
         specs = [self.options["amateur"]] if self.flag == "contrastive" else self.options["models"]
-        return [spec for spec in specs if early_exit_layers(self.flag, spec) is None]
+        return [spec for spec in specs if not is_own_model(self.flag, spec)]
 
     def unloaded(self) -> dict:
         """`LocalGenerator`'s combiner= / rerank= with no companion loaded (None in its place):
@@ -102,8 +102,8 @@ class SweepDecoder:
         it does not share `model`'s vocabulary."""
         from metagen.decoding.combine import check_same_vocabulary
 
-        if early_exit_layers(flag, spec) is not None:
-            return load_companion(flag, spec, model, args)  # this model's own layers
+        if is_own_model(flag, spec):
+            return load_companion(flag, spec, model, args)  # this model, or its own layers
         if spec not in self._loaded:
             self._loaded[spec] = load_companion(flag, spec, model, args)
         companion = self._loaded[spec]
@@ -155,5 +155,5 @@ def _label(flag: str, options) -> str:
 
 
 def _companion_name(flag: str, spec: str) -> str:
-    """`early-exit:L` as typed, a model by its short name (`common.local_names`)."""
-    return spec if early_exit_layers(flag, spec) is not None else common.local_names(spec)[0]
+    """`early-exit:L` and `main` as typed, a model by its short name (`common.local_names`)."""
+    return spec if is_own_model(flag, spec) else common.local_names(spec)[0]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 
 from metagen.cli.args import refuse_alone
-from metagen.cli.contrastive import GENERATE_EXCLUDES, early_exit_layers, load_companion, refuse_with
+from metagen.cli.contrastive import GENERATE_EXCLUDES, early_exit_layers, load_companion, refuse_main, refuse_with
 
 _DEXPERTS_OPTIONS = ("dexperts_alpha",)
 _ENTROPY_OPTIONS = ("entropy_threshold", "entropy_window")
@@ -46,7 +46,8 @@ def add_dexperts_options(parser: argparse.ArgumentParser) -> None:
                                       "α (log p_expert − log p_anti))")
     group.add_argument("--dexperts", default=None, metavar="EXPERT,ANTI",
                        help="the expert and the anti-expert, comma-separated, each spelled as --contrastive's "
-                            "AMATEUR (early-exit:L, a model as --model takes it, 'embedded'); same tokenizer")
+                            "AMATEUR (early-exit:L, a model as --model takes it, 'embedded') or 'main', the --model "
+                            "itself (its logits reused, no second forward); same tokenizer")
     group.add_argument("--dexperts-alpha", type=float, default=None, metavar="A",
                        help="--dexperts: the steering strength α >= 0 (default 1)")
 
@@ -81,6 +82,7 @@ def mixing_options(args: argparse.Namespace, excludes=GENERATE_EXCLUDES) -> dict
     window = 5 if args.entropy_window is None else args.entropy_window
     EntropyAdaptiveConfig(large=None, threshold=args.entropy_threshold, window=window)  # the range checks
     early_exit_layers(flag, args.entropy_adaptive)
+    refuse_main(flag, args.entropy_adaptive, "the model would hand over to itself")
     return {"kind": flag, "models": [args.entropy_adaptive], "threshold": args.entropy_threshold, "window": window}
 
 

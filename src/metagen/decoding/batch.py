@@ -57,7 +57,7 @@ import time
 
 import torch
 
-from metagen.decoding.combine import LogitsCombiner, SwitchingCombiner, check_same_vocabulary
+from metagen.decoding.combine import CompanionSlots, LogitsCombiner, SwitchingCombiner, check_same_vocabulary
 from metagen.decoding.cost import Cost, forward_cost, prefill_cost
 from metagen.decoding.lazy_companions import LazyCompanions
 from metagen.decoding.memory import check_batch_fits
@@ -101,7 +101,8 @@ class RowBatch:
         self.prompt_reused = False  # the prefill took the prompt from a PromptCache
         self.followers: list = []
         self.combiner = combiner
-        self.companions: tuple = () if combiner is None else tuple(combiner.companions)
+        self.slots = CompanionSlots(model, () if combiner is None else combiner.companions)
+        self.companions: tuple = self.slots.running  # the ones running forwards (`CompanionSlots`)
         self.companion_caches: list = []
         self._companion_logits: list[torch.Tensor] = []  # each companion's (B, V) of the last forward
         self.switching = isinstance(combiner, SwitchingCombiner)
@@ -137,9 +138,10 @@ class RowBatch:
         forward_rows = params.n if forward_rows is None else forward_rows
         models = model
         if combiner is not None:
-            for companion in () if vocabulary_checked else combiner.companions:
+            running = CompanionSlots(model, combiner.companions).running
+            for companion in () if vocabulary_checked else running:
                 check_same_vocabulary(model, companion)
-            models = [model, *combiner.companions]
+            models = [model, *running]
         check_batch_fits(models, rows_in_use + forward_rows, rules.max_new_tokens, positions, what=what)
         chain = request_chain(params, model, prompt_ids, params.n, processors, healed=healed)
         return cls(model, prompt_ids, params, rules, chain, generator, healed=healed, combiner=combiner)
@@ -233,8 +235,8 @@ class RowBatch:
         if self.combiner is None:
             return logits
         if self.switching:
-            return self.switch.combine([logits, *self._companion_logits], self._use)
-        return self.combiner.combine([logits, *self._companion_logits])
+            return self.switch.combine(self.slots.full(logits, self._companion_logits), self._use)
+        return self.combiner.combine(self.slots.full(logits, self._companion_logits))
 
     def select_rows(self, indices: Sequence[int]) -> None:
         """Every cache's rows become `[rows[i] for i in indices]` (repeats fork: beam search's

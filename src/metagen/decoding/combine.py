@@ -19,6 +19,10 @@ run only at the steps some row needs them (`RowBatch` syncs them lazily, `lazy_c
 
 Every model of a step must share one tokenizer (`check_same_vocabulary`): the combiner adds
 and subtracts scores of the same token id.
+
+A companion that is the main model itself (DExperts with the base as its own expert, the
+contrast log p + α·(log p − log p_anti)) runs no forward and keeps no cache of its own: it takes
+the main model's logits (`CompanionSlots`), so its work is not done, nor counted, twice.
 """
 
 from __future__ import annotations
@@ -154,6 +158,24 @@ class SwitchingCombiner(Protocol):
 
     def start(self, rows: int) -> ModelSwitch:
         """A fresh `ModelSwitch` for a request of `rows` rows."""
+
+
+class CompanionSlots:
+    """Which of a combiner's companions run a forward of their own (`running`: every companion
+    that is not the main `model` object itself) and how the step's logits are put back in the
+    order `combine` takes them (`full`): a companion that is the main model takes the main
+    logits. Computing them again would give the same tensor at the cost of a second forward, a
+    second cache and a second memory check of the same rows."""
+
+    def __init__(self, model, companions: Sequence) -> None:
+        self.is_main = tuple(companion is model for companion in companions)
+        self.running = tuple(companion for companion in companions if companion is not model)
+
+    def full(self, main: Tensor, running_logits: Sequence) -> list:
+        """`[main, *companion logits]` in the combiner's order, from the running companions'
+        logits (in `running`'s order; entries may be None, as a switch leaves them)."""
+        given = iter(running_logits)
+        return [main, *(main if is_main else next(given) for is_main in self.is_main)]
 
 
 def model_label(model) -> str:

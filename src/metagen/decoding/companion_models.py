@@ -3,6 +3,9 @@ DExperts' experts, entropy-adaptive decoding's large model, Transfer Q*'s baseli
 
     early-exit:L   the main model's own first L layers with its final norm and LM head (no
                    second set of weights; the model must be `DepthTruncatable`)
+    main           the main model itself: DExperts with the base as its own expert
+                   (`--dexperts main,ANTI`: log p + α·(log p − log p_anti)); its logits are the
+                   main model's, with no second forward or cache (`combine.CompanionSlots`)
     embedded       the embedded SmolLM2-135M-Instruct
     anything else  what --model takes (a GGUF file, an HF directory, a hub name OWNER/NAME[:QUANT])
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 EARLY_EXIT = "early-exit:"
 EMBEDDED = "embedded"
+MAIN = "main"
 
 
 def early_exit_layers(spec: str, where: str) -> int | None:
@@ -29,12 +33,15 @@ def early_exit_layers(spec: str, where: str) -> int | None:
 
 def load_companion(spec: str, model, *, dtype: str | None = None, kv_dtype: str | None = None,
                    activations: str | None = None, where: str = "companion"):
-    """The model `spec` names next to `model` (see the module): `model.truncated(L)` for
+    """The model `spec` names next to `model` (see the module): `model` itself for `main`,
+    `model.truncated(L)` for
     `early-exit:L` (ValueError naming `where` when `model` has no such form), else a model loaded
     at `dtype` with `kv_dtype` caches and `activations` (`models.load`)."""
     from metagen.models import load
     from metagen.models.base import DepthTruncatable
 
+    if spec == MAIN:
+        return model
     layers = early_exit_layers(spec, where)
     if layers is not None:
         if not isinstance(model, DepthTruncatable):

@@ -12,6 +12,8 @@ for every row of the engine's shared cache, with the same tokens, moved by the s
     decode step       `select` drops the ended rows of every cache, `forward` appends the same
                       tokens to every companion's rows; the runner combines each request's
                       slices, `combiner.combine([main, *companions])`, before its sampler chain
+                      (a companion that is the main model itself has no cache here: its slot
+                      takes the main slice, `CompanionSlots`)
     finish            `release` gives back a request's partial prompt rows (`Scheduler.finish` ->
                       `PrefixCacheManager.free`); its running rows leave with the next `select`
 
@@ -33,7 +35,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from metagen.decoding.combine import ContrastiveConfig, DExpertsConfig, LogitsCombiner, SwitchingCombiner
+from metagen.decoding.combine import CompanionSlots, ContrastiveConfig, DExpertsConfig, LogitsCombiner
+from metagen.decoding.combine import SwitchingCombiner
 from metagen.decoding.combine import check_same_vocabulary, model_label
 
 if TYPE_CHECKING:
@@ -50,7 +53,8 @@ class CompanionCaches:
             raise ValueError(f"the server decodes with a LogitsCombiner (contrastive decoding, DExperts); "
                              f"{type(combiner).__name__} is not one")
         self.combiner = combiner
-        self.models = tuple(combiner.companions)
+        self.slots = CompanionSlots(model, combiner.companions)
+        self.models = self.slots.running  # a companion that is the main model takes its logits, no cache
         for companion in self.models:
             check_same_vocabulary(model, companion)
         self.caches = [companion.new_cache(1) for companion in self.models]

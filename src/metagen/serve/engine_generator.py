@@ -137,7 +137,7 @@ class EngineGenerator(ModelGenerator):
             self.prompt_tokens += len(ids)
             self.completion_tokens += generated
             self.requests += 1
-        companions = () if self.engine.combiner is None else self.engine.combiner.companions
+        companions = () if self.engine.companions is None else self.engine.companions.models
         cost = engine_cost(self.model, len(ids), [len(c.token_ids) for c in completions], companions)
         cost.generated_tokens, cost.wall_seconds = generated, time.perf_counter() - start
         return GenerationResult(completions, ids, cost)

@@ -70,7 +70,7 @@ class ModelRunner:
             chain = request.batch.chain
             try:
                 scores = request.logits if self.combiner is None else self.combiner.combine(
-                    [request.logits, *request.companion_logits])  # (k, V)
+                    self.companions.slots.full(request.logits, request.companion_logits))  # (k, V)
                 processed = chain.process(scores)  # (k, V)
                 tokens = chain.choose(processed, request.batch.generator)  # (k,)
                 chain.accept(tokens)
