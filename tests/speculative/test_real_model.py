@@ -242,3 +242,28 @@ def test_generator_by_name_verifies_the_tree_drafter_with_the_tree_rule(model):
     plain = generate(model, "Count: one two three", SamplingParams(temperature=0, max_tokens=6))
     assert result.completions[0].token_ids == plain.completions[0].token_ids
     assert result.cost.draft_tokens > 0
+
+
+def test_dyspec_greedy_equals_plain_greedy(model_fp32):
+    """The registered DySpec drafter (a dynamic tree from the early-exit draft) under the
+    multi-draft rule: plain greedy's tokens, more than one token per target forward."""
+    drafter = make_drafter("dyspec", model_fp32, exit_layer=20, tree_nodes=12)
+    spec = assert_same_greedy(model_fp32, drafter, PROMPTS["grounded"], SpeculativeConfig(num_draft_tokens=5,
+                                                                                         verify="multi-draft"),
+                              max_tokens=32)
+    assert spec.cost.block_efficiency > 1.0 and spec.cost.accepted_tokens > 0
+
+
+def test_generator_by_name_runs_spectr_and_dyspec_with_their_rules(model):
+    """By name, each tree drafter gets its rule: spectr's i.i.d. tree the spectr rule (sampled
+    here, so the rule itself runs on the real model), dyspec the multi-draft rule."""
+    spectr = SpeculativeGenerator.by_name(model, "spectr", exit_layer=6, tree_widths=(2, 1), tree_nodes=4)
+    assert spectr.config.verify == "spectr" and spectr.drafter.iid_siblings
+    sampled = spectr.generate("Count: one two three", SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=0))
+    assert all(len(c.token_ids) == 8 or c.finish_reason == "stop" for c in sampled.completions)
+    assert sampled.cost.draft_tokens > 0
+    dyspec = SpeculativeGenerator.by_name(model, "dyspec", exit_layer=6, tree_nodes=6)
+    assert dyspec.config.verify == "multi-draft"
+    result = dyspec.generate("Count: one two three", SamplingParams(temperature=0, max_tokens=6))
+    plain = generate(model, "Count: one two three", SamplingParams(temperature=0, max_tokens=6))
+    assert result.completions[0].token_ids == plain.completions[0].token_ids

@@ -31,12 +31,13 @@ from metagen.speculative.registry import (
 ROOT = Path(__file__).resolve().parents[2]
 # options each entry is built with below (small, fast); a new entry needs its line here
 EXAMPLES = {"ngram": {}, "early-exit": {"exit_layer": 4}, "quantized": {"draft_dtype": "int4"},
-            "model": {"draft_dtype": "int4", "confidence": 0.0}, "tree": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 3}}
+            "model": {"draft_dtype": "int4", "confidence": 0.0}, "tree": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 3},
+            "spectr": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 3}, "dyspec": {"exit_layer": 4, "tree_nodes": 4}}
 
 
 def test_every_drafter_has_an_example_and_reads_only_known_options():
     assert set(EXAMPLES) == set(DRAFTERS)
-    assert drafter_names() == ["ngram", "early-exit", "quantized", "model:PATH", "tree"]
+    assert drafter_names() == ["ngram", "early-exit", "quantized", "model:PATH", "tree", "spectr", "dyspec"]
     for name, spec in DRAFTERS.items():
         assert spec.description and set(EXAMPLES[name]) <= set(spec.reads), name
 
@@ -78,7 +79,9 @@ def test_speculative_generator_by_name_runs_the_registered_drafter(model):
     "name, options, message",
     [
         ("medusa", {}, "speculative drafter 'medusa' is unknown: choose one of ngram, early-exit, quantized, "
-                       "model:PATH, tree"),
+                       "model:PATH, tree, spectr, dyspec"),
+        ("dyspec", {"tree_widths": (2,)}, r"tree_widths=\(2,\) does not apply to the dyspec drafter \(it reads: "
+                                          r"exit_layer, tree_nodes\)"),
         ("model", {}, "'model' is unknown"),  # needs model:PATH
         ("model:", {}, "'model:' is unknown"),
         ("ngram:3", {}, "'ngram:3' is unknown"),  # takes no argument
@@ -106,15 +109,16 @@ def test_drafter_options_are_range_checked(options, message):
 
 
 def test_every_rule_builds_a_verification_and_says_whether_it_verifies_trees():
-    assert list(VERIFICATIONS) == ["token", "block", "draw", "multi-draft"]
+    assert list(VERIFICATIONS) == ["token", "block", "draw", "multi-draft", "spectr"]
     for name, spec in VERIFICATIONS.items():
         assert spec.description
         verification = make_verification(name)
         assert isinstance(verification, Verification) and verification.trees == spec.trees
         assert SpeculativeConfig(verify=name).verify == name
-    assert [name for name, spec in VERIFICATIONS.items() if spec.trees] == ["multi-draft"]
+    assert [name for name, spec in VERIFICATIONS.items() if spec.trees] == ["multi-draft", "spectr"]
+    assert [name for name, spec in VERIFICATIONS.items() if spec.iid_siblings] == ["spectr"]
     with pytest.raises(ValueError, match="verify='typical' is not a rule: choose one of token, block, draw, "
-                                         "multi-draft"):
+                                         "multi-draft, spectr"):
         check_verification("typical")
 
 
@@ -153,7 +157,8 @@ def test_the_help_lists_the_tables_names():
     actions = {action.dest: action for action in commands.choices["generate"]._actions}
     assert actions["speculative"].help == " | ".join(drafter_names())
     assert list(actions["verify"].choices) == list(VERIFICATIONS)
-    assert actions["exit_layer"].help.startswith("early-exit / tree:")
+    assert actions["exit_layer"].help.startswith("early-exit / tree / spectr / dyspec:")
+    assert actions["tree_nodes"].help.startswith("tree / spectr / dyspec:")
     assert actions["draft_dtype"].help.startswith("quantized / model:PATH")
 
 
@@ -175,16 +180,21 @@ def test_the_speculative_guide_lists_the_table():
     assert _table_column(page, "`--verify`", 0) == list(VERIFICATIONS)
 
 
-def test_the_tree_drafter_verifies_with_the_tree_rule_by_default():
+def test_the_tree_drafters_verify_with_a_tree_rule_by_default():
     from metagen.cli.speculative import speculative_options
 
     def options(*argv):
         return speculative_options(build_parser().parse_args(["generate", "Hi", *argv]))
 
-    assert DRAFTERS["tree"].verify == "multi-draft" and VERIFICATIONS[DRAFTERS["tree"].verify].trees
-    assert all(spec.verify == "token" for name, spec in DRAFTERS.items() if name != "tree")
+    trees = {"tree": "multi-draft", "spectr": "spectr", "dyspec": "multi-draft"}
+    for name, rule in trees.items():
+        assert DRAFTERS[name].verify == rule and VERIFICATIONS[rule].trees
+    assert all(spec.verify == "token" for name, spec in DRAFTERS.items() if name not in trees)
     tree = options("--speculative", "tree", "--tree-widths", "3,1", "--tree-nodes", "5")
     assert tree["config"].verify == "multi-draft"
     assert tree["drafter_args"] == {"tree_widths": (3, 1), "tree_nodes": 5}
+    assert options("--speculative", "spectr")["config"].verify == "spectr"
+    dyspec = options("--speculative", "dyspec", "--tree-nodes", "8")
+    assert dyspec["config"].verify == "multi-draft" and dyspec["drafter_args"] == {"tree_nodes": 8}
     assert options("--speculative", "ngram")["config"].verify == "token"
     assert options("--speculative", "tree", "--verify", "token")["config"].verify == "token"  # refused at the loop

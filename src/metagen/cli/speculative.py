@@ -39,9 +39,12 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
     spec.add_argument("--speculative", default=None, metavar="DRAFTER", help=" | ".join(drafter_names()))
     spec.add_argument("--num-draft-tokens", type=int, default=None, help="draft tokens per step, γ (default 4)")
     tree_rules = [name for name, rule in VERIFICATIONS.items() if rule.trees]
+    own_rules = ", ".join(f"{name}: {entry.verify}" for name, entry in DRAFTERS.items() if entry.verify != "token")
     spec.add_argument("--verify", choices=list(VERIFICATIONS), default=None,
-                      help="verification rule (default token, the tree drafter's multi-draft; draw: each token drawn as plain decoding draws it"
-                           + (f"; {', '.join(tree_rules)}: verifies token trees" if tree_rules else "")
+                      help="verification rule (default token, or the drafter's own"
+                           + (f" ({own_rules})" if own_rules else "")
+                           + "; draw: each token drawn as plain decoding draws it"
+                           + (f"; {', '.join(tree_rules)}: verify token trees" if tree_rules else "")
                            + ")")
     spec.add_argument("--adaptive-draft", action="store_true", default=None,
                       help="grow γ after fully accepted drafts, shrink it after rejections")

@@ -41,6 +41,10 @@ class Draft:
         drafter's next-token distribution after node i's parent, after the sampler chain), or
         None for a deterministic proposal (a point mass on each node's token).
     calls: drafter forwards spent (batched calls count once); flops: their estimated FLOPs.
+    iid_siblings: how the siblings of a node were drawn from their parent's one distribution:
+        False, one after another without replacement (distinct tokens, what recursive rejection
+        sampling assumes by default); True, i.i.d. with replacement (SpecTr's k drafts: tokens
+        may repeat, each copy with its own subtree). A chain has no siblings either way.
 
     Checked on construction (ValueError naming the field, row and node). The loop feeds a tree
     with tree attention when its verification verifies trees (`Verification.trees`); the chain
@@ -53,6 +57,7 @@ class Draft:
     probs: list[Tensor | None]
     calls: int = 0
     flops: float = 0.0
+    iid_siblings: bool = False
 
     def __post_init__(self) -> None:
         rows = len(self.tokens)
@@ -136,6 +141,7 @@ class Drafter(ABC):
     prefill_flops: float = 0.0  # FLOPs `start` spent (set by drafters that run a model)
     forced: bool = False  # True: proposes the text processors force (counted as forced tokens)
     proposes_trees: bool = False  # True: its drafts branch (needs a verification with `trees`)
+    iid_siblings: bool = False  # True: a node's children are drawn i.i.d. (`Draft.iid_siblings`)
 
     def start(self, prompt_ids: Sequence[int], batch_size: int, target_cache=None) -> None:
         """Begin a request whose rows all start from `prompt_ids`; `target_cache` holds the

@@ -3,13 +3,17 @@
 Verification rules (pure tensor functions returning the accepted count and the next token):
 `token_verify` (Leviathan et al. / Chen et al. 2023), `block_verify` (Sun et al. 2024),
 `greedy_verify` (temperature 0) and `multi_draft_verify` (recursive rejection sampling,
-Jeon et al. 2024), which `TreeVerification` runs over each node's children of a token tree.
+Jeon et al. 2024), which `TreeVerification` runs over each node's children of a token tree;
+`SpecTrVerification` runs SpecTr's k-sequential selection (`k_sequential`, Sun et al. 2023)
+there instead, over children drawn i.i.d.
 
 Drafters: `ModelDrafter` over any same-vocabulary model — a smaller model, the target's first
 layers (`early_exit_model`, optionally with a trained `ExitAdapter`) or a lower-precision copy
 (`quantized_model`) — and the model-free `NgramDrafter` (prompt lookup + n-grams of past
-outputs), and `TreeDrafter`, a static token tree from a draft model (SpecInfer-style). A
-`Draft` is a tree per row (`Draft.chain` for the one-child case the other drafters propose). `speculative_generate` / `speculative_stream` run the loop; `SpeculativeGenerator`
+outputs), and `TreeDrafter`, a static token tree from a draft model (SpecInfer-style; with
+`replacement=True` SpecTr's i.i.d. drafts), and `DySpecDrafter`, a dynamic tree grown where the
+draft is most confident (DySpec). A `Draft` is a tree per row (`Draft.chain` for the one-child
+case the other drafters propose). `speculative_generate` / `speculative_stream` run the loop; `SpeculativeGenerator`
 puts it behind the `Generator` interface. `registry` names the drafters and the rules
 (`DRAFTERS`, `VERIFICATIONS`, `make_drafter`) for the command line and `SpeculativeGenerator.by_name`.
 
@@ -28,6 +32,7 @@ _EXPORTS = {
     "Draft": "drafters",
     "Drafter": "drafters",
     "ModelDrafter": "drafters",
+    "DySpecDrafter": "dyspec",
     "SpeculativeGenerator": "generator",
     "SpeculativeConfig": "loop",
     "speculative_generate": "loop",
@@ -41,6 +46,9 @@ _EXPORTS = {
     "make_verification": "registry",
     "early_exit_model": "self_draft",
     "quantized_model": "self_draft",
+    "SpecTrVerification": "spectr",
+    "k_sequential": "spectr",
+    "spectr_plan": "spectr",
     "token_verify": "token_verify",
     "TreeDrafter": "tree_drafter",
     "TreeVerification": "tree_verify",

@@ -60,7 +60,8 @@ class SpeculativeConfig:
         (n-gram) the seeded output is plain decoding's, and Mirostat is allowed; a point-mass
         draft is kept with the same chance q(d) as under the rules, a sampled draft less often;
         "multi-draft": tree verification (`tree_verify`), needed by a tree drafter, where γ
-        bounds the tree's depth.
+        bounds the tree's depth; "spectr": tree verification by SpecTr's k-sequential selection
+        (`spectr`), for trees whose siblings are drawn i.i.d.
     adaptive: per row, γ grows by 2 after a fully accepted draft and shrinks by 1 after a
         rejection, within [1, max_draft_tokens].
     max_draft_tokens: the adaptive upper bound.
@@ -101,9 +102,14 @@ def check_compatible(model, drafter: Drafter, params: SamplingParams, config: Sp
             "from, which drafting changes (use plain decoding or verify='draw')"
         )
     verify = "token" if config is None else config.verify
-    if drafter.proposes_trees and not check_verification(verify).trees:
+    rule = check_verification(verify)
+    if drafter.proposes_trees and not rule.trees:
         raise ValueError(f"the {drafter.name} drafter proposes token trees, which verify={verify!r} cannot verify "
                          "(it verifies chains): use a tree rule, verify='multi-draft'")
+    if drafter.proposes_trees and rule.iid_siblings and not drafter.iid_siblings:
+        raise ValueError(f"verify={verify!r} needs a node's children drawn i.i.d. (with replacement), but the "
+                         f"{drafter.name} drafter draws them without replacement: use TreeDrafter(replacement=True) "
+                         "(--speculative spectr) or verify='multi-draft'")
     if drafter.vocab_size is not None and drafter.vocab_size != model.vocab_size:
         raise ValueError(
             f"the {drafter.name} drafter's vocabulary has {drafter.vocab_size} tokens, the target's "

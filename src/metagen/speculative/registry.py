@@ -97,12 +97,14 @@ class DrafterSpec:
 @dataclass(frozen=True)
 class VerificationSpec:
     """factory() -> the loop's `Verification`; `trees`: it verifies tree drafts (and chains),
-    otherwise chains only."""
+    otherwise chains only; `iid_siblings`: the trees' siblings must be drawn i.i.d. (with
+    replacement, `Drafter.iid_siblings`), as SpecTr's k drafts are."""
 
     name: str
     description: str
     factory: Callable[[], Verification]
     trees: bool = False
+    iid_siblings: bool = False
 
 
 DRAFTERS: dict[str, DrafterSpec] = {}
@@ -228,6 +230,24 @@ def _tree(target, argument: str | None, options: DrafterOptions) -> Drafter:
                        DEFAULT_MAX_NODES, name="tree", share_prompt_cache=True)
 
 
+def _spectr_tree(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    from metagen.speculative.self_draft import early_exit_model
+    from metagen.speculative.tree_drafter import DEFAULT_MAX_NODES, DEFAULT_WIDTHS, TreeDrafter
+
+    draft = early_exit_model(target, default_exit_layer(target) if options.exit_layer is None else options.exit_layer)
+    return TreeDrafter(draft, widths=options.tree_widths or DEFAULT_WIDTHS, max_nodes=options.tree_nodes or
+                       DEFAULT_MAX_NODES, replacement=True, name="spectr", share_prompt_cache=True)
+
+
+def _dyspec(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    from metagen.speculative.dyspec import DySpecDrafter
+    from metagen.speculative.self_draft import early_exit_model
+    from metagen.speculative.tree_drafter import DEFAULT_MAX_NODES
+
+    draft = early_exit_model(target, default_exit_layer(target) if options.exit_layer is None else options.exit_layer)
+    return DySpecDrafter(draft, max_nodes=options.tree_nodes or DEFAULT_MAX_NODES, share_prompt_cache=True)
+
+
 def _token() -> Verification:
     from metagen.speculative.rule_verification import RuleVerification
     from metagen.speculative.token_verify import token_verify
@@ -252,6 +272,12 @@ def _multi_draft() -> Verification:
     from metagen.speculative.tree_verify import TreeVerification
 
     return TreeVerification()
+
+
+def _spectr() -> Verification:
+    from metagen.speculative.spectr import SpecTrVerification
+
+    return SpecTrVerification()
 
 
 register_drafter(DrafterSpec(
@@ -285,3 +311,16 @@ register_verification(VerificationSpec(
     "multi-draft", "tree verification: recursive rejection sampling over each node's children (Jeon et al. 2024; "
     "SpecInfer), greedy tree verification at temperature 0; verifies tree drafts and chains", _multi_draft,
     trees=True))
+register_drafter(DrafterSpec(
+    "spectr", "SpecTr's k i.i.d. drafts as a tree: the static tree drawing each node's children with replacement "
+    "(widths 2, 2, 1, at most 16 nodes) from the early-exit draft, verified by the spectr rule", _spectr_tree,
+    reads=("exit_layer", "tree_widths", "tree_nodes"), verify="spectr"))
+register_drafter(DrafterSpec(
+    "dyspec", "a dynamic token tree (DySpec, Xiong et al. 2024) from the early-exit draft: the node with the highest "
+    "product of draft probabilities grows next, at most 16 nodes; verified by the multi-draft rule", _dyspec,
+    reads=("exit_layer", "tree_nodes"), verify="multi-draft"))
+
+register_verification(VerificationSpec(
+    "spectr", "tree verification by SpecTr's k-sequential selection over each node's i.i.d. children (Sun et al. "
+    "2023; acceptance >= (1 - 1/e) of the optimal k-draft transport), greedy tree verification at temperature 0; "
+    "needs children drawn with replacement (the spectr drafter)", _spectr, trees=True, iid_siblings=True))

@@ -15,12 +15,15 @@ state advanced by n's path (node −1 is t0, position 0). Per row, starting at n
                                 r ← norm(max(0, r − p_j))
                                 p_{j+1} = norm(p_j with x_j removed)   (siblings drawn without
                                                                         replacement from p_1)
+                                p_{j+1} = p_j                          (siblings drawn i.i.d.,
+                                                                        `Draft.iid_siblings`)
                             an accepted child becomes n; when all are rejected, or n has none,
                             x ~ r. A deterministic draft (probs None) makes each child its own
                             point mass: accepted with prob r(x_j), then r ← norm(r without x_j).
 
-The step at one node is `multi_draft.recursive_rejection`: a maximal coupling at each try, so
-the token leaving n follows q(n) exactly; the subtree under an accepted child was drafted from
+The step at one node is `TreeVerification.select`, here `multi_draft.recursive_rejection` (a
+maximal coupling at each try; `spectr.SpecTrVerification` puts SpecTr's k-sequential selection
+there), so the token leaving n follows q(n) exactly; the subtree under an accepted child was drafted from
 that child's path alone, so by induction over depth the emitted sequence follows plain
 sampling from q. A node whose token the chain removed (q = 0) is never accepted and its subtree
 is not processed.
@@ -62,9 +65,6 @@ class TreeVerification(Verification):
     trees = True
     name = "multi-draft"
 
-    def __init__(self, without_replacement: bool = True) -> None:
-        self.without_replacement = without_replacement
-
     def verify(self, batch: RowBatch, logits: Tensor, draft: Draft) -> Generator[StreamEvent, None, Outcomes]:
         chain, params, generator = batch.chain, batch.params, batch.generator
         processed, alive = process_tree(chain, logits, draft)
@@ -97,11 +97,19 @@ class TreeVerification(Verification):
                 raise RuntimeError(f"row {b}: the children of node {node} carry different draft distributions; "
                                    "siblings must be drawn from their parent's one distribution")
             u = torch.rand(len(kids), generator=generator, dtype=torch.float64)
-            j, residual = recursive_rejection(q, proposal, [tokens[c] for c in kids], u, self.without_replacement)
+            j, residual = self.select(q, proposal, [tokens[c] for c in kids], u, draft.iid_siblings)
             if j < 0:  # every child rejected: the correction from the residual
                 return nodes, int(sample_residual(residual[None], q[None], generator)[0])
             node = kids[j]
             nodes.append(node)
+
+
+    def select(self, q: Tensor, proposal: Tensor | None, candidates: list[int], u: Tensor,
+               iid: bool) -> tuple[int, Tensor]:
+        """The rule at one node: `(j, residual)` as `multi_draft.recursive_rejection`, the
+        children's tokens `candidates` drawn from `proposal (V,)` i.i.d. when `iid`, else
+        without replacement; q: (V,) the target's distribution there; u: (k,) uniforms."""
+        return recursive_rejection(q, proposal, candidates, u, without_replacement=not iid)
 
 
 def _children(parents: list[int]) -> list[list[int]]:
