@@ -69,7 +69,8 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
     result.prefill_seconds = time.perf_counter() - started
     decode_start = time.perf_counter()
     no_draft = Draft.chain([[] for _ in range(n)])
-    drafter.observe([[batch.prompt_ids[-1]]] * n, out.logits[:, None])  # (n, 1, V): after the prompt
+    if batch.prompt_ids:
+        drafter.observe([[batch.prompt_ids[-1]]] * n, out.logits[:, None])  # (n, 1, V): after the prompt
     first = yield from DrawVerification().verify(batch, out.logits[:, None], no_draft)  # plain decoding's step
     contexts = [list(batch.prompt_ids) + [x] for _, x in first]  # per completion: prompt + committed tokens
     gammas = [schedule.num_draft_tokens if schedule is not None else max_new] * n  # per completion
