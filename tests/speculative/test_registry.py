@@ -32,12 +32,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # options each entry is built with below (small, fast); a new entry needs its line here
 EXAMPLES = {"ngram": {}, "early-exit": {"exit_layer": 4}, "quantized": {"draft_dtype": "int4"},
             "model": {"draft_dtype": "int4", "confidence": 0.0}, "tree": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 3},
-            "spectr": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 3}, "dyspec": {"exit_layer": 4, "tree_nodes": 4}}
+            "spectr": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 3}, "dyspec": {"exit_layer": 4, "tree_nodes": 4},
+            "recycling": {"tree_widths": (2, 1), "tree_nodes": 3}, "rasd": {"tree_nodes": 4},
+            "rasd-tree": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 5}}
 
 
 def test_every_drafter_has_an_example_and_reads_only_known_options():
     assert set(EXAMPLES) == set(DRAFTERS)
-    assert drafter_names() == ["ngram", "early-exit", "quantized", "model:PATH", "tree", "spectr", "dyspec"]
+    assert drafter_names() == ["ngram", "early-exit", "quantized", "model:PATH", "tree", "spectr", "dyspec",
+                               "recycling", "rasd", "rasd-tree"]
     for name, spec in DRAFTERS.items():
         assert spec.description and set(EXAMPLES[name]) <= set(spec.reads), name
 
@@ -46,18 +49,21 @@ def test_every_drafter_has_an_example_and_reads_only_known_options():
 @pytest.mark.parametrize("name", list(EXAMPLES))
 def test_every_drafter_builds_by_name_and_proposes_a_valid_draft(model_fp32, name):
     """An fp32 target (so an int4 copy of it is cheaper); the prompt repeats, so n-gram lookup
-    proposes too. The draft is checked as the loop checks it, and its distributions are the
-    sampled chain's (rows summing to 1) or point masses."""
+    proposes too. The drafter sees the target's logits over the prompt (`observe`: token
+    recycling learns from them). The draft is checked as the loop checks it, and its
+    distributions are the sampled chain's (rows summing to 1) or point masses."""
     target = model_fp32
     spelling = f"{name}:{target.source}" if DRAFTERS[name].argument else name
     drafter = make_drafter(spelling, target, **EXAMPLES[name])
     ids = target.tokenizer.encode("one two three four one two three four one two")
     cache = target.new_cache(1)
-    target.forward(cache, [ids[:-1]], logits="none")  # the target's prompt, as the loop leaves it
+    logits = target.forward(cache, [ids[:-1]], logits="all").logits  # the target's prompt, as the loop leaves it
     drafter.start(ids, 2, target_cache=cache)
+    drafter.observe([ids[:-1]], logits)
     chain = SamplerChain.from_params(SamplingParams(temperature=1.0), 2, target.vocab_size)
     draft = drafter.propose([ids, ids], [3, 2], chain, torch.Generator().manual_seed(0))
-    assert isinstance(draft, Draft) and draft.is_chain != drafter.proposes_trees
+    # retrieval trees are chains where every occurrence continues alike (here: the repeats)
+    assert isinstance(draft, Draft) and (draft.is_chain != drafter.proposes_trees or name == "rasd")
     check_draft(draft, [3, 2], target.vocab_size, drafter.name, trees=drafter.proposes_trees)
     assert all(draft.tokens), (name, draft.tokens)
     for tokens, probs in zip(draft.tokens, draft.probs):
@@ -79,7 +85,7 @@ def test_speculative_generator_by_name_runs_the_registered_drafter(model):
     "name, options, message",
     [
         ("medusa", {}, "speculative drafter 'medusa' is unknown: choose one of ngram, early-exit, quantized, "
-                       "model:PATH, tree, spectr, dyspec"),
+                       "model:PATH, tree, spectr, dyspec, recycling, rasd, rasd-tree"),
         ("dyspec", {"tree_widths": (2,)}, r"tree_widths=\(2,\) does not apply to the dyspec drafter \(it reads: "
                                           r"exit_layer, tree_nodes\)"),
         ("model", {}, "'model' is unknown"),  # needs model:PATH
@@ -88,6 +94,10 @@ def test_speculative_generator_by_name_runs_the_registered_drafter(model):
         ("ngram", {"exit_layer": 4}, r"exit_layer=4 does not apply to the ngram drafter \(it reads: none\)"),
         ("quantized", {"exit_adapter": "a.safetensors"},
          r"exit_adapter='a.safetensors' does not apply to the quantized drafter \(it reads: draft_dtype, confidence\)"),
+        ("recycling", {"draft_corpus": "c.txt"},
+         r"draft_corpus='c.txt' does not apply to the recycling drafter \(it reads: tree_widths, tree_nodes\)"),
+        ("tree", {"draft_corpus": "c.txt"}, r"draft_corpus='c.txt' does not apply to the tree drafter"),
+        ("rasd", {"tree_widths": (2,)}, r"tree_widths=\(2,\) does not apply to the rasd drafter"),
     ],
 )
 def test_unknown_drafters_and_unread_options_are_refused(name, options, message):
@@ -101,7 +111,8 @@ def test_unknown_drafters_and_unread_options_are_refused(name, options, message)
     "options, message",
     [({"exit_layer": 0}, r"exit_layer=0 must be an int >= 1"), ({"draft_dtype": "fp8"}, r"draft_dtype='fp8'"),
      ({"confidence": 1.5}, r"confidence=1.5 is out of range"), ({"tree_widths": (2, 0)}, r"tree_widths=\(2, 0\)"),
-     ({"tree_widths": [2]}, r"tree_widths=\[2\] must be a non-empty tuple"), ({"tree_nodes": 0}, r"tree_nodes=0")],
+     ({"tree_widths": [2]}, r"tree_widths=\[2\] must be a non-empty tuple"), ({"tree_nodes": 0}, r"tree_nodes=0"),
+     ({"draft_corpus": ""}, r"draft_corpus='' must be a non-empty path string")],
 )
 def test_drafter_options_are_range_checked(options, message):
     with pytest.raises(ValueError, match=message):
@@ -136,6 +147,7 @@ def test_a_tree_draft_is_refused_by_the_rules_by_name():
         (["--speculative", "ngram", "--draft-dtype", "int8"], "draft_dtype='int8' does not apply to the ngram"),
         (["--speculative", "tree", "--draft-dtype", "int4"], "draft_dtype='int4' does not apply to the tree"),
         (["--speculative", "model:x.gguf", "--exit-layer", "3"], "exit_layer=3 does not apply to the model drafter"),
+        (["--speculative", "ngram", "--draft-corpus", "c.txt"], "draft_corpus='c.txt' does not apply to the ngram"),
     ],
 )
 def test_the_cli_refuses_names_and_options_before_loading(capsys, monkeypatch, tmp_path, argv, message):
@@ -157,8 +169,9 @@ def test_the_help_lists_the_tables_names():
     actions = {action.dest: action for action in commands.choices["generate"]._actions}
     assert actions["speculative"].help == " | ".join(drafter_names())
     assert list(actions["verify"].choices) == list(VERIFICATIONS)
-    assert actions["exit_layer"].help.startswith("early-exit / tree / spectr / dyspec:")
-    assert actions["tree_nodes"].help.startswith("tree / spectr / dyspec:")
+    assert actions["exit_layer"].help.startswith("early-exit / tree / spectr / dyspec / rasd-tree:")
+    assert actions["tree_nodes"].help.startswith("tree / spectr / dyspec / recycling / rasd / rasd-tree:")
+    assert actions["draft_corpus"].help.startswith("rasd / rasd-tree:")
     assert actions["draft_dtype"].help.startswith("quantized / model:PATH")
 
 
@@ -186,7 +199,8 @@ def test_the_tree_drafters_verify_with_a_tree_rule_by_default():
     def options(*argv):
         return speculative_options(build_parser().parse_args(["generate", "Hi", *argv]))
 
-    trees = {"tree": "multi-draft", "spectr": "spectr", "dyspec": "multi-draft"}
+    trees = {"tree": "multi-draft", "spectr": "spectr", "dyspec": "multi-draft", "recycling": "multi-draft",
+             "rasd": "multi-draft", "rasd-tree": "multi-draft"}
     for name, rule in trees.items():
         assert DRAFTERS[name].verify == rule and VERIFICATIONS[rule].trees
     assert all(spec.verify == "token" for name, spec in DRAFTERS.items() if name not in trees)
@@ -197,4 +211,6 @@ def test_the_tree_drafters_verify_with_a_tree_rule_by_default():
     dyspec = options("--speculative", "dyspec", "--tree-nodes", "8")
     assert dyspec["config"].verify == "multi-draft" and dyspec["drafter_args"] == {"tree_nodes": 8}
     assert options("--speculative", "ngram")["config"].verify == "token"
+    rasd = options("--speculative", "rasd", "--draft-corpus", "c.txt")
+    assert rasd["config"].verify == "multi-draft" and rasd["drafter_args"] == {"draft_corpus": "c.txt"}
     assert options("--speculative", "tree", "--verify", "token")["config"].verify == "token"  # refused at the loop

@@ -22,10 +22,11 @@ from metagen.speculative.registry import (
 )
 
 _OPTIONS = ("num_draft_tokens", "verify", "adaptive_draft", "exit_layer", "exit_adapter", "draft_dtype",
-            "draft_confidence", "tree_widths", "tree_nodes")
+            "draft_confidence", "tree_widths", "tree_nodes", "draft_corpus")
 # flag destination -> the `DrafterOptions` field it sets
 _DRAFTER_OPTIONS = {"exit_layer": "exit_layer", "exit_adapter": "exit_adapter", "draft_dtype": "draft_dtype",
-                    "draft_confidence": "confidence", "tree_widths": "tree_widths", "tree_nodes": "tree_nodes"}
+                    "draft_confidence": "confidence", "tree_widths": "tree_widths", "tree_nodes": "tree_nodes",
+                    "draft_corpus": "draft_corpus"}
 
 
 def _readers(option: str) -> str:
@@ -55,9 +56,13 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
     spec.add_argument("--draft-confidence", type=float, default=None,
                       help=f"{_readers('confidence')}: stop a draft after a token below this probability")
     spec.add_argument("--tree-widths", type=_widths, default=None, metavar="K1,K2,...",
-                      help=f"{_readers('tree_widths')}: children per node at each depth (default 2,2,1)")
+                      help=f"{_readers('tree_widths')}: children per node at each depth (default 2,2,1; "
+                           "recycling 4,2,1,1,1,1)")
     spec.add_argument("--tree-nodes", type=int, default=None,
-                      help=f"{_readers('tree_nodes')}: draft nodes per step (default 16)")
+                      help=f"{_readers('tree_nodes')}: draft nodes per step (default 16; recycling 32, rasd 24)")
+    spec.add_argument("--draft-corpus", default=None, metavar="PATH",
+                      help=f"{_readers('draft_corpus')}: a text file to retrieve drafts from (tokenized once; "
+                           "documents separated by blank lines)")
 
 
 def _widths(text: str) -> tuple[int, ...]:

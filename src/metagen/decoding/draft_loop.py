@@ -6,6 +6,7 @@ each row's last, t0):
     draft      = drafter.propose(contexts, lengths, chain, generator)   # d_1..d_γ per row, γ_b ≤ lengths[b]
     logits     = model.forward(cache, [[t0] + d per row], logits="all")   # (B, 1 + longest draft, V)
     tau, x     = verification.verify(batch, logits, draft)              # pushes d_1..d_tau, x into the rows
+    drafter.observe(feed, logits)                                        # every position, rejected ones too
     cache.truncate(row, old + 1 + tau)                                   # the untaken draft tokens leave
 
 A tree draft (`Draft.parents`, a verification with `trees`: `speculative.tree_verify`) is fed
@@ -68,6 +69,8 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
     result.prefill_seconds = time.perf_counter() - started
     decode_start = time.perf_counter()
     no_draft = Draft.chain([[] for _ in range(n)])
+    if batch.prompt_ids:
+        drafter.observe([[batch.prompt_ids[-1]]] * n, out.logits[:, None])  # (n, 1, V): after the prompt
     first = yield from DrawVerification().verify(batch, out.logits[:, None], no_draft)  # plain decoding's step
     contexts = [list(batch.prompt_ids) + [x] for _, x in first]  # per completion: prompt + committed tokens
     gammas = [schedule.num_draft_tokens if schedule is not None else max_new] * n  # per completion
@@ -95,6 +98,7 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
             tree = [[-1] + [parent + 1 for parent in parents] for parents in draft.parents]
             logits = model.forward(cache, feed, logits="all", tree=tree).logits  # (B, 1 + most nodes, V)
         outcomes = yield from verification.verify(batch, logits, draft)
+        drafter.observe(feed, logits)
         for b, (index, proposed, outcome) in enumerate(zip(active, draft.tokens, outcomes)):
             tau, token = outcome[0], outcome[1]
             nodes = outcome[2] if len(outcome) > 2 else range(tau)  # the kept path's nodes

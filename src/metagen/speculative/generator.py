@@ -42,9 +42,9 @@ class SpeculativeGenerator(LocalGenerator):
     @classmethod
     def by_name(cls, model, drafter: str, config: SpeculativeConfig | None = None, chat: bool | None = None,
                 **options) -> SpeculativeGenerator:
-        """With the drafter registered as `drafter` ("ngram", "early-exit", "model:PATH", "tree",
+        """With the drafter registered as `drafter` ("ngram", "early-exit", "model:PATH", "tree", "recycling",
         ...; `registry.DRAFTERS`) and its `options` (exit_layer, exit_adapter, draft_dtype,
-        confidence, tree_widths, tree_nodes: those its entry reads), drafting for `model`;
+        confidence, tree_widths, tree_nodes, draft_corpus: those its entry reads), drafting for `model`;
         `config` None: the defaults with the entry's rule (`DrafterSpec.verify`)."""
         if config is None:
             config = SpeculativeConfig(verify=check_drafter(drafter)[0].verify)

@@ -43,6 +43,7 @@ class DrafterOptions:
     confidence: model drafts: a row's draft stops after a token below this probability, in [0, 1].
     tree_widths: tree drafts: children per node at each depth (ints >= 1; default (2, 2, 1)).
     tree_nodes: tree drafts: nodes per row and step (>= 1; default 16).
+    draft_corpus: retrieval drafts: a UTF-8 text file, tokenized once with the target's tokenizer.
     """
 
     exit_layer: int | None = None
@@ -51,6 +52,7 @@ class DrafterOptions:
     confidence: float | None = None
     tree_widths: tuple[int, ...] | None = None
     tree_nodes: int | None = None
+    draft_corpus: str | None = None
 
     def __post_init__(self) -> None:
         if self.exit_layer is not None and (isinstance(self.exit_layer, bool) or not isinstance(self.exit_layer, int)
@@ -68,6 +70,8 @@ class DrafterOptions:
         if self.tree_nodes is not None and (isinstance(self.tree_nodes, bool) or not isinstance(self.tree_nodes, int)
                                             or self.tree_nodes < 1):
             raise ValueError(f"tree_nodes={self.tree_nodes!r} must be an int >= 1")
+        if self.draft_corpus is not None and (not isinstance(self.draft_corpus, str) or not self.draft_corpus):
+            raise ValueError(f"draft_corpus={self.draft_corpus!r} must be a non-empty path string")
 
     def given(self) -> dict[str, object]:
         """The options set (not None), by name."""
@@ -154,10 +158,12 @@ def check_drafter(name: str, options: DrafterOptions | None = None) -> tuple[Dra
 
 def make_drafter(name: str, target, *, exit_layer: int | None = None, exit_adapter: str | None = None,
                  draft_dtype: str | None = None, confidence: float | None = None,
-                 tree_widths: tuple[int, ...] | None = None, tree_nodes: int | None = None) -> Drafter:
+                 tree_widths: tuple[int, ...] | None = None, tree_nodes: int | None = None,
+                 draft_corpus: str | None = None) -> Drafter:
     """The drafter registered as `name` (see `DRAFTERS`), drafting for `target`, with the options
     its entry reads (others given are refused, `check_drafter`)."""
-    options = DrafterOptions(exit_layer, exit_adapter, draft_dtype, confidence, tree_widths, tree_nodes)
+    options = DrafterOptions(exit_layer, exit_adapter, draft_dtype, confidence, tree_widths, tree_nodes,
+                             draft_corpus=draft_corpus)
     spec, argument = check_drafter(name, options)
     return spec.factory(target, argument, options)
 
@@ -246,6 +252,22 @@ def _dyspec(target, argument: str | None, options: DrafterOptions) -> Drafter:
 
     draft = early_exit_model(target, default_exit_layer(target) if options.exit_layer is None else options.exit_layer)
     return DySpecDrafter(draft, max_nodes=options.tree_nodes or DEFAULT_MAX_NODES, share_prompt_cache=True)
+def _recycling(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    from metagen.speculative.recycling import DEFAULT_MAX_NODES, DEFAULT_WIDTHS, RecyclingDrafter
+
+    return RecyclingDrafter(target.vocab_size, widths=options.tree_widths or DEFAULT_WIDTHS,
+                            max_nodes=options.tree_nodes or DEFAULT_MAX_NODES)
+
+
+def _rasd(target, argument: str | None, options: DrafterOptions, model: Drafter | None = None) -> Drafter:
+    from metagen.speculative.rasd import DEFAULT_MAX_NODES, RasdDrafter, load_corpus
+
+    corpus = None if options.draft_corpus is None else load_corpus(options.draft_corpus, target.tokenizer)
+    return RasdDrafter(corpus, model=model, max_nodes=options.tree_nodes or DEFAULT_MAX_NODES)
+
+
+def _rasd_tree(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    return _rasd(target, argument, options, _tree(target, argument, options))
 
 
 def _token() -> Verification:
@@ -319,6 +341,18 @@ register_drafter(DrafterSpec(
     "dyspec", "a dynamic token tree (DySpec, Xiong et al. 2024) from the early-exit draft: the node with the highest "
     "product of draft probabilities grows next, at most 16 nodes; verified by the multi-draft rule", _dyspec,
     reads=("exit_layer", "tree_nodes"), verify="multi-draft"))
+
+register_drafter(DrafterSpec(
+    "recycling", "token recycling (Luo et al. 2024): a static tree from a (V, k) matrix of each token's top-k "
+    "successors, refreshed from every position the target scores; no model", _recycling,
+    reads=("tree_widths", "tree_nodes"), verify="multi-draft"))
+register_drafter(DrafterSpec(
+    "rasd", "retrieval (RASD, Quan et al. 2025): continuations of the longest suffix match in a corpus, earlier "
+    "outputs and the context, merged into a trie; no model", _rasd, reads=("draft_corpus", "tree_nodes"),
+    verify="multi-draft"))
+register_drafter(DrafterSpec(
+    "rasd-tree", "RASD's tree fusion: the retrieval trie and the tree drafter's early-exit tree merged on shared "
+    "prefixes", _rasd_tree, reads=("draft_corpus", "exit_layer", "tree_widths", "tree_nodes"), verify="multi-draft"))
 
 register_verification(VerificationSpec(
     "spectr", "tree verification by SpecTr's k-sequential selection over each node's i.i.d. children (Sun et al. "
