@@ -190,3 +190,77 @@ def test_cd_q_follows_the_bellman_identity_where_fudge_follows_returns():
     assert abs(values[0] - 0.5) < 0.05
     with pytest.raises(ValueError, match="method='td'"):
         train_value_head(markov_dataset(), method="td")
+
+
+def toy_tree_dataset():
+    """A two-step toy tree, states one-hot: 0 -a(0.7)-> 1, 0 -b(0.3)-> 2; 1 -> leaves 3 (reward 0.9)
+    and 4 (0.2) with probability 1/2 each; 2 -> leaves 5 (0.6, prob 0.6) and 6 (0.1, prob 0.4).
+    Exact values: V*(1) = 0.55, V*(2) = 0.4, V*(0) = 0.7·0.55 + 0.3·0.4 = 0.505. The sampled
+    paths are skewed (leaf 3 three times, 4 once, 5 once, 6 three times), so returns and the
+    one-sample Bellman target give V(1) = 0.725, V(2) = 0.225 instead."""
+    children = {0: [(1, 0.7), (2, 0.3)], 1: [(3, 0.5), (4, 0.5)], 2: [(5, 0.6), (6, 0.4)]}
+    reward = {3: 0.9, 4: 0.2, 5: 0.6, 6: 0.1}
+    paths = [(0, 1, 3)] * 3 + [(0, 1, 4), (0, 2, 5)] + [(0, 2, 6)] * 3
+    eye = torch.eye(7)
+    hidden, labels, completion, position, next_hidden, next_probs, sampled = [], [], [], [], [], [], []
+    for c, states in enumerate(paths):
+        for t, state in enumerate(states):
+            hidden.append(eye[state])
+            labels.append(reward[states[-1]])
+            completion.append(c)
+            position.append(t)
+            kids = children.get(state, [(0, 0.0), (0, 0.0)])
+            next_hidden.append(torch.stack([eye[kid] if state in children else torch.zeros(7) for kid, _ in kids]))
+            next_probs.append(torch.tensor([prob for _, prob in kids]))
+            sampled.append(state in children)
+    return ValueDataset(
+        hidden=torch.stack(hidden), labels=torch.tensor(labels), completion=torch.tensor(completion),
+        position=torch.tensor(position), lengths=torch.full((len(paths),), 2),
+        rewards=torch.tensor([reward[p[-1]] for p in paths]), problem=torch.arange(len(paths)), identity={},
+        next_hidden=torch.stack(next_hidden), next_probs=torch.stack(next_probs), next_sampled=torch.tensor(sampled))
+
+
+def test_cd_q_with_the_exact_bellman_target_reaches_the_true_values_on_a_toy_tree():
+    states = torch.eye(7)
+    options = {"steps": 600, "lr": 0.2, "weight_decay": 0.0, "held_out": 0.0, "rounds": 8}
+    one_sample, _ = train_value_head(toy_tree_dataset(), method="cd_q", **options)
+    values = one_sample(states)
+    assert abs(values[1] - 0.725) < 0.03 and abs(values[2] - 0.225) < 0.03  # the skewed samples' averages
+    exact, _ = train_value_head(toy_tree_dataset(), method="cd_q_exact", **options)
+    values = exact(states)
+    for state, expected in ((3, 0.9), (4, 0.2), (5, 0.6), (6, 0.1), (1, 0.55), (2, 0.4), (0, 0.505)):
+        assert abs(values[state] - expected) < 0.02, (state, float(values[state]))
+    with pytest.raises(ValueError, match="collect_value_data\\(next_top_k=k\\)"):
+        train_value_head(markov_dataset(), method="cd_q_exact")
+
+
+def test_collect_value_data_keeps_the_states_after_each_prefix_top_k_tokens(model):
+    problems = arithmetic_problems(1, seed=3)
+    k = 3
+    dataset = collect_value_data(model, problems, lambda p: ExactAnswerVerifier(p.answer), 2,
+                                 SamplingParams(temperature=0.8, max_tokens=6),
+                                 generator=torch.Generator().manual_seed(0), next_top_k=k)
+    rows, hidden_size = dataset.hidden.shape
+    assert dataset.next_hidden.shape == (rows, k, hidden_size) and dataset.next_probs.shape == (rows, k)
+    last = dataset.position == dataset.lengths[dataset.completion]
+    assert bool((dataset.next_probs[last] == 0).all()) and not bool(dataset.next_sampled[last].any())
+    inner = ~last
+    assert bool((dataset.next_probs[inner][:, 0] >= dataset.next_probs[inner][:, -1]).all())
+    assert bool((dataset.next_probs[inner].sum(-1) <= 1 + 1e-6).all())
+    prompt = dataset.sequences[0][:len(dataset.sequences[0]) - int(dataset.lengths[0])]
+    for c in range(2):
+        sequence = dataset.sequences[c]
+        start = len(sequence) - int(dataset.lengths[c])
+        first = int((dataset.completion < c).sum())
+        for t in range(int(dataset.lengths[c])):
+            # the top-k after prefix t, fed alone after [x, y^t], give the same probabilities and states
+            cache, out = model.prefill(sequence[:start + t], logits="last", hidden=False)
+            probs = torch.softmax(out.logits[0].float(), -1)
+            top = probs.topk(k)
+            assert dataset.next_probs[first + t].tolist() == pytest.approx(top.values.tolist(), abs=2e-3)
+            cache.select([0] * k)
+            fresh = model.forward(cache, [[z] for z in top.indices.tolist()], logits="none", hidden=True).hidden
+            got = dataset.next_hidden[first + t]
+            assert ((got - fresh).norm(dim=-1) / fresh.norm(dim=-1)).max().item() < 0.03
+            assert bool(dataset.next_sampled[first + t]) == (sequence[start + t] in top.indices.tolist())
+    assert len(prompt) > 0

@@ -31,13 +31,14 @@ def figures(tmp_path_factory):
     return out, json.loads(stdout.getvalue())
 
 
-def test_writes_three_non_empty_pngs(figures):
+def test_writes_four_non_empty_pngs(figures):
     out, data = figures
     assert sorted(path.name for path in out.iterdir()) == sorted(FILES.values())
     for name in FILES.values():
         content = (out / name).read_bytes()
         assert content.startswith(b"\x89PNG") and len(content) > 10_000
-    assert data["files"] == [str(out / FILES[key]) for key in ("win_rate", "reward_kl", "tilt_simplex")]
+    assert data["files"] == [str(out / FILES[key]) for key in
+                             ("win_rate", "reward_kl", "tilt_simplex", "asymptotics")]
 
 
 def test_win_rate_numbers_match_the_theory(figures):

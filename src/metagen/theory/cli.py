@@ -1,6 +1,7 @@
 """`metagen theory bon --n-max 64 --out DIR [--json]`: draw the best-of-n / tilt figures.
 
-Writes theory_bon_win_rate.png, theory_reward_kl.png and theory_tilt_simplex.png into DIR (see
+Writes theory_bon_win_rate.png, theory_reward_kl.png, theory_tilt_simplex.png and
+theory_bon_asymptotics.png into DIR (see
 `metagen.theory.plots`); with --json prints the numbers behind them as one JSON object.
 The parser lives in `metagen.cli.theory`; `run` is its dispatch target.
 """
@@ -12,6 +13,8 @@ import json
 
 from metagen.outputs import check_writable_directory
 from metagen.theory.plots import (
+    asymptotics_data,
+    plot_asymptotics,
     plot_reward_kl,
     plot_tilt_simplex,
     plot_win_rate,
@@ -30,15 +33,15 @@ def check_n_max(n_max: int) -> int:
 
 
 def bon_figures(n_max: int, out_dir, seed: int = 0) -> dict:
-    """Compute and draw the three figures; returns {"files": [...], "win_rate": ..., "reward_kl": ...,
-    "tilt_simplex": ...} (the dicts of the `*_data` functions)."""
+    """Compute and draw the four figures; returns {"files": [...], "win_rate": ..., "reward_kl": ...,
+    "tilt_simplex": ..., "asymptotics": ...} (the dicts of the `*_data` functions)."""
     n_max = check_n_max(n_max)
     out = check_writable_directory(out_dir, "--out")  # before the figures' minutes of work
     out.mkdir(parents=True, exist_ok=True)
     data = {"win_rate": win_rate_data(n_max), "reward_kl": reward_kl_data(n_max, seed),
-            "tilt_simplex": tilt_data(n_max)}
+            "tilt_simplex": tilt_data(n_max), "asymptotics": asymptotics_data()}
     files = [plot_win_rate(data["win_rate"], out), plot_reward_kl(data["reward_kl"], out),
-             plot_tilt_simplex(data["tilt_simplex"], out)]
+             plot_tilt_simplex(data["tilt_simplex"], out), plot_asymptotics(data["asymptotics"], out)]
     return {"files": [str(path) for path in files], **data}
 
 

@@ -1,6 +1,6 @@
 """The numbers behind the theory figures, and the figures (matplotlib, imported only when drawing).
 
-Three figures, each from a `*_data` function
+Four figures, each from a `*_data` function
 returning plain lists (the CLI prints them with --json) and a `plot_*` function drawing them:
 
 - win rate vs KL for best-of-n: n/(n + 1) against log n − (n − 1)/n (no ties, the continuous
@@ -8,7 +8,9 @@ returning plain lists (the CLI prints them with --json) and a `plot_*` function 
   policy reaches at each KL;
 - best-of-n against the KL-regularized optimum π* ∝ p·exp(r/β) on the reward–KL plane;
 - the tilt path T(q, p, α) on the probability simplex for p = (0.50, 0.30, 0.20),
-  q = (0.22, 0.11, 0.67), with KL(π ‖ p) and cross-entropy H(π ‖ q) contours.
+  q = (0.22, 0.11, 0.67), with KL(π ‖ p) and cross-entropy H(π ‖ q) contours;
+- best-of-N over m-token sequences at N = e^{mΔ} against the KL-Δ tilt as m grows
+  (`bon_asymptotics`: the per-token KL between them goes to 0).
 
 Win rate is linear in the policy: win-rate(π ‖ p) = E_{y∼π}[w(y)], w(y) = (F(y) + F⁻(y))/2 (the
 mid-rank calibrated reward), so the largest win rate at a given KL is the KL-regularized optimum
@@ -25,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from metagen.plotting import pyplot
+from metagen.theory.bon_asymptotics import asymptotics_curve
 from metagen.theory.best_of_n import bon_kl, bon_kl_bound, bon_pmf, bon_win_rate, kl_divergence, reward_cdf
 from metagen.theory.tilt import kl_regularized_optimum, max_tilt_kl, tilt
 
@@ -32,7 +35,9 @@ EXAMPLE_P = (0.50, 0.30, 0.20)  # a three-outcome base policy and alignment dist
 EXAMPLE_Q = (0.22, 0.11, 0.67)
 BETAS = np.geomspace(1e-3, 1e2, 120)  # KL-regularization strengths swept for the optimum's frontier
 FILES = {"win_rate": "theory_bon_win_rate.png", "reward_kl": "theory_reward_kl.png",
-         "tilt_simplex": "theory_tilt_simplex.png"}
+         "tilt_simplex": "theory_tilt_simplex.png", "asymptotics": "theory_bon_asymptotics.png"}
+ASYMPTOTIC_DELTAS = (0.05, 0.1, 0.2)  # per-token KL budgets Δ of the asymptotics figure
+ASYMPTOTIC_LENGTHS = (1, 2, 5, 10, 20, 50, 100, 200, 400)  # sequence lengths m (N = e^{mΔ} <= e^80)
 
 
 def policy_win_rate(policy, p, r) -> float:
@@ -119,6 +124,42 @@ def tilt_data(n_max: int, p=EXAMPLE_P, q=EXAMPLE_Q) -> dict:
         "kl": [kl_divergence(point, p) for point in path], "kl_limit": max_tilt_kl(p, q),
         "best_of_n": {"n": ns, "policy": [bon_pmf(p, np.log(q), n).tolist() for n in ns]},
     }
+
+
+def asymptotics_data(p=EXAMPLE_P, r=(0.0, 0.5, 1.0), deltas=ASYMPTOTIC_DELTAS,
+                     lengths=ASYMPTOTIC_LENGTHS) -> dict:
+    """Per Δ, `bon_asymptotics.asymptotics_curve` over `lengths`: N, KL(π_N^m ‖ φ_Δ^m)/m, the two
+    rewards per token and best-of-N's KL(π_N^m ‖ p^m)/m. O(Σ m²) for three symbols."""
+    curves = []
+    for delta in deltas:
+        points = asymptotics_curve(p, r, delta, lengths)
+        curves.append({"delta": delta, "m": [pt.m for pt in points], "n": [pt.n for pt in points],
+                       "kl_per_token": [pt.kl_per_token for pt in points],
+                       "bon_reward": [pt.bon_reward for pt in points], "tilt_reward": points[0].tilt_reward,
+                       "bon_kl_per_token": [pt.bon_kl_per_token for pt in points]})
+    return {"p": list(p), "r": list(r), "curves": curves}
+
+
+def plot_asymptotics(data: dict, out_dir) -> Path:
+    """KL(π_N^m ‖ φ_Δ^m)/m and the reward per token against m (data from `asymptotics_data`)."""
+    plt = pyplot()
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
+    for curve, color in zip(data["curves"], ("tab:blue", "tab:orange", "tab:green")):
+        label = f"Δ = {curve['delta']:g}"
+        left.plot(curve["m"], curve["kl_per_token"], "o-", color=color, markersize=3, label=label)
+        right.plot(curve["m"], curve["bon_reward"], "o-", color=color, markersize=3, label=f"best-of-e^(mΔ), {label}")
+        right.axhline(curve["tilt_reward"], color=color, linestyle="--", linewidth=1)
+    for axis in (left, right):
+        axis.set_xscale("log")
+        axis.set_xlabel("sequence length m (tokens)")
+        axis.grid(True, alpha=0.3)
+    left.set_ylabel("KL(best-of-N ‖ tilt) / m (nats per token)")
+    left.set_title("Best-of-N at N = e^(mΔ) approaches the KL-Δ optimum", fontsize=10)
+    left.legend(fontsize=8)
+    right.set_ylabel("expected reward per token")
+    right.set_title(f"Reward per token (dashed: the tilt), p = {tuple(data['p'])}", fontsize=10)
+    right.legend(fontsize=7, loc="lower right")
+    return _save(plt, figure, out_dir, "asymptotics")
 
 
 def _save(plt, figure, out_dir, key: str) -> Path:
