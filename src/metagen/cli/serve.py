@@ -78,8 +78,9 @@ def add_parser(commands) -> None:
                        help="ignore unknown request fields instead of answering 400 (listed in a response header)")
     add_contrastive_options(serve)
     add_dexperts_options(serve)
-    # accepted only to be refused by name (`run`): the engine has no speculative step
-    serve.add_argument("--speculative", default=None, metavar="DRAFTER", help=argparse.SUPPRESS)
+    serve.add_argument("--speculative", default=None, metavar="DRAFTER",
+                       help="refused: the engine decodes one token per row and step, with no draft or verification "
+                            "stage (chains or trees); use metagen generate --speculative")
     proxy = serve.add_argument_group("proxy mode (remote OpenAI-compatible servers instead of a local model)")
     proxy.add_argument("--backend", nargs="+", default=None, metavar="URL",
                        help="API root(s) of the servers to forward to, e.g. http://127.0.0.1:8001/v1 (several: one "

@@ -8,8 +8,9 @@ Jeon et al. 2024), which `TreeVerification` runs over each node's children of a 
 Drafters: `ModelDrafter` over any same-vocabulary model — a smaller model, the target's first
 layers (`early_exit_model`, optionally with a trained `ExitAdapter`) or a lower-precision copy
 (`quantized_model`) — and the model-free `NgramDrafter` (prompt lookup + n-grams of past
-outputs), and `TreeDrafter`, a static token tree from a draft model (SpecInfer-style). A
-`Draft` is a tree per row (`Draft.chain` for the one-child case the other drafters propose). `speculative_generate` / `speculative_stream` run the loop; `SpeculativeGenerator`
+outputs); `TreeDrafter`, a static token tree from any of those draft models (SpecInfer-style),
+and `NgramTreeDrafter`, the n-gram lookups' continuations as branches. A `Draft` is a tree per
+row (`Draft.chain` for the one-child case the chain drafters propose). `speculative_generate` / `speculative_stream` run the loop; `SpeculativeGenerator`
 puts it behind the `Generator` interface. `registry` names the drafters and the rules
 (`DRAFTERS`, `VERIFICATIONS`, `make_drafter`) for the command line and `SpeculativeGenerator.by_name`.
 
@@ -34,6 +35,7 @@ _EXPORTS = {
     "speculative_stream": "loop",
     "multi_draft_verify": "multi_draft",
     "NgramDrafter": "ngram",
+    "NgramTreeDrafter": "ngram_tree",
     "DRAFTERS": "registry",
     "VERIFICATIONS": "registry",
     "DrafterOptions": "registry",

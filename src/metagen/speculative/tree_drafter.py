@@ -1,5 +1,7 @@
 """A static token tree from a draft model (SpecInfer-style, Miao et al. 2024): each node at depth
-d gets k_d children, `widths = (k_1, k_2, ...)`, within a node budget.
+d gets k_d children, `widths = (k_1, k_2, ...)`, within a node budget. Every model drafter of
+the registry (early-exit, quantized, model:PATH) builds one over its draft model when given tree
+options; `ngram_tree` is the model-free counterpart.
 
 Per step and row (the draft cache following the committed tokens as in `ModelDrafter`):
 
