@@ -136,6 +136,7 @@ class Drafter(ABC):
     prefill_flops: float = 0.0  # FLOPs `start` spent (set by drafters that run a model)
     forced: bool = False  # True: proposes the text processors force (counted as forced tokens)
     proposes_trees: bool = False  # True: its drafts branch (needs a verification with `trees`)
+    max_nodes: int | None = None  # most draft nodes per row and step (a tree's budget); None: γ bounds them
 
     def start(self, prompt_ids: Sequence[int], batch_size: int, target_cache=None) -> None:
         """Begin a request whose rows all start from `prompt_ids`; `target_cache` holds the
