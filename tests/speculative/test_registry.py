@@ -229,3 +229,5 @@ def test_tree_options_with_a_chain_rule_are_refused_before_loading(name, verify)
 def test_confidence_with_tree_options_is_refused():
     with pytest.raises(ValueError, match=r"confidence=0.5 does not apply to tree drafts"):
         check_speculative("quantized", DrafterOptions(confidence=0.5, tree_nodes=8))
+    with pytest.raises(ValueError, match=r"confidence=0.5 does not apply to tree drafts"):
+        make_drafter("early-exit", object(), confidence=0.5, tree_widths=(2,))  # refused before the target is read

@@ -197,8 +197,10 @@ def make_drafter(name: str, target, *, exit_layer: int | None = None, exit_adapt
                  draft_dtype: str | None = None, confidence: float | None = None,
                  tree_widths: tuple[int, ...] | None = None, tree_nodes: int | None = None) -> Drafter:
     """The drafter registered as `name` (see `DRAFTERS`), drafting for `target`, with the options
-    its entry reads (others given are refused, `check_drafter`)."""
+    its entry reads (others given are refused, `check_drafter`, as is `confidence` with tree
+    options, `check_speculative`)."""
     options = DrafterOptions(exit_layer, exit_adapter, draft_dtype, confidence, tree_widths, tree_nodes)
+    check_speculative(name, options)
     spec, argument = check_drafter(name, options)
     return spec.factory(target, argument, options)
 
