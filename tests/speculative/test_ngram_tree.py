@@ -87,7 +87,8 @@ def test_sampled_sequences_follow_the_target_distribution():
     assert result.cost.draft_tokens > 3 * (result.cost.target_steps - params.n)  # more nodes than a chain's
 
 
-@pytest.mark.parametrize("fields", [{}, {"repetition_penalty": 1.3}, {"stop": ["ca"]}], ids=["plain", "penalty", "stop"])
+@pytest.mark.parametrize("fields", [{}, {"repetition_penalty": 1.3}, {"stop": ["ca"]}],
+                         ids=["plain", "penalty", "stop"])
 def test_greedy_equals_plain_greedy(fields):
     params = SamplingParams(temperature=0, max_tokens=8, **fields)
     plain = generate(TreeToyModel(), PROMPT, params).completions[0]
