@@ -42,3 +42,16 @@ def test_prefill_chunk_is_checked_before_the_model_loads(monkeypatch, capsys):
     assert "--prefill-chunk 0 must be >= 1" in capsys.readouterr().err
     assert main(["serve", "--backend", "http://127.0.0.1:9/v1", "--prefill-chunk", "64"]) == 2
     assert "--prefill-chunk configure the local model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "tree", "early-exit"])
+def test_speculative_decoding_is_refused_by_name_before_the_model_loads(monkeypatch, capsys, drafter):
+    """The engine's step forwards one token per row: no draft or verification step to run chains
+    or trees, so --speculative is refused with the reason and the command that does decode so."""
+    from metagen.cli import common, main
+
+    monkeypatch.setattr(common, "load_model", lambda args: pytest.fail("the model was loaded"))
+    assert main(["serve", "--speculative", drafter]) == 2
+    err = capsys.readouterr().err
+    assert "metagen serve does not decode speculatively (--speculative, chains or token trees)" in err
+    assert "use metagen generate --speculative DRAFTER" in err

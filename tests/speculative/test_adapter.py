@@ -72,6 +72,27 @@ def test_untrained_adapter_is_the_early_exit_model(model):
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
 
+def test_a_token_tree_gives_each_node_the_logits_of_its_own_path(model, trained):
+    """After a shared prompt, the tree [x, y | x, z | y] (parents -1, -1, 0, 0, 1) fed at once:
+    each node's adapted logits equal those of its root-to-node path fed as a chain."""
+    adapted = AdaptedExitModel(model, trained[0])
+    adapted.body.use_fused = False  # one path for both, so the comparison is of the tree mask alone
+    prompt, tokens, parents = ROWS[0], [30, 11, 264, 40, 9519], [-1, -1, 0, 0, 1]
+    cache = adapted.new_cache(1)
+    adapted.forward(cache, [prompt], logits="none")
+    tree = adapted.forward(cache, [tokens], logits="all", tree=[parents]).logits[0]  # (5, V)
+    for node in range(len(tokens)):
+        path, walk = [], node
+        while walk != -1:
+            path.append(tokens[walk])
+            walk = parents[walk]
+        chain = adapted.forward(adapted.new_cache(1), [prompt + path[::-1]], logits="last").logits[0]
+        # batch-shape rounding only (a node seeing a sibling would move logits by whole units)
+        torch.testing.assert_close(tree[node], chain, rtol=0, atol=0.02)
+        assert tree[node].argmax() == chain.argmax()
+    adapted.body.use_fused = True
+
+
 def test_training_lowers_held_out_kl(trained):
     adapter, report = trained
     assert report.held_out_tokens > 0 and report.train_tokens > report.held_out_tokens

@@ -6,7 +6,7 @@ continue prefixes through it."""
 import pytest
 import torch
 
-from metagen.decoding import LocalGenerator
+from metagen.decoding import LocalGenerator, generate
 from metagen.decoding import capabilities as caps
 from metagen.sampling import SamplingParams
 from metagen.speculative import ModelDrafter, NgramDrafter, SpeculativeConfig, SpeculativeGenerator
@@ -58,3 +58,21 @@ def test_a_greedy_step_search_on_a_speculative_generator_equals_the_local_one(on
     speculative = GREEDY_SEARCHES["rebase"](SpeculativeGenerator(ToyModel(), NgramDrafter()))
     assert [c.token_ids for c in speculative.completions] == [c.token_ids for c in local.completions]
     assert speculative.chosen.token_ids == local.chosen.token_ids
+
+
+@pytest.mark.parametrize("strategy", ["best_of_n_logprob", "self_consistency"])
+def test_strategies_run_on_a_tree_drafter_by_name(one_thread, strategy):
+    """`by_name` with tree options picks the multi-draft rule, and a strategy samples through it
+    as through any generator: at temperature 0 every candidate is plain greedy's, drafted as trees."""
+    from tests.speculative.test_tree import TreeToyModel
+
+    generator = SpeculativeGenerator.by_name(TreeToyModel(), "ngram", tree_widths=(2, 2, 1))
+    assert generator.drafter.proposes_trees and generator.config.verify == "multi-draft"
+    from tests.speculative.test_ngram_tree import PROMPT  # "a" followed by "c" and by "b": trees branch
+
+    params = SamplingParams(temperature=0, max_tokens=8)
+    result = get_strategy(strategy).run(generator, PROMPT, 3, params, StrategyOptions(), None)
+    plain = generate(ToyModel(), PROMPT, params).completions[0]
+    assert [c.token_ids for c in result.completions] == [plain.token_ids] * 3
+    assert result.chosen.token_ids == plain.token_ids
+    assert result.cost.draft_tokens > result.cost.accepted_tokens > 0

@@ -195,9 +195,10 @@ def test_cli_trains_an_exit_adapter_that_make_drafter_loads(model, tmp_path, cap
                        bf16_ties=True)
 
 
-def test_cli_strategy_runs_on_the_speculative_generator(capsys):
+@pytest.mark.parametrize("tree", [[], ["--tree-widths", "2,2"]], ids=["chain", "tree"])
+def test_cli_strategy_runs_on_the_speculative_generator(capsys, tree):
     argv = ["generate", "What is 2 + 3? Answer with a number.", "--strategy", "self_consistency", "--n", "2",
-            "--speculative", "ngram", "--max-tokens", "16", "--seed", "0", "--json"]
+            "--speculative", "ngram", *tree, "--max-tokens", "16", "--seed", "0", "--json"]
     assert main(argv) == 0
     payload = json.loads(capsys.readouterr().out)
     cost = payload["cost"]
@@ -222,17 +223,36 @@ def test_shared_prompt_cache_gives_an_early_exit_draft_its_own_prefill_would(mod
         ModelDrafter(early_exit_model(model, 12), share_prompt_cache=True).start([1, 2, 3], 1, target_cache=None)
 
 
-@pytest.mark.parametrize("prompt", sorted(PROMPTS))
-def test_tree_greedy_equals_plain_greedy(model_fp32, prompt):
-    """The registered tree drafter (a static tree from the early-exit draft), verified in one
-    target forward with tree attention per step."""
-    drafter = make_drafter("tree", model_fp32, exit_layer=20)
-    spec = assert_same_greedy(model_fp32, drafter, PROMPTS[prompt], SpeculativeConfig(num_draft_tokens=3,
-                                                                                      verify="multi-draft"),
-                              max_tokens=32)
+TREE_DRAFTERS = {  # every drafter drafting trees: the tree entry, or tree options on the others
+    "tree": {"exit_layer": 20},
+    "early-exit+adapter": {"exit_layer": 12, "tree_widths": (3, 1, 1)},
+    "quantized": {"draft_dtype": "int8", "tree_widths": (2, 2, 1)},
+    "model": {"draft_dtype": "int4", "tree_nodes": 8},
+    "ngram": {"tree_widths": (3, 2, 1)},
+}
+
+
+@pytest.mark.parametrize("name", list(TREE_DRAFTERS))
+def test_every_tree_drafter_s_greedy_equals_plain_greedy(model_fp32, tmp_path, name):
+    """Each drafter given tree options (by `SpeculativeGenerator.by_name`, which then picks the
+    multi-draft rule) verified in one target forward with tree attention per step; the early-exit
+    draft through an (untrained) exit adapter's tree forward."""
+    from metagen.speculative.adapter import ExitAdapter, model_identity
+
+    options = dict(TREE_DRAFTERS[name])
+    drafter = name
+    if name == "early-exit+adapter":
+        drafter, path = "early-exit", tmp_path / "adapter.safetensors"
+        ExitAdapter(12, model_identity(model_fp32)).save(path)
+        options["exit_adapter"] = str(path)
+    elif name == "model":
+        drafter = f"model:{model_fp32.source}"
+    generator = SpeculativeGenerator.by_name(model_fp32, drafter, **options)
+    assert generator.drafter.proposes_trees and generator.config.verify == "multi-draft"
+    spec = assert_same_greedy(model_fp32, generator.drafter, PROMPTS["grounded"], generator.config, max_tokens=32)
     cost = spec.cost
     assert cost.block_efficiency > 1.0 and cost.accepted_tokens > 0
-    assert cost.draft_tokens > 3 * (cost.target_steps - 1)  # trees: more nodes than a chain of 3 per step
+    assert cost.draft_tokens > 4 * (cost.target_steps - 1)  # trees: more nodes than a chain of γ = 4 per step
 
 
 def test_generator_by_name_verifies_the_tree_drafter_with_the_tree_rule(model):

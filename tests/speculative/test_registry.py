@@ -22,6 +22,7 @@ from metagen.speculative.registry import (
     VERIFICATIONS,
     DrafterOptions,
     check_drafter,
+    check_speculative,
     check_verification,
     drafter_names,
     make_drafter,
@@ -91,9 +92,11 @@ def test_speculative_generator_by_name_runs_the_registered_drafter(model):
         ("model", {}, "'model' is unknown"),  # needs model:PATH
         ("model:", {}, "'model:' is unknown"),
         ("ngram:3", {}, "'ngram:3' is unknown"),  # takes no argument
-        ("ngram", {"exit_layer": 4}, r"exit_layer=4 does not apply to the ngram drafter \(it reads: none\)"),
+        ("ngram", {"exit_layer": 4},
+         r"exit_layer=4 does not apply to the ngram drafter \(it reads: tree_widths, tree_nodes\)"),
         ("quantized", {"exit_adapter": "a.safetensors"},
-         r"exit_adapter='a.safetensors' does not apply to the quantized drafter \(it reads: draft_dtype, confidence\)"),
+         r"exit_adapter='a.safetensors' does not apply to the quantized drafter \(it reads: draft_dtype, confidence, "
+         r"tree_widths, tree_nodes\)"),
         ("recycling", {"draft_corpus": "c.txt"},
          r"draft_corpus='c.txt' does not apply to the recycling drafter \(it reads: tree_widths, tree_nodes\)"),
         ("tree", {"draft_corpus": "c.txt"}, r"draft_corpus='c.txt' does not apply to the tree drafter"),
@@ -148,6 +151,10 @@ def test_a_tree_draft_is_refused_by_the_rules_by_name():
         (["--speculative", "tree", "--draft-dtype", "int4"], "draft_dtype='int4' does not apply to the tree"),
         (["--speculative", "model:x.gguf", "--exit-layer", "3"], "exit_layer=3 does not apply to the model drafter"),
         (["--speculative", "ngram", "--draft-corpus", "c.txt"], "draft_corpus='c.txt' does not apply to the ngram"),
+        (["--speculative", "quantized", "--tree-widths", "2,1", "--verify", "block"],
+         "the quantized drafter with tree_widths=(2, 1) proposes token trees, which verify='block' cannot verify"),
+        (["--speculative", "early-exit", "--tree-nodes", "6", "--draft-confidence", "0.3"],
+         "confidence=0.3 does not apply to tree drafts"),
     ],
 )
 def test_the_cli_refuses_names_and_options_before_loading(capsys, monkeypatch, tmp_path, argv, message):
@@ -213,4 +220,40 @@ def test_the_tree_drafters_verify_with_a_tree_rule_by_default():
     assert options("--speculative", "ngram")["config"].verify == "token"
     rasd = options("--speculative", "rasd", "--draft-corpus", "c.txt")
     assert rasd["config"].verify == "multi-draft" and rasd["drafter_args"] == {"draft_corpus": "c.txt"}
-    assert options("--speculative", "tree", "--verify", "token")["config"].verify == "token"  # refused at the loop
+    with pytest.raises(ValueError, match="the tree drafter proposes token trees, which verify='token' cannot verify"):
+        options("--speculative", "tree", "--verify", "token")
+
+
+TREE_READERS = ["ngram", "early-exit", "quantized", "model:PATH", "tree"]
+
+
+def test_tree_options_make_every_drafter_a_tree_drafter_verified_by_the_tree_rule():
+    """One table: `tree_widths` / `tree_nodes` given to a drafter reading them choose trees and,
+    unless a rule is given, the multi-draft rule; without them the entry's own rule."""
+    assert [spec.spelling for spec in DRAFTERS.values() if "tree_widths" in spec.reads] == TREE_READERS
+    for spelling in TREE_READERS:
+        name = spelling.replace("PATH", "draft.gguf")
+        for options in ({"tree_widths": (2, 1)}, {"tree_nodes": 4}):
+            assert check_speculative(name, DrafterOptions(**options))[1] == "multi-draft"
+            assert check_speculative(name, DrafterOptions(**options), "multi-draft")[1] == "multi-draft"
+        assert check_speculative(name)[1] == ("multi-draft" if name == "tree" else "token")
+        if name != "tree":
+            assert check_speculative(name, None, "block")[1] == "block"
+
+
+@pytest.mark.parametrize("verify", ["token", "block", "draw"])
+@pytest.mark.parametrize("name", ["ngram", "early-exit", "quantized", "model:draft.gguf"])
+def test_tree_options_with_a_chain_rule_are_refused_before_loading(name, verify):
+    message = (rf"the {name} drafter with tree_widths=\(2, 2\) proposes token trees, which verify='{verify}' cannot "
+               r"verify \(it verifies chains\): use a tree rule \(multi-draft, spectr\), or drop the tree options")
+    with pytest.raises(ValueError, match=message):
+        check_speculative(name, DrafterOptions(tree_widths=(2, 2)), verify)
+    with pytest.raises(ValueError, match=message):
+        SpeculativeGenerator.by_name(object(), name, SpeculativeConfig(verify=verify), tree_widths=(2, 2))
+
+
+def test_confidence_with_tree_options_is_refused():
+    with pytest.raises(ValueError, match=r"confidence=0.5 does not apply to tree drafts"):
+        check_speculative("quantized", DrafterOptions(confidence=0.5, tree_nodes=8))
+    with pytest.raises(ValueError, match=r"confidence=0.5 does not apply to tree drafts"):
+        make_drafter("early-exit", object(), confidence=0.5, tree_widths=(2,))  # refused before the target is read

@@ -232,3 +232,14 @@ def test_greedy_trees_equal_plain_constrained_greedy(max_tokens):
                                 processors=[ToyGrammar()]).completions[0]
     assert spec.token_ids == plain.token_ids
     assert (spec.finish_reason, spec.complete) == (plain.finish_reason, plain.complete)
+
+
+def test_the_memory_check_counts_the_tree_s_nodes(monkeypatch):
+    """A step scores t0 and up to max_nodes nodes (more than γ): the batch's memory check sees them."""
+    import metagen.decoding.batch as batch_module
+
+    seen = []
+    monkeypatch.setattr(batch_module, "check_batch_fits", lambda *args, **kwargs: seen.append(args[3]))
+    speculative_generate(TreeToyModel(), tree_drafter(max_nodes=9), PROMPT, SamplingParams(max_tokens=3), TREE)
+    speculative_generate(ToyModel(), NgramDrafter(), PROMPT, SamplingParams(max_tokens=3), TREE)
+    assert seen == [1 + 9, 1 + TREE.num_draft_tokens]

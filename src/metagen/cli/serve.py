@@ -24,6 +24,10 @@ its companion models keep rows in the engine next to the model's (serve/companio
 /v1/models and /health name it under "decoding". Their caches are not the prefix cache's, so
 such a server has none (--cache-memory above 0 is refused).
 
+Speculative decoding is not served: the engine's decode step forwards one token per running row
+(continuous batching, vLLM-style), with no draft / verify step, so --speculative is refused by name
+before any model loads (`metagen generate --speculative` decodes speculatively, trees included).
+
 Binds to 127.0.0.1 unless told otherwise. FastAPI and uvicorn come with the `serve` extra
 (the `serve` extra: `pip install -e '.[serve]'` in a checkout); they are imported only when the command runs.
 """
@@ -74,6 +78,9 @@ def add_parser(commands) -> None:
                        help="ignore unknown request fields instead of answering 400 (listed in a response header)")
     add_contrastive_options(serve)
     add_dexperts_options(serve)
+    serve.add_argument("--speculative", default=None, metavar="DRAFTER",
+                       help="refused: the engine decodes one token per row and step, with no draft or verification "
+                            "stage (chains or trees); use metagen generate --speculative")
     proxy = serve.add_argument_group("proxy mode (remote OpenAI-compatible servers instead of a local model)")
     proxy.add_argument("--backend", nargs="+", default=None, metavar="URL",
                        help="API root(s) of the servers to forward to, e.g. http://127.0.0.1:8001/v1 (several: one "
@@ -100,10 +107,16 @@ BACKEND_CONCURRENCY = 4  # requests in flight per backend without --backend-conc
 PROXY_RETRIES = 1  # a failing backend is retried once, then the fleet fails over to another
 PROXY_TIMEOUT = 600.0  # seconds per backend request without --request-timeout
 HEALTH_INTERVAL = 10.0  # seconds between health checks of the live backends
+SPECULATIVE_REFUSAL = (
+    "metagen serve does not decode speculatively (--speculative, chains or token trees): its engine's step is one "
+    "forward of every running row's last token, with no draft and no verification step in its scheduler and rows; "
+    "use metagen generate --speculative DRAFTER (or SpeculativeGenerator) for speculative decoding")
 
 
 def run(args: argparse.Namespace) -> int:
     """Check the options, load the model, start the engine and serve until interrupted."""
+    if args.speculative is not None:
+        raise ValueError(SPECULATIVE_REFUSAL)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} must be in [0, 65535]")
     if args.max_rows < 1:

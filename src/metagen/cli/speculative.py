@@ -3,8 +3,9 @@
 Speculative decoding keeps the target's output distribution and needs fewer target steps; the
 options here only choose the drafter and the verification (γ draft tokens per step, the rule,
 adaptive γ). Drafters and rules are the entries of `metagen.speculative.registry` (the help
-lists them from there); an unknown name, or an option the chosen drafter does not read, is
-refused before any model loads.
+lists them from there); an unknown name, an option the chosen drafter does not read, or tree
+options (--tree-widths / --tree-nodes: any drafter then drafts token trees) with a chain-only
+--verify, is refused before any model loads.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from metagen.speculative.registry import (
     DRAFTERS,
     VERIFICATIONS,
     DrafterOptions,
-    check_drafter,
+    check_speculative,
     drafter_names,
 )
 
@@ -42,7 +43,7 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
     tree_rules = [name for name, rule in VERIFICATIONS.items() if rule.trees]
     own_rules = ", ".join(f"{name}: {entry.verify}" for name, entry in DRAFTERS.items() if entry.verify != "token")
     spec.add_argument("--verify", choices=list(VERIFICATIONS), default=None,
-                      help="verification rule (default token, or the drafter's own"
+                      help="verification rule (default token, multi-draft for tree drafts, or the drafter's own"
                            + (f" ({own_rules})" if own_rules else "")
                            + "; draw: each token drawn as plain decoding draws it"
                            + (f"; {', '.join(tree_rules)}: verify token trees" if tree_rules else "")
@@ -56,10 +57,11 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
     spec.add_argument("--draft-confidence", type=float, default=None,
                       help=f"{_readers('confidence')}: stop a draft after a token below this probability")
     spec.add_argument("--tree-widths", type=_widths, default=None, metavar="K1,K2,...",
-                      help=f"{_readers('tree_widths')}: children per node at each depth (default 2,2,1; "
-                           "recycling 4,2,1,1,1,1)")
+                      help=f"{_readers('tree_widths')}: draft token trees, children per node at each depth "
+                           "(default 2,2,1; recycling 4,2,1,1,1,1)")
     spec.add_argument("--tree-nodes", type=int, default=None,
-                      help=f"{_readers('tree_nodes')}: draft nodes per step (default 16; recycling 32, rasd 24)")
+                      help=f"{_readers('tree_nodes')}: draft token trees, nodes per step (default 16; recycling 32, "
+                           "rasd 24)")
     spec.add_argument("--draft-corpus", default=None, metavar="PATH",
                       help=f"{_readers('draft_corpus')}: a text file to retrieve drafts from (tokenized once; "
                            "documents separated by blank lines)")
@@ -81,12 +83,12 @@ def speculative_options(args: argparse.Namespace) -> dict | None:
         return None
     drafter_args = {field: getattr(args, flag) for flag, field in _DRAFTER_OPTIONS.items()
                     if getattr(args, flag) is not None}
-    spec, _ = check_drafter(args.speculative, DrafterOptions(**drafter_args))
+    _, verify = check_speculative(args.speculative, DrafterOptions(**drafter_args), args.verify)
     from metagen.speculative import SpeculativeConfig
 
     config = SpeculativeConfig(
         num_draft_tokens=4 if args.num_draft_tokens is None else args.num_draft_tokens,
-        verify=args.verify or spec.verify,
+        verify=verify,
         adaptive=bool(args.adaptive_draft),
     )
     return {"kind": args.speculative, "config": config, "drafter_args": drafter_args}

@@ -143,6 +143,7 @@ class Drafter(ABC):
     forced: bool = False  # True: proposes the text processors force (counted as forced tokens)
     proposes_trees: bool = False  # True: its drafts branch (needs a verification with `trees`)
     iid_siblings: bool = False  # True: a node's children are drawn i.i.d. (`Draft.iid_siblings`)
+    max_nodes: int | None = None  # most draft nodes per row and step (a tree's budget); None: γ bounds them
 
     def start(self, prompt_ids: Sequence[int], batch_size: int, target_cache=None) -> None:
         """Begin a request whose rows all start from `prompt_ids`; `target_cache` holds the

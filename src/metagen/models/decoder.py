@@ -244,13 +244,13 @@ class DecoderModel(LanguageModel, DepthTruncatable, EmbeddingInput):
 
     @torch.no_grad()
     def hidden_states(self, cache: KVCache, tokens: Sequence[Sequence[int]] | torch.Tensor, *,
-                      positions: Literal["all", "last"] = "all") -> ForwardOutput:
-        """Append `tokens` like `forward` and return the final hidden states (after the last
-        norm, float32) without running the LM head: `hidden` is (B, T, H) for "all" (padding
-        past `num_new[b]`), (B, H) for "last"; `logits` is None. For value heads and exit adapters."""
+                      positions: Literal["all", "last"] = "all", tree=None) -> ForwardOutput:
+        """Append `tokens` like `forward` (a `tree` too) and return the final hidden states (after
+        the last norm, float32) without running the LM head: `hidden` is (B, T, H) for "all"
+        (padding past `num_new[b]`), (B, H) for "last"; `logits` is None. For value heads and exit adapters."""
         if positions not in ("all", "last"):
             raise ValueError(f"positions={positions!r} is not supported: choose 'all' or 'last'")
-        x, _, counts, packed = self._run_layers(cache, tokens)
+        x, _, counts, packed = self._run_layers(cache, tokens, tree=tree)
         x = _positions(x, counts, packed, positions == "all")
         final = F.rms_norm(x, (self.config.hidden_size,), self.norm, self.config.rms_norm_eps)
         return ForwardOutput(None, final, counts.tolist())

@@ -10,13 +10,14 @@ there instead, over children drawn i.i.d.
 Drafters: `ModelDrafter` over any same-vocabulary model — a smaller model, the target's first
 layers (`early_exit_model`, optionally with a trained `ExitAdapter`) or a lower-precision copy
 (`quantized_model`) — and the model-free `NgramDrafter` (prompt lookup + n-grams of past
-outputs), and `TreeDrafter`, a static token tree from a draft model (SpecInfer-style; with
-`replacement=True` SpecTr's i.i.d. drafts), and `DySpecDrafter`, a dynamic tree grown where the
-draft is most confident (DySpec); two model-free tree drafters, `RecyclingDrafter` (token
-recycling: trees from a matrix of the target's recycled top-k successors) and `RasdDrafter`
-(RASD: tries of continuations retrieved by longest suffix match, optionally fused with a model
-tree). A `Draft` is a tree per row (`Draft.chain` for the one-child case the other drafters
-propose). `speculative_generate` / `speculative_stream` run the loop; `SpeculativeGenerator`
+outputs); `TreeDrafter`, a static token tree from any of those draft models (SpecInfer-style;
+with `replacement=True` SpecTr's i.i.d. drafts); `NgramTreeDrafter`, the n-gram lookups'
+continuations as branches; `DySpecDrafter`, a dynamic tree grown where the draft is most
+confident (DySpec); `RecyclingDrafter` (token recycling: trees from a matrix of the target's
+recycled top-k successors) and `RasdDrafter` (RASD: tries of continuations retrieved by longest
+suffix match, optionally fused with a model tree), which run no model. A `Draft` is a tree per
+row (`Draft.chain` for the one-child case the chain drafters propose). `speculative_generate` /
+`speculative_stream` run the loop; `SpeculativeGenerator`
 puts it behind the `Generator` interface. `registry` names the drafters and the rules
 (`DRAFTERS`, `VERIFICATIONS`, `make_drafter`) for the command line and `SpeculativeGenerator.by_name`.
 
@@ -44,6 +45,7 @@ _EXPORTS = {
     "NgramDrafter": "ngram",
     "RasdDrafter": "rasd",
     "RecyclingDrafter": "recycling",
+    "NgramTreeDrafter": "ngram_tree",
     "DRAFTERS": "registry",
     "VERIFICATIONS": "registry",
     "DrafterOptions": "registry",

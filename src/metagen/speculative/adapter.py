@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode, refuse_tree
+from metagen.models.base import ForwardOutput, LanguageModel, LogitsMode
 from metagen.speculative.self_draft import early_exit_model
 
 TEACHER_TOP_K = 64
@@ -177,22 +177,22 @@ class AdaptedExitModel(LanguageModel):
     def flops_per_token(self, context_length: int) -> float:
         return self.body.flops_per_token(context_length) + 2.0 * self.adapter.num_parameters
 
-    def exit_hidden(self, cache, tokens, *, all_positions: bool) -> tuple[Tensor, list[int]]:
+    def exit_hidden(self, cache, tokens, *, all_positions: bool, tree=None) -> tuple[Tensor, list[int]]:
         """The exit layer's normalised hidden states: (B, T, H) at every position, or (B, H) at
-        each row's last new token."""
-        out = self.body.hidden_states(cache, tokens, positions="all" if all_positions else "last")
+        each row's last new token; `tree` as in `forward`."""
+        out = self.body.hidden_states(cache, tokens, positions="all" if all_positions else "last", tree=tree)
         return out.hidden, out.num_new
 
     @torch.no_grad()
     def forward(self, cache, tokens, *, logits: LogitsMode = "last", hidden: bool = False,
                 tree=None) -> ForwardOutput:
         """LanguageModel.forward; `hidden` returns the adapter's output y (what the head reads).
-        Token trees are refused (`refuse_tree`)."""
-        refuse_tree(self, tree)
+        A token `tree` runs through the body's layers (ancestor-only attention, `models/token_tree.py`);
+        the adapter and the head act per position, so each node's logits follow its path alone."""
         if logits == "none" and not hidden:
-            out = self.body.forward(cache, tokens, logits="none")
+            out = self.body.forward(cache, tokens, logits="none", tree=tree)
             return ForwardOutput(None, None, out.num_new)
-        states, num_new = self.exit_hidden(cache, tokens, all_positions=logits == "all")
+        states, num_new = self.exit_hidden(cache, tokens, all_positions=logits == "all", tree=tree)
         adapted = self.adapter(states)  # (B, H) or (B, T, H)
         out_logits = None if logits == "none" else self.body.logits_from_hidden(adapted)
         return ForwardOutput(out_logits, adapted if hidden else None, num_new)

@@ -19,7 +19,7 @@ from metagen.decoding.result import GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.speculative.drafters import Drafter
 from metagen.speculative.loop import SpeculativeConfig, speculative_generate
-from metagen.speculative.registry import check_drafter, make_drafter
+from metagen.speculative.registry import DrafterOptions, check_speculative, make_drafter
 
 
 class SpeculativeGenerator(LocalGenerator):
@@ -44,10 +44,13 @@ class SpeculativeGenerator(LocalGenerator):
                 **options) -> SpeculativeGenerator:
         """With the drafter registered as `drafter` ("ngram", "early-exit", "model:PATH", "tree", "recycling",
         ...; `registry.DRAFTERS`) and its `options` (exit_layer, exit_adapter, draft_dtype,
-        confidence, tree_widths, tree_nodes, draft_corpus: those its entry reads), drafting for `model`;
-        `config` None: the defaults with the entry's rule (`DrafterSpec.verify`)."""
+        confidence, tree_widths, tree_nodes, draft_corpus: those its entry reads; a tree option makes
+        it draft token trees), drafting for `model`; `config` None: the defaults with the rule
+        `registry.check_speculative` picks (the entry's own; multi-draft for trees from a chain
+        drafter). A chain-only rule in `config` with tree drafts is refused before any model loads."""
+        _, verify = check_speculative(drafter, DrafterOptions(**options), None if config is None else config.verify)
         if config is None:
-            config = SpeculativeConfig(verify=check_drafter(drafter)[0].verify)
+            config = SpeculativeConfig(verify=verify)
         return cls(model, make_drafter(drafter, model, **options), config, chat)
 
     def generate(

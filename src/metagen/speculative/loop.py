@@ -140,8 +140,9 @@ def speculative_stream(
     check_compatible(model, drafter, params, config)
     started = time.perf_counter()
     gamma_most = config.max_draft_tokens if config.adaptive else config.num_draft_tokens
+    nodes_most = gamma_most if drafter.max_nodes is None else max(gamma_most, drafter.max_nodes)  # a tree's budget
     batch = RowBatch.for_prompt(model, prompt, params, processors, chat=chat, generator=generator,
-                                positions=gamma_most + 1)
+                                positions=nodes_most + 1)
     result = batch.fill(result if result is not None else GenerationResult([], batch.prompt_ids))
     verification = make_verification(config.verify)
     yield from draft_stream(batch, drafter, verification, result, started, config)

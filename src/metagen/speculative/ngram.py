@@ -10,12 +10,14 @@ from metagen.speculative.drafters import Draft, Drafter
 
 @dataclass
 class _NgramIndex:
-    """Latest end position of every k-gram (k in [min_n, max_n]) of one row's tokens."""
+    """Latest end position of every k-gram (k in [min_n, max_n]) of one row's tokens, and for
+    each indexed occurrence the one before it (so all occurrences are found, latest first)."""
 
     min_n: int
     max_n: int
     tokens: list[int] = field(default_factory=list)
     latest: dict[tuple[int, ...], int] = field(default_factory=dict)  # k-gram -> index after it
+    earlier: dict[tuple[int, int], int] = field(default_factory=dict)  # (k, index after) -> the one before
 
     def extend(self, new: Sequence[int]) -> None:
         tokens, latest = self.tokens, self.latest
@@ -25,11 +27,24 @@ class _NgramIndex:
             # index the k-grams ending one token earlier: their follower is now known
             for k in range(self.min_n, self.max_n + 1):
                 if end - 1 - k >= 0:
-                    latest[tuple(tokens[end - 1 - k : end - 1])] = end - 1
+                    gram = tuple(tokens[end - 1 - k : end - 1])
+                    before = latest.get(gram)
+                    if before is not None:
+                        self.earlier[(k, end - 1)] = before
+                    latest[gram] = end - 1
 
     def follower(self, suffix: Sequence[int]) -> int | None:
         """Position of the token after the latest earlier occurrence of `suffix`, if any."""
         return self.latest.get(tuple(suffix))
+
+    def followers(self, suffix: Sequence[int], limit: int) -> list[int]:
+        """Positions of the tokens after the latest `limit` earlier occurrences of `suffix`,
+        latest first. O(limit)."""
+        positions, position = [], self.latest.get(tuple(suffix))
+        while position is not None and len(positions) < limit:
+            positions.append(position)
+            position = self.earlier.get((len(suffix), position))
+        return positions
 
 
 class NgramDrafter(Drafter):
@@ -116,4 +131,4 @@ class NgramDrafter(Drafter):
 
     @staticmethod
     def _copy(index: _NgramIndex) -> _NgramIndex:
-        return _NgramIndex(index.min_n, index.max_n, list(index.tokens), dict(index.latest))
+        return _NgramIndex(index.min_n, index.max_n, list(index.tokens), dict(index.latest), dict(index.earlier))

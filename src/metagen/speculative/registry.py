@@ -12,6 +12,20 @@ given is refused by name) and whether its name takes an argument (`model:PATH`).
 `register_drafter(...)` / `register_verification(...)` line below; the order of those lines is
 the order the command line and errors list them in.
 
+Trees are an option, not a second table: every drafter reading `tree_widths` / `tree_nodes`
+(early-exit, quantized, model:PATH, ngram) drafts a token tree when either is given, and its
+chains otherwise. A model drafter then builds a static tree from the same draft model
+(`tree_drafter.TreeDrafter`); the n-gram drafter makes its lookups' distinct continuations
+siblings (`ngram_tree.NgramTreeDrafter`). `tree` is the early-exit draft with tree options by
+default (widths 2, 2, 1). A tree needs a rule with `trees` (multi-draft, the default then):
+
+    make_drafter("quantized", target, tree_widths=(3, 1))         # a tree from the int4 copy
+    check_speculative("ngram", DrafterOptions(tree_widths=(2, 2)), "token")   # ValueError
+
+`check_speculative` picks the rule (the given one, else multi-draft for trees, else the entry's
+`verify`) and refuses a chain-only rule with tree options, or `confidence` (a chain's stopping
+rule) with them, before any model loads.
+
 Nothing heavy is imported here: the factories import their drafter or rule when called, so the
 names (and `metagen generate --help`) come without torch, and an unknown name or an option an
 entry does not read is refused (`check_drafter`, `check_verification`) before any model loads.
@@ -27,7 +41,7 @@ if TYPE_CHECKING:
     from metagen.decoding.drafts import Drafter, Verification
 
 __all__ = ["DRAFTERS", "DRAFT_DTYPES", "VERIFICATIONS", "DrafterOptions", "DrafterSpec", "VerificationSpec",
-           "check_drafter", "check_verification", "default_exit_layer", "drafter_names", "make_drafter",
+           "check_drafter", "check_speculative", "check_verification", "default_exit_layer", "drafter_names", "make_drafter",
            "make_verification", "register_drafter", "register_verification"]
 
 DRAFT_DTYPES = ("fp32", "bf16", "int8", "int4")  # weight formats a model draft may load in
@@ -42,7 +56,8 @@ class DrafterOptions:
     draft_dtype: weights of a model draft loaded from a file, one of `DRAFT_DTYPES` (default int4).
     confidence: model drafts: a row's draft stops after a token below this probability, in [0, 1].
     tree_widths: tree drafts: children per node at each depth (ints >= 1; default (2, 2, 1)).
-    tree_nodes: tree drafts: nodes per row and step (>= 1; default 16).
+    tree_nodes: tree drafts: nodes per row and step (>= 1; default 16). Either tree option makes
+        a drafter reading it draft token trees (`tree`).
     draft_corpus: retrieval drafts: a UTF-8 text file, tokenized once with the target's tokenizer.
     """
 
@@ -72,6 +87,11 @@ class DrafterOptions:
             raise ValueError(f"tree_nodes={self.tree_nodes!r} must be an int >= 1")
         if self.draft_corpus is not None and (not isinstance(self.draft_corpus, str) or not self.draft_corpus):
             raise ValueError(f"draft_corpus={self.draft_corpus!r} must be a non-empty path string")
+
+    @property
+    def tree(self) -> bool:
+        """Whether a tree option is given (the drafter then drafts token trees)."""
+        return self.tree_widths is not None or self.tree_nodes is not None
 
     def given(self) -> dict[str, object]:
         """The options set (not None), by name."""
@@ -156,14 +176,39 @@ def check_drafter(name: str, options: DrafterOptions | None = None) -> tuple[Dra
     return spec, argument if colon else None
 
 
+def check_speculative(name: str, options: DrafterOptions | None = None, verify: str | None = None
+                      ) -> tuple[DrafterSpec, str]:
+    """(entry, rule) of drafter `name` with `options`, verified by `verify` (None: multi-draft
+    when the drafts are trees, else the entry's `verify`). ValueError, before any model loads,
+    for what `check_drafter` / `check_verification` refuse, a chain-only rule with tree drafts
+    and `confidence` (which ends a chain early) with tree options."""
+    options = options or DrafterOptions()
+    spec, _ = check_drafter(name, options)
+    trees = options.tree or check_verification(spec.verify).trees
+    if verify is None:
+        verify = "multi-draft" if trees and not check_verification(spec.verify).trees else spec.verify
+    if trees and not check_verification(verify).trees:
+        given = ", ".join(f"{option}={value!r}" for option, value in options.given().items() if option in _TREE_OPTIONS)
+        tree_rules = ", ".join(rule for rule, entry in VERIFICATIONS.items() if entry.trees)
+        raise ValueError(f"the {name} drafter{' with ' + given if given else ''} proposes token trees, which "
+                         f"verify={verify!r} cannot verify (it verifies chains): use a tree rule ({tree_rules})"
+                         + (", or drop the tree options" if given and spec.name != "tree" else ""))
+    if options.tree and options.confidence is not None:
+        raise ValueError(f"confidence={options.confidence!r} does not apply to tree drafts: it ends a chain early, "
+                         "while a tree's shape is fixed by tree_widths / tree_nodes (give one or the other)")
+    return spec, verify
+
+
 def make_drafter(name: str, target, *, exit_layer: int | None = None, exit_adapter: str | None = None,
                  draft_dtype: str | None = None, confidence: float | None = None,
                  tree_widths: tuple[int, ...] | None = None, tree_nodes: int | None = None,
                  draft_corpus: str | None = None) -> Drafter:
     """The drafter registered as `name` (see `DRAFTERS`), drafting for `target`, with the options
-    its entry reads (others given are refused, `check_drafter`)."""
+    its entry reads (others given are refused, `check_drafter`, as is `confidence` with tree
+    options, `check_speculative`)."""
     options = DrafterOptions(exit_layer, exit_adapter, draft_dtype, confidence, tree_widths, tree_nodes,
                              draft_corpus=draft_corpus)
+    check_speculative(name, options)
     spec, argument = check_drafter(name, options)
     return spec.factory(target, argument, options)
 
@@ -186,54 +231,71 @@ def default_exit_layer(target) -> int:
     return max(1, (2 * target.config.num_hidden_layers) // 3)
 
 
+_TREE_OPTIONS = ("tree_widths", "tree_nodes")
+
+
 def _ngram(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    if options.tree:
+        from metagen.speculative.ngram_tree import NgramTreeDrafter
+        from metagen.speculative.tree_drafter import DEFAULT_MAX_NODES, DEFAULT_WIDTHS
+
+        return NgramTreeDrafter(widths=options.tree_widths or DEFAULT_WIDTHS,
+                                max_nodes=options.tree_nodes or DEFAULT_MAX_NODES)
     from metagen.speculative.ngram import NgramDrafter
 
     return NgramDrafter()
 
 
-def _early_exit(target, argument: str | None, options: DrafterOptions) -> Drafter:
+def _drafting(draft, options: DrafterOptions, name: str, share_prompt_cache: bool = False, *,
+              tree: bool = False) -> Drafter:
+    """The model `draft` drafting chains (`ModelDrafter`), or static trees (`TreeDrafter`) when
+    tree options are given or `tree`."""
+    if tree or options.tree:
+        from metagen.speculative.tree_drafter import DEFAULT_MAX_NODES, DEFAULT_WIDTHS, TreeDrafter
+
+        return TreeDrafter(draft, widths=options.tree_widths or DEFAULT_WIDTHS,
+                           max_nodes=options.tree_nodes or DEFAULT_MAX_NODES, name=name,
+                           share_prompt_cache=share_prompt_cache)
     from metagen.speculative.drafters import ModelDrafter
 
+    return ModelDrafter(draft, confidence=options.confidence, name=name, share_prompt_cache=share_prompt_cache)
+
+
+def _early_exit_model(target, options: DrafterOptions):
+    """The target's first layers (with a trained exit adapter when one is given)."""
     if options.exit_adapter is not None:
         from metagen.speculative.adapter import AdaptedExitModel, ExitAdapter
 
         adapter = ExitAdapter.load(options.exit_adapter, target)
         if options.exit_layer is not None and options.exit_layer != adapter.num_layers:
             raise ValueError(f"exit_layer={options.exit_layer} differs from the adapter's {adapter.num_layers} layers")
-        draft = AdaptedExitModel(target, adapter)
-    else:
-        from metagen.speculative.self_draft import early_exit_model
+        return AdaptedExitModel(target, adapter)
+    from metagen.speculative.self_draft import early_exit_model
 
-        draft = early_exit_model(target, default_exit_layer(target) if options.exit_layer is None
-                                 else options.exit_layer)
-    return ModelDrafter(draft, confidence=options.confidence, name="early-exit", share_prompt_cache=True)
+    return early_exit_model(target, default_exit_layer(target) if options.exit_layer is None else options.exit_layer)
+
+
+def _early_exit(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    return _drafting(_early_exit_model(target, options), options, "early-exit", share_prompt_cache=True)
 
 
 def _quantized(target, argument: str | None, options: DrafterOptions) -> Drafter:
-    from metagen.speculative.drafters import ModelDrafter
     from metagen.speculative.self_draft import quantized_model
 
     # the target's prompt keys / values serve the copy too (same layout)
-    return ModelDrafter(quantized_model(target, options.draft_dtype or "int4"), confidence=options.confidence,
-                        name="quantized", share_prompt_cache=True)
+    return _drafting(quantized_model(target, options.draft_dtype or "int4"), options, "quantized",
+                     share_prompt_cache=True)
 
 
 def _model(target, argument: str | None, options: DrafterOptions) -> Drafter:
     from metagen.models import load
-    from metagen.speculative.drafters import ModelDrafter
 
     draft = load(argument, options.draft_dtype or "int4", kv_dtype=target.kv_dtype, activations=target.activations)
-    return ModelDrafter(draft, confidence=options.confidence, name="model")
+    return _drafting(draft, options, "model")
 
 
 def _tree(target, argument: str | None, options: DrafterOptions) -> Drafter:
-    from metagen.speculative.self_draft import early_exit_model
-    from metagen.speculative.tree_drafter import DEFAULT_MAX_NODES, DEFAULT_WIDTHS, TreeDrafter
-
-    draft = early_exit_model(target, default_exit_layer(target) if options.exit_layer is None else options.exit_layer)
-    return TreeDrafter(draft, widths=options.tree_widths or DEFAULT_WIDTHS, max_nodes=options.tree_nodes or
-                       DEFAULT_MAX_NODES, name="tree", share_prompt_cache=True)
+    return _drafting(_early_exit_model(target, options), options, "tree", share_prompt_cache=True, tree=True)
 
 
 def _spectr_tree(target, argument: str | None, options: DrafterOptions) -> Drafter:
@@ -303,17 +365,18 @@ def _spectr() -> Verification:
 
 
 register_drafter(DrafterSpec(
-    "ngram", "prompt lookup (Saxena 2023), else an n-gram table of past outputs; no model, point-mass drafts",
-    _ngram))
+    "ngram", "prompt lookup (Saxena 2023), else an n-gram table of past outputs; no model, point-mass drafts "
+    "(with tree options: the lookups' distinct continuations as siblings)", _ngram, reads=_TREE_OPTIONS))
 register_drafter(DrafterSpec(
     "early-exit", "the target's first layers + its final norm and LM head (Kangaroo-style), sharing its weights; "
-    "optionally a trained exit adapter", _early_exit, reads=("exit_layer", "exit_adapter", "confidence")))
+    "optionally a trained exit adapter", _early_exit, reads=("exit_layer", "exit_adapter", "confidence",
+                                                              *_TREE_OPTIONS)))
 register_drafter(DrafterSpec(
     "quantized", "a lower-precision copy of the target's checkpoint (refused unless it reads fewer weight bytes)",
-    _quantized, reads=("draft_dtype", "confidence")))
+    _quantized, reads=("draft_dtype", "confidence", *_TREE_OPTIONS)))
 register_drafter(DrafterSpec(
     "model", "any model file sharing the target's tokenizer (a smaller model, a compressed copy)", _model,
-    reads=("draft_dtype", "confidence"), argument="PATH"))
+    reads=("draft_dtype", "confidence", *_TREE_OPTIONS), argument="PATH"))
 
 register_verification(VerificationSpec(
     "token", "token verification (Leviathan et al. 2023): accept d with prob min(1, q/p), stop at the first "
@@ -326,8 +389,8 @@ register_verification(VerificationSpec(
     "(Mirostat allowed; one seeded row gives plain decoding's tokens)", _draw))
 register_drafter(DrafterSpec(
     "tree", "a static token tree (SpecInfer-style: widths 2, 2, 1, at most 16 nodes) from the early-exit draft, "
-    "verified in one target forward by the multi-draft rule", _tree,
-    reads=("exit_layer", "tree_widths", "tree_nodes"), verify="multi-draft"))
+    "verified in one target forward by the multi-draft rule (any drafter given tree options drafts trees)", _tree,
+    reads=("exit_layer", "exit_adapter", *_TREE_OPTIONS), verify="multi-draft"))
 
 register_verification(VerificationSpec(
     "multi-draft", "tree verification: recursive rejection sampling over each node's children (Jeon et al. 2024; "

@@ -1,5 +1,7 @@
 """A static token tree from a draft model (SpecInfer-style, Miao et al. 2024): each node at depth
-d gets k_d children, `widths = (k_1, k_2, ...)`, within a node budget.
+d gets k_d children, `widths = (k_1, k_2, ...)`, within a node budget. Every model drafter of
+the registry (early-exit, quantized, model:PATH) builds one over its draft model when given tree
+options; `ngram_tree` is the model-free counterpart.
 
 Per step and row (the draft cache following the committed tokens as in `ModelDrafter`):
 
@@ -35,7 +37,7 @@ from metagen.decoding.cost import forward_flops
 from metagen.decoding.drafts import Draft
 from metagen.speculative.drafters import ModelDrafter
 
-__all__ = ["DEFAULT_MAX_NODES", "DEFAULT_WIDTHS", "TreeBuild", "TreeDrafter"]
+__all__ = ["DEFAULT_MAX_NODES", "DEFAULT_WIDTHS", "TreeBuild", "TreeDrafter", "check_tree_shape"]
 
 DEFAULT_WIDTHS = (2, 2, 1)  # children per node at depths 1, 2, 3: up to 2 + 4 + 4 = 10 nodes
 DEFAULT_MAX_NODES = 16
@@ -93,12 +95,7 @@ class TreeDrafter(ModelDrafter):
 
     def __init__(self, model, *, widths: Sequence[int] = DEFAULT_WIDTHS, max_nodes: int = DEFAULT_MAX_NODES,
                  replacement: bool = False, name: str = "tree", share_prompt_cache: bool = False) -> None:
-        widths = tuple(widths)
-        if not widths or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in widths):
-            raise ValueError(f"widths={widths!r} must be a non-empty sequence of ints >= 1 (children per node "
-                             "at each depth)")
-        if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
-            raise ValueError(f"max_nodes={max_nodes!r} must be an int >= 1")
+        widths = check_tree_shape(widths, max_nodes)
         super().__init__(model, name=name, share_prompt_cache=share_prompt_cache)
         self.widths, self.max_nodes, self.iid_siblings = widths, max_nodes, bool(replacement)
 
@@ -176,6 +173,18 @@ class TreeDrafter(ModelDrafter):
                 fork.accept(torch.tensor([paths[i][t] for i in group]))
             processed[group] = fork.process(logits[group])
         return processed
+
+
+def check_tree_shape(widths: Sequence[int], max_nodes: int) -> tuple[int, ...]:
+    """`widths` as a tuple; ValueError naming the value unless it is a non-empty sequence of
+    ints >= 1 and `max_nodes` an int >= 1."""
+    widths = tuple(widths)
+    if not widths or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in widths):
+        raise ValueError(f"widths={widths!r} must be a non-empty sequence of ints >= 1 (children per node "
+                         "at each depth)")
+    if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
+        raise ValueError(f"max_nodes={max_nodes!r} must be an int >= 1")
+    return widths
 
 
 def _children(processed: Tensor, count: int, greedy: bool, generator,
