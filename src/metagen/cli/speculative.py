@@ -40,7 +40,8 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
     spec.add_argument("--num-draft-tokens", type=int, default=None, help="draft tokens per step, γ (default 4)")
     tree_rules = [name for name, rule in VERIFICATIONS.items() if rule.trees]
     spec.add_argument("--verify", choices=list(VERIFICATIONS), default=None,
-                      help="verification rule (default token, the tree drafter's multi-draft; draw: each token drawn as plain decoding draws it"
+                      help="verification rule (default token, the tree and stand drafters' multi-draft; draw: each token "
+                           "drawn as plain decoding draws it"
                            + (f"; {', '.join(tree_rules)}: verifies token trees" if tree_rules else "")
                            + ")")
     spec.add_argument("--adaptive-draft", action="store_true", default=None,
@@ -52,9 +53,10 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
     spec.add_argument("--draft-confidence", type=float, default=None,
                       help=f"{_readers('confidence')}: stop a draft after a token below this probability")
     spec.add_argument("--tree-widths", type=_widths, default=None, metavar="K1,K2,...",
-                      help=f"{_readers('tree_widths')}: children per node at each depth (default 2,2,1)")
+                      help=f"{_readers('tree_widths')}: children per node at each depth (default tree 2,2,1; "
+                           "stand 3,2,1,1)")
     spec.add_argument("--tree-nodes", type=int, default=None,
-                      help=f"{_readers('tree_nodes')}: draft nodes per step (default 16)")
+                      help=f"{_readers('tree_nodes')}: draft nodes per row and step (default tree 16; stand 12)")
 
 
 def _widths(text: str) -> tuple[int, ...]:

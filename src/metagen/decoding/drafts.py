@@ -127,6 +127,7 @@ class Drafter(ABC):
 
         drafter.start(prompt_ids, batch_size)            # once per request
         draft = drafter.propose(contexts, lengths, chain, generator)
+        drafter.observe(rows, tokens, logits)            # after each verification (`observes` only)
         drafter.select(rows)                             # rows leaving / reordering the batch
         drafter.finish(outputs)                          # end of the request
     """
@@ -136,6 +137,7 @@ class Drafter(ABC):
     prefill_flops: float = 0.0  # FLOPs `start` spent (set by drafters that run a model)
     forced: bool = False  # True: proposes the text processors force (counted as forced tokens)
     proposes_trees: bool = False  # True: its drafts branch (needs a verification with `trees`)
+    observes: bool = False  # True: the loop calls `observe` with the target's logits after each step
 
     def start(self, prompt_ids: Sequence[int], batch_size: int, target_cache=None) -> None:
         """Begin a request whose rows all start from `prompt_ids`; `target_cache` holds the
@@ -153,6 +155,17 @@ class Drafter(ABC):
 
         `chain` is the target's sampler chain for these rows (state up to the committed tokens);
         a drafter that samples forks it and never changes it.
+        """
+
+    def observe(self, rows: Sequence[int], tokens: Sequence[Sequence[int]], logits: Sequence[Tensor]) -> None:
+        """What the verification forward saw (called only when `observes`, after each step).
+
+        rows: the rows of the last `propose` call (indices into its `contexts`) that committed
+        tokens; tokens[i]: the tokens row `rows[i]` committed this step (the kept draft path, then
+        the token drawn after it); logits[i]: `(len(tokens[i]), V)` the target's raw logits (no
+        sampler chain applied) at the positions those tokens were drawn from, row j following the
+        row's context plus tokens[i][:j]. A drafter learning from the target (STAND's stored
+        distributions) reads them; nothing may be written into them.
         """
 
     def select(self, rows: Sequence[int]) -> None:
