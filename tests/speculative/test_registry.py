@@ -31,12 +31,13 @@ from metagen.speculative.registry import (
 ROOT = Path(__file__).resolve().parents[2]
 # options each entry is built with below (small, fast); a new entry needs its line here
 EXAMPLES = {"ngram": {}, "early-exit": {"exit_layer": 4}, "quantized": {"draft_dtype": "int4"},
-            "model": {"draft_dtype": "int4", "confidence": 0.0}, "tree": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 3}}
+            "model": {"draft_dtype": "int4", "confidence": 0.0}, "tree": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 3},
+            "stand": {"tree_widths": (2, 1), "tree_nodes": 3}}
 
 
 def test_every_drafter_has_an_example_and_reads_only_known_options():
     assert set(EXAMPLES) == set(DRAFTERS)
-    assert drafter_names() == ["ngram", "early-exit", "quantized", "model:PATH", "tree"]
+    assert drafter_names() == ["ngram", "early-exit", "quantized", "model:PATH", "tree", "stand"]
     for name, spec in DRAFTERS.items():
         assert spec.description and set(EXAMPLES[name]) <= set(spec.reads), name
 
@@ -55,6 +56,10 @@ def test_every_drafter_builds_by_name_and_proposes_a_valid_draft(model_fp32, nam
     target.forward(cache, [ids[:-1]], logits="none")  # the target's prompt, as the loop leaves it
     drafter.start(ids, 2, target_cache=cache)
     chain = SamplerChain.from_params(SamplingParams(temperature=1.0), 2, target.vocab_size)
+    if drafter.observes:  # it drafts from what verification forwards showed it: one observed step first
+        drafter.propose([ids[:2]], [0], chain, None)
+        logits = target.forward(target.new_cache(1), [ids], logits="all").logits[0]  # (T, V)
+        drafter.observe([0], [ids[2:]], [logits[1:-1]])  # position 1 + j is the one ids[2 + j] was drawn from
     draft = drafter.propose([ids, ids], [3, 2], chain, torch.Generator().manual_seed(0))
     assert isinstance(draft, Draft) and draft.is_chain != drafter.proposes_trees
     check_draft(draft, [3, 2], target.vocab_size, drafter.name, trees=drafter.proposes_trees)
@@ -182,7 +187,8 @@ def test_the_tree_drafter_verifies_with_the_tree_rule_by_default():
         return speculative_options(build_parser().parse_args(["generate", "Hi", *argv]))
 
     assert DRAFTERS["tree"].verify == "multi-draft" and VERIFICATIONS[DRAFTERS["tree"].verify].trees
-    assert all(spec.verify == "token" for name, spec in DRAFTERS.items() if name != "tree")
+    assert all(spec.verify == "token" for name, spec in DRAFTERS.items() if name not in ("tree", "stand"))
+    assert DRAFTERS["stand"].verify == "multi-draft"
     tree = options("--speculative", "tree", "--tree-widths", "3,1", "--tree-nodes", "5")
     assert tree["config"].verify == "multi-draft"
     assert tree["drafter_args"] == {"tree_widths": (3, 1), "tree_nodes": 5}

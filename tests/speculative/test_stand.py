@@ -95,6 +95,16 @@ def test_sampled_siblings_are_distinct_and_carry_their_parents_distribution():
     assert greedy.tokens == [[2, 3, 4, 6]] and greedy.parents == [[-1, -1, -1, 0]] and greedy.probs == [None]
 
 
+def test_a_confident_context_gets_the_children_covering_its_mass_only():
+    drafter = StandDrafter(widths=(3,), coverage=0.9)
+    drafter._vocab = 8
+    chain = chain_of(SamplingParams(temperature=1.0), 1)
+    drafter.store.add([1], [2, 3, 4], [0.92, 0.05, 0.03])
+    assert len(drafter.propose([[1]], [1], chain, torch.Generator().manual_seed(0)).tokens[0]) == 1
+    drafter.store.add([1], [3, 4], [0.9, 0.1])  # s = (0.46, 0.475, 0.065): two tokens cover 0.9
+    assert len(drafter.propose([[1]], [1], chain, torch.Generator().manual_seed(0)).tokens[0]) == 2
+
+
 def test_gumbel_top_k_orders_follow_draws_without_replacement():
     """P(first = t) = s(t); P(second = u | first = t) = s(u) / (1 − s(t))."""
     drafter = StandDrafter()
@@ -107,7 +117,8 @@ def test_gumbel_top_k_orders_follow_draws_without_replacement():
 
 
 @pytest.mark.parametrize("options, message", [({"widths": ()}, "widths=()"), ({"max_nodes": 0}, "max_nodes=0"),
-                                              ({"top_k": 0}, "top_k=0"), ({"min_ngram": 3, "max_ngram": 2},
+                                              ({"top_k": 0}, "top_k=0"), ({"coverage": 0.0}, "coverage=0.0"),
+                                              ({"min_ngram": 3, "max_ngram": 2},
                                                                           "min_ngram=3")])
 def test_stand_options_are_checked(options, message):
     with pytest.raises(ValueError, match=message):

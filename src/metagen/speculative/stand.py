@@ -13,7 +13,8 @@ count), so a draft drawn from the store is a *sample* of what the target would s
                    M[c][t] += q(t)            t in top_k(q)
     draft      s(c) = M[c'] / Σ_t M[c'][t], c' the longest suffix of the context with an entry
     tree       per node n at depth d (breadth first, within `max_nodes`): k_d children drawn
-               from s(context + path(n)) without replacement by Gumbel-top-k
+               from s(context + path(n)) without replacement by Gumbel-top-k (k_d capped by the
+               tokens covering `coverage` of s: a function of s, not of the draws)
                    keys_t = log s(t) + G_t,  G_t ~ Gumbel(0, 1);  children = top-k_d keys
                (the order of the keys is that of sequential draws without replacement); every
                child carries s as its `probs` row. At temperature 0: the top k_d of s, point masses.
@@ -84,7 +85,9 @@ class StandDrafter(Drafter):
 
     widths: children per node at each depth (ints >= 1), cut to the row's draft length γ_b;
     max_nodes: node budget per row and step; min_ngram / max_ngram: context lengths of the
-    store; top_k: tokens kept of each observed distribution. The store lives for one request
+    store; top_k: tokens kept of each observed distribution; coverage: a node gets at most as
+    many children as the most likely tokens of s covering this share of its mass need (confident
+    contexts spend one node, not k_d). The store lives for one request
     (`start` empties it) and all its rows read and feed it.
     """
 
@@ -93,14 +96,16 @@ class StandDrafter(Drafter):
     observes = True
 
     def __init__(self, widths: Sequence[int] = DEFAULT_STAND_WIDTHS, max_nodes: int = DEFAULT_STAND_NODES, *,
-                 min_ngram: int = 1, max_ngram: int = 4, top_k: int = 8) -> None:
+                 min_ngram: int = 1, max_ngram: int = 4, top_k: int = 8, coverage: float = 0.9) -> None:
         widths = tuple(widths)
         if not widths or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in widths):
             raise ValueError(f"widths={widths!r} must be a non-empty sequence of ints >= 1 (children per node "
                              "at each depth)")
         if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
             raise ValueError(f"max_nodes={max_nodes!r} must be an int >= 1")
-        self.widths, self.max_nodes = widths, max_nodes
+        if not 0.0 < coverage <= 1.0:
+            raise ValueError(f"coverage={coverage!r} is out of range: must be in (0, 1]")
+        self.widths, self.max_nodes, self.coverage = widths, max_nodes, coverage
         self.store = NgramDistributions(min_ngram, max_ngram, top_k)
         self._tails: list[list[int]] = []  # per row of the last propose: its context's last max_ngram tokens
         self._chain = None  # the sampler chain of the last propose (processes observed logits)
@@ -156,15 +161,18 @@ class StandDrafter(Drafter):
         `(V,)` float32 proposal."""
         candidates = torch.tensor(list(entry), dtype=torch.long)
         mass = torch.tensor(list(entry.values()), dtype=torch.float64)
-        count = min(count, len(entry))
+        # as many children as the most likely tokens covering `coverage` of s need: a function
+        # of s alone, never of the draws, so the draws stay without replacement from s
+        covered = mass.sort(descending=True).values.cumsum(0) >= self.coverage * float(mass.sum()) - 1e-12
+        count = min(count, int(covered.int().argmax()) + 1)
         if greedy:
             return candidates[mass.topk(count).indices].tolist(), None
         uniform = torch.rand(len(entry), generator=generator, dtype=torch.float64)
         keys = mass.log() - (-uniform.clamp(min=1e-300).log()).log()  # log s(t) + Gumbel(0, 1), up to a constant
         chosen = candidates[keys.topk(count).indices].tolist()
-        proposal = torch.zeros(self._vocab, dtype=torch.float64)
-        proposal[candidates] = mass / mass.sum()
-        return chosen, proposal.float()
+        proposal = torch.zeros(self._vocab)
+        proposal[candidates] = (mass / mass.sum()).float()
+        return chosen, proposal
 
     def observe(self, rows, tokens, logits) -> None:
         if not rows:
