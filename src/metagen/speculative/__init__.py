@@ -8,7 +8,9 @@ Jeon et al. 2024), which `TreeVerification` runs over each node's children of a 
 Drafters: `ModelDrafter` over any same-vocabulary model — a smaller model, the target's first
 layers (`early_exit_model`, optionally with a trained `ExitAdapter`) or a lower-precision copy
 (`quantized_model`) — and the model-free `NgramDrafter` (prompt lookup + n-grams of past
-outputs), and `TreeDrafter`, a static token tree from a draft model (SpecInfer-style). A
+outputs), `TreeDrafter`, a static token tree from a draft model (SpecInfer-style), and the
+model-free `StandDrafter` (STAND: trees drawn from the target's distributions observed earlier
+in the same request, shared by its rows). A
 `Draft` is a tree per row (`Draft.chain` for the one-child case the other drafters propose). `speculative_generate` / `speculative_stream` run the loop; `SpeculativeGenerator`
 puts it behind the `Generator` interface. `registry` names the drafters and the rules
 (`DRAFTERS`, `VERIFICATIONS`, `make_drafter`) for the command line and `SpeculativeGenerator.by_name`.
@@ -41,6 +43,7 @@ _EXPORTS = {
     "make_verification": "registry",
     "early_exit_model": "self_draft",
     "quantized_model": "self_draft",
+    "StandDrafter": "stand",
     "token_verify": "token_verify",
     "TreeDrafter": "tree_drafter",
     "TreeVerification": "tree_verify",

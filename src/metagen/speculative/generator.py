@@ -43,7 +43,7 @@ class SpeculativeGenerator(LocalGenerator):
     def by_name(cls, model, drafter: str, config: SpeculativeConfig | None = None, chat: bool | None = None,
                 **options) -> SpeculativeGenerator:
         """With the drafter registered as `drafter` ("ngram", "early-exit", "model:PATH", "tree",
-        ...; `registry.DRAFTERS`) and its `options` (exit_layer, exit_adapter, draft_dtype,
+        "stand", ...; `registry.DRAFTERS`) and its `options` (exit_layer, exit_adapter, draft_dtype,
         confidence, tree_widths, tree_nodes: those its entry reads), drafting for `model`;
         `config` None: the defaults with the entry's rule (`DrafterSpec.verify`)."""
         if config is None:
