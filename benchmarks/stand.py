@@ -119,8 +119,11 @@ def main() -> None:
     if args.data is None:
         parser.error("--data PATH (GSM8K's test.jsonl) is required")
     torch.set_num_threads(args.threads)
-    problems = [("gsm8k", p) for p in gsm8k_problems(args.data, args.gsm8k)]
-    problems += [("humaneval", p) for p in humaneval_problems()[:args.humaneval]]
+    arithmetic = [("gsm8k", p) for p in gsm8k_problems(args.data, args.gsm8k)]
+    code = [("humaneval", p) for p in humaneval_problems()[:args.humaneval]]
+    # alternate the tasks, so a run cut short still covers both
+    problems = [entry for pair in zip(arithmetic, code) for entry in pair]
+    problems += arithmetic[len(code):] + code[len(arithmetic):]
     model = load()
     params = SamplingParams(temperature=args.temperature, max_tokens=args.tokens)
     widths = tuple(int(k) for k in args.widths.split(","))
