@@ -61,12 +61,14 @@ class Recorder(Drafter):
 
     def __init__(self) -> None:
         self.seen: list[tuple[list[list[int]], torch.Tensor]] = []
+        self.committed: list = []
 
     def propose(self, contexts, lengths, chain, generator) -> Draft:
         return Draft.chain([[] for _ in contexts])
 
-    def observe(self, fed, logits) -> None:
+    def observe(self, fed, logits, committed=None) -> None:
         self.seen.append(([list(row) for row in fed], logits.clone()))
+        self.committed.append(committed)
 
 
 def test_the_loop_hands_every_forward_to_observe():
@@ -77,6 +79,7 @@ def test_the_loop_hands_every_forward_to_observe():
     result = speculative_generate(TreeToyModel(), recorder, PROMPT, params, TREE)
     tokens = result.completions[0].token_ids
     assert [fed for fed, _ in recorder.seen] == [[[PROMPT[-1]]], [[tokens[0]]], [[tokens[1]]]]
+    assert recorder.committed == [None, [([], tokens[1])], [([], tokens[2])]]  # no draft kept, one drawn
     for (fed, logits), before in zip(recorder.seen, [PROMPT, PROMPT + tokens[:1], PROMPT + tokens[:2]]):
         assert logits.shape == (1, 1, VOCAB)
         assert int(logits[0, 0].argmax()) == tokens[len(before) - len(PROMPT)]

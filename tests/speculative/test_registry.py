@@ -35,13 +35,14 @@ EXAMPLES = {"ngram": {}, "early-exit": {"exit_layer": 4}, "quantized": {"draft_d
             "model": {"draft_dtype": "int4", "confidence": 0.0}, "tree": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 3},
             "spectr": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 3}, "dyspec": {"exit_layer": 4, "tree_nodes": 4},
             "recycling": {"tree_widths": (2, 1), "tree_nodes": 3}, "rasd": {"tree_nodes": 4},
-            "rasd-tree": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 5}}
+            "rasd-tree": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 5},
+            "stand": {"tree_widths": (2, 1), "tree_nodes": 3}}
 
 
 def test_every_drafter_has_an_example_and_reads_only_known_options():
     assert set(EXAMPLES) == set(DRAFTERS)
     assert drafter_names() == ["ngram", "early-exit", "quantized", "model:PATH", "tree", "spectr", "dyspec",
-                               "recycling", "rasd", "rasd-tree"]
+                               "recycling", "rasd", "rasd-tree", "stand"]
     for name, spec in DRAFTERS.items():
         assert spec.description and set(EXAMPLES[name]) <= set(spec.reads), name
 
@@ -62,6 +63,10 @@ def test_every_drafter_builds_by_name_and_proposes_a_valid_draft(model_fp32, nam
     drafter.start(ids, 2, target_cache=cache)
     drafter.observe([ids[:-1]], logits)
     chain = SamplerChain.from_params(SamplingParams(temperature=1.0), 2, target.vocab_size)
+    if drafter.observes:  # it drafts from what verification forwards showed it: one observed step first
+        drafter.propose([ids[:2]], [0], chain, None)
+        logits = target.forward(target.new_cache(1), [ids], logits="all").logits[0]  # (T, V)
+        drafter.observe([0], [ids[2:]], [logits[1:-1]])  # position 1 + j is the one ids[2 + j] was drawn from
     draft = drafter.propose([ids, ids], [3, 2], chain, torch.Generator().manual_seed(0))
     # retrieval trees are chains where every occurrence continues alike (here: the repeats)
     assert isinstance(draft, Draft) and (draft.is_chain != drafter.proposes_trees or name == "rasd")
@@ -207,7 +212,7 @@ def test_the_tree_drafters_verify_with_a_tree_rule_by_default():
         return speculative_options(build_parser().parse_args(["generate", "Hi", *argv]))
 
     trees = {"tree": "multi-draft", "spectr": "spectr", "dyspec": "multi-draft", "recycling": "multi-draft",
-             "rasd": "multi-draft", "rasd-tree": "multi-draft"}
+             "rasd": "multi-draft", "rasd-tree": "multi-draft", "stand": "multi-draft"}
     for name, rule in trees.items():
         assert DRAFTERS[name].verify == rule and VERIFICATIONS[rule].trees
     assert all(spec.verify == "token" for name, spec in DRAFTERS.items() if name not in trees)

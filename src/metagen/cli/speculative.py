@@ -58,10 +58,10 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
                       help=f"{_readers('confidence')}: stop a draft after a token below this probability")
     spec.add_argument("--tree-widths", type=_widths, default=None, metavar="K1,K2,...",
                       help=f"{_readers('tree_widths')}: draft token trees, children per node at each depth "
-                           "(default 2,2,1; recycling 4,2,1,1,1,1)")
+                           "(default 2,2,1; recycling 4,2,1,1,1,1; stand 3,2,1,1)")
     spec.add_argument("--tree-nodes", type=int, default=None,
                       help=f"{_readers('tree_nodes')}: draft token trees, nodes per step (default 16; recycling 32, "
-                           "rasd 24)")
+                           "rasd 24, stand 12)")
     spec.add_argument("--draft-corpus", default=None, metavar="PATH",
                       help=f"{_readers('draft_corpus')}: a text file to retrieve drafts from (tokenized once; "
                            "documents separated by blank lines)")

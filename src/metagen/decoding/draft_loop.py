@@ -6,7 +6,7 @@ each row's last, t0):
     draft      = drafter.propose(contexts, lengths, chain, generator)   # d_1..d_γ per row, γ_b ≤ lengths[b]
     logits     = model.forward(cache, [[t0] + d per row], logits="all")   # (B, 1 + longest draft, V)
     tau, x     = verification.verify(batch, logits, draft)              # pushes d_1..d_tau, x into the rows
-    drafter.observe(feed, logits)                                        # every position, rejected ones too
+    drafter.observe(feed, logits, kept)                                  # every position, and the kept paths
     cache.truncate(row, old + 1 + tau)                                   # the untaken draft tokens leave
 
 A tree draft (`Draft.parents`, a verification with `trees`: `speculative.tree_verify`) is fed
@@ -98,7 +98,7 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
             tree = [[-1] + [parent + 1 for parent in parents] for parents in draft.parents]
             logits = model.forward(cache, feed, logits="all", tree=tree).logits  # (B, 1 + most nodes, V)
         outcomes = yield from verification.verify(batch, logits, draft)
-        drafter.observe(feed, logits)
+        kept: list[tuple[list[int], int]] = []  # per row: the kept path's nodes, the token after it
         for b, (index, proposed, outcome) in enumerate(zip(active, draft.tokens, outcomes)):
             tau, token = outcome[0], outcome[1]
             nodes = outcome[2] if len(outcome) > 2 else range(tau)  # the kept path's nodes
@@ -115,6 +115,8 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
                 deepest = max((draft.depth(b, i) for i in range(len(proposed))), default=0)
                 gammas[index] = schedule.next_length(gammas[index], deepest, tau)
             contexts[index] += [proposed[i] for i in nodes] + [token]
+            kept.append((list(nodes), token))
+        drafter.observe(feed, logits, kept)
 
     drafter.finish([row.completion.token_ids for row in rows])
     result.decode_seconds = time.perf_counter() - decode_start

@@ -132,7 +132,7 @@ class Drafter(ABC):
 
         drafter.start(prompt_ids, batch_size)            # once per request
         draft = drafter.propose(contexts, lengths, chain, generator)
-        drafter.observe(fed, logits)                     # the target's logits of that step
+        drafter.observe(fed, logits, committed)          # the target's logits of that step
         drafter.select(rows)                             # rows leaving / reordering the batch
         drafter.finish(outputs)                          # end of the request
     """
@@ -163,14 +163,18 @@ class Drafter(ABC):
         a drafter that samples forks it and never changes it.
         """
 
-    def observe(self, fed: Sequence[Sequence[int]], logits: Tensor) -> None:
+    def observe(self, fed: Sequence[Sequence[int]], logits: Tensor,
+                committed: Sequence[tuple[Sequence[int], int]] | None = None) -> None:
         """The target's raw logits of a forward the loop ran: `logits[b, j] (V,)` are the target's
         next-token logits after `fed[b][j]` (and what precedes it: the committed tokens, and for
         a tree draft node j − 1's ancestors), for j < len(fed[b]); positions past it are padding.
         Called after every verification with `fed[b] = [t0] + draft.tokens[b]` — rejected nodes
-        included — and once after the prefill with the prompt's last token (`logits (n, 1, V)`).
-        Read-only (drafters that learn from the target's scores, e.g. token recycling); the
-        default ignores it."""
+        included — and `committed[b] = (nodes, x)`: the indices into `draft.tokens[b]` of the path
+        row b kept and the token drawn after it (its tokens `fed[b][1 + i]`, drawn from the logits
+        at positions 0 and 1 + i); and once after the prefill with the prompt's last token
+        (`logits (n, 1, V)`, `committed` None). Read-only: drafters that learn from the target's
+        scores (token recycling from every position, STAND from the committed ones); the default
+        ignores it."""
 
     def select(self, rows: Sequence[int]) -> None:
         """Row i becomes old row `rows[i]` (finished rows leave the batch)."""

@@ -15,7 +15,9 @@ with `replacement=True` SpecTr's i.i.d. drafts); `NgramTreeDrafter`, the n-gram 
 continuations as branches; `DySpecDrafter`, a dynamic tree grown where the draft is most
 confident (DySpec); `RecyclingDrafter` (token recycling: trees from a matrix of the target's
 recycled top-k successors) and `RasdDrafter` (RASD: tries of continuations retrieved by longest
-suffix match, optionally fused with a model tree), which run no model. A `Draft` is a tree per
+suffix match, optionally fused with a model tree) and `StandDrafter` (STAND: trees drawn from
+the target's distributions observed earlier in the same request, shared by its rows), which run
+no model. A `Draft` is a tree per
 row (`Draft.chain` for the one-child case the chain drafters propose). `speculative_generate` /
 `speculative_stream` run the loop; `SpeculativeGenerator`
 puts it behind the `Generator` interface. `registry` names the drafters and the rules
@@ -56,6 +58,7 @@ _EXPORTS = {
     "SpecTrVerification": "spectr",
     "k_sequential": "spectr",
     "spectr_plan": "spectr",
+    "StandDrafter": "stand",
     "token_verify": "token_verify",
     "TreeDrafter": "tree_drafter",
     "TreeVerification": "tree_verify",

@@ -42,7 +42,7 @@ class SpeculativeGenerator(LocalGenerator):
     @classmethod
     def by_name(cls, model, drafter: str, config: SpeculativeConfig | None = None, chat: bool | None = None,
                 **options) -> SpeculativeGenerator:
-        """With the drafter registered as `drafter` ("ngram", "early-exit", "model:PATH", "tree", "recycling",
+        """With the drafter registered as `drafter` ("ngram", "early-exit", "model:PATH", "tree", "stand",
         ...; `registry.DRAFTERS`) and its `options` (exit_layer, exit_adapter, draft_dtype,
         confidence, tree_widths, tree_nodes, draft_corpus: those its entry reads; a tree option makes
         it draft token trees), drafting for `model`; `config` None: the defaults with the rule

@@ -4,7 +4,7 @@ logits the target computes anyway.
 
     A                       (V, k) int32, A[v] = the target's top-k next tokens the last time
                             it scored a position whose last token was v (-1: never seen)
-    observe(fed, logits)    for every position j of the verify forward — rejected draft nodes
+    observe(fed, logits, _) for every position j of the verify forward — rejected draft nodes
                             included (the "trash") — A[fed[b][j]] ← topk(logits[b, j], k)
     propose                 per row, a breadth-first tree from A starting at the last committed
                             token t0: the children of a node with token v at depth d are
@@ -60,7 +60,7 @@ class RecyclingDrafter(Drafter):
         self.vocab_size, self.widths, self.max_nodes = vocab_size, widths, max_nodes
         self.successors = torch.full((vocab_size, candidates), -1, dtype=torch.int32)  # (V, k)
 
-    def observe(self, fed: Sequence[Sequence[int]], logits: Tensor) -> None:
+    def observe(self, fed: Sequence[Sequence[int]], logits: Tensor, committed=None) -> None:
         """A[v] ← top-k of the logits after each fed token v; a token fed twice keeps its later
         position's (the deeper one: more context)."""
         latest: dict[int, tuple[int, int]] = {}  # token -> (row, position)

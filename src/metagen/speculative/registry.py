@@ -55,9 +55,10 @@ class DrafterOptions:
     exit_adapter: early exit: a trained `ExitAdapter` file (its layer count wins).
     draft_dtype: weights of a model draft loaded from a file, one of `DRAFT_DTYPES` (default int4).
     confidence: model drafts: a row's draft stops after a token below this probability, in [0, 1].
-    tree_widths: tree drafts: children per node at each depth (ints >= 1; default (2, 2, 1)).
-    tree_nodes: tree drafts: nodes per row and step (>= 1; default 16). Either tree option makes
-        a drafter reading it draft token trees (`tree`).
+    tree_widths: tree drafts: children per node at each depth (ints >= 1; default (2, 2, 1), stand's
+        (3, 2, 1, 1)).
+    tree_nodes: tree drafts: nodes per row and step (>= 1; default 16, stand's 12). Either tree
+        option makes a drafter reading it draft token trees (`tree`).
     draft_corpus: retrieval drafts: a UTF-8 text file, tokenized once with the target's tokenizer.
     """
 
@@ -332,6 +333,13 @@ def _rasd_tree(target, argument: str | None, options: DrafterOptions) -> Drafter
     return _rasd(target, argument, options, _tree(target, argument, options))
 
 
+def _stand(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    from metagen.speculative.stand import DEFAULT_STAND_NODES, DEFAULT_STAND_WIDTHS, StandDrafter
+
+    return StandDrafter(widths=options.tree_widths or DEFAULT_STAND_WIDTHS,
+                        max_nodes=options.tree_nodes or DEFAULT_STAND_NODES)
+
+
 def _token() -> Verification:
     from metagen.speculative.rule_verification import RuleVerification
     from metagen.speculative.token_verify import token_verify
@@ -391,6 +399,10 @@ register_drafter(DrafterSpec(
     "tree", "a static token tree (SpecInfer-style: widths 2, 2, 1, at most 16 nodes) from the early-exit draft, "
     "verified in one target forward by the multi-draft rule (any drafter given tree options drafts trees)", _tree,
     reads=("exit_layer", "exit_adapter", *_TREE_OPTIONS), verify="multi-draft"))
+register_drafter(DrafterSpec(
+    "stand", "STAND (Song et al. 2025): no model; one store per request of the target's observed next-token "
+    "distributions per n-gram, shared by its n rows; token trees drawn from it (Gumbel-top-k), verified "
+    "losslessly by the multi-draft rule", _stand, reads=("tree_widths", "tree_nodes"), verify="multi-draft"))
 
 register_verification(VerificationSpec(
     "multi-draft", "tree verification: recursive rejection sampling over each node's children (Jeon et al. 2024; "
