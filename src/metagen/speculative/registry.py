@@ -399,10 +399,6 @@ register_drafter(DrafterSpec(
     "tree", "a static token tree (SpecInfer-style: widths 2, 2, 1, at most 16 nodes) from the early-exit draft, "
     "verified in one target forward by the multi-draft rule (any drafter given tree options drafts trees)", _tree,
     reads=("exit_layer", "exit_adapter", *_TREE_OPTIONS), verify="multi-draft"))
-register_drafter(DrafterSpec(
-    "stand", "STAND (Song et al. 2025): no model; one store per request of the target's observed next-token "
-    "distributions per n-gram, shared by its n rows; token trees drawn from it (Gumbel-top-k), verified "
-    "losslessly by the multi-draft rule", _stand, reads=("tree_widths", "tree_nodes"), verify="multi-draft"))
 
 register_verification(VerificationSpec(
     "multi-draft", "tree verification: recursive rejection sampling over each node's children (Jeon et al. 2024; "
@@ -428,6 +424,10 @@ register_drafter(DrafterSpec(
 register_drafter(DrafterSpec(
     "rasd-tree", "RASD's tree fusion: the retrieval trie and the tree drafter's early-exit tree merged on shared "
     "prefixes", _rasd_tree, reads=("draft_corpus", "exit_layer", "tree_widths", "tree_nodes"), verify="multi-draft"))
+register_drafter(DrafterSpec(
+    "stand", "STAND (Song et al. 2025): no model; one store per request of the target's observed next-token "
+    "distributions per n-gram, shared by its n rows; token trees drawn from it (Gumbel-top-k), verified "
+    "losslessly by the multi-draft rule", _stand, reads=("tree_widths", "tree_nodes"), verify="multi-draft"))
 
 register_verification(VerificationSpec(
     "spectr", "tree verification by SpecTr's k-sequential selection over each node's i.i.d. children (Sun et al. "
