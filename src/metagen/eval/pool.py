@@ -102,7 +102,8 @@ class Sample:
 @dataclass
 class Pool:
     """N samples of one prompt plus what the shared prompt cost (prefill FLOPs, None when
-    unknown, and time).
+    unknown, and time; the FLOPs of every prefill of the call when it paid the prompt per
+    sample, see `split_flops`).
 
     reported: the generator's own account of the whole N-sample call — {"prompt_tokens_computed",
     "prompt_tokens_reused", "model_calls"} — or None (not recorded). When
@@ -135,11 +136,14 @@ class Pool:
         if not data["samples"]:
             raise ValueError(f"field '{where}.samples' is empty: a pool holds at least one sample")
         samples = [Sample.from_dict(sample, f"{where}.samples[{i}]") for i, sample in enumerate(data["samples"])]
-        return cls(**{**data, "samples": samples})
+        return _resplit(cls(**{**data, "samples": samples}))
 
     def subset_cost(self, indices: Sequence[int], prompt_cached: bool = False) -> Cost:
         """The cost of generating exactly these samples in one batched call: one prefill, the
-        prompt reused by the other rows, one forward per decode step. Wall time is the pool's
+        prompt reused by the other rows, one forward per decode step; or, when the generator paid
+        the prompt per sample (`reported` computed more prompt tokens than one prompt), n/N of
+        the reported prompt tokens, calls and prompt FLOPs (`prompt_flops` is then the whole
+        call's, see `split_flops`): what the n samples cost run alone. Wall time is the pool's
         prefill plus its decode time in proportion to the tokens kept (an estimate). FLOPs are
         unknown (None) when the prompt's or any chosen sample's are.
         prompt_cached: the call repeats a prompt its generator kept (`Generator.keeps_prompt`),
@@ -148,7 +152,9 @@ class Pool:
         chosen = [self.samples[i] for i in indices]
         per_sample = self.reported is not None and self.reported["prompt_tokens_computed"] > self.prompt_tokens
         cached = prompt_cached and not per_sample
-        parts = [0.0 if cached else self.prompt_flops, *(s.flops for s in chosen)]
+        share = len(chosen) / len(self.samples)  # a prompt paid per sample: n/N of it (tokens and FLOPs)
+        prompt_flops = None if self.prompt_flops is None else self.prompt_flops * (share if per_sample else 1.0)
+        parts = [0.0 if cached else prompt_flops, *(s.flops for s in chosen)]
         tokens = sum(s.length for s in chosen)
         pool_tokens = sum(s.length for s in self.samples) or 1
         longest = max((s.length for s in chosen), default=0)
@@ -161,11 +167,27 @@ class Pool:
             wall_seconds=(0.0 if cached else self.prefill_seconds) + self.decode_seconds * tokens / pool_tokens,
         )
         if per_sample:
-            share = len(chosen) / len(self.samples)  # the prompt was paid per sample: n/N of it
             cost.model_calls = self.reported["model_calls"] * share
             cost.prompt_tokens_computed = self.reported["prompt_tokens_computed"] * share
             cost.prompt_tokens_reused = self.reported["prompt_tokens_reused"] * share
         return cost
+
+
+def _resplit(pool: Pool) -> Pool:
+    """`pool` with its FLOPs split again by `split_flops` from their total, when it paid the
+    prompt per sample: pools stored before the split counted the prompt's computed tokens C
+    (not one prompt's P) kept too much for the prompt; the total is unchanged, and a pool split
+    the current way comes back as it was. O(N)."""
+    parts = [pool.prompt_flops, *(s.flops for s in pool.samples)]
+    if pool.reported is None or pool.reported["prompt_tokens_computed"] <= pool.prompt_tokens or None in parts:
+        return pool
+    computed = pool.reported["prompt_tokens_computed"]
+    fed = [max(s.length - 1, 0) for s in pool.samples]
+    total, tokens = sum(parts), computed + sum(fed)
+    pool.prompt_flops = total * computed / tokens
+    for sample, count in zip(pool.samples, fed):
+        sample.flops = total * count / tokens
+    return pool
 
 
 _LATER_FIELDS = ("token_count", "program", "reason", "sandbox_seconds")
@@ -349,17 +371,23 @@ def token_counts(result: GenerationResult) -> list[int]:
 def split_flops(result: GenerationResult, prompt_tokens: int,
                 counts: list[int]) -> tuple[float | None, list[float | None]]:
     """The generator's reported FLOPs F (`result.cost.flops`) split into the prompt's share and
-    each completion's, in proportion to the tokens each runs through the model: the prompt's
-    P tokens and, for a completion of L tokens (`counts`), L − 1 (its last token is never fed back):
+    each completion's, in proportion to the tokens each runs through the model: the C prompt
+    tokens the call computed (`cost.prompt_tokens_computed`: P for one prefill, about N·P for a
+    server that runs the prompt per sample or per chunk of n) and, for a completion of L tokens
+    (`counts`), L − 1 (its last token is never fed back):
 
-        prompt = F · P / T,   completion_i = F · (L_i − 1) / T,   T = P + Σ_i (L_i − 1)
+        prompt = F · C / T,   completion_i = F · (L_i − 1) / T,   T = C + Σ_i (L_i − 1)
 
-    (exact up to the attention term, which grows with position). All None when F is unknown."""
+    (exact up to the attention term, which grows with position). The prompt's share is that of
+    the whole call: `Pool.subset_cost` charges a subset n/N of it when C > P, like its tokens.
+    C is taken as P when the cost does not count it (0: no prompt counted). All None when F is
+    unknown."""
     flops = result.cost.flops if result.cost is not None else None
     fed = [max(count - 1, 0) for count in counts]
     if flops is None:
         return None, [None] * len(fed)
-    total = prompt_tokens + sum(fed)
+    computed = result.cost.prompt_tokens_computed or prompt_tokens
+    total = computed + sum(fed)
     if total == 0:
         return flops, [0.0] * len(fed)
-    return flops * prompt_tokens / total, [flops * tokens / total for tokens in fed]
+    return flops * computed / total, [flops * tokens / total for tokens in fed]
