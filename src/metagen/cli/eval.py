@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     before loading any; results already in --out are checked against each loaded model's identity."""
     from metagen.eval import EvalConfig, format_table
     from metagen.eval.frontier import format_compute_optimal
-    from metagen.eval.running import evaluate_models
+    from metagen.eval.running import check_code_strategies, evaluate_models
     from metagen.outputs import check_writable_directory
     from metagen.sampling import SamplingParams
 
@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         code_prompt=args.code_prompt,
         **({} if args.code_timeout is None else {"code_timeout": args.code_timeout}),
     )
+    check_code_strategies(problems, config)
     if decoder is not None:
         decoder.check(config)  # a strategy the decoding generator cannot run, by name
     plots = args.out is not None and _can_plot()

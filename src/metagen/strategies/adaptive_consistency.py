@@ -104,7 +104,7 @@ def _code_cluster(generator, prompt, n, params, options, rng, overrides):
 
 register(StrategySpec("adaptive_consistency", "majority vote sampled one at a time until the leading answer is "
                       "the majority with posterior probability 0.95 (at most n)", _runner,
-                      pooled=True, sequential=True, config=AdaptiveConsistencyConfig,
+                      pooled=True, sequential=True, votes=True, config=AdaptiveConsistencyConfig,
                       set_by_run=frozenset({"n_max", "params"})), __name__)
 register(StrategySpec("adaptive_code_cluster", "code_cluster sampled one at a time until the largest cluster is the "
                       "majority with posterior probability 0.95 (at most n)", _code_cluster,

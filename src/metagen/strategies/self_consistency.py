@@ -67,7 +67,7 @@ def _code_cluster(generator, prompt, n, params, options, rng, overrides):
 CLUSTER_SET = frozenset({"n", "params", "pattern", "math", "answer_field"})
 
 register(StrategySpec("self_consistency", "majority vote over extracted answers", _runner,
-                      pooled=True, config=SelfConsistencyConfig), __name__)
+                      pooled=True, votes=True, config=SelfConsistencyConfig), __name__)
 register(StrategySpec("code_cluster", "code: programs clustered by their outputs on the prompt's docstring example "
                       "calls (AlphaCode), one from the largest cluster", _code_cluster,
                       pooled=True, config=SelfConsistencyConfig, set_by_run=CLUSTER_SET), __name__)

@@ -138,6 +138,7 @@ class StrategySpec:
     config: type | None = None  # its own config dataclass: the options it declares are the strategy's
     set_by_run: frozenset[str] = frozenset({"n", "params"})  # config fields the runner sets (from n, the request)
     extracts: bool = False  # the runner extracts each candidate's answer itself (reads pattern, answer_field)
+    votes: bool = False  # picks by a vote over answers extracted from the text (meaningless for programs)
     defaults: tuple[tuple[str, object], ...] = ()  # its own defaults for config fields, over the config's
     # (option, values, capabilities): needed too when the option is one of values (None: set, not None)
     option_needs: tuple[tuple[str, tuple | None, frozenset[str]], ...] = ()
