@@ -76,9 +76,10 @@ class EvalConfig:
             if "self_consistency" not in self.strategies:
                 raise ValueError(f"allocation_round={self.allocation_round} needs self_consistency among the "
                                  "strategies (the uniform-n baseline, and the pool the allocation reads)")
-            if not 1 <= self.allocation_round <= max(self.ns):
-                raise ValueError(f"allocation_round={self.allocation_round} is out of range: must be in "
-                                 f"[1, {max(self.ns)}] (the largest n)")
+            if not 2 <= self.allocation_round <= max(self.ns):
+                raise ValueError(f"allocation_round={self.allocation_round} (--allocation-round) is out of range: "
+                                 f"must be in [2, {max(self.ns)}] (the largest n): a first round of one sample "
+                                 "gives every answered problem the same vote, so it estimates no difficulty")
 
     @property
     def pool_size(self) -> int:
