@@ -96,3 +96,26 @@ def test_rounds_served_from_a_pool_pay_for_the_prompt_as_their_generator_would(k
     assert [c.flops for c in costs] == [130.0, 60.0 + 100.0 * later, 10.0 + 100.0 * later]
     assert [c.model_calls for c in costs] == [3, 4 - 1 + later, 1 - 1 + later]
     assert [c.wall_seconds for c in costs] == pytest.approx([1 + 3, later + 6, later + 1])
+
+
+@pytest.mark.parametrize("keeps_prompt", [False, True])
+def test_the_allocations_second_round_pays_for_the_prompt_as_adaptive_consistency_does(tmp_path, keeps_prompt):
+    """The second round repeats the first round's prompt: a generator that keeps it (a
+    LocalGenerator) reuses it, as adaptive consistency's later rounds are charged; one that
+    keeps nothing computes it again."""
+
+    class Keeping(Scripted):
+        pass
+
+    Keeping.keeps_prompt = keeps_prompt
+    config = EvalConfig(("self_consistency", "adaptive_consistency"), ns=(4, 6, 32), subsets=1,
+                        params=SamplingParams(temperature=1.0), allocation_round=4)
+    report = evaluate(Keeping(), KINDS, config, tmp_path)
+    points = {(p.strategy, p.n): p for p in report.points}
+    allocated = points[("self_consistency_allocated", 6)]  # every problem draws a second round (above)
+    assert allocated.cost.prompt_tokens_computed == (2 if keeps_prompt else 4)
+    # a pool of 32 costs 320 FLOPs over 2 prompt tokens and 32 × 2 fed back: 320 · 2 / 66 each share
+    share = 320 * 2 / 66
+    assert allocated.cost.flops == pytest.approx(share * (1 if keeps_prompt else 2) + 6 * share)
+    adaptive = points[("adaptive_consistency", 6)]
+    assert adaptive.cost.prompt_tokens_computed == (2 if keeps_prompt else 2 * adaptive.samples)

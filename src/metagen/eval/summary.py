@@ -94,7 +94,8 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
 
         report.points += allocation_points(pools, problems, config, model,
                                            lambda result, problem: score(result, problem, config,
-                                                                         known.get(problem.id)), decode)
+                                                                         known.get(problem.id)), decode,
+                                           keeps_prompt)
     for point in report.points:
         point.chat = chat
         if flops_estimate is not None:
