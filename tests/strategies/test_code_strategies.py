@@ -153,3 +153,21 @@ def test_registry_entries():
     assert get_strategy("adaptive_code_cluster").sequential
     assert set(get_strategy("adaptive_code_cluster").fields()) == {"n", "round_size", "threshold", "rule",
                                                                    "mc_samples", "mc_seed"}
+
+
+def test_the_sandbox_cpu_seconds_of_the_example_runs_are_in_the_cost_and_the_table(no_leftovers):
+    """Running programs on the examples is compute the strategy spends: its sandbox CPU seconds
+    are charged (`Cost.sandbox_seconds`) and shown beside the FLOPs."""
+    from metagen.eval.config import EvalReport
+    from metagen.eval.points import CurvePoint
+    from metagen.eval.summary import format_table
+
+    looping = "    total = 0\n    for i in range(3_000_000):\n        total += i\n    return 2 * x\n"
+    result, _ = _run("code_cluster", [looping, RIGHT])
+    assert result.cost.sandbox_seconds > 0.05  # the loop's CPU time, at least
+    point = CurvePoint("code_cluster", 2, 1.0, 0.0, 1, result.cost)
+    assert point.to_dict()["cost"]["sandbox_seconds"] == result.cost.sandbox_seconds
+    table = format_table(EvalReport([point]))
+    assert "sandbox s" in table.splitlines()[0] and f"{result.cost.sandbox_seconds:.2f}" in table.splitlines()[2]
+    plain = format_table(EvalReport([CurvePoint("greedy", 1, 1.0, 0.0, 1, Cost())]))
+    assert "sandbox" not in plain  # no program run: no column
