@@ -91,8 +91,9 @@ class EvalConfig:
         params = {k: v for k, v in asdict(self.params).items()
                   if k not in ("n", "seed") and not (k in ADDED_LATER and v == ADDED_LATER[k])}
         options = asdict(self.options)
-        if options["answer_field"] is None:  # absent as in set-ups stored before the field existed
-            del options["answer_field"]
+        for name in ("answer_field", "value_parameters"):  # absent as in set-ups stored before the fields existed
+            if options[name] is None:
+                del options[name]
         return {"params": params, "seed": self.seed, "prompt_suffix": self.prompt_suffix, "options": options}
 
 

@@ -240,23 +240,24 @@ class CheckpointPRM(ProcessRewardModel):
 _loaded: dict[str, ProcessRewardModel] = {}
 
 
-def load_prm(spec: str) -> ProcessRewardModel:
+def load_prm(spec: str, parameters: float | None = None) -> ProcessRewardModel:
     """The PRM a spec names, built once per process (a search builds its value per problem;
-    one PRM is kept at a time)."""
-    if spec not in _loaded:
+    one PRM is kept at a time). parameters: a served PRM's count, for its FLOPs (None: unknown)."""
+    key = spec if parameters is None else f"{spec}|{parameters!r}"
+    if key not in _loaded:
         where, kind, target = parse_prm_spec(spec)
         if where == "remote":
             from metagen.scoring.remote_prm import PoolingPRM
 
-            prm = PoolingPRM(target, kind)
+            prm = PoolingPRM(target, kind, parameter_count=parameters)
         elif not os.path.isdir(target):
             raise ValueError(f"value={spec}: {target!r} is not a directory (a local transformers checkpoint "
                              "of a process reward model)")
         else:
             prm = CheckpointPRM(target, kind)
         release_prms()
-        _loaded[spec] = prm
-    return _loaded[spec]
+        _loaded[key] = prm
+    return _loaded[key]
 
 
 def release_prms() -> None:
@@ -266,10 +267,10 @@ def release_prms() -> None:
     _loaded.clear()
 
 
-def prm_value(spec: str, tokenizer, question: str, delimiter: str) -> StepRewardValue:
+def prm_value(spec: str, tokenizer, question: str, delimiter: str, parameters: float | None = None) -> StepRewardValue:
     """The PrefixValue of a PRM spec (see the module docstring): the PRM's per-step scores of
-    the decoded steps, min over steps."""
+    the decoded steps, min over steps; parameters: a served PRM's count (`load_prm`)."""
     if parse_prm_spec(spec) is None:
         raise ValueError(f"value={spec!r} is not a PRM: prm:PATH, prm-shepherd:PATH, prm-qwen:PATH, "
                          "reward:URL or reward-shepherd:URL")
-    return StepRewardValue(load_prm(spec), tokenizer, question, delimiter, how=AGGREGATE)
+    return StepRewardValue(load_prm(spec, parameters), tokenizer, question, delimiter, how=AGGREGATE)
