@@ -81,3 +81,22 @@ def test_a_pool_stored_with_the_prompt_split_as_if_run_once_is_read_split_by_wha
     again = Pool.from_dict(pool.to_dict())
     assert again.prompt_flops == pytest.approx(pool.prompt_flops)
     assert [s.flops for s in again.samples] == pytest.approx([s.flops for s in pool.samples])
+
+
+def test_a_pool_through_two_models_is_not_read_as_paid_per_sample():
+    """A contrastive pair computes the prompt once per model (2·P tokens) for the whole batch,
+    and every decode token twice too: a subset pays one prefill in each model, not n/N of it."""
+
+    class Pair(FanOut):
+        def generate(self, prompt, params, *, generator=None):
+            result = super().generate(prompt, params, generator=generator)
+            result.cost = Cost(model_calls=22, prompt_tokens_computed=200, prompt_tokens_reused=200 * (params.n - 1),
+                               generated_tokens=11 * params.n, flops=2 * PER_TOKEN * (100 + 10 * params.n))
+            return result
+
+    config = EvalConfig(("self_consistency",), ns=(4,), params=SamplingParams(temperature=1.0))
+    pool = sample_pool(Pair(), "q", config.params, Problem("p", "q", "1"), config, None)
+    assert not pool.per_sample and pool.models == 2
+    one = pool.subset_cost([0])
+    assert one.flops == pytest.approx(2 * PER_TOKEN * 110)
+    assert one.prompt_tokens_computed == 200 and pool.subset_cost([0, 1]).prompt_tokens_reused == 200

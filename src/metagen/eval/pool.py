@@ -138,6 +138,24 @@ class Pool:
         samples = [Sample.from_dict(sample, f"{where}.samples[{i}]") for i, sample in enumerate(data["samples"])]
         return _resplit(cls(**{**data, "samples": samples}))
 
+    @property
+    def models(self) -> int:
+        """The models every row's prompt went through (2 for a contrastive pair; `prompt_runs`), 1 unknown."""
+        if self.reported is None or not self.prompt_tokens:
+            return 1
+        rows = self.reported["prompt_tokens_computed"] + self.reported["prompt_tokens_reused"]
+        return max(round(rows / (self.prompt_tokens * len(self.samples))), 1)
+
+    @property
+    def per_sample(self) -> bool:
+        """Whether the generator paid the prompt per sample (or per chunk of samples): it
+        computed more prompt tokens per model than one prompt (`prompt_runs`)."""
+        if self.reported is None:
+            return False
+        runs = prompt_runs(self.reported["prompt_tokens_computed"], self.reported["prompt_tokens_reused"],
+                           self.prompt_tokens, len(self.samples))
+        return runs > self.prompt_tokens
+
     def subset_cost(self, indices: Sequence[int], prompt_cached: bool = False) -> Cost:
         """The cost of generating exactly these samples in one batched call: one prefill, the
         prompt reused by the other rows, one forward per decode step; or, when the generator paid
@@ -150,7 +168,7 @@ class Pool:
         so every row reuses it: no prefill call, FLOPs or time (pools computed once only; a
         prompt paid per sample is charged as below)."""
         chosen = [self.samples[i] for i in indices]
-        per_sample = self.reported is not None and self.reported["prompt_tokens_computed"] > self.prompt_tokens
+        per_sample = self.per_sample
         cached = prompt_cached and not per_sample
         share = len(chosen) / len(self.samples)  # a prompt paid per sample: n/N of it (tokens and FLOPs)
         prompt_flops = None if self.prompt_flops is None else self.prompt_flops * (share if per_sample else 1.0)
@@ -160,8 +178,8 @@ class Pool:
         longest = max((s.length for s in chosen), default=0)
         cost = Cost(
             model_calls=max(longest - 1, 0) if cached else longest,
-            prompt_tokens_computed=0 if cached else self.prompt_tokens,
-            prompt_tokens_reused=self.prompt_tokens * (len(chosen) - (0 if cached else 1)),
+            prompt_tokens_computed=0 if cached else self.prompt_tokens * self.models,
+            prompt_tokens_reused=self.prompt_tokens * self.models * (len(chosen) - (0 if cached else 1)),
             generated_tokens=tokens,
             flops=None if None in parts else sum(parts),
             wall_seconds=(0.0 if cached else self.prefill_seconds) + self.decode_seconds * tokens / pool_tokens,
@@ -173,17 +191,34 @@ class Pool:
         return cost
 
 
+def prompt_runs(computed: float, reused: float, prompt_tokens: int, samples: int) -> float:
+    """C, the prompt tokens a call of `samples` rows computed per model: `computed` over the
+    number of models every row's prompt went through, (computed + reused) / (P · N) rounded
+    (each row's prompt is either computed or reused, once per model: 1 for one model, 2 for a
+    contrastive pair). P for one prefill shared by the rows, up to N·P for a prompt paid per
+    sample. P when nothing was counted."""
+    if not computed or not prompt_tokens or not samples:
+        return float(prompt_tokens)
+    models = max(round((computed + reused) / (prompt_tokens * samples)), 1)
+    return computed / models
+
+
 def _resplit(pool: Pool) -> Pool:
     """`pool` with its FLOPs split again by `split_flops` from their total, when it paid the
     prompt per sample: pools stored before the split counted the prompt's computed tokens C
     (not one prompt's P) kept too much for the prompt; the total is unchanged, and a pool split
     the current way comes back as it was. O(N)."""
     parts = [pool.prompt_flops, *(s.flops for s in pool.samples)]
-    if pool.reported is None or pool.reported["prompt_tokens_computed"] <= pool.prompt_tokens or None in parts:
+    if not pool.per_sample or None in parts:
         return pool
-    computed = pool.reported["prompt_tokens_computed"]
+    reported = pool.reported
+    computed = prompt_runs(reported["prompt_tokens_computed"], reported["prompt_tokens_reused"], pool.prompt_tokens,
+                           len(pool.samples))
     fed = [max(s.length - 1, 0) for s in pool.samples]
     total, tokens = sum(parts), computed + sum(fed)
+    once = pool.prompt_tokens / (pool.prompt_tokens + sum(fed))  # the old split's prompt share
+    if not total or abs(pool.prompt_flops / total - once) > 1e-9 * max(once, 1e-300):
+        return pool  # split the current way (or nothing to split): kept exactly as stored
     pool.prompt_flops = total * computed / tokens
     for sample, count in zip(pool.samples, fed):
         sample.flops = total * count / tokens
@@ -378,15 +413,17 @@ def split_flops(result: GenerationResult, prompt_tokens: int,
 
         prompt = F · C / T,   completion_i = F · (L_i − 1) / T,   T = C + Σ_i (L_i − 1)
 
-    (exact up to the attention term, which grows with position). The prompt's share is that of
-    the whole call: `Pool.subset_cost` charges a subset n/N of it when C > P, like its tokens.
-    C is taken as P when the cost does not count it (0: no prompt counted). All None when F is
-    unknown."""
+    (exact up to the attention term, which grows with position). C is counted per model
+    (`prompt_runs`: a contrastive decoder runs prompt and tokens through two models, so its
+    computed prompt tokens are 2·P, but so is every decode token). The prompt's share is that
+    of the whole call: `Pool.subset_cost` charges a subset n/N of it when C > P, like its
+    tokens. All None when F is unknown."""
     flops = result.cost.flops if result.cost is not None else None
     fed = [max(count - 1, 0) for count in counts]
     if flops is None:
         return None, [None] * len(fed)
-    computed = result.cost.prompt_tokens_computed or prompt_tokens
+    cost = result.cost
+    computed = prompt_runs(cost.prompt_tokens_computed, cost.prompt_tokens_reused, prompt_tokens, len(fed))
     total = computed + sum(fed)
     if total == 0:
         return flops, [0.0] * len(fed)
