@@ -69,13 +69,14 @@ def vote_curve_from_counts(counts: Sequence[float], n_max: int, rng, samples: in
     a vote; an optimistic simplification). Why a posterior and not the plug-in p̂ = c / Σc: a
     handful of samples says little. The plug-in reads one sample as certainty (p̂ = 1: nothing
     to gain, so a first round of 1 allocates nothing) and an even split as hopeless (f ≡ 1/K),
-    while under the posterior a 2–2 split is p ~ Beta(2.5, 2.5), rarely exactly even: more
-    samples find its leader, so it gains about as much as a 3–1 lead (f(16) − f(4) ≈ 0.044
-    each, four agreeing samples 0.018). α = 1/2 (Jeffreys) adds half a pseudo-sample per
-    answer: weak enough that four agreeing samples read as nearly certain (E[p] = 0.9). Monte Carlo with `rng` (a numpy Generator): S
-    draws of p, each with one sequence of n_max answers drawn from it, scored at every n with
-    one tie-break jitter per sequence and answer (common random numbers). No answer at all:
-    f ≡ 0. O(n_max·S·K) time and memory."""
+    while under the posterior a 2–2 split is p ~ Dirichlet(2.5, 2.5, 0.5), rarely exactly
+    even: more samples find its leader, so it gains about as much as a 3–1 lead (f(16) − f(4)
+    ≈ 0.044 each, four agreeing samples 0.018). α = 1/2 (Jeffreys) adds half a pseudo-sample
+    per answer: weak enough that four agreeing samples read as nearly certain (E[p] = 0.9).
+
+    Monte Carlo with `rng` (a numpy Generator): S draws of p, each with one sequence of n_max
+    answers drawn from it, scored at every n with one tie-break jitter per sequence and answer
+    (common random numbers). No answer at all: f ≡ 0. O(n_max·S·K) time and memory."""
     import numpy as np
 
     if not alpha > 0:
