@@ -42,18 +42,18 @@ def test_adaptive_consistency_stops_early_from_the_pool(tmp_path):
 
 def test_allocation_from_the_pool_in_order_is_known_exactly(tmp_path):
     # subsets=1: each pool is read in its stored order. n = 6 for 4 problems: B = 24, the first round
-    # (k = 4) takes 16. Certain (4 agreeing) and hopeless (2 against 2) gain nothing by the model;
-    # the hard one (3 against 1) gets 7 more: a 12th sample after 11 cannot change a two-answer
-    # plurality's expected accuracy (it only makes ties), so it stays unspent. Its first 11 say 2
-    # eight times against 9's three.
+    # (k = 4) takes 16. Under the posterior no first round is certain or hopeless: the 8 extra samples
+    # go to all four (the tie 7-8-7-8 and the hard 9-2-9-9 more than the agreeing ones), so each pays a
+    # second call. The hard one's first 7 say 2 four times against 9's three: right; the hopeless
+    # one's answer (3) never appears.
     config = EvalConfig(("self_consistency",), ns=(4, 6, 32), subsets=1, params=SamplingParams(temperature=1.0),
                         allocation_round=4)
     report = evaluate(Scripted(), KINDS, config, tmp_path)
     points = {(p.strategy, p.n): p for p in report.points}
     allocated = points[("self_consistency_allocated", 6)]
-    assert allocated.samples == (4 + 4 + 11 + 4) / 4 and allocated.accuracy == 3 / 4  # hopeless never right
+    assert allocated.samples == 6 and allocated.accuracy == 3 / 4
     assert allocated.cost.generated_tokens == 3 * allocated.samples
-    assert allocated.cost.model_calls == (4 * 3 + 3) / 4  # a second call for the hard problem only
+    assert allocated.cost.model_calls == (4 * 3 + 4 * 3) / 4  # a second call for every problem
     # uniform n = 4 from the prefix would vote 9 on the hard problem; with nothing to allocate at
     # n = k the allocated point is exactly that
     at_k = points[("self_consistency_allocated", 4)]
@@ -63,8 +63,10 @@ def test_allocation_from_the_pool_in_order_is_known_exactly(tmp_path):
 def test_allocation_round_needs_self_consistency_and_fits_the_pool():
     with pytest.raises(ValueError, match="allocation_round=2 needs self_consistency among the strategies"):
         EvalConfig(("best_of_n",), ns=(4,), allocation_round=2)
-    with pytest.raises(ValueError, match=r"allocation_round=9 is out of range: must be in \[1, 8\]"):
-        EvalConfig(("self_consistency",), ns=(4, 8), allocation_round=9)
+    for k in (9, 1, 0):  # one sample per problem tells no problem from another: nothing to estimate
+        with pytest.raises(ValueError, match=rf"allocation_round={k} \(--allocation-round\) is out of range: "
+                                             r"must be in \[2, 8\]"):
+            EvalConfig(("self_consistency",), ns=(4, 8), allocation_round=k)
 
 
 def test_eval_command_passes_the_allocation_round(capsys):
@@ -73,7 +75,7 @@ def test_eval_command_passes_the_allocation_round(capsys):
     # refused by EvalConfig before any model is loaded: the flag reaches it
     code = main(["eval", "--task", "arithmetic", "--allocation-round", "9", "--strategy", "self_consistency",
                  "--n", "4,8"])
-    assert code == 2 and "allocation_round=9 is out of range" in capsys.readouterr().err
+    assert code == 2 and "allocation_round=9 (--allocation-round) is out of range" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("keeps_prompt", [False, True])
@@ -94,3 +96,26 @@ def test_rounds_served_from_a_pool_pay_for_the_prompt_as_their_generator_would(k
     assert [c.flops for c in costs] == [130.0, 60.0 + 100.0 * later, 10.0 + 100.0 * later]
     assert [c.model_calls for c in costs] == [3, 4 - 1 + later, 1 - 1 + later]
     assert [c.wall_seconds for c in costs] == pytest.approx([1 + 3, later + 6, later + 1])
+
+
+@pytest.mark.parametrize("keeps_prompt", [False, True])
+def test_the_allocations_second_round_pays_for_the_prompt_as_adaptive_consistency_does(tmp_path, keeps_prompt):
+    """The second round repeats the first round's prompt: a generator that keeps it (a
+    LocalGenerator) reuses it, as adaptive consistency's later rounds are charged; one that
+    keeps nothing computes it again."""
+
+    class Keeping(Scripted):
+        pass
+
+    Keeping.keeps_prompt = keeps_prompt
+    config = EvalConfig(("self_consistency", "adaptive_consistency"), ns=(4, 6, 32), subsets=1,
+                        params=SamplingParams(temperature=1.0), allocation_round=4)
+    report = evaluate(Keeping(), KINDS, config, tmp_path)
+    points = {(p.strategy, p.n): p for p in report.points}
+    allocated = points[("self_consistency_allocated", 6)]  # every problem draws a second round (above)
+    assert allocated.cost.prompt_tokens_computed == (2 if keeps_prompt else 4)
+    # a pool of 32 costs 320 FLOPs over 2 prompt tokens and 32 × 2 fed back: 320 · 2 / 66 each share
+    share = 320 * 2 / 66
+    assert allocated.cost.flops == pytest.approx(share * (1 if keeps_prompt else 2) + 6 * share)
+    adaptive = points[("adaptive_consistency", 6)]
+    assert adaptive.cost.prompt_tokens_computed == (2 if keeps_prompt else 2 * adaptive.samples)

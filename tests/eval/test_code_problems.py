@@ -280,7 +280,7 @@ def test_greedy_and_pooled_strategies_on_code_problems_with_pass_at_k_and_resume
     counted = lambda problem, reply, **kw: runs.append(reply) or real(problem, reply, **kw)  # noqa: E731
     monkeypatch.setattr(judging, "grade", counted)  # live replies and texts that are no pool sample
     monkeypatch.setattr(code_grading, "grade", counted)  # pool samples (grade_all)
-    config = EvalConfig(("greedy", "best_of_n_logprob", "self_consistency"), ns=(1, 4), subsets=10,
+    config = EvalConfig(("greedy", "best_of_n_logprob", "code_cluster"), ns=(1, 4), subsets=10,
                         params=SamplingParams(temperature=1.0))
     problems = [ADD, EVEN]
     report = evaluate(Replies(COMPLETIONS), problems, config, tmp_path)
@@ -304,7 +304,7 @@ def test_greedy_and_pooled_strategies_on_code_problems_with_pass_at_k_and_resume
     assert greedy["add"]["correct"] and greedy["add"]["reason"] == "passed"
     assert greedy["add"]["program"] == ADD.question + "    return a + b\n" and greedy["add"]["text"] == "    return a + b\n"
     assert greedy["even"]["reason"] == "AssertionError at test.py line 2: assert candidate(4) is True"
-    assert greedy["even"]["sandbox_seconds"] > 0 and "sandbox_seconds" not in greedy["even"]["cost"]
+    assert greedy["even"]["sandbox_seconds"] > 0 and greedy["even"]["cost"]["sandbox_seconds"] == 0  # grading: no cost
     # graded once per distinct pool text and live reply; the strategies' choices are pool samples
     pooled = {text for text, _ in COMPLETIONS["add"] + COMPLETIONS["is_even"]}
     assert sorted(runs) == sorted([*pooled, COMPLETIONS["add"][0][0], COMPLETIONS["is_even"][0][0]])
@@ -357,3 +357,34 @@ def test_eval_humaneval_on_the_embedded_model_end_to_end(tmp_path, capsys):
     assert [r["id"] for r in live] == ["HumanEval/0", "HumanEval/1"]
     assert all(isinstance(r["reason"], str) and r["reason"] and "program" in r and r["sandbox_seconds"] >= 0
                for r in live)
+
+
+@pytest.mark.parametrize("strategies, allocation", [(("self_consistency",), None), (("weighted_voting",), None),
+                                                    (("adaptive_consistency", "greedy"), None),
+                                                    (("self_consistency", "code_cluster"), 2)])
+def test_voting_over_extracted_answers_is_refused_on_code_problems_before_any_model_opens(strategies, allocation):
+    """A vote over numbers read out of program text (`return sorted(l)[len(l) // 2]` votes 2)
+    means nothing: refused before a model is opened, naming the code strategies to use."""
+    from metagen.eval.config import ModelRun
+    from metagen.eval.running import evaluate_models
+
+    def never():
+        raise AssertionError("a model was opened")
+
+    config = EvalConfig(strategies, ns=(2, 4), allocation_round=allocation)
+    refused = "allocation_round=2" if allocation else [name for name in strategies if name != "greedy"][0]
+    with pytest.raises(ValueError, match=f"{refused}.*code problem.*code_cluster.*adaptive_code_cluster"):
+        evaluate_models([ModelRun("m", never)], [ADD, Problem("q", "1 + 1?", "2")], config)
+    fine = EvalConfig(("code_cluster", "adaptive_code_cluster", "greedy"), ns=(2,))
+    from metagen.eval.running import check_code_strategies
+
+    check_code_strategies([ADD], fine)
+    check_code_strategies([Problem("q", "1 + 1?", "2")], config)  # no code problem: voting is fine
+
+
+def test_allocation_is_refused_on_code_problems():
+    from metagen.eval.running import check_code_strategies
+
+    config = EvalConfig(("self_consistency",), ns=(2, 4), allocation_round=2)
+    with pytest.raises(ValueError, match="allocation_round=2 .*code problem"):
+        check_code_strategies([ADD], config)

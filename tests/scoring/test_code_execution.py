@@ -28,7 +28,8 @@ def test_correct_program_passes_with_zero_model_calls():
     verdict = verify("Here it is:\n```python\ndef square(x):\n    return x * x\n```\nprint(square(3)) shows 9.")
     assert (verdict.passed, verdict.score, verdict.feedback) == (True, 1.0, "3 of 3 tests passed.")
     assert verdict.cost.model_calls == 0 and verdict.cost.wall_seconds > 0
-    assert verdict.cost == Cost(wall_seconds=verdict.cost.wall_seconds)
+    assert verdict.cost.sandbox_seconds > 0  # the interpreter's CPU time, at least
+    assert verdict.cost == Cost(wall_seconds=verdict.cost.wall_seconds, sandbox_seconds=verdict.cost.sandbox_seconds)
 
 
 def test_wrong_program_fails_naming_the_failing_assertions():

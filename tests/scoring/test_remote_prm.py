@@ -149,3 +149,42 @@ def test_a_tree_search_runs_with_the_served_prm(name, qwen_server, one_thread):
         steps = split_steps(candidate.text, "b") or [candidate.text]
         scores, _ = checkpoints.qwen_reference(qwen_server.model, qwen_server.tokenizer, "a", steps)
         assert candidate.score == pytest.approx(min(scores), abs=1e-6)
+
+
+@pytest.mark.parametrize("name", ["best_of_n_value", "step_beam"])
+def test_a_served_prms_parameters_give_its_flops_in_the_searchs_cost(name, qwen_server, one_thread):
+    """value_parameters (--value-parameters) is the served PRM's size: its FLOPs, 2 · N per
+    token read, join the generator's in the one Cost, so the point has a place on the frontier."""
+    from metagen.scoring.step_prm import release_prms
+
+    options = StrategyOptions(value=f"reward:{qwen_server.url}", step_delimiter="b", value_parameters=1.5e9)
+    try:
+        result = get_strategy(name).run(LocalGenerator(ToyModel()), "a", 4,
+                                        SamplingParams(temperature=1.0, max_tokens=6), options,
+                                        torch.Generator().manual_seed(0))
+    finally:
+        release_prms()
+    cost = result.cost
+    assert cost.scorer_flops > 0 and cost.flops > cost.scorer_flops  # the generator's own come on top
+    tokens = cost.scorer_flops / (2 * 1.5e9)
+    assert tokens == pytest.approx(round(tokens)) and round(tokens) > 0  # whole tokens through the PRM
+
+
+def test_value_parameters_apply_to_a_served_prm_only():
+    with pytest.raises(ValueError, match=r"value_parameters=1000000000.0 applies to a served PRM \(--value reward:URL"):
+        StrategyOptions(value="steps", value_parameters=1e9)
+    with pytest.raises(ValueError, match=r"value_parameters=1000000000.0 applies to a served PRM"):
+        StrategyOptions(value_parameters=1e9)
+    with pytest.raises(ValueError, match=r"value_parameters=-1.0 is out of range"):
+        StrategyOptions(value="reward:http://x", value_parameters=-1.0)
+
+
+def test_eval_passes_value_parameters(capsys):
+    from metagen.cli import main
+
+    argv = ["eval", "--task", "arithmetic", "--count", "2", "--strategy", "greedy", "--n", "1"]
+    assert main(argv + ["--value-parameters", "1.5B"]) == 2  # refused before any model: it reached the options
+    assert "value_parameters=1500000000.0 applies to a served PRM" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # an argparse usage error
+        main(argv + ["--value-parameters", "lots"])
+    assert "--value-parameters 'lots' is not a parameter count" in capsys.readouterr().err

@@ -134,5 +134,42 @@ def test_bad_paths_and_checkpoints_are_named(tmp_path, shepherd, one_thread):
     checkpoints.save_qwen(tmp_path / "three", num_labels=3)
     with pytest.raises(ValueError, match="num_labels=3"):
         CheckpointPRM(str(tmp_path / "three"))
-    with pytest.raises(ValueError, match=r"good_token='\+\+', bad_token='-': '\+\+ -' encodes to 3 tokens"):
+    with pytest.raises(ValueError, match=r"its vocabulary has no token '\+\+' \(good_token\)"):
         CheckpointPRM(path, good_token="++", bad_token="-")
+
+
+def _plain(path, head):
+    """A tiny Llama with `head` ("causal" or "token") and the plain MiniLM tokenizer: no "ки", no "<extra_0>"."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, LlamaForTokenClassification
+
+    from metagen.scoring.embeddings import minilm_dir
+
+    tok = AutoTokenizer.from_pretrained(minilm_dir(), local_files_only=True)
+    tok.chat_template = checkpoints.CHAT_TEMPLATE
+    model_class = LlamaForCausalLM if head == "causal" else LlamaForTokenClassification
+    extra = {} if head == "causal" else {"num_labels": 2}
+    model_class(LlamaConfig(vocab_size=len(tok), **checkpoints.SIZES, **extra)).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def test_a_causal_lm_without_the_shepherd_tokens_is_refused_naming_them(tmp_path, one_thread):
+    """Any causal LM would otherwise be read as a Math-Shepherd PRM, scoring noise at a tag that is
+    no token of its vocabulary (here "ки" splits into pieces)."""
+    from metagen.scoring.step_prm import CheckpointPRM
+
+    path = _plain(tmp_path / "lm", "causal")
+    with pytest.raises(ValueError, match=r"value=prm:.*lm: its vocabulary has no token 'ки' \(step_tag\).*Math-Shepherd"):
+        CheckpointPRM(path)
+    with pytest.raises(ValueError, match=r"no token 'ки' \(bad_token\)"):
+        CheckpointPRM(path, "shepherd", step_tag="+", good_token="ok", bad_token="ки")
+
+
+def test_a_token_classifier_without_qwens_separator_is_named_unsupported(tmp_path, one_thread):
+    """A TRL-style token-classification PRM (PRMTrainer: steps separated by a newline, no
+    "<extra_0>") is not a format metagen reads: the error says so, rather than blaming a token."""
+    from metagen.scoring.step_prm import CheckpointPRM
+
+    path = _plain(tmp_path / "trl", "token")
+    with pytest.raises(ValueError, match=r"not supported.*TRL"):
+        CheckpointPRM(path)

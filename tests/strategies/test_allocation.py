@@ -26,21 +26,32 @@ def test_vote_curve_by_hand():
     # one answer: certain; an even split: 1/K at every n (Σ_j P(j wins) = 1), exactly
     assert vote_accuracy_curve([1.0], 5, np.random.default_rng(0)) == [0.0] + [1.0] * 5
     assert vote_accuracy_curve([0.25] * 4, 5, np.random.default_rng(0)) == [0.0] + [0.25] * 5
-    assert vote_curve_from_counts([], 3, np.random.default_rng(0)) == [0.0] * 4  # no answer extracted
     with pytest.raises(ValueError, match=r"probabilities=\[0.5, 0.2\] must be >= 0 and sum to 1"):
         vote_accuracy_curve([0.5, 0.2], 3, np.random.default_rng(0))
 
 
-def test_certain_and_hopeless_problems_get_nothing_and_the_hard_one_gets_the_rest():
+def test_the_posterior_curve_is_exact_for_one_answer_seen_once_and_zero_without_answers():
+    """counts [1]: p_seen ~ Beta(1.5, 0.5) against the unseen class, so f(1) = E[p² + (1 − p)²]
+    = 1 − 2·E[p(1 − p)] = 1 − 2·(1.5·0.5)/(2·3) = 0.75, not the plug-in's certainty."""
+    samples = 40_000
+    curve = vote_curve_from_counts([1], 2, np.random.default_rng(0), samples)
+    assert curve[1] == pytest.approx(0.75, abs=5 * 0.5 / math.sqrt(samples))
+    assert vote_curve_from_counts([], 3, np.random.default_rng(0)) == [0.0] * 4
+    with pytest.raises(ValueError, match=r"alpha=0 is out of range: must be > 0"):
+        vote_curve_from_counts([1], 2, np.random.default_rng(0), alpha=0)
+
+
+def test_a_tie_is_not_hopeless_and_an_agreeing_round_gains_least():
+    """From a first round of 4: a 2–2 tie gains about as much from 12 more samples as a 3–1 lead
+    (the plug-in estimate gave it f ≡ 1/2, nothing to gain); four agreeing samples gain least."""
     rng = np.random.default_rng(0)
-    certain = vote_curve_from_counts([4], 16, rng)
-    hard = vote_curve_from_counts([3, 2], 16, rng)
-    hopeless = vote_curve_from_counts([2, 2], 16, rng)
-    allocation = allocate([certain, hard, hopeless], 4, 4 * 3 + 10)
-    assert allocation[0] == 4 and allocation[2] == 4
-    assert allocation[1] >= 13  # all 10 extra samples, but perhaps a last one that breaks no tie
-    # with more budget than the hard one can take (n_max 16), the rest stays unspent
-    assert allocate([certain, hard, hopeless], 4, 100)[0::2] == [4, 4]
+    certain, lead, tie = (vote_curve_from_counts(c, 16, rng, 40_000) for c in ([4], [3, 1], [2, 2]))
+    gain = {name: curve[16] - curve[4] for name, curve in (("certain", certain), ("lead", lead), ("tie", tie))}
+    assert gain["tie"] > 0.03 and gain["tie"] > 0.8 * gain["lead"]
+    assert gain["certain"] < 0.5 * min(gain["tie"], gain["lead"])
+    allocation = allocate([certain, lead, tie], 4, 4 * 3 + 10)
+    assert allocation[2] > 4 and allocation[1] > 4 and sum(allocation) <= 22
+    assert allocation[0] <= min(allocation[1], allocation[2])
 
 
 def test_verifier_allocation_matches_brute_force():

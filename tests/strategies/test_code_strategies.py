@@ -95,19 +95,30 @@ def test_from_a_pool_each_subset_is_scored_with_its_own_cost(no_leftovers):
 
 
 def test_code_cluster_picks_from_the_largest_cluster(no_leftovers):
-    # clusters by outputs: {WRONG, WRONG_TOO, WRONG} 3, {RIGHT, RIGHT_TOO} 2, {HALF} 1; none for BROKEN, PROSE
-    result, generator = _run("code_cluster", [BROKEN, RIGHT, WRONG, HALF, PROSE, RIGHT_TOO, WRONG_TOO, WRONG])
-    assert result.chosen.text == WRONG and sorted(result.votes.values()) == [1.0, 2.0, 3.0]
-    assert generator.calls == [8] and result.cost.wall_seconds > 0
+    # none passes both examples: every program is clustered by its outputs (the fallback):
+    # {WRONG, WRONG_TOO, WRONG} 3, {HALF, HALF} 2; none for BROKEN, PROSE
+    result, generator = _run("code_cluster", [BROKEN, HALF, WRONG, PROSE, HALF, WRONG_TOO, WRONG])
+    assert result.chosen.text == WRONG and sorted(result.votes.values()) == [2.0, 3.0]
+    assert generator.calls == [7] and result.cost.wall_seconds > 0
     assert all(len(key) == 16 for key in result.votes)  # digests of the output tuples
     # no key is left as an answer: each is extracted from the text, as best_of_n's are
     assert [c.answer for c in result.completions] == [extract_answer(c.text) for c in result.completions]
 
 
+def test_code_cluster_drops_programs_that_fail_the_examples_before_clustering(no_leftovers):
+    """AlphaCode's filtering: the larger cluster of wrong programs (3) loses to the two that pass."""
+    result, _ = _run("code_cluster", [BROKEN, RIGHT, WRONG, HALF, PROSE, RIGHT_TOO, WRONG_TOO, WRONG])
+    assert result.chosen.text == RIGHT and sorted(result.votes.values()) == [2.0]
+    add = 'def add(a, b):\n    """The sum.\n    >>> add(1, 2)\n    3\n    """\n'
+    replies = ["    pass\n", "    return None\n", "    return\n", "    return a + b\n", "    return b + a\n"]
+    result, _ = _run("code_cluster", replies, prompt=add)
+    assert result.chosen.text == "    return a + b\n" and list(result.votes.values()) == [2.0]
+
+
 def test_code_cluster_ties_go_to_the_cluster_seen_first(no_leftovers):
-    result, _ = _run("code_cluster", [PROSE, HALF, RIGHT, WRONG, RIGHT_TOO, WRONG_TOO])
-    assert result.chosen.text == RIGHT and sorted(result.votes.values()) == [1.0, 2.0, 2.0]
-    result, _ = _run("code_cluster", [WRONG_TOO, RIGHT, WRONG, RIGHT_TOO])
+    result, _ = _run("code_cluster", [PROSE, HALF, WRONG, HALF, WRONG_TOO])
+    assert result.chosen.text == HALF and sorted(result.votes.values()) == [2.0, 2.0]
+    result, _ = _run("code_cluster", [WRONG_TOO, HALF, WRONG, HALF])
     assert result.chosen.text == WRONG_TOO
 
 
@@ -125,10 +136,13 @@ def test_adaptive_code_cluster_stops_when_the_largest_cluster_is_the_majority(no
     agreeing = [RIGHT, RIGHT_TOO, "    return x * 2\n", "    return x << 1\n"] * 3
     result, generator = _run("adaptive_code_cluster", agreeing)
     assert len(result.completions) == 4 and generator.calls == [1, 1, 1, 1] and result.chosen.text == RIGHT
-    # one dissent after two: counts (5, 1) give 0.9375, (6, 1) 247/256: the stop comes at seven
-    dissent = [RIGHT, RIGHT_TOO, WRONG] + [RIGHT] * 9
+    # none passes: all clustered; one dissent after two: counts (5, 1) give 0.9375, (6, 1) 247/256: the stop comes at seven
+    dissent = [WRONG, WRONG_TOO, HALF] + [WRONG] * 9
     result, _ = _run("adaptive_code_cluster", dissent)
     assert len(result.completions) == 7 and sorted(result.votes.values()) == [1.0, 6.0]
+    # a failing program does not count once one passes: four passing ones are needed, at the fifth draw
+    result, _ = _run("adaptive_code_cluster", [RIGHT, RIGHT_TOO, WRONG] + [RIGHT] * 9)
+    assert len(result.completions) == 5 and list(result.votes.values()) == [4.0] and result.chosen.text == RIGHT
     result, generator = _run("adaptive_code_cluster", agreeing, round_size=3)
     assert generator.calls == [3, 3] and len(result.completions) == 6
 
@@ -139,3 +153,21 @@ def test_registry_entries():
     assert get_strategy("adaptive_code_cluster").sequential
     assert set(get_strategy("adaptive_code_cluster").fields()) == {"n", "round_size", "threshold", "rule",
                                                                    "mc_samples", "mc_seed"}
+
+
+def test_the_sandbox_cpu_seconds_of_the_example_runs_are_in_the_cost_and_the_table(no_leftovers):
+    """Running programs on the examples is compute the strategy spends: its sandbox CPU seconds
+    are charged (`Cost.sandbox_seconds`) and shown beside the FLOPs."""
+    from metagen.eval.config import EvalReport
+    from metagen.eval.points import CurvePoint
+    from metagen.eval.summary import format_table
+
+    looping = "    total = 0\n    for i in range(3_000_000):\n        total += i\n    return 2 * x\n"
+    result, _ = _run("code_cluster", [looping, RIGHT])
+    assert result.cost.sandbox_seconds > 0.05  # the loop's CPU time, at least
+    point = CurvePoint("code_cluster", 2, 1.0, 0.0, 1, result.cost)
+    assert point.to_dict()["cost"]["sandbox_seconds"] == result.cost.sandbox_seconds
+    table = format_table(EvalReport([point]))
+    assert "sandbox s" in table.splitlines()[0] and f"{result.cost.sandbox_seconds:.2f}" in table.splitlines()[2]
+    plain = format_table(EvalReport([CurvePoint("greedy", 1, 1.0, 0.0, 1, Cost())]))
+    assert "sandbox" not in plain  # no program run: no column

@@ -92,9 +92,18 @@ def check_backend_options(args: argparse.Namespace) -> None:
 _SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
-def parse_parameters(text: str) -> float | None:
+def parameter_count(flag: str):
+    """The argparse type of a parameter-count flag: `parse_parameters`, its errors naming `flag`."""
+
+    def parse(text: str) -> float | None:
+        return parse_parameters(text, flag)
+
+    return parse
+
+
+def parse_parameters(text: str, flag: str = "--parameters") -> float | None:
     """--parameters: "7e9", "7000000000", "1.5B", "135M", "0.5b" -> a positive count; "unknown"
-    -> None. ValueError naming --parameters and what it accepts (argparse reports it as a usage
+    -> None. ValueError naming `flag` and what it accepts (argparse reports it as a usage
     error of the flag)."""
     value = text.strip()
     if value.lower() == "unknown":
@@ -104,10 +113,10 @@ def parse_parameters(text: str) -> float | None:
     try:
         count = float(number) * scale
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--parameters {text!r} is not a parameter count: give a number such as "
+        raise argparse.ArgumentTypeError(f"{flag} {text!r} is not a parameter count: give a number such as "
                                          "7e9, 1.5B or 135M (K, M, B/G, T suffixes), or 'unknown'") from None
     if not (count > 0 and count != float("inf")):
-        raise argparse.ArgumentTypeError(f"--parameters {text!r} is out of range: must be a positive finite count")
+        raise argparse.ArgumentTypeError(f"{flag} {text!r} is out of range: must be a positive finite count")
     return count
 
 

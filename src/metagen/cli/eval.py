@@ -75,6 +75,8 @@ def add_parser(commands) -> None:
     evaluation.add_argument("--no-math", action="store_true", help="compare answers as strings, not with math-verify")
     evaluation.add_argument("--prompt-suffix", default="", help="text appended to every question")
     add_shared_option(evaluation, "value")
+    add_shared_option(evaluation, "value_parameters", " (K, M, B suffixes, as --parameters)", metavar="N",
+                      type=backend.parameter_count("--value-parameters"))
     add_shared_option(evaluation, "step_delimiter", " (default newline; \\n, \\t... interpreted)", type=unescape)
     add_shared_option(evaluation, "aggregation")
     evaluation.add_argument("--json", action="store_true",
@@ -103,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     before loading any; results already in --out are checked against each loaded model's identity."""
     from metagen.eval import EvalConfig, format_table
     from metagen.eval.frontier import format_compute_optimal
-    from metagen.eval.running import evaluate_models
+    from metagen.eval.running import check_code_strategies, evaluate_models
     from metagen.outputs import check_writable_directory
     from metagen.sampling import SamplingParams
 
@@ -123,11 +125,12 @@ def run(args: argparse.Namespace) -> int:
         subsets=args.subsets,
         allocation_round=args.allocation_round,
         options=StrategyOptions(args.pattern, not args.no_math, args.value, args.step_delimiter, args.aggregation,
-                                answer_field=args.answer_field),
+                                answer_field=args.answer_field, value_parameters=args.value_parameters),
         prompt_suffix=args.prompt_suffix,
         code_prompt=args.code_prompt,
         **({} if args.code_timeout is None else {"code_timeout": args.code_timeout}),
     )
+    check_code_strategies(problems, config)
     if decoder is not None:
         decoder.check(config)  # a strategy the decoding generator cannot run, by name
     plots = args.out is not None and _can_plot()

@@ -45,6 +45,10 @@ class Cost:
         candidate rows in tokenwise CD), not their prefill: generated_tokens == target_steps.
     scorer_flops: the part of `flops` spent by scorers and value models (PRMs, value heads,
         judges) inside search strategies (None when unknown, like `flops`).
+    sandbox_seconds: CPU seconds (user + system) of the programs a strategy ran in the sandbox
+        (a code prompt's docstring examples: code_cluster, best_of_n_value --value tests,
+        verifier_refine); compute no FLOPs count, reported beside them. The evaluation's own
+        grading with hidden tests is not a strategy's cost and is not in it.
     """
 
     model_calls: int = 0
@@ -57,6 +61,7 @@ class Cost:
     accepted_tokens: int = 0
     target_steps: int = 0
     scorer_flops: float | None = 0.0
+    sandbox_seconds: float = 0.0
 
     def __add__(self, other: "Cost") -> "Cost":
         if not isinstance(other, Cost):

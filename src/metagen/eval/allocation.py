@@ -9,7 +9,8 @@ order (the pool in its stored order, then `subsets − 1` random permutations; s
     second round: self-consistency on the first n_i     -> correct or not
 
 The point "self_consistency_allocated" at n is its accuracy with the mean cost per problem:
-both rounds (two calls, each with its prefill), so FLOPs and tokens compare directly with
+both rounds (two calls; the second's prefill only when the generator does not keep the prompt,
+`Generator.keeps_prompt`, as adaptive consistency's rounds are charged), so FLOPs and tokens compare directly with
 "self_consistency" at n (uniform n per problem, the same pools). `samples` is the mean Σ n_i / P
 actually spent (<= n: samples no problem is expected to gain from are not spent).
 Cost: per n and ordering, P·(n_max·S·K) for the success curves plus two votes per problem.
@@ -37,9 +38,12 @@ def _orderings(pool: Pool, count: int, *seed_parts) -> list[list[int]]:
 
 
 def allocation_points(pools: dict[str, Pool], problems: Sequence[Problem], config, model: str, score,
-                      decode=None) -> list:
+                      decode=None, keeps_prompt: bool = False) -> list:
     """One `CurvePoint` named ALLOCATED per n of `config.ns` with n >= config.allocation_round
-    (the first round k); score(result, problem) -> bool is the harness's own scoring."""
+    (the first round k); score(result, problem) -> bool is the harness's own scoring.
+    keeps_prompt: the generator reuses a repeated prompt (`Generator.keeps_prompt`), so the
+    second round, which repeats the first's prompt, pays no prefill: charged as adaptive
+    consistency's later rounds are (`PoolGenerator`)."""
     import numpy as np
 
     spec = get_strategy("self_consistency")
@@ -68,7 +72,7 @@ def allocation_points(pools: dict[str, Pool], problems: Sequence[Problem], confi
                 result, cost = first[problem.id], first[problem.id].cost
                 if n_i > k:
                     result = vote(problem, order[:n_i])
-                    cost = cost + pools[problem.id].subset_cost(order[k:n_i])
+                    cost = cost + pools[problem.id].subset_cost(order[k:n_i], prompt_cached=keeps_prompt)
                 hits[problem.id].append(float(score(result, problem)))
                 costs[problem.id].append(cost)
             spent.append(sum(allocation) / len(problems))

@@ -76,9 +76,10 @@ class EvalConfig:
             if "self_consistency" not in self.strategies:
                 raise ValueError(f"allocation_round={self.allocation_round} needs self_consistency among the "
                                  "strategies (the uniform-n baseline, and the pool the allocation reads)")
-            if not 1 <= self.allocation_round <= max(self.ns):
-                raise ValueError(f"allocation_round={self.allocation_round} is out of range: must be in "
-                                 f"[1, {max(self.ns)}] (the largest n)")
+            if not 2 <= self.allocation_round <= max(self.ns):
+                raise ValueError(f"allocation_round={self.allocation_round} (--allocation-round) is out of range: "
+                                 f"must be in [2, {max(self.ns)}] (the largest n): a first round of one sample "
+                                 "gives every answered problem the same vote, so it estimates no difficulty")
 
     @property
     def pool_size(self) -> int:
@@ -90,8 +91,9 @@ class EvalConfig:
         params = {k: v for k, v in asdict(self.params).items()
                   if k not in ("n", "seed") and not (k in ADDED_LATER and v == ADDED_LATER[k])}
         options = asdict(self.options)
-        if options["answer_field"] is None:  # absent as in set-ups stored before the field existed
-            del options["answer_field"]
+        for name in ("answer_field", "value_parameters"):  # absent as in set-ups stored before the fields existed
+            if options[name] is None:
+                del options[name]
         return {"params": params, "seed": self.seed, "prompt_suffix": self.prompt_suffix, "options": options}
 
 

@@ -102,7 +102,8 @@ class Sample:
 @dataclass
 class Pool:
     """N samples of one prompt plus what the shared prompt cost (prefill FLOPs, None when
-    unknown, and time).
+    unknown, and time; the FLOPs of every prefill of the call when it paid the prompt per
+    sample, see `split_flops`).
 
     reported: the generator's own account of the whole N-sample call — {"prompt_tokens_computed",
     "prompt_tokens_reused", "model_calls"} — or None (not recorded). When
@@ -135,37 +136,93 @@ class Pool:
         if not data["samples"]:
             raise ValueError(f"field '{where}.samples' is empty: a pool holds at least one sample")
         samples = [Sample.from_dict(sample, f"{where}.samples[{i}]") for i, sample in enumerate(data["samples"])]
-        return cls(**{**data, "samples": samples})
+        return _resplit(cls(**{**data, "samples": samples}))
+
+    @property
+    def models(self) -> int:
+        """The models every row's prompt went through (2 for a contrastive pair; `prompt_runs`), 1 unknown."""
+        if self.reported is None or not self.prompt_tokens:
+            return 1
+        rows = self.reported["prompt_tokens_computed"] + self.reported["prompt_tokens_reused"]
+        return max(round(rows / (self.prompt_tokens * len(self.samples))), 1)
+
+    @property
+    def per_sample(self) -> bool:
+        """Whether the generator paid the prompt per sample (or per chunk of samples): it
+        computed more prompt tokens per model than one prompt (`prompt_runs`)."""
+        if self.reported is None:
+            return False
+        runs = prompt_runs(self.reported["prompt_tokens_computed"], self.reported["prompt_tokens_reused"],
+                           self.prompt_tokens, len(self.samples))
+        return runs > self.prompt_tokens
 
     def subset_cost(self, indices: Sequence[int], prompt_cached: bool = False) -> Cost:
         """The cost of generating exactly these samples in one batched call: one prefill, the
-        prompt reused by the other rows, one forward per decode step. Wall time is the pool's
+        prompt reused by the other rows, one forward per decode step; or, when the generator paid
+        the prompt per sample (`reported` computed more prompt tokens than one prompt), n/N of
+        the reported prompt tokens, calls and prompt FLOPs (`prompt_flops` is then the whole
+        call's, see `split_flops`): what the n samples cost run alone. Wall time is the pool's
         prefill plus its decode time in proportion to the tokens kept (an estimate). FLOPs are
         unknown (None) when the prompt's or any chosen sample's are.
         prompt_cached: the call repeats a prompt its generator kept (`Generator.keeps_prompt`),
         so every row reuses it: no prefill call, FLOPs or time (pools computed once only; a
         prompt paid per sample is charged as below)."""
         chosen = [self.samples[i] for i in indices]
-        per_sample = self.reported is not None and self.reported["prompt_tokens_computed"] > self.prompt_tokens
+        per_sample = self.per_sample
         cached = prompt_cached and not per_sample
-        parts = [0.0 if cached else self.prompt_flops, *(s.flops for s in chosen)]
+        share = len(chosen) / len(self.samples)  # a prompt paid per sample: n/N of it (tokens and FLOPs)
+        prompt_flops = None if self.prompt_flops is None else self.prompt_flops * (share if per_sample else 1.0)
+        parts = [0.0 if cached else prompt_flops, *(s.flops for s in chosen)]
         tokens = sum(s.length for s in chosen)
         pool_tokens = sum(s.length for s in self.samples) or 1
         longest = max((s.length for s in chosen), default=0)
         cost = Cost(
             model_calls=max(longest - 1, 0) if cached else longest,
-            prompt_tokens_computed=0 if cached else self.prompt_tokens,
-            prompt_tokens_reused=self.prompt_tokens * (len(chosen) - (0 if cached else 1)),
+            prompt_tokens_computed=0 if cached else self.prompt_tokens * self.models,
+            prompt_tokens_reused=self.prompt_tokens * self.models * (len(chosen) - (0 if cached else 1)),
             generated_tokens=tokens,
             flops=None if None in parts else sum(parts),
             wall_seconds=(0.0 if cached else self.prefill_seconds) + self.decode_seconds * tokens / pool_tokens,
         )
         if per_sample:
-            share = len(chosen) / len(self.samples)  # the prompt was paid per sample: n/N of it
             cost.model_calls = self.reported["model_calls"] * share
             cost.prompt_tokens_computed = self.reported["prompt_tokens_computed"] * share
             cost.prompt_tokens_reused = self.reported["prompt_tokens_reused"] * share
         return cost
+
+
+def prompt_runs(computed: float, reused: float, prompt_tokens: int, samples: int) -> float:
+    """C, the prompt tokens a call of `samples` rows computed per model: `computed` over the
+    number of models every row's prompt went through, (computed + reused) / (P · N) rounded
+    (each row's prompt is either computed or reused, once per model: 1 for one model, 2 for a
+    contrastive pair). P for one prefill shared by the rows, up to N·P for a prompt paid per
+    sample. P when nothing was counted."""
+    if not computed or not prompt_tokens or not samples:
+        return float(prompt_tokens)
+    models = max(round((computed + reused) / (prompt_tokens * samples)), 1)
+    return computed / models
+
+
+def _resplit(pool: Pool) -> Pool:
+    """`pool` with its FLOPs split again by `split_flops` from their total, when it paid the
+    prompt per sample: pools stored before the split counted the prompt's computed tokens C
+    (not one prompt's P) kept too much for the prompt; the total is unchanged, and a pool split
+    the current way comes back as it was. O(N)."""
+    parts = [pool.prompt_flops, *(s.flops for s in pool.samples)]
+    if not pool.per_sample or None in parts:
+        return pool
+    reported = pool.reported
+    computed = prompt_runs(reported["prompt_tokens_computed"], reported["prompt_tokens_reused"], pool.prompt_tokens,
+                           len(pool.samples))
+    fed = [max(s.length - 1, 0) for s in pool.samples]
+    total, tokens = sum(parts), computed + sum(fed)
+    once = pool.prompt_tokens / (pool.prompt_tokens + sum(fed))  # the old split's prompt share
+    if not total or abs(pool.prompt_flops / total - once) > 1e-9 * max(once, 1e-300):
+        return pool  # split the current way (or nothing to split): kept exactly as stored
+    pool.prompt_flops = total * computed / tokens
+    for sample, count in zip(pool.samples, fed):
+        sample.flops = total * count / tokens
+    return pool
 
 
 _LATER_FIELDS = ("token_count", "program", "reason", "sandbox_seconds")
@@ -349,17 +406,25 @@ def token_counts(result: GenerationResult) -> list[int]:
 def split_flops(result: GenerationResult, prompt_tokens: int,
                 counts: list[int]) -> tuple[float | None, list[float | None]]:
     """The generator's reported FLOPs F (`result.cost.flops`) split into the prompt's share and
-    each completion's, in proportion to the tokens each runs through the model: the prompt's
-    P tokens and, for a completion of L tokens (`counts`), L − 1 (its last token is never fed back):
+    each completion's, in proportion to the tokens each runs through the model: the C prompt
+    tokens the call computed (`cost.prompt_tokens_computed`: P for one prefill, about N·P for a
+    server that runs the prompt per sample or per chunk of n) and, for a completion of L tokens
+    (`counts`), L − 1 (its last token is never fed back):
 
-        prompt = F · P / T,   completion_i = F · (L_i − 1) / T,   T = P + Σ_i (L_i − 1)
+        prompt = F · C / T,   completion_i = F · (L_i − 1) / T,   T = C + Σ_i (L_i − 1)
 
-    (exact up to the attention term, which grows with position). All None when F is unknown."""
+    (exact up to the attention term, which grows with position). C is counted per model
+    (`prompt_runs`: a contrastive decoder runs prompt and tokens through two models, so its
+    computed prompt tokens are 2·P, but so is every decode token). The prompt's share is that
+    of the whole call: `Pool.subset_cost` charges a subset n/N of it when C > P, like its
+    tokens. All None when F is unknown."""
     flops = result.cost.flops if result.cost is not None else None
     fed = [max(count - 1, 0) for count in counts]
     if flops is None:
         return None, [None] * len(fed)
-    total = prompt_tokens + sum(fed)
+    cost = result.cost
+    computed = prompt_runs(cost.prompt_tokens_computed, cost.prompt_tokens_reused, prompt_tokens, len(fed))
+    total = computed + sum(fed)
     if total == 0:
         return flops, [0.0] * len(fed)
-    return flops * prompt_tokens / total, [flops * tokens / total for tokens in fed]
+    return flops * computed / total, [flops * tokens / total for tokens in fed]

@@ -70,6 +70,24 @@ def check_generator(generator, problems: Sequence[Problem], config: EvalConfig) 
     _check_prompts_fit(generator, problems, config)
 
 
+def check_code_strategies(problems: Sequence[Problem], config: EvalConfig) -> None:
+    """ValueError, before any model is opened, for a vote over extracted answers (`StrategySpec.votes`)
+    or the allocation (it votes too) when any problem is a code problem: the answers would be
+    numbers read out of program text (`return sorted(l)[len(l) // 2]` votes "2"). Code problems
+    are voted on by clustering programs by what they compute (code_cluster, adaptive_code_cluster)."""
+    code = next((problem for problem in problems if problem.is_code), None)
+    if code is None:
+        return
+    use = "use code_cluster or adaptive_code_cluster, which cluster programs by their outputs on the examples"
+    if config.allocation_round is not None:
+        raise ValueError(f"allocation_round={config.allocation_round} allocates by a vote over extracted answers, and "
+                         f"problem {code.id!r} is a code problem: leave it out ({use})")
+    for name in config.strategies:
+        if get_strategy(name).votes:
+            raise ValueError(f"strategy {name!r} votes over answers extracted from the text, and problem {code.id!r} "
+                             f"is a code problem (the votes would be numbers read out of its programs): {use}")
+
+
 def _check_prompts_fit(generator, problems: Sequence[Problem], config: EvalConfig) -> None:
     """ValueError naming every problem whose prompt leaves no room to generate in the
     generator's context (`max_context` and `count_tokens`; skipped when either is unknown)."""
@@ -158,6 +176,7 @@ def evaluate_models(
     if repeated:
         raise ValueError(f"model label(s) {', '.join(map(repr, repeated))} given more than once: each model of a "
                          "sweep needs its own name")
+    check_code_strategies(problems, config)
     out = Path(out_dir) if out_dir is not None else None
     results = ResultsFile(out / "results.jsonl" if out is not None else None)
     results.check_shared(shared_setup(config), problems)

@@ -94,7 +94,8 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
 
         report.points += allocation_points(pools, problems, config, model,
                                            lambda result, problem: score(result, problem, config,
-                                                                         known.get(problem.id)), decode)
+                                                                         known.get(problem.id)), decode,
+                                           keeps_prompt)
     for point in report.points:
         point.chat = chat
         if flops_estimate is not None:
@@ -105,7 +106,8 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
 def format_table(report: EvalReport) -> str:
     """A plain-text table: model (when the report holds several), strategy, n, accuracy [95%
     bootstrap interval], generated tokens, TFLOPs ("unknown" when the generator could not count
-    them; "~" before an estimate, explained under the table), seconds per problem. When its
+    them; "~" before an estimate, explained under the table), the sandbox's CPU seconds per
+    problem (`Cost.sandbox_seconds`; only when some strategy ran programs), seconds per problem. When its
     models got their prompts differently (`mixed_prompts_note`), a "prompts" column says "chat"
     or "raw" per row and the note under the table flags it."""
     models = list(dict.fromkeys(point.model for point in report.points))
@@ -113,8 +115,9 @@ def format_table(report: EvalReport) -> str:
     column = f"{'model':<{width}}  " if width else ""
     mixed = mixed_prompts_note(report.points)
     prompts = f"{'prompts':<7}  " if mixed else ""
+    sandbox = any(p.cost.sandbox_seconds for p in report.points)
     header = (f"{column}{prompts}{'strategy':<20} {'n':>3}  {'accuracy [95% interval]':>23}  {'gen tokens':>10}  "
-              f"{'TFLOPs':>9}  {'s/problem':>9}")
+              f"{'TFLOPs':>9}  " + (f"{'sandbox s':>9}  " if sandbox else "") + f"{'s/problem':>9}")
     lines = [header, "-" * len(header)]
     for p in report.points:
         interval = "" if p.interval is None else f"[{p.interval[0]:.3f}, {p.interval[1]:.3f}]"
@@ -123,7 +126,8 @@ def format_table(report: EvalReport) -> str:
         shown = {True: "chat", False: "raw", None: "?"}[p.chat]
         prompt = f"{shown:<7}  " if mixed else ""
         lines.append(f"{model}{prompt}{p.strategy:<20} {p.n:>3}  {p.accuracy:>7.3f} {interval:>15}  "
-                     f"{p.cost.generated_tokens:>10.1f}  {flops:>9}  {p.cost.wall_seconds:>9.2f}")
+                     f"{p.cost.generated_tokens:>10.1f}  {flops:>9}  "
+                     + (f"{p.cost.sandbox_seconds:>9.2f}  " if sandbox else "") + f"{p.cost.wall_seconds:>9.2f}")
     estimates = dict.fromkeys((p.model, p.flops_estimate) for p in report.points if p.flops_estimate is not None)
     for model, estimate in estimates:
         lines.append(f"~ {model or 'model'}: FLOPs estimated as {estimate}")

@@ -112,7 +112,7 @@ class CodeExecutionVerifier(Verifier):
 
     def judge(self, report: Report, run: SandboxResult) -> Verdict:
         """The verdict on a run (`execute`): each reported value compared with its expected one here."""
-        cost = Cost(wall_seconds=run.wall_seconds)
+        cost = Cost(wall_seconds=run.wall_seconds, sandbox_seconds=run.cpu_seconds)
         if report.problem is not None:
             feedback = (f"0 of {len(self.tests)} tests passed.\nThe run cannot be trusted: {report.problem}. "
                         "The program wrote to the verifier's report channel.")

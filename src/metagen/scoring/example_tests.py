@@ -6,7 +6,7 @@ prompt alone (the problem's hidden tests never reach a strategy).
     key, cost = tests.cluster_key(reply)   # its outcome on every example's call; None: no cluster
     scores = ExampleScorer(tests)(prompt, candidates)   # as a `Scorer` (best-of-N)
 
-cost: what the run spent (sandbox wall seconds; no model call, no FLOPs).
+cost: what the run spent (sandbox wall and CPU seconds; no model call, no FLOPs).
 
 The program is `code_problems.build_program(prompt code, reply)`; it runs once in the sandbox on
 all the examples (`CodeExecutionVerifier`, each example `assert (call) == expected`, the expected
@@ -86,7 +86,7 @@ class ExampleTests:
             except (SyntaxError, ValueError, RecursionError, MemoryError):
                 return None, Cost()
         report, run = self._run(program)
-        cost = Cost(wall_seconds=run.wall_seconds)
+        cost = Cost(wall_seconds=run.wall_seconds, sandbox_seconds=run.cpu_seconds)
         if report.problem is not None or report.program is None or report.program["error"] is not None:
             return None, cost
         outcomes = []

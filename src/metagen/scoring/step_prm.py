@@ -105,7 +105,10 @@ class CheckpointPRM(ProcessRewardModel):
     tokens compared after it ("good bad" must encode to two ids, as in its model card); separator,
     system: the Qwen format's. A Qwen2.5-Math-PRM checkpoint (`Qwen2ForProcessRewardModel`, whose
     modeling file ships in the directory) is loaded with AutoModel and trust_remote_code, running
-    that file; other token classifiers with AutoModelForTokenClassification (num_labels 2)."""
+    that file; other token classifiers with AutoModelForTokenClassification (num_labels 2).
+    Refused before the weights load: a causal LM whose vocabulary lacks the step tag, good or
+    bad token (no Math-Shepherd PRM), and a token classifier lacking the separator (TRL-style
+    token-classification PRMs are not supported)."""
 
     def __init__(self, path: str, kind: str | None = None, *, step_tag: str = STEP_TAG, good_token: str = GOOD_TOKEN,
                  bad_token: str = BAD_TOKEN, separator: str = SEPARATOR, system: str = QWEN_SYSTEM,
@@ -125,6 +128,7 @@ class CheckpointPRM(ProcessRewardModel):
         self.path, self.kind, self.batch_size, self.device = path, kind, batch_size, device
         self.step_tag, self.separator, self.system = step_tag, separator, system
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self._check_vocabulary(kind, good_token, bad_token)  # before the weights load: a cheap refusal
         remote_code = "ProcessRewardModel" in " ".join(config.get("architectures") or []) and "auto_map" in config
         if kind == SHEPHERD:
             loader = transformers.AutoModelForCausalLM
@@ -151,6 +155,33 @@ class CheckpointPRM(ProcessRewardModel):
             if not self.tokenizer.chat_template:
                 raise ValueError(f"value=prm-qwen:{path}: the tokenizer has no chat template to format the steps")
         self.parameters = self.model.num_parameters(exclude_embeddings=True)
+
+    def _check_vocabulary(self, kind: str, good_token: str, bad_token: str) -> None:
+        """ValueError unless the tokenizer holds the format's tokens, each as one token (its own
+        entry of the vocabulary, decoding to itself): Math-Shepherd's step tag, good and bad
+        tokens (a causal LM without them is no such PRM: its logits there would be noise), or
+        Qwen's separator (a token classifier without it, such as one trained with TRL's
+        PRMTrainer, is a format not supported)."""
+        if kind == QWEN:
+            if not self._one_token(self.separator):
+                raise ValueError(f"value=prm:{self.path}: a token classifier whose vocabulary has no token "
+                                 f"{self.separator!r} (Qwen2.5-Math-PRM's step separator) is not supported: "
+                                 "token-classification PRMs of other formats, such as TRL's PRMTrainer (steps "
+                                 "separated by newlines, scored at each step's last token), are not read; "
+                                 "metagen reads Qwen2.5-Math-PRM (prm-qwen) and Math-Shepherd (prm-shepherd) PRMs")
+            return
+        for name, text in (("step_tag", self.step_tag), ("good_token", good_token), ("bad_token", bad_token)):
+            if not self._one_token(text):
+                raise ValueError(f"value=prm:{self.path}: its vocabulary has no token {text!r} ({name}); a "
+                                 f"Math-Shepherd PRM reads P({good_token!r}) against P({bad_token!r}) after each "
+                                 f"{self.step_tag!r}, so this causal LM is not one (its scores there would be "
+                                 "noise): give a Math-Shepherd checkpoint, or its tokens")
+
+    def _one_token(self, text: str) -> bool:
+        """Whether `text` ends in a token of its own: the last id of its encoding decodes to it
+        (spaces aside; a sentencepiece tokenizer may put a space piece first)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return bool(ids) and self.tokenizer.decode(ids[-1:]).strip() == text.strip()
 
     def _marker_id(self) -> int:
         """The marker's id: the separator must be one token; of the step tag, the last token
@@ -209,23 +240,24 @@ class CheckpointPRM(ProcessRewardModel):
 _loaded: dict[str, ProcessRewardModel] = {}
 
 
-def load_prm(spec: str) -> ProcessRewardModel:
+def load_prm(spec: str, parameters: float | None = None) -> ProcessRewardModel:
     """The PRM a spec names, built once per process (a search builds its value per problem;
-    one PRM is kept at a time)."""
-    if spec not in _loaded:
+    one PRM is kept at a time). parameters: a served PRM's count, for its FLOPs (None: unknown)."""
+    key = spec if parameters is None else f"{spec}|{parameters!r}"
+    if key not in _loaded:
         where, kind, target = parse_prm_spec(spec)
         if where == "remote":
             from metagen.scoring.remote_prm import PoolingPRM
 
-            prm = PoolingPRM(target, kind)
+            prm = PoolingPRM(target, kind, parameter_count=parameters)
         elif not os.path.isdir(target):
             raise ValueError(f"value={spec}: {target!r} is not a directory (a local transformers checkpoint "
                              "of a process reward model)")
         else:
             prm = CheckpointPRM(target, kind)
         release_prms()
-        _loaded[spec] = prm
-    return _loaded[spec]
+        _loaded[key] = prm
+    return _loaded[key]
 
 
 def release_prms() -> None:
@@ -235,10 +267,10 @@ def release_prms() -> None:
     _loaded.clear()
 
 
-def prm_value(spec: str, tokenizer, question: str, delimiter: str) -> StepRewardValue:
+def prm_value(spec: str, tokenizer, question: str, delimiter: str, parameters: float | None = None) -> StepRewardValue:
     """The PrefixValue of a PRM spec (see the module docstring): the PRM's per-step scores of
-    the decoded steps, min over steps."""
+    the decoded steps, min over steps; parameters: a served PRM's count (`load_prm`)."""
     if parse_prm_spec(spec) is None:
         raise ValueError(f"value={spec!r} is not a PRM: prm:PATH, prm-shepherd:PATH, prm-qwen:PATH, "
                          "reward:URL or reward-shepherd:URL")
-    return StepRewardValue(load_prm(spec), tokenizer, question, delimiter, how=AGGREGATE)
+    return StepRewardValue(load_prm(spec, parameters), tokenizer, question, delimiter, how=AGGREGATE)

@@ -16,11 +16,12 @@ are every sample drawn, in order: len(result.completions) is the budget actually
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from metagen.decoding.cost import Cost
-from metagen.decoding.result import GenerationResult
+from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import AnswerExtractor, check_answer_field, extract_answer
 from metagen.strategies import runners
@@ -68,9 +69,12 @@ def adaptive_consistency(
     extractor: AnswerExtractor | None = None,
     *,
     rng: torch.Generator | None = None,
+    voters: Callable[[list[Completion]], list[Completion]] | None = None,
 ) -> GenerationResult:
     """Majority vote over samples drawn `config.round_size` at a time until the stopping rule
-    holds or `config.n_max` are drawn; cost: every round's."""
+    holds or `config.n_max` are drawn; cost: every round's. voters(candidates): the ones that
+    vote (and are counted by the stopping rule) and may win, re-read after every round (None:
+    all; adaptive_code_cluster keeps those passing the examples)."""
     config = config or AdaptiveConsistencyConfig()
     extract = extractor or (lambda text: extract_answer(text, config.pattern, config.answer_field))
     candidates, cost = [], Cost()
@@ -79,11 +83,12 @@ def adaptive_consistency(
         drawn, round_cost = sample_answers(generator, prompt, config.params, size, extract, rng)
         candidates += drawn
         cost += round_cost
-        votes = tally(candidates, [1.0] * len(candidates), config.math)
+        voting = candidates if voters is None else voters(candidates)
+        votes = tally(voting, [1.0] * len(voting), config.math)
         if should_stop(list(votes.values()), config.threshold, config.rule,
                        samples=config.mc_samples, seed=config.mc_seed):
             break
-    return GenerationResult(candidates, cost=cost, chosen=winner(candidates, votes, config.math), votes=votes)
+    return GenerationResult(candidates, cost=cost, chosen=winner(voting, votes, config.math), votes=votes)
 
 
 def _runner(generator, prompt, n, params, options, rng, overrides):
@@ -94,17 +99,19 @@ def _runner(generator, prompt, n, params, options, rng, overrides):
 
 def _code_cluster(generator, prompt, n, params, options, rng, overrides):
     """code_cluster sampled one at a time until the largest cluster is the majority (the stopping
-    rule over cluster keys, `runners.cluster_keys`), plus the sandbox's wall seconds."""
-    key, spent = runners.cluster_keys(prompt)  # digests compare as strings, never as math
+    rule over cluster keys, `runners.cluster_keys`), plus the sandbox's wall seconds. Filtered as
+    code_cluster: once a program passes every docstring example, only such programs vote; until
+    one does (or without examples), every program is clustered."""
+    key, spent, survivors = runners.cluster_keys(prompt)  # digests compare as strings, never as math
     config = configure(AdaptiveConsistencyConfig(n, params=params, math=False), overrides)
-    result = adaptive_consistency(generator, prompt, config, key, rng=rng)
+    result = adaptive_consistency(generator, prompt, config, key, rng=rng, voters=survivors)
     for cost in spent:
         result.cost += cost
     return runners.with_answers(result, options)
 
 register(StrategySpec("adaptive_consistency", "majority vote sampled one at a time until the leading answer is "
                       "the majority with posterior probability 0.95 (at most n)", _runner,
-                      pooled=True, sequential=True, config=AdaptiveConsistencyConfig,
+                      pooled=True, sequential=True, votes=True, config=AdaptiveConsistencyConfig,
                       set_by_run=frozenset({"n_max", "params"})), __name__)
 register(StrategySpec("adaptive_code_cluster", "code_cluster sampled one at a time until the largest cluster is the "
                       "majority with posterior probability 0.95 (at most n)", _code_cluster,

@@ -79,4 +79,4 @@ def _runner(generator, prompt, n, params, options, rng, overrides):
     return borda_voting(generator, prompt, configure(config, overrides), rng=rng)
 
 register(StrategySpec("borda", "Borda voting ranked by self-certainty, p = 0.5", _runner, pooled=True,
-                      needs=CERTAINTY, config=BordaVotingConfig), __name__)
+                      needs=CERTAINTY, votes=True, config=BordaVotingConfig), __name__)

@@ -24,19 +24,29 @@ def with_answers(result, options: StrategyOptions):
 
 
 def cluster_keys(prompt):
-    """(key, spent): key(text) is a reply's cluster key (`ExampleTests.cluster_key`: its outputs on
-    the prompt's docstring examples' calls), each call's sandbox cost appended to `spent`."""
+    """(key, spent, survivors) for AlphaCode's filter-then-cluster (Li et al. 2022) over the
+    prompt's docstring examples (`ExampleTests`): key(text) is a reply's cluster key (its outputs
+    on the examples' calls, `ExampleTests.cluster_key`), each call's sandbox cost appended to
+    `spent`; survivors(candidates) -> the candidates whose program passed every example (their
+    keys seen through `key`), or all of them when none did or the prompt has no examples (then
+    nothing can be filtered, and clustering everything beats an empty vote)."""
     from metagen.scoring.base import prompt_text
     from metagen.scoring.example_tests import ExampleTests
 
-    tests, spent = ExampleTests(prompt_text(prompt)), []
+    tests, spent, passed = ExampleTests(prompt_text(prompt)), [], {}
 
     def key(text):
         found, cost = tests.cluster_key(text)
         spent.append(cost)
+        if found is not None:  # the program loaded and ran: its verdict comes from the same (cached) run
+            passed[text] = tests.score(text)[0] == 1.0
         return found
 
-    return key, spent
+    def survivors(candidates):
+        kept = [candidate for candidate in candidates if passed.get(candidate.text)]
+        return kept or list(candidates)
+
+    return key, spent, survivors
 
 
 def greedy(generator, prompt, n, params, options, rng, overrides):

@@ -56,7 +56,8 @@ class StrategyOptions:
     step_delimiter: the text that ends a reasoning step; aggregation: how tree searches pick
     among their finished leaves (best value, majority vote, value-weighted vote); answer_field:
     the answer is the value at this path of a JSON output ("answer", "result.value"; instead of
-    pattern), for voting over a field of a structured output.
+    pattern), for voting over a field of a structured output; value_parameters: a served PRM's
+    parameter count, so its FLOPs (2·N per token read) are known and join the generator's.
 
     Declared here once because one option serves several configs: a config that has one reuses
     this declaration (`shared`), so its kind, default and range are these (math True as in every
@@ -76,12 +77,20 @@ class StrategyOptions:
                               "answers (majority, value-weighted)", choices=AGGREGATIONS)
     answer_field: str | None = option(None, str, "the answer is this field of a JSON output (e.g. 'answer' or "
                                       "'result.value'), instead of pattern", optional=True)
+    value_parameters: float | None = option(None, float, "a served PRM's (--value reward:URL) parameters a token "
+                                            "runs through, for its FLOPs (2 x N per token read; default unknown)",
+                                            optional=True, above=0)
 
     def __post_init__(self) -> None:
         from metagen.scoring.answers import check_answer_field
+        from metagen.scoring.step_prm import parse_prm_spec
 
         check_options(self)
         check_answer_field(self.pattern, self.answer_field)  # pattern: compiled by RE2 (linear-time matching)
+        prm = parse_prm_spec(self.value)
+        if self.value_parameters is not None and (prm is None or prm[0] != "remote"):
+            raise ValueError(f"value_parameters={self.value_parameters} applies to a served PRM (--value reward:URL "
+                             f"or reward-shepherd:URL), not to value={self.value!r} (a local one's are counted)")
 
 
 SHARED = config_options(StrategyOptions)  # the options every runner reads, by name
@@ -138,6 +147,7 @@ class StrategySpec:
     config: type | None = None  # its own config dataclass: the options it declares are the strategy's
     set_by_run: frozenset[str] = frozenset({"n", "params"})  # config fields the runner sets (from n, the request)
     extracts: bool = False  # the runner extracts each candidate's answer itself (reads pattern, answer_field)
+    votes: bool = False  # picks by a vote over answers extracted from the text (meaningless for programs)
     defaults: tuple[tuple[str, object], ...] = ()  # its own defaults for config fields, over the config's
     # (option, values, capabilities): needed too when the option is one of values (None: set, not None)
     option_needs: tuple[tuple[str, tuple | None, frozenset[str]], ...] = ()

@@ -152,7 +152,8 @@ def _runner(generator, prompt, n, params, options, rng, overrides):
                                        answer_field=options.answer_field), overrides)
     local = generator.local_model()
     model = local.model
-    reward = make_value(options.value, model, prompt, options.step_delimiter)  # refused values fail before a load
+    reward = make_value(options.value, model, prompt, options.step_delimiter,  # refused values fail before a load
+                        parameters=options.value_parameters)
     baseline_reward = (None if config.baseline_value is None
                        else make_value(config.baseline_value, model, prompt, options.step_delimiter))
     baseline = model if config.baseline is None else _load_baseline(config.baseline, model)

@@ -68,4 +68,5 @@ def _runner(generator, prompt, n, params, options, rng, overrides):
     return weighted_voting(generator, prompt, configure(config, overrides), self_certainty, rng=rng)
 
 register(StrategySpec("weighted_voting", "answers weighted by self-certainty", _runner, pooled=True,
-                      needs=CERTAINTY, defaults=(("exp_scores", False),), config=WeightedVotingConfig), __name__)
+                      needs=CERTAINTY, votes=True, defaults=(("exp_scores", False),),
+                      config=WeightedVotingConfig), __name__)

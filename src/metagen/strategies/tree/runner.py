@@ -45,9 +45,10 @@ def _load_head(path: str, model):
     return ValueHead.load(path, model)
 
 
-def make_value(spec: str | None, model, prompt, delimiter: str, generator=None):
+def make_value(spec: str | None, model, prompt, delimiter: str, generator=None, parameters: float | None = None):
     """The PrefixValue named by `spec` (see the module docstring). model: the local model, or
-    None on a remote `generator` (its tokenizer, if any; the judge asks that generator)."""
+    None on a remote `generator` (its tokenizer, if any; the judge asks that generator);
+    parameters: a served PRM's parameter count, for its FLOPs (`StrategyOptions.value_parameters`)."""
     from metagen.scoring.process_reward import ArithmeticStepVerifier, HeadValue, StepRewardValue
 
     if spec is None:
@@ -69,7 +70,7 @@ def make_value(spec: str | None, model, prompt, delimiter: str, generator=None):
     from metagen.scoring.step_prm import is_prm_spec, prm_value
 
     if is_prm_spec(spec):  # a process reward model: local checkpoint or a served one
-        return prm_value(spec, tokenizer, prompt_text(prompt), delimiter)
+        return prm_value(spec, tokenizer, prompt_text(prompt), delimiter, parameters)
     if model is None:
         raise ValueError(f"value={spec!r} is a trained value head, which reads a local model's hidden states: "
                          "a remote generator has none; use --value steps or --value judge")
@@ -89,5 +90,5 @@ def run_search(search, config, generator, prompt, options, rng, *, local_only: b
     else:
         caps.require({caps.STEP_CONTINUATION}, generator, f"{search.__name__}")
         backend, model, chat = generator, None, None
-    value = make_value(options.value, model, prompt, options.step_delimiter, generator)
+    value = make_value(options.value, model, prompt, options.step_delimiter, generator, options.value_parameters)
     return search(model if local_only else backend, prompt, value, config, chat=chat, rng=rng)
