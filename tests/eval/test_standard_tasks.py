@@ -18,6 +18,7 @@ from metagen.eval.code_grading import grade
 from metagen.eval.downloads import SOURCES, DataUnavailableError, data_file
 from metagen.eval.judging import correct
 from metagen.eval.standard_tasks import gsm8k_problems, mbpp_problems
+from metagen.scoring.doc_examples import doc_examples
 from metagen.strategies.registry import StrategyOptions
 from tests.eval import mbpp_sample
 from tests.eval.test_eval_cli import loads  # noqa: F401  (the toy model behind `metagen eval`)
@@ -157,6 +158,8 @@ def test_mbpp_reads_the_test_split_with_the_first_assertion_as_the_example(mbpp_
                               'from the string.\nassert remove_Occ("hello","l") == "heo"\n"""\n')
     assert first.entry_point == "remove_Occ" and first.is_code
     assert first.test.count("assert ") == 3 and "hellolloll" not in first.test  # no challenge tests
+    shown = doc_examples(first.question).examples  # what example-reading strategies see: the first assertion
+    assert [(e.expression, e.expected) for e in shown] == [("remove_Occ('hello', 'l')", "heo")]
 
 
 def test_mbpp_grades_the_reference_solution_right_and_a_wrong_one_by_the_failing_assertion(mbpp_file, cache):

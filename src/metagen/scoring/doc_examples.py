@@ -23,6 +23,9 @@ calls and their results. These ways of writing them are read:
     naming every parameter are put in the parameters' order, else as many items as there are
     parameters are taken in the order written.
 
+A prompt that defines no function (MBPP's: a docstring with the task and `assert f(x) == v`)
+has its examples read as calls of the functions its `assert` lines call.
+
 HumanEval's 164 prompts: 30 give no example in the first two forms; with the rest read, 8 do
 (38, 41, 50, 83: none written; 80: unquoted strings; 105, 160: worked prose; 130: formulas),
 and the examples go from 382 to 449, every one satisfied by the canonical solution but those of
@@ -64,6 +67,7 @@ _INPUT = re.compile(r"^[ \t]*Input[ \t]*:[ \t]*(.*)$")
 _OUTPUT = re.compile(r"^[ \t]*Output[ \t]*:[ \t]*(.*)$")
 _FOR = re.compile(r"\bFor[ \t]+(.+?)\bthe[ \t]+(?:output|result)[ \t]+should[ \t]+be[ \t]+(.*)$")
 _ARGUMENT = re.compile(r"[ \t]*([A-Za-z_]\w*)[ \t]*[=:][ \t]*(?![=])")
+_ASSERTED = re.compile(r"^[ \t]*assert[ \t]+([A-Za-z_]\w*)[ \t]*\(", re.MULTILINE)
 MAX_INPUT_LINES = 10  # lines between "Input:" and "Output:"
 MAX_CONTINUATION_LINES = 20  # lines an inline call's brackets may span
 
@@ -98,6 +102,8 @@ def doc_examples(code: str, entry_point: str | None = None) -> DocExamples:
     a function it defines (`entry_point` included, default `entry_point_of(code)`)."""
     entry = entry_point or entry_point_of(code)
     names = set(function_names(code)) | ({entry} - {None})
+    if not names:  # a prompt of MBPP's form: a docstring whose `assert f(...) == v` names the function
+        names = set(_ASSERTED.findall(code))
     found = DocExamples()
     if not names:
         return found
