@@ -219,6 +219,17 @@ def test_eval_runs_a_comma_list_of_tasks_each_into_its_own_directory(tmp_path, c
     assert (tmp_path / "out" / "mbpp" / "results.jsonl").read_bytes() == results
 
 
+def test_eval_task_gsm8k_reads_a_given_copy_offline(tmp_path, capsys, loads, cache):  # noqa: F811
+    path = shared_data("gsm8k") / "test.jsonl"
+    argv = [*BASE, "--task", "gsm8k", "--data", str(path), "--limit", "2", "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert [(row["task"], row["problems"]) for row in rows] == [("gsm8k", 2)]
+    records = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert {record["id"] for record in records if record["kind"] == "live"} == {"gsm8k/0", "gsm8k/1"}
+    assert cache[2] == []  # nothing downloaded
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--task", "gsm8k,gsm9k"], "--task 'gsm9k' is not a built-in task: give one or more of arithmetic, humaneval"),
     (["--task", "mbpp,mbpp"], "--task names mbpp more than once"),

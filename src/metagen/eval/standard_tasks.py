@@ -88,8 +88,8 @@ def mbpp_problems(path: str | Path | None = None) -> list[Problem]:
     problems = [_mbpp_problem(record, f"{file}:{number}") for task_id, (number, record) in sorted(records.items())
                 if task_id in MBPP_TEST_IDS]
     if not problems:
-        raise ValueError(f"{file}: no MBPP test-split problem (task ids {MBPP_TEST_IDS.start}-"
-                         f"{MBPP_TEST_IDS.stop - 1}) in it")
+        raise ValueError(f"{file}: no MBPP test-split problem (task ids {min(MBPP_TEST_IDS)}-"
+                         f"{max(MBPP_TEST_IDS)}) in it")
     return problems
 
 
