@@ -70,7 +70,12 @@ def test_a_row_states_help_default_and_choices() -> None:
     assert "| `prompt` | the prompt (wrapped in the chat template unless --no-chat) | required |  |" in generate
     assert "steps \\| judge \\| prm:PATH" in generate
     evaluation = text.split("## metagen eval", 1)[1].split("## metagen serve", 1)[0]
-    assert "Exactly one of `--data`, `--task`." in evaluation
+    # a required exclusive group says so above its table
+    parser = argparse.ArgumentParser(prog="x")
+    either = parser.add_mutually_exclusive_group(required=True)
+    either.add_argument("--data")
+    either.add_argument("--task")
+    assert "Exactly one of `--data`, `--task`." in REFERENCE._command_section("x", "x", parser)
     assert "\n### Remote backend (an OpenAI-compatible server: " in evaluation  # a named group, its own table
 
 

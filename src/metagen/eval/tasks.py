@@ -57,7 +57,7 @@ def load_jsonl(path: str | Path) -> list[Problem]:
     FileNotFoundError when it does not exist."""
     problems: list[Problem] = []
     seen: set[str] = set()
-    for number, line in _lines(Path(path)):
+    for number, line in text_lines(Path(path)):
         if not line.strip():
             continue
         try:
@@ -126,7 +126,7 @@ def humaneval_problems() -> list[Problem]:
     return load_jsonl(path)
 
 
-def _lines(path: Path):
+def text_lines(path: Path):
     """(line number, text) of a UTF-8 file (gunzipped when its name ends in .gz); errors name
     the file (and line)."""
     if not path.exists():

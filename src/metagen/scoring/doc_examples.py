@@ -1,19 +1,39 @@
 """The examples a code problem's docstrings write, as checks a program can be run on.
 
 A HumanEval-form prompt shows the function to write with a docstring, which often gives a few
-calls and their results. Two ways of writing them are read:
+calls and their results. These ways of writing them are read:
 
   - doctest: `>>> expression` (continued by `... ` lines), then the expected value on the lines
     up to a blank line, the next `>>>` or the docstring's end; no expected line means the call
     returns None (doctest prints nothing for None: HumanEval/12's `>>> longest([])`);
   - inline: `call SEP value` on one line (a call's brackets may go on over the next lines),
-    SEP one of `==`, `==>`, `=>`, `->`, `➞`, `returns`, `should return` (a `#` before it is
-    allowed, so is text before the call: `for f(1) == 2`, `* f([]) => []`); several on one
-    line are read one after the other.
+    SEP one of `==`, `==>`, `=>`, `->`, `➞`, `=`, `returns`, `should return` (a `#` before it
+    is allowed, so is text before the call: `for f(1) == 2`, `* f([]) => []`); several on one
+    line are read one after the other. The value may be spelled `true` / `false`, or worked
+    out: "f(x) -> 19 - 5 - 6 = 8" is kept when the arithmetic gives the literal after its last
+    `=`. A docstring that defines its function by formulas with `=` (a `call = ...` that is
+    not an example: "tri(n) = 1 + n / 2") keeps none of its `=` lines ("tri(1) = 3" is a term
+    of the recurrence, not what tri(1) returns). When the prompt defines one function, a call
+    of a name it does not define (and no builtin) in such a line is read as a call of that
+    function (HumanEval/81's `grade_equation(...)` for `numerical_letter_grade`);
+  - prose, as arguments and a value of the entry point: "Input: arr = [1, 2], k = 3" then
+    "Output: [2]" on a later line (up to MAX_INPUT_LINES), and "For lst = [1, 2] the output
+    should be 5" ("the result should be"; prose may stand before "the"). The arguments are
+    `name = value` or `name : value` items or bare values, separated by commas or lines: items
+    naming every parameter are put in the parameters' order, else as many items as there are
+    parameters are taken in the order written.
+
+A prompt that defines no function (MBPP's: a docstring with the task and `assert f(x) == v`)
+has its examples read as calls of the functions its `assert` lines call.
+
+HumanEval's 164 prompts: 30 give no example in the first two forms; with the rest read, 8 do
+(38, 41, 50, 83: none written; 80: unquoted strings; 105, 160: worked prose; 130: formulas),
+and the examples go from 382 to 449, every one satisfied by the canonical solution but those of
+the three problems whose docstrings are wrong (`tests/scoring/test_doc_examples.py`).
 
 An example is kept when its expression parses, calls a function the prompt defines (the entry
 point or a helper) and reads no name but those functions and builtins (`fib4(n) -> ...` is not
-one), and its value is a Python literal (`ast.literal_eval`; `true`, `1 + 9 = 10` are not);
+one), and its value is a Python literal (`ast.literal_eval`; `truth`, `1 + 9 = 11` are not);
 after an inline value only the line's end, punctuation, a comment or a parenthesis may follow.
 What looks like an example but is not kept is counted in `skipped`, with the reason. Expected
 values are compared with ==, as doctest would compare their printed form; a docstring whose
@@ -29,15 +49,26 @@ from __future__ import annotations
 import ast
 import builtins
 import io
+import keyword
+import operator
 import re
 import tokenize
 from dataclasses import dataclass, field
 
 from metagen.scoring.code_problems import entry_point_of, function_names
 
-SEPARATORS = ("==>", "=>", "==", "->", "➞", "should return", "returns")
-_SEPARATOR = re.compile(r"[ \t]*(?:#[ \t]*)?(==>|=>|==|->|➞|should return|returns)(?![=>])[ \t]*")
+SEPARATORS = ("==>", "=>", "==", "->", "➞", "=", "should return", "returns")
+_SEPARATOR = re.compile(r"[ \t]*(?:#[ \t]*)?(==>|=>|==|->|➞|=|should return|returns)(?![=>])[ \t]*")
 _TAIL = re.compile(r"[ \t]*(?:$|#|\(|\band\b|\bor\b|[.,;:](?:[ \t]|$))")
+_WORD_END = re.compile(r"[ \t]*(?:$|\n|,|;|\b)")  # a literal inside prose: "For x = [1] the output ..."
+_BOOLEANS = {"true": True, "false": False}  # JSON's spelling, as docstrings often write them
+_WORKED = re.compile(r"([-+*/%() \t\d.]+?)[ \t]*=[ \t]*")  # "19 - 5 - 6 = 8": a worked value
+_INPUT = re.compile(r"^[ \t]*Input[ \t]*:[ \t]*(.*)$")
+_OUTPUT = re.compile(r"^[ \t]*Output[ \t]*:[ \t]*(.*)$")
+_FOR = re.compile(r"\bFor[ \t]+(.+?)\bthe[ \t]+(?:output|result)[ \t]+should[ \t]+be[ \t]+(.*)$")
+_ARGUMENT = re.compile(r"[ \t]*([A-Za-z_]\w*)[ \t]*[=:][ \t]*(?![=])")
+_ASSERTED = re.compile(r"^[ \t]*assert[ \t]+([A-Za-z_]\w*)[ \t]*\(", re.MULTILINE)
+MAX_INPUT_LINES = 10  # lines between "Input:" and "Output:"
 MAX_CONTINUATION_LINES = 20  # lines an inline call's brackets may span
 
 
@@ -69,16 +100,39 @@ class DocExamples:
 def doc_examples(code: str, entry_point: str | None = None) -> DocExamples:
     """The examples in the docstrings of `code` (a prompt's source, see `code_in_prompt`) that call
     a function it defines (`entry_point` included, default `entry_point_of(code)`)."""
-    names = set(function_names(code)) | ({entry_point or entry_point_of(code)} - {None})
+    entry = entry_point or entry_point_of(code)
+    names = set(function_names(code)) | ({entry} - {None})
+    if not names:  # a prompt of MBPP's form: a docstring whose `assert f(...) == v` names the function
+        names = set(_ASSERTED.findall(code))
     found = DocExamples()
     if not names:
         return found
-    call_start = re.compile(r"(?<![\w.])(?:" + "|".join(map(re.escape, sorted(names))) + r")[ \t]*\(")
+    alias = names == {entry}  # one function: a call of an undefined name in an example is a call of it
+    called = r"[A-Za-z_]\w*" if alias else "|".join(map(re.escape, sorted(names)))
+    call_start = re.compile(r"(?<![\w.])(?:" + called + r")[ \t]*\(")
+    parameters = _parameters(code, entry) if entry is not None else None
     for first_line, lines in _docstrings(code):
         _read_doctests(lines, first_line, names, found)
-        _read_inline(lines, first_line, names, call_start, found)
+        _read_inline(lines, first_line, names, call_start, found, entry if alias else None)
+        if parameters is not None:
+            _read_input_output(lines, first_line, entry, parameters, names, found)
+            _read_for_should_be(lines, first_line, entry, parameters, names, found)
     found.examples.sort(key=lambda example: example.line)
     return found
+
+
+def _parameters(code: str, name: str) -> list[str] | None:
+    """The positional parameter names of top-level function `name` in `code`, None when not found."""
+    for source in (code, code.rstrip() + "\n    pass\n"):
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                return [argument.arg for argument in node.args.posonlyargs + node.args.args]
+        return None
+    return None
 
 
 def _docstrings(code: str) -> list[tuple[int, list[str]]]:
@@ -141,7 +195,13 @@ def _read_doctests(lines: list[str], first_line: int, names: set[str], found: Do
 
 
 def _read_inline(lines: list[str], first_line: int, names: set[str], call_start: re.Pattern,
-                 found: DocExamples) -> None:
+                 found: DocExamples, alias: str | None) -> None:
+    """Inline examples, `call SEP value`. In a docstring where some `call = ...` is not an
+    example (a formula: "tri(n) = 1 + n / 2", "tri(3) = tri(2) + tri(1) + tri(4)"), its `=` lines
+    define the function rather than show calls of it, and none is kept ("tri(1) = 3" is not
+    what tri(1) returns)."""
+    here = DocExamples()
+    formulas: list[int] = []
     index = 0
     while index < len(lines):
         text = lines[index]
@@ -153,11 +213,19 @@ def _read_inline(lines: list[str], first_line: int, names: set[str], call_start:
         while _open_brackets(joined[start:]) > 0 and used < MAX_CONTINUATION_LINES and index + used < len(lines):
             joined += "\n" + lines[index + used]
             used += 1
-        _read_line(joined, first_line + index, names, call_start, found)
+        _read_line(joined, first_line + index, names, call_start, here, alias, formulas)
         index += used
+    for example in here.examples:
+        if formulas and example.form == "=":
+            here.skipped.append((example.line, f"{example.expression} = {example.expected!r}",
+                                 f"the docstring defines the function by formulas with '=' (line {formulas[0]})"))
+        else:
+            found.examples.append(example)
+    found.skipped += here.skipped
 
 
-def _read_line(text: str, line: int, names: set[str], call_start: re.Pattern, found: DocExamples) -> None:
+def _read_line(text: str, line: int, names: set[str], call_start: re.Pattern, found: DocExamples,
+               alias: str | None = None, formulas: list[int] | None = None) -> None:
     position = 0
     while (match := call_start.search(text, position)) is not None:
         end = _closing_bracket(text, match.end() - 1)
@@ -168,18 +236,151 @@ def _read_line(text: str, line: int, names: set[str], call_start: re.Pattern, fo
         separator = _SEPARATOR.match(rest)
         if separator is None:
             continue  # a call in prose, not an example
+        name = call[:call.index("(")].strip()
+        if name not in names:  # `alias` is set: the prompt's one function under another name
+            if hasattr(builtins, name) or keyword.iskeyword(name):
+                continue
+            call = alias + call[len(name):]
         shown = " ".join((call + rest).split())
         why = _call_problem(call, names, top_call=True)
         value_text = rest[separator.end():]
-        length = None if why is not None else _literal_prefix(value_text)
+        length, value = (None, None) if why is not None else _value(value_text)
         if why is None and length is None:
             why = f"what follows {separator.group(1)!r} is not a Python literal"
         if why is not None:
+            if separator.group(1) == "=" and formulas is not None:
+                formulas.append(line)
             found.skipped.append((line, shown, why))
             continue
-        _, value = _literal(value_text[:length])
         found.examples.append(Example(ast.unparse(ast.parse(call, mode="eval")), value, line, separator.group(1)))
         position = end + 1 + separator.end() + length
+
+
+def _value(text: str) -> tuple[int | None, object]:
+    """(length, value) of the inline value at the start of `text`: a Python literal, `true` or
+    `false`, or a worked value "19 - 5 - 6 = 8" whose arithmetic gives the literal after its
+    last `=` (kept only then); (None, None) when there is none."""
+    length = _literal_prefix(text)
+    if length is not None:
+        return length, _literal(text[:length])[1]
+    word = re.match(r"(true|false)\b", text)
+    if word and _TAIL.match(text, word.end()):
+        return word.end(), _BOOLEANS[word.group(1)]
+    worked = _WORKED.match(text)
+    if worked and (length := _literal_prefix(text[worked.end():])) is not None:
+        value = _literal(text[worked.end():worked.end() + length])[1]
+        if _arithmetic(worked.group(1)) == value:
+            return worked.end() + length, value
+    return None, None
+
+
+def _arithmetic(text: str) -> object:
+    """The value of an arithmetic expression of number literals (+ - * / // % **, brackets),
+    None when `text` is not one."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except (SyntaxError, ValueError):
+        return None
+    operators = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+                 ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
+
+    def value(node):
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in operators:
+            return operators[type(node.op)](value(node.left), value(node.right))
+        raise ValueError("not arithmetic")
+
+    try:
+        return value(tree)
+    except (ValueError, ZeroDivisionError, TypeError):
+        return None
+
+
+def _read_input_output(lines: list[str], first_line: int, entry: str, parameters: list[str], names: set[str],
+                       found: DocExamples) -> None:
+    """Examples written "Input: arguments" then "Output: value" (on the lines up to
+    MAX_INPUT_LINES below): arguments as `name = value` or `name : value` items or bare values,
+    separated by commas or lines (`_arguments`)."""
+    for index, text in enumerate(lines):
+        opened = _INPUT.match(text)
+        if opened is None:
+            continue
+        given = [opened.group(1)]
+        for after in lines[index + 1:index + 1 + MAX_INPUT_LINES]:
+            output = _OUTPUT.match(after)
+            if output is not None:
+                _add_call(entry, parameters, "\n".join(given), output.group(1), first_line + index, "Input/Output",
+                          names, found)
+                break
+            given.append(after)
+
+
+def _read_for_should_be(lines: list[str], first_line: int, entry: str, parameters: list[str], names: set[str],
+                        found: DocExamples) -> None:
+    """Examples written "For lst = [1, 2] the output should be 5" ("the result should be"; prose
+    may stand between the arguments and "the": "For N = 150, the sum of digits will be 6 the
+    output should be "110".")."""
+    for index, text in enumerate(lines):
+        match = _FOR.search(text)
+        if match is not None:
+            _add_call(entry, parameters, match.group(1), match.group(2), first_line + index, "For/should be",
+                      names, found, prose_after=True)
+
+
+def _add_call(entry: str, parameters: list[str], arguments: str, output: str, line: int, form: str,
+              names: set[str], found: DocExamples, prose_after: bool = False) -> None:
+    """The example `entry(arguments) == output`, added to `found`, or skipped with the reason."""
+    shown = " ".join(f"{arguments} -> {output}".split())
+    values = _arguments(arguments, parameters, prose_after)
+    length = _literal_prefix(output)
+    if values is None:
+        found.skipped.append((line, shown, f"its arguments are not {len(parameters)} Python literals "
+                                           f"(for {', '.join(parameters)})"))
+    elif length is None:
+        found.skipped.append((line, shown, "its output is not a Python literal"))
+    else:
+        call = f"{entry}({', '.join(values)})"
+        why = _call_problem(call, names, top_call=True)
+        if why is None:
+            found.examples.append(Example(ast.unparse(ast.parse(call, mode="eval")), _literal(output[:length])[1],
+                                          line, form))
+        else:
+            found.skipped.append((line, shown, why))
+
+
+def _arguments(text: str, parameters: list[str], prose_after: bool) -> list[str] | None:
+    """The argument sources of `text` in the order of `parameters`: items `name = value` (or
+    `name : value`) naming every parameter, or as many items (named or not) as there are
+    parameters, in order; each value a Python literal. prose_after: text after the items is
+    allowed (and ignored). None when the items do not fit."""
+    items, position = [], 0
+    while position < len(text):
+        while position < len(text) and text[position] in " \t\n,":
+            position += 1
+        if position >= len(text):
+            break
+        named = _ARGUMENT.match(text, position)
+        start = named.end() if named else position
+        length = _literal_prefix(text[start:], tail=_WORD_END)
+        if length is None:
+            if prose_after and items:
+                break
+            return None
+        value = text[start:start + length].strip()
+        if value.endswith(",") and _literal(value[:-1])[0]:  # "[1, 2], k = 3": the comma separates
+            value = value[:-1].rstrip()
+        items.append((named.group(1) if named else None, value))
+        position = start + length
+    names = [name for name, _ in items]
+    if sorted(name for name in names if name) == sorted(parameters) and None not in names:
+        by_name = dict(items)
+        return [by_name[name] for name in parameters]
+    if len(items) == len(parameters) and items:
+        return [value for _, value in items]
+    return None
 
 
 def _asserted(compare: ast.Compare, shown: object):
@@ -224,9 +425,9 @@ def _literal(text: str) -> tuple[bool, object]:
         return False, None
 
 
-def _literal_prefix(text: str) -> int | None:
+def _literal_prefix(text: str, tail: re.Pattern = _TAIL) -> int | None:
     """Length of the longest prefix of `text` that is a Python literal followed by an end (see
-    `_TAIL`), tried at each token end; None when there is none."""
+    `_TAIL`, or `tail`), tried at each token end; None when there is none."""
     ends = []
     try:
         for token in tokenize.generate_tokens(io.StringIO(text.split("\n")[0] + "\n").readline):
@@ -238,7 +439,7 @@ def _literal_prefix(text: str) -> int | None:
     except (tokenize.TokenError, SyntaxError):
         pass
     for end in sorted(set(ends), reverse=True):
-        if _literal(text[:end])[0] and _TAIL.match(text, end):
+        if _literal(text[:end])[0] and tail.match(text, end):
             if text[end - 1] == "." and _literal(text[:end - 1])[0]:
                 return end - 1  # "should return -15." ends a sentence: the number is -15
             return end

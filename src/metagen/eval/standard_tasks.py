@@ -1,0 +1,155 @@
+"""Published benchmarks as `Problem`s: GSM8K's test set and MBPP's test split, read from the
+files of their canonical sources (fetched and checked by `downloads.py`).
+
+  gsm8k  the 1,319 grade-school math problems of GSM8K's test set (Cobbe et al. 2021). The
+         question is asked as it is; the reference answer is the number after the solution's
+         "#### " line, thousands separators dropped ("#### 1,600" -> "1600"). A reply is graded
+         as any question with an answer is (`judging.correct`): its answer extracted with the
+         run's pattern (default: a \\boxed{} answer, else "answer is X", else the last number)
+         and compared as math. Ids "gsm8k/<line index from 0>".
+  mbpp   the 500 problems of MBPP's test split, task ids 11-510 (Austin et al. 2021). The
+         prompt is the problem's text and its first test assertion, as a docstring:
+
+             \"\"\"
+             Write a python function to remove first and last occurrence of a given character from the string.
+             assert remove_Occ("hello","l") == "heo"
+             \"\"\"
+
+         (the form of the MBPP paper's prompt with one example test, as EvalPlus writes it);
+         the assertion fixes the function's name and signature. The hidden test is the
+         problem's `test_setup_code` then every assertion of `test_list`, at module level, run in
+         the sandbox after the reply's program (`code_grading`), as MBPP's own harness runs
+         code, setup, then tests; its `check(candidate)` follows them, empty. The entry point
+         is the first function the first assertion calls that the reference solution defines.
+         `challenge_test_list` is not used (nor by the paper's results). Ids "mbpp/<task id>".
+
+With a file given (`--data`), every record in it is read (GSM8K), or those of the test split
+(MBPP): a subset of the file is a subset of the task. The cached MBPP file, whose checksum is
+not pinned, is checked here instead: 974 records, all 500 test ids present.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+from metagen.eval.downloads import SOURCES, data_file
+from metagen.eval.tasks import Problem, humaneval_problems, text_lines
+
+GSM8K_SIZE = 1319
+MBPP_TEST_IDS = range(11, 511)
+MBPP_RECORDS = 974
+# The assertions run at module level, where MBPP's harness runs them (a solution may itself be
+# named `check`: MBPP/56, MBPP/349); the grader then calls check(), which passes them on.
+MBPP_CHECK = "\n\ndef check(candidate):\n    pass  # the assertions above ran as this file loaded\n"
+
+
+def gsm8k_problems(path: str | Path | None = None) -> list[Problem]:
+    """GSM8K's test problems from `path`, or from the cached (or downloaded) canonical file; the
+    whole published set has GSM8K_SIZE. ValueError naming the file and line of a malformed record."""
+    file = data_file(SOURCES["gsm8k"], path)
+    problems = []
+    for number, record in _records(file):
+        question, solution = record.get("question"), record.get("answer")
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"{file}:{number}: field 'question' is missing or empty (a GSM8K record holds "
+                             "'question' and 'answer')")
+        if not isinstance(solution, str) or "####" not in solution:
+            raise ValueError(f"{file}:{number}: field 'answer' is {solution!r:.60}: a GSM8K solution ends with "
+                             "'#### <number>'")
+        answer = solution.rsplit("####", 1)[1].strip().replace(",", "")
+        if not answer:
+            raise ValueError(f"{file}:{number}: field 'answer' has nothing after '####'")
+        problems.append(Problem(f"gsm8k/{number - 1}", question, answer))
+    if not problems:
+        raise ValueError(f"{file}: no problems found")
+    return problems
+
+
+def mbpp_problems(path: str | Path | None = None) -> list[Problem]:
+    """MBPP's test-split problems (task ids 11-510) from `path`, or from the cached (or
+    downloaded) canonical file, in task-id order. ValueError naming the file and line of a
+    malformed record, or (the canonical file) the ids missing from it."""
+    file = data_file(SOURCES["mbpp"], path)
+    records = {}
+    for number, record in _records(file):
+        task_id = record.get("task_id")
+        if isinstance(task_id, bool) or not isinstance(task_id, int):
+            raise ValueError(f"{file}:{number}: field 'task_id' is {task_id!r:.40}: must be an integer")
+        if task_id in records:
+            raise ValueError(f"{file}:{number}: task_id {task_id} appears twice")
+        records[task_id] = (number, record)
+    if path is None:
+        missing = [task_id for task_id in MBPP_TEST_IDS if task_id not in records]
+        if len(records) != MBPP_RECORDS or missing:
+            raise ValueError(f"{file} holds {len(records)} records (MBPP has {MBPP_RECORDS}) and misses "
+                             f"{len(missing)} test-split ids: not the published file; delete it to fetch it again")
+    problems = [_mbpp_problem(record, f"{file}:{number}") for task_id, (number, record) in sorted(records.items())
+                if task_id in MBPP_TEST_IDS]
+    if not problems:
+        raise ValueError(f"{file}: no MBPP test-split problem (task ids {min(MBPP_TEST_IDS)}-"
+                         f"{max(MBPP_TEST_IDS)}) in it")
+    return problems
+
+
+def _mbpp_problem(record: dict, where: str) -> Problem:
+    """One MBPP record as a code problem (see the module docstring); ValueError naming `where`."""
+    text, code, tests = record.get("text"), record.get("code"), record.get("test_list")
+    setup = record.get("test_setup_code") or ""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{where}: field 'text' is missing or empty")
+    if not isinstance(tests, list) or not tests or not all(isinstance(t, str) and t.strip() for t in tests):
+        raise ValueError(f"{where}: field 'test_list' must be a non-empty list of assertions")
+    if not isinstance(code, str) or not isinstance(setup, str):
+        raise ValueError(f"{where}: fields 'code' and 'test_setup_code' must be text")
+    entry_point = _called_function(tests[0], code, where)
+    prompt = f'"""\n{text.strip()}\n{tests[0].strip()}\n"""\n'
+    asserts = "".join(f"{test.strip()}\n" for test in tests)
+    test = (setup.replace("\r\n", "\n").strip() + "\n\n" if setup.strip() else "") + asserts + MBPP_CHECK
+    return Problem(f"mbpp/{record['task_id']}", prompt, "", test, entry_point)
+
+
+def _called_function(assertion: str, code: str, where: str) -> str:
+    """The first function `assertion` calls that `code` (the reference solution) defines at top level."""
+    try:
+        called = [node.func.id for node in ast.walk(ast.parse(assertion.strip()))
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+        defined = {node.name for node in ast.parse(code).body if isinstance(node, ast.FunctionDef)}
+    except SyntaxError as error:
+        raise ValueError(f"{where}: field 'test_list' or 'code' does not parse ({error.msg})") from None
+    for name in called:
+        if name in defined:
+            return name
+    raise ValueError(f"{where}: the first assertion calls no function the solution ('code') defines: {assertion!r:.80}")
+
+
+def _records(file: Path):
+    """(line number, JSON object) of each non-blank line of `file`; ValueError naming file and line."""
+    for number, line in text_lines(file):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{file}:{number}: not valid JSON ({error.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{file}:{number}: expected a JSON object, got {type(record).__name__}")
+        yield number, record
+
+
+LOADED = ("humaneval", "gsm8k", "mbpp")  # the built-in tasks `load_task` reads (arithmetic is drawn)
+DOWNLOADED = ("gsm8k", "mbpp")  # those read from a data file (`--data PATH` gives it)
+
+
+def load_task(name: str, data: str | Path | None = None) -> list[Problem]:
+    """The problems of built-in task `name` other than arithmetic (whose problems are drawn with
+    their own options: `tasks.arithmetic_problems`); `data`: the file of a DOWNLOADED task."""
+    if name not in LOADED:
+        raise ValueError(f"task {name!r} is not one load_task reads: give one of {', '.join(LOADED)}")
+    if data is not None and name not in DOWNLOADED:
+        raise ValueError(f"--data gives the file of a task read from one ({', '.join(DOWNLOADED)}), "
+                         f"not of --task {name}")
+    if name == "humaneval":
+        return humaneval_problems()
+    return gsm8k_problems(data) if name == "gsm8k" else mbpp_problems(data)
