@@ -63,10 +63,11 @@ def test_every_drafter_builds_by_name_and_proposes_a_valid_draft(model_fp32, nam
     drafter.start(ids, 2, target_cache=cache)
     drafter.observe([ids[:-1]], logits)
     chain = SamplerChain.from_params(SamplingParams(temperature=1.0), 2, target.vocab_size)
-    if drafter.observes:  # it drafts from what verification forwards showed it: one observed step first
+    if name == "stand":  # it drafts from the committed tokens verification showed it: one observed step first
         drafter.propose([ids[:2]], [0], chain, None)
-        logits = target.forward(target.new_cache(1), [ids], logits="all").logits[0]  # (T, V)
-        drafter.observe([0], [ids[2:]], [logits[1:-1]])  # position 1 + j is the one ids[2 + j] was drawn from
+        logits = target.forward(target.new_cache(1), [ids], logits="all").logits  # (1, T, V)
+        # fed t0 = ids[1] and nodes ids[2:-1], all kept, then ids[-1] drawn: position j follows fed[j]
+        drafter.observe([ids[1:-1]], logits[:, 1:-1], [(list(range(len(ids) - 3)), ids[-1])])
     draft = drafter.propose([ids, ids], [3, 2], chain, torch.Generator().manual_seed(0))
     # retrieval trees are chains where every occurrence continues alike (here: the repeats)
     assert isinstance(draft, Draft) and (draft.is_chain != drafter.proposes_trees or name == "rasd")
