@@ -102,3 +102,15 @@ def test_no_predicted_point_without_known_flops():
     unknown = [CurvePoint("self_consistency", n, law(1.0, 0.4, n), 0.0, 50, Cost(flops=None)) for n in NS]
     fits = fit_curves(unknown)
     assert fits[0].a == pytest.approx(1.0) and predicted_points(fits, unknown) == []
+
+
+def test_curves_of_several_tasks_are_fitted_apart():
+    from dataclasses import replace
+
+    arithmetic = [replace(p, task="arithmetic") for p in curve("self_consistency", 1.0, 0.4)]
+    humaneval = [replace(p, task="humaneval") for p in curve("self_consistency", 2.0, 0.7)]
+    fits = fit_curves([*arithmetic, *humaneval])
+    assert [(fit.task, round(fit.a, 9), round(fit.b, 9)) for fit in fits] == [("arithmetic", 1.0, 0.4),
+                                                                               ("humaneval", 2.0, 0.7)]
+    assert fits[0].to_dict()["task"] == "arithmetic"
+    assert {p.task for p in predicted_points(fits, [*arithmetic, *humaneval])} == {"arithmetic", "humaneval"}

@@ -152,7 +152,8 @@ def budget_ladder(points: Sequence[CurvePoint], rungs: int = 8) -> tuple[float, 
     return (float(lo), *inner, float(hi))
 
 
-def predicted_budgets(points: Sequence[CurvePoint], predicted: Sequence[CurvePoint], rungs: int = 3) -> tuple[float, ...]:
+def predicted_budgets(points: Sequence[CurvePoint], predicted: Sequence[CurvePoint],
+                      rungs: int = 3) -> tuple[float, ...]:
     """Budgets past the dearest measured point, up to the dearest predicted one, evenly in log
     FLOPs: hi · (top / hi)^(i / rungs), i = 1..rungs; () when no predicted point is dearer."""
     placed, _ = _split(points)
@@ -183,17 +184,18 @@ def answer(points: Sequence[CurvePoint], budgets: Sequence[float] | None = None,
            seed: int = 0, resamples: int | None = None) -> Answer:
     """The `Answer` over the configurations `points` (coverage: the pass@k rows, fitted but never
     chosen); budgets default to `budget_ladder(points)`; seed and resamples (default
-    `points.BOOTSTRAP_RESAMPLES`) drive the paired bootstrap. O(P log P + budgets · R · P · K)."""
+    `points.BOOTSTRAP_RESAMPLES`) drive the paired bootstrap. Points marked predicted are left
+    out: the fits make their own. O(P log P + budgets · R · P · K)."""
     from metagen.eval.paired import compare
     from metagen.eval.points import BOOTSTRAP_RESAMPLES
     from metagen.eval.scaling_fit import fit_curves, predicted_points
 
-    table = per_budget(points, budget_ladder(points) if budgets is None else budgets)
-    placed, _ = _split(points)
+    measured = [point for point in points if not point.predicted]
+    table = per_budget(measured, budget_ladder(measured) if budgets is None else budgets)
+    placed, _ = _split(measured)
     paired = tuple(compare(choice.best, choice.runner_up, [p for p in placed if p.cost.flops <= choice.budget],
                            seed, BOOTSTRAP_RESAMPLES if resamples is None else resamples)
                    for choice in table.choices)
-    measured = [point for point in points if not point.predicted]
     fits = tuple(fit_curves([*measured, *coverage]))
     extra = predicted_points(fits, measured)
     predicted = per_budget([*measured, *extra], predicted_budgets(measured, extra))
@@ -258,7 +260,8 @@ def format_compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float
         difference, chance = "–", "–"
         if paired is not None and paired.interval is not None:
             low, high = paired.interval
-            difference = f"{paired.difference:+.3f} [{low:+.3f}, {high:+.3f}]" + (" undecided" if paired.undecided else "")
+            difference = f"{paired.difference:+.3f} [{low:+.3f}, {high:+.3f}]"
+            difference += " undecided" if paired.undecided else ""
         elif paired is not None and paired.reason is not None and choice.runner_up is not None:
             notes.append(f"{choice.budget / 1e12:.4g} TFLOPs: no paired difference, {paired.reason}")
         if paired is not None and paired.p_best:

@@ -36,7 +36,8 @@ FACTORS = (2, 4)  # predicted points at these multiples of the largest n
 class ScalingFit:
     """The law fitted to one curve: metric "accuracy" (a configuration) or "coverage" (pass@k);
     ns: the n values fitted (ascending); a, b: the law's parameters; rmse and leave_last_out:
-    its errors (module docstring); reason: why there is no fit (then a, b and the errors are None)."""
+    its errors (module docstring); reason: why there is no fit (then a, b and the errors are None);
+    task: the points' task (`CurvePoint.task`)."""
 
     model: str
     strategy: str
@@ -47,6 +48,7 @@ class ScalingFit:
     rmse: float | None = None
     leave_last_out: float | None = None
     reason: str | None = None
+    task: str | None = None
 
     def predict(self, n: float) -> float:
         """y(n) = exp(−a · n^(−b))."""
@@ -57,7 +59,7 @@ class ScalingFit:
     def to_dict(self) -> dict:
         return {"model": self.model, "strategy": self.strategy, "metric": self.metric, "n": list(self.ns),
                 "a": self.a, "b": self.b, "rmse": self.rmse, "leave_last_out_error": self.leave_last_out,
-                "reason": self.reason}
+                "reason": self.reason, **({} if self.task is None else {"task": self.task})}
 
 
 def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -68,7 +70,7 @@ def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 
 
 def fit_power_law(ns: Sequence[int], values: Sequence[float], model: str = "", strategy: str = "",
-                  metric: str = "accuracy") -> ScalingFit:
+                  metric: str = "accuracy", task: str | None = None) -> ScalingFit:
     """Fit −log y ≈ a·n^(−b) to (ns, values) by least squares in log space (module docstring).
     ValueError for an n < 1, a repeated n, or a value outside [0, 1]; a ScalingFit with a reason
     (never an error) when fewer than 3 usable n values remain."""
@@ -85,11 +87,11 @@ def fit_power_law(ns: Sequence[int], values: Sequence[float], model: str = "", s
     usable = [(n, y) for n, y in pairs if 0.0 < y < 1.0]
     order = tuple(n for n, _ in pairs)
     if len(pairs) < MINIMUM_NS:
-        return ScalingFit(model, strategy, metric, order, reason=f"needs {MINIMUM_NS} n values or more, "
-                                                                 f"has {len(pairs)}")
+        return ScalingFit(model, strategy, metric, order, task=task,
+                          reason=f"needs {MINIMUM_NS} n values or more, has {len(pairs)}")
     if len(usable) < MINIMUM_NS:
         edges = ", ".join(f"n={n} ({metric} {y:g})" for n, y in pairs if not 0.0 < y < 1.0)
-        return ScalingFit(model, strategy, metric, order,
+        return ScalingFit(model, strategy, metric, order, task=task,
                           reason=f"needs {MINIMUM_NS} n values or more with {metric} strictly between 0 and 1, "
                                  f"has {len(usable)} (left out: {edges})")
     fit = _fit(usable, model, strategy, metric)
@@ -97,7 +99,7 @@ def fit_power_law(ns: Sequence[int], values: Sequence[float], model: str = "", s
     last_n, last_y = usable[-1]
     rmse = math.sqrt(sum((fit.predict(n) - y) ** 2 for n, y in usable) / len(usable))
     return ScalingFit(model, strategy, metric, tuple(n for n, _ in usable), fit.a, fit.b, rmse,
-                      held.predict(last_n) - last_y)
+                      held.predict(last_n) - last_y, task=task)
 
 
 def _fit(usable: list[tuple[int, float]], model: str, strategy: str, metric: str) -> ScalingFit:
@@ -106,15 +108,16 @@ def _fit(usable: list[tuple[int, float]], model: str, strategy: str, metric: str
 
 
 def fit_curves(points: Sequence[CurvePoint]) -> list[ScalingFit]:
-    """One fit per (model, strategy) among the measured `points`, in order of first appearance:
-    of coverage for the `ORACLE` rows, of accuracy otherwise. O(P)."""
-    curves: dict[tuple[str, str], list[CurvePoint]] = {}
+    """One fit per (model, strategy) — and task, when the points hold several — among the measured
+    `points`, in order of first appearance: of coverage for the `ORACLE` rows, of accuracy
+    otherwise. O(P)."""
+    curves: dict[tuple, list[CurvePoint]] = {}
     for point in points:
         if not point.predicted:
-            curves.setdefault((point.model, point.strategy), []).append(point)
+            curves.setdefault((point.model, point.strategy, point.task), []).append(point)
     return [fit_power_law([p.n for p in curve], [p.accuracy for p in curve], model, strategy,
-                          "coverage" if strategy == ORACLE else "accuracy")
-            for (model, strategy), curve in curves.items()]
+                          "coverage" if strategy == ORACLE else "accuracy", task)
+            for (model, strategy, task), curve in curves.items()]
 
 
 def predicted_points(fits: Sequence[ScalingFit], points: Sequence[CurvePoint],
@@ -126,7 +129,8 @@ def predicted_points(fits: Sequence[ScalingFit], points: Sequence[CurvePoint],
     for fit in fits:
         if fit.a is None or fit.metric != "accuracy":
             continue
-        curve = [p for p in points if (p.model, p.strategy) == (fit.model, fit.strategy) and not p.predicted]
+        curve = [p for p in points if (p.model, p.strategy, p.task) == (fit.model, fit.strategy, fit.task)
+                 and not p.predicted]
         if any(p.cost.flops is None for p in curve):
             continue
         intercept, slope = _line([p.n for p in curve], [p.cost.flops for p in curve])
