@@ -105,7 +105,7 @@ def win_shares(means: "numpy.ndarray") -> list[float]:
 
     top = means.max(axis=1, keepdims=True)  # (R, 1)
     winners = (means >= top - TIE).astype(np.float64)  # (R, K)
-    return list((winners / winners.sum(axis=1, keepdims=True)).mean(axis=0))
+    return [float(share) for share in (winners / winners.sum(axis=1, keepdims=True)).mean(axis=0)]
 
 
 def compare(best: CurvePoint | None, runner_up: CurvePoint | None, affordable: Sequence[CurvePoint], seed: int = 0,
