@@ -67,7 +67,8 @@ def test_a_table_mixing_templated_and_raw_prompts_flags_it(tmp_path, capsys, loa
             "as well as models (--chat or --no-chat gives every model one format)")
     lines = table.splitlines()
     assert lines[0].startswith("model     prompts  strategy") and lines.count(note) == 2  # the table, the frontier
-    assert [line.split()[1] for line in lines[2:] if line.split()[:1] in (["a"], ["served-x"])] == \
+    rows = lines[2:lines.index("")]  # the table's rows: the frontier and the scaling fits follow
+    assert [line.split()[1] for line in rows if line.split()[:1] in (["a"], ["served-x"])] == \
         ["raw"] * 5 + ["chat"] * 5  # greedy, self_consistency 1 and 2, pass@1 and 2 per model
     assert "compute-optimal frontier: a greedy n=1 (raw)" in lines
     assert "prompts" not in raw_table and "!" not in raw_table and "(raw)" not in raw_table

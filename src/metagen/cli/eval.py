@@ -95,8 +95,8 @@ def add_parser(commands) -> None:
     add_shared_option(evaluation, "step_delimiter", " (default newline; \\n, \\t... interpreted)", type=unescape)
     add_shared_option(evaluation, "aggregation")
     evaluation.add_argument("--json", action="store_true",
-                            help='print {"results": [...], "frontier": [...], "per_budget": [...], "unplaced": [...]} '
-                                 "on stdout")
+                            help='print {"results": [...], "frontier": [...], "per_budget": [...], "unplaced": [...], '
+                                 '"scaling_fits": [...], "predicted_per_budget": [...]} on stdout')
     add_structured_options(evaluation)
     common.add_model_options(evaluation, repeat=True)
     backend.add_backend_options(evaluation, concurrency=True, repeat=True)
@@ -192,7 +192,7 @@ def _table(report) -> str:
     from metagen.eval import format_table
     from metagen.eval.frontier import format_compute_optimal
 
-    return format_table(report) + "\n\n" + format_compute_optimal(report.configurations())
+    return format_table(report) + "\n\n" + format_compute_optimal(report.configurations(), coverage=report.coverage())
 
 
 def _problems(args: argparse.Namespace) -> dict:

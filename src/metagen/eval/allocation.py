@@ -78,6 +78,7 @@ def allocation_points(pools: dict[str, Pool], problems: Sequence[Problem], confi
             spent.append(sum(allocation) / len(problems))
         scores = [sum(hits[p.id]) / len(hits[p.id]) for p in problems]
         average = mean_cost([mean_cost(costs[p.id]) for p in problems])
-        points.append(curve_point(ALLOCATED, n, scores, average, model, config.seed, sum(spent) / len(spent)))
+        points.append(curve_point(ALLOCATED, n, scores, average, model, config.seed, sum(spent) / len(spent),
+                                  [p.id for p in problems]))
     return points
 

@@ -18,11 +18,10 @@ from dataclasses import asdict, dataclass, field
 from metagen.eval.code_grading import MEMORY_MB, TIMEOUT
 from metagen.eval.code_prompts import MODES
 from metagen.eval.fingerprint import generator_identity, model_identity, weights_digest
-from metagen.eval.points import CurvePoint
+from metagen.eval.points import ORACLE, CurvePoint
 from metagen.sampling import SamplingParams
 from metagen.strategies.registry import StrategyOptions, check_options, get_strategy, value_is_head
 
-ORACLE = "pass@k"
 
 
 # SamplingParams fields added after results files were first written: at their default they stay
@@ -119,11 +118,17 @@ class EvalReport:
         return [point for point in self.points if point.strategy != ORACLE]
 
     def to_dict(self) -> dict:
-        """{"results": [rows], "frontier", "per_budget", "unplaced"} (`frontier.compute_optimal`
-        over the configurations, at budgets log-spaced from the cheapest to the dearest)."""
+        """{"results": [rows], "frontier", "per_budget", "unplaced", "scaling_fits",
+        "predicted_per_budget"} (`frontier.compute_optimal` over the configurations, at budgets
+        log-spaced from the cheapest to the dearest, the pass@k rows fitted as coverage)."""
         from metagen.eval.frontier import compute_optimal
 
-        return {"results": [point.to_dict() for point in self.points], **compute_optimal(self.configurations())}
+        return {"results": [point.to_dict() for point in self.points],
+                **compute_optimal(self.configurations(), coverage=self.coverage())}
+
+    def coverage(self) -> list[CurvePoint]:
+        """The oracle coverage pass@k rows."""
+        return [point for point in self.points if point.strategy == ORACLE]
 
 
 def run_setup(config: EvalConfig, generator, model: dict | None = None) -> dict:

@@ -152,14 +152,69 @@ def budget_ladder(points: Sequence[CurvePoint], rungs: int = 8) -> tuple[float, 
     return (float(lo), *inner, float(hi))
 
 
-def compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float] | None = None) -> dict:
-    """The JSON of the answer: {"frontier": [rows on it], "per_budget": [{"budget_flops", "best",
-    "runner_up", "intervals_overlap"}], "unplaced": [rows of unknown FLOPs]}, rows as
-    `CurvePoint.to_dict`; budgets default to `budget_ladder(points)`."""
-    table = per_budget(points, budget_ladder(points) if budgets is None else budgets)
-    return {"frontier": [point.to_dict() for point in frontier(points).points],
-            "per_budget": [choice.to_dict() for choice in table.choices],
-            "unplaced": [point.to_dict() for point in table.unplaced]}
+def predicted_budgets(points: Sequence[CurvePoint], predicted: Sequence[CurvePoint],
+                      rungs: int = 3) -> tuple[float, ...]:
+    """Budgets past the dearest measured point, up to the dearest predicted one, evenly in log
+    FLOPs: hi · (top / hi)^(i / rungs), i = 1..rungs; () when no predicted point is dearer."""
+    placed, _ = _split(points)
+    if not placed or not predicted:
+        return ()
+    hi = max(point.cost.flops for point in placed)
+    top = max(point.cost.flops for point in predicted)
+    if not top > hi > 0:
+        return ()
+    return tuple(hi * (top / hi) ** (i / rungs) for i in range(1, rungs + 1))
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Everything `compute_optimal` reports: the frontier, the per-budget table with each
+    budget's paired statistics (`paired.compare`; None where nothing fits), the scaling fits
+    (`scaling_fit.fit_curves`, coverage included), and the table past the largest n, whose
+    budgets and choices may be predicted points (`CurvePoint.predicted`)."""
+
+    frontier: Frontier
+    table: BudgetTable
+    paired: tuple
+    fits: tuple
+    predicted: BudgetTable
+
+
+def answer(points: Sequence[CurvePoint], budgets: Sequence[float] | None = None, coverage: Sequence[CurvePoint] = (),
+           seed: int = 0, resamples: int | None = None) -> Answer:
+    """The `Answer` over the configurations `points` (coverage: the pass@k rows, fitted but never
+    chosen); budgets default to `budget_ladder(points)`; seed and resamples (default
+    `points.BOOTSTRAP_RESAMPLES`) drive the paired bootstrap. Points marked predicted are left
+    out: the fits make their own. O(P log P + budgets · R · P · K)."""
+    from metagen.eval.paired import compare
+    from metagen.eval.points import BOOTSTRAP_RESAMPLES
+    from metagen.eval.scaling_fit import fit_curves, predicted_points
+
+    measured = [point for point in points if not point.predicted]
+    table = per_budget(measured, budget_ladder(measured) if budgets is None else budgets)
+    placed, _ = _split(measured)
+    paired = tuple(compare(choice.best, choice.runner_up, [p for p in placed if p.cost.flops <= choice.budget],
+                           seed, BOOTSTRAP_RESAMPLES if resamples is None else resamples)
+                   for choice in table.choices)
+    fits = tuple(fit_curves([*measured, *coverage]))
+    extra = predicted_points(fits, measured)
+    predicted = per_budget([*measured, *extra], predicted_budgets(measured, extra))
+    return Answer(frontier(measured), table, paired, fits, predicted)
+
+
+def compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float] | None = None,
+                    coverage: Sequence[CurvePoint] = (), seed: int = 0, resamples: int | None = None) -> dict:
+    """The JSON of the `answer`: {"frontier": [rows on it], "per_budget": [{"budget_flops",
+    "best", "runner_up", "intervals_overlap", "paired"}], "unplaced": [rows of unknown FLOPs],
+    "scaling_fits": [fits], "predicted_per_budget": [{..., "predicted": true}]}, rows as
+    `CurvePoint.to_dict` (a predicted row has "predicted": true); "paired" as `Paired.to_dict`."""
+    result = answer(points, budgets, coverage, seed, resamples)
+    return {"frontier": [point.to_dict() for point in result.frontier.points],
+            "per_budget": [{**choice.to_dict(), "paired": None if paired is None else paired.to_dict()}
+                           for choice, paired in zip(result.table.choices, result.paired)],
+            "unplaced": [point.to_dict() for point in result.table.unplaced],
+            "scaling_fits": [fit.to_dict() for fit in result.fits],
+            "predicted_per_budget": [{**choice.to_dict(), "predicted": True} for choice in result.predicted.choices]}
 
 
 def describe(point: CurvePoint) -> str:
@@ -167,22 +222,27 @@ def describe(point: CurvePoint) -> str:
     return " ".join(part for part in (point.model, point.strategy, f"n={point.n}") if part)
 
 
-def format_compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float] | None = None) -> str:
+def format_compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float] | None = None,
+                           coverage: Sequence[CurvePoint] = (), seed: int = 0, resamples: int | None = None) -> str:
     """The text of `compute_optimal`: the frontier's points by increasing FLOPs, then an "at
     budget C use X" table (budget in TFLOPs, the choice with its accuracy and interval, the
-    runner-up, whether their intervals overlap), then the points left out (FLOPs unknown), and
-    the flag of models given their prompts differently (`points.mixed_prompts_note`): a "(raw)"
-    or "(chat)" after each point named, and the note's line."""
+    runner-up, whether their intervals overlap, the paired difference best − runner-up with its
+    interval, "undecided" when it holds 0, and p_best of the choice), then the points left out
+    (FLOPs unknown), the scaling fits, the budgets past the largest n (each predicted choice
+    marked "*"), and the flag of models given their prompts differently
+    (`points.mixed_prompts_note`): a "(raw)" or "(chat)" after each point named, and the note's line."""
     from metagen.eval.points import mixed_prompts_note
+    from metagen.eval.scaling_fit import format_fits
 
-    table = per_budget(points, budget_ladder(points) if budgets is None else budgets)
-    on = frontier(points).points
+    result = answer(points, budgets, coverage, seed, resamples)
+    table = result.table
     mixed = mixed_prompts_note(points)
 
     def named(point: CurvePoint) -> str:
+        mark = "*" if point.predicted else ""
         if not mixed or point.chat is None:
-            return describe(point)
-        return f"{describe(point)} ({'chat' if point.chat else 'raw'})"
+            return mark + describe(point)
+        return f"{mark}{describe(point)} ({'chat' if point.chat else 'raw'})"
 
     def shown(point: CurvePoint | None) -> str:
         if point is None:
@@ -190,17 +250,37 @@ def format_compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float
         interval = "" if point.interval is None else f" [{point.interval[0]:.3f}, {point.interval[1]:.3f}]"
         return f"{named(point)}: {point.accuracy:.3f}{interval}"
 
-    header = f"{'budget TFLOPs':>13}  {'use':<48}  {'runner-up':<48}  overlap"
-    lines = ["compute-optimal frontier: " + (", ".join(named(point) for point in on) or "–"), "", header,
-             "-" * len(header)]
-    for choice in table.choices:
+    header = f"{'budget TFLOPs':>13}  {'use':<48}  {'runner-up':<48}  overlap  {'paired difference [95%]':<35}  p_best"
+    lines = ["compute-optimal frontier: " + (", ".join(named(point) for point in result.frontier.points) or "–"),
+             "", header, "-" * len(header)]
+    notes = []
+    for choice, paired in zip(table.choices, result.paired):
         best = shown(choice.best) if choice.best is not None else "nothing fits"
         overlap = {True: "yes", False: "no", None: "–"}[choice.overlap]
-        lines.append(f"{choice.budget / 1e12:>13.4g}  {best:<48}  {shown(choice.runner_up):<48}  {overlap}")
+        difference, chance = "–", "–"
+        if paired is not None and paired.interval is not None:
+            low, high = paired.interval
+            difference = f"{paired.difference:+.3f} [{low:+.3f}, {high:+.3f}]"
+            difference += " undecided" if paired.undecided else ""
+        elif paired is not None and paired.reason is not None and choice.runner_up is not None:
+            notes.append(f"{choice.budget / 1e12:.4g} TFLOPs: no paired difference, {paired.reason}")
+        if paired is not None and paired.p_best:
+            chance = f"{paired.p_best[0][1]:.2f}"
+        for point, why in () if paired is None else paired.skipped:
+            notes.append(f"{choice.budget / 1e12:.4g} TFLOPs: {named(point)} left out of p_best, {why}")
+        lines.append(f"{choice.budget / 1e12:>13.4g}  {best:<48}  {shown(choice.runner_up):<48}  {overlap:<7}  "
+                     f"{difference:<35}  {chance}")
     if not table.choices:
         lines.append("no point could be placed: every point's FLOPs are unknown")
+    lines += notes
     if table.unplaced:
         lines.append("not placed (FLOPs unknown): " + ", ".join(named(point) for point in table.unplaced))
     if mixed:
         lines.append(mixed)
+    if result.fits:
+        lines += ["", format_fits(result.fits)]
+    if result.predicted.choices:
+        lines += ["", "past the largest n (* predicted by the fitted law, not measured; FLOPs extrapolated):"]
+        for choice in result.predicted.choices:
+            lines.append(f"{choice.budget / 1e12:>13.4g}  {shown(choice.best):<48}  {shown(choice.runner_up):<48}")
     return "\n".join(lines)

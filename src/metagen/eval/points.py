@@ -17,6 +17,7 @@ from metagen.eval.metrics import mean_and_stderr
 if TYPE_CHECKING:
     import numpy
 
+ORACLE = "pass@k"  # the strategy name of the oracle coverage rows: not a configuration one can run
 BOOTSTRAP_RESAMPLES = 2000
 LEVEL = 0.95
 
@@ -74,7 +75,11 @@ class CurvePoint:
     prompts went through a chat template (a local model's, or a server's /v1/chat/completions)
     rather than raw (`code_prompts.chat_applies`); None: not recorded. Models whose prompts differ
     so are flagged where their points are shown together (`mixed_prompts_note`). task: the
-    built-in task the problems came from (`metagen eval --task`), None for a data file."""
+    built-in task the problems came from (`metagen eval --task`), None for a data file.
+    per_problem: problem id -> that problem's score, in the problems' order (None: not kept, as
+    in rows of an older summary.json); what paired comparisons resample (`paired.py`).
+    predicted: the point was not measured but read off a fitted scaling law (`scaling_fit.py`):
+    no interval, no per-problem scores, FLOPs extrapolated."""
 
     strategy: str
     n: int
@@ -88,6 +93,8 @@ class CurvePoint:
     flops_estimate: str | None = None
     chat: bool | None = None
     task: str | None = None
+    per_problem: dict[str, float] | None = None
+    predicted: bool = False
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -95,7 +102,8 @@ class CurvePoint:
 
     def to_dict(self) -> dict:
         data = {"model": self.model, "strategy": self.strategy, "n": self.n, "accuracy": self.accuracy,
-                "interval": None if self.interval is None else list(self.interval), "stderr": self.stderr,
+                "interval": None if self.interval is None else list(self.interval),
+                "stderr": self.stderr if math.isfinite(self.stderr) else None,
                 "problems": self.problems, "cost": self.cost.to_dict()}
         if self.samples is not None:
             data["samples"] = self.samples
@@ -105,6 +113,10 @@ class CurvePoint:
             data["chat"] = self.chat
         if self.task is not None:
             data["task"] = self.task
+        if self.per_problem is not None:
+            data["per_problem"] = dict(self.per_problem)
+        if self.predicted:
+            data["predicted"] = True
         return data
 
     @classmethod
@@ -117,10 +129,19 @@ class CurvePoint:
         if not isinstance(row["cost"], dict) or set(row["cost"]) - set(fields):
             raise ValueError(f"result row field 'cost' is {row['cost']!r:.80}: expected an object of fields among {fields}")
         interval = row.get("interval")
-        return cls(row["strategy"], row["n"], row["accuracy"], row.get("stderr", float("nan")),
+        per_problem = row.get("per_problem")
+        if per_problem is not None and not (isinstance(per_problem, dict) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in per_problem.values())):
+            raise ValueError(f"result row field 'per_problem' is {per_problem!r:.80}: expected an object of "
+                             "problem id -> score")
+        return cls(row["strategy"], row["n"], row["accuracy"], _or_nan(row.get("stderr")),
                    row.get("problems", 0), Cost(**row["cost"]), None if interval is None else tuple(interval),
                    row.get("model", ""), row.get("samples"), row.get("flops_estimate"), row.get("chat"),
-                   row.get("task"))
+                   row.get("task"), per_problem, bool(row.get("predicted", False)))
+
+
+def _or_nan(value) -> float:
+    return float("nan") if value is None else value
 
 
 def prompt_formats(points: Sequence[CurvePoint]) -> dict[str, bool]:
@@ -160,12 +181,20 @@ def mean_cost(costs: list[Cost]) -> Cost:
 
 
 def curve_point(strategy: str, n: int, scores: list[float], cost: Cost, model: str, seed: int,
-                samples: float | None = None) -> CurvePoint:
+                samples: float | None = None, problem_ids: Sequence[str] | None = None) -> CurvePoint:
     """A curve point from per-problem scores: mean, standard error and the bootstrap interval
-    (its rng seeded by (seed, strategy, n), so a rerun reports the same interval)."""
+    (its rng seeded by (seed, strategy, n), so a rerun reports the same interval); with
+    `problem_ids` (one per score) the scores are kept by problem (`CurvePoint.per_problem`)."""
     import numpy
 
     accuracy, stderr = mean_and_stderr(scores)
     interval = (bootstrap_interval(scores, numpy.random.default_rng(stable_seed(seed, strategy, n, "bootstrap")))
                 if scores else None)
-    return CurvePoint(strategy, n, accuracy, stderr, len(scores), cost, interval, model, samples)
+    per_problem = None
+    if problem_ids is not None:
+        if len(problem_ids) != len(scores) or len(set(problem_ids)) != len(scores):
+            raise ValueError(f"problem_ids has {len(problem_ids)} ids ({len(set(problem_ids))} distinct) for "
+                             f"{len(scores)} scores: need one distinct id per score")
+        per_problem = dict(zip(problem_ids, map(float, scores)))
+    return CurvePoint(strategy, n, accuracy, stderr, len(scores), cost, interval, model, samples,
+                      per_problem=per_problem)

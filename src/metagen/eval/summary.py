@@ -53,6 +53,7 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
     model = results.label
     pools = {problem.id: results.pool(problem) for problem in problems} if config.pool_size else {}
     mode = stored_mode(results)
+    ids = [problem.id for problem in problems]
     known = {problem.id: known_grades(pools.get(problem.id)) for problem in problems if problem.is_code}
     for name in config.strategies:
         spec = get_strategy(name)
@@ -78,7 +79,8 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
                     scores.append(float(record["correct"]))
                     costs.append(Cost(**record["cost"]))
             samples = sum(drawn) / len(drawn) if drawn else None
-            report.points.append(curve_point(name, n, scores, mean_cost(costs), model, config.seed, samples))
+            report.points.append(curve_point(name, n, scores, mean_cost(costs), model, config.seed, samples,
+                                             ids))
     if config.pool_size:
         for k in sorted(set(config.ns)):
             scores, costs = [], []
@@ -88,7 +90,8 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
                 scores.append(pass_at_k(len(pool.samples), right, k))
                 costs.append(mean_cost([pool.subset_cost(i) for i in
                                         subsets(len(pool.samples), k, config.subsets, config.seed, problem.id, k)]))
-            report.points.append(curve_point(ORACLE, k, scores, mean_cost(costs), model, config.seed))
+            report.points.append(curve_point(ORACLE, k, scores, mean_cost(costs), model, config.seed,
+                                             problem_ids=ids))
     if config.allocation_round is not None:
         from metagen.eval.allocation import allocation_points
 
