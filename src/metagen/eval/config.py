@@ -25,6 +25,36 @@ from metagen.strategies.registry import StrategyOptions, check_options, get_stra
 ORACLE = "pass@k"
 
 
+@dataclass(frozen=True)
+class Cascade:
+    """A two-model cascade evaluated from the stored pools (`cascade.py`): vote on n samples of
+    `small`; when the vote is not settled (the top answer's share of the n samples below
+    `threshold` τ, or a code problem whose chosen program fails its docstring examples), vote
+    on n samples of `large` instead. small, large: model labels of the sweep (`ModelRun.label`);
+    threshold τ in (0, 1] (1: escalate unless the small model is unanimous)."""
+
+    small: str
+    large: str
+    threshold: float = 0.6
+
+    def __post_init__(self) -> None:
+        for name in ("small", "large"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"cascade {name}={value!r} must be a model label (a non-empty string)")
+        if self.small == self.large:
+            raise ValueError(f"cascade small={self.small!r} and large={self.large!r} are one model: a cascade "
+                             "escalates from one model to another")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or \
+                not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"cascade threshold={self.threshold!r} is out of range: must be in (0, 1]")
+
+    @property
+    def label(self) -> str:
+        """Its name as a strategy of the report: 'cascade(small→large, τ 0.6)'."""
+        return f"cascade({self.small}→{self.large}, τ {self.threshold:g})"
+
+
 # SamplingParams fields added after results files were first written: at their default they stay
 # out of the set-up, so older results (which predate them and meant the default) remain readable.
 ADDED_LATER = {"token_healing": False}
@@ -40,7 +70,9 @@ class EvalConfig:
     self_consistency's uniform n (`allocation.py`; None: not evaluated; it changes no stored unit).
     code_prompt: how code problems are asked, "auto" | "chat" | "completion" (`code_prompts.py`);
     code_timeout, code_memory_mb: the sandbox's limits per graded reply (`code_grading.py`).
-    The three enter the set-up only when there are code problems (`code_setup`)."""
+    The three enter the set-up only when there are code problems (`code_setup`).
+    cascades: `Cascade`s evaluated from the pools of a sweep's models (they change no stored
+    unit; each needs a pooled strategy, so that the pools exist)."""
 
     strategies: tuple[str, ...]
     ns: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -53,6 +85,7 @@ class EvalConfig:
     code_prompt: str = "auto"
     code_timeout: float = TIMEOUT
     code_memory_mb: int = MEMORY_MB
+    cascades: tuple[Cascade, ...] = ()
 
     def __post_init__(self) -> None:
         if self.code_prompt not in MODES:
@@ -80,6 +113,14 @@ class EvalConfig:
                 raise ValueError(f"allocation_round={self.allocation_round} (--allocation-round) is out of range: "
                                  f"must be in [2, {max(self.ns)}] (the largest n): a first round of one sample "
                                  "gives every answered problem the same vote, so it estimates no difficulty")
+
+        if self.cascades and not self.pool_size:
+            raise ValueError(f"cascades={[c.label for c in self.cascades]} are evaluated from sample pools, and "
+                             f"no strategy of {self.strategies} is pooled: add self_consistency (or code_cluster)")
+        labels = [cascade.label for cascade in self.cascades]
+        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        if repeated:
+            raise ValueError(f"cascade {repeated[0]} is given more than once")
 
     @property
     def pool_size(self) -> int:

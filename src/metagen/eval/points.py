@@ -74,7 +74,8 @@ class CurvePoint:
     prompts went through a chat template (a local model's, or a server's /v1/chat/completions)
     rather than raw (`code_prompts.chat_applies`); None: not recorded. Models whose prompts differ
     so are flagged where their points are shown together (`mixed_prompts_note`). task: the
-    built-in task the problems came from (`metagen eval --task`), None for a data file."""
+    built-in task the problems came from (`metagen eval --task`), None for a data file.
+    escalated: a cascade's share of problems sent to its large model (`cascade.py`), None for others."""
 
     strategy: str
     n: int
@@ -88,6 +89,7 @@ class CurvePoint:
     flops_estimate: str | None = None
     chat: bool | None = None
     task: str | None = None
+    escalated: float | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -105,6 +107,8 @@ class CurvePoint:
             data["chat"] = self.chat
         if self.task is not None:
             data["task"] = self.task
+        if self.escalated is not None:
+            data["escalated"] = self.escalated
         return data
 
     @classmethod
@@ -120,7 +124,7 @@ class CurvePoint:
         return cls(row["strategy"], row["n"], row["accuracy"], row.get("stderr", float("nan")),
                    row.get("problems", 0), Cost(**row["cost"]), None if interval is None else tuple(interval),
                    row.get("model", ""), row.get("samples"), row.get("flops_estimate"), row.get("chat"),
-                   row.get("task"))
+                   row.get("task"), row.get("escalated"))
 
 
 def prompt_formats(points: Sequence[CurvePoint]) -> dict[str, bool]:
