@@ -85,6 +85,14 @@ def add_parser(commands) -> None:
     evaluation.add_argument("--allocation-round", type=int, default=None, metavar="K",
                             help="also report self_consistency_allocated: K samples per problem first, then "
                                  "n x problems allocated by expected gain (needs self_consistency)")
+    evaluation.add_argument("--cascade", action="append", default=None, metavar="SMALL,LARGE",
+                            help="also report a cascade of two models of the sweep (their labels, as the table "
+                                 "names them): SMALL votes on n samples, LARGE votes instead when SMALL's top "
+                                 "answer has less than --cascade-threshold of the votes (code: or its program fails "
+                                 "the docstring examples); from the stored pools, no extra generation; repeatable")
+    evaluation.add_argument("--cascade-threshold", default=None, metavar="TAU[,TAU...]",
+                            help="--cascade: the top answer's share below which SMALL escalates, in (0, 1]; "
+                                 "several give a point per threshold (default 0.6)")
     add_shared_option(evaluation, "pattern")
     add_shared_option(evaluation, "answer_field", " (with --json-schema)", metavar="PATH")
     evaluation.add_argument("--no-math", action="store_true", help="compare answers as strings, not with math-verify")
@@ -144,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
                                 answer_field=args.answer_field, value_parameters=args.value_parameters),
         prompt_suffix=args.prompt_suffix,
         code_prompt=args.code_prompt,
+        cascades=_cascades(args),
         **({} if args.code_timeout is None else {"code_timeout": args.code_timeout}),
     )
     for problems in tasks.values():  # voting over numbers read from programs is refused on code problems
@@ -231,6 +240,35 @@ def _problems(args: argparse.Namespace) -> dict:
         for name in [name for name, is_given in given.items() if is_given]:
             raise ValueError(f"{name} applies to code problems, and none of these problems is one")
     return tasks
+
+
+def _cascades(args: argparse.Namespace) -> tuple:
+    """The `Cascade`s of --cascade SMALL,LARGE (each) × --cascade-threshold TAU,...; ValueError
+    naming the flag: a pair that is not two names, a threshold out of (0, 1], a threshold without
+    --cascade, a cascade with fewer than two models swept."""
+    from metagen.eval.config import Cascade
+
+    if args.cascade is None:
+        if args.cascade_threshold is not None:
+            raise ValueError("--cascade-threshold applies with --cascade SMALL,LARGE")
+        return ()
+    models = len(args.model or []) + len(args.backend or [])
+    if models < 2:
+        raise ValueError(f"--cascade needs at least two models in the sweep (--model or --backend, repeated); "
+                         f"{models} given")
+    thresholds = _parse_list(args.cascade_threshold or "0.6", "cascade-threshold", float)
+    for threshold in thresholds:
+        if not 0.0 < threshold <= 1.0:
+            raise ValueError(f"--cascade-threshold {threshold:g} is out of range: must be in (0, 1]")
+    cascades = []
+    for text in args.cascade:
+        names = [name.strip() for name in text.split(",")]
+        if len(names) != 2 or not all(names):
+            raise ValueError(f"--cascade {text!r} must be two model labels, SMALL,LARGE")
+        if names[0] == names[1]:
+            raise ValueError(f"--cascade {text!r} names one model twice: a cascade escalates to another model")
+        cascades += [Cascade(names[0], names[1], threshold) for threshold in thresholds]
+    return tuple(cascades)
 
 
 def _task_names(text: str | None) -> list[str]:
