@@ -71,6 +71,9 @@ class EvalConfig:
     code_prompt: how code problems are asked, "auto" | "chat" | "completion" (`code_prompts.py`);
     code_timeout, code_memory_mb: the sandbox's limits per graded reply (`code_grading.py`).
     The three enter the set-up only when there are code problems (`code_setup`).
+    difficulty_round: k, the probe round of the per-difficulty policy (`difficulty.py`: the first
+    model's first k pool samples estimate each problem's difficulty; None: not evaluated);
+    difficulty_bins: its number of bins B. Neither changes a stored unit.
     cascades: `Cascade`s evaluated from the pools of a sweep's models (they change no stored
     unit; each needs a pooled strategy, so that the pools exist)."""
 
@@ -86,6 +89,8 @@ class EvalConfig:
     code_timeout: float = TIMEOUT
     code_memory_mb: int = MEMORY_MB
     cascades: tuple[Cascade, ...] = ()
+    difficulty_round: int | None = None
+    difficulty_bins: int = 3
 
     def __post_init__(self) -> None:
         if self.code_prompt not in MODES:
@@ -117,6 +122,17 @@ class EvalConfig:
         if self.cascades and not self.pool_size:
             raise ValueError(f"cascades={[c.label for c in self.cascades]} are evaluated from sample pools, and "
                              f"no strategy of {self.strategies} is pooled: add self_consistency (or code_cluster)")
+        bins = self.difficulty_bins
+        if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= 20:
+            raise ValueError(f"difficulty_bins={bins!r} (--difficulty-bins) is out of range: must be an integer in [1, 20]")
+        if self.difficulty_round is not None:
+            if not self.pool_size:
+                raise ValueError(f"difficulty_round={self.difficulty_round} (--difficulty-round) reads the sample "
+                                 f"pools, and no strategy of {self.strategies} is pooled: add self_consistency")
+            if isinstance(self.difficulty_round, bool) or not isinstance(self.difficulty_round, int) or \
+                    not 2 <= self.difficulty_round <= max(self.ns):
+                raise ValueError(f"difficulty_round={self.difficulty_round!r} (--difficulty-round) is out of range: "
+                                 f"must be an integer in [2, {max(self.ns)}] (the largest n)")
         labels = [cascade.label for cascade in self.cascades]
         repeated = sorted({label for label in labels if labels.count(label) > 1})
         if repeated:
@@ -153,7 +169,14 @@ class ModelRun:
 
 @dataclass
 class EvalReport:
+    """points: every evaluated configuration; per_problem: (model, strategy, n) -> (per-problem
+    scores, per-problem FLOPs) in the problems' order (what the per-difficulty policy reads; not
+    written out); difficulty: the policy's result (`difficulty.py`: {"model", "round", "bins",
+    "held_out", "choices"}) or None."""
+
     points: list[CurvePoint] = field(default_factory=list)
+    per_problem: dict = field(default_factory=dict, repr=False)
+    difficulty: dict | None = None
 
     def configurations(self) -> list[CurvePoint]:
         """The points one can run: all but the oracle coverage pass@k (which needs the answer)."""
@@ -161,10 +184,15 @@ class EvalReport:
 
     def to_dict(self) -> dict:
         """{"results": [rows], "frontier", "per_budget", "unplaced"} (`frontier.compute_optimal`
-        over the configurations, at budgets log-spaced from the cheapest to the dearest)."""
+        over the configurations, at budgets log-spaced from the cheapest to the dearest), and
+        "difficulty_policy" when it was evaluated."""
         from metagen.eval.frontier import compute_optimal
 
-        return {"results": [point.to_dict() for point in self.points], **compute_optimal(self.configurations())}
+        data = {"results": [point.to_dict() for point in self.points], **compute_optimal(self.configurations())}
+        if self.difficulty is not None:
+            data["difficulty_policy"] = {**self.difficulty,
+                                         "choices": [choice.to_dict() for choice in self.difficulty["choices"]]}
+        return data
 
 
 def run_setup(config: EvalConfig, generator, model: dict | None = None) -> dict:

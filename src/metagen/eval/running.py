@@ -51,6 +51,8 @@ from metagen.decoding.errors import RequestFailedError
 from metagen.eval.cascade import cascade_points, check_cascades
 from metagen.eval.code_prompts import chat_applies, code_mode, code_setup, request, stored_mode
 from metagen.eval.config import EvalConfig, EvalReport, ModelRun, run_setup, shared_setup
+from metagen.eval.difficulty import difficulty_policy, probe_round, split_halves
+from metagen.eval.frontier import budget_ladder
 from metagen.eval.judging import grade_reply, score
 from metagen.eval.points import CurvePoint, stable_seed
 from metagen.eval.pool import known_grades, sample_pool
@@ -190,9 +192,11 @@ def evaluate_models(
             progress(before + done, len(models) * total)
 
         try:
-            report.points += _run_model(run, problems, config, results, live, out, setups,
-                                        None if progress is None else counted,
-                                        concurrency if run.concurrency is None else run.concurrency, bound)
+            done = _run_model(run, problems, config, results, live, out, setups,
+                              None if progress is None else counted,
+                              concurrency if run.concurrency is None else run.concurrency, bound)
+            report.points += done.points
+            report.per_problem.update(done.per_problem)
         except UnfinishedProblemsError as error:
             unfinished.update({(f"{run.label}: {problem}" if len(models) > 1 else problem): failure
                                for problem, failure in error.failures.items()})
@@ -200,8 +204,27 @@ def evaluate_models(
         raise UnfinishedProblemsError(unfinished, len(problems) * len(models), str(out) if out is not None else None)
     if config.cascades:
         report.points += _cascade_points(bound, problems, config, report.points)
+    if config.difficulty_round is not None:
+        report.difficulty = _difficulty(bound[labels[0]], problems, config, report)
     return report
 
+
+def _difficulty(probe: ModelUnits, problems: Sequence[Problem], config: EvalConfig, report: EvalReport) -> dict:
+    """The per-difficulty policy (`difficulty.py`) over the evaluated configurations of known
+    FLOPs, the first model of the sweep (`probe`) estimating difficulty with its first
+    `config.difficulty_round` pool samples, at the budgets of `budget_ladder`."""
+    pools = {problem.id: probe.pool(problem) for problem in problems}
+    k = config.difficulty_round
+    shares, flops = probe_round(pools, problems, config, k, stored_mode(probe))
+    table = {key: value for key, value in report.per_problem.items() if None not in value[1]}
+    if None in flops:
+        table = {}  # the probe's FLOPs unknown: no budget can be kept
+    placed = [point for point in report.configurations() if point.key in table]
+    choices = difficulty_policy(table, shares, flops, config.difficulty_bins, budget_ladder(placed), config.seed) \
+        if table else []
+    held_out = len(split_halves(len(problems), config.seed)[1])
+    return {"model": probe.label, "round": k, "bins": config.difficulty_bins, "held_out": held_out,
+            "choices": choices}
 
 def _cascade_points(bound: dict, problems: Sequence[Problem], config: EvalConfig,
                     points: Sequence[CurvePoint]) -> list[CurvePoint]:
@@ -226,7 +249,7 @@ def _cascade_points(bound: dict, problems: Sequence[Problem], config: EvalConfig
 
 
 def _run_model(run: ModelRun, problems: Sequence[Problem], config: EvalConfig, results: ResultsFile, live,
-               out: Path | None, setups: dict, progress, concurrency: int, bound: dict) -> list[CurvePoint]:
+               out: Path | None, setups: dict, progress, concurrency: int, bound: dict) -> EvalReport:
     """Open one model, check it, run its missing units, summarize them and close it (a function
     of its own so that nothing refers to the model once it returns); its units go in `bound`
     under its label (the cascades read their pools once every model has run)."""
@@ -249,7 +272,7 @@ def _run_model(run: ModelRun, problems: Sequence[Problem], config: EvalConfig, r
         _run_problems(generator, problems, config, units, live, progress, concurrency)
         bound[run.label] = units
         return summarize(units, problems, config, decode=generator.decode, flops_estimate=generator.flops_estimate,
-                         keeps_prompt=generator.keeps_prompt, chat=chat_applies(generator)).points
+                         keeps_prompt=generator.keeps_prompt, chat=chat_applies(generator))
 
 
 def _write_run_json(out: Path, setups: dict[str, dict]) -> None:

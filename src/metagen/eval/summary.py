@@ -79,6 +79,7 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
                     costs.append(Cost(**record["cost"]))
             samples = sum(drawn) / len(drawn) if drawn else None
             report.points.append(curve_point(name, n, scores, mean_cost(costs), model, config.seed, samples))
+            report.per_problem[(model, name, n)] = (scores, [cost.flops for cost in costs])
     if config.pool_size:
         for k in sorted(set(config.ns)):
             scores, costs = [], []
