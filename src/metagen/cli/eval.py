@@ -85,6 +85,13 @@ def add_parser(commands) -> None:
     evaluation.add_argument("--allocation-round", type=int, default=None, metavar="K",
                             help="also report self_consistency_allocated: K samples per problem first, then "
                                  "n x problems allocated by expected gain (needs self_consistency)")
+    evaluation.add_argument("--difficulty-round", type=int, default=None, metavar="K",
+                            help="also report a per-difficulty policy: problems binned by the agreement of the first "
+                                 "model's first K pool samples, the best (model, strategy, n) per bin chosen under "
+                                 "each budget on half the problems, scored on the other half against the best single "
+                                 "configuration (needs a pooled strategy)")
+    evaluation.add_argument("--difficulty-bins", type=int, default=None, metavar="B",
+                            help="--difficulty-round: number of equal-width agreement bins (default 3)")
     evaluation.add_argument("--cascade", action="append", default=None, metavar="SMALL,LARGE",
                             help="also report a cascade of two models of the sweep (their labels, as the table "
                                  "names them): SMALL votes on n samples, LARGE votes instead when SMALL's top "
@@ -153,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
         prompt_suffix=args.prompt_suffix,
         code_prompt=args.code_prompt,
         cascades=_cascades(args),
+        difficulty_round=args.difficulty_round,
+        **_difficulty_bins(args),
         **({} if args.code_timeout is None else {"code_timeout": args.code_timeout}),
     )
     for problems in tasks.values():  # voting over numbers read from programs is refused on code problems
@@ -201,7 +210,15 @@ def _table(report) -> str:
     from metagen.eval import format_table
     from metagen.eval.frontier import format_compute_optimal
 
-    return format_table(report) + "\n\n" + format_compute_optimal(report.configurations())
+    text = format_table(report) + "\n\n" + format_compute_optimal(report.configurations())
+    if report.difficulty is not None:
+        from metagen.eval.difficulty import format_policy
+
+        policy = report.difficulty
+        text += f"\n\nprobe: {policy['model']}'s first {policy['round']} samples\n"
+        text += format_policy(policy["choices"], policy["bins"], policy["held_out"]) if policy["choices"] else \
+            "per-difficulty policy: no configuration (or probe) has known FLOPs: nothing to place under a budget"
+    return text
 
 
 def _problems(args: argparse.Namespace) -> dict:
@@ -240,6 +257,15 @@ def _problems(args: argparse.Namespace) -> dict:
         for name in [name for name, is_given in given.items() if is_given]:
             raise ValueError(f"{name} applies to code problems, and none of these problems is one")
     return tasks
+
+
+def _difficulty_bins(args: argparse.Namespace) -> dict:
+    """{"difficulty_bins": B} when --difficulty-bins is given (with --difficulty-round, else ValueError)."""
+    if args.difficulty_bins is None:
+        return {}
+    if args.difficulty_round is None:
+        raise ValueError("--difficulty-bins applies with --difficulty-round K")
+    return {"difficulty_bins": args.difficulty_bins}
 
 
 def _cascades(args: argparse.Namespace) -> tuple:

@@ -1,5 +1,5 @@
-"""`metagen eval --cascade SMALL,LARGE --cascade-threshold TAU,...`: the cascade's points in the
-report next to the models', and every bad use refused by its flag before any model loads."""
+"""`metagen eval --cascade SMALL,LARGE --cascade-threshold TAU,...` and `--difficulty-round K`: the
+policies' points and figures in the report, and every bad use refused by its flag before any model loads."""
 
 from __future__ import annotations
 
@@ -54,4 +54,27 @@ def test_a_cascade_of_a_model_not_swept_is_refused_before_loading(tmp_path, caps
     a, b = _weights(tmp_path / "a.gguf", 1), _weights(tmp_path / "b.gguf", 2)
     assert main([*BASE, "--model", a, "--model", b, "--cascade", "a,c"]) == 2
     assert "cascade large model 'c' is not a model of this sweep: give two of 'a', 'b'" in _error(capsys)
+    assert loads == []
+
+
+def test_the_difficulty_policy_is_printed_and_in_the_json(tmp_path, capsys, loads):
+    a, b = _weights(tmp_path / "a.gguf", 1), _weights(tmp_path / "b.gguf", 2)
+    argv = [*BASE, "--n", "1,2", "--model", a, "--model", b, "--difficulty-round", "2", "--difficulty-bins", "2"]
+    assert main(argv) == 0, capsys.readouterr().err
+    policy = json.loads(capsys.readouterr().out)["difficulty_policy"]
+    assert policy["model"] == "a" and policy["bins"] == 2 and policy["round"] == 2
+    assert all(len(choice["per_bin"]) == 2 for choice in policy["choices"])
+    printed = [flag for flag in argv if flag != "--json"]
+    assert main(printed) == 0
+    assert "per-difficulty policy (2 bins by first-round agreement, 2 held-out problems" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--difficulty-bins", "2"], "--difficulty-bins applies with --difficulty-round K"),
+    (["--difficulty-round", "5"], "difficulty_round=5 (--difficulty-round) is out of range"),
+    (["--difficulty-round", "2", "--difficulty-bins", "0"], "difficulty_bins=0 (--difficulty-bins) is out of range"),
+])
+def test_bad_policy_flags_are_refused_by_name(capsys, loads, argv, named):
+    assert main([*BASE, *argv]) == 2
+    assert named in _error(capsys)
     assert loads == []
