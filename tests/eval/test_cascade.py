@@ -108,3 +108,28 @@ def test_a_cascade_needs_pools_and_models_of_the_sweep():
         EvalConfig(("self_consistency",), ns=(1,), cascades=(Cascade("a", "b"), Cascade("a", "b")))
     with pytest.raises(ValueError, match="large model 'c' is not a model of this sweep"):
         check_cascades((Cascade("a", "c"),), ["a", "b"])
+
+
+ADD = Problem("add", 'def add(a, b):\n    """The sum of a and b.\n\n    >>> add(2, 3)\n    5\n    """\n', "",
+              "def check(candidate):\n    assert candidate(2, 3) == 5\n", "add")
+
+
+def _code_pool(body: str, right: bool, prompt_flops: float, sample_flops: float) -> Pool:
+    """Two completion-style replies with the same body, stored graded `right`."""
+    samples = [Sample(body, [1, 2], [-0.1, -0.1], [0.5, 0.5], "stop", sample_flops, correct=right) for _ in range(2)]
+    return Pool(10, prompt_flops, 0.0, 0.0, samples)
+
+
+@pytest.mark.parametrize("small_body, escalated", [("    return a - b\n", 1.0), ("    return a + b\n", 0.0)])
+def test_a_code_problem_escalates_when_no_program_passes_the_examples(small_body, escalated):
+    """The small model's two programs agree (share 1), so only the docstring example decides:
+    a - b fails add(2, 3) == 5 and goes to the large model (12 + 120 FLOPs at n=2); a + b stays."""
+    config = EvalConfig(("code_cluster",), ns=(2,), code_prompt="completion")
+    pools = {"small": {"add": _code_pool(small_body, escalated == 0.0, 10, 1)},
+             "large": {"add": _code_pool("    return a + b\n", True, 100, 10)}}
+    known = {model: {sample.text: sample.correct for sample in pools[model]["add"].samples} for model in pools}
+    point = cascade_points(Cascade("small", "large", 0.6), pools, [ADD], config,
+                           lambda result, problem, model: known[model][result.output.text],
+                           {"small": "completion", "large": "completion"})[0]
+    assert point.escalated == escalated and point.accuracy == 1.0
+    assert point.cost.flops == pytest.approx(12 + 120 * escalated)
