@@ -124,7 +124,8 @@ class EvalConfig:
                              f"no strategy of {self.strategies} is pooled: add self_consistency (or code_cluster)")
         bins = self.difficulty_bins
         if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= 20:
-            raise ValueError(f"difficulty_bins={bins!r} (--difficulty-bins) is out of range: must be an integer in [1, 20]")
+            raise ValueError(f"difficulty_bins={bins!r} (--difficulty-bins) is out of range: "
+                             "must be an integer in [1, 20]")
         if self.difficulty_round is not None:
             if not self.pool_size:
                 raise ValueError(f"difficulty_round={self.difficulty_round} (--difficulty-round) reads the sample "

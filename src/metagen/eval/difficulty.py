@@ -118,12 +118,14 @@ def difficulty_policy(table: dict[Key, tuple[Sequence[float], Sequence[float]]],
     unequal length, fewer than 2 problems, or a configuration of unknown FLOPs (None)."""
     count = len(shares)
     if count < 2:
-        raise ValueError(f"the difficulty policy needs at least 2 problems (a training and a held-out half), got {count}")
+        raise ValueError(f"the difficulty policy needs at least 2 problems (a training and a held-out half), "
+                         f"got {count}")
     if len(probe) != count:
         raise ValueError(f"probe has {len(probe)} problems, shares {count}: give one per problem")
     for key, (scores, flops) in table.items():
         if len(scores) != count or len(flops) != count:
-            raise ValueError(f"configuration {key} has {len(scores)} scores and {len(flops)} FLOPs for {count} problems")
+            raise ValueError(f"configuration {key} has {len(scores)} scores and {len(flops)} FLOPs "
+                             f"for {count} problems")
         if any(value is None for value in flops):
             raise ValueError(f"configuration {key} has unknown FLOPs: it cannot be placed under a budget")
     binned = difficulty_bins(shares, bins)
