@@ -85,6 +85,21 @@ def add_parser(commands) -> None:
     evaluation.add_argument("--allocation-round", type=int, default=None, metavar="K",
                             help="also report self_consistency_allocated: K samples per problem first, then "
                                  "n x problems allocated by expected gain (needs self_consistency)")
+    evaluation.add_argument("--difficulty-round", type=int, default=None, metavar="K",
+                            help="also report a per-difficulty policy: problems binned by the agreement of the first "
+                                 "model's first K pool samples, the best (model, strategy, n) per bin chosen under "
+                                 "each budget on half the problems, scored on the other half against the best single "
+                                 "configuration (needs a pooled strategy)")
+    evaluation.add_argument("--difficulty-bins", type=int, default=None, metavar="B",
+                            help="--difficulty-round: number of equal-width agreement bins (default 3)")
+    evaluation.add_argument("--cascade", action="append", default=None, metavar="SMALL,LARGE",
+                            help="also report a cascade of two models of the sweep (their labels, as the table "
+                                 "names them): SMALL votes on n samples, LARGE votes instead when SMALL's top "
+                                 "answer has less than --cascade-threshold of the votes (code: or its program fails "
+                                 "the docstring examples); from the stored pools, no extra generation; repeatable")
+    evaluation.add_argument("--cascade-threshold", default=None, metavar="TAU[,TAU...]",
+                            help="--cascade: the top answer's share below which SMALL escalates, in (0, 1]; "
+                                 "several give a point per threshold (default 0.6)")
     add_shared_option(evaluation, "pattern")
     add_shared_option(evaluation, "answer_field", " (with --json-schema)", metavar="PATH")
     evaluation.add_argument("--no-math", action="store_true", help="compare answers as strings, not with math-verify")
@@ -144,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
                                 answer_field=args.answer_field, value_parameters=args.value_parameters),
         prompt_suffix=args.prompt_suffix,
         code_prompt=args.code_prompt,
+        cascades=_cascades(args),
+        difficulty_round=args.difficulty_round,
+        **_difficulty_bins(args),
         **({} if args.code_timeout is None else {"code_timeout": args.code_timeout}),
     )
     for problems in tasks.values():  # voting over numbers read from programs is refused on code problems
@@ -192,7 +210,15 @@ def _table(report) -> str:
     from metagen.eval import format_table
     from metagen.eval.frontier import format_compute_optimal
 
-    return format_table(report) + "\n\n" + format_compute_optimal(report.configurations(), coverage=report.coverage())
+    text = format_table(report) + "\n\n" + format_compute_optimal(report.configurations(), coverage=report.coverage())
+    if report.difficulty is not None:
+        from metagen.eval.difficulty import format_policy
+
+        policy = report.difficulty
+        text += f"\n\nprobe: {policy['model']}'s first {policy['round']} samples\n"
+        text += format_policy(policy["choices"], policy["bins"], policy["held_out"]) if policy["choices"] else \
+            "per-difficulty policy: no configuration (or probe) has known FLOPs: nothing to place under a budget"
+    return text
 
 
 def _problems(args: argparse.Namespace) -> dict:
@@ -231,6 +257,44 @@ def _problems(args: argparse.Namespace) -> dict:
         for name in [name for name, is_given in given.items() if is_given]:
             raise ValueError(f"{name} applies to code problems, and none of these problems is one")
     return tasks
+
+
+def _difficulty_bins(args: argparse.Namespace) -> dict:
+    """{"difficulty_bins": B} when --difficulty-bins is given (with --difficulty-round, else ValueError)."""
+    if args.difficulty_bins is None:
+        return {}
+    if args.difficulty_round is None:
+        raise ValueError("--difficulty-bins applies with --difficulty-round K")
+    return {"difficulty_bins": args.difficulty_bins}
+
+
+def _cascades(args: argparse.Namespace) -> tuple:
+    """The `Cascade`s of --cascade SMALL,LARGE (each) × --cascade-threshold TAU,...; ValueError
+    naming the flag: a pair that is not two names, a threshold out of (0, 1], a threshold without
+    --cascade, a cascade with fewer than two models swept."""
+    from metagen.eval.config import Cascade
+
+    if args.cascade is None:
+        if args.cascade_threshold is not None:
+            raise ValueError("--cascade-threshold applies with --cascade SMALL,LARGE")
+        return ()
+    models = len(args.model or []) + len(args.backend or [])
+    if models < 2:
+        raise ValueError(f"--cascade needs at least two models in the sweep (--model or --backend, repeated); "
+                         f"{models} given")
+    thresholds = _parse_list(args.cascade_threshold or "0.6", "cascade-threshold", float)
+    for threshold in thresholds:
+        if not 0.0 < threshold <= 1.0:
+            raise ValueError(f"--cascade-threshold {threshold:g} is out of range: must be in (0, 1]")
+    cascades = []
+    for text in args.cascade:
+        names = [name.strip() for name in text.split(",")]
+        if len(names) != 2 or not all(names):
+            raise ValueError(f"--cascade {text!r} must be two model labels, SMALL,LARGE")
+        if names[0] == names[1]:
+            raise ValueError(f"--cascade {text!r} names one model twice: a cascade escalates to another model")
+        cascades += [Cascade(names[0], names[1], threshold) for threshold in thresholds]
+    return tuple(cascades)
 
 
 def _task_names(text: str | None) -> list[str]:

@@ -24,6 +24,36 @@ from metagen.strategies.registry import StrategyOptions, check_options, get_stra
 
 
 
+@dataclass(frozen=True)
+class Cascade:
+    """A two-model cascade evaluated from the stored pools (`cascade.py`): vote on n samples of
+    `small`; when the vote is not settled (the top answer's share of the n samples below
+    `threshold` τ, or a code problem whose chosen program fails its docstring examples), vote
+    on n samples of `large` instead. small, large: model labels of the sweep (`ModelRun.label`);
+    threshold τ in (0, 1] (1: escalate unless the small model is unanimous)."""
+
+    small: str
+    large: str
+    threshold: float = 0.6
+
+    def __post_init__(self) -> None:
+        for name in ("small", "large"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"cascade {name}={value!r} must be a model label (a non-empty string)")
+        if self.small == self.large:
+            raise ValueError(f"cascade small={self.small!r} and large={self.large!r} are one model: a cascade "
+                             "escalates from one model to another")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or \
+                not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"cascade threshold={self.threshold!r} is out of range: must be in (0, 1]")
+
+    @property
+    def label(self) -> str:
+        """Its name as a strategy of the report: 'cascade(small→large, τ 0.6)'."""
+        return f"cascade({self.small}→{self.large}, τ {self.threshold:g})"
+
+
 # SamplingParams fields added after results files were first written: at their default they stay
 # out of the set-up, so older results (which predate them and meant the default) remain readable.
 ADDED_LATER = {"token_healing": False}
@@ -39,7 +69,12 @@ class EvalConfig:
     self_consistency's uniform n (`allocation.py`; None: not evaluated; it changes no stored unit).
     code_prompt: how code problems are asked, "auto" | "chat" | "completion" (`code_prompts.py`);
     code_timeout, code_memory_mb: the sandbox's limits per graded reply (`code_grading.py`).
-    The three enter the set-up only when there are code problems (`code_setup`)."""
+    The three enter the set-up only when there are code problems (`code_setup`).
+    difficulty_round: k, the probe round of the per-difficulty policy (`difficulty.py`: the first
+    model's first k pool samples estimate each problem's difficulty; None: not evaluated);
+    difficulty_bins: its number of bins B. Neither changes a stored unit.
+    cascades: `Cascade`s evaluated from the pools of a sweep's models (they change no stored
+    unit; each needs a pooled strategy, so that the pools exist)."""
 
     strategies: tuple[str, ...]
     ns: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -52,6 +87,9 @@ class EvalConfig:
     code_prompt: str = "auto"
     code_timeout: float = TIMEOUT
     code_memory_mb: int = MEMORY_MB
+    cascades: tuple[Cascade, ...] = ()
+    difficulty_round: int | None = None
+    difficulty_bins: int = 3
 
     def __post_init__(self) -> None:
         if self.code_prompt not in MODES:
@@ -79,6 +117,26 @@ class EvalConfig:
                 raise ValueError(f"allocation_round={self.allocation_round} (--allocation-round) is out of range: "
                                  f"must be in [2, {max(self.ns)}] (the largest n): a first round of one sample "
                                  "gives every answered problem the same vote, so it estimates no difficulty")
+
+        if self.cascades and not self.pool_size:
+            raise ValueError(f"cascades={[c.label for c in self.cascades]} are evaluated from sample pools, and "
+                             f"no strategy of {self.strategies} is pooled: add self_consistency (or code_cluster)")
+        bins = self.difficulty_bins
+        if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= 20:
+            raise ValueError(f"difficulty_bins={bins!r} (--difficulty-bins) is out of range: "
+                             "must be an integer in [1, 20]")
+        if self.difficulty_round is not None:
+            if not self.pool_size:
+                raise ValueError(f"difficulty_round={self.difficulty_round} (--difficulty-round) reads the sample "
+                                 f"pools, and no strategy of {self.strategies} is pooled: add self_consistency")
+            if isinstance(self.difficulty_round, bool) or not isinstance(self.difficulty_round, int) or \
+                    not 2 <= self.difficulty_round <= max(self.ns):
+                raise ValueError(f"difficulty_round={self.difficulty_round!r} (--difficulty-round) is out of range: "
+                                 f"must be an integer in [2, {max(self.ns)}] (the largest n)")
+        labels = [cascade.label for cascade in self.cascades]
+        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        if repeated:
+            raise ValueError(f"cascade {repeated[0]} is given more than once")
 
     @property
     def pool_size(self) -> int:
@@ -111,7 +169,14 @@ class ModelRun:
 
 @dataclass
 class EvalReport:
+    """points: every evaluated configuration; per_problem: (model, strategy, n) -> (per-problem
+    scores, per-problem FLOPs) in the problems' order (what the per-difficulty policy reads; not
+    written out); difficulty: the policy's result (`difficulty.py`: {"model", "round", "bins",
+    "held_out", "choices"}) or None."""
+
     points: list[CurvePoint] = field(default_factory=list)
+    per_problem: dict = field(default_factory=dict, repr=False)
+    difficulty: dict | None = None
 
     def configurations(self) -> list[CurvePoint]:
         """The points one can run: all but the oracle coverage pass@k (which needs the answer)."""
@@ -120,11 +185,16 @@ class EvalReport:
     def to_dict(self) -> dict:
         """{"results": [rows], "frontier", "per_budget", "unplaced", "scaling_fits",
         "predicted_per_budget"} (`frontier.compute_optimal` over the configurations, at budgets
-        log-spaced from the cheapest to the dearest, the pass@k rows fitted as coverage)."""
+        log-spaced from the cheapest to the dearest, the pass@k rows fitted as coverage), and
+        "difficulty_policy" when it was evaluated."""
         from metagen.eval.frontier import compute_optimal
 
-        return {"results": [point.to_dict() for point in self.points],
+        data = {"results": [point.to_dict() for point in self.points],
                 **compute_optimal(self.configurations(), coverage=self.coverage())}
+        if self.difficulty is not None:
+            data["difficulty_policy"] = {**self.difficulty,
+                                         "choices": [choice.to_dict() for choice in self.difficulty["choices"]]}
+        return data
 
     def coverage(self) -> list[CurvePoint]:
         """The oracle coverage pass@k rows."""

@@ -79,7 +79,8 @@ class CurvePoint:
     per_problem: problem id -> that problem's score, in the problems' order (None: not kept, as
     in rows of an older summary.json); what paired comparisons resample (`paired.py`).
     predicted: the point was not measured but read off a fitted scaling law (`scaling_fit.py`):
-    no interval, no per-problem scores, FLOPs extrapolated."""
+    no interval, no per-problem scores, FLOPs extrapolated.
+    escalated: a cascade's share of problems sent to its large model (`cascade.py`), None for others."""
 
     strategy: str
     n: int
@@ -95,6 +96,7 @@ class CurvePoint:
     task: str | None = None
     per_problem: dict[str, float] | None = None
     predicted: bool = False
+    escalated: float | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -117,6 +119,8 @@ class CurvePoint:
             data["per_problem"] = dict(self.per_problem)
         if self.predicted:
             data["predicted"] = True
+        if self.escalated is not None:
+            data["escalated"] = self.escalated
         return data
 
     @classmethod
@@ -137,7 +141,7 @@ class CurvePoint:
         return cls(row["strategy"], row["n"], row["accuracy"], _or_nan(row.get("stderr")),
                    row.get("problems", 0), Cost(**row["cost"]), None if interval is None else tuple(interval),
                    row.get("model", ""), row.get("samples"), row.get("flops_estimate"), row.get("chat"),
-                   row.get("task"), per_problem, bool(row.get("predicted", False)))
+                   row.get("task"), per_problem, bool(row.get("predicted", False)), row.get("escalated"))
 
 
 def _or_nan(value) -> float:

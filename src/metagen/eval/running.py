@@ -48,11 +48,14 @@ from pathlib import Path
 from threading import Lock
 
 from metagen.decoding.errors import RequestFailedError
+from metagen.eval.cascade import cascade_points, check_cascades
 from metagen.eval.code_prompts import chat_applies, code_mode, code_setup, request, stored_mode
 from metagen.eval.config import EvalConfig, EvalReport, ModelRun, run_setup, shared_setup
+from metagen.eval.difficulty import difficulty_policy, probe_round, split_halves
+from metagen.eval.frontier import budget_ladder
 from metagen.eval.judging import grade_reply, score
 from metagen.eval.points import CurvePoint, stable_seed
-from metagen.eval.pool import sample_pool
+from metagen.eval.pool import known_grades, sample_pool
 from metagen.eval.results import ModelUnits, ResultsFile
 from metagen.eval.summary import summarize
 from metagen.eval.tasks import Problem
@@ -177,32 +180,79 @@ def evaluate_models(
         raise ValueError(f"model label(s) {', '.join(map(repr, repeated))} given more than once: each model of a "
                          "sweep needs its own name")
     check_code_strategies(problems, config)
+    check_cascades(config.cascades, labels)
     out = Path(out_dir) if out_dir is not None else None
     results = ResultsFile(out / "results.jsonl" if out is not None else None)
     results.check_shared(shared_setup(config), problems)
     live = [(name, n) for name in config.strategies if not get_strategy(name).is_pooled(config.options)
             for n in (sorted(set(config.ns)) if get_strategy(name).budget != "none" else [1])]
-    report, setups, unfinished = EvalReport(), {}, {}
+    report, setups, unfinished, bound = EvalReport(), {}, {}, {}
     for index, run in enumerate(models):
         def counted(done: int, total: int, before: int = index * len(problems)) -> None:
             progress(before + done, len(models) * total)
 
         try:
-            report.points += _run_model(run, problems, config, results, live, out, setups,
-                                        None if progress is None else counted,
-                                        concurrency if run.concurrency is None else run.concurrency)
+            done = _run_model(run, problems, config, results, live, out, setups,
+                              None if progress is None else counted,
+                              concurrency if run.concurrency is None else run.concurrency, bound)
+            report.points += done.points
+            report.per_problem.update(done.per_problem)
         except UnfinishedProblemsError as error:
             unfinished.update({(f"{run.label}: {problem}" if len(models) > 1 else problem): failure
                                for problem, failure in error.failures.items()})
     if unfinished:
         raise UnfinishedProblemsError(unfinished, len(problems) * len(models), str(out) if out is not None else None)
+    if config.cascades:
+        report.points += _cascade_points(bound, problems, config, report.points)
+    if config.difficulty_round is not None:
+        report.difficulty = _difficulty(bound[labels[0]], problems, config, report)
     return report
 
 
+def _difficulty(probe: ModelUnits, problems: Sequence[Problem], config: EvalConfig, report: EvalReport) -> dict:
+    """The per-difficulty policy (`difficulty.py`) over the evaluated configurations of known
+    FLOPs, the first model of the sweep (`probe`) estimating difficulty with its first
+    `config.difficulty_round` pool samples, at the budgets of `budget_ladder`."""
+    pools = {problem.id: probe.pool(problem) for problem in problems}
+    k = config.difficulty_round
+    shares, flops = probe_round(pools, problems, config, k, stored_mode(probe))
+    table = {key: value for key, value in report.per_problem.items() if None not in value[1]}
+    if None in flops:
+        table = {}  # the probe's FLOPs unknown: no budget can be kept
+    placed = [point for point in report.configurations() if point.key in table]
+    choices = difficulty_policy(table, shares, flops, config.difficulty_bins, budget_ladder(placed), config.seed) \
+        if table else []
+    held_out = len(split_halves(len(problems), config.seed)[1])
+    return {"model": probe.label, "round": k, "bins": config.difficulty_bins, "held_out": held_out,
+            "choices": choices}
+
+def _cascade_points(bound: dict, problems: Sequence[Problem], config: EvalConfig,
+                    points: Sequence[CurvePoint]) -> list[CurvePoint]:
+    """The points of `config.cascades`, from the stored pools of the sweep's models (`bound`:
+    label -> its `ModelUnits`); a cascade's FLOPs are marked estimated when either model's are."""
+    pools = {label: {problem.id: units.pool(problem) for problem in problems} for label, units in bound.items()}
+    known = {(label, problem.id): known_grades(pools[label][problem.id]) for label in pools for problem in problems
+             if problem.is_code}
+    modes = {label: stored_mode(units) for label, units in bound.items()}
+
+    def graded(result, problem: Problem, model: str) -> bool:
+        return score(result, problem, config, known.get((model, problem.id)))
+
+    estimates = {point.model: point.flops_estimate for point in points if point.flops_estimate is not None}
+    made = []
+    for cascade in config.cascades:
+        for point in cascade_points(cascade, pools, problems, config, graded, modes):
+            estimate = estimates.get(cascade.small) or estimates.get(cascade.large)
+            point.flops_estimate = estimate if point.cost.flops is not None else None
+            made.append(point)
+    return made
+
+
 def _run_model(run: ModelRun, problems: Sequence[Problem], config: EvalConfig, results: ResultsFile, live,
-               out: Path | None, setups: dict, progress, concurrency: int) -> list[CurvePoint]:
+               out: Path | None, setups: dict, progress, concurrency: int, bound: dict) -> EvalReport:
     """Open one model, check it, run its missing units, summarize them and close it (a function
-    of its own so that nothing refers to the model once it returns)."""
+    of its own so that nothing refers to the model once it returns); its units go in `bound`
+    under its label (the cascades read their pools once every model has run)."""
     with run.open() as (generator, identity):
         check_concurrency(generator, concurrency)
         check_generator(generator, problems, config)  # before the directory is even created
@@ -220,8 +270,9 @@ def _run_model(run: ModelRun, problems: Sequence[Problem], config: EvalConfig, r
             setups[run.label] = {**units.setup, "fingerprint": units.fingerprint}
             _write_run_json(out, setups)
         _run_problems(generator, problems, config, units, live, progress, concurrency)
+        bound[run.label] = units
         return summarize(units, problems, config, decode=generator.decode, flops_estimate=generator.flops_estimate,
-                         keeps_prompt=generator.keeps_prompt, chat=chat_applies(generator)).points
+                         keeps_prompt=generator.keeps_prompt, chat=chat_applies(generator))
 
 
 def _write_run_json(out: Path, setups: dict[str, dict]) -> None:

@@ -81,6 +81,7 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
             samples = sum(drawn) / len(drawn) if drawn else None
             report.points.append(curve_point(name, n, scores, mean_cost(costs), model, config.seed, samples,
                                              ids))
+            report.per_problem[(model, name, n)] = (scores, [cost.flops for cost in costs])
     if config.pool_size:
         for k in sorted(set(config.ns)):
             scores, costs = [], []
@@ -110,7 +111,8 @@ def format_table(report: EvalReport) -> str:
     """A plain-text table: model (when the report holds several), strategy, n, accuracy [95%
     bootstrap interval], generated tokens, TFLOPs ("unknown" when the generator could not count
     them; "~" before an estimate, explained under the table), the sandbox's CPU seconds per
-    problem (`Cost.sandbox_seconds`; only when some strategy ran programs), seconds per problem. When its
+    problem (`Cost.sandbox_seconds`; only when some strategy ran programs), seconds per problem;
+    under it, each cascade point's escalation rate (`CurvePoint.escalated`). When its
     models got their prompts differently (`mixed_prompts_note`), a "prompts" column says "chat"
     or "raw" per row and the note under the table flags it."""
     models = list(dict.fromkeys(point.model for point in report.points))
@@ -134,6 +136,9 @@ def format_table(report: EvalReport) -> str:
     estimates = dict.fromkeys((p.model, p.flops_estimate) for p in report.points if p.flops_estimate is not None)
     for model, estimate in estimates:
         lines.append(f"~ {model or 'model'}: FLOPs estimated as {estimate}")
+    for p in report.points:  # a cascade's share sent to its large model (`cascade.py`)
+        if p.escalated is not None:
+            lines.append(f"{p.strategy} n={p.n}: escalated {100 * p.escalated:.1f}% of problems to the large model")
     if mixed:
         lines.append(mixed)
     return "\n".join(lines)

@@ -1,0 +1,178 @@
+"""Per-difficulty strategy choice evaluated offline (Snell et al. 2024, "Scaling LLM test-time
+compute optimally can be more effective than scaling model parameters"): bin problems by a
+difficulty estimate known before grading, pick per bin the best (model, strategy, n) under a
+budget on a training half, and compare on the held-out half with the best single configuration
+at the same budget.
+
+    difficulty   d_p = share of the top answer among the probe model's first k pool samples
+                 (`cascade.agreement`; code problems: code_cluster's largest cluster)
+    bin          b_p = min(⌊d_p · B⌋, B − 1)                 (B equal-width bins of [0, 1])
+    split        problems shuffled by a fixed seed: the first ⌊P/2⌋ train, the rest held out
+    choice       c_b = argmax_c  acc_train,b(c)  s.t.  probe_b + flops_train,b(c) ≤ C
+    policy       held-out problem p in bin b gets c_b:  acc = mean_p score(c_b, p),
+                 flops = mean_p (probe_p + flops(c_b, p))
+    single       c* = argmax_c acc_train(c) s.t. flops_train(c) ≤ C, on the held-out half
+
+Means are over the problems of the bin (training half) or of the held-out half; ties go to the
+fewer FLOPs, then the configuration given first. A bin with no training problem takes the
+single choice c* (its probe still paid); when nothing fits a bin, the policy has no figure at
+that budget (None). The probe's k samples are charged to the policy in full, even when its
+choice could reuse them: the comparison errs against the policy. Per-problem scores and FLOPs
+come from the evaluation (`EvalReport.per_problem`), so nothing is generated. Time: O(C·P) per
+budget for C configurations and P problems.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from metagen.eval.cascade import agreement
+from metagen.eval.code_prompts import request
+from metagen.eval.points import stable_seed
+from metagen.eval.pool import PoolGenerator
+from metagen.strategies.registry import get_strategy
+
+Key = tuple[str, str, int]  # (model, strategy, n)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One configuration's (or the policy's) figures on a set of problems: mean accuracy and FLOPs."""
+
+    accuracy: float
+    flops: float
+
+
+@dataclass(frozen=True)
+class PolicyChoice:
+    """The answer at one budget (FLOPs per problem): the configuration chosen per bin (None:
+    nothing fits it), the policy's and the single best configuration's held-out figures (None:
+    not defined at this budget), and the single configuration chosen."""
+
+    budget: float
+    per_bin: tuple[Key | None, ...]
+    policy: Outcome | None
+    single: Key | None
+    single_outcome: Outcome | None
+
+    def to_dict(self) -> dict:
+        def shown(outcome):
+            return None if outcome is None else {"accuracy": outcome.accuracy, "flops": outcome.flops}
+
+        return {"budget_flops": self.budget, "per_bin": [None if key is None else list(key) for key in self.per_bin],
+                "policy": shown(self.policy), "single": None if self.single is None else list(self.single),
+                "single_held_out": shown(self.single_outcome)}
+
+
+def difficulty_bins(shares: Sequence[float], bins: int) -> list[int]:
+    """b = min(⌊d · B⌋, B − 1) for each share d in [0, 1]: bin 0 the least agreement (hardest)."""
+    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
+        raise ValueError(f"bins={bins!r} is out of range: must be an integer >= 1")
+    for share in shares:
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"difficulty share {share!r} is out of range: must be in [0, 1]")
+    return [min(math.floor(share * bins), bins - 1) for share in shares]
+
+
+def split_halves(count: int, seed: int) -> tuple[list[int], list[int]]:
+    """(train, held_out) problem indices: range(count) shuffled by an rng seeded from `seed`, the
+    first ⌊count/2⌋ train, the rest held out (each sorted)."""
+    order = list(range(count))
+    random.Random(stable_seed(seed, "difficulty split")).shuffle(order)
+    half = count // 2
+    return sorted(order[:half]), sorted(order[half:])
+
+
+def _best(table: dict, problems: Sequence[int], budget: float, probe: Sequence[float]) -> Key | None:
+    """The configuration of `table` most accurate on `problems` whose mean FLOPs there, plus the
+    mean probe FLOPs (a list of zeros for none), fit `budget`; ties: fewer FLOPs, then order."""
+    if not problems:
+        return None
+    spent_probe = sum(probe[i] for i in problems) / len(problems)
+    best, best_rank = None, None
+    for key, (scores, flops) in table.items():
+        mean_flops = sum(flops[i] for i in problems) / len(problems)
+        if spent_probe + mean_flops > budget:
+            continue
+        rank = (-sum(scores[i] for i in problems) / len(problems), mean_flops)
+        if best_rank is None or rank < best_rank:
+            best, best_rank = key, rank
+    return best
+
+
+def _outcome(table: dict, chosen: Sequence[Key], problems: Sequence[int], probe: Sequence[float]) -> Outcome:
+    """Mean score and FLOPs (probe included) on `problems`, problem i answered by chosen[j] (j its place)."""
+    scores = [table[key][0][i] for key, i in zip(chosen, problems)]
+    flops = [probe[i] + table[key][1][i] for key, i in zip(chosen, problems)]
+    return Outcome(sum(scores) / len(scores), sum(flops) / len(flops))
+
+
+def difficulty_policy(table: dict[Key, tuple[Sequence[float], Sequence[float]]], shares: Sequence[float],
+                      probe: Sequence[float], bins: int, budgets: Sequence[float], seed: int) -> list[PolicyChoice]:
+    """One `PolicyChoice` per budget. table: configuration -> (per-problem scores, per-problem
+    FLOPs), every list in the same problem order, FLOPs known; shares: each problem's first-round
+    agreement d_p; probe: each problem's FLOPs for that first round. ValueError for lists of
+    unequal length, fewer than 2 problems, or a configuration of unknown FLOPs (None)."""
+    count = len(shares)
+    if count < 2:
+        raise ValueError(f"the difficulty policy needs at least 2 problems (a training and a held-out half), "
+                         f"got {count}")
+    if len(probe) != count:
+        raise ValueError(f"probe has {len(probe)} problems, shares {count}: give one per problem")
+    for key, (scores, flops) in table.items():
+        if len(scores) != count or len(flops) != count:
+            raise ValueError(f"configuration {key} has {len(scores)} scores and {len(flops)} FLOPs "
+                             f"for {count} problems")
+        if any(value is None for value in flops):
+            raise ValueError(f"configuration {key} has unknown FLOPs: it cannot be placed under a budget")
+    binned = difficulty_bins(shares, bins)
+    train, held = split_halves(count, seed)
+    zeros = [0.0] * count
+    choices = []
+    for budget in budgets:
+        single = _best(table, train, budget, zeros)
+        per_bin = tuple(_best(table, [i for i in train if binned[i] == b], budget, probe)
+                        if any(binned[i] == b for i in train) else single for b in range(bins))
+        needed = {binned[i] for i in held}
+        policy = None
+        if all(per_bin[b] is not None for b in needed):
+            policy = _outcome(table, [per_bin[binned[i]] for i in held], held, probe)
+        outcome = None if single is None else _outcome(table, [single] * len(held), held, zeros)
+        choices.append(PolicyChoice(float(budget), per_bin, policy, single, outcome))
+    return choices
+
+
+def format_policy(choices: Sequence[PolicyChoice], bins: int, held_out: int) -> str:
+    """The text of `difficulty_policy`: per budget (TFLOPs), the held-out accuracy and TFLOPs of
+    the policy and of the single best configuration, and the choice per bin (bin 0 hardest)."""
+    def named(key):
+        return "–" if key is None else " ".join(part for part in (key[0], key[1], f"n={key[2]}") if part)
+
+    def shown(outcome):
+        return "nothing fits" if outcome is None else f"{outcome.accuracy:.3f} @ {outcome.flops / 1e12:.4g}"
+
+    lines = [f"per-difficulty policy ({bins} bins by first-round agreement, {held_out} held-out problems; "
+             "accuracy @ TFLOPs per problem)",
+             f"{'budget TFLOPs':>13}  {'policy':<22}  {'single best':<22}  choices"]
+    for choice in choices:
+        per_bin = "; ".join(f"bin {b}: {named(key)}" for b, key in enumerate(choice.per_bin))
+        lines.append(f"{choice.budget / 1e12:>13.4g}  {shown(choice.policy):<22}  "
+                     f"{shown(choice.single_outcome):<22}  single: {named(choice.single)}; {per_bin}")
+    return "\n".join(lines)
+
+
+def probe_round(pools: dict, problems: Sequence, config, k: int, modes: str | None = None) -> tuple[list, list]:
+    """(shares, probe FLOPs): per problem, the agreement of the vote over the first k samples of
+    its pool in stored order (self_consistency, code_cluster for a code problem) and their cost's
+    FLOPs (None when unknown). pools: problem id -> the probe model's `Pool`."""
+    shares, flops = [], []
+    for problem in problems:
+        spec = get_strategy("code_cluster" if problem.is_code else "self_consistency")
+        prompt, params = request(problem, config, modes)
+        result = spec.run(PoolGenerator(pools[problem.id], range(k)), prompt, k, params, config.options, None)
+        shares.append(agreement(result.votes, k))
+        flops.append(result.cost.flops)
+    return shares, flops

@@ -1,0 +1,99 @@
+"""Per-difficulty strategy choice from stored pools (`eval/difficulty.py`): the bins, the split,
+the per-bin choice under a budget and the held-out figures against a hand computation; the
+probe round read from a pool; the policy reported by a sweep."""
+
+from __future__ import annotations
+
+import pytest
+
+from metagen.eval import EvalConfig, Problem
+from metagen.eval.difficulty import Outcome, difficulty_bins, difficulty_policy, format_policy, probe_round, \
+    split_halves
+from metagen.eval.running import evaluate_models
+from metagen.sampling import SamplingParams
+from tests.eval.dice import PROBLEMS
+from tests.eval.test_cascade import _pool
+from tests.eval.test_model_sweep import Models
+
+SMALL, LARGE = ("s", "self_consistency", 1), ("l", "self_consistency", 4)
+# 4 problems; seed 1 trains on [0, 1] and holds out [2, 3]. Shares 0.2, 0.9, 0.3, 1.0: bins 0, 1, 0, 1 of 2.
+TABLE = {SMALL: ([0, 1, 0, 1], [2, 2, 2, 2]), LARGE: ([1, 0, 1, 1], [10, 10, 10, 10])}
+SHARES, PROBE = [0.2, 0.9, 0.3, 1.0], [1, 1, 1, 1]
+
+
+def test_bins_are_equal_width_with_full_agreement_in_the_last():
+    assert difficulty_bins([0.0, 0.49, 0.5, 1.0], 2) == [0, 0, 1, 1]
+    assert difficulty_bins([0.0, 0.33, 0.34, 0.67, 1.0], 3) == [0, 0, 1, 2, 2]
+    with pytest.raises(ValueError, match="bins=0 is out of range"):
+        difficulty_bins([0.5], 0)
+    with pytest.raises(ValueError, match="share 1.5 is out of range"):
+        difficulty_bins([1.5], 2)
+
+
+def test_the_split_is_fixed_by_the_seed_and_covers_every_problem():
+    assert split_halves(4, 1) == ([0, 1], [2, 3])
+    train, held = split_halves(7, 3)
+    assert split_halves(7, 3) == (train, held) and len(train) == 3 and sorted(train + held) == list(range(7))
+
+
+def test_the_policy_matches_a_hand_computation():
+    """Budget 12: single on train [0, 1]: both configurations 0.5, SMALL cheaper -> SMALL;
+    held out 0.5 @ 2. Bin 0 (train [0]): LARGE right, 1 + 10 <= 12 -> LARGE; bin 1 (train [1]):
+    SMALL right -> SMALL. Held out: problem 2 (bin 0) LARGE right, 1 + 10; problem 3 (bin 1)
+    SMALL right, 1 + 2: policy 1.0 @ 7.
+    Budget 5: LARGE fits no bin: SMALL everywhere, held out 0.5 @ 3 (its probe paid).
+    Budget 2.5: the single SMALL fits (2), no bin does with its probe (3): no policy.
+    Budget 1: nothing fits."""
+    choices = difficulty_policy(TABLE, SHARES, PROBE, 2, [12, 5, 2.5, 1], seed=1)
+    first, second, third, fourth = choices
+    assert first.per_bin == (LARGE, SMALL) and first.single == SMALL
+    assert first.policy == Outcome(1.0, 7.0) and first.single_outcome == Outcome(0.5, 2.0)
+    assert second.per_bin == (SMALL, SMALL) and second.policy == Outcome(0.5, 3.0)
+    assert third.per_bin == (None, None) and third.policy is None and third.single_outcome == Outcome(0.5, 2.0)
+    assert fourth.single is None and fourth.single_outcome is None and fourth.policy is None
+    text = format_policy(choices, 2, 2)
+    assert "1.000 @ 7e-12" in text and "bin 0: l self_consistency n=4" in text and "nothing fits" in text
+    assert first.to_dict()["per_bin"] == [list(LARGE), list(SMALL)]
+
+
+def test_a_bin_without_training_problems_takes_the_single_choice():
+    """3 bins: shares 0.2, 0.3 -> bin 0, 0.9, 1.0 -> bin 2; bin 1 is empty and takes SMALL."""
+    choice = difficulty_policy(TABLE, SHARES, PROBE, 3, [12], seed=1)[0]
+    assert choice.per_bin == (LARGE, SMALL, SMALL)
+
+
+def test_bad_tables_are_refused():
+    with pytest.raises(ValueError, match="at least 2 problems"):
+        difficulty_policy(TABLE, [0.5], [1], 2, [1], 0)
+    with pytest.raises(ValueError, match="unknown FLOPs"):
+        difficulty_policy({SMALL: ([0, 1], [1, None])}, [0.5, 0.5], [1, 1], 2, [1], 0)
+
+
+def test_the_probe_round_reads_the_first_k_samples_in_stored_order():
+    """First 2 of ['1', '1', '2', '2'] agree fully (share 1); of ['1', '2', '2', '2'] half; the
+    probe's FLOPs are those 2 samples' (10 + 2·1)."""
+    problems = [Problem("a", "q", "1"), Problem("b", "q", "2")]
+    pools = {"a": _pool(["1", "1", "2", "2"], 10, 1), "b": _pool(["1", "2", "2", "2"], 10, 1)}
+    config = EvalConfig(("self_consistency",), ns=(4,))
+    shares, flops = probe_round(pools, problems, config, 2)
+    assert shares == [1.0, 0.5] and flops == [12, 12]
+
+
+def test_a_sweep_reports_the_policy(tmp_path):
+    config = EvalConfig(("self_consistency",), ns=(1, 2), params=SamplingParams(temperature=1.0), difficulty_round=2,
+                        difficulty_bins=2)
+    report = evaluate_models([Models().run("a"), Models().run("b")], PROBLEMS, config, tmp_path)
+    policy = report.difficulty
+    assert policy["model"] == "a" and policy["held_out"] == 3 and policy["choices"]
+    assert set(report.per_problem) == {(m, "self_consistency", n) for m in "ab" for n in (1, 2)}
+    assert report.to_dict()["difficulty_policy"]["choices"][0]["budget_flops"] == policy["choices"][0].budget
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"difficulty_round": 1}, "difficulty_round=1 (--difficulty-round) is out of range"),
+    ({"difficulty_round": 3}, "must be an integer in [2, 2]"),
+    ({"difficulty_bins": 0}, "difficulty_bins=0 (--difficulty-bins) is out of range"),
+])
+def test_bad_policy_settings_are_refused_by_name(fields, named):
+    with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        EvalConfig(("self_consistency",), ns=(1, 2), **fields)
