@@ -86,6 +86,7 @@ class RetrieverTool(Tool):
         self.last_cost: Cost | None = None
 
     def run(self, text: str) -> str:
+        self.last_cost = None
         query = " ".join(text.split())
         if not query:
             raise ToolError("the query is empty")

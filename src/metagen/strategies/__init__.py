@@ -22,6 +22,8 @@ _EXPORTS = {
     "calculator_chain": "chain_programs",
     "chain_of_thought": "chain_programs",
     "python_binding": "chain_programs",
+    "search_binding": "chain_programs",
+    "search_chain": "chain_programs",
     "self_ask": "chain_programs",
     "tool_loop": "chain_programs",
     "InContextNavigationConfig": "in_context_navigation",

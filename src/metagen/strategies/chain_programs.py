@@ -1,8 +1,10 @@
-"""Ready chain programs: chain-of-thought, self-ask and the calculator tool loop.
+"""Ready chain programs: chain-of-thought, self-ask and the calculator and search tool loops.
 
     chain_of_thought(generator, question)   # Kojima et al. 2022: reason, then extract the answer
     self_ask(generator, question)           # Press et al. 2022: follow-up questions, then answer
     calculator_chain(generator, question)   # inline <<expression>> calls filled in by a calculator
+    search_chain(generator, question, retriever)   # inline <search>query</search> calls answered
+                                                   # by a retriever's best passages (metagen.retrieval)
 
 Each returns a `ChainResult` (chosen output with its extracted answer, every step in the trace,
 the summed Cost). Built from the program API in `chain.py`.
@@ -15,6 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
+from metagen.retrieval.base import Retriever, RetrieverTool
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import extract_answer
 from metagen.strategies import runners
@@ -42,6 +45,12 @@ CALCULATOR_SYSTEM = (
     "Solve the problem step by step. For arithmetic use the calculator: write <<expression>> and "
     "the exact result is filled in, e.g. 12 boxes of 7 cost 12*7 = <<12*7=84>>84. "
     "End with: The answer is <number>."
+)
+
+SEARCH_SYSTEM = (
+    "Answer the question. To look something up, write <search>your query</search>; the best passages "
+    "of the corpus follow in <results>...</results>. Search as often as you need, then end with: "
+    "The answer is <answer>."
 )
 
 
@@ -106,6 +115,13 @@ def python_binding(tool: Tool | None = None) -> ToolBinding:
                        answer="{open}{input}{close}\n```output\n{output}\n```\n")
 
 
+def search_binding(retriever: Retriever, k: int = 3) -> ToolBinding:
+    """<search>query</search> is answered by the retriever's k best passages, numbered, in a
+    <results> block (`retrieval.base.format_passages`), as in Toolformer's inline API calls."""
+    return ToolBinding(RetrieverTool(retriever, k), "<search>", "</search>",
+                       answer="{open}{input}{close}\n<results>\n{output}\n</results>\n")
+
+
 def tool_loop(generator: Generator, question: str, tools: Sequence[ToolBinding] | None = None,
               config: ChainConfig | None = None, *, system: str = CALCULATOR_SYSTEM,
               rng: torch.Generator | None = None) -> ChainResult:
@@ -122,6 +138,13 @@ def calculator_chain(generator: Generator, question: str, config: ChainConfig | 
                      rng: torch.Generator | None = None) -> ChainResult:
     """`tool_loop` with the calculator and its instructions."""
     return tool_loop(generator, question, (calculator_binding(),), config, rng=rng)
+
+
+def search_chain(generator: Generator, question: str, retriever: Retriever, config: ChainConfig | None = None, *,
+                 k: int = 3, rng: torch.Generator | None = None) -> ChainResult:
+    """`tool_loop` with the retriever (`search_binding`, k passages a search) and its instructions.
+    Cost: the model calls, plus each search's wall time (and a dense retriever's query encoding)."""
+    return tool_loop(generator, question, (search_binding(retriever, k),), config, system=SEARCH_SYSTEM, rng=rng)
 
 
 # chains continue a final assistant message (a prefill, or text around a tool call) until a stop
