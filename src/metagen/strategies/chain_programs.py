@@ -13,15 +13,17 @@ the summed Cost). Built from the program API in `chain.py`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
-from metagen.retrieval.base import Retriever, RetrieverTool
+from metagen.retrieval.base import MAX_K, Retriever, RetrieverTool
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import extract_answer
 from metagen.strategies import runners
 from metagen.strategies.chain import Chain, ChainConfig, ChainResult, Generate, ToolBinding, Transform
+from metagen.strategies.options import option
 from metagen.strategies.spec import StrategySpec, register
 from metagen.tools import Calculator, PythonTool, Tool
 
@@ -147,6 +149,40 @@ def search_chain(generator: Generator, question: str, retriever: Retriever, conf
     return tool_loop(generator, question, (search_binding(retriever, k),), config, system=SEARCH_SYSTEM, rng=rng)
 
 
+@dataclass(frozen=True)
+class SearchConfig(ChainConfig):
+    """ChainConfig and what the search tool searches: `retriever` (checked when the config is
+    built: kind known, corpus path existing, URL well formed; nothing loaded) and `passages`, the
+    k of each search."""
+
+    retriever: str | None = option(None, str, "what the search tool searches: bm25:PATH | dense:PATH (a .jsonl "
+                                   "file or a directory of .txt files) | http(s)://HOST[:PORT]/PATH (a search "
+                                   "endpoint)", optional=True)
+    passages: int = option(3, int, "passages each search returns", low=1, high=MAX_K)
+
+    def __post_init__(self) -> None:
+        from metagen.retrieval.spec import parse_retriever_spec
+
+        super().__post_init__()
+        if self.retriever is not None:
+            parse_retriever_spec(self.retriever)
+
+
+@lru_cache(maxsize=4)
+def _retriever(spec: str) -> Retriever:
+    """The retriever `spec` names, built once per process (an index is read once, not per question)."""
+    from metagen.retrieval.spec import make_retriever
+
+    return make_retriever(spec)
+
+
+def _search_program(generator: Generator, question: str, config: SearchConfig, *,
+                    rng: torch.Generator | None = None) -> ChainResult:
+    if config.retriever is None:
+        raise ValueError("retriever is required by strategy 'search' (bm25:PATH | dense:PATH | URL)")
+    return search_chain(generator, question, _retriever(config.retriever), config, k=config.passages, rng=rng)
+
+
 # chains continue a final assistant message (a prefill, or text around a tool call) until a stop
 # string, and read which stop string ended it; a chain's answer is several requests (reasoning,
 # tool results, a final answer after a prefill): one constraint cannot span them, and applied to
@@ -163,3 +199,6 @@ register(StrategySpec("self_ask", "follow-up questions answered by the model, th
                       runners.chain(self_ask), **_CHAIN), __name__)
 register(StrategySpec("calculator", "inline <<calculator>> calls while solving", runners.chain(calculator_chain),
                       **_CHAIN), __name__)
+register(StrategySpec("search", "inline <search> calls answered by a retriever's passages (--retriever)",
+                      runners.chain(_search_program, SearchConfig), **{**_CHAIN, "config": SearchConfig},
+                      required_options=("retriever",)), __name__)
