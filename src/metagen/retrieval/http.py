@@ -33,7 +33,8 @@ def check_url(url: object) -> str:
 
 class HTTPRetriever(Retriever):
     """Search at `url` (see the module); transport_options: `Transport` keyword arguments
-    (timeout, max_retries, backoff, deadline, api_key_env, ...). Close it when done."""
+    (timeout, max_retries, backoff, deadline, ...; api_key_env defaults to METAGEN_SEARCH_API_KEY,
+    sent as a bearer token when set). Close it when done."""
 
     name = "http"
 
