@@ -94,6 +94,9 @@ def test_malformed_corpora_are_refused_by_file_line_and_field(tmp_path):
     bad.write_text('{"id": "a", "text": "fine"}\n{"id": "b"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl, line 2: field 'text' must be a string, got None"):
         read_corpus(bad)
+    bad.write_text('{"id": true, "text": "x"}\n')
+    with pytest.raises(ValueError, match=r"line 1: field 'id' must be a string or an int, got True"):
+        read_corpus(bad)
     bad.write_text('{"id": "a", "text": "x", "title": 3}\n')
     with pytest.raises(ValueError, match=r"line 1: field 'title' must be a string, got 3"):
         read_corpus(bad)

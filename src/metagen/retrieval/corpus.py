@@ -80,7 +80,8 @@ def _read_jsonl(path: Path) -> list[Passage]:
                 raise ValueError(f"{where} is not a JSON object: {line.strip()[:80]!r}")
             for name, required in (("id", True), ("text", True), ("title", False)):
                 value = record.get(name)
-                if (required or value is not None) and not isinstance(value, (str, int) if name == "id" else str):
+                wrong = isinstance(value, bool) or not isinstance(value, (str, int) if name == "id" else str)
+                if (required or value is not None) and wrong:
                     kind = "a string or an int" if name == "id" else "a string"
                     raise ValueError(f"{where}: field {name!r} must be {kind}, got {value!r}")
             passages.append(Passage(str(record["id"]), record["text"], 0.0, record.get("title")))

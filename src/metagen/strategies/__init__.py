@@ -22,6 +22,7 @@ _EXPORTS = {
     "calculator_chain": "chain_programs",
     "chain_of_thought": "chain_programs",
     "python_binding": "chain_programs",
+    "SearchConfig": "chain_programs",
     "search_binding": "chain_programs",
     "search_chain": "chain_programs",
     "self_ask": "chain_programs",

@@ -170,7 +170,8 @@ class SearchConfig(ChainConfig):
 
 @lru_cache(maxsize=4)
 def _retriever(spec: str) -> Retriever:
-    """The retriever `spec` names, built once per process (an index is read once, not per question)."""
+    """The retriever `spec` names, built once per process: its index is read once, not per question
+    (a corpus edited while the process runs is re-indexed by the next process)."""
     from metagen.retrieval.spec import make_retriever
 
     return make_retriever(spec)
