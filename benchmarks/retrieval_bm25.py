@@ -3,6 +3,8 @@
 
     python benchmarks/retrieval_bm25.py [--paragraphs 4000] [--queries 100]
 
+Needs bm25s (the 'retrieval' extra) and rank-bm25 (pip install rank-bm25: the peer, not a dependency).
+
 The corpus is real English prose: the paragraphs of the standard library's docstrings (split on
 blank lines, 8 words at least), taken in module order until `--paragraphs`. Queries are 6-word
 windows of paragraphs chosen with a fixed seed. Both libraries get the tokens of
