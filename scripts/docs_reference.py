@@ -35,7 +35,7 @@ PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "theory": ("Theory", ("theory",)),
     "structured": ("Structured outputs", ("structured",)),
     "compress": ("Compression", ("compress",)),
-    "tools": ("Tools", ("tools",)),
+    "tools": ("Tools and retrieval", ("tools", "retrieval")),
 }
 
 

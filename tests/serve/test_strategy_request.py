@@ -47,3 +47,14 @@ def test_a_strategy_template_with_a_format_spec_is_refused(model):
     error = refusal(model, {"prompt": "Hi", "metagen": {"strategy": "self_refine",
                                                          "critique_template": "{answer:a>20000000}"}})
     assert error.param == "metagen.critique_template" and "format spec" in error.message
+
+
+def test_a_strategy_reading_a_corpus_or_url_is_not_served(model, tmp_path):
+    """metagen.retriever would name a file or a URL for the server to open: refused by name,
+    with a corpus that exists as with none."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "text": "secret"}\n')
+    for given in ({"strategy": "search", "retriever": f"bm25:{corpus}"}, {"strategy": "search"}):
+        error = refusal(model, {"prompt": "Hi", "metagen": given})
+        assert error.param == "metagen.strategy" and error.status == 400
+        assert "strategy 'search' is not served: its metagen.retriever names a corpus path or a URL" in error.message

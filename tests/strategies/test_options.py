@@ -234,7 +234,8 @@ SIZES_WORK = {
     "greedy": {"n"}, "best_of_n": {"n"}, "best_of_n_logprob": {"n"}, "self_consistency": {"n"},
     "weighted_voting": {"n"}, "borda": {"n"}, "mbr_chrf": {"n"}, "mbr_bleu": {"n"}, "mbr_edit": {"n"},
     "mbr_embedding": {"n"}, "self_refine": {"n"}, "chain_of_thought": {"n", "max_tool_calls"},
-    "self_ask": {"n", "max_tool_calls"}, "calculator": {"n", "max_tool_calls"}, "best_of_n_value": {"n"},
+    "self_ask": {"n", "max_tool_calls"}, "calculator": {"n", "max_tool_calls"},
+    "search": {"n", "max_tool_calls"}, "best_of_n_value": {"n"},
     "step_beam": {"n", "max_steps"}, "dvts": {"n", "max_steps"}, "rebase": {"n", "max_steps"},
     "mcts": {"n", "expansions", "max_steps"}, "astar": {"n", "expansions", "solutions"},
     "particle_filter": {"n", "max_steps"}, "blockwise_cd": {"n", "max_blocks"}, "tokenwise_cd": {"n"},
@@ -245,8 +246,8 @@ SIZES_WORK = {
 }
 LENGTHS = {"max_step_tokens", "block_tokens", "max_tool_chars", "answer_tokens", "max_rollout_tokens", "rollout_tokens"}
 # ints that count no model work: the stopping rule's Monte Carlo draws (bounded by its config's
-# range) and its seed
-NOT_MODEL_WORK = {"mc_samples", "mc_seed"}
+# range) and its seed, the passages a search returns (its text clipped to max_tool_chars)
+NOT_MODEL_WORK = {"mc_samples", "mc_seed", "passages"}
 
 
 def test_every_int_option_is_marked_as_sizing_the_work_or_is_a_length():
@@ -276,6 +277,8 @@ def test_parse_bounds_every_option_that_sizes_the_work(name, option):
     are refused by `parse` when `max_n` is given, naming the field, the value and the limit."""
     spec = get_strategy(name)
     value = {"value": "steps"} if spec.uses_value else {}
+    if "retriever" in spec.required_options:  # a file that exists: parse checks the path, reads nothing
+        value["retriever"] = f"bm25:{__file__}"
     with pytest.raises(ValueError, match=rf"^x\.{option}=1000000000 is out of range: must be <= 128 \(--max-n"):
         spec.parse({option: 10**9, **value}, "x.", max_n=128, limit_name="--max-n")
     if option != "n" or spec.budget != "none":

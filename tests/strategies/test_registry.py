@@ -28,6 +28,7 @@ EXPECTED_NEEDS = {
     "chain_of_thought": {caps.ASSISTANT_CONTINUATION},  # continue the assistant's own message
     "self_ask": {caps.ASSISTANT_CONTINUATION},
     "calculator": {caps.ASSISTANT_CONTINUATION},
+    "search": {caps.ASSISTANT_CONTINUATION},
     "tokenwise_cd": {caps.LOCAL_CACHE},  # values the top-k next tokens at every position
     "transfer_q": {caps.LOCAL_CACHE},  # ... by rollouts of a second local model
     "pg_td": {caps.LOCAL_CACHE},  # expands and completes token prefixes from cache snapshots

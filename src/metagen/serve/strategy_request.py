@@ -49,6 +49,9 @@ def parse_strategy(body: Mapping, named: str | None, params: SamplingParams,
         spec = get_strategy(name)
     except ValueError as error:
         raise APIError(str(error), where) from None
+    if "retriever" in spec.fields():
+        raise APIError(f"strategy {name!r} is not served: its metagen.retriever names a corpus path or a URL, which "
+                       "the server does not open for a request (run it with metagen generate --retriever)", where)
     try:
         n, options, overrides = spec.parse(given, "metagen.", max_n=max_n, limit_name=f"--max-n {max_n}")
     except ValueError as error:

@@ -12,7 +12,8 @@ Steps run in order against a dict of named text values: each reads values throug
 `str.format` template of plain {name} fields (`templates.py`; checked when the `Chain` is built)
 or a function of the values, and stores its output under its `name`.
 `Generate` sends one chat request [system?, user, assistant prefill?]; `CallTool` runs a `Tool`;
-`Transform` computes a value in Python. Cost: the sum of every model call; tools add wall time.
+`Transform` computes a value in Python. Cost: the sum of every model call; tools add wall time
+(and what a tool's own model spent, `Tool.last_cost`: a dense retriever's query encoding).
 
 Tool loop (`Generate(..., tools=[ToolBinding, ...])`): generation stops at a binding's `close`
 string; when the text then ends with a whole call `open + input + close`, the handler (a tool, or
@@ -224,6 +225,8 @@ class _Run:
         start = time.perf_counter()
         output = tool(text)
         cost = Cost(wall_seconds=time.perf_counter() - start)
+        if tool.last_cost is not None:  # what the tool's own model spent (a retriever's encoder)
+            cost = replace(tool.last_cost, wall_seconds=cost.wall_seconds)
         self.cost += cost
         self.trace.append(TraceEntry(f"{step}/{tool.name}", "tool", text, output, cost))
         return output

@@ -1,8 +1,10 @@
-"""Ready chain programs: chain-of-thought, self-ask and the calculator tool loop.
+"""Ready chain programs: chain-of-thought, self-ask and the calculator and search tool loops.
 
     chain_of_thought(generator, question)   # Kojima et al. 2022: reason, then extract the answer
     self_ask(generator, question)           # Press et al. 2022: follow-up questions, then answer
     calculator_chain(generator, question)   # inline <<expression>> calls filled in by a calculator
+    search_chain(generator, question, retriever)   # inline <search>query</search> calls answered
+                                                   # by a retriever's best passages (metagen.retrieval)
 
 Each returns a `ChainResult` (chosen output with its extracted answer, every step in the trace,
 the summed Cost). Built from the program API in `chain.py`.
@@ -11,14 +13,17 @@ the summed Cost). Built from the program API in `chain.py`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from metagen.decoding import capabilities as caps
+from metagen.retrieval.base import MAX_K, Retriever, RetrieverTool
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import extract_answer
 from metagen.strategies import runners
 from metagen.strategies.chain import Chain, ChainConfig, ChainResult, Generate, ToolBinding, Transform
+from metagen.strategies.options import option
 from metagen.strategies.spec import StrategySpec, register
 from metagen.tools import Calculator, PythonTool, Tool
 
@@ -42,6 +47,12 @@ CALCULATOR_SYSTEM = (
     "Solve the problem step by step. For arithmetic use the calculator: write <<expression>> and "
     "the exact result is filled in, e.g. 12 boxes of 7 cost 12*7 = <<12*7=84>>84. "
     "End with: The answer is <number>."
+)
+
+SEARCH_SYSTEM = (
+    "Answer the question. To look something up, write <search>your query</search>; the best passages "
+    "of the corpus follow in <results>...</results>. Search as often as you need, then end with: "
+    "The answer is <answer>."
 )
 
 
@@ -106,6 +117,13 @@ def python_binding(tool: Tool | None = None) -> ToolBinding:
                        answer="{open}{input}{close}\n```output\n{output}\n```\n")
 
 
+def search_binding(retriever: Retriever, k: int = 3) -> ToolBinding:
+    """<search>query</search> is answered by the retriever's k best passages, numbered, in a
+    <results> block (`retrieval.base.format_passages`), as in Toolformer's inline API calls."""
+    return ToolBinding(RetrieverTool(retriever, k), "<search>", "</search>",
+                       answer="{open}{input}{close}\n<results>\n{output}\n</results>\n")
+
+
 def tool_loop(generator: Generator, question: str, tools: Sequence[ToolBinding] | None = None,
               config: ChainConfig | None = None, *, system: str = CALCULATOR_SYSTEM,
               rng: torch.Generator | None = None) -> ChainResult:
@@ -124,6 +142,48 @@ def calculator_chain(generator: Generator, question: str, config: ChainConfig | 
     return tool_loop(generator, question, (calculator_binding(),), config, rng=rng)
 
 
+def search_chain(generator: Generator, question: str, retriever: Retriever, config: ChainConfig | None = None, *,
+                 k: int = 3, rng: torch.Generator | None = None) -> ChainResult:
+    """`tool_loop` with the retriever (`search_binding`, k passages a search) and its instructions.
+    Cost: the model calls, plus each search's wall time (and a dense retriever's query encoding)."""
+    return tool_loop(generator, question, (search_binding(retriever, k),), config, system=SEARCH_SYSTEM, rng=rng)
+
+
+@dataclass(frozen=True)
+class SearchConfig(ChainConfig):
+    """ChainConfig and what the search tool searches: `retriever` (checked when the config is
+    built: kind known, corpus path existing, URL well formed; nothing loaded) and `passages`, the
+    k of each search."""
+
+    retriever: str | None = option(None, str, "what the search tool searches: bm25:PATH | dense:PATH (a .jsonl "
+                                   "file or a directory of .txt files) | http(s)://HOST[:PORT]/PATH (a search "
+                                   "endpoint)", optional=True)
+    passages: int = option(3, int, "passages each search returns", low=1, high=MAX_K)
+
+    def __post_init__(self) -> None:
+        from metagen.retrieval.spec import parse_retriever_spec
+
+        super().__post_init__()
+        if self.retriever is not None:
+            parse_retriever_spec(self.retriever)
+
+
+@lru_cache(maxsize=4)
+def _retriever(spec: str) -> Retriever:
+    """The retriever `spec` names, built once per process: its index is read once, not per question
+    (a corpus edited while the process runs is re-indexed by the next process)."""
+    from metagen.retrieval.spec import make_retriever
+
+    return make_retriever(spec)
+
+
+def _search_program(generator: Generator, question: str, config: SearchConfig, *,
+                    rng: torch.Generator | None = None) -> ChainResult:
+    if config.retriever is None:
+        raise ValueError("retriever is required by strategy 'search' (bm25:PATH | dense:PATH | URL)")
+    return search_chain(generator, question, _retriever(config.retriever), config, k=config.passages, rng=rng)
+
+
 # chains continue a final assistant message (a prefill, or text around a tool call) until a stop
 # string, and read which stop string ended it; a chain's answer is several requests (reasoning,
 # tool results, a final answer after a prefill): one constraint cannot span them, and applied to
@@ -140,3 +200,6 @@ register(StrategySpec("self_ask", "follow-up questions answered by the model, th
                       runners.chain(self_ask), **_CHAIN), __name__)
 register(StrategySpec("calculator", "inline <<calculator>> calls while solving", runners.chain(calculator_chain),
                       **_CHAIN), __name__)
+register(StrategySpec("search", "inline <search> calls answered by a retriever's passages (--retriever)",
+                      runners.chain(_search_program, SearchConfig), **{**_CHAIN, "config": SearchConfig},
+                      required_options=("retriever",)), __name__)

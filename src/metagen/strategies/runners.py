@@ -55,14 +55,15 @@ def greedy(generator, prompt, n, params, options, rng, overrides):
     return with_answers(result, options)
 
 
-def chain(program: Callable):
-    """The runner of chain program `program(generator, question, config, rng=)` (chain_programs.py)."""
+def chain(program: Callable, config_class: type | None = None):
+    """The runner of chain program `program(generator, question, config, rng=)` (chain_programs.py);
+    config_class: its config (None: ChainConfig)."""
 
     def run(generator, prompt, n, params, options, rng, overrides):
         from metagen.scoring.base import prompt_text
         from metagen.strategies.chain import ChainConfig
 
-        config = configure(ChainConfig(params=replace(params, n=1)), overrides)
+        config = configure((config_class or ChainConfig)(params=replace(params, n=1)), overrides)
         return program(generator, prompt_text(prompt), config, rng=rng)
 
     return run

@@ -151,6 +151,7 @@ class StrategySpec:
     defaults: tuple[tuple[str, object], ...] = ()  # its own defaults for config fields, over the config's
     # (option, values, capabilities): needed too when the option is one of values (None: set, not None)
     option_needs: tuple[tuple[str, tuple | None, frozenset[str]], ...] = ()
+    required_options: tuple[str, ...] = ()  # must be given: no default makes sense (the corpus to search)
 
     def is_pooled(self, options: StrategyOptions) -> bool:
         """Whether the harness evaluates it from a sample pool with these options: `pooled`, or a
@@ -207,6 +208,9 @@ class StrategySpec:
             self.check_n(n)
         except ValueError as error:
             raise ValueError(f"{where}{error}") from None
+        for name in self.required_options:
+            if given.get(name) is None:
+                raise ValueError(f"{where}{name} is required by strategy {self.name!r}: {accepted[name].help}")
         shared = {name: value for name, value in given.items() if name in SHARED}
         overrides = {name: value for name, value in given.items() if name not in SHARED and name != "n"}
         try:

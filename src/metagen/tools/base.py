@@ -26,6 +26,9 @@ class Tool(ABC):
 
     name: str = "tool"
     description: str = ""
+    # the Cost (decoding/cost.py) of the last call beyond its wall time -- a model's tokens and
+    # FLOPs, as a dense retriever's query encoding -- set by tools that run one; None: time only
+    last_cost = None
 
     @abstractmethod
     def run(self, text: str) -> str:
