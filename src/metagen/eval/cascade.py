@@ -88,7 +88,7 @@ def cascade_points(cascade: Cascade, pools: dict[str, dict[str, Pool]], problems
             scores.append(sum(hits) / len(hits))
             costs.append(mean_cost(spent))
         point = curve_point(cascade.label, n, scores, mean_cost(costs) if costs else Cost(), "", config.seed,
-                            n * (1 + escalated / max(draws, 1)))
+                            n * (1 + escalated / max(draws, 1)), [problem.id for problem in problems])
         point.escalated = escalated / max(draws, 1)
         points.append(point)
     return points
