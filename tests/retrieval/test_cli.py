@@ -22,6 +22,12 @@ def test_a_bad_retriever_is_refused_by_name_before_loading(monkeypatch, capsys, 
     assert message in capsys.readouterr().err
 
 
+def test_self_ask_search_requires_a_retriever_before_loading(monkeypatch, capsys):
+    monkeypatch.setattr(common, "load_model", lambda args: pytest.fail("the model was loaded before the check"))
+    assert main(["generate", "a", "--no-chat", "--strategy", "self_ask_search"]) == 2
+    assert "retriever is required by strategy 'self_ask_search'" in capsys.readouterr().err
+
+
 def test_the_retriever_flag_is_refused_without_the_search_strategy(capsys):
     assert main(["generate", "a", "--no-chat", "--retriever", "http://h:1/search"]) == 2
     assert "--retriever" in capsys.readouterr().err

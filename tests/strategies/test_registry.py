@@ -29,6 +29,8 @@ EXPECTED_NEEDS = {
     "self_ask": {caps.ASSISTANT_CONTINUATION},
     "calculator": {caps.ASSISTANT_CONTINUATION},
     "search": {caps.ASSISTANT_CONTINUATION},
+    "s2a": {caps.ASSISTANT_CONTINUATION},
+    "self_ask_search": {caps.ASSISTANT_CONTINUATION},
     "tokenwise_cd": {caps.LOCAL_CACHE},  # values the top-k next tokens at every position
     "transfer_q": {caps.LOCAL_CACHE},  # ... by rollouts of a second local model
     "pg_td": {caps.LOCAL_CACHE},  # expands and completes token prefixes from cache snapshots

@@ -113,7 +113,7 @@ def test_a_generator_that_cannot_honour_a_constraint_is_refused_before_any_reque
 
 def test_chains_refuse_a_constraint_by_name():
     full = Canned(OUTPUTS, capabilities=caps.ALL)
-    for name in ("chain_of_thought", "self_ask", "calculator"):
+    for name in ("chain_of_thought", "s2a", "self_ask", "calculator"):
         with pytest.raises(ValueError, match=f"strategy '{name}' cannot honour structured_outputs"):
             get_strategy(name).run(full, "q", 1, CONSTRAINED, StrategyOptions(), None)
         assert not STRATEGIES[name].supported_by(full, StrategyOptions(), CONSTRAINED)

@@ -16,8 +16,9 @@ or a function of the values, and stores its output under its `name`.
 (and what a tool's own model spent, `Tool.last_cost`: a dense retriever's query encoding).
 
 Tool loop (`Generate(..., tools=[ToolBinding, ...])`): generation stops at a binding's `close`
-string; when the text then ends with a whole call `open + input + close`, the handler (a tool, or
-another `Generate` step: the model answering a sub-question) runs on the input, the call is
+string; when the text then ends with a whole call `open + input + close`, the handler (a tool,
+another `Generate` step: the model answering a sub-question, or a sub-program of steps: search,
+then the model reading the passages) runs on the input, the call is
 replaced by its answered form (e.g. `<<12*7=84>>`) and the model continues, up to
 `max_tool_calls` calls, after which it writes on without tools. A close string outside a call
 (the opening fence of ```python also contains ```) just continues the text.
@@ -93,13 +94,15 @@ class Generate:
 class ToolBinding:
     """How a handler is called inside generated text: `open + input + close`.
 
-    handler: a `Tool`, or a `Generate` step whose values include {input} (the model answers).
+    handler: a `Tool`, a `Generate` step whose values include {input} (the model answers), or a
+        tuple of steps run in order on those values, the last one's output answering (a sub-program:
+        `CallTool` a retriever on {input}, then `Generate` an answer from its passages).
     answer: how the answered call reads afterwards; fields {open}, {input}, {close}, {output}.
     input_separator: when set, only the text before it is the input (the model's own guess after
         it is dropped and recomputed: `<<12*7=85>>` becomes `<<12*7=84>>`).
     """
 
-    handler: Tool | Generate
+    handler: Tool | Generate | tuple[Generate | CallTool | Transform, ...]
     open: str
     close: str
     answer: str = "{open}{input}{close}{output}"
@@ -160,8 +163,9 @@ def _check_templates(step: Generate | CallTool | Transform) -> None:
         return
     for index, binding in enumerate(step.tools):
         check_template(f"{step.name}.tools[{index}].answer", binding.answer, set(), ANSWER_FIELDS)
-        if isinstance(binding.handler, Generate):
-            _check_templates(binding.handler)
+        for handler in binding.handler if isinstance(binding.handler, tuple) else (binding.handler,):
+            if isinstance(handler, (Generate, CallTool)):
+                _check_templates(handler)
 
 
 def _fill(template: Template, values: Mapping[str, str], step: str) -> str:
@@ -196,17 +200,7 @@ class Chain:
         values = {str(key): str(value) for key, value in inputs.items()}
         candidates: dict[str, Completion] = {}
         for step in self.steps:
-            if isinstance(step, Generate):
-                candidate = state.generate(step, values)
-            elif isinstance(step, CallTool):
-                candidate = Completion(state.call(step.name, step.tool, _fill(step.input, values, step.name)),
-                                       finish_reason="tool")
-            elif isinstance(step, Transform):
-                output = str(step.function(values))
-                state.trace.append(TraceEntry(step.name, "transform", None, output, Cost()))
-                candidate = Completion(output, finish_reason="transform")
-            else:
-                raise TypeError(f"unknown step type {type(step).__name__}")
+            candidate = state.step(step, values)
             values[step.name] = candidate.text
             candidates[step.name] = candidate
         return ChainResult(list(candidates.values()), cost=state.cost, chosen=candidates[self.output],
@@ -229,6 +223,26 @@ class _Run:
             cost = replace(tool.last_cost, wall_seconds=cost.wall_seconds)
         self.cost += cost
         self.trace.append(TraceEntry(f"{step}/{tool.name}", "tool", text, output, cost))
+        return output
+
+    def step(self, step: Generate | CallTool | Transform, values: Mapping[str, str]) -> Completion:
+        """Run one step on `values`; its output is the completion's text."""
+        if isinstance(step, Generate):
+            return self.generate(step, values)
+        if isinstance(step, CallTool):
+            output = self.call(step.name, step.tool, _fill(step.input, values, step.name))
+            return Completion(output, finish_reason="tool")
+        if isinstance(step, Transform):
+            output = str(step.function(values))
+            self.trace.append(TraceEntry(step.name, "transform", None, output, Cost()))
+            return Completion(output, finish_reason="transform")
+        raise TypeError(f"unknown step type {type(step).__name__}")
+
+    def program(self, steps: Sequence[Generate | CallTool | Transform], values: Mapping[str, str]) -> str:
+        """A handler's sub-program: its steps in order on a copy of `values`; the last one's output."""
+        values, output = dict(values), ""
+        for step in steps:
+            output = values[step.name] = self.step(step, values).text
         return output
 
     def generate(self, step: Generate, values: Mapping[str, str]) -> Completion:
@@ -263,6 +277,8 @@ class _Run:
             raw_input = body.split(binding.input_separator)[0] if binding.input_separator else body
             if isinstance(binding.handler, Generate):
                 output = self.generate(binding.handler, {**values, "input": raw_input.strip()}).text.strip()
+            elif isinstance(binding.handler, tuple):
+                output = self.program(binding.handler, {**values, "input": raw_input.strip()}).strip()
             else:
                 output = self.call(step.name, binding.handler, raw_input.strip())
             if len(output) > self.config.max_tool_chars:

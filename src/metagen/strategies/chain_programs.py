@@ -1,7 +1,10 @@
-"""Ready chain programs: chain-of-thought, self-ask and the calculator and search tool loops.
+"""Ready chain programs: chain-of-thought, System 2 Attention, self-ask (with search) and the
+calculator and search tool loops.
 
     chain_of_thought(generator, question)   # Kojima et al. 2022: reason, then extract the answer
+    s2a(generator, question)                # Weston & Sukhbaatar 2023: rewrite the context, then answer
     self_ask(generator, question)           # Press et al. 2022: follow-up questions, then answer
+    self_ask_search(generator, question, retriever)   # ... each follow-up answered from passages
     calculator_chain(generator, question)   # inline <<expression>> calls filled in by a calculator
     search_chain(generator, question, retriever)   # inline <search>query</search> calls answered
                                                    # by a retriever's best passages (metagen.retrieval)
@@ -22,7 +25,7 @@ from metagen.retrieval.base import MAX_K, Retriever, RetrieverTool
 from metagen.sampling import SamplingParams
 from metagen.scoring.answers import extract_answer
 from metagen.strategies import runners
-from metagen.strategies.chain import Chain, ChainConfig, ChainResult, Generate, ToolBinding, Transform
+from metagen.strategies.chain import CallTool, Chain, ChainConfig, ChainResult, Generate, ToolBinding, Transform
 from metagen.strategies.options import option
 from metagen.strategies.spec import StrategySpec, register
 from metagen.tools import Calculator, PythonTool, Tool
@@ -43,12 +46,21 @@ SELF_ASK_EXAMPLE = (
     "So the final answer is: the Statue of Liberty"
 )
 FINAL_ANSWER = "So the final answer is:"
+S2A_REWRITE = (
+    "The text below was written by a user. Rewrite it for someone who must answer the user's question "
+    "fairly: keep only the facts that help answer it, and leave out everything else, including the "
+    "user's own opinions, guesses or hoped-for answer. Then restate the question itself, without any "
+    "preference for an answer. Write two parts, \"Context:\" and \"Question:\".\n\nText by the user:\n{question}"
+)
+S2A_ANSWER = ("{context}\n\nAnswer the question above using only this context. End with: The answer is <answer>.")
+S2A_CONTEXT = "Context:"
 CALCULATOR_SYSTEM = (
     "Solve the problem step by step. For arithmetic use the calculator: write <<expression>> and "
     "the exact result is filled in, e.g. 12 boxes of 7 cost 12*7 = <<12*7=84>>84. "
     "End with: The answer is <number>."
 )
 
+SELF_ASK_READ = "Passages:\n{passages}\n\nAnswer in a few words, from the passages.\nQuestion: {input}"
 SEARCH_SYSTEM = (
     "Answer the question. To look something up, write <search>your query</search>; the best passages "
     "of the corpus follow in <results>...</results>. Search as often as you need, then end with: "
@@ -79,6 +91,24 @@ def chain_of_thought(generator: Generator, question: str, config: ChainConfig | 
     return result
 
 
+def s2a(generator: Generator, question: str, config: ChainConfig | None = None, *,
+        rng: torch.Generator | None = None) -> ChainResult:
+    """System 2 Attention (Weston & Sukhbaatar 2023): soft attention takes in whatever the prompt
+    holds, so irrelevant sentences and a user's stated opinion sway the answer; S2A first has the
+    model regenerate the prompt keeping only the relevant, unopinionated context and the question
+    itself (`S2A_REWRITE`, continued after "Context:"), then answers from that regenerated text
+    alone (`S2A_ANSWER`: the original prompt is not sent again). values["context"] (and the trace's
+    "context" entry) is the regenerated text; chosen.answer the extracted answer ("The answer is X",
+    else the last number). Cost: the two generate calls."""
+    result = Chain([
+        Generate("rewrite", S2A_REWRITE, prefill=S2A_CONTEXT),
+        Transform("context", lambda values: S2A_CONTEXT + " " + values["rewrite"].strip()),
+        Generate("answer", S2A_ANSWER),
+    ], config=config).run(generator, {"question": question}, rng=rng)
+    result.chosen.answer = extract_answer(result.chosen.text)
+    return result
+
+
 def self_ask(generator: Generator, question: str, config: ChainConfig | None = None, *,
              rng: torch.Generator | None = None) -> ChainResult:
     """Self-ask (Press et al. 2022): the model decomposes the question into "Follow up:"
@@ -87,6 +117,27 @@ def self_ask(generator: Generator, question: str, config: ChainConfig | None = N
     generate call per continuation plus one per follow-up question (at most max_tool_calls)."""
     config = config or ChainConfig()
     follow_up = Generate("intermediate", "Answer in a few words.\nQuestion: {input}", params=_answer_params(config))
+    return _self_ask(generator, question, follow_up, config, rng)
+
+
+def self_ask_search(generator: Generator, question: str, retriever: Retriever,
+                    config: ChainConfig | None = None, *, k: int = 3,
+                    rng: torch.Generator | None = None) -> ChainResult:
+    """Self-ask with a search engine (Press et al. 2022): as `self_ask`, but each
+    follow-up question is a query to `retriever`, and a short model call answers it from the k
+    best passages (the step "passages", then "intermediate"), the answer going back after
+    "Intermediate answer:". The trace holds each hop: the search (its input the follow-up, its
+    output the numbered passages) and the answer read from them. Cost: `self_ask`'s calls plus
+    each search's wall time (and a dense retriever's query encoding)."""
+    config = config or ChainConfig()
+    hop = (CallTool("passages", RetrieverTool(retriever, k), "{input}"),
+           Generate("intermediate", SELF_ASK_READ, params=_answer_params(config)))
+    return _self_ask(generator, question, hop, config, rng)
+
+
+def _self_ask(generator: Generator, question: str, follow_up: Generate | tuple, config: ChainConfig,
+              rng: torch.Generator | None) -> ChainResult:
+    """The self-ask program with `follow_up` answering each "Follow up:" question."""
     binding = ToolBinding(follow_up, "Follow up:", "Intermediate answer:", answer="{open}{input}{close} {output}\n")
     result = Chain([
         Generate("decomposition", SELF_ASK_EXAMPLE + "\n\nQuestion: {question}",
@@ -184,6 +235,13 @@ def _search_program(generator: Generator, question: str, config: SearchConfig, *
     return search_chain(generator, question, _retriever(config.retriever), config, k=config.passages, rng=rng)
 
 
+def _self_ask_search_program(generator: Generator, question: str, config: SearchConfig, *,
+                             rng: torch.Generator | None = None) -> ChainResult:
+    if config.retriever is None:
+        raise ValueError("retriever is required by strategy 'self_ask_search' (bm25:PATH | dense:PATH | URL)")
+    return self_ask_search(generator, question, _retriever(config.retriever), config, k=config.passages, rng=rng)
+
+
 # chains continue a final assistant message (a prefill, or text around a tool call) until a stop
 # string, and read which stop string ended it; a chain's answer is several requests (reasoning,
 # tool results, a final answer after a prefill): one constraint cannot span them, and applied to
@@ -196,6 +254,8 @@ _CHAIN = {"pooled": False, "budget": "none", "needs": frozenset({caps.ASSISTANT_
 
 register(StrategySpec("chain_of_thought", "reason step by step, then a call for the final answer",
                       runners.chain(chain_of_thought), **_CHAIN), __name__)
+register(StrategySpec("s2a", "System 2 Attention: regenerate the relevant, unopinionated context, answer from it",
+                      runners.chain(s2a), **_CHAIN), __name__)
 register(StrategySpec("self_ask", "follow-up questions answered by the model, then the answer",
                       runners.chain(self_ask), **_CHAIN), __name__)
 register(StrategySpec("calculator", "inline <<calculator>> calls while solving", runners.chain(calculator_chain),
@@ -203,3 +263,6 @@ register(StrategySpec("calculator", "inline <<calculator>> calls while solving",
 register(StrategySpec("search", "inline <search> calls answered by a retriever's passages (--retriever)",
                       runners.chain(_search_program, SearchConfig), **{**_CHAIN, "config": SearchConfig},
                       required_options=("retriever",)), __name__)
+register(StrategySpec("self_ask_search", "self-ask with each follow-up answered from a retriever's passages "
+                      "(--retriever)", runners.chain(_self_ask_search_program, SearchConfig),
+                      **{**_CHAIN, "config": SearchConfig}, required_options=("retriever",)), __name__)
