@@ -369,7 +369,7 @@ def test_assistant_continuation_needs_stops_told_apart():
         assert caps.ASSISTANT_CONTINUATION not in make(server, tokenizer=RenderingTokenizer()).capabilities
 
 
-@pytest.mark.parametrize("name", ["chain_of_thought", "self_ask", "calculator"])
+@pytest.mark.parametrize("name", ["chain_of_thought", "s2a", "self_ask", "calculator"])
 def test_a_chain_on_llama_cpp_without_a_tokenizer_is_refused_before_any_request(name):
     from metagen.strategies.registry import StrategyOptions, get_strategy
 

@@ -54,7 +54,8 @@ def test_a_strategy_reading_a_corpus_or_url_is_not_served(model, tmp_path):
     with a corpus that exists as with none."""
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": "a", "text": "secret"}\n')
-    for given in ({"strategy": "search", "retriever": f"bm25:{corpus}"}, {"strategy": "search"}):
-        error = refusal(model, {"prompt": "Hi", "metagen": given})
-        assert error.param == "metagen.strategy" and error.status == 400
-        assert "strategy 'search' is not served: its metagen.retriever names a corpus path or a URL" in error.message
+    for name in ("search", "self_ask_search"):
+        for given in ({"strategy": name, "retriever": f"bm25:{corpus}"}, {"strategy": name}):
+            error = refusal(model, {"prompt": "Hi", "metagen": given})
+            assert error.param == "metagen.strategy" and error.status == 400
+            assert f"strategy {name!r} is not served: its metagen.retriever names a corpus path or a URL" in error.message
