@@ -302,6 +302,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict]
         args.targets = split_list(args.targets, "--targets", TARGETS)
         args.activations = split_list(args.activations, "--activations", ACTIVATIONS)
         widths = split_list(args.tree_widths, "--tree-widths")
+        if widths is not None and not all(k.isdigit() for k in widths):
+            raise ValueError(f"--tree-widths {args.tree_widths!r}: give comma-separated ints >= 1 (e.g. 2,2,1)")
         widths = None if widths is None else tuple(int(k) for k in widths)
         common = {"exit_layer": args.exit_layer, "exit_adapter": args.exit_adapter, "draft_dtype": args.draft_dtype,
                   "draft_corpus": args.draft_corpus}

@@ -98,6 +98,9 @@ def test_parse_args_plans_every_target_and_refuses_before_loading(monkeypatch, c
         (["--targets", "int3"], "--targets int3: choose from int4, bf16, fp32"),
         (["--drafters", ","], "--drafters ',' names nothing"),
         (["--prompts", "0"], "--prompts 0 must be >= 1"),
+        (["--tree-widths", "2,x"], "--tree-widths '2,x': give comma-separated ints >= 1"),
+        (["--tree-widths", "2,0"], "tree_widths=(2, 0) must be a non-empty tuple of ints >= 1"),
+        (["--draft-dtype", "int3"], "draft_dtype='int3': choose from fp32, bf16, int8, int4"),
     ]:
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
