@@ -7,27 +7,35 @@ at temperature 0 (greedy) and 1 (plain sampling, seeded). Two prompt kinds:
   words: where prompt lookup shines);
 - open: chat questions with nothing to copy.
 
-metagen configurations, each against plain decoding of the same weights:
-- int4 target: n-gram drafter (prompt lookup + past outputs; fixed and adaptive γ), early-exit
-  self-draft (first L layers; with `--exit-adapter FILE` also the trained adapter);
-- bf16 target: n-gram, and the int4 copy of the same checkpoint as quantized self-draft;
-- fp32 target: the int4 copy as quantized self-draft;
-- token and block verification at temperature 1 (temperature 0 verifies greedily);
-- with `--qwen-dir DIR`: Qwen2.5-Coder-1.5B drafted by Qwen2.5-Coder-0.5B, both in the default format.
+metagen configurations, each against plain decoding of the same target: the drafters of
+metagen's registry (`--drafters NAME[,NAME...]`; default every registered drafter that runs on
+the target without extra inputs: `model:PATH` with `--draft-model PATH`, `quantized` on a
+target above its draft's precision, `rasd` reading `--draft-corpus` when given), each under the
+rule it verifies with (`--verify RULE[,RULE...]` for others) and with `--tree-widths` /
+`--tree-nodes` (any drafter reading them then drafts token trees); targets `--targets
+int4,bf16,fp32`, each with the activation codes of `--activations int16,int8`; with
+`--adaptive` also adaptive γ for the chain drafters. Every combination is checked by the
+registry (`check_speculative`) before any model loads: a bad one is refused by name
+(`speculative_plan.py`). With `--qwen-dir DIR`: Qwen2.5-Coder-1.5B drafted by
+Qwen2.5-Coder-0.5B, both in the default format.
 
 Peers on the same weights (transformers loads the GGUF dequantized to fp32): plain `generate`,
 prompt lookup decoding (`prompt_lookup_num_tokens`) and self-speculative early exit
 (`assistant_early_exit`, temperature 0 only: it runs at ~2 tok/s here); llama.cpp (if
 installed) plain and with `LlamaPromptLookupDecoding`.
 
-Measured per (configuration, temperature, prompt kind), summed over prompts: generated tokens /
-wall seconds of the whole call (prefill included, the same for every engine; metagen rows also
-give decode-only tokens/s, the call minus its prefill), acceptance rate
-(accepted / proposed draft tokens), block efficiency (tokens per target step, prefill counted as
-a step) and speedup = tokens/s over the same engine's plain tokens/s at the same temperature on
-the same prompts. Each configuration runs once as warm-up on a separate prompt first.
+Measured per (target, activations, drafter, rule, temperature, prompt kind), summed over
+prompts, hardware-independent figures first: tokens per target forward (block efficiency, the
+prefill counted as a forward), target forwards per generated token, acceptance rate (accepted /
+proposed draft tokens); then generated tokens / wall seconds of the whole call (prefill
+included, the same for every engine; metagen rows also give decode-only tokens/s, the call
+minus its prefill) and speedup = tokens/s over the same engine's plain tokens/s with the same
+weights and activation codes at the same temperature on the same prompts. Each configuration
+runs once as warm-up on a separate prompt first.
 
-Run:  .venv/bin/python benchmarks/speculative.py --out spec.json --markdown
+Run:  PYTHONPATH=src .venv/bin/python benchmarks/speculative.py --out spec.json --markdown
+      PYTHONPATH=src .venv/bin/python benchmarks/speculative.py --targets int4 --drafters ngram,recycling \\
+          --temperatures 0 --skip transformers,llama.cpp,qwen --activations int16,int8
 """
 
 from __future__ import annotations
@@ -42,22 +50,16 @@ import io
 import json
 import platform
 import time
-from dataclasses import asdict, dataclass, field
-from functools import partial
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from speculative_plan import ACTIVATIONS, TARGETS, Row, add_speedups, markdown, plan_runs, split_list, table
 
 from metagen.decoding import generate
 from metagen.models import embedded_model_path, load
 from metagen.sampling import SamplingParams
-from metagen.speculative import (
-    ModelDrafter,
-    NgramDrafter,
-    SpeculativeConfig,
-    early_exit_model,
-    speculative_generate,
-)
+from metagen.speculative import ModelDrafter, NgramDrafter, SpeculativeConfig, make_drafter, speculative_generate
 
 PASSAGES = [
     "The Harwick Bridge was opened on 14 March 1889 after six years of work. It is 412 metres long "
@@ -92,41 +94,6 @@ QWEN_PROMPTS = [
 ]
 
 
-@dataclass
-class Row:
-    engine: str
-    target: str
-    method: str
-    verify: str
-    temperature: float
-    kind: str
-    tokens: int = 0
-    seconds: float = 0.0
-    decode_seconds: float = 0.0  # metagen only: the call minus its prefill
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    target_steps: int = 0
-    runs: list[dict] = field(default_factory=list)
-    speedup: float | None = None
-    decode_speedup: float | None = None
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def decode_tokens_per_second(self) -> float | None:
-        return self.tokens / self.decode_seconds if self.decode_seconds else None
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
-
-    @property
-    def block_efficiency(self) -> float | None:
-        return self.tokens / self.target_steps if self.target_steps else None
-
-
 def chat(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
@@ -136,23 +103,26 @@ def params_for(temperature: float, tokens: int, seed: int) -> SamplingParams:
 
 
 # ----------------------------------------------------------------------------- metagen
-def run_metagen(rows: list[Row], target, target_name: str, method: str, make_drafter, verify: str,
-                temperature: float, kinds: dict[str, list[str]], args, adaptive: bool = False) -> None:
-    """One configuration over every prompt kind; `make_drafter` None means plain decoding."""
+def run_metagen(rows: list[Row], target, target_name: str, method: str, make, verify: str, temperature: float,
+                kinds: dict[str, list[str]], args, adaptive: bool = False) -> None:
+    """One configuration over every prompt kind; `make` builds a fresh drafter per prompt (outside
+    the timed call), None means plain decoding."""
     config = SpeculativeConfig(num_draft_tokens=args.gamma, verify=verify, adaptive=adaptive)
 
     def once(prompt: str, seed: int):
         params = params_for(temperature, args.tokens, seed)
+        drafter = None if make is None else make()
         start = time.perf_counter()
-        if make_drafter is None:
+        if drafter is None:
             result = generate(target, chat(prompt), params)
         else:
-            result = speculative_generate(target, make_drafter(), chat(prompt), params, config)
+            result = speculative_generate(target, drafter, chat(prompt), params, config)
         return result, time.perf_counter() - start
 
     once(WARMUP, 0)
+    activations = getattr(target, "activations", None) or "—"
     for kind, prompts in kinds.items():
-        row = Row("metagen", target_name, method, verify if make_drafter else "—", temperature, kind)
+        row = Row("metagen", target_name, activations, method, verify if make else "—", temperature, kind)
         for index, prompt in enumerate(prompts):
             result, seconds = once(prompt, args.seed + index)
             tokens = result.generated_tokens
@@ -160,53 +130,30 @@ def run_metagen(rows: list[Row], target, target_name: str, method: str, make_dra
             row.seconds += seconds
             row.decode_seconds += seconds - result.prefill_seconds
             cost = result.cost
-            if make_drafter is not None:
-                row.draft_tokens += cost.draft_tokens
-                row.accepted_tokens += cost.accepted_tokens
-                row.target_steps += cost.target_steps
-            else:
-                row.target_steps += tokens
-            row.runs.append({"prompt": index, "tokens": tokens, "seconds": seconds,
+            row.draft_tokens += cost.draft_tokens
+            row.accepted_tokens += cost.accepted_tokens
+            row.target_steps += cost.target_steps
+            row.runs.append({"prompt": index, "tokens": tokens, "seconds": seconds, "target_steps": cost.target_steps,
                              "token_ids": result.completions[0].token_ids})
         rows.append(row)
-        print(f"  {row.engine} {row.target} {row.method} {row.verify} T={temperature} {kind}: "
-              f"{row.tokens_per_second:.1f} tok/s, acceptance {row.acceptance_rate}, "
-              f"block efficiency {row.block_efficiency}", flush=True)
+        print(f"  {row.engine} {row.target} {row.activations} {row.method} {row.verify} T={temperature} {kind}: "
+              f"{row.block_efficiency} tokens / target forward, acceptance {row.acceptance_rate}, "
+              f"{row.tokens_per_second:.1f} tok/s", flush=True)
 
 
-def metagen_suite(rows: list[Row], kinds, args) -> None:
-    """int4 target: n-gram (fixed and adaptive γ) and early-exit drafters; bf16 and fp32 targets:
-    the int4 copy as quantized self-draft, and n-gram."""
-    int4 = load(dtype="int4")
-    targets = {name: int4 if name == "int4" else load(dtype=name) for name in args.targets}
-    exit_layer = args.exit_layer
-    draft = partial(ModelDrafter, share_prompt_cache=True)  # as make_drafter builds self-drafts
-    adapter = None
-    if args.exit_adapter:
-        from metagen.speculative.adapter import AdaptedExitModel, ExitAdapter
-
-        adapter = ExitAdapter.load(args.exit_adapter, int4)
-    for temperature in args.temperatures:
-        verifies = ["token"] if temperature == 0 else ["token", "block"]
-        for name, target in targets.items():
-            print(f"metagen {name}, temperature {temperature}", flush=True)
-            run_metagen(rows, target, name, "plain", None, "token", temperature, kinds, args)
-            for verify in verifies:
-                if name != "fp32":
-                    run_metagen(rows, target, name, "ngram", NgramDrafter, verify, temperature, kinds, args)
-                    run_metagen(rows, target, name, "ngram, adaptive γ", NgramDrafter, verify, temperature, kinds,
-                                args, adaptive=True)
-                if name == "int4":
-                    run_metagen(rows, target, name, f"early-exit L={exit_layer}",
-                                lambda: draft(early_exit_model(int4, exit_layer)), verify, temperature,
-                                kinds, args)
-                    if adapter is not None:
-                        run_metagen(rows, target, name, f"early-exit L={adapter.num_layers} + adapter",
-                                    lambda: draft(AdaptedExitModel(int4, adapter)), verify, temperature,
-                                    kinds, args)
-                else:
-                    run_metagen(rows, target, name, "quantized (int4 draft)", lambda: draft(int4), verify,
-                                temperature, kinds, args)
+def metagen_suite(rows: list[Row], kinds, plans: dict, args) -> None:
+    """Per target dtype and activation codes: plain decoding, then every planned run."""
+    for name in args.targets:
+        for activations in args.activations:
+            target = load(dtype=name, activations=activations)
+            for temperature in args.temperatures:
+                print(f"metagen {name} ({activations} activations), temperature {temperature}", flush=True)
+                run_metagen(rows, target, name, "plain", None, "token", temperature, kinds, args)
+                for run in plans[name]:
+                    options = run.options.given()
+                    run_metagen(rows, target, name, run.label,
+                                lambda run=run, options=options: make_drafter(run.drafter, target, **options),
+                                run.verify, temperature, kinds, args, adaptive=run.adaptive)
 
 
 def qwen_suite(rows: list[Row], args) -> None:
@@ -239,10 +186,11 @@ def transformers_suite(rows: list[Row], kinds, args) -> None:
     model.eval()
     eos = model.generation_config.eos_token_id
     eos = eos[0] if isinstance(eos, list) else eos
+    exit_layer = args.exit_layer or 20  # the registry's default for this 30-layer model
     methods = {
         "plain": {},
         "prompt lookup": {"prompt_lookup_num_tokens": args.gamma},
-        f"early exit L={args.exit_layer}": {"assistant_early_exit": args.exit_layer, "num_assistant_tokens": args.gamma,
+        f"early exit L={exit_layer}": {"assistant_early_exit": exit_layer, "num_assistant_tokens": args.gamma,
                                              "num_assistant_tokens_schedule": "constant"},
     }
 
@@ -263,7 +211,7 @@ def transformers_suite(rows: list[Row], kinds, args) -> None:
                 continue  # ~2 tok/s at temperature 0 on this model: measured there only, to bound the run
             once(WARMUP, temperature, 0, extra)
             for kind, prompts in kinds.items():
-                row = Row("transformers", "fp32", method, "token" if extra else "—", temperature, kind)
+                row = Row("transformers", "fp32", "—", method, "token" if extra else "—", temperature, kind)
                 for index, prompt in enumerate(prompts):
                     tokens, seconds = once(prompt, temperature, args.seed + index, extra)
                     if eos in tokens:
@@ -308,7 +256,7 @@ def llama_cpp_suite(rows: list[Row], kinds, args) -> None:
 
             once(WARMUP, 0)
             for kind, prompts in kinds.items():
-                row = Row("llama.cpp", "Q4_1", method, "token" if method != "plain" else "—", temperature, kind)
+                row = Row("llama.cpp", "Q4_1", "—", method, "token" if method != "plain" else "—", temperature, kind)
                 for index, prompt in enumerate(prompts):
                     tokens, seconds = once(prompt, args.seed + index)
                     row.tokens += tokens
@@ -319,65 +267,69 @@ def llama_cpp_suite(rows: list[Row], kinds, args) -> None:
         llm.close()
 
 
-# --------------------------------------------------------------------------- reporting
-def add_speedups(rows: list[Row]) -> None:
-    plain = {(r.engine, r.target, r.temperature, r.kind): r for r in rows if r.method == "plain"}
-    for row in rows:
-        base = plain.get((row.engine, row.target, row.temperature, row.kind))
-        if base is not None and base.tokens_per_second:
-            row.speedup = row.tokens_per_second / base.tokens_per_second
-        if base is not None and base.decode_tokens_per_second and row.decode_tokens_per_second:
-            row.decode_speedup = row.decode_tokens_per_second / base.decode_tokens_per_second
-
-
-def table(rows: list[Row]) -> list[list[str]]:
-    out = [["engine", "target", "drafter", "verify", "T", "prompts", "tok/s", "speedup", "decode tok/s",
-            "decode speedup", "acceptance", "block eff."]]
-    for r in rows:
-        decode = r.decode_tokens_per_second
-        out.append([
-            r.engine, r.target, r.method, r.verify, f"{r.temperature:g}", r.kind, f"{r.tokens_per_second:.1f}",
-            "—" if r.speedup is None else f"{r.speedup:.2f}×",
-            "—" if decode is None else f"{decode:.1f}",
-            "—" if r.decode_speedup is None else f"{r.decode_speedup:.2f}×",
-            "—" if r.acceptance_rate is None else f"{r.acceptance_rate:.2f}",
-            "—" if r.block_efficiency is None else f"{r.block_efficiency:.2f}",
-        ])
-    return out
-
-
-def markdown(rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(row) + " |" for row in rows]
-    lines.insert(1, "|" + "|".join("---" for _ in rows[0]) + "|")
-    return "\n".join(lines)
-
-
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict]:
+    """The options, and the planned runs per target (`speculative_plan.plan_runs`): an unknown
+    drafter, rule, target or activation setting, an option a named drafter does not read or a
+    tree draft with a chain rule is a usage error naming it, before any model loads."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=128, help="new tokens at most per prompt (default 128)")
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default 4)")
-    parser.add_argument("--exit-layer", type=int, default=20, help="early-exit depth (default 20 of 30)")
-    parser.add_argument("--exit-adapter", default=None, help="trained ExitAdapter file for the int4 model")
+    parser.add_argument("--drafters", default=None, metavar="NAME[,NAME...]",
+                        help="registered drafters (default: every one that runs on the target without extra inputs)")
+    parser.add_argument("--verify", default=None, metavar="RULE[,RULE...]",
+                        help="verification rules (default: the one each drafter verifies with)")
+    parser.add_argument("--adaptive", action="store_true", help="also run the chain drafters with adaptive γ")
+    parser.add_argument("--exit-layer", type=int, default=None, help="early-exit depth (default 20 of 30)")
+    parser.add_argument("--exit-adapter", default=None, help="trained ExitAdapter file for the early-exit drafters")
+    parser.add_argument("--draft-model", default=None, metavar="PATH", help="adds the drafter model:PATH")
+    parser.add_argument("--draft-dtype", default=None, help="quantized / model:PATH draft weights (default int4)")
+    parser.add_argument("--draft-corpus", default=None, metavar="PATH", help="text file the rasd drafters retrieve from")
+    parser.add_argument("--tree-widths", default=None, metavar="K1,K2,...", help="children per node at each depth")
+    parser.add_argument("--tree-nodes", type=int, default=None, help="tree nodes per step")
     parser.add_argument("--temperatures", default="0,1", help="comma-separated (default 0,1)")
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per kind (default all three)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--qwen-dir", default=None, help="directory with the two Qwen2.5-Coder GGUF files")
     parser.add_argument("--targets", default="int4,bf16,fp32", help="metagen target dtypes (default all three)")
+    parser.add_argument("--activations", default="int16", help="activation codes of the targets: int16, int8 or both")
     parser.add_argument("--skip", default="", help="comma-separated: metagen,transformers,llama.cpp,qwen")
     parser.add_argument("--out", default=None, help="write every measurement as JSON here")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    args = parser.parse_args()
-    args.temperatures = [float(t) for t in args.temperatures.split(",")]
-    args.targets = [t for t in args.targets.split(",") if t]
-    unknown = sorted(set(args.targets) - {"int4", "bf16", "fp32"})
-    if unknown:
-        parser.error(f"--targets {','.join(unknown)}: choose from int4, bf16, fp32")
+    args = parser.parse_args(argv)
+    try:
+        args.temperatures = [float(t) for t in split_list(args.temperatures, "--temperatures")]
+        args.targets = split_list(args.targets, "--targets", TARGETS)
+        args.activations = split_list(args.activations, "--activations", ACTIVATIONS)
+        widths = split_list(args.tree_widths, "--tree-widths")
+        if widths is not None and not all(k.isdigit() for k in widths):
+            raise ValueError(f"--tree-widths {args.tree_widths!r}: give comma-separated ints >= 1 (e.g. 2,2,1)")
+        widths = None if widths is None else tuple(int(k) for k in widths)
+        common = {"exit_layer": args.exit_layer, "exit_adapter": args.exit_adapter, "draft_dtype": args.draft_dtype,
+                  "draft_corpus": args.draft_corpus}
+        plans = {}
+        for target in args.targets:
+            plans[target], notes = plan_runs(
+                target, split_list(args.drafters, "--drafters"), split_list(args.verify, "--verify"), common=common,
+                tree={"tree_widths": widths, "tree_nodes": args.tree_nodes}, adaptive=args.adaptive,
+                draft_model=args.draft_model)
+            for note in notes:
+                print(note, flush=True)
+        if args.prompts is not None and args.prompts < 1:
+            raise ValueError(f"--prompts {args.prompts} must be >= 1")
+    except ValueError as error:
+        parser.error(str(error))
+    return args, plans
+
+
+def main() -> None:
+    args, plans = parse_args()
     skip = set(filter(None, args.skip.split(",")))
     torch.set_num_threads(args.threads)
-    kinds = {"grounded": GROUNDED, "open": OPEN}
+    kinds = {"grounded": GROUNDED[:args.prompts], "open": OPEN[:args.prompts]}
     rows: list[Row] = []
     if "metagen" not in skip:
-        metagen_suite(rows, kinds, args)
+        metagen_suite(rows, kinds, plans, args)
     if args.qwen_dir and "qwen" not in skip:
         qwen_suite(rows, args)
     if "transformers" not in skip:
@@ -392,9 +344,7 @@ def main() -> None:
             "settings": {k: v for k, v in vars(args).items()},
             "environment": {"python": platform.python_version(), "torch": torch.__version__,
                             "threads": torch.get_num_threads()},
-            "rows": [asdict(r) | {"tokens_per_second": r.tokens_per_second, "acceptance_rate": r.acceptance_rate,
-                                  "block_efficiency": r.block_efficiency,
-                                  "decode_tokens_per_second": r.decode_tokens_per_second} for r in rows],
+            "rows": [asdict(r) | r.summary() for r in rows],
         }
         Path(args.out).write_text(json.dumps(payload, indent=1))
 
