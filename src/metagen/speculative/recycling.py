@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from metagen.decoding.drafts import Draft, Drafter
+from metagen.speculative.tree_drafter import check_tree_shape
 
 __all__ = ["DEFAULT_MAX_NODES", "DEFAULT_WIDTHS", "RecyclingDrafter", "bfs_tree"]
 
@@ -46,13 +47,9 @@ class RecyclingDrafter(Drafter):
 
     def __init__(self, vocab_size: int, *, widths: Sequence[int] = DEFAULT_WIDTHS,
                  max_nodes: int = DEFAULT_MAX_NODES, candidates: int | None = None) -> None:
-        widths = tuple(widths)
-        if not widths or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in widths):
-            raise ValueError(f"widths={widths!r} must be a non-empty sequence of ints >= 1 (children per node "
-                             "at each depth)")
+        widths = check_tree_shape(widths, max_nodes)
         candidates = max(widths) if candidates is None else candidates
-        for label, value, low in (("vocab_size", vocab_size, 1), ("max_nodes", max_nodes, 1),
-                                  ("candidates", candidates, max(widths))):
+        for label, value, low in (("vocab_size", vocab_size, 1), ("candidates", candidates, max(widths))):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{label}={value!r} must be an int >= {low}")
         if candidates > vocab_size:

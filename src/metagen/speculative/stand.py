@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from metagen.decoding.drafts import Draft, Drafter
+from metagen.speculative.tree_drafter import check_tree_shape
 
 __all__ = ["DEFAULT_STAND_NODES", "DEFAULT_STAND_WIDTHS", "NgramDistributions", "StandDrafter"]
 
@@ -96,12 +97,7 @@ class StandDrafter(Drafter):
 
     def __init__(self, widths: Sequence[int] = DEFAULT_STAND_WIDTHS, max_nodes: int = DEFAULT_STAND_NODES, *,
                  min_ngram: int = 1, max_ngram: int = 4, top_k: int = 8, coverage: float = 0.9) -> None:
-        widths = tuple(widths)
-        if not widths or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in widths):
-            raise ValueError(f"widths={widths!r} must be a non-empty sequence of ints >= 1 (children per node "
-                             "at each depth)")
-        if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
-            raise ValueError(f"max_nodes={max_nodes!r} must be an int >= 1")
+        widths = check_tree_shape(widths, max_nodes)
         if not 0.0 < coverage <= 1.0:
             raise ValueError(f"coverage={coverage!r} is out of range: must be in (0, 1]")
         self.widths, self.max_nodes, self.coverage = widths, max_nodes, coverage
