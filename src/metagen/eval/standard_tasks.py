@@ -31,11 +31,11 @@ not pinned, is checked here instead: 974 records, all 500 test ids present.
 from __future__ import annotations
 
 import ast
-import json
 from pathlib import Path
 
 from metagen.eval.downloads import SOURCES, data_file
-from metagen.eval.tasks import Problem, humaneval_problems, text_lines
+from metagen.eval.tasks import Problem, humaneval_problems
+from metagen.jsonl import json_records
 
 GSM8K_SIZE = 1319
 MBPP_TEST_IDS = range(11, 511)
@@ -50,7 +50,7 @@ def gsm8k_problems(path: str | Path | None = None) -> list[Problem]:
     whole published set has GSM8K_SIZE. ValueError naming the file and line of a malformed record."""
     file = data_file(SOURCES["gsm8k"], path)
     problems = []
-    for number, record in _records(file):
+    for number, record in json_records(file):
         question, solution = record.get("question"), record.get("answer")
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"{file}:{number}: field 'question' is missing or empty (a GSM8K record holds "
@@ -73,7 +73,7 @@ def mbpp_problems(path: str | Path | None = None) -> list[Problem]:
     malformed record, or (the canonical file) the ids missing from it."""
     file = data_file(SOURCES["mbpp"], path)
     records = {}
-    for number, record in _records(file):
+    for number, record in json_records(file):
         task_id = record.get("task_id")
         if isinstance(task_id, bool) or not isinstance(task_id, int):
             raise ValueError(f"{file}:{number}: field 'task_id' is {task_id!r:.40}: must be an integer")
@@ -122,20 +122,6 @@ def _called_function(assertion: str, code: str, where: str) -> str:
         if name in defined:
             return name
     raise ValueError(f"{where}: the first assertion calls no function the solution ('code') defines: {assertion!r:.80}")
-
-
-def _records(file: Path):
-    """(line number, JSON object) of each non-blank line of `file`; ValueError naming file and line."""
-    for number, line in text_lines(file):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{file}:{number}: not valid JSON ({error.msg})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{file}:{number}: expected a JSON object, got {type(record).__name__}")
-        yield number, record
 
 
 LOADED = ("humaneval", "gsm8k", "mbpp")  # the built-in tasks `load_task` reads (arithmetic is drawn)

