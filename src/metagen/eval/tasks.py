@@ -26,17 +26,28 @@ from pathlib import Path
 from metagen.jsonl import json_records
 
 
+GRADINGS = (None, "qa")  # Problem.grading
+
+
 @dataclass(frozen=True)
 class Problem:
     """question: the text a strategy is asked (a code problem's prompt source); answer: the
     reference answer ("" for a code problem); test, entry_point: a code problem's hidden tests
-    (defining `check(candidate)`) and the function they check, None for other problems."""
+    (defining `check(candidate)`) and the function they check, None for other problems;
+    grading: how an answer is compared with the reference: None, the run's comparison (as math,
+    or as normalized strings with --no-math), or "qa", short-answer exact match after SQuAD /
+    HotpotQA normalization (`scoring.qa_match`: case, punctuation and articles ignored)."""
 
     id: str
     question: str
     answer: str
     test: str | None = None
     entry_point: str | None = None
+    grading: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.grading not in GRADINGS:
+            raise ValueError(f"problem {self.id!r}: grading={self.grading!r} must be one of {GRADINGS}")
 
     @property
     def is_code(self) -> bool:
@@ -47,6 +58,8 @@ class Problem:
         """What replies are checked against (fingerprinted with stored results): the answer, or
         a code problem's entry point and tests, so a changed test is another problem."""
         if not self.is_code:
+            if self.grading is not None:  # another comparison: another problem for stored results
+                return json.dumps({"answer": self.answer, "grading": self.grading}, sort_keys=True)
             return self.answer
         return json.dumps({"entry_point": self.entry_point, "test": self.test}, sort_keys=True)
 
@@ -79,7 +92,11 @@ def _problem(record: dict, number: int, where: str) -> Problem:
     if "answer" not in record or record["answer"] is None or str(record["answer"]).strip() == "":
         raise ValueError(f"{where}: field 'answer' is missing or empty (a code problem carries "
                          "'prompt', 'test' and 'entry_point' instead)")
-    return Problem(str(record.get("id", number)), question, str(record["answer"]))
+    grading = record.get("grading")
+    if grading not in GRADINGS:
+        raise ValueError(f"{where}: field 'grading' is {grading!r}: must be \"qa\" (short-answer exact match) or "
+                         "absent (the run's comparison)")
+    return Problem(str(record.get("id", number)), question, str(record["answer"]), grading=grading)
 
 
 def _code_problem(record: dict, number: int, where: str) -> Problem:
@@ -183,7 +200,8 @@ def to_record(problem: Problem) -> dict:
     if problem.is_code:
         return {"task_id": problem.id, "prompt": problem.question, "entry_point": problem.entry_point,
                 "test": problem.test}
-    return {"id": problem.id, "question": problem.question, "answer": problem.answer}
+    record = {"id": problem.id, "question": problem.question, "answer": problem.answer}
+    return record if problem.grading is None else {**record, "grading": problem.grading}
 
 
 def write_jsonl(problems: list[Problem], path: str | Path) -> None:

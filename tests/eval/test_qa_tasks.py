@@ -1,0 +1,149 @@
+"""Question-answering tasks: the HotpotQA reader on a tiny file of its format, the scores of
+SQuAD / HotpotQA, grading by normalized exact match in the harness, and the tasks of
+`metagen eval` (named in its help; the shipped corpus given to a retrieval strategy)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from metagen.decoding import Cost, Generator
+from metagen.decoding.result import Completion, GenerationResult
+from metagen.eval import EvalConfig, Problem, evaluate, load_jsonl, write_jsonl
+from metagen.eval.qa_tasks import CORPUS, QA_PATTERN, corpus_file, hotpotqa
+from metagen.eval.standard_tasks import load_task
+from metagen.retrieval import read_corpus
+from metagen.sampling import SamplingParams
+from metagen.scoring import exact_match, normalize_answer, token_f1
+from metagen.strategies.registry import StrategyOptions
+
+RECORDS = [
+    {"_id": "q1", "question": "Which city hosts the tower designed by Gustave Eiffel's firm?", "answer": "Paris",
+     "type": "bridge", "level": "easy",
+     "supporting_facts": [["Eiffel Tower", 0], ["Paris", 1]],
+     "context": [["Eiffel Tower", ["The Eiffel Tower is a lattice tower.", " It was built by Eiffel's company."]],
+                 ["Paris", ["Paris is the capital of France.", " It lies on the Seine."]]]},
+    {"_id": "q2", "question": "Is the Seine longer than the Loire?", "answer": "no",
+     "supporting_facts": [["Seine", 0], ["Loire", 0]],
+     "context": [["Paris", ["A different text for a title seen before."]],
+                 ["Seine", ["The Seine is 777 km long."]], ["Loire", ["The Loire is 1,006 km long."]]]},
+]
+
+
+def _write(path, records, jsonl):
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n" if jsonl else json.dumps(records))
+    return path
+
+
+@pytest.mark.parametrize("jsonl", [False, True])
+def test_hotpotqa_gives_its_questions_and_one_passage_per_context_title(tmp_path, jsonl):
+    path = _write(tmp_path / ("dev.jsonl" if jsonl else "dev.json"), RECORDS, jsonl)
+    problems, passages = hotpotqa(path)
+    assert problems == [Problem("q1", RECORDS[0]["question"], "Paris", grading="qa"),
+                        Problem("q2", RECORDS[1]["question"], "no", grading="qa")]
+    assert [(p.id, p.title, p.text) for p in passages] == [
+        ("Eiffel Tower", "Eiffel Tower", "The Eiffel Tower is a lattice tower. It was built by Eiffel's company."),
+        ("Paris", "Paris", "Paris is the capital of France. It lies on the Seine."),  # the first text kept
+        ("Seine", "Seine", "The Seine is 777 km long."),
+        ("Loire", "Loire", "The Loire is 1,006 km long.")]
+    written = corpus_file(passages, tmp_path / "cache", path)
+    assert [(p.id, p.text) for p in read_corpus(written)] == [(p.id, p.text) for p in passages]
+    assert corpus_file(passages, tmp_path / "cache", path) == written  # the same source: the same file
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"_id": 7}, "field '_id' is 7: must be non-empty text"),
+    ({"answer": ""}, "field 'answer' is '': must be non-empty text"),
+    ({"question": None}, "field 'question' is None"),
+    ({"supporting_facts": [["Paris", "1"]]}, "field 'supporting_facts' is [['Paris', '1']]: must be a list of "
+                                             "[title, sentence index] pairs"),
+    ({"context": [["Paris", "one sentence"]]}, "field 'context' is [['Paris', 'one sentence']]: must be a list of "
+                                               "[title, [sentence, ...]] pairs"),
+])
+@pytest.mark.parametrize("jsonl", [False, True])
+def test_a_malformed_hotpotqa_record_is_refused_by_field_and_place(tmp_path, change, message, jsonl):
+    path = _write(tmp_path / ("dev.jsonl" if jsonl else "dev.json"), [RECORDS[0], {**RECORDS[1], **change}], jsonl)
+    where = f"{path}:2: " if jsonl else f"{path}: record 1: "
+    with pytest.raises(ValueError) as error:
+        hotpotqa(path)
+    assert str(error.value).startswith(where + message.split(" is ")[0]) and message in str(error.value)
+
+
+def test_a_hotpotqa_file_of_another_shape_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="expected a JSON list of records, got dict"):
+        hotpotqa(_write(tmp_path / "dev.json", {"data": RECORDS}, False))
+    with pytest.raises(ValueError, match=r"record 0: expected a JSON object, got str"):
+        hotpotqa(_write(tmp_path / "dev.json", ["q1"], False))
+    with pytest.raises(ValueError, match="id 'q1' appears more than once"):
+        hotpotqa(_write(tmp_path / "dev.json", [RECORDS[0], RECORDS[0]], False))
+    with pytest.raises(ValueError, match="give --data PATH"):
+        load_task("hotpotqa")
+
+
+def test_the_scores_of_squad_and_hotpotqa():
+    assert normalize_answer("The  Eiffel-Tower, in Paris!") == "eiffeltower in paris"
+    assert exact_match("the Nile.", "Nile") and not exact_match("Nile river", "Nile") and not exact_match(None, "x")
+    assert token_f1("Addis Ababa city", "Addis Ababa") == pytest.approx(2 * (2 / 3) * 1 / (2 / 3 + 1))  # 0.8
+    assert token_f1("x b b", "b b c") == pytest.approx(2 / 3)  # multiset overlap 2: precision = recall = 2/3
+    assert token_f1("a b b", "b b c") == pytest.approx(0.8)  # the article "a" dropped: precision 1
+    assert token_f1("no", "no") == 1.0 and token_f1("no doubt", "no") == 0.0  # yes / no: exact only
+    assert token_f1("Rome", "Paris") == 0.0 and token_f1(None, "Paris") == 0.0
+
+
+class Scripted(Generator):
+    """Replies with the text `replies[question]` (every sample alike); no model."""
+
+    def __init__(self, replies: dict[str, str]) -> None:
+        self.replies = replies
+
+    def generate(self, prompt, params, *, generator=None):
+        text = self.replies[prompt if isinstance(prompt, str) else prompt[-1]["content"]]
+        completions = [Completion(text, [1, 2], [-0.1, -0.2], finish_reason="stop") for _ in range(params.n)]
+        return GenerationResult(completions, [1], cost=Cost(model_calls=1, generated_tokens=2 * params.n, flops=1.0))
+
+
+def test_a_qa_problem_is_graded_by_normalized_exact_match_of_the_whole_answer(tmp_path):
+    problems = [Problem("a", "Capital of Ethiopia?", "Addis Ababa", grading="qa"),
+                Problem("b", "Capital of Mali?", "Bamako", grading="qa"),
+                Problem("c", "Highest point of Germany?", "Zugspitze", grading="qa"),
+                Problem("d", "Capital of Ethiopia, graded as math?", "Addis Ababa")]
+    replies = {"Capital of Ethiopia?": "Let me see.\nThe answer is addis ababa.",  # case and period ignored
+               "Capital of Mali?": "The answer is Timbuktu.",
+               "Highest point of Germany?": "The answer is: the Zugspitze\nDone.",  # article ignored
+               "Capital of Ethiopia, graded as math?": "The answer is addis  Ababa."}
+    config = EvalConfig(("greedy",), ns=(1,), params=SamplingParams(temperature=0.0, max_tokens=8),
+                        options=StrategyOptions(pattern=QA_PATTERN))
+    report = evaluate(Scripted(replies), problems, config, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    graded = {row["id"]: (row["answer"], row["correct"]) for row in rows if row["kind"] == "live"}
+    assert graded == {"a": ("addis ababa", True), "b": ("Timbuktu", False), "c": ("the Zugspitze", True),
+                      "d": ("addis  Ababa", True)}  # the run's own comparison: normalized strings
+    [point] = [p for p in report.points if p.strategy == "greedy"]
+    assert point.accuracy == pytest.approx(3 / 4)
+
+
+def test_grading_survives_a_jsonl_round_trip_and_is_checked(tmp_path):
+    problems = [Problem("a", "q?", "Paris", grading="qa"), Problem("b", "1+1?", "2")]
+    write_jsonl(problems, tmp_path / "p.jsonl")
+    assert load_jsonl(tmp_path / "p.jsonl") == problems
+    assert problems[0].reference != problems[1].reference.replace("2", "Paris")  # another comparison, another key
+    (tmp_path / "bad.jsonl").write_text('{"question": "q", "answer": "a", "grading": "fuzzy"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: field 'grading' is 'fuzzy'"):
+        load_jsonl(tmp_path / "bad.jsonl")
+    with pytest.raises(ValueError, match="grading='fuzzy' must be one of"):
+        Problem("x", "q", "a", grading="fuzzy")
+
+
+def test_a_run_gives_the_retriever_to_the_strategies_that_search_and_records_it():
+    config = EvalConfig(("greedy", "self_ask_search"), ns=(1,), overrides=(("retriever", f"bm25:{CORPUS}"),))
+    assert config.overrides_for("self_ask_search") == {"retriever": f"bm25:{CORPUS}"}
+    assert config.overrides_for("greedy") == {}
+    assert config.setup()["overrides"] == {"retriever": f"bm25:{CORPUS}"}
+    assert "overrides" not in EvalConfig(("greedy",), ns=(1,)).setup()  # set-ups stored before stay readable
+    with pytest.raises(ValueError, match="retriever is required by strategy 'self_ask_search'"):
+        EvalConfig(("self_ask_search",), ns=(1,))
+    with pytest.raises(ValueError, match="retriever is an option of none of the strategies greedy"):
+        EvalConfig(("greedy",), ns=(1,), overrides=(("retriever", f"bm25:{CORPUS}"),))
+    with pytest.raises(ValueError, match="passages=0 is out of range"):
+        EvalConfig(("search",), ns=(1,), overrides=(("retriever", f"bm25:{CORPUS}"), ("passages", 0)))
