@@ -147,3 +147,76 @@ def test_a_run_gives_the_retriever_to_the_strategies_that_search_and_records_it(
         EvalConfig(("greedy",), ns=(1,), overrides=(("retriever", f"bm25:{CORPUS}"),))
     with pytest.raises(ValueError, match="passages=0 is out of range"):
         EvalConfig(("search",), ns=(1,), overrides=(("retriever", f"bm25:{CORPUS}"), ("passages", 0)))
+
+
+# `metagen eval` with the question-answering tasks, on the toy model (tests/eval/test_eval_cli.py)
+from metagen.cli import common, main  # noqa: E402
+from tests.eval.test_eval_cli import TextToy, TextToyTokenizer  # noqa: E402
+
+
+class ChatToyTokenizer(TextToyTokenizer):
+    """TextToyTokenizer with a chat template: "role: content" lines (a chain continues the last)."""
+
+    chat_template = "role: content"
+
+    def encode_chat(self, messages, add_generation_prompt=True, continue_final_message=False, **variables):
+        text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+        return self.encode(text + ("\nassistant: " if add_generation_prompt else ""), add_special_tokens=False)
+
+
+@pytest.fixture
+def loads(monkeypatch, one_thread):
+    """`metagen eval` loads a TextToy with a chat template (chains send chat messages)."""
+
+    def load(args):
+        model = TextToy(args.model or "")
+        model.tokenizer = ChatToyTokenizer()
+        return model
+
+    monkeypatch.setattr(common, "load_model", load)
+
+
+def test_eval_help_names_the_question_answering_tasks(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in ("multihop:", "s2a_distractors:", "hotpotqa:", "--retriever", "--passages"):
+        assert name in text
+
+
+def test_the_multihop_task_gives_its_corpus_to_a_retrieval_strategy(tmp_path, monkeypatch, capsys, loads):
+    monkeypatch.setenv("METAGEN_CACHE", str(tmp_path / "cache"))  # the BM25 index is built there
+    argv = ["eval", "--task", "multihop", "--limit", "1", "--strategy", "self_ask_search", "--n", "1",
+            "--max-tokens", "3", "--json", "--out", str(tmp_path / "out")]
+    assert main(argv) == 0, capsys.readouterr().err
+    setup = json.loads((tmp_path / "out" / "results.jsonl").read_text().splitlines()[0])["setup"]
+    assert setup["overrides"] == {"retriever": f"bm25:{CORPUS}"}
+    assert setup["options"]["pattern"] == QA_PATTERN
+    [row] = json.loads(capsys.readouterr().out)["results"]
+    assert (row["strategy"], row["task"]) == ("self_ask_search", "multihop")
+
+
+def test_hotpotqa_through_the_command_line_searches_its_own_corpus(tmp_path, monkeypatch, capsys, loads):
+    monkeypatch.setenv("METAGEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("METAGEN_DATA", str(tmp_path / "data"))
+    data = _write(tmp_path / "dev.json", RECORDS, False)
+    argv = ["eval", "--task", "hotpotqa", "--data", str(data), "--strategy", "search", "--n", "1",
+            "--max-tokens", "3", "--out", str(tmp_path / "out")]
+    assert main(argv) == 0, capsys.readouterr().err
+    setup = json.loads((tmp_path / "out" / "results.jsonl").read_text().splitlines()[0])["setup"]
+    [written] = (tmp_path / "data").glob("hotpotqa-corpus-*.jsonl")
+    assert setup["overrides"] == {"retriever": f"bm25:{written}"}
+    assert [p.id for p in read_corpus(written)] == ["Eiffel Tower", "Paris", "Seine", "Loire"]
+
+
+def test_retrieval_options_are_checked_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(common, "load_model", lambda args: pytest.fail("the model was loaded before the check"))
+    base = ["eval", "--task", "multihop", "--n", "1", "--no-chat"]
+    assert main([*base, "--strategy", "greedy", "--retriever", f"bm25:{CORPUS}"]) == 2
+    assert "retriever is an option of none of the strategies greedy" in capsys.readouterr().err
+    assert main([*base, "--strategy", "search", "--retriever", "bm25:/no/such.jsonl"]) == 2
+    assert "corpus '/no/such.jsonl' does not exist" in capsys.readouterr().err
+    assert main(["eval", "--task", "s2a_distractors", "--n", "1", "--strategy", "self_ask_search"]) == 2
+    assert "retriever is required by strategy 'self_ask_search'" in capsys.readouterr().err  # no corpus of its own
+    assert main(["eval", "--task", "hotpotqa", "--n", "1", "--strategy", "greedy"]) == 2
+    assert "give --data PATH" in capsys.readouterr().err
