@@ -123,6 +123,23 @@ def test_a_qa_problem_is_graded_by_normalized_exact_match_of_the_whole_answer(tm
     assert point.accuracy == pytest.approx(3 / 4)
 
 
+def test_the_shipped_tasks_grade_the_gold_answer_right_and_the_suggested_one_wrong(tmp_path):
+    from metagen.eval.qa_tasks import S2A
+
+    multihop, s2a = load_task("multihop"), load_task("s2a_distractors")
+    assert multihop.corpus == CORPUS and s2a.corpus is None and multihop.pattern == s2a.pattern == QA_PATTERN
+    suggested = {json.loads(line)["id"]: json.loads(line)["suggested"] for line in S2A.read_text().splitlines()}
+    problems = multihop.problems[:6] + s2a.problems[:6]
+    replies = {p.question: f"Thinking it over.\nThe answer is {p.answer}." for p in multihop.problems[:6]}
+    replies |= {p.question: f"The answer is {suggested[p.id] or 'unsure'}." for p in s2a.problems[:6]}
+    config = EvalConfig(("greedy",), ns=(1,), params=SamplingParams(temperature=0.0, max_tokens=8),
+                        options=StrategyOptions(pattern=multihop.pattern))
+    evaluate(Scripted(replies), problems, config, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    correct = {row["id"]: row["correct"] for row in rows if row["kind"] == "live"}
+    assert correct == {p.id: p in multihop.problems for p in problems}
+
+
 def test_grading_survives_a_jsonl_round_trip_and_is_checked(tmp_path):
     problems = [Problem("a", "q?", "Paris", grading="qa"), Problem("b", "1+1?", "2")]
     write_jsonl(problems, tmp_path / "p.jsonl")

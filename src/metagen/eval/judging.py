@@ -1,7 +1,7 @@
 """Whether a reply to a problem is right: its answer matched against the reference
 (`scoring.answers`: extracted with the run's pattern or answer field, compared as math when
-asked, or by normalized exact match for short-answer questions, `scoring.qa_match`), or a code problem's program run against its hidden tests in the sandbox
-(`code_grading.grade`).
+asked; a short-answer question by normalized exact match, `scoring.qa_match`), or a code
+problem's program run against its hidden tests in the sandbox (`code_grading.grade`).
 
 A code reply is graded once: a pool sample's grade is stored with it (`pool.known_grades`
 reads them back by text), so a pooled strategy that chose a sample costs no sandbox run; a
