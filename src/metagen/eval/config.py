@@ -74,7 +74,11 @@ class EvalConfig:
     model's first k pool samples estimate each problem's difficulty; None: not evaluated);
     difficulty_bins: its number of bins B. Neither changes a stored unit.
     cascades: `Cascade`s evaluated from the pools of a sweep's models (they change no stored
-    unit; each needs a pooled strategy, so that the pools exist)."""
+    unit; each needs a pooled strategy, so that the pools exist).
+    overrides: (name, value) pairs of strategy config fields, each given to every strategy of
+    the run that declares it (`StrategySpec.fields`), e.g. (("retriever", "bm25:corpus.jsonl"),);
+    each must be declared by one of the strategies, and an option a strategy requires
+    (`required_options`) must be among them. They enter the set-up when given."""
 
     strategies: tuple[str, ...]
     ns: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -90,6 +94,7 @@ class EvalConfig:
     cascades: tuple[Cascade, ...] = ()
     difficulty_round: int | None = None
     difficulty_bins: int = 3
+    overrides: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         if self.code_prompt not in MODES:
@@ -109,6 +114,7 @@ class EvalConfig:
         if self.subsets < 1:
             raise ValueError(f"subsets={self.subsets} is out of range: must be >= 1")
         check_options(self.strategies, self.options)
+        self._check_overrides()
         if self.allocation_round is not None:
             if "self_consistency" not in self.strategies:
                 raise ValueError(f"allocation_round={self.allocation_round} needs self_consistency among the "
@@ -138,20 +144,41 @@ class EvalConfig:
         if repeated:
             raise ValueError(f"cascade {repeated[0]} is given more than once")
 
+    def _check_overrides(self) -> None:
+        """ValueError naming an override no strategy declares, a value its declaration refuses,
+        or an option a strategy requires that is not given."""
+        given = dict(self.overrides)
+        if len(given) != len(self.overrides):
+            raise ValueError(f"overrides={self.overrides!r} name an option twice")
+        for name in given:
+            if not any(name in get_strategy(strategy).fields() for strategy in self.strategies):
+                raise ValueError(f"{name} is an option of none of the strategies {', '.join(self.strategies)}")
+        for strategy in self.strategies:
+            get_strategy(strategy).parse(self.overrides_for(strategy))  # kinds, ranges, required options
+
+    def overrides_for(self, strategy: str) -> dict:
+        """The overrides `strategy` declares, by name."""
+        accepted = get_strategy(strategy).fields()
+        return {name: value for name, value in self.overrides if name in accepted}
+
     @property
     def pool_size(self) -> int:
         return max(self.ns) if any(get_strategy(s).is_pooled(self.options) for s in self.strategies) else 0
 
     def setup(self) -> dict:
         """What stored units depend on besides the problem and the model: every sampling field
-        the harness does not set itself, the seed, the prompt suffix and the strategy options."""
+        the harness does not set itself, the seed, the prompt suffix, the strategy options and
+        the overrides of strategy config fields."""
         params = {k: v for k, v in asdict(self.params).items()
                   if k not in ("n", "seed") and not (k in ADDED_LATER and v == ADDED_LATER[k])}
         options = asdict(self.options)
         for name in ("answer_field", "value_parameters"):  # absent as in set-ups stored before the fields existed
             if options[name] is None:
                 del options[name]
-        return {"params": params, "seed": self.seed, "prompt_suffix": self.prompt_suffix, "options": options}
+        setup = {"params": params, "seed": self.seed, "prompt_suffix": self.prompt_suffix, "options": options}
+        if self.overrides:  # absent as in set-ups stored before overrides existed
+            setup["overrides"] = {name: value for name, value in self.overrides}
+        return setup
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@ only the same work.
 
 A record of `results.jsonl` (a pool of samples, or one strategy × n result) depends on
 
-    the problem:  its question and reference answer (a code problem: its entry point and tests);
+    the problem:  its question and reference answer (with its grading, "qa", when it has one; a code
+                  problem: its entry point and tests);
     the set-up:   model   — name, class, dtype, the identity of its weights file(s) and the
                             kernels' activation codes when not the default int16 (absent for
                             int16, as in set-ups stored before the option existed)
@@ -14,7 +15,8 @@ A record of `results.jsonl` (a pool of samples, or one strategy × n result) dep
                   params  — every SamplingParams field but n and seed, which the harness sets
                             per unit (n = the pool size or the strategy's n, seed = `seed` below)
                   seed, prompt_suffix, options (answer pattern, math, value, step delimiter,
-                  aggregation), and the content of a value-head file given as the value;
+                  aggregation), overrides of strategy config fields (the retriever; absent
+                  without any), and the content of a value-head file given as the value;
                   code    — with code problems only: the prompt mode used (chat or completion,
                             its request text or stop strings) and the sandbox's limits
     the unit:     pool, or (strategy, n) — part of the record's key.

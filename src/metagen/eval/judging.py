@@ -1,7 +1,7 @@
 """Whether a reply to a problem is right: its answer matched against the reference
 (`scoring.answers`: extracted with the run's pattern or answer field, compared as math when
-asked), or a code problem's program run against its hidden tests in the sandbox
-(`code_grading.grade`).
+asked; a short-answer question by normalized exact match, `scoring.qa_match`), or a code
+problem's program run against its hidden tests in the sandbox (`code_grading.grade`).
 
 A code reply is graded once: a pool sample's grade is stored with it (`pool.known_grades`
 reads them back by text), so a pooled strategy that chose a sample costs no sandbox run; a
@@ -13,11 +13,15 @@ from __future__ import annotations
 from metagen.eval.code_grading import Grade, grade
 from metagen.eval.tasks import Problem
 from metagen.scoring.answers import answers_match, extract_answer
+from metagen.scoring.qa_match import exact_match
 from metagen.strategies.registry import StrategyOptions
 
 
 def correct(answer: str | None, problem: Problem, options: StrategyOptions) -> bool:
-    """Whether `answer` matches the problem's reference answer (as math when `options.math`)."""
+    """Whether `answer` matches the problem's reference answer: by its own grading ("qa":
+    normalized exact match), else as math when `options.math`, else as normalized strings."""
+    if problem.grading == "qa":
+        return exact_match(answer, problem.answer)
     return answers_match(answer, problem.answer, options.math)
 
 

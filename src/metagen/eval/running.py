@@ -376,7 +376,7 @@ def _run_problem(generator, problem: Problem, config: EvalConfig, results: Model
         if results.live(problem, name, n) is None:
             generator.reset_prefix_cache()
             result = get_strategy(name).run(generator, prompt, n, params, config.options,
-                                            _rng(config.seed, problem.id, name, n))
+                                            _rng(config.seed, problem.id, name, n), config.overrides_for(name))
             if problem.is_code:
                 graded = grade_reply(result.chosen.text, problem, config)
                 fields = {"correct": graded.passed, "answer": None, "text": result.chosen.text,

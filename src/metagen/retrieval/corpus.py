@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from metagen.jsonl import json_records
 from metagen.models.disk_cache import EntryLock, cache_directory, manifest_problem, publish, staging_directory
 from metagen.retrieval.base import Passage
 
@@ -67,24 +68,15 @@ def read_corpus(path: str | Path) -> list[Passage]:
 
 def _read_jsonl(path: Path) -> list[Passage]:
     passages = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{where} is not JSON: {error}") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{where} is not a JSON object: {line.strip()[:80]!r}")
-            for name, required in (("id", True), ("text", True), ("title", False)):
-                value = record.get(name)
-                wrong = isinstance(value, bool) or not isinstance(value, (str, int) if name == "id" else str)
-                if (required or value is not None) and wrong:
-                    kind = "a string or an int" if name == "id" else "a string"
-                    raise ValueError(f"{where}: field {name!r} must be {kind}, got {value!r}")
-            passages.append(Passage(str(record["id"]), record["text"], 0.0, record.get("title")))
+    for number, record in json_records(path):
+        where = f"{path}:{number}"
+        for name, required in (("id", True), ("text", True), ("title", False)):
+            value = record.get(name)
+            wrong = isinstance(value, bool) or not isinstance(value, (str, int) if name == "id" else str)
+            if (required or value is not None) and wrong:
+                kind = "a string or an int" if name == "id" else "a string"
+                raise ValueError(f"{where}: field {name!r} must be {kind}, got {value!r}")
+        passages.append(Passage(str(record["id"]), record["text"], 0.0, record.get("title")))
     return passages
 
 

@@ -22,7 +22,7 @@ _EXPORTS = {
     "PrefixValue": "process_reward", "HeadValue": "process_reward", "FunctionValue": "process_reward",
     "StepRewardValue": "process_reward", "ProcessRewardModel": "process_reward", "ValueHeadPRM": "process_reward",
     "ArithmeticStepVerifier": "process_reward", "ScorerValue": "process_reward", "JudgePRM": "judge_prm",
-    "RolloutQ": "rollout_q",
+    "RolloutQ": "rollout_q", "normalize_answer": "qa_match", "exact_match": "qa_match", "token_f1": "qa_match",
 }
 lazy_package(__name__, _EXPORTS)
 
