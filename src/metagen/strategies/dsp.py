@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -137,22 +137,23 @@ def search_predict(generator: Generator, question: str, retriever: Retriever, co
     """Search, then Predict, with `demonstrations` in both prompts (see the module). The result's
     candidates: the S sampled answers (their `answer` read from the line); chosen: the vote's
     winner; votes: answer -> count; values: question, queries (one a line), context,
-    demonstrations; trace: each query call ("query"), each search ("hop/search": its query in,
+    demonstrations (and the last hop's number and query); trace: each query call ("query"), each search ("hop/search": its query in,
     its new passages out) and the predict call ("answer")."""
     run = ChainRun(generator, config, rng)
-    tool = RetrieverTool(retriever, config.passages, distinct=True)
     short = answer_params(config)
+    write_query = Generate("query", QUERY, params=short, prefill="Search {hop}:")
+    search = CallTool("hop", RetrieverTool(retriever, config.passages, distinct=True), "{query}")
     values = {"question": question, "demonstrations": "".join(demo.text() for demo in demonstrations),
               "context": ""}
     queries = []
     for hop in range(1, config.hops + 1):
-        query = question
+        values["hop"], query = str(hop), question
         if hop > 1:
-            written = run.step(Generate("query", QUERY, params=short, prefill=f"Search {hop}:"), values).text
-            query = " ".join(written.split())
+            query = " ".join(run.step(write_query, values).text.split())
             if not query or query.rstrip(".").upper() == DONE:
                 break
-        passages = run.step(CallTool("hop", tool, "{query}"), {"query": query}).text
+        values["query"] = query
+        passages = run.step(search, values).text
         queries.append(query)
         block = HOP.format(hop=hop, query=query, passages=passages)
         values["context"] = f"{values['context']}\n{block}" if values["context"] else block
