@@ -59,13 +59,13 @@ def test_generate_help_names_dsp_and_its_options(capsys):
 
 
 @pytest.mark.slow
-def test_dsp_runs_from_the_command_line_on_the_real_model(tmp_path, monkeypatch, capsys):
-    """Bootstrapping over a 2-example training file, two hops, three sampled answers: the
-    candidates are the samples, the votes count their answers, the cost is the model's."""
+def test_dsp_runs_from_the_command_line_on_the_real_model(tmp_path, capsys):
+    """Bootstrapping from the first example of a training file, two hops, two sampled answers: the
+    candidates are the samples, the votes count their answers, the cost is the model's. (The
+    cache stays the shared one: a fresh one would convert the model's weights again.)"""
     import json
 
     pytest.importorskip("bm25s")
-    monkeypatch.setenv("METAGEN_CACHE", str(tmp_path / "cache"))
     corpus, train = tmp_path / "c.jsonl", tmp_path / "train.jsonl"
     corpus.write_text("".join(json.dumps(record) + "\n" for record in [
         {"id": "p", "text": "Paris is the capital of France."}, {"id": "r", "text": "Rome is the capital of Italy."},
@@ -73,10 +73,11 @@ def test_dsp_runs_from_the_command_line_on_the_real_model(tmp_path, monkeypatch,
     train.write_text('{"question": "What is the capital of Italy?", "answer": "Rome"}\n'
                      '{"question": "What is the capital of France?", "answer": "Paris"}\n')
     assert main(["generate", "When was the Eiffel Tower completed?", "--strategy", "dsp", "--retriever",
-                 f"bm25:{corpus}", "--train", str(train), "--demos", "1", "--hops", "2", "--samples", "3",
+                 f"bm25:{corpus}", "--train", str(train), "--train-limit", "1", "--demos", "1", "--hops", "2",
+                 "--samples", "2",
                  "--passages", "1", "--answer-tokens", "8", "--temperature", "0.7", "--seed", "0", "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
-    assert payload["strategy"] == "dsp" and len(payload["candidates"]) == 3
+    assert payload["strategy"] == "dsp" and len(payload["candidates"]) == 2
     answers = [c["answer"] for c in payload["candidates"] if c["answer"] is not None]
     assert sum(payload["votes"].values()) == len(answers) and sum(c["chosen"] for c in payload["candidates"]) == 1
     assert payload["cost"]["generated_tokens"] > 0 and payload["cost"]["wall_seconds"] > 0

@@ -34,9 +34,7 @@ def corpus(tmp_path_factory):
     folder = tmp_path_factory.mktemp("corpus")
     path = folder / "c.jsonl"
     path.write_text("".join(json.dumps(record) + "\n" for record in RECORDS))
-    with pytest.MonkeyPatch.context() as patch:  # the index cache, for the server and the local run
-        patch.setenv("METAGEN_CACHE", str(folder / "cache"))
-        yield path
+    return path  # indexed into the shared cache: a fresh one would convert the model's weights again
 
 
 @pytest.fixture(scope="module")
