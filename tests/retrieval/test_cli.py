@@ -39,7 +39,8 @@ def test_the_retriever_flag_is_refused_without_the_search_strategy(capsys):
     (["--retriever", "http://h:1/search", "--samples", "65"], "samples=65 is out of range: must be in [1, 64]"),
     (["--retriever", "http://h:1/search", "--train", "/no/such/train.jsonl"],
      "train='/no/such/train.jsonl' is not a file"),
-    (["--retriever", "http://h:1/search", "--max-tool-calls", "2"], "max_tool_calls is not an option of strategy 'dsp'"),
+    (["--retriever", "http://h:1/search", "--max-tool-calls", "2"],
+     "max_tool_calls is not an option of strategy 'dsp'"),
 ])
 def test_dsp_options_are_refused_by_name_before_loading(monkeypatch, capsys, argv, message):
     monkeypatch.setattr(common, "load_model", lambda args: pytest.fail("the model was loaded before the check"))
