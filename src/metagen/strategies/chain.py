@@ -35,7 +35,10 @@ on. Each continuation re-sends the prompt (its tokens are counted again in the C
 
 Ready programs (`chain_programs.py`): `chain_of_thought` (Kojima et al. 2022: reason, then a
 second call extracts the answer), `self_ask` (Press et al. 2022: follow-up questions answered by
-the model) and `tool_loop` / `calculator_chain`.
+the model) and `tool_loop` / `calculator_chain`. A program whose next step depends on what the
+model wrote drives a `ChainRun` step by step instead of a fixed list (`dsp.py`: Demonstrate-
+Search-Predict, whose hops end when the model says the passages suffice), and `ChainRun.sample`
+draws n answers of one request in one call; both land in the same trace and Cost.
 """
 
 from __future__ import annotations
