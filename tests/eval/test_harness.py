@@ -170,7 +170,7 @@ def test_every_registered_strategy_runs_in_the_harness(tmp_path):
     # searches: below, on a local model; chains continue a prefill until a stop string, which dice cannot;
     # mbr_judge reads the judge's top logprobs, which dice have not; pg_td expands a local model's cache
     assert set(STRATEGIES) - runnable == {name for name, spec in STRATEGIES.items() if spec.uses_value} | {
-        "chain_of_thought", "s2a", "self_ask", "calculator", "search", "self_ask_search", "mbr_judge", "pg_td"}
+        "chain_of_thought", "s2a", "self_ask", "calculator", "search", "self_ask_search", "dsp", "mbr_judge", "pg_td"}
     names = tuple(name for name in STRATEGIES if name in runnable)
     config = EvalConfig(names, ns=(1, 2), params=SamplingParams(temperature=1.0, max_tokens=8))
     report = evaluate(DiceGenerator(), PROBLEMS[:2], config, tmp_path)
@@ -355,7 +355,7 @@ def test_every_text_level_strategy_runs_over_a_server_without_token_ids(tmp_path
         assert {"greedy", "self_consistency", "best_of_n_logprob", "mbr_chrf", "self_refine"} <= set(names)
         assert {name for name, spec in STRATEGIES.items() if not spec.uses_value} - set(names) == {
             "best_of_n", "weighted_voting", "borda", "chain_of_thought", "s2a", "self_ask", "calculator", "search",
-            "self_ask_search", "mbr_judge", "pg_td"}
+            "self_ask_search", "dsp", "mbr_judge", "pg_td"}
         config = EvalConfig(tuple(names), ns=(1, 2), params=SamplingParams(temperature=1.0, max_tokens=4))
         problems = [Problem("p0", "q0", "alpha"), Problem("p1", "q1", "beta")]
         report = evaluate(remote, problems, config, tmp_path / "api")

@@ -357,6 +357,11 @@ def test_serve_refuses_bad_options_before_loading_the_model(monkeypatch, capsys)
     # no place in the queue: every request would be refused with 429 and Retry-After, forever
     assert main(["serve", "--max-queue", "0"]) == 2
     assert "--max-queue 0 must be >= 1" in capsys.readouterr().err
+    assert main(["serve", "--retriever", "bm25:/no/such/corpus.jsonl"]) == 2
+    assert "--retriever='bm25:/no/such/corpus.jsonl': corpus '/no/such/corpus.jsonl' does not exist" in \
+        capsys.readouterr().err
+    assert main(["serve", "--retriever", "elastic:x"]) == 2
+    assert "--retriever='elastic:x' must be one of bm25:PATH | dense:PATH | http" in capsys.readouterr().err
 
 
 def test_a_non_streaming_client_that_leaves_frees_its_rows(server):

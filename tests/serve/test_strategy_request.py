@@ -49,13 +49,36 @@ def test_a_strategy_template_with_a_format_spec_is_refused(model):
     assert error.param == "metagen.critique_template" and "format spec" in error.message
 
 
-def test_a_strategy_reading_a_corpus_or_url_is_not_served(model, tmp_path):
-    """metagen.retriever would name a file or a URL for the server to open: refused by name,
-    with a corpus that exists as with none."""
-    corpus = tmp_path / "c.jsonl"
+def test_a_request_names_no_corpus_training_file_or_url(model, tmp_path):
+    """metagen.retriever and dsp's metagen.train would name a file or a URL for the server to
+    open: refused by name, whether the server has a retriever or not, and whether the file exists."""
+    corpus, train = tmp_path / "c.jsonl", tmp_path / "train.jsonl"
     corpus.write_text('{"id": "a", "text": "secret"}\n')
-    for name in ("search", "self_ask_search"):
-        for given in ({"strategy": name, "retriever": f"bm25:{corpus}"}, {"strategy": name}):
-            error = refusal(model, {"prompt": "Hi", "metagen": given})
-            assert error.param == "metagen.strategy" and error.status == 400
-            assert f"strategy {name!r} is not served: its metagen.retriever names a corpus path or a URL" in error.message
+    train.write_text('{"question": "q", "answer": "a"}\n')
+    for name in ("search", "self_ask_search", "dsp"):
+        for served in (None, f"bm25:{corpus}"):
+            error = refusal(model, {"prompt": "Hi", "metagen": {"strategy": name, "retriever": f"bm25:{corpus}"}},
+                            retriever=served)
+            assert error.param == "metagen.retriever" and error.status == 400
+            assert "metagen.retriever is not accepted: it names a file or a URL, and the server opens none that a " \
+                   "request names; this server's strategies search its own --retriever" in error.message
+    error = refusal(model, {"prompt": "Hi", "metagen": {"strategy": "dsp", "train": str(train)}},
+                    retriever=f"bm25:{corpus}")
+    assert error.param == "metagen.train" and error.message == (
+        "metagen.train is not accepted: it names a file or a URL, and the server opens none that a request names")
+
+
+def test_search_strategies_search_the_servers_retriever_or_are_refused_without_one(model, tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "text": "Paris is the capital of France."}\n')
+    for name in ("search", "self_ask_search", "dsp"):
+        error = refusal(model, {"prompt": "Hi", "metagen": {"strategy": name}})
+        assert error.param == "metagen.strategy" and error.status == 400
+        assert error.message == (f"strategy {name!r} is not served here: it searches a corpus, and this server was "
+                                 "started without one; start it with metagen serve --retriever bm25:PATH | dense:PATH "
+                                 "| URL")
+        parsed = parse_completion({"prompt": "Hi", "metagen": {"strategy": name, "passages": 2}}, model=model,
+                                  served_name="m", max_rows=8, retriever=f"bm25:{corpus}")
+        assert parsed.strategy.overrides == {"retriever": f"bm25:{corpus}", "passages": 2}
+    error = refusal(model, {"prompt": "Hi", "metagen": {"strategy": "dsp", "hops": 65}}, retriever=f"bm25:{corpus}")
+    assert error.param == "metagen.hops" and "metagen.hops=65 is out of range: must be in [1, 64]" in error.message

@@ -236,6 +236,7 @@ SIZES_WORK = {
     "mbr_embedding": {"n"}, "self_refine": {"n"}, "chain_of_thought": {"n", "max_tool_calls"},
     "self_ask": {"n", "max_tool_calls"}, "calculator": {"n", "max_tool_calls"},
     "search": {"n", "max_tool_calls"}, "s2a": {"n", "max_tool_calls"}, "self_ask_search": {"n", "max_tool_calls"},
+    "dsp": {"n", "hops", "demos", "samples", "train_limit"},
     "best_of_n_value": {"n"},
     "step_beam": {"n", "max_steps"}, "dvts": {"n", "max_steps"}, "rebase": {"n", "max_steps"},
     "mcts": {"n", "expansions", "max_steps"}, "astar": {"n", "expansions", "solutions"},

@@ -31,6 +31,7 @@ EXPECTED_NEEDS = {
     "search": {caps.ASSISTANT_CONTINUATION},
     "s2a": {caps.ASSISTANT_CONTINUATION},
     "self_ask_search": {caps.ASSISTANT_CONTINUATION},
+    "dsp": {caps.ASSISTANT_CONTINUATION},
     "tokenwise_cd": {caps.LOCAL_CACHE},  # values the top-k next tokens at every position
     "transfer_q": {caps.LOCAL_CACHE},  # ... by rollouts of a second local model
     "pg_td": {caps.LOCAL_CACHE},  # expands and completes token prefixes from cache snapshots

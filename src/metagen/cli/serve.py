@@ -5,11 +5,12 @@ or over remote OpenAI-compatible servers (proxy mode).
                   [--served-model-name NAME]
                   [--api-key-env VAR] [--max-rows 16] [--max-queue 64] [--max-n 128] [--request-timeout SECONDS]
                   [--cache-memory 256MiB | --no-prefix-cache] [--prefill-chunk 256] [--lenient]
+                  [--retriever bm25:PATH | dense:PATH | URL]
                   [--contrastive AMATEUR [--alpha] [--amateur-temperature] [--beta]
                    | --dexperts EXPERT,ANTI [--dexperts-alpha]]
     metagen serve --backend URL [URL ...] [--engine NAME] [--backend-api-key-env VAR] [--backend-concurrency K]
                   [--backend-stall-seconds 5] [--tokenizer PATH] [--host] [--port] [--served-model-name]
-                  [--api-key-env] [--max-rows] [--max-n] [--request-timeout] [--lenient]
+                  [--api-key-env] [--max-rows] [--max-n] [--request-timeout] [--lenient] [--retriever]
 
 Proxy mode (--backend) runs no model: requests and strategies go to the servers at the URLs (vLLM,
 SGLang, llama.cpp's server, another metagen serve; one fleet when several) through the remote
@@ -23,6 +24,12 @@ make the server decode every request with that combiner, the --model as the expe
 its companion models keep rows in the engine next to the model's (serve/companions.py), and
 /v1/models and /health name it under "decoding". Their caches are not the prefix cache's, so
 such a server has none (--cache-memory above 0 is refused).
+
+--retriever names the corpus (or search endpoint) the search strategies search (search,
+self_ask_search, dsp: `"metagen": {"strategy": "dsp"}`); it is checked before any model loads and
+built once at start-up (a BM25 or dense index read or made), and every such request searches it. A
+request cannot name a corpus, a training file or a URL of its own (`serve/strategy_request.py`),
+and without --retriever those strategies are refused.
 
 Speculative decoding is not served: the engine's decode step forwards one token per running row
 (continuous batching, vLLM-style), with no draft / verify step, so --speculative is refused by name
@@ -76,6 +83,10 @@ def add_parser(commands) -> None:
                             "several steps, between which running streams decode (default 256)")
     serve.add_argument("--lenient", action="store_true",
                        help="ignore unknown request fields instead of answering 400 (listed in a response header)")
+    serve.add_argument("--retriever", default=None, metavar="SPEC",
+                       help="what the search strategies (search, self_ask_search, dsp) search: bm25:PATH | dense:PATH "
+                            "(a .jsonl file or a directory of .txt files) | http(s)://HOST[:PORT]/PATH; built once at "
+                            "start-up (default: none, and those strategies are refused)")
     add_contrastive_options(serve)
     add_dexperts_options(serve)
     serve.add_argument("--speculative", default=None, metavar="DRAFTER",
@@ -160,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--no-prefix-cache contradicts --cache-memory {args.cache_memory}: give one of them")
     if args.no_prefix_cache:
         cache_memory = 0
+    if args.retriever is not None:
+        from metagen.retrieval.spec import parse_retriever_spec
+
+        parse_retriever_spec(args.retriever, "--retriever")
     combiner = _combiner_settings(args)
     if combiner is not None:
         if cache_memory:
@@ -181,10 +196,14 @@ def run(args: argparse.Namespace) -> int:
 
         raise ValueError(f"metagen serve needs the 'serve' extra ({error.name} is missing): "
                          f"{install_line('serve')}") from None
+    if args.retriever is not None:  # built now, once: every search request finds it ready
+        from metagen.strategies.chain_programs import load_retriever
+
+        load_retriever(args.retriever)
     backend = _proxy(args) if args.backend is not None else _local(args, cache_memory, combiner)
     name = backend.served_name
     app = create_app(backend, api_key=api_key, lenient=args.lenient, request_timeout=args.request_timeout,
-                     max_n=args.max_n)
+                     max_n=args.max_n, retriever=args.retriever)
     print(f"metagen serve: {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning",

@@ -64,32 +64,45 @@ class Retriever(ABC):
         """Release connections or memory (nothing by default)."""
 
 
-def format_passages(passages: list[Passage]) -> str:
-    """The tool's answer: one numbered line per passage, "[1] Title: text" ("[1] text" untitled)."""
+def format_passages(passages: list[Passage], start: int = 1) -> str:
+    """The tool's answer: one numbered line per passage, "[1] Title: text" ("[1] text" untitled),
+    numbered from `start`."""
     if not passages:
         return "no results"
     return "\n".join(f"[{rank}] {p.title + ': ' if p.title else ''}{' '.join(p.text.split())}"
-                     for rank, p in enumerate(passages, 1))
+                     for rank, p in enumerate(passages, start))
 
 
 class RetrieverTool(Tool):
     """A retriever as a chain's tool: the model's text is the query, the answer the k best passages
-    (`format_passages`). last_cost: the cost of the last search (`Tool.last_cost`)."""
+    (`format_passages`). last_cost: the cost of the last search (`Tool.last_cost`); found: every
+    passage its searches returned, in order.
+
+    distinct: each search answers with the k best passages that no earlier search of this tool
+    returned (by passage id), numbered on after them, so the passages of several hops concatenate
+    without repeats: it asks the retriever for k + (passages seen) at most MAX_K, and drops those
+    seen (fewer than k when the corpus runs out). A search's cost is then that of the larger k.
+    """
 
     name = "search"
     description = "searches the corpus: give a query, read the best passages"
 
-    def __init__(self, retriever: Retriever, k: int = 3) -> None:
+    def __init__(self, retriever: Retriever, k: int = 3, *, distinct: bool = False) -> None:
         if not isinstance(retriever, Retriever):
             raise ValueError(f"retriever={retriever!r} must be a Retriever")
-        self.retriever, self.k = retriever, check_k(k)
+        self.retriever, self.k, self.distinct = retriever, check_k(k), distinct
         self.last_cost: Cost | None = None
+        self.found: list[Passage] = []
 
     def run(self, text: str) -> str:
         self.last_cost = None
         query = " ".join(text.split())
         if not query:
             raise ToolError("the query is empty")
-        found = self.retriever.retrieve(query, self.k)
+        seen = {passage.id for passage in self.found} if self.distinct else set()
+        found = self.retriever.retrieve(query, min(MAX_K, self.k + len(seen)))
         self.last_cost = found.cost
-        return format_passages(found.passages)
+        passages = [passage for passage in found.passages if passage.id not in seen][: self.k]
+        start = len(self.found) + 1 if self.distinct else 1
+        self.found.extend(passages)
+        return format_passages(passages, start)

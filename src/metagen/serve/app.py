@@ -74,15 +74,17 @@ class _CountRequests:
 
 def create_app(backend: Backend, *, api_key: str | None = None, lenient: bool = False,
                max_body_bytes: int = MAX_BODY_BYTES, request_timeout: float | None = None,
-               max_n: int = DEFAULT_MAX_N) -> FastAPI:
+               max_n: int = DEFAULT_MAX_N, retriever: str | None = None) -> FastAPI:
     """The application over `backend` (a `LocalBackend` over a started engine, or a `ProxyBackend`);
     `request_timeout`: seconds a request may take from its arrival (None: no limit), else 504 (or
     an error chunk when streaming); `max_n`: the bound on n and on every strategy option that
-    counts work (`request_fields.parse_fields`)."""
+    counts work (`request_fields.parse_fields`); `retriever`: the spec of the corpus the search
+    strategies search (built by the caller beforehand: `chain_programs.load_retriever`; None: those
+    strategies are refused)."""
     app = FastAPI(title="metagen", docs_url=None, redoc_url=None, openapi_url=None)
     workers = ThreadPoolExecutor(max_workers=max(4, backend.max_rows), thread_name_prefix="metagen-strategy")
     app.state.server = ServerState(backend, api_key, lenient, max_body_bytes, request_timeout, max_n,
-                                   metrics.RequestCounter(), workers)
+                                   metrics.RequestCounter(), workers, retriever)
     app.add_middleware(_CountRequests, counter=app.state.server.counter)
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(Exception, _unexpected)

@@ -24,11 +24,11 @@ ROLES = ("system", "user", "assistant")
 
 
 def parse_chat(body: object, *, model, served_name: str, max_rows: int, lenient: bool = False,
-               max_n: int = DEFAULT_MAX_N) -> ParsedRequest:
+               max_n: int = DEFAULT_MAX_N, retriever: str | None = None) -> ParsedRequest:
     """Validate `body` (decoded JSON) of /v1/chat/completions against `model` (None: proxy mode);
     APIError on the first problem (`request_fields.parse_fields`)."""
     return parse_fields(body, CHAT, model=model, served_name=served_name, max_rows=max_rows, lenient=lenient,
-                        max_n=max_n)
+                        max_n=max_n, retriever=retriever)
 
 
 def _chat_fields(body: Mapping, model, stream: bool) -> PromptFields:

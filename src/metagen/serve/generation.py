@@ -50,7 +50,7 @@ async def _generate(request: Request, state: ServerState, parse: Callable[..., P
     backend = state.backend
     body = await read_json(request)
     parsed = parse(body, model=backend.model, served_name=backend.served_name, max_rows=backend.max_rows,
-                   lenient=state.lenient, max_n=state.max_n)
+                   lenient=state.lenient, max_n=state.max_n, retriever=state.retriever)
     headers = {"X-Metagen-Ignored-Fields": ignored_fields_header(parsed.ignored)} if parsed.ignored else {}
     if parsed.strategy is not None:
         return await _run_strategy(request, state, parsed, headers)

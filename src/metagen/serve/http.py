@@ -24,7 +24,8 @@ class ServerState:
     max_body_bytes: the largest request body; request_timeout: seconds a request may take from
     its arrival (None: no limit); max_n: the bound on n and on every strategy option that counts
     work; counter: HTTP requests by route and status (/metrics); workers: the threads strategies
-    run on.
+    run on; retriever: what the search strategies search (`metagen serve --retriever`; None: they
+    are refused).
     """
 
     backend: Backend
@@ -35,6 +36,7 @@ class ServerState:
     max_n: int
     counter: metrics.RequestCounter
     workers: ThreadPoolExecutor
+    retriever: str | None = None
 
 
 def server(request: Request) -> ServerState:

@@ -83,7 +83,7 @@ class Endpoint:
 
 
 def parse_fields(body: object, endpoint: Endpoint, *, model, served_name: str, max_rows: int,
-                 lenient: bool = False, max_n: int = DEFAULT_MAX_N) -> ParsedRequest:
+                 lenient: bool = False, max_n: int = DEFAULT_MAX_N, retriever: str | None = None) -> ParsedRequest:
     """Validate `body` (decoded JSON) for `endpoint` against `model` (None: proxy mode, see the
     module docstring); APIError on the first problem. In this order: the body's own fields and
     the model, stream options and the sampling fields; then the endpoint's own
@@ -109,7 +109,7 @@ def parse_fields(body: object, endpoint: Endpoint, *, model, served_name: str, m
         echo_text = prompt.text if prompt.text is not None else model.tokenizer.decode(prompt.ids)
     strategy = None
     if named_strategy is not None or "metagen" in body:
-        strategy = parse_strategy(body, named_strategy, params, max_n)
+        strategy = parse_strategy(body, named_strategy, params, max_n, retriever)
     prompt_ids, healed = prompt.ids, ""
     if params.token_healing:
         if strategy is not None:

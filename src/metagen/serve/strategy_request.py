@@ -7,6 +7,11 @@ declarations (`StrategySpec.parse`: kind, range or choices) and refused as `meta
 metagen.n and every option that counts work (widths, expansions, iterations, depths:
 `options.check_work`), here, before anything is built for the request. Request fields a
 strategy cannot honour (stream, n, logprobs, top_logprobs, echo) are refused by name.
+
+A request names no file or URL for the server to open (a client must not make the server read
+its files): options declared `opens` (metagen.retriever, dsp's metagen.train) are refused by
+name. The search strategies (search, self_ask_search, dsp) search the corpus the server was
+started with (`metagen serve --retriever`, built once at start-up), or are refused without one.
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ SERVED_VALUES = ("steps", "judge")  # a value-head file would be a path named by
 
 
 def parse_strategy(body: Mapping, named: str | None, params: SamplingParams,
-                   max_n: int = DEFAULT_MAX_N) -> StrategyRequest:
+                   max_n: int = DEFAULT_MAX_N, retriever: str | None = None) -> StrategyRequest:
     """The strategy of a request: `metagen` {"strategy": NAME, option: value, ...} and/or the model
     name NAME:model (the two must agree); every option is checked by its declaration
     (`StrategySpec.parse`; n and every option that counts work <= `max_n`), and request fields a
-    strategy cannot honour are refused by name."""
+    strategy cannot honour are refused by name. An option that names a file or URL to open
+    (`Option.opens`: a corpus, a training file) is refused from a request; a strategy that
+    searches (its config has `retriever`) searches `retriever`, the server's --retriever, and
+    is refused when the server has none."""
     from metagen.strategies.registry import get_strategy
 
     given = body.get("metagen", {})
@@ -49,9 +57,17 @@ def parse_strategy(body: Mapping, named: str | None, params: SamplingParams,
         spec = get_strategy(name)
     except ValueError as error:
         raise APIError(str(error), where) from None
-    if "retriever" in spec.fields():
-        raise APIError(f"strategy {name!r} is not served: its metagen.retriever names a corpus path or a URL, which "
-                       "the server does not open for a request (run it with metagen generate --retriever)", where)
+    fields = spec.fields()
+    for option in given:
+        if option in fields and fields[option].opens:
+            raise APIError(f"metagen.{option} is not accepted: it names a file or a URL, and the server opens none "
+                           "that a request names" + (f"; this server's strategies search its own --retriever"
+                                                     if option == "retriever" else ""), f"metagen.{option}")
+    if "retriever" in fields:
+        if retriever is None:
+            raise APIError(f"strategy {name!r} is not served here: it searches a corpus, and this server was started "
+                           "without one; start it with metagen serve --retriever bm25:PATH | dense:PATH | URL", where)
+        given["retriever"] = retriever
     try:
         n, options, overrides = spec.parse(given, "metagen.", max_n=max_n, limit_name=f"--max-n {max_n}")
     except ValueError as error:

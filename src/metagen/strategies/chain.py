@@ -35,7 +35,10 @@ on. Each continuation re-sends the prompt (its tokens are counted again in the C
 
 Ready programs (`chain_programs.py`): `chain_of_thought` (Kojima et al. 2022: reason, then a
 second call extracts the answer), `self_ask` (Press et al. 2022: follow-up questions answered by
-the model) and `tool_loop` / `calculator_chain`.
+the model) and `tool_loop` / `calculator_chain`. A program whose next step depends on what the
+model wrote drives a `ChainRun` step by step instead of a fixed list (`dsp.py`: Demonstrate-
+Search-Predict, whose hops end when the model says the passages suffice), and `ChainRun.sample`
+draws n answers of one request in one call; both land in the same trace and Cost.
 """
 
 from __future__ import annotations
@@ -129,7 +132,8 @@ class Transform:
 @dataclass
 class TraceEntry:
     """One model call or tool call. kind: "generate" (input: the chat messages sent), "tool"
-    (input: the tool's input text) or "transform"."""
+    (input: the tool's input text), "transform", or "demonstrate" (DSP's bootstrapped
+    demonstrations: input what they were drawn from, cost what bootstrapping them spent)."""
 
     step: str
     kind: str
@@ -196,7 +200,7 @@ class Chain:
             _check_templates(step)
 
     def run(self, generator: Generator, inputs: Mapping[str, str], *, rng: torch.Generator | None = None) -> ChainResult:
-        state = _Run(generator, self.config, rng)
+        state = ChainRun(generator, self.config, rng)
         values = {str(key): str(value) for key, value in inputs.items()}
         candidates: dict[str, Completion] = {}
         for step in self.steps:
@@ -207,8 +211,10 @@ class Chain:
                            values=values, trace=state.trace)
 
 
-class _Run:
-    """The state of one run: the trace and the summed cost."""
+class ChainRun:
+    """The state of one run: the trace and the summed cost. `Chain.run` drives it through a fixed
+    list of steps; a program whose steps depend on what the model wrote (DSP's hops, which end
+    when the model says the passages suffice) drives `step` itself, in the same trace and Cost."""
 
     def __init__(self, generator: Generator, config: ChainConfig, rng: torch.Generator | None) -> None:
         self.generator, self.config, self.rng = generator, config, rng
@@ -238,6 +244,21 @@ class _Run:
             return Completion(output, finish_reason="transform")
         raise TypeError(f"unknown step type {type(step).__name__}")
 
+    def sample(self, step: Generate, values: Mapping[str, str], n: int) -> list[Completion]:
+        """n samples of `step`'s request drawn in one `generate` call (shared prompt, as
+        self-consistency draws its candidates), without tools: the completions, one trace entry
+        (output: the samples' texts, numbered "[i] ") and the call's cost."""
+        if step.tools:
+            raise ValueError(f"step {step.name!r}: sampling n answers of one request takes no tools")
+        params = replace(step.params or self.config.params, n=n)
+        messages, prefill = _messages(step, values)
+        prompt = messages + [{"role": "assistant", "content": prefill}] if prefill else messages
+        result = self.generator.generate(prompt, params, generator=self.rng)
+        self.cost += result.cost
+        output = "\n".join(f"[{index}] {completion.text}" for index, completion in enumerate(result.completions, 1))
+        self.trace.append(TraceEntry(step.name, "generate", prompt, output, result.cost))
+        return result.completions
+
     def program(self, steps: Sequence[Generate | CallTool | Transform], values: Mapping[str, str]) -> str:
         """A handler's sub-program: its steps in order on a copy of `values`; the last one's output."""
         values, output = dict(values), ""
@@ -248,10 +269,7 @@ class _Run:
     def generate(self, step: Generate, values: Mapping[str, str]) -> Completion:
         """One generation, continued around tool calls (see the module docstring)."""
         params = replace(step.params or self.config.params, n=1)
-        messages = [{"role": "user", "content": _fill(step.template, values, step.name)}]
-        if step.system is not None:
-            messages.insert(0, {"role": "system", "content": _fill(step.system, values, step.name)})
-        prefill = _fill(step.prefill, values, step.name)
+        messages, prefill = _messages(step, values)
         closes = tuple(dict.fromkeys(binding.close for binding in step.tools))
         text, token_ids, logprobs, calls, budget, finish = "", [], [], 0, params.max_tokens, None
         for _ in range(2 * self.config.max_tool_calls + 1):  # a call may take two stops (open fence, close)
@@ -287,6 +305,14 @@ class _Run:
                                                         output=output)
             calls += 1
         return Completion(text, token_ids, logprobs, finish_reason=finish)
+
+
+def _messages(step: Generate, values: Mapping[str, str]) -> tuple[list[dict], str]:
+    """The chat messages [system?, user] of `step` on `values`, and its filled prefill."""
+    messages = [{"role": "user", "content": _fill(step.template, values, step.name)}]
+    if step.system is not None:
+        messages.insert(0, {"role": "system", "content": _fill(step.system, values, step.name)})
+    return messages, _fill(step.prefill, values, step.name)
 
 
 def _find_call(text: str, bindings: Sequence[ToolBinding], close: str) -> tuple[ToolBinding, int, str] | None:

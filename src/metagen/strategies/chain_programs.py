@@ -10,7 +10,9 @@ calculator and search tool loops.
                                                    # by a retriever's best passages (metagen.retrieval)
 
 Each returns a `ChainResult` (chosen output with its extracted answer, every step in the trace,
-the summed Cost). Built from the program API in `chain.py`.
+the summed Cost). Built from the program API in `chain.py`. Demonstrate-Search-Predict, a
+retrieval program with bootstrapped demonstrations, is in `dsp.py` on this module's pieces
+(`SearchConfig`, `load_retriever`, `CHAIN`).
 """
 
 from __future__ import annotations
@@ -68,11 +70,11 @@ SEARCH_SYSTEM = (
 )
 
 
-def _answer_params(config: ChainConfig, stop: Sequence[str] = ("\n",)) -> SamplingParams:
+def answer_params(config: ChainConfig, stop: Sequence[str] = ("\n",)) -> SamplingParams:
     return replace(config.params, max_tokens=config.answer_tokens, stop=tuple(stop))
 
 
-def _clean(answer: str) -> str:
+def clean_answer(answer: str) -> str:
     return answer.strip().lstrip(":").strip().rstrip(".").strip()
 
 
@@ -85,9 +87,9 @@ def chain_of_thought(generator: Generator, question: str, config: ChainConfig | 
     answer_prefill = COT_TRIGGER + "{reasoning}\nTherefore, the final answer is"
     result = Chain([
         Generate("reasoning", "{question}", prefill=COT_TRIGGER),
-        Generate("answer", "{question}", prefill=answer_prefill, params=_answer_params(config)),
+        Generate("answer", "{question}", prefill=answer_prefill, params=answer_params(config)),
     ], config=config).run(generator, {"question": question}, rng=rng)
-    result.chosen.answer = _clean(result.chosen.text) or None
+    result.chosen.answer = clean_answer(result.chosen.text) or None
     return result
 
 
@@ -116,7 +118,7 @@ def self_ask(generator: Generator, question: str, config: ChainConfig | None = N
     "Intermediate answer:"; the model ends with "So the final answer is: ...". Cost: one
     generate call per continuation plus one per follow-up question (at most max_tool_calls)."""
     config = config or ChainConfig()
-    follow_up = Generate("intermediate", "Answer in a few words.\nQuestion: {input}", params=_answer_params(config))
+    follow_up = Generate("intermediate", "Answer in a few words.\nQuestion: {input}", params=answer_params(config))
     return _self_ask(generator, question, follow_up, config, rng)
 
 
@@ -131,7 +133,7 @@ def self_ask_search(generator: Generator, question: str, retriever: Retriever,
     each search's wall time (and a dense retriever's query encoding)."""
     config = config or ChainConfig()
     hop = (CallTool("passages", RetrieverTool(retriever, k), "{input}"),
-           Generate("intermediate", SELF_ASK_READ, params=_answer_params(config)))
+           Generate("intermediate", SELF_ASK_READ, params=answer_params(config)))
     return _self_ask(generator, question, hop, config, rng)
 
 
@@ -145,7 +147,7 @@ def _self_ask(generator: Generator, question: str, follow_up: Generate | tuple, 
                  params=replace(config.params, stop=config.params.stop + ("\nQuestion:",))),
         Transform("answer", lambda values: _after_marker(values["decomposition"])),
     ], config=config).run(generator, {"question": question}, rng=rng)
-    result.chosen.answer = _clean(result.chosen.text) or None
+    result.chosen.answer = clean_answer(result.chosen.text) or None
     return result
 
 
@@ -208,7 +210,7 @@ class SearchConfig(ChainConfig):
 
     retriever: str | None = option(None, str, "what the search tool searches: bm25:PATH | dense:PATH (a .jsonl "
                                    "file or a directory of .txt files) | http(s)://HOST[:PORT]/PATH (a search "
-                                   "endpoint)", optional=True)
+                                   "endpoint)", optional=True, opens=True)
     passages: int = option(3, int, "passages each search returns", low=1, high=MAX_K)
 
     def __post_init__(self) -> None:
@@ -220,9 +222,10 @@ class SearchConfig(ChainConfig):
 
 
 @lru_cache(maxsize=4)
-def _retriever(spec: str) -> Retriever:
+def load_retriever(spec: str) -> Retriever:
     """The retriever `spec` names, built once per process: its index is read once, not per question
-    (a corpus edited while the process runs is re-indexed by the next process)."""
+    (a corpus edited while the process runs is re-indexed by the next process). `metagen serve
+    --retriever` calls it at start-up, so its requests find it built."""
     from metagen.retrieval.spec import make_retriever
 
     return make_retriever(spec)
@@ -232,37 +235,37 @@ def _search_program(generator: Generator, question: str, config: SearchConfig, *
                     rng: torch.Generator | None = None) -> ChainResult:
     if config.retriever is None:
         raise ValueError("retriever is required by strategy 'search' (bm25:PATH | dense:PATH | URL)")
-    return search_chain(generator, question, _retriever(config.retriever), config, k=config.passages, rng=rng)
+    return search_chain(generator, question, load_retriever(config.retriever), config, k=config.passages, rng=rng)
 
 
 def _self_ask_search_program(generator: Generator, question: str, config: SearchConfig, *,
                              rng: torch.Generator | None = None) -> ChainResult:
     if config.retriever is None:
         raise ValueError("retriever is required by strategy 'self_ask_search' (bm25:PATH | dense:PATH | URL)")
-    return self_ask_search(generator, question, _retriever(config.retriever), config, k=config.passages, rng=rng)
+    return self_ask_search(generator, question, load_retriever(config.retriever), config, k=config.passages, rng=rng)
 
 
 # chains continue a final assistant message (a prefill, or text around a tool call) until a stop
 # string, and read which stop string ended it; a chain's answer is several requests (reasoning,
 # tool results, a final answer after a prefill): one constraint cannot span them, and applied to
 # each it would constrain the reasoning too
-_CHAIN = {"pooled": False, "budget": "none", "needs": frozenset({caps.ASSISTANT_CONTINUATION}), "config": ChainConfig,
+CHAIN = {"pooled": False, "budget": "none", "needs": frozenset({caps.ASSISTANT_CONTINUATION}), "config": ChainConfig,
           "constrains": False, "why_unconstrained": (
               "its output is built from several requests around tool calls and prefills, and a constraint cannot "
               "carry its state from one request to the next; constrain a sampling strategy (best_of_n, "
               "self_consistency, ...) or a tree search instead")}
 
 register(StrategySpec("chain_of_thought", "reason step by step, then a call for the final answer",
-                      runners.chain(chain_of_thought), **_CHAIN), __name__)
+                      runners.chain(chain_of_thought), **CHAIN), __name__)
 register(StrategySpec("s2a", "System 2 Attention: regenerate the relevant, unopinionated context, answer from it",
-                      runners.chain(s2a), **_CHAIN), __name__)
+                      runners.chain(s2a), **CHAIN), __name__)
 register(StrategySpec("self_ask", "follow-up questions answered by the model, then the answer",
-                      runners.chain(self_ask), **_CHAIN), __name__)
+                      runners.chain(self_ask), **CHAIN), __name__)
 register(StrategySpec("calculator", "inline <<calculator>> calls while solving", runners.chain(calculator_chain),
-                      **_CHAIN), __name__)
+                      **CHAIN), __name__)
 register(StrategySpec("search", "inline <search> calls answered by a retriever's passages (--retriever)",
-                      runners.chain(_search_program, SearchConfig), **{**_CHAIN, "config": SearchConfig},
+                      runners.chain(_search_program, SearchConfig), **{**CHAIN, "config": SearchConfig},
                       required_options=("retriever",)), __name__)
 register(StrategySpec("self_ask_search", "self-ask with each follow-up answered from a retriever's passages "
                       "(--retriever)", runners.chain(_self_ask_search_program, SearchConfig),
-                      **{**_CHAIN, "config": SearchConfig}, required_options=("retriever",)), __name__)
+                      **{**CHAIN, "config": SearchConfig}, required_options=("retriever",)), __name__)

@@ -49,7 +49,8 @@ class Option:
     low / above: inclusive / exclusive lower bound, high / below: upper bounds (None: unbounded);
     choices: the allowed strings; sizes_work: the int counts work (`check_work`); name: the public
     name (None: the field's); path: where it sits in its config (("step", "delimiter") when
-    nested; set by `config_options`)."""
+    nested; set by `config_options`); opens: the value names a file or URL the strategy opens (a
+    corpus, a training file), which a server refuses from a request."""
 
     kind: type
     default: object
@@ -63,6 +64,7 @@ class Option:
     sizes_work: bool = False
     name: str | None = None
     path: tuple[str, ...] = ()
+    opens: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in _ARTICLE:
@@ -94,11 +96,12 @@ class Option:
 
 
 def option(default, kind: type, help: str, *, optional: bool = False, low=None, above=None, high=None,
-           below=None, choices=None, sizes_work: bool = False, name: str | None = None) -> dataclasses.Field:
+           below=None, choices=None, sizes_work: bool = False, name: str | None = None,
+           opens: bool = False) -> dataclasses.Field:
     """A config field declared as an option (see the module): `dataclasses.field(default=default)`
     whose metadata carries its `Option`. The default must pass the option's own check."""
     declared = Option(kind, default, help, optional, low, above, high, below,
-                      None if choices is None else tuple(choices), sizes_work, name)
+                      None if choices is None else tuple(choices), sizes_work, name, opens=opens)
     check_value(declared, default, name or "default")
     return dataclasses.field(default=default, metadata={_OPTION: declared})
 

@@ -41,7 +41,8 @@ __all__ = ["DEFAULT_N", "STRATEGIES", "StrategyOptions", "StrategySpec", "check_
 # the order the CLI and errors list strategies in, by module (see the module docstring)
 ORDER = tuple(f"metagen.strategies.{name}" for name in (
     "runners", "best_of_n", "self_consistency", "adaptive_consistency", "weighted_voting", "borda_voting", "mbr",
-    "self_refine", "verifier_refine", "in_context_navigation", "chain_programs", "tree.step_beam_search", "tree.dvts",
+    "self_refine", "verifier_refine", "in_context_navigation", "chain_programs", "dsp", "tree.step_beam_search",
+    "tree.dvts",
     "tree.rebase", "tree.mcts", "tree.astar", "tree.particle_filter", "tree.blockwise_cd", "tokenwise_cd", "transfer_q", "tree.pg_td"))
 _REGISTER_LINE = re.compile(r"^register\(", re.MULTILINE)
 
