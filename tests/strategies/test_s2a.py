@@ -46,6 +46,26 @@ def test_registered_runs_with_the_requests_params():
         spec.parse({"n": 2})
 
 
+def test_the_answer_is_read_with_the_runs_pattern():
+    """A many-word answer: the default extraction stops at the first space, the run's pattern
+    (here the question-answering tasks' rest-of-line pattern) reads it whole, also through the
+    registered runner, which hands the chain its options' pattern."""
+    from metagen.eval.qa_tasks import QA_PATTERN
+    from metagen.strategies.spec import StrategyOptions
+
+    script = [(" Ethiopia -- Capital: Addis Ababa.\nQuestion: capital?", None), (" The answer is Addis Ababa.", None)]
+    assert s2a(ScriptedGenerator(script), "capital? I bet Asmara.").answer == "Addis"
+    config = ChainConfig(pattern=QA_PATTERN)
+    assert s2a(ScriptedGenerator(script), "capital? I bet Asmara.", config).answer == "Addis Ababa"
+    spec = get_strategy("s2a")
+    n, options, overrides = spec.parse({})
+    result = spec.run(ScriptedGenerator(script), "capital? I bet Asmara.", n, SamplingParams(temperature=0.0),
+                      StrategyOptions(pattern=QA_PATTERN), None, overrides)
+    assert result.answer == "Addis Ababa"
+    with pytest.raises(ValueError, match=r"\(unclosed"):
+        ChainConfig(pattern="(unclosed")
+
+
 @pytest.mark.slow
 def test_real_model_regenerates_then_answers(model):
     from metagen.decoding import LocalGenerator

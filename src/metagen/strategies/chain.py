@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 from metagen.decoding.cost import Cost
 from metagen.decoding.result import Completion, GenerationResult
 from metagen.sampling import SamplingParams
+from metagen.scoring.answers import compile_pattern
 from metagen.strategies.options import check_options, option
 from metagen.strategies.templates import check_template, template_fields
 from metagen.tools import Tool
@@ -66,17 +67,23 @@ Template = str | Callable[[Mapping[str, str]], str]
 @dataclass(frozen=True)
 class ChainConfig:
     """params: sampling of `Generate` steps that have none of their own (`n` is set to 1); the
-    tool-call limits and the ready programs' answer length are declared with their fields."""
+    tool-call limits and the ready programs' answer length are declared with their fields;
+    pattern: the run's answer regex (`StrategyOptions.pattern`, group 1 the answer) with which the
+    programs that extract an answer from free text (s2a, the tool loops) read it; None: the
+    default extraction ("The answer is X" up to a space, else the last number)."""
 
     params: SamplingParams = SamplingParams(temperature=0.0, max_tokens=256)
     max_tool_calls: int = option(4, int, "tool calls per Generate step", low=0, high=64, sizes_work=True)
     max_tool_chars: int = option(1000, int, "a tool's answer is clipped to this many characters", low=1,
                                  high=100_000)
     answer_tokens: int = option(32, int, "max_tokens of the ready programs' short answering calls", low=1, high=4096)
+    pattern: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, SamplingParams):
             raise ValueError(f"params={self.params!r} must be a SamplingParams")
+        if self.pattern is not None:
+            compile_pattern(self.pattern)  # refused now, naming the pattern, not at the first answer
         check_options(self)
 
 

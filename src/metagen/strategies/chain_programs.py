@@ -100,14 +100,15 @@ def s2a(generator: Generator, question: str, config: ChainConfig | None = None, 
     model regenerate the prompt keeping only the relevant, unopinionated context and the question
     itself (`S2A_REWRITE`, continued after "Context:"), then answers from that regenerated text
     alone (`S2A_ANSWER`: the original prompt is not sent again). values["context"] (and the trace's
-    "context" entry) is the regenerated text; chosen.answer the extracted answer ("The answer is X",
-    else the last number). Cost: the two generate calls."""
+    "context" entry) is the regenerated text; chosen.answer the answer extracted with
+    `config.pattern` (default: "The answer is X", else the last number). Cost: the two generate
+    calls."""
     result = Chain([
         Generate("rewrite", S2A_REWRITE, prefill=S2A_CONTEXT),
         Transform("context", lambda values: S2A_CONTEXT + " " + values["rewrite"].strip()),
         Generate("answer", S2A_ANSWER),
     ], config=config).run(generator, {"question": question}, rng=rng)
-    result.chosen.answer = extract_answer(result.chosen.text)
+    result.chosen.answer = extract_answer(result.chosen.text, None if config is None else config.pattern)
     return result
 
 
@@ -181,11 +182,12 @@ def tool_loop(generator: Generator, question: str, tools: Sequence[ToolBinding] 
               config: ChainConfig | None = None, *, system: str = CALCULATOR_SYSTEM,
               rng: torch.Generator | None = None) -> ChainResult:
     """One generation that calls tools inline (default: the calculator) until it finishes;
-    chosen.answer is the extracted final answer ("The answer is N", else the last number)."""
+    chosen.answer is the final answer extracted with `config.pattern` (default: "The answer is N",
+    else the last number)."""
     bindings = tuple(tools) if tools is not None else (calculator_binding(),)
     result = Chain([Generate("solution", "{question}", system=system, tools=bindings)],
                    config=config).run(generator, {"question": question}, rng=rng)
-    result.chosen.answer = extract_answer(result.chosen.text)
+    result.chosen.answer = extract_answer(result.chosen.text, None if config is None else config.pattern)
     return result
 
 
@@ -250,6 +252,7 @@ def _self_ask_search_program(generator: Generator, question: str, config: Search
 # tool results, a final answer after a prefill): one constraint cannot span them, and applied to
 # each it would constrain the reasoning too
 CHAIN = {"pooled": False, "budget": "none", "needs": frozenset({caps.ASSISTANT_CONTINUATION}), "config": ChainConfig,
+         "set_by_run": frozenset({"n", "params", "pattern"}),  # the pattern is the run's (StrategyOptions.pattern)
           "constrains": False, "why_unconstrained": (
               "its output is built from several requests around tool calls and prefills, and a constraint cannot "
               "carry its state from one request to the next; constrain a sampling strategy (best_of_n, "

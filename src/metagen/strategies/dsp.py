@@ -217,9 +217,9 @@ def _dsp_program(generator: Generator, question: str, config: DSPConfig, *,
 
 
 # the tool-loop limits of ChainConfig: DSP runs no tool inside a generation, so they would do nothing
-UNREAD = frozenset({"n", "params", "max_tool_calls", "max_tool_chars"})
+UNREAD = frozenset({"n", "params", "pattern", "max_tool_calls", "max_tool_chars"})
 
 register(StrategySpec("dsp", "Demonstrate-Search-Predict: multi-hop retrieval, demonstrations bootstrapped from "
                       "--train, a vote over sampled answers (--retriever)", runners.chain(_dsp_program, DSPConfig),
-                      **{**CHAIN, "config": DSPConfig}, required_options=("retriever",),
-                      set_by_run=UNREAD), __name__)
+                      **{**CHAIN, "config": DSPConfig, "set_by_run": UNREAD},
+                      required_options=("retriever",)), __name__)

@@ -63,7 +63,8 @@ def chain(program: Callable, config_class: type | None = None):
         from metagen.scoring.base import prompt_text
         from metagen.strategies.chain import ChainConfig
 
-        config = configure((config_class or ChainConfig)(params=replace(params, n=1)), overrides)
+        config = configure((config_class or ChainConfig)(params=replace(params, n=1), pattern=options.pattern),
+                           overrides)
         return program(generator, prompt_text(prompt), config, rng=rng)
 
     return run
