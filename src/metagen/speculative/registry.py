@@ -212,10 +212,10 @@ def check_served(name: str, options: DrafterOptions | None = None, verify: str |
     spec, verify = check_speculative(name, options, verify)
     if not spec.model_free:
         served = ", ".join(entry.name for entry in DRAFTERS.values() if entry.model_free)
-        raise ValueError(f"metagen serve does not draft with {spec.spelling}: it runs a model of its own, whose "
+        raise ValueError(f"metagen serve does not draft with {name}: it runs a model of its own, whose "
                          "cache would have to follow the engine's batch (rows joining and leaving every step); the "
                          f"server drafts with the model-free drafters ({served}); use metagen generate "
-                         f"--speculative {spec.spelling}")
+                         f"--speculative {name}")
     return spec, verify
 
 
