@@ -147,3 +147,29 @@ def test_mirostat_is_served_with_draw_verification():
     plain, _ = _run(cases)
     drafted, _ = _run(cases, NgramDrafter(max_ngram=2), SpeculativeConfig(verify="draw"))
     assert drafted[0][0].completions[0].token_ids == plain[0][0].completions[0].token_ids  # one seeded row
+
+
+def test_a_request_cancelled_mid_decode_leaves_and_the_others_go_on():
+    engine = Engine(ToyModel(max_context=256), max_rows=8, drafter=NgramDrafter(max_ngram=2),
+                    speculative=SpeculativeConfig(num_draft_tokens=4))
+    engine.start()
+    try:
+        cancelled = Collector()
+        long = ServeRequest(PROMPT, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True, n=2), cancelled)
+
+        def cancel_after_a_few(event) -> None:  # on the engine thread: it leaves at the next step boundary
+            cancelled(event)
+            if sum(isinstance(e, TokenEvent) for e in cancelled.events) == 6:
+                long.cancel()
+
+        long.emit = cancel_after_a_few
+        engine.submit(long)
+        other = _serve(engine, [GREEDY_CASES[1]])[0][0]
+        assert cancelled.done.wait(60)
+    finally:
+        engine.stop()
+    assert cancelled.events[-1] == DoneEvent("cancelled")
+    assert all(len(c.token_ids) < 200 for c in long.completions)
+    plain, _ = _run([GREEDY_CASES[1]])
+    assert [c.token_ids for c in other.completions] == [c.token_ids for c in plain[0][0].completions]
+    assert engine.stats.requests_cancelled == 1 and engine._cache.batch_size == 0  # its rows left the cache
