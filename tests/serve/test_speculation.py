@@ -173,3 +173,31 @@ def test_a_request_cancelled_mid_decode_leaves_and_the_others_go_on():
     plain, _ = _run([GREEDY_CASES[1]])
     assert [c.token_ids for c in other.completions] == [c.token_ids for c in plain[0][0].completions]
     assert engine.stats.requests_cancelled == 1 and engine._cache.batch_size == 0  # its rows left the cache
+
+
+class FailingOnce(ToyModel):
+    """The toy model whose first verification forward (logits at every position) raises."""
+
+    failed = False
+
+    def forward(self, cache, tokens, *, logits="last", hidden=False):
+        if logits == "all" and not self.failed:
+            self.failed = True
+            raise RuntimeError("the forward broke")
+        return super().forward(cache, tokens, logits=logits, hidden=hidden)
+
+
+def test_a_failed_verification_forward_fails_the_batch_and_the_engine_goes_on():
+    engine = Engine(FailingOnce(max_context=256), max_rows=8, drafter=NgramDrafter(max_ngram=2))
+    engine.start()
+    try:
+        lost = Collector()
+        engine.submit(ServeRequest(PROMPT, SamplingParams(temperature=0, max_tokens=10, n=2), lost))
+        assert lost.done.wait(60)
+        assert lost.events[-1] == DoneEvent("RuntimeError: the forward broke")
+        after = _serve(engine, [GREEDY_CASES[0]])[0][0]
+    finally:
+        engine.stop()
+    plain, _ = _run([GREEDY_CASES[0]])
+    assert after.completions[0].token_ids == plain[0][0].completions[0].token_ids
+    assert engine.stats.requests_failed == 1 and engine._cache.batch_size == 0
