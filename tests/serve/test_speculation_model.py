@@ -45,10 +45,11 @@ class Collector:
             self.done.set()
 
 
-@pytest.mark.parametrize("drafter, verify, cache_memory", [("ngram", "token", None), ("recycling", "multi-draft", 0)])
-def test_requests_joining_a_speculative_batch_equal_plain_greedy(model_fp32, drafter, verify, cache_memory):
+@pytest.mark.parametrize("drafter, options, verify, cache_memory", [("ngram", {}, "token", None),
+                                                                    ("recycling", {"tree_nodes": 8}, "multi-draft", 0)])
+def test_requests_joining_a_speculative_batch_equal_plain_greedy(model_fp32, drafter, options, verify, cache_memory):
     model = model_fp32
-    engine = Engine(model, max_rows=8, cache_memory=cache_memory, drafter=make_drafter(drafter, model),
+    engine = Engine(model, max_rows=8, cache_memory=cache_memory, drafter=make_drafter(drafter, model, **options),
                     speculative=SpeculativeConfig(num_draft_tokens=5, verify=verify))
     engine.start()
     try:
