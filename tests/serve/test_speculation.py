@@ -201,3 +201,40 @@ def test_a_failed_verification_forward_fails_the_batch_and_the_engine_goes_on():
     plain, _ = _run([GREEDY_CASES[0]])
     assert after.completions[0].token_ids == plain[0][0].completions[0].token_ids
     assert engine.stats.requests_failed == 1 and engine._cache.batch_size == 0
+
+
+@pytest.mark.parametrize("name, options", [("ngram", {"tree_widths": (2, 2, 1)}), ("recycling", {}), ("stand", {}),
+                                           ("rasd", {"draft_corpus": "corpus"})])
+def test_tree_drafters_in_the_batch_give_plain_greedy_and_plain_decodings_law(name, options, tmp_path):
+    """Every served drafter drafts token trees here, verified by the multi-draft rule in the one
+    ragged forward (tree attention per row): greedy equals the plain engine's, sampled sequences
+    follow plain decoding's law."""
+    from metagen.speculative import make_drafter
+    from tests.speculative.test_tree import TreeToyModel
+
+    if "draft_corpus" in options:
+        (tmp_path / "corpus.txt").write_text("acacacac\n\nbcbcbc\n\ncacaca", encoding="utf-8")
+        options = {"draft_corpus": str(tmp_path / "corpus.txt")}
+    config = SpeculativeConfig(num_draft_tokens=3, verify="multi-draft")
+
+    def serve(cases, drafter=None):
+        engine = Engine(TreeToyModel(max_context=256), max_rows=64, max_queue=len(cases), drafter=drafter,
+                        speculative=config if drafter is not None else None)
+        engine.start()
+        try:
+            return [request for request, _ in _serve(engine, cases)], engine
+        finally:
+            engine.stop()
+
+    drafter = make_drafter(name, TreeToyModel(), **options)
+    drafted, engine = serve(GREEDY_CASES, drafter)
+    plain, _ = serve(GREEDY_CASES)
+    for mine, theirs in zip(drafted, plain):
+        assert [c.token_ids for c in mine.completions] == [c.token_ids for c in theirs.completions]
+    assert engine.stats.draft_tokens > 0
+    params = SamplingParams(n=8, max_tokens=4, temperature=1.0)
+    cases = [(PROMPT[:4], SamplingParams(n=8, max_tokens=4, temperature=1.0, seed=seed)) for seed in range(150)]
+    sampled, engine = serve(cases, make_drafter(name, TreeToyModel(), **options))
+    assert_follows([tuple(c.token_ids) for request in sampled for c in request.completions],
+                   chain_distribution(params, PROMPT[:4], 4))
+    assert engine.stats.accepted_tokens > 0
