@@ -44,14 +44,25 @@ def test_prefill_chunk_is_checked_before_the_model_loads(monkeypatch, capsys):
     assert "--prefill-chunk configure the local model" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "tree", "early-exit"])
-def test_speculative_decoding_is_refused_by_name_before_the_model_loads(monkeypatch, capsys, drafter):
-    """The engine's step forwards one token per row: no draft or verification step to run chains
-    or trees, so --speculative is refused with the reason and the command that does decode so."""
+@pytest.mark.parametrize("argv, message", [
+    (["--speculative", "early-exit"], "metagen serve does not draft with early-exit: it runs a model of its own"),
+    (["--speculative", "tree"], "metagen serve does not draft with tree: it runs a model of its own"),
+    (["--speculative", "model:draft.gguf"], "use metagen generate --speculative model:draft.gguf"),
+    (["--speculative", "nope"], "speculative drafter 'nope' is unknown"),
+    (["--speculative", "ngram", "--exit-layer", "4"], "exit_layer=4 does not apply to the ngram drafter"),
+    (["--speculative", "recycling", "--verify", "token"], "verify='token' cannot verify"),
+    (["--num-draft-tokens", "3"], "--num-draft-tokens only apply with --speculative DRAFTER"),
+    (["--speculative", "ngram", "--contrastive", "early-exit:8"], "--speculative ngram cannot be combined with "
+                                                                  "--contrastive"),
+    (["--speculative", "ngram", "--dexperts", "early-exit:8,early-exit:4"], "cannot be combined with --dexperts"),
+    (["--speculative", "ngram", "--backend", "http://127.0.0.1:9/v1"], "--speculative configure the local model"),
+])
+def test_what_serve_cannot_draft_with_is_refused_by_name_before_the_model_loads(monkeypatch, capsys, argv, message):
+    """The engine drafts with the model-free drafters only (a drafter's own model would need its
+    cache to follow the batch), not with a combiner, and not in proxy mode; each is refused with
+    the reason before any model loads."""
     from metagen.cli import common, main
 
     monkeypatch.setattr(common, "load_model", lambda args: pytest.fail("the model was loaded"))
-    assert main(["serve", "--speculative", drafter]) == 2
-    err = capsys.readouterr().err
-    assert "metagen serve does not decode speculatively (--speculative, chains or token trees)" in err
-    assert "use metagen generate --speculative DRAFTER" in err
+    assert main(["serve", *argv]) == 2
+    assert message in capsys.readouterr().err

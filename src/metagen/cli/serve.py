@@ -7,7 +7,9 @@ or over remote OpenAI-compatible servers (proxy mode).
                   [--cache-memory 256MiB | --no-prefix-cache] [--prefill-chunk 256] [--lenient]
                   [--retriever bm25:PATH | dense:PATH | URL]
                   [--contrastive AMATEUR [--alpha] [--amateur-temperature] [--beta]
-                   | --dexperts EXPERT,ANTI [--dexperts-alpha]]
+                   | --dexperts EXPERT,ANTI [--dexperts-alpha]
+                   | --speculative DRAFTER [--num-draft-tokens] [--verify] [--adaptive-draft] [--tree-widths]
+                     [--tree-nodes] [--draft-corpus]]
     metagen serve --backend URL [URL ...] [--engine NAME] [--backend-api-key-env VAR] [--backend-concurrency K]
                   [--backend-stall-seconds 5] [--tokenizer PATH] [--host] [--port] [--served-model-name]
                   [--api-key-env] [--max-rows] [--max-n] [--request-timeout] [--lenient] [--retriever]
@@ -31,9 +33,13 @@ built once at start-up (a BM25 or dense index read or made), and every such requ
 request cannot name a corpus, a training file or a URL of its own (`serve/strategy_request.py`),
 and without --retriever those strategies are refused.
 
-Speculative decoding is not served: the engine's decode step forwards one token per running row
-(continuous batching, vLLM-style), with no draft / verify step, so --speculative is refused by name
-before any model loads (`metagen generate --speculative` decodes speculatively, trees included).
+--speculative DRAFTER (declared with `generate`'s, cli/speculative.py) decodes every request
+speculatively inside the engine's continuous batching (serve/speculation.py): each request drafts
+with its own copy of a model-free drafter (ngram, recycling, rasd, stand), one forward scores every
+row's draft, and each request verifies its own with --verify's rule. Drafters running a model of
+their own (early-exit, quantized, model:PATH, tree, spectr, dyspec, rasd-tree) are refused by name
+before any model loads (`registry.check_served`: their draft caches would have to follow the batch
+as a combiner's companions do), as is --speculative with --contrastive or --dexperts.
 
 Binds to 127.0.0.1 unless told otherwise. FastAPI and uvicorn come with the `serve` extra
 (the `serve` extra: `pip install -e '.[serve]'` in a checkout); they are imported only when the command runs.
@@ -49,6 +55,8 @@ from metagen.cli import common
 from metagen.cli.backend import add_engine_option
 from metagen.cli.contrastive import add_contrastive_options, contrastive_settings, make_combiner
 from metagen.cli.mixing import add_dexperts_options, dexperts_settings, make_mixing_combiner
+from metagen.cli.speculative import OPTIONS as SPECULATIVE_OPTIONS
+from metagen.cli.speculative import add_speculative_options, make_drafter, speculative_options
 
 GRACEFUL_SHUTDOWN_SECONDS = 5  # on SIGTERM / Ctrl-C, open streams get this long before they are cut
 
@@ -89,9 +97,7 @@ def add_parser(commands) -> None:
                             "start-up (default: none, and those strategies are refused)")
     add_contrastive_options(serve)
     add_dexperts_options(serve)
-    serve.add_argument("--speculative", default=None, metavar="DRAFTER",
-                       help="refused: the engine decodes one token per row and step, with no draft or verification "
-                            "stage (chains or trees); use metagen generate --speculative")
+    add_speculative_options(serve, served=True)
     proxy = serve.add_argument_group("proxy mode (remote OpenAI-compatible servers instead of a local model)")
     proxy.add_argument("--backend", nargs="+", default=None, metavar="URL",
                        help="API root(s) of the servers to forward to, e.g. http://127.0.0.1:8001/v1 (several: one "
@@ -112,22 +118,17 @@ def add_parser(commands) -> None:
 
 
 LOCAL_ONLY = ("model", "dtype", "kv_dtype", "activations", "threads", "max_queue", "cache_memory", "no_prefix_cache",
-              "prefill_chunk", "contrastive", "alpha", "amateur_temperature", "beta", "dexperts", "dexperts_alpha")
+              "prefill_chunk", "contrastive", "alpha", "amateur_temperature", "beta", "dexperts", "dexperts_alpha",
+              "speculative", *SPECULATIVE_OPTIONS)
 PROXY_ONLY = ("engine", "backend_api_key_env", "backend_concurrency", "backend_stall_seconds", "tokenizer")
 BACKEND_CONCURRENCY = 4  # requests in flight per backend without --backend-concurrency
 PROXY_RETRIES = 1  # a failing backend is retried once, then the fleet fails over to another
 PROXY_TIMEOUT = 600.0  # seconds per backend request without --request-timeout
 HEALTH_INTERVAL = 10.0  # seconds between health checks of the live backends
-SPECULATIVE_REFUSAL = (
-    "metagen serve does not decode speculatively (--speculative, chains or token trees): its engine's step is one "
-    "forward of every running row's last token, with no draft and no verification step in its scheduler and rows; "
-    "use metagen generate --speculative DRAFTER (or SpeculativeGenerator) for speculative decoding")
 
 
 def run(args: argparse.Namespace) -> int:
     """Check the options, load the model, start the engine and serve until interrupted."""
-    if args.speculative is not None:
-        raise ValueError(SPECULATIVE_REFUSAL)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} must be in [0, 65535]")
     if args.max_rows < 1:
@@ -176,6 +177,11 @@ def run(args: argparse.Namespace) -> int:
 
         parse_retriever_spec(args.retriever, "--retriever")
     combiner = _combiner_settings(args)
+    speculative = None if args.backend is not None else speculative_options(args, served=True)
+    if speculative is not None and combiner is not None:
+        raise ValueError(f"--speculative {args.speculative} cannot be combined with --{combiner[0]}: speculation "
+                         "verifies the model's own logits, and the combiner's companion models would have to score "
+                         "every draft too; serve one or the other")
     if combiner is not None:
         if cache_memory:
             raise ValueError(f"--cache-memory {args.cache_memory} cannot be combined with --{combiner[0]}: the prefix "
@@ -200,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         from metagen.strategies.chain_programs import load_retriever
 
         load_retriever(args.retriever)
-    backend = _proxy(args) if args.backend is not None else _local(args, cache_memory, combiner)
+    backend = _proxy(args) if args.backend is not None else _local(args, cache_memory, combiner, speculative)
     name = backend.served_name
     app = create_app(backend, api_key=api_key, lenient=args.lenient, request_timeout=args.request_timeout,
                      max_n=args.max_n, retriever=args.retriever)
@@ -224,8 +230,9 @@ def _combiner_settings(args: argparse.Namespace) -> tuple[str, dict] | None:
     return None if dexperts is None else ("dexperts", dexperts)
 
 
-def _local(args: argparse.Namespace, cache_memory: int | None, combiner: tuple[str, dict] | None):
-    """The local model (and its combiner's companion models) behind a started engine."""
+def _local(args: argparse.Namespace, cache_memory: int | None, combiner: tuple[str, dict] | None,
+           speculative: dict | None):
+    """The local model (and its combiner's companion models, or its drafter) behind a started engine."""
     from metagen.serve.engine import DEFAULT_PREFILL_CHUNK, Engine
     from metagen.serve.local import LocalBackend
 
@@ -233,8 +240,10 @@ def _local(args: argparse.Namespace, cache_memory: int | None, combiner: tuple[s
     if combiner is not None:
         flag, settings = combiner
         combiner = (make_combiner if flag == "contrastive" else make_mixing_combiner)(settings, model, args)
+    drafter = None if speculative is None else make_drafter(speculative, model)
     engine = Engine(model, max_rows=args.max_rows, max_queue=args.max_queue, cache_memory=cache_memory,
-                    prefill_chunk=args.prefill_chunk or DEFAULT_PREFILL_CHUNK, combiner=combiner)
+                    prefill_chunk=args.prefill_chunk or DEFAULT_PREFILL_CHUNK, combiner=combiner, drafter=drafter,
+                    speculative=None if speculative is None else speculative["config"])
     engine.start()
     return LocalBackend(model, engine, args.served_model_name)
 

@@ -18,11 +18,12 @@ from metagen.speculative.registry import (
     DRAFTERS,
     VERIFICATIONS,
     DrafterOptions,
+    check_served,
     check_speculative,
     drafter_names,
 )
 
-_OPTIONS = ("num_draft_tokens", "verify", "adaptive_draft", "exit_layer", "exit_adapter", "draft_dtype",
+OPTIONS = ("num_draft_tokens", "verify", "adaptive_draft", "exit_layer", "exit_adapter", "draft_dtype",
             "draft_confidence", "tree_widths", "tree_nodes", "draft_corpus")
 # flag destination -> the `DrafterOptions` field it sets
 _DRAFTER_OPTIONS = {"exit_layer": "exit_layer", "exit_adapter": "exit_adapter", "draft_dtype": "draft_dtype",
@@ -35,10 +36,13 @@ def _readers(option: str) -> str:
     return " / ".join(spec.spelling for spec in DRAFTERS.values() if option in spec.reads)
 
 
-def add_speculative_options(parser: argparse.ArgumentParser) -> None:
-    """The argument group of --speculative and the options that only apply with it."""
+def add_speculative_options(parser: argparse.ArgumentParser, *, served: bool = False) -> None:
+    """The argument group of --speculative and the options that only apply with it; `served`:
+    `metagen serve`'s, whose help names the drafters the server runs (`check_served`)."""
     spec = parser.add_argument_group("speculative decoding (same output distribution, fewer target steps)")
-    spec.add_argument("--speculative", default=None, metavar="DRAFTER", help=" | ".join(drafter_names()))
+    names = [entry.spelling for entry in DRAFTERS.values() if entry.model_free] if served else drafter_names()
+    spec.add_argument("--speculative", default=None, metavar="DRAFTER", help=" | ".join(names) + (
+        " (the model-free drafters; every request drafts in the engine's batch)" if served else ""))
     spec.add_argument("--num-draft-tokens", type=int, default=None, help="draft tokens per step, γ (default 4)")
     tree_rules = [name for name, rule in VERIFICATIONS.items() if rule.trees]
     own_rules = ", ".join(f"{name}: {entry.verify}" for name, entry in DRAFTERS.items() if entry.verify != "token")
@@ -75,15 +79,17 @@ def _widths(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints (e.g. 2,2,1)") from None
 
 
-def speculative_options(args: argparse.Namespace) -> dict | None:
-    """The speculative settings of `generate`, or None; options without --speculative raise, as
-    do an unknown drafter or rule and an option the drafter does not read (nothing loaded yet)."""
+def speculative_options(args: argparse.Namespace, *, served: bool = False) -> dict | None:
+    """The speculative settings of `generate` (`served`: of `serve`, model-free drafters only,
+    `check_served`), or None; options without --speculative raise, as do an unknown drafter or
+    rule and an option the drafter does not read (nothing loaded yet)."""
     if args.speculative is None:
-        refuse_alone(args, _OPTIONS, "--speculative DRAFTER")
+        refuse_alone(args, OPTIONS, "--speculative DRAFTER")
         return None
     drafter_args = {field: getattr(args, flag) for flag, field in _DRAFTER_OPTIONS.items()
                     if getattr(args, flag) is not None}
-    _, verify = check_speculative(args.speculative, DrafterOptions(**drafter_args), args.verify)
+    check = check_served if served else check_speculative
+    _, verify = check(args.speculative, DrafterOptions(**drafter_args), args.verify)
     from metagen.speculative import SpeculativeConfig
 
     config = SpeculativeConfig(

@@ -15,6 +15,10 @@ forward scores every node; the verification returns the kept path's nodes, and
 `cache.keep_path(row, old, [0] + [1 + i for i in path])` keeps t0 and that path, releasing the
 other nodes. The chain and the rows take the path's tokens in order, as for a kept chain prefix.
 
+The step is four functions the serving engine runs too (serve/speculation.py, over the requests
+of its batch and one shared forward): `first_tokens`, `propose_drafts`, `score_drafts` (with
+`tree_masks`) and `verify_drafts` (the verification, the cache rows kept, the drafter observing).
+
 The first token of every row comes from the prefill's logits, drawn as plain decoding draws it
 (`DrawVerification` of empty drafts). Rows accept different numbers of tokens, so the next
 forward is ragged; finished rows leave the batch (`RowBatch.keep`, the drafter following).
@@ -37,7 +41,9 @@ to `cost.draft_tokens` / `cost.accepted_tokens`; a forced drafter's taken tokens
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator, Sequence
+
+from torch import Tensor
 
 from metagen.decoding.batch import RowBatch
 from metagen.decoding.cost import forward_cost
@@ -46,7 +52,8 @@ from metagen.decoding.drafts import Draft, Drafter, DraftSchedule, Verification
 from metagen.decoding.prompt_cache import PromptCache
 from metagen.decoding.result import GenerationResult, StreamEvent
 
-__all__ = ["check_draft", "draft_stream"]
+__all__ = ["check_draft", "draft_stream", "first_tokens", "propose_drafts", "score_drafts", "tree_masks",
+           "verify_drafts"]
 
 
 def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, result: GenerationResult,
@@ -59,7 +66,7 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
     if batch.companions:
         raise ValueError("the speculative loop runs one model: a logits combiner's companion models "
                          "(contrastive decoding) decode with the sampling loop or beam search")
-    model, chain, generator, rows = batch.model, batch.chain, batch.generator, batch.rows
+    model, rows = batch.model, batch.rows
     n, max_new = batch.params.n, batch.rules.max_new_tokens
     cache, out = batch.prefill(prompt_cache)
     cost = result.cost = batch.prefill_cost()
@@ -68,11 +75,7 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
     cost.flops += drafter.prefill_flops
     result.prefill_seconds = time.perf_counter() - started
     decode_start = time.perf_counter()
-    no_draft = Draft.chain([[] for _ in range(n)])
-    if batch.prompt_ids:
-        drafter.observe([[batch.prompt_ids[-1]]] * n, out.logits[:, None])  # (n, 1, V): after the prompt
-    first = yield from DrawVerification().verify(batch, out.logits[:, None], no_draft)  # plain decoding's step
-    contexts = [list(batch.prompt_ids) + [x] for _, x in first]  # per completion: prompt + committed tokens
+    contexts = yield from first_tokens(batch, drafter, out.logits)  # per completion: prompt + committed tokens
     gammas = [schedule.num_draft_tokens if schedule is not None else max_new] * n  # per completion
 
     while True:
@@ -80,47 +83,97 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
         if not keep:
             break
         batch.keep(keep)
-        active = batch.active
-        row_contexts = [contexts[index] for index in active]
-        lengths = [max(0, min(gammas[index], max_new - len(rows[index].completion.token_ids) - verification.spare))
-                   for index in active]
-        draft = drafter.propose(row_contexts, lengths, chain, generator)
-        check_draft(draft, lengths, model.vocab_size, drafter.name, trees=verification.trees)
+        draft, feed = propose_drafts(batch, drafter, verification, contexts, gammas)
         cost.model_calls += draft.calls
         cost.flops += draft.flops
         before = cache.lengths
-        feed = [[context[-1]] + draft.tokens[b] for b, context in enumerate(row_contexts)]
         cost += forward_cost(model, before, [len(tokens) for tokens in feed])
-        if draft.is_chain:
-            tree = None
-            logits = model.forward(cache, feed, logits="all").logits  # (B, 1 + longest draft, V)
-        else:  # t0 is the root: node i is fed at 1 + i, its parent at 1 + parents[i]
-            tree = [[-1] + [parent + 1 for parent in parents] for parents in draft.parents]
-            logits = model.forward(cache, feed, logits="all", tree=tree).logits  # (B, 1 + most nodes, V)
-        outcomes = yield from verification.verify(batch, logits, draft)
-        kept: list[tuple[list[int], int]] = []  # per row: the kept path's nodes, the token after it
-        for b, (index, proposed, outcome) in enumerate(zip(active, draft.tokens, outcomes)):
-            tau, token = outcome[0], outcome[1]
-            nodes = outcome[2] if len(outcome) > 2 else range(tau)  # the kept path's nodes
+        logits = score_drafts(model, cache, feed, tree_masks([draft]))  # (B, 1 + most nodes, V)
+        counts = yield from verify_drafts(batch, drafter, verification, draft, feed, logits, cache,
+                                          range(len(feed)), before, contexts, gammas, schedule)
+        for proposed, tau in counts:
             if drafter.forced:
                 result.forced_tokens += tau
             else:
-                cost.draft_tokens += len(proposed)
+                cost.draft_tokens += proposed
                 cost.accepted_tokens += tau
-            if tree is not None:  # keep t0 and the path, release the other nodes
-                batch.keep_path(b, before[b], [0] + [1 + i for i in nodes])
-            elif tau < len(proposed):
-                batch.truncate(b, before[b] + 1 + tau)
-            if schedule is not None:
-                deepest = max((draft.depth(b, i) for i in range(len(proposed))), default=0)
-                gammas[index] = schedule.next_length(gammas[index], deepest, tau)
-            contexts[index] += [proposed[i] for i in nodes] + [token]
-            kept.append((list(nodes), token))
-        drafter.observe(feed, logits, kept)
 
     drafter.finish([row.completion.token_ids for row in rows])
     result.decode_seconds = time.perf_counter() - decode_start
     batch.finish_cost(result, started)
+
+
+def first_tokens(batch: RowBatch, drafter: Drafter, logits: Tensor) -> Generator[StreamEvent, None, list[list[int]]]:
+    """Each row's first token from the prefill's `logits (n, V)`, drawn as plain decoding draws
+    it (`DrawVerification` of empty drafts), after `drafter` observed them (the prompt's last
+    token fed). Returns each completion's context: the prompt and that token."""
+    n = len(batch.active)
+    if batch.prompt_ids:
+        drafter.observe([[batch.prompt_ids[-1]]] * n, logits[:, None])  # (n, 1, V): after the prompt
+    first = yield from DrawVerification().verify(batch, logits[:, None], Draft.chain([[] for _ in range(n)]))
+    return [list(batch.prompt_ids) + [x] for _, x in first]
+
+
+def propose_drafts(batch: RowBatch, drafter: Drafter, verification: Verification, contexts: list[list[int]],
+                   gammas: list[int]) -> tuple[Draft, list[list[int]]]:
+    """The drafter's draft for the live rows (`contexts`, `gammas`: per completion), each path
+    at most its γ and what its row's budget leaves (`verification.spare` kept free), checked
+    (`check_draft`); returns it and what each row feeds: `[t0] + draft.tokens[b]`."""
+    active, rows, max_new = batch.active, batch.rows, batch.rules.max_new_tokens
+    row_contexts = [contexts[index] for index in active]
+    lengths = [max(0, min(gammas[index], max_new - len(rows[index].completion.token_ids) - verification.spare))
+               for index in active]
+    draft = drafter.propose(row_contexts, lengths, batch.chain, batch.generator)
+    check_draft(draft, lengths, batch.model.vocab_size, drafter.name, trees=verification.trees)
+    return draft, [[context[-1]] + draft.tokens[b] for b, context in enumerate(row_contexts)]
+
+
+def tree_masks(drafts: Sequence[Draft]) -> list[list[int] | None] | None:
+    """The forward's `tree=` for the rows of `drafts` in order: None when every row is a chain,
+    else per row None (a row of a chain draft) or its parents with t0 the root (node i fed at 1 + i, its
+    parent at 1 + parents[i]), so one forward scores every node with ancestor-only attention."""
+    if all(draft.is_chain for draft in drafts):
+        return None
+    return [None if draft.is_chain else [-1] + [parent + 1 for parent in parents]
+            for draft in drafts for parents in draft.parents]
+
+
+def score_drafts(model, cache, feed: list[list[int]], tree: list[list[int] | None] | None) -> Tensor:
+    """One target forward of `feed[b]` appended to cache row b (with `tree=` when a row is a
+    tree); logits at every fed position, `(B, 1 + longest feed, V)`."""
+    if tree is None:
+        return model.forward(cache, feed, logits="all").logits
+    return model.forward(cache, feed, logits="all", tree=tree).logits
+
+
+def verify_drafts(batch: RowBatch, drafter: Drafter, verification: Verification, draft: Draft,
+                  feed: list[list[int]], logits: Tensor, cache, cache_rows: Sequence[int], before: Sequence[int],
+                  contexts: list[list[int]], gammas: list[int], schedule: DraftSchedule | None = None
+                  ) -> Generator[StreamEvent, None, list[tuple[int, int]]]:
+    """The verification of one scored draft, the one step the loop and the serving engine share:
+    `verification.verify` pushes each live row's taken tokens (yielding its events), then live row
+    b's cache row `cache_rows[b]` (fed at `before[b]`) keeps t0 and the taken path (`keep_path` for
+    a tree, `truncate` for a chain), its context takes the path and the token after it, its γ
+    follows `schedule`, and the drafter observes the forward. `logits (B, 1 + most nodes, V)`.
+    Returns per live row (draft tokens proposed, draft tokens taken)."""
+    outcomes = yield from verification.verify(batch, logits, draft)
+    counts: list[tuple[int, int]] = []
+    kept: list[tuple[list[int], int]] = []  # per row: the kept path's nodes, the token after it
+    for b, (index, proposed, outcome) in enumerate(zip(batch.active, draft.tokens, outcomes)):
+        tau, token = outcome[0], outcome[1]
+        nodes = outcome[2] if len(outcome) > 2 else range(tau)  # the kept path's nodes
+        if not draft.is_chain:  # keep t0 and the path, release the other nodes
+            cache.keep_path(cache_rows[b], before[b], [0] + [1 + i for i in nodes])
+        elif tau < len(proposed):
+            cache.truncate(cache_rows[b], before[b] + 1 + tau)
+        if schedule is not None:
+            deepest = max((draft.depth(b, i) for i in range(len(proposed))), default=0)
+            gammas[index] = schedule.next_length(gammas[index], deepest, tau)
+        contexts[index] += [proposed[i] for i in nodes] + [token]
+        kept.append((list(nodes), token))
+        counts.append((len(proposed), tau))
+    drafter.observe(feed, logits, kept)
+    return counts
 
 
 def check_draft(draft: Draft, lengths: list[int], vocab: int, name: str, *, trees: bool = False) -> None:

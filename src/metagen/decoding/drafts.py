@@ -6,6 +6,7 @@ over it into tokens, the `DraftSchedule` of its lengths. Drafters and verificati
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
@@ -130,7 +131,7 @@ class Drafter(ABC):
     compare like with like). Deterministic drafters (n-gram lookup, greedy drafts, forced runs)
     return point masses.
 
-        drafter.start(prompt_ids, batch_size)            # once per request
+        drafter.start(prompt_ids, batch_size)            # once per request (`for_request`: a copy per request)
         draft = drafter.propose(contexts, lengths, chain, generator)
         drafter.observe(fed, logits, committed)          # the target's logits of that step
         drafter.select(rows)                             # rows leaving / reordering the batch
@@ -144,6 +145,14 @@ class Drafter(ABC):
     proposes_trees: bool = False  # True: its drafts branch (needs a verification with `trees`)
     iid_siblings: bool = False  # True: a node's children are drawn i.i.d. (`Draft.iid_siblings`)
     max_nodes: int | None = None  # most draft nodes per row and step (a tree's budget); None: γ bounds them
+
+    def for_request(self) -> Drafter:
+        """A drafter for one more request running at the same time as others (the serving engine
+        gives each request its own): a shallow copy, so what this one keeps across requests —
+        an n-gram table of outputs, a successor matrix, a corpus — is read and updated in
+        place by every copy, while `start` gives the copy its own per-request state. A drafter
+        whose per-request state is not all reset by `start` must override it."""
+        return copy.copy(self)
 
     def start(self, prompt_ids: Sequence[int], batch_size: int, target_cache=None) -> None:
         """Begin a request whose rows all start from `prompt_ids`; `target_cache` holds the

@@ -51,12 +51,13 @@ if TYPE_CHECKING:
 class ChunkedPrefill:
     """Set-up and prefill of admitted requests over `model` and the engine's shared `cache`
     (engine thread only); `prefixes` gives and takes their cached prefixes, `stats` counts their
-    prompt tokens; `companions` (a `CompanionCaches`, or None) are prefilled with them."""
+    prompt tokens; `companions` (a `CompanionCaches`, or None) are prefilled with them;
+    `positions`: tokens a row feeds per decode step at most (1 + a draft), for the admission check."""
 
     def __init__(self, model, cache, prefixes: PrefixCacheManager, stats: EngineStats, prefill_chunk: int,
-                 companions: CompanionCaches | None = None) -> None:
+                 companions: CompanionCaches | None = None, positions: int = 1) -> None:
         self.model, self.cache, self.prefixes, self.stats = model, cache, prefixes, stats
-        self.prefill_chunk, self.companions = prefill_chunk, companions
+        self.prefill_chunk, self.companions, self.positions = prefill_chunk, companions, positions
         self.combiner = None if companions is None else companions.combiner
 
     def start(self, request: EngineRequest, rows_in_use: int) -> None:
@@ -66,7 +67,7 @@ class ChunkedPrefill:
         running batch's rows, which share the cache with the request's."""
         model, params, prompt_ids, caller = self.model, request.params, request.prompt_ids, request.request
         batch = RowBatch.start(model, prompt_ids, params, healed=caller.healed, generator=caller.generator,
-                               rows_in_use=rows_in_use, combiner=self.combiner,
+                               rows_in_use=rows_in_use, combiner=self.combiner, positions=self.positions,
                                vocabulary_checked=True)  # its rows live in the engine's caches (CompanionCaches)
         if caller.echo:
             check_batch_fits(model, 1, 0, positions=min(len(prompt_ids), self.prefill_chunk), what="echo rows")

@@ -24,6 +24,12 @@ past its deadline, and when the engine stops (`stop`, or a fault of the loop its
 queue and ends every waiting and running request with the reason): out of the waiting list or
 the batch, its final status, counted, its prefix unlocked, its one `DoneEvent`.
 
+With a drafter (`drafter=`, `metagen serve --speculative`) the decode step is the draft / verify
+stage of speculation.py instead: those that just joined draw their first tokens, the rows that
+ended leave (`Scheduler.settle`), then every running request drafts, ONE ragged forward scores
+[t0] + draft for every row, and each request verifies its rows as `metagen generate
+--speculative` does (`draft_loop.verify_drafts`), pushing one or more tokens per row.
+
 A server-wide logits combiner (`combiner=`: contrastive decoding, DExperts) runs its companion
 models on the same rows (companions.py): every cache step above is taken by their caches too,
 and each request's sampler chain processes the combined scores of its rows.
@@ -46,6 +52,7 @@ import threading
 import time
 
 from metagen.decoding.combine import LogitsCombiner
+from metagen.decoding.drafts import Drafter
 from metagen.models.base import PagedCache
 from metagen.models.prefix_cache import PrefixCache
 from metagen.serve.chunked_prefill import ChunkedPrefill
@@ -55,6 +62,8 @@ from metagen.serve.prefix_manager import PrefixCacheManager
 from metagen.serve.requests import DoneEvent, EngineStats, EngineStoppedError, QueueFullError, ServeRequest, TokenEvent
 from metagen.serve.request_state import EngineRequest, RequestStatus
 from metagen.serve.scheduler import Scheduler
+from metagen.serve.speculation import SpeculativeStage
+from metagen.speculative.loop import SpeculativeConfig
 
 __all__ = ["DEFAULT_CACHE_MEMORY", "DEFAULT_PREFILL_CHUNK", "DoneEvent", "Engine", "EngineStats", "EngineStoppedError",
            "QueueFullError", "ServeRequest", "TokenEvent"]
@@ -76,10 +85,15 @@ class Engine:
     combiner: a `LogitsCombiner` (contrastive decoding, DExperts) every request is decoded with:
         its companions keep rows next to the model's (`companions.CompanionCaches`); no prefix
         cache then (ValueError for a `cache_memory` > 0).
+    drafter: a model-free `Drafter` (n-gram, recycling, rasd, stand: `registry.check_served`)
+        every request is decoded speculatively with, each request with its own copy, verified
+        as `speculative` says (a `SpeculativeConfig`; default γ = 4, token verification):
+        the draft / verify stage of speculation.py replaces the decode step. Not with a combiner.
     """
 
     def __init__(self, model, *, max_rows: int = 16, max_queue: int = 64, cache_memory: int | None = None,
-                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, combiner: LogitsCombiner | None = None) -> None:
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, combiner: LogitsCombiner | None = None,
+                 drafter: Drafter | None = None, speculative: SpeculativeConfig | None = None) -> None:
         if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise ValueError(f"prefill_chunk={prefill_chunk!r} must be an int >= 1 (prompt tokens per step)")
         if max_rows < 1:
@@ -89,6 +103,12 @@ class Engine:
         if cache_memory is not None and (isinstance(cache_memory, bool) or not isinstance(cache_memory, int)
                                          or cache_memory < 0):
             raise ValueError(f"cache_memory={cache_memory!r} must be an int >= 0 (bytes)")
+        if drafter is not None and combiner is not None:
+            raise ValueError(f"the {drafter.name} drafter cannot decode with a combiner ({type(combiner).__name__}): "
+                             "speculation verifies the model's own logits, and the companions' caches would have "
+                             "to take the drafts too; serve one or the other")
+        if speculative is not None and drafter is None:
+            raise ValueError("speculative= configures a drafter: give drafter= too")
         if combiner is not None and cache_memory:
             raise ValueError(f"--cache-memory {cache_memory}: the prefix cache indexes the model's keys and values "
                              "only, and the combiner's companion models need theirs too; use --cache-memory 0")
@@ -101,9 +121,12 @@ class Engine:
         self._cache = model.new_cache(1)
         self.prefix_cache = self._make_prefix_cache(0 if combiner is not None else cache_memory)
         self.stats = EngineStats()
+        self.speculation = None if drafter is None else SpeculativeStage(
+            model, self._cache, drafter, speculative or SpeculativeConfig(), self.stats)
         prefixes = PrefixCacheManager(self._cache, self.prefix_cache, self.stats, self.companions)
         self.scheduler = Scheduler(max_rows, prefill_chunk, max_queue, prefixes=prefixes, stats=self.stats)
-        self.prefill = ChunkedPrefill(model, self._cache, prefixes, self.stats, prefill_chunk, self.companions)
+        self.prefill = ChunkedPrefill(model, self._cache, prefixes, self.stats, prefill_chunk, self.companions,
+                                      positions=1 if self.speculation is None else self.speculation.positions)
         self.runner = ModelRunner(model, self._cache, self.companions)
         self._inbox: queue.Queue[ServeRequest | None] = queue.Queue()  # submitted, not yet taken by the engine thread
         self._stopping = False
@@ -149,6 +172,8 @@ class Engine:
         its n exceeds max_rows (it could never be admitted)."""
         if request.params.n > self.max_rows:
             raise ValueError(f"n={request.params.n} is more than the server's --max-rows {self.max_rows}")
+        if self.speculation is not None:
+            self.speculation.check(request.params)
         if self._dead is not None:
             raise EngineStoppedError(self._dead)
         self.scheduler.reserve()
@@ -174,7 +199,9 @@ class Engine:
                 if self._stopping:
                     break
                 self._admit()
-                if scheduler.running:
+                if scheduler.running and self.speculation is not None:
+                    self._speculative_step()
+                elif scheduler.running:
                     self._step()
         except BaseException as error:  # a bug in the loop itself: nobody may be left waiting
             reason = f"the engine stopped: {type(error).__name__}: {error}"
@@ -240,6 +267,38 @@ class Engine:
         kept_rows, next_tokens = scheduler.update_from_output(sampled)
         self._forward(kept_rows, next_tokens)
 
+    def _speculative_step(self) -> None:
+        """One step of the draft / verify stage (speculation.py): the scheduler names the running
+        requests that leave; those that just joined draw their first tokens; the rows that ended
+        leave (`Scheduler.settle`, `ModelRunner.select`); every running request drafts, one
+        forward scores every row and each request verifies its own; the rows that ended leave."""
+        scheduler, stage = self.scheduler, self.speculation
+        schedule = scheduler.decode(time.monotonic())
+        for request, event in schedule.stopped:
+            scheduler.finish(request, event)
+        failed = stage.first_tokens(schedule.decoding)
+        for request, event in failed:
+            scheduler.finish(request, event)
+        gone = {id(request) for request, _ in failed}
+        self.runner.select(scheduler.settle([(r, rows) for r, rows in schedule.decoding if id(r) not in gone]))
+        if scheduler.running:
+            try:
+                verified, failed = stage.step(scheduler.running)
+            except Exception as error:  # noqa: BLE001 - the forward failed: the batch is lost
+                self._lose_batch(error)
+                return
+            for request, event in failed:
+                scheduler.finish(request, event)
+            self.runner.select(scheduler.settle(verified))
+        self.stats.batch_rows = scheduler.rows_in_use()
+        self.stats.running_requests = len(scheduler.running)
+
+    def _lose_batch(self, error: Exception) -> None:
+        """A failed forward loses the batch: every running request fails, the cache is emptied."""
+        for request in list(self.scheduler.running):
+            self.scheduler.finish(request, DoneEvent(f"{type(error).__name__}: {error}"))
+        self.runner.reset()
+
     def _forward(self, kept_rows: list[int], next_tokens: list[int]) -> None:
         """Drop the cache rows that ended, then one decode forward of the rest (`ModelRunner`),
         counted. A failed forward loses the batch: every request in it fails."""
@@ -255,6 +314,4 @@ class Engine:
         try:
             self.runner.forward(next_tokens, running)
         except Exception as error:  # noqa: BLE001 - the batch is lost: every request in it fails
-            for request in list(running):
-                self.scheduler.finish(request, DoneEvent(f"{type(error).__name__}: {error}"))
-            self.runner.reset()
+            self._lose_batch(error)

@@ -68,7 +68,11 @@ class LocalBackend(Backend):
 
     def _decoding(self) -> dict:
         """{"decoding": its card} when the server decodes every request with a combiner
-        (`metagen serve --contrastive / --dexperts`), else nothing."""
+        (`metagen serve --contrastive / --dexperts`) or a drafter (`--speculative`), else nothing."""
+        if self.engine.speculation is not None:
+            from metagen.serve.speculation import speculation_card
+
+            return {"decoding": speculation_card(self.engine.speculation)}
         if self.engine.combiner is None:
             return {}
         from metagen.serve.companions import combiner_card

@@ -16,6 +16,12 @@
     metagen_prefix_cache_evicted_tokens_total tokens evicted from the prefix cache
     metagen_prefix_cache_tokens               tokens the prefix cache holds now
 
+With speculative decoding (`metagen serve --speculative`), as vLLM's spec_decode counters:
+
+    metagen_spec_decode_num_drafts_total            rows given a draft, over all steps
+    metagen_spec_decode_num_draft_tokens_total      draft tokens scored (tree nodes included)
+    metagen_spec_decode_num_accepted_tokens_total   draft tokens taken (accepted / draft = acceptance rate)
+
 In proxy mode (`render_proxy`) the engine's gauges give way to the backends':
 
     metagen_requests_total{endpoint, status}  as above
@@ -110,4 +116,11 @@ def render(engine, requests: RequestCounter) -> str:
             [("", stats.prefix_tokens_evicted)])
     _metric(lines, "metagen_prefix_cache_tokens", "gauge", "Tokens the prefix cache holds.",
             [("", stats.prefix_tokens_cached)])
+    if engine.speculation is not None:
+        _metric(lines, "metagen_spec_decode_num_drafts_total", "counter", "Rows given a draft, over all steps.",
+                [("", stats.drafts)])
+        _metric(lines, "metagen_spec_decode_num_draft_tokens_total", "counter", "Draft tokens scored.",
+                [("", stats.draft_tokens)])
+        _metric(lines, "metagen_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
+                [("", stats.accepted_tokens)])
     return "\n".join(lines) + "\n"

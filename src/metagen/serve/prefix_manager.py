@@ -67,7 +67,8 @@ class PrefixCacheManager:
 
     def cache_finished(self, request: EngineRequest, rows: range, keep: list[int]) -> None:
         """Index the finished rows' cached tokens (prompt + output but the last token, which was
-        never forwarded) in the prefix cache, before their rows leave the batch. `rows`: the
+        never forwarded; a speculative row's draft tokens past where it stopped are left out) in
+        the prefix cache, before their rows leave the batch. `rows`: the
         request's cache rows this step; `keep`: the indices (into its live rows) going on."""
         if self.prefixes is None:
             return
@@ -77,7 +78,7 @@ class PrefixCacheManager:
                 continue
             slots = cache.slots(rows[b])
             tokens = (request.prompt_ids + batch.rows[index].completion.token_ids)[:slots.size]
-            self.prefixes.insert(tokens, slots)
+            self.prefixes.insert(tokens, slots[:len(tokens)])  # a speculative row may hold draft tokens past its stop
         self._evict()
 
     def free(self, request: EngineRequest) -> None:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from metagen.models.cache import RowSnapshot
     from metagen.models.prefix_cache import Node
     from metagen.sampling import SamplingParams
+    from metagen.decoding.drafts import Drafter
 
 
 class RequestStatus(enum.Enum):
@@ -44,6 +45,17 @@ class RequestStatus(enum.Enum):
 
 
 @dataclass(eq=False)
+class Drafting:
+    """One running request's speculation (serve/speculation.py): its drafter (a copy,
+    `Drafter.for_request`), each completion's context (prompt + committed tokens; the last, t0,
+    not yet in the cache) and its γ."""
+
+    drafter: Drafter
+    contexts: list[list[int]]
+    gammas: list[int]
+
+
+@dataclass(eq=False)
 class EngineRequest:
     """The engine's state of one request (engine thread only)."""
 
@@ -54,9 +66,11 @@ class EngineRequest:
     prompt_row: RowSnapshot | None = None  # its partly prefilled prompt row between steps (holding its slots)
     scorer: PromptScorer | None = None  # echo: the `PromptScorer` fed by the prefill's pieces
     prefix_node: Node | None = None  # its prompt's node in the prefix cache, locked while it runs
-    logits: torch.Tensor | None = None  # RUNNING: (k, V) next-token logits of its k live rows
+    logits: torch.Tensor | None = None  # RUNNING: (k, V) next-token logits of its k live rows (speculation:
+    # only until its first tokens are drawn; then its rows' last tokens wait, unforwarded)
     companion_logits: list[torch.Tensor] = field(default_factory=list)  # RUNNING: each companion's (k, V)
     companion_prompt_rows: list[RowSnapshot | None] = field(default_factory=list)  # each companion's prompt row
+    drafting: Drafting | None = None  # RUNNING with speculation: its drafter, contexts and γ
 
     @property
     def prompt_ids(self) -> list[int]:

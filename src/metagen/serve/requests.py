@@ -188,6 +188,9 @@ class EngineStats:
     prefix_tokens_reused: int = 0  # prompt tokens taken from the prefix cache
     prefix_tokens_cached: int = 0  # tokens the prefix cache holds now
     prefix_tokens_evicted: int = 0
+    drafts: int = 0  # speculation: rows given a draft, over all steps
+    draft_tokens: int = 0  # speculation: draft tokens scored (tree nodes included)
+    accepted_tokens: int = 0  # speculation: draft tokens taken
 
     def count(self, event: DoneEvent) -> None:
         """Count a request that ended with `event` under its outcome."""

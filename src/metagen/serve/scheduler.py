@@ -16,7 +16,8 @@ model nor the cache's tensors; it holds the requests in two lists, answers three
                         the others (rows are grouped by request in admission order)
 
 and applies the outcome of each step to them: `start_prefill`, `start_running`,
-`update_from_output` (a decode step's tokens pushed into the rows) and `finish`, the one way out
+`update_from_output` (a decode step's tokens pushed into the rows), `settle` (the rows that
+ended leave; the speculative stage's rows are pushed by their verification) and `finish`, the one way out
 of the engine for every request — finished, failed, cancelled, past its deadline, or still there
 when the engine stops (shutdown, or a fault of its loop).
 
@@ -180,36 +181,43 @@ class Scheduler:
 
     def update_from_output(self, sampled: list[SampledRows]) -> tuple[list[int], list[int]]:
         """Apply one decode step's output to the requests: each row takes its token
-        (`RowBatch.push`: stop rules, text, records; a `TokenEvent` each); the rows that ended
-        are indexed in the prefix cache and leave their request's `RowBatch`; a request whose rows
-        all ended finishes (`finish`). The running list becomes the requests going on; returns
-        their cache rows and the rows' last tokens."""
-        kept_rows: list[int] = []
-        next_tokens: list[int] = []
-        going_on: list[EngineRequest] = []
+        (`RowBatch.push`: stop rules, text, records; a `TokenEvent` each), then `settle`. Returns
+        the cache rows of the rows going on and their last tokens."""
         for step in sampled:
-            request, rows, batch = step.request, step.rows, step.request.batch
+            request, batch = step.request, step.request.batch
             chosen = step.tokens.tolist()
-            keep = []
             for b, (index, token) in enumerate(zip(batch.active, chosen)):
                 text = batch.push(b, token, step.records[b])
                 completion = batch.rows[index].completion
-                if completion.finish_reason is None:
-                    keep.append(b)
                 request.request.emit(TokenEvent(index, text, token, step.records[b], completion.finish_reason,
                                                 completion.stop_reason))
             self.stats.generated_tokens += len(chosen)
+        kept_rows = self.settle([(step.request, step.rows) for step in sampled])
+        next_tokens = [request.batch.rows[index].completion.token_ids[-1]
+                       for request in self.running for index in request.batch.active]
+        return kept_rows, next_tokens
+
+    def settle(self, stepped: list[tuple[EngineRequest, range]]) -> list[int]:
+        """After the rows of `stepped` (each running request still in the batch, with its cache
+        rows, in batch order) took their tokens: the rows that ended are indexed in the prefix
+        cache and leave their request's `RowBatch`; a request whose rows all ended finishes
+        (`finish`). The running list becomes the requests going on; returns their cache rows
+        (the engine selects them: the others leave the cache)."""
+        kept_rows: list[int] = []
+        going_on: list[EngineRequest] = []
+        for request, rows in stepped:
+            batch = request.batch
+            keep = batch.live()
             if len(keep) < len(rows):
                 self.prefixes.cache_finished(request, rows, keep)
             if not keep:
                 self.finish(request, DoneEvent())
                 continue
-            batch.keep(keep)  # its chain and rows; the shared cache's rows are selected by the model runner
+            batch.keep(keep)  # its chain and rows; the shared cache's rows are selected by the engine
             kept_rows += [rows[b] for b in keep]
-            next_tokens += [chosen[b] for b in keep]
             going_on.append(request)
         self.running = going_on
-        return kept_rows, next_tokens
+        return kept_rows
 
     def finish(self, request: EngineRequest, event: DoneEvent) -> None:
         """The one way out of the engine: `request` leaves the waiting list (its partial prompt

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from metagen.decoding.drafts import Drafter, Verification
 
 __all__ = ["DRAFTERS", "DRAFT_DTYPES", "VERIFICATIONS", "DrafterOptions", "DrafterSpec", "VerificationSpec",
-           "check_drafter", "check_speculative", "check_verification", "default_exit_layer", "drafter_names", "make_drafter",
+           "check_drafter", "check_served", "check_speculative", "check_verification", "default_exit_layer", "drafter_names", "make_drafter",
            "make_verification", "register_drafter", "register_verification"]
 
 DRAFT_DTYPES = ("fp32", "bf16", "int8", "int4")  # weight formats a model draft may load in
@@ -104,7 +104,9 @@ class DrafterOptions:
 class DrafterSpec:
     """factory(target, argument, options) -> Drafter; `reads`: the `DrafterOptions` it reads;
     `argument`: what follows `name:` (e.g. "PATH"), None when the name takes none; `verify`:
-    the rule the command line uses when none is given (a tree drafter's is a tree rule)."""
+    the rule the command line uses when none is given (a tree drafter's is a tree rule);
+    `model_free`: it runs no model of its own (tables, retrieval), so the serving engine can give
+    each request its own copy (`Drafter.for_request`) with no draft cache to follow its batch."""
 
     name: str
     description: str
@@ -112,6 +114,7 @@ class DrafterSpec:
     reads: tuple[str, ...] = ()
     argument: str | None = None
     verify: str = "token"
+    model_free: bool = False
 
     @property
     def spelling(self) -> str:
@@ -197,6 +200,22 @@ def check_speculative(name: str, options: DrafterOptions | None = None, verify: 
     if options.tree and options.confidence is not None:
         raise ValueError(f"confidence={options.confidence!r} does not apply to tree drafts: it ends a chain early, "
                          "while a tree's shape is fixed by tree_widths / tree_nodes (give one or the other)")
+    return spec, verify
+
+
+def check_served(name: str, options: DrafterOptions | None = None, verify: str | None = None
+                 ) -> tuple[DrafterSpec, str]:
+    """`check_speculative` for `metagen serve`, which drafts only with the model-free drafters:
+    ValueError naming a drafter that runs a model of its own (its draft cache would have to follow
+    the engine's batch, rows joining and leaving every step, as a combiner's companions do) and
+    the ones served. Loads nothing."""
+    spec, verify = check_speculative(name, options, verify)
+    if not spec.model_free:
+        served = ", ".join(entry.name for entry in DRAFTERS.values() if entry.model_free)
+        raise ValueError(f"metagen serve does not draft with {name}: it runs a model of its own, whose "
+                         "cache would have to follow the engine's batch (rows joining and leaving every step); the "
+                         f"server drafts with the model-free drafters ({served}); use metagen generate "
+                         f"--speculative {name}")
     return spec, verify
 
 
@@ -374,7 +393,8 @@ def _spectr() -> Verification:
 
 register_drafter(DrafterSpec(
     "ngram", "prompt lookup (Saxena 2023), else an n-gram table of past outputs; no model, point-mass drafts "
-    "(with tree options: the lookups' distinct continuations as siblings)", _ngram, reads=_TREE_OPTIONS))
+    "(with tree options: the lookups' distinct continuations as siblings)", _ngram, reads=_TREE_OPTIONS,
+    model_free=True))
 register_drafter(DrafterSpec(
     "early-exit", "the target's first layers + its final norm and LM head (Kangaroo-style), sharing its weights; "
     "optionally a trained exit adapter", _early_exit, reads=("exit_layer", "exit_adapter", "confidence",
@@ -416,18 +436,19 @@ register_drafter(DrafterSpec(
 register_drafter(DrafterSpec(
     "recycling", "token recycling (Luo et al. 2024): a static tree from a (V, k) matrix of each token's top-k "
     "successors, refreshed from every position the target scores; no model", _recycling,
-    reads=("tree_widths", "tree_nodes"), verify="multi-draft"))
+    reads=("tree_widths", "tree_nodes"), verify="multi-draft", model_free=True))
 register_drafter(DrafterSpec(
     "rasd", "retrieval (RASD, Quan et al. 2025): continuations of the longest suffix match in a corpus, earlier "
     "outputs and the context, merged into a trie; no model", _rasd, reads=("draft_corpus", "tree_nodes"),
-    verify="multi-draft"))
+    verify="multi-draft", model_free=True))
 register_drafter(DrafterSpec(
     "rasd-tree", "RASD's tree fusion: the retrieval trie and the tree drafter's early-exit tree merged on shared "
     "prefixes", _rasd_tree, reads=("draft_corpus", "exit_layer", "tree_widths", "tree_nodes"), verify="multi-draft"))
 register_drafter(DrafterSpec(
     "stand", "STAND (Song et al. 2025): no model; one store per request of the target's observed next-token "
     "distributions per n-gram, shared by its n rows; token trees drawn from it (Gumbel-top-k), verified "
-    "losslessly by the multi-draft rule", _stand, reads=("tree_widths", "tree_nodes"), verify="multi-draft"))
+    "losslessly by the multi-draft rule", _stand, reads=("tree_widths", "tree_nodes"), verify="multi-draft",
+    model_free=True))
 
 register_verification(VerificationSpec(
     "spectr", "tree verification by SpecTr's k-sequential selection over each node's i.i.d. children (Sun et al. "
