@@ -433,3 +433,35 @@ register_verification(VerificationSpec(
     "spectr", "tree verification by SpecTr's k-sequential selection over each node's i.i.d. children (Sun et al. "
     "2023; acceptance >= (1 - 1/e) of the optimal k-draft transport), greedy tree verification at temperature 0; "
     "needs children drawn with replacement (the spectr drafter)", _spectr, trees=True, iid_siblings=True))
+
+
+def _pearl(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    from metagen.speculative.pearl import PearlDrafter
+
+    if argument == "early-exit":
+        return PearlDrafter(_early_exit_model(target, options), share_prompt_cache=True)
+    if options.exit_layer is not None or options.exit_adapter is not None:
+        raise ValueError(f"exit_layer / exit_adapter apply to pearl:early-exit, not pearl:{argument}")
+    if argument == "quantized":
+        from metagen.speculative.self_draft import quantized_model
+
+        return PearlDrafter(quantized_model(target, options.draft_dtype or "int4"), share_prompt_cache=True)
+    from metagen.models import load
+
+    return PearlDrafter(load(argument, options.draft_dtype or "int4", kv_dtype=target.kv_dtype,
+                             activations=target.activations))
+
+
+def _pearl_rule() -> Verification:
+    from metagen.speculative.pearl import PearlVerification
+
+    return PearlVerification()
+
+
+register_drafter(DrafterSpec(
+    "pearl", "PEARL (Liu et al. 2024): the draft model drafts in a second thread while the target verifies; "
+    "pre-verify / post-verify rounds make the draft length adaptive. DRAFT: early-exit, quantized or a model "
+    "PATH", _pearl, reads=("exit_layer", "exit_adapter", "draft_dtype"), argument="DRAFT", verify="pearl"))
+register_verification(VerificationSpec(
+    "pearl", "token verification whose last token is the draft's next token, verified against the target after "
+    "the draft (PEARL: no bonus draw); greedy verification at temperature 0", _pearl_rule))
