@@ -465,3 +465,19 @@ register_drafter(DrafterSpec(
 register_verification(VerificationSpec(
     "pearl", "token verification whose last token is the draft's next token, verified against the target after "
     "the draft (PEARL: no bonus draw); greedy verification at temperature 0", _pearl_rule))
+
+
+def _s2d(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    from metagen.speculative.s2d import DEFAULT_THRESHOLD, SortedDraft
+
+    deepest = options.exit_layer or max(1, target.config.num_hidden_layers // 3)
+    depths = tuple(sorted({max(1, deepest // 2), deepest}))
+    threshold = DEFAULT_THRESHOLD if options.confidence is None else options.confidence
+    return SortedDraft(target, depths, default_threshold=threshold).drafter(target)
+
+
+register_drafter(DrafterSpec(
+    "s2d", "S2D (Kavehzadeh et al. 2024): one draft for nested targets — the target's model's early exits at "
+    "exit_layer / 2 and exit_layer (default a third of its depth); per token the shallowest exit whose top "
+    "probability reaches the target's threshold (confidence, default 0.5), the draft ending below it", _s2d,
+    reads=("exit_layer", "confidence")))

@@ -1,0 +1,107 @@
+"""PEARL (draft and target in two threads) against sequential speculative decoding and plain decoding.
+
+Same prompts as `speculative.py` (grounded and open, `--prompts` of each), temperature 0, one
+target and one draft (`--draft quantized`: the int4 copy of the target; `early-exit`: its first
+`--exit-layer` layers). Rows, each summed over the prompts after one warm-up call:
+
+- plain: `decoding.generate` on torch's current intra-op threads;
+- sd: the loop with the same draft as a `ModelDrafter` (γ = `--gamma`, token rule);
+- pearl serial: the PEARL schedule with the draft run before the target each round
+  (`parallel=False`), on the current threads — its per-round draft and target seconds give
+  the ideal parallel time Σ max(draft, target) + the rest of each round;
+- pearl parallel: draft and target in two threads of `--threads-each` intra-op threads.
+
+Hardware-independent columns first — target forwards and draft forwards per generated token —
+then decode seconds, decode tokens/s and, for PEARL, the ideal parallel seconds (from the serial
+run) against the measured ones (the parallel run).
+
+Run:  PYTHONPATH=src .venv/bin/python benchmarks/pearl.py --target fp32 --draft quantized --gamma 4 --prompts 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from speculative import GROUNDED, OPEN, chat
+
+from metagen.decoding import generate
+from metagen.models import load
+from metagen.sampling import SamplingParams
+from metagen.speculative import ModelDrafter, SpeculativeConfig, speculative_generate
+from metagen.speculative.pearl import PearlDrafter
+from metagen.speculative.self_draft import early_exit_model, quantized_model
+
+
+def draft_model(target, args):
+    if args.draft == "quantized":
+        return quantized_model(target, "int4")
+    return early_exit_model(target, args.exit_layer)
+
+
+def run(method: str, target, draft, prompts, args) -> dict:
+    params = SamplingParams(temperature=0, max_tokens=args.tokens)
+    totals = {"tokens": 0, "decode": 0.0, "target": 0, "draft": 0, "ideal": 0.0, "rounds": 0, "accepted": 0,
+              "proposed": 0}
+    for i, prompt in enumerate([prompts[0]] + prompts):  # the first call warms up
+        if method == "plain":
+            result = generate(target, chat(prompt), params)
+            target_forwards, draft_forwards, stats = result.cost.target_steps, 0, None
+        else:
+            if method == "sd":
+                drafter = ModelDrafter(draft, share_prompt_cache=True)
+                verify = "token"
+            else:
+                drafter = PearlDrafter(draft, parallel=method == "pearl parallel", threads=args.threads_each,
+                                       share_prompt_cache=True)
+                verify = "pearl"
+            result = speculative_generate(target, drafter, chat(prompt), params,
+                                          SpeculativeConfig(num_draft_tokens=args.gamma, verify=verify))
+            target_forwards = result.cost.target_steps
+            draft_forwards = result.cost.model_calls - target_forwards
+            stats = getattr(drafter, "stats", None)
+        if i == 0:
+            continue
+        totals["tokens"] += len(result.completions[0].token_ids)
+        totals["decode"] += result.decode_seconds
+        totals["target"] += target_forwards
+        totals["draft"] += draft_forwards
+        totals["accepted"] += result.cost.accepted_tokens
+        totals["proposed"] += result.cost.draft_tokens
+        if stats is not None:
+            totals["ideal"] += stats.ideal_parallel_seconds
+            totals["rounds"] += stats.rounds
+    return totals
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="fp32", choices=("fp32", "bf16", "int8", "int4"))
+    parser.add_argument("--draft", default="quantized", choices=("quantized", "early-exit"))
+    parser.add_argument("--exit-layer", type=int, default=8)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--threads-each", type=int, default=1)
+    parser.add_argument("--methods", default="plain,sd,pearl serial,pearl parallel")
+    args = parser.parse_args()
+    target = load(dtype=args.target)
+    draft = draft_model(target, args)
+    prompts = GROUNDED[: args.prompts] + OPEN[: args.prompts]
+    print(f"target {args.target}, draft {args.draft}, γ = {args.gamma}, {len(prompts)} prompts, "
+          f"{args.tokens} tokens at most, torch threads {torch.get_num_threads()}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print("| method | target fwd/token | draft fwd/token | acceptance | decode s | decode tok/s | ideal parallel s |")
+    print("|---|---|---|---|---|---|---|")
+    for method in args.methods.split(","):
+        t = run(method, target, draft, prompts, args)
+        tokens = max(t["tokens"], 1)
+        acceptance = f"{t['accepted'] / t['proposed']:.2f}" if t["proposed"] else "–"
+        ideal = f"{t['ideal']:.2f}" if method == "pearl serial" else "–"
+        print(f"| {method} | {t['target'] / tokens:.3f} | {t['draft'] / tokens:.3f} | {acceptance} | {t['decode']:.2f} "
+              f"| {tokens / t['decode']:.1f} | {ideal} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
