@@ -71,6 +71,16 @@ def test_sequences_follow_the_target_distribution(gamma, parallel):
     assert result.cost.draft_tokens > 0 and drafter.stats.rounds > 0
 
 
+def test_a_chain_rule_with_the_pearl_drafter_stays_lossless():
+    # block verification draws the last token from q itself: e_1 is kept only when it matches
+    params = SamplingParams(n=3000, max_tokens=4, seed=6)
+    drafter = PearlDrafter(DraftToyModel(), parallel=True)
+    result = speculative_generate(ToyModel(), drafter, PROMPT, params,
+                                  SpeculativeConfig(num_draft_tokens=3, verify="block"))
+    assert_follows((tuple(c.token_ids) for c in result.completions), chain_distribution(params, PROMPT, 4))
+    assert drafter.stats.rounds > drafter.stats.pre_verify_rounds  # some rounds verified drafted tokens
+
+
 def test_penalties_follow_the_target_distribution():
     params = SamplingParams(n=3000, max_tokens=4, seed=9, repetition_penalty=1.6, top_k=4)
     result = speculative_generate(ToyModel(), PearlDrafter(DraftToyModel(), parallel=False), PROMPT, params,

@@ -77,8 +77,9 @@ def pearl_verify(draft: Tensor, p: Tensor, q: Tensor, generator: torch.Generator
 
 @dataclass
 class PearlStats:
-    """Per round (one target forward): the draft thread's and the target's seconds, the round's
-    wall seconds (from one proposal to the next), draft forwards, and whether it pre-verified."""
+    """Per round (one target forward): the draft's and the target's seconds and the round's wall
+    seconds (from one proposal to the next); draft forwards in all, and the pre-verify rounds
+    (no row had draft tokens left to verify)."""
 
     draft_seconds: list[float] = field(default_factory=list)
     target_seconds: list[float] = field(default_factory=list)
@@ -138,8 +139,8 @@ class PearlDrafter(ModelDrafter):
         self._target_start = 0.0
 
     def start(self, prompt_ids: Sequence[int], batch_size: int, target_cache=None) -> None:
+        self.finish([])  # a request that ended without finish() leaves nothing running
         super().start(prompt_ids, batch_size, target_cache)
-        self.finish([])
         self.stats = PearlStats()
         self._ahead = [([], None) for _ in range(batch_size)]
         if self.parallel:
@@ -150,6 +151,7 @@ class PearlDrafter(ModelDrafter):
                                                 initializer=torch.set_num_threads, initargs=(each,))
 
     def finish(self, outputs: Sequence[Sequence[int]]) -> None:
+        self._join()
         self._close_round()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
@@ -159,10 +161,12 @@ class PearlDrafter(ModelDrafter):
             self._caller_threads = None
 
     def select(self, rows: Sequence[int]) -> None:
+        self._join()
         super().select(rows)
         self._ahead = [self._ahead[r] for r in rows]
 
     def propose(self, contexts, lengths, chain, generator) -> Draft:
+        self._join()
         self._close_round()
         self._round_start = time.perf_counter()
         batch = len(contexts)
@@ -188,6 +192,14 @@ class PearlDrafter(ModelDrafter):
 
     def wait(self) -> list[tuple[int, Tensor | None] | None]:
         """Block until this round's drafting ends; each row's e_1 (see `PearlDraft.wait`)."""
+        self._join()
+        drafted = self._drafted
+        return [(tokens[0], None if probs is None else probs[0]) if tokens else None
+                for tokens, probs in zip(drafted.tokens, drafted.probs)]
+
+    def _join(self) -> None:
+        """Collect the round's drafting job, if one runs (every method touching the draft's cache
+        or its tokens joins first, whichever verification the loop runs)."""
         if self._job is not None:
             self.stats.target_seconds.append(time.perf_counter() - self._target_start)
             self._drafted, seconds = self._job.result()
@@ -199,11 +211,9 @@ class PearlDrafter(ModelDrafter):
                                    f"FLOPs, not the {self._planned} counted for it")
             self._committed = list(self._true_lengths)  # D is not committed: the next catch-up checks it
             self._job = None
-        drafted = self._drafted
-        return [(tokens[0], None if probs is None else probs[0]) if tokens else None
-                for tokens, probs in zip(drafted.tokens, drafted.probs)]
 
     def observe(self, fed, logits, committed=None) -> None:
+        self._join()
         if committed is None or self._drafted is None:
             return
         for b, ((nodes, token), fed_row) in enumerate(zip(committed, fed)):
