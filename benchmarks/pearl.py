@@ -4,7 +4,7 @@ Same prompts as `speculative.py` (grounded and open, `--prompts` of each), tempe
 target and one draft (`--draft quantized`: the int4 copy of the target; `early-exit`: its first
 `--exit-layer` layers). Rows, each summed over the prompts after one warm-up call:
 
-- plain: `decoding.generate` on torch's current intra-op threads;
+- plain: `decoding.generate` on torch's current intra-op threads (one 8-token warm-up call first);
 - sd: the loop with the same draft as a `ModelDrafter` (γ = `--gamma`, token rule);
 - pearl serial: the PEARL schedule with the draft run before the target each round
   (`parallel=False`), on the current threads — its per-round draft and target seconds give
@@ -41,10 +41,11 @@ def draft_model(target, args):
 
 
 def run(method: str, target, draft, prompts, args) -> dict:
-    params = SamplingParams(temperature=0, max_tokens=args.tokens)
+    warm_up, measured = SamplingParams(temperature=0, max_tokens=8), SamplingParams(temperature=0, max_tokens=args.tokens)
     totals = {"tokens": 0, "decode": 0.0, "target": 0, "draft": 0, "ideal": 0.0, "rounds": 0, "accepted": 0,
               "proposed": 0}
-    for i, prompt in enumerate([prompts[0]] + prompts):  # the first call warms up
+    for i, prompt in enumerate([prompts[0]] + prompts):  # the first call (8 tokens) warms up
+        params = warm_up if i == 0 else measured
         if method == "plain":
             result = generate(target, chat(prompt), params)
             target_forwards, draft_forwards, stats = result.cost.target_steps, 0, None
@@ -82,13 +83,15 @@ def main() -> None:
     parser.add_argument("--exit-layer", type=int, default=8)
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--kinds", default="grounded,open", help="prompt kinds: grounded, open")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads-each", type=int, default=1)
     parser.add_argument("--methods", default="plain,sd,pearl serial,pearl parallel")
     args = parser.parse_args()
     target = load(dtype=args.target)
     draft = draft_model(target, args)
-    prompts = GROUNDED[: args.prompts] + OPEN[: args.prompts]
+    kinds = args.kinds.split(",")
+    prompts = (GROUNDED[: args.prompts] if "grounded" in kinds else []) + (OPEN[: args.prompts] if "open" in kinds else [])
     print(f"target {args.target}, draft {args.draft}, γ = {args.gamma}, {len(prompts)} prompts, "
           f"{args.tokens} tokens at most, torch threads {torch.get_num_threads()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
