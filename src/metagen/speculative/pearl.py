@@ -103,7 +103,6 @@ class PearlStats:
 class PearlDraft(Draft):
     """A chain draft whose next token e_1 (drafted while the target runs) `wait()` delivers."""
 
-    job: Future | None = None
     owner: PearlDrafter | None = None
 
     def wait(self) -> list[tuple[int, Tensor | None] | None]:
@@ -187,7 +186,7 @@ class PearlDrafter(ModelDrafter):
             self._job.set_result(self._draft(extended, lengths, probe, generator))
         self._target_start = time.perf_counter()
         draft = PearlDraft.chain(ahead, [probs for _, probs in pending], calls, flops)
-        draft.job, draft.owner = self._job, self
+        draft.owner = self
         return draft
 
     def wait(self) -> list[tuple[int, Tensor | None] | None]:
@@ -202,7 +201,8 @@ class PearlDrafter(ModelDrafter):
         or its tokens joins first, whichever verification the loop runs)."""
         if self._job is not None:
             self.stats.target_seconds.append(time.perf_counter() - self._target_start)
-            self._drafted, seconds = self._job.result()
+            job, self._job = self._job, None
+            self._drafted, seconds = job.result()  # re-raises what the worker raised
             self.stats.draft_seconds.append(seconds)
             self.stats.draft_forwards += self._drafted.calls
             if self._drafted.calls != self._planned[0] or not math.isclose(self._drafted.flops, self._planned[1],
@@ -210,7 +210,6 @@ class PearlDrafter(ModelDrafter):
                 raise RuntimeError(f"the {self.name} draft spent {self._drafted.calls} calls, {self._drafted.flops} "
                                    f"FLOPs, not the {self._planned} counted for it")
             self._committed = list(self._true_lengths)  # D is not committed: the next catch-up checks it
-            self._job = None
 
     def observe(self, fed, logits, committed=None) -> None:
         self._join()

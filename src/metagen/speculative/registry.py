@@ -442,14 +442,9 @@ def _pearl(target, argument: str | None, options: DrafterOptions) -> Drafter:
         return PearlDrafter(_early_exit_model(target, options), share_prompt_cache=True)
     if options.exit_layer is not None or options.exit_adapter is not None:
         raise ValueError(f"exit_layer / exit_adapter apply to pearl:early-exit, not pearl:{argument}")
-    if argument == "quantized":
-        from metagen.speculative.self_draft import quantized_model
-
-        return PearlDrafter(quantized_model(target, options.draft_dtype or "int4"), share_prompt_cache=True)
-    from metagen.models import load
-
-    return PearlDrafter(load(argument, options.draft_dtype or "int4", kv_dtype=target.kv_dtype,
-                             activations=target.activations))
+    if argument == "quantized":  # the int4 (draft_dtype) copy, sharing the target's prompt cache
+        return PearlDrafter(_quantized(target, None, options).model, share_prompt_cache=True)
+    return PearlDrafter(_model(target, argument, options).model)
 
 
 def _pearl_rule() -> Verification:
@@ -468,12 +463,9 @@ register_verification(VerificationSpec(
 
 
 def _s2d(target, argument: str | None, options: DrafterOptions) -> Drafter:
-    from metagen.speculative.s2d import DEFAULT_THRESHOLD, SortedDraft
+    from metagen.speculative.s2d import SortedDraft
 
-    deepest = options.exit_layer or max(1, target.config.num_hidden_layers // 3)
-    depths = tuple(sorted({max(1, deepest // 2), deepest}))
-    threshold = DEFAULT_THRESHOLD if options.confidence is None else options.confidence
-    return SortedDraft(target, depths, default_threshold=threshold).drafter(target)
+    return SortedDraft.for_target(target, options.exit_layer, options.confidence).drafter(target)
 
 
 register_drafter(DrafterSpec(

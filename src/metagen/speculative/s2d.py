@@ -182,6 +182,14 @@ class SortedDraft:
         self.default_threshold = default_threshold
         self.submodels = [early_exit_model(base, d) for d in depths]  # shared by every target's drafter
 
+    @classmethod
+    def for_target(cls, target, exit_layer: int | None = None, threshold: float | None = None) -> SortedDraft:
+        """The draft `--speculative s2d` builds for `target`: exits at exit_layer // 2 and
+        exit_layer (default a third of its depth), one threshold (default `DEFAULT_THRESHOLD`)."""
+        deepest = exit_layer or max(1, target.config.num_hidden_layers // 3)
+        depths = sorted({max(1, deepest // 2), deepest})
+        return cls(target, depths, default_threshold=DEFAULT_THRESHOLD if threshold is None else threshold)
+
     def threshold(self, target_depth: int) -> float:
         return self.thresholds.get(target_depth, self.default_threshold)
 
