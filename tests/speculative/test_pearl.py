@@ -120,6 +120,7 @@ def test_schedule_on_a_scripted_pair():
                                [[A]], [[B]], [[C]]]
     stats = drafter.stats
     assert (stats.rounds, stats.pre_verify_rounds, stats.draft_forwards) == (5, 3, 12)
+    assert (stats.next_verified, stats.next_kept) == (3, 3)  # rounds 1, 3, 4; round 2 rejected inside D
     assert result.cost.model_calls == 1 + 5 + 12  # prefill + target rounds + draft forwards
     assert (result.cost.draft_tokens, result.cost.accepted_tokens) == (4, 3)
 

@@ -78,14 +78,17 @@ def pearl_verify(draft: Tensor, p: Tensor, q: Tensor, generator: torch.Generator
 @dataclass
 class PearlStats:
     """Per round (one target forward): the draft's and the target's seconds and the round's wall
-    seconds (from one proposal to the next); draft forwards in all, and the pre-verify rounds
-    (no row had draft tokens left to verify)."""
+    seconds (from one proposal to the next); draft forwards in all, the pre-verify rounds (no row
+    had draft tokens left to verify), and the e_1 verified in place of a bonus token and kept
+    (`Cost.draft_tokens` / `accepted_tokens` count the tokens of D, which the loop feeds)."""
 
     draft_seconds: list[float] = field(default_factory=list)
     target_seconds: list[float] = field(default_factory=list)
     round_seconds: list[float] = field(default_factory=list)
     draft_forwards: int = 0
     pre_verify_rounds: int = 0
+    next_verified: int = 0
+    next_kept: int = 0
 
     @property
     def rounds(self) -> int:
@@ -218,8 +221,10 @@ class PearlDrafter(ModelDrafter):
         for b, ((nodes, token), fed_row) in enumerate(zip(committed, fed)):
             tokens, probs = self._drafted.tokens[b], self._drafted.probs[b]
             kept_all = len(nodes) == len(fed_row) - 1  # every token of D accepted
-            self._ahead[b] = (tokens[1:], None if probs is None else probs[1:]) if (
-                kept_all and tokens and tokens[0] == token) else ([], None)
+            kept_next = kept_all and bool(tokens) and tokens[0] == token
+            self.stats.next_verified += kept_all and bool(tokens)
+            self.stats.next_kept += kept_next
+            self._ahead[b] = (tokens[1:], None if probs is None else probs[1:]) if kept_next else ([], None)
 
     def _draft(self, contexts, lengths, probe, generator) -> tuple[Draft, float]:
         """γ_b tokens after each extended context (the worker thread's job); (draft, seconds)."""
