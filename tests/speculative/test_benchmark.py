@@ -67,7 +67,7 @@ def test_options_reach_only_the_drafters_reading_them():
 
 def test_default_list_leaves_out_pairs_the_rule_refuses_and_says_so():
     runs, notes = plan.plan_runs("int4", None, ["token"])
-    assert {run.drafter for run in runs} == {"ngram", "early-exit"}
+    assert {run.drafter for run in runs} == {"ngram", "early-exit", "s2d"}
     assert any(note.startswith("int4: recycling with verify=token left out") for note in notes)
 
 

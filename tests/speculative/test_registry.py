@@ -36,13 +36,14 @@ EXAMPLES = {"ngram": {}, "early-exit": {"exit_layer": 4}, "quantized": {"draft_d
             "spectr": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 3}, "dyspec": {"exit_layer": 4, "tree_nodes": 4},
             "recycling": {"tree_widths": (2, 1), "tree_nodes": 3}, "rasd": {"tree_nodes": 4},
             "rasd-tree": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 5},
-            "stand": {"tree_widths": (2, 1), "tree_nodes": 3}}
+            "stand": {"tree_widths": (2, 1), "tree_nodes": 3}, "pearl": {"draft_dtype": "int4"},
+            "s2d": {"exit_layer": 4, "confidence": 0.5}}
 
 
 def test_every_drafter_has_an_example_and_reads_only_known_options():
     assert set(EXAMPLES) == set(DRAFTERS)
     assert drafter_names() == ["ngram", "early-exit", "quantized", "model:PATH", "tree", "spectr", "dyspec",
-                               "recycling", "rasd", "rasd-tree", "stand"]
+                               "recycling", "rasd", "rasd-tree", "stand", "pearl:DRAFT", "s2d"]
     for name, spec in DRAFTERS.items():
         assert spec.description and set(EXAMPLES[name]) <= set(spec.reads), name
 
@@ -68,7 +69,14 @@ def test_every_drafter_builds_by_name_and_proposes_a_valid_draft(model_fp32, nam
         logits = target.forward(target.new_cache(1), [ids], logits="all").logits  # (1, T, V)
         # fed t0 = ids[1] and nodes ids[2:-1], all kept, then ids[-1] drawn: position j follows fed[j]
         drafter.observe([ids[1:-1]], logits[:, 1:-1], [(list(range(len(ids) - 3)), ids[-1])])
-    draft = drafter.propose([ids, ids], [3, 2], chain, torch.Generator().manual_seed(0))
+    contexts = [ids, ids]
+    if name == "pearl":  # pre-verify: nothing to verify yet, e_1 drafted meanwhile; once it is kept, D follows
+        assert drafter.propose(contexts, [3, 2], chain, torch.Generator().manual_seed(0)).tokens == [[], []]
+        firsts = [token for token, _ in drafter.wait()]
+        drafter.observe([[ids[-1]], [ids[-1]]], logits, [([], token) for token in firsts])
+        contexts = [ids + [token] for token in firsts]
+    draft = drafter.propose(contexts, [3, 2], chain, torch.Generator().manual_seed(0))
+    drafter.finish([])
     # retrieval trees are chains where every occurrence continues alike (here: the repeats)
     assert isinstance(draft, Draft) and (draft.is_chain != drafter.proposes_trees or name == "rasd")
     check_draft(draft, [3, 2], target.vocab_size, drafter.name, trees=drafter.proposes_trees)
@@ -129,7 +137,7 @@ def test_drafter_options_are_range_checked(options, message):
 
 
 def test_every_rule_builds_a_verification_and_says_whether_it_verifies_trees():
-    assert list(VERIFICATIONS) == ["token", "block", "draw", "multi-draft", "spectr"]
+    assert list(VERIFICATIONS) == ["token", "block", "draw", "multi-draft", "spectr", "pearl"]
     for name, spec in VERIFICATIONS.items():
         assert spec.description
         verification = make_verification(name)
@@ -138,7 +146,7 @@ def test_every_rule_builds_a_verification_and_says_whether_it_verifies_trees():
     assert [name for name, spec in VERIFICATIONS.items() if spec.trees] == ["multi-draft", "spectr"]
     assert [name for name, spec in VERIFICATIONS.items() if spec.iid_siblings] == ["spectr"]
     with pytest.raises(ValueError, match="verify='typical' is not a rule: choose one of token, block, draw, "
-                                         "multi-draft, spectr"):
+                                         "multi-draft, spectr, pearl"):
         check_verification("typical")
 
 
@@ -182,7 +190,7 @@ def test_the_help_lists_the_tables_names():
     actions = {action.dest: action for action in commands.choices["generate"]._actions}
     assert actions["speculative"].help == " | ".join(drafter_names())
     assert list(actions["verify"].choices) == list(VERIFICATIONS)
-    assert actions["exit_layer"].help.startswith("early-exit / tree / spectr / dyspec / rasd-tree:")
+    assert actions["exit_layer"].help.startswith("early-exit / tree / spectr / dyspec / rasd-tree / pearl:DRAFT / s2d:")
     assert actions["tree_nodes"].help.startswith("ngram / early-exit / quantized / model:PATH / tree / spectr / dyspec / "
                                                  "recycling / rasd / rasd-tree / stand:")
     assert actions["draft_corpus"].help.startswith("rasd / rasd-tree:")
@@ -217,7 +225,8 @@ def test_the_tree_drafters_verify_with_a_tree_rule_by_default():
              "rasd": "multi-draft", "rasd-tree": "multi-draft", "stand": "multi-draft"}
     for name, rule in trees.items():
         assert DRAFTERS[name].verify == rule and VERIFICATIONS[rule].trees
-    assert all(spec.verify == "token" for name, spec in DRAFTERS.items() if name not in trees)
+    assert all(spec.verify == "token" for name, spec in DRAFTERS.items() if name not in trees and name != "pearl")
+    assert DRAFTERS["pearl"].verify == "pearl" and options("--speculative", "pearl:early-exit")["config"].verify == "pearl"
     tree = options("--speculative", "tree", "--tree-widths", "3,1", "--tree-nodes", "5")
     assert tree["config"].verify == "multi-draft"
     assert tree["drafter_args"] == {"tree_widths": (3, 1), "tree_nodes": 5}

@@ -17,7 +17,9 @@ confident (DySpec); `RecyclingDrafter` (token recycling: trees from a matrix of 
 recycled top-k successors) and `RasdDrafter` (RASD: tries of continuations retrieved by longest
 suffix match, optionally fused with a model tree) and `StandDrafter` (STAND: trees drawn from
 the target's distributions observed earlier in the same request, shared by its rows), which run
-no model. A `Draft` is a tree per
+no model. `PearlDrafter` + `PearlVerification` run PEARL (the draft drafts in a second thread
+while the target verifies; pre-verify / post-verify rounds); `SortedDraft` / `S2DDrafter` serve
+nested early-exit targets of one model with one draft of shallow exits (S2D). A `Draft` is a tree per
 row (`Draft.chain` for the one-child case the chain drafters propose). `speculative_generate` /
 `speculative_stream` run the loop; `SpeculativeGenerator`
 puts it behind the `Generator` interface. `registry` names the drafters and the rules
@@ -48,11 +50,16 @@ _EXPORTS = {
     "RasdDrafter": "rasd",
     "RecyclingDrafter": "recycling",
     "NgramTreeDrafter": "ngram_tree",
+    "PearlDrafter": "pearl",
+    "PearlVerification": "pearl",
+    "pearl_verify": "pearl",
     "DRAFTERS": "registry",
     "VERIFICATIONS": "registry",
     "DrafterOptions": "registry",
     "make_drafter": "registry",
     "make_verification": "registry",
+    "S2DDrafter": "s2d",
+    "SortedDraft": "s2d",
     "early_exit_model": "self_draft",
     "quantized_model": "self_draft",
     "SpecTrVerification": "spectr",

@@ -454,3 +454,43 @@ register_verification(VerificationSpec(
     "spectr", "tree verification by SpecTr's k-sequential selection over each node's i.i.d. children (Sun et al. "
     "2023; acceptance >= (1 - 1/e) of the optimal k-draft transport), greedy tree verification at temperature 0; "
     "needs children drawn with replacement (the spectr drafter)", _spectr, trees=True, iid_siblings=True))
+
+
+def _pearl(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    from metagen.speculative.pearl import PearlDrafter
+
+    if argument == "early-exit":
+        return PearlDrafter(_early_exit_model(target, options), share_prompt_cache=True)
+    if options.exit_layer is not None or options.exit_adapter is not None:
+        raise ValueError(f"exit_layer / exit_adapter apply to pearl:early-exit, not pearl:{argument}")
+    if argument == "quantized":  # the int4 (draft_dtype) copy, sharing the target's prompt cache
+        return PearlDrafter(_quantized(target, None, options).model, share_prompt_cache=True)
+    return PearlDrafter(_model(target, argument, options).model)
+
+
+def _pearl_rule() -> Verification:
+    from metagen.speculative.pearl import PearlVerification
+
+    return PearlVerification()
+
+
+register_drafter(DrafterSpec(
+    "pearl", "PEARL (Liu et al. 2024): the draft model drafts in a second thread while the target verifies; "
+    "pre-verify / post-verify rounds make the draft length adaptive. DRAFT: early-exit, quantized or a model "
+    "PATH", _pearl, reads=("exit_layer", "exit_adapter", "draft_dtype"), argument="DRAFT", verify="pearl"))
+register_verification(VerificationSpec(
+    "pearl", "token verification whose last token is the draft's next token, verified against the target after "
+    "the draft (PEARL: no bonus draw); greedy verification at temperature 0", _pearl_rule))
+
+
+def _s2d(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    from metagen.speculative.s2d import SortedDraft
+
+    return SortedDraft.for_target(target, options.exit_layer, options.confidence).drafter(target)
+
+
+register_drafter(DrafterSpec(
+    "s2d", "S2D (Kavehzadeh et al. 2024): one draft for nested targets — the target's model's early exits at "
+    "exit_layer / 2 and exit_layer (default a third of its depth); per token the shallowest exit whose top "
+    "probability reaches the target's threshold (confidence, default 0.5), the draft ending below it", _s2d,
+    reads=("exit_layer", "confidence")))

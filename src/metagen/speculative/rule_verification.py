@@ -45,10 +45,9 @@ class RuleVerification(Verification):
 
     def verify(self, batch: RowBatch, logits: torch.Tensor, draft: Draft) -> Generator[StreamEvent, None, Outcomes]:
         draft.require_chain(f"{self.name} verification")
-        chain, params, vocab = batch.chain, batch.params, batch.model.vocab_size
+        chain = batch.chain
         processed, followed, verdicts = _process_positions(chain, logits, draft.tokens)
-        outcomes = [_verify(params, self.rule, proposed, draft.probs[b], processed[b, : len(proposed) + 1],
-                            vocab, chain, batch.generator) for b, proposed in enumerate(draft.tokens)]
+        outcomes = self.outcomes(batch, processed, draft)
         # The chain followed each draft as far as `followed[b]`: keep tau tokens of it, add x.
         chain.rollback(torch.tensor([f - tau for f, (tau, _) in zip(followed, outcomes)], dtype=torch.long))
         chain.accept(torch.tensor([token for _, token in outcomes], dtype=torch.long))
@@ -56,6 +55,13 @@ class RuleVerification(Verification):
             row_verdicts = verdicts[b][:tau] + [chain.stop_verdict(b)] if chain.judges_stop else None
             yield from emit_row(batch, b, proposed[:tau] + [token], logits[b], processed[b], row_verdicts)
         return outcomes
+
+    def outcomes(self, batch: RowBatch, processed: torch.Tensor, draft: Draft) -> list[tuple[int, int]]:
+        """`(tau, x)` per row from the processed target logits `processed (B, 1 + longest draft, V)`
+        (a subclass may draw x otherwise: `pearl.PearlVerification`)."""
+        params, vocab, chain = batch.params, batch.model.vocab_size, batch.chain
+        return [_verify(params, self.rule, proposed, draft.probs[b], processed[b, : len(proposed) + 1], vocab, chain,
+                        batch.generator) for b, proposed in enumerate(draft.tokens)]
 
 
 def emit_row(batch: RowBatch, b: int, tokens: list[int], logits: torch.Tensor, processed: torch.Tensor,
