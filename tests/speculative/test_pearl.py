@@ -97,6 +97,25 @@ def test_greedy_equals_plain_greedy(prompt):
     assert (spec.token_ids, spec.text, spec.finish_reason) == (plain.token_ids, plain.text, plain.finish_reason)
 
 
+def test_an_abandoned_stream_ends_the_drafters_request():
+    """A consumer that stops reading mid-way (or a step that raises) still ends the drafter's
+    request: PEARL's worker thread is shut down and torch's thread count is the caller's again."""
+    from metagen.speculative import speculative_stream
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        drafter = PearlDrafter(DraftToyModel(), parallel=True, threads=1)
+        stream = speculative_stream(ToyModel(), drafter, PROMPT, SamplingParams(max_tokens=9, seed=1),
+                                    SpeculativeConfig(num_draft_tokens=3, verify="pearl"))
+        next(stream)
+        assert torch.get_num_threads() == 1 and drafter._executor is not None  # drafting in its thread
+        stream.close()
+        assert torch.get_num_threads() == 2 and drafter._executor is None
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_schedule_on_a_scripted_pair():
     # target: a b c a b c ...; the draft agrees except at position 4 (c instead of a)
     target_script = {i: (A, B, C)[(i - 1) % 3] for i in range(1, 20)}

@@ -71,34 +71,40 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
     cache, out = batch.prefill(prompt_cache)
     cost = result.cost = batch.prefill_cost()
     drafter.start(batch.prompt_ids, n, target_cache=cache)
-    batch.followers.append(drafter)
-    cost.flops += drafter.prefill_flops
-    result.prefill_seconds = time.perf_counter() - started
-    decode_start = time.perf_counter()
-    contexts = yield from first_tokens(batch, drafter, out.logits)  # per completion: prompt + committed tokens
-    gammas = [schedule.num_draft_tokens if schedule is not None else max_new] * n  # per completion
+    finished = False
+    try:
+        batch.followers.append(drafter)
+        cost.flops += drafter.prefill_flops
+        result.prefill_seconds = time.perf_counter() - started
+        decode_start = time.perf_counter()
+        contexts = yield from first_tokens(batch, drafter, out.logits)  # per completion: prompt + committed tokens
+        gammas = [schedule.num_draft_tokens if schedule is not None else max_new] * n  # per completion
 
-    while True:
-        keep = batch.live()
-        if not keep:
-            break
-        batch.keep(keep)
-        draft, feed = propose_drafts(batch, drafter, verification, contexts, gammas)
-        cost.model_calls += draft.calls
-        cost.flops += draft.flops
-        before = cache.lengths
-        cost += forward_cost(model, before, [len(tokens) for tokens in feed])
-        logits = score_drafts(model, cache, feed, tree_masks([draft]))  # (B, 1 + most nodes, V)
-        counts = yield from verify_drafts(batch, drafter, verification, draft, feed, logits, cache,
-                                          range(len(feed)), before, contexts, gammas, schedule)
-        for proposed, tau in counts:
-            if drafter.forced:
-                result.forced_tokens += tau
-            else:
-                cost.draft_tokens += proposed
-                cost.accepted_tokens += tau
+        while True:
+            keep = batch.live()
+            if not keep:
+                break
+            batch.keep(keep)
+            draft, feed = propose_drafts(batch, drafter, verification, contexts, gammas)
+            cost.model_calls += draft.calls
+            cost.flops += draft.flops
+            before = cache.lengths
+            cost += forward_cost(model, before, [len(tokens) for tokens in feed])
+            logits = score_drafts(model, cache, feed, tree_masks([draft]))  # (B, 1 + most nodes, V)
+            counts = yield from verify_drafts(batch, drafter, verification, draft, feed, logits, cache,
+                                              range(len(feed)), before, contexts, gammas, schedule)
+            for proposed, tau in counts:
+                if drafter.forced:
+                    result.forced_tokens += tau
+                else:
+                    cost.draft_tokens += proposed
+                    cost.accepted_tokens += tau
 
-    drafter.finish([row.completion.token_ids for row in rows])
+        drafter.finish([row.completion.token_ids for row in rows])
+        finished = True
+    finally:  # a stream abandoned or failed mid-way: the drafter still ends its request (threads, pools)
+        if not finished:
+            drafter.finish([])
     result.decode_seconds = time.perf_counter() - decode_start
     batch.finish_cost(result, started)
 
