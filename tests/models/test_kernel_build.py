@@ -164,3 +164,21 @@ def test_build_directory_is_keyed_by_what_goes_into_the_build(monkeypatch):
             patch.setattr(owner, name, value)
             directories.add(kernels.build_directory(kernels.build_inputs()))
     assert len(directories) == len(changes) and base not in directories
+
+
+@pytest.mark.parametrize("library", ["fused", "matmul"])
+def test_every_kernel_call_releases_the_gil(library):
+    """Kernel calls touch no Python object, so each releases the GIL (serve's HTTP thread, PEARL's
+    drafting thread and eval's workers run meanwhile): observed from inside a call (`gil_held`),
+    and every function of the module is defined with the same release guard."""
+    import re
+
+    loaded = kernels.fused_kernels() if library == "fused" else kernels.matmul_kernels()
+    if loaded is None:
+        pytest.skip("the kernels could not be built here")
+    assert loaded.gil_held() is False
+    source = (Path(metagen.__file__).parent / "models" / "kernels" / f"{library}.cpp").read_text()
+    module = source[source.index("PYBIND11_MODULE"):]
+    definitions = re.findall(r"m\.def\((.*?)\);", module, flags=re.S)
+    assert len(definitions) >= 5
+    assert [d.split(",")[0] for d in definitions if not d.rstrip().endswith("release")] == []

@@ -857,27 +857,35 @@ torch::Tensor combine_attention_parts(torch::Tensor out_a, torch::Tensor lse_a, 
 
 }  // namespace
 
+// The kernels touch no Python object: each call lets other Python threads run meanwhile (the
+// serve engine's HTTP thread, PEARL's drafting thread, metagen eval's workers). Arguments are
+// converted before the GIL is released and the result after it is taken back.
+bool gil_held() { return PyGILState_Check() != 0; }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  const auto release = py::call_guard<py::gil_scoped_release>();
+  m.def("gil_held", &gil_held, "whether a kernel call holds the GIL (it does not: every call releases it)",
+        release);
   // Every `out` / `lse`: the caller's buffer to write the result into (None: a fresh tensor).
   m.def("add_rms_norm", &add_rms_norm, "residual += delta; rmsnorm(residual) * weight", py::arg("residual"),
-        py::arg("delta"), py::arg("weight"), py::arg("eps"), py::arg("bf16_out"), py::arg("out") = py::none());
+        py::arg("delta"), py::arg("weight"), py::arg("eps"), py::arg("bf16_out"), py::arg("out") = py::none(), release);
   m.def("rope_store", &rope_store, "interleaved RoPE on q, k; store k, v into cache slots",
         py::arg("qkv"), py::arg("cos"), py::arg("sin"), py::arg("positions"), py::arg("slots"), py::arg("pool"),
-        py::arg("heads"), py::arg("kv_heads"), py::arg("scales") = py::none(), py::arg("out") = py::none());
+        py::arg("heads"), py::arg("kv_heads"), py::arg("scales") = py::none(), py::arg("out") = py::none(), release);
   m.def("paged_decode_attention", &paged_decode_attention, "one-token attention over paged K/V",
         py::arg("q"), py::arg("pool"), py::arg("table"), py::arg("lengths"), py::arg("scale"), py::arg("bf16_out"),
-        py::arg("starts") = py::none(), py::arg("scales") = py::none(), py::arg("out") = py::none());
+        py::arg("starts") = py::none(), py::arg("scales") = py::none(), py::arg("out") = py::none(), release);
   m.def("paged_attention_part", &paged_attention_part, "attention to table[n, starts[n]:lengths[n]]: (out, lse)",
         py::arg("q"), py::arg("pool"), py::arg("table"), py::arg("lengths"), py::arg("starts"), py::arg("scale"),
-        py::arg("scales") = py::none(), py::arg("out") = py::none(), py::arg("lse") = py::none());
+        py::arg("scales") = py::none(), py::arg("out") = py::none(), py::arg("lse") = py::none(), release);
   m.def("shared_prefix_attention", &shared_prefix_attention,
         "attention of groups of queries to their group's shared prefix, read once per group: (out, lse)",
         py::arg("q"), py::arg("pool"), py::arg("prefix_slots"), py::arg("prefix_offsets"), py::arg("query_index"),
         py::arg("query_offsets"), py::arg("scale"), py::arg("scales") = py::none(), py::arg("out") = py::none(),
-        py::arg("lse") = py::none());
+        py::arg("lse") = py::none(), release);
   m.def("combine_attention_parts", &combine_attention_parts, "attention over two key sets from each one's (out, lse)",
         py::arg("out_a"), py::arg("lse_a"), py::arg("out_b"), py::arg("lse_b"), py::arg("bf16_out"),
-        py::arg("out") = py::none());
-  m.def("top_p_cutoff", &top_p_cutoff, "smallest probability kept by top-p, per row (quickselect)");
-  m.def("apply_token_bitmask", &apply_token_bitmask, "logits where the token's bit is 1, -inf elsewhere");
+        py::arg("out") = py::none(), release);
+  m.def("top_p_cutoff", &top_p_cutoff, "smallest probability kept by top-p, per row (quickselect)", release);
+  m.def("apply_token_bitmask", &apply_token_bitmask, "logits where the token's bit is 1, -inf elsewhere", release);
 }

@@ -943,18 +943,26 @@ std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool wide) {
 
 }  // namespace
 
+// The kernels touch no Python object: each call lets other Python threads run meanwhile (the
+// serve engine's HTTP thread, PEARL's drafting thread, metagen eval's workers). Arguments are
+// converted before the GIL is released and the result after it is taken back.
+bool gil_held() { return PyGILState_Check() != 0; }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("best_isa", &best_isa, "2: AVX-512 VNNI, 1: AVX2 + FMA, 0: neither (the kernels cannot run)");
+  const auto release = py::call_guard<py::gil_scoped_release>();
+  m.def("gil_held", &gil_held, "whether a kernel call holds the GIL (it does not: every call releases it)",
+        release);
+  m.def("best_isa", &best_isa, "2: AVX-512 VNNI, 1: AVX2 + FMA, 0: neither (the kernels cannot run)", release);
   m.def("int4_matmul", &int4_matmul, "x · int4 weightᵀ (+ bias), in x's dtype (into out when given)", py::arg("x"),
         py::arg("weight"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("isa"), py::arg("wide"),
-        py::arg("out") = py::none());
+        py::arg("out") = py::none(), release);
   m.def("int8_matmul", &int8_matmul, "x · int8 weightᵀ (+ bias), in x's dtype (into out when given)", py::arg("x"),
         py::arg("weight"), py::arg("column_scale"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("isa"),
-        py::arg("wide"), py::arg("out") = py::none());
+        py::arg("wide"), py::arg("out") = py::none(), release);
   m.def("grouped_matmul", &grouped_matmul,
         "x · grouped (4-, 5-, 6- or 8-bit) weightᵀ (+ bias), in x's dtype (into out when given)", py::arg("x"),
         py::arg("weight"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("isa"), py::arg("wide"),
         py::arg("bits"), py::arg("group"), py::arg("zero"), py::arg("half"), py::arg("factored"), py::arg("offset"),
-        py::arg("out") = py::none());
-  m.def("quantize_activations", &quantize_activations, "per-row, per-32 codes, their int8 digits and scales of x");
+        py::arg("out") = py::none(), release);
+  m.def("quantize_activations", &quantize_activations, "per-row, per-32 codes, their int8 digits and scales of x", release);
 }
