@@ -7,6 +7,7 @@ each row's last, t0):
     logits     = model.forward(cache, [[t0] + d per row], logits="all")   # (B, 1 + longest draft, V)
     tau, x     = verification.verify(batch, logits, draft)              # pushes d_1..d_tau, x into the rows
     drafter.observe(feed, logits, kept)                                  # every position, and the kept paths
+    drafter.observe_hidden(hidden, kept)                                 # only a drafter that `reads_hidden`
     cache.truncate(row, old + 1 + tau)                                   # the untaken draft tokens leave
 
 A tree draft (`Draft.parents`, a verification with `trees`: `speculative.tree_verify`) is fed
@@ -93,10 +94,11 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
         cost += forward_cost(model, before, [len(tokens) for tokens in feed])
         if draft.is_chain:
             tree = None
-            logits = model.forward(cache, feed, logits="all").logits  # (B, 1 + longest draft, V)
+            out = model.forward(cache, feed, logits="all", hidden=drafter.reads_hidden)  # logits (B, 1 + γ, V)
         else:  # t0 is the root: node i is fed at 1 + i, its parent at 1 + parents[i]
             tree = [[-1] + [parent + 1 for parent in parents] for parents in draft.parents]
-            logits = model.forward(cache, feed, logits="all", tree=tree).logits  # (B, 1 + most nodes, V)
+            out = model.forward(cache, feed, logits="all", hidden=drafter.reads_hidden, tree=tree)  # (B, 1 + nodes, V)
+        logits = out.logits
         outcomes = yield from verification.verify(batch, logits, draft)
         kept: list[tuple[list[int], int]] = []  # per row: the kept path's nodes, the token after it
         for b, (index, proposed, outcome) in enumerate(zip(active, draft.tokens, outcomes)):
@@ -117,6 +119,8 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
             contexts[index] += [proposed[i] for i in nodes] + [token]
             kept.append((list(nodes), token))
         drafter.observe(feed, logits, kept)
+        if drafter.reads_hidden:
+            drafter.observe_hidden(out.hidden, kept)  # (B, 1 + most nodes, H)
 
     drafter.finish([row.completion.token_ids for row in rows])
     result.decode_seconds = time.perf_counter() - decode_start

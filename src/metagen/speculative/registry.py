@@ -60,6 +60,9 @@ class DrafterOptions:
     tree_nodes: tree drafts: nodes per row and step (>= 1; default 16, stand's 12). Either tree
         option makes a drafter reading it draft token trees (`tree`).
     draft_corpus: retrieval drafts: a UTF-8 text file, tokenized once with the target's tokenizer.
+    stop_head: model chain drafts: a trained SpecDec++ stop head file (`stop_head.StopHead`); a
+        row's draft stops once the predicted probability that a token so far is rejected passes
+        `stop_threshold` (in (0, 1), default 0.5; only with a stop head).
     """
 
     exit_layer: int | None = None
@@ -69,8 +72,15 @@ class DrafterOptions:
     tree_widths: tuple[int, ...] | None = None
     tree_nodes: int | None = None
     draft_corpus: str | None = None
+    stop_head: str | None = None
+    stop_threshold: float | None = None
 
     def __post_init__(self) -> None:
+        if self.stop_head is not None and (not isinstance(self.stop_head, str) or not self.stop_head):
+            raise ValueError(f"stop_head={self.stop_head!r} must be a non-empty path string")
+        if self.stop_threshold is not None and (self.stop_head is None or not 0.0 < self.stop_threshold < 1.0):
+            raise ValueError(f"stop_threshold={self.stop_threshold!r} must be in (0, 1) and given with stop_head "
+                             "(the probability that a draft token is rejected, past which drafting stops)")
         if self.exit_layer is not None and (isinstance(self.exit_layer, bool) or not isinstance(self.exit_layer, int)
                                             or self.exit_layer < 1):
             raise ValueError(f"exit_layer={self.exit_layer!r} must be an int >= 1")
@@ -194,21 +204,27 @@ def check_speculative(name: str, options: DrafterOptions | None = None, verify: 
         raise ValueError(f"the {name} drafter{' with ' + given if given else ''} proposes token trees, which "
                          f"verify={verify!r} cannot verify (it verifies chains): use a tree rule ({tree_rules})"
                          + (", or drop the tree options" if given and spec.name != "tree" else ""))
-    if options.tree and options.confidence is not None:
-        raise ValueError(f"confidence={options.confidence!r} does not apply to tree drafts: it ends a chain early, "
-                         "while a tree's shape is fixed by tree_widths / tree_nodes (give one or the other)")
+    for stopping in ("confidence", "stop_head"):
+        if options.tree and getattr(options, stopping) is not None:
+            raise ValueError(f"{stopping}={getattr(options, stopping)!r} does not apply to tree drafts: it ends a "
+                             "chain early, while a tree's shape is fixed by tree_widths / tree_nodes (give one or "
+                             "the other)")
+    if options.confidence is not None and options.stop_head is not None:
+        raise ValueError(f"confidence={options.confidence!r} and stop_head={options.stop_head!r} are two rules "
+                         "for ending a draft: give one")
     return spec, verify
 
 
 def make_drafter(name: str, target, *, exit_layer: int | None = None, exit_adapter: str | None = None,
                  draft_dtype: str | None = None, confidence: float | None = None,
                  tree_widths: tuple[int, ...] | None = None, tree_nodes: int | None = None,
-                 draft_corpus: str | None = None) -> Drafter:
+                 draft_corpus: str | None = None, stop_head: str | None = None,
+                 stop_threshold: float | None = None) -> Drafter:
     """The drafter registered as `name` (see `DRAFTERS`), drafting for `target`, with the options
-    its entry reads (others given are refused, `check_drafter`, as is `confidence` with tree
-    options, `check_speculative`)."""
+    its entry reads (others given are refused, `check_drafter`, as are `confidence` or
+    `stop_head` with tree options, `check_speculative`)."""
     options = DrafterOptions(exit_layer, exit_adapter, draft_dtype, confidence, tree_widths, tree_nodes,
-                             draft_corpus=draft_corpus)
+                             draft_corpus, stop_head, stop_threshold)
     check_speculative(name, options)
     spec, argument = check_drafter(name, options)
     return spec.factory(target, argument, options)
@@ -233,6 +249,7 @@ def default_exit_layer(target) -> int:
 
 
 _TREE_OPTIONS = ("tree_widths", "tree_nodes")
+_STOP_OPTIONS = ("confidence", "stop_head", "stop_threshold")  # a model chain's draft length
 
 
 def _ngram(target, argument: str | None, options: DrafterOptions) -> Drafter:
@@ -248,9 +265,9 @@ def _ngram(target, argument: str | None, options: DrafterOptions) -> Drafter:
 
 
 def _drafting(draft, options: DrafterOptions, name: str, share_prompt_cache: bool = False, *,
-              tree: bool = False) -> Drafter:
-    """The model `draft` drafting chains (`ModelDrafter`), or static trees (`TreeDrafter`) when
-    tree options are given or `tree`."""
+              tree: bool = False, target=None) -> Drafter:
+    """The model `draft` drafting chains (`ModelDrafter`; with a stop head checked against
+    `target` and `draft`), or static trees (`TreeDrafter`) when tree options are given or `tree`."""
     if tree or options.tree:
         from metagen.speculative.tree_drafter import DEFAULT_MAX_NODES, DEFAULT_WIDTHS, TreeDrafter
 
@@ -259,7 +276,13 @@ def _drafting(draft, options: DrafterOptions, name: str, share_prompt_cache: boo
                            share_prompt_cache=share_prompt_cache)
     from metagen.speculative.drafters import ModelDrafter
 
-    return ModelDrafter(draft, confidence=options.confidence, name=name, share_prompt_cache=share_prompt_cache)
+    stop_head = None
+    if options.stop_head is not None:
+        from metagen.speculative.stop_head import StopHead
+
+        stop_head = StopHead.load(options.stop_head, target, draft)
+    return ModelDrafter(draft, confidence=options.confidence, name=name, share_prompt_cache=share_prompt_cache,
+                        stop_head=stop_head, stop_threshold=options.stop_threshold or 0.5)
 
 
 def _early_exit_model(target, options: DrafterOptions):
@@ -277,7 +300,8 @@ def _early_exit_model(target, options: DrafterOptions):
 
 
 def _early_exit(target, argument: str | None, options: DrafterOptions) -> Drafter:
-    return _drafting(_early_exit_model(target, options), options, "early-exit", share_prompt_cache=True)
+    return _drafting(_early_exit_model(target, options), options, "early-exit", share_prompt_cache=True,
+                     target=target)
 
 
 def _quantized(target, argument: str | None, options: DrafterOptions) -> Drafter:
@@ -285,14 +309,14 @@ def _quantized(target, argument: str | None, options: DrafterOptions) -> Drafter
 
     # the target's prompt keys / values serve the copy too (same layout)
     return _drafting(quantized_model(target, options.draft_dtype or "int4"), options, "quantized",
-                     share_prompt_cache=True)
+                     share_prompt_cache=True, target=target)
 
 
 def _model(target, argument: str | None, options: DrafterOptions) -> Drafter:
     from metagen.models import load
 
     draft = load(argument, options.draft_dtype or "int4", kv_dtype=target.kv_dtype, activations=target.activations)
-    return _drafting(draft, options, "model")
+    return _drafting(draft, options, "model", target=target)
 
 
 def _tree(target, argument: str | None, options: DrafterOptions) -> Drafter:
@@ -340,6 +364,14 @@ def _stand(target, argument: str | None, options: DrafterOptions) -> Drafter:
                         max_nodes=options.tree_nodes or DEFAULT_STAND_NODES)
 
 
+def _medusa(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    from metagen.speculative.medusa import DEFAULT_MAX_NODES, DEFAULT_WIDTHS, MedusaDrafter, MedusaHeads
+
+    heads = MedusaHeads.load(argument, target)
+    return MedusaDrafter(target, heads, widths=options.tree_widths or DEFAULT_WIDTHS[: heads.num_heads],
+                         max_nodes=options.tree_nodes or DEFAULT_MAX_NODES)
+
+
 def _token() -> Verification:
     from metagen.speculative.rule_verification import RuleVerification
     from metagen.speculative.token_verify import token_verify
@@ -377,14 +409,14 @@ register_drafter(DrafterSpec(
     "(with tree options: the lookups' distinct continuations as siblings)", _ngram, reads=_TREE_OPTIONS))
 register_drafter(DrafterSpec(
     "early-exit", "the target's first layers + its final norm and LM head (Kangaroo-style), sharing its weights; "
-    "optionally a trained exit adapter", _early_exit, reads=("exit_layer", "exit_adapter", "confidence",
+    "optionally a trained exit adapter", _early_exit, reads=("exit_layer", "exit_adapter", *_STOP_OPTIONS,
                                                               *_TREE_OPTIONS)))
 register_drafter(DrafterSpec(
     "quantized", "a lower-precision copy of the target's checkpoint (refused unless it reads fewer weight bytes)",
-    _quantized, reads=("draft_dtype", "confidence", *_TREE_OPTIONS)))
+    _quantized, reads=("draft_dtype", *_STOP_OPTIONS, *_TREE_OPTIONS)))
 register_drafter(DrafterSpec(
     "model", "any model file sharing the target's tokenizer (a smaller model, a compressed copy)", _model,
-    reads=("draft_dtype", "confidence", *_TREE_OPTIONS), argument="PATH"))
+    reads=("draft_dtype", *_STOP_OPTIONS, *_TREE_OPTIONS), argument="PATH"))
 
 register_verification(VerificationSpec(
     "token", "token verification (Leviathan et al. 2023): accept d with prob min(1, q/p), stop at the first "
@@ -433,3 +465,7 @@ register_verification(VerificationSpec(
     "spectr", "tree verification by SpecTr's k-sequential selection over each node's i.i.d. children (Sun et al. "
     "2023; acceptance >= (1 - 1/e) of the optimal k-draft transport), greedy tree verification at temperature 0; "
     "needs children drawn with replacement (the spectr drafter)", _spectr, trees=True, iid_siblings=True))
+register_drafter(DrafterSpec(
+    "medusa", "Medusa-style draft heads (Cai et al. 2024) on the target's last hidden state, trained on its own text "
+    "(metagen train-medusa): their top-k candidates as a token tree (widths 4, 3, 2, at most 16 nodes), no draft "
+    "model; verified by the multi-draft rule", _medusa, reads=_TREE_OPTIONS, argument="PATH", verify="multi-draft"))
