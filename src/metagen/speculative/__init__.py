@@ -17,7 +17,9 @@ confident (DySpec); `RecyclingDrafter` (token recycling: trees from a matrix of 
 recycled top-k successors) and `RasdDrafter` (RASD: tries of continuations retrieved by longest
 suffix match, optionally fused with a model tree) and `StandDrafter` (STAND: trees drawn from
 the target's distributions observed earlier in the same request, shared by its rows), which run
-no model. A `Draft` is a tree per
+no model; `MedusaDrafter` (token trees from `MedusaHeads` on the target's own hidden state,
+`train_medusa_heads`). A `StopHead` (SpecDec++, `train_stop_head`) ends a `ModelDrafter`'s
+chain once a rejection is likely. A `Draft` is a tree per
 row (`Draft.chain` for the one-child case the chain drafters propose). `speculative_generate` /
 `speculative_stream` run the loop; `SpeculativeGenerator`
 puts it behind the `Generator` interface. `registry` names the drafters and the rules
@@ -43,6 +45,9 @@ _EXPORTS = {
     "SpeculativeConfig": "loop",
     "speculative_generate": "loop",
     "speculative_stream": "loop",
+    "MedusaDrafter": "medusa",
+    "MedusaHeads": "medusa",
+    "train_medusa_heads": "medusa_training",
     "multi_draft_verify": "multi_draft",
     "NgramDrafter": "ngram",
     "RasdDrafter": "rasd",
@@ -59,6 +64,8 @@ _EXPORTS = {
     "k_sequential": "spectr",
     "spectr_plan": "spectr",
     "StandDrafter": "stand",
+    "StopHead": "stop_head",
+    "train_stop_head": "stop_training",
     "token_verify": "token_verify",
     "TreeDrafter": "tree_drafter",
     "TreeVerification": "tree_verify",

@@ -62,14 +62,16 @@ def _agreement(target, maps: Tensor, inputs: Tensor, labels: Tensor) -> float:
 
 @torch.no_grad()
 def train_medusa_heads(target, sequences: Sequence[Sequence[int]], *, num_heads: int = 3, ridge: float = 1.0,
-                       held_out: float = 0.1, seed: int = 0) -> tuple[MedusaHeads, MedusaReport]:
+                       held_out: float = 0.1, seed: int = 0, identity: dict | None = None
+                       ) -> tuple[MedusaHeads, MedusaReport]:
     """`MedusaHeads` for `target` fit on `sequences` (token ids; texts are tokenized as they
-    are), a `held_out` share of whole sequences (at least one) kept for the report."""
+    are), a `held_out` share of whole sequences (at least one) kept for the report. `identity`:
+    what the heads are tied to (default the target's `adapter.model_identity`; needs "hidden_size")."""
     if not 0.0 <= held_out < 1.0:
         raise ValueError(f"held_out={held_out!r} is out of range: must be in [0, 1)")
     if not ridge > 0:
         raise ValueError(f"ridge={ridge!r} is out of range: must be > 0")
-    heads = MedusaHeads(num_heads, model_identity(target))
+    heads = MedusaHeads(num_heads, model_identity(target) if identity is None else identity)
     sequences = [target.tokenizer.encode(item) if isinstance(item, str) else [int(t) for t in item]
                  for item in sequences]
     sequences = [s[: target.max_context] for s in sequences if len(s) > num_heads + 1]
