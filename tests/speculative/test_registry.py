@@ -195,7 +195,8 @@ def test_the_help_lists_the_tables_names():
     assert list(actions["verify"].choices) == list(VERIFICATIONS)
     assert actions["exit_layer"].help.startswith("early-exit / tree / spectr / dyspec / rasd-tree:")
     assert actions["tree_nodes"].help.startswith("ngram / early-exit / quantized / model:PATH / tree / spectr / dyspec / "
-                                                 "recycling / rasd / rasd-tree / stand:")
+                                                 "recycling / rasd / rasd-tree / stand / medusa:PATH:")
+    assert actions["draft_stop_head"].help.startswith("early-exit / quantized / model:PATH:")
     assert actions["draft_corpus"].help.startswith("rasd / rasd-tree:")
     assert actions["draft_dtype"].help.startswith("quantized / model:PATH")
 

@@ -64,7 +64,7 @@ def add_speculative_options(parser: argparse.ArgumentParser) -> None:
                            "probability that a draft token so far is rejected exceeds this (in (0, 1), default 0.5)")
     spec.add_argument("--tree-widths", type=_widths, default=None, metavar="K1,K2,...",
                       help=f"{_readers('tree_widths')}: draft token trees, children per node at each depth "
-                           "(default 2,2,1; recycling 4,2,1,1,1,1; stand 3,2,1,1)")
+                           "(default 2,2,1; recycling 4,2,1,1,1,1; stand 3,2,1,1; medusa 4,3,2)")
     spec.add_argument("--tree-nodes", type=int, default=None,
                       help=f"{_readers('tree_nodes')}: draft token trees, nodes per step (default 16; recycling 32, "
                            "rasd 24, stand 12)")
