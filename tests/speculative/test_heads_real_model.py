@@ -47,19 +47,18 @@ def stop_file(model_fp32, tmp_path_factory):
     return str(path)
 
 
-@pytest.mark.parametrize("prompt", ["grounded", "open"])
-def test_medusa_greedy_equals_plain_greedy(model_fp32, medusa_file, prompt):
+def test_medusa_greedy_equals_plain_greedy(model_fp32, medusa_file):
     drafter = make_drafter(f"medusa:{medusa_file}", model_fp32)
-    spec = assert_same_greedy(model_fp32, drafter, PROMPTS[prompt], SpeculativeConfig(num_draft_tokens=3,
-                                                                                        verify="multi-draft"))
+    spec = assert_same_greedy(model_fp32, drafter, PROMPTS["grounded"],
+                              SpeculativeConfig(num_draft_tokens=3, verify="multi-draft"), max_tokens=32)
     assert spec.cost.draft_tokens > 0
 
 
-@pytest.mark.parametrize("prompt", ["grounded", "open"])
-def test_stop_head_greedy_equals_plain_greedy(model_fp32, stop_file, prompt):
+def test_stop_head_greedy_equals_plain_greedy(model_fp32, stop_file):
     drafter = make_drafter("early-exit", model_fp32, exit_layer=EXIT_LAYER, stop_head=stop_file, stop_threshold=0.7)
     assert drafter.stop_head is not None and drafter.stop_threshold == 0.7
-    spec = assert_same_greedy(model_fp32, drafter, PROMPTS[prompt], SpeculativeConfig(num_draft_tokens=8))
+    spec = assert_same_greedy(model_fp32, drafter, PROMPTS["grounded"], SpeculativeConfig(num_draft_tokens=8),
+                              max_tokens=32)
     assert spec.cost.draft_tokens > 0
 
 
@@ -83,9 +82,9 @@ def test_generator_by_name_verifies_medusa_with_the_tree_rule(model_fp32, medusa
 
 def test_cli_trains_heads_that_generate_reads(tmp_path, capsys):
     medusa, stop = tmp_path / "medusa.safetensors", tmp_path / "stop.safetensors"
-    assert main(["train-medusa", "--heads", "2", "--out", str(medusa), "--tokens-per-prompt", "4"]) == 0
+    assert main(["train-medusa", "--heads", "2", "--out", str(medusa), "--tokens-per-prompt", "3"]) == 0
     assert "head 2:" in capsys.readouterr().out
-    assert main(["train-stop-head", "--exit-layer", "12", "--out", str(stop), "--tokens-per-prompt", "4",
+    assert main(["train-stop-head", "--exit-layer", "12", "--out", str(stop), "--tokens-per-prompt", "3",
                  "--steps", "5"]) == 0
     assert "stop head for" in capsys.readouterr().out
     for argv in (["--speculative", f"medusa:{medusa}"],
