@@ -9,8 +9,8 @@ at temperature 0 (greedy) and 1 (plain sampling, seeded). Two prompt kinds:
 
 metagen configurations, each against plain decoding of the same target: the drafters of
 metagen's registry (`--drafters NAME[,NAME...]`; default every registered drafter that runs on
-the target without extra inputs: `model:PATH` with `--draft-model PATH`, `quantized` on a
-target above its draft's precision, `rasd` reading `--draft-corpus` when given), each under the
+the target without extra inputs: `model:PATH` with `--draft-model PATH`, `medusa:PATH` with
+`--medusa-heads PATH`, `quantized` on a target above its draft's precision, `rasd` reading `--draft-corpus` when given), each under the
 rule it verifies with (`--verify RULE[,RULE...]` for others) and with `--tree-widths` /
 `--tree-nodes` (any drafter reading them then drafts token trees); targets `--targets
 int4,bf16,fp32`, each with the activation codes of `--activations int16,int8`; with
@@ -282,6 +282,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict]
     parser.add_argument("--exit-layer", type=int, default=None, help="early-exit depth (default 20 of 30)")
     parser.add_argument("--exit-adapter", default=None, help="trained ExitAdapter file for the early-exit drafters")
     parser.add_argument("--draft-model", default=None, metavar="PATH", help="adds the drafter model:PATH")
+    parser.add_argument("--medusa-heads", default=None, metavar="PATH",
+                        help="adds the drafter medusa:PATH (metagen train-medusa; trained on the target's dtype)")
     parser.add_argument("--draft-dtype", default=None, help="quantized / model:PATH draft weights (default int4)")
     parser.add_argument("--draft-corpus", default=None, metavar="PATH", help="text file the rasd drafters retrieve from")
     parser.add_argument("--tree-widths", default=None, metavar="K1,K2,...", help="children per node at each depth")
@@ -312,7 +314,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict]
             plans[target], notes = plan_runs(
                 target, split_list(args.drafters, "--drafters"), split_list(args.verify, "--verify"), common=common,
                 tree={"tree_widths": widths, "tree_nodes": args.tree_nodes}, adaptive=args.adaptive,
-                draft_model=args.draft_model)
+                draft_model=args.draft_model, medusa_heads=args.medusa_heads)
             for note in notes:
                 print(note, flush=True)
         if args.prompts is not None and args.prompts < 1:

@@ -2,9 +2,10 @@
 
 The drafters and rules come from metagen's registry (`metagen.speculative.registry`): the
 default drafter list is every registered drafter that runs on the target without extra inputs
-(`model:PATH` only with `--draft-model PATH`; `quantized` only when its draft format reads fewer
-weight bytes than the target's), and every (drafter, options, rule) goes through
-`check_speculative` before any model loads, so a bad combination is refused by name:
+(`model:PATH` only with `--draft-model PATH`, `medusa:PATH` only with `--medusa-heads PATH`;
+`quantized` only when its draft format reads fewer weight bytes than the target's), and every
+(drafter, options, rule) goes through `check_speculative` before any model loads, so a bad
+combination is refused by name:
 
     plan_runs("int4", ["ngram"], None, tree={"tree_widths": (2, 2)})   # ngram drafting trees, multi-draft
     plan_runs("int4", ["dyspec"], None, tree={"tree_widths": (2, 2)})  # ValueError: dyspec reads tree_nodes only
@@ -64,15 +65,18 @@ def split_list(text: str | None, flag: str, allowed: tuple[str, ...] | None = No
     return items
 
 
-def default_drafters(target: str, draft_model: str | None = None, draft_dtype: str | None = None) -> list[str]:
+def default_drafters(target: str, draft_model: str | None = None, draft_dtype: str | None = None,
+                     medusa_heads: str | None = None) -> list[str]:
     """Every registered drafter that runs on a `target` model without extra inputs, in the
-    registry's order: an entry taking an argument (`model:PATH`) only with `draft_model`, and
-    `quantized` only when its draft (`draft_dtype`, default int4) is below the target's precision."""
+    registry's order: an entry taking an argument only with its input (`model:PATH` with
+    `draft_model`, `medusa:PATH` with `medusa_heads`), and `quantized` only when its draft
+    (`draft_dtype`, default int4) is below the target's precision."""
+    inputs = {"model": draft_model, "medusa": medusa_heads}
     names = []
     for spec in DRAFTERS.values():
         if spec.argument is not None:
-            if draft_model:
-                names.append(f"{spec.name}:{draft_model}")
+            if inputs.get(spec.name):
+                names.append(f"{spec.name}:{inputs[spec.name]}")
         elif spec.name != "quantized" or _cheaper(draft_dtype, target):
             names.append(spec.name)
     return names
@@ -84,7 +88,7 @@ def _cheaper(draft_dtype: str | None, target: str) -> bool:
 
 def plan_runs(target: str, drafters: list[str] | None, verifies: list[str] | None, *,
               common: dict | None = None, tree: dict | None = None, adaptive: bool = False,
-              draft_model: str | None = None) -> tuple[list[Run], list[str]]:
+              draft_model: str | None = None, medusa_heads: str | None = None) -> tuple[list[Run], list[str]]:
     """(runs, notes) for `target`: each drafter (None: `default_drafters`) under each rule of
     `verifies` (None: the rule `check_speculative` picks). `common` options (exit_layer,
     exit_adapter, draft_dtype, draft_corpus) go to the drafters reading them; `tree` options
@@ -105,7 +109,7 @@ def plan_runs(target: str, drafters: list[str] | None, verifies: list[str] | Non
     if draft_dtype is not None and draft_dtype not in DRAFT_DTYPES:
         raise ValueError(f"draft_dtype={draft_dtype!r}: choose from {', '.join(DRAFT_DTYPES)}")
     runs, notes = [], []
-    for name in drafters if named else default_drafters(target, draft_model, draft_dtype):
+    for name in drafters if named else default_drafters(target, draft_model, draft_dtype, medusa_heads):
         spec, argument = check_drafter(name)  # an unknown name, named with the known ones
         if spec.name == "quantized" and not _cheaper(draft_dtype, target):
             raise ValueError(f"the quantized drafter on the {target} target: its {draft_dtype or 'int4'} draft is not "

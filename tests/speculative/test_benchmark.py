@@ -36,6 +36,8 @@ def test_default_drafters_are_the_registry_minus_those_needing_inputs():
     assert plan.default_drafters("bf16") == plain
     assert plan.default_drafters("int4", draft_dtype="int8") == [name for name in plain if name != "quantized"]
     assert "model:d.gguf" in plan.default_drafters("fp32", draft_model="d.gguf")
+    assert "medusa:d.gguf" not in plan.default_drafters("fp32", draft_model="d.gguf")
+    assert "medusa:h.safetensors" in plan.default_drafters("int4", medusa_heads="h.safetensors")
     assert {"recycling", "rasd", "stand", "tree", "spectr", "dyspec"} <= set(plan.default_drafters("int4"))
 
 

@@ -37,32 +37,42 @@ EXAMPLES = {"ngram": {}, "early-exit": {"exit_layer": 4}, "quantized": {"draft_d
             "recycling": {"tree_widths": (2, 1), "tree_nodes": 3}, "rasd": {"tree_nodes": 4},
             "rasd-tree": {"exit_layer": 4, "tree_widths": (2, 1), "tree_nodes": 5},
             "stand": {"tree_widths": (2, 1), "tree_nodes": 3}, "pearl": {"draft_dtype": "int4"},
-            "s2d": {"exit_layer": 4, "confidence": 0.5}}
+            "s2d": {"exit_layer": 4, "confidence": 0.5}, "medusa": {"tree_widths": (2, 1), "tree_nodes": 3}}
 
 
 def test_every_drafter_has_an_example_and_reads_only_known_options():
     assert set(EXAMPLES) == set(DRAFTERS)
     assert drafter_names() == ["ngram", "early-exit", "quantized", "model:PATH", "tree", "spectr", "dyspec",
-                               "recycling", "rasd", "rasd-tree", "stand", "pearl:DRAFT", "s2d"]
+                               "recycling", "rasd", "rasd-tree", "stand", "pearl:DRAFT", "s2d", "medusa:PATH"]
     for name, spec in DRAFTERS.items():
         assert spec.description and set(EXAMPLES[name]) <= set(spec.reads), name
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(EXAMPLES))
-def test_every_drafter_builds_by_name_and_proposes_a_valid_draft(model_fp32, name):
+def test_every_drafter_builds_by_name_and_proposes_a_valid_draft(model_fp32, name, tmp_path):
     """An fp32 target (so an int4 copy of it is cheaper); the prompt repeats, so n-gram lookup
     proposes too. The drafter sees the target's logits over the prompt (`observe`: token
     recycling learns from them). The draft is checked as the loop checks it, and its
     distributions are the sampled chain's (rows summing to 1) or point masses."""
     target = model_fp32
     spelling = f"{name}:{target.source}" if DRAFTERS[name].argument else name
+    if name == "medusa":  # untrained heads (y = h): the LM head's top tokens at every depth
+        from metagen.speculative.adapter import model_identity
+        from metagen.speculative.medusa import MedusaHeads
+
+        MedusaHeads(2, model_identity(target)).save(tmp_path / "heads.safetensors")
+        spelling = f"medusa:{tmp_path / 'heads.safetensors'}"
     drafter = make_drafter(spelling, target, **EXAMPLES[name])
     ids = target.tokenizer.encode("one two three four one two three four one two")
     cache = target.new_cache(1)
-    logits = target.forward(cache, [ids[:-1]], logits="all").logits  # the target's prompt, as the loop leaves it
+    # the target's prompt, as the loop leaves it
+    out = target.forward(cache, [ids[:-1]], logits="all", hidden=drafter.reads_hidden)
+    logits = out.logits
     drafter.start(ids, 2, target_cache=cache)
     drafter.observe([ids[:-1]], logits)
+    if drafter.reads_hidden:  # both rows kept nothing and drew ids[-1] after the prompt's last state
+        drafter.observe_hidden(out.hidden[:, -1:].expand(2, 1, -1), [([], ids[-1])] * 2)
     chain = SamplerChain.from_params(SamplingParams(temperature=1.0), 2, target.vocab_size)
     if name == "stand":  # it drafts from the committed tokens verification showed it: one observed step first
         drafter.propose([ids[:2]], [0], chain, None)
@@ -99,8 +109,10 @@ def test_speculative_generator_by_name_runs_the_registered_drafter(model):
 @pytest.mark.parametrize(
     "name, options, message",
     [
-        ("medusa", {}, "speculative drafter 'medusa' is unknown: choose one of ngram, early-exit, quantized, "
-                       "model:PATH, tree, spectr, dyspec, recycling, rasd, rasd-tree"),
+        ("eagle", {}, "speculative drafter 'eagle' is unknown: choose one of ngram, early-exit, quantized, "
+                      "model:PATH, tree, spectr, dyspec, recycling, rasd, rasd-tree, stand, pearl:DRAFT, s2d, "
+                      "medusa:PATH"),
+        ("medusa", {}, "'medusa' is unknown"),  # needs medusa:PATH
         ("dyspec", {"tree_widths": (2,)}, r"tree_widths=\(2,\) does not apply to the dyspec drafter \(it reads: "
                                           r"exit_layer, tree_nodes\)"),
         ("model", {}, "'model' is unknown"),  # needs model:PATH
@@ -110,7 +122,7 @@ def test_speculative_generator_by_name_runs_the_registered_drafter(model):
          r"exit_layer=4 does not apply to the ngram drafter \(it reads: tree_widths, tree_nodes\)"),
         ("quantized", {"exit_adapter": "a.safetensors"},
          r"exit_adapter='a.safetensors' does not apply to the quantized drafter \(it reads: draft_dtype, confidence, "
-         r"tree_widths, tree_nodes\)"),
+         r"stop_head, stop_threshold, tree_widths, tree_nodes\)"),
         ("recycling", {"draft_corpus": "c.txt"},
          r"draft_corpus='c.txt' does not apply to the recycling drafter \(it reads: tree_widths, tree_nodes\)"),
         ("tree", {"draft_corpus": "c.txt"}, r"draft_corpus='c.txt' does not apply to the tree drafter"),
@@ -192,7 +204,8 @@ def test_the_help_lists_the_tables_names():
     assert list(actions["verify"].choices) == list(VERIFICATIONS)
     assert actions["exit_layer"].help.startswith("early-exit / tree / spectr / dyspec / rasd-tree / pearl:DRAFT / s2d:")
     assert actions["tree_nodes"].help.startswith("ngram / early-exit / quantized / model:PATH / tree / spectr / dyspec / "
-                                                 "recycling / rasd / rasd-tree / stand:")
+                                                 "recycling / rasd / rasd-tree / stand / medusa:PATH:")
+    assert actions["draft_stop_head"].help.startswith("early-exit / quantized / model:PATH:")
     assert actions["draft_corpus"].help.startswith("rasd / rasd-tree:")
     assert actions["draft_dtype"].help.startswith("quantized / model:PATH")
 
@@ -222,7 +235,7 @@ def test_the_tree_drafters_verify_with_a_tree_rule_by_default():
         return speculative_options(build_parser().parse_args(["generate", "Hi", *argv]))
 
     trees = {"tree": "multi-draft", "spectr": "spectr", "dyspec": "multi-draft", "recycling": "multi-draft",
-             "rasd": "multi-draft", "rasd-tree": "multi-draft", "stand": "multi-draft"}
+             "rasd": "multi-draft", "rasd-tree": "multi-draft", "stand": "multi-draft", "medusa": "multi-draft"}
     for name, rule in trees.items():
         assert DRAFTERS[name].verify == rule and VERIFICATIONS[rule].trees
     assert all(spec.verify == "token" for name, spec in DRAFTERS.items() if name not in trees and name != "pearl")

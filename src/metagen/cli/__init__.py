@@ -1,8 +1,10 @@
 """Command line: `metagen generate`, `metagen eval`, `metagen task`, `metagen train-exit-adapter`,
-`metagen compress`, `metagen perplexity`, `metagen theory`, `metagen info`.
+`metagen train-stop-head`, `metagen train-medusa`, `metagen compress`, `metagen perplexity`,
+`metagen theory`, `metagen info`.
 
-One module per command, each with `add_parser(commands)` (which sets the command's `run` as the
-parser default) and `run(args) -> exit code`; `main` parses, dispatches to `args.run` and turns
+One module per command (`train_heads` holds the two head-training commands), each with
+`add_parser(commands)` (which sets the command's `run` as the parser default) and a run
+function `(args) -> exit code`; `main` parses, dispatches to `args.run` and turns
 every failure into one line on stderr. Importing this package and building the parser import no
 torch (tests/test_cli_imports.py: the strategy table is light); commands import
 what they need when they run.
@@ -15,10 +17,10 @@ import os
 import sys
 
 from metagen.cli import eval as evaluation
-from metagen.cli import compress, generate, info, perplexity, serve, task, theory, train_adapter
+from metagen.cli import compress, generate, info, perplexity, serve, task, theory, train_adapter, train_heads
 from metagen.cli.args import check_threads
 
-_COMMANDS = (generate, evaluation, serve, task, train_adapter, compress, perplexity, theory, info)  # in the order `metagen --help` lists them
+_COMMANDS = (generate, evaluation, serve, task, train_adapter, train_heads, compress, perplexity, theory, info)  # in the order `metagen --help` lists them
 
 
 def use_spinning_threads() -> None:

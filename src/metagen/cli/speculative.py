@@ -24,11 +24,11 @@ from metagen.speculative.registry import (
 )
 
 OPTIONS = ("num_draft_tokens", "verify", "adaptive_draft", "exit_layer", "exit_adapter", "draft_dtype",
-            "draft_confidence", "tree_widths", "tree_nodes", "draft_corpus")
+           "draft_confidence", "tree_widths", "tree_nodes", "draft_corpus", "draft_stop_head", "stop_threshold")
 # flag destination -> the `DrafterOptions` field it sets
 _DRAFTER_OPTIONS = {"exit_layer": "exit_layer", "exit_adapter": "exit_adapter", "draft_dtype": "draft_dtype",
                     "draft_confidence": "confidence", "tree_widths": "tree_widths", "tree_nodes": "tree_nodes",
-                    "draft_corpus": "draft_corpus"}
+                    "draft_corpus": "draft_corpus", "draft_stop_head": "stop_head", "stop_threshold": "stop_threshold"}
 
 
 def _readers(option: str) -> str:
@@ -60,9 +60,15 @@ def add_speculative_options(parser: argparse.ArgumentParser, *, served: bool = F
                       help=f"{_readers('draft_dtype')} drafter weights (default int4)")
     spec.add_argument("--draft-confidence", type=float, default=None,
                       help=f"{_readers('confidence')}: stop a draft after a token below this probability")
+    spec.add_argument("--draft-stop-head", default=None, metavar="PATH",
+                      help=f"{_readers('stop_head')}: a trained SpecDec++ stop head (metagen train-stop-head): "
+                           "stop a draft once a rejection is likely (raise --num-draft-tokens to let it run)")
+    spec.add_argument("--stop-threshold", type=float, default=None,
+                      help=f"{_readers('stop_threshold')}: with --draft-stop-head, stop once the predicted "
+                           "probability that a draft token so far is rejected exceeds this (in (0, 1), default 0.5)")
     spec.add_argument("--tree-widths", type=_widths, default=None, metavar="K1,K2,...",
                       help=f"{_readers('tree_widths')}: draft token trees, children per node at each depth "
-                           "(default 2,2,1; recycling 4,2,1,1,1,1; stand 3,2,1,1)")
+                           "(default 2,2,1; recycling 4,2,1,1,1,1; stand 3,2,1,1; medusa 4,3,2)")
     spec.add_argument("--tree-nodes", type=int, default=None,
                       help=f"{_readers('tree_nodes')}: draft token trees, nodes per step (default 16; recycling 32, "
                            "rasd 24, stand 12)")

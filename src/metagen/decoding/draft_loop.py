@@ -7,6 +7,7 @@ each row's last, t0):
     logits     = model.forward(cache, [[t0] + d per row], logits="all")   # (B, 1 + longest draft, V)
     tau, x     = verification.verify(batch, logits, draft)              # pushes d_1..d_tau, x into the rows
     drafter.observe(feed, logits, kept)                                  # every position, and the kept paths
+    drafter.observe_hidden(hidden, kept)                                 # only a drafter that `reads_hidden`
     cache.truncate(row, old + 1 + tau)                                   # the untaken draft tokens leave
 
 A tree draft (`Draft.parents`, a verification with `trees`: `speculative.tree_verify`) is fed
@@ -90,9 +91,10 @@ def draft_stream(batch: RowBatch, drafter: Drafter, verification: Verification, 
             cost.flops += draft.flops
             before = cache.lengths
             cost += forward_cost(model, before, [len(tokens) for tokens in feed])
-            logits = score_drafts(model, cache, feed, tree_masks([draft]))  # (B, 1 + most nodes, V)
-            counts = yield from verify_drafts(batch, drafter, verification, draft, feed, logits, cache,
-                                              range(len(feed)), before, contexts, gammas, schedule)
+            scored = score_drafts(model, cache, feed, tree_masks([draft]), hidden=drafter.reads_hidden)
+            counts = yield from verify_drafts(batch, drafter, verification, draft, feed, scored.logits, cache,
+                                              range(len(feed)), before, contexts, gammas, schedule,
+                                              hidden=scored.hidden)
             for proposed, tau in counts:
                 if drafter.forced:
                     result.forced_tokens += tau
@@ -144,23 +146,26 @@ def tree_masks(drafts: Sequence[Draft]) -> list[list[int] | None] | None:
             for draft in drafts for parents in draft.parents]
 
 
-def score_drafts(model, cache, feed: list[list[int]], tree: list[list[int] | None] | None) -> Tensor:
+def score_drafts(model, cache, feed: list[list[int]], tree: list[list[int] | None] | None, *, hidden: bool = False):
     """One target forward of `feed[b]` appended to cache row b (with `tree=` when a row is a
-    tree); logits at every fed position, `(B, 1 + longest feed, V)`."""
+    tree); its output: logits at every fed position, `(B, 1 + longest feed, V)`, and with `hidden`
+    the last hidden states there, `(B, 1 + longest feed, H)` (for a drafter that `reads_hidden`)."""
+    extra = {"hidden": True} if hidden else {}
     if tree is None:
-        return model.forward(cache, feed, logits="all").logits
-    return model.forward(cache, feed, logits="all", tree=tree).logits
+        return model.forward(cache, feed, logits="all", **extra)
+    return model.forward(cache, feed, logits="all", tree=tree, **extra)
 
 
 def verify_drafts(batch: RowBatch, drafter: Drafter, verification: Verification, draft: Draft,
                   feed: list[list[int]], logits: Tensor, cache, cache_rows: Sequence[int], before: Sequence[int],
-                  contexts: list[list[int]], gammas: list[int], schedule: DraftSchedule | None = None
-                  ) -> Generator[StreamEvent, None, list[tuple[int, int]]]:
+                  contexts: list[list[int]], gammas: list[int], schedule: DraftSchedule | None = None, *,
+                  hidden: Tensor | None = None) -> Generator[StreamEvent, None, list[tuple[int, int]]]:
     """The verification of one scored draft, the one step the loop and the serving engine share:
     `verification.verify` pushes each live row's taken tokens (yielding its events), then live row
     b's cache row `cache_rows[b]` (fed at `before[b]`) keeps t0 and the taken path (`keep_path` for
     a tree, `truncate` for a chain), its context takes the path and the token after it, its γ
-    follows `schedule`, and the drafter observes the forward. `logits (B, 1 + most nodes, V)`.
+    follows `schedule`, and the drafter observes the forward (its `hidden (B, 1 + most nodes, H)`
+    too when it `reads_hidden`). `logits (B, 1 + most nodes, V)`.
     Returns per live row (draft tokens proposed, draft tokens taken)."""
     outcomes = yield from verification.verify(batch, logits, draft)
     counts: list[tuple[int, int]] = []
@@ -179,6 +184,8 @@ def verify_drafts(batch: RowBatch, drafter: Drafter, verification: Verification,
         kept.append((list(nodes), token))
         counts.append((len(proposed), tau))
     drafter.observe(feed, logits, kept)
+    if drafter.reads_hidden:
+        drafter.observe_hidden(hidden, kept)
     return counts
 
 

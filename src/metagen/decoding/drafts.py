@@ -145,6 +145,7 @@ class Drafter(ABC):
     proposes_trees: bool = False  # True: its drafts branch (needs a verification with `trees`)
     iid_siblings: bool = False  # True: a node's children are drawn i.i.d. (`Draft.iid_siblings`)
     max_nodes: int | None = None  # most draft nodes per row and step (a tree's budget); None: γ bounds them
+    reads_hidden: bool = False  # True: the verify forward also returns hidden states, for `observe_hidden`
 
     def for_request(self) -> Drafter:
         """A drafter for one more request running at the same time as others (the serving engine
@@ -184,6 +185,12 @@ class Drafter(ABC):
         (`logits (n, 1, V)`, `committed` None). Read-only: drafters that learn from the target's
         scores (token recycling from every position, STAND from the committed ones); the default
         ignores it."""
+
+    def observe_hidden(self, hidden: Tensor, committed: Sequence[tuple[Sequence[int], int]]) -> None:
+        """With `reads_hidden`, after every verification (following `observe`): the target's final
+        hidden states `hidden (B, T, H)` at the fed positions of `observe`, and the same
+        `committed`. Row b's kept path ends at position `1 + nodes[-1]` (0 when no draft token
+        was kept): the state the target drew its next token x from (Medusa heads read it)."""
 
     def select(self, rows: Sequence[int]) -> None:
         """Row i becomes old row `rows[i]` (finished rows leave the batch)."""

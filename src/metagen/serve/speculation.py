@@ -108,7 +108,7 @@ class SpeculativeStage:
             entries.append((request, draft, feed))
         feeds = [tokens for _, _, feed in entries for tokens in feed]
         before = self.cache.lengths
-        logits = score_drafts(self.model, self.cache, feeds, tree_masks([draft for _, draft, _ in entries]))
+        logits = score_drafts(self.model, self.cache, feeds, tree_masks([draft for _, draft, _ in entries])).logits
         stats = self.stats
         stats.steps += 1
         stats.step_rows += len(feeds)

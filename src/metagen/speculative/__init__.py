@@ -19,7 +19,9 @@ suffix match, optionally fused with a model tree) and `StandDrafter` (STAND: tre
 the target's distributions observed earlier in the same request, shared by its rows), which run
 no model. `PearlDrafter` + `PearlVerification` run PEARL (the draft drafts in a second thread
 while the target verifies; pre-verify / post-verify rounds); `SortedDraft` / `S2DDrafter` serve
-nested early-exit targets of one model with one draft of shallow exits (S2D). A `Draft` is a tree per
+nested early-exit targets of one model with one draft of shallow exits (S2D); `MedusaDrafter` (token
+trees from `MedusaHeads` on the target's own hidden state, `train_medusa_heads`). A `StopHead` (SpecDec++, `train_stop_head`) ends a `ModelDrafter`'s
+chain once a rejection is likely. A `Draft` is a tree per
 row (`Draft.chain` for the one-child case the chain drafters propose). `speculative_generate` /
 `speculative_stream` run the loop; `SpeculativeGenerator`
 puts it behind the `Generator` interface. `registry` names the drafters and the rules
@@ -45,6 +47,9 @@ _EXPORTS = {
     "SpeculativeConfig": "loop",
     "speculative_generate": "loop",
     "speculative_stream": "loop",
+    "MedusaDrafter": "medusa",
+    "MedusaHeads": "medusa",
+    "train_medusa_heads": "medusa_training",
     "multi_draft_verify": "multi_draft",
     "NgramDrafter": "ngram",
     "RasdDrafter": "rasd",
@@ -66,6 +71,8 @@ _EXPORTS = {
     "k_sequential": "spectr",
     "spectr_plan": "spectr",
     "StandDrafter": "stand",
+    "StopHead": "stop_head",
+    "train_stop_head": "stop_training",
     "token_verify": "token_verify",
     "TreeDrafter": "tree_drafter",
     "TreeVerification": "tree_verify",

@@ -134,11 +134,12 @@ def model_identity(target) -> dict:
             "vocab_size": config.vocab_size, "source": os.path.basename(target.source or ""), "dtype": target.dtype}
 
 
-def check_identity(saved: dict, actual: dict) -> None:
+def check_identity(saved: dict, actual: dict, what: str = "exit adapter") -> None:
+    """ValueError naming the first `model_identity` field where `saved` and `actual` differ."""
     for field in _IDENTITY_FIELDS:
         if saved.get(field) != actual.get(field):
-            raise ValueError(f"the exit adapter was trained on a model with {field}={saved.get(field)!r}, "
-                             f"this target has {field}={actual.get(field)!r}: train an adapter for this model")
+            raise ValueError(f"the {what} was trained on a model with {field}={saved.get(field)!r}, "
+                             f"this target has {field}={actual.get(field)!r}: train one for this model")
 
 
 class AdaptedExitModel(LanguageModel):
@@ -269,15 +270,21 @@ def least_squares_init(adapter: ExitAdapter, hidden: Tensor, final: Tensor, ridg
     Low rank r: reduced-rank regression, M_r = V_r V_rᵀ M with V_r the top-r right singular
     vectors of the fitted residuals H Mᵀ. hidden, final: (N, H). Time O(N·H² + H³).
     """
-    count, size = hidden.shape
-    gram = hidden.t() @ hidden + ridge * count / size * torch.eye(size)
-    full = torch.linalg.solve(gram, hidden.t() @ (final - hidden)).t()  # (H, H): y = h + h Mᵀ
+    full = ridge_residual(hidden, final, ridge)  # (H, H): y = h + h Mᵀ
     if adapter.rank is None:
         adapter.tensors["full"] = full
         return
     _, _, right = torch.linalg.svd(hidden @ full.t(), full_matrices=False)  # right: (H, H)
     basis = right[: adapter.rank]  # (r, H)
     adapter.tensors = {"down": basis @ full, "up": basis.t().contiguous()}
+
+
+def ridge_residual(hidden: Tensor, final: Tensor, ridge: float = 1.0) -> Tensor:
+    """M (H, H) minimising Σ‖h + M h − f‖² + λ‖M‖², λ = ridge · N / H, over rows of hidden,
+    final (N, H): ((HᵀH + λI)⁻¹ Hᵀ (F − H))ᵀ. Time O(N·H² + H³)."""
+    count, size = hidden.shape
+    gram = hidden.t() @ hidden + ridge * count / size * torch.eye(size)
+    return torch.linalg.solve(gram, hidden.t() @ (final - hidden)).t()
 
 
 def train_exit_adapter(target, num_layers: int, texts_or_token_ids: Sequence[str] | Sequence[Sequence[int]], *,

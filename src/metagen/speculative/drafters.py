@@ -29,6 +29,7 @@ from torch import Tensor
 from metagen.decoding.cost import forward_flops
 from metagen.decoding.drafts import Draft, Drafter
 from metagen.models.base import PagedCache
+from metagen.speculative.stop_head import stops
 
 __all__ = ["Draft", "Drafter", "ModelDrafter"]  # the protocol lives with the loop (decoding.drafts)
 
@@ -38,6 +39,10 @@ class ModelDrafter(Drafter):
 
     confidence: adaptive draft length — a row stops drafting after a token whose draft
         probability (after the sampler chain) is below this value; None drafts the full γ_b.
+    stop_head: adaptive draft length learned (SpecDec++, `stop_head.StopHead`): a row stops
+        after the token where 1 − Π(1 − r_i) > `stop_threshold`, r_i the head's predicted
+        rejection probability of its i-th token; the draft forwards then also return hidden
+        states. Exclusive with `confidence`.
     share_prompt_cache: copy the prompt's keys and values from the target's cache instead of
         prefilling the prompt again. Exact for an early-exit draft (its layers are the target's
         first layers); for a quantized copy the draft then reads the target's slightly different
@@ -46,11 +51,16 @@ class ModelDrafter(Drafter):
     """
 
     def __init__(self, model, *, confidence: float | None = None, name: str = "model",
-                 share_prompt_cache: bool = False) -> None:
+                 share_prompt_cache: bool = False, stop_head=None, stop_threshold: float = 0.5) -> None:
         if confidence is not None and not 0.0 <= confidence <= 1.0:
             raise ValueError(f"confidence={confidence!r} is out of range: must be in [0, 1] or None")
+        if not 0.0 < stop_threshold < 1.0:
+            raise ValueError(f"stop_threshold={stop_threshold!r} is out of range: must be in (0, 1)")
+        if stop_head is not None and confidence is not None:
+            raise ValueError(f"confidence={confidence!r} and a stop head are two stopping rules: give one")
         self.model = model
         self.confidence = confidence
+        self.stop_head, self.stop_threshold = stop_head, stop_threshold
         self.name = name
         self.share_prompt_cache = share_prompt_cache
         self.vocab_size = model.vocab_size
@@ -100,13 +110,15 @@ class ModelDrafter(Drafter):
         longest = max(lengths, default=0)
         if longest == 0:
             return Draft.chain([[] for _ in range(batch)])
-        out, flops = self._catch_up(contexts)
+        reads_hidden = self.stop_head is not None
+        out, flops = self._catch_up(contexts, hidden=reads_hidden)
         calls = 1
         probe = chain.fork(torch.arange(batch))
         tokens: list[list[int]] = [[] for _ in range(batch)]
         probs: list[list[Tensor]] = [[] for _ in range(batch)]
         drafting = [n > 0 for n in lengths]
         greedy = chain.greedy
+        survival = torch.ones(batch)  # Π(1 − r_i) per row (stop head)
         for step in range(longest):
             processed = probe.process(out.logits)
             chosen = probe.choose(processed, generator)
@@ -114,6 +126,10 @@ class ModelDrafter(Drafter):
             wants_distribution = not greedy or self.confidence is not None
             distribution = torch.softmax(processed, dim=-1) if wants_distribution else None
             chosen_list = chosen.tolist()
+            if reads_hidden:  # SpecDec++: stop once P(some token so far is rejected) > threshold
+                rejects = self.stop_head.reject_probability(out.hidden, out.logits, chosen)  # (B,)
+                survival, stop = stops(survival, rejects, self.stop_threshold)
+                stop_list = stop.tolist()
             for b in range(batch):
                 if not drafting[b]:
                     continue
@@ -122,12 +138,12 @@ class ModelDrafter(Drafter):
                     probs[b].append(distribution[b])
                 confident = self.confidence is None or (
                     distribution is None or float(distribution[b, chosen_list[b]]) >= self.confidence)
-                if len(tokens[b]) >= lengths[b] or not confident:
+                if len(tokens[b]) >= lengths[b] or not confident or (reads_hidden and stop_list[b]):
                     drafting[b] = False
             if not any(drafting):
                 break
             # rows that stopped keep stepping (one batched forward); their extra tokens are dropped
-            out = self.model.forward(self.cache, chosen[:, None])
+            out = self.model.forward(self.cache, chosen[:, None], hidden=reads_hidden)
             calls += 1
             for b in range(batch):
                 flops += forward_flops(self.model, len(self._cached[b]), 1)
@@ -137,9 +153,10 @@ class ModelDrafter(Drafter):
             stacked = [None] * batch
         return Draft.chain(tokens, stacked, calls, flops)
 
-    def _catch_up(self, contexts) -> tuple:
+    def _catch_up(self, contexts, hidden: bool = False) -> tuple:
         """Run what each cache row lacks of its context (at least its last token) in one ragged
-        forward; `(out, flops)`, `out.logits (B, V)` the next-token logits after each context."""
+        forward; `(out, flops)`, `out.logits (B, V)` the next-token logits after each context
+        (and `out.hidden (B, H)` the states they were read from, when `hidden`)."""
         feed, flops = [], 0.0
         for b, context in enumerate(contexts):
             keep = self._confirmed_length(b, context)
@@ -150,7 +167,7 @@ class ModelDrafter(Drafter):
             self._cached[b].extend(new)
             self._committed[b] = len(context)
             flops += forward_flops(self.model, keep, len(new))
-        return self.model.forward(self.cache, feed), flops
+        return self.model.forward(self.cache, feed, hidden=hidden), flops
 
     def _confirmed_length(self, row: int, context: Sequence[int]) -> int:
         """Longest prefix of the cached row equal to `context`, minus one token if it covers all

@@ -42,10 +42,11 @@ class SpeculativeGenerator(LocalGenerator):
     @classmethod
     def by_name(cls, model, drafter: str, config: SpeculativeConfig | None = None, chat: bool | None = None,
                 **options) -> SpeculativeGenerator:
-        """With the drafter registered as `drafter` ("ngram", "early-exit", "model:PATH", "tree", "stand",
-        ...; `registry.DRAFTERS`) and its `options` (exit_layer, exit_adapter, draft_dtype,
-        confidence, tree_widths, tree_nodes, draft_corpus: those its entry reads; a tree option makes
-        it draft token trees), drafting for `model`; `config` None: the defaults with the rule
+        """With the drafter registered as `drafter` ("ngram", "early-exit", "model:PATH", "tree",
+        "stand", "medusa:PATH", ...; `registry.DRAFTERS`) and its `options` (exit_layer,
+        exit_adapter, draft_dtype, confidence, tree_widths, tree_nodes, draft_corpus, stop_head,
+        stop_threshold: those its entry reads; a tree option makes it draft token trees),
+        drafting for `model`; `config` None: the defaults with the rule
         `registry.check_speculative` picks (the entry's own; multi-draft for trees from a chain
         drafter). A chain-only rule in `config` with tree drafts is refused before any model loads."""
         _, verify = check_speculative(drafter, DrafterOptions(**options), None if config is None else config.verify)

@@ -37,68 +37,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+from metagen.speculative.drafter_options import DRAFT_DTYPES, DrafterOptions
+
 if TYPE_CHECKING:
     from metagen.decoding.drafts import Drafter, Verification
 
 __all__ = ["DRAFTERS", "DRAFT_DTYPES", "VERIFICATIONS", "DrafterOptions", "DrafterSpec", "VerificationSpec",
            "check_drafter", "check_served", "check_speculative", "check_verification", "default_exit_layer", "drafter_names", "make_drafter",
            "make_verification", "register_drafter", "register_verification"]
-
-DRAFT_DTYPES = ("fp32", "bf16", "int8", "int4")  # weight formats a model draft may load in
-
-
-@dataclass(frozen=True)
-class DrafterOptions:
-    """Options a drafter factory may read; None: not given (the entry's own default applies).
-
-    exit_layer: early exit: layers the draft runs (>= 1; default two thirds of the target's depth).
-    exit_adapter: early exit: a trained `ExitAdapter` file (its layer count wins).
-    draft_dtype: weights of a model draft loaded from a file, one of `DRAFT_DTYPES` (default int4).
-    confidence: model drafts: a row's draft stops after a token below this probability, in [0, 1].
-    tree_widths: tree drafts: children per node at each depth (ints >= 1; default (2, 2, 1), stand's
-        (3, 2, 1, 1)).
-    tree_nodes: tree drafts: nodes per row and step (>= 1; default 16, stand's 12). Either tree
-        option makes a drafter reading it draft token trees (`tree`).
-    draft_corpus: retrieval drafts: a UTF-8 text file, tokenized once with the target's tokenizer.
-    """
-
-    exit_layer: int | None = None
-    exit_adapter: str | None = None
-    draft_dtype: str | None = None
-    confidence: float | None = None
-    tree_widths: tuple[int, ...] | None = None
-    tree_nodes: int | None = None
-    draft_corpus: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.exit_layer is not None and (isinstance(self.exit_layer, bool) or not isinstance(self.exit_layer, int)
-                                            or self.exit_layer < 1):
-            raise ValueError(f"exit_layer={self.exit_layer!r} must be an int >= 1")
-        if self.draft_dtype is not None and self.draft_dtype not in DRAFT_DTYPES:
-            raise ValueError(f"draft_dtype={self.draft_dtype!r} is not a draft format: choose one of "
-                             f"{', '.join(DRAFT_DTYPES)}")
-        if self.confidence is not None and not 0.0 <= self.confidence <= 1.0:
-            raise ValueError(f"confidence={self.confidence!r} is out of range: must be in [0, 1] or None")
-        if self.tree_widths is not None and (not isinstance(self.tree_widths, tuple) or not self.tree_widths or any(
-                isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.tree_widths)):
-            raise ValueError(f"tree_widths={self.tree_widths!r} must be a non-empty tuple of ints >= 1 (children "
-                             "per node at each depth)")
-        if self.tree_nodes is not None and (isinstance(self.tree_nodes, bool) or not isinstance(self.tree_nodes, int)
-                                            or self.tree_nodes < 1):
-            raise ValueError(f"tree_nodes={self.tree_nodes!r} must be an int >= 1")
-        if self.draft_corpus is not None and (not isinstance(self.draft_corpus, str) or not self.draft_corpus):
-            raise ValueError(f"draft_corpus={self.draft_corpus!r} must be a non-empty path string")
-
-    @property
-    def tree(self) -> bool:
-        """Whether a tree option is given (the drafter then drafts token trees)."""
-        return self.tree_widths is not None or self.tree_nodes is not None
-
-    def given(self) -> dict[str, object]:
-        """The options set (not None), by name."""
-        values = {field.name: getattr(self, field.name) for field in fields(self)}
-        return {name: value for name, value in values.items() if value is not None}
-
 
 @dataclass(frozen=True)
 class DrafterSpec:
@@ -197,9 +143,14 @@ def check_speculative(name: str, options: DrafterOptions | None = None, verify: 
         raise ValueError(f"the {name} drafter{' with ' + given if given else ''} proposes token trees, which "
                          f"verify={verify!r} cannot verify (it verifies chains): use a tree rule ({tree_rules})"
                          + (", or drop the tree options" if given and spec.name != "tree" else ""))
-    if options.tree and options.confidence is not None:
-        raise ValueError(f"confidence={options.confidence!r} does not apply to tree drafts: it ends a chain early, "
-                         "while a tree's shape is fixed by tree_widths / tree_nodes (give one or the other)")
+    for stopping in ("confidence", "stop_head"):
+        if options.tree and getattr(options, stopping) is not None:
+            raise ValueError(f"{stopping}={getattr(options, stopping)!r} does not apply to tree drafts: it ends a "
+                             "chain early, while a tree's shape is fixed by tree_widths / tree_nodes (give one or "
+                             "the other)")
+    if options.confidence is not None and options.stop_head is not None:
+        raise ValueError(f"confidence={options.confidence!r} and stop_head={options.stop_head!r} are two rules "
+                         "for ending a draft: give one")
     return spec, verify
 
 
@@ -222,12 +173,13 @@ def check_served(name: str, options: DrafterOptions | None = None, verify: str |
 def make_drafter(name: str, target, *, exit_layer: int | None = None, exit_adapter: str | None = None,
                  draft_dtype: str | None = None, confidence: float | None = None,
                  tree_widths: tuple[int, ...] | None = None, tree_nodes: int | None = None,
-                 draft_corpus: str | None = None) -> Drafter:
+                 draft_corpus: str | None = None, stop_head: str | None = None,
+                 stop_threshold: float | None = None) -> Drafter:
     """The drafter registered as `name` (see `DRAFTERS`), drafting for `target`, with the options
-    its entry reads (others given are refused, `check_drafter`, as is `confidence` with tree
-    options, `check_speculative`)."""
+    its entry reads (others given are refused, `check_drafter`, as are `confidence` or
+    `stop_head` with tree options, `check_speculative`)."""
     options = DrafterOptions(exit_layer, exit_adapter, draft_dtype, confidence, tree_widths, tree_nodes,
-                             draft_corpus=draft_corpus)
+                             draft_corpus, stop_head, stop_threshold)
     check_speculative(name, options)
     spec, argument = check_drafter(name, options)
     return spec.factory(target, argument, options)
@@ -252,6 +204,7 @@ def default_exit_layer(target) -> int:
 
 
 _TREE_OPTIONS = ("tree_widths", "tree_nodes")
+_STOP_OPTIONS = ("confidence", "stop_head", "stop_threshold")  # a model chain's draft length
 
 
 def _ngram(target, argument: str | None, options: DrafterOptions) -> Drafter:
@@ -267,9 +220,9 @@ def _ngram(target, argument: str | None, options: DrafterOptions) -> Drafter:
 
 
 def _drafting(draft, options: DrafterOptions, name: str, share_prompt_cache: bool = False, *,
-              tree: bool = False) -> Drafter:
-    """The model `draft` drafting chains (`ModelDrafter`), or static trees (`TreeDrafter`) when
-    tree options are given or `tree`."""
+              tree: bool = False, target=None) -> Drafter:
+    """The model `draft` drafting chains (`ModelDrafter`; with a stop head checked against
+    `target` and `draft`), or static trees (`TreeDrafter`) when tree options are given or `tree`."""
     if tree or options.tree:
         from metagen.speculative.tree_drafter import DEFAULT_MAX_NODES, DEFAULT_WIDTHS, TreeDrafter
 
@@ -278,7 +231,13 @@ def _drafting(draft, options: DrafterOptions, name: str, share_prompt_cache: boo
                            share_prompt_cache=share_prompt_cache)
     from metagen.speculative.drafters import ModelDrafter
 
-    return ModelDrafter(draft, confidence=options.confidence, name=name, share_prompt_cache=share_prompt_cache)
+    stop_head = None
+    if options.stop_head is not None:
+        from metagen.speculative.stop_head import StopHead
+
+        stop_head = StopHead.load(options.stop_head, target, draft)
+    return ModelDrafter(draft, confidence=options.confidence, name=name, share_prompt_cache=share_prompt_cache,
+                        stop_head=stop_head, stop_threshold=options.stop_threshold or 0.5)
 
 
 def _early_exit_model(target, options: DrafterOptions):
@@ -296,7 +255,8 @@ def _early_exit_model(target, options: DrafterOptions):
 
 
 def _early_exit(target, argument: str | None, options: DrafterOptions) -> Drafter:
-    return _drafting(_early_exit_model(target, options), options, "early-exit", share_prompt_cache=True)
+    return _drafting(_early_exit_model(target, options), options, "early-exit", share_prompt_cache=True,
+                     target=target)
 
 
 def _quantized(target, argument: str | None, options: DrafterOptions) -> Drafter:
@@ -304,14 +264,14 @@ def _quantized(target, argument: str | None, options: DrafterOptions) -> Drafter
 
     # the target's prompt keys / values serve the copy too (same layout)
     return _drafting(quantized_model(target, options.draft_dtype or "int4"), options, "quantized",
-                     share_prompt_cache=True)
+                     share_prompt_cache=True, target=target)
 
 
 def _model(target, argument: str | None, options: DrafterOptions) -> Drafter:
     from metagen.models import load
 
     draft = load(argument, options.draft_dtype or "int4", kv_dtype=target.kv_dtype, activations=target.activations)
-    return _drafting(draft, options, "model")
+    return _drafting(draft, options, "model", target=target)
 
 
 def _tree(target, argument: str | None, options: DrafterOptions) -> Drafter:
@@ -359,6 +319,14 @@ def _stand(target, argument: str | None, options: DrafterOptions) -> Drafter:
                         max_nodes=options.tree_nodes or DEFAULT_STAND_NODES)
 
 
+def _medusa(target, argument: str | None, options: DrafterOptions) -> Drafter:
+    from metagen.speculative.medusa import DEFAULT_MAX_NODES, DEFAULT_WIDTHS, MedusaDrafter, MedusaHeads
+
+    heads = MedusaHeads.load(argument, target)
+    return MedusaDrafter(target, heads, widths=options.tree_widths or DEFAULT_WIDTHS[: heads.num_heads],
+                         max_nodes=options.tree_nodes or DEFAULT_MAX_NODES)
+
+
 def _token() -> Verification:
     from metagen.speculative.rule_verification import RuleVerification
     from metagen.speculative.token_verify import token_verify
@@ -397,14 +365,14 @@ register_drafter(DrafterSpec(
     model_free=True))
 register_drafter(DrafterSpec(
     "early-exit", "the target's first layers + its final norm and LM head (Kangaroo-style), sharing its weights; "
-    "optionally a trained exit adapter", _early_exit, reads=("exit_layer", "exit_adapter", "confidence",
+    "optionally a trained exit adapter", _early_exit, reads=("exit_layer", "exit_adapter", *_STOP_OPTIONS,
                                                               *_TREE_OPTIONS)))
 register_drafter(DrafterSpec(
     "quantized", "a lower-precision copy of the target's checkpoint (refused unless it reads fewer weight bytes)",
-    _quantized, reads=("draft_dtype", "confidence", *_TREE_OPTIONS)))
+    _quantized, reads=("draft_dtype", *_STOP_OPTIONS, *_TREE_OPTIONS)))
 register_drafter(DrafterSpec(
     "model", "any model file sharing the target's tokenizer (a smaller model, a compressed copy)", _model,
-    reads=("draft_dtype", "confidence", *_TREE_OPTIONS), argument="PATH"))
+    reads=("draft_dtype", *_STOP_OPTIONS, *_TREE_OPTIONS), argument="PATH"))
 
 register_verification(VerificationSpec(
     "token", "token verification (Leviathan et al. 2023): accept d with prob min(1, q/p), stop at the first "
@@ -494,3 +462,7 @@ register_drafter(DrafterSpec(
     "exit_layer / 2 and exit_layer (default a third of its depth); per token the shallowest exit whose top "
     "probability reaches the target's threshold (confidence, default 0.5), the draft ending below it", _s2d,
     reads=("exit_layer", "confidence")))
+register_drafter(DrafterSpec(
+    "medusa", "Medusa-style draft heads (Cai et al. 2024) on the target's last hidden state, trained on its own text "
+    "(metagen train-medusa): their top-k candidates as a token tree (widths 4, 3, 2, at most 16 nodes), no draft "
+    "model; verified by the multi-draft rule", _medusa, reads=_TREE_OPTIONS, argument="PATH", verify="multi-draft"))
