@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--unfused", action="store_true",
-                        help="decode steps through PyTorch ops instead of the fused kernels (which hold the GIL)")
+                        help="decode steps through PyTorch ops instead of the fused kernels")
     parser.add_argument("--threads-each", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads of the one-thread methods (default: torch's own)")
