@@ -166,6 +166,20 @@ def test_a_run_gives_the_retriever_to_the_strategies_that_search_and_records_it(
         EvalConfig(("search",), ns=(1,), overrides=(("retriever", f"bm25:{CORPUS}"), ("passages", 0)))
 
 
+def test_a_run_gives_dsp_its_training_file(tmp_path):
+    from metagen.cli.eval import EVAL_STRATEGY_OPTIONS
+
+    assert "train" in EVAL_STRATEGY_OPTIONS  # `metagen eval --train FILE`
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"question": "Capital of France?", "answer": "Paris"}\n')
+    given = (("retriever", f"bm25:{CORPUS}"), ("train", str(train)))
+    config = EvalConfig(("dsp", "self_ask_search"), ns=(1,), overrides=given)
+    assert config.overrides_for("dsp") == {"retriever": f"bm25:{CORPUS}", "train": str(train)}
+    assert config.overrides_for("self_ask_search") == {"retriever": f"bm25:{CORPUS}"}
+    with pytest.raises(ValueError, match="is not a file"):
+        EvalConfig(("dsp",), ns=(1,), overrides=(("retriever", f"bm25:{CORPUS}"), ("train", str(tmp_path / "no"))))
+
+
 # `metagen eval` with the question-answering tasks, on the toy model (tests/eval/test_eval_cli.py)
 from metagen.cli import common, main  # noqa: E402
 from tests.eval.test_eval_cli import TextToy, TextToyTokenizer  # noqa: E402

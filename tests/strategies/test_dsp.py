@@ -224,8 +224,24 @@ def test_registered_with_its_retriever_and_training_file(corpus, tmp_path):
                                         "samples": 2, "passages": 1})
     generator = ToyGenerator({**TRAIN_PLAN, QUESTION: {"queries": [], "answers": ["Dijon", "Paris"]}})
     result = spec.run(generator, QUESTION, n, SamplingParams(temperature=0.5, max_tokens=64), options, None, overrides)
-    assert result.trace[0].input == "bootstrapped: 1 of 4 examples run"
+    assert result.trace[0].input == "bootstrapped: 1 of 4 examples run (kept for later questions)"
     assert f"Question: {TRAIN[0][0]}\nSearch 1: {TRAIN[0][0]}\n[1] Paris" in result.trace[0].output
     assert [e.input for e in result.trace if e.kind == "tool"] == [QUESTION]  # the question's own hops
     assert result.answer == "Dijon" and result.votes == {"Dijon": 1.0, "Paris": 1.0}  # a tie: the first seen
     assert result.cost.model_calls == 2
+
+    # a second question on the same generator reuses the demonstrations: no example runs again
+    generator.plan[TRAIN[3][0]] = {"queries": [], "answers": ["1889"]}
+    generator.requests.clear()
+    again = spec.run(generator, TRAIN[3][0], n, SamplingParams(temperature=0.5, max_tokens=64), options, None,
+                     overrides)
+    assert again.trace[0].input == "given: bootstrapped earlier, its cost counted there"
+    assert again.trace[0].output == result.trace[0].output and again.trace[0].cost == Cost()
+    assert again.cost.model_calls == len(generator.requests) == 1  # its own answer call only
+    # another generator, or the training file changed, bootstraps again
+    other = ToyGenerator(dict(generator.plan))
+    assert spec.run(other, QUESTION, n, SamplingParams(temperature=0.5, max_tokens=64), options, None,
+                    overrides).trace[0].input.startswith("bootstrapped: 1 of 4 examples run")
+    train.write_text(train.read_text() + json.dumps({"question": "Q?", "answer": "A"}) + "\n")
+    assert spec.run(generator, QUESTION, n, SamplingParams(temperature=0.5, max_tokens=64), options, None,
+                    overrides).trace[0].input.startswith("bootstrapped: 1 of 5 examples run")

