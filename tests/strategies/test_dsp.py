@@ -202,8 +202,8 @@ def test_bad_values_are_refused_by_name(fields, message):
 @pytest.mark.parametrize(("line", "message"), [
     ('{"question": "q"}', "train.jsonl:2: an example is an object with a non-empty string 'question'"),
     ('{"question": "", "answer": "a"}', "train.jsonl:2: an example"),
-    ("[1]", "train.jsonl:2: an example"),
-    ("{", "train.jsonl:2: not JSON"),
+    ("[1]", "train.jsonl:2: expected a JSON object"),
+    ("{", "train.jsonl:2: not valid JSON"),
 ])
 def test_a_bad_training_line_is_refused_with_its_place(tmp_path, line, message):
     path = tmp_path / "train.jsonl"

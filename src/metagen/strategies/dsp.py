@@ -39,7 +39,6 @@ DONE, which a fixed list of steps cannot say), and on `chain_programs.SearchConf
 
 from __future__ import annotations
 
-import json
 import threading
 import weakref
 from collections.abc import Sequence
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metagen.decoding.cost import Cost
+from metagen.jsonl import json_records
 from metagen.retrieval.base import Retriever, RetrieverTool
 from metagen.scoring.answers import answers_match
 from metagen.strategies import runners
@@ -121,21 +121,13 @@ def read_examples(path: str | Path) -> list[tuple[str, str]]:
     file and line of one that is not an object with a non-empty string `question` and an `answer`
     (a string or a number)."""
     examples = []
-    with open(Path(path).expanduser(), encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not JSON ({error.msg})") from None
-            question = record.get("question") if isinstance(record, dict) else None
-            answer = record.get("answer") if isinstance(record, dict) else None
-            if not isinstance(question, str) or not question.strip() or isinstance(answer, bool) \
-                    or not isinstance(answer, (str, int, float)):
-                raise ValueError(f"{path}:{number}: an example is an object with a non-empty string 'question' "
-                                 "and an 'answer' (a string or a number)")
-            examples.append((question, str(answer)))
+    for number, record in json_records(Path(path).expanduser()):
+        question, answer = record.get("question"), record.get("answer")
+        if not isinstance(question, str) or not question.strip() or isinstance(answer, bool) \
+                or not isinstance(answer, (str, int, float)):
+            raise ValueError(f"{path}:{number}: an example is an object with a non-empty string 'question' "
+                             "and an 'answer' (a string or a number)")
+        examples.append((question, str(answer)))
     return examples
 
 
