@@ -100,31 +100,49 @@ class ExitAdapter:
 
     def save(self, path: str | os.PathLike) -> None:
         """One safetensors file: the tensors, and the metadata as JSON in its header."""
-        from safetensors.torch import save_file
-
-        meta = {"format": _FORMAT, "num_layers": self.num_layers, "rank": self.rank, "target": self.target}
-        save_file({k: v.detach().contiguous() for k, v in self.tensors.items()}, os.fspath(path),
-                  metadata={"metagen": json.dumps(meta)})
+        save_tensors(path, self.tensors, {"format": _FORMAT, "num_layers": self.num_layers, "rank": self.rank,
+                                          "target": self.target})
 
     @classmethod
     def load(cls, path: str | os.PathLike, target) -> "ExitAdapter":
         """The adapter saved at `path`; ValueError if `target` is not the model it was trained on."""
-        from safetensors import SafetensorError, safe_open
-
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"exit adapter {os.fspath(path)} does not exist or is not a file")
-        try:
-            with safe_open(os.fspath(path), framework="pt") as handle:
-                meta = json.loads((handle.metadata() or {}).get("metagen", "{}"))
-                tensors = {key: handle.get_tensor(key) for key in handle.keys()}
-        except (SafetensorError, json.JSONDecodeError) as error:
-            raise ValueError(f"{os.fspath(path)} is not a metagen exit adapter (not a readable safetensors file: {error})") from None
-        if meta.get("format") != _FORMAT:
-            raise ValueError(f"{path} is not a metagen exit adapter (format {meta.get('format')!r})")
+        meta, tensors = load_tensors(path, _FORMAT, "exit adapter")
         check_identity(meta["target"], model_identity(target))
         adapter = cls(meta["num_layers"], meta["target"], meta["rank"])
-        adapter.tensors = {key: value.float() for key, value in tensors.items()}
+        adapter.tensors = tensors
         return adapter
+
+
+def save_tensors(path: str | os.PathLike, tensors: dict[str, Tensor], meta: dict) -> None:
+    """One safetensors file: `tensors`, and `meta` (with its "format") as JSON in the header."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, os.fspath(path),
+              metadata={"metagen": json.dumps(meta)})
+
+
+def load_tensors(path: str | os.PathLike, file_format: str, what: str,
+                 names: Sequence[str] | None = None) -> tuple[dict, dict[str, Tensor]]:
+    """(meta, float32 tensors) from a `save_tensors` file. FileNotFoundError if `path` is not a file;
+    ValueError naming `what` if it is not readable safetensors, its format is not `file_format`, or
+    its tensor names are not `names` (when given)."""
+    from safetensors import SafetensorError, safe_open
+
+    where = os.fspath(path)
+    if not os.path.isfile(where):
+        raise FileNotFoundError(f"{what} {where} does not exist or is not a file")
+    try:
+        with safe_open(where, framework="pt") as handle:
+            meta = json.loads((handle.metadata() or {}).get("metagen", "{}"))
+            tensors = {key: handle.get_tensor(key).float() for key in handle.keys()}
+    except (SafetensorError, json.JSONDecodeError) as error:
+        raise ValueError(f"{where} is not a metagen {what} (not a readable safetensors file: {error})") from None
+    if not isinstance(meta, dict) or meta.get("format") != file_format:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise ValueError(f"{where} is not a metagen {what} (format {found!r}, expected {file_format!r})")
+    if names is not None and set(tensors) != set(names):
+        raise ValueError(f"{where}: tensors {sorted(tensors)} do not match the {what}'s {sorted(names)}")
+    return meta, tensors
 
 
 def model_identity(target) -> dict:

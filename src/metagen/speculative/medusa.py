@@ -26,7 +26,6 @@ drafting rows, no draft model; one target forward verifies the tree.
 from __future__ import annotations
 
 import heapq
-import json
 import os
 from collections.abc import Sequence
 
@@ -34,7 +33,7 @@ import torch
 from torch import Tensor
 
 from metagen.decoding.drafts import Draft, Drafter
-from metagen.speculative.adapter import check_identity, model_identity
+from metagen.speculative.adapter import check_identity, load_tensors, model_identity, save_tensors
 from metagen.speculative.tree_drafter import check_tree_shape
 
 __all__ = ["DEFAULT_MAX_NODES", "DEFAULT_WIDTHS", "MedusaDrafter", "MedusaHeads", "medusa_tree"]
@@ -64,30 +63,16 @@ class MedusaHeads:
 
     def save(self, path: str | os.PathLike) -> None:
         """One safetensors file: the maps, and the head count and identity as JSON metadata."""
-        from safetensors.torch import save_file
-
-        meta = {"format": _FORMAT, "num_heads": self.num_heads, "identity": self.identity}
-        save_file({"maps": self.maps.contiguous()}, os.fspath(path), metadata={"metagen": json.dumps(meta)})
+        save_tensors(path, {"maps": self.maps}, {"format": _FORMAT, "num_heads": self.num_heads,
+                                                 "identity": self.identity})
 
     @classmethod
     def load(cls, path: str | os.PathLike, target) -> "MedusaHeads":
         """The heads saved at `path`; ValueError unless they were trained on `target`."""
-        from safetensors import SafetensorError, safe_open
-
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"Medusa heads {os.fspath(path)} do not exist or are not a file")
-        try:
-            with safe_open(os.fspath(path), framework="pt") as handle:
-                meta = json.loads((handle.metadata() or {}).get("metagen", "{}"))
-                maps = handle.get_tensor("maps") if "maps" in handle.keys() else None
-        except (SafetensorError, json.JSONDecodeError) as error:
-            raise ValueError(f"{os.fspath(path)} is not a metagen Medusa heads file (not a readable safetensors "
-                             f"file: {error})") from None
-        if meta.get("format") != _FORMAT or maps is None:
-            raise ValueError(f"{os.fspath(path)} is not a metagen Medusa heads file (format {meta.get('format')!r})")
+        meta, tensors = load_tensors(path, _FORMAT, "Medusa heads file", names=("maps",))
         check_identity(meta["identity"], model_identity(target), what="Medusa heads")
         heads = cls(meta["num_heads"], meta["identity"])
-        heads.maps = maps.float()
+        heads.maps = tensors["maps"]
         return heads
 
 

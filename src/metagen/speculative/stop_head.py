@@ -21,13 +21,12 @@ draft token: 2·(H + 2) FLOPs (linear) or 2·M·(H + 3) (MLP), next to the draft
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
 from torch import Tensor
 
-from metagen.speculative.adapter import check_identity, model_identity
+from metagen.speculative.adapter import check_identity, load_tensors, model_identity, save_tensors
 
 __all__ = ["EXTRA_FEATURES", "StopHead", "stop_features", "stop_probability", "stops"]
 
@@ -109,34 +108,19 @@ class StopHead:
 
     def save(self, path: str | os.PathLike) -> None:
         """One safetensors file: the tensors, and the shape, identity and temperature as JSON metadata."""
-        from safetensors.torch import save_file
-
-        meta = {"format": _FORMAT, "input_size": self.input_size, "hidden_units": self.hidden_units,
-                "temperature": self.temperature, "identity": self.identity}
-        save_file({k: v.detach().contiguous() for k, v in self.tensors.items()}, os.fspath(path),
-                  metadata={"metagen": json.dumps(meta)})
+        save_tensors(path, self.tensors, {"format": _FORMAT, "input_size": self.input_size,
+                                          "hidden_units": self.hidden_units, "temperature": self.temperature,
+                                          "identity": self.identity})
 
     @classmethod
     def load(cls, path: str | os.PathLike, target, draft) -> "StopHead":
         """The head saved at `path`; ValueError unless it was trained for this target and draft."""
-        from safetensors import SafetensorError, safe_open
-
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"stop head {os.fspath(path)} does not exist or is not a file")
-        try:
-            with safe_open(os.fspath(path), framework="pt") as handle:
-                meta = json.loads((handle.metadata() or {}).get("metagen", "{}"))
-                tensors = {key: handle.get_tensor(key) for key in handle.keys()}
-        except (SafetensorError, json.JSONDecodeError) as error:
-            raise ValueError(f"{os.fspath(path)} is not a metagen stop head (not a readable safetensors file: "
-                             f"{error})") from None
-        if meta.get("format") != _FORMAT:
-            raise ValueError(f"{os.fspath(path)} is not a metagen stop head (format {meta.get('format')!r})")
+        meta, tensors = load_tensors(path, _FORMAT, "stop head")
         check_stop_identity(meta["identity"], stop_identity(target, draft))
         head = cls(meta["input_size"], meta["identity"], meta["hidden_units"], temperature=meta["temperature"])
         if set(tensors) != set(head.tensors):
             raise ValueError(f"{os.fspath(path)}: tensors {sorted(tensors)} do not match {sorted(head.tensors)}")
-        head.tensors = {key: tensors[key].float() for key in head.tensors}
+        head.tensors = tensors
         return head
 
 
