@@ -53,7 +53,7 @@ def test_generate_help_names_dsp_and_its_options(capsys):
         main(["generate", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
     for flag in ("--hops INT", "--demos INT", "--samples INT", "--train STR", "--train-limit INT"):
-        assert flag + " " in shown and f"(dsp); " in shown
+        assert flag + " " in shown and "(dsp); " in shown
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     assert "dsp Demonstrate-Search-Predict" in " ".join(capsys.readouterr().out.split())

@@ -3,7 +3,6 @@ the model continuing the same message, the search's cost in the chain's."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -11,6 +10,7 @@ from metagen.decoding import Cost
 from metagen.retrieval import Retrieval, Retriever, RetrieverTool
 from metagen.strategies.chain_programs import SEARCH_SYSTEM, search_binding, search_chain
 from tests.strategies.test_chain import ScriptedGenerator, assistant, model_cost
+from tests.retrieval.corpus import write_corpus
 
 pytest.importorskip("bm25s")
 
@@ -18,12 +18,10 @@ pytest.importorskip("bm25s")
 def test_search_calls_are_answered_by_the_retriever_inline(tmp_path, monkeypatch):
     from metagen.retrieval import BM25Retriever
 
-    monkeypatch.setenv("METAGEN_CACHE", str(tmp_path / "cache"))
-    corpus = tmp_path / "c.jsonl"
-    corpus.write_text("\n".join(json.dumps(record) for record in [
+    corpus = write_corpus(tmp_path, monkeypatch, [
         {"id": "e", "text": "The Eiffel Tower was completed in 1889.", "title": "Eiffel Tower"},
         {"id": "s", "text": "The Statue of Liberty was completed in 1886.", "title": "Statue of Liberty"},
-        {"id": "p", "text": "Paris is the capital of France."}]) + "\n")
+        {"id": "p", "text": "Paris is the capital of France."}])
     script = [("I need the date. <search>Eiffel Tower completed", "</search>"), ("It was 1889. The answer is 1889.", None)]
     generator = ScriptedGenerator(script)
     result = search_chain(generator, "When was the Eiffel Tower completed?", BM25Retriever(corpus), k=2)

@@ -4,7 +4,6 @@ is extracted; the trace holds each hop with its passages."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -13,6 +12,7 @@ from metagen.sampling import SamplingParams
 from metagen.strategies.chain_programs import self_ask_search
 from metagen.strategies.registry import StrategyOptions, get_strategy
 from tests.strategies.test_chain import ScriptedGenerator, assistant, model_cost
+from tests.retrieval.corpus import write_corpus
 
 pytest.importorskip("bm25s")
 
@@ -34,10 +34,7 @@ QUESTION = "Which was completed first, the Eiffel Tower or the Statue of Liberty
 
 @pytest.fixture
 def corpus(tmp_path, monkeypatch):
-    monkeypatch.setenv("METAGEN_CACHE", str(tmp_path / "cache"))
-    path = tmp_path / "c.jsonl"
-    path.write_text("\n".join(json.dumps(record) for record in RECORDS) + "\n")
-    return path
+    return write_corpus(tmp_path, monkeypatch, RECORDS)
 
 
 def test_each_follow_up_is_answered_from_the_top_passages(corpus):

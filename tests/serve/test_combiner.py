@@ -6,7 +6,6 @@ and at the command line before a model loads."""
 
 from __future__ import annotations
 
-import threading
 
 import pytest
 
@@ -15,31 +14,13 @@ from metagen.decoding.combine import ContrastiveConfig, DExpertsConfig
 from metagen.decoding.entropy_adaptive import EntropyAdaptiveConfig
 from metagen.decoding.prompts import encode_prompt
 from metagen.sampling import SamplingParams
-from metagen.serve.engine import DoneEvent, Engine, ServeRequest, TokenEvent
+from metagen.serve.engine import DoneEvent, Engine, ServeRequest
 from metagen.serve.engine_generator import engine_cost
+from tests.serve.events import Collector
 
 pytestmark = pytest.mark.slow
 
 PROMPTS = ("The capital of France is", "Once upon a time, in a small village by the sea, there lived")
-
-
-class Collector:
-    """The events of one request; `cancel_after`: cancel it once it has that many tokens."""
-
-    def __init__(self, cancel_after: int | None = None) -> None:
-        self.events, self.done, self.cancel_after = [], threading.Event(), cancel_after
-        self.request: ServeRequest | None = None
-
-    def __call__(self, event) -> None:
-        self.events.append(event)
-        if isinstance(event, DoneEvent):
-            self.done.set()
-        elif self.cancel_after is not None and len(self.tokens) == self.cancel_after:
-            self.request.cancel()
-
-    @property
-    def tokens(self) -> list[int]:
-        return [event.token_id for event in self.events if isinstance(event, TokenEvent)]
 
 
 def _submit(engine, model, prompt: str, params: SamplingParams, cancel_after: int | None = None) -> Collector:

@@ -4,7 +4,6 @@ each of them alone; cancelled requests leave; the bounds refuse what cannot be a
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -12,22 +11,10 @@ import pytest
 from metagen.decoding import generate
 from metagen.decoding.prompts import encode_prompt
 from metagen.sampling import SamplingParams
-from metagen.serve.engine import DoneEvent, Engine, EngineStoppedError, QueueFullError, ServeRequest, TokenEvent
+from metagen.serve.engine import DoneEvent, Engine, EngineStoppedError, QueueFullError, ServeRequest
+from tests.serve.events import Collector
 
 pytestmark = pytest.mark.slow
-
-
-class Collector:
-    """The events of one request, and a flag set by its DoneEvent."""
-
-    def __init__(self) -> None:
-        self.events: list[object] = []
-        self.done = threading.Event()
-
-    def __call__(self, event) -> None:
-        self.events.append(event)
-        if isinstance(event, DoneEvent):
-            self.done.set()
 
 
 def _request(model, prompt, params) -> tuple[ServeRequest, Collector]:
@@ -76,7 +63,7 @@ def test_requests_joining_a_running_batch_equal_the_sampling_loop_alone(model, e
             assert mine.complete == theirs.complete
         # the streamed events spell the same texts
         for index, completion in enumerate(request.completions):
-            tokens = [e for e in collector.events if isinstance(e, TokenEvent) and e.index == index]
+            tokens = collector.tokens_of(index)
             assert "".join(e.text for e in tokens) == completion.text
             assert [e.token_id for e in tokens] == completion.token_ids
             assert [e.finish_reason is not None for e in tokens] == [False] * (len(tokens) - 1) + [True]

@@ -6,7 +6,6 @@ event, and what the server cannot run is refused by name."""
 
 from __future__ import annotations
 
-import threading
 
 import pytest
 
@@ -18,23 +17,11 @@ from metagen.speculative.registry import DrafterOptions, check_served
 from tests.decoding.helpers import assert_follows
 from tests.decoding.toy_model import BOS, A, C, ToyModel
 from tests.speculative.test_loop import chain_distribution
+from tests.serve.events import Collector
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROMPT = [BOS, A, C, A, C, A]  # a repeating prompt: prompt lookup drafts "c a c a ..."
-
-
-class Collector:
-    """The events of one request, and a flag set by its DoneEvent."""
-
-    def __init__(self) -> None:
-        self.events: list[object] = []
-        self.done = threading.Event()
-
-    def __call__(self, event) -> None:
-        self.events.append(event)
-        if isinstance(event, DoneEvent):
-            self.done.set()
 
 
 def _serve(engine: Engine, cases: list[tuple[list[int], SamplingParams]]) -> list[tuple[ServeRequest, Collector]]:
@@ -84,7 +71,7 @@ def test_greedy_output_equals_the_plain_engine_token_for_token(verify):
             assert ours.top_logprobs == reference.top_logprobs  # the toy's logits do not depend on the batch
         # one TokenEvent per token, in order, spelling the completion; the finish on the last
         for index, completion in enumerate(mine.completions):
-            tokens = [e for e in events.events if isinstance(e, TokenEvent) and e.index == index]
+            tokens = events.tokens_of(index)
             assert [e.token_id for e in tokens] == completion.token_ids
             assert "".join(e.text for e in tokens) == completion.text
             assert [e.finish_reason for e in tokens] == [None] * (len(tokens) - 1) + [completion.finish_reason]

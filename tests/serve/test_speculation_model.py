@@ -7,7 +7,6 @@ cache); and a real `metagen serve --speculative ngram` streams to the official o
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
@@ -15,9 +14,10 @@ import pytest
 from metagen.decoding import generate
 from metagen.decoding.prompts import encode_prompt
 from metagen.sampling import SamplingParams
-from metagen.serve.engine import DoneEvent, Engine, ServeRequest, TokenEvent
+from metagen.serve.engine import DoneEvent, Engine, ServeRequest
 from metagen.speculative import SpeculativeConfig, make_drafter
 
+from .events import Collector
 from .server import serve_process
 
 pytestmark = pytest.mark.slow
@@ -32,17 +32,6 @@ CASES = [
     ("My favourite colour is", False, SamplingParams(temperature=0, max_tokens=12,
                                                      structured_outputs={"choice": ["red", "green", "blue"]})),
 ]
-
-
-class Collector:
-    def __init__(self) -> None:
-        self.events: list[object] = []
-        self.done = threading.Event()
-
-    def __call__(self, event) -> None:
-        self.events.append(event)
-        if isinstance(event, DoneEvent):
-            self.done.set()
 
 
 @pytest.mark.parametrize("drafter, options, verify, cache_memory", [("ngram", {}, "token", None),
@@ -77,7 +66,7 @@ def test_requests_joining_a_speculative_batch_equal_plain_greedy(model_fp32, dra
             assert mine.logprobs == pytest.approx(theirs.logprobs, abs=1e-4)
             assert mine.complete == theirs.complete
         for index, completion in enumerate(request.completions):
-            tokens = [e for e in collector.events if isinstance(e, TokenEvent) and e.index == index]
+            tokens = collector.tokens_of(index)
             assert [e.token_id for e in tokens] == completion.token_ids
             assert "".join(e.text for e in tokens) == completion.text
     assert submitted[1][0].completions[0].stop_reason == " 11,"  # the stop string ended the count

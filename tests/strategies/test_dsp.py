@@ -16,6 +16,7 @@ from metagen.retrieval.base import format_passages
 from metagen.sampling import SamplingParams
 from metagen.strategies.dsp import DONE, DSPConfig, bootstrap, dsp, read_examples, search_predict
 from metagen.strategies.registry import get_strategy
+from tests.retrieval.corpus import write_corpus
 
 pytest.importorskip("bm25s")
 
@@ -63,10 +64,7 @@ class ToyGenerator(Generator):
 
 @pytest.fixture
 def corpus(tmp_path, monkeypatch):
-    monkeypatch.setenv("METAGEN_CACHE", str(tmp_path / "cache"))
-    path = tmp_path / "c.jsonl"
-    path.write_text("\n".join(json.dumps(record) for record in RECORDS) + "\n")
-    return path
+    return write_corpus(tmp_path, monkeypatch, RECORDS)
 
 
 @pytest.fixture
