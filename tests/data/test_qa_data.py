@@ -8,7 +8,7 @@ import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
 
-from metagen.eval.qa_tasks import CORPUS, DATA, MULTIHOP, S2A, multihop_problems, s2a_problems
+from metagen.eval.qa_tasks import CORPUS, DATA, MULTIHOP, MULTIHOP_DEMOS, S2A, multihop_problems, s2a_problems
 from metagen.retrieval import read_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def test_the_corpus_is_a_few_hundred_titled_paragraphs_the_retrieval_reader_acce
 
 def test_every_bridge_question_is_answered_by_its_second_paragraph_through_its_first():
     paragraphs = _paragraphs()
-    questions = _records(MULTIHOP)
+    questions = _records(MULTIHOP) + _records(MULTIHOP_DEMOS)
     assert len(questions) >= 100
     assert len({q["id"] for q in questions}) == len(questions)
     assert len({q["question"] for q in questions}) == len(questions)
@@ -44,6 +44,14 @@ def test_every_bridge_question_is_answered_by_its_second_paragraph_through_its_f
         # a bridge question: the entity that links the hops is not named in the question itself
         # (the hop-1 country's name left out: "South Sudan" holds "Sudan")
         assert paragraphs[second]["title"] not in q["question"].replace(paragraphs[first]["title"], ""), q["id"]
+
+
+def test_no_paragraph_supports_both_a_demonstration_and_an_evaluated_question():
+    evaluated, demos = _records(MULTIHOP), _records(MULTIHOP_DEMOS)
+    assert (len(evaluated), len(demos)) == (89, 20)
+    used = {i for q in evaluated for i in q["supporting_ids"]}
+    assert not {i for q in demos for i in q["supporting_ids"]} & used
+    assert not {q["answer"] for q in demos} & {q["answer"] for q in evaluated}
 
 
 def test_every_s2a_prompt_holds_its_answer_among_distractors_from_the_corpus():

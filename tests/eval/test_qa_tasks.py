@@ -227,6 +227,26 @@ def test_the_multihop_task_gives_its_corpus_to_a_retrieval_strategy(tmp_path, mo
     assert (row["strategy"], row["task"]) == ("self_ask_search", "multihop")
 
 
+def test_the_multihop_task_gives_dsp_its_demonstration_questions_unless_train_is_given(tmp_path):
+    import argparse
+
+    from metagen.cli.eval import _overrides
+    from metagen.eval.qa_tasks import MULTIHOP_DEMOS
+    from metagen.eval.standard_tasks import load_task
+    from metagen.strategies.dsp import read_examples
+
+    task = load_task("multihop")
+    given = {"strategy_retriever": None, "strategy_passages": None, "strategy_train": None}
+    assert dict(_overrides(argparse.Namespace(**given), task, ("dsp", "self_ask"))) == {
+        "retriever": f"bm25:{CORPUS}", "train": str(MULTIHOP_DEMOS)}
+    assert dict(_overrides(argparse.Namespace(**given), task, ("self_ask_search",))) == {"retriever": f"bm25:{CORPUS}"}
+    own = tmp_path / "mine.jsonl"
+    assert dict(_overrides(argparse.Namespace(**{**given, "strategy_train": str(own)}), task, ("dsp",)))["train"] == \
+        str(own)
+    evaluated = {problem.question for problem in task.problems}
+    assert not evaluated & {question for question, _ in read_examples(MULTIHOP_DEMOS)}
+
+
 def test_hotpotqa_through_the_command_line_searches_its_own_corpus(tmp_path, monkeypatch, capsys, loads):
     monkeypatch.setenv("METAGEN_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("METAGEN_DATA", str(tmp_path / "data"))

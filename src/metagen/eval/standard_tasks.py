@@ -139,11 +139,14 @@ DOWNLOADED = ("gsm8k", "mbpp", "hotpotqa")  # those read from a data file (`--da
 class Task:
     """A built-in task's problems and what its runs default to: corpus, the file its retrieval
     strategies search unless --retriever names another (None: no corpus); pattern, how answers
-    are read from replies unless --pattern is given (None: the default extraction)."""
+    are read from replies unless --pattern is given (None: the default extraction); train, the
+    labelled examples (question, answer JSONL, none of them evaluated) a strategy that learns
+    from examples (dsp) reads unless --train names another (None: it runs zero-shot)."""
 
     problems: list[Problem]
     corpus: Path | None = None
     pattern: str | None = None
+    train: Path | None = None
 
 
 def load_task(name: str, data: str | Path | None = None) -> Task:
@@ -161,7 +164,7 @@ def load_task(name: str, data: str | Path | None = None) -> Task:
     if name in ("gsm8k", "mbpp"):
         return Task(gsm8k_problems(data) if name == "gsm8k" else mbpp_problems(data))
     if name == "multihop":
-        return Task(qa_tasks.multihop_problems(), qa_tasks.CORPUS, qa_tasks.QA_PATTERN)
+        return Task(qa_tasks.multihop_problems(), qa_tasks.CORPUS, qa_tasks.QA_PATTERN, qa_tasks.MULTIHOP_DEMOS)
     if name == "s2a_distractors":
         return Task(qa_tasks.s2a_problems(), None, qa_tasks.QA_PATTERN)
     if data is None:
