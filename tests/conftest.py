@@ -7,8 +7,14 @@ import pytest
 import torch
 
 # Two intra-op threads per test process; one each when make test runs two xdist workers (two
-# workers of two threads on two cores make every small op wait for a core).
-torch.set_num_threads(max(1, 2 // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+# workers of two threads on two cores make every small op wait for a core). The processes a test
+# starts (the CLI, a server, a page's example) inherit the same count through OMP_NUM_THREADS:
+# left at two threads beside the other worker they ran 7-9x slower than on one.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = max(1, 2 // WORKERS)
+torch.set_num_threads(THREADS)
+if WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 
 
 @pytest.fixture(scope="session")
