@@ -89,7 +89,21 @@ def run_one(model, combiner, problem: Problem, max_tokens: int) -> dict:
             "calls": result.cost.model_calls, "seconds": seconds, "model_tokens": dict(result.model_tokens)}
 
 
-def report(path: Path, markdown: bool) -> None:
+def _timing(records: list[dict], base_seconds: dict[str, float], timed: str | None) -> list[str]:
+    """[seconds per problem, wall-time ratio to the large model alone] over the timed records."""
+    seconds = {r["id"]: r["seconds"] for r in records if timed in (None, r["commit"])}
+    if not seconds:
+        return ["–", "–"]
+    shared = [key for key in seconds if key in base_seconds]
+    ratio = (f"{sum(seconds[k] for k in shared) / sum(base_seconds[k] for k in shared):.2f}×"
+             if shared else "–")
+    return [f"{sum(seconds.values()) / len(seconds):.1f}", ratio]
+
+
+def report(path: Path, markdown: bool, timed: str | None = None) -> None:
+    """The tables of `path`; wall time from the records of commit `timed` only (a run on an idle
+    machine; default: every record), as seconds per problem and as a ratio to the large model
+    alone on the problems both have timed."""
     rows: dict[tuple[str, str], list[dict]] = {}
     for line in path.read_text().splitlines():
         record = json.loads(line)
@@ -97,8 +111,9 @@ def report(path: Path, markdown: bool) -> None:
     for task in dict.fromkeys(task for task, _ in rows):
         base = rows.get((task, "large alone"))
         base_flops = sum(r["flops"] for r in base) if base else None
+        base_seconds = {r["id"]: r["seconds"] for r in base or () if timed in (None, r["commit"])}
         header = ["decoder", "problems", "correct", "accuracy", "tokens", "FLOPs vs large alone", "s / problem",
-                  "tokens by model"]
+                  "wall vs large alone", "tokens by model"]
         lines = []
         for (t, decoder), records in rows.items():
             if t != task:
@@ -115,8 +130,9 @@ def report(path: Path, markdown: bool) -> None:
                           f"{sum(r['correct'] for r in records) / len(records):.2f}",
                           str(sum(r["tokens"] for r in records)),
                           f"{flops / base_flops:.2f}×" if same and base_flops else "?",
-                          f"{sum(r['seconds'] for r in records) / len(records):.1f}", mix])
-        print(f"\n{task}")
+                          *_timing(records, base_seconds, timed), mix])
+        timed_problems = len(base_seconds)
+        print(f"\n{task}" + (f" (wall time: the {timed_problems} problems timed at {timed})" if timed else ""))
         if markdown:
             print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
             print("\n".join("| " + " | ".join(line) + " |" for line in lines))
@@ -140,9 +156,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("decoders_tasks.jsonl"))
     parser.add_argument("--report", action="store_true", help="print the tables of --out and stop")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--timed", default=None, metavar="COMMIT",
+                        help="--report: wall time from the records of this commit only (an idle run)")
     args = parser.parse_args()
     if args.report:
-        report(args.out, args.markdown)
+        report(args.out, args.markdown, args.timed)
         return
     torch.set_num_threads(args.threads)
     problems: list[tuple[str, Problem, int]] = []
