@@ -108,10 +108,13 @@ def test_sampled_sequences_follow_plain_decodings_law(verify):
 
 
 def test_what_the_server_cannot_draft_with_is_refused_by_name():
-    for name in ("early-exit", "quantized", "model:draft.gguf", "tree", "spectr", "dyspec", "rasd-tree"):
-        with pytest.raises(ValueError, match=f"does not draft with {name}: it runs a model of its own"):
+    reasons = {"pearl:early-exit": "a thread of its own", "s2d": "one cache per nested exit",
+               "rasd-tree": "two drafters", "medusa:heads.safetensors": "hidden states"}
+    for name, reason in reasons.items():
+        with pytest.raises(ValueError, match=f"does not draft with {name}: .*{reason}.*use metagen generate"):
             check_served(name)
-    for name in ("ngram", "recycling", "rasd", "stand"):
+    for name in ("ngram", "recycling", "rasd", "stand", "early-exit", "quantized", "model:draft.gguf", "tree",
+                 "spectr", "dyspec"):
         check_served(name)
     with pytest.raises(ValueError, match="verify='token' cannot verify"):
         check_served("recycling", DrafterOptions(), "token")
@@ -225,3 +228,90 @@ def test_tree_drafters_in_the_batch_give_plain_greedy_and_plain_decodings_law(na
     assert_follows([tuple(c.token_ids) for request in sampled for c in request.completions],
                    chain_distribution(params, PROMPT[:4], 4))
     assert engine.stats.accepted_tokens > 0
+
+
+def _draft_model_drafters():
+    from metagen.speculative import ModelDrafter
+    from metagen.speculative.dyspec import DySpecDrafter
+    from metagen.speculative.tree_drafter import TreeDrafter
+    from tests.speculative.test_loop import DraftToyModel
+    from tests.speculative.test_tree import DraftTreeToyModel
+
+    return {
+        "model, token": (lambda: ModelDrafter(DraftToyModel()), "token", False),
+        "model, block": (lambda: ModelDrafter(DraftToyModel()), "block", False),
+        "model sharing the prompt cache": (lambda: ModelDrafter(DraftToyModel(), share_prompt_cache=True), "token",
+                                           False),
+        "tree": (lambda: TreeDrafter(DraftTreeToyModel(), widths=(2, 2, 1), max_nodes=8), "multi-draft", True),
+        "dyspec": (lambda: DySpecDrafter(DraftTreeToyModel(), max_nodes=6), "multi-draft", True),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_draft_model_drafters()))
+def test_draft_models_in_the_batch_give_plain_greedy_and_plain_decodings_law(kind):
+    """A drafter running a model of its own: each request's copy keeps its own draft cache of
+    the request's rows (prefilled at its start, following the rows that stay, rolled back after
+    rejections) while requests join and leave the batch; the draft disagrees with the target
+    (halved, shifted logits), so rejections happen. Greedy equals the plain engine's token for
+    token, sampled sequences follow plain decoding's law, and the draft model's cache counts in
+    the admission check."""
+    from tests.speculative.test_tree import TreeToyModel
+
+    make, verify, trees = _draft_model_drafters()[kind]
+    config = SpeculativeConfig(num_draft_tokens=3, verify=verify)
+
+    def serve(cases, drafter=None, max_rows=64):
+        target = TreeToyModel(max_context=256) if trees else ToyModel(max_context=256)
+        engine = Engine(target, max_rows=max_rows, max_queue=len(cases), drafter=drafter,
+                        speculative=config if drafter is not None else None)
+        engine.start()
+        try:
+            return [request for request, _ in _serve(engine, cases)], engine
+        finally:
+            engine.stop()
+
+    drafter = make()
+    assert drafter.draft_models  # its cache joins the admission check (the test below)
+    drafted, engine = serve(GREEDY_CASES, drafter, max_rows=8)
+    plain, _ = serve(GREEDY_CASES)
+    for mine, theirs in zip(drafted, plain):
+        assert [c.token_ids for c in mine.completions] == [c.token_ids for c in theirs.completions]
+    assert engine.stats.draft_tokens > engine.stats.accepted_tokens > 0  # some drafts rejected, some taken
+    params = SamplingParams(n=8, max_tokens=4, temperature=1.0)
+    cases = [(PROMPT[:4], SamplingParams(n=8, max_tokens=4, temperature=1.0, seed=seed)) for seed in range(150)]
+    sampled, engine = serve(cases, make())
+    assert_follows([tuple(c.token_ids) for request in sampled for c in request.completions],
+                   chain_distribution(params, PROMPT[:4], 4))
+    assert engine.stats.accepted_tokens > 0
+
+
+def test_a_draft_models_cache_counts_in_the_admission_check(monkeypatch):
+    """Rows that fit beside the target's cache alone are refused once the draft model's cache is
+    counted too (the same check, `check_batch_fits`, over both models)."""
+    from metagen.decoding import memory
+    from metagen.speculative import ModelDrafter
+    from tests.speculative.test_loop import DraftToyModel
+
+    target, draft = ToyModel(max_context=256), DraftToyModel(max_context=256)
+    params = SamplingParams(max_tokens=100, n=4)
+    logits = (memory.LOGIT_COPIES + memory.COMPANION_LOGIT_COPIES) * 4 * target.vocab_size * 4
+    need_both = 4 * (logits + 100 * (target.kv_bytes_per_token + draft.kv_bytes_per_token))
+    monkeypatch.setattr(memory, "available_memory", lambda: need_both - 1)
+    plain = Engine(target, max_rows=8)
+    plain.start()
+    try:
+        [(request, events)] = _serve(plain, [(PROMPT, params)])
+        assert events.events[-1] == DoneEvent()
+    finally:
+        plain.stop()
+    engine = Engine(target, max_rows=8, drafter=ModelDrafter(draft), speculative=SpeculativeConfig(num_draft_tokens=3))
+    engine.start()
+    try:
+        refused = Collector()
+        engine.submit(ServeRequest(PROMPT, params, refused))
+        assert refused.done.wait(60)
+    finally:
+        engine.stop()
+    error = refused.events[-1].error
+    assert error.startswith("ValueError: n=4 is too large for this machine") and "in the caches of models" in error
+    assert refused.tokens == []

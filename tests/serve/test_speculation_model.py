@@ -1,6 +1,7 @@
 """The engine's draft / verify stage on the embedded SmolLM2 (fp32, for exact comparisons):
 requests joining a running batch at different steps, decoded speculatively (chains and token
-trees), give plain decoding's greedy tokens, records and texts; a stop string, a constraint and
+trees, model-free and from the early-exit draft model with its own cache per request), give
+plain decoding's greedy tokens, records and texts; a stop string, a constraint and
 n > 1 keep working; the shared cache keeps no slot once they end (with and without the prefix
 cache); and a real `metagen serve --speculative ngram` streams to the official openai client."""
 
@@ -35,7 +36,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("drafter, options, verify, cache_memory", [("ngram", {}, "token", None),
-                                                                    ("recycling", {"tree_nodes": 8}, "multi-draft", 0)])
+                                                                    ("recycling", {"tree_nodes": 8}, "multi-draft", 0),
+                                                                    ("tree", {"tree_nodes": 8}, "multi-draft", None)])
 def test_requests_joining_a_speculative_batch_equal_plain_greedy(model_fp32, drafter, options, verify, cache_memory):
     model = model_fp32
     engine = Engine(model, max_rows=8, cache_memory=cache_memory, drafter=make_drafter(drafter, model, **options),

@@ -35,11 +35,12 @@ and without --retriever those strategies are refused.
 
 --speculative DRAFTER (declared with `generate`'s, cli/speculative.py) decodes every request
 speculatively inside the engine's continuous batching (serve/speculation.py): each request drafts
-with its own copy of a model-free drafter (ngram, recycling, rasd, stand), one forward scores every
-row's draft, and each request verifies its own with --verify's rule. Drafters running a model of
-their own (early-exit, quantized, model:PATH, tree, spectr, dyspec, rasd-tree) are refused by name
-before any model loads (`registry.check_served`: their draft caches would have to follow the batch
-as a combiner's companions do), as is --speculative with --contrastive or --dexperts.
+with its own copy of the drafter (ngram, recycling, rasd, stand; or a draft model: early-exit,
+quantized, model:PATH, tree, spectr, dyspec, each request's copy keeping its own draft cache of
+the request's rows, counted in the admission check), one forward scores every row's draft, and
+each request verifies its own with --verify's rule. pearl, s2d, rasd-tree and medusa are refused
+by name before any model loads (`registry.check_served` says why), as is --speculative with
+--contrastive or --dexperts.
 
 Binds to 127.0.0.1 unless told otherwise. FastAPI and uvicorn come with the `serve` extra
 (the `serve` extra: `pip install -e '.[serve]'` in a checkout); they are imported only when the command runs.

@@ -40,9 +40,10 @@ def add_speculative_options(parser: argparse.ArgumentParser, *, served: bool = F
     """The argument group of --speculative and the options that only apply with it; `served`:
     `metagen serve`'s, whose help names the drafters the server runs (`check_served`)."""
     spec = parser.add_argument_group("speculative decoding (same output distribution, fewer target steps)")
-    names = [entry.spelling for entry in DRAFTERS.values() if entry.model_free] if served else drafter_names()
+    names = [entry.spelling for entry in DRAFTERS.values() if entry.unserved is None] if served else drafter_names()
     spec.add_argument("--speculative", default=None, metavar="DRAFTER", help=" | ".join(names) + (
-        " (the model-free drafters; every request drafts in the engine's batch)" if served else ""))
+        " (every request drafts in the engine's batch, a draft model with its own cache of the request's rows)"
+        if served else ""))
     spec.add_argument("--num-draft-tokens", type=int, default=None, help="draft tokens per step, γ (default 4)")
     tree_rules = [name for name, rule in VERIFICATIONS.items() if rule.trees]
     own_rules = ", ".join(f"{name}: {entry.verify}" for name, entry in DRAFTERS.items() if entry.verify != "token")
@@ -86,7 +87,7 @@ def _widths(text: str) -> tuple[int, ...]:
 
 
 def speculative_options(args: argparse.Namespace, *, served: bool = False) -> dict | None:
-    """The speculative settings of `generate` (`served`: of `serve`, model-free drafters only,
+    """The speculative settings of `generate` (`served`: of `serve`, the drafters it runs,
     `check_served`), or None; options without --speculative raise, as do an unknown drafter or
     rule and an option the drafter does not read (nothing loaded yet)."""
     if args.speculative is None:

@@ -115,7 +115,7 @@ class RowBatch:
               *, healed: str = "", generator: torch.Generator | None = None, rows_in_use: int = 0,
               positions: int = 1, forward_rows: int | None = None, what: str = "n",
               combiner: LogitsCombiner | SwitchingCombiner | None = None,
-              vocabulary_checked: bool = False) -> RowBatch:
+              vocabulary_checked: bool = False, draft_models: Sequence = ()) -> RowBatch:
         """Set up a request of `params.n` rows: its stop rules (ValueError when the prompt leaves
         no room), its generator (`generator`, else `params.seed`'s, else fresh OS entropy; torch's
         global RNG is left alone), the memory check of `rows_in_use + forward_rows` rows scoring
@@ -127,7 +127,8 @@ class RowBatch:
         and one `Row` per completion. `combiner`: its companions must share the model's
         vocabulary (ValueError naming both models; O(V) unless they share the tokenizer object,
         skipped with `vocabulary_checked`: the serving engine checks once, at its start) and
-        their caches join the memory check; a `SwitchingCombiner` decodes in the sampling loop
+        their caches join the memory check, as do those of `draft_models` (a drafter's models,
+        `Drafter.draft_models`, each with a cache of the same rows); a `SwitchingCombiner` decodes in the sampling loop
         only (ValueError with `forward_rows`)."""
         if isinstance(combiner, SwitchingCombiner) and forward_rows is not None:
             raise ValueError(f"{type(combiner).__name__} switches models row by row in the sampling loop; "
@@ -136,12 +137,12 @@ class RowBatch:
         if generator is None:
             generator = params.make_generator()
         forward_rows = params.n if forward_rows is None else forward_rows
-        models = model
+        models = [model, *draft_models]
         if combiner is not None:
             running = CompanionSlots(model, combiner.companions).running
             for companion in () if vocabulary_checked else running:
                 check_same_vocabulary(model, companion)
-            models = [model, *running]
+            models += running
         check_batch_fits(models, rows_in_use + forward_rows, rules.max_new_tokens, positions, what=what)
         chain = request_chain(params, model, prompt_ids, params.n, processors, healed=healed)
         return cls(model, prompt_ids, params, rules, chain, generator, healed=healed, combiner=combiner)

@@ -147,6 +147,12 @@ class Drafter(ABC):
     max_nodes: int | None = None  # most draft nodes per row and step (a tree's budget); None: γ bounds them
     reads_hidden: bool = False  # True: the verify forward also returns hidden states, for `observe_hidden`
 
+    @property
+    def draft_models(self) -> tuple:
+        """The models this drafter runs, each keeping a cache of the request's rows (their bytes
+        per token join the serving engine's admission check); () for a model-free drafter."""
+        return ()
+
     def for_request(self) -> Drafter:
         """A drafter for one more request running at the same time as others (the serving engine
         gives each request its own): a shallow copy, so what this one keeps across requests —

@@ -52,12 +52,14 @@ class ChunkedPrefill:
     """Set-up and prefill of admitted requests over `model` and the engine's shared `cache`
     (engine thread only); `prefixes` gives and takes their cached prefixes, `stats` counts their
     prompt tokens; `companions` (a `CompanionCaches`, or None) are prefilled with them;
-    `positions`: tokens a row feeds per decode step at most (1 + a draft), for the admission check."""
+    `positions`: tokens a row feeds per decode step at most (1 + a draft), for the admission check;
+    `draft_models`: the drafter's models, each keeping a cache of every request's rows (counted too)."""
 
     def __init__(self, model, cache, prefixes: PrefixCacheManager, stats: EngineStats, prefill_chunk: int,
-                 companions: CompanionCaches | None = None, positions: int = 1) -> None:
+                 companions: CompanionCaches | None = None, positions: int = 1, draft_models: tuple = ()) -> None:
         self.model, self.cache, self.prefixes, self.stats = model, cache, prefixes, stats
         self.prefill_chunk, self.companions, self.positions = prefill_chunk, companions, positions
+        self.draft_models = tuple(draft_models)
         self.combiner = None if companions is None else companions.combiner
 
     def start(self, request: EngineRequest, rows_in_use: int) -> None:
@@ -68,7 +70,7 @@ class ChunkedPrefill:
         model, params, prompt_ids, caller = self.model, request.params, request.prompt_ids, request.request
         batch = RowBatch.start(model, prompt_ids, params, healed=caller.healed, generator=caller.generator,
                                rows_in_use=rows_in_use, combiner=self.combiner, positions=self.positions,
-                               vocabulary_checked=True)  # its rows live in the engine's caches (CompanionCaches)
+                               draft_models=self.draft_models, vocabulary_checked=True)  # its rows live in the engine's caches (CompanionCaches)
         if caller.echo:
             check_batch_fits(model, 1, 0, positions=min(len(prompt_ids), self.prefill_chunk), what="echo rows")
             request.scorer = PromptScorer(prompt_ids, params.logprobs or 0)

@@ -85,9 +85,9 @@ class Engine:
     combiner: a `LogitsCombiner` (contrastive decoding, DExperts) every request is decoded with:
         its companions keep rows next to the model's (`companions.CompanionCaches`); no prefix
         cache then (ValueError for a `cache_memory` > 0).
-    drafter: a model-free `Drafter` (n-gram, recycling, rasd, stand: `registry.check_served`)
-        every request is decoded speculatively with, each request with its own copy, verified
-        as `speculative` says (a `SpeculativeConfig`; default γ = 4, token verification):
+    drafter: a `Drafter` the server runs (`registry.check_served`: the model-free ones and the
+        draft models, whose caches count in the admission check) every request is decoded
+        speculatively with, each request with its own copy, verified as `speculative` says (a `SpeculativeConfig`; default γ = 4, token verification):
         the draft / verify stage of speculation.py replaces the decode step. Not with a combiner.
     """
 
@@ -126,7 +126,8 @@ class Engine:
         prefixes = PrefixCacheManager(self._cache, self.prefix_cache, self.stats, self.companions)
         self.scheduler = Scheduler(max_rows, prefill_chunk, max_queue, prefixes=prefixes, stats=self.stats)
         self.prefill = ChunkedPrefill(model, self._cache, prefixes, self.stats, prefill_chunk, self.companions,
-                                      positions=1 if self.speculation is None else self.speculation.positions)
+                                      positions=1 if self.speculation is None else self.speculation.positions,
+                                      draft_models=() if drafter is None else drafter.draft_models)
         self.runner = ModelRunner(model, self._cache, self.companions)
         self._inbox: queue.Queue[ServeRequest | None] = queue.Queue()  # submitted, not yet taken by the engine thread
         self._stopping = False

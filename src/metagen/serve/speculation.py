@@ -2,9 +2,15 @@
 vLLM's engine runs n-gram (prompt-lookup) speculation inside continuous batching.
 
 `metagen serve --speculative NAME` drafts with a model-free drafter (n-gram / prompt lookup,
-token recycling, RASD with a corpus, STAND: `registry.check_served`); each request gets its own
+token recycling, RASD with a corpus, STAND) or a draft model (early-exit, quantized, a model
+file, and their trees: tree, spectr, dyspec; `registry.check_served`); each request gets its own
 copy (`Drafter.for_request`) and the verification is the generate loop's own (`config.verify`:
-token, block, draw, multi-draft, spectr). Between steps the shared cache holds every committed
+token, block, draw, multi-draft, spectr). A draft model's copy keeps its own cache of the
+request's rows: `start` prefills the prompt on it when the request's first tokens are drawn, it
+follows the rows that stay (`select`, as a follower of the request's `RowBatch`) and truncates
+what verification rejected at its next proposal; its bytes per token join the admission check
+(`RowBatch.start(draft_models=)`). The draft forwards are per request (R requests: R draft
+forwards a step, then the one target forward); the prompt's draft prefill is not chunked. Between steps the shared cache holds every committed
 token of a running row but its last, t0, as in `decoding.draft_loop`. One engine step:
 
     first_tokens (requests whose prompt just joined): each row's first token drawn from the
@@ -52,7 +58,7 @@ from metagen.speculative.registry import make_verification
 
 class SpeculativeStage:
     """The draft / verify stage over `model` and the engine's shared `cache` (engine thread only):
-    `drafter` (model-free) drafts for every request, `config` says how many tokens and which rule
+    `drafter` (a served one, `registry.check_served`) drafts for every request, `config` says how many tokens and which rule
     verifies them (ValueError when the rule cannot verify the drafter's drafts); `stats` counts
     draft and accepted tokens."""
 

@@ -47,7 +47,9 @@ class ModelDrafter(Drafter):
         prefilling the prompt again. Exact for an early-exit draft (its layers are the target's
         first layers); for a quantized copy the draft then reads the target's slightly different
         prompt keys and values, which changes only the draft, never the output distribution.
-        Needs a target cache with the draft's layout (KVCache, at least as many layers).
+        Needs a target cache with the draft's layout (KVCache, at least as many layers); a
+        `start` given no target cache (the serving engine's request copies: its shared cache
+        holds every request) prefills the prompt instead.
     """
 
     def __init__(self, model, *, confidence: float | None = None, name: str = "model",
@@ -72,7 +74,7 @@ class ModelDrafter(Drafter):
         # The prompt (all but its last token, which the first proposal runs) is cached once.
         self.cache = self.model.new_cache(1)
         head = list(prompt_ids[:-1])
-        if self.share_prompt_cache:
+        if self.share_prompt_cache and target_cache is not None:
             self._copy_prompt(target_cache, len(head))
             self.prefill_flops = 0.0
         else:
@@ -82,6 +84,10 @@ class ModelDrafter(Drafter):
         self.cache.select([0] * batch_size)
         self._cached = [list(head) for _ in range(batch_size)]
         self._committed = [len(head)] * batch_size
+
+    @property
+    def draft_models(self) -> tuple:
+        return (self.model,)
 
     def _copy_prompt(self, target_cache, length: int) -> None:
         """Fill row 0 with the first `length` keys and values of the target's row 0 (both caches
