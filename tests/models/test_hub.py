@@ -255,7 +255,7 @@ def test_cli_generate_by_hub_name_offline_gives_the_local_files_text(gguf_repo, 
 
     env = {**os.environ, "PYTHONPATH": str(Path(metagen.__file__).parents[1])}
     command = [sys.executable, "-m", "metagen.cli", "generate", PROMPT, "--model", GGUF_REPO, "--temperature", "0",
-               "--max-tokens", "12", "--json", "--threads", "2"]
+               "--max-tokens", "12", "--json"]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     expected = metagen.generate(model, PROMPT, SamplingParams(temperature=0, max_tokens=12)).completions[0]

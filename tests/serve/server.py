@@ -60,8 +60,9 @@ class Server:
 
 @contextmanager
 def serve_process(*options: str):
-    """`metagen serve` with `options` (the local model on 2 threads unless --backend is given)."""
-    threads = () if "--backend" in options else ("--threads", "2")
+    """`metagen serve` with `options` (the local model on the test process's threads, OMP_NUM_THREADS,
+    else 2, unless --backend is given)."""
+    threads = () if "--backend" in options else ("--threads", os.environ.get("OMP_NUM_THREADS", "2"))
     command = [sys.executable, "-m", "metagen.cli", "serve", *threads, *options]
     with _running(command, "/health", '"ok"') as server:
         yield server
