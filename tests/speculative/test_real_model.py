@@ -219,8 +219,11 @@ def test_shared_prompt_cache_gives_an_early_exit_draft_its_own_prefill_would(mod
     assert second.completions[0].token_ids == first.completions[0].token_ids
     assert (second.cost.draft_tokens, second.cost.accepted_tokens) == (first.cost.draft_tokens, first.cost.accepted_tokens)
     assert second.cost.flops < first.cost.flops  # no draft prefill
-    with pytest.raises(ValueError, match="share_prompt_cache"):
-        ModelDrafter(early_exit_model(model, 12), share_prompt_cache=True).start([1, 2, 3], 1, target_cache=None)
+    with pytest.raises(ValueError, match="share_prompt_cache"):  # a target cache of another kind
+        ModelDrafter(early_exit_model(model, 12), share_prompt_cache=True).start([1, 2, 3], 1, target_cache=object())
+    alone = ModelDrafter(early_exit_model(model, 12), share_prompt_cache=True)
+    alone.start([1, 2, 3], 1, target_cache=None)  # none given (a served request's copy): it prefills the prompt
+    assert alone.prefill_flops > 0 and alone.cache.lengths == [2]
 
 
 TREE_DRAFTERS = {  # every drafter drafting trees: the tree entry, or tree options on the others
