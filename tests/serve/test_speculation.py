@@ -39,9 +39,11 @@ def _serve(engine: Engine, cases: list[tuple[list[int], SamplingParams]]) -> lis
     return submitted
 
 
-def _run(cases, drafter=None, config=None, max_rows=8):
-    engine = Engine(ToyModel(max_context=256), max_rows=max_rows, max_queue=len(cases), drafter=drafter,
-                    speculative=config)
+def _run(cases, drafter=None, config=None, max_rows=8, model=None):
+    """Serve `cases` on an engine over `model` (default the toy chain) drafting with `drafter`
+    (none: plain decoding, `config` unused); returns (request, collector) per case, and the engine."""
+    engine = Engine(model or ToyModel(max_context=256), max_rows=max_rows, max_queue=len(cases), drafter=drafter,
+                    speculative=config if drafter is not None else None)
     engine.start()
     try:
         return _serve(engine, cases), engine
@@ -208,13 +210,8 @@ def test_tree_drafters_in_the_batch_give_plain_greedy_and_plain_decodings_law(na
     config = SpeculativeConfig(num_draft_tokens=3, verify="multi-draft")
 
     def serve(cases, drafter=None):
-        engine = Engine(TreeToyModel(max_context=256), max_rows=64, max_queue=len(cases), drafter=drafter,
-                        speculative=config if drafter is not None else None)
-        engine.start()
-        try:
-            return [request for request, _ in _serve(engine, cases)], engine
-        finally:
-            engine.stop()
+        served, engine = _run(cases, drafter, config, max_rows=64, model=TreeToyModel(max_context=256))
+        return [request for request, _ in served], engine
 
     drafter = make_drafter(name, TreeToyModel(), **options)
     drafted, engine = serve(GREEDY_CASES, drafter)
@@ -262,13 +259,8 @@ def test_draft_models_in_the_batch_give_plain_greedy_and_plain_decodings_law(kin
 
     def serve(cases, drafter=None, max_rows=64):
         target = TreeToyModel(max_context=256) if trees else ToyModel(max_context=256)
-        engine = Engine(target, max_rows=max_rows, max_queue=len(cases), drafter=drafter,
-                        speculative=config if drafter is not None else None)
-        engine.start()
-        try:
-            return [request for request, _ in _serve(engine, cases)], engine
-        finally:
-            engine.stop()
+        served, engine = _run(cases, drafter, config, max_rows=max_rows, model=target)
+        return [request for request, _ in served], engine
 
     drafter = make()
     assert drafter.draft_models  # its cache joins the admission check (the test below)

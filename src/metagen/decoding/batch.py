@@ -128,8 +128,8 @@ class RowBatch:
         vocabulary (ValueError naming both models; O(V) unless they share the tokenizer object,
         skipped with `vocabulary_checked`: the serving engine checks once, at its start) and
         their caches join the memory check, as do those of `draft_models` (a drafter's models,
-        `Drafter.draft_models`, each with a cache of the same rows); a `SwitchingCombiner` decodes in the sampling loop
-        only (ValueError with `forward_rows`)."""
+        `Drafter.draft_models`, each with a cache of the same rows); a `SwitchingCombiner`
+        decodes in the sampling loop only (ValueError with `forward_rows`)."""
         if isinstance(combiner, SwitchingCombiner) and forward_rows is not None:
             raise ValueError(f"{type(combiner).__name__} switches models row by row in the sampling loop; "
                              f"it does not run with --{what.replace('_', '-')} (beam search, tokenwise decoding)")

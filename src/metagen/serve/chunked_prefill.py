@@ -70,7 +70,8 @@ class ChunkedPrefill:
         model, params, prompt_ids, caller = self.model, request.params, request.prompt_ids, request.request
         batch = RowBatch.start(model, prompt_ids, params, healed=caller.healed, generator=caller.generator,
                                rows_in_use=rows_in_use, combiner=self.combiner, positions=self.positions,
-                               draft_models=self.draft_models, vocabulary_checked=True)  # its rows live in the engine's caches (CompanionCaches)
+                               draft_models=self.draft_models,
+                               vocabulary_checked=True)  # its rows live in the engine's caches (CompanionCaches)
         if caller.echo:
             check_batch_fits(model, 1, 0, positions=min(len(prompt_ids), self.prefill_chunk), what="echo rows")
             request.scorer = PromptScorer(prompt_ids, params.logprobs or 0)

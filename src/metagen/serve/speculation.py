@@ -10,8 +10,9 @@ request's rows: `start` prefills the prompt on it when the request's first token
 follows the rows that stay (`select`, as a follower of the request's `RowBatch`) and truncates
 what verification rejected at its next proposal; its bytes per token join the admission check
 (`RowBatch.start(draft_models=)`). The draft forwards are per request (R requests: R draft
-forwards a step, then the one target forward); the prompt's draft prefill is not chunked. Between steps the shared cache holds every committed
-token of a running row but its last, t0, as in `decoding.draft_loop`. One engine step:
+forwards a step, then the one target forward); the prompt's draft prefill is not chunked.
+Between steps the shared cache holds every committed token of a running row but its last, t0,
+as in `decoding.draft_loop`. One engine step:
 
     first_tokens (requests whose prompt just joined): each row's first token drawn from the
         prefill's logits as plain decoding draws it (`draft_loop.first_tokens`); the request's
@@ -58,9 +59,9 @@ from metagen.speculative.registry import make_verification
 
 class SpeculativeStage:
     """The draft / verify stage over `model` and the engine's shared `cache` (engine thread only):
-    `drafter` (a served one, `registry.check_served`) drafts for every request, `config` says how many tokens and which rule
-    verifies them (ValueError when the rule cannot verify the drafter's drafts); `stats` counts
-    draft and accepted tokens."""
+    `drafter` (a served one, `registry.check_served`) drafts for every request, `config` says
+    how many tokens and which rule verifies them (ValueError when the rule cannot verify the
+    drafter's drafts); `stats` counts draft and accepted tokens."""
 
     def __init__(self, model, cache, drafter: Drafter, config: SpeculativeConfig, stats: EngineStats) -> None:
         self.model, self.cache, self.drafter, self.config, self.stats = model, cache, drafter, config, stats

@@ -51,9 +51,9 @@ class DrafterSpec:
     """factory(target, argument, options) -> Drafter; `reads`: the `DrafterOptions` it reads;
     `argument`: what follows `name:` (e.g. "PATH"), None when the name takes none; `verify`:
     the rule the command line uses when none is given (a tree drafter's is a tree rule);
-    `model_free`: it runs no model of its own (tables, retrieval); `unserved`: why `metagen serve`
-    cannot draft with it (None: the engine gives each request its own copy, `Drafter.for_request`,
-    whose draft model, if any, keeps its own cache of that request's rows, `Drafter.draft_models`)."""
+    `unserved`: why `metagen serve` cannot draft with it (None: the engine gives each request its
+    own copy, `Drafter.for_request`, whose draft model, if any, keeps its own cache of that
+    request's rows, `Drafter.draft_models`)."""
 
     name: str
     description: str
@@ -61,7 +61,6 @@ class DrafterSpec:
     reads: tuple[str, ...] = ()
     argument: str | None = None
     verify: str = "token"
-    model_free: bool = False
     unserved: str | None = None
 
     @property
@@ -359,8 +358,7 @@ def _spectr() -> Verification:
 
 register_drafter(DrafterSpec(
     "ngram", "prompt lookup (Saxena 2023), else an n-gram table of past outputs; no model, point-mass drafts "
-    "(with tree options: the lookups' distinct continuations as siblings)", _ngram, reads=_TREE_OPTIONS,
-    model_free=True))
+    "(with tree options: the lookups' distinct continuations as siblings)", _ngram, reads=_TREE_OPTIONS))
 register_drafter(DrafterSpec(
     "early-exit", "the target's first layers + its final norm and LM head (Kangaroo-style), sharing its weights; "
     "optionally a trained exit adapter", _early_exit, reads=("exit_layer", "exit_adapter", *_STOP_OPTIONS,
@@ -402,11 +400,11 @@ register_drafter(DrafterSpec(
 register_drafter(DrafterSpec(
     "recycling", "token recycling (Luo et al. 2024): a static tree from a (V, k) matrix of each token's top-k "
     "successors, refreshed from every position the target scores; no model", _recycling,
-    reads=("tree_widths", "tree_nodes"), verify="multi-draft", model_free=True))
+    reads=("tree_widths", "tree_nodes"), verify="multi-draft"))
 register_drafter(DrafterSpec(
     "rasd", "retrieval (RASD, Quan et al. 2025): continuations of the longest suffix match in a corpus, earlier "
     "outputs and the context, merged into a trie; no model", _rasd, reads=("draft_corpus", "tree_nodes"),
-    verify="multi-draft", model_free=True))
+    verify="multi-draft"))
 register_drafter(DrafterSpec(
     "rasd-tree", "RASD's tree fusion: the retrieval trie and the tree drafter's early-exit tree merged on shared "
     "prefixes", _rasd_tree, reads=("draft_corpus", "exit_layer", "tree_widths", "tree_nodes"), verify="multi-draft",
@@ -415,8 +413,7 @@ register_drafter(DrafterSpec(
 register_drafter(DrafterSpec(
     "stand", "STAND (Song et al. 2025): no model; one store per request of the target's observed next-token "
     "distributions per n-gram, shared by its n rows; token trees drawn from it (Gumbel-top-k), verified "
-    "losslessly by the multi-draft rule", _stand, reads=("tree_widths", "tree_nodes"), verify="multi-draft",
-    model_free=True))
+    "losslessly by the multi-draft rule", _stand, reads=("tree_widths", "tree_nodes"), verify="multi-draft"))
 
 register_verification(VerificationSpec(
     "spectr", "tree verification by SpecTr's k-sequential selection over each node's i.i.d. children (Sun et al. "
