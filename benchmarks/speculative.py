@@ -1,11 +1,12 @@
 """Speculative decoding against plain decoding, and against transformers and llama.cpp, in one run.
 
 Every configuration decodes the same prompts (chat template, EOS ends a row, `--tokens` at most)
-at temperature 0 (greedy) and 1 (plain sampling, seeded). Two prompt kinds:
+at temperature 0 (greedy) and 1 (plain sampling, seeded). Three prompt kinds (`--kinds`):
 
 - grounded: summarise / extract / correct a passage given in the prompt (the answer reuses its
   words: where prompt lookup shines);
-- open: chat questions with nothing to copy.
+- open: chat questions with nothing to copy;
+- code: short Python functions and a class to write.
 
 metagen configurations, each against plain decoding of the same target: the drafters of
 metagen's registry (`--drafters NAME[,NAME...]`; default every registered drafter that runs on
@@ -16,8 +17,10 @@ rule it verifies with (`--verify RULE[,RULE...]` for others) and with `--tree-wi
 int4,bf16,fp32`, each with the activation codes of `--activations int16,int8`; with
 `--adaptive` also adaptive γ for the chain drafters. Every combination is checked by the
 registry (`check_speculative`) before any model loads: a bad one is refused by name
-(`speculative_plan.py`). With `--qwen-dir DIR`: Qwen2.5-Coder-1.5B drafted by
-Qwen2.5-Coder-0.5B, both in the default format.
+(`speculative_plan.py`). With `--qwen-dir DIR`: Qwen2.5-Coder-1.5B in the default format as
+the target, on `--qwen-kinds` (default code and grounded prompts), with the drafters of
+`--qwen-drafters` (default: every registered one that runs on it, Qwen2.5-Coder-0.5B as
+`model:PATH` included, drafting in int4 unless `--draft-dtype` says otherwise).
 
 Peers on the same weights (transformers loads the GGUF dequantized to fp32): plain `generate`,
 prompt lookup decoding (`prompt_lookup_num_tokens`) and self-speculative early exit
@@ -59,7 +62,7 @@ from speculative_plan import ACTIVATIONS, TARGETS, Row, add_speedups, markdown, 
 from metagen.decoding import generate
 from metagen.models import embedded_model_path, load
 from metagen.sampling import SamplingParams
-from metagen.speculative import ModelDrafter, NgramDrafter, SpeculativeConfig, make_drafter, speculative_generate
+from metagen.speculative import SpeculativeConfig, make_drafter, speculative_generate
 
 PASSAGES = [
     "The Harwick Bridge was opened on 14 March 1889 after six years of work. It is 412 metres long "
@@ -88,10 +91,14 @@ OPEN = [
     "Write a short poem about the sea at night.",
 ]
 WARMUP = "Describe a cup of coffee in two sentences."
-QWEN_PROMPTS = [
+CODE = [
     "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
     "Write a Python class Stack with push, pop, peek and is_empty methods.",
+    "Write a Python function that tells whether a string is a palindrome, ignoring case and spaces.",
 ]
+KINDS = {"grounded": GROUNDED, "open": OPEN, "code": CODE}
+QWEN_TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+QWEN_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
 
 def chat(text: str) -> list[dict]:
@@ -156,20 +163,19 @@ def metagen_suite(rows: list[Row], kinds, plans: dict, args) -> None:
                                 run.verify, temperature, kinds, args, adaptive=run.adaptive)
 
 
-def qwen_suite(rows: list[Row], args) -> None:
-    directory = Path(args.qwen_dir)
-    # both in metagen's default format: each tensor as the file stores it
-    target = load(directory / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
-    draft = load(directory / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
-    kinds = {"code": QWEN_PROMPTS}
-    for temperature in args.temperatures:
-        verifies = ["token"] if temperature == 0 else ["token", "block"]
-        print(f"Qwen2.5-Coder 1.5B <- 0.5B, temperature {temperature}", flush=True)
-        run_metagen(rows, target, "qwen-1.5b auto", "plain", None, "token", temperature, kinds, args)
-        for verify in verifies:
-            run_metagen(rows, target, "qwen-1.5b auto", "model: qwen-0.5b auto", lambda: ModelDrafter(draft),
-                        verify, temperature, kinds, args)
-            run_metagen(rows, target, "qwen-1.5b auto", "ngram", NgramDrafter, verify, temperature, kinds, args)
+def qwen_suite(rows: list[Row], kinds, plan: list, args) -> None:
+    """Qwen2.5-Coder-1.5B in the default format (each tensor as the file stores it) with each
+    activation setting: plain decoding, then every planned run (the 0.5B file is `model:PATH`)."""
+    for activations in args.activations:
+        target = load(Path(args.qwen_dir) / QWEN_TARGET, activations=activations)
+        for temperature in args.temperatures:
+            print(f"Qwen2.5-Coder 1.5B ({activations} activations), temperature {temperature}", flush=True)
+            run_metagen(rows, target, "qwen-1.5b auto", "plain", None, "token", temperature, kinds, args)
+            for run in plan:
+                options = run.options.given()
+                run_metagen(rows, target, "qwen-1.5b auto", run.label,
+                            lambda run=run, options=options: make_drafter(run.drafter, target, **options),
+                            run.verify, temperature, kinds, args, adaptive=run.adaptive)
 
 
 # ------------------------------------------------------------------------ transformers
@@ -293,6 +299,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict]
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--qwen-dir", default=None, help="directory with the two Qwen2.5-Coder GGUF files")
+    parser.add_argument("--qwen-drafters", default=None, metavar="NAME[,NAME...]",
+                        help="drafters for the Qwen 1.5B target (default: every registered one running on it, "
+                             "model:<the 0.5B file> included)")
+    parser.add_argument("--kinds", default="grounded,open,code", help="prompt kinds of the embedded model "
+                        "(grounded, open, code; default all)")
+    parser.add_argument("--qwen-kinds", default="code,grounded", help="prompt kinds of the Qwen pair (default code,grounded)")
     parser.add_argument("--targets", default="int4,bf16,fp32", help="metagen target dtypes (default all three)")
     parser.add_argument("--activations", default="int16", help="activation codes of the targets: int16, int8 or both")
     parser.add_argument("--skip", default="", help="comma-separated: metagen,transformers,llama.cpp,qwen")
@@ -317,6 +329,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict]
                 draft_model=args.draft_model, medusa_heads=args.medusa_heads)
             for note in notes:
                 print(note, flush=True)
+        if args.qwen_dir:
+            plans["qwen"], notes = plan_runs(
+                "int4", split_list(args.qwen_drafters, "--qwen-drafters"), split_list(args.verify, "--verify"),
+                common=common, tree={"tree_widths": widths, "tree_nodes": args.tree_nodes}, adaptive=args.adaptive,
+                draft_model=str(Path(args.qwen_dir) / QWEN_DRAFT))
+            for note in notes:
+                print(note.replace("int4:", "qwen:", 1), flush=True)
+        args.kinds = split_list(args.kinds, "--kinds", tuple(KINDS))
+        args.qwen_kinds = split_list(args.qwen_kinds, "--qwen-kinds", tuple(KINDS))
         if args.prompts is not None and args.prompts < 1:
             raise ValueError(f"--prompts {args.prompts} must be >= 1")
     except ValueError as error:
@@ -328,12 +349,12 @@ def main() -> None:
     args, plans = parse_args()
     skip = set(filter(None, args.skip.split(",")))
     torch.set_num_threads(args.threads)
-    kinds = {"grounded": GROUNDED[:args.prompts], "open": OPEN[:args.prompts]}
+    kinds = {kind: KINDS[kind][:args.prompts] for kind in args.kinds}
     rows: list[Row] = []
     if "metagen" not in skip:
         metagen_suite(rows, kinds, plans, args)
     if args.qwen_dir and "qwen" not in skip:
-        qwen_suite(rows, args)
+        qwen_suite(rows, {kind: KINDS[kind][:args.prompts] for kind in args.qwen_kinds}, plans["qwen"], args)
     if "transformers" not in skip:
         transformers_suite(rows, kinds, args)
     if "llama.cpp" not in skip:

@@ -109,6 +109,26 @@ def test_parse_args_plans_every_target_and_refuses_before_loading(monkeypatch, c
         assert message in capsys.readouterr().err
 
 
+def test_the_qwen_pair_is_planned_with_its_draft_file_and_its_own_prompt_kinds(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(bench, "load", lambda *a, **k: pytest.fail("a model was loaded"))
+    draft = str(tmp_path / bench.QWEN_DRAFT)
+    args, plans = bench.parse_args(["--targets", "int4", "--drafters", "ngram", "--qwen-dir", str(tmp_path)])
+    assert f"model:{draft}" in [run.drafter for run in plans["qwen"]]
+    assert "quantized" not in [run.drafter for run in plans["qwen"]]  # the Q4 target's int4 copy is no cheaper
+    assert args.kinds == ["grounded", "open", "code"] and args.qwen_kinds == ["code", "grounded"]
+    _, plans = bench.parse_args(["--qwen-dir", str(tmp_path), "--qwen-drafters", f"model:{draft},ngram",
+                                 "--tree-widths", "2,2"])
+    assert [(run.label, run.verify) for run in plans["qwen"]] == [
+        (f"model:{bench.QWEN_DRAFT} (widths 2,2)", "multi-draft"), ("ngram (widths 2,2)", "multi-draft")]
+    for argv, message in [
+        (["--qwen-dir", str(tmp_path), "--qwen-drafters", "quantized"], "the quantized drafter on the int4 target"),
+        (["--qwen-kinds", "prose"], "--qwen-kinds prose: choose from grounded, open, code"),
+    ]:
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)
+        assert message in capsys.readouterr().err
+
+
 def test_speedup_compares_rows_with_the_same_activations():
     rows = [plan.Row("metagen", "int4", act, method, "token", 0.0, "open", tokens=tokens, seconds=1.0,
                      target_steps=steps)
@@ -128,7 +148,7 @@ def test_a_tiny_run_reports_each_drafter():
     done = subprocess.run(
         [sys.executable, str(_BENCHMARKS / "speculative.py"), "--targets", "int4", "--temperatures", "0",
          "--drafters", "ngram,recycling", "--skip", "transformers,llama.cpp,qwen", "--tokens", "3", "--prompts", "1",
-         "--markdown"], capture_output=True, text=True, env=env, timeout=600)
+         "--kinds", "grounded,open", "--markdown"], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr
     rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| metagen | int4 | int16 |")]
     assert sorted((row[3], row[4], row[6]) for row in rows) == [
