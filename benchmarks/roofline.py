@@ -1,9 +1,9 @@
 """Where the milliseconds of one decode step go, next to what the machine allows (a roofline).
 
 For each op of one decode step at batch 1 and 16 (default `--rows 1,16`; `--tokens 1,5` adds a
-γ = 4 speculative verification: 5 new tokens per row), the model of the seed
-(Part III):  time ≥ max(FLOPs / peak FLOP/s, bytes / bandwidth),  with this machine's peak and
-bandwidth measured here, beside the measured time of the op:
+γ = 4 speculative verification: 5 new tokens per row), the roofline model
+time ≥ max(FLOPs / peak FLOP/s, bytes / bandwidth), with this machine's peak and bandwidth
+measured here, beside the measured time of the op:
 
 - each kind of linear (qkv, o, gate_up, down) and the LM head, on activations of the step's
   shape: every linear of the model called once in the step's order (layer by layer), each call
@@ -22,11 +22,14 @@ Peaks: dense linears and attention, the FLOP/s of a 1024³ float32 or bfloat16 m
 step's threads); each quantized format, its own kernel's compute roof: the FLOP/s of the same
 kernel and format on a weight that sits in cache (N = 4096, K = 1024) at M = 64 rows, where only
 its instruction mix bounds it (with the default 16-bit activation codes every weight byte takes
-two int8 dot products). Bandwidth: the best torch.sum over a 1 GiB float32 buffer. "% of bound"
+two int8 dot products). Above the kernels' roofs, the instruction's own peak: independent
+vpdpbusd (64 int8 multiply-adds each) on one thread (`dot_peak` of the compiled kernels), times
+the threads; each quantized kind's roof is then printed as a share of it (halved for 16-bit
+codes, which take two dot products per multiply-add). Bandwidth: the best torch.sum over a 1 GiB float32 buffer. "% of bound"
 = bound / measured: 100% is at the roof.
 
     python benchmarks/roofline.py [--model PATH] [--dtype auto] [--rows 1,16] [--context 128]
-                                  [--threads 2] [--markdown]
+                                  [--threads 2] [--activations int16] [--markdown]
 """
 
 from __future__ import annotations
@@ -111,9 +114,23 @@ def kernel_peak(linear, peaks: dict, matmul_dtype: torch.dtype) -> float:
     if linear.kind not in _kernel_peaks:
         rows, n, k = 64, 4096, 1024
         sample = _same_format(linear, n, k)
+        sample.set_activations(linear.activations)  # the codes the step's own linear runs with
         x = torch.randn(rows, k).to(matmul_dtype)
         _kernel_peaks[linear.kind] = 2 * rows * n * k / min(timed(lambda: sample(x), 20, 1) for _ in range(5))
     return _kernel_peaks[linear.kind]
+
+
+def dot_peak(threads: int) -> float | None:
+    """int8 multiply-adds per second of vpdpbusd at its peak on this machine (one thread's, times
+    `threads`), or None without the compiled kernels or AVX-512 VNNI."""
+    from metagen.models.kernels import matmul_kernels
+
+    kernels = matmul_kernels()
+    if kernels is None or kernels.dot_peak(1) < 0:
+        return None
+    rounds = 20_000_000
+    seconds = min(timed(lambda: kernels.dot_peak(rounds), 1, 1) for _ in range(3))
+    return threads * 12 * 64 * rounds / seconds
 
 
 def step_rows(model, rows: int, context: int, peaks: dict, bandwidth: float, steps: int, tokens: int = 1) -> list[dict]:
@@ -209,14 +226,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tokens", default="1", help="new tokens per row per step, comma-separated (5: a γ = 4 "
                         "verification; the cache is truncated back after each step)")
+    parser.add_argument("--activations", default="int16", choices=("int16", "int8"),
+                        help="activation codes of the compiled kernels (default int16)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model = load(args.model, args.dtype)
+    model = load(args.model, args.dtype, activations=args.activations)
     bandwidth = measure_bandwidth(1024, 5)
     peaks = {"fp32": peak_flops(torch.float32), "bf16": peak_flops(torch.bfloat16)}
     print(f"{model.config.name}, {args.threads} threads: read bandwidth {bandwidth / 1e9:.1f} GB/s, peak "
           f"{peaks['fp32'] / 1e9:.0f} GFLOP/s fp32, {peaks['bf16'] / 1e9:.0f} GFLOP/s bf16; context {args.context}")
+    instruction = dot_peak(args.threads)
+    if instruction is not None:
+        print(f"vpdpbusd peak: {instruction / 1e9:.0f} G int8 multiply-adds/s on {args.threads} threads "
+              f"({2 * instruction / 1e9:.0f} GFLOP/s with int8 activation codes, {instruction / 1e9:.0f} with int16)")
     shapes = [(int(r), int(t)) for r in args.rows.split(",") for t in args.tokens.split(",")]
     for rows, tokens in shapes:
         table = step_rows(model, rows, args.context, peaks, bandwidth, args.steps, tokens)
@@ -233,6 +256,12 @@ def main() -> None:
             for r in table:
                 print(f"{r['op']:>28} {r['ms']:>8.3f} {r['flops'] / 1e6:>9.1f} {r['bytes'] / 1e6:>8.2f} "
                       f"{r['compute_ms']:>8.3f} {r['memory_ms']:>8.3f} {r['limit']:>8} {r['of_bound']:>7.0%}")
+    if instruction is not None and _kernel_peaks:
+        codes = args.activations
+        ceiling = 2 * instruction / (2 if codes == "int16" else 1)  # FLOP/s: 2 per multiply-add
+        shares = ", ".join(f"{kind} {roof / 1e9:.0f} GFLOP/s ({roof / ceiling:.0%})" for kind, roof in _kernel_peaks.items())
+        print(f"\nkernel roofs against the vpdpbusd peak with {codes} activation codes "
+              f"({ceiling / 1e9:.0f} GFLOP/s): {shares}")
 
 
 if __name__ == "__main__":

@@ -177,3 +177,9 @@ def test_bad_inputs_are_refused_by_name():
         linear(torch.randn(2, 31))
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         linear(torch.randn(2, 32, dtype=torch.float64))
+
+
+def test_the_instruction_peak_probe_does_the_multiply_adds_it_counts():
+    """dot_peak: 12 accumulators × 16 lanes × 4 products of 3·5 per round (roofline.py times it)."""
+    expected = 12 * 16 * 4 * 15 * 10 if kernels.best_isa() == 2 else -1
+    assert kernels.dot_peak(10) == expected

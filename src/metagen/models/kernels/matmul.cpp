@@ -337,13 +337,18 @@ template <bool Wide, bool Int4>
 METAGEN_AVX512 void tiles_avx512(const uint8_t* weight, const float* column_scale, const QuantizedRows& act,
                                  int64_t rows, int64_t n, const float* bias, Output out, int64_t tile_begin,
                                  int64_t tile_end) {
-  alignas(64) float acc[4 * kTile];
+  constexpr int64_t kRows = Wide ? 4 : 8;
+  alignas(64) float acc[kRows * kTile];
   const int64_t tile_bytes = act.blocks * (Int4 ? kInt4BlockBytes : kInt8BlockBytes);
   for (int64_t t = tile_begin; t < tile_end; ++t) {
     const uint8_t* tile_weight = weight + t * tile_bytes;
-    for (int64_t row0 = 0; row0 < rows; row0 += 4) {
-      const int64_t count = std::min<int64_t>(4, rows - row0);
+    for (int64_t row0 = 0; row0 < rows; row0 += kRows) {
+      const int64_t count = std::min<int64_t>(kRows, rows - row0);
       switch (count) {
+        case 8: rows_avx512<Wide ? 4 : 8, Wide, Int4>(tile_weight, act, row0, acc); break;
+        case 7: rows_avx512<Wide ? 4 : 7, Wide, Int4>(tile_weight, act, row0, acc); break;
+        case 6: rows_avx512<Wide ? 4 : 6, Wide, Int4>(tile_weight, act, row0, acc); break;
+        case 5: rows_avx512<Wide ? 4 : 5, Wide, Int4>(tile_weight, act, row0, acc); break;
         case 4: rows_avx512<4, Wide, Int4>(tile_weight, act, row0, acc); break;
         case 3: rows_avx512<3, Wide, Int4>(tile_weight, act, row0, acc); break;
         case 2: rows_avx512<2, Wide, Int4>(tile_weight, act, row0, acc); break;
@@ -502,13 +507,18 @@ template <bool Wide, int Bits>
 METAGEN_AVX512 void grouped_tiles_avx512(const uint8_t* weight, const GroupFormat& f, const QuantizedRows& act,
                                          int64_t rows, int64_t n, const float* bias, Output out, int64_t tile_begin,
                                          int64_t tile_end) {
-  alignas(64) float acc[4 * kTile];
+  const int64_t max_rows = Wide || f.groups != 1 ? 4 : 8;  // 8 rows' accumulators fit the registers
+  alignas(64) float acc[8 * kTile];
   const int64_t tile_bytes = f.tile_bytes(act.blocks);
   for (int64_t t = tile_begin; t < tile_end; ++t) {
     const uint8_t* tile_weight = weight + t * tile_bytes;
-    for (int64_t row0 = 0; row0 < rows; row0 += 4) {
-      const int64_t count = std::min<int64_t>(4, rows - row0);
+    for (int64_t row0 = 0; row0 < rows; row0 += max_rows) {
+      const int64_t count = std::min<int64_t>(max_rows, rows - row0);
       switch (count) {
+        case 8: grouped_rows_avx512<Wide ? 4 : 8, Wide, Bits>(tile_weight, f, act, row0, acc); break;
+        case 7: grouped_rows_avx512<Wide ? 4 : 7, Wide, Bits>(tile_weight, f, act, row0, acc); break;
+        case 6: grouped_rows_avx512<Wide ? 4 : 6, Wide, Bits>(tile_weight, f, act, row0, acc); break;
+        case 5: grouped_rows_avx512<Wide ? 4 : 5, Wide, Bits>(tile_weight, f, act, row0, acc); break;
         case 4: grouped_rows_avx512<4, Wide, Bits>(tile_weight, f, act, row0, acc); break;
         case 3: grouped_rows_avx512<3, Wide, Bits>(tile_weight, f, act, row0, acc); break;
         case 2: grouped_rows_avx512<2, Wide, Bits>(tile_weight, f, act, row0, acc); break;
@@ -948,6 +958,27 @@ std::vector<torch::Tensor> quantize_activations(torch::Tensor x, bool wide) {
 // converted before the GIL is released and the result after it is taken back.
 bool gil_held() { return PyGILState_Check() != 0; }
 
+// The core's peak for the instruction the AVX-512 kernels multiply with: `rounds` rounds of 12
+// independent vpdpbusd (more chains than its latency × throughput needs), on one thread, each 64
+// u8 × s8 multiply-adds. The caller times the call; the result is a checksum that keeps the
+// loop from being optimized away. -1 when the CPU lacks AVX-512 VNNI.
+METAGEN_AVX512 int64_t dot_peak_avx512(int64_t rounds) {
+  __m512i acc[12];
+  __m512i w = _mm512_set1_epi8(3);
+  const __m512i x = _mm512_set1_epi8(5);
+  for (int j = 0; j < 12; ++j) acc[j] = _mm512_setzero_si512();
+  for (int64_t i = 0; i < rounds; ++i) {
+    for (int j = 0; j < 12; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], w, x);
+    __asm__ volatile("" : "+v"(w));  // w may change: no folding across rounds
+  }
+  for (int j = 1; j < 12; ++j) acc[0] = _mm512_add_epi32(acc[0], acc[j]);
+  return _mm512_reduce_add_epi32(acc[0]);
+}
+
+int64_t dot_peak(int64_t rounds) {
+  return best_isa() == kAvx512 ? dot_peak_avx512(rounds) : -1;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto release = py::call_guard<py::gil_scoped_release>();
   m.def("gil_held", &gil_held, "whether a kernel call holds the GIL (it does not: every call releases it)",
@@ -964,5 +995,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("weight"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("isa"), py::arg("wide"),
         py::arg("bits"), py::arg("group"), py::arg("zero"), py::arg("half"), py::arg("factored"), py::arg("offset"),
         py::arg("out") = py::none(), release);
+  m.def("dot_peak", &dot_peak, "12 × rounds independent vpdpbusd on this thread (time it: 64 int8 MACs each); -1 "
+        "without AVX-512 VNNI", release);
   m.def("quantize_activations", &quantize_activations, "per-row, per-32 codes, their int8 digits and scales of x", release);
 }
