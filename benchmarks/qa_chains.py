@@ -1,0 +1,96 @@
+"""Accuracy against cost of the chain strategies on a short-answer task, from `metagen eval --out`.
+
+`metagen eval --task multihop --strategy chain_of_thought,self_ask,self_ask_search,dsp --model A
+--model B --out DIR` stores one record per (model, strategy, question) in DIR/results.jsonl; its
+summary gives exact-match accuracy and mean cost. This script reads the same records and adds
+what a short-answer task is usually also judged by, per (model, strategy):
+
+- EM: normalized exact match (the eval's own grade, `correct`), with its standard error
+  √(p(1 − p)/n) over the n questions;
+- F1: token F1 of the answer against the reference (SQuAD / HotpotQA's, `scoring.qa_match`);
+- contains: the share of answers whose normalized text contains the normalized reference (a
+  right answer inside a sentence, which EM counts wrong);
+- cost per question, as medians over the questions (the records' `Cost`): prompt tokens
+  computed, generated tokens, TFLOPs, wall seconds (retrieval included); and the mean TFLOPs.
+  DSP's bootstrap (its program run on the training questions, once per process and config) is
+  counted in the Cost of the question that paid it: such a record costs many times the median,
+  and the script lists those records below the table with their cost, so that the mean can be
+  read with and without them.
+
+Models are named by their label in the run (`run.json`: the file's stem).
+
+    python benchmarks/qa_chains.py DIR --task multihop [--markdown]
+    python benchmarks/qa_chains.py DIR --task s2a_distractors --markdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from metagen.eval.qa_tasks import multihop_problems, s2a_problems
+from metagen.scoring.qa_match import normalize_answer, token_f1
+
+TASKS = {"multihop": multihop_problems, "s2a_distractors": s2a_problems}
+HEADER = ["model", "strategy", "questions", "EM", "± SE", "F1", "contains", "prompt tokens", "generated tokens",
+          "TFLOPs", "mean TFLOPs", "wall s"]
+OUTLIER = 5.0  # a record above this many times its group's median FLOPs is listed (a DSP bootstrap)
+
+
+def rows(directory: Path, task: str) -> tuple[list[list[str]], list[str]]:
+    """The table (HEADER first) of `directory`'s results.jsonl, one row per (model, strategy) in
+    their first appearance, and a line per record costing over OUTLIER times its group's median."""
+    gold = {problem.id: problem.answer for problem in TASKS[task]()}
+    run = json.loads((directory / "run.json").read_text())
+    names = {setup["fingerprint"]: label for label, setup in run["models"].items()}
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for line in (directory / "results.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "live":
+            if record["id"] not in gold:
+                raise ValueError(f"{directory}/results.jsonl: question {record['id']!r} is not in task {task}")
+            groups[(record["fingerprint"]["setup"], record["strategy"])].append(record)
+    table, outliers = [list(HEADER)], []
+    for (setup, strategy), records in groups.items():
+        n = len(records)
+        em = sum(bool(r["correct"]) for r in records) / n
+        f1 = sum(token_f1(r["answer"], gold[r["id"]]) for r in records) / n
+        contains = sum(normalize_answer(gold[r["id"]]) in normalize_answer(r["answer"] or "") for r in records) / n
+
+        def median(field: str) -> float:
+            return statistics.median(r["cost"][field] for r in records)
+
+        flops = median("flops")
+        table.append([names.get(setup, setup), strategy, str(n), f"{em:.3f}", f"{math.sqrt(em * (1 - em) / n):.3f}",
+                      f"{f1:.3f}", f"{contains:.3f}", f"{median('prompt_tokens_computed'):.0f}",
+                      f"{median('generated_tokens'):.0f}", f"{flops / 1e12:.2f}",
+                      f"{sum(r['cost']['flops'] for r in records) / n / 1e12:.2f}", f"{median('wall_seconds'):.1f}"])
+        outliers += [f"{names.get(setup, setup)} {strategy} {r['id']}: {r['cost']['flops'] / 1e12:.1f} TFLOPs, "
+                     f"{r['cost']['prompt_tokens_computed']} prompt tokens, {r['cost']['wall_seconds']:.0f} s"
+                     for r in records if flops and r["cost"]["flops"] > OUTLIER * flops]
+    return table, outliers
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("directory", type=Path, help="a `metagen eval --out` directory")
+    parser.add_argument("--task", required=True, choices=tuple(TASKS))
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+    table, outliers = rows(args.directory, args.task)
+    if args.markdown:
+        print("\n".join("| " + " | ".join(row) + " |" for row in table[:1]))
+        print("|" + "|".join("---" for _ in HEADER) + "|")
+        print("\n".join("| " + " | ".join(row) + " |" for row in table[1:]))
+    else:
+        print("\n".join("  ".join(row) for row in table))
+    for line in outliers:
+        print(f"over {OUTLIER:g}x the median: {line}")
+
+
+if __name__ == "__main__":
+    main()
