@@ -45,10 +45,6 @@ def test_prefill_chunk_is_checked_before_the_model_loads(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--speculative", "pearl:early-exit"], "metagen serve does not draft with pearl:early-exit: it drafts in a "
-                                            "thread of its own"),
-    (["--speculative", "s2d"], "metagen serve does not draft with s2d: it keeps one cache per nested exit"),
-    (["--speculative", "medusa:heads.safetensors"], "use metagen generate --speculative medusa:heads.safetensors"),
     (["--speculative", "nope"], "speculative drafter 'nope' is unknown"),
     (["--speculative", "ngram", "--exit-layer", "4"], "exit_layer=4 does not apply to the ngram drafter"),
     (["--speculative", "recycling", "--verify", "token"], "verify='token' cannot verify"),

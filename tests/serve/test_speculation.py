@@ -12,7 +12,7 @@ import pytest
 from metagen.sampling import SamplingParams
 from metagen.serve.engine import DoneEvent, Engine, ServeRequest, TokenEvent
 from metagen.speculative import NgramDrafter, SpeculativeConfig
-from metagen.speculative.registry import DrafterOptions, check_served
+from metagen.speculative.registry import DRAFTERS, DrafterOptions, check_speculative
 
 from tests.decoding.helpers import assert_follows
 from tests.decoding.toy_model import BOS, A, C, ToyModel
@@ -109,17 +109,12 @@ def test_sampled_sequences_follow_plain_decodings_law(verify):
     assert engine.stats.accepted_tokens > 0
 
 
-def test_what_the_server_cannot_draft_with_is_refused_by_name():
-    reasons = {"pearl:early-exit": "a thread of its own", "s2d": "one cache per nested exit",
-               "rasd-tree": "two drafters", "medusa:heads.safetensors": "hidden states"}
-    for name, reason in reasons.items():
-        with pytest.raises(ValueError, match=f"does not draft with {name}: .*{reason}.*use metagen generate"):
-            check_served(name)
-    for name in ("ngram", "recycling", "rasd", "stand", "early-exit", "quantized", "model:draft.gguf", "tree",
-                 "spectr", "dyspec"):
-        check_served(name)
+def test_every_registered_drafter_is_accepted_for_the_server():
+    for name in DRAFTERS:
+        argument = {"model": ":draft.gguf", "medusa": ":heads.safetensors", "pearl": ":early-exit"}.get(name, "")
+        check_speculative(name + argument)
     with pytest.raises(ValueError, match="verify='token' cannot verify"):
-        check_served("recycling", DrafterOptions(), "token")
+        check_speculative("recycling", DrafterOptions(), "token")
 
 
 def test_mirostat_under_the_rules_and_a_combiner_are_refused():
@@ -230,11 +225,24 @@ def test_tree_drafters_in_the_batch_give_plain_greedy_and_plain_decodings_law(na
 def _draft_model_drafters():
     from metagen.speculative import ModelDrafter
     from metagen.speculative.dyspec import DySpecDrafter
+    from metagen.speculative.pearl import PearlDrafter
+    from metagen.speculative.rasd import SEPARATOR, RasdDrafter
+    from metagen.speculative.s2d import S2DDrafter
     from metagen.speculative.tree_drafter import TreeDrafter
     from tests.speculative.test_loop import DraftToyModel
+    from tests.speculative.test_s2d import FlatToyModel
     from tests.speculative.test_tree import DraftTreeToyModel
 
+    def rasd_tree():
+        tree = TreeDrafter(DraftTreeToyModel(), widths=(2, 1), max_nodes=4)
+        return RasdDrafter([A, C, A, C, A, SEPARATOR], model=tree, max_nodes=8)
+
     return {
+        # S2D: two sub-models, each request's copy with caches of its own for both
+        "s2d": (lambda: S2DDrafter([FlatToyModel(), DraftToyModel()], threshold=0.4), "token", False),
+        # PEARL: the server's copies draft serially (no worker thread), under PEARL's own rule
+        "pearl": (lambda: PearlDrafter(DraftToyModel(), parallel=True), "pearl", False),
+        "rasd fused with a model tree": (rasd_tree, "multi-draft", True),
         "model, token": (lambda: ModelDrafter(DraftToyModel()), "token", False),
         "model, block": (lambda: ModelDrafter(DraftToyModel()), "block", False),
         "model sharing the prompt cache": (lambda: ModelDrafter(DraftToyModel(), share_prompt_cache=True), "token",
@@ -272,6 +280,32 @@ def test_draft_models_in_the_batch_give_plain_greedy_and_plain_decodings_law(kin
     params = SamplingParams(n=8, max_tokens=4, temperature=1.0)
     cases = [(PROMPT[:4], SamplingParams(n=8, max_tokens=4, temperature=1.0, seed=seed)) for seed in range(150)]
     sampled, engine = serve(cases, make())
+    assert_follows([tuple(c.token_ids) for request in sampled for c in request.completions],
+                   chain_distribution(params, PROMPT[:4], 4))
+    assert engine.stats.accepted_tokens > 0
+
+
+def test_medusa_heads_in_the_batch_read_each_rows_hidden_state_from_the_one_forward():
+    """Medusa heads draft from the hidden states the engine's forward returns beside the logits
+    (each request's copy keeps its rows' states): greedy equals the plain engine's token for
+    token, sampled sequences follow plain decoding's law."""
+    from metagen.speculative.medusa import MedusaDrafter
+    from tests.speculative.test_medusa import HiddenTreeToyModel, random_heads
+
+    config = SpeculativeConfig(num_draft_tokens=3, verify="multi-draft")
+
+    def serve(cases, drafter=None):
+        served, engine = _run(cases, drafter, config, max_rows=64, model=HiddenTreeToyModel(max_context=256))
+        return [request for request, _ in served], engine
+
+    drafted, engine = serve(GREEDY_CASES, MedusaDrafter(HiddenTreeToyModel(), random_heads(), widths=(2, 2, 1)))
+    plain, _ = serve(GREEDY_CASES)
+    for mine, theirs in zip(drafted, plain):
+        assert [c.token_ids for c in mine.completions] == [c.token_ids for c in theirs.completions]
+    assert engine.stats.draft_tokens > engine.stats.accepted_tokens > 0
+    params = SamplingParams(n=8, max_tokens=4, temperature=1.0)
+    cases = [(PROMPT[:4], SamplingParams(n=8, max_tokens=4, temperature=1.0, seed=seed)) for seed in range(150)]
+    sampled, engine = serve(cases, MedusaDrafter(HiddenTreeToyModel(), random_heads(), widths=(2, 2, 1)))
     assert_follows([tuple(c.token_ids) for request in sampled for c in request.completions],
                    chain_distribution(params, PROMPT[:4], 4))
     assert engine.stats.accepted_tokens > 0

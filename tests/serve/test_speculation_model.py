@@ -1,7 +1,8 @@
 """The engine's draft / verify stage on the embedded SmolLM2 (fp32, for exact comparisons):
 requests joining a running batch at different steps, decoded speculatively (chains and token
 trees, model-free and from the early-exit draft model with its own cache per request), give
-plain decoding's greedy tokens, records and texts; a stop string, a constraint and
+plain decoding's greedy tokens, records and texts (also S2D's nested exits, PEARL served
+serially, Medusa heads reading the forward's hidden states); a stop string, a constraint and
 n > 1 keep working; the shared cache keeps no slot once they end (with and without the prefix
 cache); and a real `metagen serve --speculative ngram` streams to the official openai client."""
 
@@ -37,9 +38,19 @@ CASES = [
 
 @pytest.mark.parametrize("drafter, options, verify, cache_memory", [("ngram", {}, "token", None),
                                                                     ("recycling", {"tree_nodes": 8}, "multi-draft", 0),
-                                                                    ("tree", {"tree_nodes": 8}, "multi-draft", None)])
-def test_requests_joining_a_speculative_batch_equal_plain_greedy(model_fp32, drafter, options, verify, cache_memory):
+                                                                    ("tree", {"tree_nodes": 8}, "multi-draft", None),
+                                                                    ("s2d", {}, "token", None),
+                                                                    ("pearl:early-exit", {}, "pearl", None),
+                                                                    ("medusa", {"tree_nodes": 8}, "multi-draft", None)])
+def test_requests_joining_a_speculative_batch_equal_plain_greedy(model_fp32, drafter, options, verify, cache_memory,
+                                                                  tmp_path):
     model = model_fp32
+    if drafter == "medusa":  # heads with zero maps: each head proposes the target's own next token again
+        from metagen.speculative.adapter import model_identity
+        from metagen.speculative.medusa import MedusaHeads
+
+        MedusaHeads(3, model_identity(model)).save(tmp_path / "heads.safetensors")
+        drafter = f"medusa:{tmp_path / 'heads.safetensors'}"
     engine = Engine(model, max_rows=8, cache_memory=cache_memory, drafter=make_drafter(drafter, model, **options),
                     speculative=SpeculativeConfig(num_draft_tokens=5, verify=verify))
     engine.start()

@@ -35,12 +35,12 @@ and without --retriever those strategies are refused.
 
 --speculative DRAFTER (declared with `generate`'s, cli/speculative.py) decodes every request
 speculatively inside the engine's continuous batching (serve/speculation.py): each request drafts
-with its own copy of the drafter (ngram, recycling, rasd, stand; or a draft model: early-exit,
-quantized, model:PATH, tree, spectr, dyspec, each request's copy keeping its own draft cache of
-the request's rows, counted in the admission check), one forward scores every row's draft, and
-each request verifies its own with --verify's rule. pearl, s2d, rasd-tree and medusa are refused
-by name before any model loads (`registry.check_served` says why), as is --speculative with
---contrastive or --dexperts.
+with its own copy of the drafter (ngram, recycling, rasd, stand, medusa; or draft models:
+early-exit, quantized, model:PATH, tree, spectr, dyspec, rasd-tree, s2d, pearl, each request's
+copy keeping its own draft caches of the request's rows, counted in the admission check; pearl's
+rounds run serially, the engine's one thread running every forward), one forward scores every
+row's draft (with the hidden states Medusa heads read), and each request verifies its own with
+--verify's rule. --speculative with --contrastive or --dexperts is refused before any model loads.
 
 Binds to 127.0.0.1 unless told otherwise. FastAPI and uvicorn come with the `serve` extra
 (the `serve` extra: `pip install -e '.[serve]'` in a checkout); they are imported only when the command runs.
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
 
         parse_retriever_spec(args.retriever, "--retriever")
     combiner = _combiner_settings(args)
-    speculative = None if args.backend is not None else speculative_options(args, served=True)
+    speculative = None if args.backend is not None else speculative_options(args)
     if speculative is not None and combiner is not None:
         raise ValueError(f"--speculative {args.speculative} cannot be combined with --{combiner[0]}: speculation "
                          "verifies the model's own logits, and the combiner's companion models would have to score "

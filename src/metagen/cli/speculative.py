@@ -18,7 +18,6 @@ from metagen.speculative.registry import (
     DRAFTERS,
     VERIFICATIONS,
     DrafterOptions,
-    check_served,
     check_speculative,
     drafter_names,
 )
@@ -38,10 +37,9 @@ def _readers(option: str) -> str:
 
 def add_speculative_options(parser: argparse.ArgumentParser, *, served: bool = False) -> None:
     """The argument group of --speculative and the options that only apply with it; `served`:
-    `metagen serve`'s, whose help names the drafters the server runs (`check_served`)."""
+    `metagen serve`'s, whose help says how the server drafts."""
     spec = parser.add_argument_group("speculative decoding (same output distribution, fewer target steps)")
-    names = [entry.spelling for entry in DRAFTERS.values() if entry.unserved is None] if served else drafter_names()
-    spec.add_argument("--speculative", default=None, metavar="DRAFTER", help=" | ".join(names) + (
+    spec.add_argument("--speculative", default=None, metavar="DRAFTER", help=" | ".join(drafter_names()) + (
         " (every request drafts in the engine's batch, a draft model with its own cache of the request's rows)"
         if served else ""))
     spec.add_argument("--num-draft-tokens", type=int, default=None, help="draft tokens per step, γ (default 4)")
@@ -86,17 +84,16 @@ def _widths(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints (e.g. 2,2,1)") from None
 
 
-def speculative_options(args: argparse.Namespace, *, served: bool = False) -> dict | None:
-    """The speculative settings of `generate` (`served`: of `serve`, the drafters it runs,
-    `check_served`), or None; options without --speculative raise, as do an unknown drafter or
-    rule and an option the drafter does not read (nothing loaded yet)."""
+def speculative_options(args: argparse.Namespace) -> dict | None:
+    """The speculative settings of `generate` or `serve`, or None; options without --speculative
+    raise, as do an unknown drafter or rule and an option the drafter does not read (nothing
+    loaded yet)."""
     if args.speculative is None:
         refuse_alone(args, OPTIONS, "--speculative DRAFTER")
         return None
     drafter_args = {field: getattr(args, flag) for flag, field in _DRAFTER_OPTIONS.items()
                     if getattr(args, flag) is not None}
-    check = check_served if served else check_speculative
-    _, verify = check(args.speculative, DrafterOptions(**drafter_args), args.verify)
+    _, verify = check_speculative(args.speculative, DrafterOptions(**drafter_args), args.verify)
     from metagen.speculative import SpeculativeConfig
 
     config = SpeculativeConfig(

@@ -85,8 +85,8 @@ class Engine:
     combiner: a `LogitsCombiner` (contrastive decoding, DExperts) every request is decoded with:
         its companions keep rows next to the model's (`companions.CompanionCaches`); no prefix
         cache then (ValueError for a `cache_memory` > 0).
-    drafter: a `Drafter` the server runs (`registry.check_served`: the model-free ones and the
-        draft models, whose caches count in the admission check) every request is decoded
+    drafter: a `Drafter` (any registered one: model-free, Medusa heads, or draft models, whose
+        caches count in the admission check) every request is decoded
         speculatively with, each request with its own copy, verified as `speculative` says (a
         `SpeculativeConfig`; default γ = 4, token verification):
         the draft / verify stage of speculation.py replaces the decode step. Not with a combiner.

@@ -1,11 +1,13 @@
 """Speculative decoding in the serving engine: a draft / verify stage over the running batch, as
 vLLM's engine runs n-gram (prompt-lookup) speculation inside continuous batching.
 
-`metagen serve --speculative NAME` drafts with a model-free drafter (n-gram / prompt lookup,
-token recycling, RASD with a corpus, STAND) or a draft model (early-exit, quantized, a model
-file, and their trees: tree, spectr, dyspec; `registry.check_served`); each request gets its own
-copy (`Drafter.for_request`) and the verification is the generate loop's own (`config.verify`:
-token, block, draw, multi-draft, spectr). A draft model's copy keeps its own cache of the
+`metagen serve --speculative NAME` drafts with any registered drafter: model-free (n-gram /
+prompt lookup, token recycling, RASD with a corpus, STAND), Medusa heads (the forward then also
+returns the hidden states they read), or draft models (early-exit, quantized, a model file, their
+trees: tree, spectr, dyspec; RASD fused with a tree, S2D's nested exits, PEARL, whose rounds run
+serially here: the engine's one thread runs every forward). Each request gets its own copy
+(`Drafter.for_request`) and the verification is the generate loop's own (`config.verify`:
+token, block, draw, multi-draft, spectr, pearl). A draft model's copy keeps its own cache of the
 request's rows: `start` prefills the prompt on it when the request's first tokens are drawn, it
 follows the rows that stay (`select`, as a follower of the request's `RowBatch`) and truncates
 what verification rejected at its next proposal; its bytes per token join the admission check
@@ -21,10 +23,12 @@ as in `decoding.draft_loop`. One engine step:
     step, over the running requests in batch order:
         draft_r, feed_r = propose_drafts(request r)         # [t0] + its draft per live row
         logits = score_drafts(model, cache, feed_1 + ... + feed_R, tree_masks)   # ONE ragged forward
+                                                            # (+ hidden states when a drafter reads them)
         per request r (rows a..b):                          # (k_r, 1 + its longest feed, V) view
             verify_drafts(r, logits[a:b])                   # the generate loop's step: verification,
                                                             # cache.truncate / keep_path of rows a..b,
-                                                            # contexts, γ, drafter.observe
+                                                            # contexts, γ, drafter.observe (and
+                                                            # observe_hidden: Medusa heads)
     ... the scheduler drops the rows that ended (`Scheduler.settle`) ...
 
 A row without a draft (nothing found, no budget left) feeds t0 alone; trees (multi-draft, spectr)
@@ -59,7 +63,7 @@ from metagen.speculative.registry import make_verification
 
 class SpeculativeStage:
     """The draft / verify stage over `model` and the engine's shared `cache` (engine thread only):
-    `drafter` (a served one, `registry.check_served`) drafts for every request, `config` says
+    `drafter` (any registered one) drafts for every request, `config` says
     how many tokens and which rule verifies them (ValueError when the rule cannot verify the
     drafter's drafts); `stats` counts draft and accepted tokens."""
 
@@ -115,7 +119,10 @@ class SpeculativeStage:
             entries.append((request, draft, feed))
         feeds = [tokens for _, _, feed in entries for tokens in feed]
         before = self.cache.lengths
-        logits = score_drafts(self.model, self.cache, feeds, tree_masks([draft for _, draft, _ in entries])).logits
+        hidden = any(request.drafting.drafter.reads_hidden for request, _, _ in entries)
+        scored = score_drafts(self.model, self.cache, feeds, tree_masks([draft for _, draft, _ in entries]),
+                              hidden=hidden)
+        logits = scored.logits
         stats = self.stats
         stats.steps += 1
         stats.step_rows += len(feeds)
@@ -129,9 +136,11 @@ class SpeculativeStage:
             state = request.drafting
             width = max(len(tokens) for tokens in feed)
             try:
+                states = scored.hidden[rows.start:rows.stop, :width] if state.drafter.reads_hidden else None
                 counts = self._emit(request, verify_drafts(
                     request.batch, state.drafter, self.verification, draft, feed, logits[rows.start:rows.stop, :width],
-                    self.cache, rows, before[rows.start:rows.stop], state.contexts, state.gammas, self.config))
+                    self.cache, rows, before[rows.start:rows.stop], state.contexts, state.gammas, self.config,
+                    hidden=states))
                 self._finished(request)
             except Exception as error:  # noqa: BLE001 - fail this request only
                 failed.append((request, DoneEvent(f"{type(error).__name__}: {error}")))

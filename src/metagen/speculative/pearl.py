@@ -140,6 +140,16 @@ class PearlDrafter(ModelDrafter):
         self._planned: tuple[int, float] = (0, 0.0)
         self._target_start = 0.0
 
+    def for_request(self) -> PearlDrafter:
+        """A copy for one request of the serving engine, drafting serially (`parallel=False`):
+        the engine's one thread runs every request's forwards and sets the process's thread
+        count, so a copy neither starts a worker nor changes that count. Its rounds, tokens and
+        random draws are PEARL's; only the overlap of drafting with the target's forward is lost."""
+        copy = super().for_request()
+        copy.parallel, copy._executor, copy._caller_threads, copy._job = False, None, None, None
+        copy.stats = PearlStats()
+        return copy
+
     def start(self, prompt_ids: Sequence[int], batch_size: int, target_cache=None) -> None:
         self.finish([])  # a request that ended without finish() leaves nothing running
         super().start(prompt_ids, batch_size, target_cache)

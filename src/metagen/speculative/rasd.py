@@ -87,6 +87,17 @@ class RasdDrafter(Drafter):
     def prefill_flops(self) -> float:  # the model drafter's prompt, when there is one
         return 0.0 if self.model is None else self.model.prefill_flops
 
+    @property
+    def draft_models(self) -> tuple:
+        return () if self.model is None else self.model.draft_models
+
+    def for_request(self) -> RasdDrafter:
+        """A copy reading the same stores, with a copy of the model drafter of its own."""
+        copy = super().for_request()
+        if self.model is not None:
+            copy.model = self.model.for_request()
+        return copy
+
     def start(self, prompt_ids: Sequence[int], batch_size: int, target_cache=None) -> None:
         if self.model is not None:
             self.model.start(prompt_ids, batch_size, target_cache)

@@ -43,17 +43,17 @@ if TYPE_CHECKING:
     from metagen.decoding.drafts import Drafter, Verification
 
 __all__ = ["DRAFTERS", "DRAFT_DTYPES", "VERIFICATIONS", "DrafterOptions", "DrafterSpec", "VerificationSpec",
-           "check_drafter", "check_served", "check_speculative", "check_verification", "default_exit_layer", "drafter_names", "make_drafter",
+           "check_drafter", "check_speculative", "check_verification", "default_exit_layer", "drafter_names", "make_drafter",
            "make_verification", "register_drafter", "register_verification"]
 
 @dataclass(frozen=True)
 class DrafterSpec:
     """factory(target, argument, options) -> Drafter; `reads`: the `DrafterOptions` it reads;
     `argument`: what follows `name:` (e.g. "PATH"), None when the name takes none; `verify`:
-    the rule the command line uses when none is given (a tree drafter's is a tree rule);
-    `unserved`: why `metagen serve` cannot draft with it (None: the engine gives each request its
-    own copy, `Drafter.for_request`, whose draft model, if any, keeps its own cache of that
-    request's rows, `Drafter.draft_models`)."""
+    the rule the command line uses when none is given (a tree drafter's is a tree rule). Every
+    entry also runs in `metagen serve`: the engine gives each request its own copy
+    (`Drafter.for_request`), whose draft models, if any, keep their own caches of that request's
+    rows (`Drafter.draft_models`)."""
 
     name: str
     description: str
@@ -61,7 +61,6 @@ class DrafterSpec:
     reads: tuple[str, ...] = ()
     argument: str | None = None
     verify: str = "token"
-    unserved: str | None = None
 
     @property
     def spelling(self) -> str:
@@ -152,18 +151,6 @@ def check_speculative(name: str, options: DrafterOptions | None = None, verify: 
     if options.confidence is not None and options.stop_head is not None:
         raise ValueError(f"confidence={options.confidence!r} and stop_head={options.stop_head!r} are two rules "
                          "for ending a draft: give one")
-    return spec, verify
-
-
-def check_served(name: str, options: DrafterOptions | None = None, verify: str | None = None
-                 ) -> tuple[DrafterSpec, str]:
-    """`check_speculative` for `metagen serve`: ValueError naming a drafter the engine cannot
-    run (`DrafterSpec.unserved` says why) and the ones it can. Loads nothing."""
-    spec, verify = check_speculative(name, options, verify)
-    if spec.unserved is not None:
-        served = ", ".join(entry.name for entry in DRAFTERS.values() if entry.unserved is None)
-        raise ValueError(f"metagen serve does not draft with {name}: {spec.unserved}; the server drafts with "
-                         f"{served}; use metagen generate --speculative {name}")
     return spec, verify
 
 
@@ -407,9 +394,7 @@ register_drafter(DrafterSpec(
     verify="multi-draft"))
 register_drafter(DrafterSpec(
     "rasd-tree", "RASD's tree fusion: the retrieval trie and the tree drafter's early-exit tree merged on shared "
-    "prefixes", _rasd_tree, reads=("draft_corpus", "exit_layer", "tree_widths", "tree_nodes"), verify="multi-draft",
-    unserved="its retrieval trie and its model tree are two drafters whose states the engine does not follow "
-             "row by row"))
+    "prefixes", _rasd_tree, reads=("draft_corpus", "exit_layer", "tree_widths", "tree_nodes"), verify="multi-draft"))
 register_drafter(DrafterSpec(
     "stand", "STAND (Song et al. 2025): no model; one store per request of the target's observed next-token "
     "distributions per n-gram, shared by its n rows; token trees drawn from it (Gumbel-top-k), verified "
@@ -442,9 +427,8 @@ def _pearl_rule() -> Verification:
 register_drafter(DrafterSpec(
     "pearl", "PEARL (Liu et al. 2024): the draft model drafts in a second thread while the target verifies; "
     "pre-verify / post-verify rounds make the draft length adaptive. DRAFT: early-exit, quantized or a model "
-    "PATH", _pearl, reads=("exit_layer", "exit_adapter", "draft_dtype"), argument="DRAFT", verify="pearl",
-    unserved="it drafts in a thread of its own beside one target, and the engine's one thread runs every "
-             "request's forwards"))
+    "PATH (metagen serve drafts each request's rounds serially: the engine's one thread runs every forward)", _pearl,
+    reads=("exit_layer", "exit_adapter", "draft_dtype"), argument="DRAFT", verify="pearl"))
 register_verification(VerificationSpec(
     "pearl", "token verification whose last token is the draft's next token, verified against the target after "
     "the draft (PEARL: no bonus draw); greedy verification at temperature 0", _pearl_rule))
@@ -460,10 +444,8 @@ register_drafter(DrafterSpec(
     "s2d", "S2D (Kavehzadeh et al. 2024): one draft for nested targets — the target's model's early exits at "
     "exit_layer / 2 and exit_layer (default a third of its depth); per token the shallowest exit whose top "
     "probability reaches the target's threshold (confidence, default 0.5), the draft ending below it", _s2d,
-    reads=("exit_layer", "confidence"),
-    unserved="it keeps one cache per nested exit, which the engine does not follow row by row"))
+    reads=("exit_layer", "confidence")))
 register_drafter(DrafterSpec(
     "medusa", "Medusa-style draft heads (Cai et al. 2024) on the target's last hidden state, trained on its own text "
     "(metagen train-medusa): their top-k candidates as a token tree (widths 4, 3, 2, at most 16 nodes), no draft "
-    "model; verified by the multi-draft rule", _medusa, reads=_TREE_OPTIONS, argument="PATH", verify="multi-draft",
-    unserved="its heads read the target's hidden states, which the engine's batched forward does not return"))
+    "model; verified by the multi-draft rule", _medusa, reads=_TREE_OPTIONS, argument="PATH", verify="multi-draft"))

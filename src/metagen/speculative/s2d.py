@@ -115,6 +115,17 @@ class S2DDrafter(Drafter):
         self.tried = [0] * len(submodels)
         self._committed: list[int] = []
 
+    @property
+    def draft_models(self) -> tuple:
+        return tuple(sub.model for sub in self.subs)
+
+    def for_request(self) -> S2DDrafter:
+        """A copy with sub-models of its own (each keeps a cache of the request's rows), the
+        models themselves shared."""
+        copy = super().for_request()
+        copy.subs = [SubModel(sub.model) for sub in self.subs]
+        return copy
+
     def start(self, prompt_ids: Sequence[int], batch_size: int, target_cache=None) -> None:
         head = list(prompt_ids[:-1])
         shared = target_cache if self.share_prompt_cache else None
