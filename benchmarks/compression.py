@@ -1,5 +1,5 @@
-"""The seed's compression table: perplexity, compression time, decode speed and self-draft
-acceptance of each compressed copy of a model (the embedded SmolLM2-135M by default, `--model`
+"""A compression table: perplexity, compression time, decode speed and self-draft acceptance
+of each compressed copy of a model (the embedded SmolLM2-135M by default, `--model`
 for another GGUF / HF checkpoint, e.g. Qwen2.5-Coder-0.5B-Instruct Q4_K_M).
 
 Text: Isaac Newton's *Opticks* (Project Gutenberg eBook #33504, public domain), as shipped on

@@ -5,7 +5,7 @@
 
 `benchmarks/structured.py` runs the same measurements as its engine section; this script runs
 them alone (seconds, no model weights). `SCHEMAS` is the schema set of both: six realistic
-extractions (the seed's Taylor Swift birth date, an order with patterns and bounded numbers, a
+extractions (the structured-outputs guide's Taylor Swift birth date, an order with patterns and bounded numbers, a
 support ticket with enums and optional fields, a weather reading with bounded numbers, a contact
 with a nested address, a calendar event with a date pattern and a nullable field), each with
 the text to extract from and one valid answer.
@@ -51,7 +51,7 @@ class Case:
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December"]
 SCHEMAS = {
-    # the seed's example: name and birth date, bounded integers, no other properties
+    # the guide's example: name and birth date, bounded integers, no other properties
     "taylor_swift": Case(
         {"type": "object", "properties": {
             "name": {"type": "string"},
