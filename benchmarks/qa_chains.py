@@ -19,7 +19,15 @@ what a short-answer task is usually also judged by, per (model, strategy):
 
 Models are named by their label in the run (`run.json`: the file's stem).
 
-    python benchmarks/qa_chains.py DIR --task multihop [--markdown]
+`--recall K` (multihop) adds what the retriever alone finds, no model involved, over the
+questions the run evaluated: the share whose hop-1 paragraph is in the top K (`--retriever bm25`,
+the eval's default, or `dense`: MiniLM embeddings, `retrieval.dense`) for the question
+itself; whose hop-2 paragraph is; and whose hop-2 paragraph is for the follow-up a chain should
+ask once it knows the bridge (the country hop 1 names): "What is the ATTRIBUTE of BRIDGE?", the
+attribute being the one the question asks for (capital, highest point, ...), and for the bridge's
+name alone. The chains search with the model's own queries; these say what well-formed ones get.
+
+    python benchmarks/qa_chains.py DIR --task multihop [--recall 3 [--retriever dense]] [--markdown]
     python benchmarks/qa_chains.py DIR --task s2a_distractors --markdown
 """
 
@@ -32,12 +40,15 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from metagen.eval.qa_tasks import multihop_problems, s2a_problems
+from metagen.eval.qa_tasks import CORPUS, MULTIHOP, multihop_problems, s2a_problems
 from metagen.scoring.qa_match import normalize_answer, token_f1
 
 TASKS = {"multihop": multihop_problems, "s2a_distractors": s2a_problems}
 HEADER = ["model", "strategy", "questions", "EM", "± SE", "F1", "contains", "prompt tokens", "generated tokens",
           "TFLOPs", "mean TFLOPs", "wall s"]
+# what the shipped multihop questions ask of the bridge country, most specific first
+ATTRIBUTES = ("highest point", "capital", "national anthem", "national", "currency", "language", "location",
+              "independence")
 OUTLIER = 5.0  # a record above this many times its group's median FLOPs is listed (a DSP bootstrap)
 
 
@@ -75,12 +86,47 @@ def rows(directory: Path, task: str) -> tuple[list[list[str]], list[str]]:
     return table, outliers
 
 
+def recall(directory: Path, k: int, retriever: str = "bm25") -> dict[str, float]:
+    """Recall@k of `retriever` ("bm25" or "dense") over the multihop questions `directory`'s run
+    evaluated (module docstring):
+    {"hop 1": .., "hop 2": .., "hop 2, the follow-up": .., "hop 2, the bridge's name": ..}."""
+    asked = {json.loads(line)["id"] for line in (directory / "results.jsonl").read_text().splitlines()
+             if json.loads(line).get("kind") == "live"}
+    questions = [json.loads(line) for line in MULTIHOP.read_text().splitlines() if line.strip()]
+    questions = [q for q in questions if q["id"] in asked]
+    if not questions:
+        raise ValueError(f"{directory}/results.jsonl holds no multihop question")
+    if retriever == "bm25":
+        from metagen.retrieval.bm25 import BM25Retriever as Kind
+    else:
+        from metagen.retrieval.dense import DenseRetriever as Kind
+    search = Kind(CORPUS).search
+
+    def top(query: str) -> set[str]:
+        return {passage.id for passage in search(query, k)}
+
+    found = {"hop 1": 0, "hop 2": 0, "hop 2, the follow-up": 0, "hop 2, the bridge's name": 0}
+    for q in questions:
+        first, second = q["supporting_ids"]
+        attribute = next((a for a in ATTRIBUTES if a in q["question"].lower()), "")
+        found["hop 1"] += first in top(q["question"])
+        found["hop 2"] += second in top(q["question"])
+        found["hop 2, the follow-up"] += second in top(f"What is the {attribute} of {q['bridge']}?")
+        found["hop 2, the bridge's name"] += second in top(q["bridge"])
+    return {name: count / len(questions) for name, count in found.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("directory", type=Path, help="a `metagen eval --out` directory")
     parser.add_argument("--task", required=True, choices=tuple(TASKS))
+    parser.add_argument("--recall", type=int, default=None, metavar="K",
+                        help="multihop: recall@K of the hop-1 / hop-2 paragraphs (module docstring)")
+    parser.add_argument("--retriever", choices=("bm25", "dense"), default="bm25", help="with --recall (default bm25)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
+    if args.recall is not None and (args.task != "multihop" or args.recall < 1):
+        parser.error(f"--recall {args.recall}: give K >= 1, with --task multihop")
     table, outliers = rows(args.directory, args.task)
     if args.markdown:
         print("\n".join("| " + " | ".join(row) + " |" for row in table[:1]))
@@ -90,6 +136,9 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join("  ".join(row) for row in table))
     for line in outliers:
         print(f"over {OUTLIER:g}x the median: {line}")
+    if args.recall is not None:
+        shares = recall(args.directory, args.recall, args.retriever)
+        print(f"{args.retriever} recall@{args.recall}: " + ", ".join(f"{name} {share:.3f}" for name, share in shares.items()))
 
 
 if __name__ == "__main__":

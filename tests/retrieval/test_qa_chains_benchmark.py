@@ -42,3 +42,17 @@ def test_a_question_outside_the_task_is_refused_by_name(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"models": {}}))
     with pytest.raises(ValueError, match="question 'gsm8k-1' is not in task multihop"):
         bench.rows(tmp_path, "multihop")
+
+
+def test_recall_counts_the_supporting_paragraphs_among_the_retrievers_best(tmp_path):
+    pytest.importorskip("bm25s")
+    records = [_record(question, "x", False, 1e12) for question in ("multihop-003", "multihop-007")]
+    (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    everything = bench.recall(tmp_path, 1000)  # k above the corpus size: every paragraph with a shared term
+    assert set(everything) == {"hop 1", "hop 2", "hop 2, the follow-up", "hop 2, the bridge's name"}
+    assert everything["hop 1"] == everything["hop 2, the bridge's name"] == 1.0
+    one = bench.recall(tmp_path, 1)
+    assert all(0.0 <= share <= 1.0 for share in one.values()) and one["hop 2"] <= everything["hop 2"]
+    (tmp_path / "results.jsonl").write_text(json.dumps(_record("gsm8k-1", "4", True, 1e12)) + "\n")
+    with pytest.raises(ValueError, match="holds no multihop question"):
+        bench.recall(tmp_path, 3)
