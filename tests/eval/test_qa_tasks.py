@@ -247,6 +247,21 @@ def test_the_multihop_task_gives_dsp_its_demonstration_questions_unless_train_is
     assert not evaluated & {question for question, _ in read_examples(MULTIHOP_DEMOS)}
 
 
+def test_a_retriever_kind_alone_searches_the_tasks_corpus():
+    import argparse
+
+    from metagen.cli.eval import _overrides
+    from metagen.eval.standard_tasks import load_task
+
+    given = {"strategy_retriever": "dense", "strategy_passages": None, "strategy_train": None}
+    task = load_task("multihop")
+    assert dict(_overrides(argparse.Namespace(**given), task, ("self_ask_search",))) == {"retriever": f"dense:{CORPUS}"}
+    given["strategy_retriever"] = "bm25"
+    assert dict(_overrides(argparse.Namespace(**given), task, ("self_ask_search",))) == {"retriever": f"bm25:{CORPUS}"}
+    with pytest.raises(ValueError, match="--retriever bm25 names no corpus, and this task has none"):
+        _overrides(argparse.Namespace(**given), load_task("s2a_distractors"), ("self_ask_search",))
+
+
 def test_hotpotqa_through_the_command_line_searches_its_own_corpus(tmp_path, monkeypatch, capsys, loads):
     monkeypatch.setenv("METAGEN_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("METAGEN_DATA", str(tmp_path / "data"))

@@ -119,8 +119,8 @@ def add_parser(commands) -> None:
                                  "several give a point per threshold (default 0.6)")
     add_strategy_options(evaluation, EVAL_STRATEGY_OPTIONS,
                          " (given to every strategy that takes it; a task with a corpus, multihop or hotpotqa, "
-                         "defaults --retriever to bm25:ITS_CORPUS; multihop defaults --train to its 20 "
-                         "demonstration questions)")
+                         "defaults --retriever to bm25:ITS_CORPUS, and --retriever bm25 or dense alone searches "
+                         "its corpus that way; multihop defaults --train to its 20 demonstration questions)")
     add_shared_option(evaluation, "pattern", " (multihop, s2a_distractors, hotpotqa: the rest of the line "
                                              "after 'answer is', unless given)")
     add_shared_option(evaluation, "answer_field", " (with --json-schema)", metavar="PATH")
@@ -289,13 +289,18 @@ def _problems(args: argparse.Namespace) -> dict:
 def _overrides(args: argparse.Namespace, task, strategies: tuple[str, ...]) -> tuple:
     """The strategy config fields of the run (`EVAL_STRATEGY_OPTIONS` given on the command line);
     --retriever, when not given, is bm25 over the task's corpus if it has one and a strategy of
-    the run searches; --train, when not given, the task's labelled examples if it has them and a
+    the run searches ("bm25" or "dense" alone: that kind over the task's corpus); --train, when not given, the task's labelled examples if it has them and a
     strategy of the run learns from examples."""
     from metagen.strategies.registry import get_strategy
 
     given = {name: getattr(args, "strategy_" + name) for name in EVAL_STRATEGY_OPTIONS
              if getattr(args, "strategy_" + name) is not None}
     searches = any("retriever" in get_strategy(name).fields() for name in strategies)
+    if given.get("retriever") in ("bm25", "dense"):  # a kind alone: over the task's corpus
+        if task.corpus is None:
+            raise ValueError(f"--retriever {given['retriever']} names no corpus, and this task has none: give "
+                             f"--retriever {given['retriever']}:PATH")
+        given["retriever"] = f"{given['retriever']}:{task.corpus}"
     if "retriever" not in given and task.corpus is not None and searches:
         given["retriever"] = f"bm25:{task.corpus}"
     learns = any("train" in get_strategy(name).fields() for name in strategies)
