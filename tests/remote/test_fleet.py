@@ -447,10 +447,12 @@ def test_max_rows_bounds_one_calls_fan_out_and_native_n():
         with FleetGenerator([native.url], max_retries=0) as fleet:
             fleet.max_rows = 2
             assert fleet.profile.native_n
+            native.delay, native.peak = 0.1, 0
             result = fleet.generate("hi", SamplingParams(n=5, max_tokens=2, seed=1))
             sent = [body for body in native.posts() if body.get("max_tokens") == 2]
             assert [body["n"] for body in sent] == [2, 2, 1] and len({body["seed"] for body in sent}) == 3
             assert len(result.completions) == 5
+            assert native.peak == 1  # requests of 2 rows go one at a time: 2 rows in flight at most
 
 
 def test_gather_all_with_a_limit_runs_and_creates_that_many_at_once():

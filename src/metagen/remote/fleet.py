@@ -31,8 +31,8 @@ request the server rejects as invalid (400 / 404 / 422) is raised at once: every
 say the same.
 
 Bounds: at most `max_concurrency_per_endpoint` requests in flight on an endpoint, fewer where
-the server says it works on fewer at once (llama.cpp's slots, probed); one call's fan-out has
-at most `max_rows` requests in flight (None: the fleet's capacity), the rest created as those end.
+the server says it works on fewer at once (llama.cpp's slots, probed); one call has
+at most `max_rows` rows in flight (None: the fleet's capacity), the rest created as those end.
 
 `Cost.model_calls` counts answered requests; `stats()` gives requests / failures / outstanding
 per endpoint.
@@ -209,14 +209,11 @@ class FleetGenerator(OpenAIGenerator):
             return str(error)
         return None if joined == self._profile else f"{url} honours less than the fleet: {profile}"
 
-    def _fan_out_limit(self) -> int:
-        """Requests of one call in flight at once: max_rows, at most the live endpoints' capacity."""
-        capacity = self.pool.capacity()
-        return capacity if self.max_rows is None else min(self.max_rows, capacity)
-
     async def _post_all(self, endpoint: str, requests: list[dict]) -> list[tuple[dict, str]]:
-        """(answer, URL that answered) per request, in order; a fan-out's go out as places free up."""
-        return await gather_all((self._post_one(endpoint, request) for request in requests), self._fan_out_limit())
+        """(answer, URL that answered) per request, in order; a fan-out's go out as places free up
+        (`_in_flight`: rows within max_rows, requests within the live endpoints' capacity)."""
+        limit = self._in_flight(requests, self.pool.capacity())
+        return await gather_all((self._post_one(endpoint, request) for request in requests), limit)
 
     async def _stream_one(self, path: str, request: dict, handle) -> None:
         """Stream one request from some live endpoint: failing over as `_post_one` does while no

@@ -317,10 +317,19 @@ class OpenAIGenerator(Generator):
         except asyncio.TimeoutError:
             raise ServerError(url, None, f"the stream did not end within {self.transport.deadline:g} s") from None
 
+    def _in_flight(self, requests: list[dict], capacity: int) -> int:
+        """Requests of one call sent at once: as many as keep its rows in flight within max_rows
+        (a request carries its `n` rows: requests of max_rows choices go one at a time), at most
+        `capacity`, at least one."""
+        if self.max_rows is None:
+            return capacity
+        widest = max((request.get("n", 1) for request in requests), default=1)
+        return max(1, min(capacity, self.max_rows // widest))
+
     async def _post_all(self, endpoint: str, requests: list[dict]) -> list[tuple[dict, str]]:
         """(answer, URL that answered) for each request, in order; a fan-out's go out as places
-        free up (at most max_rows, and the transport's max_in_flight, at once)."""
+        free up (`_in_flight` at once, within the transport's max_in_flight)."""
         url = f"{self.transport.base_url}/{endpoint}"
-        limit = min(self.max_rows or self.transport.max_in_flight, self.transport.max_in_flight)
+        limit = self._in_flight(requests, self.transport.max_in_flight)
         answers = await gather_all((self.transport.apost(endpoint, request) for request in requests), limit)
         return [(answer, url) for answer in answers]

@@ -995,7 +995,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("weight"), py::arg("n"), py::arg("k"), py::arg("bias"), py::arg("isa"), py::arg("wide"),
         py::arg("bits"), py::arg("group"), py::arg("zero"), py::arg("half"), py::arg("factored"), py::arg("offset"),
         py::arg("out") = py::none(), release);
-  m.def("dot_peak", &dot_peak, "12 × rounds independent vpdpbusd on this thread (time it: 64 int8 MACs each); -1 "
+  m.def("dot_peak", &dot_peak, "12 × rounds independent vpdpbusd on this thread, 64 int8 MACs each, to be timed; -1 "
         "without AVX-512 VNNI", release);
   m.def("quantize_activations", &quantize_activations, "per-row, per-32 codes, their int8 digits and scales of x", release);
 }
