@@ -41,6 +41,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from metagen.eval.qa_tasks import CORPUS, MULTIHOP, multihop_problems, s2a_problems
+from metagen.jsonl import json_records
 from metagen.scoring.qa_match import normalize_answer, token_f1
 
 TASKS = {"multihop": multihop_problems, "s2a_distractors": s2a_problems}
@@ -90,9 +91,9 @@ def recall(directory: Path, k: int, retriever: str = "bm25") -> dict[str, float]
     """Recall@k of `retriever` ("bm25" or "dense") over the multihop questions `directory`'s run
     evaluated (module docstring):
     {"hop 1": .., "hop 2": .., "hop 2, the follow-up": .., "hop 2, the bridge's name": ..}."""
-    asked = {json.loads(line)["id"] for line in (directory / "results.jsonl").read_text().splitlines()
-             if json.loads(line).get("kind") == "live"}
-    questions = [json.loads(line) for line in MULTIHOP.read_text().splitlines() if line.strip()]
+    records = (json.loads(line) for line in (directory / "results.jsonl").read_text().splitlines())
+    asked = {record["id"] for record in records if record.get("kind") == "live"}
+    questions = [record for _, record in json_records(MULTIHOP)]
     questions = [q for q in questions if q["id"] in asked]
     if not questions:
         raise ValueError(f"{directory}/results.jsonl holds no multihop question")

@@ -148,34 +148,31 @@ def run_metagen(rows: list[Row], target, target_name: str, method: str, make, ve
               f"{row.tokens_per_second:.1f} tok/s", flush=True)
 
 
+def plan_suite(rows: list[Row], target, name: str, plan: list, kinds, args) -> None:
+    """One loaded target at each temperature: plain decoding, then every planned run."""
+    for temperature in args.temperatures:
+        print(f"metagen {name} ({target.activations} activations), temperature {temperature}", flush=True)
+        run_metagen(rows, target, name, "plain", None, "token", temperature, kinds, args)
+        for run in plan:
+            options = run.options.given()
+            run_metagen(rows, target, name, run.label,
+                        lambda run=run, options=options: make_drafter(run.drafter, target, **options),
+                        run.verify, temperature, kinds, args, adaptive=run.adaptive)
+
+
 def metagen_suite(rows: list[Row], kinds, plans: dict, args) -> None:
-    """Per target dtype and activation codes: plain decoding, then every planned run."""
+    """The embedded model in each target dtype and activation setting (`plan_suite`)."""
     for name in args.targets:
         for activations in args.activations:
-            target = load(dtype=name, activations=activations)
-            for temperature in args.temperatures:
-                print(f"metagen {name} ({activations} activations), temperature {temperature}", flush=True)
-                run_metagen(rows, target, name, "plain", None, "token", temperature, kinds, args)
-                for run in plans[name]:
-                    options = run.options.given()
-                    run_metagen(rows, target, name, run.label,
-                                lambda run=run, options=options: make_drafter(run.drafter, target, **options),
-                                run.verify, temperature, kinds, args, adaptive=run.adaptive)
+            plan_suite(rows, load(dtype=name, activations=activations), name, plans[name], kinds, args)
 
 
 def qwen_suite(rows: list[Row], kinds, plan: list, args) -> None:
     """Qwen2.5-Coder-1.5B in the default format (each tensor as the file stores it) with each
-    activation setting: plain decoding, then every planned run (the 0.5B file is `model:PATH`)."""
+    activation setting (`plan_suite`; the 0.5B file is `model:PATH`)."""
     for activations in args.activations:
         target = load(Path(args.qwen_dir) / QWEN_TARGET, activations=activations)
-        for temperature in args.temperatures:
-            print(f"Qwen2.5-Coder 1.5B ({activations} activations), temperature {temperature}", flush=True)
-            run_metagen(rows, target, "qwen-1.5b auto", "plain", None, "token", temperature, kinds, args)
-            for run in plan:
-                options = run.options.given()
-                run_metagen(rows, target, "qwen-1.5b auto", run.label,
-                            lambda run=run, options=options: make_drafter(run.drafter, target, **options),
-                            run.verify, temperature, kinds, args, adaptive=run.adaptive)
+        plan_suite(rows, target, "qwen-1.5b auto", plan, kinds, args)
 
 
 # ------------------------------------------------------------------------ transformers
