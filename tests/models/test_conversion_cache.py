@@ -145,3 +145,22 @@ def test_embedded_model_damaged_weights_give_the_right_logits(temp_cache):
     with pytest.warns(UserWarning, match="weights.safetensors does not match the checksum"):
         model = load()
     torch.testing.assert_close(logits(model), expected, atol=0, rtol=0)
+
+
+def test_conversions_are_bounded_by_the_cache_limit(tiny_checkpoint, temp_cache, monkeypatch):
+    """Each conversion names its checkpoint and dtype; a new one evicts the least recently used
+    conversion once the cache is over METAGEN_CACHE_LIMIT, and a hit counts as a use."""
+    from metagen.models import disk_cache
+    from metagen.models.disk_cache import cache_entries
+
+    load(tiny_checkpoint, "fp32")
+    load(tiny_checkpoint, "int8")
+    (fp32, int8) = cache_entries()
+    assert (fp32.source, int8.source) == (str(tiny_checkpoint), str(tiny_checkpoint))
+    assert [disk_cache.read_manifest(entry.path)["dtype"] for entry in (fp32, int8)] == ["fp32", "int8"]
+    for entry, age in ((fp32, 2000), (int8, 1000)):
+        os.utime(entry.path / "manifest.json", (os.path.getmtime(entry.path) - age,) * 2)
+    load(tiny_checkpoint, "fp32")  # a hit: fp32 is now the most recently used
+    monkeypatch.setenv("METAGEN_CACHE_LIMIT", str(fp32.size + int8.size))
+    load(tiny_checkpoint, "int4")  # over the limit: int8, the least recently used, goes
+    assert [disk_cache.read_manifest(entry.path)["dtype"] for entry in cache_entries()] == ["fp32", "int4"]

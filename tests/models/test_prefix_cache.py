@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from metagen.models.cache import KVCache
-from metagen.models.prefix_cache import PrefixCache, parse_size
+from metagen.models.prefix_cache import PrefixCache
+from metagen.sizes import parse_size
 
 
 class Refs:

@@ -1,6 +1,6 @@
 """Command line: `metagen generate`, `metagen eval`, `metagen task`, `metagen train-exit-adapter`,
 `metagen train-stop-head`, `metagen train-medusa`, `metagen compress`, `metagen perplexity`,
-`metagen theory`, `metagen info`.
+`metagen theory`, `metagen info`, `metagen cache`.
 
 One module per command (`train_heads` holds the two head-training commands), each with
 `add_parser(commands)` (which sets the command's `run` as the parser default) and a run
@@ -17,10 +17,10 @@ import os
 import sys
 
 from metagen.cli import eval as evaluation
-from metagen.cli import compress, generate, info, perplexity, serve, task, theory, train_adapter, train_heads
+from metagen.cli import cache, compress, generate, info, perplexity, serve, task, theory, train_adapter, train_heads
 from metagen.cli.args import check_threads
 
-_COMMANDS = (generate, evaluation, serve, task, train_adapter, train_heads, compress, perplexity, theory, info)  # in the order `metagen --help` lists them
+_COMMANDS = (generate, evaluation, serve, task, train_adapter, train_heads, compress, perplexity, theory, info, cache)  # in the order `metagen --help` lists them
 
 
 def use_spinning_threads() -> None:

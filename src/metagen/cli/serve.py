@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--request-timeout {args.request_timeout} must be > 0 seconds")
     cache_memory = None
     if args.cache_memory is not None:
-        from metagen.models.prefix_cache import parse_size
+        from metagen.sizes import parse_size
 
         cache_memory = parse_size(args.cache_memory, "--cache-memory")
         if args.no_prefix_cache and cache_memory:

@@ -22,7 +22,8 @@ import torch
 from metagen.models.cache import DEFAULT_KV_DTYPE
 from metagen.models.config import ModelConfig
 from metagen.models.kernel_backend import DEFAULT_ACTIVATIONS
-from metagen.models.disk_cache import EntryLock, cache_directory, manifest_problem, publish, staging_directory
+from metagen.models.disk_cache import (EntryLock, cache_directory, manifest_problem, mark_used, publish, publish_entry,
+                                       staging_directory)
 from metagen.models.linear import restore_linear
 from metagen.models.decoder import DecoderModel
 from metagen.models.layer import EXPERT_FIELDS, LINEAR_FIELDS, NORM_FIELDS, LayerWeights
@@ -54,6 +55,7 @@ def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel],
     wrote. A damaged entry is converted again with a warning naming the damaged file.
     """
     entry = cache_entry(path, dtype)
+    mark_used(entry)  # before the check: an entry just checked is not evicted under us
     if manifest_problem(entry) is None:
         return _load_converted(entry, dtype, str(path), kv_dtype, activations)
     try:
@@ -76,7 +78,7 @@ def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel],
         try:
             with staging_directory(entry) as staging:
                 _save_converted(model, staging)
-                publish(staging, entry)
+                publish_entry(staging, entry, source=str(path), dtype=dtype)
         except OSError as error:
             warnings.warn(f"metagen: could not write the cache entry {entry} ({error}); the next load converts again",
                           stacklevel=3)

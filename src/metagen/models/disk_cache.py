@@ -14,6 +14,12 @@ follow three rules, so a killed or concurrent process can neither hang nor corru
    instead of loading it. CRC-32 (zlib) runs at ~3 GB/s: 49 ms for the 155 MB int4 entry of
    the embedded model, whose warm load goes from 0.11 to 0.16 s (blake2b: 166 ms, sha256:
    100 ms for the same file).
+4. Bounded. After each new entry the cache evicts the least recently used entries until it holds
+   at most $METAGEN_CACHE_LIMIT (default 20 GB; "0" for no bound). A hit marks its entry used (the
+   manifest's mtime); entries used in the last ten minutes, and entries whose lock is held, are
+   never evicted, so a process that has just checked an entry does not see it vanish. Downloaded
+   data ($METAGEN_CACHE/data) is not an entry and is never evicted. `metagen cache` lists, prunes
+   and clears by hand.
 """
 
 from __future__ import annotations
@@ -28,10 +34,16 @@ import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+
+from metagen.sizes import format_size, parse_size
 
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 22
+DEFAULT_LIMIT = "20GB"
+IDLE_SECONDS = 600.0  # an entry used more recently than this is never evicted
+KINDS = {"weights": ".", "kernels": "kernels", "retrieval": "retrieval"}  # kind -> its folder in the cache
 
 
 def cache_directory() -> Path:
@@ -123,7 +135,7 @@ class EntryLock:
                 break
             except BlockingIOError:
                 pass
-            if not announced:
+            if not announced and wait_seconds > 0:
                 holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "?"
                 print(f"metagen: waiting for process {holder} to finish {purpose} (lock {self.path}; "
                       f"giving up after {wait_seconds:g} s)", file=sys.stderr, flush=True)
@@ -185,3 +197,119 @@ def publish(staging: Path, entry: Path, **facts) -> None:
         os.replace(entry, discarded)  # onto the empty directory just made
         shutil.rmtree(discarded, ignore_errors=True)
     os.rename(staging, entry)
+
+
+def publish_entry(staging: Path, entry: Path, **facts) -> None:
+    """`publish` a cache entry, then evict least recently used entries down to the cache's limit."""
+    publish(staging, entry, **facts)
+    try:
+        prune(cache_limit(), keep=(entry,))
+    except (OSError, ValueError) as error:  # the entry just made is kept whatever went wrong here
+        print(f"metagen: the cache {cache_directory()} was not pruned: {error}", file=sys.stderr)
+
+
+def mark_used(entry: Path) -> None:
+    """Record that `entry` was just used (its manifest's mtime), which keeps it from eviction."""
+    try:
+        os.utime(entry / MANIFEST)
+    except OSError:
+        pass  # a read-only cache: its entries age, which only matters to a writer
+
+
+def cache_limit() -> int:
+    """$METAGEN_CACHE_LIMIT in bytes (default 20 GB; 0: no bound)."""
+    return parse_size(os.environ.get("METAGEN_CACHE_LIMIT", DEFAULT_LIMIT), "METAGEN_CACHE_LIMIT")
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """An entry of the cache: its directory, kind (weights, kernels, retrieval), bytes, last use
+    (epoch seconds) and what it was made from where its manifest says."""
+
+    path: Path
+    kind: str
+    size: int
+    last_used: float
+    source: str
+
+    def row(self) -> dict:
+        return {"kind": self.kind, "size": self.size, "size_text": format_size(self.size),
+                "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(self.last_used)),
+                "source": self.source, "path": str(self.path)}
+
+
+def cache_entries(root: Path | None = None, kinds=tuple(KINDS)) -> list[CacheEntry]:
+    """The completed entries under `root` (default the cache directory) of `kinds`, least recently
+    used first. Staging directories and entries without a readable manifest are left out."""
+    root = cache_directory() if root is None else root
+    found = []
+    for kind in kinds:
+        folder = root / KINDS[kind]
+        if not folder.is_dir():
+            continue
+        for path in folder.iterdir():
+            if ".staging-" in path.name or not path.is_dir() or not (path / MANIFEST).is_file():
+                continue
+            try:
+                manifest = read_manifest(path)
+                size = sum(int(record["size"]) for record in manifest["files"].values())
+                size += (path / MANIFEST).stat().st_size
+                last_used = (path / MANIFEST).stat().st_mtime
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue
+            source = str(manifest.get("source") or manifest.get("corpus") or manifest.get("module") or "")
+            found.append(CacheEntry(path, kind, size, last_used, source))
+    return sorted(found, key=lambda entry: entry.last_used)
+
+
+def remove_entry(path: Path) -> bool:
+    """Delete the entry at `path` unless another process holds its lock (then False). The entry is
+    renamed aside first, so a reader never sees it half deleted; its empty lock file stays."""
+    with EntryLock(path) as lock:
+        if not lock.acquire(0.0, f"removing {path}"):
+            return False
+        if path.exists():
+            discarded = _new_directory(path, "staging")
+            os.replace(path, discarded)
+            shutil.rmtree(discarded, ignore_errors=True)
+        return True
+
+
+def prune(limit: int, *, keep=(), idle_seconds: float = IDLE_SECONDS, root: Path | None = None,
+          kinds=tuple(KINDS)) -> list[CacheEntry]:
+    """Evict least recently used entries until the cache holds at most `limit` bytes (0: no bound),
+    skipping `keep`, entries used in the last `idle_seconds` and entries being written; the
+    entries removed. Also removes staging directories that killed writers left (unlocked, idle)."""
+    entries = cache_entries(root, kinds)
+    now = time.time()
+    _remove_leftover_staging(root, kinds, now - idle_seconds)
+    if limit <= 0:
+        return []
+    total = sum(entry.size for entry in entries)
+    kept = {Path(path) for path in keep}
+    removed = []
+    for entry in entries:
+        if total <= limit:
+            break
+        if entry.path in kept or now - entry.last_used < idle_seconds:
+            continue
+        if remove_entry(entry.path):
+            total -= entry.size
+            removed.append(entry)
+    return removed
+
+
+def _remove_leftover_staging(root: Path | None, kinds, before: float) -> None:
+    root = cache_directory() if root is None else root
+    for kind in kinds:
+        folder = root / KINDS[kind]
+        for staging in folder.glob("*.staging-*") if folder.is_dir() else ():
+            entry = staging.with_name(staging.name.split(".staging-")[0])
+            try:
+                if staging.stat().st_mtime >= before:
+                    continue
+                with EntryLock(entry) as lock:
+                    if lock.acquire(0.0, f"removing {staging}"):
+                        shutil.rmtree(staging, ignore_errors=True)
+            except OSError:
+                continue

@@ -29,7 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from metagen.jsonl import json_records
-from metagen.models.disk_cache import EntryLock, cache_directory, manifest_problem, publish, staging_directory
+from metagen.models.disk_cache import (EntryLock, cache_directory, manifest_problem, mark_used, publish_entry,
+                                       staging_directory)
 from metagen.retrieval.base import Passage
 
 LOCK_WAIT_SECONDS = 600.0  # another process indexing the same corpus is waited for this long
@@ -108,6 +109,7 @@ def cached_index(kind: str, path: str | Path, settings: dict, build: Callable[[P
     """(entry directory, built): the cached index of the corpus at `path` for `kind` and `settings`,
     `build(directory)` writing it there first when no valid entry exists (built = True)."""
     entry = cache_directory() / "retrieval" / f"{kind}-{fingerprint(kind, path, settings)}"
+    mark_used(entry)
     if manifest_problem(entry) is None:
         return entry, False
     lock = EntryLock(entry)
@@ -118,7 +120,7 @@ def cached_index(kind: str, path: str | Path, settings: dict, build: Callable[[P
             return entry, False
         with staging_directory(entry) as staging:
             build(staging)
-            publish(staging, entry, kind=kind, corpus=str(Path(path).resolve()))
+            publish_entry(staging, entry, kind=kind, corpus=str(Path(path).resolve()))
     finally:
         lock.close()
     return entry, True

@@ -132,9 +132,10 @@ def load_or_build(directory: Path, wait_seconds: float | None = None, library: s
     Returns None (with a warning) when another process holds the build lock for over
     `wait_seconds` (default BUILD_WAIT_SECONDS).
     """
-    from metagen.models.disk_cache import EntryLock, manifest_problem, publish, staging_directory
+    from metagen.models.disk_cache import EntryLock, manifest_problem, mark_used, publish_entry, staging_directory
 
     wait_seconds = BUILD_WAIT_SECONDS if wait_seconds is None else wait_seconds
+    mark_used(directory)
     if manifest_problem(directory) is None:
         return _import_library(directory)
     with EntryLock(directory) as lock:
@@ -153,7 +154,7 @@ def load_or_build(directory: Path, wait_seconds: float | None = None, library: s
             for item in staging.iterdir():  # keep only the library (objects, ninja files, torch's baton)
                 if item.name != library:
                     shutil.rmtree(item) if item.is_dir() else item.unlink()
-            publish(staging, directory, module=module.__name__, library=library)
+            publish_entry(staging, directory, module=module.__name__, library=library)
         return module
 
 
