@@ -8,7 +8,8 @@ import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
 
-from metagen.eval.qa_tasks import CORPUS, DATA, MULTIHOP, MULTIHOP_DEMOS, S2A, multihop_problems, s2a_problems
+from metagen.eval.qa_tasks import (CORPUS, DATA, MULTIHOP, MULTIHOP_DEMOS, QA_INSTRUCTION, S2A, multihop_problems,
+                                   s2a_problems)
 from metagen.retrieval import read_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +76,7 @@ def test_the_loaders_read_the_shipped_files():
     assert len(multihop) == len(_records(MULTIHOP)) and len(s2a) == len(_records(S2A))
     assert all(problem.grading == "qa" for problem in multihop + s2a)
     first = _records(S2A)[0]
-    assert s2a[0].question == f"{first['context']}\n\n{first['question']}"
+    assert s2a[0].question == f"{first['context']}\n\n{first['question']}{QA_INSTRUCTION}"
 
 
 def test_the_files_are_small_licensed_and_shipped_as_package_data():

@@ -51,6 +51,9 @@ MULTIHOP_DEMOS = DATA / "factbook_multihop_demos.jsonl"
 S2A = DATA / "factbook_s2a.jsonl"
 # "The answer is Addis Ababa." -> "Addis Ababa": the rest of the line, a final period dropped (RE2)
 QA_PATTERN = r"answer is:?[ \t]*(.+?)\.?[ \t]*(?:\n|$)"
+# what a prompt asks so that QA_PATTERN can read the reply (a placeholder such as "<answer>" in
+# the instruction is copied by small models: "The answer is <answer>.")
+QA_INSTRUCTION = '\n\nAnswer in one line that begins with "The answer is".'
 
 
 def multihop_problems(path: str | Path | None = None) -> list[Problem]:
@@ -72,12 +75,14 @@ def multihop_problems(path: str | Path | None = None) -> list[Problem]:
 
 def s2a_problems(path: str | Path | None = None) -> list[Problem]:
     """The System 2 Attention questions of `path` (default: the shipped `S2A`), fields id,
-    context, question and answer; the prompt is the context, a blank line, the question."""
+    context, question and answer; the prompt is the context, a blank line, the question and
+    `QA_INSTRUCTION` (without it a model answers "The capital of Mali is Bamako.", which the
+    answer pattern cannot read)."""
     path = S2A if path is None else Path(path)
     problems = []
     for number, record in json_records(path):
         fields = _text_fields(record, ("id", "context", "question", "answer"), f"{path}:{number}")
-        prompt = f"{fields['context']}\n\n{fields['question']}"
+        prompt = f"{fields['context']}\n\n{fields['question']}{QA_INSTRUCTION}"
         problems.append(Problem(fields["id"], prompt, fields["answer"], grading="qa"))
     return _checked(problems, path)
 

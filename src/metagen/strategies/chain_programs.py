@@ -54,7 +54,8 @@ S2A_REWRITE = (
     "user's own opinions, guesses or hoped-for answer. Then restate the question itself, without any "
     "preference for an answer. Write two parts, \"Context:\" and \"Question:\".\n\nText by the user:\n{question}"
 )
-S2A_ANSWER = ("{context}\n\nAnswer the question above using only this context. End with: The answer is <answer>.")
+S2A_ANSWER = ("{context}\n\nAnswer the question above using only this context, in one line that begins with "
+              "\"The answer is\".")
 S2A_CONTEXT = "Context:"
 CALCULATOR_SYSTEM = (
     "Solve the problem step by step. For arithmetic use the calculator: write <<expression>> and "
@@ -65,8 +66,8 @@ CALCULATOR_SYSTEM = (
 SELF_ASK_READ = "Passages:\n{passages}\n\nAnswer in a few words, from the passages.\nQuestion: {input}"
 SEARCH_SYSTEM = (
     "Answer the question. To look something up, write <search>your query</search>; the best passages "
-    "of the corpus follow in <results>...</results>. Search as often as you need, then end with: "
-    "The answer is <answer>."
+    "of the corpus follow in <results>...</results>. Search as often as you need, then give the answer "
+    "in one line that begins with \"The answer is\"."
 )
 
 
