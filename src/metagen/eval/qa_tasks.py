@@ -43,6 +43,7 @@ from pathlib import Path
 from metagen.eval.tasks import Problem
 from metagen.jsonl import json_records
 from metagen.retrieval.base import Passage
+from metagen.strategies.chain_programs import ANSWER_LINE
 
 DATA = Path(__file__).resolve().parents[1] / "data"  # shipped as package data (pyproject.toml)
 CORPUS = DATA / "factbook_corpus.jsonl"
@@ -51,9 +52,7 @@ MULTIHOP_DEMOS = DATA / "factbook_multihop_demos.jsonl"
 S2A = DATA / "factbook_s2a.jsonl"
 # "The answer is Addis Ababa." -> "Addis Ababa": the rest of the line, a final period dropped (RE2)
 QA_PATTERN = r"answer is:?[ \t]*(.+?)\.?[ \t]*(?:\n|$)"
-# what a prompt asks so that QA_PATTERN can read the reply (a placeholder such as "<answer>" in
-# the instruction is copied by small models: "The answer is <answer>.")
-QA_INSTRUCTION = '\n\nAnswer in one line that begins with "The answer is".'
+QA_INSTRUCTION = f"\n\nAnswer {ANSWER_LINE}."  # what a prompt asks so that QA_PATTERN can read the reply
 
 
 def multihop_problems(path: str | Path | None = None) -> list[Problem]:

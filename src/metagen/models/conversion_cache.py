@@ -22,7 +22,7 @@ import torch
 from metagen.models.cache import DEFAULT_KV_DTYPE
 from metagen.models.config import ModelConfig
 from metagen.models.kernel_backend import DEFAULT_ACTIVATIONS
-from metagen.models.disk_cache import (EntryLock, cache_directory, manifest_problem, mark_used, publish, publish_entry,
+from metagen.models.disk_cache import (EntryLock, cache_directory, cache_hit, manifest_problem, publish, publish_entry,
                                        staging_directory)
 from metagen.models.linear import restore_linear
 from metagen.models.decoder import DecoderModel
@@ -55,8 +55,7 @@ def load_or_convert(path: Path, dtype: str, convert: Callable[[], DecoderModel],
     wrote. A damaged entry is converted again with a warning naming the damaged file.
     """
     entry = cache_entry(path, dtype)
-    mark_used(entry)  # before the check: an entry just checked is not evicted under us
-    if manifest_problem(entry) is None:
+    if cache_hit(entry):
         return _load_converted(entry, dtype, str(path), kv_dtype, activations)
     try:
         lock = EntryLock(entry)

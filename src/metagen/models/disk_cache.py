@@ -216,6 +216,13 @@ def mark_used(entry: Path) -> None:
         pass  # a read-only cache: its entries age, which only matters to a writer
 
 
+def cache_hit(entry: Path) -> bool:
+    """Whether `entry` is complete and intact, marking it used first: an entry this returns True
+    for is not evicted while its reader loads it (rule 4)."""
+    mark_used(entry)
+    return manifest_problem(entry) is None
+
+
 def cache_limit() -> int:
     """$METAGEN_CACHE_LIMIT in bytes (default 20 GB; 0: no bound)."""
     return parse_size(os.environ.get("METAGEN_CACHE_LIMIT", DEFAULT_LIMIT), "METAGEN_CACHE_LIMIT")
@@ -280,6 +287,7 @@ def prune(limit: int, *, keep=(), idle_seconds: float = IDLE_SECONDS, root: Path
     """Evict least recently used entries until the cache holds at most `limit` bytes (0: no bound),
     skipping `keep`, entries used in the last `idle_seconds` and entries being written; the
     entries removed. Also removes staging directories that killed writers left (unlocked, idle)."""
+    root = cache_directory() if root is None else root
     entries = cache_entries(root, kinds)
     now = time.time()
     _remove_leftover_staging(root, kinds, now - idle_seconds)
@@ -299,8 +307,7 @@ def prune(limit: int, *, keep=(), idle_seconds: float = IDLE_SECONDS, root: Path
     return removed
 
 
-def _remove_leftover_staging(root: Path | None, kinds, before: float) -> None:
-    root = cache_directory() if root is None else root
+def _remove_leftover_staging(root: Path, kinds, before: float) -> None:
     for kind in kinds:
         folder = root / KINDS[kind]
         for staging in folder.glob("*.staging-*") if folder.is_dir() else ():

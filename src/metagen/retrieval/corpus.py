@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from metagen.jsonl import json_records
-from metagen.models.disk_cache import (EntryLock, cache_directory, manifest_problem, mark_used, publish_entry,
+from metagen.models.disk_cache import (EntryLock, cache_directory, cache_hit, manifest_problem, publish_entry,
                                        staging_directory)
 from metagen.retrieval.base import Passage
 
@@ -109,8 +109,7 @@ def cached_index(kind: str, path: str | Path, settings: dict, build: Callable[[P
     """(entry directory, built): the cached index of the corpus at `path` for `kind` and `settings`,
     `build(directory)` writing it there first when no valid entry exists (built = True)."""
     entry = cache_directory() / "retrieval" / f"{kind}-{fingerprint(kind, path, settings)}"
-    mark_used(entry)
-    if manifest_problem(entry) is None:
+    if cache_hit(entry):
         return entry, False
     lock = EntryLock(entry)
     try:

@@ -54,8 +54,10 @@ S2A_REWRITE = (
     "user's own opinions, guesses or hoped-for answer. Then restate the question itself, without any "
     "preference for an answer. Write two parts, \"Context:\" and \"Question:\".\n\nText by the user:\n{question}"
 )
-S2A_ANSWER = ("{context}\n\nAnswer the question above using only this context, in one line that begins with "
-              "\"The answer is\".")
+# how a prompt asks for the line QA answers are read from (a placeholder such as "<answer>" in
+# the request is copied by small models: "The answer is <answer>.")
+ANSWER_LINE = 'in one line that begins with "The answer is"'
+S2A_ANSWER = "{context}\n\nAnswer the question above using only this context, " + ANSWER_LINE + "."
 S2A_CONTEXT = "Context:"
 CALCULATOR_SYSTEM = (
     "Solve the problem step by step. For arithmetic use the calculator: write <<expression>> and "
@@ -67,7 +69,7 @@ SELF_ASK_READ = "Passages:\n{passages}\n\nAnswer in a few words, from the passag
 SEARCH_SYSTEM = (
     "Answer the question. To look something up, write <search>your query</search>; the best passages "
     "of the corpus follow in <results>...</results>. Search as often as you need, then give the answer "
-    "in one line that begins with \"The answer is\"."
+    + ANSWER_LINE + "."
 )
 
 

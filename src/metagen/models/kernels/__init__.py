@@ -132,11 +132,10 @@ def load_or_build(directory: Path, wait_seconds: float | None = None, library: s
     Returns None (with a warning) when another process holds the build lock for over
     `wait_seconds` (default BUILD_WAIT_SECONDS).
     """
-    from metagen.models.disk_cache import EntryLock, manifest_problem, mark_used, publish_entry, staging_directory
+    from metagen.models.disk_cache import EntryLock, cache_hit, manifest_problem, publish_entry, staging_directory
 
     wait_seconds = BUILD_WAIT_SECONDS if wait_seconds is None else wait_seconds
-    mark_used(directory)
-    if manifest_problem(directory) is None:
+    if cache_hit(directory):
         return _import_library(directory)
     with EntryLock(directory) as lock:
         if not lock.acquire(wait_seconds, f"building the {library} kernels in {directory}"):
