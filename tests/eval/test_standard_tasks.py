@@ -1,6 +1,7 @@
-"""GSM8K and MBPP as `--task`s: the files fetched once into a checked cache (the downloader is
+"""GSM8K, MBPP and MATH-500 as `--task`s: the files fetched once into a checked cache (the downloader is
 replaced: no test reaches the network), read from --data offline, a clear error without either;
-GSM8K graded by its '#### N' number, MBPP by its assertions in the sandbox; `--task a,b` runs and
+GSM8K graded by its '#### N' number, MATH-500 by its LaTeX answer as math, MBPP by its assertions
+in the sandbox; `--task a,b` runs and
 reports each task on its own."""
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from metagen.eval import downloads
 from metagen.eval.code_grading import grade
 from metagen.eval.downloads import SOURCES, DataUnavailableError, data_file
 from metagen.eval.judging import correct
-from metagen.eval.standard_tasks import gsm8k_problems, mbpp_problems
+from metagen.eval.standard_tasks import MATH_INSTRUCTION, gsm8k_problems, math500_problems, mbpp_problems
+from metagen.scoring.answers import extract_answer
 from metagen.scoring.doc_examples import doc_examples
 from metagen.strategies.registry import StrategyOptions
-from tests.eval import mbpp_sample
+from tests.eval import math500_sample, mbpp_sample
 from tests.eval.test_eval_cli import loads  # noqa: F401  (the toy model behind `metagen eval`)
 
 GSM8K_LINES = [
@@ -138,6 +140,81 @@ def test_a_gsm8k_record_without_its_number_is_named(tmp_path, cache):
     path.write_text(json.dumps(GSM8K_LINES[0]) + "\n" + json.dumps({"question": "q", "answer": "no mark"}) + "\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:2: field 'answer' .* '#### <number>'"):
         gsm8k_problems(path)
+
+
+# ----------------------------------------------------------------------------- MATH-500
+
+
+@pytest.fixture
+def math500_file(tmp_path) -> Path:
+    path = tmp_path / "math500.jsonl"
+    math500_sample.write(path)
+    return path
+
+
+def test_math500_source_is_pinned_to_a_commit_and_its_lfs_object():
+    source = SOURCES["math500"]
+    assert "/openai/prm800k/7ecc794703b2877f63226f2477a49b34f9b25163/prm800k/math_splits/test.jsonl" in source.url
+    assert len(source.sha256) == 64 and source.filename == "math500-test.jsonl"
+
+
+def test_math500_asks_each_problem_with_the_box_instruction_and_keeps_its_latex_answer(math500_file, cache):
+    problems = math500_problems(math500_file)
+    records = [json.loads(line) for line in math500_sample.LINES]
+    assert [p.id for p in problems][:2] == ["math500/precalculus/807", "math500/algebra/2584"]
+    assert all(p.question == f"{r['problem']}\n\n{MATH_INSTRUCTION}" for p, r in zip(problems, records))
+    assert [p.answer for p in problems] == [r["answer"] for r in records]
+    assert cache[2] == []  # --data: nothing downloaded
+
+
+def test_each_math500_reference_solution_grades_right_and_its_neighbours_answer_wrong(math500_file, cache):
+    pytest.importorskip("math_verify")
+    problems, options = math500_problems(math500_file), StrategyOptions()
+    records = [json.loads(line) for line in math500_sample.LINES]
+    for i, (problem, record) in enumerate(zip(problems, records)):
+        # the solution ends in \boxed{...}, nested up to 2 deep ("\frac{3\sqrt{3}}{4}")
+        assert correct(extract_answer(record["solution"]), problem, options), record["answer"]
+        assert not correct(records[i - 1]["answer"], problem, options), (records[i - 1]["answer"], record["answer"])
+
+
+@pytest.mark.parametrize(("reply", "reference", "right"), [
+    ("\\dfrac{14}{3}", "\\frac{14}{3}", True),
+    ("14/3", "\\frac{14}{3}", True),
+    ("(3, \\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)", True),
+    ("3", "\\left( 3, \\frac{\\pi}{2} \\right)", False),  # a tuple is not its first element
+    ("\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt 3}{2}", True),
+    ("90", "90^\\circ", True),
+    ("\\text{Evelyn}", "\\text{Evelyn}", True),
+    ("\\text{(C)}", "\\text{(E)}", False),
+])
+def test_latex_answers_compare_as_math_with_their_delimiters(reply, reference, right):
+    pytest.importorskip("math_verify")
+    from metagen.scoring.answers import answers_match
+
+    assert answers_match(reply, reference, math=True) is right
+
+
+def test_a_math500_record_without_its_answer_or_with_a_repeated_id_is_named(tmp_path, cache):
+    good = json.loads(math500_sample.LINES[0])
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "answer": ""}) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: field 'answer' is missing or empty"):
+        math500_problems(path)
+    path.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: unique_id 'test/precalculus/807.json' appears twice"):
+        math500_problems(path)
+
+
+def test_eval_task_math500_runs_from_a_given_copy(tmp_path, capsys, loads, math500_file, cache):  # noqa: F811
+    argv = [*BASE, "--task", "math500", "--data", str(math500_file), "--limit", "2", "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)["results"]
+    assert [(row["task"], row["problems"]) for row in rows] == [("math500", 2)]
+    assert "is not the published math500 file" in captured.err  # eight records, not the 500
+    records = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert {record["id"] for record in records if record["kind"] == "live"} == {
+        "math500/precalculus/807", "math500/algebra/2584"}
 
 
 # ----------------------------------------------------------------------------- MBPP

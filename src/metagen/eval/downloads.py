@@ -62,6 +62,15 @@ SOURCES = {
         "mbpp.jsonl",
         None,
         "CC-BY 4.0, Google (google-research/google-research, mbpp/)"),
+    # MATH-500 (Lightman et al. 2023): the 500 MATH test problems PRM800K holds out, stored with
+    # Git LFS, so the file is served from GitHub's media host; its SHA-256 is the LFS object id.
+    "math500": DataSource(
+        "math500",
+        "https://media.githubusercontent.com/media/openai/prm800k/7ecc794703b2877f63226f2477a49b34f9b25163/"
+        "prm800k/math_splits/test.jsonl",
+        "math500-test.jsonl",
+        "35dc41080a3680858b27fa7e0533d2d547825316fc5dafe5d316f4ccc5a06132",
+        "MIT, OpenAI (openai/prm800k); the problems are MATH's (Hendrycks et al. 2021, MIT)"),
 }
 
 

@@ -25,10 +25,18 @@ default to).
          is the first function the first assertion calls that the reference solution defines.
          `challenge_test_list` is not used (nor by the paper's results). Ids "mbpp/<task id>".
 
+  math500  the 500 MATH test problems of "Let's Verify Step by Step" (Lightman et al. 2023;
+         PRM800K's held-out split of MATH, Hendrycks et al. 2021), each asked with
+         MATH_INSTRUCTION after it (the answer is LaTeX: a box says where it ends). The reference is
+         the record's `answer` ("\\frac{14}{3}", "\\left( 3, \\frac{\\pi}{2} \\right)",
+         "\\text{Evelyn}"); a reply's answer is extracted as for GSM8K (a \\boxed{} answer first)
+         and compared as math by math-verify, so "\\dfrac{14}{3}" and "14/3" are right. Ids
+         "math500/<subject>/<number>" from the record's unique_id ("test/precalculus/807.json").
+
 multihop, s2a_distractors and hotpotqa are short-answer question sets (`qa_tasks.py`): the first
 two shipped with metagen, hotpotqa read from the user's copy (`--data`, required).
 
-With a file given (`--data`), every record in it is read (GSM8K), or those of the test split
+With a file given (`--data`), every record in it is read (GSM8K, MATH-500), or those of the test split
 (MBPP): a subset of the file is a subset of the task. The cached MBPP file, whose checksum is
 not pinned, is checked here instead: 974 records, all 500 test ids present.
 """
@@ -45,6 +53,8 @@ from metagen.eval.tasks import Problem, humaneval_problems
 from metagen.jsonl import json_records
 
 GSM8K_SIZE = 1319
+MATH500_SIZE = 500
+MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 MBPP_TEST_IDS = range(11, 511)
 MBPP_RECORDS = 974
 # The assertions run at module level, where MBPP's harness runs them (a solution may itself be
@@ -69,6 +79,28 @@ def gsm8k_problems(path: str | Path | None = None) -> list[Problem]:
         if not answer:
             raise ValueError(f"{file}:{number}: field 'answer' has nothing after '####'")
         problems.append(Problem(f"gsm8k/{number - 1}", question, answer))
+    if not problems:
+        raise ValueError(f"{file}: no problems found")
+    return problems
+
+
+def math500_problems(path: str | Path | None = None) -> list[Problem]:
+    """MATH-500's problems from `path`, or from the cached (or downloaded) canonical file, each
+    asked with MATH_INSTRUCTION; the published set has MATH500_SIZE. ValueError naming the file
+    and line of a malformed record."""
+    file = data_file(SOURCES["math500"], path)
+    problems, seen = [], set()
+    for number, record in json_records(file):
+        for field in ("problem", "answer", "unique_id"):
+            if not isinstance(record.get(field), str) or not record[field].strip():
+                raise ValueError(f"{file}:{number}: field {field!r} is missing or empty (a MATH-500 record holds "
+                                 "'problem', 'answer' and 'unique_id')")
+        name = record["unique_id"].removeprefix("test/").removesuffix(".json")
+        if name in seen:
+            raise ValueError(f"{file}:{number}: unique_id {record['unique_id']!r} appears twice")
+        seen.add(name)
+        question = f"{record['problem'].strip()}\n\n{MATH_INSTRUCTION}"
+        problems.append(Problem(f"math500/{name}", question, record["answer"].strip()))
     if not problems:
         raise ValueError(f"{file}: no problems found")
     return problems
@@ -131,8 +163,8 @@ def _called_function(assertion: str, code: str, where: str) -> str:
     raise ValueError(f"{where}: the first assertion calls no function the solution ('code') defines: {assertion!r:.80}")
 
 
-LOADED = ("humaneval", "gsm8k", "mbpp", "multihop", "s2a_distractors", "hotpotqa")  # `load_task` reads these
-DOWNLOADED = ("gsm8k", "mbpp", "hotpotqa")  # those read from a data file (`--data PATH` gives it)
+LOADED = ("humaneval", "gsm8k", "mbpp", "math500", "multihop", "s2a_distractors", "hotpotqa")  # `load_task` reads these
+DOWNLOADED = ("gsm8k", "mbpp", "math500", "hotpotqa")  # those read from a data file (`--data PATH` gives it)
 
 
 @dataclass(frozen=True)
@@ -161,8 +193,8 @@ def load_task(name: str, data: str | Path | None = None) -> Task:
                          f"not of --task {name}")
     if name == "humaneval":
         return Task(humaneval_problems())
-    if name in ("gsm8k", "mbpp"):
-        return Task(gsm8k_problems(data) if name == "gsm8k" else mbpp_problems(data))
+    if name in ("gsm8k", "mbpp", "math500"):
+        return Task({"gsm8k": gsm8k_problems, "mbpp": mbpp_problems, "math500": math500_problems}[name](data))
     if name == "multihop":
         return Task(qa_tasks.multihop_problems(), qa_tasks.CORPUS, qa_tasks.QA_PATTERN, qa_tasks.MULTIHOP_DEMOS)
     if name == "s2a_distractors":

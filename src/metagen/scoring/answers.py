@@ -27,8 +27,15 @@ if TYPE_CHECKING:
 
 AnswerExtractor = Callable[[str], "str | None"]
 
+
+def _nested(depth: int) -> str:
+    """RE2 text matching balanced braces nested at most `depth` deep (RE2 has no recursion)."""
+    return r"[^{}]*" if depth == 0 else r"(?:[^{}]|\{" + _nested(depth - 1) + r"\})*"
+
+
+BOXED_DEPTH = 4  # \boxed{\frac{\sqrt{3}}{2}} nests 2 deep inside the box; MATH's answers at most 2
 _DEFAULT_PATTERNS = (  # RE2 syntax: \pL \pN are Unicode letters and numbers (\d is 0-9 only)
-    r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}",
+    r"\\boxed\{(" + _nested(BOXED_DEPTH) + r")\}",
     r"answer is[:\s]*\$?([\pL\pN_\\{}/^.,+-]*[\pL\pN_}])",
     r"(-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?)",
 )

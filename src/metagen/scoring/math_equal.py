@@ -182,7 +182,9 @@ def _serve(parent: int) -> None:
 
     @lru_cache(maxsize=4096)
     def parsed(answer: str):
-        return parse(answer if "$" in answer or "\\" in answer else f"${answer}$", parsing_timeout=None)
+        # math-verify reads LaTeX between delimiters only: a bare "\\left( 3, \\frac{\\pi}{2} \\right)"
+        # parses as its first number, 3, so every answer without a "$" is given them
+        return parse(answer if "$" in answer else f"${answer}$", parsing_timeout=None)
 
     def equal(a: str, b: str) -> bool:
         parsed_a, parsed_b = parsed(a), parsed(b)
