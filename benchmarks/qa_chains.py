@@ -20,14 +20,16 @@ what a short-answer task is usually also judged by, per (model, strategy):
 Models are named by their label in the run (`run.json`: the file's stem).
 
 `--recall K` (multihop) adds what the retriever alone finds, no model involved, over the
-questions the run evaluated: the share whose hop-1 paragraph is in the top K (`--retriever bm25`,
-the eval's default, or `dense`: MiniLM embeddings, `retrieval.dense`) for the question
+questions the run evaluated (with no DIR: over all 89): the share whose hop-1 paragraph is in
+the top K (`--retriever bm25`, the eval's default, `bm25?title_weight=3` and other BM25 settings,
+or `dense`: MiniLM embeddings, `retrieval.dense`) for the question
 itself; whose hop-2 paragraph is; and whose hop-2 paragraph is for the follow-up a chain should
 ask once it knows the bridge (the country hop 1 names): "What is the ATTRIBUTE of BRIDGE?", the
 attribute being the one the question asks for (capital, highest point, ...), and for the bridge's
 name alone. The chains search with the model's own queries; these say what well-formed ones get.
 
     python benchmarks/qa_chains.py DIR --task multihop [--recall 3 [--retriever dense]] [--markdown]
+    python benchmarks/qa_chains.py --task multihop --recall 3 --retriever "bm25?title_weight=3"
     python benchmarks/qa_chains.py DIR --task s2a_distractors --markdown
 """
 
@@ -87,21 +89,22 @@ def rows(directory: Path, task: str) -> tuple[list[list[str]], list[str]]:
     return table, outliers
 
 
-def recall(directory: Path, k: int, retriever: str = "bm25") -> dict[str, float]:
-    """Recall@k of `retriever` ("bm25" or "dense") over the multihop questions `directory`'s run
-    evaluated (module docstring):
+def recall(directory: Path | None, k: int, retriever: str = "bm25") -> dict[str, float]:
+    """Recall@k of `retriever` ("bm25" or "dense", with settings after "?" as in a retriever spec:
+    "bm25?title_weight=3") over the multihop questions `directory`'s run evaluated, or all of
+    them with no directory (module docstring):
     {"hop 1": .., "hop 2": .., "hop 2, the follow-up": .., "hop 2, the bridge's name": ..}."""
-    records = (json.loads(line) for line in (directory / "results.jsonl").read_text().splitlines())
-    asked = {record["id"] for record in records if record.get("kind") == "live"}
+    from metagen.retrieval.spec import make_retriever
+
     questions = [record for _, record in json_records(MULTIHOP)]
-    questions = [q for q in questions if q["id"] in asked]
-    if not questions:
-        raise ValueError(f"{directory}/results.jsonl holds no multihop question")
-    if retriever == "bm25":
-        from metagen.retrieval.bm25 import BM25Retriever as Kind
-    else:
-        from metagen.retrieval.dense import DenseRetriever as Kind
-    search = Kind(CORPUS).search
+    if directory is not None:
+        records = (json.loads(line) for line in (directory / "results.jsonl").read_text().splitlines())
+        asked = {record["id"] for record in records if record.get("kind") == "live"}
+        questions = [q for q in questions if q["id"] in asked]
+        if not questions:
+            raise ValueError(f"{directory}/results.jsonl holds no multihop question")
+    kind, question_mark, settings = retriever.partition("?")
+    search = make_retriever(f"{kind}:{CORPUS}{question_mark}{settings}").search
 
     def top(query: str) -> set[str]:
         return {passage.id for passage in search(query, k)}
@@ -119,15 +122,23 @@ def recall(directory: Path, k: int, retriever: str = "bm25") -> dict[str, float]
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("directory", type=Path, help="a `metagen eval --out` directory")
+    parser.add_argument("directory", type=Path, nargs="?", help="a `metagen eval --out` directory (none: --recall "
+                                                                "over every multihop question)")
     parser.add_argument("--task", required=True, choices=tuple(TASKS))
     parser.add_argument("--recall", type=int, default=None, metavar="K",
                         help="multihop: recall@K of the hop-1 / hop-2 paragraphs (module docstring)")
-    parser.add_argument("--retriever", choices=("bm25", "dense"), default="bm25", help="with --recall (default bm25)")
+    parser.add_argument("--retriever", default="bm25",
+                        help="with --recall: bm25 (default), dense, or bm25 with settings: 'bm25?title_weight=3'")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     if args.recall is not None and (args.task != "multihop" or args.recall < 1):
         parser.error(f"--recall {args.recall}: give K >= 1, with --task multihop")
+    if args.directory is None:
+        if args.recall is None:
+            parser.error("give DIR (a `metagen eval --out` directory), or --recall K alone")
+        shares = recall(None, args.recall, args.retriever)
+        print(f"{args.retriever} recall@{args.recall}: " + ", ".join(f"{name} {share:.3f}" for name, share in shares.items()))
+        return
     table, outliers = rows(args.directory, args.task)
     if args.markdown:
         print("\n".join("| " + " | ".join(row) + " |" for row in table[:1]))

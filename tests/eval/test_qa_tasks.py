@@ -258,7 +258,11 @@ def test_a_retriever_kind_alone_searches_the_tasks_corpus():
     assert dict(_overrides(argparse.Namespace(**given), task, ("self_ask_search",))) == {"retriever": f"dense:{CORPUS}"}
     given["strategy_retriever"] = "bm25"
     assert dict(_overrides(argparse.Namespace(**given), task, ("self_ask_search",))) == {"retriever": f"bm25:{CORPUS}"}
-    with pytest.raises(ValueError, match="--retriever bm25 names no corpus, and this task has none"):
+    given["strategy_retriever"] = "bm25?title_weight=3"  # with its settings
+    assert dict(_overrides(argparse.Namespace(**given), task, ("self_ask_search",))) == {
+        "retriever": f"bm25:{CORPUS}?title_weight=3"}
+    with pytest.raises(ValueError, match=r"--retriever bm25\?title_weight=3 names no corpus, and this task has "
+                                         r"none: give --retriever bm25:PATH\?title_weight=3"):
         _overrides(argparse.Namespace(**given), load_task("s2a_distractors"), ("self_ask_search",))
 
 

@@ -145,10 +145,21 @@ def test_more_results_than_k_are_refused(server):
 def test_retriever_specs_are_checked_without_loading_anything(tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": "a", "text": "x"}\n')
-    assert parse_retriever_spec(f"bm25:{corpus}") == ("bm25", str(corpus))
-    assert parse_retriever_spec(f"dense:{tmp_path}/c.jsonl") == ("dense", str(corpus))
-    assert parse_retriever_spec("http://127.0.0.1:9/search") == ("http", "http://127.0.0.1:9/search")
+    assert parse_retriever_spec(f"bm25:{corpus}") == ("bm25", str(corpus), {})
+    assert parse_retriever_spec(f"bm25:{corpus}?title_weight=3&k1=0.9&b=0") == (
+        "bm25", str(corpus), {"title_weight": 3, "k1": 0.9, "b": 0.0})
+    assert parse_retriever_spec(f"dense:{tmp_path}/c.jsonl") == ("dense", str(corpus), {})
+    assert parse_retriever_spec("http://127.0.0.1:9/search") == ("http", "http://127.0.0.1:9/search", {})
     for bad, message in [("bm25", r"must be one of bm25:PATH \| dense:PATH \| http"),
+                         (f"bm25:{corpus}?title=3", r"option 'title' is not a bm25 setting \(settings: k1, b, "
+                                                    r"title_weight\)"),
+                         (f"bm25:{corpus}?k1=0", r"k1='0' is out of range: must be a number > 0"),
+                         (f"bm25:{corpus}?k1=nan", r"k1='nan' is out of range"),
+                         (f"bm25:{corpus}?b=1.5", r"b='1.5' is out of range: must be a number in \[0, 1\]"),
+                         (f"bm25:{corpus}?title_weight=2.5", r"title_weight='2.5' is not an int in \[0, 100\]"),
+                         (f"bm25:{corpus}?b=0.5&b=0.4", r"give option 'b' once, as b=VALUE"),
+                         (f"bm25:{corpus}?b", r"give option 'b' once, as b=VALUE"),
+                         (f"dense:{corpus}?k1=1", r"option 'k1' is not a dense setting \(settings: none\)"),
                          ("sparse:x", r"must be one of"),
                          (f"bm25:{tmp_path}/missing.jsonl", r"missing.jsonl' does not exist"),
                          ("http://", r"must be http:// or https:// followed by host"),

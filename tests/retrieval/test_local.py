@@ -55,6 +55,33 @@ def test_bm25_ranks_a_hand_made_corpus_in_the_hand_computed_order(tmp_path):
         retriever.search("cat", k=0)
 
 
+def test_a_title_weight_counts_the_title_that_many_times_in_the_hand_computed_scores(tmp_path):
+    from metagen.retrieval import BM25Retriever, make_retriever
+
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", ["capital Madrid", "capital Paris", "history of Spain"],
+                         ["Spain", "France", "Peru"])
+    # title_weight 0 (texts only; lengths 2, 2, 3, avgdl 7/3; df(capital) = 2, df(spain) = 1):
+    #   idf(capital) = ln(1 + 1.5 / 2.5) = 0.470004, idf(spain) = ln(1 + 2.5 / 1.5) = 0.980829
+    #   d2: 0.980829 / (1 + 1.5 · (0.25 + 0.75 · 3 / (7/3))) = 0.347636
+    #   d0, d1: 0.470004 / (1 + 1.5 · (0.25 + 0.75 · 2 / (7/3))) = 0.200918
+    found = BM25Retriever(corpus, title_weight=0).search("Capital, Spain?", k=3)
+    assert [(p.id, p.score) for p in found] == [("d2", pytest.approx(0.347636, abs=1e-5)),
+                                                ("d0", pytest.approx(0.200918, abs=1e-5)),
+                                                ("d1", pytest.approx(0.200918, abs=1e-5))]
+    # title_weight 2: "spain spain capital madrid" (4 terms), "france france capital paris" (4),
+    # "peru peru history of spain" (5), avgdl 13/3; df(capital) = df(spain) = 2: idf 0.470004 each;
+    # n(l) = 1.5 · (0.25 + 0.75 · l / (13/3)):
+    #   d0: 0.470004 · (1 / (1 + n(4)) + 2 / (2 + n(4)))  = 0.470125   (the title's "spain" twice)
+    #   d1: 0.470004 · 1 / (1 + n(4))                    = 0.194743
+    #   d2: 0.470004 · 1 / (1 + n(5))                    = 0.175829
+    weighted = make_retriever(f"bm25:{corpus}?title_weight=2").search("capital Spain", k=3)
+    assert [(p.id, p.score) for p in weighted] == [("d0", pytest.approx(0.470125, abs=1e-5)),
+                                                   ("d1", pytest.approx(0.194743, abs=1e-5)),
+                                                   ("d2", pytest.approx(0.175829, abs=1e-5))]
+    with pytest.raises(ValueError, match=r"title_weight=-1 is out of range: must be an int >= 0"):
+        BM25Retriever(corpus, title_weight=-1)
+
+
 def test_the_index_is_cached_and_rebuilt_when_the_corpus_changes(tmp_path, cache):
     from metagen.retrieval import BM25Retriever
 
@@ -70,6 +97,7 @@ def test_the_index_is_cached_and_rebuilt_when_the_corpus_changes(tmp_path, cache
     assert changed.search("zebra", k=3)[0].id == "d5"
     assert not BM25Retriever(corpus, k1=1.5).built
     assert BM25Retriever(corpus, k1=1.2).built  # other settings, another index
+    assert BM25Retriever(corpus, title_weight=3).built and not BM25Retriever(corpus, title_weight=3).built
 
 
 def test_a_directory_of_text_files_is_split_into_paragraphs(tmp_path):

@@ -56,3 +56,11 @@ def test_recall_counts_the_supporting_paragraphs_among_the_retrievers_best(tmp_p
     (tmp_path / "results.jsonl").write_text(json.dumps(_record("gsm8k-1", "4", True, 1e12)) + "\n")
     with pytest.raises(ValueError, match="holds no multihop question"):
         bench.recall(tmp_path, 3)
+
+
+def test_recall_over_every_question_counts_the_title_as_often_as_asked(monkeypatch, tmp_path):
+    pytest.importorskip("bm25s")
+    monkeypatch.setenv("METAGEN_CACHE", str(tmp_path / "cache"))
+    ignored, weighted = bench.recall(None, 3, "bm25?title_weight=0"), bench.recall(None, 3, "bm25?title_weight=3")
+    # a facts paragraph names its country in its title only (docs/benchmarks/retrieval-chains.md)
+    assert weighted["hop 2, the follow-up"] > ignored["hop 2, the follow-up"] + 0.3

@@ -291,18 +291,20 @@ def _problems(args: argparse.Namespace) -> dict:
 def _overrides(args: argparse.Namespace, task, strategies: tuple[str, ...]) -> tuple:
     """The strategy config fields of the run (`EVAL_STRATEGY_OPTIONS` given on the command line);
     --retriever, when not given, is bm25 over the task's corpus if it has one and a strategy of
-    the run searches ("bm25" or "dense" alone: that kind over the task's corpus); --train, when not given, the task's labelled examples if it has them and a
+    the run searches ("bm25" or "dense" alone, or with settings, "bm25?title_weight=3": that kind
+    over the task's corpus); --train, when not given, the task's labelled examples if it has them and a
     strategy of the run learns from examples."""
     from metagen.strategies.registry import get_strategy
 
     given = {name: getattr(args, "strategy_" + name) for name in EVAL_STRATEGY_OPTIONS
              if getattr(args, "strategy_" + name) is not None}
     searches = any("retriever" in get_strategy(name).fields() for name in strategies)
-    if given.get("retriever") in ("bm25", "dense"):  # a kind alone: over the task's corpus
+    kind, question_mark, settings = str(given.get("retriever")).partition("?")
+    if kind in ("bm25", "dense"):  # a kind alone (with its settings: "bm25?title_weight=3"): the task's corpus
         if task.corpus is None:
             raise ValueError(f"--retriever {given['retriever']} names no corpus, and this task has none: give "
-                             f"--retriever {given['retriever']}:PATH")
-        given["retriever"] = f"{given['retriever']}:{task.corpus}"
+                             f"--retriever {kind}:PATH{question_mark}{settings}")
+        given["retriever"] = f"{kind}:{task.corpus}{question_mark}{settings}"
     if "retriever" not in given and task.corpus is not None and searches:
         given["retriever"] = f"bm25:{task.corpus}"
     learns = any("train" in get_strategy(name).fields() for name in strategies)

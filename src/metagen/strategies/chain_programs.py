@@ -214,8 +214,9 @@ class SearchConfig(ChainConfig):
     k of each search."""
 
     retriever: str | None = option(None, str, "what the search tool searches: bm25:PATH | dense:PATH (a .jsonl "
-                                   "file or a directory of .txt files) | http(s)://HOST[:PORT]/PATH (a search "
-                                   "endpoint)", optional=True, opens=True)
+                                   "file or a directory of .txt files; BM25 settings after '?', as in "
+                                   "bm25:PATH?title_weight=3&k1=0.9&b=0.4) | http(s)://HOST[:PORT]/PATH (a "
+                                   "search endpoint)", optional=True, opens=True)
     passages: int = option(3, int, "passages each search returns", low=1, high=MAX_K)
 
     def __post_init__(self) -> None:
