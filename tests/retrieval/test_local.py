@@ -78,8 +78,9 @@ def test_a_title_weight_counts_the_title_that_many_times_in_the_hand_computed_sc
     assert [(p.id, p.score) for p in weighted] == [("d0", pytest.approx(0.470125, abs=1e-5)),
                                                    ("d1", pytest.approx(0.194743, abs=1e-5)),
                                                    ("d2", pytest.approx(0.175829, abs=1e-5))]
-    with pytest.raises(ValueError, match=r"title_weight=-1 is out of range: must be an int >= 0"):
-        BM25Retriever(corpus, title_weight=-1)
+    for bad in (-1, 101, 2.0, True):
+        with pytest.raises(ValueError, match=r"title_weight=.* is out of range: must be an int in \[0, 100\]"):
+            BM25Retriever(corpus, title_weight=bad)
 
 
 def test_the_index_is_cached_and_rebuilt_when_the_corpus_changes(tmp_path, cache):

@@ -44,6 +44,7 @@ import numpy as np
 from metagen.decoding.cost import Cost
 from metagen.retrieval.base import Retrieval, Retriever, check_k
 from metagen.retrieval.corpus import cached_index, read_corpus
+from metagen.retrieval.spec import MAX_TITLE_WEIGHT
 
 _TERM = re.compile(r"\w+")
 
@@ -78,8 +79,10 @@ class BM25Retriever(Retriever):
             raise ValueError(f"k1={k1!r} is out of range: must be > 0")
         if not 0 <= b <= 1:
             raise ValueError(f"b={b!r} is out of range: must be in [0, 1]")
-        if isinstance(title_weight, bool) or not isinstance(title_weight, int) or title_weight < 0:
-            raise ValueError(f"title_weight={title_weight!r} is out of range: must be an int >= 0")
+        if isinstance(title_weight, bool) or not isinstance(title_weight, int) or \
+                not 0 <= title_weight <= MAX_TITLE_WEIGHT:
+            raise ValueError(f"title_weight={title_weight!r} is out of range: must be an int in "
+                             f"[0, {MAX_TITLE_WEIGHT}]")
         bm25s = _bm25s()
         self.path = Path(path)
         self.passages = read_corpus(self.path)

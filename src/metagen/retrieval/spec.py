@@ -14,12 +14,14 @@ from pathlib import Path
 
 KINDS = ("bm25", "dense")
 FORMS = "bm25:PATH | dense:PATH | http(s)://HOST[:PORT]/PATH"
+MAX_TITLE_WEIGHT = 100  # BM25's title_weight: each unit indexes every title once more
 # kind -> option -> (type, whether a value is in range, what it must be): a local retriever's
 # settings after "?"
 OPTIONS = {
     "bm25": {"k1": (float, lambda v: v > 0, "a number > 0 (term-frequency saturation)"),
              "b": (float, lambda v: 0 <= v <= 1, "a number in [0, 1] (length normalization)"),
-             "title_weight": (int, lambda v: 0 <= v <= 100, "an int in [0, 100] (times a passage's title counts)")},
+             "title_weight": (int, lambda v: 0 <= v <= MAX_TITLE_WEIGHT,
+                              f"an int in [0, {MAX_TITLE_WEIGHT}] (times a passage's title counts)")},
     "dense": {},
 }
 
