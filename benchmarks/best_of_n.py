@@ -19,10 +19,6 @@ Run:  .venv/bin/python benchmarks/best_of_n.py --markdown
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")  # before torch is imported
-
 import argparse
 import contextlib
 import io

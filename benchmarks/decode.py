@@ -27,18 +27,13 @@ Each measurement runs once as warm-up, then `--repeats` times; the table reports
 read bandwidth (torch.sum over a large buffer) by the weight bytes one batch-1 decode step
 reads: every linear weight (with its scales), the LM head and one embedding row.
 
-OpenMP workers spin between kernels (OMP_WAIT_POLICY=ACTIVE, as the metagen CLI sets; set the
-variable yourself to override): torch and llama.cpp (whose own thread pool spins) are then
-measured alike.
+OpenMP keeps its default wait policy, as the metagen CLI does (workers spin a few milliseconds
+after a kernel, then sleep; OMP_WAIT_POLICY=ACTIVE decodes no faster, docs/guides/models.md).
 
 Run:  .venv/bin/python benchmarks/decode.py --out results.json --markdown
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")  # before torch is imported
 
 import argparse
 import contextlib

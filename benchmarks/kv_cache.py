@@ -23,9 +23,6 @@ Run:  .venv/bin/python benchmarks/kv_cache.py --markdown
 from __future__ import annotations
 
 import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")  # before torch is imported, as the CLI does
-
 import argparse
 import importlib.util
 import json

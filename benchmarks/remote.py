@@ -21,10 +21,6 @@ Run:  .venv/bin/python benchmarks/remote.py --problems 20 --markdown
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")  # before torch is imported
-
 import argparse
 import contextlib
 import json

@@ -35,13 +35,11 @@ codes, which take two dot products per multiply-add). Bandwidth: the best torch.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")  # as the metagen CLI sets: workers spin between kernels
 
 import torch  # noqa: E402
 

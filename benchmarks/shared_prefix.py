@@ -17,10 +17,6 @@ Run:  PYTHONPATH=src .venv/bin/python benchmarks/shared_prefix.py --markdown
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")  # as the CLI and benchmarks/decode.py
-
 import argparse
 import platform
 import statistics

@@ -43,10 +43,6 @@ Run:  PYTHONPATH=src .venv/bin/python benchmarks/speculative.py --out spec.json 
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")  # before torch is imported
-
 import argparse
 import contextlib
 import io

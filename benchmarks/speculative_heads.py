@@ -19,10 +19,6 @@ Run:  PYTHONPATH=src .venv/bin/python benchmarks/speculative_heads.py --stop-hea
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")  # before torch is imported
-
 import argparse
 import time
 

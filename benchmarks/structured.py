@@ -38,15 +38,12 @@ metagen's tokenizer and given as ids to every engine. Sections:
     n choices, n - 1 forwards); llama.cpp's `(n - 1) / (time of the last token - time of the
     first)`, the first token's choice going with its prefill. The end token counts as a token.
 
-OpenMP workers spin between kernels (OMP_WAIT_POLICY=ACTIVE, as in decode.py).
+OpenMP keeps its default wait policy, as in decode.py.
 """
 
 from __future__ import annotations
 
 import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")  # before torch is imported
-
 import argparse
 import inspect
 import json

@@ -60,12 +60,12 @@ sys.exit(main({argv!r}))
 """
 
 
-@pytest.mark.parametrize(("argv", "policy"), [(["generate", "Hello"], "ACTIVE"), (["serve"], "None")],
-                         ids=["generate", "serve"])
-def test_openmp_workers_spin_except_under_the_server(argv, policy):
-    """A one-stream command keeps OpenMP workers spinning between kernels (set before torch is
-    imported); `serve` does not: its event loop needs a core between decode steps."""
+@pytest.mark.parametrize("argv", [["generate", "Hello"], ["serve"]], ids=["generate", "serve"])
+def test_no_command_sets_the_openmp_wait_policy(argv):
+    """OpenMP's default (workers spin a few milliseconds, then sleep) decodes as fast as
+    OMP_WAIT_POLICY=ACTIVE and does not keep a core busy while the process waits (a sandbox run,
+    a server between requests, another program): no command sets it (docs/guides/models.md)."""
     done = subprocess.run([sys.executable, "-c", WAIT_POLICY.format(argv=argv)], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == [policy, "False"]
+    assert done.stdout.split() == ["None", "False"]

@@ -23,16 +23,6 @@ from metagen.cli.args import check_threads
 _COMMANDS = (generate, evaluation, serve, task, train_adapter, train_heads, compress, perplexity, theory, info, cache)  # in the order `metagen --help` lists them
 
 
-def use_spinning_threads() -> None:
-    """Keep OpenMP worker threads spinning between kernels (unless the user chose otherwise).
-
-    A decode step is hundreds of small kernels; waking sleeping workers for each costs ~20% of
-    batch-1 decode time on 2 cores. Takes effect only before torch is imported.
-    """
-    if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="metagen", description="Inference-time algorithms for language models.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -47,10 +37,6 @@ def main(argv: list[str] | None = None) -> int:
     130 interrupted, 1 anything else (METAGEN_TRACEBACK=1 shows the traceback)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command != "serve":
-        # The server's event loop needs a core between decode steps to stream tokens and take
-        # requests; spinning OpenMP workers hold it (measured: 26 vs 46 tokens/s at one client).
-        use_spinning_threads()
     try:
         check_threads(getattr(args, "threads", None))
         return args.run(args)
