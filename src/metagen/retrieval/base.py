@@ -20,6 +20,7 @@ from metagen.decoding.cost import Cost
 from metagen.tools.base import Tool, ToolError
 
 MAX_K = 1000  # passages one search returns at most
+MAX_TITLE_WEIGHT = 100  # BM25's title_weight (`bm25.py`): each unit indexes every title once more
 
 
 @dataclass(frozen=True)

@@ -42,9 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from metagen.decoding.cost import Cost
-from metagen.retrieval.base import Retrieval, Retriever, check_k
+from metagen.retrieval.base import MAX_TITLE_WEIGHT, Retrieval, Retriever, check_k
 from metagen.retrieval.corpus import cached_index, read_corpus
-from metagen.retrieval.spec import MAX_TITLE_WEIGHT
 
 _TERM = re.compile(r"\w+")
 

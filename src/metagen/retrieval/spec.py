@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from metagen.retrieval.base import MAX_TITLE_WEIGHT
+
 KINDS = ("bm25", "dense")
 FORMS = "bm25:PATH | dense:PATH | http(s)://HOST[:PORT]/PATH"
-MAX_TITLE_WEIGHT = 100  # BM25's title_weight: each unit indexes every title once more
 # kind -> option -> (type, whether a value is in range, what it must be): a local retriever's
 # settings after "?"
 OPTIONS = {
