@@ -32,6 +32,7 @@ import torch
 from metagen.decoding import LocalGenerator
 from metagen.models import embedded_model_path, load
 from metagen.sampling import SamplingParams
+from metagen.tables import table as render
 
 PASSAGE = (
     "The Amazon rainforest covers much of the Amazon basin of South America. The basin spans about "
@@ -126,12 +127,7 @@ def table(rows: list[dict], markdown: bool) -> str:
         reuse = (f"{r['prompt_tokens_computed']} / {r['prompt_tokens_reused']}" if "prompt_tokens_computed" in r else "")
         lines.append([r["engine"], r["run"], f"{r['seconds']:.2f}", f"{r['seconds'] / one[r['engine']]:.2f}",
                       f"{reference / r['seconds']:.2f}×" if reference and r["run"] != "1 sample" else "", reuse])
-    if markdown:
-        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        out += ["| " + " | ".join(line) + " |" for line in lines[1:]]
-        return "\n".join(out)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) for line in lines)
+    return render(header, lines[1:], markdown)
 
 
 def main(argv=None) -> int:

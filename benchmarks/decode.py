@@ -53,6 +53,7 @@ import torch
 from metagen.decoding import generate
 from metagen.models import embedded_model_path, load
 from metagen.sampling import SamplingParams
+from metagen.tables import table
 
 PROMPT = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -313,19 +314,6 @@ def ceiling_rows(ceiling: list[dict]) -> list[list[str]]:
     return rows
 
 
-def plain_table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def markdown_table(rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(row) + " |" for row in rows]
-    lines.insert(1, "|" + "|".join("---" for _ in rows[0]) + "|")
-    return "\n".join(lines)
-
-
 def environment() -> dict[str, str]:
     info = {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine()}
     try:
@@ -456,10 +444,10 @@ def main(argv=None) -> int:
     ceiling = ceilings(bytes_by_dtype, bandwidth, measurements)
     results, limits = result_rows(measurements, args.tokens), ceiling_rows(ceiling)
     print()
-    print(plain_table(results))
+    print(table(results[0], results[1:]))
     print()
     print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s")
-    print(plain_table(limits))
+    print(table(limits[0], limits[1:]))
 
     settings = {
         "model": str(path), "prompt": PROMPT, "prompt_tokens": len(prompt_ids), "tokens": args.tokens,
@@ -480,7 +468,8 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
         print(f"\nwrote {args.out}")
     if args.markdown is not None:
-        text = markdown_report(settings, env, bandwidth, markdown_table(results), markdown_table(limits), notes)
+        text = markdown_report(settings, env, bandwidth, table(results[0], results[1:], markdown=True),
+                               table(limits[0], limits[1:], markdown=True), notes)
         if args.markdown == "-":
             print("\n" + text, end="")
         else:

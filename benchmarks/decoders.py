@@ -53,6 +53,7 @@ from metagen.decoding import (AdaDecConfig, BeamSearchConfig, ContrastiveConfig,
 from metagen.models import load
 from metagen.models.embedded import embedded_model_path
 from metagen.sampling import SamplingParams
+from metagen.tables import table
 
 # (text, chat): four continuations, four chat prompts
 PROMPTS = (
@@ -161,14 +162,6 @@ def run_outputs(model, decode) -> dict:
         outputs = len(ids)
     return {"distinct2": sum(distinct) / len(distinct), "logprob": sum(logprobs) / len(logprobs), "tokens": tokens,
             "tok_s": tokens / seconds, "calls": calls, "flops_per_token": flops / tokens, "outputs": outputs}
-
-
-def table(header: list[str], lines: list[list[str]], markdown: bool) -> str:
-    if markdown:
-        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        return "\n".join(out + ["| " + " | ".join(line) + " |" for line in lines])
-    widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) for line in [header, *lines])
 
 
 def main() -> None:

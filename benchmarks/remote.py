@@ -40,6 +40,7 @@ from metagen.eval import EvalConfig, arithmetic_problems, evaluate
 from metagen.models import embedded_model_path, load
 from metagen.remote import OpenAIGenerator
 from metagen.sampling import SamplingParams
+from metagen.tables import table as render
 
 
 def free_port() -> int:
@@ -139,11 +140,6 @@ def cost_row(name: str, point) -> list[str]:
             f"{cost.model_calls:.1f}", "unknown" if cost.flops is None else f"{cost.flops / 1e9:.1f}"]
 
 
-def markdown(rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows[1:]])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problems", type=int, default=40, help="arithmetic problems (default 40)")
@@ -181,7 +177,7 @@ def main() -> int:
     for name, run in (("local (metagen int4)", local), ("llama.cpp server", remote)):
         rows += [cost_row(name, run["greedy"]), cost_row(name, run["sc8"])]
         results[name] = {key: run[key].to_dict() for key in ("greedy", "sc8")}
-    print(markdown(rows) if args.markdown else json.dumps(results, indent=1))
+    print(render(rows[0], rows[1:], markdown=True) if args.markdown else json.dumps(results, indent=1))
     print(f"\nwall for the whole evaluation: local {local['wall']:.1f} s, server {remote['wall']:.1f} s "
           f"(per problem, costs above are means)")
     print(f"client overhead: {overhead['client_cpu_ms']:.2f} ms of client CPU per request vs "
@@ -198,7 +194,7 @@ def print_replicas(args, problems, work: Path, model, results: dict) -> int:
                           f"{row['tokens_per_second']:.1f}", f"{row['accuracy_sc8']:.3f}",
                           " / ".join(str(r) for r in row["requests_per_endpoint"])])
         print()
-        print(markdown(table))
+        print(render(table[0], table[1:], markdown=True))
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=1, default=str))
     return 0

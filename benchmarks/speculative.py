@@ -53,12 +53,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from speculative_plan import ACTIVATIONS, TARGETS, Row, add_speedups, markdown, plan_runs, split_list, table
+from speculative_plan import ACTIVATIONS, TARGETS, Row, add_speedups, plan_runs, split_list, table
 
 from metagen.decoding import generate
 from metagen.models import embedded_model_path, load
 from metagen.sampling import SamplingParams
 from metagen.speculative import SpeculativeConfig, make_drafter, speculative_generate
+from metagen.tables import table as render
 
 PASSAGES = [
     "The Harwick Bridge was opened on 14 March 1889 after six years of work. It is 412 metres long "
@@ -354,7 +355,7 @@ def main() -> None:
         llama_cpp_suite(rows, kinds, args)
     add_speedups(rows)
     rendered = table(rows)
-    print(markdown(rendered) if args.markdown else "\n".join("  ".join(r) for r in rendered))
+    print(render(rendered[0], rendered[1:], markdown=args.markdown))
     if args.out:
         payload = {
             "settings": {k: v for k, v in vars(args).items()},

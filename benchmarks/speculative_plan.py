@@ -223,9 +223,3 @@ def table(rows: list[Row]) -> list[list[str]]:
                     f"{r.tokens_per_second:.1f}", fmt(r.speedup, ".2f", "×"),
                     fmt(r.decode_tokens_per_second, ".1f"), fmt(r.decode_speedup, ".2f", "×")])
     return out
-
-
-def markdown(rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(row) + " |" for row in rows]
-    lines.insert(1, "|" + "|".join("---" for _ in rows[0]) + "|")
-    return "\n".join(lines)

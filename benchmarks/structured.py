@@ -54,11 +54,11 @@ from pathlib import Path
 
 import torch
 
-from decode import markdown_table, plain_table
 from metagen.decoding import generate
 from metagen.decoding.result import GenerationResult
 from metagen.models import embedded_model_path, load
 from metagen.sampling import SamplingParams
+from metagen.tables import table
 from structured_engines import SCHEMAS, Llguidance, Xgrammar, measure_engine, special_tokens_before_complete, \
     special_tokens_in_strings
 
@@ -428,12 +428,11 @@ def main(argv=None) -> int:
         sections.append(("(e) metagen vs llama.cpp: validity and decode speed", summary or None, notes))
         sections.append(("(e) every run", detail or None, []))
 
-    table = markdown_table if args.markdown is not None else plain_table
     lines = [f"Structured generation, {path.name}, metagen {model.dtype}, {args.threads} threads; {versions()}."]
     for title, rows, notes in sections:
         lines += ["", f"{'### ' if args.markdown is not None else ''}{title}", ""]
         if rows:
-            lines.append(table(rows))
+            lines.append(table(rows[0], rows[1:], markdown=args.markdown is not None))
         lines += ([""] if rows and notes else []) + notes
     text = "\n".join(lines) + "\n"
     if args.markdown not in (None, "-"):

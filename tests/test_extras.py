@@ -94,4 +94,4 @@ def test_eval_with_the_default_strategies_runs_on_the_core_install(tmp_path):
     # the plots need the 'plot' extra: said before the model loads, and the results are kept
     assert "the plots of --out are not drawn" in done.stderr and "pip install 'matplotlib>=3.7'" in done.stderr
     written = sorted(path.name for path in (tmp_path / "run").iterdir())
-    assert written == ["results.jsonl", "run.json", "summary.json", "summary.txt"]  # no .png
+    assert written == ["results.jsonl", "run.json", "summary.json", "summary.md", "summary.txt"]  # no .png

@@ -183,3 +183,27 @@ def test_the_output_answers_which_configuration_to_use_per_budget(tmp_path, caps
     assert f"compute-optimal frontier: {name} " in summary and "budget TFLOPs" in summary
     assert main(BASE[:-1]) == 0  # the text output carries the same table
     assert "budget TFLOPs" in capsys.readouterr().out
+
+
+def test_markdown_prints_the_same_summary_as_pipe_tables(tmp_path, capsys, loads):
+    """--markdown: the results table and the per-budget table as pipe tables with the same cells
+    as the text; --out holds summary.md either way; with --json it is refused before any load."""
+    text_argv = [*BASE[:-1], "--out", str(tmp_path)]
+    assert main(text_argv) == 0
+    text = capsys.readouterr().out
+    assert main([*text_argv, "--markdown"]) == 0
+    markdown = capsys.readouterr().out
+    assert markdown.strip() == (tmp_path / "summary.md").read_text().strip()
+    assert text.strip() == (tmp_path / "summary.txt").read_text().strip()
+    lines = markdown.splitlines()
+    header = lines.index("| strategy | n | accuracy [95% interval] | gen tokens | TFLOPs | s/problem |")
+    assert lines[header + 1] == "|---|---:|---:|---:|---:|---:|"
+    rows = [line.split(" | ") for line in lines[header + 2:] if line.startswith("| ")]
+    greedy = next(row for row in rows if row[0] == "| greedy")
+    text_greedy = next(line for line in text.splitlines() if line.startswith("greedy "))
+    assert " ".join(cell.strip(" |") for cell in greedy[:4]) == " ".join(text_greedy.split()[:6])
+    assert "| budget TFLOPs | use | runner-up | overlap | paired difference [95%] | p_best |" in lines
+    assert not any(line.startswith("-----") for line in lines)  # no text rules in Markdown
+    loads.clear()
+    assert main([*BASE, "--markdown"]) == 2
+    assert "--json and --markdown both choose what is printed" in _error(capsys) and loads == []

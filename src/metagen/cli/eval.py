@@ -136,6 +136,9 @@ def add_parser(commands) -> None:
     evaluation.add_argument("--json", action="store_true",
                             help='print {"results": [...], "frontier": [...], "per_budget": [...], "unplaced": [...], '
                                  '"scaling_fits": [...], "predicted_per_budget": [...]} on stdout')
+    evaluation.add_argument("--markdown", action="store_true",
+                            help="print the summary as Markdown (pipe tables, for a page or an issue) instead of "
+                                 "aligned text; --out holds both forms (summary.txt, summary.md) either way")
     add_structured_options(evaluation)
     common.add_model_options(evaluation, repeat=True)
     backend.add_backend_options(evaluation, concurrency=True, repeat=True)
@@ -165,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
     from metagen.sampling import SamplingParams
 
     sweep.check(args)
+    if args.json and args.markdown:
+        raise ValueError("--json and --markdown both choose what is printed: give one (--out holds every form)")
     decoder = decoders.sweep_decoder(args)
     tasks = _problems(args)
     sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
@@ -213,39 +218,43 @@ def run(args: argparse.Namespace) -> int:
             if out is not None:
                 names = ", ".join(run.label for run in runs) if len(runs) <= 3 else f"{len(runs)} models"
                 what = f"{task}, " if task else ""
-                _write_outputs(out, report, _table(report), title=f"{names}, {what}{len(problems)} problems",
-                               plots=plots)
+                _write_outputs(out, report, title=f"{names}, {what}{len(problems)} problems", plots=plots)
     finally:
         for remote in remotes:
             remote.close()
     if len(reports) == 1:
         report = next(iter(reports.values()))
-        text, data = _table(report), report.to_dict()
+        texts, data = {markdown: _table(report, markdown) for markdown in (False, True)}, report.to_dict()
     else:
-        text = "\n\n".join(f"task {task} ({len(tasks[task].problems)} problems)\n{_table(report)}"
-                           for task, report in reports.items())
+        texts = {markdown: "\n\n".join(_task_title(task, len(tasks[task].problems), markdown) + _table(report, markdown)
+                                        for task, report in reports.items()) for markdown in (False, True)}
         data = {"results": [row for report in reports.values() for row in report.to_dict()["results"]],
                 "tasks": {task: {key: value for key, value in report.to_dict().items() if key != "results"}
                           for task, report in reports.items()}}
         if args.out is not None:
-            (Path(args.out) / "summary.txt").write_text(text + "\n")
-            (Path(args.out) / "summary.json").write_text(json.dumps(data, indent=1) + "\n")
-    print(json.dumps(data) if args.json else text)
+            _write_summaries(Path(args.out), texts, data)
+    print(json.dumps(data) if args.json else texts[args.markdown])
     return 0
 
 
-def _table(report) -> str:
-    from metagen.eval import format_table
-    from metagen.eval.frontier import format_compute_optimal
+def _task_title(task: str, problems: int, markdown: bool) -> str:
+    return f"## task {task} ({problems} problems)\n\n" if markdown else f"task {task} ({problems} problems)\n"
 
-    text = format_table(report) + "\n\n" + format_compute_optimal(report.configurations(), coverage=report.coverage())
+
+def _table(report, markdown: bool = False) -> str:
+    """The summary of one task's report: the results table, the frontier and the per-budget
+    answer, and the per-difficulty policy when it was evaluated; plain text or Markdown."""
+    from metagen.eval import format_table
+    from metagen.eval.frontier import format_answer
+
+    text = format_table(report, markdown) + "\n\n" + format_answer(report.answer(), report.configurations(), markdown)
     if report.difficulty is not None:
         from metagen.eval.difficulty import format_policy
 
         policy = report.difficulty
-        text += f"\n\nprobe: {policy['model']}'s first {policy['round']} samples\n"
-        text += format_policy(policy["choices"], policy["bins"], policy["held_out"]) if policy["choices"] else \
-            "per-difficulty policy: no configuration (or probe) has known FLOPs: nothing to place under a budget"
+        text += f"\n\nprobe: {policy['model']}'s first {policy['round']} samples\n" + "\n" * markdown
+        text += format_policy(policy["choices"], policy["bins"], policy["held_out"], markdown) if policy["choices"] \
+            else "per-difficulty policy: no configuration (or probe) has known FLOPs: nothing to place under a budget"
     return text
 
 
@@ -410,17 +419,24 @@ def _can_plot() -> bool:
     return True
 
 
-def _write_outputs(out_dir: str, report, table: str, title: str, plots: bool = True) -> None:
-    """summary.txt, summary.json, and (`plots`) the accuracy-vs-compute plots and the frontier plot in --out."""
+def _write_outputs(out_dir: str, report, title: str, plots: bool = True) -> None:
+    """summary.txt, summary.md, summary.json, and (`plots`) the accuracy-vs-compute plots and the
+    frontier plot in --out."""
     out = Path(out_dir)
-    (out / "summary.txt").write_text(table + "\n")
-    (out / "summary.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+    _write_summaries(out, {markdown: _table(report, markdown) for markdown in (False, True)}, report.to_dict())
     if not plots:
         return
     from metagen.eval.plots import plot_curves, plot_frontier
 
     plot_curves(report, out, title=title)
     plot_frontier(report.configurations(), out / "frontier.png", title=title)
+
+
+def _write_summaries(out: Path, texts: dict[bool, str], data: dict) -> None:
+    """summary.txt (the text printed), summary.md (the same in Markdown) and summary.json."""
+    (out / "summary.txt").write_text(texts[False] + "\n")
+    (out / "summary.md").write_text(texts[True] + "\n")
+    (out / "summary.json").write_text(json.dumps(data, indent=1) + "\n")
 
 
 def _progress(done: int, total: int, started: list[float]) -> None:

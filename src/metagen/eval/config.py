@@ -204,6 +204,17 @@ class EvalReport:
     points: list[CurvePoint] = field(default_factory=list)
     per_problem: dict = field(default_factory=dict, repr=False)
     difficulty: dict | None = None
+    _answer: tuple | None = field(default=None, repr=False, compare=False)
+
+    def answer(self):
+        """`frontier.answer` over the configurations, the pass@k rows as coverage: computed once
+        (its paired bootstrap is the summary's dearest part) and again only if the points change."""
+        from metagen.eval.frontier import answer
+
+        key = tuple(map(id, self.points))
+        if self._answer is None or self._answer[0] != key:
+            self._answer = (key, answer(self.configurations(), coverage=self.coverage()))
+        return self._answer[1]
 
     def configurations(self) -> list[CurvePoint]:
         """The points one can run: all but the oracle coverage pass@k (which needs the answer)."""
@@ -214,10 +225,9 @@ class EvalReport:
         "predicted_per_budget"} (`frontier.compute_optimal` over the configurations, at budgets
         log-spaced from the cheapest to the dearest, the pass@k rows fitted as coverage), and
         "difficulty_policy" when it was evaluated."""
-        from metagen.eval.frontier import compute_optimal
+        from metagen.eval.frontier import answer_dict
 
-        data = {"results": [point.to_dict() for point in self.points],
-                **compute_optimal(self.configurations(), coverage=self.coverage())}
+        data = {"results": [point.to_dict() for point in self.points], **answer_dict(self.answer())}
         if self.difficulty is not None:
             data["difficulty_policy"] = {**self.difficulty,
                                          "choices": [choice.to_dict() for choice in self.difficulty["choices"]]}

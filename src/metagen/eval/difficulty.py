@@ -34,6 +34,7 @@ from metagen.eval.code_prompts import request
 from metagen.eval.points import stable_seed
 from metagen.eval.pool import PoolGenerator
 from metagen.strategies.registry import get_strategy
+from metagen.tables import Table
 
 Key = tuple[str, str, int]  # (model, strategy, n)
 
@@ -145,23 +146,24 @@ def difficulty_policy(table: dict[Key, tuple[Sequence[float], Sequence[float]]],
     return choices
 
 
-def format_policy(choices: Sequence[PolicyChoice], bins: int, held_out: int) -> str:
-    """The text of `difficulty_policy`: per budget (TFLOPs), the held-out accuracy and TFLOPs of
-    the policy and of the single best configuration, and the choice per bin (bin 0 hardest)."""
+def format_policy(choices: Sequence[PolicyChoice], bins: int, held_out: int, markdown: bool = False) -> str:
+    """The text (plain, or Markdown with a pipe table) of `difficulty_policy`: per budget
+    (TFLOPs), the held-out accuracy and TFLOPs of the policy and of the single best
+    configuration, and the choice per bin (bin 0 hardest)."""
     def named(key):
         return "–" if key is None else " ".join(part for part in (key[0], key[1], f"n={key[2]}") if part)
 
     def shown(outcome):
         return "nothing fits" if outcome is None else f"{outcome.accuracy:.3f} @ {outcome.flops / 1e12:.4g}"
 
-    lines = [f"per-difficulty policy ({bins} bins by first-round agreement, {held_out} held-out problems; "
-             "accuracy @ TFLOPs per problem)",
-             f"{'budget TFLOPs':>13}  {'policy':<22}  {'single best':<22}  choices"]
-    for choice in choices:
-        per_bin = "; ".join(f"bin {b}: {named(key)}" for b, key in enumerate(choice.per_bin))
-        lines.append(f"{choice.budget / 1e12:>13.4g}  {shown(choice.policy):<22}  "
-                     f"{shown(choice.single_outcome):<22}  single: {named(choice.single)}; {per_bin}")
-    return "\n".join(lines)
+    rows = [[f"{choice.budget / 1e12:.4g}", shown(choice.policy), shown(choice.single_outcome),
+             f"single: {named(choice.single)}; " + "; ".join(f"bin {b}: {named(key)}"
+                                                            for b, key in enumerate(choice.per_bin))]
+            for choice in choices]
+    return (f"per-difficulty policy ({bins} bins by first-round agreement, {held_out} held-out problems; "
+            "accuracy @ TFLOPs per problem)" + "\n" * (1 + markdown)
+            + Table(["budget TFLOPs", "policy", "single best", "choices"], rows,
+                    ["right", "left", "left", "left"]).render(markdown))
 
 
 def probe_round(pools: dict, problems: Sequence, config, k: int, modes: str | None = None) -> tuple[list, list]:

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from metagen.tables import Table, with_notes
+
 if TYPE_CHECKING:
     from metagen.eval.points import CurvePoint
 
@@ -208,7 +210,11 @@ def compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float] | Non
     "best", "runner_up", "intervals_overlap", "paired"}], "unplaced": [rows of unknown FLOPs],
     "scaling_fits": [fits], "predicted_per_budget": [{..., "predicted": true}]}, rows as
     `CurvePoint.to_dict` (a predicted row has "predicted": true); "paired" as `Paired.to_dict`."""
-    result = answer(points, budgets, coverage, seed, resamples)
+    return answer_dict(answer(points, budgets, coverage, seed, resamples))
+
+
+def answer_dict(result: Answer) -> dict:
+    """The JSON of an `Answer` (`compute_optimal`'s form)."""
     return {"frontier": [point.to_dict() for point in result.frontier.points],
             "per_budget": [{**choice.to_dict(), "paired": None if paired is None else paired.to_dict()}
                            for choice, paired in zip(result.table.choices, result.paired)],
@@ -223,23 +229,30 @@ def describe(point: CurvePoint) -> str:
 
 
 def format_compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float] | None = None,
-                           coverage: Sequence[CurvePoint] = (), seed: int = 0, resamples: int | None = None) -> str:
-    """The text of `compute_optimal`: the frontier's points by increasing FLOPs, then an "at
-    budget C use X" table (budget in TFLOPs, the choice with its accuracy and interval, the
-    runner-up, whether their intervals overlap, the paired difference best − runner-up with its
-    interval, "undecided" when it holds 0, and p_best of the choice), then the points left out
-    (FLOPs unknown), the scaling fits, the budgets past the largest n (each predicted choice
-    marked "*"), and the flag of models given their prompts differently
-    (`points.mixed_prompts_note`): a "(raw)" or "(chat)" after each point named, and the note's line."""
+                           coverage: Sequence[CurvePoint] = (), seed: int = 0, resamples: int | None = None,
+                           markdown: bool = False) -> str:
+    """`format_answer` of the `answer` over `points` (arguments as `answer`'s)."""
+    return format_answer(answer(points, budgets, coverage, seed, resamples), points, markdown)
+
+
+def format_answer(result: Answer, points: Sequence[CurvePoint], markdown: bool = False) -> str:
+    """The text (plain, or Markdown with pipe tables) of an `Answer` over `points`: the
+    frontier's points by increasing FLOPs, then an "at budget C use X" table (budget in TFLOPs,
+    the choice with its accuracy and interval, the runner-up, whether their intervals overlap,
+    the paired difference best − runner-up with its interval, "undecided" when it holds 0, and
+    p_best of the choice), then the points left out (FLOPs unknown), the scaling fits, the
+    budgets past the largest n (each predicted choice marked "*"), and the flag of models given
+    their prompts differently (`points.mixed_prompts_note`): a "(raw)" or "(chat)" after each
+    point named, and the note's line. One `Answer` formats both ways without a second bootstrap."""
     from metagen.eval.points import mixed_prompts_note
     from metagen.eval.scaling_fit import format_fits
 
-    result = answer(points, budgets, coverage, seed, resamples)
     table = result.table
     mixed = mixed_prompts_note(points)
+    star = "\\*" if markdown else "*"  # a bare * would start emphasis in Markdown
 
     def named(point: CurvePoint) -> str:
-        mark = "*" if point.predicted else ""
+        mark = star if point.predicted else ""
         if not mixed or point.chat is None:
             return mark + describe(point)
         return f"{mark}{describe(point)} ({'chat' if point.chat else 'raw'})"
@@ -250,10 +263,7 @@ def format_compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float
         interval = "" if point.interval is None else f" [{point.interval[0]:.3f}, {point.interval[1]:.3f}]"
         return f"{named(point)}: {point.accuracy:.3f}{interval}"
 
-    header = f"{'budget TFLOPs':>13}  {'use':<48}  {'runner-up':<48}  overlap  {'paired difference [95%]':<35}  p_best"
-    lines = ["compute-optimal frontier: " + (", ".join(named(point) for point in result.frontier.points) or "–"),
-             "", header, "-" * len(header)]
-    notes = []
+    rows, notes = [], []
     for choice, paired in zip(table.choices, result.paired):
         best = shown(choice.best) if choice.best is not None else "nothing fits"
         overlap = {True: "yes", False: "no", None: "–"}[choice.overlap]
@@ -268,19 +278,24 @@ def format_compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float
             chance = f"{paired.p_best[0][1]:.2f}"
         for point, why in () if paired is None else paired.skipped:
             notes.append(f"{choice.budget / 1e12:.4g} TFLOPs: {named(point)} left out of p_best, {why}")
-        lines.append(f"{choice.budget / 1e12:>13.4g}  {best:<48}  {shown(choice.runner_up):<48}  {overlap:<7}  "
-                     f"{difference:<35}  {chance}")
-    if not table.choices:
-        lines.append("no point could be placed: every point's FLOPs are unknown")
-    lines += notes
+        rows.append([f"{choice.budget / 1e12:.4g}", best, shown(choice.runner_up), overlap, difference, chance])
     if table.unplaced:
-        lines.append("not placed (FLOPs unknown): " + ", ".join(named(point) for point in table.unplaced))
+        notes.append("not placed (FLOPs unknown): " + ", ".join(named(point) for point in table.unplaced))
     if mixed:
-        lines.append(mixed)
+        notes.append(mixed)
+    parts = ["compute-optimal frontier: " + (", ".join(named(point) for point in result.frontier.points) or "–")]
+    if table.choices:
+        parts.append(with_notes(Table(["budget TFLOPs", "use", "runner-up", "overlap", "paired difference [95%]",
+                                       "p_best"], rows, ["right", "left", "left", "left", "left", "right"]
+                                      ).render(markdown), notes, markdown))
+    else:
+        parts.append(with_notes("no point could be placed: every point's FLOPs are unknown", notes, markdown))
     if result.fits:
-        lines += ["", format_fits(result.fits)]
+        parts.append(format_fits(result.fits, markdown))
     if result.predicted.choices:
-        lines += ["", "past the largest n (* predicted by the fitted law, not measured; FLOPs extrapolated):"]
-        for choice in result.predicted.choices:
-            lines.append(f"{choice.budget / 1e12:>13.4g}  {shown(choice.best):<48}  {shown(choice.runner_up):<48}")
-    return "\n".join(lines)
+        rows = [[f"{choice.budget / 1e12:.4g}", shown(choice.best), shown(choice.runner_up)]
+                for choice in result.predicted.choices]
+        parts.append(f"past the largest n ({star} predicted by the fitted law, not measured; FLOPs extrapolated):"
+                     + "\n" * (1 + markdown)
+                     + Table(["budget TFLOPs", "use", "runner-up"], rows, ["right", "left", "left"]).render(markdown))
+    return "\n\n".join(parts)

@@ -146,14 +146,16 @@ def predicted_points(fits: Sequence[ScalingFit], points: Sequence[CurvePoint],
     return predicted
 
 
-def format_fits(fits: Sequence[ScalingFit]) -> str:
-    """The text of the fits: one line per curve, its a, b and errors, or why it has none."""
-    lines = ["scaling fits, -log y = a·n^(-b) (y: accuracy, or coverage for pass@k):"]
+def format_fits(fits: Sequence[ScalingFit], markdown: bool = False) -> str:
+    """The text of the fits: one line per curve, its a, b and errors, or why it has none
+    (Markdown: a list)."""
+    lines = ["scaling fits, -log y = a·n^(-b) (y: accuracy, or coverage for pass@k):" + "\n" * markdown]
+    mark = "- " if markdown else "  "
     for fit in fits:
         name = " ".join(part for part in (fit.model, fit.strategy) if part)
         if fit.a is None:
-            lines.append(f"  {name} {fit.metric}: no fit, {fit.reason}")
+            lines.append(f"{mark}{name} {fit.metric}: no fit, {fit.reason}")
         else:
-            lines.append(f"  {name} {fit.metric}: a={fit.a:.3g} b={fit.b:.3g} over n={','.join(map(str, fit.ns))}; "
+            lines.append(f"{mark}{name} {fit.metric}: a={fit.a:.3g} b={fit.b:.3g} over n={','.join(map(str, fit.ns))}; "
                          f"RMSE {fit.rmse:.3f}, leave-last-out error {fit.leave_last_out:+.3f}")
     return "\n".join(lines)

@@ -27,6 +27,7 @@ from metagen.eval.pool import PoolGenerator, known_grades
 from metagen.eval.results import ModelUnits
 from metagen.eval.tasks import Problem
 from metagen.strategies.registry import get_strategy
+from metagen.tables import Table, with_notes
 
 
 def subsets(size: int, n: int, count: int, *seed_parts) -> list[list[int]]:
@@ -107,41 +108,36 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
     return report
 
 
-def format_table(report: EvalReport) -> str:
-    """A plain-text table: model (when the report holds several), strategy, n, accuracy [95%
-    bootstrap interval], generated tokens, TFLOPs ("unknown" when the generator could not count
-    them; "~" before an estimate, explained under the table), the sandbox's CPU seconds per
-    problem (`Cost.sandbox_seconds`; only when some strategy ran programs), seconds per problem;
-    under it, each cascade point's escalation rate (`CurvePoint.escalated`). When its
-    models got their prompts differently (`mixed_prompts_note`), a "prompts" column says "chat"
-    or "raw" per row and the note under the table flags it."""
-    models = list(dict.fromkeys(point.model for point in report.points))
-    width = max([len("model"), *map(len, models)]) if len(models) > 1 else 0
-    column = f"{'model':<{width}}  " if width else ""
+def format_table(report: EvalReport, markdown: bool = False) -> str:
+    """The results table (`tables.Table`, plain text or Markdown): model (when the report holds
+    several), strategy, n, accuracy [95% bootstrap interval], generated tokens, TFLOPs ("unknown"
+    when the generator could not count them; "~" before an estimate, explained under the table),
+    the sandbox's CPU seconds per problem (`Cost.sandbox_seconds`; only when some strategy ran
+    programs), seconds per problem; under it, each cascade point's escalation rate
+    (`CurvePoint.escalated`). When its models got their prompts differently
+    (`mixed_prompts_note`), a "prompts" column says "chat" or "raw" per row and the note under
+    the table flags it."""
+    several = len(dict.fromkeys(point.model for point in report.points)) > 1
     mixed = mixed_prompts_note(report.points)
-    prompts = f"{'prompts':<7}  " if mixed else ""
     sandbox = any(p.cost.sandbox_seconds for p in report.points)
-    header = (f"{column}{prompts}{'strategy':<20} {'n':>3}  {'accuracy [95% interval]':>23}  {'gen tokens':>10}  "
-              f"{'TFLOPs':>9}  " + (f"{'sandbox s':>9}  " if sandbox else "") + f"{'s/problem':>9}")
-    lines = [header, "-" * len(header)]
+    columns = [("model", "left")] * several + [("prompts", "left")] * bool(mixed) + [
+        ("strategy", "left"), ("n", "right"), ("accuracy [95% interval]", "right"), ("gen tokens", "right"),
+        ("TFLOPs", "right")] + [("sandbox s", "right")] * sandbox + [("s/problem", "right")]
+    rows = []
     for p in report.points:
-        interval = "" if p.interval is None else f"[{p.interval[0]:.3f}, {p.interval[1]:.3f}]"
-        flops = ("~" if p.flops_estimate is not None else "") + _tflops(p.cost.flops)
-        model = f"{p.model:<{width}}  " if width else ""
+        interval = "" if p.interval is None else f" [{p.interval[0]:.3f}, {p.interval[1]:.3f}]"
         shown = {True: "chat", False: "raw", None: "?"}[p.chat]
-        prompt = f"{shown:<7}  " if mixed else ""
-        lines.append(f"{model}{prompt}{p.strategy:<20} {p.n:>3}  {p.accuracy:>7.3f} {interval:>15}  "
-                     f"{p.cost.generated_tokens:>10.1f}  {flops:>9}  "
-                     + (f"{p.cost.sandbox_seconds:>9.2f}  " if sandbox else "") + f"{p.cost.wall_seconds:>9.2f}")
-    estimates = dict.fromkeys((p.model, p.flops_estimate) for p in report.points if p.flops_estimate is not None)
-    for model, estimate in estimates:
-        lines.append(f"~ {model or 'model'}: FLOPs estimated as {estimate}")
-    for p in report.points:  # a cascade's share sent to its large model (`cascade.py`)
-        if p.escalated is not None:
-            lines.append(f"{p.strategy} n={p.n}: escalated {100 * p.escalated:.1f}% of problems to the large model")
-    if mixed:
-        lines.append(mixed)
-    return "\n".join(lines)
+        rows.append([p.model] * several + [shown] * bool(mixed) + [
+            p.strategy, str(p.n), f"{p.accuracy:.3f}{interval}", f"{p.cost.generated_tokens:.1f}",
+            ("~" if p.flops_estimate is not None else "") + _tflops(p.cost.flops)]
+            + [f"{p.cost.sandbox_seconds:.2f}"] * sandbox + [f"{p.cost.wall_seconds:.2f}"])
+    notes = [f"~ {model or 'model'}: FLOPs estimated as {estimate}" for model, estimate in
+             dict.fromkeys((p.model, p.flops_estimate) for p in report.points if p.flops_estimate is not None)]
+    notes += [f"{p.strategy} n={p.n}: escalated {100 * p.escalated:.1f}% of problems to the large model"
+              for p in report.points if p.escalated is not None]  # a cascade's share sent to its large model
+    notes += [mixed] if mixed else []
+    table = Table([name for name, _ in columns], rows, [side for _, side in columns]).render(markdown)
+    return with_notes(table, notes, markdown)
 
 
 def _tflops(flops: float | None) -> str:
