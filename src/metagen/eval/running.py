@@ -59,6 +59,7 @@ from metagen.eval.pool import known_grades, sample_pool
 from metagen.eval.results import ModelUnits, ResultsFile
 from metagen.eval.summary import summarize
 from metagen.eval.tasks import Problem
+from metagen.scoring.run_cache import stored_runs
 from metagen.strategies.registry import get_strategy
 
 # ----------------------------------------------------------------------------- checks
@@ -186,6 +187,13 @@ def evaluate_models(
     results.check_shared(shared_setup(config), problems)
     live = [(name, n) for name in config.strategies if not get_strategy(name).is_pooled(config.options)
             for n in (sorted(set(config.ns)) if get_strategy(name).budget != "none" else [1])]
+    with stored_runs(out / "sandbox_runs.jsonl" if out is not None else None):
+        return _evaluate_models(models, problems, config, out, results, live, progress, concurrency)
+
+
+def _evaluate_models(models, problems, config, out, results, live, progress, concurrency) -> EvalReport:
+    """`evaluate_models`' runs, after its checks, with the sandbox's runs kept in --out."""
+    labels = [run.label for run in models]
     report, setups, unfinished, bound = EvalReport(), {}, {}, {}
     for index, run in enumerate(models):
         def counted(done: int, total: int, before: int = index * len(problems)) -> None:

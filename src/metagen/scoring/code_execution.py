@@ -108,7 +108,11 @@ class CodeExecutionVerifier(Verifier):
             timeout=self.timeout * (len(self.tests) + 1) + 2.0,  # + interpreter start-up
             max_output_bytes=(RECORD_CHARS + 100) * (len(self.checks) + len(self.tests) + 1),
         )
-        return read_report(run.stdout, len(self.tests), len(self.checks)), run
+        return self.report_of(run), run
+
+    def report_of(self, run: SandboxResult) -> Report:
+        """The report a run of the harness on these tests wrote (`code_report.read_report`)."""
+        return read_report(run.stdout, len(self.tests), len(self.checks))
 
     def judge(self, report: Report, run: SandboxResult) -> Verdict:
         """The verdict on a run (`execute`): each reported value compared with its expected one here."""

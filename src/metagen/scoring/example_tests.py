@@ -23,9 +23,10 @@ matching keeps it as is). A reply without code, or whose program does not load, 
 joins no cluster). Without examples the key is a digest of the program's normalized text
 (`ast.unparse`: comments and layout ignored), so voting falls back to a majority over programs.
 
-Runs are cached per process on (tests, limits, program), at most RUN_CACHE of them: scoring the
-same program again (the evaluation harness scores many subsets of one sample pool) reuses the
-run and counts its measured seconds again, as an independent run would spend them.
+Runs are cached (`run_cache`: in memory per process, and in a file inside `stored_runs`, which
+`metagen eval --out` keeps as sandbox_runs.jsonl): scoring the same program again (the
+evaluation harness scores many subsets of one sample pool) reuses the run and counts its
+measured seconds again, as an independent run would spend them.
 Cost: one sandbox start-up (~0.15 s) plus the program's own time per distinct program.
 """
 
@@ -33,8 +34,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import threading
-from collections import OrderedDict
 from functools import partial
 
 from metagen.decoding.cost import Cost
@@ -42,10 +41,7 @@ from metagen.scoring.base import Scorer, Scores
 from metagen.scoring.code_execution import CodeExecutionVerifier
 from metagen.scoring.code_problems import build_program, code_in_prompt, entry_point_of
 from metagen.scoring.doc_examples import doc_examples
-
-RUN_CACHE = 4096
-_runs: OrderedDict = OrderedDict()
-_runs_lock = threading.Lock()
+from metagen.scoring.run_cache import cached_run
 
 
 class ExampleTests:
@@ -101,19 +97,8 @@ class ExampleTests:
         return _digest("\n".join(outcomes)), cost
 
     def _run(self, program: str):
-        """(report, run) of `program` on the examples, from the cache or one sandbox run."""
-        verifier = self.verifier
-        key = (tuple(verifier.tests), verifier.timeout, verifier.memory_mb, verifier.isolation, program)
-        with _runs_lock:
-            if key in _runs:
-                _runs.move_to_end(key)
-                return _runs[key]
-        done = verifier.execute(program)
-        with _runs_lock:
-            _runs[key] = done
-            while len(_runs) > RUN_CACHE:
-                _runs.popitem(last=False)
-        return done
+        """(report, run) of `program` on the examples (`run_cache.cached_run`)."""
+        return cached_run(self.verifier, program)
 
 
 class ExampleScorer(Scorer):
