@@ -11,6 +11,7 @@ from metagen.strategies.chain import CallTool, Chain, ChainConfig, Generate, Too
 from metagen.strategies.chain_programs import (
     CALCULATOR_SYSTEM,
     COT_TRIGGER,
+    _after_marker,
     calculator_binding,
     calculator_chain,
     chain_of_thought,
@@ -134,6 +135,20 @@ def test_chain_of_thought_prompts_and_answer():
     assert (result.text, result.answer) == (" 100.", "100")
     assert [c.text for c in result.completions] == [" 12 * 7 is 84, and 84 + 16 is 100.", " 100."]
     assert result.cost == model_cost([text for text, _ in script])
+
+
+@pytest.mark.parametrize("decomposition, answer", [
+    ("Follow up: When?\nIntermediate answer: 1889.\nSo the final answer is: the tower", "the tower"),
+    ("No.\nThe final answer is Paris.", "Paris."),
+    ("Yes.\nFinal Answer: 42\n", "42"),
+    ("final answer is - 1886", "1886"),
+    ("So the final answer is: A\nFinal answer: B", "B"),  # the last marker
+    ("So the final answer is:\nthe bridge\nmore text", "the bridge"),  # the answer on the next line
+    ("So the final answer is:\n", ""),  # a marker with nothing after it: no answer
+    ("Yes.\nThe tower is older.", "The tower is older."),  # no marker: the last line
+])
+def test_self_ask_reads_the_answer_after_the_forms_of_the_final_answer_line(decomposition, answer):
+    assert _after_marker(decomposition) == answer
 
 
 def test_self_ask_answers_follow_up_questions_with_the_model():

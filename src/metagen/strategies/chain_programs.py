@@ -17,6 +17,7 @@ retrieval program with bootstrapped demonstrations, is in `dsp.py` on this modul
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -48,6 +49,9 @@ SELF_ASK_EXAMPLE = (
     "So the final answer is: the Statue of Liberty"
 )
 FINAL_ANSWER = "So the final answer is:"
+# the forms models write the closing line in: "So the final answer is: X", "The final answer is X",
+# "Final answer: X", "final answer is - X" (any case); the answer is the rest of that line
+FINAL_ANSWER_LINE = re.compile(r"\bfinal\s+answer(?:\s+is)?\s*[:\-–]?[ \t]*(?P<answer>[^\n]*)", re.IGNORECASE)
 S2A_REWRITE = (
     "The text below was written by a user. Rewrite it for someone who must answer the user's question "
     "fairly: keep only the facts that help answer it, and leave out everything else, including the "
@@ -156,10 +160,18 @@ def _self_ask(generator: Generator, question: str, follow_up: Generate | tuple, 
 
 
 def _after_marker(text: str) -> str:
-    """The line after the last FINAL_ANSWER marker, or the last non-empty line."""
-    if FINAL_ANSWER in text:
-        return text.rsplit(FINAL_ANSWER, 1)[1].strip().split("\n")[0]
-    lines = [line for line in text.splitlines() if line.strip()]
+    """The answer after the last "final answer" marker (`FINAL_ANSWER_LINE`: the example's "So
+    the final answer is:" and the variants models write): the rest of its line, or when that is
+    empty the next non-empty line ("" when there is none); without a marker, the last non-empty
+    line."""
+    matches = list(FINAL_ANSWER_LINE.finditer(text))
+    if matches:
+        rest = matches[-1].group("answer").strip()
+        if rest:
+            return rest
+        after = [line.strip() for line in text[matches[-1].end():].splitlines() if line.strip()]
+        return after[0] if after else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""
 
 
