@@ -294,6 +294,13 @@ def test_eval_runs_a_comma_list_of_tasks_each_into_its_own_directory(tmp_path, c
     results = (tmp_path / "out" / "mbpp" / "results.jsonl").read_bytes()
     assert main(argv) == 0 and json.loads(capsys.readouterr().out) == data  # resumed: nothing new
     assert (tmp_path / "out" / "mbpp" / "results.jsonl").read_bytes() == results
+    assert main([*argv[:argv.index("--json")], *argv[argv.index("--json") + 1:], "--markdown"]) == 0
+    markdown = capsys.readouterr().out
+    assert markdown.strip() == (tmp_path / "out" / "summary.md").read_text().strip()
+    titles = [line for line in markdown.splitlines() if line.startswith("## task ")]
+    assert titles == ["## task arithmetic (2 problems)", "## task mbpp (3 problems)"]
+    assert markdown.count("| strategy | n | accuracy [95% interval] |") == 2
+    assert (tmp_path / "out" / "mbpp" / "summary.md").read_text().startswith("| strategy | n |")
 
 
 def test_eval_task_gsm8k_reads_a_given_copy_offline(tmp_path, capsys, loads, cache):  # noqa: F811
