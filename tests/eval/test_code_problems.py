@@ -388,3 +388,17 @@ def test_allocation_is_refused_on_code_problems():
     config = EvalConfig(("self_consistency",), ns=(2, 4), allocation_round=2)
     with pytest.raises(ValueError, match="allocation_round=2 .*code problem"):
         check_code_strategies([ADD], config)
+
+
+def test_a_reply_is_graded_as_the_harness_grades_a_strategys_choice():
+    """`reply_correct` (what the greedy peer benchmark grades both engines' replies with) is
+    `score` of a result without a set answer: a program against the tests, an answer extracted."""
+    config = EvalConfig(("greedy",), ns=(1,))
+    question = Problem("q", "What is 6 times 7?", "42")
+    for text, right in (("6 * 7 = 42. The answer is 42.", True), ("The answer is 41.", False), ("no number", False)):
+        result = SimpleNamespace(chosen=SimpleNamespace(text=text, answer=None))
+        assert judging.reply_correct(text, question, config) is right == judging.score(result, question, config)
+    assert judging.reply_correct("    return a + b\n", ADD, config) is True
+    assert judging.reply_correct("    return a - b\n", ADD, config) is False
+    chosen = SimpleNamespace(chosen=SimpleNamespace(text="The answer is 41.", answer="42"))
+    assert judging.score(chosen, question, config) is True  # an answer the strategy set wins over its text

@@ -37,12 +37,17 @@ def grade_reply(text: str, problem: Problem, config, known: dict[str, Grade] | N
 
 
 def score(result, problem: Problem, config, known: dict[str, Grade] | None = None) -> bool:
-    """Whether a strategy's chosen output (`result.chosen`) is right: its answer (extracted from
-    its text when the strategy set none), or a code problem's program run against the tests (a
-    pool sample's stored grade when `known` holds its text)."""
+    """Whether a strategy's chosen output (`result.chosen`) is right: the answer it set, else
+    `reply_correct` of its text."""
+    if not problem.is_code and result.chosen.answer is not None:
+        return correct(result.chosen.answer, problem, config.options)
+    return reply_correct(result.chosen.text, problem, config, known)
+
+
+def reply_correct(text: str, problem: Problem, config, known: dict[str, Grade] | None = None) -> bool:
+    """Whether a reply is right under an `EvalConfig`: a code problem's program run against the
+    tests (`grade_reply`), else its answer extracted as the config's options say and matched."""
     if problem.is_code:
-        return grade_reply(result.chosen.text, problem, config, known).passed
-    answer = result.chosen.answer
-    if answer is None:
-        answer = extract_answer(result.chosen.text, config.options.pattern, config.options.answer_field)
+        return grade_reply(text, problem, config, known).passed
+    answer = extract_answer(text, config.options.pattern, config.options.answer_field)
     return correct(answer, problem, config.options)
