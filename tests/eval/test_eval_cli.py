@@ -207,3 +207,32 @@ def test_markdown_prints_the_same_summary_as_pipe_tables(tmp_path, capsys, loads
     loads.clear()
     assert main([*BASE, "--markdown"]) == 2
     assert "--json and --markdown both choose what is printed" in _error(capsys) and loads == []
+
+
+def test_another_value_reuses_the_pools_and_reruns_only_the_value_guided_units(tmp_path, capsys, loads):
+    """A stored sweep given a value (--value steps) generates only the value-guided strategy's
+    units: the pools and greedy stored without a value are reused; a later run with another
+    step delimiter reruns that strategy's units alone. Other set-up changes are still refused."""
+    base = [*BASE, "--out", str(tmp_path)]
+
+    def units():
+        records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+        return [(r["kind"], r.get("strategy"), r["fingerprint"]["setup"]) for r in records if r["kind"] != "setup"]
+
+    assert main(base) == 0
+    first = {(row["strategy"], row["n"]): row["accuracy"] for row in json.loads(capsys.readouterr().out)["results"]}
+    stored = units()
+    valued = [*base[:base.index("--strategy") + 1], "greedy,self_consistency,rebase",
+              *base[base.index("--strategy") + 2:], "--value", "steps"]
+    assert main(valued) == 0
+    again = {(row["strategy"], row["n"]): row["accuracy"] for row in json.loads(capsys.readouterr().out)["results"]}
+    assert {key: value for key, value in again.items() if key[0] != "rebase"} == first  # the same units
+    added = units()[len(stored):]
+    assert added and {kind for kind, _, _ in added} == {"live"} and {name for _, name, _ in added} == {"rebase"}
+    assert len({setup for _, _, setup in added} | {setup for _, _, setup in stored}) == 2  # a setup of its own
+    assert main([*valued, "--step-delimiter", ";"]) == 0
+    capsys.readouterr()
+    third = units()[len(stored) + len(added):]
+    assert len(third) == len(added) and {name for _, name, _ in third} == {"rebase"}
+    assert main([*valued, "--temperature", "0.5"]) == 2  # a sampling change still refuses
+    assert "params.temperature=0.8, this run has params.temperature=0.5" in _error(capsys)

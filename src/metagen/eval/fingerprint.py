@@ -21,6 +21,8 @@ A record of `results.jsonl` (a pool of samples, or one strategy × n result) dep
                             its request text or stop strings) and the sandbox's limits
     the unit:     pool, or (strategy, n) — part of the record's key.
 
+A unit that reads no value (a pool, a strategy that is not value-guided) is reused under a
+set-up that differs only in the value fields (`results.VALUE_FIELDS`, `results.without_value`).
 Each record carries `{"setup": digest(set-up), "question": digest(question), "answer":
 digest(answer)}`; `results.jsonl` also holds every set-up in full (a "setup" line), so a
 mismatch is reported by field name whether or not run.json is still there. `subsets` is not

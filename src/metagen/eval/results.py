@@ -22,7 +22,14 @@ anything is generated, naming the file, the line and the differing field:
     label, its identity's name) but another fingerprint (another dtype, weights file,
     ...), checked when that model is loaded.
 Units of models not in the run are kept, unused. Refusing (not recomputing) never throws away
-finished work silently. A torn last line (a killed write) is dropped and redone; any other
+finished work silently.
+
+The value a value-guided strategy reads (`VALUE_FIELDS`: options value, step_delimiter,
+aggregation, value_parameters, and a value file's content) is set-up too, but only such a
+strategy's live units depend on it: a run given another value reuses the stored pools and the
+live units of every strategy that reads no value (`ModelUnits.live(..., reads_value=False)`),
+whichever value they were stored under, and runs again only the value-guided live units. So a
+verifier or a PRM can be added to a stored sweep without generating its pools again. A torn last line (a killed write) is dropped and redone; any other
 malformed line is reported with its number.
 """
 
@@ -45,7 +52,17 @@ _UNKNOWABLE = frozenset({"flops", "scorer_flops"})  # None: the generator could 
 def _is_count(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 _FINGERPRINT_FIELDS = ("setup", "question", "answer")
+VALUE_FIELDS = ("value", "step_delimiter", "aggregation", "value_parameters")  # options only value-guided strategies read
 MODEL_FIELDS = ("model", "generator", "code")  # the set-up fields of one model (code: its prompting mode follows its chat template); the others are the sweep's
+
+
+def without_value(setup: dict) -> dict:
+    """`setup` without what only value-guided strategies read (`VALUE_FIELDS` of its options and
+    a value file's digest, "value_weights"): what pools and the other strategies' units depend on."""
+    kept = {name: value for name, value in setup.items() if name != "value_weights"}
+    if isinstance(kept.get("options"), dict):
+        kept["options"] = {name: value for name, value in kept["options"].items() if name not in VALUE_FIELDS}
+    return kept
 
 
 class ResultsFile:
@@ -162,8 +179,8 @@ class ResultsFile:
         self.shared = shared
         for fingerprint, (line, setup, _) in self.setups.items():
             stored = {name: value for name, value in setup.items() if name not in MODEL_FIELDS}
-            if stored != shared:
-                old, new = differences(stored, shared)
+            if without_value(stored) != without_value(shared):
+                old, new = differences(without_value(stored), without_value(shared))
                 raise ValueError(f"{self._first_line(fingerprint, line)} was produced with {old}, this run has {new}; "
                                  f"use another output directory (--out) or delete {self.path}")
         by_id = {problem.id: problem for problem in problems}
@@ -182,19 +199,23 @@ class ResultsFile:
         setup = json.loads(json.dumps(setup))
         fingerprint = digest(setup)
         name = setup.get("model", {}).get("name")
+        siblings = [fingerprint]  # this set-up, then the stored ones differing from it only in the value
         for stored, (line, stored_setup, stored_label) in self.setups.items():
             same_model = stored_label == label if stored_label is not None else \
                 stored_setup.get("model", {}).get("name") == name
-            if same_model and stored != fingerprint:
+            if not same_model or stored == fingerprint:
+                continue
+            if without_value(stored_setup) != without_value(setup):
                 old, new = differences(stored_setup, setup)
                 raise ValueError(f"{self._first_line(stored, line)} was produced with {old}, this run has {new}; "
                                  f"use another output directory (--out) or delete {self.path} (model {label!r})")
+            siblings.append(stored)
         for key, record in self.records.items():
-            if key[0] == fingerprint and key[1] == "pool" and len(record["pool"].samples) < pool_size:
+            if key[0] in siblings and key[1] == "pool" and len(record["pool"].samples) < pool_size:
                 raise ValueError(f"{self._where(key)} holds a pool of {len(record['pool'].samples)} samples, "
                                  f"this run needs {pool_size} (the largest n); use another output directory "
                                  f"(--out) or delete {self.path}")
-        return ModelUnits(self, label, setup, fingerprint)
+        return ModelUnits(self, label, setup, fingerprint, tuple(siblings[1:]))
 
     def _first_line(self, fingerprint: str, setup_line: int) -> str:
         """Where a set-up's first unit is (its setup line when it has none)."""
@@ -239,28 +260,36 @@ class ResultsFile:
 
 class ModelUnits:
     """The units of one model in a `ResultsFile` (`ResultsFile.bind`): label, whole set-up and
-    its fingerprint; reads and appends go to the shared file."""
+    its fingerprint; siblings: the fingerprints of its stored set-ups that differ from it only in
+    `VALUE_FIELDS` (their pools, and their live units of strategies reading no value, are this
+    set-up's too); reads and appends go to the shared file, appends under `fingerprint`."""
 
-    def __init__(self, results: ResultsFile, label: str, setup: dict, fingerprint: str) -> None:
+    def __init__(self, results: ResultsFile, label: str, setup: dict, fingerprint: str,
+                 siblings: tuple[str, ...] = ()) -> None:
         self.results, self.label, self.setup, self.fingerprint = results, label, setup, fingerprint
+        self.siblings = siblings
 
     @property
     def path(self) -> Path | None:
         return self.results.path
 
     def pool(self, problem) -> Pool | None:
-        record = self._get(("pool", problem.id, None, None), problem)
+        record = self._get(("pool", problem.id, None, None), problem, shared=True)
         return None if record is None else record["pool"]
 
-    def live(self, problem, strategy: str, n: int) -> dict | None:
-        return self._get(("live", problem.id, strategy, n), problem)
+    def live(self, problem, strategy: str, n: int, reads_value: bool = True) -> dict | None:
+        """The stored unit of (strategy, n) on `problem`; reads_value False (a strategy that
+        reads no value, `StrategySpec.uses_value`): one stored under a sibling set-up too."""
+        return self._get(("live", problem.id, strategy, n), problem, shared=not reads_value)
 
-    def _get(self, key: tuple, problem) -> dict | None:
-        key = (self.fingerprint, *key)
-        record = self.results.records.get(key)
-        if record is not None:
-            self.results._check_problem(key, record, problem)
-        return record
+    def _get(self, key: tuple, problem, shared: bool = False) -> dict | None:
+        for fingerprint in (self.fingerprint, *(self.siblings if shared else ())):
+            found = (fingerprint, *key)
+            record = self.results.records.get(found)
+            if record is not None:
+                self.results._check_problem(found, record, problem)
+                return record
+        return None
 
     def add_pool(self, problem, pool: Pool) -> None:
         self.results.add(self, {"kind": "pool", "id": problem.id}, {"pool": pool}, problem)

@@ -381,7 +381,7 @@ def _run_problem(generator, problem: Problem, config: EvalConfig, results: Model
         results.add_pool(problem, sample_pool(generator, prompt, params, problem, config,
                                               _rng(config.seed, problem.id, "pool")))
     for name, n in live:
-        if results.live(problem, name, n) is None:
+        if results.live(problem, name, n, get_strategy(name).uses_value) is None:
             generator.reset_prefix_cache()
             result = get_strategy(name).run(generator, prompt, n, params, config.options,
                                             _rng(config.seed, problem.id, name, n), config.overrides_for(name))

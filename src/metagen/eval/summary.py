@@ -76,7 +76,7 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
                     scores.append(sum(hits) / len(hits))
                     costs.append(mean_cost(subset_costs))
                 else:
-                    record = results.live(problem, name, n)
+                    record = results.live(problem, name, n, spec.uses_value)
                     scores.append(float(record["correct"]))
                     costs.append(Cost(**record["cost"]))
             samples = sum(drawn) / len(drawn) if drawn else None
