@@ -69,9 +69,14 @@ def test_without_examples_best_of_n_value_keeps_the_first_sample_and_scores_none
 
 def test_best_of_n_value_with_tests_is_pooled_and_other_searches_refuse_tests():
     spec = get_strategy("best_of_n_value")
-    assert spec.is_pooled(TESTS) and not spec.is_pooled(StrategyOptions(value="steps"))
+    # pooled with a value that reads the text alone; a search with the judge or a value head
+    for value in ("tests", "steps", "prm:/some/checkpoint", "reward:http://127.0.0.1:9"):
+        assert spec.is_pooled(StrategyOptions(value=value)), value
+    for value in ("judge", "/some/head.safetensors"):
+        assert not spec.is_pooled(StrategyOptions(value=value)), value
+    assert not get_strategy("rebase").is_pooled(StrategyOptions(value="steps"))
     assert EvalConfig(("best_of_n_value",), ns=(1, 4), options=TESTS).pool_size == 4
-    assert EvalConfig(("best_of_n_value", "greedy"), ns=(1, 4), options=StrategyOptions(value="steps")).pool_size == 0
+    assert EvalConfig(("rebase", "greedy"), ns=(1, 4), options=StrategyOptions(value="steps")).pool_size == 0
     with pytest.raises(ValueError, match="value='tests' scores whole answers only, but step_beam value partial"):
         check_options(["best_of_n_value", "step_beam"], TESTS)
     from metagen.strategies.tree.runner import make_value

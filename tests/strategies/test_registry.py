@@ -107,8 +107,10 @@ def test_a_search_is_refused_when_the_generator_has_neither_alternative(name):
     generator = Lacking(caps.LOCAL_CACHE, caps.STEP_CONTINUATION)
     pattern = (f"strategy '{name}' needs local_cache, which Lacking does not provide, or else step_continuation, "
                "which it does not provide either")
+    # best_of_n_value is a search with a value that reads more than the text (the judge)
+    options = StrategyOptions(value="judge") if name == "best_of_n_value" else STEPS
     with pytest.raises(ValueError, match=pattern) as error:
-        get_strategy(name).run(generator, "q", 1, SamplingParams(max_tokens=4), STEPS, None)
+        get_strategy(name).run(generator, "q", 1, SamplingParams(max_tokens=4), options, None)
     assert caps.PROVIDERS[caps.LOCAL_CACHE] in str(error.value)
     assert caps.PROVIDERS[caps.STEP_CONTINUATION] in str(error.value)
 

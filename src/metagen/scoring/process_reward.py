@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from metagen.decoding.cost import Cost, forward_flops
+from metagen.scoring.base import Scorer, Scores
 
 AGGREGATES = ("last", "min", "prod", "mean")
 
@@ -170,6 +171,22 @@ class StepRewardValue(PrefixValue):
             out.append(aggregate(scored.values, self.how))
             cost += scored.cost
         return Values(out, cost)
+
+
+class TextValueScorer(Scorer):
+    """A value that reads text (`PrefixValue.reads_text`) as a `Scorer` of finished candidates:
+    `value.text_values` of their texts, in one call (a PRM may batch them)."""
+
+    name = "text_value"
+
+    def __init__(self, value: PrefixValue) -> None:
+        if not value.reads_text:
+            raise ValueError(f"{type(value).__name__} does not read text: it cannot score finished answers")
+        self.value = value
+
+    def score(self, prompt, candidates) -> Scores:
+        found = self.value.text_values([candidate.text for candidate in candidates])
+        return Scores(list(found.values), found.cost)
 
 
 class ScorerValue(PrefixValue):

@@ -267,6 +267,17 @@ def release_prms() -> None:
     _loaded.clear()
 
 
+def text_value(spec: str, tokenizer, question: str, delimiter: str, parameters: float | None = None) -> StepRewardValue:
+    """The value of a spec that reads a solution's text alone: "steps" (`ArithmeticStepVerifier`,
+    every equation a step writes checked) or a PRM spec (`prm_value`); min over steps either way.
+    tokenizer: decodes token ids for `values` (None: `text_values` only)."""
+    if spec == "steps":
+        from metagen.scoring.process_reward import ArithmeticStepVerifier
+
+        return StepRewardValue(ArithmeticStepVerifier(), tokenizer, question, delimiter, how=AGGREGATE)
+    return prm_value(spec, tokenizer, question, delimiter, parameters)
+
+
 def prm_value(spec: str, tokenizer, question: str, delimiter: str, parameters: float | None = None) -> StepRewardValue:
     """The PrefixValue of a PRM spec (see the module docstring): the PRM's per-step scores of
     the decoded steps, min over steps; parameters: a served PRM's count (`load_prm`)."""

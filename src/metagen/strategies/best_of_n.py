@@ -75,24 +75,41 @@ def _runner(scorer):
     return run
 
 
-def best_by_tests(generator, prompt, n, params, options, rng, overrides):
-    """best_of_n_value's runner with `--value tests`: the best of n samples by the share of the
-    prompt's docstring examples their programs pass (ties: the first). A prompt without examples
-    gives no score: the first sample (complete ones first) is returned and every candidate's score
-    stays None. Cost: the samples' plus the sandbox's wall seconds (no FLOPs)."""
+def best_by_text_value(generator, prompt, n, params, options, rng, overrides):
+    """best_of_n_value's runner with a value that reads an answer's text alone
+    (`spec.value_reads_text_alone`): the best of n samples drawn in one call (ties: the first;
+    complete ones first), by
+
+      - "tests": the share of the prompt's docstring examples their programs pass. A prompt
+        without examples gives no score: the first sample (complete ones first) is returned and
+        every candidate's score stays None. Cost: the samples' plus the sandbox's wall seconds.
+      - "steps" or a PRM (prm:PATH, reward:URL...): the min over the sample's steps (split at
+        `options.step_delimiter`) of the step verifier's or the PRM's step scores, as the
+        searches value a solution (`step_prm.text_value`). Cost: the samples' plus the PRM's.
+
+    Drawn in one call, the samples are what the harness stores in a pool: it evaluates this from
+    the pool at every n (`StrategySpec.is_pooled`)."""
     from metagen.scoring.base import prompt_text
-    from metagen.scoring.example_tests import ExampleScorer, ExampleTests
 
     if options.aggregation != "best":
         raise ValueError(f"aggregation={options.aggregation!r} applies to the leaves of a tree search; with "
                          f"value={options.value!r} best_of_n_value keeps the best sample (aggregation 'best')")
-    tests = ExampleTests(prompt_text(prompt))
     config = configure(BestOfNConfig(n, params), overrides)
+    if options.value != "tests":
+        from metagen.scoring.process_reward import TextValueScorer
+        from metagen.scoring.step_prm import text_value
+
+        value = text_value(options.value, None, prompt_text(prompt), options.step_delimiter, options.value_parameters)
+        return runners.with_answers(best_of_n(generator, prompt, config, TextValueScorer(value), rng=rng), options)
+    from metagen.scoring.example_tests import ExampleScorer, ExampleTests
+
+    tests = ExampleTests(prompt_text(prompt))
     if tests.verifier is not None:
         return runners.with_answers(best_of_n(generator, prompt, config, ExampleScorer(tests), rng=rng), options)
     result = generator.generate(prompt, replace(config.params, n=config.n), generator=rng)
     result.chosen = prefer_complete(result.completions)[0]
     return runners.with_answers(result, options)
+
 
 register(StrategySpec("best_of_n", "best of n samples by self-certainty", _runner(self_certainty),
                       extracts=True, pooled=True, needs=CERTAINTY, config=BestOfNConfig), __name__)

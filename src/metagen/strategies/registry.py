@@ -32,11 +32,12 @@ from metagen.strategies.spec import (
     registered,
     registering_modules,
     value_is_head,
+    value_reads_text_alone,
     value_scores_whole_answers,
 )
 
 __all__ = ["DEFAULT_N", "STRATEGIES", "StrategyOptions", "StrategySpec", "check_options", "default_params",
-           "get_strategy", "value_is_head", "value_scores_whole_answers"]
+           "get_strategy", "value_is_head", "value_reads_text_alone", "value_scores_whole_answers"]
 
 # the order the CLI and errors list strategies in, by module (see the module docstring)
 ORDER = tuple(f"metagen.strategies.{name}" for name in (

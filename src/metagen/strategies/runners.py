@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from metagen.sampling import SamplingParams
 from metagen.strategies.options import configure
-from metagen.strategies.spec import SEARCH, StrategyOptions, StrategySpec, register, value_scores_whole_answers
+from metagen.strategies.spec import SEARCH, StrategyOptions, StrategySpec, register, value_reads_text_alone
 
 
 def with_answers(result, options: StrategyOptions):
@@ -92,13 +92,13 @@ def tree(search: Callable, config_class: type, budget: Callable[[int, SamplingPa
 
 
 def whole_answer_or_tree(tree_runner, whole_answer_runner):
-    """best_of_n_value's runner: with a value that scores finished answers only
-    (`value_scores_whole_answers`) `whole_answer_runner`, the best of n samples drawn in one call
-    (`best_of_n.best_by_tests`, so the harness evaluates it from a pool); else `tree_runner` (a
-    one-step tree search)."""
+    """best_of_n_value's runner: with a value that reads an answer's text alone
+    (`value_reads_text_alone`) `whole_answer_runner`, the best of n samples drawn in one call
+    (`best_of_n.best_by_text_value`, so the harness evaluates it from a pool); else `tree_runner`
+    (a one-step tree search)."""
 
     def run(generator, prompt, n, params, options, rng, overrides):
-        if value_scores_whole_answers(options):
+        if value_reads_text_alone(options):
             return whole_answer_runner(generator, prompt, n, params, options, rng, overrides)
         return tree_runner(generator, prompt, n, params, options, rng, overrides)
 

@@ -12,8 +12,9 @@ config as overrides (`options.configure`), over the registry's own `defaults`.
 pooled: the strategy picks or builds its output from n i.i.d. samples of the prompt drawn in
 one `generate` call, so the harness can evaluate it at every n by subsampling one stored pool.
 whole_answer: a value-guided strategy that values whole answers only (best_of_n_value): with a
-value that scores only finished answers (`WHOLE_ANSWER_VALUES`) it is the argmax of that value
-over n i.i.d. samples, so it runs pooled (`is_pooled(options)`), needing no search backend.
+value that reads an answer's text alone (`value_reads_text_alone`: the docstring examples, the
+step verifier, a PRM) it is the argmax of that value over n i.i.d. samples, so it runs pooled
+(`is_pooled(options)`), needing no search backend.
 sequential: pooled, but it draws its samples over several `generate` calls (in rounds) and
 may stop before n (adaptive self-consistency); the harness serves it a pool's samples in order,
 one call after another (`PoolGenerator(sequential=True)`), and reports the mean it drew.
@@ -126,6 +127,18 @@ def value_scores_whole_answers(options: StrategyOptions) -> bool:
     return options.value in WHOLE_ANSWER_VALUES
 
 
+def value_reads_text_alone(options: StrategyOptions) -> bool:
+    """The value scores an answer from its text alone, calling no generator and reading no
+    hidden state: the docstring examples ("tests"), the arithmetic step verifier ("steps") or a
+    process reward model (prm:PATH, reward:URL, ...). best_of_n_value then values n finished
+    samples drawn in one call, so the harness evaluates it from a pool (`StrategySpec.is_pooled`);
+    "judge" (the generator judges each step) and a value head (hidden states) run it as a search."""
+    from metagen.scoring.step_prm import is_prm_spec
+
+    value = options.value
+    return value in (*WHOLE_ANSWER_VALUES, "steps") or (value is not None and is_prm_spec(value))
+
+
 @dataclass(frozen=True)
 class StrategySpec:
     """runner(generator, prompt, n, params, options, rng) -> GenerationResult; call it via `run`."""
@@ -155,8 +168,9 @@ class StrategySpec:
 
     def is_pooled(self, options: StrategyOptions) -> bool:
         """Whether the harness evaluates it from a sample pool with these options: `pooled`, or a
-        `whole_answer` strategy given a value that scores finished answers only."""
-        return self.pooled or (self.whole_answer and value_scores_whole_answers(options))
+        `whole_answer` strategy given a value that reads an answer's text alone
+        (`value_reads_text_alone`)."""
+        return self.pooled or (self.whole_answer and value_reads_text_alone(options))
 
     def _needs_any(self, options: StrategyOptions) -> tuple[frozenset[str], ...]:
         """needs_any, unless it runs pooled from plain samples (`is_pooled` by its value)."""

@@ -27,6 +27,9 @@ def test_each_search_runs_by_name_with_budget_n(name, one_thread):
     if name == "transfer_q":  # the model is its own baseline: its rollouts' forwards are calls too
         assert result.cost.model_calls == len(model.calls) > 1 + result.cost.generated_tokens // 4
         assert result.cost.generated_tokens == result.cost.target_steps
+    elif spec.is_pooled(options):  # best_of_n_value, valued by the text alone: 4 samples in one batched call
+        assert len(result.completions) == 4 and result.cost.generated_tokens == sum(
+            len(c.token_ids) for c in result.completions)
     else:
         assert result.cost.generated_tokens == sum(len(call) for call in model.calls[1:])
     assert all(c.score == 0.5 for c in result.completions)  # no equations in toy text: neutral

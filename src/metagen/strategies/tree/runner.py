@@ -22,7 +22,8 @@ the min over its steps. "prm:PATH" / "prm-shepherd:PATH" / "prm-qwen:PATH": a pr
 model checkpoint, "reward:URL" / "reward-shepherd:URL": one served by vLLM (`scoring/step_prm.py`;
 min over steps too). Otherwise the path of a `ValueHead` file for this model. "tests" (the
 share of a code prompt's docstring examples a program passes) scores whole answers only: no
-search here takes it; best_of_n_value runs it pooled (`runners.best_by_tests`).
+search here takes it. best_of_n_value with a value that reads the text alone (tests, steps, a
+PRM) is no search: it runs pooled (`best_of_n.best_by_text_value`).
 
 The backend: a generator with LOCAL_CACHE runs the searches on its local model (KV snapshots);
 else one with STEP_CONTINUATION runs them through its completions (`RemoteStepExpander`; the
@@ -49,7 +50,7 @@ def make_value(spec: str | None, model, prompt, delimiter: str, generator=None, 
     """The PrefixValue named by `spec` (see the module docstring). model: the local model, or
     None on a remote `generator` (its tokenizer, if any; the judge asks that generator);
     parameters: a served PRM's parameter count, for its FLOPs (`StrategyOptions.value_parameters`)."""
-    from metagen.scoring.process_reward import ArithmeticStepVerifier, HeadValue, StepRewardValue
+    from metagen.scoring.process_reward import HeadValue, StepRewardValue
 
     if spec is None:
         raise ValueError("this strategy needs a value: --value steps (arithmetic step verifier), "
@@ -59,18 +60,16 @@ def make_value(spec: str | None, model, prompt, delimiter: str, generator=None, 
         raise ValueError(f"value={spec!r} scores whole answers only, not the partial solutions a search values; "
                          "use it with best_of_n_value")
     tokenizer = model.tokenizer if model is not None else generator.tokenizer
-    if spec == "steps":
-        return StepRewardValue(ArithmeticStepVerifier(), tokenizer, prompt_text(prompt), delimiter, how="min")
     if spec == "judge":
         from metagen.decoding.generator import LocalGenerator
         from metagen.scoring.judge_prm import JudgePRM
 
         judge = LocalGenerator(model) if model is not None else generator
         return StepRewardValue(JudgePRM(judge), tokenizer, prompt_text(prompt), delimiter, how="min")
-    from metagen.scoring.step_prm import is_prm_spec, prm_value
+    from metagen.scoring.step_prm import is_prm_spec, text_value
 
-    if is_prm_spec(spec):  # a process reward model: local checkpoint or a served one
-        return prm_value(spec, tokenizer, prompt_text(prompt), delimiter, parameters)
+    if spec == "steps" or is_prm_spec(spec):  # the step verifier, or a process reward model (local or served)
+        return text_value(spec, tokenizer, prompt_text(prompt), delimiter, parameters)
     if model is None:
         raise ValueError(f"value={spec!r} is a trained value head, which reads a local model's hidden states: "
                          "a remote generator has none; use --value steps or --value judge")

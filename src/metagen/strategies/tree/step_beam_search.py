@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from metagen.decoding.result import GenerationResult
 from metagen.strategies import runners
-from metagen.strategies.best_of_n import best_by_tests
+from metagen.strategies.best_of_n import best_by_text_value
 from metagen.strategies.options import option
 from metagen.strategies.spec import register
 from metagen.strategies.tree.expander import open_expander
@@ -58,11 +58,11 @@ def step_beam_search(model, prompt: Prompt, value, config: StepBeamConfig | None
     return finish_search(expander, leaves, config, frontier)
 
 
-register(runners.tree_spec("best_of_n_value", "best of n samples by the value (--value; pooled with --value tests: "
-                           "the share of a code prompt's docstring examples passed)", step_beam_search, StepBeamConfig,
+register(runners.tree_spec("best_of_n_value", "best of n samples by the value (--value; pooled with a value reading "
+                           "the text alone: tests, steps, a PRM)", step_beam_search, StepBeamConfig,
                            lambda n, params: {"beam_width": 1, "expansions": n, "max_steps": 1,
                                               "step": runners.whole_answer_step(params)},
-                           {"beam_width", "expansions", "max_steps"}, fixed_step=True, whole_answer=best_by_tests), __name__)
+                           {"beam_width", "expansions", "max_steps"}, fixed_step=True, whole_answer=best_by_text_value), __name__)
 register(runners.tree_spec("step_beam", "step-level beam search: n children per depth, n/4 kept (--value)",
                            step_beam_search, StepBeamConfig,
                            lambda n, params: {"beam_width": runners.kept(n), "expansions": n // runners.kept(n)},
