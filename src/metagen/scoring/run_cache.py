@@ -28,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, fields
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,12 +45,17 @@ _lock = threading.Lock()
 _store: RunStore | None = None
 
 
-def run_key(verifier: CodeExecutionVerifier, program: str) -> str:
-    """The hex SHA-256 of what a run of `program` under `verifier` depends on."""
+@lru_cache(maxsize=1)
+def _harness_digest() -> str:
     from metagen.scoring.code_execution import HARNESS
 
-    parts = [hashlib.sha256(HARNESS.encode()).hexdigest(), verifier.tests, verifier.setup, verifier.timeout,
-             verifier.memory_mb, verifier.isolation, program]
+    return hashlib.sha256(HARNESS.encode()).hexdigest()
+
+
+def run_key(verifier: CodeExecutionVerifier, program: str) -> str:
+    """The hex SHA-256 of what a run of `program` under `verifier` depends on."""
+    parts = [_harness_digest(), verifier.tests, verifier.setup, verifier.timeout, verifier.memory_mb,
+             verifier.isolation, program]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
