@@ -67,10 +67,17 @@ def test_the_difficulty_policy_is_printed_and_in_the_json(tmp_path, capsys, load
     printed = [flag for flag in argv if flag != "--json"]
     assert main(printed) == 0
     assert "per-difficulty policy (2 bins by first-round agreement, 2 held-out problems" in capsys.readouterr().out
+    assert main([*argv, "--difficulty-probe", "b"]) == 0  # the second model's samples estimate difficulty
+    assert json.loads(capsys.readouterr().out)["difficulty_policy"]["model"] == "b"
+    loads.clear()
+    assert main([*argv, "--difficulty-probe", "c"]) == 2
+    assert "difficulty probe 'c' is not a model of this sweep: give one of 'a', 'b'" in _error(capsys)
+    assert loads == []
 
 
 @pytest.mark.parametrize("argv, named", [
     (["--difficulty-bins", "2"], "--difficulty-bins applies with --difficulty-round K"),
+    (["--difficulty-probe", "a"], "--difficulty-probe applies with --difficulty-round K"),
     (["--difficulty-round", "5"], "difficulty_round=5 (--difficulty-round) is out of range"),
     (["--difficulty-round", "2", "--difficulty-bins", "0"], "difficulty_bins=0 (--difficulty-bins) is out of range"),
 ])

@@ -109,6 +109,9 @@ def add_parser(commands) -> None:
                                  "model's first K pool samples, the best (model, strategy, n) per bin chosen under "
                                  "each budget on half the problems, scored on the other half against the best single "
                                  "configuration (needs a pooled strategy)")
+    evaluation.add_argument("--difficulty-probe", default=None, metavar="MODEL",
+                            help="--difficulty-round: the model whose first K samples estimate difficulty (its "
+                                 "label, as the table names it; default: the first --model)")
     evaluation.add_argument("--difficulty-bins", type=int, default=None, metavar="B",
                             help="--difficulty-round: number of equal-width agreement bins (default 3)")
     evaluation.add_argument("--cascade", action="append", default=None, metavar="SMALL,LARGE",
@@ -323,12 +326,14 @@ def _overrides(args: argparse.Namespace, task, strategies: tuple[str, ...]) -> t
 
 
 def _difficulty_bins(args: argparse.Namespace) -> dict:
-    """{"difficulty_bins": B} when --difficulty-bins is given (with --difficulty-round, else ValueError)."""
-    if args.difficulty_bins is None:
-        return {}
-    if args.difficulty_round is None:
-        raise ValueError("--difficulty-bins applies with --difficulty-round K")
-    return {"difficulty_bins": args.difficulty_bins}
+    """{"difficulty_bins": B, "difficulty_probe": LABEL} for those given (with --difficulty-round,
+    else ValueError)."""
+    given = {name: value for name, value in (("difficulty_bins", args.difficulty_bins),
+                                             ("difficulty_probe", args.difficulty_probe)) if value is not None}
+    if given and args.difficulty_round is None:
+        raise ValueError(f"{', '.join('--' + name.replace('_', '-') for name in given)} applies with "
+                         "--difficulty-round K")
+    return given
 
 
 def _cascades(args: argparse.Namespace) -> tuple:

@@ -70,9 +70,10 @@ class EvalConfig:
     code_prompt: how code problems are asked, "auto" | "chat" | "completion" (`code_prompts.py`);
     code_timeout, code_memory_mb: the sandbox's limits per graded reply (`code_grading.py`).
     The three enter the set-up only when there are code problems (`code_setup`).
-    difficulty_round: k, the probe round of the per-difficulty policy (`difficulty.py`: the first
+    difficulty_round: k, the probe round of the per-difficulty policy (`difficulty.py`: the probe
     model's first k pool samples estimate each problem's difficulty; None: not evaluated);
-    difficulty_bins: its number of bins B. Neither changes a stored unit.
+    difficulty_bins: its number of bins B; difficulty_probe: the probe model's label (None: the
+    sweep's first model). None of them changes a stored unit.
     cascades: `Cascade`s evaluated from the pools of a sweep's models (they change no stored
     unit; each needs a pooled strategy, so that the pools exist).
     overrides: (name, value) pairs of strategy config fields, each given to every strategy of
@@ -94,6 +95,7 @@ class EvalConfig:
     cascades: tuple[Cascade, ...] = ()
     difficulty_round: int | None = None
     difficulty_bins: int = 3
+    difficulty_probe: str | None = None
     overrides: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
@@ -139,6 +141,9 @@ class EvalConfig:
                     not 2 <= self.difficulty_round <= max(self.ns):
                 raise ValueError(f"difficulty_round={self.difficulty_round!r} (--difficulty-round) is out of range: "
                                  f"must be an integer in [2, {max(self.ns)}] (the largest n)")
+        if self.difficulty_probe is not None and self.difficulty_round is None:
+            raise ValueError(f"difficulty_probe={self.difficulty_probe!r} (--difficulty-probe) applies with "
+                             "difficulty_round (--difficulty-round K)")
         labels = [cascade.label for cascade in self.cascades]
         repeated = sorted({label for label in labels if labels.count(label) > 1})
         if repeated:

@@ -182,6 +182,9 @@ def evaluate_models(
                          "sweep needs its own name")
     check_code_strategies(problems, config)
     check_cascades(config.cascades, labels)
+    if config.difficulty_probe is not None and config.difficulty_probe not in labels:
+        raise ValueError(f"difficulty probe {config.difficulty_probe!r} is not a model of this sweep: give one of "
+                         f"{', '.join(map(repr, labels))} (--difficulty-probe)")
     out = Path(out_dir) if out_dir is not None else None
     results = ResultsFile(out / "results.jsonl" if out is not None else None)
     results.check_shared(shared_setup(config), problems)
@@ -213,13 +216,13 @@ def _evaluate_models(models, problems, config, out, results, live, progress, con
     if config.cascades:
         report.points += _cascade_points(bound, problems, config, report.points)
     if config.difficulty_round is not None:
-        report.difficulty = _difficulty(bound[labels[0]], problems, config, report)
+        report.difficulty = _difficulty(bound[config.difficulty_probe or labels[0]], problems, config, report)
     return report
 
 
 def _difficulty(probe: ModelUnits, problems: Sequence[Problem], config: EvalConfig, report: EvalReport) -> dict:
     """The per-difficulty policy (`difficulty.py`) over the evaluated configurations of known
-    FLOPs, the first model of the sweep (`probe`) estimating difficulty with its first
+    FLOPs, the probe model (`config.difficulty_probe`, else the sweep's first) estimating difficulty with its first
     `config.difficulty_round` pool samples, at the budgets of `budget_ladder`."""
     pools = {problem.id: probe.pool(problem) for problem in problems}
     k = config.difficulty_round
