@@ -236,3 +236,19 @@ def test_another_value_reuses_the_pools_and_reruns_only_the_value_guided_units(t
     assert len(third) == len(added) and {name for _, name, _ in third} == {"rebase"}
     assert main([*valued, "--temperature", "0.5"]) == 2  # a sampling change still refuses
     assert "params.temperature=0.8, this run has params.temperature=0.5" in _error(capsys)
+
+
+def test_progress_in_a_log_is_one_line_per_twentieth_of_the_problems(capsys):
+    """stderr redirected (a run in the background): no bar redrawn with carriage returns, but a
+    line at every 5% of the problems and at the end, with the time left."""
+    from metagen.cli.eval import _progress
+
+    started = [__import__("time").perf_counter()]
+    for done in range(1, 41):
+        _progress(done, 40, started)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 20 and "\r" not in "".join(lines)
+    assert lines[0].startswith("metagen eval: 2/40 problems, ") and lines[-1].startswith("metagen eval: 40/40 problems")
+    assert all(line.endswith(" s left") for line in lines)
+    _progress(7, 7, started)  # fewer problems than twenty: a line each
+    assert capsys.readouterr().err.startswith("metagen eval: 7/7 problems")

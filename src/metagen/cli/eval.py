@@ -445,15 +445,19 @@ def _write_summaries(out: Path, texts: dict[bool, str], data: dict) -> None:
 
 
 def _progress(done: int, total: int, started: list[float]) -> None:
-    """A progress bar with the time left on stderr, when stderr is a terminal."""
-    if not sys.stderr.isatty():
-        return
+    """Progress with the time left on stderr: a bar redrawn in place on a terminal; in a log (a
+    run in the background, stderr redirected) one line per twentieth of the problems."""
     elapsed = time.perf_counter() - started[0]
+    remaining = elapsed / done * (total - done) if done else 0.0
+    counts = f"{done}/{total} problems, {elapsed:.0f} s elapsed, ~{remaining:.0f} s left"
+    if not sys.stderr.isatty():
+        step = max(1, total // 20)
+        if done and (done % step == 0 or done == total):
+            print(f"metagen eval: {counts}", file=sys.stderr, flush=True)
+        return
     width = 30
     filled = int(width * done / total)
-    remaining = elapsed / done * (total - done) if done else 0.0
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} problems, "
-                     f"{elapsed:.0f} s elapsed, ~{remaining:.0f} s left ")
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {counts} ")
     if done == total:
         sys.stderr.write("\n")
     sys.stderr.flush()
