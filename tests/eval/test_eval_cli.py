@@ -235,7 +235,11 @@ def test_another_value_reuses_the_pools_and_reruns_only_the_value_guided_units(t
     third = units()[len(stored) + len(added):]
     assert len(third) == len(added) and {name for _, name, _ in third} == {"rebase"}
     assert main([*valued, "--temperature", "0.5"]) == 2  # a sampling change still refuses
-    assert "params.temperature=0.8, this run has params.temperature=0.5" in _error(capsys)
+    error = _error(capsys)
+    assert "params.temperature=0.8, this run has params.temperature=0.5" in error and "options.value" not in error
+    assert main([*valued, "--dtype", "fp32"]) == 2  # so does another model, named without the value
+    error = _error(capsys)
+    assert "model.dtype='int4', this run has model.dtype='fp32'" in error and "options.value" not in error
 
 
 def test_progress_in_a_log_is_one_line_per_twentieth_of_the_problems(capsys):

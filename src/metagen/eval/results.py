@@ -22,15 +22,15 @@ anything is generated, naming the file, the line and the differing field:
     label, its identity's name) but another fingerprint (another dtype, weights file,
     ...), checked when that model is loaded.
 Units of models not in the run are kept, unused. Refusing (not recomputing) never throws away
-finished work silently.
+finished work silently. A torn last line (a killed write) is dropped and redone; any other
+malformed line is reported with its number.
 
 The value a value-guided strategy reads (`VALUE_FIELDS`: options value, step_delimiter,
 aggregation, value_parameters, and a value file's content) is set-up too, but only such a
 strategy's live units depend on it: a run given another value reuses the stored pools and the
 live units of every strategy that reads no value (`ModelUnits.live(..., reads_value=False)`),
 whichever value they were stored under, and runs again only the value-guided live units. So a
-verifier or a PRM can be added to a stored sweep without generating its pools again. A torn last line (a killed write) is dropped and redone; any other
-malformed line is reported with its number.
+verifier or a PRM can be added to a stored sweep without generating its pools again.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class ResultsFile:
             if not same_model or stored == fingerprint:
                 continue
             if without_value(stored_setup) != without_value(setup):
-                old, new = differences(stored_setup, setup)
+                old, new = differences(without_value(stored_setup), without_value(setup))
                 raise ValueError(f"{self._first_line(stored, line)} was produced with {old}, this run has {new}; "
                                  f"use another output directory (--out) or delete {self.path} (model {label!r})")
             siblings.append(stored)
