@@ -48,7 +48,6 @@ SELF_ASK_EXAMPLE = (
     "Intermediate answer: In 1886.\n"
     "So the final answer is: the Statue of Liberty"
 )
-FINAL_ANSWER = "So the final answer is:"
 # the forms models write the closing line in: "So the final answer is: X", "The final answer is X",
 # "Final answer: X", "final answer is - X" (any case); the answer is the rest of that line
 FINAL_ANSWER_LINE = re.compile(r"\bfinal\s+answer(?:\s+is)?\s*[:\-–]?[ \t]*(?P<answer>[^\n]*)", re.IGNORECASE)
