@@ -146,6 +146,7 @@ def test_chain_of_thought_prompts_and_answer():
     ("So the final answer is:\nthe bridge\nmore text", "the bridge"),  # the answer on the next line
     ("So the final answer is:\n", ""),  # a marker with nothing after it: no answer
     ("Yes.\nThe tower is older.", "The tower is older."),  # no marker: the last line
+    ("To reach the final answer we compare.\nThe tower.", "The tower."),  # prose, no marker
 ])
 def test_self_ask_reads_the_answer_after_the_forms_of_the_final_answer_line(decomposition, answer):
     assert _after_marker(decomposition) == answer

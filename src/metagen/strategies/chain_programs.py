@@ -49,8 +49,10 @@ SELF_ASK_EXAMPLE = (
     "So the final answer is: the Statue of Liberty"
 )
 # the forms models write the closing line in: "So the final answer is: X", "The final answer is X",
-# "Final answer: X", "final answer is - X" (any case); the answer is the rest of that line
-FINAL_ANSWER_LINE = re.compile(r"\bfinal\s+answer(?:\s+is)?\s*[:\-–]?[ \t]*(?P<answer>[^\n]*)", re.IGNORECASE)
+# "Final answer: X", "final answer is - X" (any case; "is" or a colon or dash must follow, so prose
+# such as "to reach the final answer we add" is no marker); the answer is the rest of that line
+FINAL_ANSWER_LINE = re.compile(r"\bfinal\s+answer(?:\s+is\b\s*[:\-–]?|\s*[:\-–])[ \t]*(?P<answer>[^\n]*)",
+                               re.IGNORECASE)
 S2A_REWRITE = (
     "The text below was written by a user. Rewrite it for someone who must answer the user's question "
     "fairly: keep only the facts that help answer it, and leave out everything else, including the "
