@@ -7,7 +7,7 @@ import gzip
 
 import pytest
 
-from metagen.jsonl import json_records, text_lines
+from metagen.jsonl import appended_lines, json_records, text_lines
 
 
 def test_records_keep_the_line_numbers_of_the_file_blank_lines_counted(tmp_path):
@@ -42,3 +42,15 @@ def test_a_missing_file_a_directory_and_a_truncated_gzip_are_named(tmp_path):
     packed.write_bytes(gzip.compress(b'{"x": 1}\n' * 100)[:20])
     with pytest.raises(ValueError, match="cut.jsonl.gz: not a whole gzip file"):
         list(text_lines(packed))
+
+
+def test_appended_lines_cut_a_torn_last_line_off_the_file(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    path.write_bytes(b'{"a": 1}\n\n{"b": 2}\n{"c": ')
+    assert list(appended_lines(path)) == [(1, '{"a": 1}'), (3, '{"b": 2}')]
+    assert path.read_bytes() == b'{"a": 1}\n\n{"b": 2}\n'  # the next append starts a whole line
+    path.write_bytes(b'{"a": 1}\n\xff\n')
+    with pytest.raises(ValueError, match=f"{path}:2: not UTF-8 text"):
+        list(appended_lines(path))
+    with pytest.raises(ValueError, match="cannot be read"):
+        list(appended_lines(tmp_path))

@@ -9,6 +9,10 @@ still counted, so a message points at the line an editor shows). Every error nam
 and the line when there is one: a missing file (FileNotFoundError), a directory, an unreadable
 or truncated gzip file, a line that is not UTF-8, not JSON, or not a JSON object (ValueError).
 Time and memory O(file bytes): the file is read whole, then split.
+
+`appended_lines(path)` reads a file that a run appends to line by line (stored results, cached
+sandbox runs): a torn last line, left by a writer killed mid-write, is cut off the file so that
+the next append starts a whole line, and the lines before it are read as above.
 """
 
 from __future__ import annotations
@@ -42,6 +46,29 @@ def text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
         except UnicodeDecodeError as error:
             raise ValueError(f"{path}:{number}: not UTF-8 text (byte {line[error.start]:#04x} at column "
                              f"{error.start + 1}); save the file as UTF-8") from None
+
+
+def appended_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each non-blank whole line of an append-only file; a torn last line
+    (no newline: the writer was killed mid-write) is truncated away first, so it is written again
+    rather than read. Errors name the file (and line)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"{path}: cannot be read ({error.strerror or error})") from None
+    keep = raw[: raw.rfind(b"\n") + 1]
+    if len(keep) != len(raw):
+        with open(path, "r+b") as handle:
+            handle.truncate(len(keep))
+    for number, line in enumerate(keep.splitlines(), start=1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}:{number}: not UTF-8 text (byte {line[error.start]:#04x} at column "
+                             f"{error.start + 1})") from None
+        if text.strip():
+            yield number, text
 
 
 def json_records(path: str | Path) -> Iterator[tuple[int, dict]]:

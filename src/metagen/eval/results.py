@@ -44,6 +44,7 @@ from pathlib import Path
 from metagen.decoding.cost import Cost
 from metagen.eval.fingerprint import differences, digest, problem_fingerprint
 from metagen.eval.pool import Pool
+from metagen.jsonl import appended_lines
 
 _COST_FIELDS = frozenset(Cost().to_dict())
 _UNKNOWABLE = frozenset({"flops", "scorer_flops"})  # None: the generator could not know them
@@ -77,29 +78,10 @@ class ResultsFile:
         self.shared: dict | None = None  # set by `check_shared`
         self._lock = threading.Lock()  # one unit (and its set-up line) appended at a time
         if path is not None and path.exists():
-            for number, line in self._read_lines(path):
+            for number, line in appended_lines(path):
                 self._load(line, number)
 
     # ------------------------------------------------------------------------- reading
-
-    @staticmethod
-    def _read_lines(path: Path):
-        try:
-            raw = path.read_bytes()
-        except OSError as error:
-            raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
-        keep = raw[: raw.rfind(b"\n") + 1]  # a torn last line (killed mid-write) is redone
-        if len(keep) != len(raw):
-            with open(path, "r+b") as handle:
-                handle.truncate(len(keep))
-        for number, line in enumerate(keep.splitlines(), start=1):
-            try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise ValueError(f"{path}:{number}: not UTF-8 text (byte {line[error.start]:#04x} "
-                                 f"at column {error.start + 1})") from None
-            if text.strip():
-                yield number, text
 
     def _load(self, line: str, number: int) -> None:
         where = f"{self.path}:{number}"

@@ -32,6 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from metagen.jsonl import appended_lines
 from metagen.tools.sandbox import SandboxResult
 
 if TYPE_CHECKING:
@@ -87,25 +88,19 @@ class RunStore:
         self.runs: dict[str, SandboxResult] = {}
         self._lock = threading.Lock()
         if self.path.exists():
-            raw = self.path.read_bytes()
-            keep = raw[: raw.rfind(b"\n") + 1]  # a torn last line is dropped
-            if len(keep) != len(raw):
-                with open(self.path, "r+b") as handle:
-                    handle.truncate(len(keep))
-            for number, line in enumerate(keep.splitlines(), start=1):
-                if line.strip():
-                    key, run = self._parse(line, number)
-                    self.runs[key] = run
+            for number, line in appended_lines(self.path):
+                key, run = self._parse(line, number)
+                self.runs[key] = run
         self._handle = None  # opened by the first `put`: a run without programs writes no file
 
-    def _parse(self, line: bytes, number: int) -> tuple[str, SandboxResult]:
+    def _parse(self, line: str, number: int) -> tuple[str, SandboxResult]:
         where = f"{self.path}:{number}"
         try:
             record = json.loads(line)
             key, run = record["key"], record["run"]
             missing = [name for name in ("status", "returncode", "stdout", "stderr", "wall_seconds", "isolation")
                        if name not in run]
-        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
             raise ValueError(f"{where}: not a stored sandbox run ({type(error).__name__}: {error}); the file is "
                              "a cache of sandbox runs: delete it to start over (nothing else is lost)") from None
         if missing or not isinstance(key, str):
