@@ -9,6 +9,7 @@ import pytest
 from metagen.eval import EvalConfig, Problem
 from metagen.eval.difficulty import Outcome, difficulty_bins, difficulty_policy, format_policy, probe_round, \
     split_halves
+from metagen.eval.summary import CONTINUED, summarize
 from metagen.eval.running import evaluate_models
 from metagen.sampling import SamplingParams
 from tests.eval.dice import PROBLEMS
@@ -56,6 +57,47 @@ def test_the_policy_matches_a_hand_computation():
     assert first.to_dict()["per_bin"] == [list(LARGE), list(SMALL)]
 
 
+def test_a_continuation_of_the_probe_pays_the_larger_prefix_not_the_probe_again():
+    """CONT reuses the probe (1 FLOP): charged max(1, 2) = 2, not 1 + 2. Budget 2.5, where no
+    fresh configuration fits a bin with its probe (3): bin 0 (train [0], CONT right) and bin 1
+    (train [1], CONT right) take CONT; held out: problem 2 wrong, problem 3 right, 0.5 @ 2.
+    The single choice never takes a continuation (it runs no probe): SMALL, 0.5 @ 2.
+    A continuation cheaper than its probe (0.5) is charged the probe's 1."""
+    cont = ("s", "self_consistency" + CONTINUED, 4)
+    table = {**TABLE, cont: ([1, 1, 0, 1], [2, 2, 2, 2])}
+    choice = difficulty_policy(table, SHARES, PROBE, 2, [2.5], seed=1)[0]
+    assert choice.per_bin == (cont, cont) and choice.policy == Outcome(0.5, 2.0)
+    assert choice.single == SMALL and choice.single_outcome == Outcome(0.5, 2.0)
+    cheap = {cont: ([1, 1, 1, 1], [0.5, 0.5, 0.5, 0.5])}
+    assert difficulty_policy(cheap, SHARES, PROBE, 2, [1.0], seed=1)[0].policy == Outcome(1.0, 1.0)
+    assert "bin 0: s self_consistency (probe reused) n=4" in format_policy([choice], 2, 2)
+
+
+class _Units:
+    """The part of `ModelUnits` a pooled summary reads: a label, a set-up and each problem's pool."""
+
+    def __init__(self, label, pools):
+        self.label, self.setup, self.pools = label, {}, pools
+
+    def pool(self, problem):
+        return self.pools[problem.id]
+
+
+def test_the_probe_summary_runs_each_pooled_strategy_on_its_first_n_samples_in_stored_order():
+    """Pools ['1', '1', '2', '2', '2'] (answer 1) and ['2', '1', '2', '1', '1'] (answer 1), probe
+    k = 2. n = 2: votes over the first two: '1' right; a 1-1 tie ('2' first) wrong. n = 4: 2-2
+    ties ('1' first: right; '2' first: wrong). n = 1 < k is no continuation; FLOPs 10 + n."""
+    problems = [Problem("a", "q", "1"), Problem("b", "q", "1")]
+    units = _Units("m", {"a": _pool(["1", "1", "2", "2", "2"], 10, 1), "b": _pool(["2", "1", "2", "1", "1"], 10, 1)})
+    config = EvalConfig(("self_consistency",), ns=(1, 2, 4), params=SamplingParams(temperature=1.0))
+    report = summarize(units, problems, config, continue_after=2)
+    continued = {key: value for key, value in report.per_problem.items() if key[1].endswith(CONTINUED)}
+    assert continued == {("m", "self_consistency" + CONTINUED, 2): ([1.0, 0.0], [12, 12]),
+                         ("m", "self_consistency" + CONTINUED, 4): ([1.0, 0.0], [14, 14])}
+    assert not any(point.strategy.endswith(CONTINUED) for point in report.points)  # no point of their own
+    assert not any(key[1].endswith(CONTINUED) for key in summarize(units, problems, config).per_problem)
+
+
 def test_a_bin_without_training_problems_takes_the_single_choice():
     """3 bins: shares 0.2, 0.3 -> bin 0, 0.9, 1.0 -> bin 2; bin 1 is empty and takes SMALL."""
     choice = difficulty_policy(TABLE, SHARES, PROBE, 3, [12], seed=1)[0]
@@ -85,7 +127,8 @@ def test_a_sweep_reports_the_policy(tmp_path):
     report = evaluate_models([Models().run("a"), Models().run("b")], PROBLEMS, config, tmp_path)
     policy = report.difficulty
     assert policy["model"] == "a" and policy["held_out"] == 3 and policy["choices"]
-    assert set(report.per_problem) == {(m, "self_consistency", n) for m in "ab" for n in (1, 2)}
+    assert set(report.per_problem) == {(m, "self_consistency", n) for m in "ab" for n in (1, 2)} | {
+        ("a", "self_consistency" + CONTINUED, 2)}  # the probe a's continuation at n = k = 2 only
     assert report.to_dict()["difficulty_policy"]["choices"][0]["budget_flops"] == policy["choices"][0].budget
 
 

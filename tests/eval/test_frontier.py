@@ -261,3 +261,24 @@ def test_points_of_models_given_prompts_differently_are_flagged_and_read_back():
     for same in ([templated, replace(templated, model="other")], [raw, replace(A, model="x")], [A, C]):
         assert mixed_prompts_note(same) is None and "prompts differ" not in format_compute_optimal(same)
     assert CurvePoint.from_dict(raw.to_dict()).chat is False and "chat" not in A.to_dict()
+
+
+def test_a_point_scoring_as_the_best_on_every_problem_is_named_beside_it_not_as_runner_up():
+    scores = {"p1": 1.0, "p2": 0.0, "p3": 1.0}
+    best = CurvePoint("code_cluster", 4, 2 / 3, 0.0, 10, Cost(flops=20.0), (0.3, 1.0), "m", per_problem=scores)
+    twin = CurvePoint("adaptive_code_cluster", 4, 2 / 3, 0.0, 10, Cost(flops=20.0), (0.3, 1.0), "m",
+                      per_problem=dict(scores))
+    other = CurvePoint("best_of_n_value", 4, 1 / 3, 0.0, 10, Cost(flops=20.0), (0.0, 0.7), "m",
+                       per_problem={"p1": 1.0, "p2": 0.0, "p3": 0.0})
+    table = per_budget([best, twin, other], [20.0])
+    assert table.choices == (Choice(20.0, best, other, True, (twin,)),)
+    result = compute_optimal([best, twin, other], budgets=[20.0], resamples=200)
+    row = result["per_budget"][0]
+    assert [r["strategy"] for r in row["same_as_best"]] == ["adaptive_code_cluster"]
+    assert row["runner_up"]["strategy"] == "best_of_n_value"
+    assert {r["strategy"] for r in row["paired"]["p_best"]} == {"code_cluster", "best_of_n_value"}
+    assert row["paired"]["difference"] == pytest.approx(1 / 3)
+    text = format_compute_optimal([best, twin, other], budgets=[20.0], resamples=200)
+    assert "m code_cluster n=4: 0.667 [0.300, 1.000]; the same on every problem: m adaptive_code_cluster n=4" in text
+    # a point without per-problem scores is never taken for the same
+    assert per_budget([point("a", 1, 0.5, 1.0), point("b", 1, 0.5, 1.0)], [1.0]).choices[0].same == ()

@@ -75,9 +75,11 @@ def test_p_best_splits_ties_and_sums_to_one_over_every_affordable_configuration(
     twin = point("twin", 1, [1, 0] * 10, 1.0)
     copy = point("copy", 1, [1, 0] * 10, 1.0)
     assert win_shares(resample_means(np.array([[1.0, 0.0] * 10] * 2), np.random.default_rng(0))) == [0.5, 0.5]
-    _, paired = choose([twin, copy], 1.0)
+    paired = compare(twin, copy, [twin, copy])
     assert [share for _, share in paired.p_best] == [0.5, 0.5]  # identical: always a tie
     assert paired.difference == 0.0 and paired.interval == (0.0, 0.0) and paired.undecided is True
+    choice, _ = choose([twin, copy], 1.0)  # the table names the copy beside the choice instead
+    assert choice.runner_up is None and choice.same == (copy,)
 
 
 def test_the_same_seed_gives_the_same_numbers_and_another_seed_may_not():

@@ -8,17 +8,27 @@ at the same budget.
                  (`cascade.agreement`; code problems: code_cluster's largest cluster)
     bin          b_p = min(⌊d_p · B⌋, B − 1)                 (B equal-width bins of [0, 1])
     split        problems shuffled by a fixed seed: the first ⌊P/2⌋ train, the rest held out
-    choice       c_b = argmax_c  acc_train,b(c)  s.t.  probe_b + flops_train,b(c) ≤ C
+    charge       f(c, p) = probe_p + flops(c, p)             a configuration run afresh
+                 f(c⁺, p) = max(probe_p, flops(c⁺, p))       a continuation c⁺ of the probe
+    choice       c_b = argmax_c  acc_train,b(c)  s.t.  mean_train,b f(c) ≤ C
     policy       held-out problem p in bin b gets c_b:  acc = mean_p score(c_b, p),
-                 flops = mean_p (probe_p + flops(c_b, p))
+                 flops = mean_p f(c_b, p)
     single       c* = argmax_c acc_train(c) s.t. flops_train(c) ≤ C, on the held-out half
+                 (continuations excluded: they need the probe)
+
+A continuation keeps the probe's samples: a pooled strategy of the probe model at n ≥ k run on
+the first n samples of its pool in stored order, which begin with the k the probe voted on (at
+n = k it answers with the probe's own vote, for nothing more). Its score is that one run's, not
+an average over n-subsets, because the bin was read from those very samples; its FLOPs are those
+of the larger prefix drawn. A policy that cannot reuse the probe pays it in full on top of a
+fresh configuration, so the comparison with the single configuration (which pays no probe) is
+what a user deploying the policy would see.
 
 Means are over the problems of the bin (training half) or of the held-out half; ties go to the
 fewer FLOPs, then the configuration given first. A bin with no training problem takes the
 single choice c* (its probe still paid); when nothing fits a bin, the policy has no figure at
-that budget (None). The probe's k samples are charged to the policy in full, even when its
-choice could reuse them: the comparison errs against the policy. Per-problem scores and FLOPs
-come from the evaluation (`EvalReport.per_problem`), so nothing is generated. Time: O(C·P) per
+that budget (None). Per-problem scores and FLOPs come from the evaluation
+(`EvalReport.per_problem`) and the stored pools, so nothing is generated. Time: O(C·P) per
 budget for C configurations and P problems.
 """
 
@@ -33,6 +43,7 @@ from metagen.eval.cascade import agreement
 from metagen.eval.code_prompts import request
 from metagen.eval.points import stable_seed
 from metagen.eval.pool import PoolGenerator
+from metagen.eval.summary import CONTINUED
 from metagen.strategies.registry import get_strategy
 from metagen.tables import Table
 
@@ -87,16 +98,21 @@ def split_halves(count: int, seed: int) -> tuple[list[int], list[int]]:
     return sorted(order[:half]), sorted(order[half:])
 
 
+def _charge(key: Key, flops: float, probe: float) -> float:
+    """f(c, p): a continuation's prefix covers the probe; anything else pays the probe on top."""
+    return max(probe, flops) if key[1].endswith(CONTINUED) else probe + flops
+
+
 def _best(table: dict, problems: Sequence[int], budget: float, probe: Sequence[float]) -> Key | None:
-    """The configuration of `table` most accurate on `problems` whose mean FLOPs there, plus the
-    mean probe FLOPs (a list of zeros for none), fit `budget`; ties: fewer FLOPs, then order."""
+    """The configuration of `table` most accurate on `problems` whose mean charge there (`_charge`
+    with the per-problem probe FLOPs `probe`; a list of zeros for none) fits `budget`; ties: fewer
+    FLOPs, then order."""
     if not problems:
         return None
-    spent_probe = sum(probe[i] for i in problems) / len(problems)
     best, best_rank = None, None
     for key, (scores, flops) in table.items():
-        mean_flops = sum(flops[i] for i in problems) / len(problems)
-        if spent_probe + mean_flops > budget:
+        mean_flops = sum(_charge(key, flops[i], probe[i]) for i in problems) / len(problems)
+        if mean_flops > budget:
             continue
         rank = (-sum(scores[i] for i in problems) / len(problems), mean_flops)
         if best_rank is None or rank < best_rank:
@@ -105,18 +121,21 @@ def _best(table: dict, problems: Sequence[int], budget: float, probe: Sequence[f
 
 
 def _outcome(table: dict, chosen: Sequence[Key], problems: Sequence[int], probe: Sequence[float]) -> Outcome:
-    """Mean score and FLOPs (probe included) on `problems`, problem i answered by chosen[j] (j its place)."""
+    """Mean score and FLOPs (`_charge`d) on `problems`, problem i answered by chosen[j] (j its place)."""
     scores = [table[key][0][i] for key, i in zip(chosen, problems)]
-    flops = [probe[i] + table[key][1][i] for key, i in zip(chosen, problems)]
+    flops = [_charge(key, table[key][1][i], probe[i]) for key, i in zip(chosen, problems)]
     return Outcome(sum(scores) / len(scores), sum(flops) / len(flops))
 
 
 def difficulty_policy(table: dict[Key, tuple[Sequence[float], Sequence[float]]], shares: Sequence[float],
                       probe: Sequence[float], bins: int, budgets: Sequence[float], seed: int) -> list[PolicyChoice]:
     """One `PolicyChoice` per budget. table: configuration -> (per-problem scores, per-problem
-    FLOPs), every list in the same problem order, FLOPs known; shares: each problem's first-round
-    agreement d_p; probe: each problem's FLOPs for that first round. ValueError for lists of
-    unequal length, fewer than 2 problems, or a configuration of unknown FLOPs (None)."""
+    FLOPs), every list in the same problem order, FLOPs known; a key whose strategy ends in
+    `CONTINUED` is a continuation of the probe (`summary.summarize(continue_after=k)`), offered
+    per bin only; shares:
+    each problem's first-round agreement d_p; probe: each problem's FLOPs for that first round.
+    ValueError for lists of unequal length, fewer than 2 problems, or a configuration of unknown
+    FLOPs (None)."""
     count = len(shares)
     if count < 2:
         raise ValueError(f"the difficulty policy needs at least 2 problems (a training and a held-out half), "
@@ -133,15 +152,16 @@ def difficulty_policy(table: dict[Key, tuple[Sequence[float], Sequence[float]]],
     train, held = split_halves(count, seed)
     zeros = [0.0] * count
     choices = []
+    fresh = {key: value for key, value in table.items() if not key[1].endswith(CONTINUED)}
     for budget in budgets:
-        single = _best(table, train, budget, zeros)
+        single = _best(fresh, train, budget, zeros)
         per_bin = tuple(_best(table, [i for i in train if binned[i] == b], budget, probe)
                         if any(binned[i] == b for i in train) else single for b in range(bins))
         needed = {binned[i] for i in held}
         policy = None
         if all(per_bin[b] is not None for b in needed):
             policy = _outcome(table, [per_bin[binned[i]] for i in held], held, probe)
-        outcome = None if single is None else _outcome(table, [single] * len(held), held, zeros)
+        outcome = None if single is None else _outcome(fresh, [single] * len(held), held, zeros)
         choices.append(PolicyChoice(float(budget), per_bin, policy, single, outcome))
     return choices
 

@@ -45,18 +45,22 @@ class Frontier:
 @dataclass(frozen=True)
 class Choice:
     """The answer at one budget: the most accurate point whose mean FLOPs fit (ties: the
-    cheaper, then the first given), the next one in that order, and whether their accuracy
-    intervals overlap (None without a runner-up or an interval). best None: nothing fits."""
+    cheaper, then the first given), the next one in that order that scores otherwise on some
+    problem, and whether their accuracy intervals overlap (None without a runner-up or an
+    interval). same: the affordable points that score exactly as the best on every problem (an
+    adaptive vote that never stopped early, a strategy that picks as another does), named beside
+    it rather than offered as a runner-up no problem separates from it. best None: nothing fits."""
 
     budget: float
     best: CurvePoint | None
     runner_up: CurvePoint | None
     overlap: bool | None
+    same: tuple = ()
 
     def to_dict(self) -> dict:
         return {"budget_flops": self.budget, "best": None if self.best is None else self.best.to_dict(),
                 "runner_up": None if self.runner_up is None else self.runner_up.to_dict(),
-                "intervals_overlap": self.overlap}
+                "intervals_overlap": self.overlap, "same_as_best": [point.to_dict() for point in self.same]}
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,10 @@ def frontier(points: Sequence[CurvePoint]) -> Frontier:
 def per_budget(points: Sequence[CurvePoint], budgets: Sequence[float]) -> BudgetTable:
     """"At budget C use X": for each C, the most accurate point with flops ≤ C (ties broken by
     fewer FLOPs, then input order; it is always on the `frontier`), the runner-up in the same
-    order, and whether their intervals overlap. Points of unknown FLOPs are in `unplaced`: they
-    might fit any budget, so the table says they were left out. O(P log P + B·P)."""
+    order among the points that score otherwise than the best on some problem (those that score
+    the same on every problem are the choice's `same`), and whether the two intervals overlap.
+    Points of unknown FLOPs are in `unplaced`: they might fit any budget, so the table says they
+    were left out. O(P log P + B·P·Q) for Q problems."""
     for budget in budgets:
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (math.isfinite(budget)
                                                                                     and budget >= 0):
@@ -124,12 +130,20 @@ def per_budget(points: Sequence[CurvePoint], budgets: Sequence[float]) -> Budget
                                         key=lambda i: (-placed[i].accuracy, placed[i].cost.flops, i))]
     choices = []
     for budget in budgets:
-        fits = [point for point in ranked if point.cost.flops <= budget][:2]
+        fits = [point for point in ranked if point.cost.flops <= budget]
         best = fits[0] if fits else None
-        runner_up = fits[1] if len(fits) > 1 else None
+        same = tuple(point for point in fits[1:] if same_scores(point, best))
+        runner_up = next((point for point in fits[1:] if not same_scores(point, best)), None)
         overlap = intervals_overlap(best, runner_up) if runner_up is not None else None
-        choices.append(Choice(float(budget), best, runner_up, overlap))
+        choices.append(Choice(float(budget), best, runner_up, overlap, same))
     return BudgetTable(tuple(choices), tuple(unplaced))
+
+
+def same_scores(point: CurvePoint, other: CurvePoint) -> bool:
+    """Whether both were measured on the same problems and score alike on every one (to 1e-12)."""
+    mine, theirs = point.per_problem, other.per_problem
+    return bool(mine) and bool(theirs) and mine.keys() == theirs.keys() and all(
+        abs(score - theirs[problem]) <= 1e-12 for problem, score in mine.items())
 
 
 def budget_ladder(points: Sequence[CurvePoint], rungs: int = 8) -> tuple[float, ...]:
@@ -187,7 +201,8 @@ def answer(points: Sequence[CurvePoint], budgets: Sequence[float] | None = None,
     """The `Answer` over the configurations `points` (coverage: the pass@k rows, fitted but never
     chosen); budgets default to `budget_ladder(points)`; seed and resamples (default
     `points.BOOTSTRAP_RESAMPLES`) drive the paired bootstrap. Points marked predicted are left
-    out: the fits make their own. O(P log P + budgets · R · P · K)."""
+    out: the fits make their own. p_best at a budget is over the affordable configurations but
+    the choice's `same` (copies of the choice would split its wins). O(P log P + budgets · R · P · K)."""
     from metagen.eval.paired import compare
     from metagen.eval.points import BOOTSTRAP_RESAMPLES
     from metagen.eval.scaling_fit import fit_curves, predicted_points
@@ -195,7 +210,8 @@ def answer(points: Sequence[CurvePoint], budgets: Sequence[float] | None = None,
     measured = [point for point in points if not point.predicted]
     table = per_budget(measured, budget_ladder(measured) if budgets is None else budgets)
     placed, _ = _split(measured)
-    paired = tuple(compare(choice.best, choice.runner_up, [p for p in placed if p.cost.flops <= choice.budget],
+    paired = tuple(compare(choice.best, choice.runner_up,
+                           [p for p in placed if p.cost.flops <= choice.budget and not _among(p, choice.same)],
                            seed, BOOTSTRAP_RESAMPLES if resamples is None else resamples)
                    for choice in table.choices)
     fits = tuple(fit_curves([*measured, *coverage]))
@@ -204,10 +220,14 @@ def answer(points: Sequence[CurvePoint], budgets: Sequence[float] | None = None,
     return Answer(frontier(measured), table, paired, fits, predicted)
 
 
+def _among(point: CurvePoint, points: Sequence[CurvePoint]) -> bool:
+    return any(point is other for other in points)
+
+
 def compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float] | None = None,
                     coverage: Sequence[CurvePoint] = (), seed: int = 0, resamples: int | None = None) -> dict:
     """The JSON of the `answer`: {"frontier": [rows on it], "per_budget": [{"budget_flops",
-    "best", "runner_up", "intervals_overlap", "paired"}], "unplaced": [rows of unknown FLOPs],
+    "best", "runner_up", "intervals_overlap", "same_as_best", "paired"}], "unplaced": [rows of unknown FLOPs],
     "scaling_fits": [fits], "predicted_per_budget": [{..., "predicted": true}]}, rows as
     `CurvePoint.to_dict` (a predicted row has "predicted": true); "paired" as `Paired.to_dict`."""
     return answer_dict(answer(points, budgets, coverage, seed, resamples))
@@ -238,7 +258,8 @@ def format_compute_optimal(points: Sequence[CurvePoint], budgets: Sequence[float
 def format_answer(result: Answer, points: Sequence[CurvePoint], markdown: bool = False) -> str:
     """The text (plain, or Markdown with pipe tables) of an `Answer` over `points`: the
     frontier's points by increasing FLOPs, then an "at budget C use X" table (budget in TFLOPs,
-    the choice with its accuracy and interval, the runner-up, whether their intervals overlap,
+    the choice with its accuracy and interval (and the points that score as it does on every
+    problem), the runner-up, whether their intervals overlap,
     the paired difference best − runner-up with its interval, "undecided" when it holds 0, and
     p_best of the choice), then the points left out (FLOPs unknown), the scaling fits, the
     budgets past the largest n (each predicted choice marked "*"), and the flag of models given
@@ -266,6 +287,8 @@ def format_answer(result: Answer, points: Sequence[CurvePoint], markdown: bool =
     rows, notes = [], []
     for choice, paired in zip(table.choices, result.paired):
         best = shown(choice.best) if choice.best is not None else "nothing fits"
+        if choice.same:
+            best += "; the same on every problem: " + ", ".join(named(point) for point in choice.same)
         overlap = {True: "yes", False: "no", None: "–"}[choice.overlap]
         difference, chance = "–", "–"
         if paired is not None and paired.interval is not None:

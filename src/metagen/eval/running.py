@@ -197,6 +197,7 @@ def evaluate_models(
 def _evaluate_models(models, problems, config, out, results, live, progress, concurrency) -> EvalReport:
     """`evaluate_models`' runs, after its checks, with the sandbox's runs kept in --out."""
     labels = [run.label for run in models]
+    probe = None if config.difficulty_round is None else config.difficulty_probe or labels[0]
     report, setups, unfinished, bound = EvalReport(), {}, {}, {}
     for index, run in enumerate(models):
         def counted(done: int, total: int, before: int = index * len(problems)) -> None:
@@ -205,7 +206,8 @@ def _evaluate_models(models, problems, config, out, results, live, progress, con
         try:
             done = _run_model(run, problems, config, results, live, out, setups,
                               None if progress is None else counted,
-                              concurrency if run.concurrency is None else run.concurrency, bound)
+                              concurrency if run.concurrency is None else run.concurrency, bound,
+                              config.difficulty_round if run.label == probe else None)
             report.points += done.points
             report.per_problem.update(done.per_problem)
         except UnfinishedProblemsError as error:
@@ -216,14 +218,15 @@ def _evaluate_models(models, problems, config, out, results, live, progress, con
     if config.cascades:
         report.points += _cascade_points(bound, problems, config, report.points)
     if config.difficulty_round is not None:
-        report.difficulty = _difficulty(bound[config.difficulty_probe or labels[0]], problems, config, report)
+        report.difficulty = _difficulty(bound[probe], problems, config, report)
     return report
 
 
 def _difficulty(probe: ModelUnits, problems: Sequence[Problem], config: EvalConfig, report: EvalReport) -> dict:
     """The per-difficulty policy (`difficulty.py`) over the evaluated configurations of known
     FLOPs, the probe model (`config.difficulty_probe`, else the sweep's first) estimating difficulty with its first
-    `config.difficulty_round` pool samples, at the budgets of `budget_ladder`."""
+    `config.difficulty_round` pool samples, at the budgets of `budget_ladder`; the probe's
+    continuations (summarized with its other configurations) join the per-bin choices."""
     pools = {problem.id: probe.pool(problem) for problem in problems}
     k = config.difficulty_round
     shares, flops = probe_round(pools, problems, config, k, stored_mode(probe))
@@ -236,6 +239,7 @@ def _difficulty(probe: ModelUnits, problems: Sequence[Problem], config: EvalConf
     held_out = len(split_halves(len(problems), config.seed)[1])
     return {"model": probe.label, "round": k, "bins": config.difficulty_bins, "held_out": held_out,
             "choices": choices}
+
 
 def _cascade_points(bound: dict, problems: Sequence[Problem], config: EvalConfig,
                     points: Sequence[CurvePoint]) -> list[CurvePoint]:
@@ -260,10 +264,12 @@ def _cascade_points(bound: dict, problems: Sequence[Problem], config: EvalConfig
 
 
 def _run_model(run: ModelRun, problems: Sequence[Problem], config: EvalConfig, results: ResultsFile, live,
-               out: Path | None, setups: dict, progress, concurrency: int, bound: dict) -> EvalReport:
+               out: Path | None, setups: dict, progress, concurrency: int, bound: dict,
+               continue_after: int | None = None) -> EvalReport:
     """Open one model, check it, run its missing units, summarize them and close it (a function
     of its own so that nothing refers to the model once it returns); its units go in `bound`
-    under its label (the cascades read their pools once every model has run)."""
+    under its label (the cascades read their pools once every model has run). continue_after:
+    the difficulty probe's round k when this model is the probe (`summarize`)."""
     with run.open() as (generator, identity):
         check_concurrency(generator, concurrency)
         check_generator(generator, problems, config)  # before the directory is even created
@@ -283,7 +289,8 @@ def _run_model(run: ModelRun, problems: Sequence[Problem], config: EvalConfig, r
         _run_problems(generator, problems, config, units, live, progress, concurrency)
         bound[run.label] = units
         return summarize(units, problems, config, decode=generator.decode, flops_estimate=generator.flops_estimate,
-                         keeps_prompt=generator.keeps_prompt, chat=chat_applies(generator))
+                         keeps_prompt=generator.keeps_prompt, chat=chat_applies(generator),
+                         continue_after=continue_after)
 
 
 def _write_run_json(out: Path, setups: dict[str, dict]) -> None:

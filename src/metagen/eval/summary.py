@@ -29,6 +29,8 @@ from metagen.eval.tasks import Problem
 from metagen.strategies.registry import get_strategy
 from metagen.tables import Table, with_notes
 
+CONTINUED = " (probe reused)"  # a continuation of the difficulty probe: "<strategy> (probe reused)"
+
 
 def subsets(size: int, n: int, count: int, *seed_parts) -> list[list[int]]:
     """The n-subsets of a pool of `size` samples a budget n is evaluated on (sorted indices): the
@@ -43,13 +45,17 @@ def subsets(size: int, n: int, count: int, *seed_parts) -> list[list[int]]:
 
 
 def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConfig, decode=None,
-              flops_estimate: str | None = None, keeps_prompt: bool = False, chat: bool | None = None) -> EvalReport:
+              flops_estimate: str | None = None, keeps_prompt: bool = False, chat: bool | None = None,
+              continue_after: int | None = None) -> EvalReport:
     """Accuracy and mean cost per (strategy, n) of one model's units, plus the oracle coverage
     pass@k of its pools; every point named by the model's label and marked with how its FLOPs
     were estimated (`flops_estimate`, None: exact or unknown) and whether its text prompts went
     through a chat template (`chat`, `CurvePoint.chat`; None: not recorded). `keeps_prompt`: the
     generator reuses a repeated prompt (`Generator.keeps_prompt`), so a strategy sampling in
-    rounds pays for the prompt in its first round only."""
+    rounds pays for the prompt in its first round only. continue_after: k, this model is the
+    per-difficulty policy's probe: each pooled strategy at n ≥ k is also run once on the first n
+    samples of each pool in stored order (those the probe's k begin), its per-problem scores and
+    FLOPs kept under (model, strategy + `CONTINUED`, n) in `per_problem` (no point)."""
     report = EvalReport()
     model = results.label
     pools = {problem.id: results.pool(problem) for problem in problems} if config.pool_size else {}
@@ -59,6 +65,7 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
     for name in config.strategies:
         spec = get_strategy(name)
         budgets = sorted(set(config.ns)) if spec.budget != "none" else [1]
+        continued: dict[int, tuple[list, list]] = {}
         for n in budgets:
             scores, costs, drawn = [], [], []
             for problem in problems:
@@ -75,6 +82,13 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
                         drawn.append(served.served)
                     scores.append(sum(hits) / len(hits))
                     costs.append(mean_cost(subset_costs))
+                    if continue_after is not None and continue_after <= n:
+                        served = PoolGenerator(pool, range(n), decode, sequential=spec.sequential,
+                                               keeps_prompt=keeps_prompt)
+                        result = spec.run(served, prompt, n, params, config.options, None)
+                        continued.setdefault(n, ([], []))
+                        continued[n][0].append(float(score(result, problem, config, known.get(problem.id))))
+                        continued[n][1].append(result.cost.flops)
                 else:
                     record = results.live(problem, name, n, spec.uses_value)
                     scores.append(float(record["correct"]))
@@ -83,6 +97,8 @@ def summarize(results: ModelUnits, problems: Sequence[Problem], config: EvalConf
             report.points.append(curve_point(name, n, scores, mean_cost(costs), model, config.seed, samples,
                                              ids))
             report.per_problem[(model, name, n)] = (scores, [cost.flops for cost in costs])
+            if n in continued:
+                report.per_problem[(model, name + CONTINUED, n)] = continued.pop(n)
     if config.pool_size:
         for k in sorted(set(config.ns)):
             scores, costs = [], []
