@@ -54,6 +54,10 @@ def test_the_policy_matches_a_hand_computation():
     assert fourth.single is None and fourth.single_outcome is None and fourth.policy is None
     text = format_policy(choices, 2, 2)
     assert "1.000 @ 7e-12" in text and "bin 0: l self_consistency n=4" in text and "nothing fits" in text
+    assert "above the budget" not in text  # every held-out mean fits its budget here
+    dearer = difficulty_policy({SMALL: ([0, 1, 0, 1], [2, 2, 3, 3])}, SHARES, PROBE, 2, [2.5, 4], seed=1)
+    assert "held-out FLOPs above the budget at 2.5e-12 TFLOPs: the choices fit it on the training half" \
+        in format_policy(dearer, 2, 2)  # SMALL trained at 2 FLOPs, held out at 3; at budget 4 both fit
     assert first.to_dict()["per_bin"] == [list(LARGE), list(SMALL)]
 
 

@@ -45,7 +45,7 @@ from metagen.eval.points import stable_seed
 from metagen.eval.pool import PoolGenerator
 from metagen.eval.summary import CONTINUED
 from metagen.strategies.registry import get_strategy
-from metagen.tables import Table
+from metagen.tables import Table, with_notes
 
 Key = tuple[str, str, int]  # (model, strategy, n)
 
@@ -169,7 +169,8 @@ def difficulty_policy(table: dict[Key, tuple[Sequence[float], Sequence[float]]],
 def format_policy(choices: Sequence[PolicyChoice], bins: int, held_out: int, markdown: bool = False) -> str:
     """The text (plain, or Markdown with a pipe table) of `difficulty_policy`: per budget
     (TFLOPs), the held-out accuracy and TFLOPs of the policy and of the single best
-    configuration, and the choice per bin (bin 0 hardest)."""
+    configuration, and the choice per bin (bin 0 hardest); a note under the table where a held-out
+    mean exceeds its budget (the choices fit it on the training half)."""
     def named(key):
         return "–" if key is None else " ".join(part for part in (key[0], key[1], f"n={key[2]}") if part)
 
@@ -180,10 +181,15 @@ def format_policy(choices: Sequence[PolicyChoice], bins: int, held_out: int, mar
              f"single: {named(choice.single)}; " + "; ".join(f"bin {b}: {named(key)}"
                                                             for b, key in enumerate(choice.per_bin))]
             for choice in choices]
+    over = [f"{choice.budget / 1e12:.4g}" for choice in choices
+            if any(outcome is not None and outcome.flops > choice.budget
+                   for outcome in (choice.policy, choice.single_outcome))]
+    notes = [f"held-out FLOPs above the budget at {', '.join(over)} TFLOPs: the choices fit it on the training "
+             "half, and the held-out problems cost more"] if over else []
     return (f"per-difficulty policy ({bins} bins by first-round agreement, {held_out} held-out problems; "
             "accuracy @ TFLOPs per problem)" + "\n" * (1 + markdown)
-            + Table(["budget TFLOPs", "policy", "single best", "choices"], rows,
-                    ["right", "left", "left", "left"]).render(markdown))
+            + with_notes(Table(["budget TFLOPs", "policy", "single best", "choices"], rows,
+                               ["right", "left", "left", "left"]).render(markdown), notes, markdown))
 
 
 def probe_round(pools: dict, problems: Sequence, config, k: int, modes: str | None = None) -> tuple[list, list]:
