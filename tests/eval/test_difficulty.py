@@ -61,6 +61,45 @@ def test_the_policy_matches_a_hand_computation():
     assert first.to_dict()["per_bin"] == [list(LARGE), list(SMALL)]
 
 
+def test_the_budget_is_a_mean_so_an_easy_bin_pays_for_a_hard_one():
+    """Budget 7: LARGE costs 11 with its probe in bin 0, over 7 on its own, but bin 1's SMALL
+    costs 3: (11 + 3) / 2 = 7 fits, and answers both training problems. Held out: 1.0 @ 7, where
+    the single best (SMALL) answers one."""
+    choice = difficulty_policy(TABLE, SHARES, PROBE, 2, [7], seed=1)[0]
+    assert choice.per_bin == (LARGE, SMALL) and choice.policy == Outcome(1.0, 7.0)
+    assert choice.single == SMALL and choice.single_outcome == Outcome(0.5, 2.0)
+
+
+def test_the_assignment_is_the_best_of_every_assignment_on_random_tables():
+    """_allot against brute force over every assignment of 5 configurations to 3 bins."""
+    import itertools
+    import random
+
+    from metagen.eval.difficulty import _allot, _charge
+
+    rng = random.Random(0)
+    for _ in range(60):
+        count = 9
+        table = {(f"m{j}", "s" + (CONTINUED if j == 4 else ""), j): (
+            [float(rng.random() < 0.5) for _ in range(count)], [float(rng.choice([1, 2, 4, 8])) for _ in range(count)])
+            for j in range(5)}
+        probe = [float(rng.choice([0, 1, 3])) for _ in range(count)]
+        groups = [[0, 1, 2], [3, 4], [5, 6, 7, 8]]
+        budget = rng.choice([2.0, 4.0, 6.0, 9.0])
+        best = None
+        for keys in itertools.product(table, repeat=3):
+            cost = sum(_charge(key, table[key][1][i], probe[i]) for key, group in zip(keys, groups) for i in group)
+            score = sum(table[key][0][i] for key, group in zip(keys, groups) for i in group)
+            if cost / count <= budget and (best is None or (score, -cost) > best):
+                best = (score, -cost)
+        chosen = _allot(table, groups, count, budget, probe)
+        if best is None:
+            assert chosen is None
+            continue
+        cost = sum(_charge(key, table[key][1][i], probe[i]) for key, group in zip(chosen, groups) for i in group)
+        assert (sum(table[key][0][i] for key, group in zip(chosen, groups) for i in group), -cost) == best
+
+
 def test_a_continuation_of_the_probe_pays_the_larger_prefix_not_the_probe_again():
     """CONT reuses the probe (1 FLOP): charged max(1, 2) = 2, not 1 + 2. Budget 2.5, where no
     fresh configuration fits a bin with its probe (3): bin 0 (train [0], CONT right) and bin 1

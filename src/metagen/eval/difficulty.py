@@ -1,8 +1,8 @@
 """Per-difficulty strategy choice evaluated offline (Snell et al. 2024, "Scaling LLM test-time
 compute optimally can be more effective than scaling model parameters"): bin problems by a
-difficulty estimate known before grading, pick per bin the best (model, strategy, n) under a
-budget on a training half, and compare on the held-out half with the best single configuration
-at the same budget.
+difficulty estimate known before grading, pick a (model, strategy, n) per bin on a training
+half, the most accurate assignment whose mean cost fits a budget, and compare on the held-out
+half with the best single configuration at the same budget.
 
     difficulty   d_p = share of the top answer among the probe model's first k pool samples
                  (`cascade.agreement`; code problems: code_cluster's largest cluster)
@@ -10,7 +10,8 @@ at the same budget.
     split        problems shuffled by a fixed seed: the first ⌊P/2⌋ train, the rest held out
     charge       f(c, p) = probe_p + flops(c, p)             a configuration run afresh
                  f(c⁺, p) = max(probe_p, flops(c⁺, p))       a continuation c⁺ of the probe
-    choice       c_b = argmax_c  acc_train,b(c)  s.t.  mean_train,b f(c) ≤ C
+    choice       (c_1..c_B) = argmax Σ_b Σ_{p ∈ train,b} score(c_b, p)
+                              s.t.  (1/|train|) Σ_b Σ_{p ∈ train,b} f(c_b, p) ≤ C
     policy       held-out problem p in bin b gets c_b:  acc = mean_p score(c_b, p),
                  flops = mean_p f(c_b, p)
     single       c* = argmax_c acc_train(c) s.t. flops_train(c) ≤ C, on the held-out half
@@ -24,12 +25,17 @@ of the larger prefix drawn. A policy that cannot reuse the probe pays it in full
 fresh configuration, so the comparison with the single configuration (which pays no probe) is
 what a user deploying the policy would see.
 
-Means are over the problems of the bin (training half) or of the held-out half; ties go to the
-fewer FLOPs, then the configuration given first. A bin with no training problem takes the
-single choice c* (its probe still paid); when nothing fits a bin, the policy has no figure at
-that budget (None). Per-problem scores and FLOPs come from the evaluation
-(`EvalReport.per_problem`) and the stored pools, so nothing is generated. Time: O(C·P) per
-budget for C configurations and P problems.
+The budget is the mean per problem, as for every point of the frontier, so an easy bin that
+stops early pays for more samples on a hard one (Snell et al. fix the budget per question
+instead). The choice is a multiple-choice knapsack, solved exactly: bin by bin, the
+(cost, score) sums of every partial assignment are merged and those another partial assignment
+dominates (no dearer and at least as accurate) are dropped, which never drops the best
+completion. Ties go to the fewer FLOPs, then the configurations given first. A bin with no
+training problem takes the single choice c* (its probe still paid); when no assignment fits,
+the policy has no figure at that budget (None). Per-problem scores and FLOPs come from the
+evaluation (`EvalReport.per_problem`) and the stored pools, so nothing is generated. Time:
+O(C·P) per budget for C configurations and P problems, plus the merge, O(B·S·C) for S kept
+partial assignments (at most the distinct cost sums; in practice tens).
 """
 
 from __future__ import annotations
@@ -127,6 +133,36 @@ def _outcome(table: dict, chosen: Sequence[Key], problems: Sequence[int], probe:
     return Outcome(sum(scores) / len(scores), sum(flops) / len(flops))
 
 
+def _allot(table: dict, groups: Sequence[Sequence[int]], count: int, budget: float,
+           probe: Sequence[float]) -> tuple[Key, ...] | None:
+    """One configuration per group of training problems (a bin's), maximizing the summed score
+    with the summed `_charge` over the `count` training problems at most budget · count; None
+    when nothing fits. Exact: the Pareto-pruned merge of the module's docstring."""
+    keys = list(table)
+    states = [(0.0, 0.0, ())]  # (summed charge, summed score, indices into keys), non-dominated
+    for group in groups:
+        options = [(sum(_charge(key, table[key][1][i], probe[i]) for i in group),
+                    sum(table[key][0][i] for i in group), j) for j, key in enumerate(keys)]
+        states = _undominated([(cost + more, score + gain, chosen + (j,))
+                               for cost, score, chosen in states for more, gain, j in _undominated(options)])
+    fitting = [state for state in states if state[0] / count <= budget]
+    if not fitting:
+        return None
+    cost, score, chosen = max(fitting, key=lambda state: (state[1], -state[0], [-j for j in state[2]]))
+    return tuple(keys[j] for j in chosen)
+
+
+def _undominated(states: list) -> list:
+    """The states (cost, score, tie-breaker) no other beats: sorted by cost, then score descending,
+    then tie-breaker, each kept only when more accurate than every cheaper-or-equal one before it."""
+    kept, best = [], -math.inf
+    for state in sorted(states, key=lambda state: (state[0], -state[1], state[2])):
+        if state[1] > best:
+            kept.append(state)
+            best = state[1]
+    return kept
+
+
 def difficulty_policy(table: dict[Key, tuple[Sequence[float], Sequence[float]]], shares: Sequence[float],
                       probe: Sequence[float], bins: int, budgets: Sequence[float], seed: int) -> list[PolicyChoice]:
     """One `PolicyChoice` per budget. table: configuration -> (per-problem scores, per-problem
@@ -153,10 +189,12 @@ def difficulty_policy(table: dict[Key, tuple[Sequence[float], Sequence[float]]],
     zeros = [0.0] * count
     choices = []
     fresh = {key: value for key, value in table.items() if not key[1].endswith(CONTINUED)}
+    trained = [b for b in range(bins) if any(binned[i] == b for i in train)]
+    groups = [[i for i in train if binned[i] == b] for b in trained]
     for budget in budgets:
         single = _best(fresh, train, budget, zeros)
-        per_bin = tuple(_best(table, [i for i in train if binned[i] == b], budget, probe)
-                        if any(binned[i] == b for i in train) else single for b in range(bins))
+        allotted = dict(zip(trained, _allot(table, groups, len(train), budget, probe) or [None] * len(trained)))
+        per_bin = tuple(allotted[b] if b in allotted else single for b in range(bins))
         needed = {binned[i] for i in held}
         policy = None
         if all(per_bin[b] is not None for b in needed):
