@@ -148,7 +148,7 @@ def _allot(table: dict, groups: Sequence[Sequence[int]], count: int, budget: flo
     fitting = [state for state in states if state[0] / count <= budget]
     if not fitting:
         return None
-    cost, score, chosen = max(fitting, key=lambda state: (state[1], -state[0], [-j for j in state[2]]))
+    chosen = max(fitting, key=lambda state: (state[1], -state[0], [-j for j in state[2]]))[2]
     return tuple(keys[j] for j in chosen)
 
 
@@ -168,10 +168,9 @@ def difficulty_policy(table: dict[Key, tuple[Sequence[float], Sequence[float]]],
     """One `PolicyChoice` per budget. table: configuration -> (per-problem scores, per-problem
     FLOPs), every list in the same problem order, FLOPs known; a key whose strategy ends in
     `CONTINUED` is a continuation of the probe (`summary.summarize(continue_after=k)`), offered
-    per bin only; shares:
-    each problem's first-round agreement d_p; probe: each problem's FLOPs for that first round.
-    ValueError for lists of unequal length, fewer than 2 problems, or a configuration of unknown
-    FLOPs (None)."""
+    per bin only; shares: each problem's first-round agreement d_p; probe: each problem's FLOPs
+    for that first round. ValueError for lists of unequal length, fewer than 2 problems, or a
+    configuration of unknown FLOPs (None)."""
     count = len(shares)
     if count < 2:
         raise ValueError(f"the difficulty policy needs at least 2 problems (a training and a held-out half), "

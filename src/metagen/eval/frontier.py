@@ -132,8 +132,9 @@ def per_budget(points: Sequence[CurvePoint], budgets: Sequence[float]) -> Budget
     for budget in budgets:
         fits = [point for point in ranked if point.cost.flops <= budget]
         best = fits[0] if fits else None
-        same = tuple(point for point in fits[1:] if same_scores(point, best))
-        runner_up = next((point for point in fits[1:] if not same_scores(point, best)), None)
+        alike = [same_scores(point, best) for point in fits[1:]]
+        same = tuple(point for point, twin in zip(fits[1:], alike) if twin)
+        runner_up = next((point for point, twin in zip(fits[1:], alike) if not twin), None)
         overlap = intervals_overlap(best, runner_up) if runner_up is not None else None
         choices.append(Choice(float(budget), best, runner_up, overlap, same))
     return BudgetTable(tuple(choices), tuple(unplaced))
@@ -259,12 +260,12 @@ def format_answer(result: Answer, points: Sequence[CurvePoint], markdown: bool =
     """The text (plain, or Markdown with pipe tables) of an `Answer` over `points`: the
     frontier's points by increasing FLOPs, then an "at budget C use X" table (budget in TFLOPs,
     the choice with its accuracy and interval (and the points that score as it does on every
-    problem), the runner-up, whether their intervals overlap,
-    the paired difference best − runner-up with its interval, "undecided" when it holds 0, and
-    p_best of the choice), then the points left out (FLOPs unknown), the scaling fits, the
-    budgets past the largest n (each predicted choice marked "*"), and the flag of models given
-    their prompts differently (`points.mixed_prompts_note`): a "(raw)" or "(chat)" after each
-    point named, and the note's line. One `Answer` formats both ways without a second bootstrap."""
+    problem), the runner-up, whether their intervals overlap, the paired difference best −
+    runner-up with its interval, "undecided" when it holds 0, and p_best of the choice), then
+    the points left out (FLOPs unknown), the scaling fits, the budgets past the largest n (each
+    predicted choice marked "*"), and the flag of models given their prompts differently
+    (`points.mixed_prompts_note`): a "(raw)" or "(chat)" after each point named, and the note's
+    line. One `Answer` formats both ways without a second bootstrap."""
     from metagen.eval.points import mixed_prompts_note
     from metagen.eval.scaling_fit import format_fits
 
