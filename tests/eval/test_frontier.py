@@ -282,3 +282,58 @@ def test_a_point_scoring_as_the_best_on_every_problem_is_named_beside_it_not_as_
     assert "m code_cluster n=4: 0.667 [0.300, 1.000]; the same on every problem: m adaptive_code_cluster n=4" in text
     # a point without per-problem scores is never taken for the same
     assert per_budget([point("a", 1, 0.5, 1.0), point("b", 1, 0.5, 1.0)], [1.0]).choices[0].same == ()
+
+
+def _drawn(monkeypatch):
+    """The figures a plot function closes, kept for inspection (drawn off-screen, then closed)."""
+    from metagen.plotting import pyplot
+
+    plt, figures = pyplot(), []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda figure: figures.append(figure) or close(figure))
+    return figures
+
+
+def _legend_outside(axis) -> bool:
+    """Whether the axis's legend lies wholly to the right of its plotting area."""
+    figure = axis.figure
+    figure.canvas.draw()
+    return axis.get_legend().get_window_extent().x0 >= axis.get_window_extent().x1
+
+
+def test_the_frontier_legend_names_a_cascade_and_hides_no_point(tmp_path, monkeypatch):
+    """Regression: a cascade's points (model "": they span two models) were coloured as
+    "(unnamed model)", and the legend sat inside the axes over the sweep's points."""
+    from metagen.eval.plots import plot_frontier
+
+    figures = _drawn(monkeypatch)
+    cascade = point("cascade(tiny→m, τ 0.6)", 4, 0.6, 15.0, (0.4, 0.8), model="")
+    plot_frontier([A, C, G, H, cascade], tmp_path / "frontier.png")
+    axis = figures[-1].axes[0]
+    labels = [text.get_text() for text in axis.get_legend().get_texts()]
+    assert "across models (cascades)" in labels and "(unnamed model)" not in labels
+    assert "cascade(tiny→m, τ 0.6)" in labels and _legend_outside(axis)
+
+
+def test_the_curves_legend_names_each_strategy_and_model_once(tmp_path, monkeypatch):
+    """With several models the lines are coloured by strategy and styled by model; the legend
+    names each strategy and each model once (not every pair: 3 models × 6 strategies made 18
+    entries that covered the plot), beside the axes."""
+    from metagen.eval.config import EvalReport
+    from metagen.eval.plots import plot_curves
+
+    figures = _drawn(monkeypatch)
+    def drawn(strategy, n, model):
+        return CurvePoint(strategy, n, 0.1 * n, 0.0, 10, Cost(generated_tokens=100 * n, flops=10.0 * n), None, model)
+
+    points = [drawn(strategy, n, model) for model in ("small", "large")
+              for strategy in ("self_consistency", "best_of_n", ORACLE) for n in (1, 4)]
+    points += [drawn("cascade(small→large, τ 0.6)", n, "") for n in (1, 4)]
+    plot_curves(EvalReport(points), tmp_path)
+    axis = figures[-1].axes[0]
+    labels = [text.get_text() for text in axis.get_legend().get_texts()]
+    assert labels == ["self_consistency", "best_of_n", f"{ORACLE} (oracle)", "cascade(small→large, τ 0.6)",
+                      "small", "large", "across models (cascades)"]
+    assert len(axis.get_lines()) == 7 and _legend_outside(axis)
+    styles = dict(zip(labels, (handle.get_linestyle() for handle in axis.get_legend().legend_handles)))
+    assert len({styles["small"], styles["large"], styles["across models (cascades)"]}) == 3

@@ -17,32 +17,37 @@ AXES = (
 
 def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> list[Path]:
     """One PNG per compute axis: a line per strategy (accuracy at each n, labelled by n), the
-    oracle coverage pass@k dashed; with several models a line per (model, strategy), one
-    colour per strategy and one line style per model. Returns the files written. An axis whose cost is unknown
-    (None) for any point — FLOPs of a generator that cannot count them — is not drawn at all:
-    a partial or zero-filled curve would be wrong."""
+    oracle coverage pass@k dashed gray; with several models a line per (model, strategy), one
+    colour per strategy and one line style per model, the legend naming each once (strategies
+    by colour, models by line style). The legend sits beside the axes, where it hides no line.
+    Returns the files written. An axis whose cost is unknown (None) for any point — FLOPs of a
+    generator that cannot count them — is not drawn at all: a partial or zero-filled curve
+    would be wrong."""
     plt = pyplot()
+    from matplotlib.lines import Line2D
+
     strategies = list(dict.fromkeys(point.strategy for point in report.points))
     models = list(dict.fromkeys(point.model for point in report.points))
+    several = len(models) > 1
     palette = _palette(plt)
+    colour = {strategy: palette[i % len(palette)] for i, strategy in enumerate(strategies)}
+    line = {model: LINE_STYLES[i % len(LINE_STYLES)] if several else "-" for i, model in enumerate(models)}
     written = []
     for field, label, filename in AXES:
         if any(getattr(point.cost, field) is None for point in report.points):
             continue
-        figure, axis = plt.subplots(figsize=(7, 4.5))
+        figure, axis = plt.subplots(figsize=(10, 4.5))
         for (model, strategy) in dict.fromkeys((p.model, p.strategy) for p in report.points):
             points = sorted((p for p in report.points if p.strategy == strategy and p.model == model),
                             key=lambda p: p.n)
             xs = [getattr(p.cost, field) for p in points]
             ys = [p.accuracy for p in points]
-            color = palette[strategies.index(strategy) % len(palette)]
-            style = {"linestyle": "--", "color": "gray"} if strategy == ORACLE else {"color": color}
-            if len(models) > 1 and strategy != ORACLE:
-                style["linestyle"] = LINE_STYLES[models.index(model) % len(LINE_STYLES)]
+            oracle = strategy == ORACLE
+            style = {"color": "gray" if oracle else colour[strategy],
+                     "linestyle": line[model] if several else "--" if oracle else "-"}
             marker = "s" if len(points) == 1 else "o"
-            name = strategy + (" (oracle)" if strategy == ORACLE else "")
-            axis.plot(xs, ys, marker=marker, label=f"{model} {name}" if len(models) > 1 else name, **style)
-            if strategy != ORACLE:
+            axis.plot(xs, ys, marker=marker, label=strategy + (" (oracle)" if oracle else ""), **style)
+            if not oracle:
                 for p, x, y in zip(points, xs, ys):
                     axis.annotate(str(p.n), (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
         axis.set_xscale("log")
@@ -51,12 +56,19 @@ def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> lis
         top = max((p.accuracy for p in report.points), default=1.0)
         axis.set_ylim(0, min(1.0, top * 1.15 + 0.02))  # room for the curves, not the empty top
         axis.grid(True, alpha=0.3)
-        axis.legend(fontsize=8)
+        if several:
+            handles = [Line2D([], [], color="gray" if s == ORACLE else colour[s], marker="o",
+                              label=_wrapped_label(s + (" (oracle)" if s == ORACLE else ""))) for s in strategies]
+            handles += [Line2D([], [], color="black", linestyle=line[m], label=_wrapped_label(_model_name(m, models)))
+                        for m in models]
+        else:
+            handles, _ = axis.get_legend_handles_labels()
+        axis.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         if title:
             axis.set_title(wrapped(title), fontsize=10)
         path = Path(out_dir) / filename
         figure.tight_layout()
-        figure.savefig(path, dpi=120)
+        figure.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(figure)
         written.append(path)
     return written
@@ -72,6 +84,19 @@ def wrapped(title: str, width: int = 90) -> str:
     return "\n".join(textwrap.wrap(title, width)) or title
 
 
+def _wrapped_label(label: str, width: int = 44) -> str:
+    """A legend entry on lines of at most `width` characters (a cascade names two models)."""
+    return wrapped(label, width)
+
+
+def _model_name(model: str, models: list[str]) -> str:
+    """The legend's name of a model label: "" is a point spanning the sweep's models (a
+    cascade) when others are named, else a run whose model has no label."""
+    if model:
+        return model
+    return "across models (cascades)" if len(models) > 1 else "(unnamed model)"
+
+
 def _palette(plt) -> list:
     """Up to 18 distinct colours, the saturated shades first, none of them gray (the oracle's)."""
     palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i not in (14, 15)]
@@ -84,9 +109,9 @@ LINE_STYLES = ("-", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
 
 def plot_frontier(points: list[CurvePoint], path: str | Path, title: str = "") -> Path | None:
     """Accuracy vs FLOPs per problem (log x) of every configuration: one colour per model, one
-    marker per strategy, the 95% interval as a vertical bar, and the compute-optimal frontier
-    (`frontier.frontier`) drawn as the step function "best accuracy within budget C" through
-    its points. Points of unknown FLOPs cannot be placed: they are named under the axes, not
+    marker per strategy (the legend beside the axes), the 95% interval as a vertical bar, and
+    the compute-optimal frontier (`frontier.frontier`) drawn as the step function "best
+    accuracy within budget C" through its points. Points of unknown FLOPs cannot be placed: they are named under the axes, not
     drawn; nor can points of 0 FLOPs on a log axis (they are named too). Returns the file
     written, or None when no point could be drawn."""
     on = frontier(points)
@@ -102,7 +127,7 @@ def plot_frontier(points: list[CurvePoint], path: str | Path, title: str = "") -
     palette = _palette(plt)
     color = {model: palette[i % len(palette)] for i, model in enumerate(models)}
     marker = {strategy: MARKERS[i % len(MARKERS)] for i, strategy in enumerate(strategies)}
-    figure, axis = plt.subplots(figsize=(8, 5))
+    figure, axis = plt.subplots(figsize=(10, 5))
     for point in placed:
         low, high = point.interval if point.interval is not None else (point.accuracy, point.accuracy)
         below, above = max(point.accuracy - low, 0.0), max(high - point.accuracy, 0.0)
@@ -115,11 +140,11 @@ def plot_frontier(points: list[CurvePoint], path: str | Path, title: str = "") -
     right = max(point.cost.flops for point in placed)
     axis.step(xs + [right], ys + ys[-1:], where="post", color=FRONTIER_COLOUR, linewidth=2, alpha=0.45, zorder=0)
     handles = [Line2D([], [], color=FRONTIER_COLOUR, linewidth=2, alpha=0.45, label="compute-optimal frontier")]
-    handles += [Line2D([], [], color=color[model], marker="o", linestyle="", label=model or "(unnamed model)")
-                for model in models]
-    handles += [Line2D([], [], color="black", marker=marker[strategy], linestyle="", label=strategy)
+    handles += [Line2D([], [], color=color[model], marker="o", linestyle="",
+                       label=_wrapped_label(_model_name(model, models))) for model in models]
+    handles += [Line2D([], [], color="black", marker=marker[strategy], linestyle="", label=_wrapped_label(strategy))
                 for strategy in strategies]
-    axis.legend(handles=handles, fontsize=8, loc="lower right")
+    axis.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     axis.set_xscale("log")
     axis.set_xlabel("FLOPs per problem (2·params·tokens + attention)")
     axis.set_ylabel("accuracy (95% bootstrap interval)")
@@ -133,7 +158,7 @@ def plot_frontier(points: list[CurvePoint], path: str | Path, title: str = "") -
         axis.set_title(wrapped(title), fontsize=10)
     path = Path(path)
     figure.tight_layout(rect=(0, 0.04 if notes else 0, 1, 1))
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
     return path
 
