@@ -31,7 +31,7 @@ def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> lis
     several = len(models) > 1
     palette = _palette(plt)
     colour = {strategy: palette[i % len(palette)] for i, strategy in enumerate(strategies)}
-    line = {model: LINE_STYLES[i % len(LINE_STYLES)] if several else "-" for i, model in enumerate(models)}
+    line = {model: LINE_STYLES[i % len(LINE_STYLES)] for i, model in enumerate(models)}
     written = []
     for field, label, filename in AXES:
         if any(getattr(point.cost, field) is None for point in report.points):
@@ -58,12 +58,12 @@ def plot_curves(report: EvalReport, out_dir: str | Path, title: str = "") -> lis
         axis.grid(True, alpha=0.3)
         if several:
             handles = [Line2D([], [], color="gray" if s == ORACLE else colour[s], marker="o",
-                              label=_wrapped_label(s + (" (oracle)" if s == ORACLE else ""))) for s in strategies]
-            handles += [Line2D([], [], color="black", linestyle=line[m], label=_wrapped_label(_model_name(m, models)))
-                        for m in models]
+                              label=wrapped(s + (" (oracle)" if s == ORACLE else ""), LEGEND_WIDTH)) for s in strategies]
+            handles += [Line2D([], [], color="black", linestyle=line[m],
+                               label=wrapped(_model_name(m, models), LEGEND_WIDTH)) for m in models]
         else:
             handles, _ = axis.get_legend_handles_labels()
-        axis.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        _legend_beside(axis, handles)
         if title:
             axis.set_title(wrapped(title), fontsize=10)
         path = Path(out_dir) / filename
@@ -84,9 +84,12 @@ def wrapped(title: str, width: int = 90) -> str:
     return "\n".join(textwrap.wrap(title, width)) or title
 
 
-def _wrapped_label(label: str, width: int = 44) -> str:
-    """A legend entry on lines of at most `width` characters (a cascade names two models)."""
-    return wrapped(label, width)
+LEGEND_WIDTH = 44  # characters per line of a legend entry (a cascade names two models)
+
+
+def _legend_beside(axis, handles: list) -> None:
+    """The legend to the right of the axes, top-aligned, where it hides no curve or point."""
+    axis.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
 def _model_name(model: str, models: list[str]) -> str:
@@ -111,9 +114,9 @@ def plot_frontier(points: list[CurvePoint], path: str | Path, title: str = "") -
     """Accuracy vs FLOPs per problem (log x) of every configuration: one colour per model, one
     marker per strategy (the legend beside the axes), the 95% interval as a vertical bar, and
     the compute-optimal frontier (`frontier.frontier`) drawn as the step function "best
-    accuracy within budget C" through its points. Points of unknown FLOPs cannot be placed: they are named under the axes, not
-    drawn; nor can points of 0 FLOPs on a log axis (they are named too). Returns the file
-    written, or None when no point could be drawn."""
+    accuracy within budget C" through its points. Points of unknown FLOPs cannot be placed:
+    they are named under the axes, not drawn; nor can points of 0 FLOPs on a log axis (they
+    are named too). Returns the file written, or None when no point could be drawn."""
     on = frontier(points)
     placed = [point for point in points if point.cost.flops is not None and point.cost.flops > 0]
     free = [point for point in points if point.cost.flops == 0]
@@ -141,10 +144,10 @@ def plot_frontier(points: list[CurvePoint], path: str | Path, title: str = "") -
     axis.step(xs + [right], ys + ys[-1:], where="post", color=FRONTIER_COLOUR, linewidth=2, alpha=0.45, zorder=0)
     handles = [Line2D([], [], color=FRONTIER_COLOUR, linewidth=2, alpha=0.45, label="compute-optimal frontier")]
     handles += [Line2D([], [], color=color[model], marker="o", linestyle="",
-                       label=_wrapped_label(_model_name(model, models))) for model in models]
-    handles += [Line2D([], [], color="black", marker=marker[strategy], linestyle="", label=_wrapped_label(strategy))
-                for strategy in strategies]
-    axis.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+                       label=wrapped(_model_name(model, models), LEGEND_WIDTH)) for model in models]
+    handles += [Line2D([], [], color="black", marker=marker[strategy], linestyle="",
+                       label=wrapped(strategy, LEGEND_WIDTH)) for strategy in strategies]
+    _legend_beside(axis, handles)
     axis.set_xscale("log")
     axis.set_xlabel("FLOPs per problem (2·params·tokens + attention)")
     axis.set_ylabel("accuracy (95% bootstrap interval)")
