@@ -66,7 +66,7 @@ def test_fewer_than_three_n_values_give_no_fit_and_say_why():
     data = compute_optimal(greedy)  # no fit: reported, not raised
     assert data["scaling_fits"] == [{"model": "", "strategy": "greedy", "metric": "accuracy", "n": [1], "a": None,
                                      "b": None, "rmse": None, "leave_last_out_error": None,
-                                     "reason": "needs 3 n values or more, has 1"}]
+                                     "trusted": False, "reason": "needs 3 n values or more, has 1"}]
     assert data["predicted_per_budget"] == []
     assert "greedy accuracy: no fit, needs 3 n values or more, has 1" in format_compute_optimal(greedy)
 
@@ -96,6 +96,27 @@ def test_predicted_points_are_marked_in_the_json_and_the_text_and_kept_off_the_f
     assert "past the largest n (* predicted by the fitted law, not measured; FLOPs extrapolated):" in text
     assert f"*m self_consistency n=64: {law(1.5, 0.3, 64):.3f}" in text
     assert "m pass@k coverage: a=1 b=0.6 over n=1,2,4,8,16; RMSE 0.000, leave-last-out error +0.000" in text
+
+
+def test_a_fit_that_missed_its_own_last_point_predicts_nothing():
+    # A cascade's accuracy on a math task: at n = 1 one sample always agrees with itself, so
+    # nothing escalates (the small model's 0.02); from n = 4 nearly everything does (the large
+    # model's 0.24, 0.32). Fitted without n = 16, the law through n = 1 and 4 says 0.59 there.
+    jump = [CurvePoint("cascade", n, y, 0.0, 100, Cost(flops=1e11 + 3e11 * n), (0.0, 1.0), "")
+            for n, y in ((1, 0.02), (4, 0.24), (16, 0.32))]
+    smooth = curve("self_consistency", 1.5, 0.3, ns=(1, 4, 16))
+    fits = fit_curves([*jump, *smooth])
+    # the 2-point law is a line in (log n, log(−log y)): at n = 16, −log y = (−log 0.24)² / (−log 0.02)
+    assert fits[0].leave_last_out == pytest.approx(math.exp(-math.log(0.24) ** 2 / -math.log(0.02)) - 0.32)
+    assert fits[0].leave_last_out > 0.05 and not fits[0].trusted and fits[0].to_dict()["trusted"] is False
+    assert fits[1].trusted and fits[1].to_dict()["trusted"] is True
+    assert {p.strategy for p in predicted_points(fits, [*jump, *smooth])} == {"self_consistency"}
+    data = compute_optimal([*jump, *smooth])
+    assert all(row["best"]["strategy"] != "cascade" for row in data["predicted_per_budget"])
+    text = format_compute_optimal([*jump, *smooth])
+    assert "cascade accuracy: a=" in text and "too far off to predict (leave-last-out error beyond ±0.05)" in text
+    assert "  m self_consistency accuracy: a=1.5 b=0.3 over n=1,4,16; RMSE 0.000, leave-last-out error +0.000" in (
+        text.splitlines())  # trusted: nothing after its errors
 
 
 def test_no_predicted_point_without_known_flops():

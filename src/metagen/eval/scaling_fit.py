@@ -16,7 +16,11 @@ without it, minus the measured value — how far the law's extrapolation was off
 the honest guide to trusting its predictions further out. Predicted points (`CurvePoint.predicted`)
 sit at 2 and 4 times the largest n, their FLOPs extrapolated by a least-squares line in n over
 the measured points (sampling cost grows by the same amount per sample; the prompt is paid
-once); they carry no interval and never enter paired comparisons.
+once); they carry no interval and never enter paired comparisons. Only a trusted fit predicts:
+one whose leave-last-out error is within ±`TRUSTED_ERROR` (a law that missed its own last
+measured point by more — a curve that jumps, such as a cascade that escalates nothing at n = 1
+and nearly everything at n = 4 — cannot place points two steps further out); the others are
+reported with their errors, marked "too far off to predict".
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from metagen.eval.points import ORACLE, CurvePoint
 
 MINIMUM_NS = 3
 FACTORS = (2, 4)  # predicted points at these multiples of the largest n
+TRUSTED_ERROR = 0.05  # largest |leave-last-out error| of a fit that predicts past the largest n
 
 
 @dataclass(frozen=True)
@@ -56,10 +61,17 @@ class ScalingFit:
             raise ValueError(f"no fit for {self.model} {self.strategy}: {self.reason}")
         return math.exp(-self.a * n ** -self.b)
 
+    @property
+    def trusted(self) -> bool:
+        """Whether the law may place points past the largest n: fitted, and its leave-last-out
+        error within ±`TRUSTED_ERROR`."""
+        return self.leave_last_out is not None and abs(self.leave_last_out) <= TRUSTED_ERROR
+
     def to_dict(self) -> dict:
         return {"model": self.model, "strategy": self.strategy, "metric": self.metric, "n": list(self.ns),
                 "a": self.a, "b": self.b, "rmse": self.rmse, "leave_last_out_error": self.leave_last_out,
-                "reason": self.reason, **({} if self.task is None else {"task": self.task})}
+                "trusted": self.trusted, "reason": self.reason,
+                **({} if self.task is None else {"task": self.task})}
 
 
 def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -122,12 +134,13 @@ def fit_curves(points: Sequence[CurvePoint]) -> list[ScalingFit]:
 
 def predicted_points(fits: Sequence[ScalingFit], points: Sequence[CurvePoint],
                      factors: Sequence[int] = FACTORS) -> list[CurvePoint]:
-    """The configurations' points at factor × the largest n, read off each accuracy fit
+    """The configurations' points at factor × the largest n, read off each trusted accuracy fit
     (`CurvePoint.predicted`), FLOPs from a least-squares line in n over the curve's measured
-    points; none for a curve without a fit, with a FLOPs unknown, or whose line does not grow."""
+    points; none for a curve without a trusted fit, with a FLOPs unknown, or whose line does not
+    grow."""
     predicted = []
     for fit in fits:
-        if fit.a is None or fit.metric != "accuracy":
+        if not fit.trusted or fit.metric != "accuracy":
             continue
         curve = [p for p in points if (p.model, p.strategy, p.task) == (fit.model, fit.strategy, fit.task)
                  and not p.predicted]
@@ -156,6 +169,7 @@ def format_fits(fits: Sequence[ScalingFit], markdown: bool = False) -> str:
         if fit.a is None:
             lines.append(f"{mark}{name} {fit.metric}: no fit, {fit.reason}")
         else:
+            distrust = "" if fit.trusted else f"; too far off to predict (leave-last-out error beyond ±{TRUSTED_ERROR:g})"
             lines.append(f"{mark}{name} {fit.metric}: a={fit.a:.3g} b={fit.b:.3g} over n={','.join(map(str, fit.ns))}; "
-                         f"RMSE {fit.rmse:.3f}, leave-last-out error {fit.leave_last_out:+.3f}")
+                         f"RMSE {fit.rmse:.3f}, leave-last-out error {fit.leave_last_out:+.3f}{distrust}")
     return "\n".join(lines)
